@@ -1,0 +1,1 @@
+"""Redis Streams transport: every stream key, field, message schema and Redis command."""

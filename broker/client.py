@@ -1,0 +1,214 @@
+"""Redis clients and the stream commands the services use, sync (scheduler, worker) and async
+(triggerer). Replies are parsed in :mod:`broker.replies`; atomic multi-command changes are Lua
+scripts in :mod:`broker.scripts`."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import redis
+import redis.asyncio
+from redis.exceptions import ResponseError
+
+from broker import replies, scripts
+from broker.replies import Entry
+from broker.streams import Message, StreamKeys, to_fields
+
+MIN_REDIS_VERSION = (6, 2, 2)
+
+
+class RedisVersionError(RuntimeError):
+    pass
+
+
+def _client_options() -> dict[str, Any]:
+    # RESP2 pinned: reply shapes must not change with redis-py's default protocol.
+    return {"protocol": 2, "decode_responses": False, "health_check_interval": 30}
+
+
+def _strip_callbacks(client: redis.Redis | redis.asyncio.Redis) -> None:
+    for command in replies.RAW_COMMANDS:
+        client.response_callbacks.pop(command, None)
+
+
+def check_version(info: Mapping[str, Any]) -> None:
+    raw = info.get("redis_version", "0")
+    version_text = raw.decode() if isinstance(raw, bytes) else str(raw)
+    version = tuple(int(part) for part in version_text.split(".")[:3])
+    if version < MIN_REDIS_VERSION:
+        wanted = ".".join(map(str, MIN_REDIS_VERSION))
+        raise RedisVersionError(f"Redis {version_text} is too old: deferral needs >= {wanted}")
+
+
+def _is_busygroup(exc: ResponseError) -> bool:
+    return str(exc).startswith("BUSYGROUP")
+
+
+def _xreadgroup_args(
+    group: str, consumer: str, streams: Mapping[str, str], count: int, block_ms: int | None
+) -> list[Any]:
+    args: list[Any] = ["XREADGROUP", "GROUP", group, consumer, "COUNT", count]
+    if block_ms is not None:
+        args += ["BLOCK", block_ms]
+    return [*args, "STREAMS", *streams.keys(), *streams.values()]
+
+
+def dead_letter_fields(entry: Entry, error: str, deliveries: int) -> dict[str, str]:
+    """The original entry's fields plus where it came from, why it died and how often it was
+    delivered. Undecodable bytes are replaced: a dead letter must never fail to be written."""
+    fields = {
+        k.decode(errors="replace"): v.decode(errors="replace") for k, v in entry.fields.items()
+    }
+    return {
+        **fields,
+        "source_stream": entry.stream,
+        "source_id": entry.id,
+        "error": error,
+        "deliveries": str(deliveries),
+    }
+
+
+def _flat(fields: Mapping[str, str]) -> list[str]:
+    return [item for pair in fields.items() for item in pair]
+
+
+class Broker:
+    """Synchronous stream operations (scheduler, worker, CLI)."""
+
+    def __init__(self, client: redis.Redis, keys: StreamKeys) -> None:
+        _strip_callbacks(client)
+        self.redis = client
+        self.keys = keys
+        self._publish_and_ack = client.register_script(scripts.PUBLISH_AND_ACK)
+        self._ack_delete = client.register_script(scripts.ACK_DELETE)
+
+    @classmethod
+    def from_url(cls, url: str, prefix: str) -> Broker:
+        client = redis.Redis.from_url(url, **_client_options())
+        check_version(client.info("server"))
+        return cls(client, StreamKeys(prefix))
+
+    def close(self) -> None:
+        self.redis.close()
+
+    def ensure_group(self, stream: str, group: str) -> None:
+        try:
+            self.redis.execute_command("XGROUP", "CREATE", stream, group, "0", "MKSTREAM")
+        except ResponseError as exc:
+            if not _is_busygroup(exc):
+                raise
+
+    def publish(self, stream: str, message: Message | Mapping[str, str]) -> str:
+        fields = to_fields(message) if isinstance(message, Message) else message
+        entry_id = self.redis.execute_command("XADD", stream, "*", *_flat(fields))
+        return str(replies._text(entry_id))
+
+    def publish_many(self, items: Sequence[tuple[str, Mapping[str, str]]]) -> None:
+        with self.redis.pipeline(transaction=False) as pipe:
+            for stream, fields in items:
+                pipe.execute_command("XADD", stream, "*", *_flat(fields))
+            pipe.execute()
+
+    def read(
+        self,
+        group: str,
+        consumer: str,
+        streams: Mapping[str, str],
+        *,
+        count: int,
+        block_ms: int | None = None,
+    ) -> list[Entry]:
+        """XREADGROUP; ``streams`` maps each key to ``>`` (new) or ``0`` (own pending)."""
+        reply = self.redis.execute_command(
+            *_xreadgroup_args(group, consumer, streams, count, block_ms)
+        )
+        return replies.parse_xreadgroup(reply)
+
+    def ack_delete(self, stream: str, group: str, ids: Sequence[str]) -> int:
+        """Acknowledge and delete finished entries, so streams stay bounded."""
+        if not ids:
+            return 0
+        return int(self._ack_delete(keys=[stream], args=[group, *ids]))
+
+    def publish_and_ack(
+        self, entry: Entry, group: str, to_stream: str, fields: Mapping[str, str]
+    ) -> None:
+        """Atomically XADD ``fields`` to ``to_stream`` and XACK + XDEL ``entry``."""
+        self._publish_and_ack(
+            keys=[entry.stream, to_stream], args=[group, entry.id, *_flat(fields)]
+        )
+
+    def dead_letter(self, entry: Entry, group: str, error: str, deliveries: int = 1) -> None:
+        """Move a bad entry to the dead-letter stream and retire it, atomically."""
+        fields = dead_letter_fields(entry, error, deliveries)
+        self.publish_and_ack(entry, group, self.keys.dead, fields)
+
+    def xrange(self, stream: str, count: int | None = None) -> list[Entry]:
+        args: list[Any] = ["XRANGE", stream, "-", "+"]
+        if count is not None:
+            args += ["COUNT", count]
+        return replies.parse_xrange(stream, self.redis.execute_command(*args))
+
+    def pending(self, stream: str, group: str) -> replies.PendingSummary:
+        return replies.parse_xpending_summary(self.redis.execute_command("XPENDING", stream, group))
+
+    def groups(self, stream: str) -> list[dict[str, Any]]:
+        try:
+            return replies.parse_xinfo_groups(self.redis.execute_command("XINFO GROUPS", stream))
+        except ResponseError:
+            return []  # no such stream yet
+
+
+class AsyncBroker:
+    """Asynchronous stream operations (triggerer)."""
+
+    def __init__(self, client: redis.asyncio.Redis, keys: StreamKeys) -> None:
+        _strip_callbacks(client)
+        self.redis = client
+        self.keys = keys
+        self._publish_and_ack = client.register_script(scripts.PUBLISH_AND_ACK)
+
+    @classmethod
+    async def from_url(cls, url: str, prefix: str) -> AsyncBroker:
+        client = redis.asyncio.Redis.from_url(url, **_client_options())
+        check_version(await client.info("server"))
+        return cls(client, StreamKeys(prefix))
+
+    async def close(self) -> None:
+        await self.redis.aclose()
+
+    async def ensure_group(self, stream: str, group: str) -> None:
+        try:
+            await self.redis.execute_command("XGROUP", "CREATE", stream, group, "0", "MKSTREAM")
+        except ResponseError as exc:
+            if not _is_busygroup(exc):
+                raise
+
+    async def publish(self, stream: str, message: Message) -> None:
+        await self.redis.execute_command("XADD", stream, "*", *_flat(to_fields(message)))
+
+    async def read(
+        self,
+        group: str,
+        consumer: str,
+        streams: Mapping[str, str],
+        *,
+        count: int,
+        block_ms: int | None = None,
+    ) -> list[Entry]:
+        reply = await self.redis.execute_command(
+            *_xreadgroup_args(group, consumer, streams, count, block_ms)
+        )
+        return replies.parse_xreadgroup(reply)
+
+    async def publish_and_ack(
+        self, entry: Entry, group: str, to_stream: str, fields: Mapping[str, str]
+    ) -> None:
+        await self._publish_and_ack(
+            keys=[entry.stream, to_stream], args=[group, entry.id, *_flat(fields)]
+        )
+
+    async def dead_letter(self, entry: Entry, group: str, error: str, deliveries: int = 1) -> None:
+        fields = dead_letter_fields(entry, error, deliveries)
+        await self.publish_and_ack(entry, group, self.keys.dead, fields)

@@ -1,0 +1,3 @@
+from deferral.cli import main
+
+main()

@@ -1,0 +1,44 @@
+"""Task-instance and DAG-run states."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class TaskState(StrEnum):
+    NONE = "none"
+    SCHEDULED = "scheduled"
+    QUEUED = "queued"
+    RUNNING = "running"
+    DEFERRED = "deferred"
+    UP_FOR_RESCHEDULE = "up_for_reschedule"
+    UP_FOR_RETRY = "up_for_retry"
+    SUCCESS = "success"
+    FAILED = "failed"
+    SKIPPED = "skipped"
+    UPSTREAM_FAILED = "upstream_failed"
+    REMOVED = "removed"
+
+
+FINISHED_STATES = frozenset(
+    {
+        TaskState.SUCCESS,
+        TaskState.FAILED,
+        TaskState.SKIPPED,
+        TaskState.UPSTREAM_FAILED,
+        TaskState.REMOVED,
+    }
+)
+FAILED_STATES = frozenset({TaskState.FAILED, TaskState.UPSTREAM_FAILED})
+
+
+class DagRunState(StrEnum):
+    QUEUED = "queued"
+    RUNNING = "running"
+    SUCCESS = "success"
+    FAILED = "failed"
+
+
+# next_method value the scheduler sets when a deferral ends without its trigger firing: the
+# worker then raises TaskDeferralTimeout / TaskDeferralError inside the task instead of resuming.
+FAIL_METHOD = "__fail__"

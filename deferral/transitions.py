@@ -1,0 +1,380 @@
+"""Every change of a task instance's (and DAG run's) state, as conditional SQL.
+
+Each transition is an ``UPDATE ... WHERE state = <from>`` so that a transition applied twice, or
+by two replicas at once, changes the row at most once; the ids it really moved are returned and
+recorded in ``task_state_change``. Callers own the transaction: a transition and whatever must
+commit with it (an outbox row, a trigger row) go in one ``Session.begin()`` block.
+
+The decisions of *which* rows to move (trigger rules, retry due, run finished) are pure functions
+elsewhere; this module only applies them.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import Row, delete, func, insert, select, text, update
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.orm import Session
+
+from deferral import xcom
+from deferral.crypto import Cipher
+from deferral.models import DagRun, ResumeEvent, TaskInstance, TaskStateChange, Trigger
+from deferral.states import FAIL_METHOD, DagRunState, TaskState
+
+TI = TaskInstance
+
+
+def _record(
+    session: Session, ids: Sequence[int], from_state: str, to_state: str, reason: str
+) -> None:
+    if ids:
+        session.execute(
+            insert(TaskStateChange),
+            [
+                {
+                    "task_instance_id": i,
+                    "from_state": from_state,
+                    "to_state": to_state,
+                    "reason": reason,
+                }
+                for i in ids
+            ],
+        )
+
+
+def _move(
+    session: Session,
+    ids: Iterable[int],
+    from_state: TaskState,
+    to_state: TaskState,
+    reason: str,
+    **values: Any,
+) -> list[int]:
+    """Move the rows among ``ids`` that are in ``from_state``; return the ids moved."""
+    ids = list(ids)
+    if not ids:
+        return []
+    statement = (
+        update(TI)
+        .where(TI.id.in_(ids), TI.state == from_state)
+        .values(state=to_state, updated_at=func.now(), **values)
+        .returning(TI.id)
+    )
+    moved = list(session.scalars(statement))
+    _record(session, moved, from_state, to_state, reason)
+    return moved
+
+
+# -- DAG runs ------------------------------------------------------------------------------------
+
+
+def create_dag_run(
+    session: Session, dag_id: str, run_id: str, logical_date: dt.datetime, conf: Mapping[str, Any]
+) -> int:
+    run = DagRun(
+        dag_id=dag_id, run_id=run_id, logical_date=logical_date, state=DagRunState.QUEUED, conf=conf
+    )
+    session.add(run)
+    session.flush()
+    return run.id
+
+
+@dataclass(frozen=True)
+class NewTaskInstance:
+    task_id: str
+    max_tries: int
+    pool: str
+    pool_slots: int
+    queue: str
+    priority_weight: int
+
+
+def start_dag_run(session: Session, run: DagRun, tasks: Sequence[NewTaskInstance]) -> None:
+    """queued -> running, creating the run's task instances (state none)."""
+    if tasks:
+        session.execute(
+            pg_insert(TI)
+            .values(
+                [
+                    {
+                        "dag_id": run.dag_id,
+                        "run_id": run.run_id,
+                        "task_id": t.task_id,
+                        "max_tries": t.max_tries,
+                        "pool": t.pool,
+                        "pool_slots": t.pool_slots,
+                        "queue": t.queue,
+                        "priority_weight": t.priority_weight,
+                    }
+                    for t in tasks
+                ]
+            )
+            .on_conflict_do_nothing()
+        )
+    run.state = DagRunState.RUNNING
+    run.start_date = func.now()
+
+
+def finish_dag_run(session: Session, run: DagRun, state: DagRunState) -> None:
+    run.state = state
+    run.end_date = func.now()
+
+
+# -- scheduler: none / up_for_retry -> scheduled -> queued ----------------------------------------
+
+
+def schedule(session: Session, ids: Iterable[int], reason: str = "dependencies met") -> list[int]:
+    """none -> scheduled: a new try."""
+    return _move(
+        session,
+        ids,
+        TaskState.NONE,
+        TaskState.SCHEDULED,
+        reason,
+        try_number=TI.try_number + 1,
+        first_started_at=None,
+        start_date=None,
+        end_date=None,
+    )
+
+
+def retry(session: Session, ids: Iterable[int]) -> list[int]:
+    """up_for_retry -> scheduled once retry_delay has passed: a new try."""
+    return _move(
+        session,
+        ids,
+        TaskState.UP_FOR_RETRY,
+        TaskState.SCHEDULED,
+        "retry delay passed",
+        try_number=TI.try_number + 1,
+        first_started_at=None,
+        start_date=None,
+        end_date=None,
+    )
+
+
+def never_run(session: Session, ids: Iterable[int], to_state: TaskState, reason: str) -> list[int]:
+    """none -> skipped / upstream_failed, decided by a trigger rule."""
+    return _move(session, ids, TaskState.NONE, to_state, reason, end_date=func.now())
+
+
+def dispatch(session: Session, ids: Iterable[int]) -> list[Row[Any]]:
+    """scheduled -> queued; returns what a queue message needs for each moved row."""
+    moved = _move(
+        session, ids, TaskState.SCHEDULED, TaskState.QUEUED, "dispatched", queued_at=func.now()
+    )
+    if not moved:
+        return []
+    columns = (TI.id, TI.try_number, TI.queue, TI.dag_id, TI.run_id, TI.task_id, TI.map_index)
+    return list(session.execute(select(*columns).where(TI.id.in_(moved)).order_by(TI.id)))
+
+
+# -- worker: queued -> running -> success / failed / up_for_retry / skipped / deferred ------------
+
+
+def start(
+    session: Session, ti_id: int, try_number: int, hostname: str, worker: str
+) -> TaskInstance | None:
+    """queued -> running, only for the try the queue message names: a duplicate or stale message
+    moves nothing and returns None, so no attempt ever runs twice."""
+    statement = (
+        update(TI)
+        .where(TI.id == ti_id, TI.state == TaskState.QUEUED, TI.try_number == try_number)
+        .values(
+            state=TaskState.RUNNING,
+            hostname=hostname,
+            worker=worker,
+            start_date=func.coalesce(TI.start_date, func.now()),
+            first_started_at=func.coalesce(TI.first_started_at, func.now()),
+            updated_at=func.now(),
+        )
+        .returning(TI)
+    )
+    ti = session.scalars(statement).one_or_none()
+    if ti is None:
+        return None
+    reason = "resumed" if ti.next_method else "picked up"
+    _record(session, [ti.id], TaskState.QUEUED, TaskState.RUNNING, reason)
+    if ti.next_method is None:
+        # A new try starts with no XCom left over from an earlier try.
+        session.execute(text("DELETE FROM xcom WHERE task_instance_id = :id"), {"id": ti.id})
+    return ti
+
+
+_END_OF_ATTEMPT: dict[str, Any] = {
+    "next_method": None,
+    "next_kwargs": None,
+    "trigger_timeout": None,
+}
+
+
+def succeed(session: Session, ti_id: int, return_value: Any) -> bool:
+    moved = _move(
+        session,
+        [ti_id],
+        TaskState.RUNNING,
+        TaskState.SUCCESS,
+        "returned",
+        end_date=func.now(),
+        **_END_OF_ATTEMPT,
+    )
+    if moved and return_value is not None:
+        xcom.upsert(session, ti_id, "return_value", return_value)
+    return bool(moved)
+
+
+def skip(session: Session, ti_id: int, reason: str) -> bool:
+    return bool(
+        _move(
+            session,
+            [ti_id],
+            TaskState.RUNNING,
+            TaskState.SKIPPED,
+            reason,
+            end_date=func.now(),
+            **_END_OF_ATTEMPT,
+        )
+    )
+
+
+def fail(session: Session, ti_id: int, error: str, *, allow_retry: bool) -> TaskState | None:
+    """running -> up_for_retry (tries left and allowed) or failed; returns the new state."""
+    ti = session.get(TI, ti_id, with_for_update=True)
+    if ti is None or ti.state != TaskState.RUNNING:
+        return None
+    to_state = (
+        TaskState.UP_FOR_RETRY
+        if allow_retry and ti.try_number <= ti.max_tries
+        else TaskState.FAILED
+    )
+    _move(
+        session, [ti_id], TaskState.RUNNING, to_state, error, end_date=func.now(), **_END_OF_ATTEMPT
+    )
+    return to_state
+
+
+def create_trigger(session: Session, classpath: str, kwargs_token: str, fingerprint: str) -> int:
+    trigger = Trigger(classpath=classpath, kwargs=kwargs_token, fingerprint=fingerprint)
+    session.add(trigger)
+    session.flush()
+    return trigger.id
+
+
+def defer(
+    session: Session,
+    ti_id: int,
+    *,
+    trigger_id: int,
+    next_method: str,
+    next_kwargs_token: str,
+    trigger_timeout: dt.datetime | None,
+) -> bool:
+    """running -> deferred, waiting on ``trigger_id``."""
+    return bool(
+        _move(
+            session,
+            [ti_id],
+            TaskState.RUNNING,
+            TaskState.DEFERRED,
+            f"deferred to trigger {trigger_id}",
+            trigger_id=trigger_id,
+            next_method=next_method,
+            next_kwargs=next_kwargs_token,
+            trigger_timeout=trigger_timeout,
+        )
+    )
+
+
+# -- scheduler: deferred -> scheduled ------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class FiredEvent:
+    dedup_key: str
+    trigger_id: int
+    failed: bool  # the trigger failed (raised, ended without an event, could not be built)
+    payload: Any  # the event payload, or for a failure {"error": ..., "traceback": ...}
+
+
+def resume(session: Session, event: FiredEvent, cipher: Cipher) -> str:
+    """deferred -> scheduled for the task waiting on the event's trigger, at most once per
+    dedup key. Returns the outcome recorded in resume_event: applied, duplicate or stale."""
+    claimed = session.scalar(
+        pg_insert(ResumeEvent)
+        .values(dedup_key=event.dedup_key, trigger_id=event.trigger_id, outcome="stale")
+        .on_conflict_do_nothing()
+        .returning(ResumeEvent.dedup_key)
+    )
+    if claimed is None:
+        return "duplicate"
+    ti = session.scalars(
+        select(TI)
+        .where(TI.trigger_id == event.trigger_id, TI.state == TaskState.DEFERRED)
+        .with_for_update()
+    ).one_or_none()
+    if ti is None:
+        return "stale"  # the task was cleared, timed out or resumed by an earlier event
+    next_method: str | None
+    if event.failed:
+        next_method, kwargs = FAIL_METHOD, {"error": "trigger_failure", **event.payload}
+        reason = f"trigger {event.trigger_id} failed"
+    else:
+        kwargs = cipher.open(ti.next_kwargs) if ti.next_kwargs else {}
+        next_method, kwargs = ti.next_method, {**kwargs, "event": event.payload}
+        reason = f"trigger {event.trigger_id} fired"
+    moved = _move(
+        session,
+        [ti.id],
+        TaskState.DEFERRED,
+        TaskState.SCHEDULED,
+        reason,
+        trigger_id=None,
+        trigger_timeout=None,
+        next_method=next_method,
+        next_kwargs=cipher.seal(kwargs, "next_kwargs"),
+    )
+    session.execute(delete(Trigger).where(Trigger.id == event.trigger_id))
+    session.execute(
+        update(ResumeEvent)
+        .where(ResumeEvent.dedup_key == event.dedup_key)
+        .values(outcome="applied", task_instance_id=ti.id)
+    )
+    return "applied" if moved else "stale"
+
+
+_EXPIRE_SQL = text(
+    """
+    WITH expired AS (
+        UPDATE task_instance AS ti
+        SET state = 'scheduled', trigger_id = NULL, trigger_timeout = NULL,
+            next_method = :fail_method, next_kwargs = :fail_kwargs, updated_at = now()
+        FROM (
+            SELECT id, trigger_id FROM task_instance
+            WHERE state = 'deferred' AND trigger_timeout < now()
+            ORDER BY trigger_timeout
+            LIMIT :limit
+            FOR UPDATE SKIP LOCKED
+        ) AS old
+        WHERE ti.id = old.id
+        RETURNING ti.id, old.trigger_id
+    ), recorded AS (
+        INSERT INTO task_state_change (task_instance_id, from_state, to_state, reason)
+        SELECT id, 'deferred', 'scheduled', 'trigger timeout passed' FROM expired
+    ), dropped AS (
+        DELETE FROM trigger WHERE id IN (SELECT trigger_id FROM expired)
+    )
+    SELECT id FROM expired
+    """
+)
+
+
+def expire_deferrals(session: Session, cipher: Cipher, limit: int = 10_000) -> list[int]:
+    """deferred -> scheduled at ``__fail__`` for every task whose trigger_timeout passed, in one
+    statement; the worker then raises TaskDeferralTimeout inside the task."""
+    token = cipher.seal({"error": "timeout"}, "next_kwargs")
+    params = {"fail_method": FAIL_METHOD, "fail_kwargs": token, "limit": limit}
+    return list(session.scalars(_EXPIRE_SQL, params))

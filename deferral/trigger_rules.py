@@ -1,0 +1,81 @@
+"""Trigger rules: when a task may run, given the states of its upstream tasks.
+
+Pure functions, used by the scheduler and tested on their own.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable
+from enum import StrEnum
+
+from deferral.states import FINISHED_STATES, TaskState
+
+
+class TriggerRule(StrEnum):
+    ALL_SUCCESS = "all_success"
+    ALL_FAILED = "all_failed"
+    ALL_DONE = "all_done"
+    ONE_FAILED = "one_failed"
+    ONE_SUCCESS = "one_success"
+    NONE_FAILED = "none_failed"
+    NONE_FAILED_MIN_ONE_SUCCESS = "none_failed_min_one_success"
+    NONE_SKIPPED = "none_skipped"
+    ALWAYS = "always"
+
+
+def evaluate(rule: TriggerRule, upstream_states: Iterable[str]) -> TaskState | None:
+    """Decide a waiting task's next state from its upstream states.
+
+    Returns SCHEDULED (run it), SKIPPED or UPSTREAM_FAILED (never run it), or None (not yet:
+    some upstream task has not finished and the rule cannot be decided early).
+    """
+    states = [TaskState(s) for s in upstream_states]
+    count = Counter(states)
+    total = len(states)
+    done = sum(n for s, n in count.items() if s in FINISHED_STATES)
+    success = count[TaskState.SUCCESS]
+    failed = count[TaskState.FAILED] + count[TaskState.UPSTREAM_FAILED]
+    skipped = count[TaskState.SKIPPED]
+    all_done = done == total
+    run, skip, fail = TaskState.SCHEDULED, TaskState.SKIPPED, TaskState.UPSTREAM_FAILED
+
+    if rule is TriggerRule.ALWAYS or total == 0:
+        return run
+    if rule is TriggerRule.ALL_SUCCESS:
+        if failed:
+            return fail
+        if skipped:
+            return skip
+        return run if all_done else None
+    if rule is TriggerRule.ALL_FAILED:
+        if success or skipped:
+            return skip
+        return run if all_done else None
+    if rule is TriggerRule.ALL_DONE:
+        return run if all_done else None
+    if rule is TriggerRule.ONE_FAILED:
+        if failed:
+            return run
+        return skip if all_done else None
+    if rule is TriggerRule.ONE_SUCCESS:
+        if success:
+            return run
+        if not all_done:
+            return None
+        return fail if failed else skip
+    if rule is TriggerRule.NONE_FAILED:
+        if failed:
+            return fail
+        return run if all_done else None
+    if rule is TriggerRule.NONE_FAILED_MIN_ONE_SUCCESS:
+        if failed:
+            return fail
+        if not all_done:
+            return None
+        return run if success else skip
+    if rule is TriggerRule.NONE_SKIPPED:
+        if skipped:
+            return skip
+        return run if all_done else None
+    raise ValueError(f"unknown trigger rule {rule!r}")

@@ -1,0 +1,5 @@
+from deferral.triggers.base import BaseTrigger, TriggerEvent
+from deferral.triggers.file import FileTrigger
+from deferral.triggers.temporal import DateTimeTrigger, TimeDeltaTrigger
+
+__all__ = ["BaseTrigger", "DateTimeTrigger", "FileTrigger", "TimeDeltaTrigger", "TriggerEvent"]

@@ -1,0 +1,59 @@
+"""Triggers: small async waits that run in the triggerer and fire events that resume tasks."""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import AsyncIterator
+from typing import Any
+
+
+class TriggerEvent:
+    """What a trigger yields; ``payload`` reaches the resumed task as ``event``."""
+
+    __slots__ = ("payload",)
+
+    def __init__(self, payload: Any) -> None:
+        self.payload = payload
+
+    def __repr__(self) -> str:
+        return f"TriggerEvent({self.payload!r})"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, TriggerEvent) and other.payload == self.payload
+
+    def __hash__(self) -> int:
+        return hash(repr(self.payload))
+
+
+class BaseTrigger(abc.ABC):
+    """Subclass and implement ``serialize`` and ``run``.
+
+    A trigger is rebuilt in the triggerer from ``serialize()``'s classpath and kwargs, possibly
+    more than once (events are delivered at least once), so ``serialize`` must be deterministic
+    and ``run`` free of side effects that break when it runs twice.
+    """
+
+    def __init__(self, **kwargs: Any) -> None:
+        self.trigger_id: int | None = None
+
+    @abc.abstractmethod
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        """Return ``(classpath, kwargs)``; ``classpath(**kwargs)`` must rebuild this trigger."""
+
+    @abc.abstractmethod
+    def run(self) -> AsyncIterator[TriggerEvent]:
+        """An async generator that yields TriggerEvent; the first one resumes the task."""
+
+    async def cleanup(self) -> None:  # noqa: B027 - optional hook, empty by default
+        """Called after ``run`` ends, however it ends."""
+
+    async def on_kill(self) -> None:  # noqa: B027 - optional hook, empty by default
+        """Called only when a user cancels the task, never on hand-off or shutdown."""
+
+    def __repr__(self) -> str:
+        classpath, kwargs = self.serialize()
+        return f"<{classpath} {sorted(kwargs)}>"
+
+
+def classpath_of(cls: type) -> str:
+    return f"{cls.__module__}.{cls.__qualname__}"

@@ -1,0 +1,45 @@
+"""Triggers that wait for a moment in time."""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import AsyncIterator
+from typing import Any
+
+import anyio
+
+from deferral.triggers.base import BaseTrigger, TriggerEvent, classpath_of
+
+# Sleep in bounded steps and re-read the wall clock, so a suspended host or a clock step does
+# not stretch the wait by the full remaining time.
+_MAX_SLEEP_SEC = 60.0
+
+
+class DateTimeTrigger(BaseTrigger):
+    """Fires once ``moment`` (tz-aware) has passed; the event payload is ``moment``."""
+
+    def __init__(self, moment: dt.datetime) -> None:
+        super().__init__()
+        if not isinstance(moment, dt.datetime):
+            raise TypeError(f"moment must be a datetime, got {type(moment).__name__}")
+        if moment.tzinfo is None or moment.utcoffset() is None:
+            raise ValueError("moment must be a tz-aware datetime")
+        self.moment = moment
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        return classpath_of(DateTimeTrigger), {"moment": self.moment}
+
+    async def run(self) -> AsyncIterator[TriggerEvent]:
+        while (left := (self.moment - dt.datetime.now(dt.UTC)).total_seconds()) > 0:
+            await anyio.sleep(min(left, _MAX_SLEEP_SEC))
+        yield TriggerEvent(self.moment)
+
+
+class TimeDeltaTrigger(DateTimeTrigger):
+    """Fires ``delta`` after it was created. It serializes as a DateTimeTrigger at the absolute
+    moment, so a triggerer restart or a move to another triggerer never restarts the wait."""
+
+    def __init__(self, delta: dt.timedelta) -> None:
+        if not isinstance(delta, dt.timedelta):
+            raise TypeError(f"delta must be a timedelta, got {type(delta).__name__}")
+        super().__init__(dt.datetime.now(dt.UTC) + delta)

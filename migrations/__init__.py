@@ -1,0 +1,1 @@
+"""Alembic migrations of the deferral schema (run with ``deferral db upgrade``)."""

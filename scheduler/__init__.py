@@ -1,0 +1,1 @@
+"""The scheduler service: DAG runs, dependencies, dispatch, and resuming deferred tasks."""

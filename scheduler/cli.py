@@ -1,0 +1,30 @@
+"""``scheduler consume``."""
+
+from __future__ import annotations
+
+import click
+
+from deferral.process import (
+    default_consumer_name,
+    log_format_option,
+    settings_or_exit,
+    setup_logging,
+    stop_on_signals,
+)
+
+
+@click.group()
+def main() -> None:
+    """The deferral scheduler: DAG runs, dispatch, and resuming deferred tasks."""
+
+
+@main.command()
+@click.option("--name", default=None, help="Consumer name (default: host-pid).")
+@log_format_option
+def consume(name: str | None, log_format: str) -> None:
+    """Schedule, dispatch and apply trigger events until SIGTERM."""
+    from scheduler.service import SchedulerService
+
+    setup_logging(log_format)
+    settings = settings_or_exit()
+    SchedulerService(settings, name=name or default_consumer_name()).run(stop_on_signals())

@@ -1,0 +1,47 @@
+"""Pure decisions of the scheduler, tested on their own."""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Mapping
+
+from deferral import trigger_rules
+from deferral.dag import DAG
+from deferral.states import FAILED_STATES, FINISHED_STATES, DagRunState, TaskState
+
+
+def waiting_task_decisions(dag: DAG, states: Mapping[str, str]) -> dict[str, TaskState]:
+    """For every task in state none, what its trigger rule says now (scheduled, skipped or
+    upstream_failed); undecided tasks are left out. Decisions cascade within one call: a task
+    marked upstream_failed makes its own downstream decidable at once."""
+    current = dict(states)
+    decisions: dict[str, TaskState] = {}
+    for task in dag.topological_order():
+        if current.get(task.task_id) != TaskState.NONE:
+            continue
+        upstream = [current[t] for t in task.upstream_task_ids if t in current]
+        decision = trigger_rules.evaluate(task.trigger_rule, upstream)
+        if decision is not None:
+            decisions[task.task_id] = decision
+            current[task.task_id] = decision
+    return decisions
+
+
+def dag_run_outcome(dag: DAG, states: Mapping[str, str]) -> DagRunState | None:
+    """None while any task can still change; then failed if a leaf task failed, else success."""
+    if any(TaskState(s) not in FINISHED_STATES for s in states.values()):
+        return None
+    leaves = [t.task_id for t in dag.tasks if not t.downstream_task_ids]
+    if any(states.get(leaf) in FAILED_STATES for leaf in leaves):
+        return DagRunState.FAILED
+    return DagRunState.SUCCESS
+
+
+def retry_due(now: dt.datetime, failed_at: dt.datetime | None, retry_delay: dt.timedelta) -> bool:
+    return failed_at is None or failed_at + retry_delay <= now
+
+
+def dispatch_budget(max_active_tasks: int, states: Mapping[str, str]) -> int:
+    """How many more tasks of one run may be queued or running now."""
+    active = sum(1 for s in states.values() if s in (TaskState.QUEUED, TaskState.RUNNING))
+    return max(0, max_active_tasks - active)

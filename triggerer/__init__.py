@@ -1,0 +1,1 @@
+"""The triggerer service: runs many triggers in one event loop."""

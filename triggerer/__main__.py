@@ -1,0 +1,3 @@
+from triggerer.cli import main
+
+main()

@@ -1,0 +1,45 @@
+"""``triggerer consume``."""
+
+from __future__ import annotations
+
+import anyio
+import click
+
+from deferral.process import (
+    default_consumer_name,
+    log_format_option,
+    settings_or_exit,
+    setup_logging,
+)
+
+
+@click.group()
+def main() -> None:
+    """The deferral triggerer: runs triggers for deferred tasks."""
+
+
+@main.command()
+@click.option(
+    "--capacity",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Triggers run at once (default: DEFERRAL_TRIGGERER_CAPACITY, 1000).",
+)
+@click.option(
+    "--name",
+    default=None,
+    help="Consumer name; a stable name lets a restart resume its own entries.",
+)
+@log_format_option
+def consume(capacity: int | None, name: str | None, log_format: str) -> None:
+    """Run triggers from deferral:triggers until SIGTERM."""
+    from triggerer.service import TriggererService
+
+    setup_logging(log_format)
+    settings = settings_or_exit()
+    service = TriggererService(
+        settings,
+        capacity=capacity or settings.triggerer_capacity,
+        name=name or default_consumer_name(),
+    )
+    anyio.run(service.run)

@@ -1,0 +1,83 @@
+"""Turning a ``deferral:triggers`` entry into a trigger instance, refusing anything unsafe.
+
+A stream entry must never make the triggerer import arbitrary code: the classpath comes from the
+authenticated token (the clear field must agree with it), its module must sit under an allowed
+prefix, and the class must be a BaseTrigger subclass. Each refusal names its reason.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import msgspec
+
+from broker.replies import Entry
+from broker.streams import MalformedEntry, TriggerMessage, TriggerSpec, from_fields
+from deferral.crypto import Cipher, DecryptionError
+from deferral.serialization import SerializationError, from_jsonable
+from deferral.triggers.base import BaseTrigger
+
+
+class RejectedEntry(ValueError):
+    """The entry cannot be run; ``trigger_id`` is the id it names, if it names one."""
+
+    def __init__(self, message: str, trigger_id: int | None) -> None:
+        super().__init__(message)
+        self.trigger_id = trigger_id
+
+
+@dataclass(frozen=True)
+class Decoded:
+    spec: TriggerSpec
+    trigger: BaseTrigger
+
+
+def _clear_trigger_id(entry: Entry) -> int | None:
+    raw = entry.fields.get(b"trigger_id", b"")
+    return int(raw) if raw.isdigit() else None
+
+
+def module_allowed(module: str, prefixes: Sequence[str]) -> bool:
+    return any(module == p or module.startswith(p + ".") for p in prefixes)
+
+
+def load_trigger_class(classpath: str, prefixes: Sequence[str]) -> type[BaseTrigger]:
+    module_name, _, class_name = classpath.rpartition(".")
+    if not module_name or not module_allowed(module_name, prefixes):
+        raise ValueError(f"trigger class {classpath!r} is outside DEFERRAL_TRIGGER_MODULES")
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:
+        raise ValueError(f"cannot import {module_name!r}: {type(exc).__name__}: {exc}") from None
+    cls = getattr(module, class_name, None)
+    if not (isinstance(cls, type) and issubclass(cls, BaseTrigger)):
+        raise ValueError(f"{classpath!r} is not a BaseTrigger subclass")
+    return cls
+
+
+def decode_entry(entry: Entry, cipher: Cipher, prefixes: Sequence[str]) -> Decoded:
+    trigger_id = _clear_trigger_id(entry)
+    try:
+        message = from_fields(TriggerMessage, entry.fields)
+        spec = msgspec.json.decode(cipher.decrypt(message.token), type=TriggerSpec)
+    except (MalformedEntry, DecryptionError, msgspec.DecodeError) as exc:
+        raise RejectedEntry(f"rejected trigger entry: {exc}", trigger_id) from None
+    if message.trigger_id != str(spec.trigger_id) or message.classpath != spec.classpath:
+        raise RejectedEntry("rejected trigger entry: fields disagree with its token", trigger_id)
+    try:
+        cls = load_trigger_class(spec.classpath, prefixes)
+        kwargs = from_jsonable(spec.kwargs)
+    except (ValueError, SerializationError) as exc:
+        raise RejectedEntry(f"rejected trigger {spec.trigger_id}: {exc}", spec.trigger_id) from None
+    try:
+        trigger = cls(**kwargs)
+    except Exception as exc:
+        raise RejectedEntry(
+            f"trigger {spec.trigger_id} ({spec.classpath}) constructor raised "
+            f"{type(exc).__name__}: {exc}",
+            spec.trigger_id,
+        ) from None
+    trigger.trigger_id = spec.trigger_id
+    return Decoded(spec, trigger)

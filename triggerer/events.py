@@ -1,0 +1,43 @@
+"""Building ``deferral:events`` entries from what a trigger did."""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+from broker.streams import EVENT_KIND_EVENT, EVENT_KIND_FAILURE, EventMessage
+from deferral import serialization
+from deferral.serialization import SerializationError
+
+
+def dedup_key(trigger_id: int, kind: str, payload_json: bytes) -> str:
+    """Same trigger + same payload = same key, so a trigger that runs twice (after a takeover)
+    and fires the same event resumes its task once."""
+    digest = hashlib.sha256(kind.encode() + b"\0" + payload_json).hexdigest()[:32]
+    return f"{trigger_id}:{digest}"
+
+
+def _message(trigger_id: int, kind: str, payload_json: bytes, triggerer: str) -> EventMessage:
+    return EventMessage(
+        trigger_id=str(trigger_id),
+        dedup_key=dedup_key(trigger_id, kind, payload_json),
+        kind=kind,
+        payload=payload_json.decode(),
+        triggerer=triggerer,
+    )
+
+
+def failure_message(trigger_id: int, message: str, trace: str, triggerer: str) -> EventMessage:
+    payload = serialization.dumps({"message": message, "traceback": trace})
+    return _message(trigger_id, EVENT_KIND_FAILURE, payload, triggerer)
+
+
+def event_message(trigger_id: int, payload: Any, triggerer: str) -> EventMessage:
+    """The event, or a failure naming the type if the payload cannot be carried."""
+    try:
+        payload_json = serialization.dumps(payload, "event payload")
+    except SerializationError as exc:
+        return failure_message(
+            trigger_id, f"trigger {trigger_id} fired an event: {exc}", "", triggerer
+        )
+    return _message(trigger_id, EVENT_KIND_EVENT, payload_json, triggerer)

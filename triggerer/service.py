@@ -1,0 +1,225 @@
+"""``triggerer consume``: a consumer-group member of ``deferral:triggers`` that runs every trigger
+it holds concurrently in one anyio event loop and publishes each trigger's first event.
+
+An entry stays pending (owned by this consumer) while its trigger runs; it is acknowledged and
+deleted in the same Lua call that publishes the event, so no event is published for an entry that
+another triggerer could still take and run.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import traceback
+from typing import Any
+
+import anyio
+from anyio.abc import TaskGroup
+from sqlalchemy import func, update
+from sqlalchemy.dialects.postgresql import insert
+
+from broker.client import AsyncBroker
+from broker.replies import Entry
+from broker.streams import GROUP_TRIGGERERS, EventMessage, to_fields
+from deferral.config import Settings
+from deferral.crypto import Cipher
+from deferral.db import make_engine, make_sessionmaker
+from deferral.models import Trigger, Triggerer
+from deferral.triggers.base import BaseTrigger
+from triggerer.decode import Decoded, RejectedEntry, decode_entry
+from triggerer.events import event_message, failure_message
+
+log = logging.getLogger("deferral.triggerer")
+
+# At most this many new entries per read, so one replica never drains the stream its peers share.
+READ_BATCH = 100
+
+
+class TriggererService:
+    def __init__(self, settings: Settings, *, capacity: int, name: str) -> None:
+        self.settings = settings
+        self.capacity = capacity
+        self.name = name
+        self.cipher = Cipher(settings.fernet_keys)
+        self.sessions = make_sessionmaker(make_engine(settings.database_url, pool_size=2))
+        self.running: dict[int, anyio.CancelScope] = {}
+        self.slot_freed = anyio.Event()
+        self.broker: AsyncBroker
+
+    async def run(self) -> None:
+        self.broker = await AsyncBroker.from_url(
+            self.settings.redis_url, self.settings.stream_prefix
+        )
+        stream = self.broker.keys.triggers
+        await self.broker.ensure_group(stream, GROUP_TRIGGERERS)
+        await self._register("running")
+        log.info("triggerer %s consuming %s, capacity %d", self.name, stream, self.capacity)
+        try:
+            async with anyio.create_task_group() as tasks:
+                tasks.start_soon(self._stop_on_signal, tasks.cancel_scope)
+                tasks.start_soon(self._heartbeat)
+                await self._consume(tasks, stream)
+        finally:
+            with anyio.CancelScope(shield=True):
+                await self._register("stopped")
+                await self.broker.close()
+        log.info("triggerer %s stopped", self.name)
+
+    async def _stop_on_signal(self, scope: anyio.CancelScope) -> None:
+        with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+            async for signum in signals:
+                log.info(
+                    "received %s: cancelling %d trigger(s) (reason: shutdown)",
+                    signal.Signals(signum).name,
+                    len(self.running),
+                )
+                scope.cancel()
+                return
+
+    async def _consume(self, tasks: TaskGroup, stream: str) -> None:
+        # Entries this consumer name already owns (a restart under a stable --name) come first.
+        cursor = "0-0"
+        while True:
+            free = self.capacity - len(self.running)
+            if free <= 0:
+                self.slot_freed = anyio.Event()
+                await self.slot_freed.wait()
+                continue
+            entries = await self.broker.read(
+                GROUP_TRIGGERERS,
+                self.name,
+                {stream: cursor},
+                count=min(free, READ_BATCH),
+                block_ms=1000 if cursor == ">" else None,
+            )
+            if cursor != ">":
+                # Walk our own pending history by id; an empty page means it is all running.
+                cursor = entries[-1].id if entries else ">"
+            started = [await self._start(tasks, entry) for entry in entries]
+            await self._mark_owned([tid for tid in started if tid is not None])
+
+    async def _start(self, tasks: TaskGroup, entry: Entry) -> int | None:
+        if not entry.fields:
+            return None  # deleted while pending: nothing left to run
+        try:
+            decoded = decode_entry(entry, self.cipher, self.settings.trigger_modules)
+        except RejectedEntry as exc:
+            await self._reject(entry, exc)
+            return None
+        trigger_id = decoded.spec.trigger_id
+        if trigger_id in self.running:
+            return None  # a duplicate entry for a trigger already running here
+        scope = anyio.CancelScope()
+        self.running[trigger_id] = scope
+        tasks.start_soon(self._run_trigger, entry, decoded, scope)
+        return trigger_id
+
+    async def _reject(self, entry: Entry, exc: RejectedEntry) -> None:
+        log.error("%s (entry %s)", exc, entry.id)
+        if exc.trigger_id is not None:
+            # Fail the task the entry names, with the reason, rather than leave it deferred.
+            failure = failure_message(exc.trigger_id, str(exc), "", self.name)
+            await self.broker.publish(self.broker.keys.events, failure)
+        await self.broker.dead_letter(entry, GROUP_TRIGGERERS, str(exc))
+
+    async def _run_trigger(self, entry: Entry, decoded: Decoded, scope: anyio.CancelScope) -> None:
+        trigger, spec = decoded.trigger, decoded.spec
+        try:
+            with scope:
+                message = await self._first_event(trigger, spec.trigger_id)
+                await self.broker.publish_and_ack(
+                    entry, GROUP_TRIGGERERS, self.broker.keys.events, to_fields(message)
+                )
+                log.info("trigger %d for %s: %s sent", spec.trigger_id, spec.task, message.kind)
+            if scope.cancelled_caught:
+                log.info(
+                    "trigger %d for %s cancelled (reason: shutdown)", spec.trigger_id, spec.task
+                )
+        finally:
+            self.running.pop(spec.trigger_id, None)
+            self.slot_freed.set()
+
+    async def _first_event(self, trigger: BaseTrigger, trigger_id: int) -> EventMessage:
+        """Run the trigger to its first event; a raise or an end without an event is a failure.
+        ``cleanup()`` always runs, and its own failure fails the task too."""
+        message: EventMessage | None = None
+        try:
+            events = trigger.run()
+            try:
+                async for event in events:
+                    message = event_message(trigger_id, event.payload, self.name)
+                    break
+            finally:
+                await events.aclose()  # type: ignore[attr-defined]
+            if message is None:
+                message = failure_message(
+                    trigger_id, f"trigger {trigger_id} ended without an event", "", self.name
+                )
+        except anyio.get_cancelled_exc_class():
+            raise
+        except Exception as exc:
+            message = failure_message(
+                trigger_id,
+                f"trigger {trigger_id} raised {type(exc).__name__}: {exc}",
+                traceback.format_exc(),
+                self.name,
+            )
+        finally:
+            with anyio.CancelScope(shield=True):
+                try:
+                    await trigger.cleanup()
+                except Exception as exc:
+                    log.exception("trigger %d cleanup() raised", trigger_id)
+                    if message is not None and message.kind == "event":
+                        message = failure_message(
+                            trigger_id,
+                            f"trigger {trigger_id} cleanup() raised {exc!r}",
+                            traceback.format_exc(),
+                            self.name,
+                        )
+        return message
+
+    # -- bookkeeping in Postgres (for the CLI and doctor) ----------------------------------------
+
+    async def _heartbeat(self) -> None:
+        while True:
+            await anyio.sleep(self.settings.heartbeat_sec)
+            await self._register("running")
+
+    async def _register(self, state: str) -> None:
+        values: dict[str, Any] = {
+            "name": self.name,
+            "hostname": socket.gethostname(),
+            "pid": os.getpid(),
+            "capacity": self.capacity,
+            "load": len(self.running),
+            "state": state,
+        }
+
+        def write() -> None:
+            statement = insert(Triggerer).values(**values)
+            with self.sessions.begin() as session:
+                session.execute(
+                    statement.on_conflict_do_update(
+                        index_elements=[Triggerer.name],
+                        set_={**values, "latest_heartbeat": func.now()},
+                    )
+                )
+
+        await anyio.to_thread.run_sync(write)
+
+    async def _mark_owned(self, trigger_ids: list[int]) -> None:
+        if not trigger_ids:
+            return
+
+        def write() -> None:
+            with self.sessions.begin() as session:
+                session.execute(
+                    update(Trigger)
+                    .where(Trigger.id.in_(trigger_ids))
+                    .values(triggerer_id=self.name)
+                )
+
+        await anyio.to_thread.run_sync(write)

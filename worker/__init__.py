@@ -1,0 +1,1 @@
+"""The worker service: runs task attempts from ``deferral:queue:<queue>``."""

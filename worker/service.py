@@ -1,0 +1,231 @@
+"""``worker consume``: reads task attempts from its queue stream and runs them in child processes.
+
+The loop only moves messages and applies outcomes; each attempt runs in a reusable child process
+(worker.attempt) so a crashing task cannot take the worker down, and every state change goes
+through deferral.transitions so a duplicate or stale message never runs an attempt twice.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import multiprocessing
+import socket
+import threading
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass
+
+import msgspec
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from broker import outbox
+from broker.client import Broker
+from broker.replies import Entry
+from broker.streams import (
+    GROUP_WORKERS,
+    MalformedEntry,
+    QueueMessage,
+    TriggerMessage,
+    TriggerSpec,
+    from_fields,
+)
+from deferral import serialization, transitions
+from deferral.config import Settings
+from deferral.crypto import Cipher, DecryptionError
+from deferral.db import make_engine, make_sessionmaker
+from deferral.models import DagRun, Outbox, TaskInstance
+from deferral.serialization import SerializationError
+from worker.attempt import execute_attempt
+from worker.outcomes import AttemptRequest, Deferred, Failed, Outcome, Skipped, Succeeded
+
+log = logging.getLogger("deferral.worker")
+
+
+@dataclass(frozen=True)
+class Running:
+    entry: Entry
+    task_instance_id: int
+    label: str
+
+
+def fingerprint(classpath: str, kwargs_json: bytes) -> str:
+    return hashlib.sha256(classpath.encode() + b"\0" + kwargs_json).hexdigest()
+
+
+class WorkerService:
+    def __init__(self, settings: Settings, *, queue: str, concurrency: int, name: str) -> None:
+        self.name = name
+        self.hostname = socket.gethostname()
+        self.concurrency = concurrency
+        self.cipher = Cipher(settings.fernet_keys)
+        self.sessions = make_sessionmaker(make_engine(settings.database_url))
+        self.broker = Broker.from_url(settings.redis_url, settings.stream_prefix)
+        self.stream = self.broker.keys.queue(queue)
+        self.running: dict[Future[Outcome], Running] = {}
+        self.pool = self._new_pool()
+
+    def _new_pool(self) -> ProcessPoolExecutor:
+        context = multiprocessing.get_context("forkserver")
+        return ProcessPoolExecutor(max_workers=self.concurrency, mp_context=context)
+
+    def run(self, stop: threading.Event) -> None:
+        self.broker.ensure_group(self.stream, GROUP_WORKERS)
+        log.info("worker %s consuming %s with %d slots", self.name, self.stream, self.concurrency)
+        while not stop.is_set():
+            self.step()
+        log.info("stopping: waiting for %d running attempt(s)", len(self.running))
+        while self.running:
+            self._collect(timeout=1.0)
+        self.pool.shutdown()
+        self.broker.close()
+
+    def step(self) -> None:
+        self._collect(timeout=0)
+        free = self.concurrency - len(self.running)
+        if free <= 0:
+            self._collect(timeout=0.5)
+            return
+        # Block briefly when attempts are running, so finished ones are collected promptly.
+        block_ms = 100 if self.running else 1000
+        for entry in self.broker.read(
+            GROUP_WORKERS, self.name, {self.stream: ">"}, count=free, block_ms=block_ms
+        ):
+            self._start(entry)
+
+    # -- starting an attempt -------------------------------------------------------------------
+
+    def _start(self, entry: Entry) -> None:
+        try:
+            message = from_fields(QueueMessage, entry.fields)
+            ti_id, try_number = int(message.task_instance_id), int(message.try_number)
+        except (MalformedEntry, ValueError) as exc:
+            self._dead_letter(entry, f"bad queue entry: {exc}")
+            return
+        request: AttemptRequest | None = None
+        with self.sessions.begin() as session:
+            ti = transitions.start(session, ti_id, try_number, self.hostname, self.name)
+            if ti is not None:
+                request = self._request(session, ti)
+        if ti is None:
+            log.info(
+                "skipping %s: not queued at try %d (duplicate or stale)", message.task, try_number
+            )
+            self.broker.ack_delete(self.stream, GROUP_WORKERS, [entry.id])
+            return
+        if request is None:
+            self.broker.ack_delete(self.stream, GROUP_WORKERS, [entry.id])
+            return
+        try:
+            future = self.pool.submit(execute_attempt, request)
+        except BrokenProcessPool:
+            self.pool = self._new_pool()
+            future = self.pool.submit(execute_attempt, request)
+        self.running[future] = Running(entry, ti_id, message.task)
+        resuming = f" (resuming at {ti.next_method})" if ti.next_method else ""
+        log.info("running %s try %d%s", message.task, try_number, resuming)
+
+    def _request(self, session: Session, ti: TaskInstance) -> AttemptRequest | None:
+        """Build the child's request; a task whose resume kwargs cannot be opened fails here."""
+        run = session.scalars(
+            select(DagRun).where(DagRun.dag_id == ti.dag_id, DagRun.run_id == ti.run_id)
+        ).one()
+        try:
+            next_kwargs = self.cipher.open(ti.next_kwargs) if ti.next_kwargs else None
+        except (DecryptionError, SerializationError) as exc:
+            transitions.fail(session, ti.id, f"cannot read next_kwargs: {exc}", allow_retry=False)
+            log.error("failed task instance %d: cannot read next_kwargs: %s", ti.id, exc)
+            return None
+        assert ti.first_started_at is not None
+        return AttemptRequest(
+            task_instance_id=ti.id,
+            dag_id=ti.dag_id,
+            run_id=ti.run_id,
+            task_id=ti.task_id,
+            map_index=ti.map_index,
+            try_number=ti.try_number,
+            logical_date=run.logical_date,
+            conf=dict(run.conf or {}),
+            first_started_at=ti.first_started_at,
+            next_method=ti.next_method,
+            next_kwargs=next_kwargs,
+        )
+
+    # -- finishing an attempt ------------------------------------------------------------------
+
+    def _collect(self, timeout: float) -> None:
+        if not self.running:
+            return
+        done, _ = wait(list(self.running), timeout=timeout, return_when=FIRST_COMPLETED)
+        for future in done:
+            running = self.running.pop(future)
+            try:
+                outcome = future.result()
+            except BrokenProcessPool as exc:
+                # The child died (killed, segfault, os._exit): fail the attempt, not the worker.
+                outcome = Failed(f"task process died: {exc}", "", allow_retry=True)
+                self.pool = self._new_pool()
+            except Exception as exc:
+                outcome = Failed(f"task process error: {exc!r}", "", allow_retry=True)
+            self._finish(running, outcome)
+
+    def _finish(self, running: Running, outcome: Outcome) -> None:
+        ti_id = running.task_instance_id
+        staged: list[Outbox] = []
+        with self.sessions.begin() as session:
+            if isinstance(outcome, Succeeded):
+                transitions.succeed(session, ti_id, outcome.return_value)
+                log.info("%s succeeded", running.label)
+            elif isinstance(outcome, Skipped):
+                transitions.skip(session, ti_id, outcome.reason)
+                log.info("%s skipped: %s", running.label, outcome.reason)
+            elif isinstance(outcome, Failed):
+                state = transitions.fail(
+                    session, ti_id, outcome.error, allow_retry=outcome.allow_retry
+                )
+                log.error("%s %s: %s\n%s", running.label, state, outcome.error, outcome.traceback)
+            else:
+                staged = self._defer(session, ti_id, running.label, outcome)
+        outbox.flush(self.sessions, self.broker, staged)
+        self.broker.ack_delete(self.stream, GROUP_WORKERS, [running.entry.id])
+
+    def _defer(self, session: Session, ti_id: int, label: str, outcome: Deferred) -> list[Outbox]:
+        kwargs_json = serialization.encode(outcome.trigger_kwargs)
+        trigger_id = transitions.create_trigger(
+            session,
+            outcome.classpath,
+            self.cipher.encrypt(kwargs_json),
+            fingerprint(outcome.classpath, kwargs_json),
+        )
+        moved = transitions.defer(
+            session,
+            ti_id,
+            trigger_id=trigger_id,
+            next_method=outcome.method_name,
+            next_kwargs_token=self.cipher.encrypt(serialization.encode(outcome.next_kwargs)),
+            trigger_timeout=outcome.trigger_timeout,
+        )
+        if not moved:
+            session.rollback()
+            log.warning("%s was no longer running; its deferral is dropped", label)
+            return []
+        spec = TriggerSpec(
+            trigger_id=trigger_id,
+            classpath=outcome.classpath,
+            kwargs=outcome.trigger_kwargs,
+            task_instance_id=ti_id,
+            task=label,
+        )
+        message = TriggerMessage(
+            trigger_id=str(trigger_id),
+            classpath=outcome.classpath,
+            task=label,
+            token=self.cipher.encrypt(msgspec.json.encode(spec)),
+        )
+        log.info("%s deferred to trigger %d (%s)", label, trigger_id, outcome.classpath)
+        return [outbox.stage(session, self.broker.keys.triggers, message)]
+
+    def _dead_letter(self, entry: Entry, error: str) -> None:
+        log.error("dead-lettering %s entry %s: %s", entry.stream, entry.id, error)
+        self.broker.dead_letter(entry, GROUP_WORKERS, error)
