@@ -76,6 +76,9 @@ class DagBag:
         name = _module_name(self.folder, path)
         mtime = path.stat().st_mtime
         module = sys.modules.get(name)
+        if module is not None and getattr(module, "__file__", None) != str(path):
+            del sys.modules[name]  # same module name from another folder: not ours to reuse
+            module = None
         if module is not None and self._mtimes.get(path) == mtime:
             return module
         module = importlib.reload(module) if module is not None else importlib.import_module(name)

@@ -1,0 +1,23 @@
+"""Polling with deadlines: tests wait for a condition, never for a fixed time."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import TypeVar
+
+T = TypeVar("T")
+
+
+def wait_for(
+    condition: Callable[[], T], *, timeout: float = 30.0, interval: float = 0.05, what: str = ""
+) -> T:
+    """Return the first truthy value of ``condition()``; fail after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:g}s waiting for {what or condition}")
+        time.sleep(interval)
