@@ -213,6 +213,7 @@ _END_OF_ATTEMPT: dict[str, Any] = {
 
 
 def succeed(session: Session, ti_id: int, return_value: Any) -> bool:
+    """running -> success; ``return_value`` (to_jsonable form) becomes XCom return_value."""
     moved = _move(
         session,
         [ti_id],

@@ -12,8 +12,8 @@ from deferral import serialization
 from deferral.models import TaskInstance, XCom
 
 
-def upsert(session: Session, task_instance_id: int, key: str, value: Any) -> None:
-    stored = serialization.to_jsonable(value, f"XCom {key!r}")
+def upsert(session: Session, task_instance_id: int, key: str, stored: Any) -> None:
+    """Write a value already in serialization.to_jsonable form."""
     statement = insert(XCom).values(task_instance_id=task_instance_id, key=key, value=stored)
     session.execute(
         statement.on_conflict_do_update(
@@ -30,7 +30,9 @@ class DatabaseXComs:
 
     def push(self, task_instance_id: int, key: str, value: Any) -> None:
         with self._sessions.begin() as session:
-            upsert(session, task_instance_id, key, value)
+            upsert(
+                session, task_instance_id, key, serialization.to_jsonable(value, f"XCom {key!r}")
+            )
 
     def pull(self, dag_id: str, run_id: str, task_id: str, key: str, map_index: int) -> Any:
         query = (

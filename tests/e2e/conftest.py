@@ -1,0 +1,84 @@
+"""Real service processes (``scheduler consume``, ``worker consume``, ``triggerer consume``) run
+from the installed console scripts against the test database and Redis prefix."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+BIN = Path(sys.executable).parent
+
+
+def command(name: str, *args: str) -> list[str]:
+    """The console script ``name`` next to this interpreter, else ``python -m name``."""
+    script = BIN / name
+    return [str(script), *args] if script.exists() else [sys.executable, "-m", name, *args]
+
+
+class Services:
+    def __init__(self, env: dict[str, str], logs: Path) -> None:
+        self.env = {**os.environ, **env, "PYTHONUNBUFFERED": "1"}
+        self.logs = logs
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+
+    def start(self, name: str, *args: str) -> subprocess.Popen[bytes]:
+        """Start ``<service> consume [args]``; ``name`` is unique per process (worker2, ...)."""
+        service = name.rstrip("0123456789")
+        log = (self.logs / f"{name}.log").open("wb")
+        proc = subprocess.Popen(
+            command(service, "consume", *args), env=self.env, stdout=log, stderr=subprocess.STDOUT
+        )
+        self.procs[name] = proc
+        return proc
+
+    def run(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+        """Run a ``deferral`` CLI command to completion."""
+        return subprocess.run(
+            command("deferral", *args),
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+
+    def log(self, name: str) -> str:
+        return (self.logs / f"{name}.log").read_text(errors="replace")
+
+    def stop_all(self) -> None:
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for proc in self.procs.values():
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+@pytest.fixture
+def services(
+    service_env: dict[str, str], tmp_path: Path, request: pytest.FixtureRequest
+) -> Iterator[Services]:
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    running = Services(service_env, logs)
+    yield running
+    running.stop_all()
+    report = getattr(request.node, "rep_call", None)
+    if report is not None and report.failed:
+        for name in running.procs:
+            sys.stderr.write(f"\n----- {name} log -----\n{running.log(name)[-6000:]}\n")
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> object:
+    report = yield
+    setattr(item, f"rep_{report.when}", report)
+    return report

@@ -1,0 +1,65 @@
+"""Rows in the states tests start from, built through the real transitions."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session, sessionmaker
+
+from deferral import transitions
+from deferral.crypto import Cipher
+from deferral.models import DagRun, TaskInstance
+from deferral.transitions import NewTaskInstance
+
+DAG_ID = "factory_dag"
+
+
+def running_task(sessions: sessionmaker[Session], task_id: str = "t", run_id: str = "r1") -> int:
+    """A DAG run with one task instance moved none -> scheduled -> queued -> running."""
+    with sessions.begin() as session:
+        transitions.create_dag_run(session, DAG_ID, run_id, dt.datetime.now(dt.UTC), {})
+        run = session.scalars(select(DagRun).where(DagRun.run_id == run_id)).one()
+        transitions.start_dag_run(
+            session, run, [NewTaskInstance(task_id, 0, "default_pool", 1, "default", 1)]
+        )
+        session.flush()
+        ti_id = session.scalars(
+            select(TaskInstance.id).where(
+                TaskInstance.run_id == run_id, TaskInstance.task_id == task_id
+            )
+        ).one()
+        transitions.schedule(session, [ti_id])
+        transitions.dispatch(session, [ti_id])
+        assert transitions.start(session, ti_id, 1, "host", "worker-1") is not None
+    return ti_id
+
+
+def deferred_task(
+    sessions: sessionmaker[Session],
+    cipher: Cipher,
+    *,
+    next_kwargs: dict[str, Any] | None = None,
+    trigger_timeout: dt.datetime | None = None,
+    task_id: str = "t",
+    run_id: str = "r1",
+) -> tuple[int, int]:
+    """A running task deferred on a new trigger; returns (task instance id, trigger id)."""
+    ti_id = running_task(sessions, task_id, run_id)
+    with sessions.begin() as session:
+        trigger_id = transitions.create_trigger(
+            session,
+            "deferral.triggers.temporal.DateTimeTrigger",
+            cipher.seal({"moment": dt.datetime.now(dt.UTC)}),
+            "fingerprint",
+        )
+        assert transitions.defer(
+            session,
+            ti_id,
+            trigger_id=trigger_id,
+            next_method="resume",
+            next_kwargs_token=cipher.seal(next_kwargs or {}),
+            trigger_timeout=trigger_timeout,
+        )
+    return ti_id, trigger_id

@@ -1,0 +1,182 @@
+"""deferred -> scheduled: dedup-keyed, conditional, applied at most once per event."""
+
+from __future__ import annotations
+
+import datetime as dt
+import threading
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session, sessionmaker
+
+from broker.client import Broker
+from broker.streams import GROUP_SCHEDULERS, to_fields
+from deferral import transitions
+from deferral.config import Settings
+from deferral.crypto import Cipher
+from deferral.models import ResumeEvent, TaskInstance, TaskStateChange, Trigger
+from deferral.states import FAIL_METHOD, TaskState
+from scheduler.service import SchedulerService
+from tests.integration.factories import deferred_task, running_task
+from triggerer.events import event_message, failure_message
+
+
+def _transitions(sessions: sessionmaker[Session], ti_id: int) -> list[tuple[str, str]]:
+    with sessions() as session:
+        rows = session.execute(
+            select(TaskStateChange.from_state, TaskStateChange.to_state)
+            .where(TaskStateChange.task_instance_id == ti_id)
+            .order_by(TaskStateChange.id)
+        )
+        return [(r.from_state, r.to_state) for r in rows]
+
+
+def _ti(sessions: sessionmaker[Session], ti_id: int) -> TaskInstance:
+    with sessions() as session:
+        ti = session.get(TaskInstance, ti_id)
+        assert ti is not None
+        return ti
+
+
+def _scheduler(settings: Settings, broker: Broker, name: str = "s1") -> SchedulerService:
+    broker.ensure_group(broker.keys.events, GROUP_SCHEDULERS)
+    return SchedulerService(settings, name=name)
+
+
+def _drain(service: SchedulerService) -> None:
+    while service.apply_events(block_ms=None):
+        pass
+
+
+def test_same_event_published_twice_resumes_once(
+    settings: Settings, sessions: sessionmaker[Session], cipher: Cipher, broker: Broker
+) -> None:
+    ti_id, trigger_id = deferred_task(sessions, cipher, next_kwargs={"attempt": 7})
+    service = _scheduler(settings, broker)
+    message = event_message(trigger_id, {"status": "done"}, "triggerer-1")
+    broker.publish(broker.keys.events, message)
+    broker.publish(broker.keys.events, message)
+
+    _drain(service)
+
+    assert _transitions(sessions, ti_id)[-1] == ("deferred", "scheduled")
+    assert _transitions(sessions, ti_id).count(("deferred", "scheduled")) == 1
+    ti = _ti(sessions, ti_id)
+    assert ti.state == TaskState.SCHEDULED and ti.trigger_id is None
+    assert ti.next_method == "resume"
+    assert ti.next_kwargs is not None
+    assert cipher.open(ti.next_kwargs) == {"attempt": 7, "event": {"status": "done"}}
+    with sessions() as session:
+        events = session.scalars(select(ResumeEvent)).all()
+        assert session.get(Trigger, trigger_id) is None
+    assert [(e.dedup_key, e.outcome, e.task_instance_id) for e in events] == [
+        (message.dedup_key, "applied", ti_id)
+    ]
+    assert broker.pending(broker.keys.events, GROUP_SCHEDULERS).count == 0
+    assert broker.redis.xlen(broker.keys.events) == 0
+
+
+def test_two_scheduler_replicas_racing_on_duplicates_apply_once(
+    settings: Settings, sessions: sessionmaker[Session], cipher: Cipher, broker: Broker
+) -> None:
+    ti_id, trigger_id = deferred_task(sessions, cipher)
+    replicas = [_scheduler(settings, broker, f"s{i}") for i in range(2)]
+    message = event_message(trigger_id, "fired", "triggerer-1")
+    for _ in range(6):
+        broker.publish(broker.keys.events, message)
+
+    threads = [threading.Thread(target=_drain, args=(replica,)) for replica in replicas]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=30)
+
+    assert _transitions(sessions, ti_id).count(("deferred", "scheduled")) == 1
+    assert broker.redis.xlen(broker.keys.events) == 0
+
+
+def test_event_for_a_task_no_longer_deferred_is_recorded_stale(
+    settings: Settings, sessions: sessionmaker[Session], cipher: Cipher, broker: Broker
+) -> None:
+    ti_id, trigger_id = deferred_task(sessions, cipher)
+    service = _scheduler(settings, broker)
+    broker.publish(broker.keys.events, event_message(trigger_id, 1, "t"))
+    _drain(service)
+    # A later, different event for the same trigger finds the task already resumed.
+    broker.publish(broker.keys.events, event_message(trigger_id, 2, "t"))
+    _drain(service)
+
+    with sessions() as session:
+        outcomes = sorted(session.scalars(select(ResumeEvent.outcome)))
+    assert outcomes == ["applied", "stale"]
+    assert _transitions(sessions, ti_id).count(("deferred", "scheduled")) == 1
+    assert cipher.open(_ti(sessions, ti_id).next_kwargs or "")["event"] == 1
+
+
+def test_failure_event_resumes_at_fail_with_the_reason(
+    settings: Settings, sessions: sessionmaker[Session], cipher: Cipher, broker: Broker
+) -> None:
+    ti_id, trigger_id = deferred_task(sessions, cipher)
+    service = _scheduler(settings, broker)
+    broker.publish(
+        broker.keys.events, failure_message(trigger_id, "trigger raised KeyError", "Traceback", "t")
+    )
+    _drain(service)
+
+    ti = _ti(sessions, ti_id)
+    assert ti.state == TaskState.SCHEDULED and ti.next_method == FAIL_METHOD
+    kwargs = cipher.open(ti.next_kwargs or "")
+    assert kwargs["error"] == "trigger_failure"
+    assert kwargs["message"] == "trigger raised KeyError"
+
+
+def test_unreadable_payload_fails_the_task_and_malformed_entry_is_dead_lettered(
+    settings: Settings, sessions: sessionmaker[Session], cipher: Cipher, broker: Broker
+) -> None:
+    ti_id, trigger_id = deferred_task(sessions, cipher)
+    other_ti, other_trigger = deferred_task(sessions, cipher, task_id="u", run_id="r2")
+    service = _scheduler(settings, broker)
+    fields = to_fields(event_message(trigger_id, "x", "t"))
+    broker.publish(broker.keys.events, {**fields, "payload": "{not json"})
+    broker.publish(broker.keys.events, {"trigger_id": "oops"})
+    broker.publish(broker.keys.events, event_message(other_trigger, "fine", "t"))
+    _drain(service)
+
+    ti = _ti(sessions, ti_id)
+    assert ti.next_method == FAIL_METHOD
+    assert "unreadable event" in cipher.open(ti.next_kwargs or "")["message"]
+    # The good event after the bad ones was applied all the same.
+    assert _ti(sessions, other_ti).next_method == "resume"
+    dead = broker.xrange(broker.keys.dead)
+    assert len(dead) == 1
+    assert b"bad event entry" in dead[0].fields[b"error"]
+    assert broker.redis.xlen(broker.keys.events) == 0
+
+
+def test_expired_deferrals_are_failed_in_bulk_and_their_triggers_dropped(
+    sessions: sessionmaker[Session], cipher: Cipher
+) -> None:
+    past = dt.datetime.now(dt.UTC) - dt.timedelta(seconds=1)
+    future = dt.datetime.now(dt.UTC) + dt.timedelta(hours=1)
+    expired_ti, expired_trigger = deferred_task(sessions, cipher, trigger_timeout=past)
+    waiting_ti, _ = deferred_task(
+        sessions, cipher, trigger_timeout=future, task_id="w", run_id="r2"
+    )
+
+    with sessions.begin() as session:
+        assert transitions.expire_deferrals(session, cipher) == [expired_ti]
+
+    ti = _ti(sessions, expired_ti)
+    assert ti.state == TaskState.SCHEDULED and ti.next_method == FAIL_METHOD
+    assert cipher.open(ti.next_kwargs or "") == {"error": "timeout"}
+    assert _transitions(sessions, expired_ti)[-1] == ("deferred", "scheduled")
+    assert _ti(sessions, waiting_ti).state == TaskState.DEFERRED
+    with sessions() as session:
+        assert session.get(Trigger, expired_trigger) is None
+
+
+def test_a_queue_message_starts_an_attempt_at_most_once(sessions: sessionmaker[Session]) -> None:
+    ti_id = running_task(sessions)  # started once at try 1 already
+    with sessions.begin() as session:
+        assert transitions.start(session, ti_id, 1, "host", "worker-2") is None
+        assert transitions.start(session, ti_id, 2, "host", "worker-2") is None
+    assert _transitions(sessions, ti_id).count(("queued", "running")) == 1
