@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import signal
 import sys
 import time
 from typing import Any
@@ -11,6 +12,7 @@ from typing import Any
 import click
 from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session, sessionmaker
 
 from deferral import migrate, transitions
 from deferral.config import Settings
@@ -97,6 +99,22 @@ def _parse_conf(raw: str | None) -> dict[str, Any]:
     return conf
 
 
+def _trigger(settings: Settings, dag_id: str, conf: dict[str, Any], run_id: str | None) -> str:
+    try:
+        _dagbag(settings).get_dag(dag_id)
+    except DagNotFound as exc:
+        _fail(str(exc))
+    logical_date = dt.datetime.now(dt.UTC)
+    run_id = run_id or f"manual__{logical_date.isoformat()}"
+    try:
+        with _sessions(settings).begin() as session:
+            transitions.create_dag_run(session, dag_id, run_id, logical_date, conf)
+    except IntegrityError:
+        _fail(f"DAG {dag_id!r} already has a run {run_id!r}")
+    click.echo(f"triggered {dag_id} {run_id}")
+    return run_id
+
+
 @dags.command("trigger")
 @click.argument("dag_id")
 @click.option("--conf", "conf_json", default=None, help="Run configuration, a JSON object.")
@@ -113,26 +131,19 @@ def dags_trigger(
         exc.param_hint = "--conf"
         raise
     settings = settings_or_exit()
-    try:
-        _dagbag(settings).get_dag(dag_id)
-    except DagNotFound as exc:
-        _fail(str(exc))
-    logical_date = dt.datetime.now(dt.UTC)
-    run_id = run_id or f"manual__{logical_date.isoformat()}"
-    sessions = make_sessionmaker(make_engine(settings.database_url))
-    try:
-        with sessions.begin() as session:
-            transitions.create_dag_run(session, dag_id, run_id, logical_date, conf)
-    except IntegrityError:
-        _fail(f"DAG {dag_id!r} already has a run {run_id!r}")
-    click.echo(f"triggered {dag_id} {run_id}")
+    run_id = _trigger(settings, dag_id, conf, run_id)
     if wait:
-        state = _wait_for_run(sessions, dag_id, run_id, timeout)
+        state = _wait_for_run(settings, dag_id, run_id, timeout)
         click.echo(f"run {run_id}: {state}")
         sys.exit(0 if state == DagRunState.SUCCESS else 1)
 
 
-def _wait_for_run(sessions: Any, dag_id: str, run_id: str, timeout: float | None) -> str:
+def _sessions(settings: Settings) -> sessionmaker[Session]:
+    return make_sessionmaker(make_engine(settings.database_url))
+
+
+def _wait_for_run(settings: Settings, dag_id: str, run_id: str, timeout: float | None) -> str:
+    sessions = _sessions(settings)
     deadline = None if timeout is None else time.monotonic() + timeout
     while True:
         with sessions() as session:
@@ -160,9 +171,11 @@ def runs() -> None:
 @click.option("--history", is_flag=True, help="Also list every state change of every task.")
 def runs_show(dag_id: str, run_id: str, history: bool) -> None:
     """Show a run, its task instances and (with --history) their state changes."""
-    settings = settings_or_exit()
-    sessions = make_sessionmaker(make_engine(settings.database_url))
-    with sessions() as session:
+    _show_run(settings_or_exit(), dag_id, run_id, history)
+
+
+def _show_run(settings: Settings, dag_id: str, run_id: str, history: bool) -> None:
+    with _sessions(settings)() as session:
         run = session.scalars(
             select(DagRun).where(DagRun.dag_id == dag_id, DagRun.run_id == run_id)
         ).one_or_none()
@@ -190,3 +203,44 @@ def runs_show(dag_id: str, run_id: str, history: bool) -> None:
                     f"    {change.at:%H:%M:%S.%f} {change.from_state} -> {change.to_state}"
                     f" ({change.reason})"
                 )
+
+
+# -- standalone ------------------------------------------------------------------------------------
+
+
+@main.command()
+@click.option("--dags-folder", default=None, help="DAGs folder (default: DEFERRAL_DAGS_FOLDER).")
+@click.option(
+    "--run",
+    "run_dag",
+    default=None,
+    metavar="DAG_ID",
+    help="Trigger DAG_ID, show how it went, and stop (exit 1 if it failed).",
+)
+@click.option(
+    "--timeout", type=float, default=300, show_default=True, help="With --run: give up after S s."
+)
+def standalone(dags_folder: str | None, run_dag: str | None, timeout: float) -> None:
+    """Run scheduler, triggerer and worker together, for trying deferral out.
+
+    Unset settings default to local servers: Postgres on 127.0.0.1 (database deferral_demo,
+    created if missing), Redis on 127.0.0.1, and a Fernet key kept in .deferral/fernet.key.
+    """
+    from deferral import standalone as embedded
+
+    embedded.prepare_environment(dags_folder)
+    settings = settings_or_exit()
+    migrate.upgrade(settings.database_url)
+    with embedded.running_services() as procs:
+        if run_dag is None:
+            click.echo("services running; Ctrl-C stops them")
+            stop_signals = {signal.SIGINT, signal.SIGTERM}
+            signal.pthread_sigmask(signal.SIG_BLOCK, stop_signals)
+            signal.sigwait(stop_signals)
+            return
+        run_id = _trigger(settings, run_dag, {}, None)
+        state = _wait_for_run(settings, run_dag, run_id, timeout)
+        _show_run(settings, run_dag, run_id, history=True)
+        if any(proc.poll() is not None for proc in procs):
+            _fail("a service process exited early; see its log above")
+    sys.exit(0 if state == DagRunState.SUCCESS else 1)
