@@ -47,7 +47,7 @@ def _database_url(raw: str) -> str:
         raise ValueError("not a database URL") from exc
     if url.get_backend_name() != "postgresql":
         raise ValueError(f"expected a postgresql URL, got {url.get_backend_name()!r}")
-    if url.get_driver_name() != "psycopg":
+    if url.drivername != "postgresql+psycopg":
         # psycopg 3 is the one driver we depend on; normalise the common spellings to it.
         url = url.set(drivername="postgresql+psycopg")
     return url.render_as_string(hide_password=False)
@@ -116,7 +116,16 @@ def _read_toml(path: Path) -> dict[str, str]:
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: not valid TOML ({exc})") from exc
     table = data.get("deferral", data)
-    return {f"{ENV_PREFIX}{key.upper()}": str(value) for key, value in table.items()}
+    return {f"{ENV_PREFIX}{key.upper()}": _toml_text(value) for key, value in table.items()}
+
+
+def _toml_text(value: object) -> str:
+    """A TOML value as its environment-variable spelling (arrays become comma-separated)."""
+    if isinstance(value, list):
+        return ",".join(_toml_text(item) for item in value)
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
 
 
 def load_settings(

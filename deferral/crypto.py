@@ -26,8 +26,8 @@ class Cipher:
         return self._fernet.encrypt(plaintext).decode("ascii")
 
     def decrypt(self, token: str | bytes) -> bytes:
-        raw = token.encode("ascii") if isinstance(token, str) else token
         try:
+            raw = token.encode("ascii") if isinstance(token, str) else token
             return self._fernet.decrypt(raw)
         except (InvalidToken, ValueError, TypeError):
             raise DecryptionError(

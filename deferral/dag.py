@@ -93,8 +93,19 @@ class DAG:
                 if indegree[down] == 0:
                     ready.append(down)
         if seen != len(self.task_dict):
-            on_cycle = sorted(tid for tid, n in indegree.items() if n > 0)
-            raise DagDefinitionError(f"DAG {self.dag_id!r} has a cycle through {on_cycle[0]!r}")
+            raise DagDefinitionError(
+                f"DAG {self.dag_id!r} has a cycle through {self._task_on_cycle(indegree)!r}"
+            )
+
+    def _task_on_cycle(self, indegree: dict[str, int]) -> str:
+        """Every unvisited task has an unvisited upstream task, so walking upstream among them
+        must come back to a task already passed: that task is on a cycle."""
+        unvisited = {tid for tid, n in indegree.items() if n > 0}
+        current, passed = min(unvisited), set()
+        while current not in passed:
+            passed.add(current)
+            current = min(self.task_dict[current].upstream_task_ids & unvisited)
+        return current
 
     def validate(self) -> None:
         for _ in self.topological_order():

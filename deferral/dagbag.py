@@ -31,6 +31,19 @@ def _dag_files(folder: Path) -> list[Path]:
     )
 
 
+def _one_line_error(exc: BaseException, path: Path) -> str:
+    """``Type: first line of the message (line N)``, N being the line of the DAG file itself."""
+    if isinstance(exc, SyntaxError):
+        message, line = exc.msg, exc.lineno
+    else:
+        message = str(exc)
+        in_file = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename == str(path)]
+        line = in_file[-1].lineno if in_file else None
+    first = message.strip().splitlines()[0] if message.strip() else ""
+    where = f" (line {line})" if line is not None else ""
+    return f"{type(exc).__name__}: {first}{where}"
+
+
 class DagBag:
     def __init__(self, folder: Path) -> None:
         self.folder = folder.resolve()
@@ -51,8 +64,7 @@ class DagBag:
             try:
                 module = self._load(path)
             except Exception as exc:
-                last = traceback.extract_tb(exc.__traceback__)[-1]
-                errors[str(path)] = f"{type(exc).__name__}: {exc} (line {last.lineno})"
+                errors[str(path)] = _one_line_error(exc, path)
                 continue
             for value in vars(module).values():
                 if not isinstance(value, DAG):

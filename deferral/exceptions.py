@@ -31,7 +31,7 @@ class TaskDeferred(DeferralException):
         self.timeout = timeout
 
     def __str__(self) -> str:
-        return f"deferred to {self.trigger!r}, resuming at {self.method_name}()"
+        return f"deferred to {type(self.trigger).__name__}, resuming at {self.method_name}()"
 
 
 class TaskDeferralError(DeferralException):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import math
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
@@ -35,6 +36,8 @@ def _type_name(value: object) -> str:
 
 def to_jsonable(value: Any, where: str = "value") -> Any:
     """Turn ``value`` into plain JSON types, tagging datetimes, timedeltas and tuples."""
+    if isinstance(value, float) and not math.isfinite(value):
+        raise SerializationError(f"{where} is {value!r}, which JSON cannot carry")
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
     if isinstance(value, dt.datetime):
@@ -68,14 +71,23 @@ def to_jsonable(value: Any, where: str = "value") -> Any:
 
 
 def from_jsonable(value: Any) -> Any:
-    """Inverse of :func:`to_jsonable`."""
+    """Inverse of :func:`to_jsonable`; a malformed tagged value raises SerializationError."""
+    try:
+        return _untag(value)
+    except (KeyError, TypeError, ValueError) as exc:
+        if isinstance(exc, SerializationError):
+            raise
+        raise SerializationError(f"malformed serialized value: {exc!r}") from None
+
+
+def _untag(value: Any) -> Any:
     if isinstance(value, list):
-        return [from_jsonable(v) for v in value]
+        return [_untag(v) for v in value]
     if not isinstance(value, dict):
         return value
     tag = value.get(TAG)
     if tag is None:
-        return {k: from_jsonable(v) for k, v in value.items()}
+        return {k: _untag(v) for k, v in value.items()}
     if tag == "datetime":
         moment = dt.datetime.fromisoformat(value["iso"])
         zone = value.get("zone")
@@ -88,7 +100,7 @@ def from_jsonable(value: Any) -> Any:
         days, seconds, microseconds = value["dsu"]
         return dt.timedelta(days=days, seconds=seconds, microseconds=microseconds)
     if tag == "tuple":
-        return tuple(from_jsonable(v) for v in value["items"])
+        return tuple(_untag(v) for v in value["items"])
     raise SerializationError(f"unknown serialized type tag {tag!r}")
 
 

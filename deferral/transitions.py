@@ -95,6 +95,13 @@ class NewTaskInstance:
 
 def start_dag_run(session: Session, run: DagRun, tasks: Sequence[NewTaskInstance]) -> None:
     """queued -> running, creating the run's task instances (state none)."""
+    add_task_instances(session, run, tasks)
+    run.state = DagRunState.RUNNING
+    run.start_date = func.now()
+
+
+def add_task_instances(session: Session, run: DagRun, tasks: Sequence[NewTaskInstance]) -> None:
+    """Create task instances (state none) for tasks of the run that have none yet."""
     if tasks:
         session.execute(
             pg_insert(TI)
@@ -115,8 +122,6 @@ def start_dag_run(session: Session, run: DagRun, tasks: Sequence[NewTaskInstance
             )
             .on_conflict_do_nothing()
         )
-    run.state = DagRunState.RUNNING
-    run.start_date = func.now()
 
 
 def finish_dag_run(session: Session, run: DagRun, state: DagRunState) -> None:
@@ -170,7 +175,9 @@ def dispatch(session: Session, ids: Iterable[int]) -> list[Row[Any]]:
     if not moved:
         return []
     columns = (TI.id, TI.try_number, TI.queue, TI.dag_id, TI.run_id, TI.task_id, TI.map_index)
-    return list(session.execute(select(*columns).where(TI.id.in_(moved)).order_by(TI.id)))
+    # Highest priority first: the queue stream is read in this order.
+    order = (TI.priority_weight.desc(), TI.id)
+    return list(session.execute(select(*columns).where(TI.id.in_(moved)).order_by(*order)))
 
 
 # -- worker: queued -> running -> success / failed / up_for_retry / skipped / deferred ------------

@@ -19,7 +19,8 @@ def waiting_task_decisions(dag: DAG, states: Mapping[str, str]) -> dict[str, Tas
     for task in dag.topological_order():
         if current.get(task.task_id) != TaskState.NONE:
             continue
-        upstream = [current[t] for t in task.upstream_task_ids if t in current]
+        # An upstream task without a task instance (added to the DAG mid-run) has not run yet.
+        upstream = [current.get(t, TaskState.NONE) for t in task.upstream_task_ids]
         decision = trigger_rules.evaluate(task.trigger_rule, upstream)
         if decision is not None:
             decisions[task.task_id] = decision

@@ -144,11 +144,12 @@ class SchedulerService:
         if dag is None:
             log.error("run %s of DAG %r: DAG not found, cannot advance it", run.run_id, run.dag_id)
             return []
-        tis = session.scalars(
-            select(TaskInstance).where(
-                TaskInstance.dag_id == run.dag_id, TaskInstance.run_id == run.run_id
-            )
-        ).all()
+        tis = self._task_instances(session, run)
+        added = [_new_ti(t) for t in dag.tasks if t.task_id not in {ti.task_id for ti in tis}]
+        if added:
+            # Tasks added to the DAG file after the run started join the run, as in Airflow.
+            transitions.add_task_instances(session, run, added)
+            tis = self._task_instances(session, run)
         by_task = {ti.task_id: ti for ti in tis}
         states = {ti.task_id: ti.state for ti in tis}
 
@@ -179,6 +180,14 @@ class SchedulerService:
             transitions.finish_dag_run(session, run, outcome)
             log.info("run %s of DAG %s finished: %s", run.run_id, run.dag_id, outcome)
         return staged
+
+    @staticmethod
+    def _task_instances(session: Session, run: DagRun) -> Sequence[TaskInstance]:
+        return session.scalars(
+            select(TaskInstance).where(
+                TaskInstance.dag_id == run.dag_id, TaskInstance.run_id == run.run_id
+            )
+        ).all()
 
     def _dispatch(
         self,

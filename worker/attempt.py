@@ -127,6 +127,13 @@ def _deferral(task: BaseOperator, deferred: TaskDeferred, deadline: dt.datetime 
         checked_next = serialization.check_kwargs(deferred.kwargs, "defer kwargs")
     except SerializationError as exc:
         return Failed(f"{where} cannot defer: {exc}", traceback.format_exc(), False)
+    except Exception as exc:
+        trigger_name = type(deferred.trigger).__name__
+        return Failed(
+            f"{where} cannot defer: {trigger_name}.serialize() raised {_one_line(exc)}",
+            traceback.format_exc(),
+            False,
+        )
     return Deferred(
         classpath=classpath,
         trigger_kwargs=checked_trigger,

@@ -16,6 +16,12 @@ class FileTrigger(BaseTrigger):
 
     def __init__(self, filepath: str, poll_interval: float = 5.0) -> None:
         super().__init__()
+        if not isinstance(filepath, str) or not filepath:
+            raise TypeError(f"filepath must be a non-empty str, got {filepath!r}")
+        if isinstance(poll_interval, bool) or not isinstance(poll_interval, (int, float)):
+            raise TypeError(f"poll_interval must be a number, got {type(poll_interval).__name__}")
+        if poll_interval <= 0:
+            raise ValueError("poll_interval must be greater than 0")
         self.filepath = filepath
         self.poll_interval = poll_interval
 

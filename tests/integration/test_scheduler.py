@@ -1,0 +1,211 @@
+"""The scheduler's DAG-run work against real Postgres and Redis, one step at a time."""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from sqlalchemy import select
+from sqlalchemy.orm import Session, sessionmaker
+
+from broker.client import Broker
+from broker.streams import QueueMessage, from_fields
+from deferral import transitions
+from deferral.config import Settings
+from deferral.models import DagRun, Outbox, TaskInstance
+from scheduler.service import SchedulerService
+
+WriteDag = Callable[[str, str], Path]
+
+
+def _dag_file(dag_id: str, body: str, dag_args: str = "") -> str:
+    return f"""
+import datetime as dt
+from deferral import DAG
+from deferral.operators import EmptyOperator
+
+with DAG("{dag_id}"{dag_args}) as dag:
+{body}
+"""
+
+
+@pytest.fixture
+def dag_id() -> str:
+    return f"sched_{uuid.uuid4().hex[:8]}"
+
+
+def _trigger(sessions: sessionmaker[Session], dag_id: str) -> None:
+    with sessions.begin() as session:
+        transitions.create_dag_run(session, dag_id, "r1", dt.datetime.now(dt.UTC), {})
+
+
+def _states(sessions: sessionmaker[Session]) -> dict[str, str]:
+    with sessions() as session:
+        return {ti.task_id: ti.state for ti in session.scalars(select(TaskInstance))}
+
+
+def _run_state(sessions: sessionmaker[Session]) -> str:
+    with sessions() as session:
+        return session.scalars(select(DagRun.state)).one()
+
+
+def _queued_messages(broker: Broker, queue: str = "default") -> list[QueueMessage]:
+    return [from_fields(QueueMessage, e.fields) for e in broker.xrange(broker.keys.queue(queue))]
+
+
+def _finish(sessions: sessionmaker[Session], task_id: str, *, ok: bool = True) -> None:
+    """What a worker does with the queued attempt of ``task_id``."""
+    with sessions.begin() as session:
+        ti = session.scalars(select(TaskInstance).where(TaskInstance.task_id == task_id)).one()
+        assert transitions.start(session, ti.id, ti.try_number, "host", "w") is not None
+        if ok:
+            transitions.succeed(session, ti.id, None)
+        else:
+            transitions.fail(session, ti.id, "boom", allow_retry=True)
+
+
+def _step(service: SchedulerService) -> None:
+    service.start_queued_runs()
+    service.advance_running_runs()
+
+
+def test_run_dispatches_by_dependencies_and_finishes(
+    settings: Settings,
+    sessions: sessionmaker[Session],
+    broker: Broker,
+    write_dag: WriteDag,
+    dag_id: str,
+) -> None:
+    write_dag(
+        dag_id,
+        _dag_file(
+            dag_id,
+            """
+    a = EmptyOperator(task_id="a", priority_weight=1)
+    c = EmptyOperator(task_id="c", priority_weight=5)
+    a >> EmptyOperator(task_id="b")
+""",
+        ),
+    )
+    service = SchedulerService(settings, name="s")
+    _trigger(sessions, dag_id)
+
+    _step(service)
+    assert _states(sessions) == {"a": "queued", "b": "none", "c": "queued"}
+    messages = _queued_messages(broker)
+    # Higher priority first; labels and try numbers as workers expect them.
+    assert [m.task for m in messages] == [f"{dag_id}.r1.c", f"{dag_id}.r1.a"]
+    assert {m.try_number for m in messages} == {"1"}
+    with sessions() as session:
+        assert all(row.published_at for row in session.scalars(select(Outbox)))
+
+    _finish(sessions, "a")
+    _step(service)
+    assert _states(sessions)["b"] == "queued"
+    _finish(sessions, "b")
+    _finish(sessions, "c")
+    _step(service)
+    assert _run_state(sessions) == "success"
+
+
+def test_failure_propagates_upstream_failed_and_fails_the_run(
+    settings: Settings, sessions: sessionmaker[Session], write_dag: WriteDag, dag_id: str
+) -> None:
+    write_dag(
+        dag_id,
+        _dag_file(
+            dag_id,
+            """
+    a = EmptyOperator(task_id="a")
+    a >> EmptyOperator(task_id="b") >> EmptyOperator(task_id="c")
+    a >> EmptyOperator(task_id="cleanup", trigger_rule="all_done")
+""",
+        ),
+    )
+    service = SchedulerService(settings, name="s")
+    _trigger(sessions, dag_id)
+    _step(service)
+    _finish(sessions, "a", ok=False)
+    _step(service)
+    assert _states(sessions) == {
+        "a": "failed",
+        "b": "upstream_failed",
+        "c": "upstream_failed",
+        "cleanup": "queued",
+    }
+    _finish(sessions, "cleanup")
+    _step(service)
+    assert _run_state(sessions) == "failed"
+
+
+def test_a_failed_try_is_retried_as_a_new_try(
+    settings: Settings,
+    sessions: sessionmaker[Session],
+    broker: Broker,
+    write_dag: WriteDag,
+    dag_id: str,
+) -> None:
+    write_dag(
+        dag_id,
+        _dag_file(
+            dag_id,
+            """
+    EmptyOperator(task_id="a", retries=1, retry_delay=dt.timedelta(0))
+""",
+        ),
+    )
+    service = SchedulerService(settings, name="s")
+    _trigger(sessions, dag_id)
+    _step(service)
+    _finish(sessions, "a", ok=False)
+    assert _states(sessions) == {"a": "up_for_retry"}
+    _step(service)
+    assert _states(sessions) == {"a": "queued"}
+    assert [m.try_number for m in _queued_messages(broker)] == ["1", "2"]
+    _finish(sessions, "a", ok=False)
+    assert _states(sessions) == {"a": "failed"}  # retries used up
+
+
+def test_max_active_tasks_limits_dispatch(
+    settings: Settings, sessions: sessionmaker[Session], write_dag: WriteDag, dag_id: str
+) -> None:
+    body = "\n".join(f'    EmptyOperator(task_id="t{i}")' for i in range(4))
+    write_dag(dag_id, _dag_file(dag_id, body, dag_args=", max_active_tasks=2"))
+    service = SchedulerService(settings, name="s")
+    _trigger(sessions, dag_id)
+    _step(service)
+    assert sorted(_states(sessions).values()).count("queued") == 2
+    _step(service)
+    assert sorted(_states(sessions).values()).count("queued") == 2
+
+
+def test_a_task_added_to_the_dag_mid_run_joins_the_run(
+    settings: Settings,
+    sessions: sessionmaker[Session],
+    write_dag: WriteDag,
+    dag_id: str,
+) -> None:
+    path = write_dag(dag_id, _dag_file(dag_id, '    EmptyOperator(task_id="a")'))
+    service = SchedulerService(settings, name="s")
+    _trigger(sessions, dag_id)
+    _step(service)
+    write_dag(
+        dag_id,
+        _dag_file(
+            dag_id,
+            """
+    EmptyOperator(task_id="a") >> EmptyOperator(task_id="late")
+""",
+        ),
+    )
+    stat = path.stat()
+    os.utime(path, (stat.st_atime, stat.st_mtime + 5))
+    service.dagbag.collect()
+    _finish(sessions, "a")
+    _step(service)
+    assert _states(sessions) == {"a": "success", "late": "queued"}
+    assert _run_state(sessions) == "running"

@@ -1,0 +1,304 @@
+"""deferral.dagbag: finding DAGs in a folder of Python files.
+
+Module names are cached in sys.modules, so every file written here has a unique name.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+import textwrap
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from deferral.dag import DAG
+from deferral.dagbag import DagBag, DagNotFound
+
+WriteDag = Callable[..., tuple[Path, str]]
+
+
+@pytest.fixture(autouse=True)
+def _isolate_import_state(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """DagBag puts its folder on sys.path and imports modules: undo both afterwards."""
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    before = set(sys.modules)
+    yield
+    for name in set(sys.modules) - before:
+        module = sys.modules.get(name)
+        if module is not None and "dagbag_t_" in name:
+            del sys.modules[name]
+
+
+@pytest.fixture
+def folder(tmp_path: Path) -> Path:
+    path = tmp_path / "dags"
+    path.mkdir()
+    return path
+
+
+def unique(stem: str) -> str:
+    return f"dagbag_t_{stem}_{uuid.uuid4().hex[:10]}"
+
+
+@pytest.fixture
+def write(folder: Path) -> WriteDag:
+    def write(stem: str, source: str, *, sub: str | None = None) -> tuple[Path, str]:
+        name = unique(stem)
+        directory = folder / sub if sub else folder
+        directory.mkdir(parents=True, exist_ok=True)
+        path = directory / f"{name}.py"
+        path.write_text(textwrap.dedent(source))
+        return path, name
+
+    return write
+
+
+def bump_mtime(path: Path) -> None:
+    stat = path.stat()
+    os.utime(path, (stat.st_atime + 10, stat.st_mtime + 10))
+
+
+SIMPLE = """
+from deferral import DAG
+from deferral.operators import EmptyOperator
+
+with DAG("{dag_id}") as dag:
+    EmptyOperator(task_id="{task_id}")
+"""
+
+
+def simple(dag_id: str, task_id: str = "t") -> str:
+    return SIMPLE.format(dag_id=dag_id, task_id=task_id)
+
+
+def test_collect_finds_module_global_dags(folder: Path, write: WriteDag) -> None:
+    path, _ = write(
+        "two",
+        """
+        from deferral import DAG
+        from deferral.operators import EmptyOperator
+
+        first = DAG("first")
+        EmptyOperator(task_id="a", dag=first)
+        second = DAG("second")
+
+        def factory():
+            return DAG("hidden_in_function")
+
+        _ = factory
+        """,
+    )
+    bag = DagBag(folder).collect()
+    assert set(bag.dags) == {"first", "second"}
+    assert bag.import_errors == {}
+    assert bag.dags["first"].fileloc == str(path)
+    assert set(bag.dags["first"].task_dict) == {"a"}
+    assert isinstance(bag.dags["second"], DAG)
+
+
+def test_collect_returns_self_and_empty_folder_is_empty(folder: Path) -> None:
+    bag = DagBag(folder)
+    assert bag.collect() is bag
+    assert bag.dags == {}
+    assert bag.import_errors == {}
+
+
+def test_files_in_subfolders_are_found_and_private_ones_skipped(
+    folder: Path, write: WriteDag
+) -> None:
+    sub = unique("sub")
+    write("nested", simple("nested"), sub=sub)
+    write("private", simple("private"), sub="_private")
+    hidden = folder / f"_{unique('under')}.py"
+    hidden.write_text(simple("underscored"))
+    (folder / "notes.txt").write_text(simple("not_python"))
+    bag = DagBag(folder).collect()
+    assert set(bag.dags) == {"nested"}
+    assert bag.import_errors == {}
+
+
+def test_broken_file_reports_one_line_without_affecting_others(
+    folder: Path, write: WriteDag
+) -> None:
+    write("good_a", simple("good_a"))
+    broken, _ = write(
+        "broken",
+        """
+        x = 1
+
+        raise RuntimeError("boom")
+        """,
+    )
+    write("good_z", simple("good_z"))
+    bag = DagBag(folder).collect()
+    assert set(bag.dags) == {"good_a", "good_z"}
+    assert set(bag.import_errors) == {str(broken)}
+    error = bag.import_errors[str(broken)]
+    assert error == "RuntimeError: boom (line 4)"
+
+
+def test_import_error_of_missing_module(folder: Path, write: WriteDag) -> None:
+    broken, _ = write("missing", "import surely_not_a_module_xyz\n")
+    bag = DagBag(folder).collect()
+    error = bag.import_errors[str(broken)]
+    assert error.startswith("ModuleNotFoundError: ")
+    assert "surely_not_a_module_xyz" in error
+
+
+def test_import_error_line_is_the_dag_files_line(folder: Path, write: WriteDag) -> None:
+    broken, _ = write(
+        "badid",
+        """
+        from deferral import DAG
+
+        x = 1
+        dag = DAG("bad id!")
+        """,
+    )
+    error = DagBag(folder).collect().import_errors[str(broken)]
+    assert error.startswith("DagDefinitionError: ")
+    assert error.endswith("(line 5)")
+
+
+def test_syntax_error_reports_its_line(folder: Path, write: WriteDag) -> None:
+    broken, _ = write("syntax", "x = 1\ndef f(:\n    pass\n")
+    bag = DagBag(folder).collect()
+    error = bag.import_errors[str(broken)]
+    assert error.startswith("SyntaxError: ")
+    assert re.findall(r"line (\d+)", error) and set(re.findall(r"line (\d+)", error)) == {"2"}
+
+
+def test_syntax_error_does_not_stop_other_files(folder: Path, write: WriteDag) -> None:
+    broken, _ = write("syntax2", "def f(:\n")
+    write("fine", simple("fine_dag"))
+    bag = DagBag(folder).collect()
+    assert "fine_dag" in bag.dags
+    assert bag.import_errors[str(broken)].startswith("SyntaxError")
+
+
+def test_import_error_is_one_line_even_for_multiline_messages(
+    folder: Path, write: WriteDag
+) -> None:
+    broken, _ = write("multiline", 'raise ValueError("first\\nsecond")\n')
+    error = DagBag(folder).collect().import_errors[str(broken)]
+    assert "\n" not in error
+    assert error.startswith("ValueError: first")
+
+
+def test_duplicate_dag_id_across_files(folder: Path, write: WriteDag) -> None:
+    first, first_name = write("aaa_dup", simple("shared_id", "from_first"))
+    second, second_name = write("zzz_dup", simple("shared_id", "from_second"))
+    assert first_name < second_name  # files are read in sorted order
+    bag = DagBag(folder).collect()
+    assert set(bag.dags) == {"shared_id"}
+    assert set(bag.dags["shared_id"].task_dict) == {"from_first"}
+    assert bag.dags["shared_id"].fileloc == str(first)
+    error = bag.import_errors[str(second)]
+    assert "'shared_id'" in error
+    assert str(first) in error
+
+
+def test_dag_with_cycle_is_an_error_not_a_dag(folder: Path, write: WriteDag) -> None:
+    path, _ = write(
+        "cycle",
+        """
+        from deferral import DAG
+        from deferral.operators import EmptyOperator
+
+        with DAG("cyclic") as dag:
+            a = EmptyOperator(task_id="a")
+            b = EmptyOperator(task_id="b")
+            a >> b >> a
+        """,
+    )
+    write("ok", simple("acyclic"))
+    bag = DagBag(folder).collect()
+    assert set(bag.dags) == {"acyclic"}
+    assert "cycle" in bag.import_errors[str(path)]
+
+
+def test_changed_file_is_reimported(folder: Path, write: WriteDag) -> None:
+    path, _ = write("changing", simple("changing", "old_task"))
+    bag = DagBag(folder).collect()
+    first = bag.dags["changing"]
+    assert set(first.task_dict) == {"old_task"}
+
+    bag.collect()
+    assert bag.dags["changing"] is first  # unchanged mtime: not re-imported
+
+    path.write_text(textwrap.dedent(simple("changing", "new_task_with_longer_name")))
+    bump_mtime(path)
+    bag.collect()
+    assert bag.dags["changing"] is not first
+    assert set(bag.dags["changing"].task_dict) == {"new_task_with_longer_name"}
+
+
+def test_file_that_breaks_then_recovers(folder: Path, write: WriteDag) -> None:
+    path, _ = write("flaky", simple("flaky", "t1"))
+    bag = DagBag(folder).collect()
+    assert "flaky" in bag.dags
+
+    path.write_text("raise KeyError('gone')\n")
+    bump_mtime(path)
+    bag.collect()
+    assert "flaky" not in bag.dags
+    assert bag.import_errors[str(path)].startswith("KeyError: 'gone'")
+
+    path.write_text(textwrap.dedent(simple("flaky", "t2")))
+    bump_mtime(path)
+    bump_mtime(path)
+    bag.collect()
+    assert bag.import_errors == {}
+    assert set(bag.dags["flaky"].task_dict) == {"t2"}
+
+
+def test_deleted_file_drops_its_dag(folder: Path, write: WriteDag) -> None:
+    path, _ = write("deleted", simple("deleted_dag"))
+    bag = DagBag(folder).collect()
+    assert "deleted_dag" in bag.dags
+    path.unlink()
+    bag.collect()
+    assert "deleted_dag" not in bag.dags
+
+
+def test_same_module_name_in_two_folders_loads_each_folders_file(tmp_path: Path) -> None:
+    name = unique("same")
+    one, two = tmp_path / "one", tmp_path / "two"
+    for folder, dag_id in ((one, "from_one"), (two, "from_two")):
+        folder.mkdir()
+        (folder / f"{name}.py").write_text(textwrap.dedent(simple(dag_id)))
+    assert set(DagBag(one).collect().dags) == {"from_one"}
+    assert set(DagBag(two).collect().dags) == {"from_two"}
+
+
+def test_get_dag_found_and_missing(folder: Path, write: WriteDag) -> None:
+    write("getme", simple("present"))
+    bag = DagBag(folder).collect()
+    assert bag.get_dag("present").dag_id == "present"
+    with pytest.raises(DagNotFound) as info:
+        bag.get_dag("absent")
+    assert "'absent'" in str(info.value)
+    assert str(folder.resolve()) in str(info.value)
+
+
+def test_get_dag_collects_on_demand(folder: Path, write: WriteDag) -> None:
+    bag = DagBag(folder)
+    write("later", simple("added_later"))
+    assert bag.get_dag("added_later").dag_id == "added_later"
+
+
+def test_missing_folder_raises_dag_not_found(tmp_path: Path) -> None:
+    with pytest.raises(DagNotFound, match="does not exist"):
+        DagBag(tmp_path / "nope").collect()
+
+
+def test_folder_goes_on_sys_path_once(folder: Path, write: WriteDag) -> None:
+    write("path", simple("path_dag"))
+    bag = DagBag(folder)
+    bag.collect()
+    bag.collect()
+    assert sys.path.count(str(folder.resolve())) == 1

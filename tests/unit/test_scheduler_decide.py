@@ -1,0 +1,192 @@
+"""scheduler.decide: pure scheduling decisions."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import pytest
+
+from deferral import DAG, chain
+from deferral.operators import EmptyOperator
+from deferral.states import DagRunState, TaskState
+from scheduler.decide import dag_run_outcome, dispatch_budget, retry_due, waiting_task_decisions
+
+T = TaskState
+
+
+def linear(n: int, **rules: str) -> DAG:
+    """t0 >> t1 >> ... with per-task trigger rules."""
+    dag = DAG(f"linear{n}")
+    tasks = [EmptyOperator(task_id=f"t{i}", dag=dag, **_rule(rules, f"t{i}")) for i in range(n)]
+    chain(*tasks)
+    return dag
+
+
+def _rule(rules: dict[str, str], task_id: str) -> dict[str, str]:
+    return {"trigger_rule": rules[task_id]} if task_id in rules else {}
+
+
+# -- waiting_task_decisions ------------------------------------------------------------------------
+
+
+def test_root_tasks_are_scheduled() -> None:
+    dag = linear(3)
+    decisions = waiting_task_decisions(dag, {"t0": "none", "t1": "none", "t2": "none"})
+    assert decisions == {"t0": T.SCHEDULED}
+
+
+def test_upstream_failed_cascades_down_a_chain_in_one_call() -> None:
+    dag = linear(5)
+    states = {"t0": "failed", "t1": "none", "t2": "none", "t3": "none", "t4": "none"}
+    assert waiting_task_decisions(dag, states) == {
+        "t1": T.UPSTREAM_FAILED,
+        "t2": T.UPSTREAM_FAILED,
+        "t3": T.UPSTREAM_FAILED,
+        "t4": T.UPSTREAM_FAILED,
+    }
+
+
+def test_cascade_stops_at_all_done_task_which_runs() -> None:
+    dag = linear(4, t2="all_done")
+    states = {"t0": "failed", "t1": "none", "t2": "none", "t3": "none"}
+    assert waiting_task_decisions(dag, states) == {
+        "t1": T.UPSTREAM_FAILED,
+        "t2": T.SCHEDULED,
+    }
+
+
+def test_skip_cascades_and_one_failed_after_upstream_failed_runs() -> None:
+    dag = linear(3)
+    assert waiting_task_decisions(dag, {"t0": "skipped", "t1": "none", "t2": "none"}) == {
+        "t1": T.SKIPPED,
+        "t2": T.SKIPPED,
+    }
+    dag2 = linear(3, t2="one_failed")
+    assert waiting_task_decisions(dag2, {"t0": "failed", "t1": "none", "t2": "none"}) == {
+        "t1": T.UPSTREAM_FAILED,
+        "t2": T.SCHEDULED,
+    }
+
+
+def test_cascade_is_independent_of_task_declaration_order() -> None:
+    dag = DAG("reversed")
+    c = EmptyOperator(task_id="c", dag=dag)
+    b = EmptyOperator(task_id="b", dag=dag)
+    a = EmptyOperator(task_id="zz_a", dag=dag)
+    a >> b >> c
+    decisions = waiting_task_decisions(dag, {"zz_a": "failed", "b": "none", "c": "none"})
+    assert decisions == {"b": T.UPSTREAM_FAILED, "c": T.UPSTREAM_FAILED}
+
+
+def test_only_tasks_in_state_none_are_decided() -> None:
+    dag = linear(3)
+    states = {"t0": "success", "t1": "running", "t2": "none"}
+    assert waiting_task_decisions(dag, states) == {}
+    states = {"t0": "success", "t1": "success", "t2": "queued"}
+    assert waiting_task_decisions(dag, states) == {}
+
+
+def test_waiting_on_deferred_upstream_is_undecided() -> None:
+    dag = linear(2)
+    assert waiting_task_decisions(dag, {"t0": "deferred", "t1": "none"}) == {}
+
+
+def test_diamond_with_one_branch_failed_and_join_none_failed_min_one_success() -> None:
+    dag = DAG("diamond")
+    start, left, right = (EmptyOperator(task_id=t, dag=dag) for t in ("start", "left", "right"))
+    join = EmptyOperator(task_id="join", dag=dag, trigger_rule="none_failed_min_one_success")
+    start >> [left, right] >> join
+    states = {"start": "success", "left": "success", "right": "skipped", "join": "none"}
+    assert waiting_task_decisions(dag, states) == {"join": T.SCHEDULED}
+    states = {"start": "success", "left": "running", "right": "skipped", "join": "none"}
+    assert waiting_task_decisions(dag, states) == {}
+
+
+def test_input_states_are_not_mutated() -> None:
+    dag = linear(3)
+    states = {"t0": "failed", "t1": "none", "t2": "none"}
+    before = dict(states)
+    waiting_task_decisions(dag, states)
+    assert states == before
+
+
+# -- dag_run_outcome -------------------------------------------------------------------------------
+
+
+def test_run_outcome_none_while_any_task_unfinished() -> None:
+    dag = linear(3)
+    for unfinished in ("none", "scheduled", "queued", "running", "deferred", "up_for_retry"):
+        states = {"t0": "success", "t1": "success", "t2": unfinished}
+        assert dag_run_outcome(dag, states) is None, unfinished
+
+
+def test_run_outcome_success_when_all_succeeded() -> None:
+    dag = linear(2)
+    assert dag_run_outcome(dag, {"t0": "success", "t1": "success"}) is DagRunState.SUCCESS
+
+
+@pytest.mark.parametrize("leaf_state", ["failed", "upstream_failed"])
+def test_run_outcome_failed_when_a_leaf_failed(leaf_state: str) -> None:
+    dag = linear(2)
+    assert dag_run_outcome(dag, {"t0": "success", "t1": leaf_state}) is DagRunState.FAILED
+
+
+def test_run_outcome_success_when_only_a_non_leaf_failed() -> None:
+    dag = linear(2, t1="all_done")
+    assert dag_run_outcome(dag, {"t0": "failed", "t1": "success"}) is DagRunState.SUCCESS
+
+
+def test_run_outcome_skipped_leaf_is_success() -> None:
+    dag = linear(2)
+    assert dag_run_outcome(dag, {"t0": "skipped", "t1": "skipped"}) is DagRunState.SUCCESS
+
+
+def test_run_outcome_one_of_several_leaves_failed() -> None:
+    dag = DAG("fan")
+    root = EmptyOperator(task_id="root", dag=dag)
+    leaves = [EmptyOperator(task_id=f"leaf{i}", dag=dag) for i in range(3)]
+    root >> leaves
+    states = {"root": "success", "leaf0": "success", "leaf1": "failed", "leaf2": "skipped"}
+    assert dag_run_outcome(dag, states) is DagRunState.FAILED
+
+
+# -- retry_due / dispatch_budget -------------------------------------------------------------------
+
+NOW = dt.datetime(2024, 1, 1, 12, 0, tzinfo=dt.UTC)
+
+
+def test_retry_due() -> None:
+    delay = dt.timedelta(minutes=5)
+    assert retry_due(NOW, None, delay) is True
+    assert retry_due(NOW, NOW - dt.timedelta(minutes=5), delay) is True
+    assert retry_due(NOW, NOW - dt.timedelta(minutes=6), delay) is True
+    assert retry_due(NOW, NOW - dt.timedelta(minutes=4, seconds=59), delay) is False
+    assert retry_due(NOW, NOW, dt.timedelta(0)) is True
+
+
+def test_dispatch_budget_counts_only_queued_and_running() -> None:
+    states = {
+        "a": "queued",
+        "b": "running",
+        "c": "deferred",
+        "d": "scheduled",
+        "e": "success",
+        "f": "up_for_retry",
+    }
+    assert dispatch_budget(5, states) == 3
+
+
+def test_dispatch_budget_never_negative() -> None:
+    assert dispatch_budget(1, {"a": "running", "b": "running", "c": "queued"}) == 0
+    assert dispatch_budget(0, {}) == 0
+    assert dispatch_budget(4, {}) == 4
+
+
+def test_dispatch_budget_accepts_task_state_values() -> None:
+    assert dispatch_budget(3, {"a": TaskState.RUNNING}) == 2
+
+
+def test_upstream_without_a_state_keeps_its_downstream_waiting() -> None:
+    dag = linear(3)  # t0 >> t1 >> t2; t1 has no task instance in this run
+    decisions = waiting_task_decisions(dag, {"t0": "running", "t2": "none"})
+    assert "t2" not in decisions
