@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import anyio
 import click
 
@@ -26,17 +28,27 @@ def main() -> None:
     help="Triggers run at once (default: DEFERRAL_TRIGGERER_CAPACITY, 1000).",
 )
 @click.option(
+    "--heartbeat",
+    type=click.FloatRange(min=0, min_open=True),
+    default=None,
+    help="Seconds between heartbeats (default: DEFERRAL_HEARTBEAT_SEC, 5).",
+)
+@click.option(
     "--name",
     default=None,
     help="Consumer name; a stable name lets a restart resume its own entries.",
 )
 @log_format_option
-def consume(capacity: int | None, name: str | None, log_format: str) -> None:
+def consume(
+    capacity: int | None, heartbeat: float | None, name: str | None, log_format: str
+) -> None:
     """Run triggers from deferral:triggers until SIGTERM."""
     from triggerer.service import TriggererService
 
     setup_logging(log_format)
     settings = settings_or_exit()
+    if heartbeat is not None:
+        settings = dataclasses.replace(settings, heartbeat_sec=heartbeat)
     service = TriggererService(
         settings,
         capacity=capacity or settings.triggerer_capacity,

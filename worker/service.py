@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import multiprocessing
+import signal
 import socket
 import threading
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
@@ -50,6 +51,11 @@ class Running:
     label: str
 
 
+def _ignore_interrupts() -> None:
+    """Children leave Ctrl-C to the worker, which lets running attempts finish before it exits."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 def fingerprint(classpath: str, kwargs_json: bytes) -> str:
     return hashlib.sha256(classpath.encode() + b"\0" + kwargs_json).hexdigest()
 
@@ -68,7 +74,9 @@ class WorkerService:
 
     def _new_pool(self) -> ProcessPoolExecutor:
         context = multiprocessing.get_context("forkserver")
-        return ProcessPoolExecutor(max_workers=self.concurrency, mp_context=context)
+        return ProcessPoolExecutor(
+            max_workers=self.concurrency, mp_context=context, initializer=_ignore_interrupts
+        )
 
     def run(self, stop: threading.Event) -> None:
         self.broker.ensure_group(self.stream, GROUP_WORKERS)
