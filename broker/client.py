@@ -170,8 +170,13 @@ class AsyncBroker:
         self._publish_and_ack = client.register_script(scripts.PUBLISH_AND_ACK)
 
     @classmethod
-    async def from_url(cls, url: str, prefix: str) -> AsyncBroker:
-        client = redis.asyncio.Redis.from_url(url, **_client_options())
+    async def from_url(cls, url: str, prefix: str, max_connections: int = 32) -> AsyncBroker:
+        # A blocking pool: a thousand triggers firing at once wait for a connection instead of
+        # failing with "Too many connections".
+        pool = redis.asyncio.BlockingConnectionPool.from_url(
+            url, max_connections=max_connections, timeout=None, **_client_options()
+        )
+        client = redis.asyncio.Redis(connection_pool=pool)
         check_version(await client.info("server"))
         return cls(client, StreamKeys(prefix))
 

@@ -17,6 +17,7 @@ from typing import Any
 
 import anyio
 from anyio.abc import TaskGroup
+from redis.exceptions import RedisError
 from sqlalchemy import func, update
 from sqlalchemy.dialects.postgresql import insert
 
@@ -129,17 +130,34 @@ class TriggererService:
         try:
             with scope:
                 message = await self._first_event(trigger, spec.trigger_id)
-                await self.broker.publish_and_ack(
-                    entry, GROUP_TRIGGERERS, self.broker.keys.events, to_fields(message)
-                )
+                await self._publish(entry, message)
                 log.info("trigger %d for %s: %s sent", spec.trigger_id, spec.task, message.kind)
             if scope.cancelled_caught:
                 log.info(
                     "trigger %d for %s cancelled (reason: shutdown)", spec.trigger_id, spec.task
                 )
+        except Exception:
+            # Never let one trigger take the event loop (and every other trigger) down; its entry
+            # stays pending, so it is not lost.
+            log.exception("trigger %d for %s: unexpected error", spec.trigger_id, spec.task)
         finally:
             self.running.pop(spec.trigger_id, None)
             self.slot_freed.set()
+
+    async def _publish(self, entry: Entry, message: EventMessage) -> None:
+        """Publish the event and retire the entry, retrying while Redis fails: until it is
+        published, the event exists only in this process."""
+        delay = 0.1
+        while True:
+            try:
+                await self.broker.publish_and_ack(
+                    entry, GROUP_TRIGGERERS, self.broker.keys.events, to_fields(message)
+                )
+                return
+            except RedisError as exc:
+                log.warning("publishing event %s failed (%s); retrying", message.dedup_key, exc)
+                await anyio.sleep(delay)
+                delay = min(delay * 2, 5.0)
 
     async def _first_event(self, trigger: BaseTrigger, trigger_id: int) -> EventMessage:
         """Run the trigger to its first event; a raise or an end without an event is a failure.

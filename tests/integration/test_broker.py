@@ -387,3 +387,25 @@ def test_async_broker(stream_prefix: str, broker: Broker) -> None:
         )
 
     anyio.run(main)
+
+
+def test_async_broker_waits_for_a_connection_rather_than_failing(
+    stream_prefix: str, broker: Broker
+) -> None:
+    """Many triggers firing at once share a small pool: every publish gets through."""
+    source, target, group = f"{stream_prefix}:src", f"{stream_prefix}:dst", "g"
+    broker.ensure_group(source, group)
+    for i in range(60):
+        broker.publish(source, {"n": str(i)})
+    entries = broker.read(group, "c", {source: ">"}, count=100)
+
+    async def burst() -> None:
+        client = await AsyncBroker.from_url(REDIS_URL, stream_prefix, max_connections=2)
+        async with anyio.create_task_group() as tasks:
+            for entry in entries:
+                tasks.start_soon(client.publish_and_ack, entry, group, target, {"ok": "1"})
+        await client.close()
+
+    anyio.run(burst)
+    assert _xlen(broker, target) == 60
+    assert _xlen(broker, source) == 0

@@ -1,0 +1,138 @@
+"""How long from a trigger's moment to the task running again, through real processes.
+
+Runs scheduler, triggerer and worker (`deferral standalone`'s set) against a throw-away database
+and stream prefix, triggers a DAG of N tasks that each defer until the same moment, and prints
+latency percentiles from `task_state_change`:
+
+    .venv/bin/python benchmarks/defer_resume_latency.py [--tasks 200]
+
+Uses DEFERRAL_TEST_ADMIN_URL / DEFERRAL_TEST_REDIS_URL like the tests (local servers by default).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import os
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import redis
+from cryptography.fernet import Fernet
+from sqlalchemy import create_engine, select, text
+from sqlalchemy.engine import make_url
+
+from deferral import migrate, transitions
+from deferral.db import make_engine, make_sessionmaker
+from deferral.models import DagRun, TaskInstance, TaskStateChange
+from deferral.standalone import running_services
+
+ADMIN_URL = os.environ.get(
+    "DEFERRAL_TEST_ADMIN_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
+)
+REDIS_URL = os.environ.get("DEFERRAL_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+
+DAG = """
+import datetime as dt
+from deferral import DAG, BaseOperator
+from deferral.triggers import DateTimeTrigger
+
+MOMENT = dt.datetime.fromisoformat("{moment}")
+
+
+class WaitForMoment(BaseOperator):
+    def execute(self, context):
+        self.defer(trigger=DateTimeTrigger(MOMENT), method_name="resume")
+
+    def resume(self, context, event):
+        return None
+
+
+with DAG("bench_defer", max_active_tasks={tasks}) as dag:
+    for i in range({tasks}):
+        WaitForMoment(task_id=f"t{{i}}")
+"""
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--tasks", type=int, default=200)
+    parser.add_argument("--lead", type=float, default=15.0, help="seconds until the moment")
+    args = parser.parse_args()
+
+    name = f"deferral_bench_{uuid.uuid4().hex[:8]}"
+    admin = create_engine(ADMIN_URL, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f'CREATE DATABASE "{name}"'))
+    url = make_url(ADMIN_URL).set(database=name).render_as_string(hide_password=False)
+    dags = Path(tempfile.mkdtemp())
+    moment = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=args.lead)
+    (dags / "bench_defer.py").write_text(DAG.format(moment=moment.isoformat(), tasks=args.tasks))
+    os.environ.update(
+        DEFERRAL_DATABASE_URL=url,
+        DEFERRAL_REDIS_URL=REDIS_URL,
+        DEFERRAL_FERNET_KEY=Fernet.generate_key().decode(),
+        DEFERRAL_DAGS_FOLDER=str(dags),
+        DEFERRAL_STREAM_PREFIX=name,
+    )
+    try:
+        migrate.upgrade(url)
+        sessions = make_sessionmaker(make_engine(url))
+        with running_services():
+            with sessions.begin() as session:
+                transitions.create_dag_run(
+                    session, "bench_defer", "r1", dt.datetime.now(dt.UTC), {}
+                )
+            started = time.monotonic()
+            while True:
+                with sessions() as session:
+                    state = session.scalar(select(DagRun.state))
+                if state in ("success", "failed"):
+                    break
+                if time.monotonic() - started > args.lead + 300:
+                    sys.exit("benchmark run did not finish")
+                time.sleep(0.2)
+        with sessions() as session:
+            rows = session.execute(
+                select(TaskStateChange.to_state, TaskStateChange.reason, TaskStateChange.at).join(
+                    TaskInstance, TaskInstance.id == TaskStateChange.task_instance_id
+                )
+            ).all()
+        fired = [
+            (r.at - moment).total_seconds()
+            for r in rows
+            if r.to_state == "scheduled" and (r.reason or "").startswith("trigger")
+        ]
+        resumed = [(r.at - moment).total_seconds() for r in rows if r.reason == "resumed"]
+        done = [(r.at - moment).total_seconds() for r in rows if r.to_state == "success"]
+        print(f"run {state}: {args.tasks} tasks deferred until one moment")
+        for label, values in [
+            ("moment -> deferred->scheduled (event applied)", fired),
+            ("moment -> running again (resume picked up)", resumed),
+            ("moment -> success", done),
+        ]:
+            print(
+                f"  {label}: p50 {statistics.median(values) * 1000:.0f} ms, "
+                f"p95 {percentile(values, 0.95) * 1000:.0f} ms, max {max(values) * 1000:.0f} ms "
+                f"(n={len(values)})"
+            )
+    finally:
+        with admin.connect() as conn:
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        client = redis.Redis.from_url(REDIS_URL)
+        keys = list(client.scan_iter(match=f"{name}:*"))
+        if keys:
+            client.delete(*keys)
+
+
+if __name__ == "__main__":
+    main()
