@@ -19,6 +19,14 @@ class DagNotFound(LookupError):
     pass
 
 
+def put_on_sys_path(folder: Path) -> None:
+    """Make modules of the DAGs folder importable by their dotted path (operators and triggers
+    defined there get a classpath every process can import)."""
+    entry = str(folder.resolve())
+    if entry not in sys.path:
+        sys.path.insert(0, entry)
+
+
 def _module_name(folder: Path, path: Path) -> str:
     return ".".join(path.relative_to(folder).with_suffix("").parts)
 
@@ -55,8 +63,7 @@ class DagBag:
         """(Re)load the folder; a file whose mtime changed is re-imported."""
         if not self.folder.is_dir():
             raise DagNotFound(f"DAGs folder {self.folder} does not exist")
-        if str(self.folder) not in sys.path:
-            sys.path.insert(0, str(self.folder))
+        put_on_sys_path(self.folder)
         importlib.invalidate_caches()
         dags: dict[str, DAG] = {}
         errors: dict[str, str] = {}

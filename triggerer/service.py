@@ -26,6 +26,7 @@ from broker.replies import Entry
 from broker.streams import GROUP_TRIGGERERS, EventMessage, to_fields
 from deferral.config import Settings
 from deferral.crypto import Cipher
+from deferral.dagbag import put_on_sys_path
 from deferral.db import make_engine, make_sessionmaker
 from deferral.models import Trigger, Triggerer
 from deferral.triggers.base import BaseTrigger
@@ -45,6 +46,8 @@ class TriggererService:
         self.name = name
         self.cipher = Cipher(settings.fernet_keys)
         self.sessions = make_sessionmaker(make_engine(settings.database_url, pool_size=2))
+        # Triggers may live in DAGs-folder modules (still only under DEFERRAL_TRIGGER_MODULES).
+        put_on_sys_path(settings.dags_folder)
         self.running: dict[int, anyio.CancelScope] = {}
         self.slot_freed = anyio.Event()
         self.broker: AsyncBroker
