@@ -116,13 +116,13 @@ class WorkerService:
             ti = transitions.start(session, ti_id, try_number, self.hostname, self.name)
             if ti is not None:
                 request = self._request(session, ti)
-        if ti is None:
-            log.info(
-                "skipping %s: not queued at try %d (duplicate or stale)", message.task, try_number
-            )
-            self.broker.ack_delete(self.stream, GROUP_WORKERS, [entry.id])
-            return
-        if request is None:
+        if ti is None or request is None:
+            if ti is None:
+                log.info(
+                    "skipping %s: not queued at try %d (duplicate or stale)",
+                    message.task,
+                    try_number,
+                )
             self.broker.ack_delete(self.stream, GROUP_WORKERS, [entry.id])
             return
         try:

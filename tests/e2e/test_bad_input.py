@@ -71,6 +71,8 @@ def test_bad_kwarg_and_forged_trigger_entry_fail_only_their_task(
     services: Services, write_dag: Any, sessions: sessionmaker[Session], broker: Broker
 ) -> None:
     write_dag("e2e_bad_dag", BAD_DAG)
+    # A queue entry that is not a task attempt is dead-lettered before anything runs.
+    broker.publish(broker.keys.queue("default"), {"task_instance_id": "seven"})
     services.start("scheduler")
     services.start("worker", "--concurrency", "2")
     services.start("triggerer")
@@ -98,9 +100,14 @@ def test_bad_kwarg_and_forged_trigger_entry_fail_only_their_task(
         lambda: (ti := _ti(sessions, "waits")) and ti.state == "failed", timeout=60, what="failed"
     )
     assert "rejected trigger entry" in _last_reason(sessions, waits.id)
-    dead = wait_for(lambda: broker.xrange(broker.keys.dead), what="a dead letter")
-    assert dead[0].fields[b"classpath"] == b"os.system"
-    assert b"token failed authentication" in dead[0].fields[b"error"]
+    dead = wait_for(
+        lambda: len(entries := broker.xrange(broker.keys.dead)) == 2 and entries,
+        what="two dead letters",
+    )
+    assert dead[0].fields[b"task_instance_id"] == b"seven"
+    assert dead[0].fields[b"error"].startswith(b"bad queue entry: malformed QueueMessage")
+    assert dead[1].fields[b"classpath"] == b"os.system"
+    assert b"token failed authentication" in dead[1].fields[b"error"]
 
     # Everything else carried on.
     healthy = _ti(sessions, "healthy")
