@@ -10,7 +10,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-RAW_COMMANDS = ("XREADGROUP", "XAUTOCLAIM", "XPENDING", "XADD", "XRANGE", "XINFO GROUPS")
+RAW_COMMANDS = (
+    "XREADGROUP",
+    "XAUTOCLAIM",
+    "XCLAIM",
+    "XPENDING",
+    "XADD",
+    "XRANGE",
+    "XINFO GROUPS",
+)
 
 
 @dataclass(frozen=True)
@@ -79,6 +87,16 @@ def parse_xpending_summary(reply: Any) -> PendingSummary:
     count = int(reply[0])
     consumers = {_text(name): int(n) for name, n in reply[3] or []}
     return PendingSummary(count, consumers)
+
+
+def parse_ids(reply: Any) -> list[str]:
+    """A list of entry ids (XCLAIM ... JUSTID, the renewal script)."""
+    return [_text(i) for i in reply or []]
+
+
+def parse_xpending_ids(reply: Any) -> list[str]:
+    """Extended XPENDING: ``[[id, consumer, idle, deliveries], ...]``."""
+    return [_text(item[0]) for item in reply or []]
 
 
 def parse_xinfo_groups(reply: Any) -> list[dict[str, Any]]:

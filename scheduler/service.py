@@ -7,13 +7,16 @@ replica at a time, and events are applied as dedup-keyed conditional updates.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
 
+from redis.exceptions import RedisError
 from sqlalchemy import select
+from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
 
 from broker import outbox
@@ -82,7 +85,14 @@ class SchedulerService:
         self.broker.ensure_group(self.broker.keys.events, GROUP_SCHEDULERS)
         log.info("scheduler %s started", self.name)
         while not stop.is_set():
-            self.step()
+            try:
+                self.step()
+            except (RedisError, OperationalError) as exc:
+                # Redis or Postgres unreachable, or the stream lost: wait, recreate, go on.
+                log.warning("scheduler step failed: %s; retrying", exc)
+                stop.wait(1.0)
+                with contextlib.suppress(RedisError):
+                    self.broker.ensure_group(self.broker.keys.events, GROUP_SCHEDULERS)
         self.broker.close()
         log.info("scheduler %s stopped", self.name)
 

@@ -8,11 +8,13 @@ another triggerer could still take and run.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
 import socket
 import traceback
+from dataclasses import dataclass
 from typing import Any
 
 import anyio
@@ -20,6 +22,7 @@ from anyio.abc import TaskGroup
 from redis.exceptions import RedisError
 from sqlalchemy import func, update
 from sqlalchemy.dialects.postgresql import insert
+from sqlalchemy.exc import SQLAlchemyError
 
 from broker.client import AsyncBroker
 from broker.replies import Entry
@@ -32,11 +35,23 @@ from deferral.models import Trigger, Triggerer
 from deferral.triggers.base import BaseTrigger
 from triggerer.decode import Decoded, RejectedEntry, decode_entry
 from triggerer.events import event_message, failure_message
+from triggerer.lease import Lease
 
 log = logging.getLogger("deferral.triggerer")
 
 # At most this many new entries per read, so one replica never drains the stream its peers share.
 READ_BATCH = 100
+
+
+@dataclass
+class Held:
+    """A trigger this triggerer runs, the stream entry it holds a lease on, and, once it is
+    cancelled, why (shutdown, reassigned)."""
+
+    entry: Entry
+    scope: anyio.CancelScope
+    task: str
+    cancel_reason: str = "shutdown"
 
 
 class TriggererService:
@@ -48,8 +63,9 @@ class TriggererService:
         self.sessions = make_sessionmaker(make_engine(settings.database_url, pool_size=2))
         # Triggers may live in DAGs-folder modules (still only under DEFERRAL_TRIGGER_MODULES).
         put_on_sys_path(settings.dags_folder)
-        self.running: dict[int, anyio.CancelScope] = {}
+        self.held: dict[int, Held] = {}
         self.slot_freed = anyio.Event()
+        self.lease = Lease.of(settings.heartbeat_sec)
         self.broker: AsyncBroker
 
     async def run(self) -> None:
@@ -63,10 +79,11 @@ class TriggererService:
         try:
             async with anyio.create_task_group() as tasks:
                 tasks.start_soon(self._stop_on_signal, tasks.cancel_scope)
-                tasks.start_soon(self._heartbeat)
+                tasks.start_soon(self._heartbeat, tasks, stream)
                 await self._consume(tasks, stream)
         finally:
             with anyio.CancelScope(shield=True):
+                await self._hand_off(stream)
                 await self._register("stopped")
                 await self.broker.close()
         log.info("triggerer %s stopped", self.name)
@@ -77,7 +94,7 @@ class TriggererService:
                 log.info(
                     "received %s: cancelling %d trigger(s) (reason: shutdown)",
                     signal.Signals(signum).name,
-                    len(self.running),
+                    len(self.held),
                 )
                 scope.cancel()
                 return
@@ -86,23 +103,34 @@ class TriggererService:
         # Entries this consumer name already owns (a restart under a stable --name) come first.
         cursor = "0-0"
         while True:
-            free = self.capacity - len(self.running)
+            free = self.capacity - len(self.held)
             if free <= 0:
                 self.slot_freed = anyio.Event()
                 await self.slot_freed.wait()
                 continue
-            entries = await self.broker.read(
-                GROUP_TRIGGERERS,
-                self.name,
-                {stream: cursor},
-                count=min(free, READ_BATCH),
-                block_ms=1000 if cursor == ">" else None,
-            )
+            try:
+                entries = await self.broker.read(
+                    GROUP_TRIGGERERS,
+                    self.name,
+                    {stream: cursor},
+                    count=min(free, READ_BATCH),
+                    block_ms=1000 if cursor == ">" else None,
+                )
+            except RedisError as exc:
+                # Redis restarting, or the stream or group lost: wait, recreate, read again.
+                log.warning("reading %s failed: %s; retrying", stream, exc)
+                await anyio.sleep(1)
+                with contextlib.suppress(RedisError):
+                    await self.broker.ensure_group(stream, GROUP_TRIGGERERS)
+                continue
             if cursor != ">":
                 # Walk our own pending history by id; an empty page means it is all running.
                 cursor = entries[-1].id if entries else ">"
-            started = [await self._start(tasks, entry) for entry in entries]
-            await self._mark_owned([tid for tid in started if tid is not None])
+            await self._start_all(tasks, entries)
+
+    async def _start_all(self, tasks: TaskGroup, entries: list[Entry]) -> None:
+        started = [await self._start(tasks, entry) for entry in entries]
+        await self._mark_owned([tid for tid in started if tid is not None])
 
     async def _start(self, tasks: TaskGroup, entry: Entry) -> int | None:
         if not entry.fields:
@@ -113,11 +141,16 @@ class TriggererService:
             await self._reject(entry, exc)
             return None
         trigger_id = decoded.spec.trigger_id
-        if trigger_id in self.running:
-            return None  # a duplicate entry for a trigger already running here
-        scope = anyio.CancelScope()
-        self.running[trigger_id] = scope
-        tasks.start_soon(self._run_trigger, entry, decoded, scope)
+        running = self.held.get(trigger_id)
+        if running is not None:
+            if running.entry.id != entry.id:
+                # A second entry for a trigger running here (an outbox re-publish): the running
+                # one holds its own entry, so this one can go.
+                await self.broker.ack_delete(entry.stream, GROUP_TRIGGERERS, [entry.id])
+            return None
+        held = Held(entry, anyio.CancelScope(), decoded.spec.task)
+        self.held[trigger_id] = held
+        tasks.start_soon(self._run_trigger, held, decoded)
         return trigger_id
 
     async def _reject(self, entry: Entry, exc: RejectedEntry) -> None:
@@ -128,24 +161,83 @@ class TriggererService:
             await self.broker.publish(self.broker.keys.events, failure)
         await self.broker.dead_letter(entry, GROUP_TRIGGERERS, str(exc))
 
-    async def _run_trigger(self, entry: Entry, decoded: Decoded, scope: anyio.CancelScope) -> None:
-        trigger, spec = decoded.trigger, decoded.spec
+    async def _run_trigger(self, held: Held, decoded: Decoded) -> None:
+        trigger, trigger_id = decoded.trigger, decoded.spec.trigger_id
         try:
-            with scope:
-                message = await self._first_event(trigger, spec.trigger_id)
-                await self._publish(entry, message)
-                log.info("trigger %d for %s: %s sent", spec.trigger_id, spec.task, message.kind)
-            if scope.cancelled_caught:
-                log.info(
-                    "trigger %d for %s cancelled (reason: shutdown)", spec.trigger_id, spec.task
-                )
+            with held.scope:
+                message = await self._first_event(trigger, trigger_id)
+                await self._publish(held.entry, message)
+                log.info("trigger %d for %s: %s sent", trigger_id, held.task, message.kind)
+            if held.scope.cancelled_caught:
+                self._log_cancelled(trigger_id, held)
+        except anyio.get_cancelled_exc_class():
+            self._log_cancelled(trigger_id, held)  # the whole triggerer is stopping
+            raise
         except Exception:
             # Never let one trigger take the event loop (and every other trigger) down; its entry
             # stays pending, so it is not lost.
-            log.exception("trigger %d for %s: unexpected error", spec.trigger_id, spec.task)
+            log.exception("trigger %d for %s: unexpected error", trigger_id, held.task)
         finally:
-            self.running.pop(spec.trigger_id, None)
+            self.held.pop(trigger_id, None)
             self.slot_freed.set()
+
+    @staticmethod
+    def _log_cancelled(trigger_id: int, held: Held) -> None:
+        log.info(
+            "trigger %d for %s cancelled (reason: %s)", trigger_id, held.task, held.cancel_reason
+        )
+
+    # -- leases ----------------------------------------------------------------------------------
+
+    async def _heartbeat(self, tasks: TaskGroup, stream: str) -> None:
+        while True:
+            await anyio.sleep(self.settings.heartbeat_sec)
+            try:
+                await self._renew(stream)
+                await self._take_over(tasks, stream)
+                await self._register("running")
+            except (RedisError, SQLAlchemyError) as exc:
+                # Keep running: a lease missed now is renewed next beat, or taken over by a peer.
+                log.warning("heartbeat failed: %s", exc)
+
+    async def _renew(self, stream: str) -> None:
+        """Renew our entries; stop the triggers whose entry a peer has taken over."""
+        by_entry = {held.entry.id: held for held in self.held.values()}
+        owned = set(await self.broker.renew(stream, GROUP_TRIGGERERS, self.name, list(by_entry)))
+        for entry_id, held in by_entry.items():
+            if entry_id not in owned and not held.scope.cancel_called:
+                held.cancel_reason = "reassigned"
+                held.scope.cancel()
+
+    async def _take_over(self, tasks: TaskGroup, stream: str) -> None:
+        """Run the triggers of entries whose owner stopped renewing them (a dead triggerer)."""
+        free = self.capacity - len(self.held)
+        if free <= 0:
+            return
+        claimed = await self.broker.autoclaim(
+            stream,
+            GROUP_TRIGGERERS,
+            self.name,
+            min_idle_ms=self.lease.takeover_after_ms,
+            count=min(free, READ_BATCH),
+        )
+        if claimed:
+            log.info("took over %d trigger entr(ies) from a stopped triggerer", len(claimed))
+            await self._start_all(tasks, claimed)
+
+    async def _hand_off(self, stream: str) -> None:
+        """On the way out, make our entries look long idle so that peers take them at once
+        instead of after the takeover delay."""
+        try:
+            ids = await self.broker.pending_ids(stream, GROUP_TRIGGERERS, self.name)
+            await self.broker.hand_off(
+                stream, GROUP_TRIGGERERS, self.name, ids, idle_ms=self.lease.hand_off_idle_ms
+            )
+        except RedisError as exc:
+            log.warning("could not hand off entries: %s (peers take them after the delay)", exc)
+            return
+        if ids:
+            log.info("handed off %d trigger entr(ies)", len(ids))
 
     async def _publish(self, entry: Entry, message: EventMessage) -> None:
         """Publish the event and retire the entry, retrying while Redis fails: until it is
@@ -204,18 +296,13 @@ class TriggererService:
 
     # -- bookkeeping in Postgres (for the CLI and doctor) ----------------------------------------
 
-    async def _heartbeat(self) -> None:
-        while True:
-            await anyio.sleep(self.settings.heartbeat_sec)
-            await self._register("running")
-
     async def _register(self, state: str) -> None:
         values: dict[str, Any] = {
             "name": self.name,
             "hostname": socket.gethostname(),
             "pid": os.getpid(),
             "capacity": self.capacity,
-            "load": len(self.running),
+            "load": len(self.held),
             "state": state,
         }
 

@@ -7,6 +7,7 @@ through deferral.transitions so a duplicate or stale message never runs an attem
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import multiprocessing
@@ -18,7 +19,9 @@ from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 
 import msgspec
+from redis.exceptions import RedisError
 from sqlalchemy import select
+from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
 
 from broker import outbox
@@ -82,7 +85,14 @@ class WorkerService:
         self.broker.ensure_group(self.stream, GROUP_WORKERS)
         log.info("worker %s consuming %s with %d slots", self.name, self.stream, self.concurrency)
         while not stop.is_set():
-            self.step()
+            try:
+                self.step()
+            except (RedisError, OperationalError) as exc:
+                # Redis or Postgres unreachable, or the stream lost: wait, recreate, go on.
+                log.warning("worker step failed: %s; retrying", exc)
+                stop.wait(1.0)
+                with contextlib.suppress(RedisError):
+                    self.broker.ensure_group(self.stream, GROUP_WORKERS)
         log.info("stopping: waiting for %d running attempt(s)", len(self.running))
         while self.running:
             self._collect(timeout=1.0)

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from broker.client import Broker
+
 BIN = Path(sys.executable).parent
 
 
@@ -64,7 +66,10 @@ class Services:
 
 @pytest.fixture
 def services(
-    service_env: dict[str, str], tmp_path: Path, request: pytest.FixtureRequest
+    service_env: dict[str, str],
+    tmp_path: Path,
+    request: pytest.FixtureRequest,
+    broker: Broker,  # torn down after the services stop, so keys outlive the processes
 ) -> Iterator[Services]:
     logs = tmp_path / "logs"
     logs.mkdir()

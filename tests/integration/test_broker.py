@@ -409,3 +409,64 @@ def test_async_broker_waits_for_a_connection_rather_than_failing(
     anyio.run(burst)
     assert _xlen(broker, target) == 60
     assert _xlen(broker, source) == 0
+
+
+# --- leases (AsyncBroker.renew / autoclaim / hand_off) ---------------------------------------
+
+
+def _pending_detail(broker: Broker, stream: str, group: str) -> dict[str, tuple[str, int, int]]:
+    """id -> (owner, idle ms, deliveries), from extended XPENDING."""
+    reply = broker.redis.execute_command("XPENDING", stream, group, "-", "+", 100)
+    return {i.decode(): (c.decode(), int(idle), int(n)) for i, c, idle, n in reply}
+
+
+def test_renew_keeps_own_entries_and_never_steals_one_taken_over(
+    stream_prefix: str, broker: Broker
+) -> None:
+    stream, group = f"{stream_prefix}:leases", "g"
+    broker.ensure_group(stream, group)
+    for i in range(3):
+        broker.publish(stream, {"n": str(i)})
+    ids = [e.id for e in broker.read(group, "me", {stream: ">"}, count=10)]
+    # A peer took the last entry over.
+    broker.redis.execute_command("XCLAIM", stream, group, "peer", 0, ids[2], "JUSTID")
+    broker.redis.execute_command(
+        "XCLAIM", stream, group, "me", 0, *ids[:2], "IDLE", 50_000, "JUSTID"
+    )
+
+    async def renew() -> list[str]:
+        client = await AsyncBroker.from_url(REDIS_URL, stream_prefix)
+        owned = await client.renew(stream, group, "me", ids)
+        await client.close()
+        return owned
+
+    assert anyio.run(renew) == ids[:2]
+    detail = _pending_detail(broker, stream, group)
+    assert detail[ids[2]][0] == "peer"  # not stolen back
+    for entry_id in ids[:2]:
+        owner, idle, deliveries = detail[entry_id]
+        assert owner == "me" and idle < 5_000 and deliveries == 1  # renewed, not re-delivered
+
+
+def test_autoclaim_takes_only_long_idle_entries_and_hand_off_makes_them_so(
+    stream_prefix: str, broker: Broker
+) -> None:
+    stream, group = f"{stream_prefix}:leases", "g"
+    broker.ensure_group(stream, group)
+    for i in range(25):
+        broker.publish(stream, {"n": str(i)})
+    ids = [e.id for e in broker.read(group, "leaving", {stream: ">"}, count=100)]
+
+    async def scenario() -> tuple[list[Entry], list[str], list[Entry]]:
+        client = await AsyncBroker.from_url(REDIS_URL, stream_prefix)
+        before = await client.autoclaim(stream, group, "peer", min_idle_ms=60_000, count=100)
+        pending = await client.pending_ids(stream, group, "leaving")
+        await client.hand_off(stream, group, "leaving", pending, idle_ms=120_000)
+        after = await client.autoclaim(stream, group, "peer", min_idle_ms=60_000, count=100)
+        await client.close()
+        return before, pending, after
+
+    before, pending, after = anyio.run(scenario)
+    assert before == [] and pending == ids
+    assert [e.id for e in after] == ids
+    assert {owner for owner, _, _ in _pending_detail(broker, stream, group).values()} == {"peer"}

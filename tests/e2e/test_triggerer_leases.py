@@ -1,0 +1,157 @@
+"""Triggerer leases through real processes: a killed triggerer's triggers are taken over, a live
+one's never are, a stopping one hands its triggers off, and one that lost an entry stops it."""
+
+from __future__ import annotations
+
+import signal
+import time
+from typing import Any
+
+import pytest
+from sqlalchemy import select
+from sqlalchemy.orm import Session, sessionmaker
+
+from broker.client import Broker
+from broker.streams import GROUP_TRIGGERERS
+from deferral.models import TaskInstance, TaskStateChange
+from tests.e2e.conftest import Services
+from tests.helpers import wait_for
+
+pytestmark = pytest.mark.e2e
+
+DAG = """
+import datetime as dt
+
+from deferral import DAG, BaseOperator
+from deferral.triggers import TimeDeltaTrigger
+
+
+class Wait(BaseOperator):
+    def __init__(self, *, seconds, **kwargs):
+        super().__init__(**kwargs)
+        self.seconds = seconds
+
+    def execute(self, context):
+        self.defer(
+            trigger=TimeDeltaTrigger(dt.timedelta(seconds=self.seconds)), method_name="resume"
+        )
+
+    def resume(self, context, event):
+        return "resumed"
+
+
+with DAG("e2e_lease") as dag:
+    Wait(task_id="wait", seconds={seconds})
+"""
+
+
+def _owners(broker: Broker) -> dict[str, tuple[str, int]]:
+    """Pending trigger entries: id -> (owner, idle ms)."""
+    reply = broker.redis.execute_command(
+        "XPENDING", broker.keys.triggers, GROUP_TRIGGERERS, "-", "+", 100
+    )
+    return {i.decode(): (owner.decode(), int(idle)) for i, owner, idle, _ in reply}
+
+
+def _state(sessions: sessionmaker[Session]) -> str | None:
+    with sessions() as session:
+        return session.scalar(select(TaskInstance.state).where(TaskInstance.task_id == "wait"))
+
+
+def _resumes(sessions: sessionmaker[Session]) -> int:
+    with sessions() as session:
+        reasons = session.scalars(
+            select(TaskStateChange.reason).where(TaskStateChange.to_state == "scheduled")
+        ).all()
+    return sum(1 for r in reasons if r and r.startswith("trigger"))
+
+
+def _deferred_on(services: Services, broker: Broker, owner: str) -> str:
+    """Wait until the task's trigger entry is pending on ``owner``; return the entry id."""
+    assert services.run("dags", "trigger", "e2e_lease").returncode == 0
+    owners = wait_for(
+        lambda: [i for i, (o, _) in _owners(broker).items() if o == owner],
+        timeout=60,
+        what=f"the trigger entry to be held by {owner}",
+    )
+    return owners[0]
+
+
+def _start_core(services: Services, write_dag: Any, seconds: float) -> None:
+    write_dag("e2e_lease_dag", DAG.format(seconds=seconds))
+    services.start("scheduler")
+    services.start("worker", "--concurrency", "2")
+
+
+def test_a_killed_triggerers_trigger_is_taken_over_and_fires_once(
+    services: Services, write_dag: Any, sessions: sessionmaker[Session], broker: Broker
+) -> None:
+    _start_core(services, write_dag, seconds=4)
+    doomed = services.start("triggerer", "--name", "doomed", "--heartbeat", "0.5")
+    entry_id = _deferred_on(services, broker, "doomed")
+    doomed.kill()  # SIGKILL: no cleanup, no hand-off
+    doomed.wait()
+    services.start("triggerer2", "--name", "survivor", "--heartbeat", "0.5")
+
+    wait_for(
+        lambda: _owners(broker).get(entry_id, ("",))[0] == "survivor",
+        timeout=30,
+        what="the survivor to take the entry over",
+    )
+    wait_for(lambda: _state(sessions) == "success", timeout=60, what="the task to succeed")
+    assert "took over 1 trigger entr(ies)" in services.log("triggerer2")
+    assert _resumes(sessions) == 1
+    assert _owners(broker) == {} and broker.redis.xlen(broker.keys.triggers) == 0
+
+
+def test_live_triggerers_renew_their_leases_so_nothing_is_taken_over(
+    services: Services, write_dag: Any, sessions: sessionmaker[Session], broker: Broker
+) -> None:
+    # The wait (3 s) is ten times the takeover threshold (2.1 x 0.15 s).
+    _start_core(services, write_dag, seconds=3)
+    services.start("triggerer", "--name", "a", "--heartbeat", "0.15")
+    services.start("triggerer2", "--name", "b", "--heartbeat", "0.15")
+    assert services.run("dags", "trigger", "e2e_lease").returncode == 0
+    wait_for(lambda: _state(sessions) == "success", timeout=60, what="the task to succeed")
+    assert "took over" not in services.log("triggerer") + services.log("triggerer2")
+    assert _resumes(sessions) == 1
+
+
+def test_a_stopping_triggerer_hands_its_triggers_off_at_once(
+    services: Services, write_dag: Any, sessions: sessionmaker[Session], broker: Broker
+) -> None:
+    _start_core(services, write_dag, seconds=6)
+    leaving = services.start("triggerer", "--name", "leaving", "--heartbeat", "1")
+    entry_id = _deferred_on(services, broker, "leaving")
+    services.start("triggerer2", "--name", "staying", "--heartbeat", "1")
+    wait_for(lambda: "consuming" in services.log("triggerer2"), what="the peer to start")
+
+    leaving.send_signal(signal.SIGTERM)
+    assert leaving.wait(timeout=30) == 0
+    owner, idle = _owners(broker)[entry_id]
+    # Handed off: it looks idle far longer than it existed, so the peer takes it at once. (Not
+    # handed off, it would read idle < 1 s here and wait for the 2.1 s threshold.)
+    assert owner == "staying" or idle > 60_000, (owner, idle)
+    assert "cancelled (reason: shutdown)" in services.log("triggerer")
+    wait_for(lambda: _state(sessions) == "success", timeout=60, what="the task to succeed")
+    assert _resumes(sessions) == 1
+
+
+def test_a_triggerer_that_lost_its_entry_stops_that_trigger(
+    services: Services, write_dag: Any, broker: Broker
+) -> None:
+    _start_core(services, write_dag, seconds=120)
+    services.start("triggerer", "--name", "holder", "--heartbeat", "0.3")
+    entry_id = _deferred_on(services, broker, "holder")
+    # Another consumer takes the entry (as a peer would after a missed lease).
+    broker.redis.execute_command(
+        "XCLAIM", broker.keys.triggers, GROUP_TRIGGERERS, "thief", 0, entry_id, "JUSTID"
+    )
+    started = time.monotonic()
+    wait_for(
+        lambda: "cancelled (reason: reassigned)" in services.log("triggerer"),
+        timeout=10,
+        what="the holder to stop the trigger",
+    )
+    assert time.monotonic() - started < 3.0  # within about one heartbeat, with slack for load
+    assert _owners(broker)[entry_id][0] == "thief"  # and it did not steal it back
