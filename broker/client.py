@@ -72,6 +72,16 @@ def dead_letter_fields(entry: Entry, error: str, deliveries: int) -> dict[str, s
     }
 
 
+def _batches(ids: Sequence[str]) -> list[Sequence[str]]:
+    return [ids[start : start + RENEW_BATCH] for start in range(0, len(ids), RENEW_BATCH)]
+
+
+def _xautoclaim_args(
+    stream: str, group: str, consumer: str, min_idle_ms: int, cursor: str, count: int
+) -> list[Any]:
+    return ["XAUTOCLAIM", stream, group, consumer, min_idle_ms, cursor, "COUNT", count]
+
+
 def _flat(fields: Mapping[str, str]) -> list[str]:
     return [item for pair in fields.items() for item in pair]
 
@@ -85,6 +95,7 @@ class Broker:
         self.keys = keys
         self._publish_and_ack = client.register_script(scripts.PUBLISH_AND_ACK)
         self._ack_delete = client.register_script(scripts.ACK_DELETE)
+        self._renew = client.register_script(scripts.RENEW_OWNED)
 
     @classmethod
     def from_url(cls, url: str, prefix: str) -> Broker:
@@ -146,6 +157,29 @@ class Broker:
         """Move a bad entry to the dead-letter stream and retire it, atomically."""
         fields = dead_letter_fields(entry, error, deliveries)
         self.publish_and_ack(entry, group, self.keys.dead, fields)
+
+    def renew(self, stream: str, group: str, consumer: str, ids: Sequence[str]) -> list[str]:
+        """Renew the lease on ``ids``; return those still owned (the rest were taken over)."""
+        owned: list[str] = []
+        for batch in _batches(ids):
+            owned += replies.parse_ids(self._renew(keys=[stream], args=[group, consumer, *batch]))
+        return owned
+
+    def autoclaim(
+        self, stream: str, group: str, consumer: str, *, min_idle_ms: int, count: int
+    ) -> list[Entry]:
+        """Take up to ``count`` entries idle longer than ``min_idle_ms`` (their owner is dead)."""
+        claimed: list[Entry] = []
+        cursor = "0-0"
+        while len(claimed) < count:
+            args = _xautoclaim_args(
+                stream, group, consumer, min_idle_ms, cursor, count - len(claimed)
+            )
+            result = replies.parse_xautoclaim(stream, self.redis.execute_command(*args))
+            claimed, cursor = claimed + result.entries, result.cursor
+            if cursor == "0-0":
+                break
+        return claimed
 
     def xrange(self, stream: str, count: int | None = None) -> list[Entry]:
         args: list[Any] = ["XRANGE", stream, "-", "+"]
@@ -227,8 +261,7 @@ class AsyncBroker:
     async def renew(self, stream: str, group: str, consumer: str, ids: Sequence[str]) -> list[str]:
         """Renew the lease on ``ids``; return those still owned (the rest were taken over)."""
         owned: list[str] = []
-        for start in range(0, len(ids), RENEW_BATCH):
-            batch = ids[start : start + RENEW_BATCH]
+        for batch in _batches(ids):
             reply = await self._renew(keys=[stream], args=[group, consumer, *batch])
             owned += replies.parse_ids(reply)
         return owned
@@ -241,19 +274,11 @@ class AsyncBroker:
         claimed: list[Entry] = []
         cursor = "0-0"
         while len(claimed) < count:
-            reply = await self.redis.execute_command(
-                "XAUTOCLAIM",
-                stream,
-                group,
-                consumer,
-                min_idle_ms,
-                cursor,
-                "COUNT",
-                count - len(claimed),
+            args = _xautoclaim_args(
+                stream, group, consumer, min_idle_ms, cursor, count - len(claimed)
             )
-            result = replies.parse_xautoclaim(stream, reply)
-            claimed += result.entries
-            cursor = result.cursor
+            result = replies.parse_xautoclaim(stream, await self.redis.execute_command(*args))
+            claimed, cursor = claimed + result.entries, result.cursor
             if cursor == "0-0":
                 break
         return claimed
@@ -268,8 +293,7 @@ class AsyncBroker:
         self, stream: str, group: str, consumer: str, ids: Sequence[str], *, idle_ms: int
     ) -> None:
         """Mark our entries idle for ``idle_ms`` so that peers take them over at once."""
-        for start in range(0, len(ids), RENEW_BATCH):
-            batch = ids[start : start + RENEW_BATCH]
+        for batch in _batches(ids):
             await self.redis.execute_command(
                 "XCLAIM", stream, group, consumer, 0, *batch, "IDLE", idle_ms, "JUSTID"
             )

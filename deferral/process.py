@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import json
 import logging
 import os
@@ -9,6 +10,7 @@ import signal
 import socket
 import sys
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -39,6 +41,30 @@ def setup_logging(log_format: str, level: int = logging.INFO) -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level)
+
+
+class Every:
+    """Runs a step at most once per interval."""
+
+    def __init__(self, interval: float, step: Callable[[], object]) -> None:
+        self.interval, self.step, self.last = interval, step, 0.0
+
+    def __call__(self) -> None:
+        now = time.monotonic()
+        if now - self.last >= self.interval:
+            self.last = now
+            self.step()
+
+
+def die_with_parent() -> None:
+    """Ask Linux to SIGKILL this process when its parent dies (no-op elsewhere)."""
+    if not sys.platform.startswith("linux"):
+        return
+    libc = ctypes.CDLL(None, use_errno=True)
+    pr_set_pdeathsig = 1
+    libc.prctl(pr_set_pdeathsig, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() == 1:  # the parent died before prctl took effect
+        os._exit(1)
 
 
 def default_consumer_name() -> str:

@@ -249,10 +249,20 @@ def skip(session: Session, ti_id: int, reason: str) -> bool:
     )
 
 
-def fail(session: Session, ti_id: int, error: str, *, allow_retry: bool) -> TaskState | None:
-    """running -> up_for_retry (tries left and allowed) or failed; returns the new state."""
+def fail(
+    session: Session,
+    ti_id: int,
+    error: str,
+    *,
+    allow_retry: bool,
+    try_number: int | None = None,
+) -> TaskState | None:
+    """running -> up_for_retry (tries left and allowed) or failed; returns the new state, or
+    None if the task is not running (at ``try_number``, when given)."""
     ti = session.get(TI, ti_id, with_for_update=True)
     if ti is None or ti.state != TaskState.RUNNING:
+        return None
+    if try_number is not None and ti.try_number != try_number:
         return None
     to_state = (
         TaskState.UP_FOR_RETRY

@@ -11,8 +11,7 @@ import contextlib
 import datetime as dt
 import logging
 import threading
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 from redis.exceptions import RedisError
 from sqlalchemy import select
@@ -40,6 +39,7 @@ from deferral.dag import DAG
 from deferral.dagbag import DagBag, DagNotFound
 from deferral.db import make_engine, make_sessionmaker
 from deferral.models import DagRun, Outbox, TaskInstance
+from deferral.process import Every
 from deferral.serialization import SerializationError
 from deferral.states import DagRunState, TaskState
 from deferral.transitions import FiredEvent, NewTaskInstance
@@ -53,19 +53,6 @@ EXPIRE_EVERY_SEC = 1.0
 RELAY_EVERY_SEC = 5.0
 RELAY_AFTER = dt.timedelta(seconds=10)
 DAGBAG_REFRESH_SEC = 10.0
-
-
-class Every:
-    """Runs a step at most once per interval."""
-
-    def __init__(self, interval: float, step: Callable[[], object]) -> None:
-        self.interval, self.step, self.last = interval, step, 0.0
-
-    def __call__(self) -> None:
-        now = time.monotonic()
-        if now - self.last >= self.interval:
-            self.last = now
-            self.step()
 
 
 class SchedulerService:

@@ -25,6 +25,7 @@ from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.exc import SQLAlchemyError
 
 from broker.client import AsyncBroker
+from broker.lease import Lease
 from broker.replies import Entry
 from broker.streams import GROUP_TRIGGERERS, EventMessage, to_fields
 from deferral.config import Settings
@@ -35,7 +36,6 @@ from deferral.models import Trigger, Triggerer
 from deferral.triggers.base import BaseTrigger
 from triggerer.decode import Decoded, RejectedEntry, decode_entry
 from triggerer.events import event_message, failure_message
-from triggerer.lease import Lease
 
 log = logging.getLogger("deferral.triggerer")
 

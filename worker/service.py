@@ -26,6 +26,7 @@ from sqlalchemy.orm import Session
 
 from broker import outbox
 from broker.client import Broker
+from broker.lease import Lease
 from broker.replies import Entry
 from broker.streams import (
     GROUP_WORKERS,
@@ -40,6 +41,7 @@ from deferral.config import Settings
 from deferral.crypto import Cipher, DecryptionError
 from deferral.db import make_engine, make_sessionmaker
 from deferral.models import DagRun, Outbox, TaskInstance
+from deferral.process import Every, die_with_parent
 from deferral.serialization import SerializationError
 from worker.attempt import execute_attempt
 from worker.outcomes import AttemptRequest, Deferred, Failed, Outcome, Skipped, Succeeded
@@ -54,9 +56,12 @@ class Running:
     label: str
 
 
-def _ignore_interrupts() -> None:
-    """Children leave Ctrl-C to the worker, which lets running attempts finish before it exits."""
+def _init_child() -> None:
+    """Children leave Ctrl-C to the worker, which lets running attempts finish before it exits,
+    and die with their parent: a worker killed with -9 must not leave an attempt running that
+    another worker will retry."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    die_with_parent()
 
 
 def fingerprint(classpath: str, kwargs_json: bytes) -> str:
@@ -74,11 +79,13 @@ class WorkerService:
         self.stream = self.broker.keys.queue(queue)
         self.running: dict[Future[Outcome], Running] = {}
         self.pool = self._new_pool()
+        self.lease = Lease.of(settings.heartbeat_sec)
+        self.beat = Every(settings.heartbeat_sec, self._heartbeat)
 
     def _new_pool(self) -> ProcessPoolExecutor:
-        context = multiprocessing.get_context("forkserver")
+        context = multiprocessing.get_context("spawn")
         return ProcessPoolExecutor(
-            max_workers=self.concurrency, mp_context=context, initializer=_ignore_interrupts
+            max_workers=self.concurrency, mp_context=context, initializer=_init_child
         )
 
     def run(self, stop: threading.Event) -> None:
@@ -95,11 +102,13 @@ class WorkerService:
                     self.broker.ensure_group(self.stream, GROUP_WORKERS)
         log.info("stopping: waiting for %d running attempt(s)", len(self.running))
         while self.running:
-            self._collect(timeout=1.0)
+            self.beat()  # the leases must outlive the attempts we wait for
+            self._collect(timeout=0.5)
         self.pool.shutdown()
         self.broker.close()
 
     def step(self) -> None:
+        self.beat()
         self._collect(timeout=0)
         free = self.concurrency - len(self.running)
         if free <= 0:
@@ -112,9 +121,49 @@ class WorkerService:
         ):
             self._start(entry)
 
+    # -- leases ----------------------------------------------------------------------------------
+
+    def _heartbeat(self) -> None:
+        """Renew the entries of running attempts; take over those of workers that stopped."""
+        held = [running.entry.id for running in self.running.values()]
+        lost = set(held) - set(self.broker.renew(self.stream, GROUP_WORKERS, self.name, held))
+        for running in self.running.values():
+            if running.entry.id in lost:
+                # A peer decided we were dead and failed the attempt; our outcome will not apply.
+                log.warning("lost the lease on %s to another worker", running.label)
+        free = self.concurrency - len(self.running)
+        if free > 0:
+            for entry in self.broker.autoclaim(
+                self.stream,
+                GROUP_WORKERS,
+                self.name,
+                min_idle_ms=self.lease.takeover_after_ms,
+                count=free,
+            ):
+                self._start(entry, taken_over=True)
+
+    def _fail_orphan(self, entry: Entry, ti_id: int, try_number: int, label: str) -> None:
+        """The attempt of a worker that stopped heartbeating: fail it (retries apply), so it is
+        never lost and never runs twice at once."""
+        with self.sessions.begin() as session:
+            ti = session.get(TaskInstance, ti_id)
+            worker = ti.worker if ti is not None else None
+            state = transitions.fail(
+                session,
+                ti_id,
+                f"worker {worker} stopped heartbeating",
+                allow_retry=True,
+                try_number=try_number,
+            )
+        if state is not None:
+            log.warning("%s: its worker %s stopped heartbeating; now %s", label, worker, state)
+        self.broker.ack_delete(self.stream, GROUP_WORKERS, [entry.id])
+
     # -- starting an attempt -------------------------------------------------------------------
 
-    def _start(self, entry: Entry) -> None:
+    def _start(self, entry: Entry, *, taken_over: bool = False) -> None:
+        if not entry.fields:
+            return  # deleted while pending: nothing left to do
         try:
             message = from_fields(QueueMessage, entry.fields)
             ti_id, try_number = int(message.task_instance_id), int(message.try_number)
@@ -126,6 +175,9 @@ class WorkerService:
             ti = transitions.start(session, ti_id, try_number, self.hostname, self.name)
             if ti is not None:
                 request = self._request(session, ti)
+        if ti is None and taken_over:
+            self._fail_orphan(entry, ti_id, try_number, message.task)
+            return
         if ti is None or request is None:
             if ti is None:
                 log.info(

@@ -1,0 +1,83 @@
+"""A worker killed with -9 mid-attempt: its attempt is detected after 2.1 x heartbeat, failed into
+a retry (never lost), its child process died with it (never run twice at once), and the retry
+runs on another worker."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import select
+from sqlalchemy.orm import Session, sessionmaker
+
+from deferral.models import TaskInstance, TaskStateChange
+from tests.e2e.conftest import Services
+from tests.helpers import wait_for
+
+pytestmark = pytest.mark.e2e
+
+DAG = """
+import datetime as dt
+import os
+import time
+
+from deferral import DAG
+from deferral.operators import PythonOperator
+
+MARKS = {marks!r}
+
+
+def slow_first_try(ti):
+    with open(MARKS, "a") as marks:
+        marks.write(f"{{ti.try_number}} {{os.getpid()}}\\n")
+    if ti.try_number == 1:
+        time.sleep(120)
+    return f"done on try {{ti.try_number}}"
+
+
+with DAG("e2e_worker_lease") as dag:
+    PythonOperator(
+        task_id="slow", python_callable=slow_first_try, retries=1, retry_delay=dt.timedelta(0)
+    )
+"""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_a_killed_workers_attempt_is_retried_elsewhere_and_its_child_dies(
+    services: Services, write_dag: Any, sessions: sessionmaker[Session], tmp_path: Path
+) -> None:
+    marks = tmp_path / "marks.txt"
+    write_dag("e2e_worker_lease_dag", DAG.format(marks=str(marks)))
+    services.start("scheduler")
+    doomed = services.start("worker", "--concurrency", "1", "--name", "doomed")
+    assert services.run("dags", "trigger", "e2e_worker_lease").returncode == 0
+    wait_for(lambda: marks.exists() and marks.read_text(), timeout=60, what="try 1 to start")
+    child_pid = int(marks.read_text().split()[1])
+
+    doomed.kill()
+    doomed.wait()
+    wait_for(lambda: not _alive(child_pid), timeout=10, what="the orphaned attempt to die")
+    services.start("worker2", "--concurrency", "1", "--name", "survivor")
+
+    def finished() -> TaskInstance | None:
+        with sessions() as session:
+            ti = session.scalars(select(TaskInstance)).one()
+        return ti if ti.state == "success" else None
+
+    ti = wait_for(finished, timeout=60, what="the retry to succeed")
+    assert ti.try_number == 2 and ti.worker == "survivor"
+    with sessions() as session:
+        changes = session.execute(
+            select(TaskStateChange.to_state, TaskStateChange.reason).order_by(TaskStateChange.id)
+        ).all()
+    assert ("up_for_retry", "worker doomed stopped heartbeating") in [tuple(c) for c in changes]
+    assert [line.split()[0] for line in marks.read_text().splitlines()] == ["1", "2"]
