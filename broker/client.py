@@ -4,16 +4,22 @@ scripts in :mod:`broker.scripts`."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import contextlib
+import logging
+import threading
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import redis
 import redis.asyncio
-from redis.exceptions import ResponseError
+from redis.exceptions import RedisError, ResponseError
+from sqlalchemy.exc import OperationalError
 
 from broker import replies, scripts
 from broker.replies import Entry
 from broker.streams import Message, StreamKeys, to_fields
+
+log = logging.getLogger("deferral.broker")
 
 MIN_REDIS_VERSION = (6, 2, 2)
 # Ids per renewal / hand-off call: bounded work per Redis call (about 6.5 µs per id renewed).
@@ -195,6 +201,21 @@ class Broker:
             return replies.parse_xinfo_groups(self.redis.execute_command("XINFO GROUPS", stream))
         except ResponseError:
             return []  # no such stream yet
+
+
+def run_until_stopped(
+    broker: Broker, stop: threading.Event, step: Callable[[], object], stream: str, group: str
+) -> None:
+    """Run a service's ``step`` until ``stop`` is set. Redis or Postgres unreachable, or the
+    stream or group lost, pauses the loop for a second, recreates the group, and goes on."""
+    while not stop.is_set():
+        try:
+            step()
+        except (RedisError, OperationalError) as exc:
+            log.warning("step failed: %s; retrying", exc)
+            stop.wait(1.0)
+            with contextlib.suppress(RedisError):
+                broker.ensure_group(stream, group)
 
 
 class AsyncBroker:

@@ -7,19 +7,16 @@ replica at a time, and events are applied as dedup-keyed conditional updates.
 
 from __future__ import annotations
 
-import contextlib
 import datetime as dt
 import logging
 import threading
 from collections.abc import Sequence
 
-from redis.exceptions import RedisError
 from sqlalchemy import select
-from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
 
 from broker import outbox
-from broker.client import Broker
+from broker.client import Broker, run_until_stopped
 from broker.replies import Entry
 from broker.streams import (
     EVENT_KIND_EVENT,
@@ -71,15 +68,7 @@ class SchedulerService:
     def run(self, stop: threading.Event) -> None:
         self.broker.ensure_group(self.broker.keys.events, GROUP_SCHEDULERS)
         log.info("scheduler %s started", self.name)
-        while not stop.is_set():
-            try:
-                self.step()
-            except (RedisError, OperationalError) as exc:
-                # Redis or Postgres unreachable, or the stream lost: wait, recreate, go on.
-                log.warning("scheduler step failed: %s; retrying", exc)
-                stop.wait(1.0)
-                with contextlib.suppress(RedisError):
-                    self.broker.ensure_group(self.broker.keys.events, GROUP_SCHEDULERS)
+        run_until_stopped(self.broker, stop, self.step, self.broker.keys.events, GROUP_SCHEDULERS)
         self.broker.close()
         log.info("scheduler %s stopped", self.name)
 

@@ -7,7 +7,6 @@ through deferral.transitions so a duplicate or stale message never runs an attem
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import logging
 import multiprocessing
@@ -19,13 +18,11 @@ from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 
 import msgspec
-from redis.exceptions import RedisError
 from sqlalchemy import select
-from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
 
 from broker import outbox
-from broker.client import Broker
+from broker.client import Broker, run_until_stopped
 from broker.lease import Lease
 from broker.replies import Entry
 from broker.streams import (
@@ -91,15 +88,7 @@ class WorkerService:
     def run(self, stop: threading.Event) -> None:
         self.broker.ensure_group(self.stream, GROUP_WORKERS)
         log.info("worker %s consuming %s with %d slots", self.name, self.stream, self.concurrency)
-        while not stop.is_set():
-            try:
-                self.step()
-            except (RedisError, OperationalError) as exc:
-                # Redis or Postgres unreachable, or the stream lost: wait, recreate, go on.
-                log.warning("worker step failed: %s; retrying", exc)
-                stop.wait(1.0)
-                with contextlib.suppress(RedisError):
-                    self.broker.ensure_group(self.stream, GROUP_WORKERS)
+        run_until_stopped(self.broker, stop, self.step, self.stream, GROUP_WORKERS)
         log.info("stopping: waiting for %d running attempt(s)", len(self.running))
         while self.running:
             self.beat()  # the leases must outlive the attempts we wait for
