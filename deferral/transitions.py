@@ -27,6 +27,11 @@ from deferral.states import FAIL_METHOD, DagRunState, TaskState
 
 TI = TaskInstance
 
+# Reasons recorded when a task leaves the deferred state; the triggerer reads them to tell why
+# the trigger it runs is no longer wanted.
+TIMED_OUT = "trigger timeout passed"
+RESUMED_BY_TRIGGER = "trigger "  # "trigger <id> fired" / "trigger <id> failed"
+
 
 def _record(
     session: Session, ids: Sequence[int], from_state: str, to_state: str, reason: str
@@ -339,11 +344,11 @@ def resume(session: Session, event: FiredEvent, cipher: Cipher) -> str:
     next_method: str | None
     if event.failed:
         next_method, kwargs = FAIL_METHOD, {"error": "trigger_failure", **event.payload}
-        reason = f"trigger {event.trigger_id} failed"
+        reason = f"{RESUMED_BY_TRIGGER}{event.trigger_id} failed"
     else:
         kwargs = cipher.open(ti.next_kwargs) if ti.next_kwargs else {}
         next_method, kwargs = ti.next_method, {**kwargs, "event": event.payload}
-        reason = f"trigger {event.trigger_id} fired"
+        reason = f"{RESUMED_BY_TRIGGER}{event.trigger_id} fired"
     moved = _move(
         session,
         [ti.id],
@@ -381,7 +386,7 @@ _EXPIRE_SQL = text(
         RETURNING ti.id, old.trigger_id
     ), recorded AS (
         INSERT INTO task_state_change (task_instance_id, from_state, to_state, reason)
-        SELECT id, 'deferred', 'scheduled', 'trigger timeout passed' FROM expired
+        SELECT id, 'deferred', 'scheduled', :reason FROM expired
     ), dropped AS (
         DELETE FROM trigger WHERE id IN (SELECT trigger_id FROM expired)
     )
@@ -394,5 +399,5 @@ def expire_deferrals(session: Session, cipher: Cipher, limit: int = 10_000) -> l
     """deferred -> scheduled at ``__fail__`` for every task whose trigger_timeout passed, in one
     statement; the worker then raises TaskDeferralTimeout inside the task."""
     token = cipher.seal({"error": "timeout"}, "next_kwargs")
-    params = {"fail_method": FAIL_METHOD, "fail_kwargs": token, "limit": limit}
+    params = {"fail_method": FAIL_METHOD, "fail_kwargs": token, "limit": limit, "reason": TIMED_OUT}
     return list(session.scalars(_EXPIRE_SQL, params))

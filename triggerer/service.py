@@ -20,7 +20,7 @@ from typing import Any
 import anyio
 from anyio.abc import TaskGroup
 from redis.exceptions import RedisError
-from sqlalchemy import func, update
+from sqlalchemy import func, select, update
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.exc import SQLAlchemyError
 
@@ -32,8 +32,10 @@ from deferral.config import Settings
 from deferral.crypto import Cipher
 from deferral.dagbag import put_on_sys_path
 from deferral.db import make_engine, make_sessionmaker
-from deferral.models import Trigger, Triggerer
+from deferral.models import TaskInstance, TaskStateChange, Trigger, Triggerer
+from deferral.states import TaskState
 from deferral.triggers.base import BaseTrigger
+from triggerer import decide
 from triggerer.decode import Decoded, RejectedEntry, decode_entry
 from triggerer.events import event_message, failure_message
 
@@ -46,12 +48,20 @@ READ_BATCH = 100
 @dataclass
 class Held:
     """A trigger this triggerer runs, the stream entry it holds a lease on, and, once it is
-    cancelled, why (shutdown, reassigned)."""
+    cancelled, why (shutdown, reassigned, timeout, user action, superseded)."""
 
     entry: Entry
     scope: anyio.CancelScope
     task: str
+    task_instance_id: int
     cancel_reason: str = "shutdown"
+    # Cancelled because its task no longer waits on it: retire the entry too.
+    retire: bool = False
+
+    def cancel(self, reason: str, *, retire: bool = False) -> None:
+        if not self.scope.cancel_called:
+            self.cancel_reason, self.retire = reason, retire
+            self.scope.cancel()
 
 
 class TriggererService:
@@ -148,7 +158,7 @@ class TriggererService:
                 # one holds its own entry, so this one can go.
                 await self.broker.ack_delete(entry.stream, GROUP_TRIGGERERS, [entry.id])
             return None
-        held = Held(entry, anyio.CancelScope(), decoded.spec.task)
+        held = Held(entry, anyio.CancelScope(), decoded.spec.task, decoded.spec.task_instance_id)
         self.held[trigger_id] = held
         tasks.start_soon(self._run_trigger, held, decoded)
         return trigger_id
@@ -170,6 +180,8 @@ class TriggererService:
                 log.info("trigger %d for %s: %s sent", trigger_id, held.task, message.kind)
             if held.scope.cancelled_caught:
                 self._log_cancelled(trigger_id, held)
+                if held.retire:
+                    await self._retire(held, trigger)
         except anyio.get_cancelled_exc_class():
             self._log_cancelled(trigger_id, held)  # the whole triggerer is stopping
             raise
@@ -180,6 +192,17 @@ class TriggererService:
         finally:
             self.held.pop(trigger_id, None)
             self.slot_freed.set()
+
+    async def _retire(self, held: Held, trigger: BaseTrigger) -> None:
+        """The task no longer waits on this trigger: run on_kill() if a user cancelled it, and
+        drop the entry so nobody runs the trigger again."""
+        with anyio.CancelScope(shield=True):
+            if held.cancel_reason == decide.USER_ACTION:
+                try:
+                    await trigger.on_kill()
+                except Exception:
+                    log.exception("on_kill() of the trigger for %s raised", held.task)
+            await self.broker.ack_delete(held.entry.stream, GROUP_TRIGGERERS, [held.entry.id])
 
     @staticmethod
     def _log_cancelled(trigger_id: int, held: Held) -> None:
@@ -194,6 +217,7 @@ class TriggererService:
             await anyio.sleep(self.settings.heartbeat_sec)
             try:
                 await self._renew(stream)
+                await self._drop_unwanted()
                 await self._take_over(tasks, stream)
                 await self._register("running")
             except (RedisError, SQLAlchemyError) as exc:
@@ -205,9 +229,40 @@ class TriggererService:
         by_entry = {held.entry.id: held for held in self.held.values()}
         owned = set(await self.broker.renew(stream, GROUP_TRIGGERERS, self.name, list(by_entry)))
         for entry_id, held in by_entry.items():
-            if entry_id not in owned and not held.scope.cancel_called:
-                held.cancel_reason = "reassigned"
-                held.scope.cancel()
+            if entry_id not in owned:
+                held.cancel("reassigned")
+
+    async def _drop_unwanted(self) -> None:
+        """Cancel the triggers whose task no longer waits on them (timed out, cleared, marked)."""
+        held = dict(self.held)
+        if not held:
+            return
+        ti_ids = [h.task_instance_id for h in held.values()]
+
+        left_deferred = (
+            select(TaskStateChange.reason)
+            .where(
+                TaskStateChange.task_instance_id == TaskInstance.id,
+                TaskStateChange.from_state == TaskState.DEFERRED,
+            )
+            .order_by(TaskStateChange.id.desc())
+            .limit(1)
+            .scalar_subquery()
+        )
+        query = select(
+            TaskInstance.id, TaskInstance.state, TaskInstance.trigger_id, left_deferred
+        ).where(TaskInstance.id.in_(ti_ids))
+
+        def read() -> dict[int, tuple[str, int | None, str | None]]:
+            with self.sessions() as session:
+                return {row[0]: (row[1], row[2], row[3]) for row in session.execute(query)}
+
+        now = await anyio.to_thread.run_sync(read)
+        for trigger_id, item in held.items():
+            state, ti_trigger_id, next_method = now.get(item.task_instance_id, (None, None, None))
+            reason = decide.cancel_reason(trigger_id, state, ti_trigger_id, next_method)
+            if reason is not None:
+                item.cancel(reason, retire=True)
 
     async def _take_over(self, tasks: TaskGroup, stream: str) -> None:
         """Run the triggers of entries whose owner stopped renewing them (a dead triggerer)."""

@@ -159,3 +159,57 @@ def test_a_triggerer_that_lost_its_entry_stops_that_trigger(
     )
     assert time.monotonic() - started < 3.0  # within about one heartbeat, with slack for load
     assert _owners(broker)[entry_id][0] == "thief"  # and it did not steal it back
+
+
+TIMEOUT_DAG = """
+import datetime as dt
+
+from deferral import DAG, BaseOperator
+from deferral.triggers import TimeDeltaTrigger
+
+
+class WaitTooLong(BaseOperator):
+    def execute(self, context):
+        self.defer(
+            trigger=TimeDeltaTrigger(dt.timedelta(minutes=10)),
+            method_name="resume",
+            timeout=dt.timedelta(seconds=1),
+        )
+
+    def resume(self, context, event):
+        return "unreachable"
+
+
+with DAG("e2e_timeout") as dag:
+    WaitTooLong(task_id="wait")
+"""
+
+
+def test_a_timed_out_deferral_fails_its_task_and_the_triggerer_drops_the_trigger(
+    services: Services, write_dag: Any, sessions: sessionmaker[Session], broker: Broker
+) -> None:
+    write_dag("e2e_timeout_dag", TIMEOUT_DAG)
+    services.start("scheduler")
+    services.start("worker", "--concurrency", "1")
+    services.start("triggerer", "--heartbeat", "0.3")
+    assert services.run("dags", "trigger", "e2e_timeout").returncode == 0
+
+    wait_for(lambda: _state(sessions) == "failed", timeout=60, what="the task to fail")
+    with sessions() as session:
+        changes = session.execute(
+            select(
+                TaskStateChange.from_state, TaskStateChange.to_state, TaskStateChange.reason
+            ).order_by(TaskStateChange.id)
+        ).all()
+    assert ("deferred", "scheduled", "trigger timeout passed") in [tuple(c) for c in changes]
+    assert (changes[-1].to_state, changes[-1].reason) == (
+        "failed",
+        "TaskDeferralTimeout: the deferral timed out before its trigger fired",
+    )
+    wait_for(
+        lambda: "cancelled (reason: timeout)" in services.log("triggerer"),
+        timeout=10,
+        what="the triggerer to drop the trigger",
+    )
+    wait_for(lambda: broker.redis.xlen(broker.keys.triggers) == 0, what="the entry to go")
+    assert _owners(broker) == {}
