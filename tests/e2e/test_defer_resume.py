@@ -108,10 +108,10 @@ def _assert_streams_drained(broker: Broker) -> None:
     assert broker.redis.xlen(keys.dead) == 0
 
 
-def _start_all(services: Services, *, concurrency: int = 1) -> None:
+def _start_all(services: Services, concurrency: int = 1, *triggerer_args: str) -> None:
     services.start("scheduler")
     services.start("worker", "--concurrency", str(concurrency))
-    services.start("triggerer")
+    services.start("triggerer", *triggerer_args)
 
 
 def test_task_defers_frees_its_slot_and_resumes_on_a_fresh_instance(
@@ -243,7 +243,9 @@ def test_duplicate_fired_events_resume_the_task_once(
 ) -> None:
     """The same fired event is published twice (plus the triggerer's own copy): one resume."""
     write_dag("e2e_dup_dag", ONE_DEFER_DAG)
-    _start_all(services)
+    # A long heartbeat: the triggerer must not notice the early resume (and drop its trigger as
+    # superseded) before it fires its own copy of the event.
+    _start_all(services, 1, "--heartbeat", "30")
     assert services.run("dags", "trigger", "e2e_dup").returncode == 0
     waiting = wait_for(
         lambda: (ti := _ti(sessions, "wait")) and ti.state == "deferred" and ti,
