@@ -111,10 +111,10 @@ def test_a_killed_triggerers_trigger_is_taken_over_and_fires_once(
 def test_live_triggerers_renew_their_leases_so_nothing_is_taken_over(
     services: Services, write_dag: Any, sessions: sessionmaker[Session], broker: Broker
 ) -> None:
-    # The wait (3 s) is ten times the takeover threshold (2.1 x 0.15 s).
-    _start_core(services, write_dag, seconds=3)
-    services.start("triggerer", "--name", "a", "--heartbeat", "0.15")
-    services.start("triggerer2", "--name", "b", "--heartbeat", "0.15")
+    # The wait (4 s) is over six times the takeover threshold (2.1 x 0.3 s).
+    _start_core(services, write_dag, seconds=4)
+    services.start("triggerer", "--name", "a", "--heartbeat", "0.3")
+    services.start("triggerer2", "--name", "b", "--heartbeat", "0.3")
     assert services.run("dags", "trigger", "e2e_lease").returncode == 0
     wait_for(lambda: _state(sessions) == "success", timeout=60, what="the task to succeed")
     assert "took over" not in services.log("triggerer") + services.log("triggerer2")
