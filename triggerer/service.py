@@ -38,8 +38,12 @@ from deferral.triggers.base import BaseTrigger
 from triggerer import decide
 from triggerer.decode import Decoded, RejectedEntry, decode_entry
 from triggerer.events import event_message, failure_message
+from triggerer.watchdog import LoopWatchdog
 
 log = logging.getLogger("deferral.triggerer")
+
+# Synchronous code that holds the event loop this long delays every other trigger: say so.
+BLOCKED_LOOP_WARN_SEC = 0.2
 
 # At most this many new entries per read, so one replica never drains the stream its peers share.
 READ_BATCH = 100
@@ -90,6 +94,7 @@ class TriggererService:
             async with anyio.create_task_group() as tasks:
                 tasks.start_soon(self._stop_on_signal, tasks.cancel_scope)
                 tasks.start_soon(self._heartbeat, tasks, stream)
+                tasks.start_soon(LoopWatchdog(BLOCKED_LOOP_WARN_SEC, _warn_blocked).run)
                 await self._consume(tasks, stream)
         finally:
             with anyio.CancelScope(shield=True):
@@ -160,7 +165,9 @@ class TriggererService:
             return None
         held = Held(entry, anyio.CancelScope(), decoded.spec.task, decoded.spec.task_instance_id)
         self.held[trigger_id] = held
-        tasks.start_soon(self._run_trigger, held, decoded)
+        # The task name is what the watchdog reports when this trigger blocks the loop.
+        name = f"trigger {trigger_id} ({decoded.spec.classpath}) for {decoded.spec.task}"
+        tasks.start_soon(self._run_trigger, held, decoded, name=name)
         return trigger_id
 
     async def _reject(self, entry: Entry, exc: RejectedEntry) -> None:
@@ -386,3 +393,12 @@ class TriggererService:
                 )
 
         await anyio.to_thread.run_sync(write)
+
+
+def _warn_blocked(culprit: str, seconds: float) -> None:
+    log.warning(
+        "%s blocked the event loop for %.2f s: move blocking calls off the loop "
+        "(anyio.to_thread.run_sync)",
+        culprit,
+        seconds,
+    )

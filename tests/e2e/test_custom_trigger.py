@@ -3,6 +3,7 @@ allowed by DEFERRAL_TRIGGER_MODULES, and its payload reaches the resume method."
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
@@ -10,6 +11,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from deferral.xcom import DatabaseXComs
 from tests.e2e.conftest import Services
+from tests.helpers import wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -65,3 +67,66 @@ def test_custom_trigger_from_the_dags_folder(
     assert done.returncode == 0, done.stdout + done.stderr
     value = DatabaseXComs(sessions).pull("e2e_custom", "r1", "countdown", "return_value", -1)
     assert value == {"label": "go", "ticks": 3}
+
+
+BLOCKING_TRIGGERS = """
+import time
+from deferral.triggers import BaseTrigger, TriggerEvent
+
+
+class Blocking(BaseTrigger):
+    def serialize(self):
+        return "e2e_blocking_triggers.Blocking", {}
+
+    async def run(self):
+        time.sleep(0.6)  # blocks the triggerer's event loop: the bug to be reported
+        yield TriggerEvent("done")
+"""
+
+BLOCKING_DAG = """
+from deferral import DAG, BaseOperator
+from e2e_blocking_triggers import Blocking
+
+
+class UsesBlocking(BaseOperator):
+    def execute(self, context):
+        self.defer(trigger=Blocking(), method_name="resume")
+
+    def resume(self, context, event):
+        return event
+
+
+with DAG("e2e_blocking") as dag:
+    UsesBlocking(task_id="blocks")
+"""
+
+
+def test_a_trigger_blocking_the_event_loop_is_named_in_a_warning(
+    services: Services, write_dag: Any
+) -> None:
+    write_dag("e2e_blocking_triggers", BLOCKING_TRIGGERS)
+    write_dag("e2e_blocking_dag", BLOCKING_DAG)
+    services.env["DEFERRAL_TRIGGER_MODULES"] = "e2e_blocking_triggers"
+    services.start("scheduler")
+    services.start("worker", "--concurrency", "1")
+    services.start("triggerer")
+    done = services.run(
+        "dags", "trigger", "e2e_blocking", "--run-id", "r1", "--wait", "--timeout", "60"
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    warning = wait_for(
+        lambda: [
+            line
+            for line in services.log("triggerer").splitlines()
+            if "blocked the event loop" in line
+        ],
+        timeout=10,
+        what="the blocked-loop warning",
+    )
+    found = re.search(
+        r"\(e2e_blocking_triggers\.Blocking\) for e2e_blocking\.r1\.blocks "
+        r"blocked the event loop for ([0-9.]+) s",
+        warning[0],
+    )
+    assert found, warning[0]
+    assert 0.55 <= float(found.group(1)) < 3.0
