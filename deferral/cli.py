@@ -7,20 +7,24 @@ import json
 import signal
 import sys
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import click
-from sqlalchemy import select
+from redis.exceptions import RedisError
+from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
+from broker.client import Broker, RedisVersionError
+from broker.streams import task_label
 from deferral import migrate, transitions
 from deferral.config import Settings
 from deferral.dagbag import DagBag, DagNotFound
 from deferral.db import make_engine, make_sessionmaker
-from deferral.models import DagRun, TaskInstance, TaskStateChange
+from deferral.models import DagRun, TaskInstance, TaskStateChange, Trigger, Triggerer
 from deferral.process import settings_or_exit
-from deferral.states import DagRunState
+from deferral.states import DagRunState, TaskState
 
 
 def _fail(message: str, code: int = 1) -> None:
@@ -203,6 +207,216 @@ def _show_run(settings: Settings, dag_id: str, run_id: str, history: bool) -> No
                     f"    {change.at:%H:%M:%S.%f} {change.from_state} -> {change.to_state}"
                     f" ({change.reason})"
                 )
+
+
+# -- tables ----------------------------------------------------------------------------------------
+
+
+def _echo_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
+    """Print ``rows`` under ``header`` in left-aligned columns two spaces apart."""
+    widths = [max(len(row[col]) for row in (header, *rows)) for col in range(len(header))]
+    for row in (header, *rows):
+        click.echo(
+            "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
+        )
+
+
+def _when(value: dt.datetime | None) -> str:
+    return "-" if value is None else value.isoformat(timespec="seconds")
+
+
+# -- tasks -----------------------------------------------------------------------------------------
+
+
+@main.group()
+def tasks() -> None:
+    """Task instances."""
+
+
+@tasks.command("list")
+@click.option(
+    "--state",
+    type=click.Choice([state.value for state in TaskState]),
+    default=None,
+    help="Only task instances in this state.",
+)
+@click.option("--dag-id", default=None, help="Only task instances of this DAG.")
+def tasks_list(state: str | None, dag_id: str | None) -> None:
+    """List task instances, newest first; deferred ones show their trigger and its timeout."""
+    settings = settings_or_exit()
+    query = select(TaskInstance).order_by(TaskInstance.id.desc())
+    if state is not None:
+        query = query.where(TaskInstance.state == state)
+    if dag_id is not None:
+        query = query.where(TaskInstance.dag_id == dag_id)
+    with _sessions(settings)() as session:
+        rows = [_task_row(ti) for ti in session.scalars(query)]
+    if not rows:
+        click.echo("no task instances")
+        return
+    header = ("DAG_ID", "RUN_ID", "TASK_ID", "STATE", "TRY", "TRIGGER", "TRIGGER_TIMEOUT")
+    _echo_table(header, rows)
+
+
+def _task_row(ti: TaskInstance) -> tuple[str, ...]:
+    task_id = ti.task_id if ti.map_index < 0 else f"{ti.task_id}[{ti.map_index}]"
+    deferred = ti.state == TaskState.DEFERRED
+    trigger = str(ti.trigger_id) if deferred and ti.trigger_id is not None else "-"
+    timeout = _when(ti.trigger_timeout) if deferred else "-"
+    return (ti.dag_id, ti.run_id, task_id, ti.state, str(ti.try_number), trigger, timeout)
+
+
+# -- triggers --------------------------------------------------------------------------------------
+
+
+@main.group()
+def triggers() -> None:
+    """Triggers (their kwargs stay encrypted and are never shown)."""
+
+
+@triggers.command("list")
+def triggers_list() -> None:
+    """List triggers: class, the triggerer running it, and the task waiting on it."""
+    settings = settings_or_exit()
+    with _sessions(settings)() as session:
+        # Named columns only: the kwargs (ciphertext) never leave the database.
+        found = session.execute(
+            select(
+                Trigger.id, Trigger.classpath, Trigger.triggerer_id, Trigger.created_date
+            ).order_by(Trigger.id)
+        ).all()
+        waiting = _waiting_tasks(session)
+    if not found:
+        click.echo("no triggers")
+        return
+    rows = [
+        (
+            str(row.id),
+            row.classpath,
+            row.triggerer_id or "-",
+            _when(row.created_date),
+            ", ".join(waiting.get(row.id, [])) or "-",
+        )
+        for row in found
+    ]
+    _echo_table(("ID", "CLASSPATH", "TRIGGERER", "CREATED", "WAITING_TASK"), rows)
+
+
+def _waiting_tasks(session: Session) -> dict[int, list[str]]:
+    """Trigger id -> labels (dag.run.task[map]) of the task instances waiting on it."""
+    query = (
+        select(
+            Trigger.id,
+            TaskInstance.dag_id,
+            TaskInstance.run_id,
+            TaskInstance.task_id,
+            TaskInstance.map_index,
+        )
+        .join(TaskInstance, TaskInstance.trigger_id == Trigger.id)
+        .order_by(TaskInstance.id)
+    )
+    waiting: dict[int, list[str]] = {}
+    for trigger_id, dag_id, run_id, task_id, map_index in session.execute(query):
+        waiting.setdefault(trigger_id, []).append(task_label(dag_id, run_id, task_id, map_index))
+    return waiting
+
+
+# -- triggerers ------------------------------------------------------------------------------------
+
+
+@main.group()
+def triggerers() -> None:
+    """Triggerer processes."""
+
+
+@triggerers.command("list")
+def triggerers_list() -> None:
+    """List triggerers with their load and heartbeat.
+
+    A triggerer is alive if its latest heartbeat is at most 2.1 x DEFERRAL_HEARTBEAT_SEC old,
+    else stale.
+    """
+    settings = settings_or_exit()
+    with _sessions(settings)() as session:
+        # The database's clock, the one that wrote the heartbeats: no skew with this host.
+        now = session.scalars(select(func.now())).one()
+        found = session.scalars(select(Triggerer).order_by(Triggerer.name)).all()
+        rows = [_triggerer_row(t, now, 2.1 * settings.heartbeat_sec) for t in found]
+    if not rows:
+        click.echo("no triggerers")
+        return
+    header = ("NAME", "HOSTNAME", "PID", "STATE", "LOAD", "LATEST_HEARTBEAT", "AGE", "HEALTH")
+    _echo_table(header, rows)
+
+
+def _triggerer_row(triggerer: Triggerer, now: dt.datetime, stale_after: float) -> tuple[str, ...]:
+    age = max(0.0, (now - triggerer.latest_heartbeat).total_seconds())
+    return (
+        triggerer.name,
+        triggerer.hostname,
+        str(triggerer.pid),
+        triggerer.state,
+        f"{triggerer.load}/{triggerer.capacity}",
+        _when(triggerer.latest_heartbeat),
+        f"{age:.1f}s",
+        "alive" if age <= stale_after else "stale",
+    )
+
+
+# -- streams ---------------------------------------------------------------------------------------
+
+
+@main.command()
+def streams() -> None:
+    """Show each stream's length, its consumer groups, their lag and pending entries per consumer.
+
+    Covers the triggers, events and dead streams and every queue stream under the prefix.
+    LAG is "-" where Redis does not report it (before Redis 7, or when it cannot tell).
+    """
+    settings = settings_or_exit()
+    try:
+        broker = Broker.from_url(settings.redis_url, settings.stream_prefix)
+    except (RedisError, RedisVersionError) as exc:
+        _fail(f"Redis: {exc}")
+        return
+    try:
+        rows = [row for key in _stream_keys(broker) for row in _stream_rows(broker, key)]
+    except RedisError as exc:
+        _fail(f"Redis: {exc}")
+        return
+    finally:
+        broker.close()
+    _echo_table(("STREAM", "LENGTH", "GROUP", "PENDING", "LAG", "PENDING_PER_CONSUMER"), rows)
+
+
+def _stream_keys(broker: Broker) -> list[str]:
+    keys = broker.keys
+    pattern = _glob_escape(keys.queue("")) + "*"
+    queues = {key.decode() for key in broker.redis.scan_iter(match=pattern, _type="stream")}
+    return [keys.triggers, keys.events, keys.dead, *sorted(queues)]
+
+
+def _glob_escape(text: str) -> str:
+    """``text`` as a literal in a Redis glob pattern (SCAN MATCH)."""
+    return "".join(f"\\{ch}" if ch in "*?[]\\" else ch for ch in text)
+
+
+def _stream_rows(broker: Broker, key: str) -> list[tuple[str, ...]]:
+    if not broker.redis.exists(key):
+        return [(key, "missing", "-", "-", "-", "-")]
+    length = str(broker.redis.xlen(key))
+    groups = broker.groups(key)
+    if not groups:
+        return [(key, length, "-", "-", "-", "-")]
+    rows: list[tuple[str, ...]] = []
+    for group in groups:
+        name = str(group["name"])
+        pending = broker.pending(key, name)
+        per_consumer = " ".join(f"{c}={n}" for c, n in sorted(pending.per_consumer.items()))
+        lag = group.get("lag")
+        lag_text = "-" if lag is None else str(lag)
+        rows.append((key, length, name, str(pending.count), lag_text, per_consumer or "-"))
+    return rows
 
 
 # -- standalone ------------------------------------------------------------------------------------

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -12,11 +13,15 @@ from sqlalchemy import create_engine, select, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, sessionmaker
 
+from broker.client import Broker
+from broker.streams import GROUP_TRIGGERERS, GROUP_WORKERS
 from deferral.cli import main as deferral_main
 from deferral.config import Settings
-from deferral.models import DagRun
+from deferral.crypto import Cipher
+from deferral.models import DagRun, Trigger, Triggerer
 from scheduler.cli import main as scheduler_main
 from tests.conftest import ADMIN_URL
+from tests.integration.factories import DAG_ID, deferred_task, running_task
 from triggerer.cli import main as triggerer_main
 from worker.cli import main as worker_main
 
@@ -45,6 +50,10 @@ def dag_id(write_dag: Callable[[str, str], Path]) -> str:
         (deferral_main, ["dags", "list"]),
         (deferral_main, ["dags", "trigger"]),
         (deferral_main, ["runs", "show"]),
+        (deferral_main, ["tasks", "list"]),
+        (deferral_main, ["triggers", "list"]),
+        (deferral_main, ["triggerers", "list"]),
+        (deferral_main, ["streams"]),
         (deferral_main, ["standalone"]),
         (triggerer_main, ["consume"]),
         (scheduler_main, ["consume"]),
@@ -145,3 +154,126 @@ def test_worker_refuses_a_bad_queue_name(settings: Settings) -> None:
     result = CliRunner().invoke(worker_main, ["consume", "--queue", "bad queue!"])
     assert result.exit_code == 2
     assert "--queue" in result.output and "invalid" in result.output
+
+
+def _line_with(output: str, *words: str) -> list[str]:
+    """The one output line holding every word, split into its columns."""
+    lines = [line.split() for line in output.splitlines()]
+    matches = [cols for cols in lines if all(word in cols for word in words)]
+    assert len(matches) == 1, output
+    return matches[0]
+
+
+def test_tasks_list_shows_deferred_tasks_with_their_trigger_newest_first(
+    settings: Settings, sessions: sessionmaker[Session], cipher: Cipher
+) -> None:
+    running_task(sessions, task_id="busy", run_id="r1")
+    timeout = dt.datetime(2031, 1, 2, 3, 4, 5, tzinfo=dt.UTC)
+    _, trigger_id = deferred_task(
+        sessions, cipher, task_id="waiting", run_id="r2", trigger_timeout=timeout
+    )
+
+    listed = CliRunner().invoke(deferral_main, ["tasks", "list"])
+    assert listed.exit_code == 0, listed.output
+    header, newest, oldest = listed.output.splitlines()
+    assert header.split()[:5] == ["DAG_ID", "RUN_ID", "TASK_ID", "STATE", "TRY"]
+    assert newest.split() == [
+        DAG_ID,
+        "r2",
+        "waiting",
+        "deferred",
+        "1",
+        str(trigger_id),
+        "2031-01-02T03:04:05+00:00",
+    ]
+    assert oldest.split() == [DAG_ID, "r1", "busy", "running", "1", "-", "-"]
+
+    deferred = CliRunner().invoke(deferral_main, ["tasks", "list", "--state", "deferred"])
+    assert deferred.exit_code == 0, deferred.output
+    assert "waiting" in deferred.output and "busy" not in deferred.output
+
+    other_dag = CliRunner().invoke(deferral_main, ["tasks", "list", "--dag-id", "other"])
+    assert other_dag.exit_code == 0 and other_dag.output == "no task instances\n"
+
+
+def test_tasks_list_refuses_an_unknown_state_naming_the_option(settings: Settings) -> None:
+    result = CliRunner().invoke(deferral_main, ["tasks", "list", "--state", "bogus"])
+    assert result.exit_code == 2
+    assert "--state" in result.output and "'bogus' is not one of" in result.output
+
+
+def test_triggers_list_shows_the_waiting_task_but_never_the_kwargs(
+    settings: Settings, sessions: sessionmaker[Session], cipher: Cipher
+) -> None:
+    _, trigger_id = deferred_task(sessions, cipher, task_id="waiting", run_id="r1")
+    with sessions() as session:
+        token = session.get_one(Trigger, trigger_id).kwargs
+
+    listed = CliRunner().invoke(deferral_main, ["triggers", "list"])
+    assert listed.exit_code == 0, listed.output
+    row = _line_with(listed.output, str(trigger_id))
+    assert row[1] == "deferral.triggers.temporal.DateTimeTrigger"
+    assert row[2] == "-"  # no triggerer has taken it yet
+    assert row[-1] == f"{DAG_ID}.r1.waiting"
+    assert token not in listed.output and "moment" not in listed.output
+
+
+def test_triggerers_list_tells_alive_from_stale(
+    settings: Settings, sessions: sessionmaker[Session], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("DEFERRAL_HEARTBEAT_SEC", "10")  # stale after 21 s: slack for slow hosts
+    long_ago = dt.datetime.now(dt.UTC) - dt.timedelta(seconds=60)
+    with sessions.begin() as session:
+        session.add(
+            Triggerer(name="fresh", hostname="h1", pid=11, capacity=100, load=3, state="running")
+        )
+        session.add(
+            Triggerer(
+                name="old",
+                hostname="h2",
+                pid=22,
+                capacity=50,
+                load=0,
+                state="running",
+                latest_heartbeat=long_ago,
+            )
+        )
+
+    listed = CliRunner().invoke(deferral_main, ["triggerers", "list"])
+    assert listed.exit_code == 0, listed.output
+    fresh = _line_with(listed.output, "fresh")
+    assert fresh[1:5] == ["h1", "11", "running", "3/100"] and fresh[-1] == "alive"
+    old = _line_with(listed.output, "old")
+    assert old[4] == "0/50" and old[-1] == "stale"
+    assert 30 < float(old[-2].rstrip("s")) < 120  # about 60 s, give or take clock skew
+
+
+def test_streams_shows_lengths_pending_per_consumer_and_lag(
+    settings: Settings, broker: Broker
+) -> None:
+    triggers, queue = broker.keys.triggers, broker.keys.queue("default")
+    broker.ensure_group(triggers, GROUP_TRIGGERERS)
+    for n in range(4):
+        broker.publish(triggers, {"n": str(n)})
+    broker.read(GROUP_TRIGGERERS, "t1", {triggers: ">"}, count=2)
+    broker.read(GROUP_TRIGGERERS, "t2", {triggers: ">"}, count=1)
+    broker.ensure_group(queue, GROUP_WORKERS)
+    broker.publish(queue, {"n": "0"})
+    broker.publish(broker.keys.dead, {"error": "boom"})
+
+    shown = CliRunner().invoke(deferral_main, ["streams"])
+    assert shown.exit_code == 0, shown.output
+    version = broker.redis.info("server")["redis_version"]
+    lag = "1" if int(str(version).split(".")[0]) >= 7 else "-"  # XINFO GROUPS has lag from 7
+    assert _line_with(shown.output, triggers) == [
+        triggers,
+        "4",
+        GROUP_TRIGGERERS,
+        "3",
+        lag,
+        "t1=2",
+        "t2=1",
+    ]
+    assert _line_with(shown.output, queue) == [queue, "1", GROUP_WORKERS, "0", lag, "-"]
+    assert _line_with(shown.output, broker.keys.dead) == [broker.keys.dead, "1", "-", "-", "-", "-"]
+    assert _line_with(shown.output, broker.keys.events)[1] == "missing"
