@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 from deferral import trigger_rules
 from deferral.dag import DAG
@@ -40,6 +41,33 @@ def dag_run_outcome(dag: DAG, states: Mapping[str, str]) -> DagRunState | None:
 
 def retry_due(now: dt.datetime, failed_at: dt.datetime | None, retry_delay: dt.timedelta) -> bool:
     return failed_at is None or failed_at + retry_delay <= now
+
+
+@dataclass(frozen=True)
+class Ready:
+    """A scheduled task instance waiting for a slot."""
+
+    id: int
+    pool: str
+    pool_slots: int
+    priority_weight: int
+
+
+def choose_dispatch(
+    ready: Sequence[Ready], run_budget: int, pool_free: Mapping[str, int]
+) -> list[int]:
+    """Which ready tasks to queue now: highest priority first, at most ``run_budget`` of them,
+    each only if its pool has ``pool_slots`` free (a task whose pool is unknown waits).
+    A task too big for what its pool has left does not block smaller ones behind it."""
+    free = dict(pool_free)
+    chosen: list[int] = []
+    for task in sorted(ready, key=lambda t: (-t.priority_weight, t.id)):
+        if len(chosen) >= run_budget:
+            break
+        if free.get(task.pool, 0) >= task.pool_slots:
+            free[task.pool] -= task.pool_slots
+            chosen.append(task.id)
+    return chosen
 
 
 def dispatch_budget(max_active_tasks: int, states: Mapping[str, str]) -> int:

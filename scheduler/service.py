@@ -28,7 +28,7 @@ from broker.streams import (
     from_fields,
     task_label,
 )
-from deferral import serialization, transitions
+from deferral import pools, serialization, transitions
 from deferral.baseoperator import BaseOperator
 from deferral.config import Settings
 from deferral.crypto import Cipher
@@ -59,6 +59,7 @@ class SchedulerService:
         self.sessions = make_sessionmaker(make_engine(settings.database_url))
         self.broker = Broker.from_url(settings.redis_url, settings.stream_prefix)
         self.dagbag = DagBag(settings.dags_folder)
+        self._warned_no_pool: set[int] = set()
         self.periodic = [
             Every(DAGBAG_REFRESH_SEC, self._refresh_dags),
             Every(EXPIRE_EVERY_SEC, self.expire_deferrals),
@@ -183,13 +184,27 @@ class SchedulerService:
         tis: Sequence[TaskInstance],
         states: dict[str, str],
     ) -> list[Outbox]:
+        ready = [
+            decide.Ready(ti.id, ti.pool, ti.pool_slots, ti.priority_weight)
+            for ti in tis
+            if states[ti.task_id] == TaskState.SCHEDULED
+        ]
+        if not ready:
+            return []
+        pool_free = pools.free_slots(session, {task.pool for task in ready})
+        for task in ready:
+            if task.pool not in pool_free and task.id not in self._warned_no_pool:
+                self._warned_no_pool.add(task.id)
+                log.warning(
+                    "run %s: task instance %d waits for pool %r, which does not exist",
+                    run.run_id,
+                    task.id,
+                    task.pool,
+                )
         budget = decide.dispatch_budget(dag.max_active_tasks, states)
-        ready = sorted(
-            (ti for ti in tis if states[ti.task_id] == TaskState.SCHEDULED),
-            key=lambda ti: (-ti.priority_weight, ti.id),
-        )[:budget]
+        chosen = decide.choose_dispatch(ready, budget, pool_free)
         staged = []
-        for row in transitions.dispatch(session, [ti.id for ti in ready]):
+        for row in transitions.dispatch(session, chosen):
             states[row.task_id] = TaskState.QUEUED
             message = QueueMessage(
                 task_instance_id=str(row.id),

@@ -16,7 +16,7 @@ from broker.client import Broker
 from broker.streams import QueueMessage, from_fields
 from deferral import transitions
 from deferral.config import Settings
-from deferral.models import DagRun, Outbox, TaskInstance
+from deferral.models import DagRun, Outbox, Pool, TaskInstance
 from scheduler.service import SchedulerService
 
 WriteDag = Callable[[str, str], Path]
@@ -209,3 +209,68 @@ def test_a_task_added_to_the_dag_mid_run_joins_the_run(
     _step(service)
     assert _states(sessions) == {"a": "success", "late": "queued"}
     assert _run_state(sessions) == "running"
+
+
+def _set_pool(sessions: sessionmaker[Session], slots: int, include_deferred: bool) -> None:
+    with sessions.begin() as session:
+        session.merge(Pool(name="small", slots=slots, include_deferred=include_deferred))
+
+
+def _defer(sessions: sessionmaker[Session], task_id: str) -> None:
+    """What a worker does when the queued attempt of ``task_id`` defers."""
+    with sessions.begin() as session:
+        ti = session.scalars(select(TaskInstance).where(TaskInstance.task_id == task_id)).one()
+        assert transitions.start(session, ti.id, ti.try_number, "host", "w") is not None
+        trigger_id = transitions.create_trigger(session, "x.Trigger", "token", "fingerprint")
+        transitions.defer(
+            session,
+            ti.id,
+            trigger_id=trigger_id,
+            next_method="resume",
+            next_kwargs_token="token",
+            trigger_timeout=None,
+        )
+
+
+@pytest.mark.parametrize("include_deferred", [False, True])
+def test_pools_limit_dispatch_and_deferred_tasks_free_their_slot_by_default(
+    settings: Settings,
+    sessions: sessionmaker[Session],
+    write_dag: WriteDag,
+    dag_id: str,
+    include_deferred: bool,
+) -> None:
+    body = "\n".join(
+        f'    EmptyOperator(task_id="t{i}", pool="small", priority_weight={9 - i})'
+        for i in range(3)
+    )
+    write_dag(dag_id, _dag_file(dag_id, body))
+    _set_pool(sessions, slots=1, include_deferred=include_deferred)
+    service = SchedulerService(settings, name="s")
+    _trigger(sessions, dag_id)
+    _step(service)
+    assert _states(sessions) == {"t0": "queued", "t1": "scheduled", "t2": "scheduled"}
+
+    _defer(sessions, "t0")
+    _step(service)
+    expected_t1 = "scheduled" if include_deferred else "queued"
+    assert _states(sessions) == {"t0": "deferred", "t1": expected_t1, "t2": "scheduled"}
+
+
+def test_a_task_in_an_unknown_pool_waits_without_blocking_others(
+    settings: Settings, sessions: sessionmaker[Session], write_dag: WriteDag, dag_id: str
+) -> None:
+    write_dag(
+        dag_id,
+        _dag_file(
+            dag_id,
+            """
+    EmptyOperator(task_id="lost", pool="no_such_pool")
+    EmptyOperator(task_id="fine")
+""",
+        ),
+    )
+    service = SchedulerService(settings, name="s")
+    _trigger(sessions, dag_id)
+    _step(service)
+    assert _states(sessions) == {"lost": "scheduled", "fine": "queued"}

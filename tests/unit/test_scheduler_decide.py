@@ -9,7 +9,14 @@ import pytest
 from deferral import DAG, chain
 from deferral.operators import EmptyOperator
 from deferral.states import DagRunState, TaskState
-from scheduler.decide import dag_run_outcome, dispatch_budget, retry_due, waiting_task_decisions
+from scheduler.decide import (
+    Ready,
+    choose_dispatch,
+    dag_run_outcome,
+    dispatch_budget,
+    retry_due,
+    waiting_task_decisions,
+)
 
 T = TaskState
 
@@ -190,3 +197,20 @@ def test_upstream_without_a_state_keeps_its_downstream_waiting() -> None:
     dag = linear(3)  # t0 >> t1 >> t2; t1 has no task instance in this run
     decisions = waiting_task_decisions(dag, {"t0": "running", "t2": "none"})
     assert "t2" not in decisions
+
+
+# -- choose_dispatch: priorities, run budget, pools ------------------------------------------------
+
+
+def test_choose_dispatch_takes_highest_priority_within_the_run_budget() -> None:
+    ready = [Ready(1, "p", 1, 1), Ready(2, "p", 1, 9), Ready(3, "p", 1, 5)]
+    assert choose_dispatch(ready, run_budget=2, pool_free={"p": 10}) == [2, 3]
+
+
+def test_choose_dispatch_respects_pool_slots_and_lets_small_tasks_past_a_big_one() -> None:
+    ready = [Ready(1, "p", 3, 9), Ready(2, "p", 1, 5), Ready(3, "p", 1, 1), Ready(4, "q", 1, 1)]
+    assert choose_dispatch(ready, run_budget=10, pool_free={"p": 2, "q": 0}) == [2, 3]
+
+
+def test_choose_dispatch_leaves_tasks_of_unknown_pools_waiting() -> None:
+    assert choose_dispatch([Ready(1, "nope", 1, 1)], run_budget=5, pool_free={}) == []
