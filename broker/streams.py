@@ -10,6 +10,8 @@ from typing import TypeVar
 
 import msgspec
 
+from deferral.crypto import Cipher
+
 GROUP_TRIGGERERS = "triggerers"
 GROUP_SCHEDULERS = "schedulers"
 GROUP_WORKERS = "workers"
@@ -26,6 +28,9 @@ class StreamKeys:
         self.triggers = f"{prefix}:triggers"
         self.events = f"{prefix}:events"
         self.dead = f"{prefix}:dead"
+        # Set once the streams hold what Postgres says they should; its absence means Redis lost
+        # its data (a restart without persistence) and the scheduler rebuilds them.
+        self.epoch = f"{prefix}:epoch"
 
     def queue(self, name: str) -> str:
         return f"{self.prefix}:queue:{name}"
@@ -94,3 +99,28 @@ def from_fields(kind: type[M], fields: dict[bytes, bytes]) -> M:
 def task_label(dag_id: str, run_id: str, task_id: str, map_index: int) -> str:
     label = f"{dag_id}.{run_id}.{task_id}"
     return label if map_index < 0 else f"{label}[{map_index}]"
+
+
+def trigger_message(
+    cipher: Cipher,
+    *,
+    trigger_id: int,
+    classpath: str,
+    kwargs: dict[str, object],
+    task_instance_id: int,
+    task: str,
+) -> TriggerMessage:
+    """A triggers-stream entry: readable fields, and the whole spec sealed in the token."""
+    spec = TriggerSpec(trigger_id, classpath, kwargs, task_instance_id, task)
+    token = cipher.encrypt(msgspec.json.encode(spec))
+    return TriggerMessage(trigger_id=str(trigger_id), classpath=classpath, task=task, token=token)
+
+
+def queue_message(
+    task_instance_id: int, try_number: int, dag_id: str, run_id: str, task_id: str, map_index: int
+) -> QueueMessage:
+    return QueueMessage(
+        task_instance_id=str(task_instance_id),
+        try_number=str(try_number),
+        task=task_label(dag_id, run_id, task_id, map_index),
+    )

@@ -24,9 +24,8 @@ from broker.streams import (
     GROUP_SCHEDULERS,
     EventMessage,
     MalformedEntry,
-    QueueMessage,
     from_fields,
-    task_label,
+    queue_message,
 )
 from deferral import pools, serialization, transitions
 from deferral.baseoperator import BaseOperator
@@ -40,7 +39,7 @@ from deferral.process import Every
 from deferral.serialization import SerializationError
 from deferral.states import DagRunState, TaskState
 from deferral.transitions import FiredEvent, NewTaskInstance
-from scheduler import decide
+from scheduler import decide, reconcile
 
 log = logging.getLogger("deferral.scheduler")
 
@@ -50,6 +49,7 @@ EXPIRE_EVERY_SEC = 1.0
 RELAY_EVERY_SEC = 5.0
 RELAY_AFTER = dt.timedelta(seconds=10)
 DAGBAG_REFRESH_SEC = 10.0
+RECONCILE_EVERY_SEC = 5.0
 
 
 class SchedulerService:
@@ -64,6 +64,7 @@ class SchedulerService:
             Every(DAGBAG_REFRESH_SEC, self._refresh_dags),
             Every(EXPIRE_EVERY_SEC, self.expire_deferrals),
             Every(RELAY_EVERY_SEC, self.relay_outbox),
+            Every(RECONCILE_EVERY_SEC, self.reconcile),
         ]
 
     def run(self, stop: threading.Event) -> None:
@@ -206,10 +207,8 @@ class SchedulerService:
         staged = []
         for row in transitions.dispatch(session, chosen):
             states[row.task_id] = TaskState.QUEUED
-            message = QueueMessage(
-                task_instance_id=str(row.id),
-                try_number=str(row.try_number),
-                task=task_label(row.dag_id, row.run_id, row.task_id, row.map_index),
+            message = queue_message(
+                row.id, row.try_number, row.dag_id, row.run_id, row.task_id, row.map_index
             )
             staged.append(outbox.stage(session, self.broker.keys.queue(row.queue), message))
         session.flush()
@@ -275,6 +274,26 @@ class SchedulerService:
             expired = transitions.expire_deferrals(session, self.cipher)
         if expired:
             log.info("deferral timed out for task instance(s) %s", expired)
+
+    def reconcile(self) -> None:
+        """If Redis lost its data (the epoch key is gone), publish again from Postgres every
+        deferred task's trigger and every queued task's attempt, then set the key."""
+        keys = self.broker.keys
+        if self.broker.redis.exists(keys.epoch):
+            return
+        with self.sessions() as session:
+            rebuilt = reconcile.rebuild(session, keys, self.cipher)
+        # Consumers recreate their groups from id 0 when they find them gone: no entry is missed.
+        self.broker.publish_many(rebuilt.entries)
+        self.broker.redis.set(keys.epoch, self.name)
+        if rebuilt.unreadable:
+            log.error("cannot rebuild trigger(s) %s: kwargs no longer decrypt", rebuilt.unreadable)
+        if rebuilt.entries:
+            log.warning(
+                "rebuilt streams from Postgres: %d trigger(s), %d queued task(s)",
+                rebuilt.triggers,
+                rebuilt.queued,
+            )
 
     def relay_outbox(self) -> None:
         relayed = outbox.relay(self.sessions, self.broker, RELAY_AFTER)

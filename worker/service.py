@@ -17,7 +17,6 @@ from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wai
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 
-import msgspec
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
@@ -29,9 +28,8 @@ from broker.streams import (
     GROUP_WORKERS,
     MalformedEntry,
     QueueMessage,
-    TriggerMessage,
-    TriggerSpec,
     from_fields,
+    trigger_message,
 )
 from deferral import serialization, transitions
 from deferral.config import Settings
@@ -269,18 +267,13 @@ class WorkerService:
             session.rollback()
             log.warning("%s was no longer running; its deferral is dropped", label)
             return []
-        spec = TriggerSpec(
+        message = trigger_message(
+            self.cipher,
             trigger_id=trigger_id,
             classpath=outcome.classpath,
             kwargs=outcome.trigger_kwargs,
             task_instance_id=ti_id,
             task=label,
-        )
-        message = TriggerMessage(
-            trigger_id=str(trigger_id),
-            classpath=outcome.classpath,
-            task=label,
-            token=self.cipher.encrypt(msgspec.json.encode(spec)),
         )
         log.info("%s deferred to trigger %d (%s)", label, trigger_id, outcome.classpath)
         return [outbox.stage(session, self.broker.keys.triggers, message)]
