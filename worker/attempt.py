@@ -102,13 +102,18 @@ def _context(request: AttemptRequest, task: BaseOperator) -> Context:
     }
 
 
+def _raise_deferral_failure(request: AttemptRequest) -> None:
+    """A task resumed at ``__fail__``: its deferral ended without an event. Raised before the
+    execution deadline is checked, so a deferral cut short by that deadline reports as such."""
+    if request.next_method == FAIL_METHOD:
+        timed_out, message = decide.failure_message(dict(request.next_kwargs or {}))
+        raise TaskDeferralTimeout(message) if timed_out else TaskDeferralError(message)
+
+
 def _call(task: BaseOperator, request: AttemptRequest, context: Context) -> Any:
     if request.next_method is None:
         return task.execute(context)
     kwargs = dict(request.next_kwargs or {})
-    if request.next_method == FAIL_METHOD:
-        timed_out, message = decide.failure_message(kwargs)
-        raise TaskDeferralTimeout(message) if timed_out else TaskDeferralError(message)
     event = kwargs.pop("event", None)
     return getattr(task, request.next_method)(context=context, event=event, **kwargs)
 
@@ -153,6 +158,7 @@ def execute_attempt(request: AttemptRequest) -> Outcome:
     deadline = decide.execution_deadline(request.first_started_at, task.execution_timeout)
     try:
         context = _context(request, task)
+        _raise_deferral_failure(request)
         with _time_limit(deadline):
             result = _call(task, request, context)
     except TaskDeferred as deferred:

@@ -387,6 +387,20 @@ def test_fail_method_timeout_raises_task_deferral_timeout() -> None:
     assert outcome.allow_retry is True
 
 
+def test_a_deferral_cut_short_by_the_execution_deadline_reports_the_deferral_timeout() -> None:
+    started = dt.datetime.now(dt.UTC) - dt.timedelta(minutes=11)  # deadline passed a minute ago
+    outcome = execute_attempt(
+        request(
+            "resumable_limited",
+            first_started_at=started,
+            next_method="__fail__",
+            next_kwargs={"error": "timeout"},
+        )
+    )
+    assert isinstance(outcome, Failed)
+    assert outcome.error.startswith("TaskDeferralTimeout: ")
+
+
 def test_fail_method_trigger_failure_raises_task_deferral_error_with_traceback() -> None:
     outcome = execute_attempt(
         request(
