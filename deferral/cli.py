@@ -7,7 +7,7 @@ import json
 import signal
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import click
@@ -19,7 +19,9 @@ from sqlalchemy.orm import Session, sessionmaker
 from broker.client import Broker, RedisVersionError
 from broker.streams import task_label
 from deferral import migrate, transitions
+from deferral.baseoperator import BaseOperator
 from deferral.config import Settings
+from deferral.dag import DagDefinitionError
 from deferral.dagbag import DagBag, DagNotFound
 from deferral.db import make_engine, make_sessionmaker
 from deferral.models import DagRun, TaskInstance, TaskStateChange, Trigger, Triggerer
@@ -264,6 +266,82 @@ def _task_row(ti: TaskInstance) -> tuple[str, ...]:
     trigger = str(ti.trigger_id) if deferred and ti.trigger_id is not None else "-"
     timeout = _when(ti.trigger_timeout) if deferred else "-"
     return (ti.dag_id, ti.run_id, task_id, ti.state, str(ti.try_number), trigger, timeout)
+
+
+def _apply_by_user(
+    dag_id: str, run_id: str, task_id: str, downstream: bool, change: Callable[..., bool]
+) -> None:
+    """Apply ``change(session, ti, task)`` to the task (and its downstream tasks) of one run."""
+    settings = settings_or_exit()
+    try:
+        dag = _dagbag(settings).get_dag(dag_id)
+        task_ids = [dag.get_task(task_id).task_id]
+    except (DagNotFound, DagDefinitionError) as exc:
+        _fail(str(exc))
+        return
+    if downstream:
+        task_ids += sorted(dag.downstream_of(task_id))
+    with _sessions(settings).begin() as session:
+        run = session.scalars(
+            select(DagRun).where(DagRun.dag_id == dag_id, DagRun.run_id == run_id)
+        ).one_or_none()
+        if run is None:
+            _fail(f"DAG {dag_id!r} has no run {run_id!r}")
+            return
+        tis = session.scalars(
+            select(TaskInstance)
+            .where(
+                TaskInstance.dag_id == dag_id,
+                TaskInstance.run_id == run_id,
+                TaskInstance.task_id.in_(task_ids),
+            )
+            .order_by(TaskInstance.id)
+            .with_for_update()
+        ).all()
+        refused = []
+        for ti in tis:
+            if change(session, ti, dag.task_dict.get(ti.task_id)):
+                click.echo(f"{ti.task_id}: {ti.state}")
+            else:
+                refused.append(f"{ti.task_id} ({ti.state})")
+        transitions.reopen_dag_run(session, run)
+    if refused:
+        _fail(f"not changed while queued or running: {', '.join(refused)}")
+
+
+@tasks.command("clear")
+@click.argument("dag_id")
+@click.argument("run_id")
+@click.argument("task_id")
+@click.option("--downstream", is_flag=True, help="Also clear every task downstream of it.")
+def tasks_clear(dag_id: str, run_id: str, task_id: str, downstream: bool) -> None:
+    """Run TASK_ID again (as a new try); a deferred one lets go of its trigger."""
+
+    def clear(session: Session, ti: TaskInstance, task: BaseOperator | None) -> bool:
+        return transitions.clear(session, ti, retries=task.retries if task else 0)
+
+    _apply_by_user(dag_id, run_id, task_id, downstream, clear)
+
+
+@tasks.command("mark")
+@click.argument("dag_id")
+@click.argument("run_id")
+@click.argument("task_id")
+@click.option(
+    "--state",
+    "to_state",
+    type=click.Choice([s.value for s in (TaskState.SUCCESS, TaskState.FAILED, TaskState.SKIPPED)]),
+    required=True,
+    help="The state to set.",
+)
+@click.option("--downstream", is_flag=True, help="Also mark every task downstream of it.")
+def tasks_mark(dag_id: str, run_id: str, task_id: str, to_state: str, downstream: bool) -> None:
+    """Set TASK_ID's state; a deferred one lets go of its trigger."""
+
+    def mark(session: Session, ti: TaskInstance, task: BaseOperator | None) -> bool:
+        return transitions.mark(session, ti, TaskState(to_state))
+
+    _apply_by_user(dag_id, run_id, task_id, downstream, mark)
 
 
 # -- triggers --------------------------------------------------------------------------------------

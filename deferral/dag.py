@@ -107,6 +107,16 @@ class DAG:
             current = min(self.task_dict[current].upstream_task_ids & unvisited)
         return current
 
+    def downstream_of(self, task_id: str) -> set[str]:
+        """Every task reachable downstream of ``task_id``."""
+        found: set[str] = set()
+        pending = [task_id]
+        while pending:
+            for down in self.get_task(pending.pop()).downstream_task_ids - found:
+                found.add(down)
+                pending.append(down)
+        return found
+
     def validate(self) -> None:
         for _ in self.topological_order():
             pass

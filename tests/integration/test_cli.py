@@ -51,6 +51,8 @@ def dag_id(write_dag: Callable[[str, str], Path]) -> str:
         (deferral_main, ["dags", "trigger"]),
         (deferral_main, ["runs", "show"]),
         (deferral_main, ["tasks", "list"]),
+        (deferral_main, ["tasks", "clear"]),
+        (deferral_main, ["tasks", "mark"]),
         (deferral_main, ["triggers", "list"]),
         (deferral_main, ["triggerers", "list"]),
         (deferral_main, ["streams"]),
