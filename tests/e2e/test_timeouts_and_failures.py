@@ -68,7 +68,11 @@ with DAG("e2e_limits") as dag:
 def _final(sessions: sessionmaker[Session], task_id: str) -> tuple[str, str] | None:
     """(state, last recorded reason) once the task failed."""
     with sessions() as session:
-        ti = session.scalars(select(TaskInstance).where(TaskInstance.task_id == task_id)).one()
+        ti = session.scalars(
+            select(TaskInstance).where(TaskInstance.task_id == task_id)
+        ).one_or_none()
+        if ti is None:
+            return None  # the run has not started yet
         reason = session.scalars(
             select(TaskStateChange.reason)
             .where(TaskStateChange.task_instance_id == ti.id)
