@@ -171,21 +171,20 @@ class Broker:
             owned += replies.parse_ids(self._renew(keys=[stream], args=[group, consumer, *batch]))
         return owned
 
-    def autoclaim(
+    def claim_idle(
         self, stream: str, group: str, consumer: str, *, min_idle_ms: int, count: int
-    ) -> list[Entry]:
-        """Take up to ``count`` entries idle longer than ``min_idle_ms`` (their owner is dead)."""
-        claimed: list[Entry] = []
-        cursor = "0-0"
-        while len(claimed) < count:
-            args = _xautoclaim_args(
-                stream, group, consumer, min_idle_ms, cursor, count - len(claimed)
-            )
-            result = replies.parse_xautoclaim(stream, self.redis.execute_command(*args))
-            claimed, cursor = claimed + result.entries, result.cursor
-            if cursor == "0-0":
-                break
-        return claimed
+    ) -> list[tuple[Entry, str]]:
+        """Take up to ``count`` entries idle longer than ``min_idle_ms`` (their owner is dead),
+        each with the consumer that held it. XPENDING IDLE finds them with their owners; XCLAIM
+        with the same min-idle takes them, so one renewed in between stays with its owner."""
+        pending = self.redis.execute_command(
+            "XPENDING", stream, group, "IDLE", min_idle_ms, "-", "+", count
+        )
+        owners = replies.parse_xpending_owners(pending)
+        if not owners:
+            return []
+        reply = self.redis.execute_command("XCLAIM", stream, group, consumer, min_idle_ms, *owners)
+        return [(entry, owners[entry.id]) for entry in replies.parse_xclaim(stream, reply)]
 
     def xrange(self, stream: str, count: int | None = None) -> list[Entry]:
         args: list[Any] = ["XRANGE", stream, "-", "+"]

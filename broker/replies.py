@@ -99,6 +99,21 @@ def parse_xpending_ids(reply: Any) -> list[str]:
     return [_text(item[0]) for item in reply or []]
 
 
+def parse_xpending_owners(reply: Any) -> dict[str, str]:
+    """Extended XPENDING: entry id -> the consumer that holds it."""
+    return {_text(item[0]): _text(item[1]) for item in reply or []}
+
+
+def parse_xclaim(stream: str, reply: Any) -> list[Entry]:
+    """``[[id, [f, v, ...]], ...]``; an entry deleted while pending is nil (Redis 6.2) or has no
+    fields, and is left out: there is nothing left to run."""
+    return [
+        Entry(stream, _text(item[0]), _fields(item[1]))
+        for item in reply or []
+        if item is not None and item[1]
+    ]
+
+
 def parse_xinfo_groups(reply: Any) -> list[dict[str, Any]]:
     groups = []
     for flat in reply or []:

@@ -120,35 +120,40 @@ class WorkerService:
                 log.warning("lost the lease on %s to another worker", running.label)
         free = self.concurrency - len(self.running)
         if free > 0:
-            for entry in self.broker.autoclaim(
+            for entry, owner in self.broker.claim_idle(
                 self.stream,
                 GROUP_WORKERS,
                 self.name,
                 min_idle_ms=self.lease.takeover_after_ms,
                 count=free,
             ):
-                self._start(entry, taken_over=True)
+                self._start(entry, taken_from=owner)
 
-    def _fail_orphan(self, entry: Entry, ti_id: int, try_number: int, label: str) -> None:
+    def _fail_orphan(
+        self, entry: Entry, ti_id: int, try_number: int, label: str, dead_worker: str
+    ) -> None:
         """The attempt of a worker that stopped heartbeating: fail it (retries apply), so it is
-        never lost and never runs twice at once."""
+        never lost and never runs twice at once. Only if that worker is the one running it: the
+        same try may since have been resumed from a deferral and be running on a live worker."""
+        state = None
         with self.sessions.begin() as session:
-            ti = session.get(TaskInstance, ti_id)
-            worker = ti.worker if ti is not None else None
-            state = transitions.fail(
-                session,
-                ti_id,
-                f"worker {worker} stopped heartbeating",
-                allow_retry=True,
-                try_number=try_number,
-            )
+            ti = session.get(TaskInstance, ti_id, with_for_update=True)
+            if ti is not None and ti.worker == dead_worker:
+                state = transitions.fail(
+                    session,
+                    ti_id,
+                    f"worker {dead_worker} stopped heartbeating",
+                    allow_retry=True,
+                    try_number=try_number,
+                )
         if state is not None:
-            log.warning("%s: its worker %s stopped heartbeating; now %s", label, worker, state)
+            log.warning("%s: its worker %s stopped heartbeating; now %s", label, dead_worker, state)
         self.broker.ack_delete(self.stream, GROUP_WORKERS, [entry.id])
 
     # -- starting an attempt -------------------------------------------------------------------
 
-    def _start(self, entry: Entry, *, taken_over: bool = False) -> None:
+    def _start(self, entry: Entry, *, taken_from: str | None = None) -> None:
+        """Start the attempt an entry names; ``taken_from`` is the dead worker that held it."""
         if not entry.fields:
             return  # deleted while pending: nothing left to do
         try:
@@ -162,8 +167,8 @@ class WorkerService:
             ti = transitions.start(session, ti_id, try_number, self.hostname, self.name)
             if ti is not None:
                 request = self._request(session, ti)
-        if ti is None and taken_over:
-            self._fail_orphan(entry, ti_id, try_number, message.task)
+        if ti is None and taken_from is not None:
+            self._fail_orphan(entry, ti_id, try_number, message.task, taken_from)
             return
         if ti is None or request is None:
             if ti is None:
