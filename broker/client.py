@@ -186,6 +186,11 @@ class Broker:
         reply = self.redis.execute_command("XCLAIM", stream, group, consumer, min_idle_ms, *owners)
         return [(entry, owners[entry.id]) for entry in replies.parse_xclaim(stream, reply)]
 
+    def newest(self, stream: str) -> Entry | None:
+        reply = self.redis.execute_command("XREVRANGE", stream, "+", "-", "COUNT", 1)
+        entries = replies.parse_xrange(stream, reply)
+        return entries[0] if entries else None
+
     def xrange(self, stream: str, count: int | None = None) -> list[Entry]:
         args: list[Any] = ["XRANGE", stream, "-", "+"]
         if count is not None:

@@ -17,6 +17,7 @@ RAW_COMMANDS = (
     "XPENDING",
     "XADD",
     "XRANGE",
+    "XREVRANGE",
     "XINFO GROUPS",
 )
 

@@ -12,21 +12,34 @@ from typing import Any
 
 import click
 from redis.exceptions import RedisError
-from sqlalchemy import func, select
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy import exists, func, select, update
+from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
 from broker.client import Broker, RedisVersionError
-from broker.streams import task_label
-from deferral import migrate, transitions
+from broker.lease import TAKEOVER_HEARTBEATS
+from broker.streams import StreamKeys, task_label
+from deferral import doctor as checklist
+from deferral import migrate, pools, transitions
 from deferral.baseoperator import BaseOperator
 from deferral.config import Settings
-from deferral.dag import DagDefinitionError
+from deferral.crypto import Cipher, DecryptionError
+from deferral.dag import DAG, DagDefinitionError
 from deferral.dagbag import DagBag, DagNotFound
 from deferral.db import make_engine, make_sessionmaker
-from deferral.models import DagRun, TaskInstance, TaskStateChange, Trigger, Triggerer
+from deferral.models import (
+    DagRun,
+    Outbox,
+    Pool,
+    TaskInstance,
+    TaskReschedule,
+    TaskStateChange,
+    Trigger,
+    Triggerer,
+)
 from deferral.process import settings_or_exit
-from deferral.states import DagRunState, TaskState
+from deferral.states import FAIL_METHOD, FINISHED_STATES, DagRunState, TaskState
+from deferral.trigger_rules import TriggerRule, evaluate
 
 
 def _fail(message: str, code: int = 1) -> None:
@@ -344,6 +357,283 @@ def tasks_mark(dag_id: str, run_id: str, task_id: str, to_state: str, downstream
     _apply_by_user(dag_id, run_id, task_id, downstream, mark)
 
 
+@tasks.command("explain")
+@click.argument("dag_id")
+@click.argument("run_id")
+@click.argument("task_id")
+def tasks_explain(dag_id: str, run_id: str, task_id: str) -> None:
+    """Say why TASK_ID of a run is in its state, and what it waits for.
+
+    After its state and try: for none, each upstream task's state and the trigger rule; for
+    scheduled, its pool's free slots and the DAG's max_active_tasks; for queued, since when; for
+    deferred, its trigger, the triggerer running it and the timeout; for up_for_retry, when the
+    retry is due; for finished states, the last recorded reason.
+    """
+    settings = settings_or_exit()
+    dag, dag_error = _find_dag(settings, dag_id)
+    lines: list[str] = []
+    with _sessions(settings)() as session:
+        run = session.scalars(
+            select(DagRun).where(DagRun.dag_id == dag_id, DagRun.run_id == run_id)
+        ).one_or_none()
+        if run is None:
+            known = dag is not None or session.scalar(
+                select(exists().where(DagRun.dag_id == dag_id))
+            )
+            _fail(f"DAG {dag_id!r} has no run {run_id!r}" if known else dag_error)
+            return
+        tis = session.scalars(
+            select(TaskInstance)
+            .where(
+                TaskInstance.dag_id == dag_id,
+                TaskInstance.run_id == run_id,
+                TaskInstance.task_id == task_id,
+            )
+            .order_by(TaskInstance.map_index)
+        ).all()
+        if not tis:
+            if dag is None or task_id not in dag.task_dict:
+                owner = (
+                    f"DAG {dag_id!r}" if dag is not None else f"run {run_id!r} of DAG {dag_id!r}"
+                )
+                _fail(f"{owner} has no task {task_id!r}")
+                return
+            lines = [
+                f"{task_label(dag_id, run_id, task_id, -1)}: no task instance yet",
+                f"  DAG run is {run.state}: the scheduler creates the run's task instances when"
+                " it starts the run (is `scheduler consume` running?)",
+            ]
+        for ti in tis:
+            lines += _explain(session, settings, dag, run, ti)
+    for line in lines:
+        click.echo(line)
+
+
+def _find_dag(settings: Settings, dag_id: str) -> tuple[DAG | None, str]:
+    """The DAG from the DAGs folder, or None and why not."""
+    try:
+        return DagBag(settings.dags_folder).collect().get_dag(dag_id), ""
+    except DagNotFound as exc:
+        return None, str(exc)
+
+
+# What each trigger rule waits for, in words.
+_RULE_WAITS_FOR: dict[TriggerRule, str] = {
+    TriggerRule.ALL_SUCCESS: "every upstream task to succeed",
+    TriggerRule.ALL_FAILED: "every upstream task to fail",
+    TriggerRule.ALL_DONE: "every upstream task to finish, however it ends",
+    TriggerRule.ONE_FAILED: "one upstream task to fail",
+    TriggerRule.ONE_SUCCESS: "one upstream task to succeed",
+    TriggerRule.NONE_FAILED: "every upstream task to finish without failing (skipped is fine)",
+    TriggerRule.NONE_FAILED_MIN_ONE_SUCCESS: (
+        "every upstream task to finish without failing, and one to succeed"
+    ),
+    TriggerRule.NONE_SKIPPED: "every upstream task to finish without being skipped",
+    TriggerRule.ALWAYS: "nothing: it runs at once",
+}
+
+
+def _explain(
+    session: Session, settings: Settings, dag: DAG | None, run: DagRun, ti: TaskInstance
+) -> list[str]:
+    now: dt.datetime = session.scalars(select(func.now())).one()
+    label = task_label(ti.dag_id, ti.run_id, ti.task_id, ti.map_index)
+    lines = [f"{label}: {ti.state} (try {ti.try_number} of at most {ti.max_tries + 1})"]
+    task = dag.task_dict.get(ti.task_id) if dag is not None else None
+    if dag is None:
+        lines.append(
+            f"  DAG {ti.dag_id!r} is not in the DAGs folder {settings.dags_folder}:"
+            " no scheduler can advance this run"
+        )
+    elif task is None:
+        lines.append(f"  task {ti.task_id!r} is no longer in DAG {dag.dag_id!r} ({dag.fileloc})")
+    if run.state != DagRunState.RUNNING and ti.state not in FINISHED_STATES:
+        lines.append(f"  DAG run is {run.state}")
+    state = TaskState(ti.state)
+    if state is TaskState.NONE:
+        lines += _explain_waiting(session, ti, task)
+    elif state is TaskState.SCHEDULED:
+        lines += _explain_scheduled(session, dag, ti)
+    elif state is TaskState.QUEUED:
+        stream = StreamKeys(settings.stream_prefix).queue(ti.queue)
+        lines.append(
+            f"  queued since {_when(ti.queued_at)} ({_relative(now, ti.queued_at)}):"
+            f" waits for a worker reading {stream} (`worker consume --queue {ti.queue}`)"
+        )
+    elif state is TaskState.RUNNING:
+        resumed = f", resumed at {ti.next_method}" if ti.next_method else ""
+        lines.append(
+            f"  running since {_when(ti.start_date)} on {ti.hostname or '-'}"
+            f" (worker {ti.worker or '-'}){resumed}"
+        )
+    elif state is TaskState.DEFERRED:
+        lines += _explain_deferred(session, settings, ti, now)
+    elif state is TaskState.UP_FOR_RESCHEDULE:
+        due = session.scalars(
+            select(TaskReschedule.reschedule_date)
+            .where(TaskReschedule.task_instance_id == ti.id)
+            .order_by(TaskReschedule.id.desc())
+            .limit(1)
+        ).first()
+        lines.append(f"  next poke due at {_when(due)} ({_relative(now, due)})")
+    elif state is TaskState.UP_FOR_RETRY:
+        if task is None or ti.end_date is None:
+            lines.append("  retry due: unknown (no end date, or the task is not in the DAG file)")
+        else:
+            due = ti.end_date + task.retry_delay
+            lines.append(
+                f"  failed at {_when(ti.end_date)}, retry_delay {task.retry_delay}:"
+                f" retry due at {_when(due)} ({_relative(now, due)})"
+            )
+    if state is TaskState.UP_FOR_RETRY or state in FINISHED_STATES:
+        lines += _last_change(session, ti)
+    return lines
+
+
+def _explain_waiting(session: Session, ti: TaskInstance, task: BaseOperator | None) -> list[str]:
+    """State none: what the trigger rule waits for, and the upstream states it sees."""
+    if task is None:
+        return []
+    rule = TriggerRule(task.trigger_rule)
+    upstream = sorted(task.upstream_task_ids)
+    if not upstream:
+        return ["  no upstream tasks: the scheduler schedules it once the run is running"]
+    states: dict[str, str] = {
+        task_id: state
+        for task_id, state in session.execute(
+            select(TaskInstance.task_id, TaskInstance.state).where(
+                TaskInstance.dag_id == ti.dag_id,
+                TaskInstance.run_id == ti.run_id,
+                TaskInstance.task_id.in_(upstream),
+            )
+        ).all()
+    }
+    lines = [f"  trigger rule {rule}: waits for {_RULE_WAITS_FOR[rule]}"]
+    for task_id in upstream:
+        missing = "" if task_id in states else " (no task instance yet)"
+        lines.append(f"  upstream {task_id}: {states.get(task_id, TaskState.NONE)}{missing}")
+    decision = evaluate(rule, [states.get(t, TaskState.NONE) for t in upstream])
+    if decision is None:
+        pending = [t for t in upstream if states.get(t, TaskState.NONE) not in FINISHED_STATES]
+        lines.append(f"  not decided yet: waits for {', '.join(pending)} to finish")
+    elif decision is TaskState.SCHEDULED:
+        lines.append("  the rule is met: the scheduler schedules it on its next pass")
+    else:
+        lines.append(f"  the rule says {decision}: the scheduler sets it on its next pass")
+    return lines
+
+
+def _explain_scheduled(session: Session, dag: DAG | None, ti: TaskInstance) -> list[str]:
+    """State scheduled: the pool slots and run slots it needs before it is dispatched."""
+    lines: list[str] = []
+    if ti.next_method == FAIL_METHOD:
+        lines.append("  its deferral timed out or its trigger failed: it fails when it next runs")
+    elif ti.next_method:
+        lines.append(f"  its trigger fired: it resumes at {ti.next_method}")
+    waits_for: list[str] = []
+    pool = session.get(Pool, ti.pool)
+    if pool is None:
+        lines.append(f"  pool {ti.pool!r} does not exist")
+        waits_for.append(f"pool {ti.pool!r} to be created")
+    else:
+        # free_slots locks the pool row; this session is rolled back when the command ends.
+        free = pools.free_slots(session, [ti.pool]).get(ti.pool, 0)
+        lines.append(
+            f"  pool {ti.pool}: {free} of {pool.slots} slots free, it needs {ti.pool_slots}"
+        )
+        if free < ti.pool_slots:
+            waits_for.append("pool slots")
+    if dag is not None:
+        active = session.scalar(
+            select(func.count())
+            .select_from(TaskInstance)
+            .where(
+                TaskInstance.dag_id == ti.dag_id,
+                TaskInstance.run_id == ti.run_id,
+                TaskInstance.state.in_([TaskState.QUEUED, TaskState.RUNNING]),
+            )
+        )
+        lines.append(
+            f"  DAG max_active_tasks {dag.max_active_tasks}:"
+            f" {active} task(s) of this run queued or running"
+        )
+        if (active or 0) >= dag.max_active_tasks:
+            waits_for.append("a task of this run to finish (max_active_tasks)")
+    if waits_for:
+        lines.append(f"  waits for {' and '.join(waits_for)}")
+    else:
+        lines.append("  nothing holds it back: the scheduler dispatches it on its next pass")
+    return lines
+
+
+def _explain_deferred(
+    session: Session, settings: Settings, ti: TaskInstance, now: dt.datetime
+) -> list[str]:
+    """State deferred: its trigger, the triggerer running it, the resume method and timeout."""
+    trigger = session.get(Trigger, ti.trigger_id) if ti.trigger_id is not None else None
+    if trigger is None:
+        lines = [
+            f"  waits on trigger {ti.trigger_id}, whose row is missing: nothing will resume it"
+            " but its timeout (clear or mark the task)"
+        ]
+    else:
+        lines = [f"  waits on trigger {trigger.id} ({trigger.classpath})"]
+        triggerer = session.get(Triggerer, trigger.triggerer_id) if trigger.triggerer_id else None
+        if trigger.triggerer_id is None:
+            lines.append("  no triggerer has picked the trigger up yet")
+        elif triggerer is None:
+            lines.append(f"  run by triggerer {trigger.triggerer_id}, which is not registered")
+        else:
+            age = max(0.0, (now - triggerer.latest_heartbeat).total_seconds())
+            alive = (
+                triggerer.state == "running" and age <= TAKEOVER_HEARTBEATS * settings.heartbeat_sec
+            )
+            lines.append(
+                f"  run by triggerer {triggerer.name} on {triggerer.hostname} ({triggerer.state}),"
+                f" heartbeat {age:.1f}s ago: {'alive' if alive else 'stale'}"
+            )
+    lines.append(f"  resumes at next_method {ti.next_method}")
+    if ti.trigger_timeout is None:
+        lines.append("  trigger_timeout: none (waits until the trigger fires)")
+    else:
+        left = (ti.trigger_timeout - now).total_seconds()
+        if left >= 0:
+            lines.append(f"  trigger_timeout {_when(ti.trigger_timeout)}: {left:.0f}s left")
+        elif -left <= checklist.EXPIRED_GRACE_SEC:
+            lines.append(
+                f"  trigger_timeout {_when(ti.trigger_timeout)}: passed {-left:.0f}s ago;"
+                " the scheduler fails it within a second"
+            )
+        else:
+            lines.append(
+                f"  trigger_timeout {_when(ti.trigger_timeout)}: passed {-left:.0f}s ago;"
+                " a running scheduler would have failed it (is `scheduler consume` running?)"
+            )
+    return lines
+
+
+def _last_change(session: Session, ti: TaskInstance) -> list[str]:
+    change = session.scalars(
+        select(TaskStateChange)
+        .where(TaskStateChange.task_instance_id == ti.id)
+        .order_by(TaskStateChange.id.desc())
+        .limit(1)
+    ).first()
+    if change is None:
+        return ["  no state change recorded"]
+    reason = (change.reason or "no reason recorded").replace("\n", "\n    ")
+    return [
+        f"  last change: {change.from_state} -> {change.to_state} at {_when(change.at)}: {reason}"
+    ]
+
+
+def _relative(now: dt.datetime, moment: dt.datetime | None) -> str:
+    if moment is None:
+        return "unknown"
+    seconds = (moment - now).total_seconds()
+    return f"in {seconds:.0f}s" if seconds >= 0 else f"{-seconds:.0f}s ago"
+
+
 # -- triggers --------------------------------------------------------------------------------------
 
 
@@ -495,6 +785,218 @@ def _stream_rows(broker: Broker, key: str) -> list[tuple[str, ...]]:
         lag_text = "-" if lag is None else str(lag)
         rows.append((key, length, name, str(pending.count), lag_text, per_consumer or "-"))
     return rows
+
+
+# -- doctor ----------------------------------------------------------------------------------------
+
+
+@main.command("doctor")
+def doctor_command() -> None:
+    """Check why deferred tasks may be stuck; exit 1 if any check fails.
+
+    Prints one line per check, `ok|warn|fail  <check>: <detail>`:
+
+    \b
+    triggerer alive     deferred tasks, but no triggerer heartbeating (fail)
+    capacity            alive triggerers' capacity below the deferred tasks (warn)
+    expired timeouts    deferrals over 10 s past their timeout: no scheduler (fail)
+    orphaned triggers   triggers no task waits on (warn); deferred tasks
+                        whose trigger row is missing (fail)
+    unpublished outbox  outbox rows unpublished for over 30 s: no relay (fail)
+    dead letters        entries in the dead-letter stream (warn)
+    redis data          the epoch key is missing: Redis lost its data (warn)
+    """
+    settings = settings_or_exit()
+    checks: list[checklist.Check] = []
+    try:
+        with _sessions(settings)() as session:
+            checks += _database_checks(session, settings)
+    except SQLAlchemyError as exc:
+        checks.append(_fail_check("database", f"cannot query Postgres: {_first_line(exc)}"))
+    try:
+        broker = Broker.from_url(settings.redis_url, settings.stream_prefix)
+    except (RedisError, RedisVersionError) as exc:
+        checks.append(_fail_check("redis", f"cannot reach Redis: {_first_line(exc)}"))
+    else:
+        try:
+            checks += _redis_checks(broker)
+        except RedisError as exc:
+            checks.append(_fail_check("redis", f"cannot query Redis: {_first_line(exc)}"))
+        finally:
+            broker.close()
+    for check in checks:
+        click.echo(check.line())
+    sys.exit(checklist.exit_code(checks))
+
+
+def _fail_check(name: str, detail: str) -> checklist.Check:
+    return checklist.Check(checklist.Status.FAIL, name, detail)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _database_checks(session: Session, settings: Settings) -> list[checklist.Check]:
+    """Gather the numbers the Postgres checks decide on; ages use the database's clock."""
+    ti = TaskInstance
+    deferred_state = ti.state == TaskState.DEFERRED
+    now: dt.datetime = session.scalars(select(func.now())).one()
+    stale_after = TAKEOVER_HEARTBEATS * settings.heartbeat_sec
+    deferred = session.scalar(select(func.count()).select_from(ti).where(deferred_state)) or 0
+
+    alive: list[Triggerer] = []
+    stale: list[tuple[str, float]] = []
+    for triggerer in session.scalars(select(Triggerer).order_by(Triggerer.name)):
+        age = max(0.0, (now - triggerer.latest_heartbeat).total_seconds())
+        if triggerer.state == "running" and age <= stale_after:
+            alive.append(triggerer)
+        else:
+            name = triggerer.name
+            stale.append(
+                (name if triggerer.state == "running" else f"{name} ({triggerer.state})", age)
+            )
+
+    grace = dt.timedelta(seconds=checklist.EXPIRED_GRACE_SEC)
+    expired, oldest_timeout = session.execute(
+        select(func.count(), func.min(ti.trigger_timeout)).where(
+            deferred_state, ti.trigger_timeout < func.now() - grace
+        )
+    ).one()
+
+    orphans = session.scalars(
+        select(Trigger.id).where(~exists().where(ti.trigger_id == Trigger.id)).order_by(Trigger.id)
+    ).all()
+    stranded = session.execute(
+        select(ti.dag_id, ti.run_id, ti.task_id, ti.map_index)
+        .outerjoin(Trigger, Trigger.id == ti.trigger_id)
+        .where(deferred_state, Trigger.id.is_(None))
+        .order_by(ti.id)
+    ).all()
+
+    stale_outbox = dt.timedelta(seconds=checklist.OUTBOX_STALE_SEC)
+    unpublished, oldest_row = session.execute(
+        select(func.count(), func.min(Outbox.created_at)).where(
+            Outbox.published_at.is_(None), Outbox.created_at < func.now() - stale_outbox
+        )
+    ).one()
+
+    return [
+        checklist.triggerer_alive(deferred, [t.name for t in alive], stale, stale_after),
+        checklist.capacity(deferred, sum(t.capacity for t in alive), len(alive)),
+        checklist.expired_timeouts(expired, _age_seconds(now, oldest_timeout)),
+        checklist.orphaned_triggers(list(orphans), [task_label(*row) for row in stranded]),
+        checklist.unpublished_outbox(unpublished, _age_seconds(now, oldest_row)),
+    ]
+
+
+def _age_seconds(now: dt.datetime, moment: dt.datetime | None) -> float | None:
+    return None if moment is None else max(0.0, (now - moment).total_seconds())
+
+
+def _redis_checks(broker: Broker) -> list[checklist.Check]:
+    dead = broker.keys.dead
+    length = int(broker.redis.xlen(dead))
+    newest_error = None
+    newest = broker.newest(dead) if length else None
+    if newest is not None:
+        raw = newest.fields.get(b"error")
+        newest_error = None if raw is None else raw.decode(errors="replace")
+    epoch = bool(broker.redis.exists(broker.keys.epoch))
+    return [
+        checklist.dead_letters(dead, length, newest_error),
+        checklist.redis_data(broker.keys.epoch, epoch),
+    ]
+
+
+# -- key rotation ----------------------------------------------------------------------------------
+
+
+@main.command("rotate-fernet-key")
+@click.option(
+    "--batch-size",
+    type=click.IntRange(min=1),
+    default=500,
+    show_default=True,
+    help="Rows re-encrypted per transaction.",
+)
+def rotate_fernet_key(batch_size: int) -> None:
+    """Re-encrypt stored kwargs with the first key of DEFERRAL_FERNET_KEY.
+
+    Every trigger.kwargs and task_instance.next_kwargs is decrypted with whichever configured
+    key sealed it and encrypted again with the first key, in batches of --batch-size rows.
+
+    \b
+    To replace a key:
+      1. Add the new key first and keep the old one after it,
+         DEFERRAL_FERNET_KEY=NEW,OLD, on every service and here; restart them.
+      2. Run this command: what OLD sealed is sealed with NEW now.
+      3. Remove the old key, DEFERRAL_FERNET_KEY=NEW, and restart the services.
+
+    A value that no configured key decrypts is reported, one line per table and id, and left as
+    it is; the others are rotated all the same, and the command exits 1.
+
+    Stream entries and outbox rows are not rewritten: a trigger deferred before step 1 keeps a
+    token sealed with OLD in its deferral:triggers entry, and a triggerer that loads it again
+    (after a restart or a takeover) needs OLD to read it. Remove OLD once such triggers have
+    fired.
+    """
+    settings = settings_or_exit()
+    cipher = Cipher(settings.fernet_keys)
+    sessions = _sessions(settings)
+    unreadable = 0
+    columns: list[tuple[type[Trigger] | type[TaskInstance], str]] = [
+        (Trigger, "kwargs"),
+        (TaskInstance, "next_kwargs"),
+    ]
+    for model, column in columns:
+        table = model.__tablename__
+        rotated, bad = _rotate_column(sessions, cipher, model, column, batch_size)
+        left = f", {len(bad)} left as they were (unreadable)" if bad else ""
+        click.echo(f"{table}.{column}: {rotated} row(s) rotated{left}")
+        for row_id in bad:
+            click.echo(
+                f"error: {table} id {row_id}: {column} decrypts with no configured key", err=True
+            )
+        unreadable += len(bad)
+    if unreadable:
+        sys.exit(1)
+
+
+def _rotate_column(
+    sessions: sessionmaker[Session],
+    cipher: Cipher,
+    model: type[Trigger] | type[TaskInstance],
+    column: str,
+    batch_size: int,
+) -> tuple[int, list[int]]:
+    """Re-encrypt ``model.column`` batch by batch (one transaction each, rows locked); return how
+    many rows were rotated and the ids of those no configured key decrypts."""
+    attribute = getattr(model, column)
+    rotated, last_id = 0, 0
+    unreadable: list[int] = []
+    while True:
+        with sessions.begin() as session:
+            rows = session.execute(
+                select(model.id, attribute)
+                .where(model.id > last_id, attribute.is_not(None))
+                .order_by(model.id)
+                .limit(batch_size)
+                .with_for_update()
+            ).all()
+            if not rows:
+                return rotated, unreadable
+            last_id = rows[-1][0]
+            changes: list[dict[str, Any]] = []
+            for row_id, token in rows:
+                try:
+                    changes.append({"id": row_id, column: cipher.rotate(token)})
+                except DecryptionError:  # no key decrypts it, or not a token at all
+                    unreadable.append(row_id)
+            if changes:
+                session.execute(update(model), changes)
+            rotated += len(changes)
 
 
 # -- standalone ------------------------------------------------------------------------------------

@@ -43,4 +43,10 @@ class Cipher:
         return serialization.loads(self.decrypt(token))
 
     def rotate(self, token: str) -> str:
-        return self._fernet.rotate(token.encode("ascii")).decode("ascii")
+        """Re-encrypt with the first key; DecryptionError if no key opens the token."""
+        try:
+            return self._fernet.rotate(token.encode("ascii")).decode("ascii")
+        except (InvalidToken, ValueError, TypeError):
+            raise DecryptionError(
+                "token failed authentication (forged, corrupted or unknown key)"
+            ) from None

@@ -9,16 +9,19 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from sqlalchemy import create_engine, select, text
+from cryptography.fernet import Fernet
+from sqlalchemy import create_engine, select, text, update
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, sessionmaker
 
 from broker.client import Broker
 from broker.streams import GROUP_TRIGGERERS, GROUP_WORKERS
+from deferral import transitions
 from deferral.cli import main as deferral_main
 from deferral.config import Settings
-from deferral.crypto import Cipher
-from deferral.models import DagRun, Trigger, Triggerer
+from deferral.crypto import Cipher, DecryptionError
+from deferral.models import DagRun, Outbox, TaskInstance, Trigger, Triggerer
+from deferral.transitions import NewTaskInstance
 from scheduler.cli import main as scheduler_main
 from tests.conftest import ADMIN_URL
 from tests.integration.factories import DAG_ID, deferred_task, running_task
@@ -53,9 +56,12 @@ def dag_id(write_dag: Callable[[str, str], Path]) -> str:
         (deferral_main, ["tasks", "list"]),
         (deferral_main, ["tasks", "clear"]),
         (deferral_main, ["tasks", "mark"]),
+        (deferral_main, ["tasks", "explain"]),
         (deferral_main, ["triggers", "list"]),
         (deferral_main, ["triggerers", "list"]),
         (deferral_main, ["streams"]),
+        (deferral_main, ["doctor"]),
+        (deferral_main, ["rotate-fernet-key"]),
         (deferral_main, ["standalone"]),
         (triggerer_main, ["consume"]),
         (scheduler_main, ["consume"]),
@@ -279,3 +285,343 @@ def test_streams_shows_lengths_pending_per_consumer_and_lag(
     assert _line_with(shown.output, queue) == [queue, "1", GROUP_WORKERS, "0", lag, "-"]
     assert _line_with(shown.output, broker.keys.dead) == [broker.keys.dead, "1", "-", "-", "-", "-"]
     assert _line_with(shown.output, broker.keys.events)[1] == "missing"
+
+
+# -- doctor ----------------------------------------------------------------------------------------
+
+DOCTOR_CHECKS = {
+    "triggerer alive",
+    "capacity",
+    "expired timeouts",
+    "orphaned triggers",
+    "unpublished outbox",
+    "dead letters",
+    "redis data",
+}
+
+
+def _doctor() -> tuple[int, dict[str, tuple[str, str]]]:
+    """Run `deferral doctor`; return its exit code and check name -> (status, detail)."""
+    result = CliRunner().invoke(deferral_main, ["doctor"])
+    checks: dict[str, tuple[str, str]] = {}
+    for line in result.output.splitlines():
+        status, _, rest = line.partition("  ")
+        name, _, detail = rest.partition(": ")
+        assert status in ("ok", "warn", "fail"), result.output
+        checks[name] = (status, detail)
+    assert set(checks) == DOCTOR_CHECKS, result.output
+    return result.exit_code, checks
+
+
+def _add_triggerer(
+    sessions: sessionmaker[Session], name: str, *, age_sec: float = 0, capacity: int = 100
+) -> None:
+    with sessions.begin() as session:
+        triggerer = Triggerer(
+            name=name, hostname="h", pid=1, capacity=capacity, load=0, state="running"
+        )
+        if age_sec:
+            triggerer.latest_heartbeat = dt.datetime.now(dt.UTC) - dt.timedelta(seconds=age_sec)
+        session.add(triggerer)
+
+
+@pytest.fixture
+def slow_heartbeat(settings: Settings, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Triggerers stale after 21 s: slack for slow hosts between inserting a row and the check."""
+    monkeypatch.setenv("DEFERRAL_HEARTBEAT_SEC", "10")
+
+
+@pytest.mark.usefixtures("slow_heartbeat")
+def test_doctor_is_all_ok_on_a_healthy_system(
+    settings: Settings, sessions: sessionmaker[Session], cipher: Cipher, broker: Broker
+) -> None:
+    _add_triggerer(sessions, "live")
+    deferred_task(sessions, cipher, trigger_timeout=dt.datetime.now(dt.UTC) + dt.timedelta(hours=1))
+    broker.redis.set(broker.keys.epoch, "scheduler-1")
+
+    code, checks = _doctor()
+    assert code == 0
+    assert {status for status, _ in checks.values()} == {"ok"}, checks
+    assert checks["triggerer alive"][1] == "1 triggerer alive: live"
+    assert checks["capacity"][1] == "1 deferred task, capacity 100 on 1 alive triggerer"
+
+
+@pytest.mark.usefixtures("slow_heartbeat")
+def test_doctor_fails_deferred_tasks_without_a_live_triggerer(
+    settings: Settings, sessions: sessionmaker[Session], cipher: Cipher, broker: Broker
+) -> None:
+    _add_triggerer(sessions, "old", age_sec=60)
+    deferred_task(sessions, cipher)
+
+    code, checks = _doctor()
+    assert code == 1
+    status, detail = checks["triggerer alive"]
+    assert status == "fail"
+    assert "1 deferred task but no triggerer is alive (heartbeat within 21s)" in detail
+    assert "last heartbeats: old " in detail
+    assert checks["capacity"][0] == "warn"
+
+
+@pytest.mark.usefixtures("slow_heartbeat")
+def test_doctor_fails_on_deferrals_long_past_their_timeout(
+    settings: Settings, sessions: sessionmaker[Session], cipher: Cipher, broker: Broker
+) -> None:
+    _add_triggerer(sessions, "live")
+    now = dt.datetime.now(dt.UTC)
+    deferred_task(sessions, cipher, run_id="r1", trigger_timeout=now - dt.timedelta(seconds=60))
+    # Just passed: the scheduler has a few seconds to fail it before it counts.
+    deferred_task(sessions, cipher, run_id="r2", trigger_timeout=now - dt.timedelta(seconds=1))
+
+    code, checks = _doctor()
+    assert code == 1
+    status, detail = checks["expired timeouts"]
+    assert status == "fail" and detail.startswith("1 deferred task past trigger_timeout")
+    assert checks["triggerer alive"][0] == "ok"
+
+
+def test_doctor_warns_on_orphaned_triggers_and_fails_on_tasks_without_one(
+    settings: Settings, sessions: sessionmaker[Session], cipher: Cipher, broker: Broker
+) -> None:
+    with sessions.begin() as session:
+        orphan = transitions.create_trigger(session, "x.Trigger", cipher.seal({}), "f")
+
+    code, checks = _doctor()
+    assert code == 0
+    assert checks["orphaned triggers"] == ("warn", f"1 trigger no task waits on (id {orphan})")
+
+    ti_id, trigger_id = deferred_task(sessions, cipher, task_id="lost")
+    with sessions.begin() as session:
+        session.execute(
+            update(TaskInstance).where(TaskInstance.id == ti_id).values(trigger_id=None)
+        )
+
+    code, checks = _doctor()
+    assert code == 1
+    status, detail = checks["orphaned triggers"]
+    assert status == "fail"
+    assert f"1 deferred task without a trigger row ({DAG_ID}.r1.lost)" in detail
+    assert f"2 triggers no task waits on (id {orphan}, {trigger_id})" in detail
+
+
+def test_doctor_fails_on_outbox_rows_left_unpublished(
+    settings: Settings, sessions: sessionmaker[Session], broker: Broker
+) -> None:
+    long_ago = dt.datetime.now(dt.UTC) - dt.timedelta(minutes=5)
+    with sessions.begin() as session:
+        session.add(Outbox(stream="s", fields={}, created_at=long_ago))
+        session.add(Outbox(stream="s", fields={}, created_at=long_ago, published_at=long_ago))
+        session.add(Outbox(stream="s", fields={}))  # just written: the relay has time yet
+
+    code, checks = _doctor()
+    assert code == 1
+    status, detail = checks["unpublished outbox"]
+    assert status == "fail" and detail.startswith("1 outbox row unpublished for more than 30s")
+
+
+def test_doctor_warns_on_dead_letters_and_a_missing_epoch(
+    settings: Settings, sessions: sessionmaker[Session], broker: Broker
+) -> None:
+    code, checks = _doctor()
+    assert checks["dead letters"] == ("ok", f"{broker.keys.dead} is empty")
+    assert checks["redis data"][0] == "warn"
+    assert "Redis lost its data or no scheduler has started" in checks["redis data"][1]
+    assert code == 0  # warnings only
+
+    broker.publish(broker.keys.dead, {"error": "first boom"})
+    broker.publish(broker.keys.dead, {"error": "second boom", "deliveries": "1"})
+    broker.redis.set(broker.keys.epoch, "scheduler-1")
+
+    code, checks = _doctor()
+    assert code == 0
+    assert checks["dead letters"] == (
+        "warn",
+        f"2 entries in {broker.keys.dead}; newest error: second boom",
+    )
+    assert checks["redis data"][0] == "ok"
+
+
+# -- tasks explain ---------------------------------------------------------------------------------
+
+
+def _explain(*args: str) -> tuple[int, list[str]]:
+    result = CliRunner().invoke(deferral_main, ["tasks", "explain", *args])
+    return result.exit_code, result.output.splitlines()
+
+
+def _run_of(sessions: sessionmaker[Session], dag_id: str, task_ids: list[str]) -> dict[str, int]:
+    """A running DAG run r1 with task instances (state none); task id -> instance id."""
+    with sessions.begin() as session:
+        transitions.create_dag_run(session, dag_id, "r1", dt.datetime.now(dt.UTC), {})
+        run = session.scalars(select(DagRun)).one()
+        transitions.start_dag_run(
+            session, run, [NewTaskInstance(t, 0, "default_pool", 1, "default", 1) for t in task_ids]
+        )
+    with sessions() as session:
+        return dict(session.execute(select(TaskInstance.task_id, TaskInstance.id)).all())
+
+
+@pytest.mark.usefixtures("slow_heartbeat")
+def test_explain_a_deferred_task_names_its_trigger_triggerer_and_resume_method(
+    settings: Settings, sessions: sessionmaker[Session], cipher: Cipher
+) -> None:
+    timeout = dt.datetime.now(dt.UTC) + dt.timedelta(hours=1)
+    _, trigger_id = deferred_task(sessions, cipher, trigger_timeout=timeout)
+    _add_triggerer(sessions, "tr-1")
+    with sessions.begin() as session:
+        session.get_one(Trigger, trigger_id).triggerer_id = "tr-1"
+
+    code, lines = _explain(DAG_ID, "r1", "t")
+    assert code == 0, lines
+    assert lines[0] == f"{DAG_ID}.r1.t: deferred (try 1 of at most 1)"
+    text = "\n".join(lines)
+    assert f"  waits on trigger {trigger_id} (deferral.triggers.temporal.DateTimeTrigger)" in lines
+    assert "  run by triggerer tr-1 on h (running), heartbeat " in text and ": alive" in text
+    assert "  resumes at next_method resume" in lines
+    assert "s left" in text  # about 3600 s
+    assert "not in the DAGs folder" in text  # the factory DAG has no file
+
+
+def test_explain_a_waiting_task_names_its_upstream_and_their_states(
+    settings: Settings, sessions: sessionmaker[Session], dag_id: str
+) -> None:
+    ids = _run_of(sessions, dag_id, ["a", "b"])
+    with sessions.begin() as session:
+        transitions.schedule(session, [ids["a"]])
+        transitions.dispatch(session, [ids["a"]])
+        assert transitions.start(session, ids["a"], 1, "host", "w1") is not None
+
+    code, lines = _explain(dag_id, "r1", "b")
+    assert code == 0, lines
+    assert lines == [
+        f"{dag_id}.r1.b: none (try 0 of at most 1)",
+        "  trigger rule all_success: waits for every upstream task to succeed",
+        "  upstream a: running",
+        "  not decided yet: waits for a to finish",
+    ]
+
+    code, lines = _explain(dag_id, "r1", "a")
+    assert code == 0 and lines[0] == f"{dag_id}.r1.a: running (try 1 of at most 1)"
+    assert lines[1].startswith("  running since ") and "on host (worker w1)" in lines[1]
+
+
+def test_explain_a_scheduled_task_shows_its_pool_and_run_slots(
+    settings: Settings, sessions: sessionmaker[Session], dag_id: str
+) -> None:
+    ids = _run_of(sessions, dag_id, ["a", "b"])
+    with sessions.begin() as session:
+        transitions.schedule(session, [ids["a"]])
+
+    code, lines = _explain(dag_id, "r1", "a")
+    assert code == 0, lines
+    assert lines[1:] == [
+        "  pool default_pool: 128 of 128 slots free, it needs 1",
+        "  DAG max_active_tasks 16: 0 task(s) of this run queued or running",
+        "  nothing holds it back: the scheduler dispatches it on its next pass",
+    ]
+
+
+def test_explain_a_finished_task_gives_the_last_reason(
+    settings: Settings, sessions: sessionmaker[Session]
+) -> None:
+    ti_id = running_task(sessions)
+    with sessions.begin() as session:
+        transitions.fail(session, ti_id, "ValueError: boom", allow_retry=False)
+
+    code, lines = _explain(DAG_ID, "r1", "t")
+    assert code == 0, lines
+    assert lines[0] == f"{DAG_ID}.r1.t: failed (try 1 of at most 1)"
+    assert lines[-1].startswith("  last change: running -> failed at ")
+    assert lines[-1].endswith(": ValueError: boom")
+
+
+def test_explain_refuses_an_unknown_dag_run_or_task_in_one_line(
+    settings: Settings, sessions: sessionmaker[Session], dag_id: str
+) -> None:
+    _run_of(sessions, dag_id, ["a", "b"])
+    for args, message in [
+        ((dag_id, "r1", "nope"), f"error: DAG '{dag_id}' has no task 'nope'"),
+        ((dag_id, "r9", "a"), f"error: DAG '{dag_id}' has no run 'r9'"),
+        (("no_such_dag", "r1", "a"), "error: DAG 'no_such_dag' not found in "),
+    ]:
+        code, lines = _explain(*args)
+        assert code == 1
+        assert len(lines) == 1 and lines[0].startswith(message), lines
+
+
+# -- rotate-fernet-key -----------------------------------------------------------------------------
+
+
+def _sealed(sessions: sessionmaker[Session]) -> tuple[dict[int, str], dict[int, str]]:
+    """Every trigger.kwargs and task_instance.next_kwargs token, by row id."""
+    with sessions() as session:
+        kwargs = dict(session.execute(select(Trigger.id, Trigger.kwargs)).all())
+        next_kwargs = dict(
+            session.execute(
+                select(TaskInstance.id, TaskInstance.next_kwargs).where(
+                    TaskInstance.next_kwargs.is_not(None)
+                )
+            ).all()
+        )
+    return kwargs, {k: v for k, v in next_kwargs.items() if v is not None}
+
+
+def test_rotate_fernet_key_reseals_every_row_with_the_first_key(
+    settings: Settings,
+    sessions: sessionmaker[Session],
+    cipher: Cipher,
+    fernet_key: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    for n in range(3):
+        deferred_task(sessions, cipher, run_id=f"r{n}", next_kwargs={"n": n, "secret": "s3"})
+    before = _sealed(sessions)
+    opened = [{i: cipher.open(t) for i, t in column.items()} for column in before]
+
+    new_key = Fernet.generate_key().decode()
+    monkeypatch.setenv("DEFERRAL_FERNET_KEY", f"{new_key},{fernet_key}")
+    result = CliRunner().invoke(deferral_main, ["rotate-fernet-key", "--batch-size", "2"])
+    assert result.exit_code == 0, result.output
+    assert result.output.splitlines() == [
+        "trigger.kwargs: 3 row(s) rotated",
+        "task_instance.next_kwargs: 3 row(s) rotated",
+    ]
+
+    after = _sealed(sessions)
+    new_only, old_only = Cipher([new_key]), Cipher([fernet_key])
+    assert [{i: new_only.open(t) for i, t in column.items()} for column in after] == opened
+    for column in after:
+        for token in column.values():
+            with pytest.raises(DecryptionError):
+                old_only.open(token)
+
+
+def test_rotate_fernet_key_reports_rows_no_key_decrypts_and_rotates_the_rest(
+    settings: Settings,
+    sessions: sessionmaker[Session],
+    cipher: Cipher,
+    fernet_key: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    ti_ok, trigger_ok = deferred_task(sessions, cipher, run_id="r1", next_kwargs={"a": 1})
+    ti_bad, trigger_bad = deferred_task(sessions, cipher, run_id="r2")
+    unknown = Cipher([Fernet.generate_key().decode()])
+    with sessions.begin() as session:
+        session.get_one(Trigger, trigger_bad).kwargs = unknown.seal({"lost": True})
+        session.get_one(TaskInstance, ti_bad).next_kwargs = unknown.seal({"lost": True})
+    before = _sealed(sessions)
+
+    new_key = Fernet.generate_key().decode()
+    monkeypatch.setenv("DEFERRAL_FERNET_KEY", f"{new_key},{fernet_key}")
+    result = CliRunner().invoke(deferral_main, ["rotate-fernet-key"])
+    assert result.exit_code == 1, result.output
+    lines = result.output.splitlines()
+    assert "trigger.kwargs: 1 row(s) rotated, 1 left as they were (unreadable)" in lines
+    assert "task_instance.next_kwargs: 1 row(s) rotated, 1 left as they were (unreadable)" in lines
+    assert f"error: trigger id {trigger_bad}: kwargs decrypts with no configured key" in lines
+    assert f"error: task_instance id {ti_bad}: next_kwargs decrypts with no configured key" in lines
+
+    kwargs, next_kwargs = _sealed(sessions)
+    new_only = Cipher([new_key])
+    assert new_only.open(kwargs[trigger_ok]) == cipher.open(before[0][trigger_ok])
+    assert new_only.open(next_kwargs[ti_ok]) == {"a": 1}
+    assert (kwargs[trigger_bad], next_kwargs[ti_bad]) == (before[0][trigger_bad], before[1][ti_bad])
