@@ -1,5 +1,13 @@
 from deferral.triggers.base import BaseTrigger, TriggerEvent
 from deferral.triggers.file import FileTrigger
+from deferral.triggers.http import HttpTrigger
 from deferral.triggers.temporal import DateTimeTrigger, TimeDeltaTrigger
 
-__all__ = ["BaseTrigger", "DateTimeTrigger", "FileTrigger", "TimeDeltaTrigger", "TriggerEvent"]
+__all__ = [
+    "BaseTrigger",
+    "DateTimeTrigger",
+    "FileTrigger",
+    "HttpTrigger",
+    "TimeDeltaTrigger",
+    "TriggerEvent",
+]
