@@ -36,6 +36,8 @@ class RuntimeTaskInstance:
     map_index: int
     try_number: int
     xcoms: XComBackend
+    # When this try first started; it runs across deferrals and reschedules.
+    first_started_at: dt.datetime
 
     def xcom_push(self, key: str, value: Any) -> None:
         self.xcoms.push(self.id, key, value)

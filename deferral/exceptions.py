@@ -56,3 +56,12 @@ class SensorTimeout(FailTask):
 
 class TaskExecutionTimeout(DeferralException):
     """The task ran past its execution_timeout (counted from its try's first start)."""
+
+
+class RescheduleTask(DeferralException):
+    """Frees the worker slot and runs the task again at ``reschedule_date`` (same try): what a
+    sensor in ``mode="reschedule"`` raises when its poke says "not yet"."""
+
+    def __init__(self, reschedule_date: dt.datetime) -> None:
+        super().__init__(reschedule_date)
+        self.reschedule_date = reschedule_date

@@ -1,7 +1,8 @@
 """Sensors: tasks that wait for a condition.
 
-``BaseSensorOperator`` pokes in the worker slot (mode ``poke``) or, with ``deferrable=True``, hands
-the wait to a trigger. The ``*Async`` sensors always defer.
+``BaseSensorOperator`` pokes in the worker slot (mode ``poke``), frees the slot between pokes
+(mode ``reschedule``: state up_for_reschedule until the next poke), or, with ``deferrable=True``,
+hands the wait to a trigger. The ``*Async`` sensors always defer.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from deferral.baseoperator import BaseOperator
 from deferral.config import default_deferrable
 from deferral.context import Context
 from deferral.dag import DagDefinitionError
-from deferral.exceptions import SensorTimeout, SkipTask
+from deferral.exceptions import RescheduleTask, SensorTimeout, SkipTask
 from deferral.triggers import DateTimeTrigger, FileTrigger
 
 RESUME_METHOD = "execute_complete"
@@ -35,10 +36,9 @@ class BaseSensorOperator(BaseOperator):
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
-        if mode != "poke":
-            # reschedule mode needs UP_FOR_RESCHEDULE handling in the scheduler: not built yet.
+        if mode not in ("poke", "reschedule"):
             raise DagDefinitionError(
-                f"task {self.task_id!r}: sensor mode {mode!r} is not supported"
+                f"task {self.task_id!r}: sensor mode {mode!r} is not 'poke' or 'reschedule'"
             )
         self.poke_interval = float(poke_interval)
         self.timeout = float(timeout)
@@ -52,6 +52,8 @@ class BaseSensorOperator(BaseOperator):
         raise NotImplementedError(f"{type(self).__name__} must implement poke()")
 
     def execute(self, context: Context) -> Any:
+        if self.mode == "reschedule":
+            return self._poke_or_reschedule(context)
         started = time.monotonic()
         interval = self.poke_interval
         while not self.poke(context):
@@ -61,6 +63,16 @@ class BaseSensorOperator(BaseOperator):
             if self.exponential_backoff:
                 interval = min(interval * 2, self.max_wait or float("inf"))
         return None
+
+    def _poke_or_reschedule(self, context: Context) -> None:
+        """One poke; "not yet" frees the slot until the next poke (state up_for_reschedule).
+        The timeout counts from the try's first poke, across reschedules."""
+        if self.poke(context):
+            return None
+        now = dt.datetime.now(dt.UTC)
+        if (now - context["ti"].first_started_at).total_seconds() > self.timeout:
+            self._timed_out()
+        raise RescheduleTask(now + dt.timedelta(seconds=self.poke_interval))
 
     def _timed_out(self) -> None:
         message = f"sensor {self.task_id!r} timed out after {self.timeout:g}s"

@@ -22,7 +22,14 @@ from sqlalchemy.orm import Session
 
 from deferral import xcom
 from deferral.crypto import Cipher
-from deferral.models import DagRun, ResumeEvent, TaskInstance, TaskStateChange, Trigger
+from deferral.models import (
+    DagRun,
+    ResumeEvent,
+    TaskInstance,
+    TaskReschedule,
+    TaskStateChange,
+    Trigger,
+)
 from deferral.states import FAIL_METHOD, DagRunState, TaskState
 
 TI = TaskInstance
@@ -167,6 +174,19 @@ def retry(session: Session, ids: Iterable[int]) -> list[int]:
     )
 
 
+def poke_again(session: Session, ids: Iterable[int]) -> list[int]:
+    """up_for_reschedule -> scheduled once its reschedule date has come (same try)."""
+    return _move(
+        session,
+        ids,
+        TaskState.UP_FOR_RESCHEDULE,
+        TaskState.SCHEDULED,
+        "reschedule due",
+        start_date=None,
+        end_date=None,
+    )
+
+
 def never_run(session: Session, ids: Iterable[int], to_state: TaskState, reason: str) -> list[int]:
     """none -> skipped / upstream_failed, decided by a trigger rule."""
     return _move(session, ids, TaskState.NONE, to_state, reason, end_date=func.now())
@@ -278,6 +298,30 @@ def fail(
         session, [ti_id], TaskState.RUNNING, to_state, error, end_date=func.now(), **_END_OF_ATTEMPT
     )
     return to_state
+
+
+def reschedule(session: Session, ti_id: int, reschedule_date: dt.datetime) -> bool:
+    """running -> up_for_reschedule until ``reschedule_date`` (same try; the slot is freed)."""
+    ti = session.get(TI, ti_id)
+    moved = _move(
+        session,
+        [ti_id],
+        TaskState.RUNNING,
+        TaskState.UP_FOR_RESCHEDULE,
+        f"poke again at {reschedule_date.isoformat()}",
+        end_date=func.now(),
+    )
+    if moved and ti is not None:
+        session.add(
+            TaskReschedule(
+                task_instance_id=ti_id,
+                try_number=ti.try_number,
+                start_date=ti.start_date or func.now(),
+                end_date=func.now(),
+                reschedule_date=reschedule_date,
+            )
+        )
+    return bool(moved)
 
 
 def create_trigger(session: Session, classpath: str, kwargs_token: str, fingerprint: str) -> int:

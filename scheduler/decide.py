@@ -70,6 +70,10 @@ def choose_dispatch(
     return chosen
 
 
+def reschedule_due(now: dt.datetime, reschedule_date: dt.datetime) -> bool:
+    return reschedule_date <= now
+
+
 def dispatch_budget(max_active_tasks: int, states: Mapping[str, str]) -> int:
     """How many more tasks of one run may be queued or running now."""
     active = sum(1 for s in states.values() if s in (TaskState.QUEUED, TaskState.RUNNING))

@@ -12,7 +12,7 @@ import logging
 import threading
 from collections.abc import Sequence
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from broker import outbox
@@ -34,7 +34,7 @@ from deferral.crypto import Cipher
 from deferral.dag import DAG
 from deferral.dagbag import DagBag, DagNotFound
 from deferral.db import make_engine, make_sessionmaker
-from deferral.models import DagRun, Outbox, TaskInstance
+from deferral.models import DagRun, Outbox, TaskInstance, TaskReschedule
 from deferral.process import Every
 from deferral.serialization import SerializationError
 from deferral.states import DagRunState, TaskState
@@ -160,6 +160,8 @@ class SchedulerService:
         ]
         for ti_id in transitions.retry(session, due):
             states[_task_of(tis, ti_id)] = TaskState.SCHEDULED
+        for ti_id in transitions.poke_again(session, self._reschedules_due(session, tis, now)):
+            states[_task_of(tis, ti_id)] = TaskState.SCHEDULED
 
         staged = self._dispatch(session, run, dag, tis, states)
 
@@ -168,6 +170,20 @@ class SchedulerService:
             transitions.finish_dag_run(session, run, outcome)
             log.info("run %s of DAG %s finished: %s", run.run_id, run.dag_id, outcome)
         return staged
+
+    @staticmethod
+    def _reschedules_due(
+        session: Session, tis: Sequence[TaskInstance], now: dt.datetime
+    ) -> list[int]:
+        waiting = [ti.id for ti in tis if ti.state == TaskState.UP_FOR_RESCHEDULE]
+        if not waiting:
+            return []
+        latest = session.execute(
+            select(TaskReschedule.task_instance_id, func.max(TaskReschedule.reschedule_date))
+            .where(TaskReschedule.task_instance_id.in_(waiting))
+            .group_by(TaskReschedule.task_instance_id)
+        ).all()
+        return [ti_id for ti_id, when in latest if decide.reschedule_due(now, when)]
 
     @staticmethod
     def _task_instances(session: Session, run: DagRun) -> Sequence[TaskInstance]:

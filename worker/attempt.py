@@ -24,6 +24,7 @@ from deferral.dagbag import DagBag
 from deferral.db import make_engine, make_sessionmaker
 from deferral.exceptions import (
     FailTask,
+    RescheduleTask,
     SkipTask,
     TaskDeferralError,
     TaskDeferralTimeout,
@@ -35,7 +36,15 @@ from deferral.states import FAIL_METHOD
 from deferral.triggers.base import BaseTrigger
 from deferral.xcom import DatabaseXComs
 from worker import decide
-from worker.outcomes import AttemptRequest, Deferred, Failed, Outcome, Skipped, Succeeded
+from worker.outcomes import (
+    AttemptRequest,
+    Deferred,
+    Failed,
+    Outcome,
+    Rescheduled,
+    Skipped,
+    Succeeded,
+)
 
 
 @cache
@@ -89,6 +98,7 @@ def _context(request: AttemptRequest, task: BaseOperator) -> Context:
         map_index=request.map_index,
         try_number=request.try_number,
         xcoms=_xcoms(),
+        first_started_at=request.first_started_at,
     )
     return {
         "ti": ti,
@@ -165,6 +175,8 @@ def execute_attempt(request: AttemptRequest) -> Outcome:
         return _deferral(task, deferred, deadline)
     except SkipTask as exc:
         return Skipped(_one_line(exc))
+    except RescheduleTask as exc:
+        return Rescheduled(exc.reschedule_date)
     except FailTask as exc:
         return _failed(exc, allow_retry=False)
     except Exception as exc:

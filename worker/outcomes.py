@@ -52,4 +52,9 @@ class Deferred:
     trigger_timeout: dt.datetime | None
 
 
-Outcome = Succeeded | Skipped | Failed | Deferred
+@dataclass(frozen=True)
+class Rescheduled:
+    reschedule_date: dt.datetime
+
+
+Outcome = Succeeded | Skipped | Failed | Deferred | Rescheduled

@@ -39,7 +39,15 @@ from deferral.models import DagRun, Outbox, TaskInstance
 from deferral.process import Every, die_with_parent
 from deferral.serialization import SerializationError
 from worker.attempt import execute_attempt
-from worker.outcomes import AttemptRequest, Deferred, Failed, Outcome, Skipped, Succeeded
+from worker.outcomes import (
+    AttemptRequest,
+    Deferred,
+    Failed,
+    Outcome,
+    Rescheduled,
+    Skipped,
+    Succeeded,
+)
 
 log = logging.getLogger("deferral.worker")
 
@@ -239,6 +247,9 @@ class WorkerService:
             if isinstance(outcome, Succeeded):
                 transitions.succeed(session, ti_id, outcome.return_value)
                 log.info("%s succeeded", running.label)
+            elif isinstance(outcome, Rescheduled):
+                transitions.reschedule(session, ti_id, outcome.reschedule_date)
+                log.info("%s pokes again at %s", running.label, outcome.reschedule_date)
             elif isinstance(outcome, Skipped):
                 transitions.skip(session, ti_id, outcome.reason)
                 log.info("%s skipped: %s", running.label, outcome.reason)

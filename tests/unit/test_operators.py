@@ -12,7 +12,7 @@ import pytest
 from deferral import DAG
 from deferral.context import Context, DagRunInfo, RuntimeTaskInstance
 from deferral.dag import DagDefinitionError
-from deferral.exceptions import SensorTimeout, SkipTask, TaskDeferred
+from deferral.exceptions import RescheduleTask, SensorTimeout, SkipTask, TaskDeferred
 from deferral.operators import EmptyOperator, PythonOperator
 from deferral.sensors import (
     BaseSensorOperator,
@@ -38,7 +38,9 @@ class MemoryXComs:
         return f"{dag_id}/{run_id}/{task_id}/{key}/{map_index}"
 
 
-def make_context(task: Any, logical_date: dt.datetime = LOGICAL) -> Context:
+def make_context(
+    task: Any, logical_date: dt.datetime = LOGICAL, first_started_at: dt.datetime | None = None
+) -> Context:
     dag = task.dag or DAG("ctx_dag")
     ti = RuntimeTaskInstance(
         id=7,
@@ -48,6 +50,7 @@ def make_context(task: Any, logical_date: dt.datetime = LOGICAL) -> Context:
         map_index=-1,
         try_number=1,
         xcoms=MemoryXComs(),
+        first_started_at=first_started_at or dt.datetime.now(dt.UTC),
     )
     return {
         "ti": ti,
@@ -305,3 +308,44 @@ def test_file_sensor_poke_mode(tmp_path: Path) -> None:
     target.write_text("x")
     assert sensor.poke(make_context(sensor)) is True
     assert sensor.execute(make_context(sensor)) is None
+
+
+# -- reschedule mode ----------------------------------------------------------------------------
+
+
+class Flag(BaseSensorOperator):
+    def __init__(self, *, ready: bool, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.ready = ready
+
+    def poke(self, context: Context) -> bool:
+        return self.ready
+
+
+def test_reschedule_mode_frees_the_slot_until_the_next_poke() -> None:
+    sensor = Flag(task_id="flag", ready=False, mode="reschedule", poke_interval=30)
+    before = dt.datetime.now(dt.UTC)
+    with pytest.raises(RescheduleTask) as info:
+        sensor.execute(make_context(sensor))
+    assert before + dt.timedelta(seconds=30) <= info.value.reschedule_date
+    assert info.value.reschedule_date <= dt.datetime.now(dt.UTC) + dt.timedelta(seconds=30)
+
+
+def test_reschedule_mode_returns_when_the_poke_succeeds() -> None:
+    sensor = Flag(task_id="flag", ready=True, mode="reschedule")
+    assert sensor.execute(make_context(sensor)) is None
+
+
+@pytest.mark.parametrize(("soft_fail", "raised"), [(False, SensorTimeout), (True, SkipTask)])
+def test_reschedule_mode_times_out_from_the_tries_first_poke(
+    soft_fail: bool, raised: type[Exception]
+) -> None:
+    sensor = Flag(task_id="flag", ready=False, mode="reschedule", timeout=60, soft_fail=soft_fail)
+    long_ago = dt.datetime.now(dt.UTC) - dt.timedelta(minutes=2)
+    with pytest.raises(raised, match="timed out after 60s"):
+        sensor.execute(make_context(sensor, first_started_at=long_ago))
+
+
+def test_an_unknown_sensor_mode_is_refused_naming_it() -> None:
+    with pytest.raises(DagDefinitionError, match="sensor mode 'sometimes' is not"):
+        Flag(task_id="flag", ready=True, mode="sometimes")
