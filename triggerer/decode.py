@@ -58,6 +58,20 @@ def load_trigger_class(classpath: str, prefixes: Sequence[str]) -> type[BaseTrig
 
 
 def decode_entry(entry: Entry, cipher: Cipher, prefixes: Sequence[str]) -> Decoded:
+    """The trigger an entry asks for, or RejectedEntry saying why not. Whatever goes wrong with
+    one entry is a rejection: an entry must never be able to crash the triggerer, or it would
+    crash every triggerer that takes it over in turn."""
+    try:
+        return _decode(entry, cipher, prefixes)
+    except RejectedEntry:
+        raise
+    except Exception as exc:
+        raise RejectedEntry(
+            f"rejected trigger entry: {type(exc).__name__}: {exc}", _clear_trigger_id(entry)
+        ) from None
+
+
+def _decode(entry: Entry, cipher: Cipher, prefixes: Sequence[str]) -> Decoded:
     trigger_id = _clear_trigger_id(entry)
     try:
         message = from_fields(TriggerMessage, entry.fields)

@@ -313,3 +313,13 @@ def test_load_trigger_class() -> None:
     assert load_trigger_class(DT_CLASSPATH, ALLOWED) is DateTimeTrigger
     with pytest.raises(ValueError, match="outside DEFERRAL_TRIGGER_MODULES"):
         load_trigger_class(DT_CLASSPATH, ())
+
+
+def test_an_unexpected_error_is_a_rejection_not_a_crash(monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken(classpath: str, prefixes: Any) -> type[BaseTrigger]:
+        raise RuntimeError("importer exploded")
+
+    monkeypatch.setattr(decode, "load_trigger_class", broken)
+    error = rejected(make_entry(trigger_id=9))
+    assert str(error) == "rejected trigger entry: RuntimeError: importer exploded"
+    assert error.trigger_id == 9
