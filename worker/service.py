@@ -197,15 +197,19 @@ class WorkerService:
         log.info("running %s try %d%s", message.task, try_number, resuming)
 
     def _request(self, session: Session, ti: TaskInstance) -> AttemptRequest | None:
-        """Build the child's request; a task whose resume kwargs cannot be opened fails here."""
+        """Build the child's request; a task that cannot be run (its run is gone, its resume
+        kwargs cannot be opened) fails here, with the reason, instead of blocking the queue."""
         run = session.scalars(
             select(DagRun).where(DagRun.dag_id == ti.dag_id, DagRun.run_id == ti.run_id)
-        ).one()
+        ).one_or_none()
         try:
+            if run is None:
+                raise LookupError(f"DAG run {ti.dag_id} {ti.run_id} no longer exists")
             next_kwargs = self.cipher.open(ti.next_kwargs) if ti.next_kwargs else None
-        except (DecryptionError, SerializationError) as exc:
-            transitions.fail(session, ti.id, f"cannot read next_kwargs: {exc}", allow_retry=False)
-            log.error("failed task instance %d: cannot read next_kwargs: %s", ti.id, exc)
+        except (LookupError, DecryptionError, SerializationError) as exc:
+            reason = f"cannot run: {exc}"
+            transitions.fail(session, ti.id, reason, allow_retry=False)
+            log.error("failed task instance %d: %s", ti.id, reason)
             return None
         assert ti.first_started_at is not None
         return AttemptRequest(

@@ -1,0 +1,75 @@
+"""A queue entry whose task cannot be run fails that task with the reason and leaves the queue
+moving (no crash, no entry left behind)."""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Iterator
+
+import pytest
+from sqlalchemy import delete, select
+from sqlalchemy.orm import Session, sessionmaker
+
+from broker.client import Broker
+from broker.streams import GROUP_WORKERS, queue_message, to_fields
+from deferral import transitions
+from deferral.config import Settings
+from deferral.models import DagRun, TaskInstance, TaskStateChange
+from deferral.transitions import NewTaskInstance
+from worker.service import WorkerService
+
+
+@pytest.fixture
+def worker(settings: Settings) -> Iterator[WorkerService]:
+    service = WorkerService(settings, queue="default", concurrency=1, name="w")
+    service.broker.ensure_group(service.stream, GROUP_WORKERS)
+    yield service
+    service.pool.shutdown()
+    service.broker.close()
+
+
+def _queued(sessions: sessionmaker[Session], *, next_kwargs: str | None = None) -> int:
+    with sessions.begin() as session:
+        transitions.create_dag_run(session, "d", "r1", dt.datetime.now(dt.UTC), {})
+        run = session.scalars(select(DagRun)).one()
+        transitions.start_dag_run(
+            session, run, [NewTaskInstance("t", 0, "default_pool", 1, "default", 1)]
+        )
+        ti = session.scalars(select(TaskInstance)).one()
+        ti.next_method, ti.next_kwargs = ("resume", next_kwargs) if next_kwargs else (None, None)
+        transitions.schedule(session, [ti.id])
+        transitions.dispatch(session, [ti.id])
+        return ti.id
+
+
+def _last_reason(sessions: sessionmaker[Session], ti_id: int) -> tuple[str, str | None]:
+    with sessions() as session:
+        change = session.scalars(
+            select(TaskStateChange)
+            .where(TaskStateChange.task_instance_id == ti_id)
+            .order_by(TaskStateChange.id.desc())
+        ).first()
+        assert change is not None
+        return change.to_state, change.reason
+
+
+@pytest.mark.parametrize("fault", ["unreadable next_kwargs", "run deleted"])
+def test_a_task_that_cannot_run_fails_with_the_reason(
+    worker: WorkerService, sessions: sessionmaker[Session], broker: Broker, fault: str
+) -> None:
+    ti_id = _queued(sessions, next_kwargs="gAAAAA-not-a-token" if "kwargs" in fault else None)
+    if fault == "run deleted":
+        with sessions.begin() as session:
+            session.execute(delete(DagRun))
+    broker.publish(worker.stream, to_fields(queue_message(ti_id, 1, "d", "r1", "t", -1)))
+
+    worker.step()
+
+    state, reason = _last_reason(sessions, ti_id)
+    assert state == "failed"
+    expected = (
+        "token failed authentication" if "kwargs" in fault else "DAG run d r1 no longer exists"
+    )
+    assert reason is not None and reason.startswith("cannot run: ") and expected in reason
+    assert broker.redis.xlen(worker.stream) == 0
+    assert worker.running == {}
