@@ -60,6 +60,7 @@ class SchedulerService:
         self.broker = Broker.from_url(settings.redis_url, settings.stream_prefix)
         self.dagbag = DagBag(settings.dags_folder)
         self._warned_no_pool: set[int] = set()
+        self._warned_no_dag: set[int] = set()
         self.periodic = [
             Every(DAGBAG_REFRESH_SEC, self._refresh_dags),
             Every(EXPIRE_EVERY_SEC, self.expire_deferrals),
@@ -130,8 +131,13 @@ class SchedulerService:
     def _advance(self, session: Session, run: DagRun) -> list[Outbox]:
         dag = self._dag(run.dag_id)
         if dag is None:
-            log.error("run %s of DAG %r: DAG not found, cannot advance it", run.run_id, run.dag_id)
+            if run.id not in self._warned_no_dag:  # once per run, not on every loop
+                self._warned_no_dag.add(run.id)
+                log.error(
+                    "run %s of DAG %r: DAG not found, cannot advance it", run.run_id, run.dag_id
+                )
             return []
+        self._warned_no_dag.discard(run.id)
         tis = self._task_instances(session, run)
         added = [_new_ti(t) for t in dag.tasks if t.task_id not in {ti.task_id for ti in tis}]
         if added:
