@@ -16,7 +16,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Row, delete, func, insert, select, text, update
+from sqlalchemy import Row, Table, bindparam, delete, func, insert, select, text, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.orm import Session
 
@@ -368,49 +368,113 @@ class FiredEvent:
 
 
 def resume(session: Session, event: FiredEvent, cipher: Cipher) -> str:
-    """deferred -> scheduled for the task waiting on the event's trigger, at most once per
-    dedup key. Returns the outcome recorded in resume_event: applied, duplicate or stale."""
-    claimed = session.scalar(
-        pg_insert(ResumeEvent)
-        .values(dedup_key=event.dedup_key, trigger_id=event.trigger_id, outcome="stale")
-        .on_conflict_do_nothing()
-        .returning(ResumeEvent.dedup_key)
-    )
-    if claimed is None:
-        return "duplicate"
-    ti = session.scalars(
-        select(TI)
-        .where(TI.trigger_id == event.trigger_id, TI.state == TaskState.DEFERRED)
-        .with_for_update()
-    ).one_or_none()
-    if ti is None:
-        return "stale"  # the task was cleared, timed out or resumed by an earlier event
-    next_method: str | None
+    """:func:`resume_many` for one event."""
+    return resume_many(session, [event], cipher)[0]
+
+
+def _resumed_at(event: FiredEvent, ti: TaskInstance, cipher: Cipher) -> tuple[str | None, str, str]:
+    """(next_method, sealed next_kwargs, reason) of a task resumed by ``event``."""
     if event.failed:
-        next_method, kwargs = FAIL_METHOD, {"error": "trigger_failure", **event.payload}
-        reason = f"{RESUMED_BY_TRIGGER}{event.trigger_id} failed"
-    else:
-        kwargs = cipher.open(ti.next_kwargs) if ti.next_kwargs else {}
-        next_method, kwargs = ti.next_method, {**kwargs, "event": event.payload}
-        reason = f"{RESUMED_BY_TRIGGER}{event.trigger_id} fired"
-    moved = _move(
-        session,
-        [ti.id],
-        TaskState.DEFERRED,
-        TaskState.SCHEDULED,
-        reason,
-        trigger_id=None,
-        trigger_timeout=None,
-        next_method=next_method,
-        next_kwargs=cipher.seal(kwargs, "next_kwargs"),
+        kwargs = {"error": "trigger_failure", **event.payload}
+        return (
+            FAIL_METHOD,
+            cipher.seal(kwargs, "next_kwargs"),
+            (f"{RESUMED_BY_TRIGGER}{event.trigger_id} failed"),
+        )
+    kwargs = cipher.open(ti.next_kwargs) if ti.next_kwargs else {}
+    sealed = cipher.seal({**kwargs, "event": event.payload}, "next_kwargs")
+    return ti.next_method, sealed, f"{RESUMED_BY_TRIGGER}{event.trigger_id} fired"
+
+
+# Core tables: executemany UPDATEs keyed by bound parameters are not ORM bulk updates.
+_TI_TABLE: Table = TaskInstance.__table__  # type: ignore[assignment]
+_RESUME_TABLE: Table = ResumeEvent.__table__  # type: ignore[assignment]
+
+
+def resume_many(session: Session, events: Sequence[FiredEvent], cipher: Cipher) -> list[str]:
+    """deferred -> scheduled for the tasks waiting on the events' triggers, at most once per
+    dedup key, in a handful of statements whatever the batch size. Returns each event's outcome
+    as recorded in resume_event: applied, duplicate (key seen before) or stale (its task was
+    cleared, timed out, or resumed by an earlier event)."""
+    if not events:
+        return []
+    outcomes = ["duplicate"] * len(events)
+    first: dict[str, int] = {}
+    for index, event in enumerate(events):
+        first.setdefault(event.dedup_key, index)
+    claimed = set(
+        session.scalars(
+            pg_insert(ResumeEvent)
+            .values(
+                [
+                    {
+                        "dedup_key": events[i].dedup_key,
+                        "trigger_id": events[i].trigger_id,
+                        "outcome": "stale",
+                    }
+                    for i in first.values()
+                ]
+            )
+            .on_conflict_do_nothing()
+            .returning(ResumeEvent.dedup_key)
+        )
     )
-    session.execute(delete(Trigger).where(Trigger.id == event.trigger_id))
-    session.execute(
-        update(ResumeEvent)
-        .where(ResumeEvent.dedup_key == event.dedup_key)
-        .values(outcome="applied", task_instance_id=ti.id)
-    )
-    return "applied" if moved else "stale"
+    for key in claimed:
+        outcomes[first[key]] = "stale"
+    waiting = {
+        ti.trigger_id: ti
+        for ti in session.scalars(
+            select(TI)
+            .where(
+                TI.trigger_id.in_({events[first[key]].trigger_id for key in claimed}),
+                TI.state == TaskState.DEFERRED,
+            )
+            .order_by(TI.id)
+            .with_for_update()
+        )
+    }
+    moves, changes, applied = [], [], []
+    for key in sorted(claimed, key=first.__getitem__):
+        event = events[first[key]]
+        ti = waiting.pop(event.trigger_id, None)  # a second event for it finds it resumed
+        if ti is None:
+            continue
+        next_method, sealed, reason = _resumed_at(event, ti, cipher)
+        moves.append({"b_id": ti.id, "b_method": next_method, "b_kwargs": sealed})
+        changes.append(
+            {
+                "task_instance_id": ti.id,
+                "from_state": TaskState.DEFERRED,
+                "to_state": TaskState.SCHEDULED,
+                "reason": reason,
+            }
+        )
+        applied.append({"b_key": key, "b_ti": ti.id, "b_trigger": event.trigger_id})
+        outcomes[first[key]] = "applied"
+    if moves:
+        # The rows are locked and deferred (selected FOR UPDATE above): update them by id.
+        session.execute(
+            update(_TI_TABLE)
+            .where(_TI_TABLE.c.id == bindparam("b_id"))
+            .values(
+                state=TaskState.SCHEDULED,
+                trigger_id=None,
+                trigger_timeout=None,
+                next_method=bindparam("b_method"),
+                next_kwargs=bindparam("b_kwargs"),
+                updated_at=func.now(),
+            ),
+            moves,
+        )
+        session.execute(insert(TaskStateChange), changes)
+        session.execute(delete(Trigger).where(Trigger.id.in_([a["b_trigger"] for a in applied])))
+        session.execute(
+            update(_RESUME_TABLE)
+            .where(_RESUME_TABLE.c.dedup_key == bindparam("b_key"))
+            .values(outcome="applied", task_instance_id=bindparam("b_ti")),
+            [{"b_key": a["b_key"], "b_ti": a["b_ti"]} for a in applied],
+        )
+    return outcomes
 
 
 _EXPIRE_SQL = text(

@@ -245,20 +245,20 @@ class SchedulerService:
         )
         if not entries:
             return 0
+        parsed = [(entry, event) for entry in entries if (event := self._parse_event(entry))]
         done: list[str] = []
         poisoned: list[tuple[Entry, str]] = []
         with self.sessions.begin() as session:
-            for entry in entries:
-                event = self._parse_event(entry)
-                if event is None:
-                    continue
-                try:
-                    with session.begin_nested():
-                        outcome = transitions.resume(session, event, self.cipher)
-                except Exception as exc:  # one bad row must not block every later event
-                    log.exception("cannot apply event %s", event.dedup_key)
-                    poisoned.append((entry, f"cannot apply event: {exc!r}"))
-                    continue
+            try:
+                with session.begin_nested():
+                    events = [event for _, event in parsed]
+                    outcomes = transitions.resume_many(session, events, self.cipher)
+                applied = list(zip(parsed, outcomes, strict=True))
+            except Exception:
+                # Some row cannot be applied: apply one by one, so it alone is dead-lettered.
+                log.exception("applying %d events together failed; one by one now", len(parsed))
+                applied, poisoned = self._apply_one_by_one(session, parsed)
+            for (entry, event), outcome in applied:
                 log.info("event %s for trigger %d: %s", event.dedup_key, event.trigger_id, outcome)
                 done.append(entry.id)
         # Acknowledge only after commit: an event is never lost between Redis and Postgres.
@@ -266,6 +266,21 @@ class SchedulerService:
         for entry, error in poisoned:
             self.broker.dead_letter(entry, GROUP_SCHEDULERS, error)
         return len(done)
+
+    def _apply_one_by_one(
+        self, session: Session, parsed: list[tuple[Entry, FiredEvent]]
+    ) -> tuple[list[tuple[tuple[Entry, FiredEvent], str]], list[tuple[Entry, str]]]:
+        applied, poisoned = [], []
+        for entry, event in parsed:
+            try:
+                with session.begin_nested():
+                    applied.append(
+                        ((entry, event), transitions.resume(session, event, self.cipher))
+                    )
+            except Exception as exc:
+                log.exception("cannot apply event %s", event.dedup_key)
+                poisoned.append((entry, f"cannot apply event: {exc!r}"))
+        return applied, poisoned
 
     def _parse_event(self, entry: Entry) -> FiredEvent | None:
         try:

@@ -180,3 +180,29 @@ def test_a_queue_message_starts_an_attempt_at_most_once(sessions: sessionmaker[S
         assert transitions.start(session, ti_id, 1, "host", "worker-2") is None
         assert transitions.start(session, ti_id, 2, "host", "worker-2") is None
     assert _transitions(sessions, ti_id).count(("queued", "running")) == 1
+
+
+def test_a_batch_applies_together_and_a_poisoned_row_goes_alone_to_the_dead_letters(
+    settings: Settings, sessions: sessionmaker[Session], cipher: Cipher, broker: Broker
+) -> None:
+    good = [deferred_task(sessions, cipher, task_id=f"g{i}", run_id=f"r{i}") for i in range(5)]
+    bad_ti, bad_trigger = deferred_task(sessions, cipher, task_id="bad", run_id="rbad")
+    with sessions.begin() as session:
+        ti = session.get(TaskInstance, bad_ti)
+        assert ti is not None
+        ti.next_kwargs = "gAAAAA-garbage"  # no key opens it: applying its event raises
+    service = _scheduler(settings, broker)
+    for _, trigger_id in good[:3]:
+        broker.publish(broker.keys.events, event_message(trigger_id, "ok", "t"))
+    broker.publish(broker.keys.events, event_message(bad_trigger, "ok", "t"))
+    for _, trigger_id in good[3:]:
+        broker.publish(broker.keys.events, event_message(trigger_id, "ok", "t"))
+
+    _drain(service)
+
+    assert [_ti(sessions, ti_id).state for ti_id, _ in good] == ["scheduled"] * 5
+    assert _ti(sessions, bad_ti).state == "deferred"
+    dead = broker.xrange(broker.keys.dead)
+    assert len(dead) == 1 and dead[0].fields[b"trigger_id"] == str(bad_trigger).encode()
+    assert b"cannot apply event" in dead[0].fields[b"error"]
+    assert broker.redis.xlen(broker.keys.events) == 0
