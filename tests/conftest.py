@@ -1,14 +1,10 @@
-"""Shared fixtures. Integration and end-to-end tests use real PostgreSQL and Redis:
-
-- ``DEFERRAL_TEST_ADMIN_URL`` (default ``postgresql+psycopg://postgres@127.0.0.1:5432/postgres``):
-  a server where the session creates, migrates and finally drops its own database;
-- ``DEFERRAL_TEST_REDIS_URL`` (default ``redis://127.0.0.1:6379/0``): each test gets its own
-  stream prefix, and its keys are deleted afterwards.
+"""Shared fixtures. Integration and end-to-end tests use real PostgreSQL and Redis (which ones:
+tests/servers.py): the session creates, migrates and finally drops its own database; each test
+gets its own stream prefix, and its keys are deleted afterwards.
 """
 
 from __future__ import annotations
 
-import os
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -26,11 +22,7 @@ from deferral.config import Settings, load_settings
 from deferral.crypto import Cipher
 from deferral.db import make_engine, make_sessionmaker
 from tests.helpers import wait_for
-
-ADMIN_URL = os.environ.get(
-    "DEFERRAL_TEST_ADMIN_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
-)
-REDIS_URL = os.environ.get("DEFERRAL_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+from tests.servers import ADMIN_URL, REDIS_URL
 
 # Tables cleared before each database test; pool keeps its seeded default_pool row.
 _TABLES = (
