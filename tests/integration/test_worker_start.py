@@ -4,28 +4,17 @@ moving (no crash, no entry left behind)."""
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Iterator
 
 import pytest
 from sqlalchemy import delete, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from broker.client import Broker
-from broker.streams import GROUP_WORKERS, queue_message, to_fields
+from broker.streams import queue_message, to_fields
 from deferral import transitions
-from deferral.config import Settings
 from deferral.models import DagRun, TaskInstance, TaskStateChange
 from deferral.transitions import NewTaskInstance
 from worker.service import WorkerService
-
-
-@pytest.fixture
-def worker(settings: Settings) -> Iterator[WorkerService]:
-    service = WorkerService(settings, queue="default", concurrency=1, name="w")
-    service.broker.ensure_group(service.stream, GROUP_WORKERS)
-    yield service
-    service.pool.shutdown()
-    service.broker.close()
 
 
 def _queued(sessions: sessionmaker[Session], *, next_kwargs: str | None = None) -> int:

@@ -3,29 +3,16 @@ worker itself was running."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
-import pytest
 from sqlalchemy.orm import Session, sessionmaker
 
 from broker.client import Broker
 from broker.streams import GROUP_WORKERS, queue_message, to_fields
 from deferral import transitions
-from deferral.config import Settings
 from deferral.models import TaskInstance, TaskStateChange
 from tests.integration.factories import DAG_ID, running_task
 from worker.service import WorkerService
 
 STALE_IDLE_MS = 600_000  # far past any takeover threshold
-
-
-@pytest.fixture
-def worker(settings: Settings) -> Iterator[WorkerService]:
-    service = WorkerService(settings, queue="default", concurrency=2, name="survivor")
-    service.broker.ensure_group(service.stream, GROUP_WORKERS)
-    yield service
-    service.pool.shutdown()
-    service.broker.close()
 
 
 def _held_entry(broker: Broker, stream: str, ti_id: int, owner: str, idle_ms: int) -> str:
