@@ -1,19 +1,21 @@
-"""Redis clients and the stream commands the services use, sync (scheduler, worker) and async
-(triggerer). Replies are parsed in :mod:`broker.replies`; atomic multi-command changes are Lua
-scripts in :mod:`broker.scripts`."""
+"""The Redis client and every stream command the project uses. Replies are parsed in
+:mod:`broker.replies`; atomic multi-command changes are Lua scripts in :mod:`broker.scripts`.
+
+One synchronous client serves every process: the scheduler and the worker call it from their
+loop, the triggerer from worker threads (redis-py's client and pool are thread-safe).
+"""
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from enum import IntEnum
 from typing import Any
 
 import redis
-import redis.asyncio
 from redis.exceptions import RedisError, ResponseError
-from sqlalchemy.exc import OperationalError
 
 from broker import replies, scripts
 from broker.replies import Entry
@@ -22,8 +24,8 @@ from broker.streams import Message, StreamKeys, to_fields
 log = logging.getLogger("deferral.broker")
 
 MIN_REDIS_VERSION = (6, 2, 2)
-# Ids per renewal / hand-off call: bounded work per Redis call (about 6.5 µs per id renewed).
-RENEW_BATCH = 1000
+# Ids per renewal / hand-off / presence call: bounded work per Redis call (a few µs per id).
+BATCH = 1000
 PENDING_PAGE = 100_000
 
 
@@ -36,11 +38,6 @@ def _client_options() -> dict[str, Any]:
     return {"protocol": 2, "decode_responses": False, "health_check_interval": 30}
 
 
-def _strip_callbacks(client: redis.Redis | redis.asyncio.Redis) -> None:
-    for command in replies.RAW_COMMANDS:
-        client.response_callbacks.pop(command, None)
-
-
 def check_version(info: Mapping[str, Any]) -> None:
     raw = info.get("redis_version", "0")
     version_text = raw.decode() if isinstance(raw, bytes) else str(raw)
@@ -48,19 +45,6 @@ def check_version(info: Mapping[str, Any]) -> None:
     if version < MIN_REDIS_VERSION:
         wanted = ".".join(map(str, MIN_REDIS_VERSION))
         raise RedisVersionError(f"Redis {version_text} is too old: deferral needs >= {wanted}")
-
-
-def _is_busygroup(exc: ResponseError) -> bool:
-    return str(exc).startswith("BUSYGROUP")
-
-
-def _xreadgroup_args(
-    group: str, consumer: str, streams: Mapping[str, str], count: int, block_ms: int | None
-) -> list[Any]:
-    args: list[Any] = ["XREADGROUP", "GROUP", group, consumer, "COUNT", count]
-    if block_ms is not None:
-        args += ["BLOCK", block_ms]
-    return [*args, "STREAMS", *streams.keys(), *streams.values()]
 
 
 def dead_letter_fields(entry: Entry, error: str, deliveries: int) -> dict[str, str]:
@@ -78,35 +62,59 @@ def dead_letter_fields(entry: Entry, error: str, deliveries: int) -> dict[str, s
     }
 
 
-def _batches(ids: Sequence[str]) -> list[Sequence[str]]:
-    return [ids[start : start + RENEW_BATCH] for start in range(0, len(ids), RENEW_BATCH)]
-
-
-def _xautoclaim_args(
-    stream: str, group: str, consumer: str, min_idle_ms: int, cursor: str, count: int
-) -> list[Any]:
-    return ["XAUTOCLAIM", stream, group, consumer, min_idle_ms, cursor, "COUNT", count]
+def _batches(items: Sequence[str]) -> list[Sequence[str]]:
+    return [items[start : start + BATCH] for start in range(0, len(items), BATCH)]
 
 
 def _flat(fields: Mapping[str, str]) -> list[str]:
     return [item for pair in fields.items() for item in pair]
 
 
+class LeaseStatus(IntEnum):
+    """What a renewal found for one held entry."""
+
+    OWNED = 1
+    TAKEN = 0  # pending under another consumer: it took the entry over
+    GONE = -1  # in no pending list: retired by a peer, or lost with Redis's data
+
+
+@dataclass(frozen=True)
+class Claimed:
+    """An entry taken over from a consumer that stopped renewing it."""
+
+    entry: Entry
+    owner: str  # the consumer that held it
+    deliveries: int  # times delivered before this claim
+
+
 class Broker:
-    """Synchronous stream operations (scheduler, worker, CLI)."""
+    """Stream operations on one Redis, under one key prefix."""
 
     def __init__(self, client: redis.Redis, keys: StreamKeys) -> None:
-        _strip_callbacks(client)
+        for command in replies.RAW_COMMANDS:
+            client.response_callbacks.pop(command, None)
         self.redis = client
         self.keys = keys
-        self._publish_and_ack = client.register_script(scripts.PUBLISH_AND_ACK)
-        self._ack_delete = client.register_script(scripts.ACK_DELETE)
-        self._renew = client.register_script(scripts.RENEW_OWNED)
+        self._publish = client.register_script(scripts.PUBLISH)
+        self._retire = client.register_script(scripts.RETIRE)
+        self._hand_on = client.register_script(scripts.HAND_ON)
+        self._renew = client.register_script(scripts.RENEW)
+        self._present = client.register_script(scripts.PRESENT)
 
     @classmethod
-    def from_url(cls, url: str, prefix: str) -> Broker:
-        client = redis.Redis.from_url(url, **_client_options())
-        check_version(client.info("server"))
+    def from_url(cls, url: str, prefix: str, *, max_connections: int = 64) -> Broker:
+        """Connect and check the server version (raises RedisError while Redis is down)."""
+        # A blocking pool: threads that find every connection busy wait for one instead of
+        # failing with "Too many connections".
+        pool = redis.BlockingConnectionPool.from_url(
+            url, max_connections=max_connections, timeout=None, **_client_options()
+        )
+        client = redis.Redis(connection_pool=pool)
+        try:
+            check_version(client.info("server"))
+        except BaseException:
+            client.close()
+            raise
         return cls(client, StreamKeys(prefix))
 
     def close(self) -> None:
@@ -116,19 +124,42 @@ class Broker:
         try:
             self.redis.execute_command("XGROUP", "CREATE", stream, group, "0", "MKSTREAM")
         except ResponseError as exc:
-            if not _is_busygroup(exc):
+            if not str(exc).startswith("BUSYGROUP"):
                 raise
 
+    # -- adding entries ------------------------------------------------------------------------
+
+    def _field_of(self, stream: str, fields: Mapping[str, str]) -> str:
+        return self.keys.index_field(stream, fields)
+
     def publish(self, stream: str, message: Message | Mapping[str, str]) -> str:
+        """XADD, recording the entry in the stream's in-flight index when it names work."""
         fields = to_fields(message) if isinstance(message, Message) else message
-        entry_id = self.redis.execute_command("XADD", stream, "*", *_flat(fields))
-        return str(replies._text(entry_id))
+        field = self._field_of(stream, fields)
+        if not field:
+            return replies.text(self.redis.execute_command("XADD", stream, "*", *_flat(fields)))
+        return replies.text(
+            self._publish(keys=[stream, self.keys.inflight(stream)], args=[field, *_flat(fields)])
+        )
 
     def publish_many(self, items: Sequence[tuple[str, Mapping[str, str]]]) -> None:
+        """:meth:`publish` for many entries in one round trip."""
+        if not items:
+            return
         with self.redis.pipeline(transaction=False) as pipe:
             for stream, fields in items:
-                pipe.execute_command("XADD", stream, "*", *_flat(fields))
+                field = self._field_of(stream, fields)
+                if field:
+                    self._publish(
+                        keys=[stream, self.keys.inflight(stream)],
+                        args=[field, *_flat(fields)],
+                        client=pipe,
+                    )
+                else:
+                    pipe.execute_command("XADD", stream, "*", *_flat(fields))
             pipe.execute()
+
+    # -- reading and retiring --------------------------------------------------------------------
 
     def read(
         self,
@@ -139,52 +170,170 @@ class Broker:
         count: int,
         block_ms: int | None = None,
     ) -> list[Entry]:
-        """XREADGROUP; ``streams`` maps each key to ``>`` (new) or ``0`` (own pending)."""
-        reply = self.redis.execute_command(
-            *_xreadgroup_args(group, consumer, streams, count, block_ms)
+        """XREADGROUP; ``streams`` maps each key to ``>`` (new) or an id (own pending after it)."""
+        args: list[Any] = ["XREADGROUP", "GROUP", group, consumer, "COUNT", count]
+        if block_ms is not None:
+            args += ["BLOCK", block_ms]
+        args += ["STREAMS", *streams.keys(), *streams.values()]
+        return replies.parse_xreadgroup(self.redis.execute_command(*args))
+
+    def _entry_field(self, entry: Entry) -> str:
+        fields = {
+            k.decode(errors="replace"): v.decode(errors="replace") for k, v in entry.fields.items()
+        }
+        return self._field_of(entry.stream, fields)
+
+    def retire(self, group: str, entries: Sequence[Entry]) -> int:
+        """Acknowledge and delete finished entries (and their in-flight index fields), so
+        streams stay bounded. Entries of several streams may be mixed."""
+        retired = 0
+        by_stream: dict[str, list[str]] = {}
+        for entry in entries:
+            by_stream.setdefault(entry.stream, []).extend([entry.id, self._entry_field(entry)])
+        for stream, pairs in by_stream.items():
+            for start in range(0, len(pairs), 2 * BATCH):
+                args = [group, *pairs[start : start + 2 * BATCH]]
+                retired += int(self._retire(keys=[stream, self.keys.inflight(stream)], args=args))
+        return retired
+
+    def hand_on(self, entry: Entry, group: str, to_stream: str, fields: Mapping[str, str]) -> str:
+        """Atomically publish ``fields`` to ``to_stream`` and retire ``entry``."""
+        return replies.text(
+            self._hand_on(
+                keys=self._hand_on_keys(entry, to_stream),
+                args=self._hand_on_args(entry, group, to_stream, fields),
+            )
         )
-        return replies.parse_xreadgroup(reply)
 
-    def ack_delete(self, stream: str, group: str, ids: Sequence[str]) -> int:
-        """Acknowledge and delete finished entries, so streams stay bounded."""
-        if not ids:
-            return 0
-        return int(self._ack_delete(keys=[stream], args=[group, *ids]))
-
-    def publish_and_ack(
-        self, entry: Entry, group: str, to_stream: str, fields: Mapping[str, str]
+    def hand_on_many(
+        self, group: str, items: Sequence[tuple[Entry, str, Mapping[str, str]]]
     ) -> None:
-        """Atomically XADD ``fields`` to ``to_stream`` and XACK + XDEL ``entry``."""
-        self._publish_and_ack(
-            keys=[entry.stream, to_stream], args=[group, entry.id, *_flat(fields)]
-        )
+        """:meth:`hand_on` for many entries in one round trip (each still atomic on its own)."""
+        if not items:
+            return
+        with self.redis.pipeline(transaction=False) as pipe:
+            for entry, to_stream, fields in items:
+                self._hand_on(
+                    keys=self._hand_on_keys(entry, to_stream),
+                    args=self._hand_on_args(entry, group, to_stream, fields),
+                    client=pipe,
+                )
+            pipe.execute()
+
+    def _hand_on_keys(self, entry: Entry, to_stream: str) -> list[str]:
+        keys = self.keys
+        return [entry.stream, keys.inflight(entry.stream), to_stream, keys.inflight(to_stream)]
+
+    def _hand_on_args(
+        self, entry: Entry, group: str, to_stream: str, fields: Mapping[str, str]
+    ) -> list[str]:
+        new_field = self._field_of(to_stream, fields)
+        return [group, entry.id, self._entry_field(entry), new_field, *_flat(fields)]
 
     def dead_letter(self, entry: Entry, group: str, error: str, deliveries: int = 1) -> None:
         """Move a bad entry to the dead-letter stream and retire it, atomically."""
-        fields = dead_letter_fields(entry, error, deliveries)
-        self.publish_and_ack(entry, group, self.keys.dead, fields)
+        self.hand_on(entry, group, self.keys.dead, dead_letter_fields(entry, error, deliveries))
 
-    def renew(self, stream: str, group: str, consumer: str, ids: Sequence[str]) -> list[str]:
-        """Renew the lease on ``ids``; return those still owned (the rest were taken over)."""
-        owned: list[str] = []
-        for batch in _batches(ids):
-            owned += replies.parse_ids(self._renew(keys=[stream], args=[group, consumer, *batch]))
-        return owned
+    # -- leases ----------------------------------------------------------------------------------
+
+    def renew(
+        self,
+        stream: str,
+        group: str,
+        consumer: str,
+        ids: Sequence[str],
+        *,
+        survivors: Sequence[str] = (),
+    ) -> dict[str, LeaseStatus]:
+        """Renew the lease on ``ids`` and ``survivors`` (whose delivery count is also reset to 1:
+        they were held a whole heartbeat without killing their consumer); say for each whether it
+        is still ours."""
+        status: dict[str, LeaseStatus] = {}
+        ordered = [*survivors, *(i for i in ids if i not in set(survivors))]
+        resets = set(survivors)
+        for batch in _batches(ordered):
+            n = sum(1 for i in batch if i in resets)
+            reply = self._renew(keys=[stream], args=[group, consumer, n, *batch])
+            status.update(zip(batch, (LeaseStatus(int(s)) for s in reply), strict=True))
+        return status
+
+    def idle_pending(
+        self, stream: str, group: str, *, min_idle_ms: int, count: int
+    ) -> list[replies.Pending]:
+        """Up to ``count`` pending entries idle longer than ``min_idle_ms`` (their owner stopped
+        renewing them), with their owner and delivery count (XAUTOCLAIM would hide both)."""
+        if count <= 0:
+            return []
+        return replies.parse_xpending_extended(
+            self.redis.execute_command(
+                "XPENDING", stream, group, "IDLE", min_idle_ms, "-", "+", count
+            )
+        )
+
+    def claim(
+        self,
+        stream: str,
+        group: str,
+        consumer: str,
+        idle: Sequence[replies.Pending],
+        *,
+        min_idle_ms: int,
+    ) -> list[Claimed]:
+        """Take the ``idle`` entries (from :meth:`idle_pending`); XCLAIM with the same min-idle,
+        so an entry renewed in between stays with its owner."""
+        if not idle:
+            return []
+        reply = self.redis.execute_command(
+            "XCLAIM", stream, group, consumer, min_idle_ms, *(p.id for p in idle)
+        )
+        by_id = {p.id: p for p in idle}
+        claimed = []
+        for entry in replies.parse_xclaim(stream, reply):
+            before = by_id[entry.id]
+            claimed.append(Claimed(entry, before.consumer, before.deliveries))
+        return claimed
 
     def claim_idle(
         self, stream: str, group: str, consumer: str, *, min_idle_ms: int, count: int
-    ) -> list[tuple[Entry, str]]:
-        """Take up to ``count`` entries idle longer than ``min_idle_ms`` (their owner is dead),
-        each with the consumer that held it. XPENDING IDLE finds them with their owners; XCLAIM
-        with the same min-idle takes them, so one renewed in between stays with its owner."""
-        pending = self.redis.execute_command(
-            "XPENDING", stream, group, "IDLE", min_idle_ms, "-", "+", count
+    ) -> list[Claimed]:
+        """:meth:`idle_pending` then :meth:`claim`: every idle entry found."""
+        idle = self.idle_pending(stream, group, min_idle_ms=min_idle_ms, count=count)
+        return self.claim(stream, group, consumer, idle, min_idle_ms=min_idle_ms)
+
+    def own_pending(
+        self,
+        stream: str,
+        group: str,
+        consumer: str,
+        *,
+        start: str = "-",
+        end: str = "+",
+        count: int = PENDING_PAGE,
+    ) -> list[replies.Pending]:
+        """``consumer``'s pending entries between ``start`` and ``end`` (ids, inclusive)."""
+        return replies.parse_xpending_extended(
+            self.redis.execute_command("XPENDING", stream, group, start, end, count, consumer)
         )
-        owners = replies.parse_xpending_owners(pending)
-        if not owners:
-            return []
-        reply = self.redis.execute_command("XCLAIM", stream, group, consumer, min_idle_ms, *owners)
-        return [(entry, owners[entry.id]) for entry in replies.parse_xclaim(stream, reply)]
+
+    def hand_off(
+        self, stream: str, group: str, consumer: str, ids: Sequence[str], *, idle_ms: int
+    ) -> None:
+        """Mark our entries idle for ``idle_ms`` so that peers take them over at once."""
+        for batch in _batches(ids):
+            self.redis.execute_command(
+                "XCLAIM", stream, group, consumer, 0, *batch, "IDLE", idle_ms, "JUSTID"
+            )
+
+    # -- reconciliation and inspection ------------------------------------------------------------
+
+    def present(self, stream: str, index_fields: Sequence[str]) -> dict[str, bool]:
+        """For each index field (a trigger id, a task instance id): is an entry carrying it in
+        ``stream`` now?"""
+        found: dict[str, bool] = {}
+        for batch in _batches(index_fields):
+            reply = self._present(keys=[stream, self.keys.inflight(stream)], args=list(batch))
+            found.update(zip(batch, (bool(int(p)) for p in reply), strict=True))
+        return found
 
     def newest(self, stream: str) -> Entry | None:
         reply = self.redis.execute_command("XREVRANGE", stream, "+", "-", "COUNT", 1)
@@ -207,122 +356,31 @@ class Broker:
             return []  # no such stream yet
 
 
-def run_until_stopped(
-    broker: Broker, stop: threading.Event, step: Callable[[], object], stream: str, group: str
-) -> None:
-    """Run a service's ``step`` until ``stop`` is set. Redis or Postgres unreachable, or the
-    stream or group lost, pauses the loop for a second, recreates the group, and goes on."""
+def redis_location(url: str) -> str:
+    """host:port of a Redis URL, without credentials, for messages."""
+    pool = redis.ConnectionPool.from_url(url)
+    kwargs = pool.connection_kwargs
+    if "path" in kwargs:
+        return str(kwargs["path"])
+    return f"{kwargs.get('host', 'localhost')}:{kwargs.get('port', 6379)}"
+
+
+def connect_when_up(url: str, prefix: str, stop: threading.Event) -> Broker | None:
+    """Connect to Redis, waiting (one log line) while it is down; None if ``stop`` is set first."""
+    delay, said = 0.5, False
     while not stop.is_set():
         try:
-            step()
-        except (RedisError, OperationalError) as exc:
-            log.warning("step failed: %s; retrying", exc)
-            stop.wait(1.0)
-            with contextlib.suppress(RedisError):
-                broker.ensure_group(stream, group)
-
-
-class AsyncBroker:
-    """Asynchronous stream operations (triggerer)."""
-
-    def __init__(self, client: redis.asyncio.Redis, keys: StreamKeys) -> None:
-        _strip_callbacks(client)
-        self.redis = client
-        self.keys = keys
-        self._publish_and_ack = client.register_script(scripts.PUBLISH_AND_ACK)
-        self._ack_delete = client.register_script(scripts.ACK_DELETE)
-        self._renew = client.register_script(scripts.RENEW_OWNED)
-
-    @classmethod
-    async def from_url(cls, url: str, prefix: str, max_connections: int = 32) -> AsyncBroker:
-        # A blocking pool: a thousand triggers firing at once wait for a connection instead of
-        # failing with "Too many connections".
-        pool = redis.asyncio.BlockingConnectionPool.from_url(
-            url, max_connections=max_connections, timeout=None, **_client_options()
-        )
-        client = redis.asyncio.Redis(connection_pool=pool)
-        check_version(await client.info("server"))
-        return cls(client, StreamKeys(prefix))
-
-    async def close(self) -> None:
-        await self.redis.aclose()
-
-    async def ensure_group(self, stream: str, group: str) -> None:
-        try:
-            await self.redis.execute_command("XGROUP", "CREATE", stream, group, "0", "MKSTREAM")
-        except ResponseError as exc:
-            if not _is_busygroup(exc):
-                raise
-
-    async def publish(self, stream: str, message: Message) -> None:
-        await self.redis.execute_command("XADD", stream, "*", *_flat(to_fields(message)))
-
-    async def read(
-        self,
-        group: str,
-        consumer: str,
-        streams: Mapping[str, str],
-        *,
-        count: int,
-        block_ms: int | None = None,
-    ) -> list[Entry]:
-        reply = await self.redis.execute_command(
-            *_xreadgroup_args(group, consumer, streams, count, block_ms)
-        )
-        return replies.parse_xreadgroup(reply)
-
-    async def publish_and_ack(
-        self, entry: Entry, group: str, to_stream: str, fields: Mapping[str, str]
-    ) -> None:
-        await self._publish_and_ack(
-            keys=[entry.stream, to_stream], args=[group, entry.id, *_flat(fields)]
-        )
-
-    async def ack_delete(self, stream: str, group: str, ids: Sequence[str]) -> int:
-        if not ids:
-            return 0
-        return int(await self._ack_delete(keys=[stream], args=[group, *ids]))
-
-    async def renew(self, stream: str, group: str, consumer: str, ids: Sequence[str]) -> list[str]:
-        """Renew the lease on ``ids``; return those still owned (the rest were taken over)."""
-        owned: list[str] = []
-        for batch in _batches(ids):
-            reply = await self._renew(keys=[stream], args=[group, consumer, *batch])
-            owned += replies.parse_ids(reply)
-        return owned
-
-    async def autoclaim(
-        self, stream: str, group: str, consumer: str, *, min_idle_ms: int, count: int
-    ) -> list[Entry]:
-        """Take up to ``count`` entries idle longer than ``min_idle_ms`` (their owner is dead),
-        following the XAUTOCLAIM cursor until it returns to 0-0."""
-        claimed: list[Entry] = []
-        cursor = "0-0"
-        while len(claimed) < count:
-            args = _xautoclaim_args(
-                stream, group, consumer, min_idle_ms, cursor, count - len(claimed)
-            )
-            result = replies.parse_xautoclaim(stream, await self.redis.execute_command(*args))
-            claimed, cursor = claimed + result.entries, result.cursor
-            if cursor == "0-0":
-                break
-        return claimed
-
-    async def pending_ids(self, stream: str, group: str, consumer: str) -> list[str]:
-        reply = await self.redis.execute_command(
-            "XPENDING", stream, group, "-", "+", PENDING_PAGE, consumer
-        )
-        return replies.parse_xpending_ids(reply)
-
-    async def hand_off(
-        self, stream: str, group: str, consumer: str, ids: Sequence[str], *, idle_ms: int
-    ) -> None:
-        """Mark our entries idle for ``idle_ms`` so that peers take them over at once."""
-        for batch in _batches(ids):
-            await self.redis.execute_command(
-                "XCLAIM", stream, group, consumer, 0, *batch, "IDLE", idle_ms, "JUSTID"
-            )
-
-    async def dead_letter(self, entry: Entry, group: str, error: str, deliveries: int = 1) -> None:
-        fields = dead_letter_fields(entry, error, deliveries)
-        await self.publish_and_ack(entry, group, self.keys.dead, fields)
+            broker = Broker.from_url(url, prefix)
+        except RedisError as exc:
+            if not said:
+                log.warning(
+                    "Redis at %s is unreachable (%s); waiting for it", redis_location(url), exc
+                )
+                said = True
+            stop.wait(delay)
+            delay = min(delay * 2, 5.0)
+            continue
+        if said:
+            log.info("Redis at %s is up", redis_location(url))
+        return broker
+    return None

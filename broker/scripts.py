@@ -2,44 +2,102 @@
 
 ``unpack`` expands to every value only as the *last* argument of a call, so each script either
 ends its argument list with ``unpack`` or builds the whole argument table first.
+
+Every script that adds or retires an entry of a work stream also writes or clears the stream's
+in-flight index (``<prefix>:inflight:<stream>``: what the entry is about -> entry id), so the index
+never disagrees with the stream. A retirement clears the index field only if it still names the
+retired entry: a newer entry for the same work (a republish) keeps its place.
 """
 
-# KEYS[1] stream; ARGV[1] group; ARGV[2..] entry ids. Acknowledge and delete finished entries.
-ACK_DELETE = """
-local acked = redis.call('XACK', KEYS[1], ARGV[1], unpack(ARGV, 2))
-redis.call('XDEL', KEYS[1], unpack(ARGV, 2))
-return acked
-"""
-
-# KEYS[1] source stream, KEYS[2] target stream; ARGV[1] group, ARGV[2] entry id, ARGV[3..] field
-# value pairs. Hands an entry's outcome on (an event, or a dead letter) and retires the entry in
-# one step, so no reader ever sees the outcome published while the entry is still claimable.
-PUBLISH_AND_ACK = """
-local id = redis.call('XADD', KEYS[2], '*', unpack(ARGV, 3))
-redis.call('XACK', KEYS[1], ARGV[1], ARGV[2])
-redis.call('XDEL', KEYS[1], ARGV[2])
+# KEYS[1] stream, KEYS[2] its in-flight index; ARGV[1] index field, ARGV[2..] field value pairs.
+PUBLISH = """
+local id = redis.call('XADD', KEYS[1], '*', unpack(ARGV, 2))
+redis.call('HSET', KEYS[2], ARGV[1], id)
 return id
 """
 
-# KEYS[1] stream; ARGV[1] group, ARGV[2] consumer, ARGV[3..] entry ids. The lease renewal: resets
-# the idle time of those entries that this consumer still owns (XCLAIM with min-idle 0 and JUSTID
-# does not count a delivery), and returns them. An entry a peer has taken over is left alone:
-# plain XCLAIM ignores ownership and would steal it back.
-RENEW_OWNED = """
-local owned = {}
-for i = 3, #ARGV do
+# KEYS[1] stream, KEYS[2] its in-flight index; ARGV[1] group; ARGV[2..] pairs of entry id and
+# index field ('' when the entry names nothing). Acknowledge and delete finished entries.
+RETIRE = """
+local retired = 0
+for i = 2, #ARGV, 2 do
+  local id, field = ARGV[i], ARGV[i + 1]
+  retired = retired + redis.call('XACK', KEYS[1], ARGV[1], id)
+  redis.call('XDEL', KEYS[1], id)
+  if field ~= '' and redis.call('HGET', KEYS[2], field) == id then
+    redis.call('HDEL', KEYS[2], field)
+  end
+end
+return retired
+"""
+
+# KEYS[1] source stream, KEYS[2] its index, KEYS[3] target stream, KEYS[4] its index; ARGV[1]
+# group, ARGV[2] source entry id, ARGV[3] its index field, ARGV[4] the new entry's index field
+# ('' for none, e.g. a dead letter), ARGV[5..] field value pairs. Hands an entry's outcome on (an
+# event, or a dead letter) and retires the entry in one step, so no reader ever sees the outcome
+# published while the entry is still claimable.
+HAND_ON = """
+local id = redis.call('XADD', KEYS[3], '*', unpack(ARGV, 5))
+if ARGV[4] ~= '' then
+  redis.call('HSET', KEYS[4], ARGV[4], id)
+end
+redis.call('XACK', KEYS[1], ARGV[1], ARGV[2])
+redis.call('XDEL', KEYS[1], ARGV[2])
+if ARGV[3] ~= '' and redis.call('HGET', KEYS[2], ARGV[3]) == ARGV[2] then
+  redis.call('HDEL', KEYS[2], ARGV[3])
+end
+return id
+"""
+
+# KEYS[1] stream; ARGV[1] group, ARGV[2] consumer, ARGV[3] n, ARGV[4..] entry ids. The lease
+# renewal. For each id: 1 if this consumer owns it (its idle time is reset), 0 if another consumer
+# took it over, -1 if it is in no pending list at all (retired by a peer, or lost with Redis's
+# data). XCLAIM with min-idle 0 and JUSTID resets the idle time without counting a delivery; the
+# first n ids (held for a whole heartbeat: they did not kill their consumer) also get their
+# delivery count reset to 1. Plain XCLAIM ignores ownership and would steal a taken entry back.
+RENEW = """
+local status, reset, keep = {}, {}, {}
+local n = tonumber(ARGV[3])
+for i = 4, #ARGV do
   local pending = redis.call('XPENDING', KEYS[1], ARGV[1], ARGV[i], ARGV[i], 1)
-  if pending[1] and pending[1][2] == ARGV[2] then
-    owned[#owned + 1] = ARGV[i]
+  if pending[1] == nil then
+    status[#status + 1] = -1
+  elseif pending[1][2] == ARGV[2] then
+    status[#status + 1] = 1
+    if i - 3 <= n then reset[#reset + 1] = ARGV[i] else keep[#keep + 1] = ARGV[i] end
+  else
+    status[#status + 1] = 0
   end
 end
-if #owned > 0 then
-  local args = {'XCLAIM', KEYS[1], ARGV[1], ARGV[2], 0}
-  for _, id in ipairs(owned) do
-    args[#args + 1] = id
+for _, batch in ipairs({{reset, true}, {keep, false}}) do
+  local ids = batch[1]
+  if #ids > 0 then
+    local args = {'XCLAIM', KEYS[1], ARGV[1], ARGV[2], 0}
+    for _, id in ipairs(ids) do
+      args[#args + 1] = id
+    end
+    if batch[2] then
+      args[#args + 1] = 'RETRYCOUNT'
+      args[#args + 1] = 1
+    end
+    args[#args + 1] = 'JUSTID'
+    redis.call(unpack(args))
   end
-  args[#args + 1] = 'JUSTID'
-  redis.call(unpack(args))
 end
-return owned
+return status
+"""
+
+# KEYS[1] stream, KEYS[2] its in-flight index; ARGV index fields. For each: 1 if the index names
+# an entry that the stream still holds, else 0 (the reconciler's question: is this work in flight?).
+PRESENT = """
+local present = {}
+for i = 1, #ARGV do
+  local id = redis.call('HGET', KEYS[2], ARGV[i])
+  if id and #redis.call('XRANGE', KEYS[1], id, id) > 0 then
+    present[i] = 1
+  else
+    present[i] = 0
+  end
+end
+return present
 """

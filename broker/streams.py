@@ -2,10 +2,17 @@
 
 Field values are short strings or JSON so that ``redis-cli XRANGE <key> - +`` reads well; nothing
 secret is ever a field in clear: trigger kwargs travel only inside the Fernet ``token``.
+
+Every entry that can change a task's state is authenticated: a trigger entry by its Fernet token,
+an event or queue entry by ``mac`` (an HMAC keyed from the Fernet keys). An entry is turned into
+typed data only here, after its MAC and every field have been checked, so nothing unchecked
+reaches SQL.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import TypeVar
 
 import msgspec
@@ -18,22 +25,43 @@ GROUP_WORKERS = "workers"
 
 EVENT_KIND_EVENT = "event"
 EVENT_KIND_FAILURE = "failure"
+EVENT_KINDS = (EVENT_KIND_EVENT, EVENT_KIND_FAILURE)
+
+# Postgres bigint and integer: an id outside them must be refused before it reaches SQL.
+MAX_BIGINT = 2**63 - 1
+MAX_INT = 2**31 - 1
+MAX_DEDUP_KEY = 250  # resume_event.dedup_key
 
 
 class StreamKeys:
-    """Stream key names under one prefix (``DEFERRAL_STREAM_PREFIX``, default ``deferral``)."""
+    """Key names under one prefix (``DEFERRAL_STREAM_PREFIX``, default ``deferral``).
+
+    Each work stream has an *in-flight index*, a hash from the id of what an entry is about
+    (trigger id, task instance id) to the entry's id. It is written and cleared in the same Lua
+    calls that add and retire entries, so it always says which entry currently carries a piece of
+    work; the scheduler's reconciler compares it with Postgres and republishes what is missing.
+    """
 
     def __init__(self, prefix: str = "deferral") -> None:
         self.prefix = prefix
         self.triggers = f"{prefix}:triggers"
         self.events = f"{prefix}:events"
         self.dead = f"{prefix}:dead"
-        # Set once the streams hold what Postgres says they should; its absence means Redis lost
-        # its data (a restart without persistence) and the scheduler rebuilds them.
-        self.epoch = f"{prefix}:epoch"
 
     def queue(self, name: str) -> str:
         return f"{self.prefix}:queue:{name}"
+
+    def inflight(self, stream: str) -> str:
+        """The in-flight index of ``stream``."""
+        return f"{self.prefix}:inflight:{stream.removeprefix(self.prefix + ':')}"
+
+    def index_field(self, stream: str, fields: Mapping[str, str]) -> str:
+        """The index field of an entry: what the entry is about ('' for an unindexed stream)."""
+        if stream in (self.triggers, self.events):
+            return fields.get("trigger_id", "")
+        if stream.startswith(self.prefix + ":queue:"):
+            return fields.get("task_instance_id", "")
+        return ""
 
 
 class Message(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -57,6 +85,7 @@ class EventMessage(Message, frozen=True):
     kind: str
     payload: str  # JSON
     triggerer: str
+    mac: str
 
 
 class QueueMessage(Message, frozen=True):
@@ -65,6 +94,7 @@ class QueueMessage(Message, frozen=True):
     task_instance_id: str
     try_number: str
     task: str
+    mac: str
 
 
 class TriggerSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -81,14 +111,18 @@ M = TypeVar("M", bound=Message)
 
 
 class MalformedEntry(ValueError):
-    """A stream entry whose fields do not match the stream's schema."""
+    """A stream entry whose fields do not match the stream's schema, or fail their checks."""
+
+
+class ForgedEntry(ValueError):
+    """A stream entry whose MAC does not authenticate it: it must change nothing."""
 
 
 def to_fields(message: Message) -> dict[str, str]:
     return msgspec.structs.asdict(message)
 
 
-def from_fields(kind: type[M], fields: dict[bytes, bytes]) -> M:
+def from_fields(kind: type[M], fields: Mapping[bytes, bytes]) -> M:
     try:
         decoded = {k.decode(): v.decode() for k, v in fields.items()}
         return msgspec.convert(decoded, kind)
@@ -99,6 +133,34 @@ def from_fields(kind: type[M], fields: dict[bytes, bytes]) -> M:
 def task_label(dag_id: str, run_id: str, task_id: str, map_index: int) -> str:
     label = f"{dag_id}.{run_id}.{task_id}"
     return label if map_index < 0 else f"{label}[{map_index}]"
+
+
+def _signed_part(values: tuple[str, ...]) -> bytes:
+    # A JSON array: unambiguous whatever the values hold.
+    return msgspec.json.encode(values)
+
+
+def _sign(cipher: Cipher, *values: str) -> str:
+    return cipher.sign(_signed_part(values))
+
+
+def _authenticate(cipher: Cipher, message: EventMessage | QueueMessage) -> None:
+    values = tuple(v for k, v in msgspec.structs.asdict(message).items() if k != "mac")
+    if not cipher.verify(_signed_part(values), message.mac):
+        raise ForgedEntry(f"{type(message).__name__} failed authentication (forged or corrupted)")
+
+
+def positive_id(text: str, name: str, maximum: int = MAX_BIGINT) -> int:
+    """A decimal id in 1..maximum, or MalformedEntry naming the field."""
+    if not (text.isascii() and text.isdigit()) or len(text) > 19:
+        raise MalformedEntry(f"{name} {text[:40]!r} is not a positive integer")
+    value = int(text)
+    if not 1 <= value <= maximum:
+        raise MalformedEntry(f"{name} {value} is out of range (1..{maximum})")
+    return value
+
+
+# -- triggers -------------------------------------------------------------------------------
 
 
 def trigger_message(
@@ -116,11 +178,79 @@ def trigger_message(
     return TriggerMessage(trigger_id=str(trigger_id), classpath=classpath, task=task, token=token)
 
 
-def queue_message(
-    task_instance_id: int, try_number: int, dag_id: str, run_id: str, task_id: str, map_index: int
-) -> QueueMessage:
-    return QueueMessage(
-        task_instance_id=str(task_instance_id),
-        try_number=str(try_number),
-        task=task_label(dag_id, run_id, task_id, map_index),
+# -- events ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Event:
+    """An authenticated, checked ``deferral:events`` entry."""
+
+    trigger_id: int
+    dedup_key: str
+    failed: bool
+    payload: str  # JSON, decoded by the scheduler
+    triggerer: str
+
+
+def event_message(
+    cipher: Cipher, trigger_id: int, dedup_key: str, kind: str, payload: str, triggerer: str
+) -> EventMessage:
+    mac = _sign(cipher, str(trigger_id), dedup_key, kind, payload, triggerer)
+    return EventMessage(str(trigger_id), dedup_key, kind, payload, triggerer, mac)
+
+
+def read_event(cipher: Cipher, fields: Mapping[bytes, bytes]) -> Event:
+    """The event an entry carries; MalformedEntry or ForgedEntry saying why not. Fields are
+    checked before the MAC so that the reason names a bad field precisely."""
+    message = from_fields(EventMessage, fields)
+    trigger_id = positive_id(message.trigger_id, "trigger_id")
+    if message.kind not in EVENT_KINDS:
+        raise MalformedEntry(f"unknown event kind {message.kind[:40]!r}")
+    if not 0 < len(message.dedup_key) <= MAX_DEDUP_KEY:
+        raise MalformedEntry(f"dedup_key must be 1..{MAX_DEDUP_KEY} characters")
+    _authenticate(cipher, message)
+    return Event(
+        trigger_id,
+        message.dedup_key,
+        message.kind == EVENT_KIND_FAILURE,
+        message.payload,
+        message.triggerer,
     )
+
+
+# -- queues ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class QueuedAttempt:
+    """An authenticated, checked ``deferral:queue:<queue>`` entry."""
+
+    task_instance_id: int
+    try_number: int
+    task: str
+
+
+def queue_message(
+    cipher: Cipher,
+    task_instance_id: int,
+    try_number: int,
+    dag_id: str,
+    run_id: str,
+    task_id: str,
+    map_index: int,
+) -> QueueMessage:
+    task = task_label(dag_id, run_id, task_id, map_index)
+    mac = _sign(cipher, str(task_instance_id), str(try_number), task)
+    return QueueMessage(str(task_instance_id), str(try_number), task, mac)
+
+
+def read_queue_entry(cipher: Cipher, fields: Mapping[bytes, bytes]) -> QueuedAttempt:
+    """The attempt an entry names; MalformedEntry or ForgedEntry saying why not."""
+    message = from_fields(QueueMessage, fields)
+    attempt = QueuedAttempt(
+        positive_id(message.task_instance_id, "task_instance_id"),
+        positive_id(message.try_number, "try_number", MAX_INT),
+        message.task,
+    )
+    _authenticate(cipher, message)
+    return attempt

@@ -5,16 +5,25 @@ from __future__ import annotations
 import copy
 import datetime as dt
 import itertools
+from abc import ABCMeta
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, NoReturn
 
+from deferral.callbacks import CallbackArg, check_callbacks
 from deferral.dag import DAG, DagDefinitionError, check_id
-from deferral.exceptions import TaskDeferred
+from deferral.dependencies import DependencyMixin, is_node_list, relate
+from deferral.exceptions import TaskDeferred, deferral_failure
+from deferral.states import FAIL_METHOD
 from deferral.trigger_rules import TriggerRule
 from deferral.triggers.base import BaseTrigger
+from deferral.utils.task_group import TaskGroup
+from deferral.xcom_arg import XComArg, find_runtime_args
 
 if TYPE_CHECKING:
+    import jinja2
+
     from deferral.context import Context
+    from deferral.mappedoperator import OperatorPartial
 
 
 class _NotSet:
@@ -34,16 +43,54 @@ _DEFAULTS: dict[str, Any] = {
     "pool_slots": 1,
     "queue": "default",
     "priority_weight": 1,
+    "do_xcom_push": True,
+    "on_execute_callback": None,
+    "on_success_callback": None,
+    "on_failure_callback": None,
+    "on_retry_callback": None,
 }
 
+# What a task holds of its own besides its arguments: what a mapped task's map indexes share.
+TASK_SETTINGS = (*_DEFAULTS, "params", "doc", "doc_md", "doc_rst", "doc_json", "doc_yaml")
 
-class BaseOperator:
+_CALLBACKS = (
+    "on_execute_callback",
+    "on_success_callback",
+    "on_failure_callback",
+    "on_retry_callback",
+)
+
+
+class _OperatorMeta(ABCMeta):
+    """Calls ``_after_init`` once the outermost ``__init__`` returned, when every subclass has
+    set its own arguments (``op_kwargs`` ...). An ABCMeta, so operators may also be ABCs."""
+
+    def __call__(cls, *args: Any, **kwargs: Any) -> Any:
+        task = super().__call__(*args, **kwargs)
+        task._after_init()
+        return task
+
+
+class BaseOperator(DependencyMixin, metaclass=_OperatorMeta):
     """Subclass and implement ``execute(context)``; call ``self.defer(...)`` to wait cheaply."""
+
+    # Attributes rendered as Jinja templates before each attempt (deferral.templating; XComArgs
+    # in them are pulled then), and the endings of values that name a template file rather than
+    # hold a template.
+    template_fields: Sequence[str] = ()
+    template_ext: Sequence[str] = ()
 
     # Attributes that tie the operator to its DAG; shared, not copied, by __deepcopy__.
     _shallow_attrs: ClassVar[frozenset[str]] = frozenset(
-        {"dag", "upstream_task_ids", "downstream_task_ids"}
+        {"dag", "task_group", "upstream_task_ids", "downstream_task_ids"}
     )
+    # Set from the arguments (or default_args) in __init__: a callable, a list of them, or None.
+    on_execute_callback: CallbackArg
+    on_success_callback: CallbackArg
+    on_failure_callback: CallbackArg
+    on_retry_callback: CallbackArg
+    # A MappedOperator (``partial().expand()``) runs once per map index.
+    is_mapped: ClassVar[bool] = False
 
     def __init__(
         self,
@@ -58,14 +105,36 @@ class BaseOperator:
         pool_slots: int = NOTSET,
         queue: str = NOTSET,
         priority_weight: int = NOTSET,
+        params: dict[str, Any] | None = None,
+        task_group: TaskGroup | None = None,
+        do_xcom_push: bool = NOTSET,
+        on_execute_callback: CallbackArg = NOTSET,
+        on_success_callback: CallbackArg = NOTSET,
+        on_failure_callback: CallbackArg = NOTSET,
+        on_retry_callback: CallbackArg = NOTSET,
+        doc: str | None = None,
+        doc_md: str | None = None,
+        doc_rst: str | None = None,
+        doc_json: str | None = None,
+        doc_yaml: str | None = None,
+        _from_mapped: bool = False,
         **unknown: Any,
     ) -> None:
-        self.task_id = check_id("task_id", task_id)
+        label = check_id("task_id", task_id)
         if unknown:
             raise DagDefinitionError(
                 f"task {task_id!r}: unknown argument(s) {', '.join(sorted(unknown))}"
             )
-        self.dag = dag or DAG.current()
+        self.dag = dag or (task_group.dag if task_group is not None else None) or DAG.current()
+        group = task_group if task_group is not None else TaskGroup.current(self.dag)
+        if group is not None and group.dag is not self.dag:
+            raise DagDefinitionError(
+                f"task {task_id!r} and its task group {group.group_id!r} are not in the same DAG"
+            )
+        self.task_group = group
+        # In a group the id carries the group's id: "group.task".
+        self.task_id = check_id("task_id", group.child_id(label)) if group else label
+        task_id = self.task_id
         given: dict[str, Any] = {
             "retries": retries,
             "retry_delay": retry_delay,
@@ -75,8 +144,17 @@ class BaseOperator:
             "pool_slots": pool_slots,
             "queue": queue,
             "priority_weight": priority_weight,
+            "do_xcom_push": do_xcom_push,
+            "on_execute_callback": on_execute_callback,
+            "on_success_callback": on_success_callback,
+            "on_failure_callback": on_failure_callback,
+            "on_retry_callback": on_retry_callback,
         }
-        defaults = self.dag.default_args if self.dag else {}
+        # A task group's default_args apply over the DAG's.
+        defaults = {
+            **(self.dag.default_args if self.dag else {}),
+            **(group.default_args if group else {}),
+        }
         resolved: dict[str, Any] = {
             name: value if value is not NOTSET else defaults.get(name, _DEFAULTS[name])
             for name, value in given.items()
@@ -88,6 +166,11 @@ class BaseOperator:
         self.pool_slots: int = resolved["pool_slots"]
         self.queue: str = check_id("queue", resolved["queue"])
         self.priority_weight: int = resolved["priority_weight"]
+        self.do_xcom_push: bool = bool(resolved["do_xcom_push"])
+        for name in _CALLBACKS:
+            setattr(self, name, check_callbacks(f"task {task_id!r}", name, resolved[name]))
+        self.doc, self.doc_md, self.doc_rst = doc, doc_md, doc_rst
+        self.doc_json, self.doc_yaml = doc_json, doc_yaml
         try:
             self.trigger_rule = TriggerRule(resolved["trigger_rule"])
         except ValueError:
@@ -96,13 +179,41 @@ class BaseOperator:
             ) from None
         if not isinstance(self.retries, int) or self.retries < 0:
             raise DagDefinitionError(f"task {task_id!r}: retries must be an int >= 0")
+        if params is not None and not isinstance(params, dict):
+            raise DagDefinitionError(f"task {task_id!r}: params must be a dict")
+        # ``params`` in templates and the context: the DAG's, default_args', then the task's own.
+        self.params: dict[str, Any] = {
+            **(self.dag.params if self.dag else {}),
+            **defaults.get("params", {}),
+            **(params or {}),
+        }
         self.upstream_task_ids: set[str] = set()
         self.downstream_task_ids: set[str] = set()
+        if _from_mapped:
+            return  # one map index's operator, built per attempt: the DAG has its mapped task
         if self.dag is not None:
             self.dag.add_task(self)
+        if group is not None:
+            group.add(self)
+
+    def _after_init(self) -> None:
+        """XComArgs in the template fields make the tasks they come from upstream of this one."""
+        for name in self.template_fields:
+            for arg in find_runtime_args(getattr(self, name, None)):
+                for upstream in arg.upstream_tasks():
+                    relate(upstream, self)
 
     def __repr__(self) -> str:
         return f"<Task({type(self).__name__}): {self.task_id}>"
+
+    @classmethod
+    def partial(cls, **kwargs: Any) -> OperatorPartial:
+        """Dynamic task mapping, as Airflow: ``Op.partial(task_id=..., **shared)`` followed by
+        ``.expand(arg=[...])`` or ``.expand_kwargs([{...}, ...])`` adds a task that runs once
+        per value (see deferral.mappedoperator)."""
+        from deferral.mappedoperator import OperatorPartial
+
+        return OperatorPartial(cls, kwargs)
 
     def __deepcopy__(self, memo: dict[int, Any]) -> BaseOperator:
         """A fresh copy for one run: state set on ``self`` during a run never leaks into
@@ -131,61 +242,80 @@ class BaseOperator:
         """Free the worker slot and resume at ``method_name`` when ``trigger`` fires."""
         raise TaskDeferred(trigger=trigger, method_name=method_name, kwargs=kwargs, timeout=timeout)
 
+    def on_kill(self) -> None:
+        """Called when the task is cut short by its execution_timeout: stop what ``execute``
+        started (a subprocess, an external job). Override as needed."""
+
+    @property
+    def output(self) -> XComArg:
+        """This task's return value, as an XComArg for other tasks' arguments."""
+        return XComArg(self)
+
+    def resume_execution(
+        self, next_method: str, next_kwargs: dict[str, Any] | None, context: Context
+    ) -> Any:
+        """Called (on a fresh instance) when a deferred task resumes: ``next_method`` with the
+        event and the defer kwargs, or, when the deferral ended without an event
+        (``__fail__``), TaskDeferralTimeout / TaskDeferralError raised here, where a subclass
+        may turn it into something else (sensors: SensorTimeout, or skipped with soft_fail)."""
+        kwargs = dict(next_kwargs or {})
+        if next_method == FAIL_METHOD:
+            raise deferral_failure(kwargs)
+        event = kwargs.pop("event", None)
+        return getattr(self, next_method)(context=context, event=event, **kwargs)
+
+    # -- templating ------------------------------------------------------------------------------
+
+    def get_template_env(self) -> jinja2.Environment:
+        """The sandboxed Jinja environment of this task's DAG."""
+        from deferral.templating import template_env
+
+        return template_env(self.dag)
+
+    def render_template_fields(
+        self, context: Context, jinja_env: jinja2.Environment | None = None
+    ) -> None:
+        """Render every attribute named in ``template_fields`` in place (the worker does it on
+        each attempt's fresh copy before ``execute``)."""
+        from deferral.templating import render_template_fields
+
+        render_template_fields(self, context, jinja_env)
+
+    def render_template(
+        self, content: Any, context: Context, jinja_env: jinja2.Environment | None = None
+    ) -> Any:
+        """``content`` rendered in ``context``: a string as a template, collections item by item."""
+        from deferral.templating import render_template
+
+        return render_template(self, content, context, jinja_env)
+
     # -- dependencies --------------------------------------------------------------------------
 
-    def _relate(self, others: BaseOperator | Sequence[BaseOperator], downstream: bool) -> None:
-        for other in [others] if isinstance(others, BaseOperator) else others:
-            if not isinstance(other, BaseOperator):
-                raise DagDefinitionError(f"cannot set a dependency on {other!r}: not a task")
-            if other.dag is not self.dag:
-                raise DagDefinitionError(
-                    f"tasks {self.task_id!r} and {other.task_id!r} are not in the same DAG"
-                )
-            up, down = (self, other) if downstream else (other, self)
-            up.downstream_task_ids.add(down.task_id)
-            down.upstream_task_ids.add(up.task_id)
+    def dependency_tasks(self, *, as_upstream: bool) -> list[BaseOperator]:
+        return [self]
 
-    def set_downstream(self, others: BaseOperator | Sequence[BaseOperator]) -> None:
-        self._relate(others, downstream=True)
-
-    def set_upstream(self, others: BaseOperator | Sequence[BaseOperator]) -> None:
-        self._relate(others, downstream=False)
-
-    def __rshift__(self, other: Any) -> Any:
-        self.set_downstream(other)
-        return other
-
-    def __lshift__(self, other: Any) -> Any:
-        self.set_upstream(other)
-        return other
-
-    def __rrshift__(self, other: Any) -> BaseOperator:
-        # [a, b] >> self
-        self.set_upstream(other)
-        return self
-
-    def __rlshift__(self, other: Any) -> BaseOperator:
-        # [a, b] << self
-        self.set_downstream(other)
-        return self
+    def add_downstream_task(self, other: BaseOperator) -> None:
+        if other.dag is not self.dag:
+            raise DagDefinitionError(
+                f"tasks {self.task_id!r} and {other.task_id!r} are not in the same DAG"
+            )
+        self.downstream_task_ids.add(other.task_id)
+        other.upstream_task_ids.add(self.task_id)
 
 
-def chain(*tasks: BaseOperator | Sequence[BaseOperator]) -> None:
-    """``chain(a, [b, c], d)``: a >> [b, c] >> d (lists of equal length pair up)."""
-    for up, down in itertools.pairwise(tasks):
-        if isinstance(up, BaseOperator):
-            up.set_downstream(down)
-        elif isinstance(down, BaseOperator):
-            down.set_upstream(up)
-        else:
+def chain(*elements: Any) -> None:
+    """``chain(a, [b, c], d)``: a >> [b, c] >> d; two adjacent lists (of equal length) pair up.
+    Elements are tasks, XComArgs, task groups, or lists of them."""
+    for up, down in itertools.pairwise(elements):
+        if is_node_list(up) and is_node_list(down):
             if len(up) != len(down):
                 raise DagDefinitionError("chain() got adjacent lists of different lengths")
             for u, d in zip(up, down, strict=True):
-                u.set_downstream(d)
+                relate(u, d)
+        else:
+            relate(up, down)
 
 
-def cross_downstream(
-    from_tasks: Sequence[BaseOperator], to_tasks: BaseOperator | Sequence[BaseOperator]
-) -> None:
-    for task in from_tasks:
-        task.set_downstream(to_tasks)
+def cross_downstream(from_tasks: Sequence[Any], to_tasks: Any) -> None:
+    """Every element of ``from_tasks`` upstream of every element of ``to_tasks``."""
+    relate(list(from_tasks), to_tasks)

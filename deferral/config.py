@@ -6,8 +6,11 @@ malformed setting stops at start with one line naming it, instead of failing lat
 
 from __future__ import annotations
 
+import datetime as dt
 import os
+import re
 import tomllib
+import zoneinfo
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,6 +41,17 @@ class Settings:
     triggerer_capacity: int
     trigger_modules: tuple[str, ...]
     default_deferrable: bool
+    default_timezone: zoneinfo.ZoneInfo
+    # Deliveries of one stream entry that did not survive a heartbeat before it is dead-lettered.
+    max_deliveries: int
+    # How long a running run's DAG may fail to import before its unfinished tasks are failed.
+    dag_import_grace_sec: float
+    # Age after which the scheduler prunes finished history (None: never).
+    prune_older_than: dt.timedelta | None
+    # Syntax of .deferralignore files: "regexp" or "glob" (Airflow's core.dag_ignore_file_syntax).
+    dag_ignore_file_syntax: str
+    # Most task instances one mapped task may expand into (Airflow's core.max_map_length).
+    max_map_length: int
 
 
 def _database_url(raw: str) -> str:
@@ -78,6 +92,13 @@ def _positive_float(raw: str) -> float:
     return value
 
 
+def _non_negative_float(raw: str) -> float:
+    value = float(raw)
+    if value < 0:
+        raise ValueError("must not be negative")
+    return value
+
+
 def _positive_int(raw: str) -> int:
     value = int(raw)
     if value < 1:
@@ -108,6 +129,50 @@ def _module_prefixes(raw: str) -> tuple[str, ...]:
     return prefixes
 
 
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)([dhms])")
+_UNIT_SECONDS = {"d": 86400, "h": 3600, "m": 60, "s": 1}
+
+
+def parse_duration(raw: str) -> dt.timedelta:
+    """``7d``, ``12h``, ``1d12h``, ``30m``, ``45s`` or a plain number of seconds."""
+    text = raw.strip().lower()
+    try:
+        seconds = float(text)
+    except ValueError:
+        parts = _DURATION.findall(text)
+        if not parts or "".join(n + u for n, u in parts) != text:
+            raise ValueError(f"{raw!r} is not a duration such as 7d, 12h, 30m or 45s") from None
+        seconds = sum(float(n) * _UNIT_SECONDS[u] for n, u in parts)
+    if seconds < 0:
+        raise ValueError("must not be negative")
+    return dt.timedelta(seconds=seconds)
+
+
+def _retention(raw: str) -> dt.timedelta | None:
+    if raw.strip().lower() in {"off", "never", "0"}:
+        return None
+    return parse_duration(raw)
+
+
+def _timezone(raw: str) -> zoneinfo.ZoneInfo:
+    try:
+        return zoneinfo.ZoneInfo(raw.strip())
+    except (zoneinfo.ZoneInfoNotFoundError, ValueError):
+        raise ValueError(f"unknown time zone {raw!r} (use an IANA name such as UTC)") from None
+
+
+IGNORE_SYNTAXES = ("regexp", "glob")
+
+DEFAULT_MAX_MAP_LENGTH = 1024
+
+
+def _ignore_syntax(raw: str) -> str:
+    syntax = raw.strip().lower()
+    if syntax not in IGNORE_SYNTAXES:
+        raise ValueError(f"expected regexp or glob, got {raw!r}")
+    return syntax
+
+
 def _read_toml(path: Path) -> dict[str, str]:
     if not path.is_file():
         return {}
@@ -128,22 +193,34 @@ def _toml_text(value: object) -> str:
     return str(value)
 
 
+def _sources(environ: Mapping[str, str] | None, toml_path: Path | None) -> dict[str, str]:
+    """The settings file's values overridden by the environment's."""
+    source = _read_toml(toml_path if toml_path is not None else Path(TOML_FILE))
+    source.update(os.environ if environ is None else environ)
+    return source
+
+
+def _setting(
+    source: Mapping[str, str], name: str, parse: Callable[[str], T], default: str | None = None
+) -> T:
+    key = ENV_PREFIX + name
+    raw = source.get(key, default)
+    if raw is None or raw == "":
+        raise ConfigError(f"{key} is not set")
+    try:
+        return parse(raw)
+    except ValueError as exc:
+        raise ConfigError(f"{key} is malformed: {exc}") from None
+
+
 def load_settings(
     environ: Mapping[str, str] | None = None, toml_path: Path | None = None
 ) -> Settings:
     """Read and validate every setting; raise ConfigError naming the first bad one."""
-    source = _read_toml(toml_path if toml_path is not None else Path(TOML_FILE))
-    source.update(os.environ if environ is None else environ)
+    source = _sources(environ, toml_path)
 
     def get(name: str, parse: Callable[[str], T], default: str | None = None) -> T:
-        key = ENV_PREFIX + name
-        raw = source.get(key, default)
-        if raw is None or raw == "":
-            raise ConfigError(f"{key} is not set")
-        try:
-            return parse(raw)
-        except ValueError as exc:
-            raise ConfigError(f"{key} is malformed: {exc}") from None
+        return _setting(source, name, parse, default)
 
     return Settings(
         database_url=get("DATABASE_URL", _database_url),
@@ -155,16 +232,53 @@ def load_settings(
         triggerer_capacity=get("TRIGGERER_CAPACITY", _positive_int, default="1000"),
         trigger_modules=get("TRIGGER_MODULES", _module_prefixes, default="deferral.triggers"),
         default_deferrable=get("DEFAULT_DEFERRABLE", _bool, default="false"),
+        default_timezone=get("DEFAULT_TIMEZONE", _timezone, default="UTC"),
+        max_deliveries=get("MAX_DELIVERIES", _positive_int, default="5"),
+        dag_import_grace_sec=get("DAG_IMPORT_GRACE_SEC", _non_negative_float, default="300"),
+        prune_older_than=get("PRUNE_OLDER_THAN", _retention, default="7d"),
+        dag_ignore_file_syntax=get("DAG_IGNORE_FILE_SYNTAX", _ignore_syntax, default="regexp"),
+        max_map_length=get("MAX_MAP_LENGTH", _positive_int, default=str(DEFAULT_MAX_MAP_LENGTH)),
     )
 
 
-def default_deferrable() -> bool:
-    """``DEFERRAL_DEFAULT_DEFERRABLE``, read on its own: DAG files are parsed by processes
-    (and tests) that need no other setting."""
-    raw = os.environ.get(ENV_PREFIX + "DEFAULT_DEFERRABLE", "false")
+def metastore_settings(
+    environ: Mapping[str, str] | None = None, toml_path: Path | None = None
+) -> tuple[str, tuple[str, ...]]:
+    """``DEFERRAL_DATABASE_URL`` and ``DEFERRAL_FERNET_KEY`` alone: all that Variables and
+    Connections need, in a task's process or in any script (no Redis setting required)."""
+    source = _sources(environ, toml_path)
+    return (
+        _setting(source, "DATABASE_URL", _database_url),
+        _setting(source, "FERNET_KEY", _fernet_keys),
+    )
+
+
+def _one_setting(name: str, parse: Callable[[str], T], default: str) -> T:
+    """One setting read on its own from the environment: DAG files are parsed by processes (and
+    tests) that need no other setting."""
+    key = ENV_PREFIX + name
+    raw = os.environ.get(key) or default
     try:
-        return _bool(raw)
-    except ValueError:
-        raise ConfigError(
-            f"{ENV_PREFIX}DEFAULT_DEFERRABLE is malformed: expected true or false"
-        ) from None
+        return parse(raw)
+    except ValueError as exc:
+        raise ConfigError(f"{key} is malformed: {exc}") from None
+
+
+def default_deferrable() -> bool:
+    """``DEFERRAL_DEFAULT_DEFERRABLE``: the default of sensors' ``deferrable``."""
+    return _one_setting("DEFAULT_DEFERRABLE", _bool, "false")
+
+
+def default_timezone() -> zoneinfo.ZoneInfo:
+    """``DEFERRAL_DEFAULT_TIMEZONE``: the zone naive datetimes in DAG files are read in."""
+    return _one_setting("DEFAULT_TIMEZONE", _timezone, "UTC")
+
+
+def dag_ignore_file_syntax() -> str:
+    """``DEFERRAL_DAG_IGNORE_FILE_SYNTAX``: how ``.deferralignore`` lines read, regexp or glob."""
+    return _one_setting("DAG_IGNORE_FILE_SYNTAX", _ignore_syntax, "regexp")
+
+
+def max_map_length() -> int:
+    """``DEFERRAL_MAX_MAP_LENGTH``: the most task instances one mapped task may expand into."""
+    return _one_setting("MAX_MAP_LENGTH", _positive_int, str(DEFAULT_MAX_MAP_LENGTH))

@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol, TypedDict
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, NotRequired, Protocol, TypedDict
+
+from deferral import macros
+from deferral.connections import ConnectionAccessor
+from deferral.variables import VariableAccessor
 
 if TYPE_CHECKING:
     from deferral.baseoperator import BaseOperator
@@ -14,15 +21,32 @@ if TYPE_CHECKING:
 class XComBackend(Protocol):
     def push(self, task_instance_id: int, key: str, value: Any) -> None: ...
 
-    def pull(self, dag_id: str, run_id: str, task_id: str, key: str, map_index: int) -> Any: ...
+    def pull(self, dag_id: str, run_id: str, task_id: str, key: str, map_index: int | None) -> Any:
+        """The value of one map index (-1: an unmapped task); ``None``: the task's value if it
+        is not mapped, else the list of its map indexes' values in map-index order."""
+        ...
 
 
 @dataclass(frozen=True)
 class DagRunInfo:
+    """``context["dag_run"]``."""
+
     dag_id: str
     run_id: str
     logical_date: dt.datetime
     conf: dict[str, Any] = field(default_factory=dict)
+    data_interval_start: dt.datetime | None = None
+    data_interval_end: dt.datetime | None = None
+    run_type: str = "manual"
+
+    @property
+    def execution_date(self) -> dt.datetime:
+        """Airflow's older name of the logical date."""
+        return self.logical_date
+
+    @property
+    def external_trigger(self) -> bool:
+        return self.run_type == "manual"
 
 
 @dataclass
@@ -38,6 +62,9 @@ class RuntimeTaskInstance:
     xcoms: XComBackend
     # When this try first started; it runs across deferrals and reschedules.
     first_started_at: dt.datetime
+    # Tasks of the run to skip if this try succeeds (what a branch or short circuit chose
+    # against); the worker skips them in the transaction that records the success.
+    skip_task_ids: set[str] = field(default_factory=set)
 
     def xcom_push(self, key: str, value: Any) -> None:
         self.xcoms.push(self.id, key, value)
@@ -46,22 +73,113 @@ class RuntimeTaskInstance:
         self,
         task_ids: str | list[str] | None = None,
         key: str = "return_value",
-        map_index: int = -1,
+        map_indexes: int | Iterable[int] | None = None,
     ) -> Any:
-        """One task id gives its value (None if absent); a list gives a list of values."""
+        """One task id gives its value (None if absent); a list gives a list of values. As in
+        Airflow, a mapped task's value is the list of the values its map indexes pushed, in
+        map-index order (``map_indexes`` picks one index, or a list of them)."""
         if task_ids is None:
             task_ids = self.task_id
         if isinstance(task_ids, str):
-            return self.xcoms.pull(self.dag_id, self.run_id, task_ids, key, map_index)
-        return [self.xcoms.pull(self.dag_id, self.run_id, t, key, map_index) for t in task_ids]
+            return self._pull(task_ids, key, map_indexes)
+        return [self._pull(t, key, map_indexes) for t in task_ids]
+
+    def _pull(self, task_id: str, key: str, map_indexes: int | Iterable[int] | None) -> Any:
+        if map_indexes is None or isinstance(map_indexes, int):
+            return self.xcoms.pull(self.dag_id, self.run_id, task_id, key, map_indexes)
+        return [self.xcoms.pull(self.dag_id, self.run_id, task_id, key, i) for i in map_indexes]
 
 
 class Context(TypedDict):
+    """What ``execute`` receives and templates read: Airflow's context keys."""
+
     ti: RuntimeTaskInstance
+    task_instance: RuntimeTaskInstance
     task: BaseOperator
     dag: DAG
     dag_run: DagRunInfo
     run_id: str
     logical_date: dt.datetime
+    data_interval_start: dt.datetime
+    data_interval_end: dt.datetime
+    ds: str
+    ds_nodash: str
+    ts: str
+    ts_nodash: str
+    ts_nodash_with_tz: str
+    task_instance_key_str: str
     params: dict[str, Any]
     try_number: int
+    var: dict[str, VariableAccessor]
+    conn: ConnectionAccessor
+    macros: ModuleType
+    # Deprecated in Airflow 2 but in many DAGs: the logical date, the run after, the day around.
+    execution_date: dt.datetime
+    next_execution_date: dt.datetime
+    next_ds: str
+    next_ds_nodash: str
+    yesterday_ds: str
+    yesterday_ds_nodash: str
+    tomorrow_ds: str
+    tomorrow_ds_nodash: str
+    # Only in the context of on_failure_callback and on_retry_callback: what the task raised.
+    exception: NotRequired[BaseException]
+
+
+def with_data_interval(dag_run: DagRunInfo) -> DagRunInfo:
+    """A run without a recorded data interval (a manual run) gets the interval of its logical
+    date: start = end = logical date."""
+    if dag_run.data_interval_start is not None and dag_run.data_interval_end is not None:
+        return dag_run
+    return dataclasses.replace(
+        dag_run,
+        data_interval_start=dag_run.data_interval_start or dag_run.logical_date,
+        data_interval_end=dag_run.data_interval_end or dag_run.logical_date,
+    )
+
+
+def make_context(task: BaseOperator, dag_run: DagRunInfo, ti: RuntimeTaskInstance) -> Context:
+    """The context of one attempt of ``task``; dates are in UTC, as in Airflow."""
+    assert task.dag is not None
+    run = with_data_interval(dag_run)
+    assert run.data_interval_start is not None and run.data_interval_end is not None
+    logical = run.logical_date.astimezone(dt.UTC)
+    # The run after a scheduled one starts where its interval ends; a manual run has none.
+    following = logical if run.external_trigger else run.data_interval_end.astimezone(dt.UTC)
+    ds, ts = logical.strftime("%Y-%m-%d"), logical.isoformat()
+    yesterday = (logical - dt.timedelta(days=1)).strftime("%Y-%m-%d")
+    tomorrow = (logical + dt.timedelta(days=1)).strftime("%Y-%m-%d")
+    return {
+        "ti": ti,
+        "task_instance": ti,
+        "task": task,
+        "dag": task.dag,
+        "dag_run": run,
+        "run_id": run.run_id,
+        "logical_date": logical,
+        "data_interval_start": run.data_interval_start.astimezone(dt.UTC),
+        "data_interval_end": run.data_interval_end.astimezone(dt.UTC),
+        "ds": ds,
+        "ds_nodash": ds.replace("-", ""),
+        "ts": ts,
+        "ts_nodash": logical.strftime("%Y%m%dT%H%M%S"),
+        "ts_nodash_with_tz": ts.replace("-", "").replace(":", ""),
+        "task_instance_key_str": f"{task.dag.dag_id}__{task.task_id}__{ds.replace('-', '')}",
+        # DAG params, then the task's, then the run's conf (Airflow's default precedence).
+        "params": {**task.params, **run.conf},
+        "try_number": ti.try_number,
+        "var": {
+            "value": VariableAccessor(deserialize_json=False),
+            "json": VariableAccessor(deserialize_json=True),
+        },
+        "conn": ConnectionAccessor(),
+        "macros": macros,
+        "execution_date": logical,
+        "next_execution_date": following,
+        "next_ds": following.strftime("%Y-%m-%d"),
+        "next_ds_nodash": following.strftime("%Y%m%d"),
+        "yesterday_ds": yesterday,
+        "yesterday_ds_nodash": yesterday.replace("-", ""),
+        "tomorrow_ds": tomorrow,
+        "tomorrow_ds_nodash": tomorrow.replace("-", ""),
+    }

@@ -4,11 +4,32 @@ from __future__ import annotations
 
 import datetime as dt
 import re
-from collections.abc import Iterator
+import sys
+import warnings
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from deferral.callbacks import CallbackArg, check_callbacks
+from deferral.config import default_timezone
+from deferral.timetables import (
+    CONTINUOUS,
+    DagRunInfo,
+    DataInterval,
+    InvalidSchedule,
+    TimeRestriction,
+    Timetable,
+    create_timetable,
+)
+from deferral.timezone import make_aware
+
 if TYPE_CHECKING:
+    import jinja2
+
     from deferral.baseoperator import BaseOperator
+    from deferral.utils.task_group import TaskGroup
+    from deferral.xcom_arg import DagParam
 
 _ID_PATTERN = re.compile(r"^[A-Za-z0-9_.\-]{1,250}$")
 
@@ -25,40 +46,173 @@ def check_id(kind: str, value: object) -> str:
     return value
 
 
+# "name__3": the suffix TaskFlow calls and task groups get when their id is taken, as in Airflow.
+_SUFFIX = re.compile(r"__\d+$")
+
+# (DAG, module whose code created it) for each DAG used as a context manager while a DagBag
+# imports a DAG file; None when no DagBag is importing.
+_Collected = list[tuple["DAG", str | None]]
+
+_UNSET: Any = object()
+
+
+def _date_argument(dag_id: str, name: str, value: object) -> dt.datetime | None:
+    """A start or end date as given (naive ones read in DEFERRAL_DEFAULT_TIMEZONE)."""
+    if value is None:
+        return None
+    if not isinstance(value, dt.datetime):
+        raise DagDefinitionError(
+            f"DAG {dag_id!r}: {name} must be a datetime, not {type(value).__name__}"
+        )
+    return make_aware(value)
+
+
 class DAG:
     _context_stack: ClassVar[list[DAG]] = []
+    _collected: ClassVar[_Collected | None] = None
 
     def __init__(
         self,
         dag_id: str,
-        schedule: str | None = None,
+        schedule: Any = _UNSET,
         start_date: dt.datetime | None = None,
         default_args: dict[str, Any] | None = None,
         max_active_tasks: int = 16,
         params: dict[str, Any] | None = None,
         description: str | None = None,
+        template_searchpath: str | Iterable[str] | None = None,
+        template_undefined: type[jinja2.Undefined] | None = None,
+        user_defined_macros: dict[str, Any] | None = None,
+        user_defined_filters: dict[str, Callable[..., Any]] | None = None,
+        render_template_as_native_obj: bool = False,
+        jinja_environment_kwargs: dict[str, Any] | None = None,
+        *,
+        end_date: dt.datetime | None = None,
+        catchup: bool = False,
+        max_active_runs: int = 16,
+        dagrun_timeout: dt.timedelta | None = None,
+        is_paused_upon_creation: bool | None = None,
+        schedule_interval: Any = _UNSET,
+        doc_md: str | None = None,
+        on_success_callback: CallbackArg = None,
+        on_failure_callback: CallbackArg = None,
+        auto_register: bool = True,
     ) -> None:
         self.dag_id = check_id("dag_id", dag_id)
-        if schedule is not None:
-            raise DagDefinitionError(f"DAG {dag_id!r}: only schedule=None is supported so far")
-        self.schedule = schedule
-        self.start_date = start_date
         self.default_args = dict(default_args or {})
+        self.schedule = self._schedule_argument(schedule, schedule_interval)
+        # As in Airflow, default_args may carry the dates for the whole DAG.
+        self.start_date = _date_argument(
+            dag_id, "start_date", start_date or self.default_args.get("start_date")
+        )
+        self.end_date = _date_argument(
+            dag_id, "end_date", end_date or self.default_args.get("end_date")
+        )
+        # Cron schedules run in the start date's own zone if it has one, as in Airflow.
+        self.timezone: dt.tzinfo = (
+            self.start_date.tzinfo
+            if self.start_date and self.start_date.tzinfo
+            else default_timezone()
+        )
+        try:
+            self.timetable: Timetable = create_timetable(self.schedule, self.timezone)
+        except InvalidSchedule as exc:
+            raise DagDefinitionError(f"DAG {dag_id!r}: {exc}") from None
+        self.catchup = catchup
+        self.max_active_runs = max_active_runs
+        self.dagrun_timeout = dagrun_timeout
+        self.is_paused_upon_creation = is_paused_upon_creation
+        self._check_schedule_arguments()
         self.max_active_tasks = max_active_tasks
         self.params = dict(params or {})
         self.description = description
+        self.doc_md = doc_md
+        at = f"DAG {dag_id!r}"
+        self.on_success_callback = check_callbacks(at, "on_success_callback", on_success_callback)
+        self.on_failure_callback = check_callbacks(at, "on_failure_callback", on_failure_callback)
+        self.auto_register = auto_register
+        # Templating (deferral.templating): where template files are, and the environment.
+        if isinstance(template_searchpath, str):
+            template_searchpath = [template_searchpath]
+        self.template_searchpath: list[str] = list(template_searchpath or [])
+        self.template_undefined = template_undefined  # None: jinja2.StrictUndefined
+        self.user_defined_macros = dict(user_defined_macros or {})
+        self.user_defined_filters = dict(user_defined_filters or {})
+        self.render_template_as_native_obj = render_template_as_native_obj
+        self.jinja_environment_kwargs = dict(jinja_environment_kwargs or {})
         self.task_dict: dict[str, BaseOperator] = {}
+        self.task_group_dict: dict[str, TaskGroup] = {}
         self.fileloc: str | None = None
 
     def __repr__(self) -> str:
         return f"<DAG {self.dag_id}>"
 
+    # -- schedule ------------------------------------------------------------------------------
+
+    def _schedule_argument(self, schedule: Any, schedule_interval: Any) -> Any:
+        if schedule_interval is _UNSET:
+            return None if schedule is _UNSET else schedule
+        if schedule is not _UNSET:
+            raise DagDefinitionError(
+                f"DAG {self.dag_id!r}: give schedule or schedule_interval, not both"
+            )
+        warnings.warn(
+            "schedule_interval is deprecated (as in Airflow 2.4+): use schedule",
+            DeprecationWarning,
+            stacklevel=3,
+        )
+        return schedule_interval
+
+    def _check_schedule_arguments(self) -> None:
+        where = f"DAG {self.dag_id!r}"
+        if not isinstance(self.catchup, bool):
+            raise DagDefinitionError(f"{where}: catchup must be True or False")
+        if not isinstance(self.max_active_runs, int) or self.max_active_runs < 1:
+            raise DagDefinitionError(f"{where}: max_active_runs must be an int >= 1")
+        if self.dagrun_timeout is not None and not isinstance(self.dagrun_timeout, dt.timedelta):
+            raise DagDefinitionError(f"{where}: dagrun_timeout must be a timedelta or None")
+        if self.timetable.can_be_scheduled and self.start_date is None:
+            raise DagDefinitionError(f"{where}: schedule {self.schedule!r} needs a start_date")
+        if self.end_date and self.start_date and self.end_date < self.start_date:
+            raise DagDefinitionError(f"{where}: end_date is before start_date")
+        if self.schedule == CONTINUOUS and self.max_active_runs != 1:
+            raise DagDefinitionError(f"{where}: schedule '@continuous' needs max_active_runs=1")
+
+    @property
+    def schedule_interval(self) -> Any:
+        """Airflow 2's name for ``schedule``."""
+        return self.schedule
+
+    @property
+    def time_restriction(self) -> TimeRestriction:
+        return TimeRestriction(self.start_date, self.end_date, self.catchup)
+
+    def next_dagrun_info(
+        self,
+        last_automated_data_interval: DataInterval | None,
+        *,
+        now: dt.datetime,
+        restricted: bool = True,
+    ) -> DagRunInfo | None:
+        """The run the scheduler creates after the latest scheduled or backfill run (None: no
+        more runs). ``restricted=False`` ignores start_date, end_date and catchup."""
+        restriction = (
+            self.time_restriction if restricted else TimeRestriction(None, None, catchup=True)
+        )
+        return self.timetable.next_dagrun_info(
+            last_automated_data_interval=last_automated_data_interval,
+            restriction=restriction,
+            now=now,
+        )
+
     def __enter__(self) -> DAG:
         DAG._context_stack.append(self)
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, exc_type: object, *exc: object) -> None:
         DAG._context_stack.pop()
+        if exc_type is None and self.auto_register and DAG._collected is not None:
+            DAG._collected.append((self, _defining_module()))
 
     @classmethod
     def current(cls) -> DAG | None:
@@ -71,7 +225,55 @@ class DAG:
     def add_task(self, task: BaseOperator) -> None:
         if task.task_id in self.task_dict and self.task_dict[task.task_id] is not task:
             raise DagDefinitionError(f"DAG {self.dag_id!r} has two tasks with id {task.task_id!r}")
+        if task.task_id in self.task_group_dict:
+            raise DagDefinitionError(
+                f"DAG {self.dag_id!r}: task id {task.task_id!r} is already a task group's id"
+            )
         self.task_dict[task.task_id] = task
+
+    def add_task_group(self, group: TaskGroup) -> None:
+        group_id = group.group_id
+        if group_id in self.task_group_dict:
+            raise DagDefinitionError(
+                f"DAG {self.dag_id!r} has two task groups with id {group_id!r}"
+            )
+        if group_id in self.task_dict:
+            raise DagDefinitionError(
+                f"DAG {self.dag_id!r}: task group id {group_id!r} is already a task's id"
+            )
+        self.task_group_dict[group_id] = group
+
+    def unique_label(self, label: str, group: TaskGroup | None) -> str:
+        """``label``, or ``label__N`` with the next free N if the id it gives in ``group`` is
+        taken by a task or a task group (calling a @task twice gives ``name`` and ``name__1``)."""
+
+        def full_id(candidate: str) -> str:
+            return group.child_id(candidate) if group is not None else candidate
+
+        taken = self.task_dict.keys() | self.task_group_dict.keys()
+        if full_id(label) not in taken:
+            return label
+        core = _SUFFIX.sub("", label)
+        numbered = re.compile(re.escape(full_id(core)) + r"__(\d+)")
+        used = [int(match.group(1)) for other in taken if (match := numbered.fullmatch(other))]
+        return f"{core}__{max(used, default=0) + 1}"
+
+    def param(self, name: str, default: Any) -> DagParam:
+        """A reference to the run's ``params[name]``, resolved when a task runs; ``default``
+        becomes the DAG's param default (what a @dag function's parameters are)."""
+        from deferral.xcom_arg import DagParam
+
+        self.params[name] = default
+        return DagParam(self.dag_id, name)
+
+    def doc_md_text(self) -> str | None:
+        """``doc_md``; one naming a ``.md`` file next to the DAG file gives that file's text."""
+        doc = self.doc_md
+        if doc and doc.strip().endswith(".md") and self.fileloc:
+            path = Path(self.fileloc).parent / doc.strip()
+            if path.is_file():
+                return path.read_text(errors="replace")
+        return doc
 
     def get_task(self, task_id: str) -> BaseOperator:
         try:
@@ -120,3 +322,26 @@ class DAG:
     def validate(self) -> None:
         for _ in self.topological_order():
             pass
+
+
+def _defining_module() -> str | None:
+    """The module whose code is creating a DAG: the nearest caller outside deferral itself (the
+    @dag factory runs the ``with`` block on its caller's behalf)."""
+    frame = sys._getframe(2)
+    while frame is not None and str(frame.f_globals.get("__name__", "")).startswith("deferral."):
+        frame = frame.f_back  # type: ignore[assignment]
+    return None if frame is None else frame.f_globals.get("__name__")
+
+
+@contextmanager
+def collecting_dags() -> Iterator[_Collected]:
+    """Collect the DAGs used as a context manager (``with DAG(...)``, a @dag function's call)
+    while the block runs: how a DagBag finds a file's DAGs that no module global holds, as
+    Airflow finds them (``auto_register``)."""
+    previous = DAG._collected
+    collected: _Collected = []
+    DAG._collected = collected
+    try:
+        yield collected
+    finally:
+        DAG._collected = previous

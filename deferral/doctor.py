@@ -170,14 +170,50 @@ def dead_letters(stream: str, length: int, newest_error: str | None) -> Check:
     )
 
 
-def redis_data(epoch_key: str, present: bool) -> Check:
-    """The epoch key is set by the scheduler once the streams hold what Postgres says."""
-    name = "redis data"
-    if present:
-        return Check(Status.OK, name, f"{epoch_key} is set")
+def in_flight(stranded_tasks: Sequence[str]) -> Check:
+    """Deferred tasks whose trigger is in no stream (neither waiting or running in
+    ``deferral:triggers`` nor fired into ``deferral:events``): nothing will resume them until the
+    scheduler's reconciler publishes their trigger again.
+
+    ``stranded_tasks``: labels (dag.run.task) of such task instances."""
+    name = "in flight"
+    if not stranded_tasks:
+        return Check(Status.OK, name, "every deferred task's trigger is in a stream")
     return Check(
-        Status.WARN,
+        Status.FAIL,
         name,
-        f"{epoch_key} is missing: Redis lost its data or no scheduler has started;"
-        " the scheduler rebuilds streams from Postgres",
+        f"{_plural(len(stranded_tasks), 'deferred task')} whose trigger is in no stream"
+        f" ({_listed(stranded_tasks)}): a running scheduler republishes them within seconds;"
+        " if this persists, start `scheduler consume`",
     )
+
+
+@dataclass(frozen=True)
+class BrokenDag:
+    dag_id: str
+    missing_for_sec: float
+    reason: str
+    running_runs: int
+
+
+def broken_dags(broken: Sequence[BrokenDag], grace_sec: float) -> Check:
+    """DAGs that stopped loading: their running runs fail after the grace period."""
+    name = "broken DAGs"
+    if not broken:
+        return Check(Status.OK, name, "every DAG with runs loads")
+    parts = []
+    overdue = False
+    for dag in broken:
+        reason = dag.reason.strip().splitlines()[0] if dag.reason.strip() else "unknown"
+        if len(reason) > MAX_ERROR_CHARS:
+            reason = reason[: MAX_ERROR_CHARS - 3] + "..."
+        left = grace_sec - dag.missing_for_sec
+        runs = _plural(dag.running_runs, "running run")
+        if left > 0:
+            fate = f"{runs} fail in {left:.0f}s unless it loads again"
+        else:
+            fate = f"{runs} past the {grace_sec:g}s grace period"
+            overdue = overdue or dag.running_runs > 0
+        parts.append(f"{dag.dag_id} for {dag.missing_for_sec:.0f}s ({reason}): {fate}")
+    status = Status.FAIL if overdue else Status.WARN
+    return Check(status, name, f"{_plural(len(broken), 'DAG')} not loading: " + "; ".join(parts))

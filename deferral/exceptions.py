@@ -42,6 +42,16 @@ class TaskDeferralTimeout(DeferralException):
     """The deferral's timeout (or the task's execution_timeout) passed before the trigger fired."""
 
 
+def deferral_failure(next_kwargs: dict[str, Any]) -> TaskDeferralTimeout | TaskDeferralError:
+    """What a task resumed at ``__fail__`` raises: its deferral ended without an event, either
+    timed out (``{"error": "timeout"}``) or because the trigger failed (message, traceback)."""
+    if next_kwargs.get("error") == "timeout":
+        return TaskDeferralTimeout("the deferral timed out before its trigger fired")
+    detail = next_kwargs.get("message") or "trigger failed"
+    trace = next_kwargs.get("traceback")
+    return TaskDeferralError(f"{detail}\n{trace}" if trace else str(detail))
+
+
 class SkipTask(DeferralException):
     """Ends the task in state skipped."""
 
@@ -52,6 +62,12 @@ class FailTask(DeferralException):
 
 class SensorTimeout(FailTask):
     """A sensor waited longer than its timeout."""
+
+
+class MappingError(FailTask):
+    """A mapped task's input cannot be mapped over (not a list or dict, missing, too long, a
+    key that is no argument); the message names the task and the argument. Retrying would map
+    over the same input, so the task fails without retry."""
 
 
 class TaskExecutionTimeout(DeferralException):
@@ -65,3 +81,17 @@ class RescheduleTask(DeferralException):
     def __init__(self, reschedule_date: dt.datetime) -> None:
         super().__init__(reschedule_date)
         self.reschedule_date = reschedule_date
+
+
+class ClusterPolicyViolation(DeferralException):
+    """Raised by a cluster policy (``dag_policy``, ``task_policy``) to refuse a DAG: the DAG is
+    not loaded and its file shows an import error with the message."""
+
+
+class ClusterPolicySkipDag(DeferralException):
+    """Raised by ``dag_policy`` to leave a DAG out silently: no DAG, no import error."""
+
+
+class ClusterPolicyError(DeferralException):
+    """A cluster policy failed in another way than refusing (it raised something else, or left a
+    task with a value the runtime cannot use); shown as an import error like a violation."""

@@ -21,7 +21,7 @@ from sqlalchemy import (
     func,
     text,
 )
-from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.dialects.postgresql import JSON, JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 NAMING = {
@@ -46,14 +46,72 @@ def _created() -> Mapped[dt.datetime]:
     return mapped_column(Timestamp, server_default=func.now())
 
 
+class Dag(Base):
+    """What the schedulers last parsed of each DAG, and what users set on it (paused)."""
+
+    __tablename__ = "dag"
+    __table_args__ = (
+        # The scheduler's "is any run due?" query reads only this index when none is.
+        Index(
+            "ix_dag_next_dagrun_create_after",
+            "next_dagrun_create_after",
+            postgresql_where=text("next_dagrun_create_after IS NOT NULL"),
+        ),
+    )
+
+    dag_id: Mapped[str] = mapped_column(String(250), primary_key=True)
+    fileloc: Mapped[str | None] = mapped_column(Text)
+    is_paused: Mapped[bool] = mapped_column(Boolean, server_default=text("false"))
+    # False once no DAG file defines it any more.
+    is_active: Mapped[bool] = mapped_column(Boolean, server_default=text("true"))
+    schedule: Mapped[str | None] = mapped_column(Text)
+    max_active_tasks: Mapped[int] = mapped_column(Integer, server_default=text("16"))
+    max_active_runs: Mapped[int] = mapped_column(Integer, server_default=text("16"))
+    next_dagrun: Mapped[dt.datetime | None] = mapped_column(Timestamp)
+    next_dagrun_data_interval_start: Mapped[dt.datetime | None] = mapped_column(Timestamp)
+    next_dagrun_data_interval_end: Mapped[dt.datetime | None] = mapped_column(Timestamp)
+    next_dagrun_create_after: Mapped[dt.datetime | None] = mapped_column(Timestamp)
+    # Since when the DAG cannot be loaded (its file fails to import, or no longer defines it);
+    # its running runs are failed once DEFERRAL_DAG_IMPORT_GRACE_SEC has passed.
+    missing_since: Mapped[dt.datetime | None] = mapped_column(Timestamp)
+    missing_reason: Mapped[str | None] = mapped_column(Text)
+    last_parsed_at: Mapped[dt.datetime | None] = mapped_column(Timestamp)
+
+
+class DagImportError(Base):
+    """A DAG file that fails to import, as the schedulers last saw it."""
+
+    __tablename__ = "import_error"
+
+    filename: Mapped[str] = mapped_column(String(1000), primary_key=True)
+    error: Mapped[str] = mapped_column(Text)
+    first_seen: Mapped[dt.datetime] = _created()
+    last_seen: Mapped[dt.datetime] = _created()
+
+
 class DagRun(Base):
     __tablename__ = "dag_run"
-    __table_args__ = (UniqueConstraint("dag_id", "run_id"), Index(None, "state"))
+    __table_args__ = (
+        UniqueConstraint("dag_id", "run_id"),
+        # One run per logical date, as Airflow 2 enforces: what makes scheduler replicas create
+        # each scheduled run exactly once (INSERT ... ON CONFLICT DO NOTHING).
+        UniqueConstraint("dag_id", "logical_date"),
+        Index(None, "state"),
+        Index(None, "dag_id", "state"),
+        Index(
+            "ix_dag_run_evaluate_after",
+            "evaluate_after",
+            postgresql_where=text("evaluate_after IS NOT NULL"),
+        ),
+    )
 
     id: Mapped[int] = _id()
     dag_id: Mapped[str] = mapped_column(String(250))
     run_id: Mapped[str] = mapped_column(String(250))
+    run_type: Mapped[str] = mapped_column(String(20), server_default=text("'manual'"))
     logical_date: Mapped[dt.datetime] = mapped_column(Timestamp)
+    data_interval_start: Mapped[dt.datetime | None] = mapped_column(Timestamp)
+    data_interval_end: Mapped[dt.datetime | None] = mapped_column(Timestamp)
     state: Mapped[str] = mapped_column(String(20))
     conf: Mapped[dict[str, Any]] = mapped_column(JSONB, server_default=text("'{}'::jsonb"))
     created_at: Mapped[dt.datetime] = _created()
@@ -62,6 +120,11 @@ class DagRun(Base):
     updated_at: Mapped[dt.datetime] = mapped_column(
         Timestamp, server_default=func.now(), onupdate=func.now()
     )
+    # Set when something changed that may let the run move on (a task finished, the run was
+    # created or reopened); the scheduler evaluates only these runs, so idle runs cost nothing.
+    evaluate_after: Mapped[dt.datetime | None] = mapped_column(Timestamp)
+    # Why the last evaluation of this run raised (cleared by the next one that succeeds).
+    scheduling_error: Mapped[str | None] = mapped_column(Text)
 
 
 class Trigger(Base):
@@ -85,6 +148,12 @@ class TaskInstance(Base):
             "trigger_timeout",
             postgresql_where=text("state = 'deferred'"),
         ),
+        Index(
+            "ix_task_instance_due",
+            "due_at",
+            postgresql_where=text("state IN ('up_for_retry', 'up_for_reschedule')"),
+        ),
+        Index("ix_task_instance_state_id", "state", "id"),
     )
 
     id: Mapped[int] = _id()
@@ -109,9 +178,27 @@ class TaskInstance(Base):
     next_kwargs: Mapped[str | None] = mapped_column(Text)  # Fernet token
     trigger_timeout: Mapped[dt.datetime | None] = mapped_column(Timestamp)
     first_started_at: Mapped[dt.datetime | None] = mapped_column(Timestamp)
+    # When an up_for_retry task may run its next try, or an up_for_reschedule one poke again.
+    due_at: Mapped[dt.datetime | None] = mapped_column(Timestamp)
     updated_at: Mapped[dt.datetime] = mapped_column(
         Timestamp, server_default=func.now(), onupdate=func.now()
     )
+
+
+class Worker(Base):
+    """A worker process, for liveness (heartbeat) and the CLI."""
+
+    __tablename__ = "worker"
+
+    name: Mapped[str] = mapped_column(String(250), primary_key=True)
+    hostname: Mapped[str] = mapped_column(String(1000))
+    pid: Mapped[int] = mapped_column(Integer)
+    queue: Mapped[str] = mapped_column(String(256))
+    concurrency: Mapped[int] = mapped_column(Integer)
+    load: Mapped[int] = mapped_column(Integer, server_default=text("0"))
+    started_at: Mapped[dt.datetime] = _created()
+    latest_heartbeat: Mapped[dt.datetime] = _created()
+    state: Mapped[str] = mapped_column(String(20))
 
 
 class Triggerer(Base):
@@ -127,6 +214,19 @@ class Triggerer(Base):
     state: Mapped[str] = mapped_column(String(20))
 
 
+class Scheduler(Base):
+    """A scheduler process, for liveness (heartbeat): ``deferral health`` and the CLI."""
+
+    __tablename__ = "scheduler"
+
+    name: Mapped[str] = mapped_column(String(250), primary_key=True)
+    hostname: Mapped[str] = mapped_column(String(1000))
+    pid: Mapped[int] = mapped_column(Integer)
+    started_at: Mapped[dt.datetime] = _created()
+    latest_heartbeat: Mapped[dt.datetime] = _created()
+    state: Mapped[str] = mapped_column(String(20))
+
+
 class ResumeEvent(Base):
     __tablename__ = "resume_event"
 
@@ -134,13 +234,18 @@ class ResumeEvent(Base):
     trigger_id: Mapped[int] = mapped_column(BigInteger, index=True)
     task_instance_id: Mapped[int | None] = mapped_column(BigInteger)
     outcome: Mapped[str] = mapped_column(String(20))
-    received_at: Mapped[dt.datetime] = _created()
+    received_at: Mapped[dt.datetime] = mapped_column(
+        Timestamp, server_default=func.now(), index=True
+    )
 
 
 class Outbox(Base):
     __tablename__ = "outbox"
     __table_args__ = (
         Index("ix_outbox_unpublished", "created_at", postgresql_where=text("published_at IS NULL")),
+        Index(
+            "ix_outbox_published", "published_at", postgresql_where=text("published_at IS NOT NULL")
+        ),
     )
 
     id: Mapped[int] = _id()
@@ -194,3 +299,51 @@ class TaskReschedule(Base):
     start_date: Mapped[dt.datetime] = mapped_column(Timestamp)
     end_date: Mapped[dt.datetime] = mapped_column(Timestamp)
     reschedule_date: Mapped[dt.datetime] = mapped_column(Timestamp)
+
+
+class StoredVariable(Base):
+    """A Variable (``deferral.variables.Variable`` is the API). ``val`` is a Fernet token when
+    ``is_encrypted``; rows written by deferral always are."""
+
+    __tablename__ = "variable"
+
+    id: Mapped[int] = _id()
+    key: Mapped[str] = mapped_column(String(250), unique=True)
+    val: Mapped[str | None] = mapped_column(Text)
+    description: Mapped[str | None] = mapped_column(Text)
+    is_encrypted: Mapped[bool] = mapped_column(Boolean, server_default=text("false"))
+
+
+class StoredConnection(Base):
+    """A Connection (``deferral.connections.Connection`` is the API). ``password`` and ``extra``
+    are always Fernet tokens."""
+
+    __tablename__ = "connection"
+
+    id: Mapped[int] = _id()
+    conn_id: Mapped[str] = mapped_column(String(250), unique=True)
+    conn_type: Mapped[str] = mapped_column(String(500))
+    description: Mapped[str | None] = mapped_column(Text)
+    host: Mapped[str | None] = mapped_column(String(500))
+    schema: Mapped[str | None] = mapped_column(String(500))
+    login: Mapped[str | None] = mapped_column(Text)
+    password: Mapped[str | None] = mapped_column(Text)
+    port: Mapped[int | None] = mapped_column(Integer)
+    extra: Mapped[str | None] = mapped_column(Text)
+
+
+class RenderedTaskInstanceFields(Base):
+    """What each template field of a task rendered to, per try (secrets masked), for
+    ``deferral tasks render``. A resumed or rescheduled try renders again and overwrites its row."""
+
+    __tablename__ = "rendered_task_instance_fields"
+
+    task_instance_id: Mapped[int] = mapped_column(
+        ForeignKey("task_instance.id", ondelete="CASCADE"), primary_key=True
+    )
+    try_number: Mapped[int] = mapped_column(Integer, primary_key=True)
+    # json, not jsonb: the fields (and keys within them) keep the order the task declared.
+    rendered: Mapped[dict[str, Any]] = mapped_column(JSON)
+    rendered_at: Mapped[dt.datetime] = mapped_column(
+        Timestamp, server_default=func.now(), onupdate=func.now()
+    )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import datetime as dt
 import json
 import logging
 import os
@@ -18,14 +19,48 @@ import click
 
 from deferral.config import ConfigError, Settings, load_settings
 
+# The attribute of a log record that holds the ids of the task instance, try and trigger it is
+# about (set with ``extra=log_ids(...)``); the JSON format writes them as fields of their own.
+LOG_IDS_ATTR = "deferral_ids"
+# What log_ids returns: the ``extra=`` of a logging call.
+LogExtra = dict[str, dict[str, Any]]
 
-class _JsonFormatter(logging.Formatter):
+
+def log_ids(
+    *,
+    task: str | None = None,
+    task_instance_id: int | None = None,
+    try_number: int | None = None,
+    trigger_id: int | None = None,
+) -> LogExtra:
+    """``extra=`` for a log call about a task instance or a trigger: ``task`` is its label
+    (dag.run.task[map]); only the ids given become fields."""
+    given = {
+        "task": task,
+        "task_instance_id": task_instance_id,
+        "try_number": try_number,
+        "trigger_id": trigger_id,
+    }
+    return {LOG_IDS_ATTR: {key: value for key, value in given.items() if value is not None}}
+
+
+def utc_timestamp(created: float) -> str:
+    """A log record's time in ISO 8601, UTC, to the millisecond: 2024-05-01T12:00:00.123Z."""
+    moment = dt.datetime.fromtimestamp(created, dt.UTC)
+    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line: timestamp, level, logger, message, the ids the record is about,
+    and the traceback if any."""
+
     def format(self, record: logging.LogRecord) -> str:
         entry: dict[str, Any] = {
-            "at": self.formatTime(record),
+            "timestamp": utc_timestamp(record.created),
             "level": record.levelname.lower(),
             "logger": record.name,
             "message": record.getMessage(),
+            **getattr(record, LOG_IDS_ATTR, {}),
         }
         if record.exc_info:
             entry["exception"] = self.formatException(record.exc_info)
@@ -35,7 +70,7 @@ class _JsonFormatter(logging.Formatter):
 def setup_logging(log_format: str, level: int = logging.INFO) -> None:
     handler = logging.StreamHandler(sys.stderr)
     if log_format == "json":
-        handler.setFormatter(_JsonFormatter())
+        handler.setFormatter(JsonFormatter())
     else:
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     root = logging.getLogger()
@@ -101,3 +136,22 @@ def log_format_option(func: Callable[..., Any]) -> Callable[..., Any]:
         show_default=True,
         help="Log line format on stderr.",
     )(func)
+
+
+# Every command group of every program: -h as well as --help (inherited by its subcommands).
+CONTEXT_SETTINGS: dict[str, Any] = {"help_option_names": ["-h", "--help"]}
+
+
+def command_group(
+    name: str | None = None, **attrs: Any
+) -> Callable[[Callable[..., Any]], click.Group]:
+    """``click.group`` with ``-h`` for ``--help`` and ``--version`` (the installed package's
+    version), as every command group of deferral's programs has."""
+
+    def decorate(func: Callable[..., Any]) -> click.Group:
+        with_version = click.version_option(
+            package_name="deferral", message="%(prog)s %(version)s"
+        )(func)
+        return click.group(name, context_settings=CONTEXT_SETTINGS, **attrs)(with_version)
+
+    return decorate

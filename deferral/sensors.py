@@ -1,120 +1,310 @@
-"""Sensors: tasks that wait for a condition.
+"""Sensors: tasks that wait for a condition, with Airflow 2.x's semantics.
 
 ``BaseSensorOperator`` pokes in the worker slot (mode ``poke``), frees the slot between pokes
 (mode ``reschedule``: state up_for_reschedule until the next poke), or, with ``deferrable=True``,
-hands the wait to a trigger. The ``*Async`` sensors always defer.
+pokes once and hands the rest of the wait to a trigger. The ``*Async`` sensors always defer.
 """
 
 from __future__ import annotations
 
 import datetime as dt
-import os
+import hashlib
+import logging
 import time
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, NoReturn
 
 from deferral.baseoperator import BaseOperator
 from deferral.config import default_deferrable
 from deferral.context import Context
 from deferral.dag import DagDefinitionError
-from deferral.exceptions import RescheduleTask, SensorTimeout, SkipTask
+from deferral.exceptions import (
+    DeferralException,
+    FailTask,
+    RescheduleTask,
+    SensorTimeout,
+    SkipTask,
+    TaskDeferralError,
+    TaskDeferralTimeout,
+    TaskExecutionTimeout,
+)
+from deferral.timezone import make_aware
 from deferral.triggers import DateTimeTrigger, FileTrigger
+from deferral.triggers.base import BaseTrigger
+from deferral.triggers.file import find_file
+
+log = logging.getLogger("deferral.sensors")
 
 RESUME_METHOD = "execute_complete"
+DEFAULT_TIMEOUT_SEC = 7 * 24 * 3600.0
+# Exceptions from poke (or from a resumed deferral) that soft_fail turns into a skip.
+_SOFT_FAILURES = (FailTask, TaskExecutionTimeout, TaskDeferralError)
+# Largest backoff delay, as Airflow caps it: a timedelta must still hold it.
+_MAX_DELAY_SEC = dt.timedelta.max.total_seconds() - 1
+
+
+class PokeReturnValue:
+    """What ``poke`` may return instead of a bool: ``is_done``, and ``xcom_value`` that the
+    sensor returns (so it becomes its ``return_value`` XCom) once done."""
+
+    def __init__(self, is_done: bool, xcom_value: Any | None = None) -> None:
+        self.is_done = is_done
+        self.xcom_value = xcom_value
+
+    def __bool__(self) -> bool:
+        return self.is_done
+
+
+def _seconds(task_id: str, name: str, value: object) -> float:
+    """A duration argument as seconds: a timedelta or a number, never negative."""
+    if isinstance(value, dt.timedelta):
+        seconds = value.total_seconds()
+    elif isinstance(value, (int, float)) and not isinstance(value, bool):
+        seconds = float(value)
+    else:
+        raise DagDefinitionError(
+            f"task {task_id!r}: {name} must be a timedelta or a number of seconds, "
+            f"got {type(value).__name__}"
+        )
+    if seconds < 0:
+        raise DagDefinitionError(f"task {task_id!r}: {name} must not be negative, got {value!r}")
+    return seconds
+
+
+def _done_value(result: bool | PokeReturnValue) -> Any:
+    return result.xcom_value if isinstance(result, PokeReturnValue) else None
 
 
 class BaseSensorOperator(BaseOperator):
+    """Subclass and implement ``poke(context) -> bool | PokeReturnValue``.
+
+    ``timeout`` counts from the try's first poke (across reschedules and deferrals); when it
+    passes the task fails with SensorTimeout, never retried, or is skipped with ``soft_fail``.
+    ``soft_fail`` also skips on FailTask / SensorTimeout / execution timeouts raised in ``poke``
+    and on a failed deferral; ``silent_fail`` treats any other poke error as "not yet";
+    ``never_fail`` skips on any poke error.
+    """
+
+    valid_modes = ("poke", "reschedule")
+
     def __init__(
         self,
         *,
-        poke_interval: float = 60,
-        timeout: float = 7 * 24 * 3600,
+        poke_interval: dt.timedelta | float = 60,
+        timeout: dt.timedelta | float = DEFAULT_TIMEOUT_SEC,
         soft_fail: bool = False,
         mode: str = "poke",
         exponential_backoff: bool = False,
-        max_wait: float | None = None,
+        max_wait: dt.timedelta | float | None = None,
+        silent_fail: bool = False,
+        never_fail: bool = False,
         deferrable: bool | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
-        if mode not in ("poke", "reschedule"):
+        if mode not in self.valid_modes:
             raise DagDefinitionError(
                 f"task {self.task_id!r}: sensor mode {mode!r} is not 'poke' or 'reschedule'"
             )
-        self.poke_interval = float(poke_interval)
-        self.timeout = float(timeout)
+        if soft_fail and never_fail:
+            raise DagDefinitionError(
+                f"task {self.task_id!r}: soft_fail and never_fail exclude each other"
+            )
+        self.poke_interval = _seconds(self.task_id, "poke_interval", poke_interval)
+        self.timeout = _seconds(self.task_id, "timeout", timeout)
+        self.max_wait = (
+            None
+            if max_wait is None
+            else dt.timedelta(seconds=_seconds(self.task_id, "max_wait", max_wait))
+        )
         self.soft_fail = soft_fail
+        self.silent_fail = silent_fail
+        self.never_fail = never_fail
         self.mode = mode
         self.exponential_backoff = exponential_backoff
-        self.max_wait = max_wait
         self.deferrable = default_deferrable() if deferrable is None else deferrable
 
-    def poke(self, context: Context) -> bool:
+    @property
+    def reschedule(self) -> bool:
+        return self.mode == "reschedule"
+
+    def poke(self, context: Context) -> bool | PokeReturnValue:
         raise NotImplementedError(f"{type(self).__name__} must implement poke()")
 
+    # -- poke and reschedule modes -----------------------------------------------------------
+
     def execute(self, context: Context) -> Any:
-        if self.mode == "reschedule":
-            return self._poke_or_reschedule(context)
-        started = time.monotonic()
-        interval = self.poke_interval
-        while not self.poke(context):
-            if time.monotonic() - started > self.timeout:
-                self._timed_out()
+        started_at: dt.datetime | float
+        if self.reschedule:
+            # Reschedule mode: one poke per run of the task, timed from the try's first poke.
+            first_poke = context["ti"].first_started_at
+            started_at = first_poke
+
+            def run_duration() -> float:
+                return (dt.datetime.now(dt.UTC) - first_poke).total_seconds()
+
+        else:
+            started_at = start = time.monotonic()
+
+            def run_duration() -> float:
+                return time.monotonic() - start
+
+        poke_count = 1
+        while not (result := self._poke(context)):
+            if run_duration() > self.timeout:
+                self._timed_out(run_duration())
+            interval = self._next_poke_interval(started_at, run_duration(), poke_count)
+            if self.reschedule:
+                raise RescheduleTask(dt.datetime.now(dt.UTC) + dt.timedelta(seconds=interval))
             time.sleep(interval)
-            if self.exponential_backoff:
-                interval = min(interval * 2, self.max_wait or float("inf"))
-        return None
+            poke_count += 1
+        return _done_value(result)
 
-    def _poke_or_reschedule(self, context: Context) -> None:
-        """One poke; "not yet" frees the slot until the next poke (state up_for_reschedule).
-        The timeout counts from the try's first poke, across reschedules."""
-        if self.poke(context):
-            return None
-        now = dt.datetime.now(dt.UTC)
-        if (now - context["ti"].first_started_at).total_seconds() > self.timeout:
-            self._timed_out()
-        raise RescheduleTask(now + dt.timedelta(seconds=self.poke_interval))
+    def _poke(self, context: Context) -> bool | PokeReturnValue:
+        """``poke`` with Airflow's failure handling (soft_fail, silent_fail, never_fail)."""
+        try:
+            return self.poke(context)
+        except _SOFT_FAILURES as exc:
+            if self.soft_fail or self.never_fail:
+                flag = "soft_fail" if self.soft_fail else "never_fail"
+                raise SkipTask(f"skipped ({flag}): {type(exc).__name__}: {exc}") from exc
+            raise
+        except DeferralException:
+            raise  # skip, defer, reschedule: the sensor's own way out, not a failure
+        except Exception as exc:
+            if self.silent_fail:
+                log.error("sensor %r: poke failed, poking again later", self.task_id, exc_info=True)
+                return False
+            if self.never_fail:
+                raise SkipTask(f"skipped (never_fail): {type(exc).__name__}: {exc}") from exc
+            raise
 
-    def _timed_out(self) -> None:
-        message = f"sensor {self.task_id!r} timed out after {self.timeout:g}s"
+    def _timed_out(self, waited: float) -> NoReturn:
+        message = (
+            f"sensor {self.task_id!r} timed out: waited {waited:.1f}s, "
+            f"longer than its timeout of {self.timeout:g}s"
+        )
         if self.soft_fail:
             raise SkipTask(message)
         raise SensorTimeout(message)
+
+    def _next_poke_interval(
+        self, started_at: dt.datetime | float, run_duration: float, poke_count: int
+    ) -> float:
+        """Seconds until the next poke: ``poke_interval``, or with ``exponential_backoff``
+        Airflow's jittered doubling (about ``poke_interval * 2**(n-2)`` for the n-th poke),
+        never past the timeout nor ``max_wait``. In reschedule mode each poke is a new run of
+        the task, so n is estimated from the time waited since the first poke."""
+        if not self.exponential_backoff:
+            return self.poke_interval
+        if self.reschedule:
+            poke_count, waited = 0, 0.0
+            while waited <= run_duration:
+                poke_count += 1
+                waited += self._backoff(started_at, poke_count)
+        interval = min(self._backoff(started_at, poke_count), self.timeout - int(run_duration))
+        if self.max_wait:
+            interval = min(interval, self.max_wait.total_seconds())
+        return interval
+
+    def _backoff(self, started_at: dt.datetime | float, poke_count: int) -> float:
+        """The n-th backoff delay, in [base, 2 * base) with base = poke_interval * 2**(n-2) (at
+        least 1 s); the jitter comes from a hash of the task and the wait, so that sensors that
+        started together do not poke together, yet every replica computes the same delay."""
+        base = max(int(self.poke_interval * 2 ** (poke_count - 2)), 1)
+        dag_id = self.dag.dag_id if self.dag is not None else ""
+        key = f"{dag_id}#{self.task_id}#{started_at}#{poke_count}"
+        jitter = int(hashlib.sha1(key.encode(), usedforsecurity=False).hexdigest(), 16) % base
+        return min(base + jitter, _MAX_DELAY_SEC)
+
+    # -- deferrable mode ---------------------------------------------------------------------
+
+    def poke_then_defer(self, context: Context, trigger: Callable[[], BaseTrigger]) -> Any:
+        """Deferrable mode: poke once, return at once if already satisfied, else hand the wait
+        to ``trigger()`` for at most ``timeout``, resuming at ``execute_complete``."""
+        if result := self._poke(context):
+            return _done_value(result)
+        self.defer(
+            trigger=trigger(),
+            method_name=RESUME_METHOD,
+            timeout=dt.timedelta(seconds=self.timeout),
+        )
+
+    def resume_execution(
+        self, next_method: str, next_kwargs: dict[str, Any] | None, context: Context
+    ) -> Any:
+        """A deferral that timed out is the sensor's timeout: SensorTimeout (never retried),
+        or skipped with ``soft_fail``, as is any other failure of the resumed wait."""
+        try:
+            return super().resume_execution(next_method, next_kwargs, context)
+        except TaskDeferralTimeout as exc:
+            message = f"sensor {self.task_id!r} timed out: {exc}"
+            if self.soft_fail:
+                raise SkipTask(message) from exc
+            raise SensorTimeout(message) from exc
+        except _SOFT_FAILURES as exc:
+            if self.soft_fail:
+                raise SkipTask(f"skipped (soft_fail): {type(exc).__name__}: {exc}") from exc
+            raise
 
     def execute_complete(self, context: Context, event: Any = None) -> None:
         return None
 
 
-class DateTimeSensor(BaseSensorOperator):
-    """Waits until ``target_time`` (tz-aware)."""
-
-    def __init__(self, *, target_time: dt.datetime, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        if target_time.tzinfo is None:
-            raise DagDefinitionError(f"task {self.task_id!r}: target_time must be tz-aware")
-        self.target_time = target_time
+class _MomentSensor(BaseSensorOperator):
+    """Waits until ``target(context)``; deferrable through a DateTimeTrigger."""
 
     def target(self, context: Context) -> dt.datetime:
-        return self.target_time
+        raise NotImplementedError
 
     def poke(self, context: Context) -> bool:
         return dt.datetime.now(dt.UTC) >= self.target(context)
 
     def execute(self, context: Context) -> Any:
         if self.deferrable:
-            self.defer(
-                trigger=DateTimeTrigger(self.target(context)),
-                method_name=RESUME_METHOD,
-                timeout=dt.timedelta(seconds=self.timeout),
-            )
+            return self.poke_then_defer(context, lambda: DateTimeTrigger(self.target(context)))
         return super().execute(context)
 
 
-class TimeDeltaSensor(DateTimeSensor):
+class DateTimeSensor(_MomentSensor):
+    """Waits until ``target_time``: a datetime (a naive one is read in
+    ``DEFERRAL_DEFAULT_TIMEZONE``) or an ISO 8601 string (e.g. rendered from a template)."""
+
+    template_fields: Sequence[str] = ("target_time",)
+
+    def __init__(self, *, target_time: dt.datetime | str, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        if isinstance(target_time, dt.datetime):
+            self.target_time: dt.datetime | str = make_aware(target_time)
+        elif isinstance(target_time, str):
+            self.target_time = target_time
+        else:
+            raise DagDefinitionError(
+                f"task {self.task_id!r}: target_time must be a datetime or an ISO 8601 str, "
+                f"got {type(target_time).__name__}"
+            )
+
+    def target(self, context: Context) -> dt.datetime:
+        if isinstance(self.target_time, dt.datetime):
+            return self.target_time
+        try:
+            return make_aware(dt.datetime.fromisoformat(self.target_time))
+        except ValueError:
+            raise FailTask(
+                f"task {self.task_id!r}: target_time {self.target_time!r} is not an ISO 8601 "
+                "datetime"
+            ) from None
+
+
+class TimeDeltaSensor(_MomentSensor):
     """Waits until the run's logical date + ``delta``."""
 
     def __init__(self, *, delta: dt.timedelta, **kwargs: Any) -> None:
-        # target_time is computed per run from the logical date; epoch is a placeholder.
-        super().__init__(target_time=dt.datetime.fromtimestamp(0, dt.UTC), **kwargs)
+        super().__init__(**kwargs)
+        if not isinstance(delta, dt.timedelta):
+            raise DagDefinitionError(
+                f"task {self.task_id!r}: delta must be a timedelta, got {type(delta).__name__}"
+            )
         self.delta = delta
 
     def target(self, context: Context) -> dt.datetime:
@@ -132,20 +322,33 @@ class TimeDeltaSensorAsync(TimeDeltaSensor):
 
 
 class FileSensor(BaseSensorOperator):
-    """Waits for ``filepath`` to exist."""
+    """Waits for ``filepath`` (a path or a glob pattern; ``recursive`` lets ``**`` span
+    directories) to point at a file, or at a directory that holds one at any depth; it is
+    templated."""
 
-    def __init__(self, *, filepath: str, **kwargs: Any) -> None:
+    template_fields: Sequence[str] = ("filepath",)
+
+    def __init__(self, *, filepath: str, recursive: bool = False, **kwargs: Any) -> None:
         super().__init__(**kwargs)
+        if not isinstance(filepath, str) or not filepath:
+            raise DagDefinitionError(f"task {self.task_id!r}: filepath must be a non-empty str")
+        if self.deferrable and self.poke_interval <= 0:
+            raise DagDefinitionError(
+                f"task {self.task_id!r}: poke_interval must be greater than 0 when deferrable "
+                "(the trigger polls at that interval)"
+            )
         self.filepath = filepath
+        self.recursive = recursive
 
     def poke(self, context: Context) -> bool:
-        return os.path.exists(self.filepath)
+        return find_file(self.filepath, self.recursive) is not None
 
     def execute(self, context: Context) -> Any:
         if self.deferrable:
-            self.defer(
-                trigger=FileTrigger(self.filepath, poll_interval=self.poke_interval),
-                method_name=RESUME_METHOD,
-                timeout=dt.timedelta(seconds=self.timeout),
+            return self.poke_then_defer(
+                context,
+                lambda: FileTrigger(
+                    self.filepath, poll_interval=self.poke_interval, recursive=self.recursive
+                ),
             )
         return super().execute(context)

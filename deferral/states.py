@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 from enum import StrEnum
 
 
@@ -37,6 +38,22 @@ class DagRunState(StrEnum):
     RUNNING = "running"
     SUCCESS = "success"
     FAILED = "failed"
+
+
+class DagRunType(StrEnum):
+    """Who made a run: a user (``dags trigger``), the scheduler, or ``dags backfill``."""
+
+    MANUAL = "manual"
+    SCHEDULED = "scheduled"
+    BACKFILL = "backfill"
+
+    def run_id(self, logical_date: dt.datetime) -> str:
+        """Airflow's run ids: ``scheduled__2024-01-01T00:00:00+00:00``."""
+        return f"{self.value}__{logical_date.isoformat()}"
+
+
+# Runs the scheduler's "latest automated run" counts from (manual runs never move the schedule).
+AUTOMATED_RUN_TYPES = frozenset({DagRunType.SCHEDULED, DagRunType.BACKFILL})
 
 
 # next_method value the scheduler sets when a deferral ends without its trigger firing: the

@@ -12,13 +12,38 @@ elsewhere; this module only applies them.
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import Row, Table, bindparam, delete, func, insert, select, text, update
+from sqlalchemy import (
+    CTE,
+    BigInteger,
+    ColumnElement,
+    DateTime,
+    Integer,
+    Row,
+    String,
+    Table,
+    Text,
+    bindparam,
+    case,
+    cast,
+    column,
+    delete,
+    func,
+    insert,
+    literal,
+    or_,
+    select,
+    text,
+    tuple_,
+    update,
+    values,
+)
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.orm import Session
+from sqlalchemy.orm.util import identity_key
 
 from deferral import xcom
 from deferral.crypto import Cipher
@@ -29,33 +54,38 @@ from deferral.models import (
     TaskReschedule,
     TaskStateChange,
     Trigger,
+    XCom,
 )
-from deferral.states import FAIL_METHOD, DagRunState, TaskState
+from deferral.states import FAIL_METHOD, FINISHED_STATES, DagRunState, DagRunType, TaskState
 
 TI = TaskInstance
+# Core tables: executemany UPDATEs keyed by bound parameters are not ORM bulk updates.
+_TI_TABLE: Table = TaskInstance.__table__  # type: ignore[assignment]
+_RESUME_TABLE: Table = ResumeEvent.__table__  # type: ignore[assignment]
 
 # Reasons recorded when a task leaves the deferred state; the triggerer reads them to tell why
 # the trigger it runs is no longer wanted.
 TIMED_OUT = "trigger timeout passed"
 RESUMED_BY_TRIGGER = "trigger "  # "trigger <id> fired" / "trigger <id> failed"
 
+# Reaching one of these states may let the run move on (downstream tasks become decidable, the run
+# may finish, a retry needs its due time): the run is marked for evaluation in the same statement.
+MARKS_RUN = frozenset({*FINISHED_STATES, TaskState.NONE, TaskState.UP_FOR_RETRY})
 
-def _record(
-    session: Session, ids: Sequence[int], from_state: str, to_state: str, reason: str
-) -> None:
-    if ids:
-        session.execute(
-            insert(TaskStateChange),
-            [
-                {
-                    "task_instance_id": i,
-                    "from_state": from_state,
-                    "to_state": to_state,
-                    "reason": reason,
-                }
-                for i in ids
-            ],
+
+def _mark_runs_of(moved: CTE) -> CTE:
+    """A CTE marking the running runs of the task instances in ``moved`` for evaluation."""
+    return (
+        update(DagRun)
+        .where(
+            DagRun.dag_id == moved.c.dag_id,
+            DagRun.run_id == moved.c.run_id,
+            DagRun.state == DagRunState.RUNNING,
+            or_(DagRun.evaluate_after.is_(None), DagRun.evaluate_after > func.now()),
         )
+        .values(evaluate_after=func.now())
+        .cte("marked")
+    )
 
 
 def _move(
@@ -64,35 +94,128 @@ def _move(
     from_state: TaskState,
     to_state: TaskState,
     reason: str,
+    *,
+    fence: Sequence[ColumnElement[bool]] = (),
     **values: Any,
 ) -> list[int]:
-    """Move the rows among ``ids`` that are in ``from_state``; return the ids moved."""
+    """Move the rows among ``ids`` that are in ``from_state`` (and match ``fence``); record the
+    change and mark their runs when ``to_state`` may let them move on; return the ids moved.
+    One statement, whatever the number of rows."""
     ids = list(ids)
     if not ids:
         return []
-    statement = (
+    moved = (
         update(TI)
-        .where(TI.id.in_(ids), TI.state == from_state)
+        .where(TI.id.in_(ids), TI.state == from_state, *fence)
         .values(state=to_state, updated_at=func.now(), **values)
-        .returning(TI.id)
+        .returning(TI.id, TI.dag_id, TI.run_id)
+        .cte("moved")
     )
-    moved = list(session.scalars(statement))
-    _record(session, moved, from_state, to_state, reason)
-    return moved
+    recorded = (
+        insert(TaskStateChange)
+        .from_select(
+            ["task_instance_id", "from_state", "to_state", "reason"],
+            select(moved.c.id, literal(from_state), literal(to_state), literal(reason)),
+        )
+        .cte("recorded")
+    )
+    statement = select(moved.c.id).add_cte(recorded)
+    if to_state in MARKS_RUN:
+        statement = statement.add_cte(_mark_runs_of(moved))
+    moved_ids = list(session.scalars(statement))
+    _expire_loaded(session, moved_ids)
+    return moved_ids
+
+
+def _expire_loaded(session: Session, ids: Iterable[int]) -> None:
+    """Core statements bypass the ORM: rows of these ids already loaded in the session are
+    reloaded on their next access."""
+    for ti_id in ids:
+        loaded = session.identity_map.get(identity_key(TI, ti_id))
+        if loaded is not None:
+            session.expire(loaded)
+
+
+def mark_runs(session: Session, run_ids: Iterable[int]) -> None:
+    """Ask the scheduler to evaluate these runs (a DAG changed, a task joined)."""
+    ids = list(run_ids)
+    if ids:
+        session.execute(
+            update(DagRun)
+            .where(DagRun.id.in_(ids), DagRun.state.in_([DagRunState.QUEUED, DagRunState.RUNNING]))
+            .values(evaluate_after=func.now())
+        )
 
 
 # -- DAG runs ------------------------------------------------------------------------------------
 
 
 def create_dag_run(
-    session: Session, dag_id: str, run_id: str, logical_date: dt.datetime, conf: Mapping[str, Any]
+    session: Session,
+    dag_id: str,
+    run_id: str,
+    logical_date: dt.datetime,
+    conf: Mapping[str, Any],
+    *,
+    run_type: str = "manual",
+    data_interval: tuple[dt.datetime, dt.datetime] | None = None,
 ) -> int:
+    """A new run in state queued, marked for the scheduler to start."""
+    start, end = data_interval if data_interval is not None else (None, None)
     run = DagRun(
-        dag_id=dag_id, run_id=run_id, logical_date=logical_date, state=DagRunState.QUEUED, conf=conf
+        dag_id=dag_id,
+        run_id=run_id,
+        run_type=run_type,
+        logical_date=logical_date,
+        data_interval_start=start,
+        data_interval_end=end,
+        state=DagRunState.QUEUED,
+        conf=conf,
+        evaluate_after=func.now(),
     )
     session.add(run)
     session.flush()
     return run.id
+
+
+@dataclass(frozen=True)
+class NewDagRun:
+    """A scheduled or backfill run to create (queued)."""
+
+    dag_id: str
+    run_type: DagRunType
+    logical_date: dt.datetime
+    data_interval_start: dt.datetime
+    data_interval_end: dt.datetime
+    conf: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def run_id(self) -> str:
+        return self.run_type.run_id(self.logical_date)
+
+
+def create_dag_runs_once(session: Session, runs: Sequence[NewDagRun]) -> list[str]:
+    """Create the runs no run of their DAG has the logical date (or run id) of yet; return the
+    run ids created. The unique keys decide, not a lock: replicas racing to create the same run
+    create it once, the loser's insert does nothing."""
+    if not runs:
+        return []
+    rows = [
+        {
+            "dag_id": r.dag_id,
+            "run_id": r.run_id,
+            "run_type": r.run_type,
+            "logical_date": r.logical_date,
+            "data_interval_start": r.data_interval_start,
+            "data_interval_end": r.data_interval_end,
+            "state": DagRunState.QUEUED,
+            "conf": dict(r.conf),
+            "evaluate_after": func.now(),
+        }
+        for r in runs
+    ]
+    statement = pg_insert(DagRun).values(rows).on_conflict_do_nothing().returning(DagRun.run_id)
+    return list(session.scalars(statement))
 
 
 @dataclass(frozen=True)
@@ -103,6 +226,7 @@ class NewTaskInstance:
     pool_slots: int
     queue: str
     priority_weight: int
+    map_index: int = -1
 
 
 def start_dag_run(session: Session, run: DagRun, tasks: Sequence[NewTaskInstance]) -> None:
@@ -110,12 +234,19 @@ def start_dag_run(session: Session, run: DagRun, tasks: Sequence[NewTaskInstance
     add_task_instances(session, run, tasks)
     run.state = DagRunState.RUNNING
     run.start_date = func.now()
+    run.evaluate_after = func.now()
 
 
-def add_task_instances(session: Session, run: DagRun, tasks: Sequence[NewTaskInstance]) -> None:
-    """Create task instances (state none) for tasks of the run that have none yet."""
-    if tasks:
-        session.execute(
+def add_task_instances(
+    session: Session, run: DagRun, tasks: Sequence[NewTaskInstance]
+) -> list[tuple[int, int]]:
+    """Create task instances (state none) for the (task, map index) of the run that have none
+    yet; returns the (id, map index) of those created."""
+    if not tasks:
+        return []
+    return [
+        (row.id, row.map_index)
+        for row in session.execute(
             pg_insert(TI)
             .values(
                 [
@@ -123,6 +254,7 @@ def add_task_instances(session: Session, run: DagRun, tasks: Sequence[NewTaskIns
                         "dag_id": run.dag_id,
                         "run_id": run.run_id,
                         "task_id": t.task_id,
+                        "map_index": t.map_index,
                         "max_tries": t.max_tries,
                         "pool": t.pool,
                         "pool_slots": t.pool_slots,
@@ -133,62 +265,143 @@ def add_task_instances(session: Session, run: DagRun, tasks: Sequence[NewTaskIns
                 ]
             )
             .on_conflict_do_nothing()
+            .returning(TI.id, TI.map_index)
         )
+    ]
+
+
+def expand_mapped_task(
+    session: Session, run: DagRun, placeholder_id: int, more: Sequence[NewTaskInstance]
+) -> list[tuple[int, int]]:
+    """A mapped task's placeholder (map index -1, state none) becomes map index 0, and task
+    instances are created for ``more`` (map indexes 1..n-1, state none), at most once however
+    many schedulers evaluate the run: the placeholder's conditional update decides, and only
+    the statement that moved it creates the others. Returns the (id, map index) of the task
+    instances of the expansion, or nothing if the placeholder was no longer waiting."""
+    moved = session.scalars(
+        update(TI)
+        .where(TI.id == placeholder_id, TI.map_index == -1, TI.state == TaskState.NONE)
+        .values(map_index=0, updated_at=func.now())
+        .returning(TI.id)
+    ).one_or_none()
+    if moved is None:
+        return []
+    _expire_loaded(session, [placeholder_id])
+    count = len(more) + 1
+    session.add(
+        TaskStateChange(
+            task_instance_id=placeholder_id,
+            from_state=TaskState.NONE,
+            to_state=TaskState.NONE,
+            reason=f"expanded into {count} task instance(s), map indexes 0 to {count - 1}",
+        )
+    )
+    return [(placeholder_id, 0), *add_task_instances(session, run, more)]
 
 
 def finish_dag_run(session: Session, run: DagRun, state: DagRunState) -> None:
     run.state = state
     run.end_date = func.now()
+    run.evaluate_after = None
+
+
+def evaluated(session: Session, run: DagRun, error: str | None = None) -> None:
+    """The scheduler looked at the run: clear its mark, or (``error``) keep it marked for a
+    later look, with the reason, so one run that raises does not stop the others."""
+    run.scheduling_error = error
+    run.evaluate_after = None if error is None else func.now() + dt.timedelta(seconds=30)
+
+
+DAGRUN_TIMED_OUT = "dagrun_timeout passed"
+
+
+def time_out_dag_run(session: Session, run_id: int) -> list[int] | None:
+    """running -> failed for a run past its dagrun_timeout; its unfinished task instances are
+    skipped, as in Airflow 2: a deferred one lets go of its trigger, a running attempt's outcome
+    no longer applies (it is fenced on the running state). Returns the task instances skipped,
+    or None if the run was not running."""
+    run = session.execute(
+        update(DagRun)
+        .where(DagRun.id == run_id, DagRun.state == DagRunState.RUNNING)
+        .values(state=DagRunState.FAILED, end_date=func.now(), evaluate_after=None)
+        .returning(DagRun.dag_id, DagRun.run_id)
+    ).one_or_none()
+    if run is None:
+        return None
+    unfinished = tuple(s for s in TaskState if s not in FINISHED_STATES)
+    return _end_unfinished(
+        session, run.dag_id, run.run_id, unfinished, TaskState.SKIPPED, DAGRUN_TIMED_OUT
+    )
 
 
 # -- scheduler: none / up_for_retry -> scheduled -> queued ----------------------------------------
 
+_NEW_TRY: dict[str, Any] = {
+    "try_number": TI.try_number + 1,
+    "first_started_at": None,
+    "start_date": None,
+    "end_date": None,
+    "due_at": None,
+}
+
 
 def schedule(session: Session, ids: Iterable[int], reason: str = "dependencies met") -> list[int]:
     """none -> scheduled: a new try."""
-    return _move(
-        session,
-        ids,
-        TaskState.NONE,
-        TaskState.SCHEDULED,
-        reason,
-        try_number=TI.try_number + 1,
-        first_started_at=None,
-        start_date=None,
-        end_date=None,
-    )
+    return _move(session, ids, TaskState.NONE, TaskState.SCHEDULED, reason, **_NEW_TRY)
 
 
-def retry(session: Session, ids: Iterable[int]) -> list[int]:
-    """up_for_retry -> scheduled once retry_delay has passed: a new try."""
-    return _move(
+def wake_due(session: Session, limit: int = 10_000) -> list[int]:
+    """up_for_retry -> scheduled (a new try) and up_for_reschedule -> scheduled (same try, the
+    sensor pokes again) for every task whose ``due_at`` has come: one indexed query, and the
+    moves when something is due."""
+    due = session.execute(
+        select(TI.id, TI.state)
+        # Spelled as the partial index ix_task_instance_due is, so the planner always uses it.
+        .where(text("state IN ('up_for_retry', 'up_for_reschedule')"), TI.due_at <= func.now())
+        .order_by(TI.due_at)
+        .limit(limit)
+    ).all()
+    retried = _move(
         session,
-        ids,
+        [ti_id for ti_id, state in due if state == TaskState.UP_FOR_RETRY],
         TaskState.UP_FOR_RETRY,
         TaskState.SCHEDULED,
         "retry delay passed",
-        try_number=TI.try_number + 1,
-        first_started_at=None,
-        start_date=None,
-        end_date=None,
+        **_NEW_TRY,
     )
-
-
-def poke_again(session: Session, ids: Iterable[int]) -> list[int]:
-    """up_for_reschedule -> scheduled once its reschedule date has come (same try)."""
-    return _move(
+    poked = _move(
         session,
-        ids,
+        [ti_id for ti_id, state in due if state == TaskState.UP_FOR_RESCHEDULE],
         TaskState.UP_FOR_RESCHEDULE,
         TaskState.SCHEDULED,
         "reschedule due",
         start_date=None,
         end_date=None,
+        due_at=None,
     )
+    return retried + poked
+
+
+def set_retry_due(session: Session, due: Mapping[int, dt.datetime]) -> None:
+    """Give up_for_retry tasks failed without their retry delay at hand (their worker stopped)
+    the time of their next try, computed from the DAG."""
+    if due:
+        session.execute(
+            update(_TI_TABLE)
+            .where(
+                _TI_TABLE.c.id == bindparam("b_id"),
+                _TI_TABLE.c.state == TaskState.UP_FOR_RETRY,
+                _TI_TABLE.c.due_at.is_(None),
+            )
+            .values(due_at=bindparam("b_due")),
+            [{"b_id": ti_id, "b_due": at} for ti_id, at in due.items()],
+        )
 
 
 def never_run(session: Session, ids: Iterable[int], to_state: TaskState, reason: str) -> list[int]:
-    """none -> skipped / upstream_failed, decided by a trigger rule."""
+    """none -> skipped / upstream_failed, decided by a trigger rule; or skipped / failed /
+    removed, decided by a mapped task's expansion (nothing to map over, an input that cannot
+    be mapped, a map index its input no longer has)."""
     return _move(session, ids, TaskState.NONE, to_state, reason, end_date=func.now())
 
 
@@ -208,14 +421,34 @@ def dispatch(session: Session, ids: Iterable[int]) -> list[Row[Any]]:
 # -- worker: queued -> running -> success / failed / up_for_retry / skipped / deferred ------------
 
 
-def start(
-    session: Session, ti_id: int, try_number: int, hostname: str, worker: str
-) -> TaskInstance | None:
-    """queued -> running, only for the try the queue message names: a duplicate or stale message
-    moves nothing and returns None, so no attempt ever runs twice."""
-    statement = (
+@dataclass(frozen=True)
+class Attempt:
+    """One try of a task instance as run by one worker. Every outcome a worker writes is fenced
+    on all three: a worker that lost its lease (its attempt was failed and retried elsewhere)
+    changes nothing."""
+
+    task_instance_id: int
+    try_number: int
+    worker: str
+
+    def fence(self) -> tuple[ColumnElement[bool], ...]:
+        return (TI.try_number == self.try_number, TI.worker == self.worker)
+
+
+def start_many(
+    session: Session, attempts: Sequence[tuple[int, int]], hostname: str, worker: str
+) -> list[TaskInstance]:
+    """queued -> running for each (task instance id, try number) a queue message names, only at
+    that try: a duplicate or stale message moves nothing, so no attempt ever runs twice. A new try
+    starts with no XCom left over from an earlier one. One statement for the whole batch."""
+    if not attempts:
+        return []
+    moved = (
         update(TI)
-        .where(TI.id == ti_id, TI.state == TaskState.QUEUED, TI.try_number == try_number)
+        .where(
+            tuple_(TI.id, TI.try_number).in_([tuple(a) for a in attempts]),
+            TI.state == TaskState.QUEUED,
+        )
         .values(
             state=TaskState.RUNNING,
             hostname=hostname,
@@ -224,17 +457,29 @@ def start(
             first_started_at=func.coalesce(TI.first_started_at, func.now()),
             updated_at=func.now(),
         )
-        .returning(TI)
+        .returning(*TI.__table__.columns)
+        .cte("moved")
     )
-    ti = session.scalars(statement).one_or_none()
-    if ti is None:
-        return None
-    reason = "resumed" if ti.next_method else "picked up"
-    _record(session, [ti.id], TaskState.QUEUED, TaskState.RUNNING, reason)
-    if ti.next_method is None:
-        # A new try starts with no XCom left over from an earlier try.
-        session.execute(text("DELETE FROM xcom WHERE task_instance_id = :id"), {"id": ti.id})
-    return ti
+    recorded = (
+        insert(TaskStateChange)
+        .from_select(
+            ["task_instance_id", "from_state", "to_state", "reason"],
+            select(
+                moved.c.id,
+                literal(TaskState.QUEUED),
+                literal(TaskState.RUNNING),
+                case((moved.c.next_method.is_(None), "picked up"), else_="resumed"),
+            ),
+        )
+        .cte("recorded")
+    )
+    cleared = (
+        delete(XCom)
+        .where(XCom.task_instance_id.in_(select(moved.c.id).where(moved.c.next_method.is_(None))))
+        .cte("cleared")
+    )
+    rows = session.execute(select(moved).add_cte(recorded).add_cte(cleared)).all()
+    return [TI(**row._mapping) for row in rows]
 
 
 _END_OF_ATTEMPT: dict[str, Any] = {
@@ -244,78 +489,163 @@ _END_OF_ATTEMPT: dict[str, Any] = {
 }
 
 
-def succeed(session: Session, ti_id: int, return_value: Any) -> bool:
+def succeed(session: Session, attempt: Attempt, return_value: Any) -> bool:
     """running -> success; ``return_value`` (to_jsonable form) becomes XCom return_value."""
-    moved = _move(
-        session,
-        [ti_id],
-        TaskState.RUNNING,
-        TaskState.SUCCESS,
-        "returned",
-        end_date=func.now(),
-        **_END_OF_ATTEMPT,
+    return bool(succeed_many(session, [(attempt, return_value)]))
+
+
+def _fenced(attempts: Sequence[Attempt]) -> ColumnElement[bool]:
+    return tuple_(TI.id, TI.try_number, TI.worker).in_(
+        [(a.task_instance_id, a.try_number, a.worker) for a in attempts]
     )
-    if moved and return_value is not None:
-        xcom.upsert(session, ti_id, "return_value", return_value)
-    return bool(moved)
 
 
-def skip(session: Session, ti_id: int, reason: str) -> bool:
+def succeed_many(session: Session, results: Sequence[tuple[Attempt, Any]]) -> set[int]:
+    """:func:`succeed` for a batch, in two statements; returns the ids that moved."""
+    if not results:
+        return set()
+    attempts = [attempt for attempt, _ in results]
+    moved = set(
+        _move(
+            session,
+            [a.task_instance_id for a in attempts],
+            TaskState.RUNNING,
+            TaskState.SUCCESS,
+            "returned",
+            fence=(_fenced(attempts),),
+            end_date=func.now(),
+            **_END_OF_ATTEMPT,
+        )
+    )
+    xcom.upsert_many(
+        session,
+        [
+            (attempt.task_instance_id, "return_value", value)
+            for attempt, value in results
+            if value is not None and attempt.task_instance_id in moved
+        ],
+    )
+    return moved
+
+
+def skip_tasks(session: Session, skipped_by: int, task_ids: Collection[str]) -> list[int]:
+    """none / scheduled -> skipped for the task instances (every map index) of ``task_ids`` in
+    the run of task instance ``skipped_by``: the tasks a branch or short circuit chose not to
+    run. Call it in the transaction where that task's success moved; the reason names it."""
+    if not task_ids:
+        return []
+    chooser = session.get(TI, skipped_by)
+    if chooser is None:
+        return []
+    ids = session.scalars(
+        select(TI.id).where(
+            TI.dag_id == chooser.dag_id,
+            TI.run_id == chooser.run_id,
+            TI.task_id.in_(task_ids),
+        )
+    ).all()
+    reason = f"skipped by {chooser.task_id}"
+    return [
+        ti_id
+        for from_state in (TaskState.NONE, TaskState.SCHEDULED)
+        for ti_id in _move(session, ids, from_state, TaskState.SKIPPED, reason, end_date=func.now())
+    ]
+
+
+def skip(session: Session, attempt: Attempt, reason: str) -> bool:
     return bool(
         _move(
             session,
-            [ti_id],
+            [attempt.task_instance_id],
             TaskState.RUNNING,
             TaskState.SKIPPED,
             reason,
+            fence=attempt.fence(),
             end_date=func.now(),
             **_END_OF_ATTEMPT,
         )
     )
 
 
+def has_tries_left(try_number: int, max_tries: int) -> bool:
+    """Whether a failed try may be retried: max_tries counts the retries after the first try."""
+    return try_number <= max_tries
+
+
 def fail(
     session: Session,
-    ti_id: int,
+    attempt: Attempt,
     error: str,
     *,
     allow_retry: bool,
-    try_number: int | None = None,
+    retry_delay: dt.timedelta | None = None,
 ) -> TaskState | None:
-    """running -> up_for_retry (tries left and allowed) or failed; returns the new state, or
-    None if the task is not running (at ``try_number``, when given)."""
-    ti = session.get(TI, ti_id, with_for_update=True)
-    if ti is None or ti.state != TaskState.RUNNING:
+    """running -> up_for_retry (tries left and allowed; the next try is due after
+    ``retry_delay``, or when the scheduler has computed it if None) or failed; returns the new
+    state, or None if this attempt no longer runs."""
+    tries = session.execute(
+        select(TI.try_number, TI.max_tries)
+        .where(TI.id == attempt.task_instance_id, TI.state == TaskState.RUNNING, *attempt.fence())
+        .with_for_update()
+    ).one_or_none()
+    if tries is None:
         return None
-    if try_number is not None and ti.try_number != try_number:
-        return None
-    to_state = (
-        TaskState.UP_FOR_RETRY
-        if allow_retry and ti.try_number <= ti.max_tries
-        else TaskState.FAILED
-    )
+    if allow_retry and has_tries_left(tries.try_number, tries.max_tries):
+        due_at = None if retry_delay is None else func.now() + retry_delay
+        to_state, values = TaskState.UP_FOR_RETRY, {"due_at": due_at}
+    else:
+        to_state, values = TaskState.FAILED, {}
     _move(
-        session, [ti_id], TaskState.RUNNING, to_state, error, end_date=func.now(), **_END_OF_ATTEMPT
+        session,
+        [attempt.task_instance_id],
+        TaskState.RUNNING,
+        to_state,
+        error,
+        fence=attempt.fence(),
+        end_date=func.now(),
+        **_END_OF_ATTEMPT,
+        **values,
     )
     return to_state
 
 
-def reschedule(session: Session, ti_id: int, reschedule_date: dt.datetime) -> bool:
+def fail_poisoned(session: Session, ti_id: int, try_number: int, reason: str) -> bool:
+    """queued / running -> failed (no retry) at ``try_number``: its queue entry killed every
+    worker that took it."""
+    for from_state in (TaskState.QUEUED, TaskState.RUNNING):
+        moved = _move(
+            session,
+            [ti_id],
+            from_state,
+            TaskState.FAILED,
+            reason,
+            fence=(TI.try_number == try_number,),
+            end_date=func.now(),
+            **_END_OF_ATTEMPT,
+        )
+        if moved:
+            return True
+    return False
+
+
+def reschedule(session: Session, attempt: Attempt, reschedule_date: dt.datetime) -> bool:
     """running -> up_for_reschedule until ``reschedule_date`` (same try; the slot is freed)."""
-    ti = session.get(TI, ti_id)
+    ti = session.get(TI, attempt.task_instance_id)
     moved = _move(
         session,
-        [ti_id],
+        [attempt.task_instance_id],
         TaskState.RUNNING,
         TaskState.UP_FOR_RESCHEDULE,
         f"poke again at {reschedule_date.isoformat()}",
+        fence=attempt.fence(),
         end_date=func.now(),
+        due_at=reschedule_date,
     )
     if moved and ti is not None:
         session.add(
             TaskReschedule(
-                task_instance_id=ti_id,
-                try_number=ti.try_number,
+                task_instance_id=attempt.task_instance_id,
+                try_number=attempt.try_number,
                 start_date=ti.start_date or func.now(),
                 end_date=func.now(),
                 reschedule_date=reschedule_date,
@@ -331,29 +661,134 @@ def create_trigger(session: Session, classpath: str, kwargs_token: str, fingerpr
     return trigger.id
 
 
+def drop_trigger(session: Session, trigger_id: int) -> None:
+    """Delete a trigger no task waits on (its deferral did not happen)."""
+    session.execute(delete(Trigger).where(Trigger.id == trigger_id))
+
+
+@dataclass(frozen=True)
+class Deferral:
+    """What one attempt's deferral writes: its trigger row and the task's resume point."""
+
+    attempt: Attempt
+    classpath: str
+    kwargs_token: str  # the trigger's kwargs, sealed
+    fingerprint: str
+    next_method: str
+    next_kwargs_token: str
+    trigger_timeout: dt.datetime | None
+
+
 def defer(
     session: Session,
-    ti_id: int,
+    attempt: Attempt,
     *,
     trigger_id: int,
     next_method: str,
     next_kwargs_token: str,
     trigger_timeout: dt.datetime | None,
 ) -> bool:
-    """running -> deferred, waiting on ``trigger_id``."""
+    """running -> deferred, waiting on an existing trigger row ``trigger_id``."""
     return bool(
         _move(
             session,
-            [ti_id],
+            [attempt.task_instance_id],
             TaskState.RUNNING,
             TaskState.DEFERRED,
             f"deferred to trigger {trigger_id}",
+            fence=attempt.fence(),
             trigger_id=trigger_id,
             next_method=next_method,
             next_kwargs=next_kwargs_token,
             trigger_timeout=trigger_timeout,
         )
     )
+
+
+_DEFERRAL_VALUES = (
+    column("id", BigInteger),
+    column("try_number", Integer),
+    column("worker", String),
+    column("trigger_id", BigInteger),
+    column("next_method", String),
+    column("next_kwargs", Text),
+    column("trigger_timeout", DateTime(timezone=True)),
+)
+
+
+def defer_many(session: Session, deferrals: Sequence[Deferral]) -> dict[int, int]:
+    """running -> deferred for a batch: their trigger rows in one INSERT, the moves (fenced) and
+    their records in one statement; returns task instance id -> trigger id for those that moved
+    (the triggers of the others are deleted again)."""
+    if not deferrals:
+        return {}
+    trigger_ids = list(
+        session.scalars(
+            insert(Trigger).returning(Trigger.id, sort_by_parameter_order=True),
+            [
+                {"classpath": d.classpath, "kwargs": d.kwargs_token, "fingerprint": d.fingerprint}
+                for d in deferrals
+            ],
+        )
+    )
+    rows = values(*_DEFERRAL_VALUES, name="deferral").data(
+        [
+            (
+                d.attempt.task_instance_id,
+                d.attempt.try_number,
+                d.attempt.worker,
+                trigger_id,
+                d.next_method,
+                d.next_kwargs_token,
+                d.trigger_timeout,
+            )
+            for d, trigger_id in zip(deferrals, trigger_ids, strict=True)
+        ]
+    )
+    moved = (
+        update(TI)
+        .where(
+            TI.id == rows.c.id,
+            TI.try_number == rows.c.try_number,
+            TI.worker == rows.c.worker,
+            TI.state == TaskState.RUNNING,
+        )
+        .values(
+            state=TaskState.DEFERRED,
+            trigger_id=rows.c.trigger_id,
+            next_method=rows.c.next_method,
+            next_kwargs=rows.c.next_kwargs,
+            # A column of NULLs in VALUES would be typed text.
+            trigger_timeout=cast(rows.c.trigger_timeout, DateTime(timezone=True)),
+            updated_at=func.now(),
+        )
+        .returning(TI.id, TI.trigger_id)
+        .cte("moved")
+    )
+    recorded = (
+        insert(TaskStateChange)
+        .from_select(
+            ["task_instance_id", "from_state", "to_state", "reason"],
+            select(
+                moved.c.id,
+                literal(TaskState.RUNNING),
+                literal(TaskState.DEFERRED),
+                literal("deferred to trigger ") + cast(moved.c.trigger_id, String),
+            ),
+        )
+        .cte("recorded")
+    )
+    done = {
+        ti_id: trigger_id
+        for ti_id, trigger_id in session.execute(
+            select(moved.c.id, moved.c.trigger_id).add_cte(recorded)
+        )
+    }
+    _expire_loaded(session, done)
+    unused = set(trigger_ids) - set(done.values())
+    if unused:
+        session.execute(delete(Trigger).where(Trigger.id.in_(unused)))
+    return done
 
 
 # -- scheduler: deferred -> scheduled ------------------------------------------------------------
@@ -367,7 +802,16 @@ class FiredEvent:
     payload: Any  # the event payload, or for a failure {"error": ..., "traceback": ...}
 
 
-def resume(session: Session, event: FiredEvent, cipher: Cipher) -> str:
+@dataclass(frozen=True)
+class Resumed:
+    """What an event did: its outcome as recorded in resume_event (applied, duplicate, stale)
+    and the task instance it resumed, if it did."""
+
+    outcome: str
+    task_instance_id: int | None = None
+
+
+def resume(session: Session, event: FiredEvent, cipher: Cipher) -> Resumed:
     """:func:`resume_many` for one event."""
     return resume_many(session, [event], cipher)[0]
 
@@ -386,19 +830,14 @@ def _resumed_at(event: FiredEvent, ti: TaskInstance, cipher: Cipher) -> tuple[st
     return ti.next_method, sealed, f"{RESUMED_BY_TRIGGER}{event.trigger_id} fired"
 
 
-# Core tables: executemany UPDATEs keyed by bound parameters are not ORM bulk updates.
-_TI_TABLE: Table = TaskInstance.__table__  # type: ignore[assignment]
-_RESUME_TABLE: Table = ResumeEvent.__table__  # type: ignore[assignment]
-
-
-def resume_many(session: Session, events: Sequence[FiredEvent], cipher: Cipher) -> list[str]:
+def resume_many(session: Session, events: Sequence[FiredEvent], cipher: Cipher) -> list[Resumed]:
     """deferred -> scheduled for the tasks waiting on the events' triggers, at most once per
-    dedup key, in a handful of statements whatever the batch size. Returns each event's outcome
-    as recorded in resume_event: applied, duplicate (key seen before) or stale (its task was
-    cleared, timed out, or resumed by an earlier event)."""
+    dedup key, in a handful of statements whatever the batch size. Returns what each event did:
+    applied, duplicate (key seen before) or stale (its task was cleared, timed out, or resumed
+    by an earlier event)."""
     if not events:
         return []
-    outcomes = ["duplicate"] * len(events)
+    outcomes = [Resumed("duplicate")] * len(events)
     first: dict[str, int] = {}
     for index, event in enumerate(events):
         first.setdefault(event.dedup_key, index)
@@ -420,7 +859,7 @@ def resume_many(session: Session, events: Sequence[FiredEvent], cipher: Cipher) 
         )
     )
     for key in claimed:
-        outcomes[first[key]] = "stale"
+        outcomes[first[key]] = Resumed("stale")
     waiting = {
         ti.trigger_id: ti
         for ti in session.scalars(
@@ -450,7 +889,7 @@ def resume_many(session: Session, events: Sequence[FiredEvent], cipher: Cipher) 
             }
         )
         applied.append({"b_key": key, "b_ti": ti.id, "b_trigger": event.trigger_id})
-        outcomes[first[key]] = "applied"
+        outcomes[first[key]] = Resumed("applied", ti.id)
     if moves:
         # The rows are locked and deferred (selected FOR UPDATE above): update them by id.
         session.execute(
@@ -532,6 +971,7 @@ def _by_user(
         to_state,
         reason,
         trigger_id=None,
+        due_at=None,
         **_END_OF_ATTEMPT,
         **values,
     )
@@ -558,8 +998,63 @@ def mark(session: Session, ti: TaskInstance, to_state: TaskState) -> bool:
     return _by_user(session, ti, to_state, f"marked {to_state} by user", end_date=func.now())
 
 
+# What a run whose DAG no longer loads fails; a running attempt is left to finish (its worker
+# loaded the DAG before it broke), and the run fails once it has.
+_FAILED_WITH_BROKEN_DAG = (
+    TaskState.NONE,
+    TaskState.SCHEDULED,
+    TaskState.QUEUED,
+    TaskState.DEFERRED,
+    TaskState.UP_FOR_RETRY,
+    TaskState.UP_FOR_RESCHEDULE,
+)
+
+
+def fail_unfinished(session: Session, dag_id: str, run_id: str, reason: str) -> list[int]:
+    """Fail every task of a run that is not running or finished (a deferred one lets go of its
+    trigger); returns the ids failed."""
+    return _end_unfinished(
+        session, dag_id, run_id, _FAILED_WITH_BROKEN_DAG, TaskState.FAILED, reason
+    )
+
+
+def _end_unfinished(
+    session: Session,
+    dag_id: str,
+    run_id: str,
+    from_states: Sequence[TaskState],
+    to_state: TaskState,
+    reason: str,
+) -> list[int]:
+    """Move the tasks of a run that are in ``from_states`` to ``to_state``; deferred ones let go
+    of their trigger. Returns the ids moved."""
+    rows = session.execute(
+        select(TI.id, TI.state, TI.trigger_id).where(
+            TI.dag_id == dag_id, TI.run_id == run_id, TI.state.in_(from_states)
+        )
+    ).all()
+    moved: list[int] = []
+    for state in from_states:
+        moved += _move(
+            session,
+            [row.id for row in rows if row.state == state],
+            state,
+            to_state,
+            reason,
+            end_date=func.now(),
+            trigger_id=None,
+            due_at=None,
+            **_END_OF_ATTEMPT,
+        )
+    triggers = [row.trigger_id for row in rows if row.id in set(moved) and row.trigger_id]
+    if triggers:
+        session.execute(delete(Trigger).where(Trigger.id.in_(triggers)))
+    return moved
+
+
 def reopen_dag_run(session: Session, run: DagRun) -> None:
     """A finished run whose tasks were cleared runs again."""
     if run.state in (DagRunState.SUCCESS, DagRunState.FAILED):
         run.state = DagRunState.RUNNING
         run.end_date = None
+        run.evaluate_after = func.now()

@@ -6,7 +6,7 @@ Pure functions, used by the scheduler and tested on their own.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from enum import StrEnum
 
 from deferral.states import FINISHED_STATES, TaskState
@@ -22,6 +22,24 @@ class TriggerRule(StrEnum):
     NONE_FAILED_MIN_ONE_SUCCESS = "none_failed_min_one_success"
     NONE_SKIPPED = "none_skipped"
     ALWAYS = "always"
+
+
+# The states of a run's task instances: task_id -> map_index -> state. A task that is not mapped
+# has map index -1 only, as does a mapped task until it is expanded into map indexes 0..n-1.
+RunStates = Mapping[str, Mapping[int, str]]
+
+
+def upstream_states(upstream_task_ids: Iterable[str], states: RunStates) -> list[str]:
+    """The states a trigger rule counts, as Airflow counts them: every task instance of each
+    upstream task (every map index of a mapped one), removed map indexes left out. An upstream
+    task without a task instance (added to the DAG mid-run) has not run yet (none); one whose
+    every map index was removed counts as skipped."""
+    found: list[str] = []
+    for task_id in sorted(upstream_task_ids):
+        mine = list(states.get(task_id, {-1: TaskState.NONE}).values())
+        kept = [s for s in mine if s != TaskState.REMOVED]
+        found += kept if kept or not mine else [TaskState.SKIPPED]
+    return found
 
 
 def evaluate(rule: TriggerRule, upstream_states: Iterable[str]) -> TaskState | None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from sqlalchemy import select
@@ -14,10 +15,20 @@ from deferral.models import TaskInstance, XCom
 
 def upsert(session: Session, task_instance_id: int, key: str, stored: Any) -> None:
     """Write a value already in serialization.to_jsonable form."""
-    statement = insert(XCom).values(task_instance_id=task_instance_id, key=key, value=stored)
+    upsert_many(session, [(task_instance_id, key, stored)])
+
+
+def upsert_many(session: Session, items: Sequence[tuple[int, str, Any]]) -> None:
+    """Write (task instance id, key, value in to_jsonable form) items in one statement."""
+    if not items:
+        return
+    statement = insert(XCom).values(
+        [{"task_instance_id": ti_id, "key": key, "value": value} for ti_id, key, value in items]
+    )
     session.execute(
         statement.on_conflict_do_update(
-            index_elements=[XCom.task_instance_id, XCom.key], set_={"value": stored}
+            index_elements=[XCom.task_instance_id, XCom.key],
+            set_={"value": statement.excluded.value},
         )
     )
 
@@ -34,18 +45,25 @@ class DatabaseXComs:
                 session, task_instance_id, key, serialization.to_jsonable(value, f"XCom {key!r}")
             )
 
-    def pull(self, dag_id: str, run_id: str, task_id: str, key: str, map_index: int) -> Any:
+    def pull(self, dag_id: str, run_id: str, task_id: str, key: str, map_index: int | None) -> Any:
+        """The XCom of one map index, or (``map_index`` None) Airflow's default: the value of an
+        unmapped task, or the list of the values a mapped task's map indexes pushed."""
         query = (
-            select(XCom.value)
+            select(TaskInstance.map_index, XCom.value)
             .join(TaskInstance, TaskInstance.id == XCom.task_instance_id)
             .where(
                 TaskInstance.dag_id == dag_id,
                 TaskInstance.run_id == run_id,
                 TaskInstance.task_id == task_id,
-                TaskInstance.map_index == map_index,
                 XCom.key == key,
             )
+            .order_by(TaskInstance.map_index)
         )
+        if map_index is not None:
+            query = query.where(TaskInstance.map_index == map_index)
         with self._sessions() as session:
-            stored = session.scalar(query)
-        return None if stored is None else serialization.from_jsonable(stored)
+            rows = session.execute(query).all()
+        if not rows:
+            return None
+        values = [serialization.from_jsonable(stored) for _, stored in rows]
+        return values[0] if map_index is not None or rows[0].map_index < 0 else values

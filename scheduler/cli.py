@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from deferral.process import (
+    command_group,
     default_consumer_name,
     log_format_option,
     settings_or_exit,
@@ -13,7 +14,7 @@ from deferral.process import (
 )
 
 
-@click.group()
+@command_group()
 def main() -> None:
     """The deferral scheduler: DAG runs, dispatch, and resuming deferred tasks."""
 

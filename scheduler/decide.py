@@ -3,44 +3,84 @@
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from deferral import trigger_rules
+from deferral.baseoperator import BaseOperator
 from deferral.dag import DAG
 from deferral.states import FAILED_STATES, FINISHED_STATES, DagRunState, TaskState
+from deferral.trigger_rules import RunStates
 
 
-def waiting_task_decisions(dag: DAG, states: Mapping[str, str]) -> dict[str, TaskState]:
-    """For every task in state none, what its trigger rule says now (scheduled, skipped or
-    upstream_failed); undecided tasks are left out. Decisions cascade within one call: a task
-    marked upstream_failed makes its own downstream decidable at once."""
-    current = dict(states)
+class HasState(Protocol):
+    """A task instance as decisions see it."""
+
+    task_id: str
+    map_index: int
+    state: str
+
+
+def run_states(tis: Iterable[HasState]) -> dict[str, dict[int, str]]:
+    """A run's task instances as task_id -> map_index -> state."""
+    states: dict[str, dict[int, str]] = {}
+    for ti in tis:
+        states.setdefault(ti.task_id, {})[ti.map_index] = ti.state
+    return states
+
+
+# What decides a mapped task once its trigger rule has spoken (scheduler.mapping.Expansions):
+# (task, the rule's decision, the run's states so far) -> the decision, or None to wait.
+MappedDecision = Callable[[BaseOperator, TaskState | None, RunStates], TaskState | None]
+
+
+def waiting_task_decisions(
+    dag: DAG, states: RunStates, mapped: MappedDecision | None = None
+) -> dict[str, TaskState]:
+    """For every task with a task instance in state none, what its trigger rule says now
+    (scheduled, skipped or upstream_failed), counting every map index of a mapped upstream
+    task; undecided tasks are left out. For a mapped task, ``mapped`` has the last word (its
+    expansion may wait, skip or fail it). Decisions cascade within one call: a task marked
+    upstream_failed makes its own downstream decidable at once."""
+    current = {task_id: dict(by_index) for task_id, by_index in states.items()}
     decisions: dict[str, TaskState] = {}
     for task in dag.topological_order():
-        if current.get(task.task_id) != TaskState.NONE:
+        mine = current.get(task.task_id, {})
+        if TaskState.NONE not in mine.values():
             continue
-        # An upstream task without a task instance (added to the DAG mid-run) has not run yet.
-        upstream = [current.get(t, TaskState.NONE) for t in task.upstream_task_ids]
+        upstream = trigger_rules.upstream_states(task.upstream_task_ids, current)
         decision = trigger_rules.evaluate(task.trigger_rule, upstream)
+        if mapped is not None and task.is_mapped:
+            decision = mapped(task, decision, current)
         if decision is not None:
             decisions[task.task_id] = decision
-            current[task.task_id] = decision
+            current[task.task_id] = {
+                index: decision if state == TaskState.NONE else state
+                for index, state in mine.items()
+            }
     return decisions
 
 
-def dag_run_outcome(dag: DAG, states: Mapping[str, str]) -> DagRunState | None:
-    """None while any task can still change; then failed if a leaf task failed, else success."""
-    if any(TaskState(s) not in FINISHED_STATES for s in states.values()):
+def dag_run_outcome(dag: DAG, states: RunStates) -> DagRunState | None:
+    """None while any task instance can still change; then failed if a task instance of a
+    leaf task (any map index) failed, else success."""
+    if any(TaskState(s) not in FINISHED_STATES for tis in states.values() for s in tis.values()):
         return None
     leaves = [t.task_id for t in dag.tasks if not t.downstream_task_ids]
-    if any(states.get(leaf) in FAILED_STATES for leaf in leaves):
+    if any(s in FAILED_STATES for leaf in leaves for s in states.get(leaf, {}).values()):
         return DagRunState.FAILED
     return DagRunState.SUCCESS
 
 
-def retry_due(now: dt.datetime, failed_at: dt.datetime | None, retry_delay: dt.timedelta) -> bool:
-    return failed_at is None or failed_at + retry_delay <= now
+def next_try_at(
+    failed_at: dt.datetime | None, retry_delay: dt.timedelta, now: dt.datetime
+) -> dt.datetime:
+    """When a try failed at ``failed_at`` may be retried (now, if its end was not recorded)."""
+    return now if failed_at is None else failed_at + retry_delay
+
+
+RunKey = tuple[str, str]  # (dag_id, run_id)
 
 
 @dataclass(frozen=True)
@@ -48,33 +88,31 @@ class Ready:
     """A scheduled task instance waiting for a slot."""
 
     id: int
+    run: RunKey
     pool: str
     pool_slots: int
     priority_weight: int
 
 
 def choose_dispatch(
-    ready: Sequence[Ready], run_budget: int, pool_free: Mapping[str, int]
+    ready: Sequence[Ready], run_budget: Mapping[RunKey, int], pool_free: Mapping[str, int]
 ) -> list[int]:
-    """Which ready tasks to queue now: highest priority first, at most ``run_budget`` of them,
-    each only if its pool has ``pool_slots`` free (a task whose pool is unknown waits).
-    A task too big for what its pool has left does not block smaller ones behind it."""
+    """Which ready tasks to queue now: highest priority first, at most ``run_budget[run]`` of
+    each run, each only if its pool has ``pool_slots`` free (a task whose pool is unknown
+    waits). A task too big for what its pool has left does not block smaller ones behind it."""
     free = dict(pool_free)
+    budget = dict(run_budget)
     chosen: list[int] = []
     for task in sorted(ready, key=lambda t: (-t.priority_weight, t.id)):
-        if len(chosen) >= run_budget:
-            break
+        if budget.get(task.run, 0) <= 0:
+            continue
         if free.get(task.pool, 0) >= task.pool_slots:
             free[task.pool] -= task.pool_slots
+            budget[task.run] -= 1
             chosen.append(task.id)
     return chosen
 
 
-def reschedule_due(now: dt.datetime, reschedule_date: dt.datetime) -> bool:
-    return reschedule_date <= now
-
-
-def dispatch_budget(max_active_tasks: int, states: Mapping[str, str]) -> int:
-    """How many more tasks of one run may be queued or running now."""
-    active = sum(1 for s in states.values() if s in (TaskState.QUEUED, TaskState.RUNNING))
+def dispatch_budget(max_active_tasks: int, active: int) -> int:
+    """How many more tasks of one run may be queued or running now, ``active`` being so."""
     return max(0, max_active_tasks - active)

@@ -1,64 +1,243 @@
-"""Rebuilding the streams from Postgres after Redis lost its data.
+"""Postgres keeps checking Redis: what Postgres says must be in flight is compared with the
+streams, a page at a time, and what is missing is published again.
 
-Postgres is the truth: every deferred task's trigger and every queued task's attempt can be
-published again from its rows. Consumers tolerate duplicates (a queue message starts an attempt
-only while the task is queued at that try; a trigger entry for a trigger already running is
-dropped; events are dedup-keyed), so rebuilding over streams that still hold some entries is safe.
+- A deferred task's trigger must be in ``deferral:triggers`` (waiting or held by a triggerer) or
+  its event in ``deferral:events`` (fired, not yet applied).
+- A queued task's attempt must be in its queue stream.
+- A running attempt's worker must be alive, or its queue entry still pending (then the workers'
+  takeover deals with it); else the attempt is failed into a retry.
+
+The in-flight indexes (see broker.streams.StreamKeys) answer "is it there" for a page of ids in one
+Lua call. Republishing is safe because every consumer tolerates duplicates (a trigger entry for a
+trigger already held replaces the held one, a queue entry starts an attempt only while the task is
+queued at that try, events are dedup-keyed). Work that just changed is left alone for a few
+seconds: its entry may be on its way.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import datetime as dt
+import logging
+from dataclasses import dataclass, field
 
 import msgspec
-from sqlalchemy import select
-from sqlalchemy.orm import Session
+from sqlalchemy import func, select, text
+from sqlalchemy.orm import Session, sessionmaker
 
-from broker.streams import StreamKeys, queue_message, task_label, trigger_message
+from broker.client import Broker
+from broker.streams import queue_message, task_label, trigger_message
+from deferral import liveness, transitions
 from deferral.crypto import Cipher, DecryptionError
-from deferral.models import TaskInstance, Trigger
-from deferral.states import TaskState
+from deferral.models import TaskInstance, Trigger, Worker
+from deferral.process import log_ids
+from deferral.transitions import Attempt
+
+log = logging.getLogger("deferral.scheduler")
 
 TI = TaskInstance
+PAGE = 1000
+MAX_REMEMBERED = 10_000
+# Rows changed more recently than this may still have their entry on the way.
+SETTLE = dt.timedelta(seconds=5)
 
 
-@dataclass(frozen=True)
-class Rebuilt:
-    entries: list[tuple[str, dict[str, str]]]
-    triggers: int
-    queued: int
-    unreadable: list[int]  # trigger ids whose kwargs no key of ours decrypts
+@dataclass
+class Repairs:
+    """What the reconciler has repaired since the scheduler started."""
+
+    triggers: int = 0
+    queued: int = 0
+    orphans: int = 0
+    # Triggers whose kwargs no key opens, said once each (bounded: an operator fixes the keys).
+    unreadable: set[int] = field(default_factory=set)
 
 
-def rebuild(session: Session, keys: StreamKeys, cipher: Cipher) -> Rebuilt:
-    """Every stream entry Postgres says should exist, as (stream, fields) pairs."""
-    entries: list[tuple[str, dict[str, str]]] = []
-    deferred = session.execute(
-        select(TI, Trigger)
-        .join(Trigger, Trigger.id == TI.trigger_id)
-        .where(TI.state == TaskState.DEFERRED)
-    ).all()
-    unreadable: list[int] = []
-    for ti, trigger in deferred:
-        try:
-            kwargs = msgspec.json.decode(cipher.decrypt(trigger.kwargs))
-        except (DecryptionError, msgspec.DecodeError):
-            unreadable.append(trigger.id)
-            continue
-        message = trigger_message(
-            cipher,
-            trigger_id=trigger.id,
-            classpath=trigger.classpath,
-            kwargs=kwargs,
-            task_instance_id=ti.id,
-            task=task_label(ti.dag_id, ti.run_id, ti.task_id, ti.map_index),
+@dataclass
+class _Cursor:
+    """Where each sweep is: the last task instance id checked (0: start again)."""
+
+    deferred: int = 0
+    queued: int = 0
+    running: int = 0
+
+
+class Reconciler:
+    def __init__(
+        self,
+        sessions: sessionmaker[Session],
+        broker: Broker,
+        cipher: Cipher,
+        heartbeat_sec: float,
+        page: int = PAGE,
+    ) -> None:
+        self.sessions = sessions
+        self.broker = broker
+        self.cipher = cipher
+        self.heartbeat_sec = heartbeat_sec
+        self.page = page
+        self.cursor = _Cursor()
+        self.repairs = Repairs()
+
+    def reconcile(self) -> None:
+        """One bounded pass: a page of deferred, of queued and of running task instances."""
+        self._deferred()
+        self._queued()
+        self._running()
+
+    def _page(self, session: Session, state: str, after: int, *where: object) -> list[TaskInstance]:
+        return list(
+            session.scalars(
+                select(TI)
+                # Spelled as literal SQL so the planner uses ix_task_instance_state_id.
+                .where(text(f"task_instance.state = '{state}'"), TI.id > after, *where)  # type: ignore[arg-type]
+                .order_by(TI.id)
+                .limit(self.page)
+            )
         )
-        entries.append((keys.triggers, msgspec.structs.asdict(message)))
-    queued = session.scalars(select(TI).where(TI.state == TaskState.QUEUED).order_by(TI.id)).all()
-    for ti in queued:
-        message_q = queue_message(
-            ti.id, ti.try_number, ti.dag_id, ti.run_id, ti.task_id, ti.map_index
+
+    def _advance(self, rows: list[TaskInstance]) -> int:
+        return rows[-1].id if len(rows) == self.page else 0
+
+    # -- deferred: their trigger (or its event) must be in a stream ------------------------------
+
+    def _deferred(self) -> None:
+        with self.sessions() as session:
+            rows = self._page(
+                session,
+                "deferred",
+                self.cursor.deferred,
+                TI.updated_at < func.now() - SETTLE,
+                TI.trigger_id.is_not(None),
+            )
+        self.cursor.deferred = self._advance(rows)
+        by_trigger = {str(ti.trigger_id): ti for ti in rows}
+        missing = [
+            t
+            for t, here in self.broker.present(self.broker.keys.triggers, list(by_trigger)).items()
+            if not here
+        ]
+        missing = [
+            t
+            for t, here in self.broker.present(self.broker.keys.events, missing).items()
+            if not here
+        ]
+        if missing:
+            self._republish_triggers([by_trigger[t].id for t in missing])
+
+    def _republish_triggers(self, ti_ids: list[int]) -> None:
+        with self.sessions() as session:
+            # Read again: only tasks still deferred on the same trigger need it.
+            rows = session.execute(
+                select(TI, Trigger)
+                .join(Trigger, Trigger.id == TI.trigger_id)
+                .where(TI.id.in_(ti_ids), text("task_instance.state = 'deferred'"))
+            ).all()
+        entries = []
+        for ti, trigger in rows:
+            try:
+                kwargs = msgspec.json.decode(self.cipher.decrypt(trigger.kwargs))
+            except (DecryptionError, msgspec.DecodeError):
+                if trigger.id not in self.repairs.unreadable:
+                    if len(self.repairs.unreadable) >= MAX_REMEMBERED:
+                        self.repairs.unreadable.clear()
+                    self.repairs.unreadable.add(trigger.id)
+                    log.error(
+                        "cannot republish trigger %d: its kwargs no longer decrypt", trigger.id
+                    )
+                continue
+            message = trigger_message(
+                self.cipher,
+                trigger_id=trigger.id,
+                classpath=trigger.classpath,
+                kwargs=kwargs,
+                task_instance_id=ti.id,
+                task=task_label(ti.dag_id, ti.run_id, ti.task_id, ti.map_index),
+            )
+            entries.append((self.broker.keys.triggers, msgspec.structs.asdict(message)))
+        if entries:
+            self.broker.publish_many(entries)
+            self.repairs.triggers += len(entries)
+            log.warning(
+                "reconciler: republished %d trigger(s) that no stream held (trigger ids %s)",
+                len(entries),
+                ", ".join(f["trigger_id"] for _, f in entries[:10]),
+            )
+
+    # -- queued: their attempt must be in their queue stream -------------------------------------
+
+    def _queued(self) -> None:
+        with self.sessions() as session:
+            rows = self._page(
+                session, "queued", self.cursor.queued, TI.queued_at < func.now() - SETTLE
+            )
+        self.cursor.queued = self._advance(rows)
+        by_queue: dict[str, list[TaskInstance]] = {}
+        for ti in rows:
+            by_queue.setdefault(ti.queue, []).append(ti)
+        entries = []
+        for queue, tis in by_queue.items():
+            stream = self.broker.keys.queue(queue)
+            here = self.broker.present(stream, [str(ti.id) for ti in tis])
+            for ti in tis:
+                if not here[str(ti.id)]:
+                    message = queue_message(
+                        self.cipher,
+                        ti.id,
+                        ti.try_number,
+                        ti.dag_id,
+                        ti.run_id,
+                        ti.task_id,
+                        ti.map_index,
+                    )
+                    entries.append((stream, msgspec.structs.asdict(message)))
+        if entries:
+            self.broker.publish_many(entries)
+            self.repairs.queued += len(entries)
+            log.warning(
+                "reconciler: republished %d queued attempt(s) that no stream held"
+                " (task instances %s)",
+                len(entries),
+                ", ".join(f["task_instance_id"] for _, f in entries[:10]),
+            )
+
+    # -- running: their worker must be alive, or their entry pending -----------------------------
+
+    def _running(self) -> None:
+        stale = dt.timedelta(seconds=liveness.stale_after_sec(self.heartbeat_sec))
+        alive_worker = (
+            select(Worker.name)
+            .where(Worker.name == TI.worker, liveness.alive_clause(Worker, self.heartbeat_sec))
+            .exists()
         )
-        entries.append((keys.queue(ti.queue), msgspec.structs.asdict(message_q)))
-    triggers = len(deferred) - len(unreadable)
-    return Rebuilt(entries, triggers=triggers, queued=len(queued), unreadable=unreadable)
+        with self.sessions() as session:
+            rows = self._page(
+                session,
+                "running",
+                self.cursor.running,
+                TI.updated_at < func.now() - stale,
+                ~alive_worker,
+            )
+        self.cursor.running = self._advance(rows)
+        orphans = []
+        for ti in rows:
+            stream = self.broker.keys.queue(ti.queue)
+            if not self.broker.present(stream, [str(ti.id)])[str(ti.id)]:
+                orphans.append(ti)
+        if not orphans:
+            return
+        with self.sessions.begin() as session:
+            for ti in orphans:
+                reason = f"worker {ti.worker} stopped heartbeating and its queue entry is gone"
+                attempt = Attempt(ti.id, ti.try_number, ti.worker or "")
+                state = transitions.fail(session, attempt, reason, allow_retry=True)
+                if state is not None:
+                    self.repairs.orphans += 1
+                    label = task_label(ti.dag_id, ti.run_id, ti.task_id, ti.map_index)
+                    log.warning(
+                        "reconciler: %s try %d: %s; now %s",
+                        label,
+                        ti.try_number,
+                        reason,
+                        state,
+                        extra=log_ids(task=label, task_instance_id=ti.id, try_number=ti.try_number),
+                    )

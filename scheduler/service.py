@@ -1,91 +1,183 @@
-"""``scheduler consume``: starts DAG runs, schedules and dispatches tasks, applies trigger events
-(deferred -> scheduled), expires deferrals, relays the outbox and finishes DAG runs.
+"""``scheduler consume``: starts DAG runs, evaluates the runs something changed in, dispatches
+scheduled tasks, applies trigger events (deferred -> scheduled, and queued in the same batch),
+expires deferrals, wakes retries and reschedules, relays the outbox, reconciles Redis with
+Postgres and prunes history.
 
-Several replicas may run: a DAG run is advanced under ``SELECT ... FOR UPDATE SKIP LOCKED`` by one
-replica at a time, and events are applied as dedup-keyed conditional updates.
+A loop's cost depends on what changed, not on how many runs exist: every transition that may let
+a run move on marks that run (``dag_run.evaluate_after``), and only marked runs are read; time-based
+work (deferral timeouts, retries, reschedules) is one indexed statement each. Several replicas may
+run: runs and rows are taken with ``FOR UPDATE SKIP LOCKED``, events are dedup-keyed.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import logging
+import os
+import socket
 import threading
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 
-from sqlalchemy import func, select
+from sqlalchemy import func, select, tuple_
+from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
 from broker import outbox
-from broker.client import Broker, run_until_stopped
-from broker.replies import Entry
+from broker.client import Broker, connect_when_up
+from broker.consumer import Delivery, StreamConsumer, run_until_stopped
 from broker.streams import (
-    EVENT_KIND_EVENT,
-    EVENT_KIND_FAILURE,
     GROUP_SCHEDULERS,
-    EventMessage,
+    Event,
+    ForgedEntry,
     MalformedEntry,
-    from_fields,
+    StreamKeys,
     queue_message,
+    read_event,
 )
-from deferral import pools, serialization, transitions
+from deferral import faults, liveness, pools, retention, serialization, transitions
 from deferral.baseoperator import BaseOperator
+from deferral.callbacks import (
+    REASON_SUCCESS,
+    REASON_TASK_FAILURE,
+    REASON_TIMED_OUT,
+    run_dag_callbacks,
+)
 from deferral.config import Settings
+from deferral.context import DagRunInfo
 from deferral.crypto import Cipher
 from deferral.dag import DAG
 from deferral.dagbag import DagBag, DagNotFound
-from deferral.db import make_engine, make_sessionmaker
-from deferral.models import DagRun, Outbox, TaskInstance, TaskReschedule
-from deferral.process import Every
+from deferral.db import make_engine, make_sessionmaker, wait_until_up
+from deferral.faults import is_transient
+from deferral.models import DagRun, Outbox, Scheduler, TaskInstance
+from deferral.policies import apply_task_instance_mutation_hook
+from deferral.process import Every, log_ids
 from deferral.serialization import SerializationError
 from deferral.states import DagRunState, TaskState
 from deferral.transitions import FiredEvent, NewTaskInstance
-from scheduler import decide, reconcile
+from scheduler import dagruns, dags, decide, waiting
+from scheduler.reconcile import Reconciler
 
 log = logging.getLogger("deferral.scheduler")
 
-EVENT_BATCH = 200
-EVENT_BLOCK_MS = 200
+TI = TaskInstance
+
+EVENT_BATCH = 500
+EVENT_BLOCK_MS = 100
+RUN_BATCH = 50
+DISPATCH_BATCH = 2000
 EXPIRE_EVERY_SEC = 1.0
+WAKE_EVERY_SEC = 0.5
 RELAY_EVERY_SEC = 5.0
 RELAY_AFTER = dt.timedelta(seconds=10)
 DAGBAG_REFRESH_SEC = 10.0
-RECONCILE_EVERY_SEC = 5.0
+RECONCILE_EVERY_SEC = 2.0
+BROKEN_DAGS_EVERY_SEC = 5.0
+PRUNE_EVERY_SEC = 3600.0
+DEFAULT_MAX_ACTIVE_TASKS = 16
+SCHEDULE_RUNS_EVERY_SEC = 1.0
 
 
 class SchedulerService:
     def __init__(self, settings: Settings, *, name: str) -> None:
+        self.settings = settings
         self.name = name
         self.cipher = Cipher(settings.fernet_keys)
-        self.sessions = make_sessionmaker(make_engine(settings.database_url))
-        self.broker = Broker.from_url(settings.redis_url, settings.stream_prefix)
+        self.engine = make_engine(settings.database_url)
+        self.sessions = make_sessionmaker(self.engine)
+        self.keys = StreamKeys(settings.stream_prefix)
         self.dagbag = DagBag(settings.dags_folder)
-        self._warned_no_pool: set[int] = set()
-        self._warned_no_dag: set[int] = set()
+        # An event batch read but not yet recorded because the servers failed: retried first.
+        self.unapplied: list[Delivery] = []
+        # DAG callbacks run in these threads; runs finished in the current evaluation pass.
+        self.callbacks = ThreadPoolExecutor(max_workers=2, thread_name_prefix="dag-callbacks")
+        self._finished: list[tuple[DAG, DagRun, bool, str]] = []
+        self.broker: Broker
+        self.consumer: StreamConsumer
+        self.reconciler: Reconciler
+        beat = settings.heartbeat_sec
         self.periodic = [
-            Every(DAGBAG_REFRESH_SEC, self._refresh_dags),
+            Every(DAGBAG_REFRESH_SEC, self.refresh_dags),
+            Every(beat, self._renew),
+            Every(beat, self.heartbeat),
+            Every(beat / 4, self._take_over),
             Every(EXPIRE_EVERY_SEC, self.expire_deferrals),
+            Every(WAKE_EVERY_SEC, self.wake_due),
             Every(RELAY_EVERY_SEC, self.relay_outbox),
             Every(RECONCILE_EVERY_SEC, self.reconcile),
+            Every(BROKEN_DAGS_EVERY_SEC, self.fail_broken_runs),
+            Every(PRUNE_EVERY_SEC, self.prune),
+            Every(SCHEDULE_RUNS_EVERY_SEC, self.schedule_runs),
         ]
 
     def run(self, stop: threading.Event) -> None:
-        self.broker.ensure_group(self.broker.keys.events, GROUP_SCHEDULERS)
+        broker = connect_when_up(self.settings.redis_url, self.settings.stream_prefix, stop)
+        if broker is None or not wait_until_up(self.engine, stop):
+            return
+        self.attach(broker)
+        if not run_until_stopped(stop, self.consumer.start, recover=lambda: None, once=True):
+            return
         log.info("scheduler %s started", self.name)
-        run_until_stopped(self.broker, stop, self.step, self.broker.keys.events, GROUP_SCHEDULERS)
+        run_until_stopped(stop, self.step, recover=self.consumer.start)
+        try:
+            self.heartbeat(liveness.STOPPED)
+        except SQLAlchemyError as exc:
+            log.warning("could not record the scheduler as stopped: %s", exc)
+        self.callbacks.shutdown(wait=True)
         self.broker.close()
         log.info("scheduler %s stopped", self.name)
+
+    def attach(self, broker: Broker) -> None:
+        """Use ``broker`` (connected) for the streams."""
+        self.broker = broker
+        self.consumer = StreamConsumer(
+            broker,
+            self.keys.events,
+            GROUP_SCHEDULERS,
+            self.name,
+            heartbeat_sec=self.settings.heartbeat_sec,
+            max_deliveries=self.settings.max_deliveries,
+        )
+        self.reconciler = Reconciler(
+            self.sessions, broker, self.cipher, self.settings.heartbeat_sec
+        )
 
     def step(self) -> None:
         for periodic in self.periodic:
             periodic()
         self.start_queued_runs()
-        self.advance_running_runs()
+        self.evaluate_marked_runs()
+        self.dispatch_scheduled()
         self.apply_events(block_ms=EVENT_BLOCK_MS)
 
-    def _refresh_dags(self) -> None:
+    # -- DAGs ------------------------------------------------------------------------------------
+
+    def refresh_dags(self) -> None:
         self.dagbag.collect()
-        for path, error in self.dagbag.import_errors.items():
-            log.error("DAG file %s: %s", path, error)
+        with self.sessions.begin() as session:
+            dagruns.sync_dags(session, self.dagbag, dt.datetime.now(dt.UTC))
+            back = dags.sync(session, self.dagbag)
+            transitions.mark_runs(session, dags.runs_of(session, back))
+
+    def schedule_runs(self) -> None:
+        """Create the scheduled runs that are due; fail runs past their dagrun_timeout."""
+        now = dt.datetime.now(dt.UTC)
+        with self.sessions.begin() as session:
+            dagruns.create_due_runs(session, self.dagbag.dags, now)
+            timed_out = dagruns.fail_timed_out_runs(session, self.dagbag.dags, now)
+            runs = (
+                session.scalars(
+                    select(DagRun).where(tuple_(DagRun.dag_id, DagRun.run_id).in_(timed_out))
+                ).all()
+                if timed_out
+                else []
+            )
+        finished = [
+            (dag, run, False, REASON_TIMED_OUT) for run in runs if (dag := self._dag(run.dag_id))
+        ]
+        self._call_back(finished)
 
     def _dag(self, dag_id: str) -> DAG | None:
         try:
@@ -93,218 +185,265 @@ class SchedulerService:
         except DagNotFound:
             return None
 
+    def fail_broken_runs(self) -> None:
+        grace = dt.timedelta(seconds=self.settings.dag_import_grace_sec)
+        with self.sessions.begin() as session:
+            dags.fail_broken_runs(session, grace)
+
     # -- DAG runs --------------------------------------------------------------------------------
 
     def start_queued_runs(self) -> None:
         with self.sessions.begin() as session:
-            runs = session.scalars(
-                select(DagRun)
-                .where(DagRun.state == DagRunState.QUEUED)
-                .order_by(DagRun.id)
-                .limit(50)
-                .with_for_update(skip_locked=True)
-            ).all()
-            for run in runs:
+            for run in dagruns.startable_runs(session, limit=RUN_BATCH):
                 dag = self._dag(run.dag_id)
-                if dag is None:
+                if dag is not None:
+                    transitions.start_dag_run(session, run, [_new_ti(run, t) for t in dag.tasks])
+                    log.info("started run %s of DAG %s", run.run_id, run.dag_id)
+                elif not dags.grace_left(session, run.dag_id):
                     log.error("run %s of DAG %r failed: DAG not found", run.run_id, run.dag_id)
                     transitions.finish_dag_run(session, run, DagRunState.FAILED)
-                    continue
-                transitions.start_dag_run(session, run, [_new_ti(t) for t in dag.tasks])
-                log.info("started run %s of DAG %s", run.run_id, run.dag_id)
 
-    def advance_running_runs(self) -> None:
-        with self.sessions() as session:
-            run_ids = session.scalars(
-                select(DagRun.id).where(DagRun.state == DagRunState.RUNNING).order_by(DagRun.id)
+    def evaluate_marked_runs(self) -> None:
+        """Decide what may move on in each run marked since its last evaluation."""
+        with self.sessions.begin() as session:
+            runs = session.scalars(
+                select(DagRun)
+                .where(DagRun.evaluate_after <= func.now(), DagRun.state == DagRunState.RUNNING)
+                .order_by(DagRun.evaluate_after)
+                .limit(RUN_BATCH)
+                .with_for_update(skip_locked=True)
             ).all()
-        for run_id in run_ids:
-            staged: list[Outbox] = []
-            with self.sessions.begin() as session:
-                run = session.scalars(
-                    select(DagRun).where(DagRun.id == run_id).with_for_update(skip_locked=True)
-                ).one_or_none()
-                if run is not None and run.state == DagRunState.RUNNING:
-                    staged = self._advance(session, run)
-            outbox.flush(self.sessions, self.broker, staged)
+            if not runs:
+                return
+            tis = _task_instances_of(session, runs)
+            self._finished = []
+            for run in runs:
+                try:
+                    with session.begin_nested():
+                        self._evaluate(session, run, tis.get((run.dag_id, run.run_id), []))
+                except Exception as exc:
+                    if is_transient(exc):
+                        raise
+                    # One run that raises must not stop the others: say why, look again later.
+                    log.exception("evaluating run %s of DAG %s failed", run.run_id, run.dag_id)
+                    transitions.evaluated(session, run, error=f"{type(exc).__name__}: {exc}")
+        self._call_back(self._finished)
 
-    def _advance(self, session: Session, run: DagRun) -> list[Outbox]:
+    def _call_back(self, finished: Sequence[tuple[DAG, DagRun, bool, str]]) -> None:
+        """Run the DAG callbacks of runs that finished (and committed), off the loop: they are
+        user code, and the loop must not wait on them."""
+        for dag, run, success, reason in finished:
+            if (dag.on_success_callback if success else dag.on_failure_callback) is None:
+                continue
+            info = DagRunInfo(
+                dag_id=run.dag_id,
+                run_id=run.run_id,
+                logical_date=run.logical_date,
+                conf=dict(run.conf or {}),
+                data_interval_start=run.data_interval_start,
+                data_interval_end=run.data_interval_end,
+                run_type=run.run_type,
+            )
+            self.callbacks.submit(run_dag_callbacks, dag, info, success=success, reason=reason)
+
+    def _evaluate(self, session: Session, run: DagRun, tis: list[TaskInstance]) -> None:
         dag = self._dag(run.dag_id)
         if dag is None:
-            if run.id not in self._warned_no_dag:  # once per run, not on every loop
-                self._warned_no_dag.add(run.id)
-                log.error(
-                    "run %s of DAG %r: DAG not found, cannot advance it", run.run_id, run.dag_id
-                )
-            return []
-        self._warned_no_dag.discard(run.id)
-        tis = self._task_instances(session, run)
-        added = [_new_ti(t) for t in dag.tasks if t.task_id not in {ti.task_id for ti in tis}]
+            # Its DAG does not load (now): fail_broken_runs decides after the grace period, and
+            # the run is looked at again when the DAG loads again.
+            transitions.evaluated(session, run)
+            return
+        known = {ti.task_id for ti in tis}
+        added = [_new_ti(run, t) for t in dag.tasks if t.task_id not in known]
         if added:
             # Tasks added to the DAG file after the run started join the run, as in Airflow.
             transitions.add_task_instances(session, run, added)
-            tis = self._task_instances(session, run)
-        by_task = {ti.task_id: ti for ti in tis}
-        states = {ti.task_id: ti.state for ti in tis}
-
-        decisions = decide.waiting_task_decisions(dag, states)
-        for to_state in (TaskState.SCHEDULED, TaskState.SKIPPED, TaskState.UPSTREAM_FAILED):
-            ids = [by_task[t].id for t, s in decisions.items() if s == to_state]
-            if to_state == TaskState.SCHEDULED:
-                transitions.schedule(session, ids)
-            else:
-                transitions.never_run(session, ids, to_state, "trigger rule")
-        states.update(decisions)
-
+            tis = _task_instances_of(session, [run]).get((run.dag_id, run.run_id), [])
+        new_ti = functools.partial(_new_ti, run)
+        states = waiting.advance(session, run, dag, tis, new_ti, self.settings.max_map_length)
         now = dt.datetime.now(dt.UTC)
-        due = [
-            ti.id
-            for ti in tis
-            if ti.state == TaskState.UP_FOR_RETRY
-            and ti.task_id in dag.task_dict
-            and decide.retry_due(now, ti.end_date, dag.task_dict[ti.task_id].retry_delay)
-        ]
-        for ti_id in transitions.retry(session, due):
-            states[_task_of(tis, ti_id)] = TaskState.SCHEDULED
-        for ti_id in transitions.poke_again(session, self._reschedules_due(session, tis, now)):
-            states[_task_of(tis, ti_id)] = TaskState.SCHEDULED
-
-        staged = self._dispatch(session, run, dag, tis, states)
-
+        transitions.set_retry_due(
+            session,
+            {
+                ti.id: decide.next_try_at(ti.end_date, dag.task_dict[ti.task_id].retry_delay, now)
+                for ti in tis
+                if ti.state == TaskState.UP_FOR_RETRY
+                and ti.due_at is None
+                and ti.task_id in dag.task_dict
+            },
+        )
         outcome = decide.dag_run_outcome(dag, states)
         if outcome is not None:
             transitions.finish_dag_run(session, run, outcome)
             log.info("run %s of DAG %s finished: %s", run.run_id, run.dag_id, outcome)
-        return staged
-
-    @staticmethod
-    def _reschedules_due(
-        session: Session, tis: Sequence[TaskInstance], now: dt.datetime
-    ) -> list[int]:
-        waiting = [ti.id for ti in tis if ti.state == TaskState.UP_FOR_RESCHEDULE]
-        if not waiting:
-            return []
-        latest = session.execute(
-            select(TaskReschedule.task_instance_id, func.max(TaskReschedule.reschedule_date))
-            .where(TaskReschedule.task_instance_id.in_(waiting))
-            .group_by(TaskReschedule.task_instance_id)
-        ).all()
-        return [ti_id for ti_id, when in latest if decide.reschedule_due(now, when)]
-
-    @staticmethod
-    def _task_instances(session: Session, run: DagRun) -> Sequence[TaskInstance]:
-        return session.scalars(
-            select(TaskInstance).where(
-                TaskInstance.dag_id == run.dag_id, TaskInstance.run_id == run.run_id
+            success = outcome == DagRunState.SUCCESS
+            self._finished.append(
+                (dag, run, success, REASON_SUCCESS if success else REASON_TASK_FAILURE)
             )
-        ).all()
+        else:
+            transitions.evaluated(session, run)
 
-    def _dispatch(
-        self,
-        session: Session,
-        run: DagRun,
-        dag: DAG,
-        tis: Sequence[TaskInstance],
-        states: dict[str, str],
-    ) -> list[Outbox]:
+    # -- dispatch: scheduled -> queued -----------------------------------------------------------
+
+    def dispatch_scheduled(self) -> None:
+        """Queue scheduled tasks (of any run) that pools and run budgets let through."""
+        with self.sessions.begin() as session:
+            staged = self._dispatch(session)
+        outbox.flush(self.sessions, self.broker, staged)
+
+    def _dispatch(self, session: Session, among: Sequence[int] | None = None) -> list[Outbox]:
+        """scheduled -> queued for the scheduled tasks (``among`` those ids, if given) that their
+        pool and their run's max_active_tasks allow, highest priority first; returns the outbox
+        rows of their queue entries."""
+        query = (
+            select(TI.id, TI.dag_id, TI.run_id, TI.pool, TI.pool_slots, TI.priority_weight)
+            .where(TI.state == TaskState.SCHEDULED)
+            .order_by(TI.priority_weight.desc(), TI.id)
+            .limit(DISPATCH_BATCH)
+            .with_for_update(skip_locked=True)
+        )
+        if among is not None:
+            if not among:
+                return []
+            query = query.where(TI.id.in_(among))
         ready = [
-            decide.Ready(ti.id, ti.pool, ti.pool_slots, ti.priority_weight)
-            for ti in tis
-            if states[ti.task_id] == TaskState.SCHEDULED
+            decide.Ready(
+                row.id, (row.dag_id, row.run_id), row.pool, row.pool_slots, row.priority_weight
+            )
+            for row in session.execute(query)
         ]
         if not ready:
             return []
         pool_free = pools.free_slots(session, {task.pool for task in ready})
-        for task in ready:
-            if task.pool not in pool_free and task.id not in self._warned_no_pool:
-                self._warned_no_pool.add(task.id)
-                log.warning(
-                    "run %s: task instance %d waits for pool %r, which does not exist",
-                    run.run_id,
-                    task.id,
-                    task.pool,
+        runs = {task.run for task in ready}
+        active = {
+            (dag_id, run_id): count
+            for dag_id, run_id, count in session.execute(
+                select(TI.dag_id, TI.run_id, func.count())
+                .where(
+                    tuple_(TI.dag_id, TI.run_id).in_(runs),
+                    TI.state.in_([TaskState.QUEUED, TaskState.RUNNING]),
                 )
-        budget = decide.dispatch_budget(dag.max_active_tasks, states)
+                .group_by(TI.dag_id, TI.run_id)
+            )
+        }
+        budget = {
+            run: decide.dispatch_budget(self._max_active_tasks(run[0]), active.get(run, 0))
+            for run in runs
+        }
         chosen = decide.choose_dispatch(ready, budget, pool_free)
         staged = []
         for row in transitions.dispatch(session, chosen):
-            states[row.task_id] = TaskState.QUEUED
             message = queue_message(
-                row.id, row.try_number, row.dag_id, row.run_id, row.task_id, row.map_index
+                self.cipher,
+                row.id,
+                row.try_number,
+                row.dag_id,
+                row.run_id,
+                row.task_id,
+                row.map_index,
             )
-            staged.append(outbox.stage(session, self.broker.keys.queue(row.queue), message))
+            staged.append(outbox.stage(session, self.keys.queue(row.queue), message))
         session.flush()
         return staged
 
-    # -- events: deferred -> scheduled -------------------------------------------------------------
+    def _max_active_tasks(self, dag_id: str) -> int:
+        dag = self._dag(dag_id)
+        return DEFAULT_MAX_ACTIVE_TASKS if dag is None else dag.max_active_tasks
+
+    # -- events: deferred -> scheduled (-> queued) -----------------------------------------------
 
     def apply_events(self, block_ms: int | None) -> int:
-        stream = self.broker.keys.events
-        entries = self.broker.read(
-            GROUP_SCHEDULERS, self.name, {stream: ">"}, count=EVENT_BATCH, block_ms=block_ms
-        )
-        if not entries:
+        """Apply a batch of events, queue the tasks they resumed where pools and budgets allow,
+        and only then acknowledge them (after commit)."""
+        deliveries = self.unapplied or self.consumer.poll(EVENT_BATCH, block_ms=block_ms)
+        if not deliveries:
             return 0
-        parsed = [(entry, event) for entry in entries if (event := self._parse_event(entry))]
-        done: list[str] = []
-        poisoned: list[tuple[Entry, str]] = []
+        faults.inject("scheduler.events_read")
+        self.unapplied = list(deliveries)
+        parsed = [(d, event) for d in deliveries if (event := self._parse(d)) is not None]
+        applied: list[tuple[Delivery, FiredEvent, transitions.Resumed]] = []
+        poisoned: list[tuple[Delivery, str]] = []
         with self.sessions.begin() as session:
+            faults.inject("scheduler.apply_events")
             try:
                 with session.begin_nested():
-                    events = [event for _, event in parsed]
-                    outcomes = transitions.resume_many(session, events, self.cipher)
-                applied = list(zip(parsed, outcomes, strict=True))
-            except Exception:
+                    resumed = transitions.resume_many(session, [e for _, e in parsed], self.cipher)
+                applied = [(d, e, r) for (d, e), r in zip(parsed, resumed, strict=True)]
+            except Exception as exc:
+                if is_transient(exc):
+                    raise
                 # Some row cannot be applied: apply one by one, so it alone is dead-lettered.
                 log.exception("applying %d events together failed; one by one now", len(parsed))
                 applied, poisoned = self._apply_one_by_one(session, parsed)
-            for (entry, event), outcome in applied:
-                log.info("event %s for trigger %d: %s", event.dedup_key, event.trigger_id, outcome)
-                done.append(entry.id)
-        # Acknowledge only after commit: an event is never lost between Redis and Postgres.
-        self.broker.ack_delete(stream, GROUP_SCHEDULERS, done)
-        for entry, error in poisoned:
-            self.broker.dead_letter(entry, GROUP_SCHEDULERS, error)
-        return len(done)
+            resumed_ids = [r.task_instance_id for _, _, r in applied if r.task_instance_id]
+            staged = self._dispatch(session, among=resumed_ids)
+        self.unapplied = []
+        for _, event, result in applied:
+            log.info(
+                "event %s for trigger %d: %s", event.dedup_key, event.trigger_id, result.outcome
+            )
+        outbox.flush(self.sessions, self.broker, staged)
+        self.consumer.retire([d.entry for d, _, _ in applied])
+        for delivery, error in poisoned:
+            self.consumer.dead_letter(delivery, error)
+        return len(applied)
 
     def _apply_one_by_one(
-        self, session: Session, parsed: list[tuple[Entry, FiredEvent]]
-    ) -> tuple[list[tuple[tuple[Entry, FiredEvent], str]], list[tuple[Entry, str]]]:
+        self, session: Session, parsed: list[tuple[Delivery, FiredEvent]]
+    ) -> tuple[list[tuple[Delivery, FiredEvent, transitions.Resumed]], list[tuple[Delivery, str]]]:
         applied, poisoned = [], []
-        for entry, event in parsed:
+        for delivery, event in parsed:
             try:
                 with session.begin_nested():
                     applied.append(
-                        ((entry, event), transitions.resume(session, event, self.cipher))
+                        (delivery, event, transitions.resume(session, event, self.cipher))
                     )
             except Exception as exc:
-                log.exception("cannot apply event %s", event.dedup_key)
-                poisoned.append((entry, f"cannot apply event: {exc!r}"))
+                if is_transient(exc):
+                    raise
+                log.exception(
+                    "cannot apply event %s",
+                    event.dedup_key,
+                    extra=log_ids(trigger_id=event.trigger_id),
+                )
+                poisoned.append((delivery, f"cannot apply event: {exc!r}"))
         return applied, poisoned
 
-    def _parse_event(self, entry: Entry) -> FiredEvent | None:
+    def _parse(self, delivery: Delivery) -> FiredEvent | None:
+        """The event an entry carries; a bad entry is dead-lettered and changes nothing."""
         try:
-            message = from_fields(EventMessage, entry.fields)
-            trigger_id = int(message.trigger_id)
-            if message.kind not in (EVENT_KIND_EVENT, EVENT_KIND_FAILURE):
-                raise MalformedEntry(f"unknown event kind {message.kind!r}")
-        except (MalformedEntry, ValueError) as exc:
-            log.error("dead-lettering event entry %s: %s", entry.id, exc)
-            self.broker.dead_letter(entry, GROUP_SCHEDULERS, f"bad event entry: {exc}")
+            event: Event = read_event(self.cipher, delivery.entry.fields)
+        except (MalformedEntry, ForgedEntry) as exc:
+            self.consumer.dead_letter(delivery, f"bad event entry: {exc}")
             return None
+        if self.consumer.exhausted(delivery):
+            # It killed every scheduler that read it: resume its task at __fail__ instead.
+            reason = f"event {event.dedup_key} {self.consumer.exhausted_reason(delivery)}"
+            log.error("%s", reason)
+            return FiredEvent(event.dedup_key, event.trigger_id, True, {"message": reason})
         try:
-            payload = serialization.loads(message.payload)
+            payload = serialization.loads(event.payload)
         except SerializationError as exc:
             # The task must not wait forever on an event nobody can read: fail it, saying why.
-            failed, payload = (
-                True,
-                {"message": f"trigger {trigger_id} sent an unreadable event: {exc}"},
-            )
-        else:
-            failed = message.kind == EVENT_KIND_FAILURE
-        return FiredEvent(message.dedup_key, trigger_id, failed, payload)
+            message = f"trigger {event.trigger_id} sent an unreadable event: {exc}"
+            return FiredEvent(event.dedup_key, event.trigger_id, True, {"message": message})
+        return FiredEvent(event.dedup_key, event.trigger_id, event.failed, payload)
 
-    # -- periodic ----------------------------------------------------------------------------------
+    def _renew(self) -> None:
+        self.consumer.renew()
+
+    def heartbeat(self, state: str = liveness.RUNNING) -> None:
+        """Refresh this scheduler's row, which ``deferral health`` reads."""
+        values = {"name": self.name, "hostname": socket.gethostname(), "pid": os.getpid()}
+        with self.sessions.begin() as session:
+            liveness.heartbeat(session, Scheduler, {**values, "state": state})
+
+    def _take_over(self) -> None:
+        if not self.unapplied:
+            self.unapplied = self.consumer.claim(EVENT_BATCH)
+
+    # -- periodic --------------------------------------------------------------------------------
 
     def expire_deferrals(self) -> None:
         with self.sessions.begin() as session:
@@ -312,42 +451,49 @@ class SchedulerService:
         if expired:
             log.info("deferral timed out for task instance(s) %s", expired)
 
+    def wake_due(self) -> None:
+        with self.sessions.begin() as session:
+            transitions.wake_due(session)
+
     def reconcile(self) -> None:
-        """If Redis lost its data (the epoch key is gone), publish again from Postgres every
-        deferred task's trigger and every queued task's attempt, then set the key."""
-        keys = self.broker.keys
-        if self.broker.redis.exists(keys.epoch):
-            return
-        with self.sessions() as session:
-            rebuilt = reconcile.rebuild(session, keys, self.cipher)
-        # Consumers recreate their groups from id 0 when they find them gone: no entry is missed.
-        self.broker.publish_many(rebuilt.entries)
-        self.broker.redis.set(keys.epoch, self.name)
-        if rebuilt.unreadable:
-            log.error("cannot rebuild trigger(s) %s: kwargs no longer decrypt", rebuilt.unreadable)
-        if rebuilt.entries:
-            log.warning(
-                "rebuilt streams from Postgres: %d trigger(s), %d queued task(s)",
-                rebuilt.triggers,
-                rebuilt.queued,
-            )
+        self.reconciler.reconcile()
 
     def relay_outbox(self) -> None:
         relayed = outbox.relay(self.sessions, self.broker, RELAY_AFTER)
         if relayed:
             log.warning("relayed %d outbox row(s) whose publish was lost", relayed)
 
+    def prune(self) -> None:
+        if self.settings.prune_older_than is None:
+            return
+        pruned = retention.prune(self.sessions, self.settings.prune_older_than)
+        if pruned.total:
+            log.info(
+                "pruned %d outbox row(s), %d resume event(s), %d state change(s)",
+                pruned.outbox,
+                pruned.resume_event,
+                pruned.task_state_change,
+            )
 
-def _new_ti(task: BaseOperator) -> NewTaskInstance:
-    return NewTaskInstance(
+
+def _task_instances_of(
+    session: Session, runs: Sequence[DagRun]
+) -> dict[tuple[str, str], list[TaskInstance]]:
+    keys = [(run.dag_id, run.run_id) for run in runs]
+    found: dict[tuple[str, str], list[TaskInstance]] = {}
+    for ti in session.scalars(select(TI).where(tuple_(TI.dag_id, TI.run_id).in_(keys))):
+        found.setdefault((ti.dag_id, ti.run_id), []).append(ti)
+    return found
+
+
+def _new_ti(run: DagRun, task: BaseOperator, map_index: int = -1) -> NewTaskInstance:
+    new = NewTaskInstance(
         task_id=task.task_id,
         max_tries=task.retries,
         pool=task.pool,
         pool_slots=task.pool_slots,
         queue=task.queue,
         priority_weight=task.priority_weight,
+        map_index=map_index,
     )
-
-
-def _task_of(tis: Sequence[TaskInstance], ti_id: int) -> str:
-    return next(ti.task_id for ti in tis if ti.id == ti_id)
+    return apply_task_instance_mutation_hook(new, dag_id=run.dag_id, run_id=run.run_id, task=task)

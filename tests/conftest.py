@@ -26,8 +26,9 @@ from tests.servers import ADMIN_URL, REDIS_URL
 
 # Tables cleared before each database test; pool keeps its seeded default_pool row.
 _TABLES = (
-    "task_state_change, xcom, task_reschedule, resume_event, outbox, "
-    "task_instance, trigger, triggerer, dag_run"
+    "task_state_change, xcom, task_reschedule, resume_event, outbox, dag, import_error, worker, "
+    "rendered_task_instance_fields, variable, connection, "
+    "task_instance, trigger, triggerer, scheduler, dag_run"
 )
 
 __all__ = ["wait_for"]

@@ -8,6 +8,7 @@ import anyio
 import click
 
 from deferral.process import (
+    command_group,
     default_consumer_name,
     log_format_option,
     settings_or_exit,
@@ -15,7 +16,7 @@ from deferral.process import (
 )
 
 
-@click.group()
+@command_group()
 def main() -> None:
     """The deferral triggerer: runs triggers for deferred tasks."""
 

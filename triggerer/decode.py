@@ -21,11 +21,14 @@ from deferral.triggers.base import BaseTrigger
 
 
 class RejectedEntry(ValueError):
-    """The entry cannot be run; ``trigger_id`` is the id it names, if it names one."""
+    """The entry cannot be run; ``trigger_id`` is the id it names, if it names one, and
+    ``authentic`` whether its token proved it ours: only then may its task be failed (a forged
+    or corrupted entry changes nothing; if it was ours, the reconciler publishes it again)."""
 
-    def __init__(self, message: str, trigger_id: int | None) -> None:
+    def __init__(self, message: str, trigger_id: int | None, *, authentic: bool = False) -> None:
         super().__init__(message)
         self.trigger_id = trigger_id
+        self.authentic = authentic
 
 
 @dataclass(frozen=True)
@@ -84,7 +87,9 @@ def _decode(entry: Entry, cipher: Cipher, prefixes: Sequence[str]) -> Decoded:
         cls = load_trigger_class(spec.classpath, prefixes)
         kwargs = from_jsonable(spec.kwargs)
     except (ValueError, SerializationError) as exc:
-        raise RejectedEntry(f"rejected trigger {spec.trigger_id}: {exc}", spec.trigger_id) from None
+        raise RejectedEntry(
+            f"rejected trigger {spec.trigger_id}: {exc}", spec.trigger_id, authentic=True
+        ) from None
     try:
         trigger = cls(**kwargs)
     except Exception as exc:
@@ -92,6 +97,7 @@ def _decode(entry: Entry, cipher: Cipher, prefixes: Sequence[str]) -> Decoded:
             f"trigger {spec.trigger_id} ({spec.classpath}) constructor raised "
             f"{type(exc).__name__}: {exc}",
             spec.trigger_id,
+            authentic=True,
         ) from None
     trigger.trigger_id = spec.trigger_id
     return Decoded(spec, trigger)

@@ -5,8 +5,10 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
+from broker import streams
 from broker.streams import EVENT_KIND_EVENT, EVENT_KIND_FAILURE, EventMessage
 from deferral import serialization
+from deferral.crypto import Cipher
 from deferral.serialization import SerializationError
 
 
@@ -17,27 +19,26 @@ def dedup_key(trigger_id: int, kind: str, payload_json: bytes) -> str:
     return f"{trigger_id}:{digest}"
 
 
-def _message(trigger_id: int, kind: str, payload_json: bytes, triggerer: str) -> EventMessage:
-    return EventMessage(
-        trigger_id=str(trigger_id),
-        dedup_key=dedup_key(trigger_id, kind, payload_json),
-        kind=kind,
-        payload=payload_json.decode(),
-        triggerer=triggerer,
-    )
+def _message(
+    cipher: Cipher, trigger_id: int, kind: str, payload_json: bytes, triggerer: str
+) -> EventMessage:
+    key = dedup_key(trigger_id, kind, payload_json)
+    return streams.event_message(cipher, trigger_id, key, kind, payload_json.decode(), triggerer)
 
 
-def failure_message(trigger_id: int, message: str, trace: str, triggerer: str) -> EventMessage:
+def failure_message(
+    cipher: Cipher, trigger_id: int, message: str, trace: str, triggerer: str
+) -> EventMessage:
     payload = serialization.dumps({"message": message, "traceback": trace})
-    return _message(trigger_id, EVENT_KIND_FAILURE, payload, triggerer)
+    return _message(cipher, trigger_id, EVENT_KIND_FAILURE, payload, triggerer)
 
 
-def event_message(trigger_id: int, payload: Any, triggerer: str) -> EventMessage:
+def event_message(cipher: Cipher, trigger_id: int, payload: Any, triggerer: str) -> EventMessage:
     """The event, or a failure naming the type if the payload cannot be carried."""
     try:
         payload_json = serialization.dumps(payload, "event payload")
     except SerializationError as exc:
         return failure_message(
-            trigger_id, f"trigger {trigger_id} fired an event: {exc}", "", triggerer
+            cipher, trigger_id, f"trigger {trigger_id} fired an event: {exc}", "", triggerer
         )
-    return _message(trigger_id, EVENT_KIND_EVENT, payload_json, triggerer)
+    return _message(cipher, trigger_id, EVENT_KIND_EVENT, payload_json, triggerer)

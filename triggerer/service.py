@@ -1,38 +1,47 @@
 """``triggerer consume``: a consumer-group member of ``deferral:triggers`` that runs every trigger
 it holds concurrently in one anyio event loop and publishes each trigger's first event.
 
-An entry stays pending (owned by this consumer) while its trigger runs; it is acknowledged and
-deleted in the same Lua call that publishes the event, so no event is published for an entry that
-another triggerer could still take and run.
+An entry stays pending (owned by this consumer) while its trigger runs; it is retired in the same
+Lua call that publishes the event, so no event is published for an entry that another triggerer
+could still take and run. Events that fire together are published together, in one round trip.
+Redis is spoken to through the shared synchronous consumer core, from worker threads.
 """
 
 from __future__ import annotations
 
-import contextlib
+import datetime as dt
+import heapq
+import itertools
 import logging
 import os
 import signal
 import socket
+import threading
 import traceback
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import anyio
+import anyio.to_thread
 from anyio.abc import TaskGroup
 from redis.exceptions import RedisError
-from sqlalchemy import func, select, update
-from sqlalchemy.dialects.postgresql import insert
+from sqlalchemy import select, text, update
 from sqlalchemy.exc import SQLAlchemyError
 
-from broker.client import AsyncBroker
-from broker.lease import Lease
+from broker.client import Broker, LeaseStatus, connect_when_up
+from broker.consumer import Backoff, Delivery, Lost, StreamConsumer
 from broker.replies import Entry
-from broker.streams import GROUP_TRIGGERERS, EventMessage, to_fields
+from broker.streams import GROUP_TRIGGERERS, EventMessage, StreamKeys, to_fields
+from deferral import liveness
 from deferral.config import Settings
 from deferral.crypto import Cipher
 from deferral.dagbag import put_on_sys_path
-from deferral.db import make_engine, make_sessionmaker
+from deferral.db import make_engine, make_sessionmaker, wait_until_up
+from deferral.faults import is_transient
 from deferral.models import TaskInstance, TaskStateChange, Trigger, Triggerer
+from deferral.process import LogExtra, log_ids
 from deferral.states import TaskState
 from deferral.triggers.base import BaseTrigger
 from triggerer import decide
@@ -47,25 +56,77 @@ BLOCKED_LOOP_WARN_SEC = 0.2
 
 # At most this many new entries per read, so one replica never drains the stream its peers share.
 READ_BATCH = 100
+# Events published in one round trip at most.
+PUBLISH_BATCH = 1000
 
 
-@dataclass
+@dataclass(eq=False, slots=True)
 class Held:
-    """A trigger this triggerer runs, the stream entry it holds a lease on, and, once it is
-    cancelled, why (shutdown, reassigned, timeout, user action, superseded)."""
+    """A trigger this triggerer runs, the stream entry it holds a lease on (its fields dropped
+    once decoded), and, once it is cancelled, why (shutdown, reassigned, timeout, user action,
+    superseded). A trigger that only waits for a moment has no task (``scope`` None): it waits
+    on the shared timer, at ``moment``."""
 
+    trigger_id: int
     entry: Entry
-    scope: anyio.CancelScope
+    scope: anyio.CancelScope | None
     task: str
     task_instance_id: int
+    moment: dt.datetime | None = None
     cancel_reason: str = "shutdown"
     # Cancelled because its task no longer waits on it: retire the entry too.
     retire: bool = False
+    cancelled: bool = False
 
-    def cancel(self, reason: str, *, retire: bool = False) -> None:
-        if not self.scope.cancel_called:
-            self.cancel_reason, self.retire = reason, retire
-            self.scope.cancel()
+    def log_ids(self) -> LogExtra:
+        """``extra=`` for a log line about this trigger and the task waiting on it."""
+        return log_ids(
+            task=self.task, task_instance_id=self.task_instance_id, trigger_id=self.trigger_id
+        )
+
+
+@dataclass
+class _Outgoing:
+    """Events waiting to be published (with the triggers whose slot frees once they are), and
+    entries to retire (of timer triggers cancelled because their task no longer waits)."""
+
+    items: list[tuple[int, Held, EventMessage]] = field(default_factory=list)
+    retiring: list[Entry] = field(default_factory=list)
+    ready: anyio.Event = field(default_factory=anyio.Event)
+
+
+class _Timers:
+    """Triggers that only wait for a moment, on one shared timer: a heap of (moment, held)."""
+
+    def __init__(self) -> None:
+        self._heap: list[tuple[dt.datetime, int, Held]] = []
+        self._order = itertools.count()  # ties broken by arrival, never by comparing Helds
+        self._changed = anyio.Event()
+
+    def add(self, held: Held) -> None:
+        assert held.moment is not None
+        earliest = not self._heap or held.moment < self._heap[0][0]
+        heapq.heappush(self._heap, (held.moment, next(self._order), held))
+        if earliest:
+            self._changed.set()
+
+    async def run(self, fire: Callable[[Held], None]) -> None:
+        """Fire every held timer whose moment has come, as it comes."""
+        while True:
+            now = dt.datetime.now(dt.UTC)
+            while self._heap and self._heap[0][0] <= now:
+                fire(heapq.heappop(self._heap)[2])
+            # Wake for the next moment, a newer earlier one, or at least every minute (a clock
+            # step must not stretch a wait).
+            wait = (self._heap[0][0] - now).total_seconds() if self._heap else 60.0
+            self._changed = anyio.Event()
+            with anyio.move_on_after(min(wait, 60.0)):
+                await self._changed.wait()
+
+
+def _slim(entry: Entry, trigger_id: int) -> Entry:
+    # Keep what retiring needs (the index field), not the token: memory per held trigger.
+    return Entry(entry.stream, entry.id, {b"trigger_id": str(trigger_id).encode()})
 
 
 class TriggererService:
@@ -74,34 +135,84 @@ class TriggererService:
         self.capacity = capacity
         self.name = name
         self.cipher = Cipher(settings.fernet_keys)
-        self.sessions = make_sessionmaker(make_engine(settings.database_url, pool_size=2))
+        self.engine = make_engine(settings.database_url, pool_size=2)
+        self.sessions = make_sessionmaker(self.engine)
+        self.keys = StreamKeys(settings.stream_prefix)
         # Triggers may live in DAGs-folder modules (still only under DEFERRAL_TRIGGER_MODULES).
         put_on_sys_path(settings.dags_folder)
         self.held: dict[int, Held] = {}
         self.slot_freed = anyio.Event()
-        self.lease = Lease.of(settings.heartbeat_sec)
-        self.broker: AsyncBroker
+        self.outgoing = _Outgoing()
+        self.timers = _Timers()
+        self.stopping = threading.Event()  # for waits in threads (servers down at start)
+        self.broker: Broker
+        self.consumer: StreamConsumer
+
+    async def _sync(self, func: Any, *args: Any) -> Any:
+        return await anyio.to_thread.run_sync(partial(func, *args), abandon_on_cancel=False)
 
     async def run(self) -> None:
-        self.broker = await AsyncBroker.from_url(
-            self.settings.redis_url, self.settings.stream_prefix
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(self._stop_on_signal, tasks.cancel_scope)
+            await self._serve(tasks)
+            tasks.cancel_scope.cancel()
+        log.info("triggerer %s stopped", self.name)
+
+    async def _serve(self, outer: TaskGroup) -> None:
+        broker = await anyio.to_thread.run_sync(
+            connect_when_up, self.settings.redis_url, self.settings.stream_prefix, self.stopping
         )
-        stream = self.broker.keys.triggers
-        await self.broker.ensure_group(stream, GROUP_TRIGGERERS)
-        await self._register("running")
-        log.info("triggerer %s consuming %s, capacity %d", self.name, stream, self.capacity)
+        if broker is None or not await anyio.to_thread.run_sync(
+            wait_until_up, self.engine, self.stopping
+        ):
+            return
+        self.broker = broker
+        self.consumer = StreamConsumer(
+            broker,
+            self.keys.triggers,
+            GROUP_TRIGGERERS,
+            self.name,
+            heartbeat_sec=self.settings.heartbeat_sec,
+            max_deliveries=self.settings.max_deliveries,
+        )
+        await self._until_done(self.consumer.start)
+        await self._until_done(self._register, liveness.RUNNING)
+        log.info(
+            "triggerer %s consuming %s, capacity %d", self.name, self.keys.triggers, self.capacity
+        )
         try:
             async with anyio.create_task_group() as tasks:
-                tasks.start_soon(self._stop_on_signal, tasks.cancel_scope)
-                tasks.start_soon(self._heartbeat, tasks, stream)
+                tasks.start_soon(self._heartbeat)
+                tasks.start_soon(self._take_overs, tasks)
+                tasks.start_soon(self._publisher)
+                tasks.start_soon(self.timers.run, self._timer_fired)
                 tasks.start_soon(LoopWatchdog(BLOCKED_LOOP_WARN_SEC, _warn_blocked).run)
-                await self._consume(tasks, stream)
+                await self._consume(tasks)
         finally:
+            for trigger_id, held in list(self.held.items()):
+                if held.scope is None:  # task triggers say so themselves as they stop
+                    self._log_cancelled(trigger_id, held)
             with anyio.CancelScope(shield=True):
-                await self._hand_off(stream)
-                await self._register("stopped")
-                await self.broker.close()
-        log.info("triggerer %s stopped", self.name)
+                await self._flush_outgoing()
+                await self._hand_off()
+                try:
+                    await self._sync(self._register, liveness.STOPPED)
+                except (RedisError, SQLAlchemyError) as exc:
+                    log.warning("could not record the stop: %s", exc)
+                self.broker.close()
+
+    async def _until_done(self, func: Any, *args: Any) -> None:
+        """Call ``func`` until it succeeds, backing off while the servers are unavailable."""
+        backoff = Backoff()
+        while True:
+            try:
+                await self._sync(func, *args)
+                return
+            except Exception as exc:
+                if not is_transient(exc):
+                    raise
+                log.warning("%s failed (%s); retrying", getattr(func, "__name__", func), exc)
+                await anyio.sleep(backoff.next())
 
     async def _stop_on_signal(self, scope: anyio.CancelScope) -> None:
         with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
@@ -111,12 +222,14 @@ class TriggererService:
                     signal.Signals(signum).name,
                     len(self.held),
                 )
+                self.stopping.set()
                 scope.cancel()
                 return
 
-    async def _consume(self, tasks: TaskGroup, stream: str) -> None:
-        # Entries this consumer name already owns (a restart under a stable --name) come first.
-        cursor = "0-0"
+    # -- reading entries -------------------------------------------------------------------------
+
+    async def _consume(self, tasks: TaskGroup) -> None:
+        backoff = Backoff()
         while True:
             free = self.capacity - len(self.held)
             if free <= 0:
@@ -124,67 +237,92 @@ class TriggererService:
                 await self.slot_freed.wait()
                 continue
             try:
-                entries = await self.broker.read(
-                    GROUP_TRIGGERERS,
-                    self.name,
-                    {stream: cursor},
-                    count=min(free, READ_BATCH),
-                    block_ms=1000 if cursor == ">" else None,
-                )
-            except RedisError as exc:
+                deliveries = await self._sync(self.consumer.poll, min(free, READ_BATCH), 1000)
+            except Exception as exc:
+                if not is_transient(exc):
+                    raise
                 # Redis restarting, or the stream or group lost: wait, recreate, read again.
-                log.warning("reading %s failed: %s; retrying", stream, exc)
-                await anyio.sleep(1)
-                with contextlib.suppress(RedisError):
-                    await self.broker.ensure_group(stream, GROUP_TRIGGERERS)
+                log.warning("reading %s failed: %s; retrying", self.keys.triggers, exc)
+                await anyio.sleep(backoff.next())
+                await self._sync(_quietly, self.consumer.start)
                 continue
-            if cursor != ">":
-                # Walk our own pending history by id; an empty page means it is all running.
-                cursor = entries[-1].id if entries else ">"
-            await self._start_all(tasks, entries)
+            backoff.reset()
+            await self._start_all(tasks, deliveries)
 
-    async def _start_all(self, tasks: TaskGroup, entries: list[Entry]) -> None:
-        started = [await self._start(tasks, entry) for entry in entries]
+    async def _start_all(self, tasks: TaskGroup, deliveries: list[Delivery]) -> None:
+        started = [await self._start(tasks, delivery) for delivery in deliveries]
         await self._mark_owned([tid for tid in started if tid is not None])
 
-    async def _start(self, tasks: TaskGroup, entry: Entry) -> int | None:
+    async def _start(self, tasks: TaskGroup, delivery: Delivery) -> int | None:
+        entry = delivery.entry
         if not entry.fields:
-            return None  # deleted while pending: nothing left to run
+            await self._sync(self.consumer.retire, [entry])  # deleted while pending
+            return None
         try:
             decoded = decode_entry(entry, self.cipher, self.settings.trigger_modules)
         except RejectedEntry as exc:
-            await self._reject(entry, exc)
+            await self._reject(delivery, str(exc), exc.trigger_id if exc.authentic else None)
             return None
         trigger_id = decoded.spec.trigger_id
+        if self.consumer.exhausted(delivery):
+            reason = f"trigger {trigger_id} {self.consumer.exhausted_reason(delivery)}"
+            await self._reject(delivery, reason, trigger_id)
+            return None
         running = self.held.get(trigger_id)
         if running is not None:
             if running.entry.id != entry.id:
-                # A second entry for a trigger running here (an outbox re-publish): the running
-                # one holds its own entry, so this one can go.
-                await self.broker.ack_delete(entry.stream, GROUP_TRIGGERERS, [entry.id])
+                # A newer entry for a trigger running here (a republish): hold the newer one,
+                # whose lease the peers see, and retire the older.
+                older, running.entry = running.entry, _slim(entry, trigger_id)
+                await self._sync(self.consumer.retire, [older])
             return None
-        held = Held(entry, anyio.CancelScope(), decoded.spec.task, decoded.spec.task_instance_id)
+        moment = decoded.trigger.fires_at()
+        if moment is not None:
+            held = Held(
+                trigger_id,
+                _slim(entry, trigger_id),
+                None,
+                decoded.spec.task,
+                decoded.spec.task_instance_id,
+                moment=moment,
+            )
+            self.held[trigger_id] = held
+            self.timers.add(held)
+            return trigger_id
+        held = Held(
+            trigger_id,
+            _slim(entry, trigger_id),
+            anyio.CancelScope(),
+            decoded.spec.task,
+            decoded.spec.task_instance_id,
+        )
         self.held[trigger_id] = held
         # The task name is what the watchdog reports when this trigger blocks the loop.
         name = f"trigger {trigger_id} ({decoded.spec.classpath}) for {decoded.spec.task}"
         tasks.start_soon(self._run_trigger, held, decoded, name=name)
         return trigger_id
 
-    async def _reject(self, entry: Entry, exc: RejectedEntry) -> None:
-        log.error("%s (entry %s)", exc, entry.id)
-        if exc.trigger_id is not None:
-            # Fail the task the entry names, with the reason, rather than leave it deferred.
-            failure = failure_message(exc.trigger_id, str(exc), "", self.name)
-            await self.broker.publish(self.broker.keys.events, failure)
-        await self.broker.dead_letter(entry, GROUP_TRIGGERERS, str(exc))
+    async def _reject(self, delivery: Delivery, reason: str, fail_trigger: int | None) -> None:
+        """Dead-letter an entry; with ``fail_trigger`` (an authentic entry), also fail the task
+        waiting on that trigger, with the reason, rather than leave it deferred."""
+        log.error("%s (entry %s)", reason, delivery.entry.id)
+        await self._sync(self.consumer.dead_letter, delivery, reason)
+        if fail_trigger is not None:
+            failure = failure_message(self.cipher, fail_trigger, reason, "", self.name)
+            await self._sync(self.broker.publish, self.keys.events, failure)
+
+    # -- running triggers ------------------------------------------------------------------------
 
     async def _run_trigger(self, held: Held, decoded: Decoded) -> None:
         trigger, trigger_id = decoded.trigger, decoded.spec.trigger_id
+        assert held.scope is not None
+        published = False
         try:
             with held.scope:
                 message = await self._first_event(trigger, trigger_id)
-                await self._publish(held.entry, message)
-                log.info("trigger %d for %s: %s sent", trigger_id, held.task, message.kind)
+                self.outgoing.items.append((trigger_id, held, message))
+                self.outgoing.ready.set()
+                published = True  # the publisher frees the slot once it is out
             if held.scope.cancelled_caught:
                 self._log_cancelled(trigger_id, held)
                 if held.retire:
@@ -195,10 +333,89 @@ class TriggererService:
         except Exception:
             # Never let one trigger take the event loop (and every other trigger) down; its entry
             # stays pending, so it is not lost.
-            log.exception("trigger %d for %s: unexpected error", trigger_id, held.task)
+            log.exception(
+                "trigger %d for %s: unexpected error",
+                trigger_id,
+                held.task,
+                extra=held.log_ids(),
+            )
         finally:
-            self.held.pop(trigger_id, None)
-            self.slot_freed.set()
+            if not published:
+                self._release(trigger_id, held)
+
+    def _release(self, trigger_id: int, held: Held) -> None:
+        if self.held.get(trigger_id) is held:
+            del self.held[trigger_id]
+        self.slot_freed.set()
+
+    def _timer_fired(self, held: Held) -> None:
+        """A timer trigger's moment came: its event is the moment, as its run() would yield."""
+        trigger_id = held.trigger_id
+        if held.cancelled or self.held.get(trigger_id) is not held:
+            return
+        assert held.moment is not None
+        message = event_message(self.cipher, trigger_id, held.moment, self.name)
+        self.outgoing.items.append((trigger_id, held, message))
+        self.outgoing.ready.set()
+
+    def _cancel(self, trigger_id: int, held: Held, reason: str, *, retire: bool = False) -> None:
+        """Stop a trigger (its task's cleanup runs in the task); ``retire`` also drops its
+        entry, because its task no longer waits on it."""
+        if held.cancelled:
+            return
+        held.cancelled, held.cancel_reason, held.retire = True, reason, retire
+        if held.scope is not None:
+            held.scope.cancel()
+            return
+        # A timer trigger runs nothing: forget it now (on_kill and cleanup are BaseTrigger's).
+        if self.held.get(trigger_id) is held:
+            self._log_cancelled(trigger_id, held)
+            self._release(trigger_id, held)
+            if retire:
+                self.outgoing.retiring.append(held.entry)
+                self.outgoing.ready.set()
+
+    async def _publisher(self) -> None:
+        """Publish fired events in batches: each event and the retirement of its entry in one
+        Lua call, all of a batch in one round trip; retried while Redis fails (until published,
+        an event exists only in this process)."""
+        while True:
+            await self.outgoing.ready.wait()
+            await self._flush_outgoing()
+
+    async def _flush_outgoing(self) -> None:
+        backoff = Backoff()
+        while self.outgoing.retiring:
+            retiring = self.outgoing.retiring[:PUBLISH_BATCH]
+            try:
+                await self._sync(self.consumer.retire, retiring)
+            except RedisError as exc:
+                log.warning("retiring %d entr(ies) failed (%s); retrying", len(retiring), exc)
+                await anyio.sleep(backoff.next())
+                continue
+            del self.outgoing.retiring[: len(retiring)]
+        while self.outgoing.items:
+            batch = self.outgoing.items[:PUBLISH_BATCH]
+            items = [
+                (held.entry, self.keys.events, to_fields(message)) for _, held, message in batch
+            ]
+            try:
+                await self._sync(self.consumer.hand_on_many, items)
+            except RedisError as exc:
+                log.warning("publishing %d event(s) failed (%s); retrying", len(batch), exc)
+                await anyio.sleep(backoff.next())
+                continue
+            del self.outgoing.items[: len(batch)]
+            for trigger_id, held, message in batch:
+                log.info(
+                    "trigger %d for %s: %s sent",
+                    trigger_id,
+                    held.task,
+                    message.kind,
+                    extra=held.log_ids(),
+                )
+                self._release(trigger_id, held)
+        self.outgoing.ready = anyio.Event()
 
     async def _retire(self, held: Held, trigger: BaseTrigger) -> None:
         """The task no longer waits on this trigger: run on_kill() if a user cancelled it, and
@@ -208,113 +425,20 @@ class TriggererService:
                 try:
                     await trigger.on_kill()
                 except Exception:
-                    log.exception("on_kill() of the trigger for %s raised", held.task)
-            await self.broker.ack_delete(held.entry.stream, GROUP_TRIGGERERS, [held.entry.id])
+                    log.exception(
+                        "on_kill() of the trigger for %s raised", held.task, extra=held.log_ids()
+                    )
+            await self._sync(self.consumer.retire, [held.entry])
 
     @staticmethod
     def _log_cancelled(trigger_id: int, held: Held) -> None:
         log.info(
-            "trigger %d for %s cancelled (reason: %s)", trigger_id, held.task, held.cancel_reason
+            "trigger %d for %s cancelled (reason: %s)",
+            trigger_id,
+            held.task,
+            held.cancel_reason,
+            extra=held.log_ids(),
         )
-
-    # -- leases ----------------------------------------------------------------------------------
-
-    async def _heartbeat(self, tasks: TaskGroup, stream: str) -> None:
-        while True:
-            await anyio.sleep(self.settings.heartbeat_sec)
-            try:
-                await self._renew(stream)
-                await self._drop_unwanted()
-                await self._take_over(tasks, stream)
-                await self._register("running")
-            except (RedisError, SQLAlchemyError) as exc:
-                # Keep running: a lease missed now is renewed next beat, or taken over by a peer.
-                log.warning("heartbeat failed: %s", exc)
-
-    async def _renew(self, stream: str) -> None:
-        """Renew our entries; stop the triggers whose entry a peer has taken over."""
-        by_entry = {held.entry.id: held for held in self.held.values()}
-        owned = set(await self.broker.renew(stream, GROUP_TRIGGERERS, self.name, list(by_entry)))
-        for entry_id, held in by_entry.items():
-            if entry_id not in owned:
-                held.cancel("reassigned")
-
-    async def _drop_unwanted(self) -> None:
-        """Cancel the triggers whose task no longer waits on them (timed out, cleared, marked)."""
-        held = dict(self.held)
-        if not held:
-            return
-        ti_ids = [h.task_instance_id for h in held.values()]
-
-        left_deferred = (
-            select(TaskStateChange.reason)
-            .where(
-                TaskStateChange.task_instance_id == TaskInstance.id,
-                TaskStateChange.from_state == TaskState.DEFERRED,
-            )
-            .order_by(TaskStateChange.id.desc())
-            .limit(1)
-            .scalar_subquery()
-        )
-        query = select(
-            TaskInstance.id, TaskInstance.state, TaskInstance.trigger_id, left_deferred
-        ).where(TaskInstance.id.in_(ti_ids))
-
-        def read() -> dict[int, tuple[str, int | None, str | None]]:
-            with self.sessions() as session:
-                return {row[0]: (row[1], row[2], row[3]) for row in session.execute(query)}
-
-        now = await anyio.to_thread.run_sync(read)
-        for trigger_id, item in held.items():
-            state, ti_trigger_id, next_method = now.get(item.task_instance_id, (None, None, None))
-            reason = decide.cancel_reason(trigger_id, state, ti_trigger_id, next_method)
-            if reason is not None:
-                item.cancel(reason, retire=True)
-
-    async def _take_over(self, tasks: TaskGroup, stream: str) -> None:
-        """Run the triggers of entries whose owner stopped renewing them (a dead triggerer)."""
-        free = self.capacity - len(self.held)
-        if free <= 0:
-            return
-        claimed = await self.broker.autoclaim(
-            stream,
-            GROUP_TRIGGERERS,
-            self.name,
-            min_idle_ms=self.lease.takeover_after_ms,
-            count=min(free, READ_BATCH),
-        )
-        if claimed:
-            log.info("took over %d trigger entr(ies) from a stopped triggerer", len(claimed))
-            await self._start_all(tasks, claimed)
-
-    async def _hand_off(self, stream: str) -> None:
-        """On the way out, make our entries look long idle so that peers take them at once
-        instead of after the takeover delay."""
-        try:
-            ids = await self.broker.pending_ids(stream, GROUP_TRIGGERERS, self.name)
-            await self.broker.hand_off(
-                stream, GROUP_TRIGGERERS, self.name, ids, idle_ms=self.lease.hand_off_idle_ms
-            )
-        except RedisError as exc:
-            log.warning("could not hand off entries: %s (peers take them after the delay)", exc)
-            return
-        if ids:
-            log.info("handed off %d trigger entr(ies)", len(ids))
-
-    async def _publish(self, entry: Entry, message: EventMessage) -> None:
-        """Publish the event and retire the entry, retrying while Redis fails: until it is
-        published, the event exists only in this process."""
-        delay = 0.1
-        while True:
-            try:
-                await self.broker.publish_and_ack(
-                    entry, GROUP_TRIGGERERS, self.broker.keys.events, to_fields(message)
-                )
-                return
-            except RedisError as exc:
-                log.warning("publishing event %s failed (%s); retrying", message.dedup_key, exc)
-                await anyio.sleep(delay)
-                delay = min(delay * 2, 5.0)
 
     async def _first_event(self, trigger: BaseTrigger, trigger_id: int) -> EventMessage:
         """Run the trigger to its first event; a raise or an end without an event is a failure.
@@ -324,18 +448,23 @@ class TriggererService:
             events = trigger.run()
             try:
                 async for event in events:
-                    message = event_message(trigger_id, event.payload, self.name)
+                    message = event_message(self.cipher, trigger_id, event.payload, self.name)
                     break
             finally:
                 await events.aclose()  # type: ignore[attr-defined]
             if message is None:
                 message = failure_message(
-                    trigger_id, f"trigger {trigger_id} ended without an event", "", self.name
+                    self.cipher,
+                    trigger_id,
+                    f"trigger {trigger_id} ended without an event",
+                    "",
+                    self.name,
                 )
         except anyio.get_cancelled_exc_class():
             raise
         except Exception as exc:
             message = failure_message(
+                self.cipher,
                 trigger_id,
                 f"trigger {trigger_id} raised {type(exc).__name__}: {exc}",
                 traceback.format_exc(),
@@ -346,9 +475,14 @@ class TriggererService:
                 try:
                     await trigger.cleanup()
                 except Exception as exc:
-                    log.exception("trigger %d cleanup() raised", trigger_id)
+                    log.exception(
+                        "trigger %d cleanup() raised",
+                        trigger_id,
+                        extra=log_ids(trigger_id=trigger_id),
+                    )
                     if message is not None and message.kind == "event":
                         message = failure_message(
+                            self.cipher,
                             trigger_id,
                             f"trigger {trigger_id} cleanup() raised {exc!r}",
                             traceback.format_exc(),
@@ -356,9 +490,132 @@ class TriggererService:
                         )
         return message
 
+    # -- leases ----------------------------------------------------------------------------------
+
+    async def _heartbeat(self) -> None:
+        while True:
+            await anyio.sleep(self.settings.heartbeat_sec)
+            try:
+                lost = await self._sync(self.consumer.renew)
+                if lost:
+                    await self._lost(lost)
+                await self._drop_unwanted()
+                await self._sync(self._register, liveness.RUNNING)
+            except Exception as exc:
+                if not is_transient(exc):
+                    raise
+                # Keep running: a lease missed now is renewed next beat, or taken over by a peer.
+                log.warning("heartbeat failed: %s", exc)
+
+    async def _take_overs(self, tasks: TaskGroup) -> None:
+        """Run the triggers of entries whose owner stopped renewing them (a dead triggerer),
+        looked for four times a heartbeat: taken soon after they pass the threshold."""
+        while True:
+            await anyio.sleep(self.settings.heartbeat_sec / 4)
+            free = self.capacity - len(self.held)
+            if free <= 0:
+                continue
+            try:
+                claimed = await self._sync(self.consumer.claim, min(free, READ_BATCH))
+            except Exception as exc:
+                if not is_transient(exc):
+                    raise
+                continue
+            if claimed:
+                await self._start_all(tasks, claimed)
+
+    async def _lost(self, lost: list[Lost]) -> None:
+        """Entries we no longer hold. One a peer took over: stop its trigger (reassigned). One
+        that vanished was either retired by such a peer (Postgres then shows the task moved on,
+        and the trigger is dropped on this beat), or lost with Redis's data: the trigger keeps
+        running until the reconciler republishes its entry (which then replaces the lost one)
+        -- unless a newer entry for it already exists, held elsewhere."""
+        status = {item.entry_id: item.status for item in lost}
+        affected = {tid: h for tid, h in self.held.items() if h.entry.id in status}
+        for trigger_id, held in affected.items():
+            if status[held.entry.id] is LeaseStatus.TAKEN:
+                self._cancel(trigger_id, held, "reassigned")
+        vanished = [
+            str(tid) for tid, h in affected.items() if status[h.entry.id] is LeaseStatus.GONE
+        ]
+        if vanished:
+            elsewhere = await self._sync(self.broker.present, self.keys.triggers, vanished)
+            for trigger_id, there in elsewhere.items():
+                if there:
+                    self._cancel(int(trigger_id), affected[int(trigger_id)], "reassigned")
+
+    async def _drop_unwanted(self) -> None:
+        """Cancel the triggers whose task no longer waits on them (timed out, cleared, marked).
+        The check runs in a thread, a set-based query whatever the number held: only the few
+        unwanted ones come back to the event loop."""
+        held = list(self.held.items())
+        if not held:
+            return
+        pairs = [(trigger_id, h.task_instance_id) for trigger_id, h in held]
+        unwanted = await anyio.to_thread.run_sync(self._unwanted, pairs)
+        for trigger_id, reason in unwanted.items():
+            item = self.held.get(trigger_id)
+            if item is not None:
+                self._cancel(trigger_id, item, reason, retire=True)
+
+    def _unwanted(self, pairs: list[tuple[int, int]]) -> dict[int, str]:
+        """Of (trigger id, task instance id) pairs, the triggers no task waits on any more,
+        with why (see decide.cancel_reason)."""
+        with self.sessions() as session:
+            wanted = set(
+                session.scalars(
+                    text(
+                        "SELECT held.trigger_id FROM unnest(CAST(:triggers AS bigint[]),"
+                        " CAST(:tis AS bigint[])) AS held(trigger_id, ti_id)"
+                        " JOIN task_instance ti ON ti.id = held.ti_id"
+                        " WHERE ti.state = 'deferred' AND ti.trigger_id = held.trigger_id"
+                    ),
+                    {"triggers": [t for t, _ in pairs], "tis": [i for _, i in pairs]},
+                )
+            )
+            gone = {t: i for t, i in pairs if t not in wanted}
+            if not gone:
+                return {}
+            left_deferred = (
+                select(TaskStateChange.reason)
+                .where(
+                    TaskStateChange.task_instance_id == TaskInstance.id,
+                    TaskStateChange.from_state == TaskState.DEFERRED,
+                )
+                .order_by(TaskStateChange.id.desc())
+                .limit(1)
+                .scalar_subquery()
+            )
+            now = {
+                row[0]: (row[1], row[2], row[3])
+                for row in session.execute(
+                    select(
+                        TaskInstance.id, TaskInstance.state, TaskInstance.trigger_id, left_deferred
+                    ).where(TaskInstance.id.in_(set(gone.values())))
+                )
+            }
+        reasons = {}
+        for trigger_id, ti_id in gone.items():
+            state, ti_trigger_id, reason_text = now.get(ti_id, (None, None, None))
+            reason = decide.cancel_reason(trigger_id, state, ti_trigger_id, reason_text)
+            if reason is not None:
+                reasons[trigger_id] = reason
+        return reasons
+
+    async def _hand_off(self) -> None:
+        """On the way out, make our entries look long idle so that peers take them at once
+        instead of after the takeover delay."""
+        try:
+            handed = await self._sync(self.consumer.hand_off)
+        except RedisError as exc:
+            log.warning("could not hand off entries: %s (peers take them after the delay)", exc)
+            return
+        if handed:
+            log.info("handed off %d trigger entr(ies)", handed)
+
     # -- bookkeeping in Postgres (for the CLI and doctor) ----------------------------------------
 
-    async def _register(self, state: str) -> None:
+    def _register(self, state: str) -> None:
         values: dict[str, Any] = {
             "name": self.name,
             "hostname": socket.gethostname(),
@@ -367,18 +624,8 @@ class TriggererService:
             "load": len(self.held),
             "state": state,
         }
-
-        def write() -> None:
-            statement = insert(Triggerer).values(**values)
-            with self.sessions.begin() as session:
-                session.execute(
-                    statement.on_conflict_do_update(
-                        index_elements=[Triggerer.name],
-                        set_={**values, "latest_heartbeat": func.now()},
-                    )
-                )
-
-        await anyio.to_thread.run_sync(write)
+        with self.sessions.begin() as session:
+            liveness.heartbeat(session, Triggerer, values)
 
     async def _mark_owned(self, trigger_ids: list[int]) -> None:
         if not trigger_ids:
@@ -392,7 +639,19 @@ class TriggererService:
                     .values(triggerer_id=self.name)
                 )
 
-        await anyio.to_thread.run_sync(write)
+        try:
+            await anyio.to_thread.run_sync(write)
+        except SQLAlchemyError as exc:
+            # Only for people looking (triggers list): never worth stopping a trigger for.
+            log.warning("could not record who runs trigger(s) %s: %s", trigger_ids[:5], exc)
+
+
+def _quietly(func: Any) -> None:
+    try:
+        func()
+    except Exception as exc:
+        if not is_transient(exc):
+            raise
 
 
 def _warn_blocked(culprit: str, seconds: float) -> None:

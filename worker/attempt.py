@@ -6,8 +6,11 @@ from one attempt (or from before a deferral) to the next: a resumed task is a fr
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import dataclasses
 import datetime as dt
+import logging
 import signal
 import traceback
 from collections.abc import Iterator
@@ -18,21 +21,23 @@ from typing import Any
 
 from deferral import serialization
 from deferral.baseoperator import BaseOperator
+from deferral.callbacks import run_callbacks
 from deferral.config import load_settings
-from deferral.context import Context, DagRunInfo, RuntimeTaskInstance
+from deferral.context import Context, DagRunInfo, RuntimeTaskInstance, make_context
 from deferral.dagbag import DagBag
-from deferral.db import make_engine, make_sessionmaker
 from deferral.exceptions import (
     FailTask,
     RescheduleTask,
     SkipTask,
-    TaskDeferralError,
-    TaskDeferralTimeout,
     TaskDeferred,
     TaskExecutionTimeout,
 )
+from deferral.mappedoperator import MappedOperator
+from deferral.metastore import metastore
 from deferral.serialization import SerializationError
 from deferral.states import FAIL_METHOD
+from deferral.templating import render_and_record
+from deferral.transitions import has_tries_left
 from deferral.triggers.base import BaseTrigger
 from deferral.xcom import DatabaseXComs
 from worker import decide
@@ -46,6 +51,8 @@ from worker.outcomes import (
     Succeeded,
 )
 
+log = logging.getLogger("deferral.worker.attempt")
+
 
 @cache
 def _dagbag() -> DagBag:
@@ -54,7 +61,16 @@ def _dagbag() -> DagBag:
 
 @cache
 def _xcoms() -> DatabaseXComs:
-    return DatabaseXComs(make_sessionmaker(make_engine(load_settings().database_url, pool_size=1)))
+    # The engine Variables, Connections and rendered fields use too: one pool per task process.
+    return DatabaseXComs(metastore().sessions)
+
+
+def warm_up() -> None:
+    """Run once in each new task process before it takes attempts: load the DAGs folder, so the
+    first attempt does not spend its execution_timeout importing."""
+    # A folder that fails to load is reported by the attempt that needs it, with its error.
+    with contextlib.suppress(Exception):
+        _dagbag().collect()
 
 
 def _one_line(exc: BaseException) -> str:
@@ -89,7 +105,6 @@ def _time_limit(deadline: dt.datetime | None) -> Iterator[None]:
 
 
 def _context(request: AttemptRequest, task: BaseOperator) -> Context:
-    assert task.dag is not None
     ti = RuntimeTaskInstance(
         id=request.task_instance_id,
         dag_id=request.dag_id,
@@ -100,32 +115,22 @@ def _context(request: AttemptRequest, task: BaseOperator) -> Context:
         xcoms=_xcoms(),
         first_started_at=request.first_started_at,
     )
-    return {
-        "ti": ti,
-        "task": task,
-        "dag": task.dag,
-        "dag_run": DagRunInfo(request.dag_id, request.run_id, request.logical_date, request.conf),
-        "run_id": request.run_id,
-        "logical_date": request.logical_date,
-        "params": {**task.dag.params, **request.conf},
-        "try_number": request.try_number,
-    }
-
-
-def _raise_deferral_failure(request: AttemptRequest) -> None:
-    """A task resumed at ``__fail__``: its deferral ended without an event. Raised before the
-    execution deadline is checked, so a deferral cut short by that deadline reports as such."""
-    if request.next_method == FAIL_METHOD:
-        timed_out, message = decide.failure_message(dict(request.next_kwargs or {}))
-        raise TaskDeferralTimeout(message) if timed_out else TaskDeferralError(message)
+    run = DagRunInfo(
+        dag_id=request.dag_id,
+        run_id=request.run_id,
+        logical_date=request.logical_date,
+        conf=request.conf,
+        data_interval_start=request.data_interval_start,
+        data_interval_end=request.data_interval_end,
+        run_type=request.run_type,
+    )
+    return make_context(task, run, ti)
 
 
 def _call(task: BaseOperator, request: AttemptRequest, context: Context) -> Any:
     if request.next_method is None:
         return task.execute(context)
-    kwargs = dict(request.next_kwargs or {})
-    event = kwargs.pop("event", None)
-    return getattr(task, request.next_method)(context=context, event=event, **kwargs)
+    return task.resume_execution(request.next_method, request.next_kwargs, context)
 
 
 def _deferral(task: BaseOperator, deferred: TaskDeferred, deadline: dt.datetime | None) -> Outcome:
@@ -158,6 +163,50 @@ def _deferral(task: BaseOperator, deferred: TaskDeferred, deadline: dt.datetime 
     )
 
 
+def _kill(task: BaseOperator) -> None:
+    """The task was cut short by its execution_timeout: let it stop what it started."""
+    try:
+        task.on_kill()
+    except Exception:
+        log.exception("task %r: on_kill raised", task.task_id)
+
+
+def _succeeded(
+    task: BaseOperator, request: AttemptRequest, context: Context, result: Any
+) -> Outcome:
+    """The task returned: its return value (if pushed) in to_jsonable form, the tasks it chose to
+    skip, and its success callbacks run."""
+    try:
+        value = serialization.to_jsonable(
+            result if task.do_xcom_push else None, f"return value of task {task.task_id!r}"
+        )
+    except SerializationError as exc:
+        return _after_failure(task, request, context, exc, Failed(str(exc), "", allow_retry=False))
+    what = f"task {task.task_id!r} on_success_callback"
+    run_callbacks(task.on_success_callback, context, what=what)
+    return Succeeded(value, tuple(sorted(context["ti"].skip_task_ids)))
+
+
+def _after_failure(
+    task: BaseOperator,
+    request: AttemptRequest,
+    context: Context | None,
+    exc: BaseException,
+    outcome: Failed,
+) -> Failed:
+    """Run on_retry_callback if the failure will be retried, else on_failure_callback, with the
+    exception in the context under ``exception``."""
+    if context is not None:
+        retrying = outcome.allow_retry and has_tries_left(request.try_number, request.max_tries)
+        name = "on_retry_callback" if retrying else "on_failure_callback"
+        run_callbacks(
+            getattr(task, name),
+            {**context, "exception": exc},
+            what=f"task {task.task_id!r} {name}",
+        )
+    return outcome
+
+
 def execute_attempt(request: AttemptRequest) -> Outcome:
     """Entry point in the child process."""
     try:
@@ -165,11 +214,30 @@ def execute_attempt(request: AttemptRequest) -> Outcome:
         task = copy.deepcopy(dag.get_task(request.task_id))
     except Exception as exc:
         return _failed(exc, allow_retry=True)
+    outcome = _run(task, request)
+    if isinstance(outcome, Failed) and outcome.allow_retry:
+        return dataclasses.replace(outcome, retry_delay=task.retry_delay)
+    return outcome
+
+
+def _run(task: BaseOperator, request: AttemptRequest) -> Outcome:
     deadline = decide.execution_deadline(request.first_started_at, task.execution_timeout)
+    context: Context | None = None
     try:
         context = _context(request, task)
-        _raise_deferral_failure(request)
-        with _time_limit(deadline):
+        if isinstance(task, MappedOperator):
+            # The operator of this map index, given its values (pulled now), as Airflow unmaps.
+            task = task.unmap(context)
+            context["task"] = task
+        # On every attempt, resumed ones too, as Airflow; XComArgs are pulled here.
+        render_and_record(task, context)
+        what = f"task {task.task_id!r} on_execute_callback"
+        run_callbacks(task.on_execute_callback, context, what=what)
+        # A deferral that ended without an event (``__fail__``) is reported by
+        # resume_execution without the deadline check, so one cut short by that very
+        # deadline reports as a deferral timeout.
+        failing = request.next_method == FAIL_METHOD
+        with _time_limit(None if failing else deadline):
             result = _call(task, request, context)
     except TaskDeferred as deferred:
         return _deferral(task, deferred, deadline)
@@ -178,11 +246,10 @@ def execute_attempt(request: AttemptRequest) -> Outcome:
     except RescheduleTask as exc:
         return Rescheduled(exc.reschedule_date)
     except FailTask as exc:
-        return _failed(exc, allow_retry=False)
+        return _after_failure(task, request, context, exc, _failed(exc, allow_retry=False))
+    except TaskExecutionTimeout as exc:
+        _kill(task)
+        return _after_failure(task, request, context, exc, _failed(exc, allow_retry=True))
     except Exception as exc:
-        return _failed(exc, allow_retry=True)
-    try:
-        value = serialization.to_jsonable(result, f"return value of task {task.task_id!r}")
-    except SerializationError as exc:
-        return Failed(str(exc), "", allow_retry=False)
-    return Succeeded(value)
+        return _after_failure(task, request, context, exc, _failed(exc, allow_retry=True))
+    return _succeeded(task, request, context, result)

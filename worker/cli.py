@@ -6,6 +6,7 @@ import click
 
 from deferral.dag import check_id
 from deferral.process import (
+    command_group,
     default_consumer_name,
     log_format_option,
     settings_or_exit,
@@ -14,7 +15,7 @@ from deferral.process import (
 )
 
 
-@click.group()
+@command_group()
 def main() -> None:
     """The deferral worker: runs task attempts."""
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import datetime as dt
-from typing import Any
 
 
 def execution_deadline(
@@ -19,12 +18,3 @@ def trigger_timeout(
     """A deferral ends at the earlier of ``now + timeout`` and the execution deadline."""
     candidates = [m for m in (None if timeout is None else now + timeout, deadline) if m]
     return min(candidates) if candidates else None
-
-
-def failure_message(next_kwargs: dict[str, Any]) -> tuple[bool, str]:
-    """For a task resumed at ``__fail__``: (timed_out, message)."""
-    if next_kwargs.get("error") == "timeout":
-        return True, "the deferral timed out before its trigger fired"
-    detail = next_kwargs.get("message") or "trigger failed"
-    trace = next_kwargs.get("traceback")
-    return False, f"{detail}\n{trace}" if trace else str(detail)

@@ -24,11 +24,20 @@ class AttemptRequest:
     first_started_at: dt.datetime
     next_method: str | None
     next_kwargs: dict[str, Any] | None
+    # The task instance's max_tries: whether a failure retries decides which callback runs.
+    max_tries: int
+    # The run's data interval (None until recorded: a manual run) and how it was created.
+    data_interval_start: dt.datetime | None = None
+    data_interval_end: dt.datetime | None = None
+    run_type: str = "manual"
 
 
 @dataclass(frozen=True)
 class Succeeded:
     return_value: Any
+    # Tasks of the run the succeeded task chose not to run (a branch, a short circuit): skipped
+    # in the transaction that records the success.
+    skip_task_ids: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -41,6 +50,8 @@ class Failed:
     error: str  # one line
     traceback: str
     allow_retry: bool
+    # When the next try is due (the task's retry_delay); None: the scheduler computes it.
+    retry_delay: dt.timedelta | None = None
 
 
 @dataclass(frozen=True)

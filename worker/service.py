@@ -1,44 +1,49 @@
 """``worker consume``: reads task attempts from its queue stream and runs them in child processes.
 
-The loop only moves messages and applies outcomes; each attempt runs in a reusable child process
-(worker.attempt) so a crashing task cannot take the worker down, and every state change goes
-through deferral.transitions so a duplicate or stale message never runs an attempt twice.
+The loop only moves messages and applies outcomes, a batch at a time: the entries read together
+start in one statement, the attempts that ended together are recorded in one transaction and
+their entries retired in one call. Each attempt runs in a reusable child process
+(:mod:`worker.children`), and every outcome is fenced on (task instance, try, worker): a worker that
+lost its lease kills that attempt's child and changes nothing in Postgres.
 """
 
 from __future__ import annotations
 
 import hashlib
 import logging
-import multiprocessing
-import signal
+import os
 import socket
 import threading
-from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
-from concurrent.futures.process import BrokenProcessPool
+from collections.abc import Sequence
 from dataclasses import dataclass
 
-from sqlalchemy import select
+from sqlalchemy import select, tuple_
 from sqlalchemy.orm import Session
 
 from broker import outbox
-from broker.client import Broker, run_until_stopped
-from broker.lease import Lease
-from broker.replies import Entry
+from broker.client import Broker, LeaseStatus, connect_when_up
+from broker.consumer import Delivery, Lost, StreamConsumer, run_until_stopped
 from broker.streams import (
     GROUP_WORKERS,
+    ForgedEntry,
     MalformedEntry,
-    QueueMessage,
-    from_fields,
+    QueuedAttempt,
+    StreamKeys,
+    read_queue_entry,
     trigger_message,
 )
-from deferral import serialization, transitions
+from deferral import liveness, serialization, transitions
 from deferral.config import Settings
 from deferral.crypto import Cipher, DecryptionError
-from deferral.db import make_engine, make_sessionmaker
-from deferral.models import DagRun, Outbox, TaskInstance
-from deferral.process import Every, die_with_parent
+from deferral.db import make_engine, make_sessionmaker, wait_until_up
+from deferral.faults import is_transient
+from deferral.models import DagRun, Outbox, TaskInstance, Worker
+from deferral.process import Every, LogExtra, log_ids
 from deferral.serialization import SerializationError
-from worker.attempt import execute_attempt
+from deferral.states import TaskState
+from deferral.transitions import Attempt
+from worker.attempt import execute_attempt, warm_up
+from worker.children import ChildDied, ChildPool
 from worker.outcomes import (
     AttemptRequest,
     Deferred,
@@ -54,17 +59,24 @@ log = logging.getLogger("deferral.worker")
 
 @dataclass(frozen=True)
 class Running:
-    entry: Entry
-    task_instance_id: int
+    delivery: Delivery
+    attempt: Attempt
     label: str
 
+    def log_ids(self) -> LogExtra:
+        """``extra=`` for a log line about this attempt."""
+        return log_ids(
+            task=self.label,
+            task_instance_id=self.attempt.task_instance_id,
+            try_number=self.attempt.try_number,
+        )
 
-def _init_child() -> None:
-    """Children leave Ctrl-C to the worker, which lets running attempts finish before it exits,
-    and die with their parent: a worker killed with -9 must not leave an attempt running that
-    another worker will retry."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    die_with_parent()
+
+def _item_ids(item: QueuedAttempt) -> LogExtra:
+    """``extra=`` for a log line about a queue entry's attempt."""
+    return log_ids(
+        task=item.task, task_instance_id=item.task_instance_id, try_number=item.try_number
+    )
 
 
 def fingerprint(classpath: str, kwargs_json: bytes) -> str:
@@ -73,231 +85,437 @@ def fingerprint(classpath: str, kwargs_json: bytes) -> str:
 
 class WorkerService:
     def __init__(self, settings: Settings, *, queue: str, concurrency: int, name: str) -> None:
+        self.settings = settings
         self.name = name
         self.hostname = socket.gethostname()
+        self.queue = queue
         self.concurrency = concurrency
         self.cipher = Cipher(settings.fernet_keys)
-        self.sessions = make_sessionmaker(make_engine(settings.database_url))
-        self.broker = Broker.from_url(settings.redis_url, settings.stream_prefix)
-        self.stream = self.broker.keys.queue(queue)
-        self.running: dict[Future[Outcome], Running] = {}
-        self.pool = self._new_pool()
-        self.lease = Lease.of(settings.heartbeat_sec)
-        self.beat = Every(settings.heartbeat_sec, self._heartbeat)
+        self.engine = make_engine(settings.database_url)
+        self.sessions = make_sessionmaker(self.engine)
+        self.keys = StreamKeys(settings.stream_prefix)
+        self.stream = self.keys.queue(queue)
+        self.pool: ChildPool[int] = ChildPool(execute_attempt, warm_up)  # keyed by task instance id
+        self.running: dict[int, Running] = {}
+        # Work read or ended but not yet recorded because the servers failed: retried first.
+        self.unstarted: list[Delivery] = []
+        self.unrecorded: list[tuple[Running, Outcome]] = []
+        self.broker: Broker
+        self.consumer: StreamConsumer
+        beat = settings.heartbeat_sec
+        # Takeovers are looked for more often than leases are renewed: an entry is claimed soon
+        # after it passes the takeover threshold, not up to a heartbeat later.
+        self.periodic = [Every(beat, self._heartbeat), Every(beat / 4, self._take_over)]
 
-    def _new_pool(self) -> ProcessPoolExecutor:
-        context = multiprocessing.get_context("spawn")
-        return ProcessPoolExecutor(
-            max_workers=self.concurrency, mp_context=context, initializer=_init_child
-        )
+    # -- the loop --------------------------------------------------------------------------------
 
     def run(self, stop: threading.Event) -> None:
-        self.broker.ensure_group(self.stream, GROUP_WORKERS)
+        broker = connect_when_up(self.settings.redis_url, self.settings.stream_prefix, stop)
+        if broker is None or not wait_until_up(self.engine, stop):
+            return
+        self.attach(broker)
+        if not run_until_stopped(stop, self._begin, recover=self.consumer.start, once=True):
+            return
         log.info("worker %s consuming %s with %d slots", self.name, self.stream, self.concurrency)
-        run_until_stopped(self.broker, stop, self.step, self.stream, GROUP_WORKERS)
+        run_until_stopped(stop, self.step, recover=self.consumer.start)
         log.info("stopping: waiting for %d running attempt(s)", len(self.running))
-        while self.running:
-            self.beat()  # the leases must outlive the attempts we wait for
-            self._collect(timeout=0.5)
+        drained = threading.Event()
+
+        def drain() -> None:
+            for periodic in self.periodic:
+                periodic()  # the leases must outlive the attempts we wait for
+            self._record_ended(timeout=0.5)
+            if not self.running and not self.unrecorded:
+                drained.set()
+
+        run_until_stopped(drained, drain, recover=self.consumer.start)
+        self._register(liveness.STOPPED)
         self.pool.shutdown()
         self.broker.close()
+        log.info("worker %s stopped", self.name)
+
+    def attach(self, broker: Broker) -> None:
+        """Use ``broker`` (connected) for the queue stream."""
+        self.broker = broker
+        self.consumer = StreamConsumer(
+            broker,
+            self.stream,
+            GROUP_WORKERS,
+            self.name,
+            heartbeat_sec=self.settings.heartbeat_sec,
+            max_deliveries=self.settings.max_deliveries,
+        )
+
+    def _begin(self) -> None:
+        self.consumer.start()
+        self._register(liveness.RUNNING)
+        self.pool.prestart(self.concurrency)
 
     def step(self) -> None:
-        self.beat()
-        self._collect(timeout=0)
+        for periodic in self.periodic:
+            periodic()
+        if self.unrecorded:
+            self._record(self.unrecorded)
+        if self.unstarted:
+            self._start(self.unstarted)
+        read: list[Delivery] = []
         free = self.concurrency - len(self.running)
-        if free <= 0:
-            self._collect(timeout=0.5)
-            return
-        # Block briefly when attempts are running, so finished ones are collected promptly.
-        block_ms = 100 if self.running else 1000
-        for entry in self.broker.read(
-            GROUP_WORKERS, self.name, {self.stream: ">"}, count=free, block_ms=block_ms
-        ):
-            self._start(entry)
+        if free > 0:
+            # Block on Redis only when no attempt runs: else the children's results wait too.
+            read = self.consumer.poll(free, block_ms=None if self.running else 1000)
+            if read:
+                self._start(read)
+        self._record_ended(timeout=0 if read else 0.05)
 
     # -- leases ----------------------------------------------------------------------------------
 
     def _heartbeat(self) -> None:
-        """Renew the entries of running attempts; take over those of workers that stopped."""
-        held = [running.entry.id for running in self.running.values()]
-        lost = set(held) - set(self.broker.renew(self.stream, GROUP_WORKERS, self.name, held))
-        for running in self.running.values():
-            if running.entry.id in lost:
-                # A peer decided we were dead and failed the attempt; our outcome will not apply.
-                log.warning("lost the lease on %s to another worker", running.label)
+        lost = self.consumer.renew()
+        if lost:
+            self._lost(lost)
+        self._register(liveness.RUNNING)
+
+    def _register(self, state: str) -> None:
+        values = {
+            "name": self.name,
+            "hostname": self.hostname,
+            "pid": os.getpid(),
+            "queue": self.queue,
+            "concurrency": self.concurrency,
+            "load": len(self.running),
+            "state": state,
+        }
+        with self.sessions.begin() as session:
+            liveness.heartbeat(session, Worker, values)
+
+    def _lost(self, lost: Sequence[Lost]) -> None:
+        """Entries we no longer hold. One a peer took over means our attempt was (or is being)
+        failed and retried: kill its child now. One that vanished was either retired by such a
+        peer, or lost with Redis's data: Postgres says which (the attempt is ours if the task
+        still runs at our try, on us)."""
+        status = {item.entry_id: item.status for item in lost}
+        affected = [r for r in self.running.values() if r.delivery.entry.id in status]
+        vanished = [r for r in affected if status[r.delivery.entry.id] is LeaseStatus.GONE]
+        still_ours = self._still_running(vanished)
+        for running in affected:
+            if running.attempt.task_instance_id in still_ours:
+                log.warning(
+                    "the queue entry of %s vanished from Redis; the attempt goes on (Postgres"
+                    " still says it is ours)",
+                    running.label,
+                    extra=running.log_ids(),
+                )
+                continue
+            self.running.pop(running.attempt.task_instance_id)
+            pid = self.pool.pid_of(running.attempt.task_instance_id)
+            self.pool.kill(running.attempt.task_instance_id)
+            log.warning(
+                "lost the lease on %s try %d to another worker: killed its process %s; its"
+                " outcome will not count",
+                running.label,
+                running.attempt.try_number,
+                pid,
+                extra=running.log_ids(),
+            )
+
+    def _still_running(self, candidates: Sequence[Running]) -> set[int]:
+        if not candidates:
+            return set()
+        keys = [(r.attempt.task_instance_id, r.attempt.try_number) for r in candidates]
+        with self.sessions() as session:
+            return set(
+                session.scalars(
+                    select(TaskInstance.id).where(
+                        tuple_(TaskInstance.id, TaskInstance.try_number).in_(keys),
+                        TaskInstance.state == TaskState.RUNNING,
+                        TaskInstance.worker == self.name,
+                    )
+                )
+            )
+
+    def _take_over(self) -> None:
         free = self.concurrency - len(self.running)
         if free > 0:
-            for entry, owner in self.broker.claim_idle(
-                self.stream,
-                GROUP_WORKERS,
-                self.name,
-                min_idle_ms=self.lease.takeover_after_ms,
-                count=free,
-            ):
-                self._start(entry, taken_from=owner)
+            claimed = self.consumer.claim(free)
+            if claimed:
+                self._start(claimed)
 
-    def _fail_orphan(
-        self, entry: Entry, ti_id: int, try_number: int, label: str, dead_worker: str
-    ) -> None:
-        """The attempt of a worker that stopped heartbeating: fail it (retries apply), so it is
-        never lost and never runs twice at once. Only if that worker is the one running it: the
-        same try may since have been resumed from a deferral and be running on a live worker."""
-        state = None
-        with self.sessions.begin() as session:
-            ti = session.get(TaskInstance, ti_id, with_for_update=True)
-            if ti is not None and ti.worker == dead_worker:
-                state = transitions.fail(
-                    session,
-                    ti_id,
-                    f"worker {dead_worker} stopped heartbeating",
-                    allow_retry=True,
-                    try_number=try_number,
-                )
-        if state is not None:
-            log.warning("%s: its worker %s stopped heartbeating; now %s", label, dead_worker, state)
-        self.broker.ack_delete(self.stream, GROUP_WORKERS, [entry.id])
+    # -- starting attempts -----------------------------------------------------------------------
 
-    # -- starting an attempt -------------------------------------------------------------------
-
-    def _start(self, entry: Entry, *, taken_from: str | None = None) -> None:
-        """Start the attempt an entry names; ``taken_from`` is the dead worker that held it."""
-        if not entry.fields:
-            return  # deleted while pending: nothing left to do
-        try:
-            message = from_fields(QueueMessage, entry.fields)
-            ti_id, try_number = int(message.task_instance_id), int(message.try_number)
-        except (MalformedEntry, ValueError) as exc:
-            self._dead_letter(entry, f"bad queue entry: {exc}")
-            return
-        request: AttemptRequest | None = None
-        with self.sessions.begin() as session:
-            ti = transitions.start(session, ti_id, try_number, self.hostname, self.name)
-            if ti is not None:
-                request = self._request(session, ti)
-        if ti is None and taken_from is not None:
-            self._fail_orphan(entry, ti_id, try_number, message.task, taken_from)
-            return
-        if ti is None or request is None:
-            if ti is None:
-                log.info(
-                    "skipping %s: not queued at try %d (duplicate or stale)",
-                    message.task,
-                    try_number,
-                )
-            self.broker.ack_delete(self.stream, GROUP_WORKERS, [entry.id])
-            return
-        try:
-            future = self.pool.submit(execute_attempt, request)
-        except BrokenProcessPool:
-            self.pool = self._new_pool()
-            future = self.pool.submit(execute_attempt, request)
-        self.running[future] = Running(entry, ti_id, message.task)
-        resuming = f" (resuming at {ti.next_method})" if ti.next_method else ""
-        log.info("running %s try %d%s", message.task, try_number, resuming)
-
-    def _request(self, session: Session, ti: TaskInstance) -> AttemptRequest | None:
-        """Build the child's request; a task that cannot be run (its run is gone, its resume
-        kwargs cannot be opened) fails here, with the reason, instead of blocking the queue."""
-        run = session.scalars(
-            select(DagRun).where(DagRun.dag_id == ti.dag_id, DagRun.run_id == ti.run_id)
-        ).one_or_none()
-        try:
-            if run is None:
-                raise LookupError(f"DAG run {ti.dag_id} {ti.run_id} no longer exists")
-            next_kwargs = self.cipher.open(ti.next_kwargs) if ti.next_kwargs else None
-        except (LookupError, DecryptionError, SerializationError) as exc:
-            reason = f"cannot run: {exc}"
-            transitions.fail(session, ti.id, reason, allow_retry=False)
-            log.error("failed task instance %d: %s", ti.id, reason)
-            return None
-        assert ti.first_started_at is not None
-        return AttemptRequest(
-            task_instance_id=ti.id,
-            dag_id=ti.dag_id,
-            run_id=ti.run_id,
-            task_id=ti.task_id,
-            map_index=ti.map_index,
-            try_number=ti.try_number,
-            logical_date=run.logical_date,
-            conf=dict(run.conf or {}),
-            first_started_at=ti.first_started_at,
-            next_method=ti.next_method,
-            next_kwargs=next_kwargs,
-        )
-
-    # -- finishing an attempt ------------------------------------------------------------------
-
-    def _collect(self, timeout: float) -> None:
-        if not self.running:
-            return
-        done, _ = wait(list(self.running), timeout=timeout, return_when=FIRST_COMPLETED)
-        for future in done:
-            running = self.running.pop(future)
+    def _start(self, deliveries: Sequence[Delivery]) -> None:
+        """Start the attempts a batch of entries names, in one transaction."""
+        checked: list[tuple[Delivery, QueuedAttempt]] = []
+        for delivery in deliveries:
             try:
-                outcome = future.result()
-            except BrokenProcessPool as exc:
-                # The child died (killed, segfault, os._exit): fail the attempt, not the worker.
-                outcome = Failed(f"task process died: {exc}", "", allow_retry=True)
-                self.pool = self._new_pool()
-            except Exception as exc:
-                outcome = Failed(f"task process error: {exc!r}", "", allow_retry=True)
-            self._finish(running, outcome)
-
-    def _finish(self, running: Running, outcome: Outcome) -> None:
-        ti_id = running.task_instance_id
-        staged: list[Outbox] = []
+                item = read_queue_entry(self.cipher, delivery.entry.fields)
+            except (MalformedEntry, ForgedEntry) as exc:
+                self.consumer.dead_letter(delivery, f"bad queue entry: {exc}")
+                continue
+            if self.consumer.exhausted(delivery):
+                self._poisoned(delivery, item)
+                continue
+            checked.append((delivery, item))
+        self.unstarted = [delivery for delivery, _ in checked]
         with self.sessions.begin() as session:
-            if isinstance(outcome, Succeeded):
-                transitions.succeed(session, ti_id, outcome.return_value)
-                log.info("%s succeeded", running.label)
-            elif isinstance(outcome, Rescheduled):
-                transitions.reschedule(session, ti_id, outcome.reschedule_date)
-                log.info("%s pokes again at %s", running.label, outcome.reschedule_date)
-            elif isinstance(outcome, Skipped):
-                transitions.skip(session, ti_id, outcome.reason)
-                log.info("%s skipped: %s", running.label, outcome.reason)
-            elif isinstance(outcome, Failed):
-                state = transitions.fail(
-                    session, ti_id, outcome.error, allow_retry=outcome.allow_retry
-                )
-                log.error("%s %s: %s\n%s", running.label, state, outcome.error, outcome.traceback)
+            started = transitions.start_many(
+                session,
+                [(item.task_instance_id, item.try_number) for _, item in checked],
+                self.hostname,
+                self.name,
+            )
+            requests = self._requests(session, started)
+        self.unstarted = []
+        finished: list[Delivery] = []
+        orphans: list[tuple[Delivery, QueuedAttempt]] = []
+        for delivery, item in checked:
+            request = requests.pop(item.task_instance_id, None)
+            if request is not None:
+                self._submit(delivery, item, request)
+            elif delivery.taken_from is not None and item.task_instance_id not in self.running:
+                orphans.append((delivery, item))
             else:
-                staged = self._defer(session, ti_id, running.label, outcome)
+                if item.task_instance_id not in {ti.id for ti in started}:
+                    log.info(
+                        "skipping %s: not queued at try %d (duplicate or stale)",
+                        item.task,
+                        item.try_number,
+                        extra=_item_ids(item),
+                    )
+                finished.append(delivery)
+        if orphans:
+            self._fail_orphans(orphans)
+        self.consumer.retire([d.entry for d in finished + [d for d, _ in orphans]])
+
+    def _submit(self, delivery: Delivery, item: QueuedAttempt, request: AttemptRequest) -> None:
+        ti_id = item.task_instance_id
+        self.pool.submit(ti_id, request)
+        self.running[ti_id] = Running(
+            delivery, Attempt(ti_id, item.try_number, self.name), item.task
+        )
+        resuming = f" (resuming at {request.next_method})" if request.next_method else ""
+        log.info("running %s try %d%s", item.task, item.try_number, resuming, extra=_item_ids(item))
+
+    def _requests(
+        self, session: Session, started: Sequence[TaskInstance]
+    ) -> dict[int, AttemptRequest]:
+        """The child's request for each started attempt; one that cannot be run (its run is
+        gone, its resume kwargs cannot be opened) fails here, with the reason, instead of
+        blocking the queue."""
+        if not started:
+            return {}
+        runs = {
+            (run.dag_id, run.run_id): run
+            for run in session.scalars(
+                select(DagRun).where(
+                    tuple_(DagRun.dag_id, DagRun.run_id).in_(
+                        {(ti.dag_id, ti.run_id) for ti in started}
+                    )
+                )
+            )
+        }
+        requests: dict[int, AttemptRequest] = {}
+        for ti in started:
+            run = runs.get((ti.dag_id, ti.run_id))
+            try:
+                if run is None:
+                    raise LookupError(f"DAG run {ti.dag_id} {ti.run_id} no longer exists")
+                next_kwargs = self.cipher.open(ti.next_kwargs) if ti.next_kwargs else None
+            except (LookupError, DecryptionError, SerializationError) as exc:
+                reason = f"cannot run: {exc}"
+                transitions.fail(
+                    session, Attempt(ti.id, ti.try_number, self.name), reason, allow_retry=False
+                )
+                log.error(
+                    "failed task instance %d: %s",
+                    ti.id,
+                    reason,
+                    extra=log_ids(task_instance_id=ti.id, try_number=ti.try_number),
+                )
+                continue
+            assert ti.first_started_at is not None
+            requests[ti.id] = AttemptRequest(
+                task_instance_id=ti.id,
+                dag_id=ti.dag_id,
+                run_id=ti.run_id,
+                task_id=ti.task_id,
+                map_index=ti.map_index,
+                try_number=ti.try_number,
+                logical_date=run.logical_date,
+                conf=dict(run.conf or {}),
+                first_started_at=ti.first_started_at,
+                next_method=ti.next_method,
+                next_kwargs=next_kwargs,
+                max_tries=ti.max_tries,
+                data_interval_start=run.data_interval_start,
+                data_interval_end=run.data_interval_end,
+                run_type=run.run_type,
+            )
+        return requests
+
+    def _fail_orphans(self, orphans: Sequence[tuple[Delivery, QueuedAttempt]]) -> None:
+        """Attempts of workers that stopped heartbeating (or of this worker's earlier process):
+        fail them into a retry, so they are never lost and never run twice at once. Fenced on
+        that worker: the same try may since have been resumed from a deferral and be running on
+        a live worker."""
+        with self.sessions.begin() as session:
+            for delivery, item in orphans:
+                assert delivery.taken_from is not None
+                attempt = Attempt(item.task_instance_id, item.try_number, delivery.taken_from)
+                reason = f"worker {delivery.taken_from} stopped heartbeating"
+                state = transitions.fail(session, attempt, reason, allow_retry=True)
+                if state is not None:
+                    log.warning("%s: %s; now %s", item.task, reason, state, extra=_item_ids(item))
+
+    def _poisoned(self, delivery: Delivery, item: QueuedAttempt) -> None:
+        reason = f"queue entry of {item.task} {self.consumer.exhausted_reason(delivery)}"
+        with self.sessions.begin() as session:
+            transitions.fail_poisoned(session, item.task_instance_id, item.try_number, reason)
+        self.consumer.dead_letter(delivery, reason)
+
+    # -- recording outcomes ----------------------------------------------------------------------
+
+    def _record_ended(self, timeout: float) -> None:
+        ended = self.pool.collect(timeout)
+        if not ended:
+            return
+        batch: list[tuple[Running, Outcome]] = []
+        for ti_id, result in ended:
+            running = self.running.pop(ti_id, None)
+            if running is None:
+                continue
+            if isinstance(result, ChildDied):
+                result = Failed(result.describe(), "", allow_retry=True)
+            batch.append((running, result))
+        self._record(batch)
+
+    def _record(self, batch: Sequence[tuple[Running, Outcome]]) -> None:
+        """Record a batch of outcomes in one transaction, then publish and retire; a batch that
+        fails on bad data is recorded one outcome at a time, so the bad one fails alone."""
+        self.unrecorded = list(batch)
+        staged: list[Outbox] = []
+        try:
+            with self.sessions.begin() as session:
+                staged = self._apply_batch(session, batch)
+        except Exception as exc:
+            if is_transient(exc):
+                raise
+            log.exception("recording %d outcomes together failed; one by one now", len(batch))
+            staged = []
+            for running, outcome in batch:
+                staged += self._record_alone(running, outcome)
+        self.unrecorded = []
         outbox.flush(self.sessions, self.broker, staged)
-        self.broker.ack_delete(self.stream, GROUP_WORKERS, [running.entry.id])
+        self.consumer.retire(
+            [r.delivery.entry for r, _ in batch if self.consumer.holds(r.delivery.entry.id)]
+        )
 
-    def _defer(self, session: Session, ti_id: int, label: str, outcome: Deferred) -> list[Outbox]:
-        kwargs_json = serialization.encode(outcome.trigger_kwargs)
-        trigger_id = transitions.create_trigger(
-            session,
-            outcome.classpath,
-            self.cipher.encrypt(kwargs_json),
-            fingerprint(outcome.classpath, kwargs_json),
-        )
-        moved = transitions.defer(
-            session,
-            ti_id,
-            trigger_id=trigger_id,
-            next_method=outcome.method_name,
-            next_kwargs_token=self.cipher.encrypt(serialization.encode(outcome.next_kwargs)),
-            trigger_timeout=outcome.trigger_timeout,
-        )
-        if not moved:
-            session.rollback()
-            log.warning("%s was no longer running; its deferral is dropped", label)
+    def _record_alone(self, running: Running, outcome: Outcome) -> list[Outbox]:
+        try:
+            with self.sessions.begin() as session:
+                return self._apply_batch(session, [(running, outcome)])
+        except Exception as exc:
+            if is_transient(exc):
+                raise
+            reason = f"cannot record its outcome: {type(exc).__name__}: {exc}"
+            log.exception("%s %s", running.label, reason, extra=running.log_ids())
+            with self.sessions.begin() as session:
+                transitions.fail(session, running.attempt, reason, allow_retry=False)
             return []
-        message = trigger_message(
-            self.cipher,
-            trigger_id=trigger_id,
-            classpath=outcome.classpath,
-            kwargs=outcome.trigger_kwargs,
-            task_instance_id=ti_id,
-            task=label,
-        )
-        log.info("%s deferred to trigger %d (%s)", label, trigger_id, outcome.classpath)
-        return [outbox.stage(session, self.broker.keys.triggers, message)]
 
-    def _dead_letter(self, entry: Entry, error: str) -> None:
-        log.error("dead-lettering %s entry %s: %s", entry.stream, entry.id, error)
-        self.broker.dead_letter(entry, GROUP_WORKERS, error)
+    def _apply_batch(
+        self, session: Session, batch: Sequence[tuple[Running, Outcome]]
+    ) -> list[Outbox]:
+        """Successes and deferrals, the common outcomes, in a few statements for the whole
+        batch; the rest one by one."""
+        successes = [(r, o) for r, o in batch if isinstance(o, Succeeded)]
+        deferrals = [(r, o) for r, o in batch if isinstance(o, Deferred)]
+        succeeded = transitions.succeed_many(
+            session, [(r.attempt, o.return_value) for r, o in successes]
+        )
+        for running, success in successes:
+            moved = running.attempt.task_instance_id in succeeded
+            if moved and success.skip_task_ids:
+                transitions.skip_tasks(
+                    session, running.attempt.task_instance_id, success.skip_task_ids
+                )
+            self._say(running, success, moved, "succeeded")
+        staged = self._defer_many(session, deferrals)
+        for running, other in batch:
+            if isinstance(other, Rescheduled | Skipped | Failed):
+                self._apply_other(session, running, other)
+        return staged
+
+    def _say(self, running: Running, outcome: Outcome, moved: bool, said: str) -> None:
+        if moved:
+            level = logging.ERROR if isinstance(outcome, Failed) else logging.INFO
+            log.log(level, "%s %s", running.label, said, extra=running.log_ids())
+        else:
+            log.warning(
+                "%s try %d: outcome dropped, the attempt is no longer this worker's (its lease was"
+                " taken over)",
+                running.label,
+                running.attempt.try_number,
+                extra=running.log_ids(),
+            )
+
+    def _apply_other(
+        self, session: Session, running: Running, outcome: Rescheduled | Skipped | Failed
+    ) -> None:
+        attempt = running.attempt
+        if isinstance(outcome, Rescheduled):
+            moved = transitions.reschedule(session, attempt, outcome.reschedule_date)
+            said = f"pokes again at {outcome.reschedule_date}"
+        elif isinstance(outcome, Skipped):
+            moved = transitions.skip(session, attempt, outcome.reason)
+            said = f"skipped: {outcome.reason}"
+        else:
+            state = transitions.fail(
+                session,
+                attempt,
+                outcome.error,
+                allow_retry=outcome.allow_retry,
+                retry_delay=outcome.retry_delay,
+            )
+            moved = state is not None
+            said = f"{state}: {outcome.error}\n{outcome.traceback}".rstrip()
+        self._say(running, outcome, moved, said)
+
+    def _defer_many(
+        self, session: Session, deferrals: Sequence[tuple[Running, Deferred]]
+    ) -> list[Outbox]:
+        """Write the deferrals' trigger rows and move their tasks, then stage their trigger
+        entries; returns the outbox rows of those that moved."""
+        specs = []
+        for running, outcome in deferrals:
+            kwargs_json = serialization.encode(outcome.trigger_kwargs)
+            specs.append(
+                transitions.Deferral(
+                    attempt=running.attempt,
+                    classpath=outcome.classpath,
+                    kwargs_token=self.cipher.encrypt(kwargs_json),
+                    fingerprint=fingerprint(outcome.classpath, kwargs_json),
+                    next_method=outcome.method_name,
+                    next_kwargs_token=self.cipher.encrypt(
+                        serialization.encode(outcome.next_kwargs)
+                    ),
+                    trigger_timeout=outcome.trigger_timeout,
+                )
+            )
+        moved = transitions.defer_many(session, specs)
+        staged = []
+        for running, outcome in deferrals:
+            ti_id = running.attempt.task_instance_id
+            trigger_id = moved.get(ti_id)
+            self._say(running, outcome, trigger_id is not None, f"deferred ({outcome.classpath})")
+            if trigger_id is None:
+                continue
+            message = trigger_message(
+                self.cipher,
+                trigger_id=trigger_id,
+                classpath=outcome.classpath,
+                kwargs=outcome.trigger_kwargs,
+                task_instance_id=ti_id,
+                task=running.label,
+            )
+            staged.append(outbox.stage(session, self.keys.triggers, message))
+        return staged

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import abc
+import datetime as dt
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -43,6 +44,13 @@ class BaseTrigger(abc.ABC):
     @abc.abstractmethod
     def run(self) -> AsyncIterator[TriggerEvent]:
         """An async generator that yields TriggerEvent; the first one resumes the task."""
+
+    def fires_at(self) -> dt.datetime | None:
+        """The moment this trigger fires, if waiting for it is all it does and its event is
+        ``TriggerEvent(moment)``; the triggerer then waits for it on one shared timer instead of
+        running ``run()`` in a task of its own (a small fraction of the memory). None, the
+        default: ``run()`` runs."""
+        return None
 
     async def cleanup(self) -> None:  # noqa: B027 - optional hook, empty by default
         """Called after ``run`` ends, however it ends."""

@@ -29,6 +29,17 @@ class DateTimeTrigger(BaseTrigger):
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return classpath_of(DateTimeTrigger), {"moment": self.moment}
 
+    def fires_at(self) -> dt.datetime | None:
+        # Only while this class's own run(), cleanup() and on_kill() are what would run: a
+        # subclass that overrides one of them gets it run.
+        cls = type(self)
+        own = (
+            cls.run is DateTimeTrigger.run
+            and cls.cleanup is BaseTrigger.cleanup
+            and cls.on_kill is BaseTrigger.on_kill
+        )
+        return self.moment if own else None
+
     async def run(self) -> AsyncIterator[TriggerEvent]:
         while (left := (self.moment - dt.datetime.now(dt.UTC)).total_seconds()) > 0:
             await anyio.sleep(min(left, _MAX_SLEEP_SEC))

@@ -29,21 +29,31 @@ class Services:
         self.logs = logs
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
 
-    def start(self, name: str, *args: str) -> subprocess.Popen[bytes]:
-        """Start ``<service> consume [args]``; ``name`` is unique per process (worker2, ...)."""
+    def start(
+        self, name: str, *args: str, env: dict[str, str] | None = None
+    ) -> subprocess.Popen[bytes]:
+        """Start ``<service> consume [args]``; ``name`` is unique per process (worker2, ...);
+        ``env`` adds to the environment of this process only. A name started again appends to
+        its log."""
         service = name.rstrip("0123456789")
-        log = (self.logs / f"{name}.log").open("wb")
-        proc = subprocess.Popen(
-            command(service, "consume", *args), env=self.env, stdout=log, stderr=subprocess.STDOUT
-        )
+        return self.spawn(name, command(service, "consume", *args), {**self.env, **(env or {})})
+
+    def spawn(
+        self, name: str, argv: list[str], env: dict[str, str], cwd: Path | None = None
+    ) -> subprocess.Popen[bytes]:
+        """Start ``argv`` with exactly ``env``, logging to ``<name>.log``; stopped at teardown."""
+        log = (self.logs / f"{name}.log").open("ab")
+        proc = subprocess.Popen(argv, env=env, cwd=cwd, stdout=log, stderr=subprocess.STDOUT)
         self.procs[name] = proc
         return proc
 
-    def run(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-        """Run a ``deferral`` CLI command to completion."""
+    def run(
+        self, *args: str, timeout: float = 60, env: dict[str, str] | None = None
+    ) -> subprocess.CompletedProcess[str]:
+        """Run a ``deferral`` CLI command to completion; ``env`` adds to its environment."""
         return subprocess.run(
             command("deferral", *args),
-            env=self.env,
+            env={**self.env, **(env or {})},
             capture_output=True,
             text=True,
             timeout=timeout,
@@ -55,6 +65,7 @@ class Services:
     def stop_all(self) -> None:
         for proc in self.procs.values():
             if proc.poll() is None:
+                proc.send_signal(signal.SIGCONT)  # a stopped process cannot handle SIGTERM
                 proc.send_signal(signal.SIGTERM)
         for proc in self.procs.values():
             try:

@@ -10,7 +10,6 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from broker.client import Broker
-from broker.streams import TriggerMessage
 from deferral.models import TaskInstance, TaskStateChange
 from tests.e2e.conftest import Services, command
 from tests.helpers import wait_for
@@ -67,12 +66,17 @@ def _last_reason(sessions: sessionmaker[Session], ti_id: int) -> str:
     return reason or ""
 
 
-def test_bad_kwarg_and_forged_trigger_entry_fail_only_their_task(
+def _xadd(broker: Broker, stream: str, fields: dict[str, str]) -> None:
+    """What someone writing to Redis by hand does: a plain XADD, no index, no MAC."""
+    broker.redis.execute_command("XADD", stream, "*", *[x for kv in fields.items() for x in kv])
+
+
+def test_forged_and_malformed_entries_are_dead_lettered_and_change_nothing(
     services: Services, write_dag: Any, sessions: sessionmaker[Session], broker: Broker
 ) -> None:
     write_dag("e2e_bad_dag", BAD_DAG)
     # A queue entry that is not a task attempt is dead-lettered before anything runs.
-    broker.publish(broker.keys.queue("default"), {"task_instance_id": "seven"})
+    _xadd(broker, broker.keys.queue("default"), {"task_instance_id": "seven"})
     services.start("scheduler")
     services.start("worker", "--concurrency", "2")
     services.start("triggerer")
@@ -84,35 +88,60 @@ def test_bad_kwarg_and_forged_trigger_entry_fail_only_their_task(
     )
     assert "defer kwargs['handle'] has unsupported type object" in _last_reason(sessions, bad.id)
 
-    # A forged entry naming a deferred task's trigger is dead-lettered, never imported, and that
-    # task fails with the reason.
     waits = wait_for(
         lambda: (ti := _ti(sessions, "waits")) and ti.state == "deferred" and ti, timeout=60
     )
-    forged = TriggerMessage(
-        trigger_id=str(waits.trigger_id),
-        classpath="os.system",
-        task="e2e_bad.forged.waits",
-        token="gAAAAAB-not-a-real-token",
+    history = _history(sessions, waits.id)
+    trigger = str(waits.trigger_id)
+    # Entries written by hand name the deferred task: none of them may touch it.
+    _xadd(
+        broker,
+        broker.keys.triggers,
+        {"trigger_id": trigger, "classpath": "os.system", "task": "x", "token": "gAAAAAB-no"},
     )
-    broker.publish(broker.keys.triggers, forged)
-    wait_for(
-        lambda: (ti := _ti(sessions, "waits")) and ti.state == "failed", timeout=60, what="failed"
+    event = {"trigger_id": trigger, "dedup_key": "any", "kind": "event", "payload": '"go"'}
+    _xadd(broker, broker.keys.events, {**event, "triggerer": "me", "mac": "forged"})
+    failure = {**event, "kind": "failure", "payload": '{"message": "boom"}', "triggerer": "me"}
+    _xadd(broker, broker.keys.events, {**failure, "mac": "AAAA"})
+    _xadd(
+        broker,
+        broker.keys.queue("default"),
+        {"task_instance_id": str(2**63), "try_number": "1", "task": "x", "mac": "m"},
     )
-    assert "rejected trigger entry" in _last_reason(sessions, waits.id)
     dead = wait_for(
-        lambda: len(entries := broker.xrange(broker.keys.dead)) == 2 and entries,
-        what="two dead letters",
+        lambda: len(entries := broker.xrange(broker.keys.dead)) == 5 and entries,
+        timeout=60,
+        what="five dead letters",
     )
-    assert dead[0].fields[b"task_instance_id"] == b"seven"
-    assert dead[0].fields[b"error"].startswith(b"bad queue entry: malformed QueueMessage")
-    assert dead[1].fields[b"classpath"] == b"os.system"
-    assert b"token failed authentication" in dead[1].fields[b"error"]
+    errors = sorted(entry.fields[b"error"].decode() for entry in dead)
+    assert errors[0].startswith("bad event entry: EventMessage failed authentication")
+    assert errors[1].startswith("bad event entry: EventMessage failed authentication")
+    assert errors[2].startswith("bad queue entry: malformed QueueMessage")
+    assert (
+        errors[3] == f"bad queue entry: task_instance_id {2**63} is out of range (1..{2**63 - 1})"
+    )
+    assert "rejected trigger entry: token failed authentication" in errors[4]
 
-    # Everything else carried on.
+    # The named task is untouched: still deferred on its trigger, no new transition.
+    still = _ti(sessions, "waits")
+    assert still is not None and still.state == "deferred" and still.trigger_id == waits.trigger_id
+    assert _history(sessions, waits.id) == history
+    # Everything else carried on, and every service is up.
     healthy = _ti(sessions, "healthy")
     assert healthy is not None and healthy.state == "success"
     assert all(proc.poll() is None for proc in services.procs.values())
+
+
+def _history(sessions: sessionmaker[Session], ti_id: int) -> list[tuple[str, str]]:
+    with sessions() as session:
+        return [
+            (row.from_state, row.to_state)
+            for row in session.execute(
+                select(TaskStateChange.from_state, TaskStateChange.to_state)
+                .where(TaskStateChange.task_instance_id == ti_id)
+                .order_by(TaskStateChange.id)
+            )
+        ]
 
 
 def test_a_missing_setting_stops_each_service_with_one_line_naming_it(

@@ -257,7 +257,7 @@ def test_duplicate_fired_events_resume_the_task_once(
         assert trigger is not None and waiting.trigger_id is not None
         moment = cipher.open(trigger.kwargs)["moment"]
     # Exactly the event the trigger will fire, published early and twice.
-    duplicate = event_message(waiting.trigger_id, moment, "test")
+    duplicate = event_message(cipher, waiting.trigger_id, moment, "test")
     broker.publish(broker.keys.events, duplicate)
     broker.publish(broker.keys.events, duplicate)
 

@@ -1,5 +1,6 @@
 """Redis loses everything (a restart without persistence) while a task is deferred and another
-is queued: the scheduler rebuilds the streams from Postgres and both runs finish."""
+is queued: the scheduler's reconciler publishes their entries again from Postgres and both runs
+finish."""
 
 from __future__ import annotations
 
@@ -80,6 +81,6 @@ def test_streams_are_rebuilt_from_postgres_after_redis_lost_everything(
         timeout=60,
         what="both runs to finish",
     )
-    assert "rebuilt streams from Postgres: 1 trigger(s), 1 queued task(s)" in services.log(
-        "scheduler"
-    )
+    log = services.log("scheduler")
+    assert "reconciler: republished 1 trigger(s) that no stream held" in log
+    assert "reconciler: republished 1 queued attempt(s) that no stream held" in log

@@ -4,7 +4,12 @@ Redis, runs the example DAG through all three services, and stops everything."""
 from __future__ import annotations
 
 import os
+import queue
+import shlex
+import signal
 import subprocess
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -43,3 +48,87 @@ def test_standalone_runs_the_example_on_embedded_servers(tmp_path: Path) -> None
     # Embedded servers: the data and the key live in the working directory.
     assert (tmp_path / ".deferral" / "pgdata").is_dir()
     assert (tmp_path / ".deferral" / "fernet.key").is_file()
+
+
+def _start(home: Path, cwd: Path, env: dict[str, str]) -> tuple[subprocess.Popen[str], list[str]]:
+    """Start `deferral standalone` (no --run); its `export` lines once it says it runs."""
+    proc = subprocess.Popen(
+        command("deferral", "standalone", "--home", str(home), "--dags-folder", str(EXAMPLES)),
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    stdout = proc.stdout
+    assert stdout is not None
+    lines: queue.Queue[str] = queue.Queue()
+
+    def read() -> None:
+        for line in stdout:
+            lines.put(line)
+
+    threading.Thread(target=read, daemon=True).start()
+    exports: list[str] = []
+    deadline = time.monotonic() + 180
+    while True:  # the services write to stderr; stdout says when everything runs
+        try:
+            line = lines.get(timeout=max(0.0, deadline - time.monotonic()))
+        except queue.Empty:
+            proc.kill()
+            raise AssertionError(f"standalone did not say it runs; printed {exports}") from None
+        if line.startswith("export "):
+            exports.append(line.rstrip("\n"))
+        if line.startswith("services running"):
+            break
+    return proc, exports
+
+
+def _stop(proc: subprocess.Popen[str]) -> None:
+    proc.send_signal(signal.SIGTERM)
+    try:
+        assert proc.wait(timeout=60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+def test_standalone_prints_what_another_terminal_needs_and_keeps_its_ports(
+    tmp_path: Path,
+) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DEFERRAL_")}
+    home, elsewhere = tmp_path / "home", tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    proc, exports = _start(home, tmp_path, env)
+    try:
+        names = [line.split("=", 1)[0] for line in exports]
+        assert names == [
+            "export DEFERRAL_DATABASE_URL",
+            "export DEFERRAL_REDIS_URL",
+            "export DEFERRAL_FERNET_KEY",
+            "export DEFERRAL_DAGS_FOLDER",
+        ]
+        key = (home / "fernet.key").read_text().strip()
+        assert not any(key in line for line in exports)  # read from its file by the shell
+        # Another terminal, in another directory, with nothing but those lines.
+        script = "\n".join(
+            [*exports, f"{shlex.join(command('deferral'))} dags trigger example_deferrable --wait"]
+        )
+        other = subprocess.run(
+            ["bash", "-c", script + " --timeout 120"],
+            cwd=elsewhere,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=200,
+        )
+        assert other.returncode == 0, other.stdout + other.stderr
+        assert other.stdout.splitlines()[-1].endswith(": success")
+    finally:
+        _stop(proc)
+    port = (home / "redis.port").read_text().strip()
+    assert f"export DEFERRAL_REDIS_URL=redis://127.0.0.1:{port}/0" in exports
+
+    again, exports_again = _start(home, tmp_path, env)
+    _stop(again)
+    assert exports_again == exports  # the same servers at the same places

@@ -60,7 +60,7 @@ with DAG("e2e_limits") as dag:
         python_callable=lambda: time.sleep(30),
         execution_timeout=dt.timedelta(seconds=1),
     )
-    WaitsPastItsDeadline(task_id="deferral_capped", execution_timeout=dt.timedelta(seconds=2))
+    WaitsPastItsDeadline(task_id="deferral_capped", execution_timeout=dt.timedelta(seconds=5))
     DefersOnExplodes(task_id="trigger_raises")
 """
 
@@ -95,7 +95,7 @@ def test_execution_timeout_and_trigger_failures(
     _, reason = wait_for(lambda: _final(sessions, "runs_too_long"), timeout=60)
     assert reason.startswith("TaskExecutionTimeout: execution_timeout passed")
 
-    # Deferred on a 10-minute trigger, but the try's execution_timeout (2 s) caps the deferral.
+    # Deferred on a 10-minute trigger, but the try's execution_timeout (5 s) caps the deferral.
     _, reason = wait_for(lambda: _final(sessions, "deferral_capped"), timeout=60)
     assert reason == "TaskDeferralTimeout: the deferral timed out before its trigger fired"
 

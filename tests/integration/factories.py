@@ -11,9 +11,10 @@ from sqlalchemy.orm import Session, sessionmaker
 from deferral import transitions
 from deferral.crypto import Cipher
 from deferral.models import DagRun, TaskInstance
-from deferral.transitions import NewTaskInstance
+from deferral.transitions import Attempt, NewTaskInstance
 
 DAG_ID = "factory_dag"
+WORKER = "worker-1"  # the worker the attempts of these rows run on
 
 
 def running_task(sessions: sessionmaker[Session], task_id: str = "t", run_id: str = "r1") -> int:
@@ -32,7 +33,7 @@ def running_task(sessions: sessionmaker[Session], task_id: str = "t", run_id: st
         ).one()
         transitions.schedule(session, [ti_id])
         transitions.dispatch(session, [ti_id])
-        assert transitions.start(session, ti_id, 1, "host", "worker-1") is not None
+        assert transitions.start_many(session, [(ti_id, 1)], "host", WORKER)
     return ti_id
 
 
@@ -56,7 +57,7 @@ def deferred_task(
         )
         assert transitions.defer(
             session,
-            ti_id,
+            Attempt(ti_id, 1, WORKER),
             trigger_id=trigger_id,
             next_method="resume",
             next_kwargs_token=cipher.seal(next_kwargs or {}),

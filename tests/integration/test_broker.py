@@ -3,22 +3,18 @@ retire entries atomically, dead letters, and the raw reply parsers."""
 
 from __future__ import annotations
 
-from typing import Any
-
-import anyio
 import pytest
 
 from broker import replies
 from broker.client import (
     MIN_REDIS_VERSION,
-    AsyncBroker,
     Broker,
+    LeaseStatus,
     RedisVersionError,
     check_version,
 )
 from broker.replies import Entry
-from broker.streams import EventMessage, QueueMessage, StreamKeys, to_fields
-from tests.conftest import REDIS_URL
+from broker.streams import QueueMessage, to_fields
 
 GROUP = "g"
 
@@ -101,7 +97,7 @@ def test_groups_on_missing_stream_is_empty(broker: Broker) -> None:
 def test_publish_and_read_new_entries(broker: Broker) -> None:
     stream = _queue(broker)
     broker.ensure_group(stream, GROUP)
-    message = QueueMessage(task_instance_id="7", try_number="1", task="d.r.t")
+    message = QueueMessage(task_instance_id="7", try_number="1", task="d.r.t", mac="m")
     entry_id = broker.publish(stream, message)
     assert isinstance(entry_id, str) and "-" in entry_id
 
@@ -143,335 +139,217 @@ def test_read_own_pending_deleted_entry_has_no_fields(broker: Broker) -> None:
     assert broker.read(GROUP, "c1", {stream: "0"}, count=10) == [Entry(stream, entry_id, {})]
 
 
-# --- ack_delete ------------------------------------------------------------------------------
+# --- publishing with the in-flight index ----------------------------------------------------
 
 
-def test_ack_delete_removes_from_pel_and_stream(broker: Broker) -> None:
-    stream = _queue(broker)
-    broker.ensure_group(stream, GROUP)
-    for i in range(3):
-        broker.publish(stream, {"n": str(i)})
-    entries = broker.read(GROUP, "c1", {stream: ">"}, count=10)
-    assert broker.pending(stream, GROUP).count == 3
-
-    assert broker.ack_delete(stream, GROUP, [e.id for e in entries]) == 3
-    assert _xlen(broker, stream) == 0
-    assert broker.pending(stream, GROUP).count == 0
-    assert broker.redis.execute_command("XPENDING", stream, GROUP)[0] == 0  # raw RESP2 reply
-    # Again: nothing left to acknowledge.
-    assert broker.ack_delete(stream, GROUP, [e.id for e in entries]) == 0
-
-
-def test_ack_delete_empty_does_not_call_redis(
-    broker: Broker, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    def boom(*args: Any, **kwargs: Any) -> Any:
-        raise AssertionError("Redis called for an empty id list")
-
-    monkeypatch.setattr(broker, "_ack_delete", boom)
-    monkeypatch.setattr(broker.redis, "execute_command", boom)
-    assert broker.ack_delete(_queue(broker), GROUP, []) == 0
-
-
-# --- publish_and_ack / dead_letter ----------------------------------------------------------
-
-
-def _one_pending(broker: Broker, stream: str, fields: dict[str, str] | None = None) -> Entry:
-    broker.ensure_group(stream, GROUP)
-    broker.publish(stream, fields or {"x": "1"})
-    (entry,) = broker.read(GROUP, "c1", {stream: ">"}, count=10)
-    return entry
-
-
-def test_publish_and_ack_moves_entry(broker: Broker) -> None:
-    source, target = broker.keys.triggers, broker.keys.events
-    entry = _one_pending(broker, source)
-    out = {"trigger_id": "1", "kind": "event"}
-    broker.publish_and_ack(entry, GROUP, target, out)
-
-    assert _xlen(broker, source) == 0
-    assert broker.pending(source, GROUP).count == 0
-    assert [e.fields for e in broker.xrange(target)] == [_b(out)]
-
-
-def test_publish_and_ack_many_field_pairs(broker: Broker) -> None:
-    source, target = broker.keys.triggers, broker.keys.events
-    entry = _one_pending(broker, source)
-    out = {f"field{i:02d}": f"value{i}" for i in range(50)}
-    broker.publish_and_ack(entry, GROUP, target, out)
-
-    (published,) = broker.xrange(target)
-    assert published.fields == _b(out)
-    assert len(published.fields) == 50
-    assert _xlen(broker, source) == 0
-    assert broker.pending(source, GROUP).count == 0
-
-
-def test_dead_letter(broker: Broker) -> None:
-    source = broker.keys.triggers
-    original = {"trigger_id": "9", "token": "garbage"}
-    entry = _one_pending(broker, source, original)
-    broker.dead_letter(entry, GROUP, "InvalidToken: bad", deliveries=3)
-
-    assert _xlen(broker, source) == 0
-    assert broker.pending(source, GROUP).count == 0
-    (dead,) = broker.xrange(broker.keys.dead)
-    assert dead.fields == _b(
-        {
-            **original,
-            "source_stream": source,
-            "source_id": entry.id,
-            "error": "InvalidToken: bad",
-            "deliveries": "3",
-        }
-    )
-
-
-def test_dead_letter_non_utf8_fields(broker: Broker) -> None:
-    source = broker.keys.triggers
-    broker.ensure_group(source, GROUP)
-    broker.redis.execute_command("XADD", source, "*", b"tok\xffen", b"\xfe\x00\xc3")
-    (entry,) = broker.read(GROUP, "c1", {source: ">"}, count=10)
-    assert entry.fields == {b"tok\xffen": b"\xfe\x00\xc3"}
-
-    broker.dead_letter(entry, GROUP, "malformed")
-
-    assert _xlen(broker, source) == 0
-    assert broker.pending(source, GROUP).count == 0
-    (dead,) = broker.xrange(broker.keys.dead)
-    assert dead.fields[b"source_id"] == entry.id.encode()
-    assert dead.fields[b"error"] == b"malformed"
-    assert dead.fields[b"deliveries"] == b"1"
-    assert "tok\ufffden".encode() in dead.fields
-
-
-# --- publish_many / pending ------------------------------------------------------------------
+def test_publish_records_work_in_the_in_flight_index(broker: Broker) -> None:
+    keys = broker.keys
+    entry_id = broker.publish(keys.triggers, {"trigger_id": "12", "token": "t"})
+    assert broker.redis.hget(keys.inflight(keys.triggers), "12") == entry_id.encode()
+    # A republish of the same work moves the index to the newer entry.
+    newer = broker.publish(keys.triggers, {"trigger_id": "12", "token": "t"})
+    assert broker.redis.hget(keys.inflight(keys.triggers), "12") == newer.encode()
+    # Streams that carry no work are not indexed.
+    broker.publish(keys.dead, {"trigger_id": "12"})
+    assert not broker.redis.exists(keys.inflight(keys.dead))
 
 
 def test_publish_many_several_streams(broker: Broker) -> None:
     a, b = broker.keys.queue("a"), broker.keys.queue("b")
-    broker.publish_many([(a, {"n": "1"}), (b, {"n": "2"}), (a, {"n": "3"})])
-    assert [e.fields for e in broker.xrange(a)] == [{b"n": b"1"}, {b"n": b"3"}]
-    assert [e.fields for e in broker.xrange(b)] == [{b"n": b"2"}]
+    broker.publish_many(
+        [(a, {"task_instance_id": "1"}), (b, {"task_instance_id": "2"}), (a, {"n": "3"})]
+    )
+    assert [e.fields for e in broker.xrange(a)] == [{b"task_instance_id": b"1"}, {b"n": b"3"}]
+    assert [e.fields for e in broker.xrange(b)] == [{b"task_instance_id": b"2"}]
+    assert broker.present(a, ["1", "2"]) == {"1": True, "2": False}
     broker.publish_many([])  # nothing, no error
 
 
-def test_xrange_count(broker: Broker) -> None:
+def test_present_needs_the_entry_itself(broker: Broker) -> None:
+    stream = broker.keys.triggers
+    entry_id = broker.publish(stream, {"trigger_id": "5"})
+    assert broker.present(stream, ["5", "6"]) == {"5": True, "6": False}
+    broker.redis.xdel(stream, entry_id)  # lost, though the index still names it
+    assert broker.present(stream, ["5"]) == {"5": False}
+
+
+# --- retire / hand on / dead letter ----------------------------------------------------------
+
+
+def _read_all(broker: Broker, stream: str, consumer: str = "c1") -> list[Entry]:
+    broker.ensure_group(stream, GROUP)
+    return broker.read(GROUP, consumer, {stream: ">"}, count=10_000)
+
+
+def test_retire_acks_deletes_and_clears_the_index(broker: Broker) -> None:
+    stream = broker.keys.queue("default")
+    for i in range(3):
+        broker.publish(stream, {"task_instance_id": str(i)})
+    entries = _read_all(broker, stream)
+    assert broker.pending(stream, GROUP).count == 3
+    assert broker.retire(GROUP, entries) == 3
+    assert _xlen(broker, stream) == 0
+    assert broker.pending(stream, GROUP).count == 0
+    assert not broker.redis.exists(broker.keys.inflight(stream))
+    assert broker.retire(GROUP, entries) == 0  # again: nothing, no error
+
+
+def test_retiring_an_older_entry_keeps_the_index_of_a_newer_one(broker: Broker) -> None:
+    stream = broker.keys.triggers
+    broker.publish(stream, {"trigger_id": "9"})
+    older = _read_all(broker, stream)
+    newer_id = broker.publish(stream, {"trigger_id": "9"})
+    broker.retire(GROUP, older)
+    assert broker.present(stream, ["9"]) == {"9": True}
+    assert broker.redis.hget(broker.keys.inflight(stream), "9") == newer_id.encode()
+
+
+def test_hand_on_moves_an_entry_and_its_index(broker: Broker) -> None:
+    keys = broker.keys
+    broker.publish(keys.triggers, {"trigger_id": "3", "token": "x"})
+    (entry,) = _read_all(broker, keys.triggers)
+    out = {"trigger_id": "3", "kind": "event", "payload": "[" + "1," * 200 + "1]"}
+    event_id = broker.hand_on(entry, GROUP, keys.events, out)
+    assert _xlen(broker, keys.triggers) == 0
+    assert broker.pending(keys.triggers, GROUP).count == 0
+    (published,) = broker.xrange(keys.events)
+    assert (published.id, published.fields) == (event_id, _b(out))
+    assert broker.present(keys.triggers, ["3"]) == {"3": False}
+    assert broker.present(keys.events, ["3"]) == {"3": True}
+
+
+def test_hand_on_many_in_one_round_trip(broker: Broker) -> None:
+    keys = broker.keys
+    for i in range(5):
+        broker.publish(keys.triggers, {"trigger_id": str(i)})
+    entries = _read_all(broker, keys.triggers)
+    broker.hand_on_many(
+        GROUP, [(e, keys.events, {"trigger_id": e.fields[b"trigger_id"].decode()}) for e in entries]
+    )
+    assert _xlen(broker, keys.triggers) == 0
+    assert _xlen(broker, keys.events) == 5
+
+
+def test_dead_letter_keeps_the_original_fields_with_reason_and_count(broker: Broker) -> None:
+    keys = broker.keys
+    source = keys.queue("default")
+    broker.publish(source, {"task_instance_id": "1", "try_number": "1", "task": "d.r.t"})
+    (entry,) = _read_all(broker, source)
+    broker.dead_letter(entry, GROUP, "bad queue entry: forged", deliveries=3)
+    assert _xlen(broker, source) == 0
+    assert broker.pending(source, GROUP).count == 0
+    assert broker.present(source, ["1"]) == {"1": False}
+    (dead,) = broker.xrange(keys.dead)
+    assert dead.fields == {
+        b"task_instance_id": b"1",
+        b"try_number": b"1",
+        b"task": b"d.r.t",
+        b"source_stream": source.encode(),
+        b"source_id": entry.id.encode(),
+        b"error": b"bad queue entry: forged",
+        b"deliveries": b"3",
+    }
+
+
+def test_dead_letter_of_undecodable_bytes_is_still_written(broker: Broker) -> None:
+    source = broker.keys.queue("default")
+    broker.publish(source, {"x": "1"})
+    (entry,) = _read_all(broker, source)
+    broken = Entry(entry.stream, entry.id, {b"\xff": b"\xfe\xff"})
+    broker.dead_letter(broken, GROUP, "malformed")
+    (dead,) = broker.xrange(broker.keys.dead)
+    assert dead.fields[b"error"] == b"malformed"
+
+
+# --- pending ---------------------------------------------------------------------------------
+
+
+def test_xrange_with_count(broker: Broker) -> None:
     stream = _queue(broker)
-    ids = [broker.publish(stream, {"n": str(i)}) for i in range(5)]
+    ids = [broker.publish(stream, {"n": str(i)}) for i in range(3)]
     assert [e.id for e in broker.xrange(stream, count=2)] == ids[:2]
     assert broker.xrange(f"{broker.keys.prefix}:missing") == []
 
 
-def test_pending_summary(broker: Broker) -> None:
+def test_pending_summary_and_groups(broker: Broker) -> None:
     stream = _queue(broker)
     broker.ensure_group(stream, GROUP)
     empty = broker.pending(stream, GROUP)
     assert (empty.count, empty.per_consumer) == (0, {})
-
-    for i in range(5):
-        broker.publish(stream, {"n": str(i)})
-    broker.read(GROUP, "c1", {stream: ">"}, count=3)
-    broker.read(GROUP, "c2", {stream: ">"}, count=10)
-    summary = broker.pending(stream, GROUP)
-    assert summary.count == 5
-    assert summary.per_consumer == {"c1": 3, "c2": 2}
-    (group,) = broker.groups(stream)
-    assert group["name"] == GROUP and group["consumers"] == 2 and group["pending"] == 5
-
-
-# --- raw reply parsers on the real server ---------------------------------------------------
-
-
-def _xautoclaim(broker: Broker, stream: str, consumer: str, start: str, count: int) -> Any:
-    return broker.redis.execute_command(
-        "XAUTOCLAIM", stream, GROUP, consumer, 0, start, "COUNT", count
-    )
-
-
-def test_parse_xautoclaim_claims_entries(broker: Broker) -> None:
-    stream = _queue(broker)
-    broker.ensure_group(stream, GROUP)
-    ids = [broker.publish(stream, {"n": str(i)}) for i in range(3)]
-    broker.read(GROUP, "c1", {stream: ">"}, count=10)
-
-    result = replies.parse_xautoclaim(stream, _xautoclaim(broker, stream, "c2", "0-0", 10))
-    assert result.cursor == "0-0"
-    assert [e.id for e in result.entries] == ids
-    assert [e.fields for e in result.entries] == [{b"n": str(i).encode()} for i in range(3)]
-    assert all(e.stream == stream for e in result.entries)
-    assert result.deleted_ids == []
-    assert broker.pending(stream, GROUP).per_consumer == {"c2": 3}
-
-
-def test_parse_xautoclaim_reports_deleted_pending_entries(broker: Broker) -> None:
-    stream = _queue(broker)
-    broker.ensure_group(stream, GROUP)
-    ids = [broker.publish(stream, {"n": str(i)}) for i in range(3)]
-    broker.read(GROUP, "c1", {stream: ">"}, count=10)
-    broker.redis.xdel(stream, ids[1])
-
-    result = replies.parse_xautoclaim(stream, _xautoclaim(broker, stream, "c2", "0-0", 10))
-    assert result.cursor == "0-0"
-    assert [e.id for e in result.entries] == [ids[0], ids[2]]
-    version = broker.redis.info("server")["redis_version"]
-    major = int((version.decode() if isinstance(version, bytes) else str(version)).split(".")[0])
-    if major >= 7:
-        # Redis 7 names the deleted entry and drops it from the PEL; 6.2 returns it as nil.
-        assert result.deleted_ids == [ids[1]]
-        assert broker.pending(stream, GROUP).count == 2
-
-
-def test_parse_xautoclaim_pages_with_cursor(broker: Broker) -> None:
-    stream = _queue(broker)
-    broker.ensure_group(stream, GROUP)
-    ids = [broker.publish(stream, {"n": str(i)}) for i in range(5)]
-    broker.read(GROUP, "c1", {stream: ">"}, count=10)
-
-    claimed: list[str] = []
-    cursor = "0-0"
-    for _ in range(10):
-        result = replies.parse_xautoclaim(stream, _xautoclaim(broker, stream, "c2", cursor, 2))
-        claimed += [e.id for e in result.entries]
-        cursor = result.cursor
-        if cursor == "0-0":
-            break
-    assert cursor == "0-0"
-    assert claimed == ids
-
-
-# --- AsyncBroker -----------------------------------------------------------------------------
-
-
-def test_async_broker(stream_prefix: str, broker: Broker) -> None:
-    """``broker`` (same prefix) only cleans the keys up and inspects the streams."""
-    keys = StreamKeys(stream_prefix)
-
-    async def main() -> None:
-        ab = await AsyncBroker.from_url(REDIS_URL, stream_prefix)
-        try:
-            assert ab.redis.connection_pool.connection_kwargs["protocol"] == 2
-            await ab.ensure_group(keys.triggers, GROUP)
-            await ab.ensure_group(keys.triggers, GROUP)
-            message = EventMessage(
-                trigger_id="1", dedup_key="k", kind="event", payload="{}", triggerer="t"
-            )
-            await ab.publish(keys.triggers, message)
-            await ab.publish(keys.triggers, message)
-            await ab.publish(keys.triggers, message)
-
-            entries = await ab.read(GROUP, "c1", {keys.triggers: ">"}, count=10)
-            assert len(entries) == 3
-            assert all(e.fields == _b(to_fields(message)) for e in entries)
-            assert all(e.stream == keys.triggers for e in entries)
-            assert await ab.read(GROUP, "c2", {keys.triggers: ">"}, count=10) == []
-            assert await ab.read(GROUP, "c1", {keys.triggers: "0"}, count=10) == entries
-            assert await ab.read(GROUP, "c1", {keys.triggers: ">"}, count=1, block_ms=20) == []
-
-            many = {f"f{i}": str(i) for i in range(50)}
-            await ab.publish_and_ack(entries[0], GROUP, keys.events, many)
-            await ab.dead_letter(entries[1], GROUP, "boom", deliveries=2)
-        finally:
-            await ab.close()
-
-        # Checked with the sync client after the async one is closed.
-        (remaining,) = broker.xrange(keys.triggers)
-        assert remaining.id == entries[2].id
-        assert broker.pending(keys.triggers, GROUP).count == 1
-        (event,) = broker.xrange(keys.events)
-        assert event.fields == _b(many)
-        (dead,) = broker.xrange(keys.dead)
-        assert dead.fields == _b(
-            {
-                **to_fields(message),
-                "source_stream": keys.triggers,
-                "source_id": entries[1].id,
-                "error": "boom",
-                "deliveries": "2",
-            }
-        )
-
-    anyio.run(main)
-
-
-def test_async_broker_waits_for_a_connection_rather_than_failing(
-    stream_prefix: str, broker: Broker
-) -> None:
-    """Many triggers firing at once share a small pool: every publish gets through."""
-    source, target, group = f"{stream_prefix}:src", f"{stream_prefix}:dst", "g"
-    broker.ensure_group(source, group)
-    for i in range(60):
-        broker.publish(source, {"n": str(i)})
-    entries = broker.read(group, "c", {source: ">"}, count=100)
-
-    async def burst() -> None:
-        client = await AsyncBroker.from_url(REDIS_URL, stream_prefix, max_connections=2)
-        async with anyio.create_task_group() as tasks:
-            for entry in entries:
-                tasks.start_soon(client.publish_and_ack, entry, group, target, {"ok": "1"})
-        await client.close()
-
-    anyio.run(burst)
-    assert _xlen(broker, target) == 60
-    assert _xlen(broker, source) == 0
-
-
-# --- leases (AsyncBroker.renew / autoclaim / hand_off) ---------------------------------------
-
-
-def _pending_detail(broker: Broker, stream: str, group: str) -> dict[str, tuple[str, int, int]]:
-    """id -> (owner, idle ms, deliveries), from extended XPENDING."""
-    reply = broker.redis.execute_command("XPENDING", stream, group, "-", "+", 100)
-    return {i.decode(): (c.decode(), int(idle), int(n)) for i, c, idle, n in reply}
-
-
-def test_renew_keeps_own_entries_and_never_steals_one_taken_over(
-    stream_prefix: str, broker: Broker
-) -> None:
-    stream, group = f"{stream_prefix}:leases", "g"
-    broker.ensure_group(stream, group)
     for i in range(3):
         broker.publish(stream, {"n": str(i)})
-    ids = [e.id for e in broker.read(group, "me", {stream: ">"}, count=10)]
-    # A peer took the last entry over.
-    broker.redis.execute_command("XCLAIM", stream, group, "peer", 0, ids[2], "JUSTID")
-    broker.redis.execute_command(
-        "XCLAIM", stream, group, "me", 0, *ids[:2], "IDLE", 50_000, "JUSTID"
+    broker.read(GROUP, "c1", {stream: ">"}, count=2)
+    broker.read(GROUP, "c2", {stream: ">"}, count=2)
+    summary = broker.pending(stream, GROUP)
+    assert (summary.count, summary.per_consumer) == (3, {"c1": 2, "c2": 1})
+    (group,) = broker.groups(stream)
+    assert group["pending"] == 3
+
+
+# --- leases ----------------------------------------------------------------------------------
+
+
+def _held(broker: Broker, n: int, consumer: str = "me") -> tuple[str, list[str]]:
+    stream = _queue(broker)
+    for i in range(n):
+        broker.publish(stream, {"task_instance_id": str(i + 1)})
+    return stream, [e.id for e in _read_all(broker, stream, consumer)]
+
+
+def _deliveries(broker: Broker, stream: str, entry_id: str) -> int:
+    (item,) = replies.parse_xpending_extended(
+        broker.redis.execute_command("XPENDING", stream, GROUP, entry_id, entry_id, 1)
     )
-
-    async def renew() -> list[str]:
-        client = await AsyncBroker.from_url(REDIS_URL, stream_prefix)
-        owned = await client.renew(stream, group, "me", ids)
-        await client.close()
-        return owned
-
-    assert anyio.run(renew) == ids[:2]
-    detail = _pending_detail(broker, stream, group)
-    assert detail[ids[2]][0] == "peer"  # not stolen back
-    for entry_id in ids[:2]:
-        owner, idle, deliveries = detail[entry_id]
-        assert owner == "me" and idle < 5_000 and deliveries == 1  # renewed, not re-delivered
+    return item.deliveries
 
 
-def test_autoclaim_takes_only_long_idle_entries_and_hand_off_makes_them_so(
-    stream_prefix: str, broker: Broker
-) -> None:
-    stream, group = f"{stream_prefix}:leases", "g"
-    broker.ensure_group(stream, group)
-    for i in range(25):
-        broker.publish(stream, {"n": str(i)})
-    ids = [e.id for e in broker.read(group, "leaving", {stream: ">"}, count=100)]
+def test_renew_says_owned_taken_or_gone(broker: Broker) -> None:
+    stream, ids = _held(broker, 3)
+    broker.redis.execute_command("XCLAIM", stream, GROUP, "peer", 0, ids[1], "JUSTID")
+    broker.retire(GROUP, [Entry(stream, ids[2], {})])
+    status = broker.renew(stream, GROUP, "me", ids)
+    assert status == {
+        ids[0]: LeaseStatus.OWNED,
+        ids[1]: LeaseStatus.TAKEN,
+        ids[2]: LeaseStatus.GONE,
+    }
+    # Renewal never steals a taken entry back.
+    assert broker.own_pending(stream, GROUP, "peer")[0].id == ids[1]
 
-    async def scenario() -> tuple[list[Entry], list[str], list[Entry]]:
-        client = await AsyncBroker.from_url(REDIS_URL, stream_prefix)
-        before = await client.autoclaim(stream, group, "peer", min_idle_ms=60_000, count=100)
-        pending = await client.pending_ids(stream, group, "leaving")
-        await client.hand_off(stream, group, "leaving", pending, idle_ms=120_000)
-        after = await client.autoclaim(stream, group, "peer", min_idle_ms=60_000, count=100)
-        await client.close()
-        return before, pending, after
 
-    before, pending, after = anyio.run(scenario)
-    assert before == [] and pending == ids
-    assert [e.id for e in after] == ids
-    assert {owner for owner, _, _ in _pending_detail(broker, stream, group).values()} == {"peer"}
+def test_renew_resets_idle_and_for_survivors_the_delivery_count(broker: Broker) -> None:
+    stream, ids = _held(broker, 2)
+    for _ in range(3):  # three more deliveries of both (history reads count)
+        broker.read(GROUP, "me", {stream: "0"}, count=10)
+    assert _deliveries(broker, stream, ids[0]) == 4
+    broker.renew(stream, GROUP, "me", ids, survivors=[ids[0]])
+    assert _deliveries(broker, stream, ids[0]) == 1
+    assert _deliveries(broker, stream, ids[1]) == 4
+    assert all(p.idle_ms < 1000 for p in broker.own_pending(stream, GROUP, "me"))
+
+
+def test_renew_many_ids_in_batches(broker: Broker) -> None:
+    stream, ids = _held(broker, 2500)
+    status = broker.renew(stream, GROUP, "me", ids)
+    assert len(status) == 2500 and set(status.values()) == {LeaseStatus.OWNED}
+
+
+def test_claim_idle_takes_only_long_idle_entries_with_owner_and_count(broker: Broker) -> None:
+    stream, ids = _held(broker, 2, consumer="dead")
+    assert broker.claim_idle(stream, GROUP, "me", min_idle_ms=60_000, count=10) == []
+    broker.hand_off(stream, GROUP, "dead", ids, idle_ms=120_000)
+    claimed = broker.claim_idle(stream, GROUP, "me", min_idle_ms=60_000, count=10)
+    assert [(c.entry.id, c.owner, c.deliveries) for c in claimed] == [
+        (ids[0], "dead", 1),
+        (ids[1], "dead", 1),
+    ]
+    assert claimed[0].entry.fields == {b"task_instance_id": b"1"}
+    assert {p.consumer for p in broker.own_pending(stream, GROUP, "me")} == {"me"}
+    assert _deliveries(broker, stream, ids[0]) == 2
+
+
+def test_own_pending_between_ids(broker: Broker) -> None:
+    stream, ids = _held(broker, 4)
+    assert [p.id for p in broker.own_pending(stream, GROUP, "me", start=ids[1], end=ids[2])] == ids[
+        1:3
+    ]

@@ -17,61 +17,19 @@ from sqlalchemy.orm import Session, sessionmaker
 from broker.client import Broker
 from broker.streams import GROUP_TRIGGERERS, GROUP_WORKERS
 from deferral import transitions
-from deferral.cli import main as deferral_main
 from deferral.config import Settings
 from deferral.crypto import Cipher, DecryptionError
-from deferral.models import DagRun, Outbox, TaskInstance, Trigger, Triggerer
-from deferral.transitions import NewTaskInstance
-from scheduler.cli import main as scheduler_main
+from deferral.models import Dag, DagRun, Outbox, TaskInstance, Trigger, Triggerer
+from deferral.transitions import Attempt, NewTaskInstance
+from deferral_cli import main as deferral_main
 from tests.conftest import ADMIN_URL
-from tests.integration.factories import DAG_ID, deferred_task, running_task
-from triggerer.cli import main as triggerer_main
+from tests.integration.factories import DAG_ID, WORKER, deferred_task, running_task
 from worker.cli import main as worker_main
-
-DAG_SOURCE = """
-from deferral import DAG
-from deferral.operators import EmptyOperator
-
-with DAG("{dag_id}") as dag:
-    EmptyOperator(task_id="a") >> EmptyOperator(task_id="b")
-"""
 
 
 @pytest.fixture
-def dag_id(write_dag: Callable[[str, str], Path]) -> str:
-    dag_id = f"cli_{uuid.uuid4().hex[:8]}"
-    write_dag(dag_id, DAG_SOURCE.format(dag_id=dag_id))
-    return dag_id
-
-
-@pytest.mark.parametrize(
-    ("command", "args"),
-    [
-        (deferral_main, []),
-        (deferral_main, ["db", "upgrade"]),
-        (deferral_main, ["db", "check"]),
-        (deferral_main, ["dags", "list"]),
-        (deferral_main, ["dags", "trigger"]),
-        (deferral_main, ["runs", "show"]),
-        (deferral_main, ["tasks", "list"]),
-        (deferral_main, ["tasks", "clear"]),
-        (deferral_main, ["tasks", "mark"]),
-        (deferral_main, ["tasks", "explain"]),
-        (deferral_main, ["triggers", "list"]),
-        (deferral_main, ["triggerers", "list"]),
-        (deferral_main, ["streams"]),
-        (deferral_main, ["doctor"]),
-        (deferral_main, ["rotate-fernet-key"]),
-        (deferral_main, ["standalone"]),
-        (triggerer_main, ["consume"]),
-        (scheduler_main, ["consume"]),
-        (worker_main, ["consume"]),
-    ],
-)
-def test_every_command_has_help(command: object, args: list[str]) -> None:
-    result = CliRunner().invoke(command, [*args, "--help"])  # type: ignore[arg-type]
-    assert result.exit_code == 0, result.output
-    assert "Usage:" in result.output
+def dag_id(cli_dag: str) -> str:
+    return cli_dag
 
 
 def test_dags_list_shows_dags_and_import_errors(
@@ -149,7 +107,7 @@ def test_db_check_names_missing_migrations_and_upgrade_applies_them(
         monkeypatch.setenv("DEFERRAL_DATABASE_URL", url)
         check = CliRunner().invoke(deferral_main, ["db", "check"])
         assert check.exit_code == 1
-        assert "lacks migration(s) 0001" in check.output
+        assert "lacks migration(s) 0001, 0002" in check.output
         assert CliRunner().invoke(deferral_main, ["db", "upgrade"]).exit_code == 0
         assert CliRunner().invoke(deferral_main, ["db", "check"]).exit_code == 0
     finally:
@@ -184,17 +142,27 @@ def test_tasks_list_shows_deferred_tasks_with_their_trigger_newest_first(
     listed = CliRunner().invoke(deferral_main, ["tasks", "list"])
     assert listed.exit_code == 0, listed.output
     header, newest, oldest = listed.output.splitlines()
-    assert header.split()[:5] == ["DAG_ID", "RUN_ID", "TASK_ID", "STATE", "TRY"]
+    assert header.split() == [
+        "DAG_ID",
+        "RUN_ID",
+        "TASK_ID",
+        "MAP_INDEX",
+        "STATE",
+        "TRY_NUMBER",
+        "TRIGGER_ID",
+        "TRIGGER_TIMEOUT",
+    ]
     assert newest.split() == [
         DAG_ID,
         "r2",
         "waiting",
+        "-1",
         "deferred",
         "1",
         str(trigger_id),
         "2031-01-02T03:04:05+00:00",
     ]
-    assert oldest.split() == [DAG_ID, "r1", "busy", "running", "1", "-", "-"]
+    assert oldest.split() == [DAG_ID, "r1", "busy", "-1", "running", "1", "-", "-"]
 
     deferred = CliRunner().invoke(deferral_main, ["tasks", "list", "--state", "deferred"])
     assert deferred.exit_code == 0, deferred.output
@@ -250,10 +218,10 @@ def test_triggerers_list_tells_alive_from_stale(
     listed = CliRunner().invoke(deferral_main, ["triggerers", "list"])
     assert listed.exit_code == 0, listed.output
     fresh = _line_with(listed.output, "fresh")
-    assert fresh[1:5] == ["h1", "11", "running", "3/100"] and fresh[-1] == "alive"
+    assert fresh[1:6] == ["h1", "11", "running", "3", "100"] and fresh[-1] == "alive"
     old = _line_with(listed.output, "old")
-    assert old[4] == "0/50" and old[-1] == "stale"
-    assert 30 < float(old[-2].rstrip("s")) < 120  # about 60 s, give or take clock skew
+    assert old[4:6] == ["0", "50"] and old[-1] == "stale"
+    assert 30 < float(old[-2]) < 120  # about 60 s, give or take clock skew
 
 
 def test_streams_shows_lengths_pending_per_consumer_and_lag(
@@ -275,6 +243,7 @@ def test_streams_shows_lengths_pending_per_consumer_and_lag(
     lag = "1" if int(str(version).split(".")[0]) >= 7 else "-"  # XINFO GROUPS has lag from 7
     assert _line_with(shown.output, triggers) == [
         triggers,
+        "True",
         "4",
         GROUP_TRIGGERERS,
         "3",
@@ -282,9 +251,10 @@ def test_streams_shows_lengths_pending_per_consumer_and_lag(
         "t1=2",
         "t2=1",
     ]
-    assert _line_with(shown.output, queue) == [queue, "1", GROUP_WORKERS, "0", lag, "-"]
-    assert _line_with(shown.output, broker.keys.dead) == [broker.keys.dead, "1", "-", "-", "-", "-"]
-    assert _line_with(shown.output, broker.keys.events)[1] == "missing"
+    assert _line_with(shown.output, queue) == [queue, "True", "1", GROUP_WORKERS, "0", lag, "-"]
+    dead = broker.keys.dead
+    assert _line_with(shown.output, dead) == [dead, "True", "1", "-", "-", "-", "-"]
+    assert _line_with(shown.output, broker.keys.events)[1:3] == ["False", "-"]
 
 
 # -- doctor ----------------------------------------------------------------------------------------
@@ -295,8 +265,9 @@ DOCTOR_CHECKS = {
     "expired timeouts",
     "orphaned triggers",
     "unpublished outbox",
+    "broken DAGs",
     "dead letters",
-    "redis data",
+    "in flight",
 }
 
 
@@ -337,7 +308,6 @@ def test_doctor_is_all_ok_on_a_healthy_system(
 ) -> None:
     _add_triggerer(sessions, "live")
     deferred_task(sessions, cipher, trigger_timeout=dt.datetime.now(dt.UTC) + dt.timedelta(hours=1))
-    broker.redis.set(broker.keys.epoch, "scheduler-1")
 
     code, checks = _doctor()
     assert code == 0
@@ -418,26 +388,74 @@ def test_doctor_fails_on_outbox_rows_left_unpublished(
     assert status == "fail" and detail.startswith("1 outbox row unpublished for more than 30s")
 
 
-def test_doctor_warns_on_dead_letters_and_a_missing_epoch(
+def test_doctor_warns_on_dead_letters(
     settings: Settings, sessions: sessionmaker[Session], broker: Broker
 ) -> None:
     code, checks = _doctor()
     assert checks["dead letters"] == ("ok", f"{broker.keys.dead} is empty")
-    assert checks["redis data"][0] == "warn"
-    assert "Redis lost its data or no scheduler has started" in checks["redis data"][1]
-    assert code == 0  # warnings only
+    assert code == 0
 
     broker.publish(broker.keys.dead, {"error": "first boom"})
     broker.publish(broker.keys.dead, {"error": "second boom", "deliveries": "1"})
-    broker.redis.set(broker.keys.epoch, "scheduler-1")
 
     code, checks = _doctor()
-    assert code == 0
+    assert code == 0  # warnings only
     assert checks["dead letters"] == (
         "warn",
         f"2 entries in {broker.keys.dead}; newest error: second boom",
     )
-    assert checks["redis data"][0] == "ok"
+
+
+def _age_deferral(sessions: sessionmaker[Session], ti_id: int) -> None:
+    """Deferred a minute ago: long enough for its trigger entry to have reached Redis."""
+    with sessions.begin() as session:
+        session.execute(
+            update(TaskInstance)
+            .where(TaskInstance.id == ti_id)
+            .values(updated_at=dt.datetime.now(dt.UTC) - dt.timedelta(minutes=1))
+        )
+
+
+def test_doctor_fails_on_a_deferred_task_whose_trigger_is_in_no_stream(
+    settings: Settings, sessions: sessionmaker[Session], cipher: Cipher, broker: Broker
+) -> None:
+    waiting, waiting_trigger = deferred_task(sessions, cipher, run_id="r1", task_id="waiting")
+    fired, fired_trigger = deferred_task(sessions, cipher, run_id="r2", task_id="fired")
+    lost, _ = deferred_task(sessions, cipher, run_id="r3", task_id="lost")
+    for ti_id in (waiting, fired, lost):
+        _age_deferral(sessions, ti_id)
+    broker.publish(broker.keys.triggers, {"trigger_id": str(waiting_trigger)})
+    broker.publish(broker.keys.events, {"trigger_id": str(fired_trigger)})
+
+    code, checks = _doctor()
+    assert code == 1
+    assert checks["in flight"] == (
+        "fail",
+        f"1 deferred task whose trigger is in no stream ({DAG_ID}.r3.lost): a running scheduler"
+        " republishes them within seconds; if this persists, start `scheduler consume`",
+    )
+
+
+def test_doctor_shows_a_dag_that_stopped_loading_and_its_running_runs(
+    settings: Settings, sessions: sessionmaker[Session], broker: Broker
+) -> None:
+    with sessions.begin() as session:
+        transitions.create_dag_run(session, "broken", "r1", dt.datetime.now(dt.UTC), {})
+        run = session.scalars(select(DagRun)).one()
+        transitions.start_dag_run(session, run, [])
+        session.add(
+            Dag(
+                dag_id="broken",
+                missing_since=dt.datetime.now(dt.UTC) - dt.timedelta(seconds=10),
+                missing_reason="NameError: name 'oops' is not defined (line 4)",
+            )
+        )
+    code, checks = _doctor()
+    assert code == 0
+    status, detail = checks["broken DAGs"]
+    assert status == "warn"
+    assert detail.startswith("1 DAG not loading: broken for ")
+    assert "(NameError: name 'oops' is not defined (line 4)): 1 running run fail in " in detail
 
 
 # -- tasks explain ---------------------------------------------------------------------------------
@@ -488,7 +506,7 @@ def test_explain_a_waiting_task_names_its_upstream_and_their_states(
     with sessions.begin() as session:
         transitions.schedule(session, [ids["a"]])
         transitions.dispatch(session, [ids["a"]])
-        assert transitions.start(session, ids["a"], 1, "host", "w1") is not None
+        assert transitions.start_many(session, [(ids["a"], 1)], "host", "w1")
 
     code, lines = _explain(dag_id, "r1", "b")
     assert code == 0, lines
@@ -525,7 +543,7 @@ def test_explain_a_finished_task_gives_the_last_reason(
 ) -> None:
     ti_id = running_task(sessions)
     with sessions.begin() as session:
-        transitions.fail(session, ti_id, "ValueError: boom", allow_retry=False)
+        transitions.fail(session, Attempt(ti_id, 1, WORKER), "ValueError: boom", allow_retry=False)
 
     code, lines = _explain(DAG_ID, "r1", "t")
     assert code == 0, lines
@@ -584,6 +602,9 @@ def test_rotate_fernet_key_reseals_every_row_with_the_first_key(
     assert result.output.splitlines() == [
         "trigger.kwargs: 3 row(s) rotated",
         "task_instance.next_kwargs: 3 row(s) rotated",
+        "variable.val: 0 row(s) rotated",
+        "connection.password: 0 row(s) rotated",
+        "connection.extra: 0 row(s) rotated",
     ]
 
     after = _sealed(sessions)

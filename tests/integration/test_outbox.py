@@ -18,7 +18,7 @@ NOW = dt.timedelta(seconds=-1)  # "older than" cut-off in the future: every row 
 
 
 def _message(n: int) -> QueueMessage:
-    return QueueMessage(task_instance_id=str(n), try_number="1", task=f"d.r.t{n}")
+    return QueueMessage(task_instance_id=str(n), try_number="1", task=f"d.r.t{n}", mac="m")
 
 
 def _b(fields: dict[str, str]) -> dict[bytes, bytes]:

@@ -8,8 +8,9 @@ import threading
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
+from broker import streams
 from broker.client import Broker
-from broker.streams import GROUP_SCHEDULERS, to_fields
+from broker.streams import GROUP_SCHEDULERS
 from deferral import transitions
 from deferral.config import Settings
 from deferral.crypto import Cipher
@@ -17,6 +18,7 @@ from deferral.models import ResumeEvent, TaskInstance, TaskStateChange, Trigger
 from deferral.states import FAIL_METHOD, TaskState
 from scheduler.service import SchedulerService
 from tests.integration.factories import deferred_task, running_task
+from tests.servers import REDIS_URL
 from triggerer.events import event_message, failure_message
 
 
@@ -38,8 +40,10 @@ def _ti(sessions: sessionmaker[Session], ti_id: int) -> TaskInstance:
 
 
 def _scheduler(settings: Settings, broker: Broker, name: str = "s1") -> SchedulerService:
-    broker.ensure_group(broker.keys.events, GROUP_SCHEDULERS)
-    return SchedulerService(settings, name=name)
+    service = SchedulerService(settings, name=name)
+    service.attach(Broker.from_url(REDIS_URL, settings.stream_prefix))
+    service.consumer.start()
+    return service
 
 
 def _drain(service: SchedulerService) -> None:
@@ -52,16 +56,20 @@ def test_same_event_published_twice_resumes_once(
 ) -> None:
     ti_id, trigger_id = deferred_task(sessions, cipher, next_kwargs={"attempt": 7})
     service = _scheduler(settings, broker)
-    message = event_message(trigger_id, {"status": "done"}, "triggerer-1")
+    message = event_message(cipher, trigger_id, {"status": "done"}, "triggerer-1")
     broker.publish(broker.keys.events, message)
     broker.publish(broker.keys.events, message)
 
     _drain(service)
 
-    assert _transitions(sessions, ti_id)[-1] == ("deferred", "scheduled")
+    # Resumed and queued in the same batch.
+    assert _transitions(sessions, ti_id)[-2:] == [
+        ("deferred", "scheduled"),
+        ("scheduled", "queued"),
+    ]
     assert _transitions(sessions, ti_id).count(("deferred", "scheduled")) == 1
     ti = _ti(sessions, ti_id)
-    assert ti.state == TaskState.SCHEDULED and ti.trigger_id is None
+    assert ti.state == TaskState.QUEUED and ti.trigger_id is None
     assert ti.next_method == "resume"
     assert ti.next_kwargs is not None
     assert cipher.open(ti.next_kwargs) == {"attempt": 7, "event": {"status": "done"}}
@@ -73,6 +81,7 @@ def test_same_event_published_twice_resumes_once(
     ]
     assert broker.pending(broker.keys.events, GROUP_SCHEDULERS).count == 0
     assert broker.redis.xlen(broker.keys.events) == 0
+    assert broker.present(broker.keys.queue("default"), [str(ti_id)]) == {str(ti_id): True}
 
 
 def test_two_scheduler_replicas_racing_on_duplicates_apply_once(
@@ -80,7 +89,7 @@ def test_two_scheduler_replicas_racing_on_duplicates_apply_once(
 ) -> None:
     ti_id, trigger_id = deferred_task(sessions, cipher)
     replicas = [_scheduler(settings, broker, f"s{i}") for i in range(2)]
-    message = event_message(trigger_id, "fired", "triggerer-1")
+    message = event_message(cipher, trigger_id, "fired", "triggerer-1")
     for _ in range(6):
         broker.publish(broker.keys.events, message)
 
@@ -99,10 +108,10 @@ def test_event_for_a_task_no_longer_deferred_is_recorded_stale(
 ) -> None:
     ti_id, trigger_id = deferred_task(sessions, cipher)
     service = _scheduler(settings, broker)
-    broker.publish(broker.keys.events, event_message(trigger_id, 1, "t"))
+    broker.publish(broker.keys.events, event_message(cipher, trigger_id, 1, "t"))
     _drain(service)
     # A later, different event for the same trigger finds the task already resumed.
-    broker.publish(broker.keys.events, event_message(trigger_id, 2, "t"))
+    broker.publish(broker.keys.events, event_message(cipher, trigger_id, 2, "t"))
     _drain(service)
 
     with sessions() as session:
@@ -118,12 +127,13 @@ def test_failure_event_resumes_at_fail_with_the_reason(
     ti_id, trigger_id = deferred_task(sessions, cipher)
     service = _scheduler(settings, broker)
     broker.publish(
-        broker.keys.events, failure_message(trigger_id, "trigger raised KeyError", "Traceback", "t")
+        broker.keys.events,
+        failure_message(cipher, trigger_id, "trigger raised KeyError", "Traceback", "t"),
     )
     _drain(service)
 
     ti = _ti(sessions, ti_id)
-    assert ti.state == TaskState.SCHEDULED and ti.next_method == FAIL_METHOD
+    assert ti.state == TaskState.QUEUED and ti.next_method == FAIL_METHOD
     kwargs = cipher.open(ti.next_kwargs or "")
     assert kwargs["error"] == "trigger_failure"
     assert kwargs["message"] == "trigger raised KeyError"
@@ -135,10 +145,10 @@ def test_unreadable_payload_fails_the_task_and_malformed_entry_is_dead_lettered(
     ti_id, trigger_id = deferred_task(sessions, cipher)
     other_ti, other_trigger = deferred_task(sessions, cipher, task_id="u", run_id="r2")
     service = _scheduler(settings, broker)
-    fields = to_fields(event_message(trigger_id, "x", "t"))
-    broker.publish(broker.keys.events, {**fields, "payload": "{not json"})
+    unreadable = streams.event_message(cipher, trigger_id, f"{trigger_id}:k", "event", "{no", "t")
+    broker.publish(broker.keys.events, unreadable)
     broker.publish(broker.keys.events, {"trigger_id": "oops"})
-    broker.publish(broker.keys.events, event_message(other_trigger, "fine", "t"))
+    broker.publish(broker.keys.events, event_message(cipher, other_trigger, "fine", "t"))
     _drain(service)
 
     ti = _ti(sessions, ti_id)
@@ -148,7 +158,7 @@ def test_unreadable_payload_fails_the_task_and_malformed_entry_is_dead_lettered(
     assert _ti(sessions, other_ti).next_method == "resume"
     dead = broker.xrange(broker.keys.dead)
     assert len(dead) == 1
-    assert b"bad event entry" in dead[0].fields[b"error"]
+    assert b"bad event entry: malformed EventMessage" in dead[0].fields[b"error"]
     assert broker.redis.xlen(broker.keys.events) == 0
 
 
@@ -177,8 +187,7 @@ def test_expired_deferrals_are_failed_in_bulk_and_their_triggers_dropped(
 def test_a_queue_message_starts_an_attempt_at_most_once(sessions: sessionmaker[Session]) -> None:
     ti_id = running_task(sessions)  # started once at try 1 already
     with sessions.begin() as session:
-        assert transitions.start(session, ti_id, 1, "host", "worker-2") is None
-        assert transitions.start(session, ti_id, 2, "host", "worker-2") is None
+        assert transitions.start_many(session, [(ti_id, 1), (ti_id, 2)], "host", "worker-2") == []
     assert _transitions(sessions, ti_id).count(("queued", "running")) == 1
 
 
@@ -193,14 +202,14 @@ def test_a_batch_applies_together_and_a_poisoned_row_goes_alone_to_the_dead_lett
         ti.next_kwargs = "gAAAAA-garbage"  # no key opens it: applying its event raises
     service = _scheduler(settings, broker)
     for _, trigger_id in good[:3]:
-        broker.publish(broker.keys.events, event_message(trigger_id, "ok", "t"))
-    broker.publish(broker.keys.events, event_message(bad_trigger, "ok", "t"))
+        broker.publish(broker.keys.events, event_message(cipher, trigger_id, "ok", "t"))
+    broker.publish(broker.keys.events, event_message(cipher, bad_trigger, "ok", "t"))
     for _, trigger_id in good[3:]:
-        broker.publish(broker.keys.events, event_message(trigger_id, "ok", "t"))
+        broker.publish(broker.keys.events, event_message(cipher, trigger_id, "ok", "t"))
 
     _drain(service)
 
-    assert [_ti(sessions, ti_id).state for ti_id, _ in good] == ["scheduled"] * 5
+    assert [_ti(sessions, ti_id).state for ti_id, _ in good] == ["queued"] * 5
     assert _ti(sessions, bad_ti).state == "deferred"
     dead = broker.xrange(broker.keys.dead)
     assert len(dead) == 1 and dead[0].fields[b"trigger_id"] == str(bad_trigger).encode()

@@ -7,6 +7,7 @@ import os
 import uuid
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from sqlalchemy import select
@@ -17,7 +18,10 @@ from broker.streams import QueueMessage, from_fields
 from deferral import transitions
 from deferral.config import Settings
 from deferral.models import DagRun, Outbox, Pool, TaskInstance
+from deferral.transitions import Attempt
+from scheduler import decide as scheduler_decide
 from scheduler.service import SchedulerService
+from tests.servers import REDIS_URL
 
 WriteDag = Callable[[str, str], Path]
 
@@ -57,20 +61,34 @@ def _queued_messages(broker: Broker, queue: str = "default") -> list[QueueMessag
     return [from_fields(QueueMessage, e.fields) for e in broker.xrange(broker.keys.queue(queue))]
 
 
+def _start(session: Session, task_id: str) -> Attempt:
+    ti = session.scalars(select(TaskInstance).where(TaskInstance.task_id == task_id)).one()
+    assert transitions.start_many(session, [(ti.id, ti.try_number)], "host", "w")
+    return Attempt(ti.id, ti.try_number, "w")
+
+
 def _finish(sessions: sessionmaker[Session], task_id: str, *, ok: bool = True) -> None:
     """What a worker does with the queued attempt of ``task_id``."""
     with sessions.begin() as session:
-        ti = session.scalars(select(TaskInstance).where(TaskInstance.task_id == task_id)).one()
-        assert transitions.start(session, ti.id, ti.try_number, "host", "w") is not None
+        attempt = _start(session, task_id)
         if ok:
-            transitions.succeed(session, ti.id, None)
+            assert transitions.succeed(session, attempt, None)
         else:
-            transitions.fail(session, ti.id, "boom", allow_retry=True)
+            assert transitions.fail(session, attempt, "boom", allow_retry=True)
+
+
+def _scheduler(settings: Settings) -> SchedulerService:
+    service = SchedulerService(settings, name="s")
+    service.attach(Broker.from_url(REDIS_URL, settings.stream_prefix))
+    return service
 
 
 def _step(service: SchedulerService) -> None:
+    """The scheduler's loop without its periodic work or events, but for waking retries."""
     service.start_queued_runs()
-    service.advance_running_runs()
+    service.evaluate_marked_runs()
+    service.wake_due()
+    service.dispatch_scheduled()
 
 
 def test_run_dispatches_by_dependencies_and_finishes(
@@ -91,7 +109,7 @@ def test_run_dispatches_by_dependencies_and_finishes(
 """,
         ),
     )
-    service = SchedulerService(settings, name="s")
+    service = _scheduler(settings)
     _trigger(sessions, dag_id)
 
     _step(service)
@@ -126,7 +144,7 @@ def test_failure_propagates_upstream_failed_and_fails_the_run(
 """,
         ),
     )
-    service = SchedulerService(settings, name="s")
+    service = _scheduler(settings)
     _trigger(sessions, dag_id)
     _step(service)
     _finish(sessions, "a", ok=False)
@@ -158,7 +176,7 @@ def test_a_failed_try_is_retried_as_a_new_try(
 """,
         ),
     )
-    service = SchedulerService(settings, name="s")
+    service = _scheduler(settings)
     _trigger(sessions, dag_id)
     _step(service)
     _finish(sessions, "a", ok=False)
@@ -175,7 +193,7 @@ def test_max_active_tasks_limits_dispatch(
 ) -> None:
     body = "\n".join(f'    EmptyOperator(task_id="t{i}")' for i in range(4))
     write_dag(dag_id, _dag_file(dag_id, body, dag_args=", max_active_tasks=2"))
-    service = SchedulerService(settings, name="s")
+    service = _scheduler(settings)
     _trigger(sessions, dag_id)
     _step(service)
     assert sorted(_states(sessions).values()).count("queued") == 2
@@ -190,7 +208,7 @@ def test_a_task_added_to_the_dag_mid_run_joins_the_run(
     dag_id: str,
 ) -> None:
     path = write_dag(dag_id, _dag_file(dag_id, '    EmptyOperator(task_id="a")'))
-    service = SchedulerService(settings, name="s")
+    service = _scheduler(settings)
     _trigger(sessions, dag_id)
     _step(service)
     write_dag(
@@ -219,12 +237,11 @@ def _set_pool(sessions: sessionmaker[Session], slots: int, include_deferred: boo
 def _defer(sessions: sessionmaker[Session], task_id: str) -> None:
     """What a worker does when the queued attempt of ``task_id`` defers."""
     with sessions.begin() as session:
-        ti = session.scalars(select(TaskInstance).where(TaskInstance.task_id == task_id)).one()
-        assert transitions.start(session, ti.id, ti.try_number, "host", "w") is not None
+        attempt = _start(session, task_id)
         trigger_id = transitions.create_trigger(session, "x.Trigger", "token", "fingerprint")
         transitions.defer(
             session,
-            ti.id,
+            attempt,
             trigger_id=trigger_id,
             next_method="resume",
             next_kwargs_token="token",
@@ -246,7 +263,7 @@ def test_pools_limit_dispatch_and_deferred_tasks_free_their_slot_by_default(
     )
     write_dag(dag_id, _dag_file(dag_id, body))
     _set_pool(sessions, slots=1, include_deferred=include_deferred)
-    service = SchedulerService(settings, name="s")
+    service = _scheduler(settings)
     _trigger(sessions, dag_id)
     _step(service)
     assert _states(sessions) == {"t0": "queued", "t1": "scheduled", "t2": "scheduled"}
@@ -270,7 +287,53 @@ def test_a_task_in_an_unknown_pool_waits_without_blocking_others(
 """,
         ),
     )
-    service = SchedulerService(settings, name="s")
+    service = _scheduler(settings)
     _trigger(sessions, dag_id)
     _step(service)
     assert _states(sessions) == {"lost": "scheduled", "fine": "queued"}
+
+
+def test_a_run_whose_evaluation_raises_is_marked_and_the_others_go_on(
+    settings: Settings,
+    sessions: sessionmaker[Session],
+    write_dag: WriteDag,
+    dag_id: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    write_dag(dag_id, _dag_file(dag_id, '    EmptyOperator(task_id="a")'))
+    service = _scheduler(settings)
+    with sessions.begin() as session:
+        for run_id in ("bad", "good"):
+            transitions.create_dag_run(
+                session,
+                dag_id,
+                run_id,
+                dt.datetime.now(dt.UTC) + dt.timedelta(seconds=len(run_id)),
+                {},
+            )
+    service.start_queued_runs()
+    real = scheduler_decide.waiting_task_decisions
+
+    def flaky(dag: Any, states: Any, *more: Any) -> Any:
+        if any(ti.run_id == "bad" for ti in _tis_seen):
+            raise RuntimeError("a bug met by this run only")
+        return real(dag, states, *more)
+
+    _tis_seen: list[Any] = []
+    original = service._evaluate
+
+    def evaluate(session: Session, run: DagRun, tis: list[TaskInstance]) -> None:
+        _tis_seen[:] = tis
+        original(session, run, tis)
+
+    monkeypatch.setattr(scheduler_decide, "waiting_task_decisions", flaky)
+    monkeypatch.setattr(service, "_evaluate", evaluate)
+    service.evaluate_marked_runs()
+
+    with sessions() as session:
+        runs = {run.run_id: run for run in session.scalars(select(DagRun))}
+        states = dict(session.execute(select(TaskInstance.run_id, TaskInstance.state)).all())
+    assert states == {"bad": "none", "good": "scheduled"}
+    assert runs["bad"].scheduling_error == "RuntimeError: a bug met by this run only"
+    assert runs["bad"].evaluate_after is not None  # looked at again later
+    assert runs["good"].scheduling_error is None and runs["good"].evaluate_after is None

@@ -10,7 +10,7 @@ from sqlalchemy import delete, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from broker.client import Broker
-from broker.streams import queue_message, to_fields
+from broker.streams import queue_message
 from deferral import transitions
 from deferral.models import DagRun, TaskInstance, TaskStateChange
 from deferral.transitions import NewTaskInstance
@@ -50,7 +50,7 @@ def test_a_task_that_cannot_run_fails_with_the_reason(
     if fault == "run deleted":
         with sessions.begin() as session:
             session.execute(delete(DagRun))
-    broker.publish(worker.stream, to_fields(queue_message(ti_id, 1, "d", "r1", "t", -1)))
+    broker.publish(worker.stream, queue_message(worker.cipher, ti_id, 1, "d", "r1", "t", -1))
 
     worker.step()
 

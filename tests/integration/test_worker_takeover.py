@@ -6,18 +6,20 @@ from __future__ import annotations
 from sqlalchemy.orm import Session, sessionmaker
 
 from broker.client import Broker
-from broker.streams import GROUP_WORKERS, queue_message, to_fields
+from broker.streams import GROUP_WORKERS, queue_message
 from deferral import transitions
 from deferral.models import TaskInstance, TaskStateChange
-from tests.integration.factories import DAG_ID, running_task
+from deferral.transitions import Attempt
+from tests.integration.factories import DAG_ID, WORKER, running_task
 from worker.service import WorkerService
 
 STALE_IDLE_MS = 600_000  # far past any takeover threshold
 
 
-def _held_entry(broker: Broker, stream: str, ti_id: int, owner: str, idle_ms: int) -> str:
+def _held_entry(worker: WorkerService, broker: Broker, ti_id: int, owner: str, idle_ms: int) -> str:
     """A queue entry for try 1 of ``ti_id``, delivered to ``owner`` and idle for ``idle_ms``."""
-    broker.publish(stream, to_fields(queue_message(ti_id, 1, DAG_ID, "r1", "t", -1)))
+    stream = worker.stream
+    broker.publish(stream, queue_message(worker.cipher, ti_id, 1, DAG_ID, "r1", "t", -1))
     (entry,) = broker.read(GROUP_WORKERS, owner, {stream: ">"}, count=1)
     broker.redis.execute_command(
         "XCLAIM", stream, GROUP_WORKERS, owner, 0, entry.id, "IDLE", idle_ms, "JUSTID"
@@ -36,14 +38,14 @@ def test_claim_idle_takes_only_stale_entries_with_their_owner(
     worker: WorkerService, broker: Broker
 ) -> None:
     stream = worker.stream
-    stale = _held_entry(broker, stream, 1, "dead", STALE_IDLE_MS)
-    _held_entry(broker, stream, 2, "alive", 0)
-    gone = _held_entry(broker, stream, 3, "dead", STALE_IDLE_MS)
+    stale = _held_entry(worker, broker, 1, "dead", STALE_IDLE_MS)
+    _held_entry(worker, broker, 2, "alive", 0)
+    gone = _held_entry(worker, broker, 3, "dead", STALE_IDLE_MS)
     broker.redis.xdel(stream, gone)  # deleted while pending: nothing to take
 
     claimed = broker.claim_idle(stream, GROUP_WORKERS, "me", min_idle_ms=60_000, count=10)
-    assert [(entry.id, owner) for entry, owner in claimed] == [(stale, "dead")]
-    assert claimed[0][0].fields[b"task_instance_id"] == b"1"
+    assert [(c.entry.id, c.owner) for c in claimed] == [(stale, "dead")]
+    assert claimed[0].entry.fields[b"task_instance_id"] == b"1"
 
 
 def test_a_dead_workers_running_attempt_is_failed_into_a_retry(
@@ -54,9 +56,9 @@ def test_a_dead_workers_running_attempt_is_failed_into_a_retry(
         ti = session.get(TaskInstance, ti_id)
         assert ti is not None
         ti.max_tries = 1  # one retry left
-    _held_entry(broker, worker.stream, ti_id, "worker-1", STALE_IDLE_MS)
+    _held_entry(worker, broker, ti_id, WORKER, STALE_IDLE_MS)
 
-    worker._heartbeat()
+    worker._take_over()
 
     assert _ti(sessions, ti_id).state == "up_for_retry"
     with sessions() as session:
@@ -71,11 +73,11 @@ def test_an_attempt_running_on_a_live_worker_is_left_alone(
     """The same try resumed after a deferral runs on a live worker while a stale entry of the
     dead one is taken over: only the stale entry goes."""
     ti_id = running_task(sessions)  # running on "worker-1"
-    _held_entry(broker, worker.stream, ti_id, "dead-worker", STALE_IDLE_MS)
+    _held_entry(worker, broker, ti_id, "dead-worker", STALE_IDLE_MS)
 
-    worker._heartbeat()
+    worker._take_over()
 
     assert _ti(sessions, ti_id).state == "running"
     assert broker.redis.xlen(worker.stream) == 0
     with sessions.begin() as session:  # and the live attempt can still finish
-        assert transitions.succeed(session, ti_id, None)
+        assert transitions.succeed(session, Attempt(ti_id, 1, WORKER), None)

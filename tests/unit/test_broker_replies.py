@@ -10,11 +10,11 @@ import pytest
 
 from broker.replies import (
     RAW_COMMANDS,
-    AutoclaimResult,
     Entry,
+    Pending,
     PendingSummary,
-    parse_xautoclaim,
     parse_xinfo_groups,
+    parse_xpending_extended,
     parse_xpending_summary,
     parse_xrange,
     parse_xreadgroup,
@@ -68,42 +68,17 @@ def test_odd_field_list_is_refused() -> None:
         parse_xreadgroup([[b"s", [[b"1-0", [b"k", b"v", b"dangling"]]]]])
 
 
-# -- XAUTOCLAIM ------------------------------------------------------------------------------------
+# -- extended XPENDING ----------------------------------------------------------------------------
 
 
-def test_xautoclaim_redis7_shape() -> None:
-    reply = [
-        b"0-0",
-        [[b"1-0", [b"a", b"1"]], [b"2-0", [b"b", b"2"]]],
-        [b"3-0", b"4-0"],
+def test_xpending_extended() -> None:
+    reply = [[b"1-0", b"alice", 1500, 2], [b"2-0", b"bob", 10, 1]]
+    assert parse_xpending_extended(reply) == [
+        Pending("1-0", "alice", 1500, 2),
+        Pending("2-0", "bob", 10, 1),
     ]
-    assert parse_xautoclaim("s", reply) == AutoclaimResult(
-        cursor="0-0",
-        entries=[Entry("s", "1-0", {b"a": b"1"}), Entry("s", "2-0", {b"b": b"2"})],
-        deleted_ids=["3-0", "4-0"],
-    )
-
-
-def test_xautoclaim_redis7_cursor_continues() -> None:
-    result = parse_xautoclaim("s", [b"17-3", [], []])
-    assert result == AutoclaimResult("17-3", [], [])
-
-
-def test_xautoclaim_redis62_shape_nil_pairs() -> None:
-    reply = [b"0-0", [[b"1-0", [b"a", b"1"]], [b"2-0", None], None, [b"5-0", [b"c", b"3"]]]]
-    result = parse_xautoclaim("s", reply)
-    assert result.cursor == "0-0"
-    assert result.entries == [Entry("s", "1-0", {b"a": b"1"}), Entry("s", "5-0", {b"c": b"3"})]
-    assert result.deleted_ids == ["2-0"]
-
-
-def test_xautoclaim_redis62_empty() -> None:
-    assert parse_xautoclaim("s", [b"0-0", []]) == AutoclaimResult("0-0", [], [])
-
-
-def test_xautoclaim_redis7_with_nil_pairs_combines_deleted() -> None:
-    reply = [b"0-0", [[b"2-0", None]], [b"9-0"]]
-    assert parse_xautoclaim("s", reply).deleted_ids == ["9-0", "2-0"]
+    assert parse_xpending_extended([]) == []
+    assert parse_xpending_extended(None) == []
 
 
 # -- XRANGE ----------------------------------------------------------------------------------------
@@ -216,15 +191,3 @@ def test_fakeredis_xreadgroup_and_xpending_parse(raw_redis: fakeredis.FakeRedis)
         "XREADGROUP", "GROUP", "g", "c1", "COUNT", 10, "STREAMS", stream, ">"
     )
     assert parse_xreadgroup(empty) == []
-
-
-def test_fakeredis_xautoclaim_parse(raw_redis: fakeredis.FakeRedis) -> None:
-    stream = f"t:{uuid.uuid4().hex}"
-    raw_redis.xgroup_create(stream, "g", id="0", mkstream=True)
-    entry_id = _xadd(raw_redis, stream, a="1")
-    raw_redis.execute_command("XREADGROUP", "GROUP", "g", "c1", "STREAMS", stream, ">")
-    reply = raw_redis.execute_command("XAUTOCLAIM", stream, "g", "c2", 0, "0-0")
-    result = parse_xautoclaim(stream, reply)
-    assert [e.id for e in result.entries] == [entry_id]
-    assert result.entries[0].fields == {b"a": b"1"}
-    assert result.cursor == "0-0"

@@ -3,18 +3,31 @@
 from __future__ import annotations
 
 import pytest
+from cryptography.fernet import Fernet
 
 from broker.streams import (
+    MAX_BIGINT,
+    Event,
     EventMessage,
+    ForgedEntry,
     MalformedEntry,
     Message,
+    QueuedAttempt,
     QueueMessage,
     StreamKeys,
     TriggerMessage,
+    event_message,
     from_fields,
+    queue_message,
+    read_event,
+    read_queue_entry,
     task_label,
     to_fields,
 )
+from deferral.crypto import Cipher
+
+KEY = Fernet.generate_key().decode()
+CIPHER = Cipher([KEY])
 
 MESSAGES: list[Message] = [
     TriggerMessage(trigger_id="12", classpath="a.b.C", task="d.r.t", token="gAAAAtoken"),
@@ -24,8 +37,9 @@ MESSAGES: list[Message] = [
         kind="event",
         payload='{"a":[1,2]}',
         triggerer="host-1",
+        mac="m",
     ),
-    QueueMessage(task_instance_id="99", try_number="2", task="dag.run.task[3]"),
+    QueueMessage(task_instance_id="99", try_number="2", task="dag.run.task[3]", mac="m"),
 ]
 
 
@@ -56,12 +70,13 @@ def test_to_fields_names() -> None:
         "kind",
         "payload",
         "triggerer",
+        "mac",
     }
-    assert set(to_fields(MESSAGES[2])) == {"task_instance_id", "try_number", "task"}
+    assert set(to_fields(MESSAGES[2])) == {"task_instance_id", "try_number", "task", "mac"}
 
 
 def test_non_ascii_utf8_values_round_trip() -> None:
-    message = QueueMessage(task_instance_id="1", try_number="1", task="dàg.rün.tâsk")
+    message = QueueMessage(task_instance_id="1", try_number="1", task="dàg.rün.tâsk", mac="m")
     assert from_fields(QueueMessage, wire(to_fields(message))) == message
 
 
@@ -128,3 +143,98 @@ def test_stream_keys() -> None:
     assert keys.dead == "pfx:dead"
     assert keys.queue("default") == "pfx:queue:default"
     assert StreamKeys().triggers == "deferral:triggers"
+
+
+def test_in_flight_indexes_and_their_fields() -> None:
+    keys = StreamKeys("pfx")
+    assert keys.inflight(keys.triggers) == "pfx:inflight:triggers"
+    assert keys.inflight(keys.queue("q")) == "pfx:inflight:queue:q"
+    assert keys.index_field(keys.triggers, {"trigger_id": "7", "task": "x"}) == "7"
+    assert keys.index_field(keys.events, {"trigger_id": "7"}) == "7"
+    assert keys.index_field(keys.queue("q"), {"task_instance_id": "9"}) == "9"
+    assert keys.index_field(keys.dead, {"trigger_id": "7"}) == ""
+
+
+# -- authenticated entries ---------------------------------------------------------------------
+
+
+def _wire(message: Message) -> dict[bytes, bytes]:
+    return wire(to_fields(message))
+
+
+def test_signed_queue_entry_reads_back() -> None:
+    message = queue_message(CIPHER, 41, 3, "d", "r", "t", -1)
+    assert read_queue_entry(CIPHER, _wire(message)) == QueuedAttempt(41, 3, "d.r.t")
+
+
+def test_signed_event_reads_back() -> None:
+    message = event_message(CIPHER, 7, "7:abc", "failure", '{"message": "x"}', "trig-1")
+    assert read_event(CIPHER, _wire(message)) == Event(
+        7, "7:abc", True, '{"message": "x"}', "trig-1"
+    )
+
+
+@pytest.mark.parametrize("field", ["task_instance_id", "try_number", "task"])
+def test_a_changed_queue_field_fails_authentication(field: str) -> None:
+    fields = to_fields(queue_message(CIPHER, 41, 3, "d", "r", "t", -1))
+    fields[field] = "5" if field != "task" else "d.r.other"
+    with pytest.raises(ForgedEntry, match="failed authentication"):
+        read_queue_entry(CIPHER, wire(fields))
+
+
+@pytest.mark.parametrize("field", ["trigger_id", "dedup_key", "kind", "payload", "triggerer"])
+def test_a_changed_event_field_fails_authentication(field: str) -> None:
+    fields = to_fields(event_message(CIPHER, 7, "7:abc", "event", "1", "t"))
+    fields[field] = {"trigger_id": "8", "kind": "failure"}.get(field, "forged")
+    with pytest.raises(ForgedEntry):
+        read_event(CIPHER, wire(fields))
+
+
+def test_an_entry_signed_with_another_key_is_forged_until_that_key_is_listed() -> None:
+    other = Fernet.generate_key().decode()
+    fields = _wire(queue_message(Cipher([other]), 1, 1, "d", "r", "t", -1))
+    with pytest.raises(ForgedEntry):
+        read_queue_entry(CIPHER, fields)
+    assert read_queue_entry(Cipher([KEY, other]), fields).task_instance_id == 1
+
+
+def test_a_hand_written_entry_without_mac_is_malformed() -> None:
+    with pytest.raises(MalformedEntry, match="mac"):
+        read_event(
+            CIPHER,
+            wire(
+                {
+                    "trigger_id": "1",
+                    "dedup_key": "k",
+                    "kind": "event",
+                    "payload": "1",
+                    "triggerer": "x",
+                }
+            ),
+        )
+
+
+@pytest.mark.parametrize(
+    ("value", "fragment"),
+    [
+        (str(MAX_BIGINT + 1), "out of range"),
+        ("0", "out of range"),
+        ("-4", "not a positive integer"),
+        ("12a", "not a positive integer"),
+        ("\uff19", "not a positive integer"),  # a full-width digit: isdigit() but not ASCII
+        ("1" * 40, "not a positive integer"),
+    ],
+)
+def test_out_of_range_ids_are_refused_naming_the_field(value: str, fragment: str) -> None:
+    fields = to_fields(queue_message(CIPHER, 1, 1, "d", "r", "t", -1))
+    fields["task_instance_id"] = value
+    with pytest.raises(MalformedEntry, match=f"task_instance_id .*{fragment}"):
+        read_queue_entry(CIPHER, wire(fields))
+
+
+def test_event_kind_and_dedup_key_are_checked() -> None:
+    fields = to_fields(event_message(CIPHER, 7, "k", "event", "1", "t"))
+    with pytest.raises(MalformedEntry, match="unknown event kind"):
+        read_event(CIPHER, wire({**fields, "kind": "explode"}))
+    with pytest.raises(MalformedEntry, match="dedup_key"):
+        read_event(CIPHER, wire({**fields, "dedup_key": "k" * 251}))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 from pathlib import Path
 
 import pytest
@@ -284,3 +285,75 @@ def test_default_deferrable_reads_os_environ(monkeypatch: pytest.MonkeyPatch) ->
     monkeypatch.setenv("DEFERRAL_DEFAULT_DEFERRABLE", "perhaps")
     with pytest.raises(ConfigError, match="DEFERRAL_DEFAULT_DEFERRABLE"):
         config.default_deferrable()
+
+
+def test_core_at_scale_defaults() -> None:
+    settings = load(base_env())
+    assert settings.max_deliveries == 5
+    assert settings.dag_import_grace_sec == 300.0
+    assert settings.prune_older_than == dt.timedelta(days=7)
+    assert settings.default_timezone.key == "UTC"
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [
+        ("7d", dt.timedelta(days=7)),
+        ("1d12h", dt.timedelta(days=1, hours=12)),
+        ("30m", dt.timedelta(minutes=30)),
+        ("45s", dt.timedelta(seconds=45)),
+        ("90", dt.timedelta(seconds=90)),
+        ("0.5h", dt.timedelta(minutes=30)),
+    ],
+)
+def test_durations(raw: str, expected: dt.timedelta) -> None:
+    assert config.parse_duration(raw) == expected
+
+
+@pytest.mark.parametrize("raw", ["7 days", "d7", "-1", "7x", ""])
+def test_bad_durations_name_the_text(raw: str) -> None:
+    with pytest.raises(ValueError):
+        config.parse_duration(raw)
+
+
+def test_prune_can_be_turned_off() -> None:
+    assert load(base_env(DEFERRAL_PRUNE_OLDER_THAN="off")).prune_older_than is None
+
+
+@pytest.mark.parametrize(
+    ("name", "raw", "fragment"),
+    [
+        ("DEFERRAL_MAX_DELIVERIES", "0", "DEFERRAL_MAX_DELIVERIES is malformed"),
+        ("DEFERRAL_DAG_IMPORT_GRACE_SEC", "-3", "DEFERRAL_DAG_IMPORT_GRACE_SEC is malformed"),
+        ("DEFERRAL_PRUNE_OLDER_THAN", "soon", "DEFERRAL_PRUNE_OLDER_THAN is malformed"),
+        ("DEFERRAL_DEFAULT_TIMEZONE", "Mars/Olympus", "DEFERRAL_DEFAULT_TIMEZONE is malformed"),
+    ],
+)
+def test_bad_core_settings_name_the_setting(name: str, raw: str, fragment: str) -> None:
+    with pytest.raises(ConfigError, match=fragment):
+        load(base_env(**{name: raw}))
+
+
+def test_naive_datetimes_are_read_in_the_default_timezone(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from deferral.timezone import make_aware
+
+    naive = dt.datetime(2024, 1, 1, 6, 0)
+    assert make_aware(naive) == dt.datetime(2024, 1, 1, 6, 0, tzinfo=dt.UTC)
+    monkeypatch.setenv("DEFERRAL_DEFAULT_TIMEZONE", "Europe/Paris")
+    assert make_aware(naive) == dt.datetime(2024, 1, 1, 5, 0, tzinfo=dt.UTC)
+    aware = dt.datetime(2024, 1, 1, tzinfo=dt.UTC)
+    assert make_aware(aware) is aware
+
+
+def test_dag_ignore_file_syntax_default_glob_and_bad_value(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert load(base_env()).dag_ignore_file_syntax == "regexp"
+    assert load(base_env(DEFERRAL_DAG_IGNORE_FILE_SYNTAX="Glob")).dag_ignore_file_syntax == "glob"
+    with pytest.raises(ConfigError, match="DEFERRAL_DAG_IGNORE_FILE_SYNTAX is malformed"):
+        load(base_env(DEFERRAL_DAG_IGNORE_FILE_SYNTAX="fnmatch"))
+    monkeypatch.setenv("DEFERRAL_DAG_IGNORE_FILE_SYNTAX", "glob")
+    assert config.dag_ignore_file_syntax() == "glob"
+    monkeypatch.setenv("DEFERRAL_DAG_IGNORE_FILE_SYNTAX", "fnmatch")
+    with pytest.raises(ConfigError, match="DEFERRAL_DAG_IGNORE_FILE_SYNTAX"):
+        config.dag_ignore_file_syntax()

@@ -141,3 +141,19 @@ def test_open_of_authentic_non_json_is_a_serialization_error() -> None:
 def test_invalid_key_is_refused_at_construction() -> None:
     with pytest.raises(ValueError):
         Cipher(["not-a-key"])
+
+
+def test_sign_verify_and_rotation() -> None:
+    old, new = Fernet.generate_key().decode(), Fernet.generate_key().decode()
+    mac = Cipher([old]).sign(b"fields")
+    assert Cipher([old]).verify(b"fields", mac)
+    assert Cipher([new, old]).verify(b"fields", mac)  # still accepted while listed
+    assert not Cipher([new]).verify(b"fields", mac)  # the old key is gone
+    assert not Cipher([old]).verify(b"fieldz", mac)  # other data
+    assert not Cipher([old]).verify(b"fields", mac[:-1] + ("A" if mac[-1] != "A" else "B"))
+    assert Cipher([new, old]).sign(b"fields") == Cipher([new]).sign(b"fields")
+
+
+def test_mac_is_not_the_fernet_key_itself() -> None:
+    key = Fernet.generate_key().decode()
+    assert key.rstrip("=") not in Cipher([key]).sign(b"")

@@ -283,11 +283,6 @@ def test_get_task_missing_is_named() -> None:
         DAG("d").get_task("nope")
 
 
-def test_schedule_other_than_none_refused() -> None:
-    with pytest.raises(DagDefinitionError, match="schedule"):
-        DAG("d", schedule="@daily")
-
-
 # -- graph -----------------------------------------------------------------------------------------
 
 

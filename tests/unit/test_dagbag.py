@@ -23,8 +23,10 @@ WriteDag = Callable[..., tuple[Path, str]]
 
 @pytest.fixture(autouse=True)
 def _isolate_import_state(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """DagBag puts its folder on sys.path and imports modules: undo both afterwards."""
+    """DagBag puts its folder on sys.path (and a finder on sys.meta_path) and imports modules:
+    undo it all afterwards."""
     monkeypatch.setattr(sys, "path", list(sys.path))
+    monkeypatch.setattr(sys, "meta_path", list(sys.meta_path))
     before = set(sys.modules)
     yield
     for name in set(sys.modules) - before:
@@ -302,3 +304,115 @@ def test_folder_goes_on_sys_path_once(folder: Path, write: WriteDag) -> None:
     bag.collect()
     bag.collect()
     assert sys.path.count(str(folder.resolve())) == 1
+
+
+# -- DAGs no module global holds (Airflow's auto-registration) ---------------------------------
+
+
+def test_dag_factory_called_at_module_level_and_unassigned_with_block_are_found(
+    folder: Path, write: WriteDag
+) -> None:
+    path, _ = write(
+        "unassigned",
+        """
+        from deferral import DAG, dag, task
+        from deferral.operators import EmptyOperator
+
+        @dag(schedule=None)
+        def taskflow_style():
+            @task
+            def step():
+                return 1
+            step()
+
+        taskflow_style()
+
+        with DAG("with_block_unassigned"):
+            EmptyOperator(task_id="e")
+
+        with DAG("opted_out", auto_register=False):
+            EmptyOperator(task_id="e")
+        """,
+    )
+    bag = DagBag(folder).collect()
+    assert set(bag.dags) == {"taskflow_style", "with_block_unassigned"}
+    assert bag.import_errors == {}
+    assert bag.dags["taskflow_style"].fileloc == str(path)
+    # An unchanged file is not re-imported, and its DAGs are still found.
+    first = bag.dags["taskflow_style"]
+    assert bag.collect().dags["taskflow_style"] is first
+
+
+def test_a_dag_file_importing_another_does_not_take_its_dags(folder: Path, write: WriteDag) -> None:
+    lib_path, lib_name = write(
+        "imported",
+        """
+        from deferral import dag
+        from deferral.operators import EmptyOperator
+
+        @dag
+        def from_imported():
+            EmptyOperator(task_id="e")
+
+        from_imported()
+        HELPER = 1
+        """,
+    )
+    # Sorted before the file it imports, so it is imported first, through this file.
+    importer = folder / f"aaa_{lib_name}.py"
+    importer.write_text(
+        textwrap.dedent(
+            f"""
+            from deferral import dag
+            from deferral.operators import EmptyOperator
+            from {lib_name} import HELPER
+
+            @dag
+            def importer_dag():
+                EmptyOperator(task_id="e")
+
+            importer_dag()
+            """
+        )
+    )
+    try:
+        bag = DagBag(folder).collect()
+        assert bag.import_errors == {}
+        assert set(bag.dags) == {"from_imported", "importer_dag"}
+        assert bag.dags["from_imported"].fileloc == str(lib_path)
+        assert bag.dags["importer_dag"].fileloc == str(importer)
+    finally:
+        sys.modules.pop(f"aaa_{lib_name}", None)
+
+
+def test_dags_a_shared_library_builds_for_a_dag_file_are_that_files(
+    tmp_path: Path, folder: Path, write: WriteDag, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    library = tmp_path / "lib"
+    library.mkdir()
+    lib_name = unique("factory_lib")
+    (library / f"{lib_name}.py").write_text(
+        textwrap.dedent(
+            """
+            from deferral import DAG
+            from deferral.operators import EmptyOperator
+
+            def make(dag_id):
+                with DAG(dag_id):
+                    EmptyOperator(task_id="e")
+            """
+        )
+    )
+    monkeypatch.syspath_prepend(str(library))
+    path, _ = write(
+        "uses_library",
+        f"""
+        from {lib_name} import make
+
+        for name in ("made_one", "made_two"):
+            make(name)
+        """,
+    )
+    bag = DagBag(folder).collect()
+    assert set(bag.dags) == {"made_one", "made_two"}
+    assert bag.dags["made_one"].fileloc == str(path)

@@ -156,12 +156,23 @@ def test_an_empty_dead_letter_stream_is_ok() -> None:
 # -- redis data ------------------------------------------------------------------------------------
 
 
-def test_a_missing_epoch_warns_that_redis_lost_its_data() -> None:
-    check = doctor.redis_data("p:epoch", present=False)
-    assert check.status is Status.WARN and check.name == "redis data"
-    assert "Redis lost its data or no scheduler has started" in check.detail
-    assert "rebuilds streams from Postgres" in check.detail
+def test_every_deferred_task_in_flight_is_ok() -> None:
+    assert doctor.in_flight([]).status is Status.OK
 
 
-def test_a_present_epoch_is_ok() -> None:
-    assert doctor.redis_data("p:epoch", present=True).status is Status.OK
+def test_a_deferred_task_whose_trigger_is_in_no_stream_fails() -> None:
+    check = doctor.in_flight(["d.r.a", "d.r.b"])
+    assert check.status is Status.FAIL
+    assert "2 deferred tasks whose trigger is in no stream (d.r.a, d.r.b)" in check.detail
+
+
+def test_broken_dags_warn_within_their_grace_and_fail_after() -> None:
+    within = doctor.BrokenDag("etl", 30, "SyntaxError: invalid syntax (line 3)\nmore", 2)
+    check = doctor.broken_dags([within], grace_sec=300)
+    assert check.status is Status.WARN
+    assert "etl for 30s (SyntaxError: invalid syntax (line 3)): 2 running runs fail in 270s" in (
+        check.detail
+    )
+    overdue = doctor.BrokenDag("etl", 400, "gone", 1)
+    assert doctor.broken_dags([overdue], grace_sec=300).status is Status.FAIL
+    assert doctor.broken_dags([], grace_sec=300).status is Status.OK

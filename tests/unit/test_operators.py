@@ -25,6 +25,8 @@ from deferral.sensors import (
 from deferral.triggers import DateTimeTrigger, FileTrigger
 
 LOGICAL = dt.datetime(2024, 5, 1, 12, 0, tzinfo=dt.UTC)
+# A logical date whose waits are still ahead: a deferrable sensor pokes once before deferring.
+FUTURE = dt.datetime(2999, 5, 1, 12, 0, tzinfo=dt.UTC)
 
 
 class MemoryXComs:
@@ -34,7 +36,7 @@ class MemoryXComs:
     def push(self, task_instance_id: int, key: str, value: Any) -> None:
         self.pushed.append((task_instance_id, key, value))
 
-    def pull(self, dag_id: str, run_id: str, task_id: str, key: str, map_index: int) -> Any:
+    def pull(self, dag_id: str, run_id: str, task_id: str, key: str, map_index: int | None) -> Any:
         return f"{dag_id}/{run_id}/{task_id}/{key}/{map_index}"
 
 
@@ -110,6 +112,7 @@ def test_python_operator_var_keyword_gets_whole_context() -> None:
         "logical_date",
         "params",
         "try_number",
+        "templates_dict",  # as Airflow's PythonOperator adds it to the context
     }
 
 
@@ -151,8 +154,14 @@ def test_python_operator_xcom_via_ti() -> None:
     op = PythonOperator(task_id="p", python_callable=fn)
     context = make_context(op)
     result = op.execute(context)
-    assert result == ["ctx_dag/run1/up1/k/-1", "ctx_dag/run1/up2/k/-1"]
+    # No map index asked: each task's value, whether it is mapped or not (map index None).
+    assert result == ["ctx_dag/run1/up1/k/None", "ctx_dag/run1/up2/k/None"]
     assert context["ti"].xcoms.pushed == [(7, "k", 1)]  # type: ignore[attr-defined]
+    assert context["ti"].xcom_pull("up1", map_indexes=2) == "ctx_dag/run1/up1/return_value/2"
+    assert context["ti"].xcom_pull("up1", map_indexes=[0, 1]) == [
+        "ctx_dag/run1/up1/return_value/0",
+        "ctx_dag/run1/up1/return_value/1",
+    ]
 
 
 # -- DateTime / TimeDelta sensors -----------------------------------------------------------------
@@ -174,12 +183,11 @@ def test_datetime_sensor_async_defers_at_target_time() -> None:
 
 def test_time_delta_sensor_async_waits_from_logical_date() -> None:
     sensor = TimeDeltaSensorAsync(task_id="s", delta=dt.timedelta(hours=2, minutes=30))
-    logical = dt.datetime(2020, 6, 1, 0, 0, tzinfo=dt.UTC)
     with pytest.raises(TaskDeferred) as info:
-        sensor.execute(make_context(sensor, logical))
+        sensor.execute(make_context(sensor, FUTURE))
     deferred = info.value
     assert isinstance(deferred.trigger, DateTimeTrigger)
-    assert deferred.trigger.moment == logical + dt.timedelta(hours=2, minutes=30)
+    assert deferred.trigger.moment == FUTURE + dt.timedelta(hours=2, minutes=30)
     assert deferred.method_name == "execute_complete"
     # Default timeout of a sensor: 7 days.
     assert deferred.timeout == dt.timedelta(days=7)
@@ -188,10 +196,10 @@ def test_time_delta_sensor_async_waits_from_logical_date() -> None:
 def test_time_delta_sensor_async_serializes_the_absolute_moment() -> None:
     sensor = TimeDeltaSensorAsync(task_id="s", delta=dt.timedelta(minutes=5))
     with pytest.raises(TaskDeferred) as info:
-        sensor.execute(make_context(sensor))
+        sensor.execute(make_context(sensor, FUTURE))
     classpath, kwargs = info.value.trigger.serialize()
     assert classpath == "deferral.triggers.temporal.DateTimeTrigger"
-    assert kwargs == {"moment": LOGICAL + dt.timedelta(minutes=5)}
+    assert kwargs == {"moment": FUTURE + dt.timedelta(minutes=5)}
 
 
 def test_async_sensors_cannot_be_made_non_deferrable() -> None:
@@ -206,9 +214,13 @@ def test_execute_complete_returns_none() -> None:
 
 
 @pytest.mark.parametrize("sensor_cls", [DateTimeSensor, DateTimeSensorAsync])
-def test_naive_target_time_refused(sensor_cls: type[DateTimeSensor]) -> None:
-    with pytest.raises(DagDefinitionError, match="'s': target_time must be tz-aware"):
-        sensor_cls(task_id="s", target_time=dt.datetime(2030, 1, 1))
+def test_naive_target_time_is_read_in_the_default_timezone(
+    sensor_cls: type[DateTimeSensor], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("DEFERRAL_DEFAULT_TIMEZONE", "Europe/Paris")
+    sensor = sensor_cls(task_id="s", target_time=dt.datetime(2030, 1, 1, 9, 0))
+    assert sensor.target_time == dt.datetime(2030, 1, 1, 9, 0, tzinfo=ZoneInfo("Europe/Paris"))
+    assert sensor.target(make_context(sensor)) == dt.datetime(2030, 1, 1, 8, 0, tzinfo=dt.UTC)
 
 
 def test_datetime_sensor_poke_mode_returns_when_target_passed(
@@ -238,7 +250,7 @@ def test_default_deferrable_from_environment(monkeypatch: pytest.MonkeyPatch) ->
     sensor = TimeDeltaSensor(task_id="s", delta=dt.timedelta(hours=1))
     assert sensor.deferrable is True
     with pytest.raises(TaskDeferred):
-        sensor.execute(make_context(sensor))
+        sensor.execute(make_context(sensor, FUTURE))
 
 
 def test_explicit_deferrable_false_wins_over_environment(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -264,7 +276,7 @@ class NeverSensor(BaseSensorOperator):
 
 def test_poke_timeout_raises_sensor_timeout() -> None:
     sensor = NeverSensor(task_id="n", timeout=0.01, poke_interval=0.001, deferrable=False)
-    with pytest.raises(SensorTimeout, match="'n' timed out"):
+    with pytest.raises(SensorTimeout, match="'n' timed out: waited"):
         sensor.execute(make_context(sensor))
     assert sensor.pokes >= 2
 
@@ -296,7 +308,7 @@ def test_file_sensor_deferrable_uses_file_trigger(tmp_path: Path) -> None:
     assert isinstance(trigger, FileTrigger)
     assert trigger.serialize() == (
         "deferral.triggers.file.FileTrigger",
-        {"filepath": target, "poll_interval": 2.5},
+        {"filepath": target, "poll_interval": 2.5, "recursive": False},
     )
     assert info.value.method_name == "execute_complete"
 
@@ -342,7 +354,7 @@ def test_reschedule_mode_times_out_from_the_tries_first_poke(
 ) -> None:
     sensor = Flag(task_id="flag", ready=False, mode="reschedule", timeout=60, soft_fail=soft_fail)
     long_ago = dt.datetime.now(dt.UTC) - dt.timedelta(minutes=2)
-    with pytest.raises(raised, match="timed out after 60s"):
+    with pytest.raises(raised, match="longer than its timeout of 60s"):
         sensor.execute(make_context(sensor, first_started_at=long_ago))
 
 

@@ -1,52 +1,74 @@
-"""Service loops outlive Redis and Postgres outages."""
+"""Service loops outlive Redis and Postgres outages, and bugs in one loop."""
 
 from __future__ import annotations
 
 import threading
-from typing import Any
 
 import pytest
 from redis.exceptions import ConnectionError as RedisConnectionError
 from sqlalchemy.exc import OperationalError
 
-from broker.client import run_until_stopped
+from broker.consumer import Backoff, run_until_stopped
 
 
-class FakeBroker:
+class Clock(threading.Event):
+    """A stop event whose waits return at once and are recorded."""
+
     def __init__(self) -> None:
-        self.groups: list[tuple[str, str]] = []
+        super().__init__()
+        self.waited: list[float] = []
 
-    def ensure_group(self, stream: str, group: str) -> None:
-        self.groups.append((stream, group))
+    def wait(self, timeout: float | None = None) -> bool:
+        self.waited.append(timeout or 0)
+        return self.is_set()
 
 
 @pytest.mark.parametrize(
     "outage",
-    [RedisConnectionError("redis down"), OperationalError("SELECT 1", {}, Exception("pg down"))],
+    [
+        RedisConnectionError("redis down"),
+        OperationalError("SELECT 1", {}, Exception("pg down")),
+        KeyError("a bug"),
+    ],
 )
-def test_a_failing_step_pauses_recreates_the_group_and_goes_on(outage: Exception) -> None:
-    stop = threading.Event()
-    broker = FakeBroker()
+def test_a_failing_step_backs_off_recovers_and_goes_on(outage: Exception) -> None:
+    stop = Clock()
+    calls: list[int] = []
+    recovered: list[int] = []
+
+    def step() -> None:
+        calls.append(1)
+        if len(calls) <= 3:
+            raise outage
+        stop.set()
+
+    run_until_stopped(stop, step, recover=lambda: recovered.append(1))
+    assert len(calls) == 4
+    assert len(recovered) == 3
+    assert stop.waited == [0.1, 0.2, 0.4]  # exponential backoff
+
+
+def test_once_returns_after_the_first_success() -> None:
+    stop = Clock()
     calls: list[int] = []
 
     def step() -> None:
         calls.append(1)
         if len(calls) == 1:
-            raise outage
-        stop.set()
+            raise RedisConnectionError("down")
 
-    waited: list[float] = []
-    original_wait = stop.wait
-    stop.wait = lambda timeout=None: waited.append(timeout) or original_wait(0)  # type: ignore[method-assign,assignment,func-returns-value]
-    run_until_stopped(broker, stop, step, "s", "g")  # type: ignore[arg-type]
+    assert run_until_stopped(stop, step, recover=lambda: None, once=True) is True
     assert len(calls) == 2
-    assert broker.groups == [("s", "g")]
-    assert waited == [1.0]
 
 
-def test_other_errors_are_not_swallowed() -> None:
-    def step() -> Any:
-        raise KeyError("bug")
+def test_once_reports_a_stop_before_success() -> None:
+    stop = Clock()
+    stop.set()
+    assert run_until_stopped(stop, lambda: None, recover=lambda: None, once=True) is False
 
-    with pytest.raises(KeyError):
-        run_until_stopped(FakeBroker(), threading.Event(), step, "s", "g")  # type: ignore[arg-type]
+
+def test_backoff_doubles_up_to_its_cap_and_resets() -> None:
+    backoff = Backoff(first=1, cap=5)
+    assert [backoff.next() for _ in range(5)] == [1, 2, 4, 5, 5]
+    backoff.reset()
+    assert backoff.next() == 1

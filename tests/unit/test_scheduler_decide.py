@@ -14,7 +14,7 @@ from scheduler.decide import (
     choose_dispatch,
     dag_run_outcome,
     dispatch_budget,
-    retry_due,
+    next_try_at,
     waiting_task_decisions,
 )
 
@@ -29,6 +29,11 @@ def linear(n: int, **rules: str) -> DAG:
     return dag
 
 
+def unmapped(states: dict[str, str]) -> dict[str, dict[int, str]]:
+    """Run states of unmapped tasks: each task's one task instance, map index -1."""
+    return {task_id: {-1: state} for task_id, state in states.items()}
+
+
 def _rule(rules: dict[str, str], task_id: str) -> dict[str, str]:
     return {"trigger_rule": rules[task_id]} if task_id in rules else {}
 
@@ -38,14 +43,14 @@ def _rule(rules: dict[str, str], task_id: str) -> dict[str, str]:
 
 def test_root_tasks_are_scheduled() -> None:
     dag = linear(3)
-    decisions = waiting_task_decisions(dag, {"t0": "none", "t1": "none", "t2": "none"})
+    decisions = waiting_task_decisions(dag, unmapped({"t0": "none", "t1": "none", "t2": "none"}))
     assert decisions == {"t0": T.SCHEDULED}
 
 
 def test_upstream_failed_cascades_down_a_chain_in_one_call() -> None:
     dag = linear(5)
     states = {"t0": "failed", "t1": "none", "t2": "none", "t3": "none", "t4": "none"}
-    assert waiting_task_decisions(dag, states) == {
+    assert waiting_task_decisions(dag, unmapped(states)) == {
         "t1": T.UPSTREAM_FAILED,
         "t2": T.UPSTREAM_FAILED,
         "t3": T.UPSTREAM_FAILED,
@@ -56,7 +61,7 @@ def test_upstream_failed_cascades_down_a_chain_in_one_call() -> None:
 def test_cascade_stops_at_all_done_task_which_runs() -> None:
     dag = linear(4, t2="all_done")
     states = {"t0": "failed", "t1": "none", "t2": "none", "t3": "none"}
-    assert waiting_task_decisions(dag, states) == {
+    assert waiting_task_decisions(dag, unmapped(states)) == {
         "t1": T.UPSTREAM_FAILED,
         "t2": T.SCHEDULED,
     }
@@ -64,12 +69,12 @@ def test_cascade_stops_at_all_done_task_which_runs() -> None:
 
 def test_skip_cascades_and_one_failed_after_upstream_failed_runs() -> None:
     dag = linear(3)
-    assert waiting_task_decisions(dag, {"t0": "skipped", "t1": "none", "t2": "none"}) == {
+    assert waiting_task_decisions(dag, unmapped({"t0": "skipped", "t1": "none", "t2": "none"})) == {
         "t1": T.SKIPPED,
         "t2": T.SKIPPED,
     }
     dag2 = linear(3, t2="one_failed")
-    assert waiting_task_decisions(dag2, {"t0": "failed", "t1": "none", "t2": "none"}) == {
+    assert waiting_task_decisions(dag2, unmapped({"t0": "failed", "t1": "none", "t2": "none"})) == {
         "t1": T.UPSTREAM_FAILED,
         "t2": T.SCHEDULED,
     }
@@ -81,21 +86,21 @@ def test_cascade_is_independent_of_task_declaration_order() -> None:
     b = EmptyOperator(task_id="b", dag=dag)
     a = EmptyOperator(task_id="zz_a", dag=dag)
     a >> b >> c
-    decisions = waiting_task_decisions(dag, {"zz_a": "failed", "b": "none", "c": "none"})
+    decisions = waiting_task_decisions(dag, unmapped({"zz_a": "failed", "b": "none", "c": "none"}))
     assert decisions == {"b": T.UPSTREAM_FAILED, "c": T.UPSTREAM_FAILED}
 
 
 def test_only_tasks_in_state_none_are_decided() -> None:
     dag = linear(3)
     states = {"t0": "success", "t1": "running", "t2": "none"}
-    assert waiting_task_decisions(dag, states) == {}
+    assert waiting_task_decisions(dag, unmapped(states)) == {}
     states = {"t0": "success", "t1": "success", "t2": "queued"}
-    assert waiting_task_decisions(dag, states) == {}
+    assert waiting_task_decisions(dag, unmapped(states)) == {}
 
 
 def test_waiting_on_deferred_upstream_is_undecided() -> None:
     dag = linear(2)
-    assert waiting_task_decisions(dag, {"t0": "deferred", "t1": "none"}) == {}
+    assert waiting_task_decisions(dag, unmapped({"t0": "deferred", "t1": "none"})) == {}
 
 
 def test_diamond_with_one_branch_failed_and_join_none_failed_min_one_success() -> None:
@@ -104,15 +109,15 @@ def test_diamond_with_one_branch_failed_and_join_none_failed_min_one_success() -
     join = EmptyOperator(task_id="join", dag=dag, trigger_rule="none_failed_min_one_success")
     start >> [left, right] >> join
     states = {"start": "success", "left": "success", "right": "skipped", "join": "none"}
-    assert waiting_task_decisions(dag, states) == {"join": T.SCHEDULED}
+    assert waiting_task_decisions(dag, unmapped(states)) == {"join": T.SCHEDULED}
     states = {"start": "success", "left": "running", "right": "skipped", "join": "none"}
-    assert waiting_task_decisions(dag, states) == {}
+    assert waiting_task_decisions(dag, unmapped(states)) == {}
 
 
 def test_input_states_are_not_mutated() -> None:
     dag = linear(3)
-    states = {"t0": "failed", "t1": "none", "t2": "none"}
-    before = dict(states)
+    states = unmapped({"t0": "failed", "t1": "none", "t2": "none"})
+    before = {task_id: dict(by_index) for task_id, by_index in states.items()}
     waiting_task_decisions(dag, states)
     assert states == before
 
@@ -124,28 +129,28 @@ def test_run_outcome_none_while_any_task_unfinished() -> None:
     dag = linear(3)
     for unfinished in ("none", "scheduled", "queued", "running", "deferred", "up_for_retry"):
         states = {"t0": "success", "t1": "success", "t2": unfinished}
-        assert dag_run_outcome(dag, states) is None, unfinished
+        assert dag_run_outcome(dag, unmapped(states)) is None, unfinished
 
 
 def test_run_outcome_success_when_all_succeeded() -> None:
     dag = linear(2)
-    assert dag_run_outcome(dag, {"t0": "success", "t1": "success"}) is DagRunState.SUCCESS
+    assert dag_run_outcome(dag, unmapped({"t0": "success", "t1": "success"})) is DagRunState.SUCCESS
 
 
 @pytest.mark.parametrize("leaf_state", ["failed", "upstream_failed"])
 def test_run_outcome_failed_when_a_leaf_failed(leaf_state: str) -> None:
     dag = linear(2)
-    assert dag_run_outcome(dag, {"t0": "success", "t1": leaf_state}) is DagRunState.FAILED
+    assert dag_run_outcome(dag, unmapped({"t0": "success", "t1": leaf_state})) is DagRunState.FAILED
 
 
 def test_run_outcome_success_when_only_a_non_leaf_failed() -> None:
     dag = linear(2, t1="all_done")
-    assert dag_run_outcome(dag, {"t0": "failed", "t1": "success"}) is DagRunState.SUCCESS
+    assert dag_run_outcome(dag, unmapped({"t0": "failed", "t1": "success"})) is DagRunState.SUCCESS
 
 
 def test_run_outcome_skipped_leaf_is_success() -> None:
     dag = linear(2)
-    assert dag_run_outcome(dag, {"t0": "skipped", "t1": "skipped"}) is DagRunState.SUCCESS
+    assert dag_run_outcome(dag, unmapped({"t0": "skipped", "t1": "skipped"})) is DagRunState.SUCCESS
 
 
 def test_run_outcome_one_of_several_leaves_failed() -> None:
@@ -154,63 +159,112 @@ def test_run_outcome_one_of_several_leaves_failed() -> None:
     leaves = [EmptyOperator(task_id=f"leaf{i}", dag=dag) for i in range(3)]
     root >> leaves
     states = {"root": "success", "leaf0": "success", "leaf1": "failed", "leaf2": "skipped"}
-    assert dag_run_outcome(dag, states) is DagRunState.FAILED
+    assert dag_run_outcome(dag, unmapped(states)) is DagRunState.FAILED
 
 
-# -- retry_due / dispatch_budget -------------------------------------------------------------------
+# -- next_try_at / dispatch_budget ----------------------------------------------------------------
 
 NOW = dt.datetime(2024, 1, 1, 12, 0, tzinfo=dt.UTC)
 
 
-def test_retry_due() -> None:
+def test_next_try_at() -> None:
     delay = dt.timedelta(minutes=5)
-    assert retry_due(NOW, None, delay) is True
-    assert retry_due(NOW, NOW - dt.timedelta(minutes=5), delay) is True
-    assert retry_due(NOW, NOW - dt.timedelta(minutes=6), delay) is True
-    assert retry_due(NOW, NOW - dt.timedelta(minutes=4, seconds=59), delay) is False
-    assert retry_due(NOW, NOW, dt.timedelta(0)) is True
-
-
-def test_dispatch_budget_counts_only_queued_and_running() -> None:
-    states = {
-        "a": "queued",
-        "b": "running",
-        "c": "deferred",
-        "d": "scheduled",
-        "e": "success",
-        "f": "up_for_retry",
-    }
-    assert dispatch_budget(5, states) == 3
+    assert next_try_at(None, delay, NOW) == NOW
+    assert next_try_at(NOW - dt.timedelta(minutes=1), delay, NOW) == NOW + dt.timedelta(minutes=4)
+    assert next_try_at(NOW, dt.timedelta(0), NOW) == NOW
 
 
 def test_dispatch_budget_never_negative() -> None:
-    assert dispatch_budget(1, {"a": "running", "b": "running", "c": "queued"}) == 0
-    assert dispatch_budget(0, {}) == 0
-    assert dispatch_budget(4, {}) == 4
-
-
-def test_dispatch_budget_accepts_task_state_values() -> None:
-    assert dispatch_budget(3, {"a": TaskState.RUNNING}) == 2
+    assert dispatch_budget(1, 3) == 0
+    assert dispatch_budget(0, 0) == 0
+    assert dispatch_budget(4, 0) == 4
+    assert dispatch_budget(5, 2) == 3
 
 
 def test_upstream_without_a_state_keeps_its_downstream_waiting() -> None:
     dag = linear(3)  # t0 >> t1 >> t2; t1 has no task instance in this run
-    decisions = waiting_task_decisions(dag, {"t0": "running", "t2": "none"})
+    decisions = waiting_task_decisions(dag, unmapped({"t0": "running", "t2": "none"}))
     assert "t2" not in decisions
 
 
-# -- choose_dispatch: priorities, run budget, pools ------------------------------------------------
+# -- choose_dispatch: priorities, run budgets, pools -----------------------------------------------
+
+R1, R2 = ("d", "r1"), ("d", "r2")
 
 
 def test_choose_dispatch_takes_highest_priority_within_the_run_budget() -> None:
-    ready = [Ready(1, "p", 1, 1), Ready(2, "p", 1, 9), Ready(3, "p", 1, 5)]
-    assert choose_dispatch(ready, run_budget=2, pool_free={"p": 10}) == [2, 3]
+    ready = [Ready(1, R1, "p", 1, 1), Ready(2, R1, "p", 1, 9), Ready(3, R1, "p", 1, 5)]
+    assert choose_dispatch(ready, run_budget={R1: 2}, pool_free={"p": 10}) == [2, 3]
+
+
+def test_choose_dispatch_budgets_are_per_run() -> None:
+    ready = [Ready(1, R1, "p", 1, 1), Ready(2, R1, "p", 1, 1), Ready(3, R2, "p", 1, 1)]
+    assert choose_dispatch(ready, run_budget={R1: 1, R2: 5}, pool_free={"p": 10}) == [1, 3]
+    assert choose_dispatch(ready, run_budget={R2: 5}, pool_free={"p": 10}) == [3]
 
 
 def test_choose_dispatch_respects_pool_slots_and_lets_small_tasks_past_a_big_one() -> None:
-    ready = [Ready(1, "p", 3, 9), Ready(2, "p", 1, 5), Ready(3, "p", 1, 1), Ready(4, "q", 1, 1)]
-    assert choose_dispatch(ready, run_budget=10, pool_free={"p": 2, "q": 0}) == [2, 3]
+    ready = [
+        Ready(1, R1, "p", 3, 9),
+        Ready(2, R1, "p", 1, 5),
+        Ready(3, R1, "p", 1, 1),
+        Ready(4, R1, "q", 1, 1),
+    ]
+    assert choose_dispatch(ready, run_budget={R1: 10}, pool_free={"p": 2, "q": 0}) == [2, 3]
 
 
 def test_choose_dispatch_leaves_tasks_of_unknown_pools_waiting() -> None:
-    assert choose_dispatch([Ready(1, "nope", 1, 1)], run_budget=5, pool_free={}) == []
+    assert choose_dispatch([Ready(1, R1, "nope", 1, 1)], run_budget={R1: 5}, pool_free={}) == []
+
+
+# -- after a branch or a short circuit skipped tasks ----------------------------------------------
+
+
+def branched(join_rule: str) -> DAG:
+    """branch >> [a, b] >> join >> after, then the branch chose a (b was skipped)."""
+    dag = DAG(f"branched_{join_rule}")
+    branch, a, b = (EmptyOperator(task_id=t, dag=dag) for t in ("branch", "a", "b"))
+    join = EmptyOperator(task_id="join", dag=dag, trigger_rule=join_rule)
+    after = EmptyOperator(task_id="after", dag=dag)
+    branch >> [a, b] >> join >> after
+    return dag
+
+
+@pytest.mark.parametrize(
+    ("join_rule", "decision"),
+    [
+        ("none_failed_min_one_success", T.SCHEDULED),
+        ("none_failed", T.SCHEDULED),
+        ("one_success", T.SCHEDULED),
+        ("all_done", T.SCHEDULED),
+        ("all_success", T.SKIPPED),
+        ("none_skipped", T.SKIPPED),
+    ],
+)
+def test_a_join_after_a_branch_follows_its_trigger_rule_as_in_airflow(
+    join_rule: str, decision: TaskState
+) -> None:
+    dag = branched(join_rule)
+    states = {"branch": T.SUCCESS, "a": T.SUCCESS, "b": T.SKIPPED, "join": T.NONE, "after": T.NONE}
+    decisions = waiting_task_decisions(dag, unmapped(states))
+    assert decisions["join"] == decision
+    # What follows a skipped join is skipped in turn (all_success), a scheduled one waits.
+    assert decisions.get("after") == (T.SKIPPED if decision == T.SKIPPED else None)
+
+
+def test_a_join_whose_upstream_were_all_skipped_is_skipped() -> None:
+    dag = branched("none_failed_min_one_success")
+    states = {"branch": T.SUCCESS, "a": T.SKIPPED, "b": T.SKIPPED, "join": T.NONE, "after": T.NONE}
+    assert waiting_task_decisions(dag, unmapped(states)) == {"join": T.SKIPPED, "after": T.SKIPPED}
+
+
+def test_a_run_whose_leaves_were_skipped_by_a_branch_succeeds() -> None:
+    dag = branched("all_success")
+    states = {
+        "branch": T.SUCCESS,
+        "a": T.SUCCESS,
+        "b": T.SKIPPED,
+        "join": T.SKIPPED,
+        "after": T.SKIPPED,
+    }
+    assert dag_run_outcome(dag, unmapped(states)) == DagRunState.SUCCESS

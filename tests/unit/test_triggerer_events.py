@@ -6,14 +6,18 @@ import datetime as dt
 from typing import Any
 
 import pytest
+from cryptography.fernet import Fernet
 
-from broker.streams import EVENT_KIND_EVENT, EVENT_KIND_FAILURE, EventMessage
+from broker.streams import EVENT_KIND_EVENT, EVENT_KIND_FAILURE, EventMessage, read_event, to_fields
 from deferral import serialization
+from deferral.crypto import Cipher
 from triggerer.events import dedup_key, event_message, failure_message
+
+CIPHER = Cipher([Fernet.generate_key().decode()])
 
 
 def test_event_message_fields() -> None:
-    message = event_message(5, {"status": "done", "n": 3}, "triggerer-a")
+    message = event_message(CIPHER, 5, {"status": "done", "n": 3}, "triggerer-a")
     assert isinstance(message, EventMessage)
     assert message.trigger_id == "5"
     assert message.kind == EVENT_KIND_EVENT
@@ -26,20 +30,22 @@ def test_event_message_fields() -> None:
 def test_event_payload_round_trips_tagged_values() -> None:
     moment = dt.datetime(2030, 1, 1, tzinfo=dt.UTC)
     payload = {"at": moment, "pair": (1, 2), "wait": dt.timedelta(seconds=-1)}
-    message = event_message(1, payload, "t")
+    message = event_message(CIPHER, 1, payload, "t")
     assert serialization.loads(message.payload) == payload
 
 
 def test_datetime_trigger_payload_is_carried() -> None:
     moment = dt.datetime(2030, 1, 1, tzinfo=dt.UTC)
-    message = event_message(3, moment, "t")
+    message = event_message(CIPHER, 3, moment, "t")
     assert message.kind == EVENT_KIND_EVENT
     assert serialization.loads(message.payload) == moment
 
 
 def test_equal_payloads_give_equal_dedup_keys_whatever_the_triggerer() -> None:
-    a = event_message(9, {"x": 1, "y": [1, 2]}, "triggerer-a")
-    b = event_message(9, {"y": [1, 2], "x": 1}, "triggerer-b")  # other key order, other host
+    a = event_message(CIPHER, 9, {"x": 1, "y": [1, 2]}, "triggerer-a")
+    b = event_message(
+        CIPHER, 9, {"y": [1, 2], "x": 1}, "triggerer-b"
+    )  # other key order, other host
     assert a.dedup_key == b.dedup_key
     assert a.payload == b.payload
 
@@ -55,11 +61,16 @@ def test_equal_payloads_give_equal_dedup_keys_whatever_the_triggerer() -> None:
     ],
 )
 def test_different_payloads_give_different_dedup_keys(first: Any, second: Any) -> None:
-    assert event_message(9, first, "t").dedup_key != event_message(9, second, "t").dedup_key
+    assert (
+        event_message(CIPHER, 9, first, "t").dedup_key
+        != event_message(CIPHER, 9, second, "t").dedup_key
+    )
 
 
 def test_same_payload_of_different_triggers_gives_different_keys() -> None:
-    assert event_message(1, "x", "t").dedup_key != event_message(2, "x", "t").dedup_key
+    assert (
+        event_message(CIPHER, 1, "x", "t").dedup_key != event_message(CIPHER, 2, "x", "t").dedup_key
+    )
 
 
 def test_dedup_key_depends_on_kind() -> None:
@@ -77,7 +88,7 @@ def test_dedup_key_shape() -> None:
 
 
 def test_unserializable_payload_becomes_a_failure_naming_the_type() -> None:
-    message = event_message(7, {"conn": object()}, "triggerer-a")
+    message = event_message(CIPHER, 7, {"conn": object()}, "triggerer-a")
     assert message.kind == EVENT_KIND_FAILURE
     assert message.trigger_id == "7"
     assert message.triggerer == "triggerer-a"
@@ -89,20 +100,27 @@ def test_unserializable_payload_becomes_a_failure_naming_the_type() -> None:
 
 
 def test_unserializable_payload_failure_is_deterministic() -> None:
-    a = event_message(7, {1, 2}, "a")
-    b = event_message(7, {3}, "b")
+    a = event_message(CIPHER, 7, {1, 2}, "a")
+    b = event_message(CIPHER, 7, {3}, "b")
     assert a.kind == b.kind == EVENT_KIND_FAILURE
     assert a.dedup_key == b.dedup_key  # same failure message: "unsupported type set"
     assert "set" in serialization.loads(a.payload)["message"]
 
 
 def test_failure_message() -> None:
-    message = failure_message(2, "run() raised ValueError: x", "Traceback...\n", "t1")
+    message = failure_message(CIPHER, 2, "run() raised ValueError: x", "Traceback...\n", "t1")
     assert message.kind == EVENT_KIND_FAILURE
     assert serialization.loads(message.payload) == {
         "message": "run() raised ValueError: x",
         "traceback": "Traceback...\n",
     }
     assert message.dedup_key == dedup_key(2, "failure", message.payload.encode())
-    again = failure_message(2, "run() raised ValueError: x", "Traceback...\n", "t2")
+    again = failure_message(CIPHER, 2, "run() raised ValueError: x", "Traceback...\n", "t2")
     assert again.dedup_key == message.dedup_key
+
+
+def test_events_are_signed_and_read_back() -> None:
+    message = event_message(CIPHER, 5, {"n": 1}, "t")
+    fields = {k.encode(): v.encode() for k, v in to_fields(message).items()}
+    event = read_event(CIPHER, fields)
+    assert (event.trigger_id, event.failed) == (5, False)

@@ -122,7 +122,7 @@ def test_file_trigger_fires_when_file_exists(tmp_path: Path) -> None:
     target = tmp_path / "ready.flag"
     target.write_text("")
     events = anyio.run(collect, FileTrigger(str(target), poll_interval=0.01))
-    assert events == [TriggerEvent({"filepath": str(target)})]
+    assert events == [TriggerEvent({"filepath": str(target), "found": str(target)})]
 
 
 def test_file_trigger_waits_for_file_to_appear(tmp_path: Path) -> None:
@@ -146,14 +146,14 @@ def test_file_trigger_waits_for_file_to_appear(tmp_path: Path) -> None:
 
     events, existed = anyio.run(scenario)
     assert existed
-    assert events == [TriggerEvent({"filepath": str(target)})]
+    assert events == [TriggerEvent({"filepath": str(target), "found": str(target)})]
 
 
 def test_file_trigger_serialize_round_trip(tmp_path: Path) -> None:
     trigger = FileTrigger(str(tmp_path / "x"), poll_interval=0.5)
     assert trigger.serialize() == (
         "deferral.triggers.file.FileTrigger",
-        {"filepath": str(tmp_path / "x"), "poll_interval": 0.5},
+        {"filepath": str(tmp_path / "x"), "poll_interval": 0.5, "recursive": False},
     )
     again = rebuild(trigger)
     assert again.serialize() == trigger.serialize()
@@ -201,3 +201,25 @@ def test_base_trigger_default_hooks_and_trigger_id() -> None:
 
 def test_classpath_of() -> None:
     assert classpath_of(FileTrigger) == "deferral.triggers.file.FileTrigger"
+
+
+def test_only_a_plain_wait_for_a_moment_runs_on_the_shared_timer() -> None:
+    import datetime as dt
+
+    from deferral.triggers import DateTimeTrigger, HttpTrigger, TimeDeltaTrigger
+
+    moment = dt.datetime(2030, 1, 1, tzinfo=dt.UTC)
+    assert DateTimeTrigger(moment).fires_at() == moment
+    assert TimeDeltaTrigger(dt.timedelta(hours=1)).fires_at() is not None
+
+    class Chatty(DateTimeTrigger):
+        async def run(self):  # type: ignore[override]
+            yield None
+
+    class Cleans(DateTimeTrigger):
+        async def cleanup(self) -> None:
+            pass
+
+    assert Chatty(moment).fires_at() is None
+    assert Cleans(moment).fires_at() is None
+    assert HttpTrigger("http://example.invalid/").fires_at() is None

@@ -8,15 +8,11 @@ from __future__ import annotations
 
 import datetime as dt
 import signal
-import sys
-import textwrap
-import uuid
-from collections.abc import Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
-from cryptography.fernet import Fernet
 
 from deferral import serialization
 from worker import attempt
@@ -33,6 +29,7 @@ import time
 
 from deferral import DAG, BaseOperator
 from deferral.exceptions import FailTask, SkipTask, TaskDeferred
+from deferral.sensors import FileSensor
 from deferral.triggers import BaseTrigger, DateTimeTrigger, TriggerEvent
 
 MOMENT = dt.datetime(2030, 1, 1, tzinfo=dt.UTC)
@@ -160,31 +157,14 @@ with DAG("attempt_dag", params={"p": 1, "shared": "dag"}) as dag:
     Resumable(task_id="resumable_limited", execution_timeout=dt.timedelta(minutes=10))
     BadReturn(task_id="bad_return")
     Sleeps(task_id="sleeps", execution_timeout=dt.timedelta(seconds=0.3))
+    FileSensor(task_id="sensor", filepath="/nowhere/flag", deferrable=True, retries=3)
+    FileSensor(task_id="soft_sensor", filepath="/nowhere/flag", deferrable=True, soft_fail=True)
 """
 
 
 @pytest.fixture(autouse=True)
-def dags_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    folder = tmp_path / "dags"
-    folder.mkdir()
-    module = f"attempt_dag_{uuid.uuid4().hex[:12]}"
-    (folder / f"{module}.py").write_text(textwrap.dedent(DAG_SOURCE))
-    monkeypatch.chdir(tmp_path)  # no deferral.toml here
-    monkeypatch.setattr(sys, "path", list(sys.path))
-    env = {
-        "DEFERRAL_DATABASE_URL": "postgresql+psycopg://nobody@127.0.0.1:1/never_used",
-        "DEFERRAL_REDIS_URL": "redis://127.0.0.1:1/0",
-        "DEFERRAL_FERNET_KEY": Fernet.generate_key().decode(),
-        "DEFERRAL_DAGS_FOLDER": str(folder),
-    }
-    for key, value in env.items():
-        monkeypatch.setenv(key, value)
-    attempt._dagbag.cache_clear()
-    attempt._xcoms.cache_clear()
-    yield folder
-    attempt._dagbag.cache_clear()
-    attempt._xcoms.cache_clear()
-    sys.modules.pop(module, None)
+def dags_env(attempt_dags: Callable[[str], Path]) -> Path:
+    return attempt_dags(DAG_SOURCE)
 
 
 def request(
@@ -195,6 +175,8 @@ def request(
     first_started_at: dt.datetime | None = None,
     dag_id: str = DAG_ID,
     conf: dict[str, Any] | None = None,
+    try_number: int = 2,
+    max_tries: int = 0,
 ) -> AttemptRequest:
     return AttemptRequest(
         task_instance_id=41,
@@ -202,12 +184,13 @@ def request(
         run_id="manual__1",
         task_id=task_id,
         map_index=-1,
-        try_number=2,
+        try_number=try_number,
         logical_date=LOGICAL,
         conf={"shared": "conf"} if conf is None else conf,
         first_started_at=first_started_at or dt.datetime.now(dt.UTC),
         next_method=next_method,
         next_kwargs=next_kwargs,
+        max_tries=max_tries,
     )
 
 
@@ -416,6 +399,23 @@ def test_fail_method_trigger_failure_raises_task_deferral_error_with_traceback()
     assert isinstance(outcome, Failed)
     assert outcome.error == "TaskDeferralError: trigger blew up"
     assert "ValueError: deep" in outcome.traceback
+
+
+def test_a_sensor_whose_deferral_timed_out_fails_with_sensor_timeout_and_no_retry() -> None:
+    outcome = execute_attempt(
+        request("sensor", next_method="__fail__", next_kwargs={"error": "timeout"})
+    )
+    assert isinstance(outcome, Failed)
+    assert outcome.error.startswith("SensorTimeout: sensor 'sensor' timed out")
+    assert outcome.allow_retry is False
+
+
+def test_a_soft_fail_sensor_whose_deferral_timed_out_is_skipped() -> None:
+    outcome = execute_attempt(
+        request("soft_sensor", next_method="__fail__", next_kwargs={"error": "timeout"})
+    )
+    assert isinstance(outcome, Skipped)
+    assert "timed out" in outcome.reason
 
 
 # -- execution_timeout -----------------------------------------------------------------------------

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 
-from worker.decide import execution_deadline, failure_message, trigger_timeout
+from worker.decide import execution_deadline, trigger_timeout
 
 NOW = dt.datetime(2024, 1, 1, 12, 0, tzinfo=dt.UTC)
 
@@ -48,23 +48,3 @@ def test_trigger_timeout_compares_instants_across_offsets() -> None:
     # The deadline is earlier in absolute time even though its wall-clock reads later.
     deadline = dt.datetime(2024, 1, 1, 13, 30, tzinfo=dt.timezone(dt.timedelta(hours=2)))
     assert trigger_timeout(NOW, dt.timedelta(hours=1), deadline) == deadline
-
-
-def test_failure_message_timeout() -> None:
-    timed_out, message = failure_message({"error": "timeout"})
-    assert timed_out is True
-    assert "timed out" in message
-
-
-def test_failure_message_trigger_failure_with_traceback() -> None:
-    timed_out, message = failure_message(
-        {"error": "trigger_failure", "message": "boom", "traceback": "Traceback ...\nValueError"}
-    )
-    assert timed_out is False
-    assert message == "boom\nTraceback ...\nValueError"
-
-
-def test_failure_message_without_traceback_or_message() -> None:
-    assert failure_message({"error": "trigger_failure", "message": "bad"}) == (False, "bad")
-    assert failure_message({}) == (False, "trigger failed")
-    assert failure_message({"message": "", "traceback": ""}) == (False, "trigger failed")

@@ -1,0 +1,189 @@
+"""``@task`` and its variants ``@task.sensor``, ``@task.branch``, ``@task.short_circuit``,
+``@task.bash``, and the operators they build."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from deferral.context import Context, RuntimeTaskInstance
+from deferral.decorators.base import check_call_arguments, task_decorator
+from deferral.operators.bash import BashOperator
+from deferral.operators.python import (
+    BranchPythonOperator,
+    PythonOperator,
+    ShortCircuitOperator,
+    call_with_context,
+)
+from deferral.sensors import BaseSensorOperator, PokeReturnValue
+
+
+class DecoratedPythonOperator(PythonOperator):
+    """What ``@task`` builds: a PythonOperator whose arguments were checked against the
+    function's signature, and whose dict result, with ``multiple_outputs``, is also pushed key
+    by key (each key its own XCom)."""
+
+    def __init__(
+        self,
+        *,
+        python_callable: Callable[..., Any],
+        op_args: Sequence[Any] = (),
+        op_kwargs: dict[str, Any] | None = None,
+        multiple_outputs: bool = False,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(
+            python_callable=python_callable, op_args=op_args, op_kwargs=op_kwargs, **kwargs
+        )
+        self.multiple_outputs = multiple_outputs
+        check_call_arguments(self.task_id, python_callable, self.op_args, self.op_kwargs)
+
+    def execute(self, context: Context) -> Any:
+        value = super().execute(context)
+        if self.multiple_outputs and value is not None:
+            push_outputs(self.task_id, value, context["ti"])
+        return value
+
+
+def push_outputs(task_id: str, value: Any, ti: RuntimeTaskInstance) -> None:
+    """Each key of ``value`` as its own XCom."""
+    if not isinstance(value, dict):
+        raise TypeError(
+            f"task {task_id!r} has multiple_outputs but returned {type(value).__name__}, not a dict"
+        )
+    for key in value:
+        if not isinstance(key, str):
+            raise TypeError(
+                f"task {task_id!r} has multiple_outputs: the keys of the dict it returns must"
+                f" be str, got {key!r} ({type(key).__name__})"
+            )
+    for key, item in value.items():
+        ti.xcom_push(key, item)
+
+
+class DecoratedBranchOperator(DecoratedPythonOperator, BranchPythonOperator):
+    """What ``@task.branch`` builds."""
+
+
+class DecoratedShortCircuitOperator(DecoratedPythonOperator, ShortCircuitOperator):
+    """What ``@task.short_circuit`` builds."""
+
+
+class DecoratedSensorOperator(BaseSensorOperator):
+    """What ``@task.sensor`` builds: ``poke`` calls the function, which returns a bool or a
+    PokeReturnValue (whose ``xcom_value`` is the task's return value once done)."""
+
+    template_fields: Sequence[str] = ("op_args", "op_kwargs")
+
+    def __init__(
+        self,
+        *,
+        python_callable: Callable[..., Any],
+        op_args: Sequence[Any] = (),
+        op_kwargs: dict[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.python_callable = python_callable
+        self.op_args = list(op_args)
+        self.op_kwargs = dict(op_kwargs or {})
+        check_call_arguments(self.task_id, python_callable, self.op_args, self.op_kwargs)
+
+    def poke(self, context: Context) -> bool | PokeReturnValue:
+        result = call_with_context(self.python_callable, self.op_args, self.op_kwargs, context)
+        return result if isinstance(result, PokeReturnValue) else bool(result)
+
+
+class DecoratedBashOperator(BashOperator):
+    """What ``@task.bash`` builds: the function, called when the task runs, returns the bash
+    command to run."""
+
+    template_fields: Sequence[str] = ("op_args", "op_kwargs", "env", "cwd")
+
+    def __init__(
+        self,
+        *,
+        python_callable: Callable[..., Any],
+        op_args: Sequence[Any] = (),
+        op_kwargs: dict[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        # The command exists only once the function ran: a stand-in until then.
+        super().__init__(bash_command="@task.bash", **kwargs)
+        self.python_callable = python_callable
+        self.op_args = list(op_args)
+        self.op_kwargs = dict(op_kwargs or {})
+        check_call_arguments(self.task_id, python_callable, self.op_args, self.op_kwargs)
+
+    def execute(self, context: Context) -> Any:
+        command = call_with_context(self.python_callable, self.op_args, self.op_kwargs, context)
+        if not isinstance(command, str) or not command.strip():
+            raise TypeError(
+                f"@task.bash task {self.task_id!r} must return the command to run as a"
+                f" non-empty str, got {command!r}"
+            )
+        self.bash_command = command
+        return super().execute(context)
+
+
+class TaskDecoratorCollection:
+    """``task``: ``@task`` / ``@task(...)`` for a PythonOperator task, and the variants as
+    attributes (``@task.sensor``, ``@task.branch``, ``@task.short_circuit``, ``@task.bash``).
+    Keyword arguments are the operator's (``task_id``, ``retries``, ``multiple_outputs`` ...)."""
+
+    def __call__(
+        self,
+        python_callable: Callable[..., Any] | None = None,
+        *,
+        multiple_outputs: bool | None = None,
+        **kwargs: Any,
+    ) -> Any:
+        return self.python(python_callable, multiple_outputs=multiple_outputs, **kwargs)
+
+    def python(
+        self,
+        python_callable: Callable[..., Any] | None = None,
+        *,
+        multiple_outputs: bool | None = None,
+        **kwargs: Any,
+    ) -> Any:
+        """``multiple_outputs``: push each key of the dict the function returns as its own XCom;
+        by default, when its return annotation is a dict (or another mapping)."""
+        kwargs["multiple_outputs"] = multiple_outputs
+        return task_decorator("@task", DecoratedPythonOperator, python_callable, kwargs)
+
+    def branch(
+        self,
+        python_callable: Callable[..., Any] | None = None,
+        *,
+        multiple_outputs: bool | None = None,
+        **kwargs: Any,
+    ) -> Any:
+        """The function returns the task id(s) or task group id(s) to follow, or None."""
+        kwargs["multiple_outputs"] = multiple_outputs
+        return task_decorator("@task.branch", DecoratedBranchOperator, python_callable, kwargs)
+
+    def short_circuit(
+        self,
+        python_callable: Callable[..., Any] | None = None,
+        *,
+        multiple_outputs: bool | None = None,
+        **kwargs: Any,
+    ) -> Any:
+        """A falsy result skips downstream (``ignore_downstream_trigger_rules=...``)."""
+        kwargs["multiple_outputs"] = multiple_outputs
+        return task_decorator(
+            "@task.short_circuit", DecoratedShortCircuitOperator, python_callable, kwargs
+        )
+
+    def sensor(self, python_callable: Callable[..., Any] | None = None, **kwargs: Any) -> Any:
+        """``poke_interval``, ``timeout``, ``mode``, ``soft_fail`` ... as BaseSensorOperator."""
+        return task_decorator("@task.sensor", DecoratedSensorOperator, python_callable, kwargs)
+
+    def bash(self, python_callable: Callable[..., Any] | None = None, **kwargs: Any) -> Any:
+        """The function returns the command; ``env``, ``cwd``, ``skip_on_exit_code`` ... as
+        BashOperator."""
+        return task_decorator("@task.bash", DecoratedBashOperator, python_callable, kwargs)
+
+
+task = TaskDecoratorCollection()

@@ -1,0 +1,1 @@
+"""Hooks: small clients for external systems, built on connections (``deferral.hooks.base``)."""

@@ -1,0 +1,19 @@
+"""Built-in operators, importable from here or from their modules (Airflow's paths:
+``deferral.operators.python``, ``deferral.operators.bash``, ``.latest_only`` ...)."""
+
+from deferral.operators.bash import BashOperator
+from deferral.operators.branch import BaseBranchOperator
+from deferral.operators.empty import EmptyOperator
+from deferral.operators.latest_only import LatestOnlyOperator, is_latest_run
+from deferral.operators.python import BranchPythonOperator, PythonOperator, ShortCircuitOperator
+
+__all__ = [
+    "BaseBranchOperator",
+    "BashOperator",
+    "BranchPythonOperator",
+    "EmptyOperator",
+    "LatestOnlyOperator",
+    "PythonOperator",
+    "ShortCircuitOperator",
+    "is_latest_run",
+]

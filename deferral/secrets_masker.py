@@ -1,0 +1,112 @@
+"""Masks secrets in what deferral records and shows (rendered template fields, command output),
+as Airflow's secrets masker does.
+
+A value is a secret when it is a Connection's password, or the value of a Variable, or of a key
+in a Connection's extra, whose name contains one of ``SENSITIVE_FIELDS``. Each is registered
+with ``mask_secret`` when it is read, and ``redact`` then replaces every occurrence of it with
+``***``. The registry lives as long as the process, like Airflow's: a secret read while a DAG file
+was parsed is still masked in the tries that process runs later.
+
+As in Airflow 2.10, a secret shorter than ``MIN_MASKED_LENGTH`` is not searched for inside other
+text (a one-letter password would mask that letter everywhere); a value that is exactly such a
+secret is still masked.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+MASK = "***"
+MIN_MASKED_LENGTH = 5
+
+# Airflow's DEFAULT_SENSITIVE_FIELDS: a name containing any of these is sensitive.
+SENSITIVE_FIELDS = frozenset(
+    {
+        "access_token",
+        "api_key",
+        "apikey",
+        "authorization",
+        "passphrase",
+        "passwd",
+        "password",
+        "private_key",
+        "secret",
+        "token",
+        "keyfile_dict",
+        "service_account",
+    }
+)
+
+
+def should_hide_value_for_key(name: object) -> bool:
+    """Whether a Variable key, extra key or field name marks its value as a secret."""
+    if not isinstance(name, str):
+        return False
+    lowered = name.strip().lower()
+    return any(field in lowered for field in SENSITIVE_FIELDS)
+
+
+class SecretsMasker:
+    def __init__(self) -> None:
+        self._secrets: set[str] = set()
+        self._short: set[str] = set()  # masked only when a value is exactly one of them
+        self._replacer: re.Pattern[str] | None = None
+
+    def add_mask(self, secret: Any, name: str | None = None) -> None:
+        """Register ``secret`` (a string, or the strings inside a dict or list); with a ``name``
+        only if that name is sensitive. Inside a dict, each key names its own value."""
+        if isinstance(secret, Mapping):
+            for key, value in secret.items():
+                self.add_mask(value, key)
+        elif isinstance(secret, str):
+            wanted = name is None or should_hide_value_for_key(name)
+            if secret and wanted and len(secret) < MIN_MASKED_LENGTH:
+                self._short.add(secret)
+            elif secret and wanted and secret not in self._secrets:
+                self._secrets.add(secret)
+                # Longest first: a secret that contains another is masked whole.
+                ordered = sorted(self._secrets, key=len, reverse=True)
+                self._replacer = re.compile("|".join(re.escape(s) for s in ordered))
+        elif isinstance(secret, Iterable):
+            for item in secret:
+                self.add_mask(item, name)
+
+    def redact(self, value: Any, name: str | None = None) -> Any:
+        """A copy of ``value`` with registered secrets masked in its strings; everything under a
+        sensitive name (``name``, or a dict key) is masked whole."""
+        if name is not None and should_hide_value_for_key(name):
+            return _mask_all(value)
+        if isinstance(value, str):
+            if value in self._short:
+                return MASK
+            return self._replacer.sub(MASK, value) if self._replacer else value
+        if isinstance(value, Mapping):
+            return {key: self.redact(item, key) for key, item in value.items()}
+        if isinstance(value, (list, tuple, set, frozenset)):
+            return type(value)(self.redact(item) for item in value)
+        return value
+
+
+def _mask_all(value: Any) -> Any:
+    if value is None:
+        return None
+    if isinstance(value, Mapping):
+        return {key: _mask_all(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return [_mask_all(item) for item in value]
+    return MASK
+
+
+_masker = SecretsMasker()
+
+
+def mask_secret(secret: Any, name: str | None = None) -> None:
+    """Mask ``secret`` from now on in this process (see SecretsMasker.add_mask)."""
+    _masker.add_mask(secret, name)
+
+
+def redact(value: Any, name: str | None = None) -> Any:
+    """``value`` with every secret registered in this process masked."""
+    return _masker.redact(value, name)

@@ -1,0 +1,370 @@
+"""Timetables: when a DAG's scheduled runs fall and which data interval each one covers.
+
+Airflow 2.x semantics. A run covers a *data interval* and is created once that interval has
+ended: the daily run of 2024-01-01 (its logical date, the interval's start) covers
+[2024-01-01, 2024-01-02) and runs after midnight on the 2nd. Cron expressions are evaluated in
+the DAG's time zone (so ``0 2 * * *`` stays at 2am local across DST changes); a ``timedelta``
+is an absolute duration. Every datetime these functions return is in UTC.
+
+Pure code on typed values: ``now`` is an argument, never read from a clock here.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any, TypeAlias
+
+from croniter import CroniterError, croniter
+from dateutil.relativedelta import relativedelta
+
+UTC = dt.UTC
+
+# Airflow's presets; any other "@..." croniter knows (@midnight, @annually) is read by croniter.
+CRON_PRESETS = {
+    "@hourly": "0 * * * *",
+    "@daily": "0 0 * * *",
+    "@weekly": "0 0 * * 0",
+    "@monthly": "0 0 1 * *",
+    "@quarterly": "0 0 1 */3 *",
+    "@yearly": "0 0 1 1 *",
+}
+ONCE = "@once"
+CONTINUOUS = "@continuous"
+
+Delta: TypeAlias = dt.timedelta | relativedelta
+Schedule = str | dt.timedelta | relativedelta | None
+
+
+class InvalidSchedule(ValueError):
+    """A ``schedule`` value no timetable can be made of; the message says why."""
+
+
+@dataclass(frozen=True)
+class DataInterval:
+    start: dt.datetime
+    end: dt.datetime
+
+    @classmethod
+    def exact(cls, at: dt.datetime) -> DataInterval:
+        return cls(at, at)
+
+
+@dataclass(frozen=True)
+class TimeRestriction:
+    """What the DAG allows: runs from ``earliest`` (start_date) to ``latest`` (end_date), and
+    whether missed intervals are caught up."""
+
+    earliest: dt.datetime | None
+    latest: dt.datetime | None
+    catchup: bool
+
+
+@dataclass(frozen=True)
+class DagRunInfo:
+    """A run to create: its data interval, and the moment after which it may be created."""
+
+    run_after: dt.datetime
+    data_interval: DataInterval
+
+    @property
+    def logical_date(self) -> dt.datetime:
+        return self.data_interval.start
+
+    @classmethod
+    def interval(cls, start: dt.datetime, end: dt.datetime) -> DagRunInfo:
+        return cls(run_after=end, data_interval=DataInterval(start, end))
+
+    @classmethod
+    def exact(cls, at: dt.datetime) -> DagRunInfo:
+        return cls(run_after=at, data_interval=DataInterval.exact(at))
+
+
+def _utc(value: dt.datetime) -> dt.datetime:
+    return value.astimezone(UTC)
+
+
+class Timetable(ABC):
+    #: How ``deferral dags list`` and the ``dag`` table show the schedule.
+    summary: str
+    #: False for ``schedule=None``: only manual runs and nothing to backfill.
+    can_be_scheduled = True
+
+    @abstractmethod
+    def next_dagrun_info(
+        self,
+        *,
+        last_automated_data_interval: DataInterval | None,
+        restriction: TimeRestriction,
+        now: dt.datetime,
+    ) -> DagRunInfo | None:
+        """The run after the latest scheduled (or backfill) run, None if there is none."""
+
+    @abstractmethod
+    def infer_manual_data_interval(self, *, run_after: dt.datetime) -> DataInterval:
+        """The data interval of a run triggered by hand at ``run_after``."""
+
+
+class NullTimetable(Timetable):
+    """``schedule=None``: runs only when triggered."""
+
+    summary = "None"
+    can_be_scheduled = False
+
+    def next_dagrun_info(
+        self,
+        *,
+        last_automated_data_interval: DataInterval | None,
+        restriction: TimeRestriction,
+        now: dt.datetime,
+    ) -> DagRunInfo | None:
+        return None
+
+    def infer_manual_data_interval(self, *, run_after: dt.datetime) -> DataInterval:
+        return DataInterval.exact(_utc(run_after))
+
+
+class OnceTimetable(NullTimetable):
+    """``@once``: one run at the start date, whatever catchup says."""
+
+    summary = ONCE
+    can_be_scheduled = True
+
+    def next_dagrun_info(
+        self,
+        *,
+        last_automated_data_interval: DataInterval | None,
+        restriction: TimeRestriction,
+        now: dt.datetime,
+    ) -> DagRunInfo | None:
+        if last_automated_data_interval is not None or restriction.earliest is None:
+            return None
+        if restriction.latest is not None and restriction.earliest > restriction.latest:
+            return None
+        return DagRunInfo.exact(_utc(restriction.earliest))
+
+
+class ContinuousTimetable(NullTimetable):
+    """``@continuous``: a new run as soon as the previous one ends (needs max_active_runs=1);
+    each run covers the time since the previous one was created."""
+
+    summary = CONTINUOUS
+    can_be_scheduled = True
+
+    def next_dagrun_info(
+        self,
+        *,
+        last_automated_data_interval: DataInterval | None,
+        restriction: TimeRestriction,
+        now: dt.datetime,
+    ) -> DagRunInfo | None:
+        if restriction.earliest is None:
+            return None
+        if last_automated_data_interval is not None:
+            start, end = last_automated_data_interval.end, _utc(now)
+        else:
+            start = _utc(restriction.earliest)
+            end = max(start, _utc(now))
+        if restriction.latest is not None and end > restriction.latest:
+            return None
+        return DagRunInfo.interval(start, end)
+
+
+class _DataIntervalTimetable(Timetable):
+    """Periodic intervals; a run is created at the end of each one."""
+
+    @abstractmethod
+    def _get_next(self, current: dt.datetime) -> dt.datetime:
+        """The first schedule point strictly after ``current``."""
+
+    @abstractmethod
+    def _get_prev(self, current: dt.datetime) -> dt.datetime:
+        """The last schedule point strictly before ``current``."""
+
+    @abstractmethod
+    def _align_to_next(self, current: dt.datetime) -> dt.datetime:
+        """``current`` if it is a schedule point, else the next one."""
+
+    @abstractmethod
+    def _align_to_prev(self, current: dt.datetime) -> dt.datetime:
+        """``current`` if it is a schedule point, else the previous one."""
+
+    @abstractmethod
+    def _skip_to_latest(self, earliest: dt.datetime | None, now: dt.datetime) -> dt.datetime:
+        """With catchup=False: the start of the latest interval that has ended by ``now``
+        (never before ``earliest``)."""
+
+    def next_dagrun_info(
+        self,
+        *,
+        last_automated_data_interval: DataInterval | None,
+        restriction: TimeRestriction,
+        now: dt.datetime,
+    ) -> DagRunInfo | None:
+        earliest = restriction.earliest
+        if not restriction.catchup:
+            earliest = self._skip_to_latest(earliest, now)
+        elif earliest is not None:
+            earliest = self._align_to_next(earliest)
+        if last_automated_data_interval is None:
+            if earliest is None:
+                return None
+            start = earliest
+        else:
+            # Aligned again in case the schedule changed since the last run.
+            start = self._align_to_prev(last_automated_data_interval.end)
+            if earliest is not None:
+                start = max(start, earliest)
+        if restriction.latest is not None and start > restriction.latest:
+            return None
+        return DagRunInfo.interval(start, self._get_next(start))
+
+
+class CronDataIntervalTimetable(_DataIntervalTimetable):
+    """A cron expression (or preset) evaluated in ``timezone``.
+
+    Schedules that fire at least every hour (hour field ``*``) step by absolute time, so the hour
+    repeated when DST ends gets its runs too; others keep their wall-clock time, and a time that
+    does not exist (skipped when DST starts) moves forward to the first one that does."""
+
+    def __init__(self, expression: str, timezone: dt.tzinfo) -> None:
+        self.summary = expression
+        self._expression = CRON_PRESETS.get(expression, expression)
+        self._timezone = timezone
+        try:
+            expanded = croniter(self._expression).expanded
+        except (CroniterError, ValueError) as exc:
+            raise InvalidSchedule(f"{expression!r} is not a cron expression: {exc}") from None
+        self._every_hour = expanded[1] == ["*"]
+
+    def __repr__(self) -> str:
+        return f"CronDataIntervalTimetable({self.summary!r}, {self._timezone})"
+
+    def _naive(self, current: dt.datetime) -> dt.datetime:
+        return current.astimezone(self._timezone).replace(tzinfo=None)
+
+    def _step(self, current: dt.datetime, forward: bool) -> dt.datetime:
+        naive = self._naive(current)
+        iterator = croniter(self._expression, naive)
+        scheduled: dt.datetime = (
+            iterator.get_next(dt.datetime) if forward else iterator.get_prev(dt.datetime)
+        )
+        if self._every_hour:
+            return _utc(current) + (scheduled - naive)
+        # fold=0: an ambiguous wall time is its first occurrence; a missing one moves forward.
+        return _utc(scheduled.replace(tzinfo=self._timezone))
+
+    def _get_next(self, current: dt.datetime) -> dt.datetime:
+        return self._step(current, forward=True)
+
+    def _get_prev(self, current: dt.datetime) -> dt.datetime:
+        return self._step(current, forward=False)
+
+    def _align_to_next(self, current: dt.datetime) -> dt.datetime:
+        following = self._get_next(current)
+        return current if self._get_prev(following) == current else following
+
+    def _align_to_prev(self, current: dt.datetime) -> dt.datetime:
+        previous = self._get_prev(current)
+        return current if self._get_next(previous) == current else previous
+
+    def _skip_to_latest(self, earliest: dt.datetime | None, now: dt.datetime) -> dt.datetime:
+        last_start = self._get_prev(now)
+        # On a boundary the interval ending now is the latest; between two, the one before.
+        latest = last_start if self._get_next(last_start) == now else self._get_prev(last_start)
+        return latest if earliest is None else max(latest, self._align_to_next(earliest))
+
+    def infer_manual_data_interval(self, *, run_after: dt.datetime) -> DataInterval:
+        # The last complete interval: a daily DAG triggered at 1am on the 25th covers the 24th.
+        end = self._align_to_prev(run_after)
+        return DataInterval(self._get_prev(end), end)
+
+
+def _delta_seconds(delta: Delta) -> float:
+    """The length of ``delta`` in seconds (months as 30 days, years as 365, as Airflow)."""
+    if isinstance(delta, dt.timedelta):
+        return delta.total_seconds()
+    return (
+        delta.years * 365 * 86400
+        + delta.months * 30 * 86400
+        + delta.days * 86400
+        + delta.hours * 3600
+        + delta.minutes * 60
+        + delta.seconds
+    )
+
+
+class DeltaDataIntervalTimetable(_DataIntervalTimetable):
+    """Intervals of a fixed ``timedelta`` (or ``relativedelta``) from the start date."""
+
+    def __init__(self, delta: Delta) -> None:
+        probe = dt.datetime(2000, 1, 1)
+        if probe + delta <= probe:
+            raise InvalidSchedule(f"a schedule interval must be positive, not {delta!r}")
+        self._delta = delta
+        self.summary = str(delta)
+
+    def __repr__(self) -> str:
+        return f"DeltaDataIntervalTimetable({self._delta!r})"
+
+    def _get_next(self, current: dt.datetime) -> dt.datetime:
+        result: dt.datetime = _utc(current) + self._delta
+        return result
+
+    def _get_prev(self, current: dt.datetime) -> dt.datetime:
+        result: dt.datetime = _utc(current) - self._delta
+        return result
+
+    def _align_to_next(self, current: dt.datetime) -> dt.datetime:
+        return _utc(current)
+
+    def _align_to_prev(self, current: dt.datetime) -> dt.datetime:
+        return _utc(current)
+
+    def _skip_to_latest(self, earliest: dt.datetime | None, now: dt.datetime) -> dt.datetime:
+        # As Airflow 2: the latest complete interval is counted on the epoch grid of the delta,
+        # not from the start date.
+        seconds = now.timestamp()
+        rounded = dt.datetime.fromtimestamp(seconds - seconds % _delta_seconds(self._delta), UTC)
+        latest = self._get_prev(rounded)
+        return latest if earliest is None else max(latest, _utc(earliest))
+
+    def infer_manual_data_interval(self, *, run_after: dt.datetime) -> DataInterval:
+        return DataInterval(self._get_prev(run_after), _utc(run_after))
+
+
+def create_timetable(schedule: Any, timezone: dt.tzinfo) -> Timetable:
+    """The timetable of a DAG's ``schedule``; raises InvalidSchedule saying what is wrong."""
+    if schedule is None:
+        return NullTimetable()
+    if isinstance(schedule, dt.timedelta | relativedelta):
+        return DeltaDataIntervalTimetable(schedule)
+    if not isinstance(schedule, str):
+        raise InvalidSchedule(
+            f"schedule must be a cron expression, a preset such as '@daily', a timedelta or "
+            f"None, not {type(schedule).__name__}"
+        )
+    if schedule == ONCE:
+        return OnceTimetable()
+    if schedule == CONTINUOUS:
+        return ContinuousTimetable()
+    return CronDataIntervalTimetable(schedule, timezone)
+
+
+def infos_between(
+    timetable: Timetable, earliest: dt.datetime, latest: dt.datetime
+) -> list[DagRunInfo]:
+    """Every run whose logical date falls in [earliest, latest] (both included), as
+    ``dags backfill`` creates them: the DAG's own start date, end date and catchup do not apply."""
+    restriction = TimeRestriction(earliest, latest, catchup=True)
+    infos: list[DagRunInfo] = []
+    info = timetable.next_dagrun_info(
+        last_automated_data_interval=None, restriction=restriction, now=latest
+    )
+    while info is not None and (not infos or info.logical_date > infos[-1].logical_date):
+        infos.append(info)
+        info = timetable.next_dagrun_info(
+            last_automated_data_interval=info.data_interval, restriction=restriction, now=latest
+        )
+    return infos

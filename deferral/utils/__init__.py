@@ -1,0 +1,1 @@
+"""Helpers importable under Airflow's paths (``deferral.utils.task_group``)."""

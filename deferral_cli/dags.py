@@ -1,0 +1,152 @@
+"""``deferral dags``: list the DAGs, trigger a run and follow it."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import shutil
+import sys
+from typing import Any
+
+import click
+from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
+
+from deferral import transitions
+from deferral.config import Settings
+from deferral.dagbag import DagNotFound
+from deferral.models import Dag
+from deferral.process import command_group, settings_or_exit
+from deferral.states import DagRunState, DagRunType
+from deferral_cli.common import (
+    EXIT_FAILED,
+    EXIT_TIMED_OUT,
+    dagbag,
+    emit,
+    fail,
+    output_options,
+    sessions,
+)
+from deferral_cli.wait import Display, LiveBlock, PlainLines, wait_for_run
+
+
+@command_group()
+def dags() -> None:
+    """DAGs in the DAGs folder."""
+
+
+@dags.command("list")
+@output_options
+def dags_list(output: str) -> None:
+    """List DAGs (schedule, paused, tasks, file); the files that failed to load are named on
+    stderr, and the command then exits 1."""
+    settings = settings_or_exit()
+    bag = dagbag(settings)
+    with sessions(settings)() as session:
+        paused = {r.dag_id: r.is_paused for r in session.execute(select(Dag.dag_id, Dag.is_paused))}
+    records = [
+        {
+            "dag_id": dag_id,
+            "schedule": dag.timetable.summary,
+            # Before a scheduler has recorded the DAG, what it will be created with.
+            "is_paused": paused.get(dag_id, bool(dag.is_paused_upon_creation)),
+            "tasks": len(dag.tasks),
+            "fileloc": str(dag.fileloc),
+        }
+        for dag_id, dag in sorted(bag.dags.items())
+    ]
+    emit(output, records, empty="no DAGs")
+    for path, error in sorted(bag.import_errors.items()):
+        click.echo(f"error: {path}: {error}", err=True)
+    if bag.import_errors:
+        sys.exit(EXIT_FAILED)
+
+
+def _parse_conf(raw: str | None) -> dict[str, Any]:
+    if raw is None:
+        return {}
+    try:
+        conf = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise click.BadParameter(f"not valid JSON ({exc.msg} at {exc.pos})") from None
+    if not isinstance(conf, dict):
+        raise click.BadParameter("must be a JSON object")
+    return conf
+
+
+def trigger(settings: Settings, dag_id: str, conf: dict[str, Any], run_id: str | None) -> str:
+    try:
+        dag = dagbag(settings).get_dag(dag_id)
+    except DagNotFound as exc:
+        fail(str(exc))
+        raise  # unreachable: fail exits
+    logical_date = dt.datetime.now(dt.UTC)
+    run_id = run_id or DagRunType.MANUAL.run_id(logical_date)
+    # As Airflow: the interval the schedule would give a run at this moment.
+    interval = dag.timetable.infer_manual_data_interval(run_after=logical_date)
+    try:
+        with sessions(settings).begin() as session:
+            transitions.create_dag_run(
+                session,
+                dag_id,
+                run_id,
+                logical_date,
+                conf,
+                run_type=DagRunType.MANUAL,
+                data_interval=(interval.start, interval.end),
+            )
+            row = session.get(Dag, dag_id)
+    except IntegrityError:
+        fail(f"DAG {dag_id!r} already has a run {run_id!r}")
+    click.echo(f"triggered {dag_id} {run_id}")
+    if row is not None and row.is_paused:
+        click.echo(f"DAG {dag_id} is paused: the run waits until `deferral dags unpause {dag_id}`")
+    return run_id
+
+
+@dags.command("trigger")
+@click.argument("dag_id")
+@click.option("--conf", "conf_json", default=None, help="Run configuration, a JSON object.")
+@click.option("--run-id", default=None, help="Run id (default: manual__<logical date>).")
+@click.option(
+    "--wait",
+    is_flag=True,
+    help="Follow the run to its end, showing each task's state as it changes;"
+    " exit 0 if it succeeded, 1 if it failed, 3 if --timeout passed first.",
+)
+@click.option(
+    "--timeout",
+    type=click.FloatRange(min=0, min_open=True),
+    default=None,
+    help="With --wait: stop waiting after S seconds (the run goes on).",
+)
+def dags_trigger(
+    dag_id: str, conf_json: str | None, run_id: str | None, wait: bool, timeout: float | None
+) -> None:
+    """Start a run of DAG_ID."""
+    try:
+        conf = _parse_conf(conf_json)
+    except click.BadParameter as exc:
+        exc.param_hint = "--conf"
+        raise
+    if timeout is not None and not wait:
+        raise click.BadParameter("only means something with --wait", param_hint="--timeout")
+    settings = settings_or_exit()
+    run_id = trigger(settings, dag_id, conf, run_id)
+    if not wait:
+        return
+    out = sys.stdout
+    display: Display = (
+        LiveBlock(out, f"{dag_id} {run_id}", shutil.get_terminal_size().lines)
+        if out.isatty()
+        else PlainLines(out, lambda: dt.datetime.now(dt.UTC))
+    )
+    state = wait_for_run(sessions(settings), dag_id, run_id, timeout, display)
+    if state is None:
+        fail(
+            f"run {run_id} of DAG {dag_id} not finished after {timeout:g}s; it goes on"
+            f" (`deferral runs show {dag_id} {run_id}`)",
+            EXIT_TIMED_OUT,
+        )
+    click.echo(f"run {run_id}: {state}")
+    sys.exit(0 if state == DagRunState.SUCCESS else EXIT_FAILED)

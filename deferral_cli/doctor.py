@@ -1,0 +1,180 @@
+"""``deferral doctor``: gathers the numbers; the checks themselves are in deferral.doctor."""
+
+from __future__ import annotations
+
+import datetime as dt
+import sys
+
+import click
+from sqlalchemy import exists, func, select
+from sqlalchemy.orm import Session
+
+from broker.client import Broker, RedisVersionError
+from broker.streams import task_label
+from deferral import doctor as checklist
+from deferral import liveness
+from deferral.config import Settings
+from deferral.models import Dag, DagRun, Outbox, TaskInstance, Trigger, Triggerer
+from deferral.process import settings_or_exit
+from deferral.states import DagRunState, TaskState
+from deferral_cli.common import emit, output_options, sessions
+
+
+@click.command("doctor")
+@output_options
+def doctor_command(output: str) -> None:
+    """Check why deferred tasks may be stuck; exit 1 if any check fails (2 if PostgreSQL or
+    Redis cannot be reached at all).
+
+    Prints one line per check, `ok|warn|fail  <check>: <detail>` (with --output json, an object
+    per check: status, check, detail):
+
+    \b
+    triggerer alive     deferred tasks, but no triggerer heartbeating (fail)
+    capacity            alive triggerers' capacity below the deferred tasks (warn)
+    expired timeouts    deferrals over 10 s past their timeout: no scheduler (fail)
+    orphaned triggers   triggers no task waits on (warn); deferred tasks
+                        whose trigger row is missing (fail)
+    unpublished outbox  outbox rows unpublished for over 30 s: no relay (fail)
+    broken DAGs         DAGs that stopped loading while they have runs (warn;
+                        fail once their grace period is over)
+    dead letters        entries in the dead-letter stream (warn)
+    in flight           deferred tasks whose trigger is in no stream (fail)
+    """
+    settings = settings_or_exit()
+    with sessions(settings)() as session:
+        checks = _database_checks(session, settings)
+    try:
+        broker = Broker.from_url(settings.redis_url, settings.stream_prefix)
+    except RedisVersionError as exc:
+        checks.append(checklist.Check(checklist.Status.FAIL, "redis", str(exc)))
+    else:
+        try:
+            checks += _redis_checks(broker, settings)
+        finally:
+            broker.close()
+    if output == "json":
+        emit(
+            output,
+            [{"status": c.status, "check": c.name, "detail": c.detail} for c in checks],
+            empty="",
+        )
+    else:
+        for check in checks:
+            click.echo(check.line())
+    sys.exit(checklist.exit_code(checks))
+
+
+def _database_checks(session: Session, settings: Settings) -> list[checklist.Check]:
+    """Gather the numbers the Postgres checks decide on; ages use the database's clock."""
+    ti = TaskInstance
+    deferred_state = ti.state == TaskState.DEFERRED
+    now: dt.datetime = session.scalars(select(func.now())).one()
+    stale_after = liveness.stale_after_sec(settings.heartbeat_sec)
+    deferred = session.scalar(select(func.count()).select_from(ti).where(deferred_state)) or 0
+
+    alive: list[Triggerer] = []
+    stale: list[tuple[str, float]] = []
+    for triggerer in session.scalars(select(Triggerer).order_by(Triggerer.name)):
+        age = liveness.heartbeat_age_sec(triggerer.latest_heartbeat, now)
+        if liveness.is_alive(
+            triggerer.state, triggerer.latest_heartbeat, now, settings.heartbeat_sec
+        ):
+            alive.append(triggerer)
+        else:
+            name = triggerer.name
+            stale.append(
+                (name if triggerer.state == "running" else f"{name} ({triggerer.state})", age)
+            )
+
+    grace = dt.timedelta(seconds=checklist.EXPIRED_GRACE_SEC)
+    expired, oldest_timeout = session.execute(
+        select(func.count(), func.min(ti.trigger_timeout)).where(
+            deferred_state, ti.trigger_timeout < func.now() - grace
+        )
+    ).one()
+
+    orphans = session.scalars(
+        select(Trigger.id).where(~exists().where(ti.trigger_id == Trigger.id)).order_by(Trigger.id)
+    ).all()
+    stranded = session.execute(
+        select(ti.dag_id, ti.run_id, ti.task_id, ti.map_index)
+        .outerjoin(Trigger, Trigger.id == ti.trigger_id)
+        .where(deferred_state, Trigger.id.is_(None))
+        .order_by(ti.id)
+    ).all()
+
+    stale_outbox = dt.timedelta(seconds=checklist.OUTBOX_STALE_SEC)
+    unpublished, oldest_row = session.execute(
+        select(func.count(), func.min(Outbox.created_at)).where(
+            Outbox.published_at.is_(None), Outbox.created_at < func.now() - stale_outbox
+        )
+    ).one()
+
+    broken = [
+        checklist.BrokenDag(dag_id, max(0.0, (now - since).total_seconds()), reason or "", runs)
+        for dag_id, since, reason, runs in session.execute(
+            select(
+                Dag.dag_id,
+                Dag.missing_since,
+                Dag.missing_reason,
+                select(func.count())
+                .where(DagRun.dag_id == Dag.dag_id, DagRun.state == DagRunState.RUNNING)
+                .scalar_subquery(),
+            )
+            .where(Dag.missing_since.is_not(None))
+            .order_by(Dag.dag_id)
+        )
+        if runs
+    ]
+
+    return [
+        checklist.triggerer_alive(deferred, [t.name for t in alive], stale, stale_after),
+        checklist.capacity(deferred, sum(t.capacity for t in alive), len(alive)),
+        checklist.expired_timeouts(expired, _age_seconds(now, oldest_timeout)),
+        checklist.orphaned_triggers(list(orphans), [task_label(*row) for row in stranded]),
+        checklist.unpublished_outbox(unpublished, _age_seconds(now, oldest_row)),
+        checklist.broken_dags(broken, settings.dag_import_grace_sec),
+    ]
+
+
+def _age_seconds(now: dt.datetime, moment: dt.datetime | None) -> float | None:
+    return None if moment is None else max(0.0, (now - moment).total_seconds())
+
+
+def _redis_checks(broker: Broker, settings: Settings) -> list[checklist.Check]:
+    dead = broker.keys.dead
+    length = int(broker.redis.xlen(dead))
+    newest_error = None
+    newest = broker.newest(dead) if length else None
+    if newest is not None:
+        raw = newest.fields.get(b"error")
+        newest_error = None if raw is None else raw.decode(errors="replace")
+    return [
+        checklist.dead_letters(dead, length, newest_error),
+        checklist.in_flight(_not_in_flight(broker, settings)),
+    ]
+
+
+# A trigger published by a worker reaches its stream right after the worker's commit.
+_JUST_DEFERRED = dt.timedelta(seconds=5)
+
+
+def _not_in_flight(broker: Broker, settings: Settings) -> list[str]:
+    """Labels of deferred tasks whose trigger is in no stream (checked for every deferred task,
+    a page at a time: this is run on demand)."""
+    ti = TaskInstance
+    with sessions(settings)() as session:
+        deferred = session.execute(
+            select(ti.trigger_id, ti.dag_id, ti.run_id, ti.task_id, ti.map_index).where(
+                ti.state == TaskState.DEFERRED,
+                ti.trigger_id.is_not(None),
+                ti.updated_at < func.now() - _JUST_DEFERRED,
+            )
+        ).all()
+    labels = {str(row.trigger_id): task_label(*row[1:]) for row in deferred}
+    missing = [
+        t for t, here in broker.present(broker.keys.triggers, list(labels)).items() if not here
+    ]
+    missing = [t for t, here in broker.present(broker.keys.events, missing).items() if not here]
+    return [labels[t] for t in missing]

@@ -1,0 +1,120 @@
+"""``deferral health``: a container healthcheck; the decisions are in deferral.health."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+import redis
+from redis.exceptions import RedisError
+from sqlalchemy import create_engine, func, select
+from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.pool import NullPool
+
+from broker.client import redis_location
+from deferral import health
+from deferral.config import ConfigError, Settings, load_settings
+from deferral.db import location, make_sessionmaker
+from deferral.doctor import Check, Status, exit_code
+from deferral_cli.common import server_error
+
+
+@click.command("health")
+@click.option(
+    "--service",
+    type=click.Choice(sorted(health.PROCESSES)),
+    default=None,
+    help="Also check that this process kind, named --name, heartbeats.",
+)
+@click.option("--name", default=None, help="The --name the checked process was started with.")
+@click.option(
+    "--timeout",
+    type=click.FloatRange(min=0, min_open=True),
+    default=5.0,
+    show_default=True,
+    help="Seconds to wait for each server's answer.",
+)
+def health_command(service: str | None, name: str | None, timeout: float) -> None:
+    """Exit 0 if Postgres and Redis answer and, with --service and --name, that process's
+    heartbeat is fresh (at most 2.1 x DEFERRAL_HEARTBEAT_SEC old); else exit 1.
+
+    Prints one line per check, `ok|fail  <check>: <detail>`. Meant for container healthchecks:
+
+    \b
+      deferral health --service worker --name worker-1
+
+    Exit 1 also when a server does not answer or a setting is bad (never 2, which Docker
+    reserves).
+    """
+    if (service is None) != (name is None):
+        raise click.UsageError("--service and --name go together")
+    try:
+        settings = load_settings()
+    except ConfigError as exc:
+        checks = [Check(Status.FAIL, "settings", str(exc))]
+    else:
+        checks = _postgres_checks(settings, service, name, timeout)
+        checks.append(_redis_check(settings, timeout))
+    for check in checks:
+        click.echo(check.line())
+    sys.exit(exit_code(checks))
+
+
+def _postgres_checks(
+    settings: Settings, service: str | None, name: str | None, timeout: float
+) -> list[Check]:
+    engine = create_engine(
+        settings.database_url,
+        poolclass=NullPool,
+        connect_args={
+            "connect_timeout": max(1, round(timeout)),
+            # A server that accepts connections but cannot answer is not healthy either.
+            "options": f"-c statement_timeout={round(timeout * 1000)}",
+        },
+    )
+    where = location(engine)
+    try:
+        with make_sessionmaker(engine)() as session:
+            now = session.scalars(select(func.now())).one()
+            if service is None or name is None:
+                return [health.server("postgres", where, None)]
+            model = health.PROCESSES[service]
+            row = session.execute(
+                select(model.state, model.latest_heartbeat).where(model.name == name)
+            ).one_or_none()
+    except SQLAlchemyError as exc:
+        return [_unanswered("postgres", where, exc, settings)]
+    finally:
+        engine.dispose()
+    beat = None if row is None else health.Beat(row.state, row.latest_heartbeat)
+    return [
+        health.server("postgres", where, None),
+        health.heartbeat(service, name, beat, now, settings.heartbeat_sec),
+    ]
+
+
+def _redis_check(settings: Settings, timeout: float) -> Check:
+    where = redis_location(settings.redis_url)
+    client = redis.Redis.from_url(
+        settings.redis_url, socket_connect_timeout=timeout, socket_timeout=timeout
+    )
+    try:
+        client.ping()
+    except RedisError as exc:
+        return _unanswered("redis", where, exc, settings)
+    finally:
+        client.close()
+    return health.server("redis", where, None)
+
+
+def _unanswered(name: str, where: str, exc: BaseException, settings: Settings) -> Check:
+    """The failed check of a server, in the words every other command uses for it."""
+    said = server_error(exc, settings)
+    if said is not None:
+        return Check(Status.FAIL, name, said[0])
+    return health.server(name, where, _first_line(exc))
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(getattr(exc, "orig", None) or exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__

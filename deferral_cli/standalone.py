@@ -1,0 +1,84 @@
+"""``deferral standalone``: all services at once; the process helpers are in deferral.standalone."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from pathlib import Path
+
+import click
+
+from broker.client import Broker, RedisVersionError
+from deferral import migrate
+from deferral.process import settings_or_exit
+from deferral.states import DagRunState
+from deferral_cli.common import EXIT_FAILED, EXIT_TIMED_OUT, fail, sessions
+from deferral_cli.dags import trigger
+from deferral_cli.runs import show_run
+from deferral_cli.wait import wait_for_run
+
+
+@click.command()
+@click.option("--dags-folder", default=None, help="DAGs folder (default: DEFERRAL_DAGS_FOLDER).")
+@click.option(
+    "--home",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=".deferral",
+    show_default=True,
+    help="Where the embedded servers' data, their ports and the Fernet key are kept.",
+)
+@click.option(
+    "--run",
+    "run_dag",
+    default=None,
+    metavar="DAG_ID",
+    help="Trigger DAG_ID, show how it went, and stop (exit 1 if it failed, 3 on --timeout).",
+)
+@click.option(
+    "--timeout",
+    type=click.FloatRange(min=0, min_open=True),
+    default=300,
+    show_default=True,
+    help="With --run: give up after S seconds.",
+)
+def standalone(dags_folder: str | None, home: Path, run_dag: str | None, timeout: float) -> None:
+    """Run scheduler, triggerer and worker together, for trying deferral out.
+
+    Unset settings are filled in: an embedded PostgreSQL (data in HOME/pgdata) and Redis (on a
+    port kept in HOME/redis.port), started now and stopped at the end (with the `standalone`
+    extra installed; without it, the local servers on 127.0.0.1), and a Fernet key kept in
+    HOME/fernet.key. Without --run it prints the `export` lines that let another terminal's
+    `deferral` commands reach the same servers, then runs until Ctrl-C.
+    """
+    from deferral import standalone as embedded
+
+    def say(message: str) -> None:
+        click.echo(f"note: {message}", err=True)
+
+    with embedded.environment(dags_folder, home, say) as filled:
+        settings = settings_or_exit()
+        migrate.upgrade(settings.database_url)
+        # The services would wait for an unreachable Redis; say so now instead.
+        try:
+            Broker.from_url(settings.redis_url, settings.stream_prefix).close()
+        except RedisVersionError as exc:
+            fail(f"Redis: {exc}")
+        with embedded.running_services() as procs:
+            if run_dag is None:
+                click.echo("# deferral standalone: in another terminal, to reach these servers:")
+                for line in embedded.environment_lines(os.environ, filled.key_file):
+                    click.echo(line)
+                click.echo("services running; Ctrl-C stops them")
+                stop_signals = {signal.SIGINT, signal.SIGTERM}
+                signal.pthread_sigmask(signal.SIG_BLOCK, stop_signals)
+                signal.sigwait(stop_signals)
+                return
+            run_id = trigger(settings, run_dag, {}, None)
+            state = wait_for_run(sessions(settings), run_dag, run_id, timeout)
+            show_run(settings, run_dag, run_id, history=True)
+            if any(proc.poll() is not None for proc in procs):
+                fail("a service process exited early; see its log above")
+    if state is None:
+        fail(f"run {run_id} of DAG {run_dag} not finished after {timeout:g}s", EXIT_TIMED_OUT)
+    sys.exit(0 if state == DagRunState.SUCCESS else EXIT_FAILED)

@@ -1,0 +1,239 @@
+"""``deferral tasks``: list task instances, clear or mark them, explain their state."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import click
+from sqlalchemy import exists, select
+from sqlalchemy.orm import Session
+
+from broker.streams import task_label
+from deferral import transitions
+from deferral.baseoperator import BaseOperator
+from deferral.dag import DagDefinitionError
+from deferral.dagbag import DagNotFound
+from deferral.models import DagRun, TaskInstance
+from deferral.process import command_group, settings_or_exit
+from deferral.states import TaskState
+from deferral_cli.common import (
+    Record,
+    dagbag,
+    emit,
+    fail,
+    find_run,
+    output_options,
+    sessions,
+    ti_label,
+)
+from deferral_cli.explain import explain, find_dag
+from deferral_cli.render import tasks_render
+
+
+@command_group()
+def tasks() -> None:
+    """Task instances."""
+
+
+tasks.add_command(tasks_render)
+
+
+@tasks.command("list")
+@click.option(
+    "--state",
+    type=click.Choice([state.value for state in TaskState]),
+    default=None,
+    help="Only task instances in this state.",
+)
+@click.option("--dag-id", default=None, help="Only task instances of this DAG.")
+@output_options
+def tasks_list(state: str | None, dag_id: str | None, output: str) -> None:
+    """List task instances, newest first; deferred ones show their trigger and its timeout."""
+    settings = settings_or_exit()
+    query = select(TaskInstance).order_by(TaskInstance.id.desc())
+    if state is not None:
+        query = query.where(TaskInstance.state == state)
+    if dag_id is not None:
+        query = query.where(TaskInstance.dag_id == dag_id)
+    with sessions(settings)() as session:
+        records = [_task_record(ti) for ti in session.scalars(query)]
+    emit(output, records, empty="no task instances")
+
+
+def _task_record(ti: TaskInstance) -> Record:
+    deferred = ti.state == TaskState.DEFERRED
+    return {
+        "dag_id": ti.dag_id,
+        "run_id": ti.run_id,
+        "task_id": ti.task_id,
+        "map_index": ti.map_index,
+        "state": ti.state,
+        "try_number": ti.try_number,
+        "trigger_id": ti.trigger_id if deferred else None,
+        "trigger_timeout": ti.trigger_timeout if deferred else None,
+    }
+
+
+_MAP_INDEX = click.option(
+    "--map-index",
+    "map_indexes",
+    type=int,
+    multiple=True,
+    help="Only this map index of a mapped TASK_ID (repeat for several); default: all.",
+)
+
+
+def _apply_by_user(
+    dag_id: str,
+    run_id: str,
+    task_id: str,
+    downstream: bool,
+    change: Callable[..., bool],
+    map_indexes: tuple[int, ...] = (),
+) -> None:
+    """Apply ``change(session, ti, task)`` to the task (its map indexes ``map_indexes``, else
+    all) and its downstream tasks (all map indexes) of one run."""
+    settings = settings_or_exit()
+    try:
+        dag = dagbag(settings).get_dag(dag_id)
+        task_ids = [dag.get_task(task_id).task_id]
+    except (DagNotFound, DagDefinitionError) as exc:
+        fail(str(exc))
+        return
+    if downstream:
+        task_ids += sorted(dag.downstream_of(task_id))
+    with sessions(settings).begin() as session:
+        run = find_run(session, dag_id, run_id)
+        if run is None:
+            fail(f"DAG {dag_id!r} has no run {run_id!r}")
+            return
+        tis = session.scalars(
+            select(TaskInstance)
+            .where(
+                TaskInstance.dag_id == dag_id,
+                TaskInstance.run_id == run_id,
+                TaskInstance.task_id.in_(task_ids),
+            )
+            .order_by(TaskInstance.id)
+            .with_for_update()
+        ).all()
+        if map_indexes:
+            tis = [t for t in tis if t.task_id != task_id or t.map_index in map_indexes]
+            found = {t.map_index for t in tis if t.task_id == task_id}
+            missing = sorted(set(map_indexes) - found)
+            if missing:
+                fail(f"task {task_id!r} of run {run_id!r} has no map index {missing[0]}")
+                return
+        refused = []
+        for ti in tis:
+            label = ti_label(ti.task_id, ti.map_index)
+            if change(session, ti, dag.task_dict.get(ti.task_id)):
+                click.echo(f"{label}: {ti.state}")
+            else:
+                refused.append(f"{label} ({ti.state})")
+        transitions.reopen_dag_run(session, run)
+    if refused:
+        fail(f"not changed while queued or running: {', '.join(refused)}")
+
+
+@tasks.command("clear")
+@click.argument("dag_id")
+@click.argument("run_id")
+@click.argument("task_id")
+@click.option("--downstream", is_flag=True, help="Also clear every task downstream of it.")
+@_MAP_INDEX
+def tasks_clear(
+    dag_id: str, run_id: str, task_id: str, downstream: bool, map_indexes: tuple[int, ...]
+) -> None:
+    """Run TASK_ID again (as a new try); a deferred one lets go of its trigger. A mapped task
+    runs again over its input as it is then (map indexes added or removed as it says)."""
+
+    def clear(session: Session, ti: TaskInstance, task: BaseOperator | None) -> bool:
+        return transitions.clear(session, ti, retries=task.retries if task else 0)
+
+    _apply_by_user(dag_id, run_id, task_id, downstream, clear, map_indexes)
+
+
+@tasks.command("mark")
+@click.argument("dag_id")
+@click.argument("run_id")
+@click.argument("task_id")
+@click.option(
+    "--state",
+    "to_state",
+    type=click.Choice([s.value for s in (TaskState.SUCCESS, TaskState.FAILED, TaskState.SKIPPED)]),
+    required=True,
+    help="The state to set.",
+)
+@click.option("--downstream", is_flag=True, help="Also mark every task downstream of it.")
+@_MAP_INDEX
+def tasks_mark(
+    dag_id: str,
+    run_id: str,
+    task_id: str,
+    to_state: str,
+    downstream: bool,
+    map_indexes: tuple[int, ...],
+) -> None:
+    """Set TASK_ID's state; a deferred one lets go of its trigger."""
+
+    def mark(session: Session, ti: TaskInstance, task: BaseOperator | None) -> bool:
+        return transitions.mark(session, ti, TaskState(to_state))
+
+    _apply_by_user(dag_id, run_id, task_id, downstream, mark, map_indexes)
+
+
+@tasks.command("explain")
+@click.argument("dag_id")
+@click.argument("run_id")
+@click.argument("task_id")
+@_MAP_INDEX
+def tasks_explain(dag_id: str, run_id: str, task_id: str, map_indexes: tuple[int, ...]) -> None:
+    """Say why TASK_ID of a run is in its state, and what it waits for.
+
+    After its state and try: for none, each upstream task's state and the trigger rule; for
+    scheduled, its pool's free slots and the DAG's max_active_tasks; for queued, since when; for
+    deferred, its trigger, the triggerer running it and the timeout; for up_for_retry, when the
+    retry is due; for finished states, the last recorded reason.
+    """
+    settings = settings_or_exit()
+    dag, dag_error = find_dag(settings, dag_id)
+    lines: list[str] = []
+    with sessions(settings)() as session:
+        run = find_run(session, dag_id, run_id)
+        if run is None:
+            known = dag is not None or session.scalar(
+                select(exists().where(DagRun.dag_id == dag_id))
+            )
+            fail(f"DAG {dag_id!r} has no run {run_id!r}" if known else dag_error)
+            return
+        tis = session.scalars(
+            select(TaskInstance)
+            .where(
+                TaskInstance.dag_id == dag_id,
+                TaskInstance.run_id == run_id,
+                TaskInstance.task_id == task_id,
+            )
+            .order_by(TaskInstance.map_index)
+        ).all()
+        if map_indexes:
+            tis = [ti for ti in tis if ti.map_index in map_indexes]
+            if not tis:
+                fail(f"task {task_id!r} of run {run_id!r} has no map index {map_indexes[0]}")
+                return
+        if not tis:
+            if dag is None or task_id not in dag.task_dict:
+                owner = (
+                    f"DAG {dag_id!r}" if dag is not None else f"run {run_id!r} of DAG {dag_id!r}"
+                )
+                fail(f"{owner} has no task {task_id!r}")
+                return
+            lines = [
+                f"{task_label(dag_id, run_id, task_id, -1)}: no task instance yet",
+                f"  DAG run is {run.state}: the scheduler creates the run's task instances when"
+                " it starts the run (is `scheduler consume` running?)",
+            ]
+        for ti in tis:
+            lines += explain(session, settings, dag, run, ti)
+    for line in lines:
+        click.echo(line)

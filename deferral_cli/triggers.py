@@ -1,0 +1,147 @@
+"""``deferral triggers``, ``triggerers`` and ``workers``: triggers and the processes running
+them and the tasks."""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from broker.streams import task_label
+from deferral import liveness
+from deferral.models import TaskInstance, Trigger, Triggerer, Worker
+from deferral.process import command_group, settings_or_exit
+from deferral_cli.common import Record, emit, output_options, sessions
+
+
+@command_group()
+def triggers() -> None:
+    """Triggers (their kwargs stay encrypted and are never shown)."""
+
+
+@triggers.command("list")
+@output_options
+def triggers_list(output: str) -> None:
+    """List triggers: class, the triggerer running it, and the task waiting on it."""
+    settings = settings_or_exit()
+    with sessions(settings)() as session:
+        # Named columns only: the kwargs (ciphertext) never leave the database.
+        found = session.execute(
+            select(
+                Trigger.id, Trigger.classpath, Trigger.triggerer_id, Trigger.created_date
+            ).order_by(Trigger.id)
+        ).all()
+        waiting = _waiting_tasks(session)
+    records = [
+        {
+            "id": row.id,
+            "classpath": row.classpath,
+            "triggerer_id": row.triggerer_id,
+            "created_date": row.created_date,
+            "waiting_tasks": waiting.get(row.id, []),
+        }
+        for row in found
+    ]
+    emit(output, records, empty="no triggers")
+
+
+def _waiting_tasks(session: Session) -> dict[int, list[str]]:
+    """Trigger id -> labels (dag.run.task[map]) of the task instances waiting on it."""
+    query = (
+        select(
+            Trigger.id,
+            TaskInstance.dag_id,
+            TaskInstance.run_id,
+            TaskInstance.task_id,
+            TaskInstance.map_index,
+        )
+        .join(TaskInstance, TaskInstance.trigger_id == Trigger.id)
+        .order_by(TaskInstance.id)
+    )
+    waiting: dict[int, list[str]] = {}
+    for trigger_id, dag_id, run_id, task_id, map_index in session.execute(query):
+        waiting.setdefault(trigger_id, []).append(task_label(dag_id, run_id, task_id, map_index))
+    return waiting
+
+
+@command_group()
+def triggerers() -> None:
+    """Triggerer processes."""
+
+
+@triggerers.command("list")
+@output_options
+def triggerers_list(output: str) -> None:
+    """List triggerers with their load, capacity and heartbeat.
+
+    A triggerer is alive if its state is running and its latest heartbeat is at most
+    2.1 x DEFERRAL_HEARTBEAT_SEC old (by the database's clock), else stale.
+    """
+    _list_processes(
+        output, Triggerer, lambda t: {"load": t.load, "capacity": t.capacity}, "no triggerers"
+    )
+
+
+@command_group()
+def workers() -> None:
+    """Worker processes."""
+
+
+@workers.command("list")
+@output_options
+def workers_list(output: str) -> None:
+    """List workers with their queue, running attempts (load), concurrency and heartbeat.
+
+    A worker is alive if its state is running and its latest heartbeat is at most
+    2.1 x DEFERRAL_HEARTBEAT_SEC old (by the database's clock), else stale.
+    """
+    _list_processes(
+        output,
+        Worker,
+        lambda w: {"queue": w.queue, "load": w.load, "concurrency": w.concurrency},
+        "no workers",
+    )
+
+
+Process = TypeVar("Process", Triggerer, Worker)
+
+
+def _list_processes(
+    output: str, model: type[Process], own: Callable[[Process], Record], empty: str
+) -> None:
+    """Each process of a kind: who it is, what it has of its ``own``, and whether it is alive."""
+    settings = settings_or_exit()
+    with sessions(settings)() as session:
+        # The database's clock, the one that wrote the heartbeats: no skew with this host.
+        now = session.scalars(select(func.now())).one()
+        records = [
+            {
+                **_identity(process),
+                **own(process),
+                **_liveness(process, now, settings.heartbeat_sec),
+            }
+            for process in session.scalars(select(model).order_by(model.name))
+        ]
+    emit(output, records, empty=empty)
+
+
+def _identity(process: Triggerer | Worker) -> dict[str, Any]:
+    return {
+        "name": process.name,
+        "hostname": process.hostname,
+        "pid": process.pid,
+        "state": process.state,
+    }
+
+
+def _liveness(process: Triggerer | Worker, now: dt.datetime, heartbeat_sec: float) -> Record:
+    """The heartbeat, its age, and whether the process is alive by :mod:`deferral.liveness`."""
+    alive = liveness.is_alive(process.state, process.latest_heartbeat, now, heartbeat_sec)
+    return {
+        "latest_heartbeat": process.latest_heartbeat,
+        "heartbeat_age_sec": round(liveness.heartbeat_age_sec(process.latest_heartbeat, now), 1),
+        "health": "alive" if alive else "stale",
+    }

@@ -1,0 +1,158 @@
+"""``dags trigger --wait``: follow a run to its end, showing each task's state as it changes.
+
+On a terminal the run's tasks are one block of lines, redrawn in place as states change; to a
+file or a pipe each change is one plain line. What is shown is decided by pure functions
+(:func:`changes`, :func:`block`), so both forms are tested without a terminal.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol, TextIO
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session, sessionmaker
+
+from deferral.models import DagRun, TaskInstance
+from deferral.states import FINISHED_STATES, DagRunState
+from deferral_cli.common import ti_label
+
+FINISHED_RUN_STATES = frozenset({DagRunState.SUCCESS, DagRunState.FAILED})
+POLL_INTERVAL_SEC = 0.5
+
+
+@dataclass(frozen=True)
+class TaskStatus:
+    task: str  # task_id, with [map_index] for a mapped task's instance
+    state: str
+    try_number: int
+
+
+@dataclass(frozen=True)
+class RunStatus:
+    state: str | None  # None: the run is gone (deleted while waited on)
+    tasks: tuple[TaskStatus, ...]  # in the order the scheduler created them
+
+
+def read_status(session: Session, dag_id: str, run_id: str) -> RunStatus:
+    """The run's state and its task instances', in one snapshot."""
+    state = session.scalar(
+        select(DagRun.state).where(DagRun.dag_id == dag_id, DagRun.run_id == run_id)
+    )
+    rows = session.execute(
+        select(
+            TaskInstance.task_id,
+            TaskInstance.map_index,
+            TaskInstance.state,
+            TaskInstance.try_number,
+        )
+        .where(TaskInstance.dag_id == dag_id, TaskInstance.run_id == run_id)
+        .order_by(TaskInstance.id)
+    ).all()
+    tasks = tuple(
+        TaskStatus(ti_label(task_id, map_index), state, try_number)
+        for task_id, map_index, state, try_number in rows
+    )
+    return RunStatus(state, tasks)
+
+
+def changes(before: RunStatus | None, after: RunStatus) -> list[str]:
+    """One plain line per change from ``before`` to ``after``: the run's state, then each task
+    whose state or try changed (every task, the first time)."""
+    lines: list[str] = []
+    if before is None or before.state != after.state:
+        lines.append(f"run: {after.state or 'gone'}")
+    seen = {} if before is None else {t.task: t for t in before.tasks}
+    for task in after.tasks:
+        if seen.get(task.task) != task:
+            lines.append(f"{task.task}: {task.state} (try {task.try_number})")
+    return lines
+
+
+def block(label: str, status: RunStatus, elapsed_sec: float, max_tasks: int = 1000) -> list[str]:
+    """The lines a terminal shows: the run and how long it has been waited on, then each task
+    in aligned columns. Past ``max_tasks`` tasks (the terminal's height), the unfinished ones
+    are listed first and the rest counted by state on one line."""
+    lines = [f"{label}: {status.state or 'gone'} ({elapsed_sec:.0f}s)"]
+    tasks = list(status.tasks)
+    rest: list[TaskStatus] = []
+    if len(tasks) > max_tasks:
+        # Stable sort: unfinished tasks first, each group in creation order.
+        tasks.sort(key=lambda t: t.state in FINISHED_STATES)
+        tasks, rest = tasks[: max(0, max_tasks - 1)], tasks[max(0, max_tasks - 1) :]
+    width = max((len(t.task) for t in tasks), default=0)
+    state_width = max((len(t.state) for t in tasks), default=0)
+    lines += [
+        f"  {t.task.ljust(width)}  {t.state.ljust(state_width)}  try {t.try_number}" for t in tasks
+    ]
+    if rest:
+        counts = Counter(t.state for t in rest)
+        lines.append(
+            f"  and {len(rest)} more: "
+            + ", ".join(f"{n} {state}" for state, n in sorted(counts.items()))
+        )
+    return lines
+
+
+class Display(Protocol):
+    def show(self, status: RunStatus, elapsed_sec: float) -> None: ...
+
+
+class PlainLines:
+    """A line per change, with the time of day (UTC) it was seen."""
+
+    def __init__(self, out: TextIO, now: Callable[[], dt.datetime]) -> None:
+        self.out, self.now = out, now
+        self.last: RunStatus | None = None
+
+    def show(self, status: RunStatus, elapsed_sec: float) -> None:
+        stamp = self.now().strftime("%H:%M:%S")
+        for line in changes(self.last, status):
+            self.out.write(f"{stamp} {line}\n")
+        self.out.flush()
+        self.last = status
+
+
+class LiveBlock:
+    """The block of :func:`block`, redrawn in place (ANSI: cursor up, erase line)."""
+
+    def __init__(self, out: TextIO, label: str, height: int) -> None:
+        self.out, self.label, self.drawn = out, label, 0
+        # The cursor cannot go back above the screen's top: the block must fit on it.
+        self.max_tasks = max(1, height - 3)
+
+    def show(self, status: RunStatus, elapsed_sec: float) -> None:
+        lines = block(self.label, status, elapsed_sec, self.max_tasks)
+        up = f"\x1b[{self.drawn}F" if self.drawn else ""
+        # Erase what is left below when the block shrinks (a run that disappeared).
+        self.out.write(up + "".join(f"\x1b[2K{line}\n" for line in lines) + "\x1b[J")
+        self.out.flush()
+        self.drawn = len(lines)
+
+
+def wait_for_run(
+    sessions: sessionmaker[Session],
+    dag_id: str,
+    run_id: str,
+    timeout: float | None,
+    display: Display | None = None,
+    sleep: Callable[[float], None] = time.sleep,
+) -> str | None:
+    """Poll the run until it finishes; its final state, or None when ``timeout`` seconds passed
+    first. ``display`` is shown every poll (it says only what changed)."""
+    started = time.monotonic()
+    while True:
+        with sessions() as session:
+            status = read_status(session, dag_id, run_id)
+        elapsed = time.monotonic() - started
+        if display is not None:
+            display.show(status, elapsed)
+        if status.state in FINISHED_RUN_STATES:
+            return status.state
+        if timeout is not None and elapsed > timeout:
+            return None
+        sleep(POLL_INTERVAL_SEC)

@@ -1,0 +1,1 @@
+"""Code the packaged DAG imports from inside its archive."""

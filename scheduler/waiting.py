@@ -1,0 +1,72 @@
+"""What the scheduler does with a run's waiting task instances (state none) when it evaluates
+the run: the trigger rules' decisions (``decide.waiting_task_decisions``, over every map index
+of mapped upstream tasks), mapped tasks expanded on the way (``scheduler.mapping``), all applied
+through ``deferral.transitions``."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from sqlalchemy.orm import Session
+
+from deferral import transitions
+from deferral.dag import DAG
+from deferral.mappedoperator import MappedOperator
+from deferral.models import DagRun, TaskInstance
+from deferral.states import TaskState
+from scheduler import decide, mapping
+from scheduler.mapping import Move, NewTaskInstanceOf
+
+
+@dataclass
+class _Row:
+    task_id: str
+    map_index: int
+    state: str
+
+
+def advance(
+    session: Session,
+    run: DagRun,
+    dag: DAG,
+    tis: Sequence[TaskInstance],
+    new_ti: NewTaskInstanceOf,
+    max_map_length: int,
+) -> dict[str, dict[int, str]]:
+    """Schedule, skip or fail the run's waiting task instances as their trigger rules say,
+    expanding mapped tasks that may run; returns the run's states after these moves (what the
+    run's outcome is decided on). Moves of one kind and reason are one statement."""
+    states = decide.run_states(tis)
+    expansions = mapping.Expansions(mapping.read_shapes(session, run, dag, states), max_map_length)
+    decisions = decide.waiting_task_decisions(dag, states, expansions.decide)
+    rows = {ti.id: _Row(ti.task_id, ti.map_index, ti.state) for ti in tis}
+    of_task: dict[str, list[TaskInstance]] = {}
+    for ti in tis:
+        of_task.setdefault(ti.task_id, []).append(ti)
+    moves: list[Move] = []
+    for task_id, decision in decisions.items():
+        mine = of_task[task_id]
+        task = dag.task_dict[task_id]
+        if isinstance(task, MappedOperator):
+            created, task_moves = mapping.carry_out(
+                session, run, task, mine, decision, expansions, new_ti
+            )
+            for ti_id, map_index in created:
+                rows[ti_id] = _Row(task_id, map_index, TaskState.NONE)
+            moves += task_moves
+        else:
+            waiting = [ti.id for ti in mine if ti.state == TaskState.NONE]
+            met = decision is TaskState.SCHEDULED
+            moves.append(Move(decision, "dependencies met" if met else "trigger rule", waiting))
+    grouped: dict[tuple[TaskState, str], list[int]] = {}
+    for move in moves:
+        grouped.setdefault((move.to_state, move.reason), []).extend(move.ids)
+    for (to_state, reason), ids in grouped.items():
+        if to_state == TaskState.SCHEDULED:
+            moved = transitions.schedule(session, ids, reason)
+        else:
+            moved = transitions.never_run(session, ids, to_state, reason)
+        for ti_id in moved:
+            rows[ti_id].state = to_state
+    return decide.run_states(rows.values())

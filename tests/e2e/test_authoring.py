@@ -1,0 +1,356 @@
+"""TaskFlow, task groups, branching, BashOperator and callbacks through the real scheduler and
+worker processes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import select
+from sqlalchemy.orm import Session, sessionmaker
+
+from deferral.models import DagRun, TaskInstance, TaskStateChange
+from deferral.xcom import DatabaseXComs
+from tests.e2e.conftest import Services
+from tests.helpers import process_alive, wait_for
+
+pytestmark = pytest.mark.e2e
+
+TASKFLOW_DAG = """
+from deferral import TaskGroup, dag, task, task_group
+from deferral.operators import EmptyOperator, PythonOperator
+
+
+@task(multiple_outputs=True)
+def extract():
+    return {"orders": [3, 4], "customer": "ada"}
+
+
+@task
+def total(orders):
+    return sum(orders)
+
+
+@task
+def greet(customer, amount):
+    return f"{customer} owes {amount}"
+
+
+@task
+def scale(amount, factor):
+    return amount * factor
+
+
+def double(x):
+    return x * 2
+
+
+@task_group
+def checks(value):
+    @task
+    def positive(v):
+        return v > 0
+
+    @task
+    def small(v):
+        return v < 100
+
+    positive(value) >> small(value)
+
+
+@dag(schedule=None)
+def e2e_taskflow(factor=10):
+    data = extract()
+    amount = total(data["orders"])
+    message = greet(data["customer"], amount)
+    doubled = PythonOperator(task_id="double", python_callable=double, op_kwargs={"x": amount})
+    scale(doubled.output, factor)
+    with TaskGroup("first") as first:
+        EmptyOperator(task_id="a") >> EmptyOperator(task_id="b")
+        EmptyOperator(task_id="c")
+    with TaskGroup("second", default_args={"retries": 2}) as second:
+        EmptyOperator(task_id="x")
+    message >> first >> second >> checks(amount)
+
+
+e2e_taskflow()
+"""
+
+BRANCHING_DAG = """
+from deferral import DAG, TaskGroup, task
+from deferral.operators import BranchPythonOperator, EmptyOperator, ShortCircuitOperator
+
+with DAG("e2e_branching"):
+    branch = BranchPythonOperator(task_id="branch", python_callable=lambda: "left")
+    left, right = EmptyOperator(task_id="left"), EmptyOperator(task_id="right")
+    after_right = EmptyOperator(task_id="after_right")
+    join = EmptyOperator(task_id="join", trigger_rule="none_failed_min_one_success")
+    branch >> [left, right]
+    right >> after_right
+    [left, after_right] >> join
+
+    @task.branch
+    def pick_group():
+        return "chosen"
+
+    with TaskGroup("chosen") as chosen:
+        EmptyOperator(task_id="one") >> EmptyOperator(task_id="two")
+    with TaskGroup("unchosen") as unchosen:
+        EmptyOperator(task_id="one")
+    pick_group() >> [chosen, unchosen]
+
+    gate_all = ShortCircuitOperator(task_id="gate_all", python_callable=lambda: False)
+    all_done = EmptyOperator(task_id="sc_all_done", trigger_rule="all_done")
+    gate_all >> EmptyOperator(task_id="sc_direct") >> all_done
+
+    gate_rules = ShortCircuitOperator(
+        task_id="gate_rules", python_callable=lambda: 0, ignore_downstream_trigger_rules=False
+    )
+    scr_direct = EmptyOperator(task_id="scr_direct")
+    gate_rules >> scr_direct >> EmptyOperator(task_id="scr_all_done", trigger_rule="all_done")
+    scr_direct >> EmptyOperator(task_id="scr_all_success")
+
+    @task.short_circuit
+    def open_gate():
+        return True
+
+    open_gate() >> EmptyOperator(task_id="after_open_gate")
+"""
+
+BASH_DAG = """
+import datetime as dt
+
+from deferral import DAG
+from deferral.operators import BashOperator
+
+with DAG("e2e_bash"):
+    echo = BashOperator(
+        task_id="echo",
+        bash_command='echo first; echo "$DEFERRAL_CTX_TASK_ID $GREETING"',
+        env={{"GREETING": "hi"}},
+    )
+    BashOperator(task_id="skip99", bash_command="echo skipping; exit 99")
+    BashOperator(task_id="fails", bash_command="exit 3")
+    # After echo, so that it starts in a task process already up: its timeout counts from
+    # its pick-up, and a first task process can take seconds to start on a loaded machine.
+    echo >> BashOperator(
+        task_id="too_long",
+        bash_command="sleep 300 & echo $! > {pids}; echo $$ >> {pids}; sleep 300",
+        execution_timeout=dt.timedelta(seconds=5),
+    )
+"""
+
+CALLBACKS_DAG = """
+import datetime as dt
+from pathlib import Path
+
+from deferral import DAG
+from deferral.operators import PythonOperator
+
+LOG = Path({log!r})
+
+
+def note(kind):
+    def callback(context):
+        error = context.get("exception")
+        extra = f" {{type(error).__name__}}" if error else ""
+        with LOG.open("a") as f:
+            f.write(f"{{kind}} {{context['ti'].task_id}} {{context['try_number']}}{{extra}}\\n")
+
+    return callback
+
+
+def broken(context):
+    raise RuntimeError("the pager is down")
+
+
+def dag_note(kind):
+    def callback(context):
+        with LOG.open("a") as f:
+            f.write(f"{{kind}} {{context['dag_run'].dag_id}} {{context['reason']}}\\n")
+
+    return callback
+
+
+def always_fails():
+    raise ValueError("bad data")
+
+
+with DAG(
+    "e2e_callbacks",
+    on_success_callback=dag_note("dag success"),
+    on_failure_callback=[broken, dag_note("dag failure")],
+    default_args={{
+        "on_execute_callback": note("execute"),
+        "on_success_callback": note("success"),
+        "on_failure_callback": [broken, note("failure")],
+        "on_retry_callback": note("retry"),
+        "retry_delay": dt.timedelta(0),
+    }},
+):
+    PythonOperator(task_id="fine", python_callable=lambda: 1)
+    PythonOperator(task_id="flaky", python_callable=always_fails, retries=1)
+"""
+
+
+def _run_to_the_end(
+    services: Services, sessions: sessionmaker[Session], dag_id: str, *, succeeds: bool = True
+) -> None:
+    services.start("scheduler")
+    services.start("worker", "--concurrency", "4")
+    result = services.run("dags", "trigger", dag_id, "--wait", "--timeout", "120", timeout=150)
+    assert result.returncode == (0 if succeeds else 1), result.stdout + result.stderr
+    with sessions() as session:
+        state = session.scalars(select(DagRun.state).where(DagRun.dag_id == dag_id)).one()
+    assert state == ("success" if succeeds else "failed")
+
+
+def _task_instances(sessions: sessionmaker[Session], dag_id: str) -> dict[str, TaskInstance]:
+    with sessions() as session:
+        rows = session.scalars(select(TaskInstance).where(TaskInstance.dag_id == dag_id))
+        return {ti.task_id: ti for ti in rows}
+
+
+def _states(sessions: sessionmaker[Session], dag_id: str) -> dict[str, str]:
+    return {task_id: ti.state for task_id, ti in _task_instances(sessions, dag_id).items()}
+
+
+def _last_reason(sessions: sessionmaker[Session], ti_id: int) -> str:
+    with sessions() as session:
+        reason = session.scalars(
+            select(TaskStateChange.reason)
+            .where(TaskStateChange.task_instance_id == ti_id)
+            .order_by(TaskStateChange.id.desc())
+        ).first()
+    return reason or ""
+
+
+def _xcom(sessions: sessionmaker[Session], dag_id: str, task_id: str, key: str) -> Any:
+    with sessions() as session:
+        run_id = session.scalars(select(DagRun.run_id).where(DagRun.dag_id == dag_id)).one()
+    return DatabaseXComs(sessions).pull(dag_id, run_id, task_id, key, -1)
+
+
+def test_taskflow_passes_values_and_task_groups_run_in_dependency_order(
+    services: Services, write_dag: Any, sessions: sessionmaker[Session]
+) -> None:
+    write_dag("e2e_taskflow_dag", TASKFLOW_DAG)
+    _run_to_the_end(services, sessions, "e2e_taskflow")
+
+    tis = _task_instances(sessions, "e2e_taskflow")
+    assert {ti.state for ti in tis.values()} == {"success"}, _states(sessions, "e2e_taskflow")
+    assert set(tis) == {
+        "extract", "total", "greet", "double", "scale",
+        "first.a", "first.b", "first.c", "second.x", "checks.positive", "checks.small",
+    }  # fmt: skip
+
+    def value(task_id: str, key: str = "return_value") -> Any:
+        return _xcom(sessions, "e2e_taskflow", task_id, key)
+
+    assert value("extract", "orders") == [3, 4]  # multiple_outputs: each key its own XCom
+    assert value("extract", "customer") == "ada"
+    assert value("extract") == {"orders": [3, 4], "customer": "ada"}
+    assert value("total") == 7
+    assert value("greet") == "ada owes 7"
+    assert value("double") == 14  # a classic operator given an XComArg in op_kwargs
+    assert value("scale") == 140  # operator.output and a @dag param (factor=10)
+    assert value("checks.positive") is True
+    # group >> group: every root of "second" started after every leaf of "first" ended.
+    first_leaves_end = max(tis[t].end_date for t in ("first.b", "first.c"))  # type: ignore[type-var]
+    assert tis["second.x"].start_date >= first_leaves_end  # type: ignore[operator]
+    assert tis["first.a"].start_date >= tis["greet"].end_date  # type: ignore[operator]
+    assert tis["checks.positive"].start_date >= tis["second.x"].end_date  # type: ignore[operator]
+    assert tis["second.x"].max_tries == 2  # the group's default_args
+
+
+def test_branches_and_short_circuits_skip_what_they_chose_against(
+    services: Services, write_dag: Any, sessions: sessionmaker[Session]
+) -> None:
+    write_dag("e2e_branching_dag", BRANCHING_DAG)
+    _run_to_the_end(services, sessions, "e2e_branching")
+
+    assert _states(sessions, "e2e_branching") == {
+        "branch": "success",
+        "left": "success",
+        "right": "skipped",
+        "after_right": "skipped",  # all_success after a skipped task: skipped by its rule
+        "join": "success",  # none_failed_min_one_success after the branch
+        "pick_group": "success",
+        "chosen.one": "success",  # a task group id as the branch: its roots run
+        "chosen.two": "success",
+        "unchosen.one": "skipped",
+        "gate_all": "success",
+        "sc_direct": "skipped",
+        "sc_all_done": "skipped",  # ignore_downstream_trigger_rules=True: all downstream
+        "gate_rules": "success",
+        "scr_direct": "skipped",
+        "scr_all_done": "success",  # =False: beyond the direct downstream, rules decide
+        "scr_all_success": "skipped",
+        "open_gate": "success",
+        "after_open_gate": "success",
+    }
+    tis = _task_instances(sessions, "e2e_branching")
+    assert _last_reason(sessions, tis["right"].id) == "skipped by branch"
+    assert _last_reason(sessions, tis["sc_all_done"].id) == "skipped by gate_all"
+    assert _last_reason(sessions, tis["after_right"].id) == "trigger rule"
+    assert _xcom(sessions, "e2e_branching", "branch", "return_value") == "left"
+
+
+def test_bash_operator_pushes_its_last_line_skips_on_99_and_is_stopped_on_timeout(
+    services: Services, write_dag: Any, sessions: sessionmaker[Session], tmp_path: Path
+) -> None:
+    pids = tmp_path / "bash.pids"
+    write_dag("e2e_bash_dag", BASH_DAG.format(pids=pids))
+    _run_to_the_end(services, sessions, "e2e_bash", succeeds=False)
+
+    tis = _task_instances(sessions, "e2e_bash")
+    assert _states(sessions, "e2e_bash") == {
+        "echo": "success",
+        "skip99": "skipped",
+        "fails": "failed",
+        "too_long": "failed",
+    }
+    assert _xcom(sessions, "e2e_bash", "echo", "return_value") == "echo hi"
+    assert "exited with code 99" in _last_reason(sessions, tis["skip99"].id)
+    assert _last_reason(sessions, tis["fails"].id) == (
+        "BashCommandError: bash command failed with exit code 3"
+    )
+    assert _last_reason(sessions, tis["too_long"].id).startswith("TaskExecutionTimeout")
+    started = [int(pid) for pid in pids.read_text().split()]
+    assert len(started) == 2  # the background sleep and bash itself
+    wait_for(
+        lambda: not any(process_alive(pid) for pid in started),
+        timeout=15,
+        what="the timed-out command's processes to be gone",
+    )
+    assert "\necho hi\n" in services.log("worker")  # the command's output, in the task's log
+
+
+def test_task_callbacks_fire_in_the_task_process(
+    services: Services, write_dag: Any, sessions: sessionmaker[Session], tmp_path: Path
+) -> None:
+    log = tmp_path / "callbacks.log"
+    write_dag("e2e_callbacks_dag", CALLBACKS_DAG.format(log=str(log)))
+    _run_to_the_end(services, sessions, "e2e_callbacks", succeeds=False)
+
+    assert _states(sessions, "e2e_callbacks") == {"fine": "success", "flaky": "failed"}
+    lines = log.read_text().splitlines()
+    assert sorted(line for line in lines if "fine" in line) == ["execute fine 1", "success fine 1"]
+    assert [line for line in lines if "flaky" in line] == [
+        "execute flaky 1",
+        "retry flaky 1 ValueError",
+        "execute flaky 2",
+        "failure flaky 2 ValueError",  # after a callback that raised, the next still ran
+    ]
+    flaky = _task_instances(sessions, "e2e_callbacks")["flaky"]
+    assert _last_reason(sessions, flaky.id) == "ValueError: bad data"
+    assert "the pager is down" in services.log("worker")
+    # The DAG's failure callbacks run in the scheduler once the run has failed.
+    wait_for(
+        lambda: "dag failure e2e_callbacks task_failure" in log.read_text(),
+        timeout=30,
+        what="the DAG's failure callback",
+    )
+    assert "dag success" not in log.read_text()
+    assert "the pager is down" in services.log("scheduler")

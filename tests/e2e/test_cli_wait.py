@@ -1,0 +1,196 @@
+"""`deferral dags trigger --wait` against real services: exit 0 when the run succeeds, 1 when a
+task fails, 3 when --timeout passes first (a task deferred for an hour); each task's state as it
+changes, redrawn in place on a terminal; and the services' JSON log lines carry the task, try
+and trigger ids."""
+
+from __future__ import annotations
+
+import json
+import os
+import pty
+import subprocess
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import select
+from sqlalchemy.orm import Session, sessionmaker
+
+from deferral.models import TaskInstance
+from tests.e2e.conftest import Services, command
+from tests.helpers import wait_for
+
+pytestmark = pytest.mark.e2e
+
+DAGS = """
+import datetime as dt
+
+from deferral import DAG, BaseOperator
+from deferral.operators import EmptyOperator, PythonOperator
+from deferral.triggers import TimeDeltaTrigger
+
+
+class Wait(BaseOperator):
+    def __init__(self, seconds, **kwargs):
+        super().__init__(**kwargs)
+        self.seconds = seconds
+
+    def execute(self, context):
+        self.defer(trigger=TimeDeltaTrigger(dt.timedelta(seconds=self.seconds)), method_name="done")
+
+    def done(self, context, event):
+        return "waited"
+
+
+def boom():
+    raise ValueError("boom")
+
+
+with DAG("e2e_wait_ok"):
+    Wait(task_id="wait", seconds=3) >> EmptyOperator(task_id="after")
+
+with DAG("e2e_wait_fail"):
+    PythonOperator(task_id="boom", python_callable=boom) >> EmptyOperator(task_id="after")
+
+with DAG("e2e_wait_long"):
+    Wait(task_id="wait", seconds=3600)
+"""
+
+
+@pytest.fixture
+def running(services: Services, dags_folder: Path) -> Services:
+    (dags_folder / "e2e_wait_dags.py").write_text(DAGS)
+    services.start("scheduler")
+    services.start("worker", "--concurrency", "2", "--log-format", "json")
+    services.start("triggerer", "--log-format", "json")
+    return services
+
+
+def _plain(lines: str) -> list[str]:
+    """The lines of --wait's plain form, without their time of day."""
+    return [line.split(" ", 1)[1] for line in lines.splitlines() if line[:2].isdigit()]
+
+
+def _trigger_and_wait(
+    services: Services, dag_id: str, timeout: str
+) -> subprocess.CompletedProcess[str]:
+    """`deferral dags trigger DAG_ID --run-id r1 --wait --timeout S`, run to its end."""
+    return services.run(
+        "dags", "trigger", dag_id, "--run-id", "r1", "--wait", "--timeout", timeout, timeout=240
+    )
+
+
+def _json_lines(log: str) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in log.splitlines() if line.startswith("{")]
+
+
+def test_wait_exits_0_when_the_run_succeeds(running: Services) -> None:
+    done = _trigger_and_wait(running, "e2e_wait_ok", "180")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.splitlines()[0] == "triggered e2e_wait_ok r1"
+    shown = _plain(done.stdout)
+    # Deferred for 3 s, polled every 0.5 s: the deferral is seen, then the success.
+    wait_states = [line for line in shown if line.startswith("wait: ")]
+    assert "wait: deferred (try 1)" in wait_states, shown
+    assert wait_states[-1] == "wait: success (try 1)", shown
+    assert {"run: running", "run: success", "after: success (try 1)"} <= set(shown)
+    assert done.stdout.splitlines()[-1] == "run r1: success"
+    assert "\x1b" not in done.stdout  # not a terminal: no control sequences
+
+    # The JSON logs: ISO 8601 UTC timestamps, the ids of what a line is about as fields.
+    worker = _json_lines(running.log("worker"))
+    (started,) = [e for e in worker if e["message"] == "running e2e_wait_ok.r1.wait try 1"]
+    assert started["task"] == "e2e_wait_ok.r1.wait" and started["try_number"] == 1
+    assert isinstance(started["task_instance_id"], int)
+    assert started["timestamp"].endswith("Z") and "T" in started["timestamp"]
+    triggerer = _json_lines(running.log("triggerer"))
+    (fired,) = [
+        e for e in triggerer if e["message"].endswith("for e2e_wait_ok.r1.wait: event sent")
+    ]
+    assert fired["task_instance_id"] == started["task_instance_id"]
+    assert isinstance(fired["trigger_id"], int) and fired["task"] == "e2e_wait_ok.r1.wait"
+
+
+def test_wait_exits_1_when_a_task_fails(running: Services) -> None:
+    done = _trigger_and_wait(running, "e2e_wait_fail", "180")
+    assert done.returncode == 1, done.stdout + done.stderr
+    shown = _plain(done.stdout)
+    assert {"boom: failed (try 1)", "after: upstream_failed (try 0)", "run: failed"} <= set(shown)
+    assert done.stdout.splitlines()[-1] == "run r1: failed"
+
+
+def test_wait_exits_3_when_the_timeout_passes_first(
+    running: Services, sessions: sessionmaker[Session]
+) -> None:
+    done = _trigger_and_wait(running, "e2e_wait_long", "20")
+    assert done.returncode == 3, done.stdout + done.stderr
+    assert done.stderr == (
+        "error: run r1 of DAG e2e_wait_long not finished after 20s; it goes on"
+        " (`deferral runs show e2e_wait_long r1`)\n"
+    )
+    assert "run r1:" not in done.stdout
+
+    def state() -> str | None:
+        with sessions() as session:
+            return session.scalar(select(TaskInstance.state).where(TaskInstance.task_id == "wait"))
+
+    # The run goes on: its task waits on its trigger.
+    wait_for(lambda: state() == "deferred", timeout=60, what="the task to defer")
+
+
+def _run_on_terminal(services: Services, *args: str, timeout: float) -> tuple[int, str]:
+    """Run a `deferral` command with its stdout on a pseudo-terminal; its exit status and all it
+    wrote there."""
+    master, slave = pty.openpty()
+    proc = subprocess.Popen(
+        command("deferral", *args), env=services.env, stdout=slave, stderr=subprocess.PIPE
+    )
+    os.close(slave)
+    chunks: list[bytes] = []
+
+    def read() -> None:
+        while True:
+            try:
+                data = os.read(master, 4096)
+            except OSError:  # EIO: the terminal's other end closed
+                return
+            if not data:
+                return
+            chunks.append(data)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        code = proc.wait(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        reader.join(10)
+        os.close(master)
+    return code, b"".join(chunks).decode(errors="replace")
+
+
+def test_on_a_terminal_wait_redraws_the_tasks_in_place(running: Services) -> None:
+    code, shown = _run_on_terminal(
+        running,
+        "dags",
+        "trigger",
+        "e2e_wait_ok",
+        "--run-id",
+        "r2",
+        "--wait",
+        "--timeout",
+        "180",
+        timeout=240,
+    )
+    assert code == 0, shown
+    assert "\x1b[2K" in shown and "F\x1b[2K" in shown  # lines erased and the block redrawn
+    final = shown.replace("\r\n", "\n").rsplit("\x1b[J", 1)
+    assert final[-1].strip() == "run r2: success"
+    last_block = final[0].rsplit("F", 1)[-1].replace("\x1b[2K", "").splitlines()
+    assert last_block[0].startswith("e2e_wait_ok r2: success (")
+    assert [line.split() for line in last_block[1:]] == [
+        ["wait", "success", "try", "1"],
+        ["after", "success", "try", "1"],
+    ]

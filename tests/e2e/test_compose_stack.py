@@ -1,0 +1,249 @@
+"""compose.yaml as local processes: every service built from the Dockerfile is started with the
+very command and environment the file declares (as Compose resolves them), against the test
+servers standing in for its `postgres` and `redis`; the example DAG `example_deferrable` runs
+through them to success. A copy of the file that breaks a service fails here too.
+
+Only what a container would see differently is changed: the servers' addresses (and the test
+database and credentials), container paths mapped back to the host paths mounted there, and a
+stream prefix of the test's own so that nothing else on the test Redis is touched.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import select
+from sqlalchemy.engine import make_url
+from sqlalchemy.orm import Session, sessionmaker
+
+from deferral.models import DagRun, TaskInstance, TaskStateChange
+from tests.compose_stack import COMPOSE_FILE, model, scratch_project
+from tests.e2e.conftest import Services, command
+from tests.helpers import wait_for
+from tests.servers import REDIS_URL
+
+pytestmark = pytest.mark.e2e
+
+
+class StackFailed(AssertionError):
+    """A service of the stack did not come up or did not do its work."""
+
+
+@dataclass(frozen=True)
+class LocalService:
+    name: str
+    command: list[str]
+    env: dict[str, str]
+    healthcheck: list[str]
+    one_shot: bool  # others wait for it to complete successfully
+
+
+def _on_test_servers(env: dict[str, str], database_url: str, prefix: str) -> dict[str, str]:
+    """The declared environment with the test servers in place of the stack's; the database
+    URL keeps its driver and query, the Redis URL its database number."""
+    declared_db = make_url(env["DEFERRAL_DATABASE_URL"])
+    test_db = make_url(database_url)
+    moved_db = declared_db.set(
+        host=test_db.host,
+        port=test_db.port,
+        username=test_db.username,
+        password=test_db.password,
+        database=test_db.database,
+    )
+    declared_redis, test_redis = env["DEFERRAL_REDIS_URL"], REDIS_URL
+    redis_db = declared_redis.rsplit("/", 1)[1]
+    return {
+        **env,
+        "DEFERRAL_DATABASE_URL": moved_db.render_as_string(hide_password=False),
+        "DEFERRAL_REDIS_URL": f"{test_redis.rsplit('/', 1)[0]}/{redis_db}",
+        "DEFERRAL_STREAM_PREFIX": prefix,
+    }
+
+
+def _host_paths(env: dict[str, str], volumes: list[dict[str, Any]], service: str) -> dict[str, str]:
+    """Container paths in ``env`` (those under a bind mount) as the host paths mounted there;
+    DEFERRAL_DAGS_FOLDER must be under one."""
+    mounts = {v["target"]: v["source"] for v in volumes if v.get("type") == "bind"}
+
+    def host(value: str) -> str:
+        for target, source in mounts.items():
+            if value == target or value.startswith(target + "/"):
+                return source + value[len(target) :]
+        return value
+
+    moved = {key: host(value) for key, value in env.items()}
+    if moved["DEFERRAL_DAGS_FOLDER"] == env["DEFERRAL_DAGS_FOLDER"]:
+        raise StackFailed(
+            f"{service}: DEFERRAL_DAGS_FOLDER {env['DEFERRAL_DAGS_FOLDER']} is not mounted"
+        )
+    return moved
+
+
+def local_services(
+    compose_model: dict[str, Any], database_url: str, prefix: str
+) -> list[LocalService]:
+    """The services built from the Dockerfile (postgres and redis are the test servers), one-shot
+    services first."""
+    found = []
+    for name, service in compose_model["services"].items():
+        if "build" not in service:
+            continue
+        env = _on_test_servers(dict(service["environment"]), database_url, prefix)
+        env = _host_paths(env, service.get("volumes", []), name)
+        test = service["healthcheck"]["test"]
+        if test[0] != "CMD":
+            raise StackFailed(f"{name}: healthcheck {test[0]} cannot run without a container")
+        found.append(
+            LocalService(
+                name=name,
+                command=list(service["command"]),
+                env=env,
+                healthcheck=test[1:],
+                one_shot=service.get("restart") == "no",
+            )
+        )
+    waited_on = {
+        dep
+        for service in compose_model["services"].values()
+        for dep, how in (service.get("depends_on") or {}).items()
+        if how["condition"] == "service_completed_successfully"
+    }
+    assert waited_on == {s.name for s in found if s.one_shot}
+    return sorted(found, key=lambda s: not s.one_shot)
+
+
+def _argv(argv: list[str]) -> list[str]:
+    """A container command run from the test's environment (its console scripts)."""
+    return command(argv[0], *argv[1:])
+
+
+def _process_env(env: dict[str, str]) -> dict[str, str]:
+    # What the image has besides the declared variables (Dockerfile ENV), nothing of the test's.
+    base = {name: os.environ[name] for name in ("PATH", "HOME") if name in os.environ}
+    return {**base, "PYTHONUNBUFFERED": "1", "PYTHONDONTWRITEBYTECODE": "1", **env}
+
+
+def start_stack(stack: list[LocalService], services: Services, workdir: Path) -> None:
+    """Run the one-shot services to completion, start the others, and wait until each one's
+    healthcheck passes; StackFailed names the service that did not make it."""
+    for service in stack:
+        if service.one_shot:
+            done = subprocess.run(
+                _argv(service.command),
+                env=_process_env(service.env),
+                cwd=workdir,
+                capture_output=True,
+                text=True,
+                timeout=120,
+            )
+            if done.returncode != 0:
+                raise StackFailed(f"{service.name} exited {done.returncode}: {done.stderr}")
+        else:
+            services.spawn(
+                service.name, _argv(service.command), _process_env(service.env), cwd=workdir
+            )
+    waiting = [s for s in stack if not s.one_shot]
+
+    def none_exited() -> None:
+        for service in stack:
+            proc = services.procs.get(service.name)
+            if proc is not None and proc.poll() is not None:
+                log = services.log(service.name)[-2000:]
+                raise StackFailed(f"{service.name} exited {proc.returncode}: {log}")
+
+    def all_healthy() -> bool:
+        for service in list(waiting):
+            none_exited()
+            if _healthy(service, workdir):
+                waiting.remove(service)
+        return not waiting
+
+    wait_for(all_healthy, timeout=180, interval=1.0, what="every healthcheck to pass")
+
+
+def _healthy(service: LocalService, workdir: Path) -> bool:
+    check = subprocess.run(
+        _argv(service.healthcheck),
+        env=_process_env(service.env),
+        cwd=workdir,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    return check.returncode == 0
+
+
+@pytest.fixture
+def project(tmp_path: Path, fernet_key: str) -> Path:
+    directory = tmp_path / "project"
+    directory.mkdir()
+    return scratch_project(
+        directory, {"DEFERRAL_FERNET_KEY": fernet_key, "POSTGRES_PASSWORD": "secret"}
+    )
+
+
+def test_the_stack_compose_declares_runs_the_example_dag(
+    project: Path,
+    database_url: str,
+    stream_prefix: str,
+    services: Services,
+    sessions: sessionmaker[Session],
+    tmp_path: Path,
+) -> None:
+    stack = local_services(model(project, COMPOSE_FILE), database_url, stream_prefix)
+    assert stack[0].name == "migrate"
+    start_stack(stack, services, tmp_path)
+
+    # The CLI as `docker compose exec scheduler-1 deferral ...` runs it.
+    scheduler = next(s for s in stack if s.name == "scheduler-1")
+    triggered = subprocess.run(
+        _argv(["deferral", "dags", "trigger", "example_deferrable", "--wait", "--timeout", "120"]),
+        env=_process_env(scheduler.env),
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert triggered.returncode == 0, triggered.stdout + triggered.stderr
+
+    with sessions() as session:
+        run = session.scalars(select(DagRun).where(DagRun.dag_id == "example_deferrable")).one()
+        states = dict(
+            session.execute(
+                select(TaskInstance.task_id, TaskInstance.state).where(
+                    TaskInstance.run_id == run.run_id
+                )
+            ).all()
+        )
+        deferred = session.scalars(
+            select(TaskStateChange.to_state)
+            .join(TaskInstance, TaskInstance.id == TaskStateChange.task_instance_id)
+            .where(TaskInstance.task_id == "wait", TaskStateChange.to_state == "deferred")
+        ).all()
+    assert run.state == "success"
+    assert states == {"wait": "success", "report": "success"}
+    assert deferred == ["deferred"]  # it really waited on a triggerer, once
+
+
+def test_a_compose_file_that_breaks_a_service_fails_the_stack(
+    project: Path,
+    database_url: str,
+    stream_prefix: str,
+    services: Services,
+    sessions: sessionmaker[Session],
+    tmp_path: Path,
+) -> None:
+    text = COMPOSE_FILE.read_text()
+    wrong = '"--name", "triggerer-2"]'
+    assert wrong in text, "compose.yaml changed: update this test"
+    broken = project / "broken.yaml"
+    broken.write_text(text.replace(wrong, '"--name", "triggerer-2", "--capacity", "0"]'))
+
+    stack = local_services(model(project, broken), database_url, stream_prefix)
+    with pytest.raises(StackFailed, match=r"(?s)triggerer-2 exited 2: .*--capacity"):
+        start_stack(stack, services, tmp_path)

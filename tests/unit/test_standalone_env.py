@@ -1,0 +1,82 @@
+"""`deferral standalone`: stable ports under its home, and the lines another terminal needs."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+from deferral.standalone import environment_lines, mask_password, stable_port
+
+
+def test_a_port_is_chosen_once_and_kept(tmp_path: Path) -> None:
+    said: list[str] = []
+    port_file = tmp_path / "redis.port"
+    first = stable_port(port_file, said.append)
+    assert port_file.read_text().strip() == str(first)
+    assert stable_port(port_file, said.append) == first
+    assert said == []
+
+
+def test_a_taken_port_falls_back_to_a_free_one_saying_so(tmp_path: Path) -> None:
+    said: list[str] = []
+    port_file = tmp_path / "redis.port"
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        taken = holder.getsockname()[1]
+        port_file.write_text(f"{taken}\n")
+        port = stable_port(port_file, said.append)
+    assert port != taken
+    assert said == [
+        f"port {taken} (kept in {port_file}) is taken: using port {port}, kept from now on"
+    ]
+    assert port_file.read_text().strip() == str(port)
+
+
+def test_an_unreadable_port_file_is_replaced(tmp_path: Path) -> None:
+    port_file = tmp_path / "redis.port"
+    port_file.write_text("not a port\n")
+    port = stable_port(port_file, lambda message: None)
+    assert port_file.read_text().strip() == str(port)
+
+
+def test_environment_lines_read_the_key_from_its_file_and_never_print_it(tmp_path: Path) -> None:
+    key_file = tmp_path / "my home" / "fernet.key"
+    environ = {
+        "DEFERRAL_DATABASE_URL": "postgresql+psycopg://postgres:@/postgres?host=%2Fh%2Fpgdata",
+        "DEFERRAL_REDIS_URL": "redis://127.0.0.1:40001/0",
+        "DEFERRAL_FERNET_KEY": "the-secret-key",
+        "DEFERRAL_DAGS_FOLDER": "/srv/dags",
+        "DEFERRAL_VAR_TOKEN": "another secret",
+        "HOME": "/root",
+    }
+    lines = environment_lines(environ, key_file)
+    assert lines == [
+        "export DEFERRAL_DATABASE_URL='postgresql+psycopg://postgres:@/postgres?host=%2Fh%2Fpgdata'",
+        "export DEFERRAL_REDIS_URL=redis://127.0.0.1:40001/0",
+        f"export DEFERRAL_FERNET_KEY=\"$(cat '{key_file}')\"",
+        "export DEFERRAL_DAGS_FOLDER=/srv/dags",
+    ]
+    assert not any("secret" in line for line in lines)
+
+
+def test_settings_given_by_this_terminal_are_shown_masked() -> None:
+    environ = {
+        "DEFERRAL_DATABASE_URL": "postgresql+psycopg://app:pa55@db.example:5432/deferral",
+        "DEFERRAL_REDIS_URL": "redis://:pa55@cache.example:6379/0",
+        "DEFERRAL_FERNET_KEY": "k",
+        "DEFERRAL_STREAM_PREFIX": "team_a",
+    }
+    assert environment_lines(environ, None) == [
+        "export DEFERRAL_DATABASE_URL="
+        "'postgresql+psycopg://app:***@db.example:5432/deferral'  # password masked: put yours",
+        "export DEFERRAL_REDIS_URL='redis://:***@cache.example:6379/0'"
+        "  # password masked: put yours",
+        "# DEFERRAL_FERNET_KEY: as set in this terminal (a secret: not shown)",
+        "export DEFERRAL_STREAM_PREFIX=team_a",
+    ]
+
+
+def test_mask_password() -> None:
+    assert mask_password("redis://127.0.0.1:6379/0") == "redis://127.0.0.1:6379/0"
+    assert mask_password("redis://user:pw@h:1/0") == "redis://user:***@h:1/0"

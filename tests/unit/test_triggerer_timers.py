@@ -1,0 +1,38 @@
+"""The triggerer's shared timer fires each held moment when it comes, earliest first, including
+one added later that is earlier than those waiting."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import anyio
+
+from broker.replies import Entry
+from triggerer.service import Held, _Timers
+
+
+def _held(trigger_id: int, seconds: float) -> Held:
+    moment = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=seconds)
+    entry = Entry("s", f"{trigger_id}-0", {})
+    return Held(trigger_id, entry, None, "d.r.t", trigger_id, moment=moment)
+
+
+def test_timers_fire_in_order_as_their_moments_come() -> None:
+    fired: list[int] = []
+
+    async def main() -> None:
+        timers = _Timers()
+        timers.add(_held(1, 0.3))
+        timers.add(_held(2, 0.1))
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(timers.run, lambda held: fired.append(held.trigger_id))
+            await anyio.sleep(0.05)
+            timers.add(_held(3, 0.0))  # earlier than everything waiting: wakes the timer
+            timers.add(_held(4, 0.0))
+            with anyio.fail_after(5):
+                while len(fired) < 4:
+                    await anyio.sleep(0.01)
+            tasks.cancel_scope.cancel()
+
+    anyio.run(main)
+    assert fired == [3, 4, 2, 1]

@@ -1,0 +1,186 @@
+"""Reusable task processes, any one of which can be killed.
+
+Each child is a spawned process that runs one attempt at a time (``worker.attempt``) and answers
+on its own pipe. The worker waits on all pipes at once, and can SIGKILL the child of one attempt
+(its lease was lost, it must not go on) without touching the others; a killed or crashed child is
+replaced by a fresh one on demand. Children die with the worker (PR_SET_PDEATHSIG), so an attempt
+never outlives it, and spawn (not fork or forkserver) means nothing of the worker leaks in.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import multiprocessing
+import os
+import signal
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass
+from multiprocessing.connection import Connection, wait
+from multiprocessing.process import BaseProcess
+from typing import Any, Generic, TypeVar
+
+from deferral.process import die_with_parent
+
+log = logging.getLogger("deferral.worker")
+
+K = TypeVar("K", bound=Hashable)
+
+
+READY = "ready"
+
+
+def _child_main(
+    conn: Connection, run: Callable[[Any], Any], warm: Callable[[], None] | None
+) -> None:
+    # Ctrl-C is the worker's: it lets running attempts finish before it exits.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    die_with_parent()
+    if warm is not None:
+        warm()
+    conn.send(READY)
+    while True:
+        try:
+            request = conn.recv()
+        except (EOFError, OSError):
+            return
+        conn.send(run(request))
+
+
+@dataclass
+class _Child:
+    process: BaseProcess
+    conn: Connection
+    ready: bool = False
+
+
+@dataclass(frozen=True)
+class ChildDied:
+    """What a busy child left instead of an outcome: it exited or was killed."""
+
+    exitcode: int | None
+
+    def describe(self) -> str:
+        code = self.exitcode
+        if code is not None and code < 0:
+            return f"task process killed by {signal.Signals(-code).name}"
+        return f"task process exited with code {code}"
+
+
+class ChildPool(Generic[K]):
+    """``run(request)`` is what a child does with each request; ``warm()``, what it does once
+    before it says it is ready (import what tasks need)."""
+
+    def __init__(self, run: Callable[[Any], Any], warm: Callable[[], None] | None = None) -> None:
+        self._run = run
+        self._warm = warm
+        self._context = multiprocessing.get_context("spawn")
+        self._idle: list[_Child] = []
+        self._busy: dict[K, _Child] = {}
+
+    @property
+    def busy(self) -> int:
+        return len(self._busy)
+
+    def pid_of(self, key: K) -> int | None:
+        child = self._busy.get(key)
+        return None if child is None else child.process.pid
+
+    def prestart(self, count: int, timeout: float = 120.0) -> None:
+        """Start ``count`` idle children and wait until they are ready: a spawned child takes a
+        while to import what tasks need, and an attempt's execution_timeout runs from its start."""
+        for _ in range(count - len(self._idle) - len(self._busy)):
+            self._idle.append(self._spawn(wait=False))
+        for child in self._idle:
+            self._await_ready(child, timeout)
+
+    def _spawn(self, wait: bool = True) -> _Child:
+        parent_end, child_end = self._context.Pipe()
+        process = self._context.Process(
+            target=_child_main, args=(child_end, self._run, self._warm), daemon=True
+        )
+        process.start()
+        child_end.close()
+        child = _Child(process, parent_end)
+        if wait:
+            self._await_ready(child, timeout=120.0)
+        return child
+
+    @staticmethod
+    def _await_ready(child: _Child, timeout: float) -> None:
+        if child.ready:
+            return
+        try:
+            child.ready = child.conn.poll(timeout) and child.conn.recv() == READY
+        except (EOFError, OSError):
+            child.ready = False  # it died starting: submit() replaces it
+
+    def submit(self, key: K, request: Any) -> None:
+        """Run ``request`` in an idle child (a new one if none is idle)."""
+        while self._idle:
+            child = self._idle.pop()
+            if child.process.is_alive():
+                break
+            self._discard(child)
+        else:
+            child = self._spawn()
+        try:
+            child.conn.send(request)
+        except OSError:
+            self._discard(child)
+            child = self._spawn()
+            child.conn.send(request)
+        self._busy[key] = child
+
+    def collect(self, timeout: float) -> list[tuple[K, Any]]:
+        """Outcomes of the attempts that ended within ``timeout`` seconds: what the child sent,
+        or :class:`ChildDied`."""
+        if not self._busy:
+            return []
+        by_conn = {child.conn: key for key, child in self._busy.items()}
+        by_sentinel = {child.process.sentinel: key for key, child in self._busy.items()}
+        ready = wait([*by_conn, *by_sentinel], timeout=timeout)
+        keys = {by_conn[r] if r in by_conn else by_sentinel[r] for r in ready}  # type: ignore[index]
+        ended: list[tuple[K, Any]] = []
+        for key in keys:
+            child = self._busy.pop(key)
+            try:
+                if not child.conn.poll():
+                    raise EOFError
+                ended.append((key, child.conn.recv()))
+            except (EOFError, OSError):
+                child.process.join(timeout=5)
+                ended.append((key, ChildDied(child.process.exitcode)))
+                self._discard(child)
+                continue
+            self._idle.append(child)
+        return ended
+
+    def kill(self, key: K) -> bool:
+        """SIGKILL the child running ``key`` (at once: its attempt must not go on)."""
+        child = self._busy.pop(key, None)
+        if child is None:
+            return False
+        if child.process.pid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(child.process.pid, signal.SIGKILL)
+        child.process.join(timeout=5)
+        self._discard(child)
+        return True
+
+    def _discard(self, child: _Child) -> None:
+        child.conn.close()
+        if child.process.is_alive():
+            child.process.kill()
+            child.process.join(timeout=5)
+
+    def shutdown(self) -> None:
+        for key in list(self._busy):
+            self.kill(key)
+        for child in self._idle:
+            child.conn.close()  # the child's recv() ends: it exits
+        for child in self._idle:
+            child.process.join(timeout=5)
+            if child.process.is_alive():
+                child.process.kill()
+        self._idle.clear()
