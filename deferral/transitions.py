@@ -34,7 +34,6 @@ from sqlalchemy import (
     func,
     insert,
     literal,
-    or_,
     select,
     text,
     tuple_,
@@ -74,16 +73,28 @@ MARKS_RUN = frozenset({*FINISHED_STATES, TaskState.NONE, TaskState.UP_FOR_RETRY}
 
 
 def _mark_runs_of(moved: CTE) -> CTE:
-    """A CTE marking the running runs of the task instances in ``moved`` for evaluation."""
+    """A CTE marking the running runs of the task instances in ``moved`` for evaluation.
+
+    Every such run row is written, even one already marked: a run being evaluated is row-locked
+    by the scheduler, which clears its mark when done. Skipping an already-marked run would let
+    that clear erase this change unseen (the scheduler read the tasks before this commit), and the
+    run would wait for ever. Writing waits for the lock instead, then marks the run again. Runs are
+    locked in id order so that two batches touching the same runs cannot deadlock."""
+    to_mark = (
+        select(DagRun.id)
+        .join(moved, (DagRun.dag_id == moved.c.dag_id) & (DagRun.run_id == moved.c.run_id))
+        .where(DagRun.state == DagRunState.RUNNING)
+        .order_by(DagRun.id)
+        .with_for_update(of=DagRun)
+        .cte("to_mark")
+    )
     return (
         update(DagRun)
-        .where(
-            DagRun.dag_id == moved.c.dag_id,
-            DagRun.run_id == moved.c.run_id,
-            DagRun.state == DagRunState.RUNNING,
-            or_(DagRun.evaluate_after.is_(None), DagRun.evaluate_after > func.now()),
+        .where(DagRun.id.in_(select(to_mark.c.id)), DagRun.state == DagRunState.RUNNING)
+        # An earlier mark keeps its place in the scheduler's queue.
+        .values(
+            evaluate_after=func.least(func.coalesce(DagRun.evaluate_after, func.now()), func.now())
         )
-        .values(evaluate_after=func.now())
         .cte("marked")
     )
 
