@@ -10,7 +10,6 @@ trigger entry (sealed with OLD) stays pending in deferral:triggers throughout:
 
 from __future__ import annotations
 
-import datetime as dt
 from collections.abc import Callable
 from pathlib import Path
 
@@ -28,16 +27,14 @@ from tests.helpers import wait_for
 pytestmark = pytest.mark.e2e
 
 DAG = """
-import datetime as dt
-
 from deferral import DAG, BaseOperator
-from deferral.triggers import DateTimeTrigger
+from deferral.triggers import FileTrigger
 
 
 class WaitUntil(BaseOperator):
     def execute(self, context):
-        moment = dt.datetime.fromisoformat(context["dag_run"].conf["at"])
-        self.defer(trigger=DateTimeTrigger(moment), method_name="done")
+        path = context["dag_run"].conf["path"]
+        self.defer(trigger=FileTrigger(path, poll_interval=0.2), method_name="done")
 
     def done(self, context, event):
         return "woke"
@@ -73,11 +70,11 @@ def _trigger_token(broker: Broker) -> bytes:
 
 
 def _deferred_under_old_key(
-    services: Services, old: str, sessions: sessionmaker[Session], broker: Broker, wait_s: float
+    services: Services, old: str, sessions: sessionmaker[Session], broker: Broker, fires: Path
 ) -> None:
+    """The task deferred on a trigger that fires once the test creates ``fires``."""
     _start(services, old)
-    at = (dt.datetime.now(dt.UTC) + dt.timedelta(seconds=wait_s)).isoformat()
-    triggered = services.run("dags", "trigger", "rotate_me", "--conf", f'{{"at": "{at}"}}')
+    triggered = services.run("dags", "trigger", "rotate_me", "--conf", f'{{"path": "{fires}"}}')
     assert triggered.returncode == 0, triggered.stderr
     wait_for(
         lambda: (
@@ -107,10 +104,12 @@ def test_rotation_with_the_streams_republished_drops_the_old_key_without_a_dead_
     broker: Broker,
     write_dag: Callable[[str, str], Path],
     keys: tuple[str, str],
+    tmp_path: Path,
 ) -> None:
     old, new = keys
     write_dag("rotate_me", DAG)
-    _deferred_under_old_key(services, old, sessions, broker, wait_s=75)
+    fires = tmp_path / "fire"
+    _deferred_under_old_key(services, old, sessions, broker, fires)
 
     # 1. NEW first, OLD kept: the restarted triggerer takes its OLD entry back and reads it.
     _restart(services, f"{new},{old}")
@@ -138,6 +137,7 @@ def test_rotation_with_the_streams_republished_drops_the_old_key_without_a_dead_
     assert _state(sessions) == "deferred"
     assert broker.redis.xlen(broker.keys.dead) == 0
     _restart(services, new)
+    fires.touch()  # only a triggerer reading the NEW entry can run the trigger and see it
     wait_for(lambda: _state(sessions) == "success", timeout=120, what="the task to succeed")
     assert broker.redis.xlen(broker.keys.dead) == 0
 
@@ -148,10 +148,12 @@ def test_an_entry_still_sealed_with_a_dropped_key_is_dead_lettered_and_republish
     broker: Broker,
     write_dag: Callable[[str, str], Path],
     keys: tuple[str, str],
+    tmp_path: Path,
 ) -> None:
     old, new = keys
     write_dag("rotate_me", DAG)
-    _deferred_under_old_key(services, old, sessions, broker, wait_s=40)
+    fires = tmp_path / "fire"
+    _deferred_under_old_key(services, old, sessions, broker, fires)
     services.stop_all()
     _rotate(services, f"{new},{old}")
 
@@ -163,4 +165,5 @@ def test_an_entry_still_sealed_with_a_dropped_key_is_dead_lettered_and_republish
     )
     error = dead[0].fields[b"error"]
     assert b"rejected trigger entry" in error and b"failed authentication" in error, error
+    fires.touch()
     wait_for(lambda: _state(sessions) == "success", timeout=120, what="the task to succeed")

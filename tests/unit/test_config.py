@@ -2,18 +2,19 @@
 
 from __future__ import annotations
 
+import base64
 import datetime as dt
 from pathlib import Path
 
 import pytest
-from cryptography.fernet import Fernet
 from sqlalchemy.engine import make_url
 
 from deferral import config
 from deferral.config import ConfigError, Settings, load_settings
 
-KEY1 = Fernet.generate_key().decode()
-KEY2 = Fernet.generate_key().decode()
+# Fixed keys: they appear in test ids, which must be the same in every pytest-xdist worker.
+KEY1 = base64.urlsafe_b64encode(bytes(range(32))).decode()
+KEY2 = base64.urlsafe_b64encode(bytes(range(32, 64))).decode()
 NO_TOML = Path("/nonexistent/deferral.toml")
 
 
