@@ -282,3 +282,21 @@ def dag_ignore_file_syntax() -> str:
 def max_map_length() -> int:
     """``DEFERRAL_MAX_MAP_LENGTH``: the most task instances one mapped task may expand into."""
     return _one_setting("MAX_MAP_LENGTH", _positive_int, str(DEFAULT_MAX_MAP_LENGTH))
+
+
+def _port(raw: str) -> int:
+    value = int(raw)
+    if not 0 < value < 65536:
+        raise ValueError(f"{value} is not a TCP port (1-65535)")
+    return value
+
+
+def webserver_host() -> str:
+    """``DEFERRAL_WEBSERVER_HOST``: the address ``deferral webserver`` listens on."""
+    return _one_setting("WEBSERVER_HOST", str.strip, "127.0.0.1")
+
+
+def webserver_port() -> int:
+    """``DEFERRAL_WEBSERVER_PORT``: the port ``deferral webserver`` listens on (and that
+    ``deferral health --service webserver`` asks)."""
+    return _one_setting("WEBSERVER_PORT", _port, "8080")

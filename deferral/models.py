@@ -347,3 +347,15 @@ class RenderedTaskInstanceFields(Base):
     rendered_at: Mapped[dt.datetime] = mapped_column(
         Timestamp, server_default=func.now(), onupdate=func.now()
     )
+
+
+class User(Base):
+    """Who may log in to the web UI: a name and an argon2 hash of the password
+    (``deferral.users``); never the password itself."""
+
+    __tablename__ = "user"
+
+    id: Mapped[int] = _id()
+    username: Mapped[str] = mapped_column(String(64), unique=True)
+    password_hash: Mapped[str] = mapped_column(Text)
+    created_at: Mapped[dt.datetime] = _created()

@@ -28,7 +28,7 @@ from tests.servers import ADMIN_URL, REDIS_URL
 _TABLES = (
     "task_state_change, xcom, task_reschedule, resume_event, outbox, dag, import_error, worker, "
     "rendered_task_instance_fields, variable, connection, "
-    "task_instance, trigger, triggerer, scheduler, dag_run"
+    'task_instance, trigger, triggerer, scheduler, dag_run, "user"'
 )
 
 __all__ = ["wait_for"]
