@@ -27,6 +27,7 @@ from tests.servers import ADMIN_URL, REDIS_URL
 # Tables cleared before each database test; pool keeps its seeded default_pool row.
 _TABLES = (
     "task_state_change, xcom, task_reschedule, resume_event, outbox, dag, import_error, worker, "
+    "task_log, task_log_try, "
     "rendered_task_instance_fields, variable, connection, "
     'task_instance, trigger, triggerer, scheduler, dag_run, "user"'
 )
