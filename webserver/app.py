@@ -133,11 +133,31 @@ def dag_url(dag_id: str, **query: Any) -> str:
     return f"{url}?{urlencode(given)}" if given else url
 
 
-def ti_url(dag_id: str, run_id: str, task_id: str, map_index: int | None = None) -> str:
+def _ti_query(run_id: str, task_id: str, map_index: int | None, try_number: int | None) -> str:
     query: dict[str, Any] = {"run_id": run_id, "task_id": task_id}
     if map_index is not None and map_index >= 0:
         query["map_index"] = map_index
-    return f"/dags/{quote(dag_id, safe='')}/task_instance?{urlencode(query)}"
+    if try_number is not None:
+        query["try_number"] = try_number
+    return urlencode(query)
+
+
+def ti_url(
+    dag_id: str,
+    run_id: str,
+    task_id: str,
+    map_index: int | None = None,
+    try_number: int | None = None,
+) -> str:
+    """The page of a task instance (showing the log of ``try_number``)."""
+    query = _ti_query(run_id, task_id, map_index, try_number)
+    return f"/dags/{quote(dag_id, safe='')}/task_instance?{query}"
+
+
+def log_url(dag_id: str, run_id: str, task_id: str, map_index: int, try_number: int) -> str:
+    """The API answer with the lines of one try's log."""
+    query = _ti_query(run_id, task_id, map_index, try_number)
+    return f"{API}/dags/{quote(dag_id, safe='')}/task_instance/log?{query}"
 
 
 def _templates() -> Jinja2Templates:
@@ -148,7 +168,12 @@ def _templates() -> Jinja2Templates:
     )
     env.filters.update(when=_when, duration=_duration, pretty_json=_pretty_json)
     env.globals.update(
-        dag_url=dag_url, ti_url=ti_url, api=API, refresh_ms=REFRESH_MS, csrf_field=CSRF_FIELD
+        dag_url=dag_url,
+        ti_url=ti_url,
+        log_url=log_url,
+        api=API,
+        refresh_ms=REFRESH_MS,
+        csrf_field=CSRF_FIELD,
     )
     return Jinja2Templates(env=env)
 
@@ -359,6 +384,22 @@ class WebUI:
             _required(query, "run_id"),
             _required(query, "task_id"),
             _int_param(query.get("map_index"), "map_index", low=-1),
+            _int_param(query.get("try_number"), "try_number", low=1),
+        )
+
+    def _task_log(self, request: Request) -> dict[str, Any]:
+        query = request.query_params
+        try_number = _int_param(_required(query, "try_number"), "try_number", low=1)
+        return self._read(
+            data.task_log,
+            request.path_params["dag_id"],
+            _required(query, "run_id"),
+            _required(query, "task_id"),
+            _int_param(query.get("map_index"), "map_index", low=-1) or -1,
+            try_number,
+            _int_param(query.get("after_id"), "after_id", low=0) or 0,
+            _int_param(query.get("limit"), "limit", low=1, high=data.LOG_LINES_SHOWN)
+            or data.LOG_LINES_SHOWN,
         )
 
     async def task_page(self, request: Request) -> Response:
@@ -536,6 +577,9 @@ class WebUI:
     async def api_task_instance(self, request: Request) -> Response:
         return _api(await run_in_threadpool(self._task_instance, request))
 
+    async def api_task_log(self, request: Request) -> Response:
+        return _api(await run_in_threadpool(self._task_log, request))
+
     async def api_deferred(self, request: Request) -> Response:
         return _api(await run_in_threadpool(self._read, data.deferred_now, self.settings))
 
@@ -622,6 +666,7 @@ class WebUI:
             Route(f"{API}/dags", r(self.api_dags)),
             Route(f"{API}/dags/{{dag_id}}", r(self.api_dag)),
             Route(f"{API}/dags/{{dag_id}}/task_instance", r(self.api_task_instance)),
+            Route(f"{API}/dags/{{dag_id}}/task_instance/log", r(self.api_task_log)),
             Route(f"{API}/deferred", r(self.api_deferred)),
             Route(f"{API}/triggerers", r(self.api_triggerers)),
             Route(f"{API}/streams", r(self.api_streams)),

@@ -20,7 +20,7 @@ from sqlalchemy.orm import Session
 
 from broker.client import Broker
 from deferral import doctor as checklist
-from deferral import liveness
+from deferral import liveness, tasklogs
 from deferral.actions import ti_label
 from deferral.config import Settings
 from deferral.dag import DAG, DagDefinitionError
@@ -72,6 +72,8 @@ DEAD_LETTER_FIELDS = (
     "try_number",
     "classpath",
 )
+# A page shows at most this many lines of a try's log (the API pages through all of them).
+LOG_LINES_SHOWN = 5000
 # The DAGs folder is scanned again at most this often (a file's DAGs are re-imported only when
 # its mtime changed).
 DAG_RESCAN_SEC = 5.0
@@ -91,6 +93,10 @@ _SUMMARY_ORDER = (
     TaskState.SUCCESS,
     TaskState.REMOVED,
 )
+
+
+# A try has ended once its task instance is finished or waits for its next try.
+_TRY_ENDED = frozenset({*FINISHED_STATES, TaskState.UP_FOR_RETRY})
 
 
 class NotFound(LookupError):
@@ -321,10 +327,12 @@ def task_instance_detail(
     run_id: str,
     task_id: str,
     map_index: int | None,
+    try_number: int | None = None,
 ) -> Record:
     """One task instance: what it is, why it is in its state, its state history with durations,
-    what it waits on if deferred, its rendered fields, XComs and the tries that have logs. For a
-    mapped task without ``map_index``: its map indexes to choose from."""
+    what it waits on if deferred, its rendered fields, XComs, and the log of try ``try_number``
+    (default: the latest) with the tries that have one. For a mapped task without
+    ``map_index``: its map indexes to choose from."""
     run = find_run(session, dag_id, run_id)
     if run is None:
         raise NotFound(f"DAG {dag_id!r} has no run {run_id!r}")
@@ -354,6 +362,7 @@ def task_instance_detail(
     now = _db_now(session)
     return {
         **base,
+        "log": _log(session, ti, try_number),
         "map_index": ti.map_index,
         "label": ti_label(ti.task_id, ti.map_index),
         "task_instance": {
@@ -384,6 +393,66 @@ def task_instance_detail(
                 .order_by(XCom.key)
             )
         ],
+    }
+
+
+def _log(session: Session, ti: TaskInstance, try_number: int | None) -> Record:
+    """The tries with a log, and the first LOG_LINES_SHOWN lines of one of them."""
+    tries = tasklogs.tries_with_logs(session, ti.id)
+    if ti.try_number > 0 and ti.try_number not in tries:
+        tries.append(ti.try_number)  # the current try, whose lines may be on their way
+    shown = try_number if try_number is not None else (tries[-1] if tries else None)
+    if shown is not None and shown not in tries:
+        raise NotFound(f"{ti_label(ti.task_id, ti.map_index)} has no try {shown}")
+    lines = (
+        [] if shown is None else log_lines(session, ti, shown, after_id=0, limit=LOG_LINES_SHOWN)
+    )
+    return {
+        "tries": tries,
+        "try_number": shown,
+        "lines": lines,
+        "complete": len(lines) < LOG_LINES_SHOWN,
+        "over": shown is None or try_over(ti, shown),
+    }
+
+
+def log_lines(
+    session: Session, ti: TaskInstance, try_number: int, *, after_id: int, limit: int
+) -> list[Record]:
+    """Lines of one try's log after ``after_id`` (masked again with this process's secrets)."""
+    return [
+        {**asdict(line), "text": redact(line.text)}
+        for line in tasklogs.read_lines(session, ti.id, try_number, after_id, limit)
+    ]
+
+
+def try_over(ti: TaskInstance, try_number: int) -> bool:
+    """Whether try ``try_number`` has ended: no more lines are coming."""
+    return try_number < ti.try_number or ti.state in _TRY_ENDED
+
+
+def task_log(
+    session: Session,
+    dag_id: str,
+    run_id: str,
+    task_id: str,
+    map_index: int,
+    try_number: int,
+    after_id: int,
+    limit: int,
+) -> Record:
+    """Lines of one try's log after ``after_id``, and whether more may come (the log's tail)."""
+    found = [
+        t for t in task_instances(session, dag_id, run_id, task_id) if t.map_index == map_index
+    ]
+    if not found:
+        label = ti_label(task_id, map_index)
+        raise NotFound(f"run {run_id!r} of DAG {dag_id!r} has no task instance {label}")
+    ti = found[0]
+    return {
+        "try_number": try_number,
+        "lines": log_lines(session, ti, try_number, after_id=after_id, limit=limit),
+        "finished": try_over(ti, try_number),
     }
 
 

@@ -17,7 +17,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from starlette.testclient import TestClient
 
 from broker.client import Broker
-from deferral import transitions, users
+from deferral import tasklogs, transitions, users
 from deferral.config import Settings
 from deferral.crypto import Cipher
 from deferral.models import Dag, DagRun, StoredConnection, TaskInstance, TaskStateChange
@@ -516,3 +516,37 @@ def test_no_secret_in_any_page_or_api_answer(
         ):
             assert secret not in text
     assert '"password": "***"' in answers[-1]
+
+
+# -- logs ----------------------------------------------------------------------------------------
+
+
+def test_a_tries_log_is_shown_escaped_and_tailed_through_the_api(
+    local: TestClient, sessions: sessionmaker[Session], cipher: Cipher
+) -> None:
+    ti_id, _ = deferred_task(sessions, cipher, task_id="waits", run_id="rl")
+    moment = dt.datetime.now(dt.UTC)
+    texts = ["starting", "<script>window.__xss=3</script>", "deferring"]
+    with sessions.begin() as session:
+        tasklogs.append(
+            session,
+            [tasklogs.NewLine(ti_id, 1, moment, "task", text) for text in texts],
+            max_bytes=1_000_000,
+        )
+    query = {"run_id": "rl", "task_id": "waits"}
+    page = local.get(f"/dags/{DAG_ID}/task_instance", params=query).text
+    assert "starting" in page and "&lt;script&gt;window.__xss=3&lt;/script&gt;" in page
+    assert "<script>window" not in page
+    assert "data-tail" in page  # deferred: the try goes on, the page tails its log
+
+    url = f"/api/v1/dags/{DAG_ID}/task_instance/log"
+    first = local.get(url, params={**query, "try_number": 1, "limit": 2}).json()
+    assert [line["text"] for line in first["lines"]] == texts[:2]
+    assert first["finished"] is False
+    rest = local.get(
+        url, params={**query, "try_number": 1, "after_id": first["lines"][-1]["id"]}
+    ).json()
+    assert [line["text"] for line in rest["lines"]] == texts[2:]
+    assert local.get(url, params={**query, "try_number": "x"}).status_code == 400
+    missing = local.get(f"/dags/{DAG_ID}/task_instance", params={**query, "try_number": 7})
+    assert missing.status_code == 404 and "has no try 7" in missing.text

@@ -48,6 +48,8 @@
 
   // -- a log's tail ---------------------------------------------------------------------------
   function appendLines(list, lines) {
+    const empty = document.getElementById("log-empty");
+    if (empty && lines.length) empty.remove();
     for (const line of lines) {
       const item = document.createElement("li");
       item.dataset.id = String(line.id);
