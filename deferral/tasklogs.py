@@ -31,6 +31,8 @@ SOURCE_TRIGGERER = "triggerer"  # the triggerer, about the try's trigger
 SOURCE_CUT = "cut"  # the marker where the try's log was cut
 # The sources DEFERRAL_TASK_LOG_MAX_BYTES bounds.
 BOUNDED_SOURCES = frozenset({SOURCE_TASK, SOURCE_TRIGGERER})
+# How logging records read in a task log (the line's time is stored beside its text).
+LOG_FORMAT = "%(levelname)s %(name)s: %(message)s"
 
 
 @dataclass(frozen=True)
