@@ -9,7 +9,6 @@ Redis is spoken to through the shared synchronous consumer core, from worker thr
 
 from __future__ import annotations
 
-import dataclasses
 import datetime as dt
 import heapq
 import itertools
@@ -582,7 +581,7 @@ class TriggererService:
                     )
                 }
                 lines = [
-                    dataclasses.replace(line, try_number=tries.get(line.task_instance_id, 0))
+                    line._replace(try_number=tries.get(line.task_instance_id, 0))
                     if line.try_number == 0
                     else line
                     for line in lines
