@@ -39,6 +39,17 @@ def _write(
         tasklogs.append(session, lines, max_bytes)
 
 
+def _mapped_run(sessions: sessionmaker[Session], *map_indexes: int) -> dict[int, int]:
+    """Run r1 of DAG "mapped" with these map indexes of task "m"; their task instance ids."""
+    with sessions.begin() as session:
+        transitions.create_dag_run(session, "mapped", "r1", dt.datetime.now(dt.UTC), {})
+        run = session.scalars(select(DagRun)).one()
+        tasks = [NewTaskInstance("m", 0, "default_pool", 1, "default", 1, i) for i in map_indexes]
+        transitions.start_dag_run(session, run, tasks)
+        session.flush()
+        return {ti.map_index: ti.id for ti in session.scalars(select(TaskInstance))}
+
+
 def _logs(*args: str) -> tuple[int, str, str]:
     result = CliRunner().invoke(deferral_main, ["tasks", "logs", *args])
     return result.exit_code, result.stdout, result.stderr
@@ -84,16 +95,9 @@ def test_a_try_cut_at_the_bound_shows_the_marker(
 def test_a_map_index_is_chosen_with_map_index(
     settings: Settings, sessions: sessionmaker[Session]
 ) -> None:
+    ti_ids = _mapped_run(sessions, 0, 1)
     with sessions.begin() as session:
-        transitions.create_dag_run(session, "mapped", "r1", dt.datetime.now(dt.UTC), {})
-        run = session.scalars(select(DagRun)).one()
-        transitions.start_dag_run(
-            session,
-            run,
-            [NewTaskInstance("m", 0, "default_pool", 1, "default", 1, map_index=i) for i in (0, 1)],
-        )
         session.execute(update(TaskInstance).values(try_number=1))
-        ti_ids = {ti.map_index: ti.id for ti in session.scalars(select(TaskInstance))}
     _write(sessions, ti_ids[1], "index one")
 
     code, out, _ = _logs("mapped", "r1", "m", "--map-index", "1")
@@ -136,12 +140,7 @@ def test_what_names_nothing_is_one_line_and_exit_1(
 def test_a_mapped_task_needs_its_map_index(
     settings: Settings, sessions: sessionmaker[Session]
 ) -> None:
-    with sessions.begin() as session:
-        transitions.create_dag_run(session, "mapped", "r1", dt.datetime.now(dt.UTC), {})
-        run = session.scalars(select(DagRun)).one()
-        transitions.start_dag_run(
-            session, run, [NewTaskInstance("m", 0, "default_pool", 1, "default", 1, map_index=0)]
-        )
+    _mapped_run(sessions, 0)
 
     code, _, err = _logs("mapped", "r1", "m")
     assert code == 1
