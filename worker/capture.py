@@ -20,11 +20,9 @@ import select
 import sys
 import threading
 from collections.abc import Callable, Sequence
-from functools import cache
 from typing import TextIO
 
 from deferral import tasklogs
-from deferral.config import load_settings
 from deferral.metastore import metastore
 from deferral.tasklogs import LOG_FORMAT, SOURCE_TASK, NewLine
 from worker.attempt import execute_attempt
@@ -192,18 +190,13 @@ def _pieces(raw: bytes) -> list[bytes]:
     return [raw[start : start + MAX_LINE_BYTES] for start in range(0, len(raw), MAX_LINE_BYTES)]
 
 
-@cache
-def _max_bytes() -> int:
-    return load_settings().task_log_max_bytes
-
-
-def _store(lines: Sequence[NewLine]) -> None:
-    if lines:
-        with metastore().sessions.begin() as session:
-            tasklogs.append(session, lines, _max_bytes())
-
-
 def run_attempt(request: AttemptRequest) -> Outcome:
     """What a worker child does with a request: the attempt, its output in the try's log."""
-    with TaskOutput(request.task_instance_id, request.try_number, _store, _max_bytes()):
+    max_bytes = request.task_log_max_bytes
+
+    def store(lines: Sequence[NewLine]) -> None:
+        with metastore().sessions.begin() as session:
+            tasklogs.append(session, lines, max_bytes)
+
+    with TaskOutput(request.task_instance_id, request.try_number, store, max_bytes):
         return execute_attempt(request)

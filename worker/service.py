@@ -382,6 +382,7 @@ class WorkerService:
                 data_interval_start=run.data_interval_start,
                 data_interval_end=run.data_interval_end,
                 run_type=run.run_type,
+                task_log_max_bytes=self.settings.task_log_max_bytes,
             )
         return requests
 
