@@ -1,4 +1,5 @@
-"""``deferral tasks``: list task instances, clear or mark them, explain their state."""
+"""``deferral tasks``: list task instances, clear or mark them, explain their state (their
+logs: ``logs.py``; their rendered fields: ``render.py``)."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from deferral_cli.common import (
     task_instances,
 )
 from deferral_cli.explain import explain, find_dag
+from deferral_cli.logs import tasks_logs
 from deferral_cli.render import tasks_render
 
 
@@ -31,6 +33,7 @@ def tasks() -> None:
 
 
 tasks.add_command(tasks_render)
+tasks.add_command(tasks_logs)
 
 
 @tasks.command("list")
