@@ -32,7 +32,16 @@
     const fresh = new DOMParser().parseFromString(await response.text(), "text/html");
     for (const part of parts) {
       const replacement = fresh.getElementById(part.id);
-      if (replacement && part.innerHTML !== replacement.innerHTML) {
+      if (!replacement) continue;
+      // A part with a key (a log: its try, and whether it is over) is kept, and grows by its
+      // own tail, until its key changes.
+      const key = part.dataset.liveKey;
+      if (key !== undefined) {
+        if (key !== replacement.dataset.liveKey) {
+          part.innerHTML = replacement.innerHTML;
+          part.dataset.liveKey = replacement.dataset.liveKey;
+        }
+      } else if (part.innerHTML !== replacement.innerHTML) {
         part.innerHTML = replacement.innerHTML;
       }
     }
