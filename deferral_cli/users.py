@@ -38,11 +38,20 @@ def users_create(username: str, password_stdin: bool) -> None:
     hash."""
     try:
         accounts.check_username(username)
+    except accounts.UserError as exc:
+        fail(str(exc))
+        return
+    factory = sessions(settings_or_exit())
+    # Before asking for a password: the name must be free and the database must answer.
+    with factory() as session:
+        if session.scalar(select(User.id).where(User.username == username)) is not None:
+            fail(f"user {username!r} exists already")
+    try:
         password = accounts.check_password(_read_password(password_stdin))
     except accounts.UserError as exc:
         fail(str(exc))
         return
-    with sessions(settings_or_exit()).begin() as session:
+    with factory.begin() as session:
         created = accounts.create_user(session, username, password)
     if not created:
         fail(f"user {username!r} exists already")

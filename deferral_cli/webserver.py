@@ -8,8 +8,9 @@ import socket
 import click
 from sqlalchemy import func, select
 
+from broker.client import Broker, RedisVersionError
 from deferral import users
-from deferral.config import ConfigError, Settings, webserver_host, webserver_port
+from deferral.config import ConfigError, webserver_host, webserver_port
 from deferral.models import User
 from deferral.process import log_format_option, settings_or_exit, setup_logging
 from deferral_cli.common import EXIT_UNAVAILABLE, fail, sessions
@@ -63,6 +64,14 @@ def webserver_command(host: str | None, port: int | None, log_format: str) -> No
     except ConfigError as exc:
         fail(str(exc), EXIT_UNAVAILABLE)
         return
+    # Both servers must answer now (an unreachable one ends the command in one line); pages
+    # that find one gone later say so themselves.
+    with sessions(settings)() as session:
+        users_count = session.scalar(select(func.count()).select_from(User)) or 0
+    try:
+        Broker.from_url(settings.redis_url, settings.stream_prefix).close()
+    except RedisVersionError as exc:
+        fail(f"Redis: {exc}", EXIT_UNAVAILABLE)
     try:
         sock = listening_socket(host, port)
     except OSError as exc:
@@ -74,23 +83,13 @@ def webserver_command(host: str | None, port: int | None, log_format: str) -> No
     from webserver.app import create_app
     from webserver.auth import is_loopback
 
-    if not is_loopback(host):
-        _say_who_can_log_in(settings)
+    if not is_loopback(host) and users_count == 0 and users.admin_password() is None:
+        log.warning(
+            "nobody can log in: create a user with `deferral users create NAME` or set %s",
+            users.ADMIN_PASSWORD_ENV,
+        )
     app = create_app(settings, host=host)
     where = f"[{host}]" if ":" in host else host
     log.info("web UI at http://%s:%d/", where, port)
     config = uvicorn.Config(app, log_config=None, server_header=False, access_log=True)
     uvicorn.Server(config).run(sockets=[sock])
-
-
-def _say_who_can_log_in(settings: Settings) -> None:
-    """Warn when nobody could log in to a server that needs a login for every page."""
-    if users.admin_password() is not None:
-        return
-    with sessions(settings)() as session:
-        count = session.scalar(select(func.count()).select_from(User)) or 0
-    if count == 0:
-        log.warning(
-            "nobody can log in: create a user with `deferral users create NAME` or set %s",
-            users.ADMIN_PASSWORD_ENV,
-        )

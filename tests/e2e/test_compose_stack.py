@@ -14,7 +14,6 @@ from __future__ import annotations
 import base64
 import json
 import os
-import socket
 import subprocess
 import urllib.error
 import urllib.request
@@ -28,6 +27,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, sessionmaker
 
 from deferral.models import DagRun, TaskInstance, TaskStateChange
+from deferral.standalone import free_port
 from tests.compose_stack import COMPOSE_FILE, model, scratch_project
 from tests.e2e.conftest import Services, command
 from tests.helpers import wait_for
@@ -205,12 +205,6 @@ def project(tmp_path: Path, fernet_key: str) -> Path:
     )
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 def test_the_stack_compose_declares_runs_the_example_dag(
     project: Path,
     database_url: str,
@@ -219,7 +213,7 @@ def test_the_stack_compose_declares_runs_the_example_dag(
     sessions: sessionmaker[Session],
     tmp_path: Path,
 ) -> None:
-    web_port = _free_port()
+    web_port = free_port()
     stack = local_services(model(project, COMPOSE_FILE), database_url, stream_prefix, web_port)
     assert stack[0].name == "migrate"
     start_stack(stack, services, tmp_path)
@@ -281,6 +275,6 @@ def test_a_compose_file_that_breaks_a_service_fails_the_stack(
     broken = project / "broken.yaml"
     broken.write_text(text.replace(wrong, '"--name", "triggerer-2", "--capacity", "0"]'))
 
-    stack = local_services(model(project, broken), database_url, stream_prefix, _free_port())
+    stack = local_services(model(project, broken), database_url, stream_prefix, free_port())
     with pytest.raises(StackFailed, match=r"(?s)triggerer-2 exited 2: .*--capacity"):
         start_stack(stack, services, tmp_path)

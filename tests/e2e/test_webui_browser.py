@@ -11,7 +11,7 @@ import datetime as dt
 import json
 import os
 import shutil
-import socket
+import urllib.request
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -33,6 +33,7 @@ from broker.client import Broker
 from deferral import transitions, users
 from deferral.db import make_engine, make_sessionmaker
 from deferral.models import TaskInstance
+from deferral.standalone import free_port
 from deferral.states import TaskState
 from tests.conftest import TABLES
 from tests.e2e.conftest import Services, command
@@ -95,12 +96,6 @@ class UI:
         wait_for(clicked, timeout=15, what=f"to click {css}")
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
 def ui(
     database_url: str, fernet_key: str, tmp_path_factory: pytest.TempPathFactory
@@ -116,7 +111,7 @@ def ui(
     dags.mkdir()
     shutil.copy(EXAMPLE, dags / EXAMPLE.name)
     prefix = f"deferral_test_{uuid.uuid4().hex[:10]}"
-    port = _free_port()
+    port = free_port()
     env = {
         "DEFERRAL_DATABASE_URL": database_url,
         "DEFERRAL_REDIS_URL": REDIS_URL,
@@ -156,8 +151,6 @@ def ui(
 
 
 def _answers(url: str) -> bool:
-    import urllib.request
-
     try:
         with urllib.request.urlopen(url, timeout=2) as answer:
             return bool(answer.status == 200)
