@@ -53,6 +53,8 @@ HERE = Path(__file__).resolve().parent
 API = "/api/v1"
 # A form or an API body larger than this is refused (a run's conf is small).
 MAX_BODY_BYTES = 1024 * 1024
+# The header the page script's live refresh sends.
+LIVE_HEADER = "x-deferral-live"
 # Every page refreshes its live parts this often (milliseconds), while it is visible.
 REFRESH_MS = 2000
 
@@ -232,15 +234,18 @@ class WebUI:
 
     # -- responses ---------------------------------------------------------------------------
 
-    def page(
+    async def page(
         self, request: Request, template: str, context: dict[str, Any], status_code: int = 200
     ) -> Response:
-        flashes = request.session.pop("flash", [])
+        user = await run_in_threadpool(self.auth.session_user, request)
+        # A live refresh leaves the messages to the page a click loads (and the cookie alone).
+        live = request.headers.get(LIVE_HEADER) == "1"
+        flashes = [] if live else request.session.pop("flash", [])
         return self.templates.TemplateResponse(
             request,
             template,
             {
-                "user": self.auth.session_user(request),
+                "user": user,
                 "open_reads": self.auth.open_reads,
                 "csrf_token": self.auth.csrf_token(request),
                 "flashes": flashes if isinstance(flashes, list) else [],
@@ -251,8 +256,8 @@ class WebUI:
             status_code=status_code,
         )
 
-    def error_page(self, request: Request, status_code: int, message: str) -> Response:
-        return self.page(
+    async def error_page(self, request: Request, status_code: int, message: str) -> Response:
+        return await self.page(
             request, "error.html", {"status": status_code, "message": message}, status_code
         )
 
@@ -283,7 +288,7 @@ class WebUI:
         async def guarded(request: Request) -> Response:
             form = await request.form()
             if not self.auth.csrf_valid(request, form.get(CSRF_FIELD)):
-                return self.error_page(
+                return await self.error_page(
                     request, 403, "the form is out of date (CSRF token missing or wrong): reload"
                 )
             user = await run_in_threadpool(self.auth.session_user, request)
@@ -340,20 +345,24 @@ class WebUI:
             status = 404 if not_found else 400
             if api:
                 return _api_error(status, str(exc))
-            return self.error_page(request, status, str(exc))
+            return await self.error_page(request, status, str(exc))
         except Exception as exc:
             said = server_error(exc, self.settings)
             if said is None:
                 log.exception("%s %s failed", request.method, request.url.path)
                 message = "internal error (the webserver's log has the details)"
-                return _api_error(500, message) if api else self.error_page(request, 500, message)
-            return _api_error(503, said[0]) if api else self.error_page(request, 503, said[0])
+                return (
+                    _api_error(500, message)
+                    if api
+                    else await self.error_page(request, 500, message)
+                )
+            return _api_error(503, said[0]) if api else await self.error_page(request, 503, said[0])
 
     # -- pages ---------------------------------------------------------------------------------
 
     async def dags_page(self, request: Request) -> Response:
         overview = await run_in_threadpool(self._read, data.dags_overview, self.dags)
-        return self.page(request, "dags.html", overview)
+        return await self.page(request, "dags.html", overview)
 
     def _read(self, read: Callable[..., dict[str, Any]], *args: Any) -> dict[str, Any]:
         with self.sessions() as session:
@@ -372,7 +381,7 @@ class WebUI:
 
     async def dag_page(self, request: Request) -> Response:
         detail = await run_in_threadpool(self._dag_detail, request)
-        return self.page(request, "dag.html", detail)
+        return await self.page(request, "dag.html", detail)
 
     def _task_instance(self, request: Request) -> dict[str, Any]:
         query = request.query_params
@@ -404,37 +413,37 @@ class WebUI:
 
     async def task_page(self, request: Request) -> Response:
         detail = await run_in_threadpool(self._task_instance, request)
-        return self.page(
+        return await self.page(
             request, "task.html", {**detail, "markable": [str(s) for s in actions.MARKABLE_STATES]}
         )
 
     async def deferred_page(self, request: Request) -> Response:
         found = await run_in_threadpool(self._read, data.deferred_now, self.settings)
-        return self.page(request, "deferred.html", found)
+        return await self.page(request, "deferred.html", found)
 
     async def triggerers_page(self, request: Request) -> Response:
         found = await run_in_threadpool(self._read, data.processes, self.settings)
-        return self.page(request, "triggerers.html", found)
+        return await self.page(request, "triggerers.html", found)
 
     async def streams_page(self, request: Request) -> Response:
         found = await run_in_threadpool(lambda: data.streams(self.broker()))
-        return self.page(request, "streams.html", found)
+        return await self.page(request, "streams.html", found)
 
     async def doctor_page(self, request: Request) -> Response:
         found = await run_in_threadpool(data.doctor, self.settings)
-        return self.page(request, "doctor.html", found)
+        return await self.page(request, "doctor.html", found)
 
     # -- login -----------------------------------------------------------------------------------
 
     async def login_page(self, request: Request) -> Response:
         next_url = _safe_next(request.query_params.get("next"))
-        return self.page(request, "login.html", {"next": next_url, "refused": False})
+        return await self.page(request, "login.html", {"next": next_url, "refused": False})
 
     async def login(self, request: Request) -> Response:
         form = await request.form()
         next_url = _safe_next(form.get("next"))
         if not self.auth.csrf_valid(request, form.get(CSRF_FIELD)):
-            return self.error_page(
+            return await self.error_page(
                 request, 403, "the form is out of date (CSRF token missing or wrong): reload"
             )
         username, password = form.get("username"), form.get("password")
@@ -445,7 +454,7 @@ class WebUI:
         )
         if not ok:
             log.warning("refused a login as %r", username)
-            return self.page(
+            return await self.page(
                 request, "login.html", {"next": next_url, "refused": True}, status_code=401
             )
         log.info("%s logged in", username)
@@ -712,7 +721,7 @@ def create_app(
         status = exc.status_code if isinstance(exc, HTTPException) else 500
         if request.url.path.startswith(f"{API}/"):
             return _api_error(status, "no such API path" if status == 404 else str(exc))
-        return ui.error_page(request, status, "no such page" if status == 404 else str(exc))
+        return await ui.error_page(request, status, "no such page" if status == 404 else str(exc))
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:

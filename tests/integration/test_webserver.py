@@ -5,6 +5,7 @@ secrets, and what bad input gets. tests/e2e/test_webui_browser.py drives it in C
 from __future__ import annotations
 
 import base64
+import dataclasses
 import datetime as dt
 import re
 from collections.abc import Callable, Iterator
@@ -21,6 +22,7 @@ from deferral import tasklogs, transitions, users
 from deferral.config import Settings
 from deferral.crypto import Cipher
 from deferral.models import Dag, DagRun, StoredConnection, TaskInstance, TaskStateChange
+from deferral.standalone import free_port
 from deferral.states import TaskState
 from tests.integration.conftest import CLI_DAG_SOURCE
 from tests.integration.factories import DAG_ID, deferred_task, running_task
@@ -550,3 +552,19 @@ def test_a_tries_log_is_shown_escaped_and_tailed_through_the_api(
     assert local.get(url, params={**query, "try_number": "x"}).status_code == 400
     missing = local.get(f"/dags/{DAG_ID}/task_instance", params={**query, "try_number": 7})
     assert missing.status_code == 404 and "has no try 7" in missing.text
+
+
+def test_an_unreachable_database_is_one_line_without_its_password(
+    settings: Settings, web_dag: str
+) -> None:
+    port = free_port()
+    gone = dataclasses.replace(
+        settings, database_url=f"postgresql+psycopg://u:pw-s3cret@127.0.0.1:{port}/prod"
+    )
+    with TestClient(create_app(gone, host="127.0.0.1", environ=ENVIRON)) as client:
+        for path, api in (("/dags", False), ("/api/v1/deferred", True)):
+            answer = client.get(path)
+            assert answer.status_code == 503
+            said = f"cannot reach PostgreSQL at 127.0.0.1:{port}/prod: connection refused"
+            assert said in (answer.json()["error"] if api else answer.text)
+            assert "pw-s3cret" not in answer.text
