@@ -48,7 +48,7 @@ EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "example_deferrable
 DAG_ID = "example_deferrable"
 ADMIN_PASSWORD = "browser-admin-pass"
 # Long enough to see the wait on a loaded machine, short enough for a lean test.
-WAIT_SECONDS = 8
+WAIT_SECONDS = 12
 
 
 class UI:
@@ -83,12 +83,14 @@ class UI:
         cell = self.cell(task_id)
         return cell["state"] if cell is not None else None
 
-    def click(self, css: str) -> None:
-        """Click the last element ``css`` finds, again if the live refresh replaced it."""
+    def click(self, css: str, text: str | None = None) -> None:
+        """Click the last element ``css`` finds (of those showing ``text``, if given), again if
+        the live refresh replaced it."""
 
         def clicked() -> bool:
             try:
-                self.found(css)[-1].click()
+                found = [e for e in self.found(css) if text is None or e.text == text]
+                found[-1].click()
             except (StaleElementReferenceException, IndexError):
                 return False
             return True
@@ -273,8 +275,8 @@ def test_markup_in_a_task_id_or_run_id_is_inert(ui: UI) -> None:
         assert ui.driver.execute_script("return window.__xss") is None, path
         assert _alert(ui) is None
     ui.open("/deferred")
-    assert script_task in ui.find(".deferred-task").text
-    ui.click(".deferred-task a.ti-link")
+    assert script_task in [row.text for row in ui.found(".deferred-task a.ti-link")]
+    ui.click(".deferred-task a.ti-link", script_task)
     wait_for(lambda: ui.found("#ti-task"), timeout=15)
     assert ui.find("#ti-task").text == script_task
     assert ui.find("#ti-run").text == script_run
