@@ -6,35 +6,27 @@ latency percentiles from `task_state_change`:
 
     .venv/bin/python benchmarks/defer_resume_latency.py [--tasks 200]
 
-Uses DEFERRAL_TEST_ADMIN_URL / DEFERRAL_TEST_REDIS_URL like the tests (local servers by default).
+Uses DEFERRAL_TEST_ADMIN_URL / DEFERRAL_TEST_REDIS_URL like the tests (local servers by default;
+see scratch.py).
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime as dt
-import os
 import statistics
 import sys
 import tempfile
 import time
-import uuid
 from pathlib import Path
 
-import redis
-from cryptography.fernet import Fernet
-from sqlalchemy import create_engine, select, text
-from sqlalchemy.engine import make_url
+from scratch import scratch_deployment
+from sqlalchemy import select
 
-from deferral import migrate, transitions
+from deferral import transitions
 from deferral.db import make_engine, make_sessionmaker
 from deferral.models import DagRun, TaskInstance, TaskStateChange
 from deferral.standalone import running_services
-
-ADMIN_URL = os.environ.get(
-    "DEFERRAL_TEST_ADMIN_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
-)
-REDIS_URL = os.environ.get("DEFERRAL_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 
 DAG = """
 import datetime as dt
@@ -69,23 +61,10 @@ def main() -> None:
     parser.add_argument("--lead", type=float, default=15.0, help="seconds until the moment")
     args = parser.parse_args()
 
-    name = f"deferral_bench_{uuid.uuid4().hex[:8]}"
-    admin = create_engine(ADMIN_URL, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(text(f'CREATE DATABASE "{name}"'))
-    url = make_url(ADMIN_URL).set(database=name).render_as_string(hide_password=False)
     dags = Path(tempfile.mkdtemp())
     moment = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=args.lead)
     (dags / "bench_defer.py").write_text(DAG.format(moment=moment.isoformat(), tasks=args.tasks))
-    os.environ.update(
-        DEFERRAL_DATABASE_URL=url,
-        DEFERRAL_REDIS_URL=REDIS_URL,
-        DEFERRAL_FERNET_KEY=Fernet.generate_key().decode(),
-        DEFERRAL_DAGS_FOLDER=str(dags),
-        DEFERRAL_STREAM_PREFIX=name,
-    )
-    try:
-        migrate.upgrade(url)
+    with scratch_deployment(dags, "bench") as url:
         sessions = make_sessionmaker(make_engine(url))
         with running_services():
             with sessions.begin() as session:
@@ -125,13 +104,6 @@ def main() -> None:
                 f"p95 {percentile(values, 0.95) * 1000:.0f} ms, max {max(values) * 1000:.0f} ms "
                 f"(n={len(values)})"
             )
-    finally:
-        with admin.connect() as conn:
-            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        client = redis.Redis.from_url(REDIS_URL)
-        keys = list(client.scan_iter(match=f"{name}:*"))
-        if keys:
-            client.delete(*keys)
 
 
 if __name__ == "__main__":

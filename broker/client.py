@@ -335,10 +335,10 @@ class Broker:
             found.update(zip(batch, (bool(int(p)) for p in reply), strict=True))
         return found
 
-    def newest(self, stream: str) -> Entry | None:
-        reply = self.redis.execute_command("XREVRANGE", stream, "+", "-", "COUNT", 1)
-        entries = replies.parse_xrange(stream, reply)
-        return entries[0] if entries else None
+    def newest(self, stream: str, count: int = 1) -> list[Entry]:
+        """The ``count`` newest entries of ``stream``, newest first."""
+        reply = self.redis.execute_command("XREVRANGE", stream, "+", "-", "COUNT", count)
+        return replies.parse_xrange(stream, reply)
 
     def xrange(self, stream: str, count: int | None = None) -> list[Entry]:
         args: list[Any] = ["XRANGE", stream, "-", "+"]

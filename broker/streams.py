@@ -105,6 +105,9 @@ class TriggerSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     kwargs: dict[str, object]  # serialization.to_jsonable form
     task_instance_id: int
     task: str
+    # The try that deferred, whose log the triggerer writes to (0: an entry written before
+    # tokens carried it; the triggerer then reads the task instance's current try).
+    try_number: int = 0
 
 
 M = TypeVar("M", bound=Message)
@@ -170,10 +173,11 @@ def trigger_message(
     classpath: str,
     kwargs: dict[str, object],
     task_instance_id: int,
+    try_number: int,
     task: str,
 ) -> TriggerMessage:
     """A triggers-stream entry: readable fields, and the whole spec sealed in the token."""
-    spec = TriggerSpec(trigger_id, classpath, kwargs, task_instance_id, task)
+    spec = TriggerSpec(trigger_id, classpath, kwargs, task_instance_id, task, try_number)
     token = cipher.encrypt(msgspec.json.encode(spec))
     return TriggerMessage(trigger_id=str(trigger_id), classpath=classpath, task=task, token=token)
 

@@ -52,6 +52,8 @@ class Settings:
     dag_ignore_file_syntax: str
     # Most task instances one mapped task may expand into (Airflow's core.max_map_length).
     max_map_length: int
+    # Most bytes a try's log keeps of what its task and the triggerer wrote (deferral.tasklogs).
+    task_log_max_bytes: int
 
 
 def _database_url(raw: str) -> str:
@@ -164,6 +166,7 @@ def _timezone(raw: str) -> zoneinfo.ZoneInfo:
 IGNORE_SYNTAXES = ("regexp", "glob")
 
 DEFAULT_MAX_MAP_LENGTH = 1024
+DEFAULT_TASK_LOG_MAX_BYTES = 1024 * 1024
 
 
 def _ignore_syntax(raw: str) -> str:
@@ -238,6 +241,9 @@ def load_settings(
         prune_older_than=get("PRUNE_OLDER_THAN", _retention, default="7d"),
         dag_ignore_file_syntax=get("DAG_IGNORE_FILE_SYNTAX", _ignore_syntax, default="regexp"),
         max_map_length=get("MAX_MAP_LENGTH", _positive_int, default=str(DEFAULT_MAX_MAP_LENGTH)),
+        task_log_max_bytes=get(
+            "TASK_LOG_MAX_BYTES", _positive_int, default=str(DEFAULT_TASK_LOG_MAX_BYTES)
+        ),
     )
 
 
@@ -282,3 +288,21 @@ def dag_ignore_file_syntax() -> str:
 def max_map_length() -> int:
     """``DEFERRAL_MAX_MAP_LENGTH``: the most task instances one mapped task may expand into."""
     return _one_setting("MAX_MAP_LENGTH", _positive_int, str(DEFAULT_MAX_MAP_LENGTH))
+
+
+def _port(raw: str) -> int:
+    value = int(raw)
+    if not 0 < value < 65536:
+        raise ValueError(f"{value} is not a TCP port (1-65535)")
+    return value
+
+
+def webserver_host() -> str:
+    """``DEFERRAL_WEBSERVER_HOST``: the address ``deferral webserver`` listens on."""
+    return _one_setting("WEBSERVER_HOST", str.strip, "127.0.0.1")
+
+
+def webserver_port() -> int:
+    """``DEFERRAL_WEBSERVER_PORT``: the port ``deferral webserver`` listens on (and that
+    ``deferral health --service webserver`` asks)."""
+    return _one_setting("WEBSERVER_PORT", _port, "8080")

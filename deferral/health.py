@@ -1,5 +1,6 @@
 """``deferral health``: whether a process's prerequisites answer and, for a named scheduler,
-worker or triggerer, whether it heartbeats, as pure decisions on what the command gathered.
+worker or triggerer, whether it heartbeats (for the web UI: whether its health page answers),
+as pure decisions on what the command gathered.
 
 A container healthcheck runs it next to the process it checks: Postgres and Redis must answer,
 and the process's own row must be alive by :func:`deferral.liveness.is_alive`, the one rule for
@@ -61,3 +62,22 @@ def heartbeat(
         f"heartbeat {age:.1f}s ago, older than {limit:g}s"
         f" (2.1 x DEFERRAL_HEARTBEAT_SEC={heartbeat_sec:g}): stuck or gone",
     )
+
+
+# The web UI has no row of its own: it is healthy when its health page answers.
+WEBSERVER = "webserver"
+WEBSERVER_HEALTH_PATH = "/api/v1/health"
+
+
+def webserver_url(host: str, port: int) -> str:
+    """Where a healthcheck next to ``deferral webserver --host HOST --port PORT`` asks: the
+    loopback address when it listens on every address."""
+    probe = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(host, host)
+    where = f"[{probe}]" if ":" in probe else probe
+    return f"http://{where}:{port}{WEBSERVER_HEALTH_PATH}"
+
+
+def webserver(url: str, error: str | None) -> Check:
+    if error is None:
+        return Check(Status.OK, WEBSERVER, f"answers at {url}")
+    return Check(Status.FAIL, WEBSERVER, f"no answer at {url}: {error}")

@@ -347,3 +347,48 @@ class RenderedTaskInstanceFields(Base):
     rendered_at: Mapped[dt.datetime] = mapped_column(
         Timestamp, server_default=func.now(), onupdate=func.now()
     )
+
+
+class TaskLog(Base):
+    """A line of a try's log (``deferral.tasklogs``): what the attempt wrote, what the worker and
+    the triggerer wrote about it, and the marker where the try's log was cut."""
+
+    __tablename__ = "task_log"
+    __table_args__ = (Index(None, "task_instance_id", "try_number", "id"),)
+
+    id: Mapped[int] = _id()
+    task_instance_id: Mapped[int] = mapped_column(
+        ForeignKey("task_instance.id", ondelete="CASCADE")
+    )
+    try_number: Mapped[int] = mapped_column(Integer)
+    # When the writer saw the line (its own clock); lines are shown in id order.
+    at: Mapped[dt.datetime] = mapped_column(Timestamp)
+    source: Mapped[str] = mapped_column(String(20))
+    text: Mapped[str] = mapped_column(Text)
+
+
+class TaskLogTry(Base):
+    """One row per try that has log lines: how many bytes its bounded lines hold and whether it
+    was cut. Writers lock it before adding lines, so a try's lines are numbered in commit
+    order."""
+
+    __tablename__ = "task_log_try"
+
+    task_instance_id: Mapped[int] = mapped_column(
+        ForeignKey("task_instance.id", ondelete="CASCADE"), primary_key=True
+    )
+    try_number: Mapped[int] = mapped_column(Integer, primary_key=True)
+    bytes: Mapped[int] = mapped_column(BigInteger, server_default=text("0"))
+    cut: Mapped[bool] = mapped_column(Boolean, server_default=text("false"))
+
+
+class User(Base):
+    """Who may log in to the web UI: a name and an argon2 hash of the password
+    (``deferral.users``); never the password itself."""
+
+    __tablename__ = "user"
+
+    id: Mapped[int] = _id()
+    username: Mapped[str] = mapped_column(String(64), unique=True)
+    password_hash: Mapped[str] = mapped_column(Text)
+    created_at: Mapped[dt.datetime] = _created()

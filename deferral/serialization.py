@@ -123,3 +123,26 @@ def loads(data: bytes | str) -> Any:
         return from_jsonable(_json_decoder.decode(data))
     except msgspec.DecodeError as exc:
         raise SerializationError(f"not valid JSON: {exc}") from None
+
+
+def plain_json(stored: Any) -> Any:
+    """A stored value (tagged JSON) as plain JSON, for people to read: datetimes as ISO 8601
+    strings, timedeltas as seconds, tuples as arrays. A value that does not decode is given as
+    stored."""
+    try:
+        value = from_jsonable(stored)
+    except SerializationError:
+        return stored
+    return _plain(value)
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, dt.datetime):
+        return value.isoformat()
+    if isinstance(value, dt.timedelta):
+        return value.total_seconds()
+    if isinstance(value, list | tuple):
+        return [_plain(item) for item in value]
+    if isinstance(value, dict):
+        return {key: _plain(item) for key, item in value.items()}
+    return value

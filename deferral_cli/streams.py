@@ -25,10 +25,16 @@ def streams(output: str) -> None:
         fail(f"Redis: {exc}")
         return
     try:
-        records = [row for key in _stream_keys(broker) for row in _stream_records(broker, key)]
+        records = stream_records(broker)
     finally:
         broker.close()
     emit(output, records, empty="no streams")
+
+
+def stream_records(broker: Broker) -> list[Record]:
+    """A record per consumer group of each stream (one for a stream without a group): the
+    triggers, events and dead streams, then every queue stream under the prefix."""
+    return [row for key in _stream_keys(broker) for row in _stream_records(broker, key)]
 
 
 def _stream_keys(broker: Broker) -> list[str]:

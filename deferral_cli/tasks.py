@@ -1,17 +1,13 @@
-"""``deferral tasks``: list task instances, clear or mark them, explain their state."""
+"""``deferral tasks``: list task instances, clear or mark them, explain their state (their
+logs: ``logs.py``; their rendered fields: ``render.py``)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import click
 from sqlalchemy import exists, select
-from sqlalchemy.orm import Session
 
 from broker.streams import task_label
-from deferral import transitions
-from deferral.baseoperator import BaseOperator
-from deferral.dag import DagDefinitionError
+from deferral import actions
 from deferral.dagbag import DagNotFound
 from deferral.models import DagRun, TaskInstance
 from deferral.process import command_group, settings_or_exit
@@ -24,9 +20,10 @@ from deferral_cli.common import (
     find_run,
     output_options,
     sessions,
-    ti_label,
+    task_instances,
 )
 from deferral_cli.explain import explain, find_dag
+from deferral_cli.logs import tasks_logs
 from deferral_cli.render import tasks_render
 
 
@@ -36,6 +33,7 @@ def tasks() -> None:
 
 
 tasks.add_command(tasks_render)
+tasks.add_command(tasks_logs)
 
 
 @tasks.command("list")
@@ -88,52 +86,30 @@ def _apply_by_user(
     run_id: str,
     task_id: str,
     downstream: bool,
-    change: Callable[..., bool],
+    change: actions.Change,
     map_indexes: tuple[int, ...] = (),
 ) -> None:
-    """Apply ``change(session, ti, task)`` to the task (its map indexes ``map_indexes``, else
-    all) and its downstream tasks (all map indexes) of one run."""
+    """Apply ``change`` to the task (its map indexes ``map_indexes``, else all) and its
+    downstream tasks (all map indexes) of one run, saying what it did."""
     settings = settings_or_exit()
     try:
         dag = dagbag(settings).get_dag(dag_id)
-        task_ids = [dag.get_task(task_id).task_id]
-    except (DagNotFound, DagDefinitionError) as exc:
+        done = actions.change_tasks(
+            sessions(settings),
+            dag,
+            run_id,
+            task_id,
+            change,
+            downstream=downstream,
+            map_indexes=map_indexes,
+        )
+    except (DagNotFound, actions.ActionError) as exc:
         fail(str(exc))
         return
-    if downstream:
-        task_ids += sorted(dag.downstream_of(task_id))
-    with sessions(settings).begin() as session:
-        run = find_run(session, dag_id, run_id)
-        if run is None:
-            fail(f"DAG {dag_id!r} has no run {run_id!r}")
-            return
-        tis = session.scalars(
-            select(TaskInstance)
-            .where(
-                TaskInstance.dag_id == dag_id,
-                TaskInstance.run_id == run_id,
-                TaskInstance.task_id.in_(task_ids),
-            )
-            .order_by(TaskInstance.id)
-            .with_for_update()
-        ).all()
-        if map_indexes:
-            tis = [t for t in tis if t.task_id != task_id or t.map_index in map_indexes]
-            found = {t.map_index for t in tis if t.task_id == task_id}
-            missing = sorted(set(map_indexes) - found)
-            if missing:
-                fail(f"task {task_id!r} of run {run_id!r} has no map index {missing[0]}")
-                return
-        refused = []
-        for ti in tis:
-            label = ti_label(ti.task_id, ti.map_index)
-            if change(session, ti, dag.task_dict.get(ti.task_id)):
-                click.echo(f"{label}: {ti.state}")
-            else:
-                refused.append(f"{label} ({ti.state})")
-        transitions.reopen_dag_run(session, run)
-    if refused:
-        fail(f"not changed while queued or running: {', '.join(refused)}")
+    for label, state in done.changed:
+        click.echo(f"{label}: {state}")
+    if done.refused:
+        fail(f"not changed while queued or running: {', '.join(done.refused)}")
 
 
 @tasks.command("clear")
@@ -147,11 +123,7 @@ def tasks_clear(
 ) -> None:
     """Run TASK_ID again (as a new try); a deferred one lets go of its trigger. A mapped task
     runs again over its input as it is then (map indexes added or removed as it says)."""
-
-    def clear(session: Session, ti: TaskInstance, task: BaseOperator | None) -> bool:
-        return transitions.clear(session, ti, retries=task.retries if task else 0)
-
-    _apply_by_user(dag_id, run_id, task_id, downstream, clear, map_indexes)
+    _apply_by_user(dag_id, run_id, task_id, downstream, actions.clear_change, map_indexes)
 
 
 @tasks.command("mark")
@@ -161,7 +133,7 @@ def tasks_clear(
 @click.option(
     "--state",
     "to_state",
-    type=click.Choice([s.value for s in (TaskState.SUCCESS, TaskState.FAILED, TaskState.SKIPPED)]),
+    type=click.Choice([s.value for s in actions.MARKABLE_STATES]),
     required=True,
     help="The state to set.",
 )
@@ -176,11 +148,7 @@ def tasks_mark(
     map_indexes: tuple[int, ...],
 ) -> None:
     """Set TASK_ID's state; a deferred one lets go of its trigger."""
-
-    def mark(session: Session, ti: TaskInstance, task: BaseOperator | None) -> bool:
-        return transitions.mark(session, ti, TaskState(to_state))
-
-    _apply_by_user(dag_id, run_id, task_id, downstream, mark, map_indexes)
+    _apply_by_user(dag_id, run_id, task_id, downstream, actions.mark_change(to_state), map_indexes)
 
 
 @tasks.command("explain")
@@ -207,15 +175,7 @@ def tasks_explain(dag_id: str, run_id: str, task_id: str, map_indexes: tuple[int
             )
             fail(f"DAG {dag_id!r} has no run {run_id!r}" if known else dag_error)
             return
-        tis = session.scalars(
-            select(TaskInstance)
-            .where(
-                TaskInstance.dag_id == dag_id,
-                TaskInstance.run_id == run_id,
-                TaskInstance.task_id == task_id,
-            )
-            .order_by(TaskInstance.map_index)
-        ).all()
+        tis = task_instances(session, dag_id, run_id, task_id)
         if map_indexes:
             tis = [ti for ti in tis if ti.map_index in map_indexes]
             if not tis:

@@ -80,9 +80,7 @@ def triggerers_list(output: str) -> None:
     A triggerer is alive if its state is running and its latest heartbeat is at most
     2.1 x DEFERRAL_HEARTBEAT_SEC old (by the database's clock), else stale.
     """
-    _list_processes(
-        output, Triggerer, lambda t: {"load": t.load, "capacity": t.capacity}, "no triggerers"
-    )
+    _list_processes(output, Triggerer, triggerer_own, "no triggerers")
 
 
 @command_group()
@@ -98,12 +96,7 @@ def workers_list(output: str) -> None:
     A worker is alive if its state is running and its latest heartbeat is at most
     2.1 x DEFERRAL_HEARTBEAT_SEC old (by the database's clock), else stale.
     """
-    _list_processes(
-        output,
-        Worker,
-        lambda w: {"queue": w.queue, "load": w.load, "concurrency": w.concurrency},
-        "no workers",
-    )
+    _list_processes(output, Worker, worker_own, "no workers")
 
 
 Process = TypeVar("Process", Triggerer, Worker)
@@ -115,17 +108,29 @@ def _list_processes(
     """Each process of a kind: who it is, what it has of its ``own``, and whether it is alive."""
     settings = settings_or_exit()
     with sessions(settings)() as session:
-        # The database's clock, the one that wrote the heartbeats: no skew with this host.
-        now = session.scalars(select(func.now())).one()
-        records = [
-            {
-                **_identity(process),
-                **own(process),
-                **_liveness(process, now, settings.heartbeat_sec),
-            }
-            for process in session.scalars(select(model).order_by(model.name))
-        ]
+        records = process_records(session, model, own, settings.heartbeat_sec)
     emit(output, records, empty=empty)
+
+
+def process_records(
+    session: Session, model: type[Process], own: Callable[[Process], Record], heartbeat_sec: float
+) -> list[Record]:
+    """A record per process of a kind, by name: who it is, what it has of its ``own``, its
+    heartbeat and whether it is alive."""
+    # The database's clock, the one that wrote the heartbeats: no skew with this host.
+    now = session.scalars(select(func.now())).one()
+    return [
+        {**_identity(process), **own(process), **_liveness(process, now, heartbeat_sec)}
+        for process in session.scalars(select(model).order_by(model.name))
+    ]
+
+
+def triggerer_own(triggerer: Triggerer) -> Record:
+    return {"load": triggerer.load, "capacity": triggerer.capacity}
+
+
+def worker_own(worker: Worker) -> Record:
+    return {"queue": worker.queue, "load": worker.load, "concurrency": worker.concurrency}
 
 
 def _identity(process: Triggerer | Worker) -> dict[str, Any]:

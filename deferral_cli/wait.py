@@ -17,9 +17,9 @@ from typing import Protocol, TextIO
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
+from deferral.actions import ti_label
 from deferral.models import DagRun, TaskInstance
 from deferral.states import FINISHED_STATES, DagRunState
-from deferral_cli.common import ti_label
 
 FINISHED_RUN_STATES = frozenset({DagRunState.SUCCESS, DagRunState.FAILED})
 POLL_INTERVAL_SEC = 0.5

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 from typing import Any
 
@@ -10,9 +9,9 @@ import click
 from sqlalchemy import select
 
 from broker.streams import task_label
-from deferral import serialization
 from deferral.models import TaskInstance, XCom
 from deferral.process import command_group, settings_or_exit
+from deferral.serialization import plain_json
 from deferral_cli.common import Record, emit, fail, find_run, output_options, sessions
 
 # The key a task's return value is pushed under, as in Airflow.
@@ -89,28 +88,6 @@ def xcom_get(dag_id: str, run_id: str, task_id: str, key: str, map_index: int) -
         fail(f"{label} has no XCom {key!r}")
         return
     click.echo(json.dumps(plain_json(row.value), indent=2))
-
-
-def plain_json(stored: Any) -> Any:
-    """A stored value (tagged JSON) as plain JSON: datetimes as ISO 8601 strings, timedeltas as
-    seconds, tuples as arrays. A value that does not decode is shown as stored."""
-    try:
-        value = serialization.from_jsonable(stored)
-    except serialization.SerializationError:
-        return stored
-    return _plain(value)
-
-
-def _plain(value: Any) -> Any:
-    if isinstance(value, dt.datetime):
-        return value.isoformat()
-    if isinstance(value, dt.timedelta):
-        return value.total_seconds()
-    if isinstance(value, list | tuple):
-        return [_plain(item) for item in value]
-    if isinstance(value, dict):
-        return {key: _plain(item) for key, item in value.items()}
-    return value
 
 
 def _value_cell(value: Any) -> str:

@@ -1,5 +1,6 @@
 """An example DAG: a custom deferrable operator frees its worker slot while it waits, then a
-downstream task uses what it returned."""
+downstream task uses what it returned. The wait is the param ``wait_seconds`` (3 by default;
+trigger with conf ``{"wait_seconds": 30}`` to watch it wait in the web UI)."""
 
 from __future__ import annotations
 
@@ -20,8 +21,9 @@ class WaitThenCount(BaseOperator):
 
     def execute(self, context: Context) -> None:
         started = dt.datetime.now(dt.UTC)
+        seconds = float(context["params"].get("wait_seconds", self.seconds))
         self.defer(
-            trigger=TimeDeltaTrigger(dt.timedelta(seconds=self.seconds)),
+            trigger=TimeDeltaTrigger(dt.timedelta(seconds=seconds)),
             method_name="resume",
             kwargs={"started": started},
             timeout=dt.timedelta(minutes=5),
@@ -40,7 +42,7 @@ def report(ti: Any) -> str:
     return message
 
 
-with DAG("example_deferrable", schedule=None) as dag:
+with DAG("example_deferrable", schedule=None, params={"wait_seconds": 3}) as dag:
     wait = WaitThenCount(task_id="wait", seconds=3)
     done = PythonOperator(task_id="report", python_callable=report)
     wait >> done

@@ -151,6 +151,7 @@ class Reconciler:
                 classpath=trigger.classpath,
                 kwargs=kwargs,
                 task_instance_id=ti.id,
+                try_number=ti.try_number,
                 task=task_label(ti.dag_id, ti.run_id, ti.task_id, ti.map_index),
             )
             entries.append((self.broker.keys.triggers, msgspec.structs.asdict(message)))

@@ -468,12 +468,7 @@ class SchedulerService:
             return
         pruned = retention.prune(self.sessions, self.settings.prune_older_than)
         if pruned.total:
-            log.info(
-                "pruned %d outbox row(s), %d resume event(s), %d state change(s)",
-                pruned.outbox,
-                pruned.resume_event,
-                pruned.task_state_change,
-            )
+            log.info("%s", pruned.describe())
 
 
 def _task_instances_of(

@@ -25,10 +25,11 @@ from tests.helpers import wait_for
 from tests.servers import ADMIN_URL, REDIS_URL
 
 # Tables cleared before each database test; pool keeps its seeded default_pool row.
-_TABLES = (
+TABLES = (
     "task_state_change, xcom, task_reschedule, resume_event, outbox, dag, import_error, worker, "
+    "task_log, task_log_try, "
     "rendered_task_instance_fields, variable, connection, "
-    "task_instance, trigger, triggerer, scheduler, dag_run"
+    'task_instance, trigger, triggerer, scheduler, dag_run, "user"'
 )
 
 __all__ = ["wait_for"]
@@ -54,7 +55,7 @@ def sessions(database_url: str) -> Iterator[sessionmaker[Session]]:
     """A sessionmaker on the test database, emptied before the test."""
     engine = make_engine(database_url)
     with engine.begin() as conn:
-        conn.execute(text(f"TRUNCATE {_TABLES} RESTART IDENTITY CASCADE"))
+        conn.execute(text(f"TRUNCATE {TABLES} RESTART IDENTITY CASCADE"))
     yield make_sessionmaker(engine)
     engine.dispose()
 

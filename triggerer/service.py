@@ -12,6 +12,7 @@ from __future__ import annotations
 import datetime as dt
 import heapq
 import itertools
+import json
 import logging
 import os
 import signal
@@ -33,20 +34,29 @@ from sqlalchemy.exc import SQLAlchemyError
 from broker.client import Broker, LeaseStatus, connect_when_up
 from broker.consumer import Backoff, Delivery, Lost, StreamConsumer
 from broker.replies import Entry
-from broker.streams import GROUP_TRIGGERERS, EventMessage, StreamKeys, to_fields
-from deferral import liveness
+from broker.streams import (
+    EVENT_KIND_FAILURE,
+    GROUP_TRIGGERERS,
+    EventMessage,
+    StreamKeys,
+    to_fields,
+)
+from deferral import liveness, tasklogs
 from deferral.config import Settings
 from deferral.crypto import Cipher
 from deferral.dagbag import put_on_sys_path
 from deferral.db import make_engine, make_sessionmaker, wait_until_up
 from deferral.faults import is_transient
 from deferral.models import TaskInstance, TaskStateChange, Trigger, Triggerer
-from deferral.process import LogExtra, log_ids
+from deferral.process import LOG_IDS_ATTR, LogExtra, log_ids
+from deferral.secrets_masker import redact
 from deferral.states import TaskState
+from deferral.tasklogs import NewLine
 from deferral.triggers.base import BaseTrigger
 from triggerer import decide
 from triggerer.decode import Decoded, RejectedEntry, decode_entry
 from triggerer.events import event_message, failure_message
+from triggerer.tasklog import TaskLogHandler, current_ids
 from triggerer.watchdog import LoopWatchdog
 
 log = logging.getLogger("deferral.triggerer")
@@ -58,6 +68,11 @@ BLOCKED_LOOP_WARN_SEC = 0.2
 READ_BATCH = 100
 # Events published in one round trip at most.
 PUBLISH_BATCH = 1000
+# How often the lines about triggers are stored in their tries' logs (and before any event is
+# published, so that a try's log has them before the resumed attempt's lines).
+TASK_LOG_INTERVAL_SEC = 1.0
+# How much of an event's payload its log line shows.
+PAYLOAD_SHOWN = 1000
 
 
 @dataclass(eq=False, slots=True)
@@ -72,6 +87,8 @@ class Held:
     scope: anyio.CancelScope | None
     task: str
     task_instance_id: int
+    # The try that deferred on it (0: unknown, an older entry), whose log the lines go to.
+    try_number: int
     moment: dt.datetime | None = None
     cancel_reason: str = "shutdown"
     # Cancelled because its task no longer waits on it: retire the entry too.
@@ -79,9 +96,13 @@ class Held:
     cancelled: bool = False
 
     def log_ids(self) -> LogExtra:
-        """``extra=`` for a log line about this trigger and the task waiting on it."""
+        """``extra=`` for a log line about this trigger and the task waiting on it (such lines
+        go to the try's log too)."""
         return log_ids(
-            task=self.task, task_instance_id=self.task_instance_id, trigger_id=self.trigger_id
+            task=self.task,
+            task_instance_id=self.task_instance_id,
+            try_number=self.try_number,
+            trigger_id=self.trigger_id,
         )
 
 
@@ -145,6 +166,8 @@ class TriggererService:
         self.outgoing = _Outgoing()
         self.timers = _Timers()
         self.stopping = threading.Event()  # for waits in threads (servers down at start)
+        self.task_log = TaskLogHandler()
+        self.task_log_written = anyio.Lock()  # batches are stored one after the other, in order
         self.broker: Broker
         self.consumer: StreamConsumer
 
@@ -152,10 +175,15 @@ class TriggererService:
         return await anyio.to_thread.run_sync(partial(func, *args), abandon_on_cancel=False)
 
     async def run(self) -> None:
-        async with anyio.create_task_group() as tasks:
-            tasks.start_soon(self._stop_on_signal, tasks.cancel_scope)
-            await self._serve(tasks)
-            tasks.cancel_scope.cancel()
+        root = logging.getLogger()
+        root.addHandler(self.task_log)
+        try:
+            async with anyio.create_task_group() as tasks:
+                tasks.start_soon(self._stop_on_signal, tasks.cancel_scope)
+                await self._serve(tasks)
+                tasks.cancel_scope.cancel()
+        finally:
+            root.removeHandler(self.task_log)
         log.info("triggerer %s stopped", self.name)
 
     async def _serve(self, outer: TaskGroup) -> None:
@@ -186,6 +214,7 @@ class TriggererService:
                 tasks.start_soon(self._take_overs, tasks)
                 tasks.start_soon(self._publisher)
                 tasks.start_soon(self.timers.run, self._timer_fired)
+                tasks.start_soon(self._write_task_logs)
                 tasks.start_soon(LoopWatchdog(BLOCKED_LOOP_WARN_SEC, _warn_blocked).run)
                 await self._consume(tasks)
         finally:
@@ -194,6 +223,7 @@ class TriggererService:
                     self._log_cancelled(trigger_id, held)
             with anyio.CancelScope(shield=True):
                 await self._flush_outgoing()
+                await self._store_task_logs()
                 await self._hand_off()
                 try:
                     await self._sync(self._register, liveness.STOPPED)
@@ -276,27 +306,29 @@ class TriggererService:
                 older, running.entry = running.entry, _slim(entry, trigger_id)
                 await self._sync(self.consumer.retire, [older])
             return None
+        spec = decoded.spec
         moment = decoded.trigger.fires_at()
-        if moment is not None:
-            held = Held(
-                trigger_id,
-                _slim(entry, trigger_id),
-                None,
-                decoded.spec.task,
-                decoded.spec.task_instance_id,
-                moment=moment,
-            )
-            self.held[trigger_id] = held
-            self.timers.add(held)
-            return trigger_id
         held = Held(
             trigger_id,
             _slim(entry, trigger_id),
-            anyio.CancelScope(),
-            decoded.spec.task,
-            decoded.spec.task_instance_id,
+            None if moment is not None else anyio.CancelScope(),
+            spec.task,
+            spec.task_instance_id,
+            spec.try_number,
+            moment=moment,
         )
         self.held[trigger_id] = held
+        log.info(
+            "trigger %d (%s) for %s started on triggerer %s",
+            trigger_id,
+            spec.classpath,
+            spec.task,
+            self.name,
+            extra=held.log_ids(),
+        )
+        if moment is not None:
+            self.timers.add(held)
+            return trigger_id
         # The task name is what the watchdog reports when this trigger blocks the loop.
         name = f"trigger {trigger_id} ({decoded.spec.classpath}) for {decoded.spec.task}"
         tasks.start_soon(self._run_trigger, held, decoded, name=name)
@@ -316,12 +348,13 @@ class TriggererService:
     async def _run_trigger(self, held: Held, decoded: Decoded) -> None:
         trigger, trigger_id = decoded.trigger, decoded.spec.trigger_id
         assert held.scope is not None
+        # What the trigger's own code logs goes to the try's log (this task's context only).
+        current_ids.set(held.log_ids()[LOG_IDS_ATTR])
         published = False
         try:
             with held.scope:
-                message = await self._first_event(trigger, trigger_id)
-                self.outgoing.items.append((trigger_id, held, message))
-                self.outgoing.ready.set()
+                message = await self._first_event(trigger, held)
+                self._send(held, message)
                 published = True  # the publisher frees the slot once it is out
             if held.scope.cancelled_caught:
                 self._log_cancelled(trigger_id, held)
@@ -354,8 +387,28 @@ class TriggererService:
         if held.cancelled or self.held.get(trigger_id) is not held:
             return
         assert held.moment is not None
-        message = event_message(self.cipher, trigger_id, held.moment, self.name)
-        self.outgoing.items.append((trigger_id, held, message))
+        self._send(held, event_message(self.cipher, trigger_id, held.moment, self.name))
+
+    def _send(self, held: Held, message: EventMessage) -> None:
+        """Say what the trigger fired (or why it failed) and queue it for the publisher."""
+        if message.kind == EVENT_KIND_FAILURE:
+            failure = json.loads(message.payload)
+            parts = (failure["message"], failure["traceback"])
+            level, said = logging.ERROR, "failed: " + "\n".join(p for p in parts if p).rstrip()
+        else:
+            shown = message.payload
+            if len(shown) > PAYLOAD_SHOWN:
+                shown = shown[:PAYLOAD_SHOWN] + "..."
+            level, said = logging.INFO, f"fired: {shown}"
+        log.log(
+            level,
+            "trigger %d for %s %s",
+            held.trigger_id,
+            held.task,
+            redact(said),
+            extra=held.log_ids(),
+        )
+        self.outgoing.items.append((held.trigger_id, held, message))
         self.outgoing.ready.set()
 
     def _cancel(self, trigger_id: int, held: Held, reason: str, *, retire: bool = False) -> None:
@@ -394,6 +447,9 @@ class TriggererService:
                 await anyio.sleep(backoff.next())
                 continue
             del self.outgoing.retiring[: len(retiring)]
+        # The lines saying what fired are stored first: the resumed attempts' lines come after.
+        if self.outgoing.items:
+            await self._store_task_logs()
         while self.outgoing.items:
             batch = self.outgoing.items[:PUBLISH_BATCH]
             items = [
@@ -406,14 +462,7 @@ class TriggererService:
                 await anyio.sleep(backoff.next())
                 continue
             del self.outgoing.items[: len(batch)]
-            for trigger_id, held, message in batch:
-                log.info(
-                    "trigger %d for %s: %s sent",
-                    trigger_id,
-                    held.task,
-                    message.kind,
-                    extra=held.log_ids(),
-                )
+            for trigger_id, held, _ in batch:
                 self._release(trigger_id, held)
         self.outgoing.ready = anyio.Event()
 
@@ -440,9 +489,10 @@ class TriggererService:
             extra=held.log_ids(),
         )
 
-    async def _first_event(self, trigger: BaseTrigger, trigger_id: int) -> EventMessage:
+    async def _first_event(self, trigger: BaseTrigger, held: Held) -> EventMessage:
         """Run the trigger to its first event; a raise or an end without an event is a failure.
         ``cleanup()`` always runs, and its own failure fails the task too."""
+        trigger_id = held.trigger_id
         message: EventMessage | None = None
         try:
             events = trigger.run()
@@ -475,11 +525,7 @@ class TriggererService:
                 try:
                     await trigger.cleanup()
                 except Exception as exc:
-                    log.exception(
-                        "trigger %d cleanup() raised",
-                        trigger_id,
-                        extra=log_ids(trigger_id=trigger_id),
-                    )
+                    log.exception("trigger %d cleanup() raised", trigger_id, extra=held.log_ids())
                     if message is not None and message.kind == "event":
                         message = failure_message(
                             self.cipher,
@@ -489,6 +535,58 @@ class TriggererService:
                             self.name,
                         )
         return message
+
+    # -- task logs -------------------------------------------------------------------------------
+
+    async def _write_task_logs(self) -> None:
+        while True:
+            await anyio.sleep(TASK_LOG_INTERVAL_SEC)
+            await self._store_task_logs()
+
+    async def _store_task_logs(self) -> None:
+        """Store the queued lines about triggers in their tries' logs, one batch at a time; kept
+        for the next batch while Postgres is unavailable (a log line never stops a trigger)."""
+        async with self.task_log_written:
+            lines = self.task_log.take()
+            if not lines:
+                return
+            try:
+                await self._sync(self._store_lines, lines)
+            except SQLAlchemyError as exc:
+                if not is_transient(exc):
+                    log.exception(
+                        "dropped %d task log line(s) that could not be stored", len(lines)
+                    )
+                    return
+                self.task_log.put_back(lines)
+                log.warning("could not store %d task log line(s): %s", len(lines), exc)
+            if self.task_log.dropped:
+                log.warning(
+                    "dropped %d task log line(s) while they could not be stored",
+                    self.task_log.dropped,
+                )
+                self.task_log.dropped = 0
+
+    def _store_lines(self, lines: list[NewLine]) -> None:
+        with self.sessions.begin() as session:
+            unknown = {line.task_instance_id for line in lines if line.try_number == 0}
+            if unknown:
+                # Entries from before tokens named the try: the task instance's try now.
+                tries = {
+                    ti_id: try_number
+                    for ti_id, try_number in session.execute(
+                        select(TaskInstance.id, TaskInstance.try_number).where(
+                            TaskInstance.id.in_(unknown)
+                        )
+                    )
+                }
+                lines = [
+                    line._replace(try_number=tries.get(line.task_instance_id, 0))
+                    if line.try_number == 0
+                    else line
+                    for line in lines
+                ]
+            tasklogs.append(session, lines, self.settings.task_log_max_bytes)
 
     # -- leases ----------------------------------------------------------------------------------
 

@@ -34,6 +34,7 @@ from deferral.exceptions import (
 )
 from deferral.mappedoperator import MappedOperator
 from deferral.metastore import metastore
+from deferral.secrets_masker import redact
 from deferral.serialization import SerializationError
 from deferral.states import FAIL_METHOD
 from deferral.templating import render_and_record
@@ -208,7 +209,12 @@ def _after_failure(
 
 
 def execute_attempt(request: AttemptRequest) -> Outcome:
-    """Entry point in the child process."""
+    """Entry point in the child process. What it says of an error leaves with secrets masked:
+    only this process knows the secrets its task read, and the worker records and logs it."""
+    return _masked(_execute(request))
+
+
+def _execute(request: AttemptRequest) -> Outcome:
     try:
         dag = _dagbag().get_dag(request.dag_id)
         task = copy.deepcopy(dag.get_task(request.task_id))
@@ -217,6 +223,16 @@ def execute_attempt(request: AttemptRequest) -> Outcome:
     outcome = _run(task, request)
     if isinstance(outcome, Failed) and outcome.allow_retry:
         return dataclasses.replace(outcome, retry_delay=task.retry_delay)
+    return outcome
+
+
+def _masked(outcome: Outcome) -> Outcome:
+    if isinstance(outcome, Failed):
+        return dataclasses.replace(
+            outcome, error=redact(outcome.error), traceback=redact(outcome.traceback)
+        )
+    if isinstance(outcome, Skipped):
+        return Skipped(redact(outcome.reason))
     return outcome
 
 

@@ -10,6 +10,8 @@ import datetime as dt
 from dataclasses import dataclass
 from typing import Any
 
+from deferral.config import DEFAULT_TASK_LOG_MAX_BYTES
+
 
 @dataclass(frozen=True)
 class AttemptRequest:
@@ -30,6 +32,8 @@ class AttemptRequest:
     data_interval_start: dt.datetime | None = None
     data_interval_end: dt.datetime | None = None
     run_type: str = "manual"
+    # The worker's DEFERRAL_TASK_LOG_MAX_BYTES: what the child keeps of the try's output.
+    task_log_max_bytes: int = DEFAULT_TASK_LOG_MAX_BYTES
 
 
 @dataclass(frozen=True)

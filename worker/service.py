@@ -9,6 +9,7 @@ lost its lease kills that attempt's child and changes nothing in Postgres.
 
 from __future__ import annotations
 
+import datetime as dt
 import hashlib
 import logging
 import os
@@ -32,7 +33,7 @@ from broker.streams import (
     read_queue_entry,
     trigger_message,
 )
-from deferral import liveness, serialization, transitions
+from deferral import liveness, serialization, tasklogs, transitions
 from deferral.config import Settings
 from deferral.crypto import Cipher, DecryptionError
 from deferral.db import make_engine, make_sessionmaker, wait_until_up
@@ -41,8 +42,10 @@ from deferral.models import DagRun, Outbox, TaskInstance, Worker
 from deferral.process import Every, LogExtra, log_ids
 from deferral.serialization import SerializationError
 from deferral.states import TaskState
+from deferral.tasklogs import SOURCE_WORKER, NewLine
 from deferral.transitions import Attempt
-from worker.attempt import execute_attempt, warm_up
+from worker.attempt import warm_up
+from worker.capture import run_attempt
 from worker.children import ChildDied, ChildPool
 from worker.outcomes import (
     AttemptRequest,
@@ -71,12 +74,21 @@ class Running:
             try_number=self.attempt.try_number,
         )
 
+    def log_line(self, text: str) -> NewLine:
+        """A line of the worker's about this attempt, for its try's log."""
+        return _line(self.attempt.task_instance_id, self.attempt.try_number, text)
+
 
 def _item_ids(item: QueuedAttempt) -> LogExtra:
     """``extra=`` for a log line about a queue entry's attempt."""
     return log_ids(
         task=item.task, task_instance_id=item.task_instance_id, try_number=item.try_number
     )
+
+
+def _line(ti_id: int, try_number: int, text: str) -> NewLine:
+    """A line of the worker's about an attempt, for its try's log."""
+    return NewLine(ti_id, try_number, dt.datetime.now(dt.UTC), SOURCE_WORKER, text)
 
 
 def fingerprint(classpath: str, kwargs_json: bytes) -> str:
@@ -95,7 +107,7 @@ class WorkerService:
         self.sessions = make_sessionmaker(self.engine)
         self.keys = StreamKeys(settings.stream_prefix)
         self.stream = self.keys.queue(queue)
-        self.pool: ChildPool[int] = ChildPool(execute_attempt, warm_up)  # keyed by task instance id
+        self.pool: ChildPool[int] = ChildPool(run_attempt, warm_up)  # keyed by task instance id
         self.running: dict[int, Running] = {}
         # Work read or ended but not yet recorded because the servers failed: retried first.
         self.unstarted: list[Delivery] = []
@@ -197,6 +209,7 @@ class WorkerService:
         affected = [r for r in self.running.values() if r.delivery.entry.id in status]
         vanished = [r for r in affected if status[r.delivery.entry.id] is LeaseStatus.GONE]
         still_ours = self._still_running(vanished)
+        killed: list[Running] = []
         for running in affected:
             if running.attempt.task_instance_id in still_ours:
                 log.warning(
@@ -209,6 +222,7 @@ class WorkerService:
             self.running.pop(running.attempt.task_instance_id)
             pid = self.pool.pid_of(running.attempt.task_instance_id)
             self.pool.kill(running.attempt.task_instance_id)
+            killed.append(running)
             log.warning(
                 "lost the lease on %s try %d to another worker: killed its process %s; its"
                 " outcome will not count",
@@ -217,6 +231,18 @@ class WorkerService:
                 pid,
                 extra=running.log_ids(),
             )
+        if killed:
+            with self.sessions.begin() as session:
+                said = (
+                    f"worker {self.name} lost the lease on this attempt to another worker:"
+                    " killed its process; its outcome will not count"
+                )
+                self._write_lines(session, [r.log_line(said) for r in killed])
+
+    def _write_lines(self, session: Session, lines: Sequence[NewLine]) -> None:
+        """Store the worker's lines about attempts, last in the transaction that records what
+        they say (task_log_try row locks are taken last: see tasklogs.append)."""
+        tasklogs.append(session, lines, self.settings.task_log_max_bytes)
 
     def _still_running(self, candidates: Sequence[Running]) -> set[int]:
         if not candidates:
@@ -263,7 +289,9 @@ class WorkerService:
                 self.hostname,
                 self.name,
             )
-            requests = self._requests(session, started)
+            lines: list[NewLine] = []
+            requests = self._requests(session, started, lines)
+            self._write_lines(session, lines)
         self.unstarted = []
         finished: list[Delivery] = []
         orphans: list[tuple[Delivery, QueuedAttempt]] = []
@@ -296,11 +324,11 @@ class WorkerService:
         log.info("running %s try %d%s", item.task, item.try_number, resuming, extra=_item_ids(item))
 
     def _requests(
-        self, session: Session, started: Sequence[TaskInstance]
+        self, session: Session, started: Sequence[TaskInstance], lines: list[NewLine]
     ) -> dict[int, AttemptRequest]:
         """The child's request for each started attempt; one that cannot be run (its run is
         gone, its resume kwargs cannot be opened) fails here, with the reason, instead of
-        blocking the queue."""
+        blocking the queue. Says in ``lines`` which started or failed."""
         if not started:
             return {}
         runs = {
@@ -325,6 +353,7 @@ class WorkerService:
                 transitions.fail(
                     session, Attempt(ti.id, ti.try_number, self.name), reason, allow_retry=False
                 )
+                lines.append(_line(ti.id, ti.try_number, f"{reason}: failed"))
                 log.error(
                     "failed task instance %d: %s",
                     ti.id,
@@ -333,6 +362,10 @@ class WorkerService:
                 )
                 continue
             assert ti.first_started_at is not None
+            started_line = f"try {ti.try_number} started on worker {self.name} ({self.hostname})"
+            if ti.next_method:
+                started_line += f", resuming at {ti.next_method}"
+            lines.append(_line(ti.id, ti.try_number, started_line))
             requests[ti.id] = AttemptRequest(
                 task_instance_id=ti.id,
                 dag_id=ti.dag_id,
@@ -349,6 +382,7 @@ class WorkerService:
                 data_interval_start=run.data_interval_start,
                 data_interval_end=run.data_interval_end,
                 run_type=run.run_type,
+                task_log_max_bytes=self.settings.task_log_max_bytes,
             )
         return requests
 
@@ -358,6 +392,7 @@ class WorkerService:
         that worker: the same try may since have been resumed from a deferral and be running on
         a live worker."""
         with self.sessions.begin() as session:
+            lines = []
             for delivery, item in orphans:
                 assert delivery.taken_from is not None
                 attempt = Attempt(item.task_instance_id, item.try_number, delivery.taken_from)
@@ -365,11 +400,18 @@ class WorkerService:
                 state = transitions.fail(session, attempt, reason, allow_retry=True)
                 if state is not None:
                     log.warning("%s: %s; now %s", item.task, reason, state, extra=_item_ids(item))
+                    lines.append(
+                        _line(item.task_instance_id, item.try_number, f"{reason}; now {state}")
+                    )
+            self._write_lines(session, lines)
 
     def _poisoned(self, delivery: Delivery, item: QueuedAttempt) -> None:
         reason = f"queue entry of {item.task} {self.consumer.exhausted_reason(delivery)}"
         with self.sessions.begin() as session:
-            transitions.fail_poisoned(session, item.task_instance_id, item.try_number, reason)
+            if transitions.fail_poisoned(session, item.task_instance_id, item.try_number, reason):
+                self._write_lines(
+                    session, [_line(item.task_instance_id, item.try_number, f"{reason}: failed")]
+                )
         self.consumer.dead_letter(delivery, reason)
 
     # -- recording outcomes ----------------------------------------------------------------------
@@ -419,7 +461,8 @@ class WorkerService:
             reason = f"cannot record its outcome: {type(exc).__name__}: {exc}"
             log.exception("%s %s", running.label, reason, extra=running.log_ids())
             with self.sessions.begin() as session:
-                transitions.fail(session, running.attempt, reason, allow_retry=False)
+                if transitions.fail(session, running.attempt, reason, allow_retry=False):
+                    self._write_lines(session, [running.log_line(f"{reason}: failed")])
             return []
 
     def _apply_batch(
@@ -429,6 +472,7 @@ class WorkerService:
         batch; the rest one by one."""
         successes = [(r, o) for r, o in batch if isinstance(o, Succeeded)]
         deferrals = [(r, o) for r, o in batch if isinstance(o, Deferred)]
+        lines: list[NewLine] = []
         succeeded = transitions.succeed_many(
             session, [(r.attempt, o.return_value) for r, o in successes]
         )
@@ -438,17 +482,22 @@ class WorkerService:
                 transitions.skip_tasks(
                     session, running.attempt.task_instance_id, success.skip_task_ids
                 )
-            self._say(running, success, moved, "succeeded")
-        staged = self._defer_many(session, deferrals)
+            self._say(running, success, moved, "succeeded", lines)
+        staged = self._defer_many(session, deferrals, lines)
         for running, other in batch:
             if isinstance(other, Rescheduled | Skipped | Failed):
-                self._apply_other(session, running, other)
+                self._apply_other(session, running, other, lines)
+        self._write_lines(session, lines)
         return staged
 
-    def _say(self, running: Running, outcome: Outcome, moved: bool, said: str) -> None:
+    def _say(
+        self, running: Running, outcome: Outcome, moved: bool, said: str, lines: list[NewLine]
+    ) -> None:
+        """Log what became of an attempt, and add it to the try's log ``lines`` if it counts."""
         if moved:
             level = logging.ERROR if isinstance(outcome, Failed) else logging.INFO
             log.log(level, "%s %s", running.label, said, extra=running.log_ids())
+            lines.append(running.log_line(said))
         else:
             log.warning(
                 "%s try %d: outcome dropped, the attempt is no longer this worker's (its lease was"
@@ -459,7 +508,11 @@ class WorkerService:
             )
 
     def _apply_other(
-        self, session: Session, running: Running, outcome: Rescheduled | Skipped | Failed
+        self,
+        session: Session,
+        running: Running,
+        outcome: Rescheduled | Skipped | Failed,
+        lines: list[NewLine],
     ) -> None:
         attempt = running.attempt
         if isinstance(outcome, Rescheduled):
@@ -477,11 +530,14 @@ class WorkerService:
                 retry_delay=outcome.retry_delay,
             )
             moved = state is not None
-            said = f"{state}: {outcome.error}\n{outcome.traceback}".rstrip()
-        self._say(running, outcome, moved, said)
+            said = f"failed, now {state}: {outcome.error}\n{outcome.traceback}".rstrip()
+        self._say(running, outcome, moved, said, lines)
 
     def _defer_many(
-        self, session: Session, deferrals: Sequence[tuple[Running, Deferred]]
+        self,
+        session: Session,
+        deferrals: Sequence[tuple[Running, Deferred]],
+        lines: list[NewLine],
     ) -> list[Outbox]:
         """Write the deferrals' trigger rows and move their tasks, then stage their trigger
         entries; returns the outbox rows of those that moved."""
@@ -506,7 +562,8 @@ class WorkerService:
         for running, outcome in deferrals:
             ti_id = running.attempt.task_instance_id
             trigger_id = moved.get(ti_id)
-            self._say(running, outcome, trigger_id is not None, f"deferred ({outcome.classpath})")
+            said = f"deferred to trigger {trigger_id} ({outcome.classpath})"
+            self._say(running, outcome, trigger_id is not None, said, lines)
             if trigger_id is None:
                 continue
             message = trigger_message(
@@ -515,6 +572,7 @@ class WorkerService:
                 classpath=outcome.classpath,
                 kwargs=outcome.trigger_kwargs,
                 task_instance_id=ti_id,
+                try_number=running.attempt.try_number,
                 task=running.label,
             )
             staged.append(outbox.stage(session, self.keys.triggers, message))

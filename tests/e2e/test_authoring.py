@@ -10,6 +10,7 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
+from deferral import tasklogs
 from deferral.models import DagRun, TaskInstance, TaskStateChange
 from deferral.xcom import DatabaseXComs
 from tests.e2e.conftest import Services
@@ -212,6 +213,16 @@ def _task_instances(sessions: sessionmaker[Session], dag_id: str) -> dict[str, T
         return {ti.task_id: ti for ti in rows}
 
 
+def _task_log(sessions: sessionmaker[Session], ti_id: int) -> str:
+    """Every try's log of a task instance, as one text."""
+    with sessions() as session:
+        return "\n".join(
+            line.text
+            for try_number in tasklogs.tries_with_logs(session, ti_id)
+            for line in tasklogs.read_lines(session, ti_id, try_number)
+        )
+
+
 def _states(sessions: sessionmaker[Session], dag_id: str) -> dict[str, str]:
     return {task_id: ti.state for task_id, ti in _task_instances(sessions, dag_id).items()}
 
@@ -324,7 +335,7 @@ def test_bash_operator_pushes_its_last_line_skips_on_99_and_is_stopped_on_timeou
         timeout=15,
         what="the timed-out command's processes to be gone",
     )
-    assert "\necho hi\n" in services.log("worker")  # the command's output, in the task's log
+    assert "\necho hi\n" in _task_log(sessions, tis["echo"].id)  # the command's output
 
 
 def test_task_callbacks_fire_in_the_task_process(
@@ -345,7 +356,7 @@ def test_task_callbacks_fire_in_the_task_process(
     ]
     flaky = _task_instances(sessions, "e2e_callbacks")["flaky"]
     assert _last_reason(sessions, flaky.id) == "ValueError: bad data"
-    assert "the pager is down" in services.log("worker")
+    assert "the pager is down" in _task_log(sessions, flaky.id)
     # The DAG's failure callbacks run in the scheduler once the run has failed.
     wait_for(
         lambda: "dag failure e2e_callbacks task_failure" in log.read_text(),

@@ -4,14 +4,19 @@ servers standing in for its `postgres` and `redis`; the example DAG `example_def
 through them to success. A copy of the file that breaks a service fails here too.
 
 Only what a container would see differently is changed: the servers' addresses (and the test
-database and credentials), container paths mapped back to the host paths mounted there, and a
-stream prefix of the test's own so that nothing else on the test Redis is touched.
+database and credentials), container paths mapped back to the host paths mounted there, a free
+port for the web UI (a container has its ports to itself), and a stream prefix of the test's own
+so that nothing else on the test Redis is touched.
 """
 
 from __future__ import annotations
 
+import base64
+import json
 import os
 import subprocess
+import urllib.error
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,12 +27,16 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, sessionmaker
 
 from deferral.models import DagRun, TaskInstance, TaskStateChange
+from deferral.standalone import free_port
 from tests.compose_stack import COMPOSE_FILE, model, scratch_project
 from tests.e2e.conftest import Services, command
 from tests.helpers import wait_for
 from tests.servers import REDIS_URL
 
 pytestmark = pytest.mark.e2e
+
+WEB_PORT = "DEFERRAL_WEBSERVER_PORT"
+ADMIN_PASSWORD = "compose-admin-pass"
 
 
 class StackFailed(AssertionError):
@@ -43,9 +52,12 @@ class LocalService:
     one_shot: bool  # others wait for it to complete successfully
 
 
-def _on_test_servers(env: dict[str, str], database_url: str, prefix: str) -> dict[str, str]:
-    """The declared environment with the test servers in place of the stack's; the database
-    URL keeps its driver and query, the Redis URL its database number."""
+def _on_test_servers(
+    env: dict[str, str], database_url: str, prefix: str, web_port: int
+) -> dict[str, str]:
+    """The declared environment with the test servers in place of the stack's (the database
+    URL keeps its driver and query, the Redis URL its database number), and the web UI on
+    ``web_port``."""
     declared_db = make_url(env["DEFERRAL_DATABASE_URL"])
     test_db = make_url(database_url)
     moved_db = declared_db.set(
@@ -62,6 +74,7 @@ def _on_test_servers(env: dict[str, str], database_url: str, prefix: str) -> dic
         "DEFERRAL_DATABASE_URL": moved_db.render_as_string(hide_password=False),
         "DEFERRAL_REDIS_URL": f"{test_redis.rsplit('/', 1)[0]}/{redis_db}",
         "DEFERRAL_STREAM_PREFIX": prefix,
+        **({WEB_PORT: str(web_port)} if WEB_PORT in env else {}),
     }
 
 
@@ -85,15 +98,15 @@ def _host_paths(env: dict[str, str], volumes: list[dict[str, Any]], service: str
 
 
 def local_services(
-    compose_model: dict[str, Any], database_url: str, prefix: str
+    compose_model: dict[str, Any], database_url: str, prefix: str, web_port: int
 ) -> list[LocalService]:
     """The services built from the Dockerfile (postgres and redis are the test servers), one-shot
-    services first."""
+    services first; the web UI listens on ``web_port``."""
     found = []
     for name, service in compose_model["services"].items():
         if "build" not in service:
             continue
-        env = _on_test_servers(dict(service["environment"]), database_url, prefix)
+        env = _on_test_servers(dict(service["environment"]), database_url, prefix, web_port)
         env = _host_paths(env, service.get("volumes", []), name)
         test = service["healthcheck"]["test"]
         if test[0] != "CMD":
@@ -183,7 +196,12 @@ def project(tmp_path: Path, fernet_key: str) -> Path:
     directory = tmp_path / "project"
     directory.mkdir()
     return scratch_project(
-        directory, {"DEFERRAL_FERNET_KEY": fernet_key, "POSTGRES_PASSWORD": "secret"}
+        directory,
+        {
+            "DEFERRAL_FERNET_KEY": fernet_key,
+            "POSTGRES_PASSWORD": "secret",
+            "DEFERRAL_WEBSERVER_ADMIN_PASSWORD": ADMIN_PASSWORD,
+        },
     )
 
 
@@ -195,7 +213,8 @@ def test_the_stack_compose_declares_runs_the_example_dag(
     sessions: sessionmaker[Session],
     tmp_path: Path,
 ) -> None:
-    stack = local_services(model(project, COMPOSE_FILE), database_url, stream_prefix)
+    web_port = free_port()
+    stack = local_services(model(project, COMPOSE_FILE), database_url, stream_prefix, web_port)
     assert stack[0].name == "migrate"
     start_stack(stack, services, tmp_path)
 
@@ -229,6 +248,18 @@ def test_the_stack_compose_declares_runs_the_example_dag(
     assert states == {"wait": "success", "report": "success"}
     assert deferred == ["deferred"]  # it really waited on a triggerer, once
 
+    # The web UI listens on every address, so it shows nothing without a login.
+    grid_url = f"http://127.0.0.1:{web_port}/api/v1/dags/example_deferrable"
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(grid_url, timeout=30)
+    assert refused.value.code == 401
+    login = base64.b64encode(f"admin:{ADMIN_PASSWORD}".encode()).decode()
+    asked = urllib.request.Request(grid_url, headers={"Authorization": f"Basic {login}"})
+    with urllib.request.urlopen(asked, timeout=30) as answer:
+        grid = json.load(answer)
+    assert [run["state"] for run in grid["runs"]] == ["success"]
+    assert grid["graph"]["states"] == {"wait": "success", "report": "success"}
+
 
 def test_a_compose_file_that_breaks_a_service_fails_the_stack(
     project: Path,
@@ -244,6 +275,6 @@ def test_a_compose_file_that_breaks_a_service_fails_the_stack(
     broken = project / "broken.yaml"
     broken.write_text(text.replace(wrong, '"--name", "triggerer-2", "--capacity", "0"]'))
 
-    stack = local_services(model(project, broken), database_url, stream_prefix)
+    stack = local_services(model(project, broken), database_url, stream_prefix, free_port())
     with pytest.raises(StackFailed, match=r"(?s)triggerer-2 exited 2: .*--capacity"):
         start_stack(stack, services, tmp_path)

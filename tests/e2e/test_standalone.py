@@ -3,6 +3,7 @@ Redis, runs the example DAG through all three services, and stops everything."""
 
 from __future__ import annotations
 
+import json
 import os
 import queue
 import shlex
@@ -10,6 +11,7 @@ import signal
 import subprocess
 import threading
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -50,8 +52,11 @@ def test_standalone_runs_the_example_on_embedded_servers(tmp_path: Path) -> None
     assert (tmp_path / ".deferral" / "fernet.key").is_file()
 
 
-def _start(home: Path, cwd: Path, env: dict[str, str]) -> tuple[subprocess.Popen[str], list[str]]:
-    """Start `deferral standalone` (no --run); its `export` lines once it says it runs."""
+def _start(
+    home: Path, cwd: Path, env: dict[str, str]
+) -> tuple[subprocess.Popen[str], list[str], list[str]]:
+    """Start `deferral standalone` (no --run); its `export` lines and all it printed, once it
+    says it runs."""
     proc = subprocess.Popen(
         command("deferral", "standalone", "--home", str(home), "--dags-folder", str(EXAMPLES)),
         cwd=cwd,
@@ -70,6 +75,7 @@ def _start(home: Path, cwd: Path, env: dict[str, str]) -> tuple[subprocess.Popen
 
     threading.Thread(target=read, daemon=True).start()
     exports: list[str] = []
+    said: list[str] = []
     deadline = time.monotonic() + 180
     while True:  # the services write to stderr; stdout says when everything runs
         try:
@@ -77,11 +83,12 @@ def _start(home: Path, cwd: Path, env: dict[str, str]) -> tuple[subprocess.Popen
         except queue.Empty:
             proc.kill()
             raise AssertionError(f"standalone did not say it runs; printed {exports}") from None
+        said.append(line.rstrip("\n"))
         if line.startswith("export "):
             exports.append(line.rstrip("\n"))
         if line.startswith("services running"):
             break
-    return proc, exports
+    return proc, exports, said
 
 
 def _stop(proc: subprocess.Popen[str]) -> None:
@@ -99,7 +106,7 @@ def test_standalone_prints_what_another_terminal_needs_and_keeps_its_ports(
     env = {k: v for k, v in os.environ.items() if not k.startswith("DEFERRAL_")}
     home, elsewhere = tmp_path / "home", tmp_path / "elsewhere"
     elsewhere.mkdir()
-    proc, exports = _start(home, tmp_path, env)
+    proc, exports, said = _start(home, tmp_path, env)
     try:
         names = [line.split("=", 1)[0] for line in exports]
         assert names == [
@@ -110,6 +117,13 @@ def test_standalone_prints_what_another_terminal_needs_and_keeps_its_ports(
         ]
         key = (home / "fernet.key").read_text().strip()
         assert not any(key in line for line in exports)  # read from its file by the shell
+        # The web UI answers at the address it printed; its admin password stays in its file.
+        web_port = int((home / "webserver.port").read_text())
+        assert f"# web UI: http://127.0.0.1:{web_port}/" in said
+        password = (home / "webserver-admin.password").read_text().strip()
+        assert not any(password in line for line in said)
+        with urllib.request.urlopen(f"http://127.0.0.1:{web_port}/api/v1/dags", timeout=30) as web:
+            assert "example_deferrable" in {d["dag_id"] for d in json.load(web)["dags"]}
         # Another terminal, in another directory, with nothing but those lines.
         script = "\n".join(
             [*exports, f"{shlex.join(command('deferral'))} dags trigger example_deferrable --wait"]
@@ -129,6 +143,6 @@ def test_standalone_prints_what_another_terminal_needs_and_keeps_its_ports(
     port = (home / "redis.port").read_text().strip()
     assert f"export DEFERRAL_REDIS_URL=redis://127.0.0.1:{port}/0" in exports
 
-    again, exports_again = _start(home, tmp_path, env)
+    again, exports_again, _ = _start(home, tmp_path, env)
     _stop(again)
     assert exports_again == exports  # the same servers at the same places

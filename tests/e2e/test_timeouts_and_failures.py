@@ -9,6 +9,7 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
+from deferral import tasklogs
 from deferral.models import TaskInstance, TaskStateChange
 from tests.e2e.conftest import Services
 from tests.helpers import wait_for
@@ -81,6 +82,12 @@ def _final(sessions: sessionmaker[Session], task_id: str) -> tuple[str, str] | N
     return (ti.state, reason or "") if ti.state == "failed" else None
 
 
+def _first_try_log(sessions: sessionmaker[Session], task_id: str) -> str:
+    with sessions() as session:
+        ti = session.scalars(select(TaskInstance).where(TaskInstance.task_id == task_id)).one()
+        return "\n".join(line.text for line in tasklogs.read_lines(session, ti.id, 1))
+
+
 def test_execution_timeout_and_trigger_failures(
     services: Services, write_dag: Any, sessions: sessionmaker[Session]
 ) -> None:
@@ -102,3 +109,13 @@ def test_execution_timeout_and_trigger_failures(
     _, reason = wait_for(lambda: _final(sessions, "trigger_raises"), timeout=60)
     assert reason.startswith("TaskDeferralError: trigger ")
     assert "raised ValueError: the external job vanished" in reason
+    # The try's log has the triggerer's failure with its traceback, and the capped deferral's
+    # trigger cancelled for its timeout.
+    log = _first_try_log(sessions, "trigger_raises")
+    assert "raised ValueError: the external job vanished\nTraceback" in log
+    assert "ERROR deferral.triggerer: trigger " in log
+    wait_for(
+        lambda: "cancelled (reason: timeout)" in _first_try_log(sessions, "deferral_capped"),
+        timeout=30,
+        what="the capped deferral's cancellation in its log",
+    )

@@ -11,6 +11,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from broker.client import Broker
+from deferral import tasklogs
 from deferral.models import DagRun, TaskInstance
 from tests.e2e.conftest import Services
 from tests.helpers import wait_for
@@ -18,6 +19,8 @@ from tests.helpers import wait_for
 pytestmark = pytest.mark.e2e
 
 TRIGGERS = """
+import logging
+
 import anyio
 from deferral.triggers import BaseTrigger, TriggerEvent
 
@@ -31,6 +34,7 @@ class Forever(BaseTrigger):
         return "e2e_user_triggers.Forever", {"killed_file": self.killed_file}
 
     async def run(self):
+        logging.getLogger("e2e.forever").info("waiting for ever")
         await anyio.sleep_forever()
         yield TriggerEvent(None)
 
@@ -77,6 +81,13 @@ def _states(sessions: sessionmaker[Session]) -> dict[str, str]:
         return {ti.task_id: ti.state for ti in session.scalars(select(TaskInstance))}
 
 
+def _task_log(sessions: sessionmaker[Session], task_id: str) -> str:
+    """The log of the task's first try, as one text."""
+    with sessions() as session:
+        ti = session.scalars(select(TaskInstance).where(TaskInstance.task_id == task_id)).one()
+        return "\n".join(line.text for line in tasklogs.read_lines(session, ti.id, 1))
+
+
 def _run_state(sessions: sessionmaker[Session]) -> str | None:
     with sessions() as session:
         return session.scalar(select(DagRun.state))
@@ -110,6 +121,15 @@ def test_mark_a_deferred_task_and_clear_a_failed_one(
     assert "waits: success" in marked.stdout
     wait_for(lambda: killed.exists(), timeout=30, what="the trigger's on_kill")
     assert "cancelled (reason: user action)" in services.log("triggerer")
+    # The trigger's own line and the cancellation are in the log of the try that deferred.
+    wait_for(
+        lambda: (
+            "INFO e2e.forever: waiting for ever" in (log := _task_log(sessions, "waits"))
+            and "cancelled (reason: user action)" in log
+        ),
+        timeout=30,
+        what="the triggerer's lines in the task's log",
+    )
     wait_for(lambda: _run_state(sessions) == "failed", timeout=30, what="the run to finish")
     assert _states(sessions)["after_wait"] == "success"
     wait_for(lambda: broker.redis.xlen(broker.keys.triggers) == 0, what="the entry to go")

@@ -20,7 +20,7 @@ from sqlalchemy.engine import URL, make_url
 from sqlalchemy.orm import Session, sessionmaker
 
 from broker.client import Broker
-from deferral import serialization, xcom
+from deferral import serialization, users, xcom
 from deferral.config import Settings
 from deferral.crypto import Cipher
 from deferral.db import url_location
@@ -79,6 +79,7 @@ LISTINGS = {
     ("xcom", "list"),
     ("variables", "list"),
     ("connections", "list"),
+    ("users", "list"),
     ("streams",),
     ("doctor",),
 }
@@ -126,6 +127,8 @@ def everything(
     ):
         assert run(*args).exit_code == 0
     broker.publish(broker.keys.dead, {"error": "boom"})
+    with sessions.begin() as session:
+        users.create_user(session, "ann", "ann-password-1")
     return ti_id
 
 

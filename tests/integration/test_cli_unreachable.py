@@ -43,6 +43,7 @@ ARGUMENTS = {
     "key": "k",
     "value": "v",
     "conn_id": "c",
+    "username": "ann",
 }
 # Options a command needs beyond its required arguments.
 OPTIONS: dict[tuple[str, ...], list[str]] = {
@@ -55,7 +56,7 @@ WITHOUT_POSTGRES = {("streams",)}
 # A container healthcheck: a server that does not answer makes it unhealthy (exit 1), one line
 # per check; Docker reserves exit 2.
 HEALTHCHECK = ("health",)
-NEEDS_REDIS = {("streams",), ("doctor",), ("standalone",)}
+NEEDS_REDIS = {("streams",), ("doctor",), ("standalone",), ("webserver",)}
 
 
 COMMANDS = leaves(deferral_main)

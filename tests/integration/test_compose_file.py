@@ -177,3 +177,14 @@ def test_the_example_dags_are_mounted_where_the_dags_folder_says(
         folder = service["environment"]["DEFERRAL_DAGS_FOLDER"]
         mounts = {v["target"]: Path(v["source"]) for v in service["volumes"]}
         assert mounts.get(folder) == project / "examples", name
+
+
+def test_the_web_ui_listens_on_every_address_at_its_published_port_and_checks_it(
+    services: dict[str, Any],
+) -> None:
+    web = services["webserver"]
+    assert web["command"] == ["deferral", "webserver", "--host", "0.0.0.0"]
+    port = int(web["environment"]["DEFERRAL_WEBSERVER_PORT"])
+    assert [p["target"] for p in web["ports"]] == [port]
+    assert web["healthcheck"]["test"] == ["CMD", "deferral", "health", "--service", "webserver"]
+    assert "DEFERRAL_WEBSERVER_ADMIN_PASSWORD" in (REPO / ".env.example").read_text()

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import datetime as dt
+import socket
+import threading
 
 import pytest
+import uvicorn
 from click.testing import CliRunner
 from sqlalchemy import func, update
 from sqlalchemy.orm import Session, sessionmaker
@@ -14,6 +17,8 @@ from deferral.config import Settings
 from deferral.models import Triggerer, Worker
 from deferral_cli import main as deferral_main
 from scheduler.service import SchedulerService
+from tests.helpers import wait_for
+from webserver.app import create_app
 
 
 def _health(*args: str) -> tuple[int, list[str]]:
@@ -137,3 +142,35 @@ def test_service_and_name_go_together(settings: Settings) -> None:
     result = CliRunner().invoke(deferral_main, ["health", "--service", "worker"])
     assert result.exit_code == 2
     assert "--service and --name go together" in result.output
+
+
+def test_the_web_ui_is_healthy_while_its_health_page_answers(
+    settings: Settings, sessions: sessionmaker[Session], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with socket.socket() as probe:  # a port nobody listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    monkeypatch.setenv("DEFERRAL_WEBSERVER_PORT", str(port))
+    url = f"http://127.0.0.1:{port}/api/v1/health"
+    code, lines = _health("--service", "webserver")
+    assert code == 1
+    assert lines[-1] == f"fail  webserver: no answer at {url}: Connection refused"
+
+    app = create_app(settings, host="127.0.0.1")
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_config=None))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        wait_for(lambda: server.started, timeout=30, what="the web UI to start")
+        code, lines = _health("--service", "webserver")
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
+    assert code == 0, lines
+    assert lines[-1] == f"ok  webserver: answers at {url}"
+
+
+def test_the_web_ui_takes_no_name() -> None:
+    result = CliRunner().invoke(deferral_main, ["health", "--service", "webserver", "--name", "w"])
+    assert result.exit_code == 2
+    assert "--service webserver takes no --name" in result.output

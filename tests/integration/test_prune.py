@@ -8,10 +8,19 @@ from click.testing import CliRunner
 from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
-from deferral import transitions
+from deferral import tasklogs, transitions
 from deferral.config import Settings
-from deferral.models import DagRun, Outbox, ResumeEvent, TaskInstance, TaskStateChange
+from deferral.models import (
+    DagRun,
+    Outbox,
+    ResumeEvent,
+    TaskInstance,
+    TaskLog,
+    TaskLogTry,
+    TaskStateChange,
+)
 from deferral.states import DagRunState
+from deferral.tasklogs import NewLine
 from deferral.transitions import NewTaskInstance
 from deferral_cli import main as deferral_main
 
@@ -19,7 +28,8 @@ LONG_AGO = dt.datetime.now(dt.UTC) - dt.timedelta(days=30)
 
 
 def _run(sessions: sessionmaker[Session], run_id: str, *, finished: bool) -> int:
-    """A run with one task that went none -> scheduled, and a resume event of its task."""
+    """A run with one task that went none -> scheduled and wrote two log lines, and a resume
+    event of its task."""
     with sessions.begin() as session:
         # One run per logical date (dag_run's unique key): a second apart per run.
         count = session.scalar(select(func.count()).select_from(DagRun)) or 0
@@ -37,6 +47,8 @@ def _run(sessions: sessionmaker[Session], run_id: str, *, finished: bool) -> int
                 dedup_key=f"k-{run_id}", trigger_id=1, task_instance_id=ti_id, outcome="applied"
             )
         )
+        lines = [NewLine(ti_id, 1, LONG_AGO, "task", text) for text in ("one", "two")]
+        tasklogs.append(session, lines, max_bytes=1000)
         if finished:
             transitions.finish_dag_run(session, run, DagRunState.SUCCESS)
     with sessions.begin() as session:  # all of it happened a month ago
@@ -76,11 +88,16 @@ def test_prune_keeps_what_running_runs_need(
 
     assert result.exit_code == 0, result.output
     assert result.output.strip() == (
-        "pruned 1 outbox row(s), 2 resume event(s), 1 state change(s) older than 7d"
+        "pruned 1 outbox row(s), 2 resume event(s), 1 state change(s), 2 task log line(s)"
+        " older than 7d"
     )
     # The finished run's history went; the running run's stayed.
     assert _count(sessions, TaskStateChange, TaskStateChange.task_instance_id == done) == 0
     assert _count(sessions, TaskStateChange, TaskStateChange.task_instance_id == running) == 1
+    assert _count(sessions, TaskLog, TaskLog.task_instance_id == done) == 0
+    assert _count(sessions, TaskLogTry, TaskLogTry.task_instance_id == done) == 0
+    assert _count(sessions, TaskLog, TaskLog.task_instance_id == running) == 2
+    assert _count(sessions, TaskLogTry, TaskLogTry.task_instance_id == running) == 1
     assert _count(sessions, ResumeEvent) == 1
     assert _count(sessions, ResumeEvent, ResumeEvent.task_instance_id == running) == 1
     # Unpublished and recent outbox rows stay.

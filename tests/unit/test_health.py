@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import datetime as dt
 
+import pytest
+
 from deferral import health
 from deferral.doctor import Status
 
@@ -52,3 +54,19 @@ def test_a_process_without_a_row_is_unhealthy_and_the_name_is_suspected() -> Non
 
 def test_every_process_kind_that_heartbeats_can_be_checked() -> None:
     assert sorted(health.PROCESSES) == ["scheduler", "triggerer", "worker"]
+
+
+@pytest.mark.parametrize(
+    ("host", "url"),
+    [
+        ("0.0.0.0", "http://127.0.0.1:8080/api/v1/health"),
+        ("::", "http://[::1]:8080/api/v1/health"),
+        ("10.1.2.3", "http://10.1.2.3:8080/api/v1/health"),
+        ("127.0.0.1", "http://127.0.0.1:8080/api/v1/health"),
+    ],
+)
+def test_the_web_ui_is_asked_on_the_address_it_listens_on(host: str, url: str) -> None:
+    assert health.webserver_url(host, 8080) == url
+    assert health.webserver(url, None).line() == f"ok  webserver: answers at {url}"
+    refused = health.webserver(url, "Connection refused")
+    assert refused.line() == f"fail  webserver: no answer at {url}: Connection refused"

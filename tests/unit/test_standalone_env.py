@@ -80,3 +80,18 @@ def test_settings_given_by_this_terminal_are_shown_masked() -> None:
 def test_mask_password() -> None:
     assert mask_password("redis://127.0.0.1:6379/0") == "redis://127.0.0.1:6379/0"
     assert mask_password("redis://user:pw@h:1/0") == "redis://user:***@h:1/0"
+
+
+def test_a_preferred_port_is_taken_first_when_free(tmp_path: Path) -> None:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        free = probe.getsockname()[1]
+    port_file = tmp_path / "webserver.port"
+    assert stable_port(port_file, print, preferred=free) == free
+    assert port_file.read_text().strip() == str(free)
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen(1)
+        taken = busy.getsockname()[1]
+        other = stable_port(tmp_path / "other.port", print, preferred=taken)
+    assert other != taken

@@ -14,7 +14,7 @@ from triggerer.service import Held, _Timers
 def _held(trigger_id: int, seconds: float) -> Held:
     moment = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=seconds)
     entry = Entry("s", f"{trigger_id}-0", {})
-    return Held(trigger_id, entry, None, "d.r.t", trigger_id, moment=moment)
+    return Held(trigger_id, entry, None, "d.r.t", trigger_id, 1, moment=moment)
 
 
 def test_timers_fire_in_order_as_their_moments_come() -> None:

@@ -1,0 +1,189 @@
+"""What a user does to DAGs and tasks: trigger a run, pause or unpause a DAG, clear or mark
+tasks. The ``deferral`` command and the web UI both call these, so a click and a command take
+the same path; each raises :class:`ActionError` with one line naming what is at fault.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session, sessionmaker
+
+from deferral import transitions
+from deferral.baseoperator import BaseOperator
+from deferral.dag import DAG, DagDefinitionError
+from deferral.models import Dag, DagRun, TaskInstance
+from deferral.states import DagRunType, TaskState
+
+# The states a user may mark a task with.
+MARKABLE_STATES = (TaskState.SUCCESS, TaskState.FAILED, TaskState.SKIPPED)
+
+
+class ActionError(Exception):
+    """The action was refused; the message is one line naming the thing at fault.
+    ``not_found``: because something named does not exist."""
+
+    def __init__(self, message: str, *, not_found: bool = False) -> None:
+        super().__init__(message)
+        self.not_found = not_found
+
+
+def ti_label(task_id: str, map_index: int) -> str:
+    """A task instance within its run: ``task``, or ``task[2]`` for map index 2 of a mapped
+    task."""
+    return task_id if map_index < 0 else f"{task_id}[{map_index}]"
+
+
+def parse_conf(raw: str | None) -> dict[str, Any]:
+    """A run's conf from its JSON text (empty: ``{}``); ValueError saying what is wrong."""
+    if raw is None or not raw.strip():
+        return {}
+    try:
+        conf = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"not valid JSON ({exc.msg} at {exc.pos})") from None
+    if not isinstance(conf, dict):
+        raise ValueError("must be a JSON object")
+    return conf
+
+
+@dataclass(frozen=True)
+class Triggered:
+    run_id: str
+    # The DAG is paused: the run waits until it is unpaused.
+    paused: bool
+
+
+def trigger_run(
+    sessions: sessionmaker[Session], dag: DAG, conf: dict[str, Any], run_id: str | None = None
+) -> Triggered:
+    """Create a manual run of ``dag`` (run id ``manual__<now>`` unless given)."""
+    logical_date = dt.datetime.now(dt.UTC)
+    run_id = run_id or DagRunType.MANUAL.run_id(logical_date)
+    # As Airflow: the interval the schedule would give a run at this moment.
+    interval = dag.timetable.infer_manual_data_interval(run_after=logical_date)
+    try:
+        with sessions.begin() as session:
+            transitions.create_dag_run(
+                session,
+                dag.dag_id,
+                run_id,
+                logical_date,
+                conf,
+                run_type=DagRunType.MANUAL,
+                data_interval=(interval.start, interval.end),
+            )
+            row = session.get(Dag, dag.dag_id)
+    except IntegrityError:
+        raise ActionError(f"DAG {dag.dag_id!r} already has a run {run_id!r}") from None
+    return Triggered(run_id, row is not None and row.is_paused)
+
+
+def set_paused(sessions: sessionmaker[Session], dag: DAG, paused: bool) -> None:
+    """Pause or unpause ``dag`` (its row is created if no scheduler wrote it yet)."""
+    with sessions.begin() as session:
+        # The scheduler fills in the rest of a row it has not written yet, and keeps is_paused.
+        insert = pg_insert(Dag).values(
+            dag_id=dag.dag_id,
+            fileloc=dag.fileloc,
+            is_paused=paused,
+            max_active_tasks=dag.max_active_tasks,
+            max_active_runs=dag.max_active_runs,
+        )
+        session.execute(
+            insert.on_conflict_do_update(index_elements=[Dag.dag_id], set_={"is_paused": paused})
+        )
+
+
+@dataclass(frozen=True)
+class UserChanges:
+    """What a clear or mark did: (label, new state) of each task instance it moved, and the
+    labels (with their state) of those it left alone because they were queued or running."""
+
+    changed: list[tuple[str, str]]
+    refused: list[str]
+
+
+# change(session, task instance, its task in the DAG or None) -> whether it moved.
+Change = Callable[[Session, TaskInstance, BaseOperator | None], bool]
+
+
+def change_tasks(
+    sessions: sessionmaker[Session],
+    dag: DAG,
+    run_id: str,
+    task_id: str,
+    change: Change,
+    *,
+    downstream: bool = False,
+    map_indexes: Sequence[int] = (),
+) -> UserChanges:
+    """Apply ``change`` to the task ``task_id`` of one run (its map indexes ``map_indexes``,
+    else all) and, with ``downstream``, to every task downstream of it (all map indexes); a
+    finished run reopens."""
+    try:
+        task_ids = [dag.get_task(task_id).task_id]
+    except DagDefinitionError as exc:
+        raise ActionError(str(exc), not_found=True) from None
+    if downstream:
+        task_ids += sorted(dag.downstream_of(task_id))
+    with sessions.begin() as session:
+        run = session.scalars(
+            select(DagRun).where(DagRun.dag_id == dag.dag_id, DagRun.run_id == run_id)
+        ).one_or_none()
+        if run is None:
+            raise ActionError(f"DAG {dag.dag_id!r} has no run {run_id!r}", not_found=True)
+        tis = session.scalars(
+            select(TaskInstance)
+            .where(
+                TaskInstance.dag_id == dag.dag_id,
+                TaskInstance.run_id == run_id,
+                TaskInstance.task_id.in_(task_ids),
+            )
+            .order_by(TaskInstance.id)
+            .with_for_update()
+        ).all()
+        if map_indexes:
+            tis = [t for t in tis if t.task_id != task_id or t.map_index in map_indexes]
+            found = {t.map_index for t in tis if t.task_id == task_id}
+            missing = sorted(set(map_indexes) - found)
+            if missing:
+                raise ActionError(
+                    f"task {task_id!r} of run {run_id!r} has no map index {missing[0]}",
+                    not_found=True,
+                )
+        changed: list[tuple[str, str]] = []
+        refused: list[str] = []
+        for ti in tis:
+            label = ti_label(ti.task_id, ti.map_index)
+            if change(session, ti, dag.task_dict.get(ti.task_id)):
+                changed.append((label, ti.state))
+            else:
+                refused.append(f"{label} ({ti.state})")
+        transitions.reopen_dag_run(session, run)
+    return UserChanges(changed, refused)
+
+
+def clear_change(session: Session, ti: TaskInstance, task: BaseOperator | None) -> bool:
+    """Run the task instance again, as a new try with its task's retries."""
+    return transitions.clear(session, ti, retries=task.retries if task else 0)
+
+
+def mark_change(to_state: str) -> Change:
+    """Set a task instance's state to ``to_state`` (one of MARKABLE_STATES)."""
+    if to_state not in MARKABLE_STATES:
+        allowed = ", ".join(MARKABLE_STATES)
+        raise ActionError(f"a task can be marked {allowed}, not {to_state!r}")
+    state = TaskState(to_state)
+
+    def mark(session: Session, ti: TaskInstance, task: BaseOperator | None) -> bool:
+        return transitions.mark(session, ti, state)
+
+    return mark

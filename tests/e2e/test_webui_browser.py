@@ -1,0 +1,283 @@
+"""The web UI in a real headless Chromium (Debian's ``chromium`` and ``chromium-driver``, driven
+by Selenium; nothing is downloaded), against real scheduler, triggerer, worker and webserver
+processes: the grid shows the example DAG's task deferred while it waits and succeeded after,
+clicking a task shows its log, clearing from the page runs it again, a wrong password is
+refused, and ids holding markup stay text. One set of processes and one browser serve the
+module; the tests run in file order and build on each other's run."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import shutil
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from selenium import webdriver
+from selenium.common.exceptions import (
+    NoAlertPresentException,
+    StaleElementReferenceException,
+)
+from selenium.webdriver.chrome.service import Service
+from selenium.webdriver.common.by import By
+from selenium.webdriver.remote.webdriver import WebDriver
+from sqlalchemy import insert, text
+from sqlalchemy.orm import Session, sessionmaker
+
+from broker.client import Broker
+from deferral import transitions, users
+from deferral.db import make_engine, make_sessionmaker
+from deferral.models import TaskInstance
+from deferral.standalone import free_port
+from deferral.states import TaskState
+from tests.conftest import TABLES
+from tests.e2e.conftest import Services, command
+from tests.helpers import wait_for
+from tests.servers import REDIS_URL
+
+pytestmark = pytest.mark.e2e
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMEDRIVER = Path("/usr/bin/chromedriver")
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "example_deferrable.py"
+DAG_ID = "example_deferrable"
+ADMIN_PASSWORD = "browser-admin-pass"
+# Long enough to see the wait on a loaded machine, short enough for a lean test.
+WAIT_SECONDS = 12
+
+
+class UI:
+    """The browser, the server's address, and the database behind it."""
+
+    def __init__(self, driver: WebDriver, base: str, sessions: sessionmaker[Session]) -> None:
+        self.driver, self.base, self.sessions = driver, base, sessions
+
+    def open(self, path: str) -> None:
+        self.driver.get(self.base + path)
+
+    def find(self, css: str) -> Any:
+        return self.driver.find_element(By.CSS_SELECTOR, css)
+
+    def found(self, css: str) -> list[Any]:
+        return self.driver.find_elements(By.CSS_SELECTOR, css)
+
+    def cell(self, task_id: str) -> dict[str, str] | None:
+        """The grid cell of ``task_id`` in the newest run (the rightmost column): its state and
+        classes, read in one go (the live refresh may replace the element at any moment)."""
+        found: dict[str, str] | None = self.driver.execute_script(
+            """const cells = document.querySelectorAll(`a.cell[data-task="${arguments[0]}"]`);
+            if (!cells.length) return null;
+            const cell = cells[cells.length - 1];
+            return {state: cell.dataset.state, classes: cell.className,
+                    colour: getComputedStyle(cell).backgroundColor};""",
+            task_id,
+        )
+        return found
+
+    def state_of(self, task_id: str) -> str | None:
+        cell = self.cell(task_id)
+        return cell["state"] if cell is not None else None
+
+    def click(self, css: str, text: str | None = None) -> None:
+        """Click the last element ``css`` finds (of those showing ``text``, if given), again if
+        the live refresh replaced it."""
+
+        def clicked() -> bool:
+            try:
+                found = [e for e in self.found(css) if text is None or e.text == text]
+                found[-1].click()
+            except (StaleElementReferenceException, IndexError):
+                return False
+            return True
+
+        wait_for(clicked, timeout=15, what=f"to click {css}")
+
+
+@pytest.fixture(scope="module")
+def ui(
+    database_url: str, fernet_key: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[UI]:
+    missing = [str(p) for p in (CHROMIUM, CHROMEDRIVER) if not p.exists()]
+    if missing:
+        pytest.fail(f"{', '.join(missing)} missing: apt-get install -y chromium chromium-driver")
+    engine = make_engine(database_url)
+    with engine.begin() as conn:  # this module's processes share the session's database
+        conn.execute(text(f"TRUNCATE {TABLES} RESTART IDENTITY CASCADE"))
+    home = tmp_path_factory.mktemp("webui")
+    dags = home / "dags"
+    dags.mkdir()
+    shutil.copy(EXAMPLE, dags / EXAMPLE.name)
+    prefix = f"deferral_test_{uuid.uuid4().hex[:10]}"
+    port = free_port()
+    env = {
+        "DEFERRAL_DATABASE_URL": database_url,
+        "DEFERRAL_REDIS_URL": REDIS_URL,
+        "DEFERRAL_FERNET_KEY": fernet_key,
+        "DEFERRAL_DAGS_FOLDER": str(dags),
+        "DEFERRAL_STREAM_PREFIX": prefix,
+        "DEFERRAL_HEARTBEAT_SEC": "1",
+        users.ADMIN_PASSWORD_ENV: ADMIN_PASSWORD,
+    }
+    services = Services(env, home)
+    for name in ("scheduler", "triggerer", "worker"):
+        services.start(name)
+    services.spawn("webserver", command("deferral", "webserver", "--port", str(port)), services.env)
+    options = webdriver.ChromeOptions()
+    options.binary_location = str(CHROMIUM)
+    for argument in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu"):
+        options.add_argument(argument)
+    options.add_argument("--window-size=1400,1000")
+    os.environ["SE_OFFLINE"] = "true"  # Selenium Manager must not fetch anything
+    driver = webdriver.Chrome(service=Service(str(CHROMEDRIVER)), options=options)
+    driver.implicitly_wait(0)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        wait_for(
+            lambda: _answers(base + "/api/v1/health"), timeout=180, what="the webserver to answer"
+        )
+        yield UI(driver, base, make_sessionmaker(engine))
+    finally:
+        driver.quit()
+        services.stop_all()
+        broker = Broker.from_url(REDIS_URL, prefix)
+        keys = list(broker.redis.scan_iter(match=f"{prefix}:*"))
+        if keys:
+            broker.redis.delete(*keys)
+        broker.close()
+        engine.dispose()
+
+
+def _answers(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as answer:
+            return bool(answer.status == 200)
+    except OSError:
+        return False
+
+
+def _log_in(ui: UI, password: str) -> None:
+    ui.open("/login")
+    ui.find("#username").send_keys("admin")
+    ui.find("#password").send_keys(password)
+    ui.find("#login-form button[type=submit]").click()
+
+
+def test_a_wrong_password_is_refused(ui: UI) -> None:
+    _log_in(ui, "not-the-password")
+    assert wait_for(lambda: ui.found("#login-refused"), timeout=15)
+    assert ui.find("#login-refused").text == "Wrong user name or password."
+    ui.open(f"/dags/{DAG_ID}")
+    assert ui.found("#login-link")  # still nobody
+
+    _log_in(ui, ADMIN_PASSWORD)
+    wait_for(lambda: "/dags" in ui.driver.current_url and not ui.found("#login-link"), timeout=15)
+
+
+def test_the_grid_shows_the_task_deferred_while_it_waits_then_succeeded(ui: UI) -> None:
+    ui.open(f"/dags/{DAG_ID}")
+    conf = ui.find("#conf")
+    assert json.loads(conf.get_attribute("value")) == {"wait_seconds": 3}  # the DAG's params
+    conf.clear()
+    conf.send_keys(json.dumps({"wait_seconds": WAIT_SECONDS}))
+    ui.find("#trigger-button").click()
+    wait_for(lambda: ui.found(".flash.ok"), timeout=15, what="the trigger to be confirmed")
+
+    # The page is not reloaded: its live part refreshes itself.
+    wait_for(
+        lambda: ui.state_of("wait") == "deferred", timeout=60, what="the grid to show wait deferred"
+    )
+    cell = ui.cell("wait")
+    assert cell is not None and "s-deferred" in cell["classes"].split()
+    assert cell["colour"] == "rgb(143, 107, 216)"  # purple, striped: waiting, not working
+    graph_state = ui.driver.execute_script(
+        "return document.querySelector('svg.graph a[data-task=\"wait\"]').dataset.state"
+    )
+    assert graph_state == "deferred"
+    # Deferred now: the task under its trigger's class and the triggerer running it.
+    ui.open("/deferred")
+    group = ui.find(".deferred-group")
+    assert "deferral.triggers.temporal.DateTimeTrigger" in group.text
+    assert ui.find('.deferred-task[data-task="wait"]')
+    ui.driver.back()
+
+    wait_for(
+        lambda: ui.state_of("report") == "success" and ui.state_of("wait") == "success",
+        timeout=90,
+        what="the grid to show both tasks succeeded",
+    )
+    assert ui.found('.run-state[data-state="success"]')
+
+
+def test_clicking_a_task_shows_its_log(ui: UI) -> None:
+    ui.open(f"/dags/{DAG_ID}")
+    ui.click('a.cell[data-task="wait"]')
+    wait_for(lambda: ui.found("#log-lines"), timeout=15, what="the task instance page")
+    assert ui.find("#ti-task").text == "wait"
+    log = ui.find("#log-lines").text
+    assert "trigger fired at" in log, log  # what the resumed task printed
+    assert "deferred" in log  # the worker's or triggerer's lines about the deferral
+
+
+def test_clear_from_the_page_runs_the_task_again(ui: UI) -> None:
+    ui.open(f"/dags/{DAG_ID}")
+    ui.click('a.cell[data-task="report"]')
+    wait_for(lambda: ui.found("#clear-button"), timeout=15)
+    assert ui.find("#ti-try").get_attribute("data-try") == "1"
+    ui.click("#clear-button")
+    alert = wait_for(lambda: _alert(ui), timeout=10, what="the confirmation")
+    assert "runs again as a new try" in alert.text
+    alert.accept()
+    wait_for(
+        lambda: ui.driver.execute_script(
+            "const t = document.getElementById('ti-try'), s = document.getElementById('ti-state');"
+            "return t && s && t.dataset.try === '2' && s.dataset.state === 'success';"
+        ),
+        timeout=90,
+        what="report to run again and succeed as try 2",
+    )
+    assert "report: none" in ui.find(".flash.ok").text
+    # The log follows: a tab per try, the new one shown.
+    wait_for(
+        lambda: [tab.text for tab in ui.found(".try-tab")] == ["try 1", "try 2"],
+        timeout=30,
+        what="the log to offer both tries",
+    )
+    assert ui.find(".try-tab.current").text == "try 2"
+
+
+def _alert(ui: UI) -> Any:
+    try:
+        return ui.driver.switch_to.alert
+    except NoAlertPresentException:
+        return None
+
+
+def test_markup_in_a_task_id_or_run_id_is_inert(ui: UI) -> None:
+    script_run, script_task = (
+        "<script>window.__xss=1</script>",
+        '<img src=x onerror="window.__xss=2">',
+    )
+    with ui.sessions.begin() as session:
+        transitions.create_dag_run(session, DAG_ID, script_run, dt.datetime.now(dt.UTC), {})
+        session.execute(
+            insert(TaskInstance).values(
+                dag_id=DAG_ID, run_id=script_run, task_id=script_task, state=TaskState.DEFERRED
+            )
+        )
+    for path in ("/dags", f"/dags/{DAG_ID}", "/deferred"):
+        ui.open(path)
+        assert script_run in ui.driver.find_element(By.TAG_NAME, "body").text or path == "/dags"
+        assert ui.driver.execute_script("return window.__xss") is None, path
+        assert _alert(ui) is None
+    ui.open("/deferred")
+    assert script_task in [row.text for row in ui.found(".deferred-task a.ti-link")]
+    ui.click(".deferred-task a.ti-link", script_task)
+    wait_for(lambda: ui.found("#ti-task"), timeout=15)
+    assert ui.find("#ti-task").text == script_task
+    assert ui.find("#ti-run").text == script_run
+    assert ui.driver.execute_script("return window.__xss") is None

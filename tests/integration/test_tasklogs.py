@@ -1,0 +1,97 @@
+"""Task logs in Postgres: order, tries, the bound per try and its cut marker, masking."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+from sqlalchemy.orm import Session, sessionmaker
+
+from deferral import tasklogs
+from deferral.secrets_masker import mask_secret
+from deferral.tasklogs import NewLine
+from tests.integration.factories import running_task
+
+NOW = dt.datetime(2024, 5, 1, 12, tzinfo=dt.UTC)
+
+
+def _line(ti_id: int, text: str, source: str = "task", try_number: int = 1) -> NewLine:
+    return NewLine(ti_id, try_number, NOW, source, text)
+
+
+def test_lines_come_back_in_order_per_try_and_after_an_id(
+    sessions: sessionmaker[Session],
+) -> None:
+    ti_id = running_task(sessions)
+    with sessions.begin() as session:
+        tasklogs.append(
+            session,
+            [_line(ti_id, "one"), _line(ti_id, "other try", try_number=2), _line(ti_id, "two")],
+            max_bytes=1000,
+        )
+    with sessions.begin() as session:
+        tasklogs.append(session, [_line(ti_id, "three", source="worker")], max_bytes=1000)
+
+    with sessions() as session:
+        lines = tasklogs.read_lines(session, ti_id, 1)
+        assert [(line.source, line.text) for line in lines] == [
+            ("task", "one"),
+            ("task", "two"),
+            ("worker", "three"),
+        ]
+        assert lines[0].at == NOW
+        later = tasklogs.read_lines(session, ti_id, 1, after_id=lines[0].id, limit=1)
+        assert [line.text for line in later] == ["two"]
+        assert tasklogs.tries_with_logs(session, ti_id) == [1, 2]
+        assert tasklogs.read_lines(session, ti_id, 3) == []
+
+
+def test_a_try_is_cut_once_at_the_bound_but_keeps_worker_lines(
+    sessions: sessionmaker[Session],
+) -> None:
+    ti_id = running_task(sessions)
+    with sessions.begin() as session:
+        tasklogs.append(session, [_line(ti_id, "x" * 6), _line(ti_id, "é" * 2)], max_bytes=12)
+    with sessions.begin() as session:  # 10 bytes stored: "yyy" would pass 12
+        tasklogs.append(
+            session,
+            [
+                _line(ti_id, "yyy", source="triggerer"),
+                _line(ti_id, "z"),
+                _line(ti_id, "failed", source="worker"),
+            ],
+            max_bytes=12,
+        )
+    with sessions.begin() as session:
+        tasklogs.append(session, [_line(ti_id, "after")], max_bytes=12)
+
+    with sessions() as session:
+        lines = tasklogs.read_lines(session, ti_id, 1)
+    assert [(line.source, line.text) for line in lines] == [
+        ("task", "xxxxxx"),
+        ("task", "éé"),
+        ("cut", tasklogs.cut_marker(12)),
+        ("worker", "failed"),
+    ]
+
+
+def test_secrets_nul_and_surrogates_are_stored_safely(sessions: sessionmaker[Session]) -> None:
+    ti_id = running_task(sessions)
+    mask_secret("hunter2-s3cret")
+    with sessions.begin() as session:
+        tasklogs.append(
+            session, [_line(ti_id, "password=hunter2-s3cret\x00 \udc80")], max_bytes=1000
+        )
+    with sessions() as session:
+        (line,) = tasklogs.read_lines(session, ti_id, 1)
+    assert line.text == "password=***\\x00 ?"
+
+
+def test_lines_of_a_task_instance_that_is_gone_are_dropped(
+    sessions: sessionmaker[Session],
+) -> None:
+    ti_id = running_task(sessions)
+    with sessions.begin() as session:
+        tasklogs.append(session, [_line(ti_id + 1000, "nobody"), _line(ti_id, "kept")], 1000)
+    with sessions() as session:
+        assert [line.text for line in tasklogs.read_lines(session, ti_id, 1)] == ["kept"]
+        assert tasklogs.tries_with_logs(session, ti_id + 1000) == []

@@ -1,0 +1,112 @@
+"""The web UI's pure parts: graph layout, expiry highlighting, who counts as local, where a
+login may send the browser back to, and the session key."""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+from pathlib import Path
+
+import pytest
+from cryptography.fernet import Fernet
+
+from deferral.config import Settings, load_settings
+from webserver.app import _duration, _safe_next, dag_url, ti_url
+from webserver.auth import is_loopback, session_key
+from webserver.data import expiry_urgency
+from webserver.layout import COLUMN_GAP, NODE_HEIGHT, NODE_WIDTH, ROW_GAP, layout
+
+
+def test_layout_puts_each_task_right_of_everything_it_depends_on() -> None:
+    #   a -> b -> d
+    #   a -> c -> d ; e alone
+    upstream = {"b": ["a"], "c": ["a"], "d": ["b", "c"]}
+    graph = layout(["a", "e", "b", "c", "d"], upstream)
+    at = {node.task_id: (node.x, node.y) for node in graph.nodes}
+    column = NODE_WIDTH + COLUMN_GAP
+    assert at["a"][0] == at["e"][0] < at["b"][0] == at["c"][0] < at["d"][0]
+    assert at["b"][0] - at["a"][0] == column
+    assert abs(at["c"][1] - at["b"][1]) == NODE_HEIGHT + ROW_GAP
+    assert len(graph.edges) == 4
+    d_edges = [e for e in graph.edges if e.x2 == at["d"][0]]
+    assert len(d_edges) == 2 and all(e.x1 == at["b"][0] + NODE_WIDTH for e in d_edges)
+    assert graph.width == 2 * 10 + 3 * column - COLUMN_GAP
+    assert layout([], {}).nodes == []
+
+
+def test_expiry_is_soon_in_the_last_fifth_of_a_wait_capped_at_five_minutes() -> None:
+    now = dt.datetime(2024, 1, 1, 12, tzinfo=dt.UTC)
+    minutes = dt.timedelta(minutes=1)
+    assert expiry_urgency(now - 8 * minutes, now + 2 * minutes, now) == "soon"
+    assert expiry_urgency(now - 7 * minutes, now + 3 * minutes, now) is None
+    assert expiry_urgency(now - 600 * minutes, now + 6 * minutes, now) is None  # cap: 5 min
+    assert expiry_urgency(now - 600 * minutes, now + 4 * minutes, now) == "soon"
+    assert expiry_urgency(now - minutes, now - dt.timedelta(seconds=1), now) == "expired"
+    assert expiry_urgency(now - minutes, None, now) is None
+
+
+@pytest.mark.parametrize(
+    ("host", "local"),
+    [
+        ("127.0.0.1", True),
+        ("127.0.0.2", True),
+        ("::1", True),
+        ("localhost", True),
+        ("0.0.0.0", False),
+        ("::", False),
+        ("192.168.1.4", False),
+        ("example.org", False),
+    ],
+)
+def test_only_loopback_addresses_open_pages_without_login(host: str, local: bool) -> None:
+    assert is_loopback(host) is local
+
+
+@pytest.mark.parametrize(
+    ("target", "went"),
+    [
+        ("/dags/x?run_id=1", "/dags/x?run_id=1"),
+        ("//evil.example/", "/dags"),
+        ("/\\evil.example", "/dags"),
+        ("https://evil.example/", "/dags"),
+        (None, "/dags"),
+    ],
+)
+def test_a_login_sends_back_only_to_a_path_of_this_site(target: object, went: str) -> None:
+    assert _safe_next(target) == went
+
+
+def test_urls_quote_ids_whatever_they_hold() -> None:
+    assert dag_url("d", run_id="a b&c") == "/dags/d?run_id=a+b%26c"
+    assert (
+        ti_url("d", "<r>", "t", 2) == "/dags/d/task_instance?run_id=%3Cr%3E&task_id=t&map_index=2"
+    )
+    assert ti_url("d", "r", "t", -1) == "/dags/d/task_instance?run_id=r&task_id=t"
+
+
+def test_durations_read_well() -> None:
+    assert [_duration(s) for s in (None, 3.25, 75, 3700, 200000)] == [
+        "-",
+        "3.2s",
+        "1m 15s",
+        "1h 01m",
+        "2d 07h",
+    ]
+
+
+def test_the_session_key_is_derived_from_the_first_fernet_key_and_is_not_it() -> None:
+    first, second = Fernet.generate_key().decode(), Fernet.generate_key().decode()
+
+    def settings(keys: str) -> Settings:
+        return load_settings(
+            {
+                "DEFERRAL_DATABASE_URL": "postgresql://u@h/d",
+                "DEFERRAL_REDIS_URL": "redis://h",
+                "DEFERRAL_FERNET_KEY": keys,
+            },
+            toml_path=Path("/nonexistent"),
+        )
+
+    key = session_key(settings(f"{first},{second}"))
+    assert key == session_key(settings(first)) != session_key(settings(second))
+    assert key != base64.urlsafe_b64decode(first) and len(key) == 32

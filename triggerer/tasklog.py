@@ -1,0 +1,60 @@
+"""The triggerer's lines about a trigger, kept for the log of the try that deferred on it.
+
+A log record belongs to a try's log when it carries that try's ids as data (``log_ids`` with
+``task_instance_id`` and ``try_number``: the service's own lines about a trigger), or when it is
+emitted while a trigger's own code runs (its task sets :data:`current_ids`), so a trigger's
+``self.log`` lines are kept too. The handler only queues lines (it runs on the event loop); the
+service stores them in batches (:meth:`TaskLogHandler.take`).
+"""
+
+from __future__ import annotations
+
+import contextvars
+import datetime as dt
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+from deferral.process import LOG_IDS_ATTR
+from deferral.tasklogs import LOG_FORMAT, SOURCE_TRIGGERER, NewLine
+
+# The ids of the trigger whose code runs in the current asyncio task (set in its task only).
+current_ids: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar(
+    "deferral_trigger_ids", default=None
+)
+
+# Lines waiting at most, while Postgres does not answer: older ones are kept, newer dropped.
+MAX_QUEUED = 100_000
+
+
+class TaskLogHandler(logging.Handler):
+    def __init__(self, max_queued: int = MAX_QUEUED) -> None:
+        super().__init__(logging.INFO)
+        self.setFormatter(logging.Formatter(LOG_FORMAT))
+        self.max_queued = max_queued
+        self.dropped = 0
+        self._queued: list[NewLine] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        ids = getattr(record, LOG_IDS_ATTR, None) or current_ids.get()
+        if not ids or "task_instance_id" not in ids or "try_number" not in ids:
+            return
+        if len(self._queued) >= self.max_queued:
+            self.dropped += 1
+            return
+        at = dt.datetime.fromtimestamp(record.created, dt.UTC)
+        line = NewLine(
+            ids["task_instance_id"], ids["try_number"], at, SOURCE_TRIGGERER, self.format(record)
+        )
+        self._queued.append(line)
+
+    def take(self) -> list[NewLine]:
+        """The queued lines, in order; the queue is emptied."""
+        with self.lock:  # type: ignore[union-attr]
+            lines, self._queued = self._queued, []
+        return lines
+
+    def put_back(self, lines: Sequence[NewLine]) -> None:
+        """Lines that could not be stored: first in the queue again, for the next batch."""
+        with self.lock:  # type: ignore[union-attr]
+            self._queued[:0] = lines[: max(self.max_queued - len(self._queued), 0)]

@@ -1,0 +1,686 @@
+"""What the pages and the JSON API show, read from Postgres (and Redis): one function per page,
+each returning plain data (dicts, lists, strings, numbers, datetimes) that a template renders
+and the API encodes as it is. Never a secret: trigger kwargs, resume kwargs, Variables and
+Connections are not read at all; values users wrote (run conf, XComs, rendered fields) are
+passed through the secrets masker.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict
+from typing import Any
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from broker.client import Broker
+from deferral import doctor as checklist
+from deferral import liveness, tasklogs
+from deferral.actions import ti_label
+from deferral.config import Settings
+from deferral.dag import DAG, DagDefinitionError
+from deferral.dagbag import DagBag, DagNotFound
+from deferral.models import (
+    Dag,
+    DagRun,
+    RenderedTaskInstanceFields,
+    TaskInstance,
+    TaskStateChange,
+    Trigger,
+    Triggerer,
+    Worker,
+    XCom,
+)
+from deferral.schedules import latest_automated_intervals
+from deferral.secrets_masker import redact
+from deferral.serialization import plain_json
+from deferral.states import FINISHED_STATES, TaskState
+from deferral_cli.common import find_run, task_instances
+from deferral_cli.doctor import gather_checks
+from deferral_cli.explain import explain
+from deferral_cli.runs import run_record
+from deferral_cli.streams import stream_records
+from deferral_cli.triggers import process_records, triggerer_own, worker_own
+from webserver.layout import layout
+
+Record = dict[str, Any]
+
+# Runs shown per DAG on the DAGs page, and by default in a DAG's grid (at most MAX_GRID_RUNS).
+RECENT_RUNS = 10
+GRID_RUNS = 12
+MAX_GRID_RUNS = 100
+# The Deferred page lists at most this many task instances (the total is always counted).
+MAX_DEFERRED_LISTED = 2000
+# A deferral is "close to expiry" in the last fifth of its wait, and always in its last 5 min.
+EXPIRY_SOON_FRACTION = 0.2
+EXPIRY_SOON_CAP_SEC = 300.0
+# Dead-letter entries shown, newest first, and the fields shown of each (never a token or mac).
+DEAD_LETTERS_SHOWN = 20
+DEAD_LETTER_FIELDS = (
+    "source_stream",
+    "source_id",
+    "error",
+    "deliveries",
+    "task",
+    "trigger_id",
+    "task_instance_id",
+    "try_number",
+    "classpath",
+)
+# A page shows at most this many lines of a try's log (the API pages through all of them).
+LOG_LINES_SHOWN = 5000
+# The DAGs folder is scanned again at most this often (a file's DAGs are re-imported only when
+# its mtime changed).
+DAG_RESCAN_SEC = 5.0
+
+# How a cell of several map indexes is shown: the first of these states that one of them is in.
+_SUMMARY_ORDER = (
+    TaskState.RUNNING,
+    TaskState.DEFERRED,
+    TaskState.QUEUED,
+    TaskState.SCHEDULED,
+    TaskState.UP_FOR_RETRY,
+    TaskState.UP_FOR_RESCHEDULE,
+    TaskState.FAILED,
+    TaskState.UPSTREAM_FAILED,
+    TaskState.NONE,
+    TaskState.SKIPPED,
+    TaskState.SUCCESS,
+    TaskState.REMOVED,
+)
+
+
+# A try has ended once its task instance is finished or waits for its next try.
+_TRY_ENDED = frozenset({*FINISHED_STATES, TaskState.UP_FOR_RETRY})
+
+
+class NotFound(LookupError):
+    """What a page or API call names does not exist; the message says what."""
+
+
+class DagSource:
+    """The DAGs folder as this process sees it, rescanned at most every DAG_RESCAN_SEC (one
+    scan at a time: a DagBag is not thread-safe)."""
+
+    def __init__(self, folder: Any) -> None:
+        self._bag = DagBag(folder)
+        self._lock = threading.Lock()
+        self._scanned_at: float | None = None
+        self._folder_error: str | None = None
+
+    def bag(self) -> tuple[dict[str, DAG], dict[str, str]]:
+        """The DAGs by id and the import errors by file."""
+        with self._lock:
+            now = time.monotonic()
+            if self._scanned_at is None or now - self._scanned_at >= DAG_RESCAN_SEC:
+                try:
+                    self._bag.collect()
+                    self._folder_error = None
+                except DagNotFound as exc:
+                    self._folder_error = str(exc)
+                self._scanned_at = now
+            errors = dict(self._bag.import_errors)
+            if self._folder_error is not None:
+                errors[str(self._bag.folder)] = self._folder_error
+            return dict(self._bag.dags), errors
+
+    def dag(self, dag_id: str) -> DAG | None:
+        return self.bag()[0].get(dag_id)
+
+
+def _db_now(session: Session) -> dt.datetime:
+    now: dt.datetime = session.scalars(select(func.now())).one()
+    return now
+
+
+# -- DAGs ----------------------------------------------------------------------------------------
+
+
+def dags_overview(session: Session, source: DagSource) -> Record:
+    """Every DAG (in the folder, or only in the database): schedule, next run, paused, tasks,
+    its latest runs' states; and the files that fail to import."""
+    dags, import_errors = source.bag()
+    rows = {row.dag_id: row for row in session.scalars(select(Dag))}
+    dag_ids = sorted(set(dags) | {d for d, row in rows.items() if row.is_active})
+    now = _db_now(session)
+    latest = latest_automated_intervals(session, [d for d in dag_ids if d in dags])
+    recent = _recent_runs(session, dag_ids, RECENT_RUNS)
+    records = []
+    for dag_id in dag_ids:
+        dag, row = dags.get(dag_id), rows.get(dag_id)
+        info = dag.next_dagrun_info(latest.get(dag_id), now=now) if dag is not None else None
+        records.append(
+            {
+                "dag_id": dag_id,
+                "loaded": dag is not None,
+                "schedule": dag.timetable.summary if dag is not None else row and row.schedule,
+                "is_paused": _is_paused(dag, row),
+                "next_run": info.logical_date if info is not None else None,
+                "next_run_after": info.run_after if info is not None else None,
+                "tasks": len(dag.tasks) if dag is not None else None,
+                "fileloc": str(dag.fileloc) if dag is not None else row and row.fileloc,
+                "recent_runs": recent.get(dag_id, []),
+                "missing_reason": row.missing_reason if row is not None else None,
+            }
+        )
+    errors = [{"file": path, "error": error} for path, error in sorted(import_errors.items())]
+    return {"dags": records, "import_errors": errors}
+
+
+def _is_paused(dag: DAG | None, row: Dag | None) -> bool:
+    if row is not None:
+        return bool(row.is_paused)
+    # Before a scheduler has recorded the DAG, what it will be created with.
+    return bool(dag is not None and dag.is_paused_upon_creation)
+
+
+def _recent_runs(session: Session, dag_ids: Sequence[str], limit: int) -> dict[str, list[Record]]:
+    """Each DAG's latest ``limit`` runs, newest first."""
+    if not dag_ids:
+        return {}
+    position = (
+        func.row_number()
+        .over(partition_by=DagRun.dag_id, order_by=(DagRun.logical_date.desc(), DagRun.id.desc()))
+        .label("position")
+    )
+    ranked = (
+        select(DagRun.dag_id, DagRun.run_id, DagRun.state, DagRun.logical_date, position)
+        .where(DagRun.dag_id.in_(dag_ids))
+        .subquery()
+    )
+    found: dict[str, list[Record]] = {}
+    for row in session.execute(
+        select(ranked).where(ranked.c.position <= limit).order_by(ranked.c.dag_id, "position")
+    ):
+        found.setdefault(row.dag_id, []).append(
+            {"run_id": row.run_id, "state": row.state, "logical_date": row.logical_date}
+        )
+    return found
+
+
+# -- one DAG: grid and graph ---------------------------------------------------------------------
+
+
+def dag_detail(
+    session: Session, source: DagSource, dag_id: str, runs: int, selected_run: str | None
+) -> Record:
+    """A DAG's latest ``runs`` runs (oldest first) by its tasks, each cell the state of that task
+    in that run; and the graph of its tasks, coloured by the selected run (default the latest)."""
+    dag = source.dag(dag_id)
+    row = session.get(Dag, dag_id)
+    found_runs = list(
+        reversed(
+            session.scalars(
+                select(DagRun)
+                .where(DagRun.dag_id == dag_id)
+                .order_by(DagRun.logical_date.desc(), DagRun.id.desc())
+                .limit(runs)
+            ).all()
+        )
+    )
+    if dag is None and row is None and not found_runs:
+        raise NotFound(f"DAG {dag_id!r} not found")
+    run_ids = [run.run_id for run in found_runs]
+    states: dict[tuple[str, str], list[TaskInstance]] = {}
+    for ti in session.scalars(
+        select(TaskInstance)
+        .where(TaskInstance.dag_id == dag_id, TaskInstance.run_id.in_(run_ids))
+        .order_by(TaskInstance.map_index)
+    ):
+        states.setdefault((ti.task_id, ti.run_id), []).append(ti)
+    order, upstream = _task_order(dag, [task_id for task_id, _ in states])
+    if selected_run is None or selected_run not in run_ids:
+        selected_run = run_ids[-1] if run_ids else None
+    tasks = [
+        {
+            "task_id": task_id,
+            "upstream": sorted(upstream.get(task_id, ())),
+            "operator": _operator_name(dag, task_id),
+            "is_mapped": bool(
+                dag is not None and task_id in dag.task_dict and _mapped(dag, task_id)
+            ),
+            "cells": [_cell(states.get((task_id, run_id), [])) for run_id in run_ids],
+        }
+        for task_id in order
+    ]
+    graph = layout(order, upstream)
+    selected_states = {
+        task_id: _cell(states.get((task_id, selected_run), []))["state"]
+        for task_id in order
+        if selected_run is not None
+    }
+    return {
+        "dag_id": dag_id,
+        "loaded": dag is not None,
+        "schedule": dag.timetable.summary if dag is not None else row and row.schedule,
+        "is_paused": _is_paused(dag, row),
+        "fileloc": str(dag.fileloc) if dag is not None else row and row.fileloc,
+        "params": redact(dict(dag.params)) if dag is not None else {},
+        "doc_md": dag.doc_md_text() if dag is not None else None,
+        "missing_reason": row.missing_reason if row is not None else None,
+        "runs": [run_record(run) for run in found_runs],
+        "tasks": tasks,
+        "selected_run": selected_run,
+        "graph": {
+            **asdict(graph),
+            "states": selected_states,
+        },
+    }
+
+
+def _mapped(dag: DAG | None, task_id: str) -> bool:
+    task = dag.task_dict.get(task_id) if dag is not None else None
+    return bool(task is not None and task.is_mapped)
+
+
+def _operator_name(dag: DAG | None, task_id: str) -> str | None:
+    task = dag.task_dict.get(task_id) if dag is not None else None
+    return type(task).__name__ if task is not None else None
+
+
+def _task_order(
+    dag: DAG | None, seen_task_ids: Iterable[str]
+) -> tuple[list[str], dict[str, list[str]]]:
+    """The DAG's tasks upstream first, then tasks only its runs still have (removed from the
+    file since), and what each depends on."""
+    order: list[str] = []
+    upstream: dict[str, list[str]] = {}
+    if dag is not None:
+        try:
+            for task in dag.topological_order():
+                order.append(task.task_id)
+                upstream[task.task_id] = sorted(task.upstream_task_ids)
+        except DagDefinitionError:
+            order = sorted(dag.task_dict)
+    order += sorted(set(seen_task_ids) - set(order))
+    return order, upstream
+
+
+def _cell(tis: Sequence[TaskInstance]) -> Record:
+    """One task in one run: its state (for several map indexes, the most pressing one and how
+    many are in each state), its try, and for a deferred task since when it waits."""
+    if not tis:
+        return {"state": None, "try_number": None, "map_indexes": 0, "counts": {}}
+    counts = Counter(ti.state for ti in tis)
+    state = next((s for s in _SUMMARY_ORDER if counts.get(s)), tis[0].state)
+    return {
+        "state": str(state),
+        "try_number": max(ti.try_number for ti in tis),
+        "map_indexes": len(tis) if any(ti.map_index >= 0 for ti in tis) else 0,
+        "counts": dict(sorted(counts.items())),
+    }
+
+
+# -- a task instance -----------------------------------------------------------------------------
+
+
+def task_instance_detail(
+    session: Session,
+    settings: Settings,
+    source: DagSource,
+    dag_id: str,
+    run_id: str,
+    task_id: str,
+    map_index: int | None,
+    try_number: int | None = None,
+) -> Record:
+    """One task instance: what it is, why it is in its state, its state history with durations,
+    what it waits on if deferred, its rendered fields, XComs, and the log of try ``try_number``
+    (default: the latest) with the tries that have one. For a mapped task without
+    ``map_index``: its map indexes to choose from."""
+    run = find_run(session, dag_id, run_id)
+    if run is None:
+        raise NotFound(f"DAG {dag_id!r} has no run {run_id!r}")
+    tis = task_instances(session, dag_id, run_id, task_id)
+    dag = source.dag(dag_id)
+    if not tis and (dag is None or task_id not in dag.task_dict):
+        raise NotFound(f"run {run_id!r} of DAG {dag_id!r} has no task {task_id!r}")
+    base = {
+        "dag_id": dag_id,
+        "run_id": run_id,
+        "task_id": task_id,
+        "run": {**run_record(run), "conf": redact(dict(run.conf or {}))},
+        "operator": _operator_name(dag, task_id),
+        "map_indexes": [
+            {"map_index": ti.map_index, "state": ti.state, "try_number": ti.try_number}
+            for ti in tis
+            if ti.map_index >= 0
+        ],
+    }
+    if map_index is None and len(tis) == 1:
+        map_index = tis[0].map_index
+    ti = next((t for t in tis if t.map_index == map_index), None)
+    if ti is None:
+        if map_index is not None and tis:
+            raise NotFound(f"task {task_id!r} of run {run_id!r} has no map index {map_index}")
+        return {**base, "map_index": map_index, "task_instance": None}
+    now = _db_now(session)
+    return {
+        **base,
+        "log": _log(session, ti, try_number),
+        "map_index": ti.map_index,
+        "label": ti_label(ti.task_id, ti.map_index),
+        "task_instance": {
+            "id": ti.id,
+            "state": ti.state,
+            "try_number": ti.try_number,
+            "max_tries": ti.max_tries,
+            "finished": ti.state in FINISHED_STATES,
+            "hostname": ti.hostname,
+            "worker": ti.worker,
+            "queue": ti.queue,
+            "pool": ti.pool,
+            "priority_weight": ti.priority_weight,
+            "queued_at": ti.queued_at,
+            "start_date": ti.start_date,
+            "end_date": ti.end_date,
+            "duration_sec": _seconds(ti.start_date, ti.end_date or now) if ti.start_date else None,
+        },
+        "explain": [line.strip() for line in explain(session, settings, dag, run, ti)[1:]],
+        "history": _history(session, ti.id, now),
+        "deferred": _deferral(session, settings, ti, now),
+        "rendered": _rendered(session, ti.id),
+        "xcoms": [
+            {"key": key, "value": redact(plain_json(value), key)}
+            for key, value in session.execute(
+                select(XCom.key, XCom.value)
+                .where(XCom.task_instance_id == ti.id)
+                .order_by(XCom.key)
+            )
+        ],
+    }
+
+
+def _log(session: Session, ti: TaskInstance, try_number: int | None) -> Record:
+    """The tries with a log, and the first LOG_LINES_SHOWN lines of one of them."""
+    tries = tasklogs.tries_with_logs(session, ti.id)
+    if ti.try_number > 0 and ti.try_number not in tries:
+        tries.append(ti.try_number)  # the current try, whose lines may be on their way
+    shown = try_number if try_number is not None else (tries[-1] if tries else None)
+    if shown is not None and shown not in tries:
+        raise NotFound(f"{ti_label(ti.task_id, ti.map_index)} has no try {shown}")
+    lines = (
+        [] if shown is None else log_lines(session, ti, shown, after_id=0, limit=LOG_LINES_SHOWN)
+    )
+    return {
+        "tries": tries,
+        "try_number": shown,
+        "lines": lines,
+        "complete": len(lines) < LOG_LINES_SHOWN,
+        "over": shown is None or try_over(ti, shown),
+    }
+
+
+def log_lines(
+    session: Session, ti: TaskInstance, try_number: int, *, after_id: int, limit: int
+) -> list[Record]:
+    """Lines of one try's log after ``after_id`` (masked again with this process's secrets)."""
+    return [
+        {**asdict(line), "text": redact(line.text)}
+        for line in tasklogs.read_lines(session, ti.id, try_number, after_id, limit)
+    ]
+
+
+def try_over(ti: TaskInstance, try_number: int) -> bool:
+    """Whether try ``try_number`` has ended: no more lines are coming."""
+    return try_number < ti.try_number or ti.state in _TRY_ENDED
+
+
+def task_log(
+    session: Session,
+    dag_id: str,
+    run_id: str,
+    task_id: str,
+    map_index: int,
+    try_number: int,
+    after_id: int,
+    limit: int,
+) -> Record:
+    """Lines of one try's log after ``after_id``, and whether more may come (the log's tail)."""
+    found = [
+        t for t in task_instances(session, dag_id, run_id, task_id) if t.map_index == map_index
+    ]
+    if not found:
+        label = ti_label(task_id, map_index)
+        raise NotFound(f"run {run_id!r} of DAG {dag_id!r} has no task instance {label}")
+    ti = found[0]
+    return {
+        "try_number": try_number,
+        "lines": log_lines(session, ti, try_number, after_id=after_id, limit=limit),
+        "finished": try_over(ti, try_number),
+    }
+
+
+def _seconds(start: dt.datetime, end: dt.datetime) -> float:
+    return round(max(0.0, (end - start).total_seconds()), 3)
+
+
+def _history(session: Session, ti_id: int, now: dt.datetime) -> list[Record]:
+    """Each recorded state change and how long the state it entered lasted (the latest, if
+    unfinished: until now)."""
+    changes = session.scalars(
+        select(TaskStateChange)
+        .where(TaskStateChange.task_instance_id == ti_id)
+        .order_by(TaskStateChange.id)
+    ).all()
+    records = []
+    for position, change in enumerate(changes):
+        ended = changes[position + 1].at if position + 1 < len(changes) else None
+        # A finished state lasts for good: only an unfinished current one has lasted "so far".
+        open_ended = ended is None and change.to_state in FINISHED_STATES
+        records.append(
+            {
+                "from_state": change.from_state,
+                "to_state": change.to_state,
+                "at": change.at,
+                "reason": change.reason,
+                "lasted_sec": None if open_ended else _seconds(change.at, ended or now),
+                "current": ended is None and not open_ended,
+            }
+        )
+    return records
+
+
+def _deferral(
+    session: Session, settings: Settings, ti: TaskInstance, now: dt.datetime
+) -> Record | None:
+    """What a deferred task waits on: its trigger's class, the triggerer running it, since
+    when, its timeout. Never the trigger's kwargs."""
+    if ti.state != TaskState.DEFERRED:
+        return None
+    trigger = session.execute(
+        select(Trigger.id, Trigger.classpath, Trigger.triggerer_id, Trigger.created_date).where(
+            Trigger.id == ti.trigger_id
+        )
+    ).one_or_none()
+    since = session.scalar(
+        select(func.max(TaskStateChange.at)).where(
+            TaskStateChange.task_instance_id == ti.id,
+            TaskStateChange.to_state == TaskState.DEFERRED,
+        )
+    )
+    triggerer = (
+        session.get(Triggerer, trigger.triggerer_id)
+        if trigger is not None and trigger.triggerer_id
+        else None
+    )
+    return {
+        "trigger_id": ti.trigger_id,
+        "classpath": trigger.classpath if trigger is not None else None,
+        "triggerer": trigger.triggerer_id if trigger is not None else None,
+        "triggerer_alive": triggerer is not None
+        and liveness.is_alive(
+            triggerer.state, triggerer.latest_heartbeat, now, settings.heartbeat_sec
+        ),
+        "next_method": ti.next_method,
+        **_wait(since, ti.trigger_timeout, now),
+    }
+
+
+def _wait(since: dt.datetime | None, timeout: dt.datetime | None, now: dt.datetime) -> Record:
+    """How long a deferral has waited, how long it has left, and whether that is close."""
+    left = None if timeout is None else round((timeout - now).total_seconds(), 1)
+    return {
+        "since": since,
+        "waited_sec": None if since is None else _seconds(since, now),
+        "timeout": timeout,
+        "seconds_left": left,
+        "urgency": expiry_urgency(since, timeout, now),
+    }
+
+
+def expiry_urgency(
+    since: dt.datetime | None, timeout: dt.datetime | None, now: dt.datetime
+) -> str | None:
+    """ "expired" past the timeout, "soon" in the last fifth of the wait (at most its last
+    EXPIRY_SOON_CAP_SEC), else None (also without a timeout)."""
+    if timeout is None:
+        return None
+    left = (timeout - now).total_seconds()
+    if left < 0:
+        return "expired"
+    whole = (timeout - since).total_seconds() if since is not None else EXPIRY_SOON_CAP_SEC
+    return "soon" if left <= min(EXPIRY_SOON_CAP_SEC, EXPIRY_SOON_FRACTION * whole) else None
+
+
+def _rendered(session: Session, ti_id: int) -> list[Record]:
+    """The rendered template fields of each try, latest first (recorded masked)."""
+    return [
+        {"try_number": row.try_number, "rendered_at": row.rendered_at, "fields": row.rendered}
+        for row in session.scalars(
+            select(RenderedTaskInstanceFields)
+            .where(RenderedTaskInstanceFields.task_instance_id == ti_id)
+            .order_by(RenderedTaskInstanceFields.try_number.desc())
+        )
+    ]
+
+
+# -- what waits now ------------------------------------------------------------------------------
+
+
+def deferred_now(session: Session, settings: Settings) -> Record:
+    """Every deferred task, grouped by trigger class and triggerer, the group waiting longest
+    first and in each group the oldest first; timeouts close to expiry flagged."""
+    now = _db_now(session)
+    ti = TaskInstance
+    since = (
+        select(func.max(TaskStateChange.at))
+        .where(TaskStateChange.task_instance_id == ti.id, TaskStateChange.to_state == "deferred")
+        .scalar_subquery()
+        .label("since")
+    )
+    total = session.scalar(
+        select(func.count()).select_from(ti).where(ti.state == TaskState.DEFERRED)
+    )
+    rows = session.execute(
+        select(
+            ti.dag_id,
+            ti.run_id,
+            ti.task_id,
+            ti.map_index,
+            ti.trigger_id,
+            ti.trigger_timeout,
+            Trigger.classpath,
+            Trigger.triggerer_id,
+            since,
+        )
+        .outerjoin(Trigger, Trigger.id == ti.trigger_id)
+        .where(ti.state == TaskState.DEFERRED)
+        .order_by(since.asc().nulls_first(), ti.id)
+        .limit(MAX_DEFERRED_LISTED)
+    ).all()
+    alive = {
+        name
+        for name, state, beat in session.execute(
+            select(Triggerer.name, Triggerer.state, Triggerer.latest_heartbeat)
+        )
+        if liveness.is_alive(state, beat, now, settings.heartbeat_sec)
+    }
+    groups: dict[tuple[str | None, str | None], Record] = {}
+    for row in rows:
+        key = (row.classpath, row.triggerer_id)
+        group = groups.setdefault(
+            key,
+            {
+                "classpath": row.classpath,
+                "triggerer": row.triggerer_id,
+                "triggerer_alive": row.triggerer_id in alive,
+                "tasks": [],
+            },
+        )
+        group["tasks"].append(
+            {
+                "dag_id": row.dag_id,
+                "run_id": row.run_id,
+                "task_id": row.task_id,
+                "map_index": row.map_index,
+                "label": ti_label(row.task_id, row.map_index),
+                "trigger_id": row.trigger_id,
+                **_wait(row.since, row.trigger_timeout, now),
+            }
+        )
+    for group in groups.values():
+        tasks = group["tasks"]
+        group["count"] = len(tasks)
+        group["oldest_since"] = tasks[0]["since"]
+        group["soon"] = sum(1 for t in tasks if t["urgency"] is not None)
+    return {
+        "total": total or 0,
+        "listed": len(rows),
+        "groups": list(groups.values()),  # rows came oldest first, so do the groups
+    }
+
+
+# -- processes, streams, doctor ------------------------------------------------------------------
+
+
+def processes(session: Session, settings: Settings) -> Record:
+    """Triggerers (capacity, load, heartbeat age, alive or stale) and workers, as the CLI's
+    listings give them."""
+    return {
+        "triggerers": process_records(session, Triggerer, triggerer_own, settings.heartbeat_sec),
+        "workers": process_records(session, Worker, worker_own, settings.heartbeat_sec),
+    }
+
+
+def streams(broker: Broker) -> Record:
+    """Each stream's length, groups, pending entries and lag (as `deferral streams`), and the
+    newest dead letters: where they came from and why, never their token or payload."""
+    dead = [
+        {
+            "id": entry.id,
+            **{
+                name: entry.fields[name.encode()].decode(errors="replace")
+                for name in DEAD_LETTER_FIELDS
+                if name.encode() in entry.fields
+            },
+        }
+        for entry in broker.newest(broker.keys.dead, DEAD_LETTERS_SHOWN)
+    ]
+    return {
+        "streams": stream_records(broker),
+        "dead_letters": dead,
+        "dead_letters_total": int(broker.redis.xlen(broker.keys.dead)),
+    }
+
+
+def doctor(settings: Settings) -> Record:
+    checks = gather_checks(settings)
+    return {
+        "status": "fail" if checklist.exit_code(checks) else "ok",
+        "checks": [{"status": c.status, "check": c.name, "detail": c.detail} for c in checks],
+    }
+
+
+def json_ready(value: Any) -> Any:
+    """``value`` with mappings' keys as strings (counts keyed by state enums)."""
+    if isinstance(value, Mapping):
+        return {str(key): json_ready(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [json_ready(item) for item in value]
+    return value
