@@ -180,14 +180,19 @@ def start_stack(stack: list[LocalService], services: Services, workdir: Path) ->
 
 
 def _healthy(service: LocalService, workdir: Path) -> bool:
-    check = subprocess.run(
-        _argv(service.healthcheck),
-        env=_process_env(service.env),
-        cwd=workdir,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    """One healthcheck, as the engine runs it: one that does not answer in time is a failed
+    check, retried at the next interval."""
+    try:
+        check = subprocess.run(
+            _argv(service.healthcheck),
+            env=_process_env(service.env),
+            cwd=workdir,
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+    except subprocess.TimeoutExpired:
+        return False
     return check.returncode == 0
 
 
