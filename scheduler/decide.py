@@ -94,9 +94,18 @@ class Ready:
     priority_weight: int
 
 
-def choose_dispatch(
+@dataclass(frozen=True)
+class DispatchPlan:
+    """Which ready tasks to queue, and what their pools and runs have left after them."""
+
+    chosen: list[int]
+    pool_free: dict[str, int]
+    run_budget: dict[RunKey, int]
+
+
+def plan_dispatch(
     ready: Sequence[Ready], run_budget: Mapping[RunKey, int], pool_free: Mapping[str, int]
-) -> list[int]:
+) -> DispatchPlan:
     """Which ready tasks to queue now: highest priority first, at most ``run_budget[run]`` of
     each run, each only if its pool has ``pool_slots`` free (a task whose pool is unknown
     waits). A task too big for what its pool has left does not block smaller ones behind it."""
@@ -110,7 +119,14 @@ def choose_dispatch(
             free[task.pool] -= task.pool_slots
             budget[task.run] -= 1
             chosen.append(task.id)
-    return chosen
+    return DispatchPlan(chosen, free, budget)
+
+
+def choose_dispatch(
+    ready: Sequence[Ready], run_budget: Mapping[RunKey, int], pool_free: Mapping[str, int]
+) -> list[int]:
+    """The tasks :func:`plan_dispatch` queues."""
+    return plan_dispatch(ready, run_budget, pool_free).chosen
 
 
 def dispatch_budget(max_active_tasks: int, active: int) -> int:

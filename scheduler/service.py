@@ -17,10 +17,10 @@ import logging
 import os
 import socket
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
-from sqlalchemy import func, select, tuple_
+from sqlalchemy import Integer, String, column, func, select, tuple_, values
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
@@ -68,6 +68,7 @@ EVENT_BATCH = 500
 EVENT_BLOCK_MS = 100
 RUN_BATCH = 50
 DISPATCH_BATCH = 2000
+DISPATCH_PASSES = 8
 EXPIRE_EVERY_SEC = 1.0
 WAKE_EVERY_SEC = 0.5
 RELAY_EVERY_SEC = 5.0
@@ -294,44 +295,49 @@ class SchedulerService:
     def _dispatch(self, session: Session, among: Sequence[int] | None = None) -> list[Outbox]:
         """scheduled -> queued for the scheduled tasks (``among`` those ids, if given) that their
         pool and their run's max_active_tasks allow, highest priority first; returns the outbox
-        rows of their queue entries."""
-        query = (
-            select(TI.id, TI.dag_id, TI.run_id, TI.pool, TI.pool_slots, TI.priority_weight)
-            .where(TI.state == TaskState.SCHEDULED)
-            .order_by(TI.priority_weight.desc(), TI.id)
-            .limit(DISPATCH_BATCH)
-            .with_for_update(skip_locked=True)
-        )
+        rows of their queue entries.
+
+        As Airflow does, what cannot go is left out of the query rather than read and skipped
+        (:meth:`_dispatchable`), and no more tasks are read than the pools have slots: a backlog
+        of scheduled tasks behind full pools costs a loop nothing but a count."""
+        waiting = select(TI.id).where(TI.state == TaskState.SCHEDULED).limit(1)
         if among is not None:
-            if not among:
-                return []
-            query = query.where(TI.id.in_(among))
-        ready = [
-            decide.Ready(
-                row.id, (row.dag_id, row.run_id), row.pool, row.pool_slots, row.priority_weight
-            )
-            for row in session.execute(query)
-        ]
-        if not ready:
+            waiting = waiting.where(TI.id.in_(among))
+        if (among is not None and not among) or session.scalar(waiting) is None:
             return []
-        pool_free = pools.free_slots(session, {task.pool for task in ready})
-        runs = {task.run for task in ready}
+        pool_free = pools.free_slots(session)
         active = {
             (dag_id, run_id): count
             for dag_id, run_id, count in session.execute(
                 select(TI.dag_id, TI.run_id, func.count())
-                .where(
-                    tuple_(TI.dag_id, TI.run_id).in_(runs),
-                    TI.state.in_([TaskState.QUEUED, TaskState.RUNNING]),
-                )
+                .where(TI.state.in_([TaskState.QUEUED, TaskState.RUNNING]))
                 .group_by(TI.dag_id, TI.run_id)
             )
         }
         budget = {
-            run: decide.dispatch_budget(self._max_active_tasks(run[0]), active.get(run, 0))
-            for run in runs
+            run: decide.dispatch_budget(self._max_active_tasks(run[0]), count)
+            for run, count in active.items()
         }
-        chosen = decide.choose_dispatch(ready, budget, pool_free)
+        chosen: list[int] = []
+        # Each pass queues at least the first task it reads; a run that one pass fills is left
+        # out of the next, so runs of small max_active_tasks do not hold the pools' room back.
+        for _ in range(DISPATCH_PASSES):
+            room = {name: free for name, free in pool_free.items() if free > 0}
+            limit = min(DISPATCH_BATCH - len(chosen), sum(room.values()))
+            if limit <= 0:
+                break
+            full = [run for run, left in budget.items() if left <= 0]
+            ready = self._dispatchable(session, room, full, chosen, among, limit)
+            for task in ready:
+                if task.run not in budget:
+                    budget[task.run] = self._max_active_tasks(task.run[0])
+            plan = decide.plan_dispatch(ready, budget, pool_free)
+            chosen += plan.chosen
+            pool_free, budget = plan.pool_free, plan.run_budget
+            if len(ready) < limit:
+                break  # read every task that could go
+        if not chosen:
+            return []
         staged = []
         for row in transitions.dispatch(session, chosen):
             message = queue_message(
@@ -346,6 +352,42 @@ class SchedulerService:
             staged.append(outbox.stage(session, self.keys.queue(row.queue), message))
         session.flush()
         return staged
+
+    @staticmethod
+    def _dispatchable(
+        session: Session,
+        room: Mapping[str, int],
+        full: Sequence[decide.RunKey],
+        chosen: Sequence[int],
+        among: Sequence[int] | None,
+        limit: int,
+    ) -> list[decide.Ready]:
+        """Up to ``limit`` scheduled tasks, highest priority first, leaving out what cannot go:
+        tasks of pools without ``room`` for them, of ``full`` runs, and those already
+        ``chosen``; so the first one read can always go."""
+        fits = values(column("pool", String), column("free", Integer), name="room").data(
+            sorted(room.items())
+        )
+        query = (
+            select(TI.id, TI.dag_id, TI.run_id, TI.pool, TI.pool_slots, TI.priority_weight)
+            .join(fits, (fits.c.pool == TI.pool) & (TI.pool_slots <= fits.c.free))
+            .where(TI.state == TaskState.SCHEDULED)
+            .order_by(TI.priority_weight.desc(), TI.id)
+            .limit(limit)
+            .with_for_update(of=TI, skip_locked=True)
+        )
+        if full:
+            query = query.where(tuple_(TI.dag_id, TI.run_id).not_in(full))
+        if chosen:
+            query = query.where(TI.id.not_in(chosen))
+        if among is not None:
+            query = query.where(TI.id.in_(among))
+        return [
+            decide.Ready(
+                row.id, (row.dag_id, row.run_id), row.pool, row.pool_slots, row.priority_weight
+            )
+            for row in session.execute(query)
+        ]
 
     def _max_active_tasks(self, dag_id: str) -> int:
         dag = self._dag(dag_id)

@@ -274,6 +274,50 @@ def test_pools_limit_dispatch_and_deferred_tasks_free_their_slot_by_default(
     assert _states(sessions) == {"t0": "deferred", "t1": expected_t1, "t2": "scheduled"}
 
 
+def test_a_run_at_max_active_tasks_does_not_hold_back_other_runs_tasks(
+    settings: Settings, sessions: sessionmaker[Session], write_dag: WriteDag, dag_id: str
+) -> None:
+    """The run whose tasks come first by priority can only take one more slot: the others'
+    tasks get the rest, this loop and the next (it is left out of the query once full)."""
+    busy, other = f"{dag_id}_busy", f"{dag_id}_other"
+    body = "\n".join(
+        f'    EmptyOperator(task_id="b{i}", pool="small", priority_weight=10)' for i in range(5)
+    )
+    write_dag(busy, _dag_file(busy, body, dag_args=", max_active_tasks=1"))
+    body = "\n".join(f'    EmptyOperator(task_id="o{i}", pool="small")' for i in range(3))
+    write_dag(other, _dag_file(other, body))
+    _set_pool(sessions, slots=3, include_deferred=False)
+    service = _scheduler(settings)
+    _trigger(sessions, busy)
+    _trigger(sessions, other)
+    _step(service)
+    states = _states(sessions)
+    assert sorted(t for t, s in states.items() if s == "queued") == ["b0", "o0", "o1"]
+
+    _finish(sessions, "o0")
+    _step(service)
+    states = _states(sessions)
+    assert sorted(t for t, s in states.items() if s == "queued") == ["b0", "o1", "o2"]
+
+
+def test_a_task_too_big_for_its_pools_room_does_not_block_smaller_ones(
+    settings: Settings, sessions: sessionmaker[Session], write_dag: WriteDag, dag_id: str
+) -> None:
+    body = '    EmptyOperator(task_id="big", pool="small", pool_slots=5, priority_weight=10)\n'
+    body += "\n".join(f'    EmptyOperator(task_id="s{i}", pool="small")' for i in range(3))
+    write_dag(dag_id, _dag_file(dag_id, body))
+    _set_pool(sessions, slots=3, include_deferred=False)
+    service = _scheduler(settings)
+    _trigger(sessions, dag_id)
+    _step(service)
+    assert _states(sessions) == {
+        "big": "scheduled",
+        "s0": "queued",
+        "s1": "queued",
+        "s2": "queued",
+    }
+
+
 def test_a_task_in_an_unknown_pool_waits_without_blocking_others(
     settings: Settings, sessions: sessionmaker[Session], write_dag: WriteDag, dag_id: str
 ) -> None:

@@ -15,6 +15,7 @@ from scheduler.decide import (
     dag_run_outcome,
     dispatch_budget,
     next_try_at,
+    plan_dispatch,
     waiting_task_decisions,
 )
 
@@ -215,6 +216,14 @@ def test_choose_dispatch_respects_pool_slots_and_lets_small_tasks_past_a_big_one
 
 def test_choose_dispatch_leaves_tasks_of_unknown_pools_waiting() -> None:
     assert choose_dispatch([Ready(1, R1, "nope", 1, 1)], run_budget={R1: 5}, pool_free={}) == []
+
+
+def test_plan_dispatch_says_what_pools_and_runs_have_left() -> None:
+    ready = [Ready(1, R1, "p", 2, 1), Ready(2, R2, "p", 1, 1), Ready(3, R2, "p", 1, 1)]
+    plan = plan_dispatch(ready, run_budget={R1: 1, R2: 1}, pool_free={"p": 5, "q": 1})
+    assert plan.chosen == [1, 2]
+    assert plan.pool_free == {"p": 2, "q": 1}
+    assert plan.run_budget == {R1: 0, R2: 0}
 
 
 # -- after a branch or a short circuit skipped tasks ----------------------------------------------
