@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from deferral import trigger_rules
 from deferral.baseoperator import BaseOperator
@@ -17,9 +17,26 @@ from deferral.trigger_rules import RunStates
 class HasState(Protocol):
     """A task instance as decisions see it."""
 
+    @property
+    def task_id(self) -> str: ...
+
+    @property
+    def map_index(self) -> int: ...
+
+    @property
+    def state(self) -> str: ...
+
+
+class RunTask(NamedTuple):
+    """A task instance as a run's evaluation reads it: the columns it needs, in a plain row
+    rather than an ORM object, since every evaluation of a run reads all of its tasks."""
+
+    id: int
     task_id: str
     map_index: int
     state: str
+    due_at: dt.datetime | None
+    end_date: dt.datetime | None
 
 
 def run_states(tis: Iterable[HasState]) -> dict[str, dict[int, str]]:

@@ -247,7 +247,7 @@ class SchedulerService:
             )
             self.callbacks.submit(run_dag_callbacks, dag, info, success=success, reason=reason)
 
-    def _evaluate(self, session: Session, run: DagRun, tis: list[TaskInstance]) -> None:
+    def _evaluate(self, session: Session, run: DagRun, tis: list[decide.RunTask]) -> None:
         dag = self._dag(run.dag_id)
         if dag is None:
             # Its DAG does not load (now): fail_broken_runs decides after the grace period, and
@@ -520,11 +520,17 @@ class SchedulerService:
 
 def _task_instances_of(
     session: Session, runs: Sequence[DagRun]
-) -> dict[tuple[str, str], list[TaskInstance]]:
+) -> dict[tuple[str, str], list[decide.RunTask]]:
     keys = [(run.dag_id, run.run_id) for run in runs]
-    found: dict[tuple[str, str], list[TaskInstance]] = {}
-    for ti in session.scalars(select(TI).where(tuple_(TI.dag_id, TI.run_id).in_(keys))):
-        found.setdefault((ti.dag_id, ti.run_id), []).append(ti)
+    found: dict[tuple[str, str], list[decide.RunTask]] = {}
+    query = select(
+        TI.dag_id, TI.run_id, TI.id, TI.task_id, TI.map_index, TI.state, TI.due_at, TI.end_date
+    ).where(tuple_(TI.dag_id, TI.run_id).in_(keys))
+    for row in session.execute(query):
+        task = decide.RunTask(
+            row.id, row.task_id, row.map_index, row.state, row.due_at, row.end_date
+        )
+        found.setdefault((row.dag_id, row.run_id), []).append(task)
     return found
 
 

@@ -359,15 +359,15 @@ def test_a_run_whose_evaluation_raises_is_marked_and_the_others_go_on(
     real = scheduler_decide.waiting_task_decisions
 
     def flaky(dag: Any, states: Any, *more: Any) -> Any:
-        if any(ti.run_id == "bad" for ti in _tis_seen):
+        if _evaluating[0].run_id == "bad":
             raise RuntimeError("a bug met by this run only")
         return real(dag, states, *more)
 
-    _tis_seen: list[Any] = []
+    _evaluating: list[DagRun] = []
     original = service._evaluate
 
-    def evaluate(session: Session, run: DagRun, tis: list[TaskInstance]) -> None:
-        _tis_seen[:] = tis
+    def evaluate(session: Session, run: DagRun, tis: list[Any]) -> None:
+        _evaluating[:] = [run]
         original(session, run, tis)
 
     monkeypatch.setattr(scheduler_decide, "waiting_task_decisions", flaky)
