@@ -64,7 +64,7 @@ log = logging.getLogger("deferral.scheduler")
 
 TI = TaskInstance
 
-EVENT_BATCH = 500
+EVENT_BATCH = 2000
 EVENT_BLOCK_MS = 100
 RUN_BATCH = 50
 DISPATCH_BATCH = 2000
@@ -150,8 +150,9 @@ class SchedulerService:
             periodic()
         self.start_queued_runs()
         self.evaluate_marked_runs()
-        self.dispatch_scheduled()
-        self.apply_events(block_ms=EVENT_BLOCK_MS)
+        queued = self.dispatch_scheduled()
+        # Wait for events only when this loop queued nothing: else slots may be freeing up.
+        self.apply_events(block_ms=None if queued else EVENT_BLOCK_MS)
 
     # -- DAGs ------------------------------------------------------------------------------------
 
@@ -286,11 +287,13 @@ class SchedulerService:
 
     # -- dispatch: scheduled -> queued -----------------------------------------------------------
 
-    def dispatch_scheduled(self) -> None:
-        """Queue scheduled tasks (of any run) that pools and run budgets let through."""
+    def dispatch_scheduled(self) -> int:
+        """Queue scheduled tasks (of any run) that pools and run budgets let through; returns
+        how many."""
         with self.sessions.begin() as session:
             staged = self._dispatch(session)
         outbox.flush(self.sessions, self.broker, staged)
+        return len(staged)
 
     def _dispatch(self, session: Session, among: Sequence[int] | None = None) -> list[Outbox]:
         """scheduled -> queued for the scheduled tasks (``among`` those ids, if given) that their
