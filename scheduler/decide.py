@@ -79,6 +79,29 @@ def waiting_task_decisions(
     return decisions
 
 
+@dataclass(frozen=True)
+class RunSummary:
+    """Counts over a run's task instances, read in one aggregate before deciding whether the
+    run must be read whole."""
+
+    waiting: int  # in state none: their trigger rules may now be met
+    retries_undue: int  # up_for_retry without a due time yet
+    unfinished: int
+    task_ids: int  # distinct task ids
+
+
+def needs_evaluation(summary: RunSummary, dag_task_count: int) -> bool:
+    """Whether evaluating the run could change anything: a task waits on its trigger rule, a
+    retry needs its due time, the run may be over, or the DAG's tasks differ in number from the
+    run's (a task joined). Otherwise nothing can be decided and the run need not be read."""
+    return (
+        summary.waiting > 0
+        or summary.retries_undue > 0
+        or summary.unfinished == 0
+        or summary.task_ids != dag_task_count
+    )
+
+
 def dag_run_outcome(dag: DAG, states: RunStates) -> DagRunState | None:
     """None while any task instance can still change; then failed if a task instance of a
     leaf task (any map index) failed, else success."""

@@ -51,11 +51,11 @@ from deferral.dag import DAG
 from deferral.dagbag import DagBag, DagNotFound
 from deferral.db import make_engine, make_sessionmaker, wait_until_up
 from deferral.faults import is_transient
-from deferral.models import DagRun, Outbox, Scheduler, TaskInstance
+from deferral.models import DagRun, Scheduler, TaskInstance
 from deferral.policies import apply_task_instance_mutation_hook
 from deferral.process import Every, log_ids
 from deferral.serialization import SerializationError
-from deferral.states import DagRunState, TaskState
+from deferral.states import FINISHED_STATES, DagRunState, TaskState
 from deferral.transitions import FiredEvent, NewTaskInstance
 from scheduler import dagruns, dags, decide, waiting
 from scheduler.reconcile import Reconciler
@@ -217,9 +217,24 @@ class SchedulerService:
             ).all()
             if not runs:
                 return
-            tis = _task_instances_of(session, runs)
+            # A run in which nothing can be decided (its tasks run or wait on triggers) is
+            # only counted, not read whole: a run of a thousand tasks is marked by each success.
+            summaries = _summaries(session, runs)
+            to_read = [
+                run
+                for run in runs
+                if (dag := self._dag(run.dag_id)) is None
+                or decide.needs_evaluation(
+                    summaries.get((run.dag_id, run.run_id), decide.RunSummary(0, 0, 0, 0)),
+                    len(dag.task_dict),
+                )
+            ]
+            tis = _task_instances_of(session, to_read)
             self._finished = []
             for run in runs:
+                if run not in to_read:
+                    transitions.evaluated(session, run)
+                    continue
                 try:
                     with session.begin_nested():
                         self._evaluate(session, run, tis.get((run.dag_id, run.run_id), []))
@@ -295,7 +310,9 @@ class SchedulerService:
         outbox.flush(self.sessions, self.broker, staged)
         return len(staged)
 
-    def _dispatch(self, session: Session, among: Sequence[int] | None = None) -> list[Outbox]:
+    def _dispatch(
+        self, session: Session, among: Sequence[int] | None = None
+    ) -> list[outbox.Staged]:
         """scheduled -> queued for the scheduled tasks (``among`` those ids, if given) that their
         pool and their run's max_active_tasks allow, highest priority first; returns the outbox
         rows of their queue entries.
@@ -341,20 +358,22 @@ class SchedulerService:
                 break  # read every task that could go
         if not chosen:
             return []
-        staged = []
-        for row in transitions.dispatch(session, chosen):
-            message = queue_message(
-                self.cipher,
-                row.id,
-                row.try_number,
-                row.dag_id,
-                row.run_id,
-                row.task_id,
-                row.map_index,
+        messages = [
+            (
+                self.keys.queue(row.queue),
+                queue_message(
+                    self.cipher,
+                    row.id,
+                    row.try_number,
+                    row.dag_id,
+                    row.run_id,
+                    row.task_id,
+                    row.map_index,
+                ),
             )
-            staged.append(outbox.stage(session, self.keys.queue(row.queue), message))
-        session.flush()
-        return staged
+            for row in transitions.dispatch(session, chosen)
+        ]
+        return outbox.stage_many(session, messages)
 
     @staticmethod
     def _dispatchable(
@@ -519,6 +538,28 @@ class SchedulerService:
                 pruned.resume_event,
                 pruned.task_state_change,
             )
+
+
+def _summaries(
+    session: Session, runs: Sequence[DagRun]
+) -> dict[tuple[str, str], decide.RunSummary]:
+    finished = [str(state) for state in FINISHED_STATES]
+    query = (
+        select(
+            TI.dag_id,
+            TI.run_id,
+            func.count().filter(TI.state == TaskState.NONE),
+            func.count().filter(TI.state == TaskState.UP_FOR_RETRY, TI.due_at.is_(None)),
+            func.count().filter(TI.state.not_in(finished)),
+            func.count(func.distinct(TI.task_id)),
+        )
+        .where(tuple_(TI.dag_id, TI.run_id).in_([(run.dag_id, run.run_id) for run in runs]))
+        .group_by(TI.dag_id, TI.run_id)
+    )
+    return {
+        (dag_id, run_id): decide.RunSummary(*counts)
+        for dag_id, run_id, *counts in session.execute(query)
+    }
 
 
 def _task_instances_of(

@@ -201,6 +201,30 @@ def test_max_active_tasks_limits_dispatch(
     assert sorted(_states(sessions).values()).count("queued") == 2
 
 
+def test_a_marked_run_in_which_nothing_can_be_decided_is_only_unmarked(
+    settings: Settings, sessions: sessionmaker[Session], write_dag: WriteDag, dag_id: str
+) -> None:
+    write_dag(
+        dag_id, _dag_file(dag_id, '    EmptyOperator(task_id="a")\n    EmptyOperator(task_id="b")')
+    )
+    service = _scheduler(settings)
+    _trigger(sessions, dag_id)
+    _step(service)
+    _finish(sessions, "b")  # marks the run; "a" is still queued
+    with sessions() as session:
+        assert session.scalars(select(DagRun.evaluate_after)).one() is not None
+
+    service.evaluate_marked_runs()
+
+    assert _states(sessions) == {"a": "queued", "b": "success"}
+    with sessions() as session:
+        run = session.scalars(select(DagRun)).one()
+        assert (run.state, run.evaluate_after) == ("running", None)
+    _finish(sessions, "a")
+    _step(service)
+    assert _run_state(sessions) == "success"
+
+
 def test_a_task_added_to_the_dag_mid_run_joins_the_run(
     settings: Settings,
     sessions: sessionmaker[Session],

@@ -11,9 +11,11 @@ from deferral.operators import EmptyOperator
 from deferral.states import DagRunState, TaskState
 from scheduler.decide import (
     Ready,
+    RunSummary,
     choose_dispatch,
     dag_run_outcome,
     dispatch_budget,
+    needs_evaluation,
     next_try_at,
     plan_dispatch,
     waiting_task_decisions,
@@ -277,3 +279,21 @@ def test_a_run_whose_leaves_were_skipped_by_a_branch_succeeds() -> None:
         "after": T.SKIPPED,
     }
     assert dag_run_outcome(dag, unmapped(states)) == DagRunState.SUCCESS
+
+
+# -- needs_evaluation: when a marked run must be read whole ----------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("summary", "dag_tasks", "expected"),
+    [
+        (RunSummary(waiting=0, retries_undue=0, unfinished=5, task_ids=5), 5, False),
+        (RunSummary(waiting=1, retries_undue=0, unfinished=5, task_ids=5), 5, True),
+        (RunSummary(waiting=0, retries_undue=1, unfinished=5, task_ids=5), 5, True),
+        (RunSummary(waiting=0, retries_undue=0, unfinished=0, task_ids=5), 5, True),
+        (RunSummary(waiting=0, retries_undue=0, unfinished=5, task_ids=5), 6, True),
+    ],
+    ids=["all-running-or-deferred", "a-task-waits", "a-retry-undue", "all-finished", "task-added"],
+)
+def test_needs_evaluation(summary: RunSummary, dag_tasks: int, expected: bool) -> None:
+    assert needs_evaluation(summary, dag_tasks) is expected
