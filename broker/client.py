@@ -249,8 +249,8 @@ class Broker:
         they were held a whole heartbeat without killing their consumer); say for each whether it
         is still ours."""
         status: dict[str, LeaseStatus] = {}
-        ordered = [*survivors, *(i for i in ids if i not in set(survivors))]
         resets = set(survivors)
+        ordered = [*survivors, *(i for i in ids if i not in resets)]
         for batch in _batches(ordered):
             n = sum(1 for i in batch if i in resets)
             reply = self._renew(keys=[stream], args=[group, consumer, n, *batch])

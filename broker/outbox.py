@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Sequence
+from dataclasses import dataclass
 
-from sqlalchemy import func, select, update
+from sqlalchemy import func, insert, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from broker.client import Broker
@@ -19,14 +20,34 @@ from broker.streams import Message, to_fields
 from deferral.models import Outbox
 
 
-def stage(session: Session, stream: str, message: Message) -> Outbox:
-    """Add an outbox row to the caller's transaction; publish it with :func:`flush` after commit."""
-    row = Outbox(stream=stream, fields=to_fields(message))
-    session.add(row)
-    return row
+@dataclass(frozen=True)
+class Staged:
+    """An outbox row written in the caller's transaction, to publish after commit."""
+
+    id: int
+    stream: str
+    fields: dict[str, str]
 
 
-def flush(sessions: sessionmaker[Session], broker: Broker, rows: Sequence[Outbox]) -> None:
+def stage_many(session: Session, items: Sequence[tuple[str, Message]]) -> list[Staged]:
+    """Write outbox rows in the caller's transaction, in one statement (a core INSERT: no ORM
+    objects for rows nobody reads back); publish them with :func:`flush` after commit."""
+    if not items:
+        return []
+    fields = [(stream, to_fields(message)) for stream, message in items]
+    ids = session.scalars(
+        insert(Outbox).returning(Outbox.id, sort_by_parameter_order=True),
+        [{"stream": stream, "fields": values} for stream, values in fields],
+    ).all()
+    return [Staged(i, *row) for i, row in zip(ids, fields, strict=True)]
+
+
+def stage(session: Session, stream: str, message: Message) -> Staged:
+    """:func:`stage_many` for one row."""
+    return stage_many(session, [(stream, message)])[0]
+
+
+def flush(sessions: sessionmaker[Session], broker: Broker, rows: Sequence[Staged | Outbox]) -> None:
     """Publish committed outbox rows, then mark them published."""
     if not rows:
         return

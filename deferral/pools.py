@@ -16,12 +16,14 @@ from deferral.models import Pool, TaskInstance
 from deferral.states import TaskState
 
 
-def free_slots(session: Session, names: Iterable[str]) -> dict[str, int]:
-    """Free slots of the named pools that exist, counted under a lock on their rows, so that
-    scheduler replicas dispatching into one pool at once cannot overfill it."""
-    pools = session.scalars(
-        select(Pool).where(Pool.name.in_(sorted(set(names)))).order_by(Pool.name).with_for_update()
-    ).all()
+def free_slots(session: Session, names: Iterable[str] | None = None) -> dict[str, int]:
+    """Free slots of the named pools that exist (of every pool if ``names`` is None), counted
+    under a lock on their rows, so that scheduler replicas dispatching into one pool at once
+    cannot overfill it."""
+    query = select(Pool).order_by(Pool.name).with_for_update()
+    if names is not None:
+        query = query.where(Pool.name.in_(sorted(set(names))))
+    pools = session.scalars(query).all()
     if not pools:
         return {}
     occupying = or_(

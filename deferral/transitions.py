@@ -29,7 +29,6 @@ from sqlalchemy import (
     bindparam,
     case,
     cast,
-    column,
     delete,
     func,
     insert,
@@ -38,8 +37,8 @@ from sqlalchemy import (
     text,
     tuple_,
     update,
-    values,
 )
+from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.orm import Session
 from sqlalchemy.orm.util import identity_key
@@ -60,7 +59,6 @@ from deferral.states import FAIL_METHOD, FINISHED_STATES, DagRunState, DagRunTyp
 TI = TaskInstance
 # Core tables: executemany UPDATEs keyed by bound parameters are not ORM bulk updates.
 _TI_TABLE: Table = TaskInstance.__table__  # type: ignore[assignment]
-_RESUME_TABLE: Table = ResumeEvent.__table__  # type: ignore[assignment]
 
 # Reasons recorded when a task leaves the deferred state; the triggerer reads them to tell why
 # the trigger it runs is no longer wanted.
@@ -255,30 +253,51 @@ def add_task_instances(
     yet; returns the (id, map index) of those created."""
     if not tasks:
         return []
-    return [
-        (row.id, row.map_index)
-        for row in session.execute(
-            pg_insert(TI)
-            .values(
-                [
-                    {
-                        "dag_id": run.dag_id,
-                        "run_id": run.run_id,
-                        "task_id": t.task_id,
-                        "map_index": t.map_index,
-                        "max_tries": t.max_tries,
-                        "pool": t.pool,
-                        "pool_slots": t.pool_slots,
-                        "queue": t.queue,
-                        "priority_weight": t.priority_weight,
-                    }
-                    for t in tasks
-                ]
-            )
-            .on_conflict_do_nothing()
-            .returning(TI.id, TI.map_index)
+    # One statement of constant shape, the rows as arrays: a VALUES list of a thousand tasks
+    # cost the scheduler more to compile than Postgres to insert.
+    new = (
+        func.unnest(
+            _array("task_id", [t.task_id for t in tasks], String),
+            _array("map_index", [t.map_index for t in tasks], Integer),
+            _array("max_tries", [t.max_tries for t in tasks], Integer),
+            _array("pool", [t.pool for t in tasks], String),
+            _array("pool_slots", [t.pool_slots for t in tasks], Integer),
+            _array("queue", [t.queue for t in tasks], String),
+            _array("priority_weight", [t.priority_weight for t in tasks], Integer),
         )
-    ]
+        .table_valued(*_NEW_TI_COLUMNS)
+        .render_derived("new")
+    )
+    statement = (
+        pg_insert(TI)
+        .from_select(
+            ["dag_id", "run_id", *_NEW_TI_COLUMNS],
+            select(
+                literal(run.dag_id, String),
+                literal(run.run_id, String),
+                *(new.c[name] for name in _NEW_TI_COLUMNS),
+            ),
+        )
+        .on_conflict_do_nothing()
+        .returning(TI.id, TI.map_index)
+    )
+    return [(row.id, row.map_index) for row in session.execute(statement)]
+
+
+_NEW_TI_COLUMNS = (
+    "task_id",
+    "map_index",
+    "max_tries",
+    "pool",
+    "pool_slots",
+    "queue",
+    "priority_weight",
+)
+
+
+def _array(name: str, items: list[Any], item_type: Any) -> Any:
+    """A bound array parameter (an unnest() column)."""
+    return bindparam(name, items, type_=ARRAY(item_type))
 
 
 def expand_mapped_task(
@@ -716,14 +735,14 @@ def defer(
     )
 
 
-_DEFERRAL_VALUES = (
-    column("id", BigInteger),
-    column("try_number", Integer),
-    column("worker", String),
-    column("trigger_id", BigInteger),
-    column("next_method", String),
-    column("next_kwargs", Text),
-    column("trigger_timeout", DateTime(timezone=True)),
+_DEFERRAL_COLUMNS = (
+    "id",
+    "try_number",
+    "worker",
+    "trigger_id",
+    "next_method",
+    "next_kwargs",
+    "trigger_timeout",
 )
 
 
@@ -742,19 +761,24 @@ def defer_many(session: Session, deferrals: Sequence[Deferral]) -> dict[int, int
             ],
         )
     )
-    rows = values(*_DEFERRAL_VALUES, name="deferral").data(
-        [
-            (
-                d.attempt.task_instance_id,
-                d.attempt.try_number,
-                d.attempt.worker,
-                trigger_id,
-                d.next_method,
-                d.next_kwargs_token,
-                d.trigger_timeout,
-            )
-            for d, trigger_id in zip(deferrals, trigger_ids, strict=True)
-        ]
+    # The rows as arrays: one statement shape whatever the batch size (compiled once).
+    pairs = list(zip(deferrals, trigger_ids, strict=True))
+    rows = (
+        func.unnest(
+            _array("id", [d.attempt.task_instance_id for d, _ in pairs], BigInteger),
+            _array("try_number", [d.attempt.try_number for d, _ in pairs], Integer),
+            _array("worker", [d.attempt.worker for d, _ in pairs], String),
+            _array("trigger_id", [t for _, t in pairs], BigInteger),
+            _array("next_method", [d.next_method for d, _ in pairs], String),
+            _array("next_kwargs", [d.next_kwargs_token for d, _ in pairs], Text),
+            _array(
+                "trigger_timeout",
+                [d.trigger_timeout for d, _ in pairs],
+                DateTime(timezone=True),
+            ),
+        )
+        .table_valued(*_DEFERRAL_COLUMNS)
+        .render_derived("deferral")
     )
     moved = (
         update(TI)
@@ -769,8 +793,7 @@ def defer_many(session: Session, deferrals: Sequence[Deferral]) -> dict[int, int
             trigger_id=rows.c.trigger_id,
             next_method=rows.c.next_method,
             next_kwargs=rows.c.next_kwargs,
-            # A column of NULLs in VALUES would be typed text.
-            trigger_timeout=cast(rows.c.trigger_timeout, DateTime(timezone=True)),
+            trigger_timeout=rows.c.trigger_timeout,
             updated_at=func.now(),
         )
         .returning(TI.id, TI.trigger_id)
@@ -827,8 +850,11 @@ def resume(session: Session, event: FiredEvent, cipher: Cipher) -> Resumed:
     return resume_many(session, [event], cipher)[0]
 
 
-def _resumed_at(event: FiredEvent, ti: TaskInstance, cipher: Cipher) -> tuple[str | None, str, str]:
-    """(next_method, sealed next_kwargs, reason) of a task resumed by ``event``."""
+def _resumed_at(
+    event: FiredEvent, next_method: str | None, next_kwargs: str | None, cipher: Cipher
+) -> tuple[str | None, str, str]:
+    """(next_method, sealed next_kwargs, reason) of a task resumed by ``event``, given what it
+    deferred with."""
     if event.failed:
         kwargs = {"error": "trigger_failure", **event.payload}
         return (
@@ -836,9 +862,9 @@ def _resumed_at(event: FiredEvent, ti: TaskInstance, cipher: Cipher) -> tuple[st
             cipher.seal(kwargs, "next_kwargs"),
             (f"{RESUMED_BY_TRIGGER}{event.trigger_id} failed"),
         )
-    kwargs = cipher.open(ti.next_kwargs) if ti.next_kwargs else {}
+    kwargs = cipher.open(next_kwargs) if next_kwargs else {}
     sealed = cipher.seal({**kwargs, "event": event.payload}, "next_kwargs")
-    return ti.next_method, sealed, f"{RESUMED_BY_TRIGGER}{event.trigger_id} fired"
+    return next_method, sealed, f"{RESUMED_BY_TRIGGER}{event.trigger_id} fired"
 
 
 def resume_many(session: Session, events: Sequence[FiredEvent], cipher: Cipher) -> list[Resumed]:
@@ -852,18 +878,21 @@ def resume_many(session: Session, events: Sequence[FiredEvent], cipher: Cipher) 
     first: dict[str, int] = {}
     for index, event in enumerate(events):
         first.setdefault(event.dedup_key, index)
+    keys = list(first)
+    fired = (
+        func.unnest(
+            _array("dedup_key", keys, String),
+            _array("trigger_id", [events[first[k]].trigger_id for k in keys], BigInteger),
+        )
+        .table_valued("dedup_key", "trigger_id")
+        .render_derived("fired")
+    )
     claimed = set(
         session.scalars(
             pg_insert(ResumeEvent)
-            .values(
-                [
-                    {
-                        "dedup_key": events[i].dedup_key,
-                        "trigger_id": events[i].trigger_id,
-                        "outcome": "stale",
-                    }
-                    for i in first.values()
-                ]
+            .from_select(
+                ["dedup_key", "trigger_id", "outcome"],
+                select(fired.c.dedup_key, fired.c.trigger_id, literal("stale", String)),
             )
             .on_conflict_do_nothing()
             .returning(ResumeEvent.dedup_key)
@@ -872,9 +901,9 @@ def resume_many(session: Session, events: Sequence[FiredEvent], cipher: Cipher) 
     for key in claimed:
         outcomes[first[key]] = Resumed("stale")
     waiting = {
-        ti.trigger_id: ti
-        for ti in session.scalars(
-            select(TI)
+        row.trigger_id: row
+        for row in session.execute(
+            select(TI.id, TI.trigger_id, TI.next_method, TI.next_kwargs)
             .where(
                 TI.trigger_id.in_({events[first[key]].trigger_id for key in claimed}),
                 TI.state == TaskState.DEFERRED,
@@ -883,14 +912,15 @@ def resume_many(session: Session, events: Sequence[FiredEvent], cipher: Cipher) 
             .with_for_update()
         )
     }
-    moves, changes, applied = [], [], []
+    moves: list[tuple[int, str | None, str]] = []
+    changes, applied = [], []
     for key in sorted(claimed, key=first.__getitem__):
         event = events[first[key]]
         ti = waiting.pop(event.trigger_id, None)  # a second event for it finds it resumed
         if ti is None:
             continue
-        next_method, sealed, reason = _resumed_at(event, ti, cipher)
-        moves.append({"b_id": ti.id, "b_method": next_method, "b_kwargs": sealed})
+        next_method, sealed, reason = _resumed_at(event, ti.next_method, ti.next_kwargs, cipher)
+        moves.append((ti.id, next_method, sealed))
         changes.append(
             {
                 "task_instance_id": ti.id,
@@ -899,30 +929,48 @@ def resume_many(session: Session, events: Sequence[FiredEvent], cipher: Cipher) 
                 "reason": reason,
             }
         )
-        applied.append({"b_key": key, "b_ti": ti.id, "b_trigger": event.trigger_id})
+        applied.append((key, ti.id, event.trigger_id))
         outcomes[first[key]] = Resumed("applied", ti.id)
     if moves:
-        # The rows are locked and deferred (selected FOR UPDATE above): update them by id.
+        # The rows are locked and deferred (selected FOR UPDATE above): update them by id, the
+        # values as arrays (one statement shape whatever the batch size).
+        resumed = (
+            func.unnest(
+                _array("id", [m[0] for m in moves], BigInteger),
+                _array("next_method", [m[1] for m in moves], String),
+                _array("next_kwargs", [m[2] for m in moves], Text),
+            )
+            .table_valued("id", "next_method", "next_kwargs")
+            .render_derived("resumed")
+        )
         session.execute(
-            update(_TI_TABLE)
-            .where(_TI_TABLE.c.id == bindparam("b_id"))
+            update(TI)
+            .where(TI.id == resumed.c.id)
             .values(
                 state=TaskState.SCHEDULED,
                 trigger_id=None,
                 trigger_timeout=None,
-                next_method=bindparam("b_method"),
-                next_kwargs=bindparam("b_kwargs"),
+                next_method=resumed.c.next_method,
+                next_kwargs=resumed.c.next_kwargs,
                 updated_at=func.now(),
-            ),
-            moves,
+            )
+            .execution_options(synchronize_session=False)
         )
         session.execute(insert(TaskStateChange), changes)
-        session.execute(delete(Trigger).where(Trigger.id.in_([a["b_trigger"] for a in applied])))
+        session.execute(delete(Trigger).where(Trigger.id.in_([a[2] for a in applied])))
+        outcome = (
+            func.unnest(
+                _array("dedup_key", [a[0] for a in applied], String),
+                _array("task_instance_id", [a[1] for a in applied], BigInteger),
+            )
+            .table_valued("dedup_key", "task_instance_id")
+            .render_derived("outcome")
+        )
         session.execute(
-            update(_RESUME_TABLE)
-            .where(_RESUME_TABLE.c.dedup_key == bindparam("b_key"))
-            .values(outcome="applied", task_instance_id=bindparam("b_ti")),
-            [{"b_key": a["b_key"], "b_ti": a["b_ti"]} for a in applied],
+            update(ResumeEvent)
+            .where(ResumeEvent.dedup_key == outcome.c.dedup_key)
+            .values(outcome="applied", task_instance_id=outcome.c.task_instance_id)
+            .execution_options(synchronize_session=False)
         )
     return outcomes
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from deferral import trigger_rules
 from deferral.baseoperator import BaseOperator
@@ -17,9 +17,26 @@ from deferral.trigger_rules import RunStates
 class HasState(Protocol):
     """A task instance as decisions see it."""
 
+    @property
+    def task_id(self) -> str: ...
+
+    @property
+    def map_index(self) -> int: ...
+
+    @property
+    def state(self) -> str: ...
+
+
+class RunTask(NamedTuple):
+    """A task instance as a run's evaluation reads it: the columns it needs, in a plain row
+    rather than an ORM object, since every evaluation of a run reads all of its tasks."""
+
+    id: int
     task_id: str
     map_index: int
     state: str
+    due_at: dt.datetime | None
+    end_date: dt.datetime | None
 
 
 def run_states(tis: Iterable[HasState]) -> dict[str, dict[int, str]]:
@@ -62,6 +79,29 @@ def waiting_task_decisions(
     return decisions
 
 
+@dataclass(frozen=True)
+class RunSummary:
+    """Counts over a run's task instances, read in one aggregate before deciding whether the
+    run must be read whole."""
+
+    waiting: int  # in state none: their trigger rules may now be met
+    retries_undue: int  # up_for_retry without a due time yet
+    unfinished: int
+    task_ids: int  # distinct task ids
+
+
+def needs_evaluation(summary: RunSummary, dag_task_count: int) -> bool:
+    """Whether evaluating the run could change anything: a task waits on its trigger rule, a
+    retry needs its due time, the run may be over, or the DAG's tasks differ in number from the
+    run's (a task joined). Otherwise nothing can be decided and the run need not be read."""
+    return (
+        summary.waiting > 0
+        or summary.retries_undue > 0
+        or summary.unfinished == 0
+        or summary.task_ids != dag_task_count
+    )
+
+
 def dag_run_outcome(dag: DAG, states: RunStates) -> DagRunState | None:
     """None while any task instance can still change; then failed if a task instance of a
     leaf task (any map index) failed, else success."""
@@ -94,9 +134,18 @@ class Ready:
     priority_weight: int
 
 
-def choose_dispatch(
+@dataclass(frozen=True)
+class DispatchPlan:
+    """Which ready tasks to queue, and what their pools and runs have left after them."""
+
+    chosen: list[int]
+    pool_free: dict[str, int]
+    run_budget: dict[RunKey, int]
+
+
+def plan_dispatch(
     ready: Sequence[Ready], run_budget: Mapping[RunKey, int], pool_free: Mapping[str, int]
-) -> list[int]:
+) -> DispatchPlan:
     """Which ready tasks to queue now: highest priority first, at most ``run_budget[run]`` of
     each run, each only if its pool has ``pool_slots`` free (a task whose pool is unknown
     waits). A task too big for what its pool has left does not block smaller ones behind it."""
@@ -110,7 +159,14 @@ def choose_dispatch(
             free[task.pool] -= task.pool_slots
             budget[task.run] -= 1
             chosen.append(task.id)
-    return chosen
+    return DispatchPlan(chosen, free, budget)
+
+
+def choose_dispatch(
+    ready: Sequence[Ready], run_budget: Mapping[RunKey, int], pool_free: Mapping[str, int]
+) -> list[int]:
+    """The tasks :func:`plan_dispatch` queues."""
+    return plan_dispatch(ready, run_budget, pool_free).chosen
 
 
 def dispatch_budget(max_active_tasks: int, active: int) -> int:

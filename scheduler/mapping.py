@@ -29,6 +29,7 @@ from deferral.serialization import TAG
 from deferral.states import FINISHED_STATES, TaskState
 from deferral.transitions import NewTaskInstance
 from deferral.trigger_rules import RunStates
+from scheduler.decide import RunTask
 
 TI = TaskInstance
 
@@ -176,7 +177,7 @@ def carry_out(
     session: Session,
     run: DagRun,
     task: MappedOperator,
-    tis: Sequence[TaskInstance],
+    tis: Sequence[RunTask],
     decision: TaskState,
     expansions: Expansions,
     new_ti: NewTaskInstanceOf,

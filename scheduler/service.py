@@ -17,10 +17,10 @@ import logging
 import os
 import socket
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
-from sqlalchemy import func, select, tuple_
+from sqlalchemy import Integer, String, column, func, select, tuple_, values
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
@@ -51,11 +51,11 @@ from deferral.dag import DAG
 from deferral.dagbag import DagBag, DagNotFound
 from deferral.db import make_engine, make_sessionmaker, wait_until_up
 from deferral.faults import is_transient
-from deferral.models import DagRun, Outbox, Scheduler, TaskInstance
+from deferral.models import DagRun, Scheduler, TaskInstance
 from deferral.policies import apply_task_instance_mutation_hook
 from deferral.process import Every, log_ids
 from deferral.serialization import SerializationError
-from deferral.states import DagRunState, TaskState
+from deferral.states import FINISHED_STATES, DagRunState, TaskState
 from deferral.transitions import FiredEvent, NewTaskInstance
 from scheduler import dagruns, dags, decide, waiting
 from scheduler.reconcile import Reconciler
@@ -64,10 +64,11 @@ log = logging.getLogger("deferral.scheduler")
 
 TI = TaskInstance
 
-EVENT_BATCH = 500
+EVENT_BATCH = 2000
 EVENT_BLOCK_MS = 100
 RUN_BATCH = 50
 DISPATCH_BATCH = 2000
+DISPATCH_PASSES = 8
 EXPIRE_EVERY_SEC = 1.0
 WAKE_EVERY_SEC = 0.5
 RELAY_EVERY_SEC = 5.0
@@ -149,8 +150,9 @@ class SchedulerService:
             periodic()
         self.start_queued_runs()
         self.evaluate_marked_runs()
-        self.dispatch_scheduled()
-        self.apply_events(block_ms=EVENT_BLOCK_MS)
+        queued = self.dispatch_scheduled()
+        # Wait for events only when this loop queued nothing: else slots may be freeing up.
+        self.apply_events(block_ms=None if queued else EVENT_BLOCK_MS)
 
     # -- DAGs ------------------------------------------------------------------------------------
 
@@ -215,9 +217,24 @@ class SchedulerService:
             ).all()
             if not runs:
                 return
-            tis = _task_instances_of(session, runs)
+            # A run in which nothing can be decided (its tasks run or wait on triggers) is
+            # only counted, not read whole: a run of a thousand tasks is marked by each success.
+            summaries = _summaries(session, runs)
+            to_read = [
+                run
+                for run in runs
+                if (dag := self._dag(run.dag_id)) is None
+                or decide.needs_evaluation(
+                    summaries.get((run.dag_id, run.run_id), decide.RunSummary(0, 0, 0, 0)),
+                    len(dag.task_dict),
+                )
+            ]
+            tis = _task_instances_of(session, to_read)
             self._finished = []
             for run in runs:
+                if run not in to_read:
+                    transitions.evaluated(session, run)
+                    continue
                 try:
                     with session.begin_nested():
                         self._evaluate(session, run, tis.get((run.dag_id, run.run_id), []))
@@ -246,7 +263,7 @@ class SchedulerService:
             )
             self.callbacks.submit(run_dag_callbacks, dag, info, success=success, reason=reason)
 
-    def _evaluate(self, session: Session, run: DagRun, tis: list[TaskInstance]) -> None:
+    def _evaluate(self, session: Session, run: DagRun, tis: list[decide.RunTask]) -> None:
         dag = self._dag(run.dag_id)
         if dag is None:
             # Its DAG does not load (now): fail_broken_runs decides after the grace period, and
@@ -285,67 +302,114 @@ class SchedulerService:
 
     # -- dispatch: scheduled -> queued -----------------------------------------------------------
 
-    def dispatch_scheduled(self) -> None:
-        """Queue scheduled tasks (of any run) that pools and run budgets let through."""
+    def dispatch_scheduled(self) -> int:
+        """Queue scheduled tasks (of any run) that pools and run budgets let through; returns
+        how many."""
         with self.sessions.begin() as session:
             staged = self._dispatch(session)
         outbox.flush(self.sessions, self.broker, staged)
+        return len(staged)
 
-    def _dispatch(self, session: Session, among: Sequence[int] | None = None) -> list[Outbox]:
+    def _dispatch(
+        self, session: Session, among: Sequence[int] | None = None
+    ) -> list[outbox.Staged]:
         """scheduled -> queued for the scheduled tasks (``among`` those ids, if given) that their
         pool and their run's max_active_tasks allow, highest priority first; returns the outbox
-        rows of their queue entries."""
+        rows of their queue entries.
+
+        As Airflow does, what cannot go is left out of the query rather than read and skipped
+        (:meth:`_dispatchable`), and no more tasks are read than the pools have slots: a backlog
+        of scheduled tasks behind full pools costs a loop nothing but a count."""
+        waiting = select(TI.id).where(TI.state == TaskState.SCHEDULED).limit(1)
+        if among is not None:
+            waiting = waiting.where(TI.id.in_(among))
+        if (among is not None and not among) or session.scalar(waiting) is None:
+            return []
+        pool_free = pools.free_slots(session)
+        active = {
+            (dag_id, run_id): count
+            for dag_id, run_id, count in session.execute(
+                select(TI.dag_id, TI.run_id, func.count())
+                .where(TI.state.in_([TaskState.QUEUED, TaskState.RUNNING]))
+                .group_by(TI.dag_id, TI.run_id)
+            )
+        }
+        budget = {
+            run: decide.dispatch_budget(self._max_active_tasks(run[0]), count)
+            for run, count in active.items()
+        }
+        chosen: list[int] = []
+        # Each pass queues at least the first task it reads; a run that one pass fills is left
+        # out of the next, so runs of small max_active_tasks do not hold the pools' room back.
+        for _ in range(DISPATCH_PASSES):
+            room = {name: free for name, free in pool_free.items() if free > 0}
+            limit = min(DISPATCH_BATCH - len(chosen), sum(room.values()))
+            if limit <= 0:
+                break
+            full = [run for run, left in budget.items() if left <= 0]
+            ready = self._dispatchable(session, room, full, chosen, among, limit)
+            for task in ready:
+                if task.run not in budget:
+                    budget[task.run] = self._max_active_tasks(task.run[0])
+            plan = decide.plan_dispatch(ready, budget, pool_free)
+            chosen += plan.chosen
+            pool_free, budget = plan.pool_free, plan.run_budget
+            if len(ready) < limit:
+                break  # read every task that could go
+        if not chosen:
+            return []
+        messages = [
+            (
+                self.keys.queue(row.queue),
+                queue_message(
+                    self.cipher,
+                    row.id,
+                    row.try_number,
+                    row.dag_id,
+                    row.run_id,
+                    row.task_id,
+                    row.map_index,
+                ),
+            )
+            for row in transitions.dispatch(session, chosen)
+        ]
+        return outbox.stage_many(session, messages)
+
+    @staticmethod
+    def _dispatchable(
+        session: Session,
+        room: Mapping[str, int],
+        full: Sequence[decide.RunKey],
+        chosen: Sequence[int],
+        among: Sequence[int] | None,
+        limit: int,
+    ) -> list[decide.Ready]:
+        """Up to ``limit`` scheduled tasks, highest priority first, leaving out what cannot go:
+        tasks of pools without ``room`` for them, of ``full`` runs, and those already
+        ``chosen``; so the first one read can always go."""
+        fits = values(column("pool", String), column("free", Integer), name="room").data(
+            sorted(room.items())
+        )
         query = (
             select(TI.id, TI.dag_id, TI.run_id, TI.pool, TI.pool_slots, TI.priority_weight)
+            .join(fits, (fits.c.pool == TI.pool) & (TI.pool_slots <= fits.c.free))
             .where(TI.state == TaskState.SCHEDULED)
             .order_by(TI.priority_weight.desc(), TI.id)
-            .limit(DISPATCH_BATCH)
-            .with_for_update(skip_locked=True)
+            .limit(limit)
+            .with_for_update(of=TI, skip_locked=True)
         )
+        if full:
+            query = query.where(tuple_(TI.dag_id, TI.run_id).not_in(full))
+        if chosen:
+            query = query.where(TI.id.not_in(chosen))
         if among is not None:
-            if not among:
-                return []
             query = query.where(TI.id.in_(among))
-        ready = [
+        return [
             decide.Ready(
                 row.id, (row.dag_id, row.run_id), row.pool, row.pool_slots, row.priority_weight
             )
             for row in session.execute(query)
         ]
-        if not ready:
-            return []
-        pool_free = pools.free_slots(session, {task.pool for task in ready})
-        runs = {task.run for task in ready}
-        active = {
-            (dag_id, run_id): count
-            for dag_id, run_id, count in session.execute(
-                select(TI.dag_id, TI.run_id, func.count())
-                .where(
-                    tuple_(TI.dag_id, TI.run_id).in_(runs),
-                    TI.state.in_([TaskState.QUEUED, TaskState.RUNNING]),
-                )
-                .group_by(TI.dag_id, TI.run_id)
-            )
-        }
-        budget = {
-            run: decide.dispatch_budget(self._max_active_tasks(run[0]), active.get(run, 0))
-            for run in runs
-        }
-        chosen = decide.choose_dispatch(ready, budget, pool_free)
-        staged = []
-        for row in transitions.dispatch(session, chosen):
-            message = queue_message(
-                self.cipher,
-                row.id,
-                row.try_number,
-                row.dag_id,
-                row.run_id,
-                row.task_id,
-                row.map_index,
-            )
-            staged.append(outbox.stage(session, self.keys.queue(row.queue), message))
-        session.flush()
-        return staged
 
     def _max_active_tasks(self, dag_id: str) -> int:
         dag = self._dag(dag_id)
@@ -471,13 +535,41 @@ class SchedulerService:
             log.info("%s", pruned.describe())
 
 
+def _summaries(
+    session: Session, runs: Sequence[DagRun]
+) -> dict[tuple[str, str], decide.RunSummary]:
+    finished = [str(state) for state in FINISHED_STATES]
+    query = (
+        select(
+            TI.dag_id,
+            TI.run_id,
+            func.count().filter(TI.state == TaskState.NONE),
+            func.count().filter(TI.state == TaskState.UP_FOR_RETRY, TI.due_at.is_(None)),
+            func.count().filter(TI.state.not_in(finished)),
+            func.count(func.distinct(TI.task_id)),
+        )
+        .where(tuple_(TI.dag_id, TI.run_id).in_([(run.dag_id, run.run_id) for run in runs]))
+        .group_by(TI.dag_id, TI.run_id)
+    )
+    return {
+        (dag_id, run_id): decide.RunSummary(*counts)
+        for dag_id, run_id, *counts in session.execute(query)
+    }
+
+
 def _task_instances_of(
     session: Session, runs: Sequence[DagRun]
-) -> dict[tuple[str, str], list[TaskInstance]]:
+) -> dict[tuple[str, str], list[decide.RunTask]]:
     keys = [(run.dag_id, run.run_id) for run in runs]
-    found: dict[tuple[str, str], list[TaskInstance]] = {}
-    for ti in session.scalars(select(TI).where(tuple_(TI.dag_id, TI.run_id).in_(keys))):
-        found.setdefault((ti.dag_id, ti.run_id), []).append(ti)
+    found: dict[tuple[str, str], list[decide.RunTask]] = {}
+    query = select(
+        TI.dag_id, TI.run_id, TI.id, TI.task_id, TI.map_index, TI.state, TI.due_at, TI.end_date
+    ).where(tuple_(TI.dag_id, TI.run_id).in_(keys))
+    for row in session.execute(query):
+        task = decide.RunTask(
+            row.id, row.task_id, row.map_index, row.state, row.due_at, row.end_date
+        )
+        found.setdefault((row.dag_id, row.run_id), []).append(task)
     return found
 
 

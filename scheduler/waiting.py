@@ -13,7 +13,7 @@ from sqlalchemy.orm import Session
 from deferral import transitions
 from deferral.dag import DAG
 from deferral.mappedoperator import MappedOperator
-from deferral.models import DagRun, TaskInstance
+from deferral.models import DagRun
 from deferral.states import TaskState
 from scheduler import decide, mapping
 from scheduler.mapping import Move, NewTaskInstanceOf
@@ -30,7 +30,7 @@ def advance(
     session: Session,
     run: DagRun,
     dag: DAG,
-    tis: Sequence[TaskInstance],
+    tis: Sequence[decide.RunTask],
     new_ti: NewTaskInstanceOf,
     max_map_length: int,
 ) -> dict[str, dict[int, str]]:
@@ -41,7 +41,7 @@ def advance(
     expansions = mapping.Expansions(mapping.read_shapes(session, run, dag, states), max_map_length)
     decisions = decide.waiting_task_decisions(dag, states, expansions.decide)
     rows = {ti.id: _Row(ti.task_id, ti.map_index, ti.state) for ti in tis}
-    of_task: dict[str, list[TaskInstance]] = {}
+    of_task: dict[str, list[decide.RunTask]] = {}
     for ti in tis:
         of_task.setdefault(ti.task_id, []).append(ti)
     moves: list[Move] = []

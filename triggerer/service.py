@@ -194,15 +194,7 @@ class TriggererService:
             wait_until_up, self.engine, self.stopping
         ):
             return
-        self.broker = broker
-        self.consumer = StreamConsumer(
-            broker,
-            self.keys.triggers,
-            GROUP_TRIGGERERS,
-            self.name,
-            heartbeat_sec=self.settings.heartbeat_sec,
-            max_deliveries=self.settings.max_deliveries,
-        )
+        self.attach(broker)
         await self._until_done(self.consumer.start)
         await self._until_done(self._register, liveness.RUNNING)
         log.info(
@@ -230,6 +222,18 @@ class TriggererService:
                 except (RedisError, SQLAlchemyError) as exc:
                     log.warning("could not record the stop: %s", exc)
                 self.broker.close()
+
+    def attach(self, broker: Broker) -> None:
+        """Use ``broker`` (connected) for the triggers stream."""
+        self.broker = broker
+        self.consumer = StreamConsumer(
+            broker,
+            self.keys.triggers,
+            GROUP_TRIGGERERS,
+            self.name,
+            heartbeat_sec=self.settings.heartbeat_sec,
+            max_deliveries=self.settings.max_deliveries,
+        )
 
     async def _until_done(self, func: Any, *args: Any) -> None:
         """Call ``func`` until it succeeds, backing off while the servers are unavailable."""
@@ -610,17 +614,23 @@ class TriggererService:
         looked for four times a heartbeat: taken soon after they pass the threshold."""
         while True:
             await anyio.sleep(self.settings.heartbeat_sec / 4)
-            free = self.capacity - len(self.held)
-            if free <= 0:
-                continue
             try:
-                claimed = await self._sync(self.consumer.claim, min(free, READ_BATCH))
+                await self.take_over(tasks)
             except Exception as exc:
                 if not is_transient(exc):
                     raise
-                continue
+
+    async def take_over(self, tasks: TaskGroup) -> None:
+        """One look: claim batch after batch while batches come back full and capacity is left,
+        so a dead peer's thousand entries move in one look, not a batch per look (4.3 s instead
+        of 1.1 to 2.35 s after a kill -9 at heartbeat 1 s)."""
+        while (free := self.capacity - len(self.held)) > 0:
+            wanted = min(free, READ_BATCH)
+            claimed = await self._sync(self.consumer.claim, wanted)
             if claimed:
                 await self._start_all(tasks, claimed)
+            if len(claimed) < wanted:
+                return
 
     async def _lost(self, lost: list[Lost]) -> None:
         """Entries we no longer hold. One a peer took over: stop its trigger (reassigned). One
@@ -646,19 +656,22 @@ class TriggererService:
         """Cancel the triggers whose task no longer waits on them (timed out, cleared, marked).
         The check runs in a thread, a set-based query whatever the number held: only the few
         unwanted ones come back to the event loop."""
-        held = list(self.held.items())
-        if not held:
+        if not self.held:
             return
-        pairs = [(trigger_id, h.task_instance_id) for trigger_id, h in held]
-        unwanted = await anyio.to_thread.run_sync(self._unwanted, pairs)
+        # Two lists of ints, not a tuple per trigger: a hundred thousand new tuples living
+        # across the await would be promoted and set off a full garbage collection each beat,
+        # which held the event loop for 0.25 s (with 100,000 time triggers held).
+        trigger_ids = list(self.held)
+        ti_ids = [h.task_instance_id for h in self.held.values()]
+        unwanted = await anyio.to_thread.run_sync(self._unwanted, trigger_ids, ti_ids)
         for trigger_id, reason in unwanted.items():
             item = self.held.get(trigger_id)
             if item is not None:
                 self._cancel(trigger_id, item, reason, retire=True)
 
-    def _unwanted(self, pairs: list[tuple[int, int]]) -> dict[int, str]:
-        """Of (trigger id, task instance id) pairs, the triggers no task waits on any more,
-        with why (see decide.cancel_reason)."""
+    def _unwanted(self, trigger_ids: list[int], ti_ids: list[int]) -> dict[int, str]:
+        """Of the triggers held (for the task instances at the same positions), those no task
+        waits on any more, with why (see decide.cancel_reason)."""
         with self.sessions() as session:
             wanted = set(
                 session.scalars(
@@ -668,10 +681,10 @@ class TriggererService:
                         " JOIN task_instance ti ON ti.id = held.ti_id"
                         " WHERE ti.state = 'deferred' AND ti.trigger_id = held.trigger_id"
                     ),
-                    {"triggers": [t for t, _ in pairs], "tis": [i for _, i in pairs]},
+                    {"triggers": trigger_ids, "tis": ti_ids},
                 )
             )
-            gone = {t: i for t, i in pairs if t not in wanted}
+            gone = {t: i for t, i in zip(trigger_ids, ti_ids, strict=True) if t not in wanted}
             if not gone:
                 return {}
             left_deferred = (

@@ -38,7 +38,7 @@ from deferral.config import Settings
 from deferral.crypto import Cipher, DecryptionError
 from deferral.db import make_engine, make_sessionmaker, wait_until_up
 from deferral.faults import is_transient
-from deferral.models import DagRun, Outbox, TaskInstance, Worker
+from deferral.models import DagRun, TaskInstance, Worker
 from deferral.process import Every, LogExtra, log_ids
 from deferral.serialization import SerializationError
 from deferral.states import TaskState
@@ -434,7 +434,7 @@ class WorkerService:
         """Record a batch of outcomes in one transaction, then publish and retire; a batch that
         fails on bad data is recorded one outcome at a time, so the bad one fails alone."""
         self.unrecorded = list(batch)
-        staged: list[Outbox] = []
+        staged: list[outbox.Staged] = []
         try:
             with self.sessions.begin() as session:
                 staged = self._apply_batch(session, batch)
@@ -451,7 +451,7 @@ class WorkerService:
             [r.delivery.entry for r, _ in batch if self.consumer.holds(r.delivery.entry.id)]
         )
 
-    def _record_alone(self, running: Running, outcome: Outcome) -> list[Outbox]:
+    def _record_alone(self, running: Running, outcome: Outcome) -> list[outbox.Staged]:
         try:
             with self.sessions.begin() as session:
                 return self._apply_batch(session, [(running, outcome)])
@@ -467,7 +467,7 @@ class WorkerService:
 
     def _apply_batch(
         self, session: Session, batch: Sequence[tuple[Running, Outcome]]
-    ) -> list[Outbox]:
+    ) -> list[outbox.Staged]:
         """Successes and deferrals, the common outcomes, in a few statements for the whole
         batch; the rest one by one."""
         successes = [(r, o) for r, o in batch if isinstance(o, Succeeded)]
@@ -538,7 +538,7 @@ class WorkerService:
         session: Session,
         deferrals: Sequence[tuple[Running, Deferred]],
         lines: list[NewLine],
-    ) -> list[Outbox]:
+    ) -> list[outbox.Staged]:
         """Write the deferrals' trigger rows and move their tasks, then stage their trigger
         entries; returns the outbox rows of those that moved."""
         specs = []
@@ -558,7 +558,7 @@ class WorkerService:
                 )
             )
         moved = transitions.defer_many(session, specs)
-        staged = []
+        messages = []
         for running, outcome in deferrals:
             ti_id = running.attempt.task_instance_id
             trigger_id = moved.get(ti_id)
@@ -575,5 +575,5 @@ class WorkerService:
                 try_number=running.attempt.try_number,
                 task=running.label,
             )
-            staged.append(outbox.stage(session, self.keys.triggers, message))
-        return staged
+            messages.append((self.keys.triggers, message))
+        return outbox.stage_many(session, messages)

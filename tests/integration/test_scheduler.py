@@ -201,6 +201,30 @@ def test_max_active_tasks_limits_dispatch(
     assert sorted(_states(sessions).values()).count("queued") == 2
 
 
+def test_a_marked_run_in_which_nothing_can_be_decided_is_only_unmarked(
+    settings: Settings, sessions: sessionmaker[Session], write_dag: WriteDag, dag_id: str
+) -> None:
+    write_dag(
+        dag_id, _dag_file(dag_id, '    EmptyOperator(task_id="a")\n    EmptyOperator(task_id="b")')
+    )
+    service = _scheduler(settings)
+    _trigger(sessions, dag_id)
+    _step(service)
+    _finish(sessions, "b")  # marks the run; "a" is still queued
+    with sessions() as session:
+        assert session.scalars(select(DagRun.evaluate_after)).one() is not None
+
+    service.evaluate_marked_runs()
+
+    assert _states(sessions) == {"a": "queued", "b": "success"}
+    with sessions() as session:
+        run = session.scalars(select(DagRun)).one()
+        assert (run.state, run.evaluate_after) == ("running", None)
+    _finish(sessions, "a")
+    _step(service)
+    assert _run_state(sessions) == "success"
+
+
 def test_a_task_added_to_the_dag_mid_run_joins_the_run(
     settings: Settings,
     sessions: sessionmaker[Session],
@@ -274,6 +298,50 @@ def test_pools_limit_dispatch_and_deferred_tasks_free_their_slot_by_default(
     assert _states(sessions) == {"t0": "deferred", "t1": expected_t1, "t2": "scheduled"}
 
 
+def test_a_run_at_max_active_tasks_does_not_hold_back_other_runs_tasks(
+    settings: Settings, sessions: sessionmaker[Session], write_dag: WriteDag, dag_id: str
+) -> None:
+    """The run whose tasks come first by priority can only take one more slot: the others'
+    tasks get the rest, this loop and the next (it is left out of the query once full)."""
+    busy, other = f"{dag_id}_busy", f"{dag_id}_other"
+    body = "\n".join(
+        f'    EmptyOperator(task_id="b{i}", pool="small", priority_weight=10)' for i in range(5)
+    )
+    write_dag(busy, _dag_file(busy, body, dag_args=", max_active_tasks=1"))
+    body = "\n".join(f'    EmptyOperator(task_id="o{i}", pool="small")' for i in range(3))
+    write_dag(other, _dag_file(other, body))
+    _set_pool(sessions, slots=3, include_deferred=False)
+    service = _scheduler(settings)
+    _trigger(sessions, busy)
+    _trigger(sessions, other)
+    _step(service)
+    states = _states(sessions)
+    assert sorted(t for t, s in states.items() if s == "queued") == ["b0", "o0", "o1"]
+
+    _finish(sessions, "o0")
+    _step(service)
+    states = _states(sessions)
+    assert sorted(t for t, s in states.items() if s == "queued") == ["b0", "o1", "o2"]
+
+
+def test_a_task_too_big_for_its_pools_room_does_not_block_smaller_ones(
+    settings: Settings, sessions: sessionmaker[Session], write_dag: WriteDag, dag_id: str
+) -> None:
+    body = '    EmptyOperator(task_id="big", pool="small", pool_slots=5, priority_weight=10)\n'
+    body += "\n".join(f'    EmptyOperator(task_id="s{i}", pool="small")' for i in range(3))
+    write_dag(dag_id, _dag_file(dag_id, body))
+    _set_pool(sessions, slots=3, include_deferred=False)
+    service = _scheduler(settings)
+    _trigger(sessions, dag_id)
+    _step(service)
+    assert _states(sessions) == {
+        "big": "scheduled",
+        "s0": "queued",
+        "s1": "queued",
+        "s2": "queued",
+    }
+
+
 def test_a_task_in_an_unknown_pool_waits_without_blocking_others(
     settings: Settings, sessions: sessionmaker[Session], write_dag: WriteDag, dag_id: str
 ) -> None:
@@ -315,15 +383,15 @@ def test_a_run_whose_evaluation_raises_is_marked_and_the_others_go_on(
     real = scheduler_decide.waiting_task_decisions
 
     def flaky(dag: Any, states: Any, *more: Any) -> Any:
-        if any(ti.run_id == "bad" for ti in _tis_seen):
+        if _evaluating[0].run_id == "bad":
             raise RuntimeError("a bug met by this run only")
         return real(dag, states, *more)
 
-    _tis_seen: list[Any] = []
+    _evaluating: list[DagRun] = []
     original = service._evaluate
 
-    def evaluate(session: Session, run: DagRun, tis: list[TaskInstance]) -> None:
-        _tis_seen[:] = tis
+    def evaluate(session: Session, run: DagRun, tis: list[Any]) -> None:
+        _evaluating[:] = [run]
         original(session, run, tis)
 
     monkeypatch.setattr(scheduler_decide, "waiting_task_decisions", flaky)

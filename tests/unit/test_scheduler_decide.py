@@ -11,10 +11,13 @@ from deferral.operators import EmptyOperator
 from deferral.states import DagRunState, TaskState
 from scheduler.decide import (
     Ready,
+    RunSummary,
     choose_dispatch,
     dag_run_outcome,
     dispatch_budget,
+    needs_evaluation,
     next_try_at,
+    plan_dispatch,
     waiting_task_decisions,
 )
 
@@ -217,6 +220,14 @@ def test_choose_dispatch_leaves_tasks_of_unknown_pools_waiting() -> None:
     assert choose_dispatch([Ready(1, R1, "nope", 1, 1)], run_budget={R1: 5}, pool_free={}) == []
 
 
+def test_plan_dispatch_says_what_pools_and_runs_have_left() -> None:
+    ready = [Ready(1, R1, "p", 2, 1), Ready(2, R2, "p", 1, 1), Ready(3, R2, "p", 1, 1)]
+    plan = plan_dispatch(ready, run_budget={R1: 1, R2: 1}, pool_free={"p": 5, "q": 1})
+    assert plan.chosen == [1, 2]
+    assert plan.pool_free == {"p": 2, "q": 1}
+    assert plan.run_budget == {R1: 0, R2: 0}
+
+
 # -- after a branch or a short circuit skipped tasks ----------------------------------------------
 
 
@@ -268,3 +279,21 @@ def test_a_run_whose_leaves_were_skipped_by_a_branch_succeeds() -> None:
         "after": T.SKIPPED,
     }
     assert dag_run_outcome(dag, unmapped(states)) == DagRunState.SUCCESS
+
+
+# -- needs_evaluation: when a marked run must be read whole ----------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("summary", "dag_tasks", "expected"),
+    [
+        (RunSummary(waiting=0, retries_undue=0, unfinished=5, task_ids=5), 5, False),
+        (RunSummary(waiting=1, retries_undue=0, unfinished=5, task_ids=5), 5, True),
+        (RunSummary(waiting=0, retries_undue=1, unfinished=5, task_ids=5), 5, True),
+        (RunSummary(waiting=0, retries_undue=0, unfinished=0, task_ids=5), 5, True),
+        (RunSummary(waiting=0, retries_undue=0, unfinished=5, task_ids=5), 6, True),
+    ],
+    ids=["all-running-or-deferred", "a-task-waits", "a-retry-undue", "all-finished", "task-added"],
+)
+def test_needs_evaluation(summary: RunSummary, dag_tasks: int, expected: bool) -> None:
+    assert needs_evaluation(summary, dag_tasks) is expected

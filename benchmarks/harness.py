@@ -1,0 +1,415 @@
+"""What every benchmark shares: a throw-away deployment of real service processes.
+
+:class:`Stack` creates a fresh database (migrated to head), a stream prefix of its own, a DAGs
+folder and a Fernet key, starts ``scheduler``/``worker``/``triggerer consume`` as subprocesses of
+the installed console scripts (each logging to a file of its own), and on the way out stops them,
+drops the database and deletes every key under the prefix. The servers are those the tests use:
+``DEFERRAL_TEST_ADMIN_URL`` / ``DEFERRAL_TEST_REDIS_URL``, else the local ones.
+
+Benchmarks are scripts, run on demand (``.venv/bin/python benchmarks/<name>.py --help``); pytest
+never collects them (its ``testpaths`` is ``tests``).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import uuid
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+# The test helpers (servers, service processes, polling) serve here too: run from the checkout.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from cryptography.fernet import Fernet
+from redis.exceptions import ResponseError
+from sqlalchemy import create_engine, func, select, text
+from sqlalchemy.engine import make_url
+from sqlalchemy.orm import Session, sessionmaker
+
+from broker.client import Broker
+from broker.replies import PendingSummary
+from broker.streams import GROUP_TRIGGERERS, to_fields, trigger_message
+from deferral import migrate, transitions
+from deferral.crypto import Cipher
+from deferral.db import make_engine, make_sessionmaker
+from deferral.models import TaskInstance, TaskStateChange
+from deferral.serialization import check_kwargs
+from deferral.triggers import DateTimeTrigger
+from deferral.triggers.base import classpath_of
+from tests.e2e.conftest import BIN, Services, command
+from tests.helpers import wait_for
+from tests.servers import ADMIN_URL, REDIS_URL
+
+__all__ = ["wait_for"]
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The ``q`` quantile (0..1) by nearest rank."""
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(q * len(ordered)) - 1))]
+
+
+def median(values: Sequence[float]) -> float:
+    return statistics.median(values)
+
+
+def load_average() -> str:
+    one, five, fifteen = os.getloadavg()
+    return f"load average {one:.2f}, {five:.2f}, {fifteen:.2f} ({os.cpu_count()} cores)"
+
+
+@dataclass(frozen=True)
+class Figure:
+    """One measured figure and its target; ``at_most`` says which side of the target is good."""
+
+    label: str
+    value: float
+    unit: str
+    target: float | None = None
+    at_most: bool = True
+
+    @property
+    def met(self) -> bool | None:
+        if self.target is None:
+            return None
+        return self.value <= self.target if self.at_most else self.value >= self.target
+
+    def line(self) -> str:
+        shown = f"{self.value:,.1f}" if self.value < 100 else f"{self.value:,.0f}"
+        text_ = f"  {self.label}: {shown} {self.unit}"
+        if self.target is not None:
+            side = "<=" if self.at_most else ">="
+            verdict = "met" if self.met else "MISSED"
+            text_ += f"   (target {side} {self.target:,g} {self.unit}: {verdict})"
+        return text_
+
+
+def report(title: str, figures: Iterable[Figure], notes: Iterable[str] = ()) -> bool:
+    """Print the figures with their targets and the load average; return whether all were met."""
+    figures = list(figures)
+    print(f"\n{title}")
+    print(f"  measured at {dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC, {load_average()}")
+    for note in notes:
+        print(f"  {note}")
+    for figure in figures:
+        print(figure.line())
+    return all(f.met is not False for f in figures)
+
+
+class Stack:
+    """A fresh database and stream prefix, and the service processes started on them."""
+
+    def __init__(self, *, heartbeat_sec: float = 5.0, keep: bool = False) -> None:
+        self.name = f"deferral_bench_{uuid.uuid4().hex[:8]}"
+        self.keep = keep
+        self.home = Path(tempfile.mkdtemp(prefix=f"{self.name}-"))
+        self.dags = self.home / "dags"
+        self.logs = self.home / "logs"
+        self.dags.mkdir()
+        self.logs.mkdir()
+        self.url = make_url(ADMIN_URL).set(database=self.name).render_as_string(False)
+        env = {
+            "DEFERRAL_DATABASE_URL": self.url,
+            "DEFERRAL_REDIS_URL": REDIS_URL,
+            "DEFERRAL_FERNET_KEY": Fernet.generate_key().decode(),
+            "DEFERRAL_DAGS_FOLDER": str(self.dags),
+            "DEFERRAL_STREAM_PREFIX": self.name,
+            "DEFERRAL_HEARTBEAT_SEC": f"{heartbeat_sec:g}",
+        }
+        self.env = {**os.environ, **env}
+        self.services = Services(env, self.logs)
+        self._started_at: dict[str, int] = {}  # log offset of each process's latest start
+        self._admin = create_engine(ADMIN_URL, isolation_level="AUTOCOMMIT")
+        self.sessions: sessionmaker[Session]
+        self.broker: Broker
+
+    def __enter__(self) -> Stack:
+        # SIGTERM (a timeout, Ctrl-C's cousin) unwinds through __exit__: nothing is left behind.
+        signal.signal(signal.SIGTERM, _exit_on_signal)
+        with self._admin.connect() as conn:
+            conn.execute(text(f'CREATE DATABASE "{self.name}"'))
+        migrate.upgrade(self.url)
+        self.sessions = make_sessionmaker(make_engine(self.url, pool_size=2))
+        self.broker = Broker.from_url(REDIS_URL, self.name)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.services.stop_all()
+        self.sessions.kw["bind"].dispose()
+        with self._admin.connect() as conn:
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{self.name}" WITH (FORCE)'))
+        self._admin.dispose()
+        keys = list(self.broker.redis.scan_iter(match=f"{self.name}:*", count=1000))
+        for start in range(0, len(keys), 1000):
+            self.broker.redis.delete(*keys[start : start + 1000])
+        self.broker.close()
+        if self.keep:
+            print(f"logs kept in {self.logs}")
+        else:
+            shutil.rmtree(self.home, ignore_errors=True)
+
+    # -- processes -------------------------------------------------------------------------------
+
+    @property
+    def procs(self) -> dict[str, subprocess.Popen[bytes]]:
+        return self.services.procs
+
+    def start(
+        self, name: str, *args: str, program: Sequence[str] | None = None
+    ) -> subprocess.Popen[bytes]:
+        """Start ``<service> consume --name <name> [args]``; the service is ``name`` without its
+        trailing digits (worker2 is a worker), unless ``program`` replaces ``<service>
+        consume``. A name started again appends to its log."""
+        service = name.rstrip("0123456789")
+        program = command(service, "consume") if program is None else list(program)
+        log = self.logs / f"{name}.log"
+        self._started_at[name] = log.stat().st_size if log.exists() else 0
+        return self.services.spawn(name, [*program, "--name", name, *args], self.services.env)
+
+    def signal(self, name: str, signum: signal.Signals) -> None:
+        self.procs[name].send_signal(signum)
+        if signum == signal.SIGKILL:
+            self.procs[name].wait()
+
+    def log(self, name: str, *, latest: bool = False) -> str:
+        """What ``name`` logged (``latest``: since it was last started)."""
+        with (self.logs / f"{name}.log").open("rb") as log:
+            if latest:
+                log.seek(self._started_at[name])
+            return log.read().decode(errors="replace")
+
+    def wait_started(self, *names: str, timeout: float = 120.0) -> None:
+        """Until each named service logged that it started (workers warm their children first)."""
+        said = {"scheduler": " started", "worker": " consuming ", "triggerer": " consuming "}
+        for name in names:
+            marker = said[name.rstrip("0123456789")]
+            wait_for(
+                lambda name=name, marker=marker: (
+                    marker in self.log(name, latest=True)  # type: ignore[misc]
+                    or self._died(name)
+                ),
+                timeout=timeout,
+                what=f"{name} to start",
+            )
+
+    def _died(self, name: str) -> bool:
+        if self.procs[name].poll() is not None:
+            raise SystemExit(f"benchmark: {name} exited:\n{self.log(name)[-3000:]}")
+        return False
+
+    # -- DAGs and runs ---------------------------------------------------------------------------
+
+    def write_dag(self, module: str, source: str) -> None:
+        (self.dags / f"{module}.py").write_text(source)
+
+    def trigger(self, dag_id: str, run_ids: Iterable[str]) -> None:
+        """Create queued runs of ``dag_id`` (one transaction, a microsecond apart: a logical
+        date is unique per DAG); the scheduler starts them."""
+        now = dt.datetime.now(dt.UTC)
+        with self.sessions.begin() as session:
+            for i, run_id in enumerate(run_ids):
+                logical_date = now + dt.timedelta(microseconds=i)
+                transitions.create_dag_run(session, dag_id, run_id, logical_date, {})
+
+    def seed_time_triggers(self, n: int, moment: dt.datetime, spread: dt.timedelta) -> None:
+        """``n`` deferred task instances of one running run, each waiting on a DateTimeTrigger
+        between ``moment`` and ``moment + spread``, as a worker would have left them (trigger
+        rows, deferred tasks, trigger entries sealed like the worker's), without a worker:
+        for benchmarks of the triggerer alone. Written in set-based statements and pipelined
+        publishes, so 100,000 take seconds."""
+        cipher = Cipher(self.env["DEFERRAL_FERNET_KEY"].split(","))
+        classpath = classpath_of(DateTimeTrigger)
+        moments = [moment + spread * (i / max(n - 1, 1)) for i in range(n)]
+        with self.sessions.begin() as session:
+            session.execute(
+                text(
+                    "INSERT INTO dag_run (dag_id, run_id, logical_date, state, start_date)"
+                    " VALUES ('bench_seeded', 'seeded', now(), 'running', now())"
+                )
+            )
+            trigger_ids = list(
+                session.scalars(
+                    text(
+                        "INSERT INTO trigger (classpath, kwargs, fingerprint)"
+                        " SELECT :classpath, '', md5(i::text) FROM generate_series(1, :n) AS i"
+                        " RETURNING id"
+                    ),
+                    {"classpath": classpath, "n": n},
+                )
+            )
+            ti_ids = list(
+                session.scalars(
+                    text(
+                        "INSERT INTO task_instance (dag_id, run_id, task_id, state, try_number,"
+                        " trigger_id, next_method, start_date, first_started_at)"
+                        " SELECT 'bench_seeded', 'seeded', 't' || t.ord, 'deferred', 1, t.id,"
+                        " 'resume', now(), now()"
+                        " FROM unnest(CAST(:ids AS bigint[])) WITH ORDINALITY AS t(id, ord)"
+                        " ORDER BY t.ord RETURNING id"
+                    ),
+                    {"ids": trigger_ids},
+                )
+            )
+        items = []
+        for trigger_id, ti_id, at in zip(trigger_ids, ti_ids, moments, strict=True):
+            message = trigger_message(
+                cipher,
+                trigger_id=trigger_id,
+                classpath=classpath,
+                kwargs=check_kwargs({"moment": at}),
+                task_instance_id=ti_id,
+                task=f"bench_seeded.seeded.t{ti_id}",
+            )
+            items.append((self.broker.keys.triggers, to_fields(message)))
+        for start in range(0, len(items), 5000):
+            self.broker.publish_many(items[start : start + 5000])
+
+    def set_pool_slots(self, pool: str, slots: int) -> None:
+        with self.sessions.begin() as session:
+            session.execute(
+                text("UPDATE pool SET slots = :slots WHERE name = :pool"),
+                {"slots": slots, "pool": pool},
+            )
+
+    def pending_triggers(self) -> PendingSummary:
+        """Trigger entries delivered to triggerers and not yet retired, per triggerer."""
+        try:
+            return self.broker.pending(self.broker.keys.triggers, GROUP_TRIGGERERS)
+        except ResponseError:
+            return PendingSummary(0, {})  # no stream or group yet
+
+    def reached(self, state: str, dag_id: str) -> int:
+        """How many of ``dag_id``'s task instances have been in ``state`` at some point."""
+        with self.sessions() as session:
+            return int(
+                session.scalar(
+                    select(func.count(func.distinct(TaskStateChange.task_instance_id)))
+                    .join(TaskInstance, TaskInstance.id == TaskStateChange.task_instance_id)
+                    .where(TaskInstance.dag_id == dag_id, TaskStateChange.to_state == state)
+                )
+                or 0
+            )
+
+    def states(self) -> dict[str, int]:
+        """How many task instances are in each state."""
+        with self.sessions() as session:
+            return dict(
+                session.execute(
+                    text("SELECT state, count(*) FROM task_instance GROUP BY state")
+                ).all()
+            )
+
+    def changes(self, dag_id: str | None = None) -> list[Change]:
+        """Every recorded state change (of ``dag_id``'s task instances), oldest first."""
+        query = (
+            select(
+                TaskStateChange.task_instance_id,
+                TaskStateChange.from_state,
+                TaskStateChange.to_state,
+                TaskStateChange.reason,
+                TaskStateChange.at,
+            )
+            .join(TaskInstance, TaskInstance.id == TaskStateChange.task_instance_id)
+            .order_by(TaskStateChange.id)
+        )
+        if dag_id is not None:
+            query = query.where(TaskInstance.dag_id == dag_id)
+        with self.sessions() as session:
+            return [Change(*row) for row in session.execute(query)]
+
+
+@dataclass(frozen=True)
+class Change:
+    task_instance_id: int
+    from_state: str
+    to_state: str
+    reason: str | None
+    at: dt.datetime
+
+
+def resumed_by_trigger(change: Change) -> bool:
+    """deferred -> scheduled because the trigger fired (not a timeout or a user)."""
+    return (
+        change.from_state == "deferred"
+        and change.to_state == "scheduled"
+        and (change.reason or "").startswith(transitions.RESUMED_BY_TRIGGER)
+    )
+
+
+def _exit_on_signal(signum: int, frame: object) -> None:
+    raise SystemExit(f"benchmark: stopped by signal {signum}")
+
+
+def rss_kib(pid: int) -> int:
+    """Resident set size of a process, KiB (Linux)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    raise RuntimeError(f"no VmRSS for pid {pid}")
+
+
+class Profiles:
+    """py-spy sampling of running services (their task processes too), for finding where the
+    time goes: raw collapsed stacks in the logs folder, summarised by :meth:`summary`."""
+
+    def __init__(self, stack: Stack, names: Iterable[str]) -> None:
+        self.stack = stack
+        self.names = list(names)
+        self.spies: dict[str, subprocess.Popen[bytes]] = {}
+
+    def __enter__(self) -> Profiles:
+        for name in self.names:
+            out = self.stack.logs / f"{name}.profile.txt"
+            pid = str(self.stack.procs[name].pid)
+            argv = [str(BIN / "py-spy"), "record", "--format", "raw", "--subprocesses"]
+            self.spies[name] = subprocess.Popen(
+                [*argv, "--nonblocking", "--pid", pid, "--output", str(out)],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for spy in self.spies.values():
+            spy.send_signal(signal.SIGINT)  # py-spy writes its output on SIGINT
+        for spy in self.spies.values():
+            spy.wait(timeout=60)
+
+    def summary(self, top: int = 12) -> str:
+        """Per service: the functions with the most samples on the stack (inclusive) and at its
+        top (self), idle waits left out."""
+        lines = []
+        for name in self.names:
+            path = self.stack.logs / f"{name}.profile.txt"
+            if not path.exists():
+                continue
+            inclusive: dict[str, int] = {}
+            own: dict[str, int] = {}
+            total = 0
+            for line in path.read_text().splitlines():
+                stack_text, _, count_text = line.rpartition(" ")
+                frames = [
+                    f.split(" (")[0] + " " + f.rsplit("/", 1)[-1].split(":")[0].rstrip(")")
+                    for f in stack_text.split(";")
+                    if f
+                ]
+                count = int(count_text)
+                total += count
+                for frame in set(frames):
+                    inclusive[frame] = inclusive.get(frame, 0) + count
+                if frames:
+                    own[frames[-1]] = own.get(frames[-1], 0) + count
+            lines.append(f"{name}: {total} samples")
+            for title, table in (("inclusive", inclusive), ("self", own)):
+                lines.append(f"  {title}:")
+                for frame, count in sorted(table.items(), key=lambda kv: -kv[1])[:top]:
+                    lines.append(f"    {100 * count / max(total, 1):5.1f}%  {frame}")
+        return "\n".join(lines)

@@ -1,0 +1,86 @@
+"""A triggerer's look for a dead peer's entries takes all of them it has room for, not one read
+batch per look (which made a kill -9 of a triggerer holding 1,000 triggers cost 4.3 s at
+heartbeat 1 s)."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import anyio
+
+from broker.client import Broker
+from broker.streams import GROUP_TRIGGERERS, to_fields, trigger_message
+from deferral.config import Settings
+from deferral.crypto import Cipher
+from deferral.serialization import check_kwargs
+from deferral.triggers import DateTimeTrigger
+from deferral.triggers.base import classpath_of
+from triggerer.service import READ_BATCH, TriggererService
+
+DEAD_HELD = 2 * READ_BATCH + 50
+
+
+def _dead_peer_held(broker: Broker, cipher: Cipher, count: int) -> None:
+    """``count`` trigger entries read by a consumer that then died (long idle)."""
+    stream = broker.keys.triggers
+    broker.ensure_group(stream, GROUP_TRIGGERERS)
+    moment = dt.datetime.now(dt.UTC) + dt.timedelta(days=1)
+    broker.publish_many(
+        [
+            (
+                stream,
+                to_fields(
+                    trigger_message(
+                        cipher,
+                        trigger_id=i,
+                        classpath=classpath_of(DateTimeTrigger),
+                        kwargs=check_kwargs({"moment": moment}),
+                        task_instance_id=i,
+                        try_number=1,
+                        task=f"d.r.t{i}",
+                    )
+                ),
+            )
+            for i in range(1, count + 1)
+        ]
+    )
+    entries = broker.read(GROUP_TRIGGERERS, "dead", {stream: ">"}, count=count)
+    broker.hand_off(stream, GROUP_TRIGGERERS, "dead", [e.id for e in entries], idle_ms=600_000)
+
+
+def _one_look(service: TriggererService) -> None:
+    async def look() -> None:
+        async with anyio.create_task_group() as tasks:
+            await service.take_over(tasks)
+            tasks.cancel_scope.cancel()
+
+    anyio.run(look)
+
+
+def test_one_look_takes_every_entry_of_a_dead_triggerer(
+    settings: Settings, broker: Broker, cipher: Cipher, sessions: object
+) -> None:
+    _dead_peer_held(broker, cipher, DEAD_HELD)
+    service = TriggererService(settings, capacity=1000, name="alive")
+    service.attach(broker)
+
+    _one_look(service)
+
+    assert len(service.held) == DEAD_HELD
+    assert broker.pending(broker.keys.triggers, GROUP_TRIGGERERS).per_consumer == {
+        "alive": DEAD_HELD
+    }
+
+
+def test_one_look_takes_no_more_than_the_capacity_left(
+    settings: Settings, broker: Broker, cipher: Cipher, sessions: object
+) -> None:
+    _dead_peer_held(broker, cipher, DEAD_HELD)
+    service = TriggererService(settings, capacity=READ_BATCH + 10, name="alive")
+    service.attach(broker)
+
+    _one_look(service)
+
+    assert len(service.held) == READ_BATCH + 10
+    pending = broker.pending(broker.keys.triggers, GROUP_TRIGGERERS).per_consumer
+    assert pending == {"alive": READ_BATCH + 10, "dead": DEAD_HELD - READ_BATCH - 10}
