@@ -298,6 +298,26 @@ class Stack:
                 or 0
             )
 
+    def run_state(self, dag_id: str, run_id: str) -> str | None:
+        with self.sessions() as session:
+            return session.scalar(
+                text("SELECT state FROM dag_run WHERE dag_id = :dag_id AND run_id = :run_id"),
+                {"dag_id": dag_id, "run_id": run_id},
+            )
+
+    def finished_runs(self, dag_id: str) -> int:
+        with self.sessions() as session:
+            return int(
+                session.scalar(
+                    text(
+                        "SELECT count(*) FROM dag_run WHERE dag_id = :dag_id"
+                        " AND state IN ('success', 'failed')"
+                    ),
+                    {"dag_id": dag_id},
+                )
+                or 0
+            )
+
     def states(self) -> dict[str, int]:
         """How many task instances are in each state."""
         with self.sessions() as session:
@@ -344,6 +364,69 @@ def resumed_by_trigger(change: Change) -> bool:
     )
 
 
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU time a process has used so far (Linux)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (FileNotFoundError, ProcessLookupError):
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _children_of(pid: int) -> list[int]:
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            parent = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+        except (FileNotFoundError, ProcessLookupError, IndexError, ValueError):
+            continue
+        if parent == pid:
+            found.append(int(stat.parent.name))
+    return found
+
+
+class CpuMeter:
+    """CPU seconds used by each service (its task processes included) and by the Postgres
+    backends of the stack's database between :meth:`start` and :meth:`stop`: where the time
+    goes, process by process."""
+
+    def __init__(self, stack: Stack) -> None:
+        self.stack = stack
+        self.before: dict[str, dict[int, float]] = {}
+        self.used: dict[str, float] = {}
+
+    def _sample(self) -> dict[str, dict[int, float]]:
+        sample: dict[str, dict[int, float]] = {}
+        for name, proc in self.stack.procs.items():
+            pids = [proc.pid, *_children_of(proc.pid)]
+            sample[name] = {pid: _cpu_seconds(pid) for pid in pids}
+        with self.stack.sessions() as session:
+            backends = session.scalars(
+                text("SELECT pid FROM pg_stat_activity WHERE datname = current_database()")
+            ).all()
+        sample["postgres"] = {pid: _cpu_seconds(pid) for pid in backends}
+        return sample
+
+    def start(self) -> None:
+        self.before = self._sample()
+
+    def stop(self) -> dict[str, float]:
+        after = self._sample()
+        self.used = {
+            name: sum(t - self.before.get(name, {}).get(pid, 0.0) for pid, t in pids.items())
+            for name, pids in after.items()
+        }
+        return self.used
+
+    def lines(self, per: int, what: str) -> list[str]:
+        total = sum(self.used.values())
+        parts = ", ".join(f"{name} {seconds:.1f}" for name, seconds in sorted(self.used.items()))
+        return [
+            f"CPU seconds: {parts} (total {total:.1f}: {total * 1000 / max(per, 1):.2f} ms per"
+            f" {what}; Redis and other databases not counted)"
+        ]
+
+
 def _exit_on_signal(signum: int, frame: object) -> None:
     raise SystemExit(f"benchmark: stopped by signal {signum}")
 
@@ -360,16 +443,23 @@ class Profiles:
     """py-spy sampling of running services (their task processes too), for finding where the
     time goes: raw collapsed stacks in the logs folder, summarised by :meth:`summary`."""
 
-    def __init__(self, stack: Stack, names: Iterable[str]) -> None:
+    def __init__(
+        self, stack: Stack, names: Iterable[str], *, label: str = "", cpu_only: bool = False
+    ) -> None:
+        """``label`` tells the profiles of several phases apart; ``cpu_only``: sample only
+        threads holding the GIL (where CPU goes, not what is waited for)."""
         self.stack = stack
         self.names = list(names)
+        self.label = label
+        self.cpu_only = cpu_only
         self.spies: dict[str, subprocess.Popen[bytes]] = {}
 
     def __enter__(self) -> Profiles:
         for name in self.names:
-            out = self.stack.logs / f"{name}.profile.txt"
+            out = self._path(name)
             pid = str(self.stack.procs[name].pid)
             argv = [str(BIN / "py-spy"), "record", "--format", "raw", "--subprocesses"]
+            argv += ["--gil"] if self.cpu_only else []
             self.spies[name] = subprocess.Popen(
                 [*argv, "--nonblocking", "--pid", pid, "--output", str(out)],
                 stdout=subprocess.DEVNULL,
@@ -383,12 +473,15 @@ class Profiles:
         for spy in self.spies.values():
             spy.wait(timeout=60)
 
+    def _path(self, name: str) -> Path:
+        return self.stack.logs / f"{name}{'.' + self.label if self.label else ''}.profile.txt"
+
     def summary(self, top: int = 12) -> str:
         """Per service: the functions with the most samples on the stack (inclusive) and at its
         top (self), idle waits left out."""
         lines = []
         for name in self.names:
-            path = self.stack.logs / f"{name}.profile.txt"
+            path = self._path(name)
             if not path.exists():
                 continue
             inclusive: dict[str, int] = {}
@@ -407,7 +500,7 @@ class Profiles:
                     inclusive[frame] = inclusive.get(frame, 0) + count
                 if frames:
                     own[frames[-1]] = own.get(frames[-1], 0) + count
-            lines.append(f"{name}: {total} samples")
+            lines.append(f"{name}{' (' + self.label + ')' if self.label else ''}: {total} samples")
             for title, table in (("inclusive", inclusive), ("self", own)):
                 lines.append(f"  {title}:")
                 for frame, count in sorted(table.items(), key=lambda kv: -kv[1])[:top]:

@@ -1,0 +1,177 @@
+"""One task's fire -> SCHEDULED and fire -> SUCCESS, alone and while 10,000 other runs wait.
+
+    .venv/bin/python benchmarks/idle_runs.py --idle 10000
+
+Starts a scheduler, workers and a triggerer (``consume`` console scripts) on a fresh database and
+stream prefix. A probe DAG has one task that defers on a ``DateTimeTrigger`` a second ahead and
+returns the moment it woke for. The probe runs ``--samples`` times one after the other, first
+with nothing else in the system, then again once ``--idle`` runs of another DAG sit with their
+task deferred (on triggers a day ahead), and the benchmark reports for each phase the median,
+from the trigger's moment, of the task's deferred -> scheduled change and of its success (from
+``task_state_change``, Postgres's clock). A loop's cost must not grow with runs that only wait.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import time
+
+from harness import (
+    Figure,
+    Profiles,
+    Stack,
+    median,
+    percentile,
+    report,
+    resumed_by_trigger,
+    wait_for,
+)
+from sqlalchemy import text
+
+PROBE_DAG = """
+import datetime as dt
+
+from deferral import DAG, BaseOperator
+from deferral.triggers import DateTimeTrigger
+
+
+class Probe(BaseOperator):
+    def execute(self, context):
+        moment = dt.datetime.now(dt.UTC) + dt.timedelta(seconds={delay})
+        self.defer(trigger=DateTimeTrigger(moment), method_name="resume")
+
+    def resume(self, context, event):
+        return event.isoformat()
+
+
+with DAG("bench_probe", max_active_runs=1) as dag:
+    Probe(task_id="probe")
+"""
+
+IDLE_DAG = """
+import datetime as dt
+
+from deferral import DAG, BaseOperator
+from deferral.triggers import DateTimeTrigger
+
+
+class WaitADay(BaseOperator):
+    def execute(self, context):
+        moment = dt.datetime.now(dt.UTC) + dt.timedelta(days=1)
+        self.defer(trigger=DateTimeTrigger(moment), method_name="resume")
+
+    def resume(self, context, event):
+        return None
+
+
+with DAG("bench_idle", max_active_runs={idle}) as dag:
+    WaitADay(task_id="wait")
+"""
+
+
+def probe(stack: Stack, runs: int, label: str) -> tuple[list[float], list[float]]:
+    """Run the probe DAG ``runs`` times, one after the other; fire -> scheduled and fire ->
+    success of each, in ms."""
+    for i in range(runs):
+        run_id = f"{label}{i}"
+        stack.trigger("bench_probe", [run_id])
+        wait_for(
+            lambda run_id=run_id: stack.run_state("bench_probe", run_id) == "success",  # type: ignore[misc]
+            timeout=120,
+            interval=0.05,
+            what=f"probe run {run_id}",
+        )
+    with stack.sessions() as session:
+        moments = {
+            ti_id: dt.datetime.fromisoformat(value)
+            for ti_id, value in session.execute(
+                text(
+                    "SELECT ti.id, x.value #>> '{}' FROM xcom x"
+                    " JOIN task_instance ti ON ti.id = x.task_instance_id"
+                    " WHERE ti.dag_id = 'bench_probe' AND ti.run_id LIKE :label"
+                ),
+                {"label": f"{label}%"},
+            )
+        }
+    changes = [c for c in stack.changes("bench_probe") if c.task_instance_id in moments]
+    scheduled = [
+        (c.at - moments[c.task_instance_id]).total_seconds() * 1000
+        for c in changes
+        if resumed_by_trigger(c)
+    ]
+    succeeded = [
+        (c.at - moments[c.task_instance_id]).total_seconds() * 1000
+        for c in changes
+        if c.to_state == "success"
+    ]
+    return scheduled, succeeded
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--idle", type=int, default=10_000, help="runs waiting meanwhile")
+    parser.add_argument("--samples", type=int, default=30, help="probe runs per phase")
+    parser.add_argument("--delay", type=float, default=1.0, help="seconds each probe defers")
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--concurrency", type=int, default=8, help="slots per worker")
+    parser.add_argument("--keep-logs", action="store_true")
+    parser.add_argument("--profile", action="store_true", help="py-spy the probes with idle runs")
+    args = parser.parse_args()
+
+    with Stack(keep=args.keep_logs) as stack:
+        stack.write_dag("bench_probe", PROBE_DAG.format(delay=args.delay))
+        stack.write_dag("bench_idle", IDLE_DAG.format(idle=args.idle))
+        names = ["scheduler1", "triggerer1"] + [f"worker{i + 1}" for i in range(args.workers)]
+        stack.start("scheduler1")
+        stack.start("triggerer1", "--capacity", str(args.idle + 100))
+        for name in names[2:]:
+            stack.start(name, "--concurrency", str(args.concurrency))
+        stack.wait_started(*names)
+        stack.trigger("bench_probe", ["warm-up"])  # first imports and connections
+        wait_for(
+            lambda: stack.run_state("bench_probe", "warm-up") == "success",
+            timeout=120,
+            what="the warm-up probe",
+        )
+
+        alone = probe(stack, args.samples, "alone")
+        print(f"alone: fire -> SUCCESS p50 {median(alone[1]):.1f} ms", flush=True)
+
+        started = time.monotonic()
+        stack.trigger("bench_idle", [f"idle{i}" for i in range(args.idle)])
+        wait_for(
+            lambda: (
+                stack.states().get("deferred", 0) >= args.idle
+                and stack.pending_triggers().count >= args.idle
+            ),
+            timeout=3600,
+            interval=1.0,
+            what=f"{args.idle} idle runs to defer",
+        )
+        print(f"{args.idle} idle runs deferred in {time.monotonic() - started:.0f} s", flush=True)
+        with Profiles(stack, names if args.profile else []) as profiles:
+            crowded = probe(stack, args.samples, "crowded")
+    if args.profile:
+        print(profiles.summary())
+
+    figures = []
+    for phase, (scheduled, succeeded) in (
+        ("alone", alone),
+        (f"with {args.idle} idle runs", crowded),
+    ):
+        figures += [
+            Figure(f"{phase}: fire -> SCHEDULED p50", median(scheduled), "ms", 5),
+            Figure(f"{phase}: fire -> SCHEDULED p99", percentile(scheduled, 0.99), "ms"),
+            Figure(f"{phase}: fire -> SUCCESS p50", median(succeeded), "ms", 30),
+            Figure(f"{phase}: fire -> SUCCESS p99", percentile(succeeded, 0.99), "ms"),
+        ]
+    ok = report(
+        f"idle_runs: one task deferring {args.delay:g} s, {args.samples} samples per phase",
+        figures,
+    )
+    raise SystemExit(0 if ok else 1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,213 @@
+"""Soak: runs of deferring tasks keep coming while services are killed, frozen and Redis wiped.
+
+    .venv/bin/python benchmarks/soak.py --duration 150 [--seed N] [--rounds 10]
+
+Two schedulers, two workers and two triggerers (heartbeat 1 s) on a fresh database and stream
+prefix. A run of the soak DAG (20 tasks that defer once or twice for 1 to 8 s, then a task that
+needs them all) is triggered every ``--every`` seconds for ``--duration`` seconds; meanwhile,
+every ``--interval`` seconds, one fault picked at random (seeded):
+
+- kill -9 of a random service, restarted under its name a moment later;
+- SIGSTOP of a triggerer for 2 to 4 heartbeats (its triggers are taken over), then SIGCONT;
+
+and once, halfway, every key under the prefix is deleted. Then the faults stop and every run
+must finish, and the benchmark checks, from Postgres and the logs:
+
+- every task instance succeeded, and exactly once (one change to success in task_state_change);
+- every deferral was resumed once (deferred -> scheduled changes = running -> deferred changes);
+- nothing was dead-lettered; the reconciler logged its repairs after the wipe.
+
+Exit status 0 if every check held (``--rounds R``: R rounds in a row, each on a fresh stack,
+stopping at the first that fails; its logs are kept).
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import signal
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+
+from harness import Stack, load_average, wait_for
+
+DAG = """
+import datetime as dt
+
+from deferral import DAG, BaseOperator
+from deferral.operators import EmptyOperator
+from deferral.triggers import TimeDeltaTrigger
+
+
+class Wait(BaseOperator):
+    def __init__(self, *, seconds, times, **kwargs):
+        super().__init__(**kwargs)
+        self.seconds, self.times = seconds, times
+
+    def execute(self, context):
+        self.defer(
+            trigger=TimeDeltaTrigger(dt.timedelta(seconds=self.seconds)),
+            method_name="resume",
+            kwargs={"left": self.times - 1},
+        )
+
+    def resume(self, context, event, left):
+        if left:
+            self.defer(
+                trigger=TimeDeltaTrigger(dt.timedelta(seconds=self.seconds)),
+                method_name="resume",
+                kwargs={"left": left - 1},
+            )
+        return "woke"
+
+
+with DAG("soak", max_active_runs=1000, max_active_tasks=64) as dag:
+    # A worker killed mid-attempt fails that try into a retry.
+    waits = [
+        Wait(task_id=f"w{i}", seconds=1 + i % 8, times=1 + i % 2, retries=10,
+             retry_delay=dt.timedelta(0))
+        for i in range(20)
+    ]
+    waits >> EmptyOperator(task_id="join", retries=10, retry_delay=dt.timedelta(0))
+"""
+
+TASKS_PER_RUN = 21
+SERVICES = {
+    "scheduler1": (),
+    "scheduler2": (),
+    "worker1": ("--concurrency", "4"),
+    "worker2": ("--concurrency", "4"),
+    "triggerer1": (),
+    "triggerer2": (),
+}
+REPAIRED = "reconciler: republished"
+
+
+@dataclass
+class Faults:
+    kills: Counter[str] = field(default_factory=Counter)
+    stops: int = 0
+    wiped_keys: int = 0
+
+
+def churn(stack: Stack, args: argparse.Namespace, rng: random.Random) -> tuple[Faults, int]:
+    """Trigger runs and inject faults for ``args.duration`` seconds; return the faults and the
+    number of runs triggered."""
+    faults = Faults()
+    beat = args.heartbeat
+    began = time.monotonic()
+    next_run = next_fault = began
+    runs = 0
+    while (now := time.monotonic()) < began + args.duration:
+        if now >= next_run:
+            stack.trigger("soak", [f"r{runs}"])
+            runs += 1
+            next_run += args.every
+        if not faults.wiped_keys and now > began + args.duration / 2:
+            keys = list(stack.broker.redis.scan_iter(match=f"{stack.name}:*", count=1000))
+            stack.broker.redis.delete(*keys)
+            faults.wiped_keys = len(keys)
+            print(f"  {now - began:5.1f} s: deleted all {len(keys)} keys under the prefix")
+        elif now >= next_fault:
+            next_fault += args.interval
+            if rng.random() < 0.2:
+                victim = rng.choice(["triggerer1", "triggerer2"])
+                stack.signal(victim, signal.SIGSTOP)
+                time.sleep(rng.uniform(2 * beat, 4 * beat))
+                stack.signal(victim, signal.SIGCONT)
+                faults.stops += 1
+                print(f"  {now - began:5.1f} s: stopped {victim} (SIGSTOP), then SIGCONT")
+            else:
+                victim = rng.choice(sorted(SERVICES))
+                stack.signal(victim, signal.SIGKILL)
+                time.sleep(rng.uniform(0.2, 1.5))
+                stack.start(victim, *SERVICES[victim])
+                faults.kills[victim] += 1
+                print(f"  {now - began:5.1f} s: killed {victim} (SIGKILL), started it again")
+        time.sleep(0.05)
+    return faults, runs
+
+
+def check(stack: Stack, runs: int) -> list[str]:
+    """What went wrong, from Postgres and the logs; empty if nothing did."""
+    problems = []
+    expected = runs * TASKS_PER_RUN
+    states = stack.states()
+    if states != {"success": expected}:
+        problems.append(f"task states {states}, expected {expected} successes")
+    changes = stack.changes("soak")
+    successes = Counter(c.task_instance_id for c in changes if c.to_state == "success")
+    twice = {ti: n for ti, n in successes.items() if n > 1}
+    if twice:
+        problems.append(f"task instances that succeeded more than once: {twice}")
+    deferred = Counter(c.task_instance_id for c in changes if c.to_state == "deferred")
+    resumed = Counter(
+        c.task_instance_id
+        for c in changes
+        if c.from_state == "deferred" and c.to_state == "scheduled"
+    )
+    if deferred != resumed:
+        odd = {ti: (deferred[ti], resumed[ti]) for ti in deferred | resumed}
+        odd = {ti: pair for ti, pair in odd.items() if pair[0] != pair[1]}
+        problems.append(f"deferrals and resumes differ (ti: deferred, resumed): {odd}")
+    dead = stack.broker.redis.xlen(stack.broker.keys.dead)
+    if dead:
+        problems.append(f"{dead} dead-lettered entr(ies)")
+    scheduler_logs = stack.log("scheduler1") + stack.log("scheduler2")
+    if REPAIRED not in scheduler_logs:
+        problems.append(f"no repair logged by the reconciler ({REPAIRED!r})")
+    return problems
+
+
+def soak_round(args: argparse.Namespace, seed: int) -> bool:
+    rng = random.Random(seed)
+    with Stack(heartbeat_sec=args.heartbeat, keep=True) as stack:
+        stack.write_dag("soak", DAG)
+        for name, options in SERVICES.items():
+            stack.start(name, *options)
+        stack.wait_started(*SERVICES)
+        print(f"round seed {seed}: {load_average()}", flush=True)
+        faults, runs = churn(stack, args, rng)
+        drained = time.monotonic()
+        wait_for(
+            lambda: stack.finished_runs("soak") >= runs,
+            timeout=args.drain,
+            interval=0.5,
+            what=f"all {runs} runs to finish",
+        )
+        drain = time.monotonic() - drained
+        problems = check(stack, runs)
+        repairs = sum(stack.log(name).count(REPAIRED) for name in ("scheduler1", "scheduler2"))
+        changes = stack.changes("soak")
+        retries = sum(1 for c in changes if c.to_state == "up_for_retry")
+        print(
+            f"round seed {seed}: {runs} runs, {runs * TASKS_PER_RUN} tasks in {args.duration:g} s"
+            f" of churn; {sum(faults.kills.values())} kills {dict(faults.kills)}, {faults.stops}"
+            f" SIGSTOPs, {faults.wiped_keys} keys wiped; {retries} tries failed by kills,"
+            f" {repairs} reconciler repair line(s); drained in {drain:.1f} s; {load_average()}"
+        )
+        for problem in problems:
+            print(f"  FAILED: {problem}")
+        stack.keep = bool(problems)
+        return not problems
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--duration", type=float, default=150.0, help="seconds of churn")
+    parser.add_argument("--every", type=float, default=2.0, help="seconds between new runs")
+    parser.add_argument("--interval", type=float, default=3.0, help="seconds between faults")
+    parser.add_argument("--heartbeat", type=float, default=1.0)
+    parser.add_argument("--drain", type=float, default=600.0, help="seconds allowed to finish")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--rounds", type=int, default=1)
+    args = parser.parse_args()
+    for round_ in range(args.rounds):
+        if not soak_round(args, args.seed + round_):
+            raise SystemExit(f"soak failed in round {round_ + 1} (seed {args.seed + round_})")
+    print(f"soak passed {args.rounds} round(s) in a row")
+
+
+if __name__ == "__main__":
+    main()
