@@ -266,6 +266,7 @@ class Stack:
                 classpath=classpath,
                 kwargs=check_kwargs({"moment": at}),
                 task_instance_id=ti_id,
+                try_number=1,
                 task=f"bench_seeded.seeded.t{ti_id}",
             )
             items.append((self.broker.keys.triggers, to_fields(message)))

@@ -87,6 +87,25 @@ class Claimed:
     deliveries: int  # times delivered before this claim
 
 
+@dataclass(frozen=True)
+class GroupInfo:
+    name: str
+    pending: int  # delivered, not yet acknowledged
+    lag: int | None  # not yet delivered (None where Redis cannot tell)
+
+
+@dataclass(frozen=True)
+class StreamInfo:
+    stream: str
+    length: int
+    groups: tuple[GroupInfo, ...]
+
+
+def _glob_escape(text: str) -> str:
+    """``text`` as a literal in a Redis glob pattern (SCAN MATCH)."""
+    return "".join(f"\\{ch}" if ch in "*?[]\\" else ch for ch in text)
+
+
 class Broker:
     """Stream operations on one Redis, under one key prefix."""
 
@@ -348,6 +367,29 @@ class Broker:
 
     def pending(self, stream: str, group: str) -> replies.PendingSummary:
         return replies.parse_xpending_summary(self.redis.execute_command("XPENDING", stream, group))
+
+    def stream_keys(self) -> list[str]:
+        """The triggers, events and dead streams, then every queue stream under the prefix."""
+        pattern = _glob_escape(self.keys.queue("")) + "*"
+        queues = {key.decode() for key in self.redis.scan_iter(match=pattern, _type="stream")}
+        return [self.keys.triggers, self.keys.events, self.keys.dead, *sorted(queues)]
+
+    def stream_stats(self) -> list[StreamInfo]:
+        """Length and consumer groups (pending, lag) of each stream that exists."""
+        found = []
+        for key in self.stream_keys():
+            if not self.redis.exists(key):
+                continue
+            groups = tuple(
+                GroupInfo(
+                    str(g["name"]),
+                    int(g["pending"]),
+                    None if g.get("lag") is None else int(str(g["lag"])),
+                )
+                for g in self.groups(key)
+            )
+            found.append(StreamInfo(key, int(self.redis.xlen(key)), groups))
+        return found
 
     def groups(self, stream: str) -> list[dict[str, Any]]:
         try:

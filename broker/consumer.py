@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from broker.client import Broker, LeaseStatus
 from broker.lease import Lease
 from broker.replies import Entry
+from deferral import metrics
 from deferral.faults import is_transient
 
 log = logging.getLogger("deferral.broker")
@@ -164,6 +165,9 @@ class StreamConsumer:
         )
         if claimed:
             owners = sorted({c.owner for c in claimed})
+            metrics.LEASE_TAKEOVERS.labels(self.stream).inc(
+                sum(1 for c in claimed if c.owner != self.name)
+            )
             log.info(
                 "%s took over %d entr(ies) of %s from %s",
                 self.name,
@@ -209,6 +213,7 @@ class StreamConsumer:
         )
         lost = [Lost(i, s) for i, s in status.items() if s is not LeaseStatus.OWNED]
         self._drop([item.entry_id for item in lost])
+        metrics.LEASE_RENEWALS.labels(self.stream).inc(len(status) - len(lost))
         return lost
 
     def hand_off(self) -> int:
@@ -242,6 +247,7 @@ class StreamConsumer:
         log.error("dead-lettering %s entry %s: %s", self.stream, delivery.entry.id, reason)
         self.broker.dead_letter(delivery.entry, self.group, reason, delivery.deliveries)
         self._drop([delivery.entry.id])
+        metrics.DEAD_LETTERS.labels(self.stream).inc()
 
 
 class Backoff:

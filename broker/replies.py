@@ -27,6 +27,11 @@ class Entry:
     id: str
     fields: dict[bytes, bytes]
 
+    @property
+    def added_at(self) -> float:
+        """When Redis added it (Unix seconds): an auto-generated id starts with its milliseconds."""
+        return int(self.id.partition("-")[0]) / 1000
+
 
 def text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value

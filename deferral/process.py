@@ -138,6 +138,31 @@ def log_format_option(func: Callable[..., Any]) -> Callable[..., Any]:
     )(func)
 
 
+def metrics_port_option(func: Callable[..., Any]) -> Callable[..., Any]:
+    return click.option(
+        "--metrics-port",
+        type=click.IntRange(1, 65535),
+        envvar="DEFERRAL_METRICS_PORT",
+        default=None,
+        help="Serve Prometheus metrics at http://0.0.0.0:PORT/metrics"
+        " (default: DEFERRAL_METRICS_PORT; none).",
+    )(func)
+
+
+def serve_metrics_or_exit(service: str, port: int | None) -> None:
+    """Serve ``service``'s metrics on ``port`` (if given); a port that cannot be bound stops the
+    process with one line (exit 2)."""
+    if port is None:
+        return
+    from deferral import metrics
+
+    try:
+        metrics.serve(service, port)
+    except metrics.MetricsServerError as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(2)
+
+
 # Every command group of every program: -h as well as --help (inherited by its subcommands).
 CONTEXT_SETTINGS: dict[str, Any] = {"help_option_names": ["-h", "--help"]}
 

@@ -34,19 +34,7 @@ def streams(output: str) -> None:
 def stream_records(broker: Broker) -> list[Record]:
     """A record per consumer group of each stream (one for a stream without a group): the
     triggers, events and dead streams, then every queue stream under the prefix."""
-    return [row for key in _stream_keys(broker) for row in _stream_records(broker, key)]
-
-
-def _stream_keys(broker: Broker) -> list[str]:
-    keys = broker.keys
-    pattern = _glob_escape(keys.queue("")) + "*"
-    queues = {key.decode() for key in broker.redis.scan_iter(match=pattern, _type="stream")}
-    return [keys.triggers, keys.events, keys.dead, *sorted(queues)]
-
-
-def _glob_escape(text: str) -> str:
-    """``text`` as a literal in a Redis glob pattern (SCAN MATCH)."""
-    return "".join(f"\\{ch}" if ch in "*?[]\\" else ch for ch in text)
+    return [row for key in broker.stream_keys() for row in _stream_records(broker, key)]
 
 
 def _stream_records(broker: Broker, key: str) -> list[Record]:

@@ -8,6 +8,8 @@ from deferral.process import (
     command_group,
     default_consumer_name,
     log_format_option,
+    metrics_port_option,
+    serve_metrics_or_exit,
     settings_or_exit,
     setup_logging,
     stop_on_signals,
@@ -22,10 +24,12 @@ def main() -> None:
 @main.command()
 @click.option("--name", default=None, help="Consumer name (default: host-pid).")
 @log_format_option
-def consume(name: str | None, log_format: str) -> None:
+@metrics_port_option
+def consume(name: str | None, log_format: str, metrics_port: int | None) -> None:
     """Schedule, dispatch and apply trigger events until SIGTERM."""
     from scheduler.service import SchedulerService
 
     setup_logging(log_format)
     settings = settings_or_exit()
+    serve_metrics_or_exit("scheduler", metrics_port)
     SchedulerService(settings, name=name or default_consumer_name()).run(stop_on_signals())

@@ -221,15 +221,21 @@ def startable_runs(session: Session, limit: int) -> list[DagRun]:
     the caller to start in this transaction: none of a paused DAG (backfill runs excepted, as
     ``airflow dags backfill`` runs paused DAGs) and never more than a DAG's ``max_active_runs``
     running. The DAG rows are locked too, so replicas cannot both start a DAG's last slot."""
+    # Running runs counted once per DAG that has queued runs, not once per queued run: a
+    # correlated count per row cost 2.5 s a loop with 5,650 queued and 4,350 running runs.
     running = (
-        select(func.count())
-        .where(DagRun.dag_id == Dag.dag_id, DagRun.state == DagRunState.RUNNING)
-        .correlate(Dag)
-        .scalar_subquery()
+        select(DagRun.dag_id, func.count().label("count"))
+        .where(
+            DagRun.state == DagRunState.RUNNING,
+            DagRun.dag_id.in_(select(DagRun.dag_id).where(DagRun.state == DagRunState.QUEUED)),
+        )
+        .group_by(DagRun.dag_id)
+        .subquery("running")
     )
     found = session.execute(
         select(DagRun, Dag.max_active_runs)
         .outerjoin(Dag, Dag.dag_id == DagRun.dag_id)
+        .outerjoin(running, running.c.dag_id == DagRun.dag_id)
         .where(
             DagRun.state == DagRunState.QUEUED,
             or_(
@@ -237,7 +243,7 @@ def startable_runs(session: Session, limit: int) -> list[DagRun]:
                 Dag.is_paused.is_(False),
                 DagRun.run_type == DagRunType.BACKFILL,
             ),
-            or_(Dag.dag_id.is_(None), Dag.max_active_runs > running),
+            or_(Dag.dag_id.is_(None), Dag.max_active_runs > func.coalesce(running.c.count, 0)),
         )
         .order_by(DagRun.logical_date, DagRun.id)
         .limit(limit)

@@ -26,7 +26,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from broker.client import Broker
 from broker.streams import queue_message, task_label, trigger_message
-from deferral import liveness, transitions
+from deferral import liveness, metrics, transitions
 from deferral.crypto import Cipher, DecryptionError
 from deferral.models import TaskInstance, Trigger, Worker
 from deferral.process import log_ids
@@ -43,11 +43,8 @@ SETTLE = dt.timedelta(seconds=5)
 
 @dataclass
 class Repairs:
-    """What the reconciler has repaired since the scheduler started."""
+    """What the reconciler remembers of its repairs (their counts are metrics)."""
 
-    triggers: int = 0
-    queued: int = 0
-    orphans: int = 0
     # Triggers whose kwargs no key opens, said once each (bounded: an operator fixes the keys).
     unreadable: set[int] = field(default_factory=set)
 
@@ -157,7 +154,7 @@ class Reconciler:
             entries.append((self.broker.keys.triggers, msgspec.structs.asdict(message)))
         if entries:
             self.broker.publish_many(entries)
-            self.repairs.triggers += len(entries)
+            metrics.RECONCILER_REPAIRS.labels("triggers").inc(len(entries))
             log.warning(
                 "reconciler: republished %d trigger(s) that no stream held (trigger ids %s)",
                 len(entries),
@@ -193,7 +190,7 @@ class Reconciler:
                     entries.append((stream, msgspec.structs.asdict(message)))
         if entries:
             self.broker.publish_many(entries)
-            self.repairs.queued += len(entries)
+            metrics.RECONCILER_REPAIRS.labels("queue").inc(len(entries))
             log.warning(
                 "reconciler: republished %d queued attempt(s) that no stream held"
                 " (task instances %s)",
@@ -232,7 +229,7 @@ class Reconciler:
                 attempt = Attempt(ti.id, ti.try_number, ti.worker or "")
                 state = transitions.fail(session, attempt, reason, allow_retry=True)
                 if state is not None:
-                    self.repairs.orphans += 1
+                    metrics.RECONCILER_REPAIRS.labels("orphaned attempt").inc()
                     label = task_label(ti.dag_id, ti.run_id, ti.task_id, ti.map_index)
                     log.warning(
                         "reconciler: %s try %d: %s; now %s",

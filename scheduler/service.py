@@ -17,6 +17,7 @@ import logging
 import os
 import socket
 import threading
+import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
@@ -36,7 +37,7 @@ from broker.streams import (
     queue_message,
     read_event,
 )
-from deferral import faults, liveness, pools, retention, serialization, transitions
+from deferral import faults, liveness, metrics, pools, retention, serialization, transitions
 from deferral.baseoperator import BaseOperator
 from deferral.callbacks import (
     REASON_SUCCESS,
@@ -144,6 +145,7 @@ class SchedulerService:
         self.reconciler = Reconciler(
             self.sessions, broker, self.cipher, self.settings.heartbeat_sec
         )
+        metrics.STREAMS.watch(broker.stream_stats)
 
     def step(self) -> None:
         for periodic in self.periodic:
@@ -307,6 +309,7 @@ class SchedulerService:
         how many."""
         with self.sessions.begin() as session:
             staged = self._dispatch(session)
+        metrics.DISPATCHES.inc(len(staged))
         outbox.flush(self.sessions, self.broker, staged)
         return len(staged)
 
@@ -443,10 +446,15 @@ class SchedulerService:
             resumed_ids = [r.task_instance_id for _, _, r in applied if r.task_instance_id]
             staged = self._dispatch(session, among=resumed_ids)
         self.unapplied = []
-        for _, event, result in applied:
+        committed = time.time()
+        for delivery, event, result in applied:
             log.info(
                 "event %s for trigger %d: %s", event.dedup_key, event.trigger_id, result.outcome
             )
+            metrics.EVENTS.labels(result.outcome).inc()
+            if result.task_instance_id is not None:
+                metrics.RESUME_LATENCY.observe(max(0.0, committed - delivery.entry.added_at))
+        metrics.DISPATCHES.inc(len(staged))
         outbox.flush(self.sessions, self.broker, staged)
         self.consumer.retire([d.entry for d, _, _ in applied])
         for delivery, error in poisoned:
@@ -512,6 +520,7 @@ class SchedulerService:
     def expire_deferrals(self) -> None:
         with self.sessions.begin() as session:
             expired = transitions.expire_deferrals(session, self.cipher)
+        metrics.DEFERRAL_TIMEOUTS.inc(len(expired))
         if expired:
             log.info("deferral timed out for task instance(s) %s", expired)
 

@@ -11,6 +11,8 @@ from deferral.process import (
     command_group,
     default_consumer_name,
     log_format_option,
+    metrics_port_option,
+    serve_metrics_or_exit,
     settings_or_exit,
     setup_logging,
 )
@@ -40,14 +42,20 @@ def main() -> None:
     help="Consumer name; a stable name lets a restart resume its own entries.",
 )
 @log_format_option
+@metrics_port_option
 def consume(
-    capacity: int | None, heartbeat: float | None, name: str | None, log_format: str
+    capacity: int | None,
+    heartbeat: float | None,
+    name: str | None,
+    log_format: str,
+    metrics_port: int | None,
 ) -> None:
     """Run triggers from deferral:triggers until SIGTERM."""
     from triggerer.service import TriggererService
 
     setup_logging(log_format)
     settings = settings_or_exit()
+    serve_metrics_or_exit("triggerer", metrics_port)
     if heartbeat is not None:
         settings = dataclasses.replace(settings, heartbeat_sec=heartbeat)
     service = TriggererService(

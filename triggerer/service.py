@@ -41,7 +41,7 @@ from broker.streams import (
     StreamKeys,
     to_fields,
 )
-from deferral import liveness, tasklogs
+from deferral import liveness, metrics, tasklogs
 from deferral.config import Settings
 from deferral.crypto import Cipher
 from deferral.dagbag import put_on_sys_path
@@ -170,6 +170,8 @@ class TriggererService:
         self.task_log_written = anyio.Lock()  # batches are stored one after the other, in order
         self.broker: Broker
         self.consumer: StreamConsumer
+        metrics.TRIGGERS_RUNNING.set_function(lambda: len(self.held))
+        metrics.TRIGGERER_CAPACITY_LEFT.set_function(lambda: self.capacity - len(self.held))
 
     async def _sync(self, func: Any, *args: Any) -> Any:
         return await anyio.to_thread.run_sync(partial(func, *args), abandon_on_cancel=False)
@@ -207,7 +209,10 @@ class TriggererService:
                 tasks.start_soon(self._publisher)
                 tasks.start_soon(self.timers.run, self._timer_fired)
                 tasks.start_soon(self._write_task_logs)
-                tasks.start_soon(LoopWatchdog(BLOCKED_LOOP_WARN_SEC, _warn_blocked).run)
+                watchdog = LoopWatchdog(
+                    BLOCKED_LOOP_WARN_SEC, _warn_blocked, on_lag=metrics.LOOP_LAG.observe
+                )
+                tasks.start_soon(watchdog.run)
                 await self._consume(tasks)
         finally:
             for trigger_id, held in list(self.held.items()):
@@ -234,6 +239,7 @@ class TriggererService:
             heartbeat_sec=self.settings.heartbeat_sec,
             max_deliveries=self.settings.max_deliveries,
         )
+        metrics.STREAMS.watch(broker.stream_stats)
 
     async def _until_done(self, func: Any, *args: Any) -> None:
         """Call ``func`` until it succeeds, backing off while the servers are unavailable."""
@@ -466,8 +472,10 @@ class TriggererService:
                 await anyio.sleep(backoff.next())
                 continue
             del self.outgoing.items[: len(batch)]
-            for trigger_id, held, _ in batch:
+            for trigger_id, held, message in batch:
                 self._release(trigger_id, held)
+                failed = message.kind == EVENT_KIND_FAILURE
+                (metrics.TRIGGERS_FAILED if failed else metrics.TRIGGERS_FIRED).inc()
         self.outgoing.ready = anyio.Event()
 
     async def _retire(self, held: Held, trigger: BaseTrigger) -> None:
@@ -485,6 +493,7 @@ class TriggererService:
 
     @staticmethod
     def _log_cancelled(trigger_id: int, held: Held) -> None:
+        metrics.TRIGGERS_CANCELLED.labels(held.cancel_reason).inc()
         log.info(
             "trigger %d for %s cancelled (reason: %s)",
             trigger_id,
@@ -766,6 +775,7 @@ def _quietly(func: Any) -> None:
 
 
 def _warn_blocked(culprit: str, seconds: float) -> None:
+    metrics.BLOCKED_LOOP_WARNINGS.inc()
     log.warning(
         "%s blocked the event loop for %.2f s: move blocking calls off the loop "
         "(anyio.to_thread.run_sync)",

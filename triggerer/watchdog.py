@@ -40,11 +40,19 @@ class StallTracker:
 
 
 class LoopWatchdog:
+    """Also measures the loop's lag: how much later than asked each ``interval`` sleep ends
+    (``on_lag``), which every trigger's wake-ups suffer as well."""
+
     def __init__(
-        self, threshold: float, on_block: Callable[[str, float], None], interval: float = 0.05
+        self,
+        threshold: float,
+        on_block: Callable[[str, float], None],
+        interval: float = 0.05,
+        on_lag: Callable[[float], None] = lambda lag: None,
     ) -> None:
         self.tracker = StallTracker(threshold)
         self.on_block = on_block
+        self.on_lag = on_lag
         self.interval = interval
         self.stamp = time.monotonic()
         self._stop = threading.Event()
@@ -58,6 +66,7 @@ class LoopWatchdog:
             while True:
                 self.stamp = time.monotonic()
                 await anyio.sleep(self.interval)
+                self.on_lag(max(0.0, time.monotonic() - self.stamp - self.interval))
         finally:
             self._stop.set()
 

@@ -9,6 +9,8 @@ from deferral.process import (
     command_group,
     default_consumer_name,
     log_format_option,
+    metrics_port_option,
+    serve_metrics_or_exit,
     settings_or_exit,
     setup_logging,
     stop_on_signals,
@@ -36,7 +38,10 @@ def main() -> None:
 )
 @click.option("--name", default=None, help="Consumer name (default: host-pid).")
 @log_format_option
-def consume(concurrency: int, queue: str, name: str | None, log_format: str) -> None:
+@metrics_port_option
+def consume(
+    concurrency: int, queue: str, name: str | None, log_format: str, metrics_port: int | None
+) -> None:
     """Run task attempts from the queue stream until SIGTERM."""
     from worker.service import WorkerService
 
@@ -46,6 +51,7 @@ def consume(concurrency: int, queue: str, name: str | None, log_format: str) -> 
         check_id("queue", queue)
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--queue") from None
+    serve_metrics_or_exit("worker", metrics_port)
     service = WorkerService(
         settings, queue=queue, concurrency=concurrency, name=name or default_consumer_name()
     )

@@ -15,6 +15,7 @@ import logging
 import os
 import socket
 import threading
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -33,7 +34,7 @@ from broker.streams import (
     read_queue_entry,
     trigger_message,
 )
-from deferral import liveness, serialization, tasklogs, transitions
+from deferral import liveness, metrics, serialization, tasklogs, transitions
 from deferral.config import Settings
 from deferral.crypto import Cipher, DecryptionError
 from deferral.db import make_engine, make_sessionmaker, wait_until_up
@@ -58,6 +59,15 @@ from worker.outcomes import (
 )
 
 log = logging.getLogger("deferral.worker")
+
+# The deferral_task_attempts label of each outcome ("dropped": fenced out, see _say).
+_OUTCOME_LABELS: dict[type, str] = {
+    Succeeded: "success",
+    Failed: "failed",
+    Deferred: "deferred",
+    Rescheduled: "rescheduled",
+    Skipped: "skipped",
+}
 
 
 @dataclass(frozen=True)
@@ -112,12 +122,16 @@ class WorkerService:
         # Work read or ended but not yet recorded because the servers failed: retried first.
         self.unstarted: list[Delivery] = []
         self.unrecorded: list[tuple[Running, Outcome]] = []
+        # Outcomes of the batch being recorded, counted in the metrics once committed.
+        self.tally: Counter[str] = Counter()
         self.broker: Broker
         self.consumer: StreamConsumer
         beat = settings.heartbeat_sec
         # Takeovers are looked for more often than leases are renewed: an entry is claimed soon
         # after it passes the takeover threshold, not up to a heartbeat later.
         self.periodic = [Every(beat, self._heartbeat), Every(beat / 4, self._take_over)]
+        metrics.ATTEMPTS_RUNNING.set_function(lambda: len(self.running))
+        metrics.WORKER_SLOTS_FREE.set_function(lambda: self.concurrency - len(self.running))
 
     # -- the loop --------------------------------------------------------------------------------
 
@@ -157,6 +171,7 @@ class WorkerService:
             heartbeat_sec=self.settings.heartbeat_sec,
             max_deliveries=self.settings.max_deliveries,
         )
+        metrics.STREAMS.watch(broker.stream_stats)
 
     def _begin(self) -> None:
         self.consumer.start()
@@ -434,6 +449,7 @@ class WorkerService:
         """Record a batch of outcomes in one transaction, then publish and retire; a batch that
         fails on bad data is recorded one outcome at a time, so the bad one fails alone."""
         self.unrecorded = list(batch)
+        self.tally = Counter()
         staged: list[outbox.Staged] = []
         try:
             with self.sessions.begin() as session:
@@ -442,27 +458,32 @@ class WorkerService:
             if is_transient(exc):
                 raise
             log.exception("recording %d outcomes together failed; one by one now", len(batch))
-            staged = []
+            staged, self.tally = [], Counter()  # that transaction rolled back
             for running, outcome in batch:
                 staged += self._record_alone(running, outcome)
         self.unrecorded = []
+        for outcome_label, count in self.tally.items():
+            metrics.TASK_ATTEMPTS.labels(outcome_label).inc(count)
         outbox.flush(self.sessions, self.broker, staged)
         self.consumer.retire(
             [r.delivery.entry for r, _ in batch if self.consumer.holds(r.delivery.entry.id)]
         )
 
     def _record_alone(self, running: Running, outcome: Outcome) -> list[outbox.Staged]:
+        before = self.tally.copy()
         try:
             with self.sessions.begin() as session:
                 return self._apply_batch(session, [(running, outcome)])
         except Exception as exc:
             if is_transient(exc):
                 raise
+            self.tally = before  # what that transaction said did not happen
             reason = f"cannot record its outcome: {type(exc).__name__}: {exc}"
             log.exception("%s %s", running.label, reason, extra=running.log_ids())
             with self.sessions.begin() as session:
                 if transitions.fail(session, running.attempt, reason, allow_retry=False):
                     self._write_lines(session, [running.log_line(f"{reason}: failed")])
+                    self.tally["failed"] += 1
             return []
 
     def _apply_batch(
@@ -493,7 +514,9 @@ class WorkerService:
     def _say(
         self, running: Running, outcome: Outcome, moved: bool, said: str, lines: list[NewLine]
     ) -> None:
-        """Log what became of an attempt, and add it to the try's log ``lines`` if it counts."""
+        """Log what became of an attempt, and add it to the try's log ``lines`` if it counts;
+        tally it for the metrics."""
+        self.tally[_OUTCOME_LABELS[type(outcome)] if moved else "dropped"] += 1
         if moved:
             level = logging.ERROR if isinstance(outcome, Failed) else logging.INFO
             log.log(level, "%s %s", running.label, said, extra=running.log_ids())

@@ -36,6 +36,8 @@ from tests.servers import REDIS_URL
 pytestmark = pytest.mark.e2e
 
 WEB_PORT = "DEFERRAL_WEBSERVER_PORT"
+# Every container has its own; local processes each get a free one instead.
+METRICS_PORT = "DEFERRAL_METRICS_PORT"
 ADMIN_PASSWORD = "compose-admin-pass"
 
 
@@ -75,6 +77,7 @@ def _on_test_servers(
         "DEFERRAL_REDIS_URL": f"{test_redis.rsplit('/', 1)[0]}/{redis_db}",
         "DEFERRAL_STREAM_PREFIX": prefix,
         **({WEB_PORT: str(web_port)} if WEB_PORT in env else {}),
+        **({METRICS_PORT: str(free_port())} if METRICS_PORT in env else {}),
     }
 
 
@@ -252,6 +255,22 @@ def test_the_stack_compose_declares_runs_the_example_dag(
     assert run.state == "success"
     assert states == {"wait": "success", "report": "success"}
     assert deferred == ["deferred"]  # it really waited on a triggerer, once
+
+    # Every service serves its metrics; the triggerers between them fired the one trigger.
+    fired = 0.0
+    for service in stack:
+        if service.command[0] not in ("scheduler", "worker", "triggerer"):
+            continue
+        url = f"http://127.0.0.1:{service.env[METRICS_PORT]}/metrics"
+        with urllib.request.urlopen(url, timeout=30) as answer:
+            shown = answer.read().decode()
+        assert "deferral_lease_renewals_total" in shown, service.name
+        fired += sum(
+            float(line.split()[-1])
+            for line in shown.splitlines()
+            if line.startswith("deferral_triggers_fired_total ")
+        )
+    assert fired == 1
 
     # The web UI listens on every address, so it shows nothing without a login.
     grid_url = f"http://127.0.0.1:{web_port}/api/v1/dags/example_deferrable"

@@ -9,7 +9,6 @@ cover fails here, asking for a value).
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -20,6 +19,7 @@ from click.testing import CliRunner
 from cryptography.fernet import Fernet
 from sqlalchemy.orm import Session, sessionmaker
 
+from deferral.standalone import free_port
 from deferral_cli import main as deferral_main
 from tests.integration.cli_tree import command_at, leaves
 from tests.servers import REDIS_URL
@@ -88,13 +88,6 @@ def _arguments(path: tuple[str, ...], files: Path) -> list[str]:
     return args
 
 
-def _free_port() -> int:
-    """A loopback port nobody listens on (bound, then let go)."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 @pytest.fixture
 def files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """A DAGs folder holding the DAG the arguments name, and a working directory of its own."""
@@ -121,7 +114,7 @@ def _invoke(args: list[str]) -> tuple[int, list[str]]:
 def test_without_postgres_every_command_says_so_in_one_line(
     path: tuple[str, ...], files: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    port = _free_port()
+    port = free_port()
     monkeypatch.setenv(
         "DEFERRAL_DATABASE_URL", f"postgresql+psycopg://deferral:{PASSWORD}@127.0.0.1:{port}/prod"
     )
@@ -150,7 +143,7 @@ def test_without_redis_the_commands_that_need_it_say_so_in_one_line(
     sessions: sessionmaker[Session],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    port = _free_port()
+    port = free_port()
     monkeypatch.setenv("DEFERRAL_DATABASE_URL", database_url)
     monkeypatch.setenv("DEFERRAL_REDIS_URL", f"redis://:{PASSWORD}@127.0.0.1:{port}/0")
     code, lines = _invoke(_arguments(path, files))
@@ -168,7 +161,7 @@ def test_without_redis_the_commands_that_need_it_say_so_in_one_line(
 
 
 def test_the_installed_command_prints_no_traceback(files: Path) -> None:
-    port = _free_port()
+    port = free_port()
     env = {
         **os.environ,
         "DEFERRAL_DATABASE_URL": f"postgresql+psycopg://deferral:{PASSWORD}@127.0.0.1:{port}/prod",

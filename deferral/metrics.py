@@ -1,0 +1,268 @@
+"""Every Prometheus metric the services expose, defined here and nowhere else.
+
+Each service serves its own registry on ``--metrics-port`` (:func:`serve`): the metrics common to
+the consumer core, its own, the streams' lengths and pending counts (read from Redis at scrape
+time, through a function the service hands over once it is connected: this package does not
+speak to Redis), and the process's CPU and memory. The README's metrics table lists the same
+names; a test keeps the two equal.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from typing import Protocol
+
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    ProcessCollector,
+    disable_created_metrics,
+    start_http_server,
+)
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.metrics import MetricWrapperBase
+from prometheus_client.registry import Collector
+
+log = logging.getLogger("deferral.metrics")
+
+SCHEDULER, WORKER, TRIGGERER = "scheduler", "worker", "triggerer"
+SERVICES = (SCHEDULER, WORKER, TRIGGERER)
+
+# From a millisecond to the heartbeat's scale: the targets are single-digit milliseconds, the
+# trouble is seconds.
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+
+# -- the consumer core (every service) ----------------------------------------------------------
+
+LEASE_RENEWALS = Counter(
+    "deferral_lease_renewals",
+    "Stream entries whose lease this process renewed (owner-checked, every heartbeat).",
+    ["stream"],
+    registry=None,
+)
+LEASE_TAKEOVERS = Counter(
+    "deferral_lease_takeovers",
+    "Stream entries this process took over from a consumer that stopped renewing them.",
+    ["stream"],
+    registry=None,
+)
+DEAD_LETTERS = Counter(
+    "deferral_dead_letters",
+    "Stream entries this process moved to the dead-letter stream (bad, forged or poison).",
+    ["stream"],
+    registry=None,
+)
+
+# -- triggerer ----------------------------------------------------------------------------------
+
+TRIGGERS_RUNNING = Gauge(
+    "deferral_triggers_running", "Triggers this triggerer runs now.", registry=None
+)
+TRIGGERER_CAPACITY_LEFT = Gauge(
+    "deferral_triggerer_capacity_left",
+    "Triggers this triggerer may still take (its capacity minus those running).",
+    registry=None,
+)
+TRIGGERS_FIRED = Counter(
+    "deferral_triggers_fired", "Trigger events published (the task resumes).", registry=None
+)
+TRIGGERS_FAILED = Counter(
+    "deferral_triggers_failed",
+    "Trigger failures published (the trigger raised, ended without an event, or its event"
+    " could not be carried; the task resumes at its failure).",
+    registry=None,
+)
+TRIGGERS_CANCELLED = Counter(
+    "deferral_triggers_cancelled",
+    "Triggers stopped before firing, by reason: shutdown, reassigned, timeout, user action,"
+    " superseded.",
+    ["reason"],
+    registry=None,
+)
+LOOP_LAG = Histogram(
+    "deferral_triggerer_loop_lag_seconds",
+    "How late the triggerer's event loop ran a 50 ms timer: the delay every trigger saw.",
+    buckets=LATENCY_BUCKETS,
+    registry=None,
+)
+BLOCKED_LOOP_WARNINGS = Counter(
+    "deferral_triggerer_blocked_loop_warnings",
+    "Times a trigger's synchronous code held the event loop longer than 0.2 s (each logged"
+    " with the trigger's name).",
+    registry=None,
+)
+
+# -- scheduler ----------------------------------------------------------------------------------
+
+EVENTS = Counter(
+    "deferral_events",
+    "Trigger events read by this scheduler, by outcome: applied (resumed a task), duplicate"
+    " (its dedup key was applied before), stale (its task no longer waits on that trigger).",
+    ["outcome"],
+    registry=None,
+)
+RESUME_LATENCY = Histogram(
+    "deferral_resume_latency_seconds",
+    "From an event's publication (its stream entry id, Redis's clock) to the commit that made"
+    " its task SCHEDULED.",
+    buckets=LATENCY_BUCKETS,
+    registry=None,
+)
+DISPATCHES = Counter(
+    "deferral_dispatches",
+    "Task instances this scheduler queued (scheduled -> queued, committed).",
+    registry=None,
+)
+DEFERRAL_TIMEOUTS = Counter(
+    "deferral_deferral_timeouts",
+    "Deferred tasks whose trigger timeout passed, resumed at their failure.",
+    registry=None,
+)
+RECONCILER_REPAIRS = Counter(
+    "deferral_reconciler_repairs",
+    "Repairs by the reconciler, by kind: triggers and queue (entries Postgres needs that no"
+    " stream held, republished), orphaned attempt (running on a dead worker, entry gone: failed"
+    " into a retry).",
+    ["kind"],
+    registry=None,
+)
+
+# -- worker -------------------------------------------------------------------------------------
+
+TASK_ATTEMPTS = Counter(
+    "deferral_task_attempts",
+    "Task attempts this worker ended, by outcome: success, failed, deferred, rescheduled,"
+    " skipped, or dropped (the attempt's lease was taken over: its outcome did not count).",
+    ["outcome"],
+    registry=None,
+)
+ATTEMPTS_RUNNING = Gauge(
+    "deferral_worker_attempts_running", "Task attempts this worker runs now.", registry=None
+)
+WORKER_SLOTS_FREE = Gauge(
+    "deferral_worker_slots_free",
+    "Attempts this worker may still start (its concurrency minus those running).",
+    registry=None,
+)
+
+_COMMON: tuple[MetricWrapperBase, ...] = (LEASE_RENEWALS, LEASE_TAKEOVERS, DEAD_LETTERS)
+_OWN: dict[str, tuple[MetricWrapperBase, ...]] = {
+    TRIGGERER: (
+        TRIGGERS_RUNNING,
+        TRIGGERER_CAPACITY_LEFT,
+        TRIGGERS_FIRED,
+        TRIGGERS_FAILED,
+        TRIGGERS_CANCELLED,
+        LOOP_LAG,
+        BLOCKED_LOOP_WARNINGS,
+    ),
+    SCHEDULER: (EVENTS, RESUME_LATENCY, DISPATCHES, DEFERRAL_TIMEOUTS, RECONCILER_REPAIRS),
+    WORKER: (TASK_ATTEMPTS, ATTEMPTS_RUNNING, WORKER_SLOTS_FREE),
+}
+
+# -- streams (read at scrape time) --------------------------------------------------------------
+
+STREAM_LENGTH = "deferral_stream_length"
+STREAM_PENDING = "deferral_stream_pending"
+STREAM_LAG = "deferral_stream_lag"
+STREAM_METRICS = {
+    STREAM_LENGTH: "Entries in each stream under the prefix (triggers, events, queues, dead).",
+    STREAM_PENDING: "Entries delivered to a consumer group and not yet retired, per stream and"
+    " group (held by a consumer, or waiting to be taken over).",
+    STREAM_LAG: "Entries not yet delivered to a consumer group, per stream and group.",
+}
+
+
+class GroupStats(Protocol):
+    @property
+    def name(self) -> str: ...
+    @property
+    def pending(self) -> int: ...
+    @property
+    def lag(self) -> int | None: ...
+
+
+class StreamStats(Protocol):
+    @property
+    def stream(self) -> str: ...
+    @property
+    def length(self) -> int: ...
+    @property
+    def groups(self) -> Sequence[GroupStats]: ...
+
+
+class StreamsCollector(Collector):
+    """The streams' lengths, pending counts and lag, read when scraped from the function the
+    service gives :meth:`watch` (nothing before: the service is not connected yet)."""
+
+    def __init__(self) -> None:
+        self._read: Callable[[], Sequence[StreamStats]] | None = None
+
+    def watch(self, read: Callable[[], Sequence[StreamStats]]) -> None:
+        self._read = read
+
+    def describe(self) -> list[Metric]:
+        return [GaugeMetricFamily(name, text) for name, text in STREAM_METRICS.items()]
+
+    def collect(self) -> Iterator[Metric]:
+        if self._read is None:
+            return
+        try:
+            streams = self._read()
+        except Exception as exc:  # a scrape must answer even while Redis does not
+            log.warning("could not read the streams for /metrics: %s", exc)
+            return
+        length = GaugeMetricFamily(STREAM_LENGTH, STREAM_METRICS[STREAM_LENGTH], labels=["stream"])
+        pending = GaugeMetricFamily(
+            STREAM_PENDING, STREAM_METRICS[STREAM_PENDING], labels=["stream", "group"]
+        )
+        lag = GaugeMetricFamily(STREAM_LAG, STREAM_METRICS[STREAM_LAG], labels=["stream", "group"])
+        for stats in streams:
+            length.add_metric([stats.stream], stats.length)
+            for group in stats.groups:
+                pending.add_metric([stats.stream, group.name], group.pending)
+                if group.lag is not None:
+                    lag.add_metric([stats.stream, group.name], group.lag)
+        yield from (length, pending, lag)
+
+
+STREAMS = StreamsCollector()
+
+
+def registry_for(service: str) -> CollectorRegistry:
+    """What ``service`` serves: the core's metrics, its own, the streams, and its process."""
+    registry = CollectorRegistry(auto_describe=True)
+    for collector in (*_COMMON, *_OWN[service], STREAMS):
+        registry.register(collector)
+    ProcessCollector(registry=registry)
+    return registry
+
+
+def served_names(service: str) -> set[str]:
+    """Every deferral metric name a scrape of ``service`` can show (counters with their
+    ``_total``), as the README's table lists them; the standard ``process_*`` metrics aside."""
+    names = set(STREAM_METRICS)
+    for collector in (*_COMMON, *_OWN[service]):
+        for family in collector.describe():
+            names.add(f"{family.name}_total" if family.type == "counter" else family.name)
+    return names
+
+
+class MetricsServerError(Exception):
+    """The metrics port cannot be bound; the message says why in one line."""
+
+
+def serve(service: str, port: int) -> threading.Thread:
+    """Serve ``service``'s metrics on ``port`` (every interface) at ``/metrics``, from a daemon
+    thread; MetricsServerError if the port cannot be bound."""
+    disable_created_metrics()  # a *_created series per counter only doubles a scrape's size
+    try:
+        _, thread = start_http_server(port, registry=registry_for(service))
+    except OSError as exc:
+        raise MetricsServerError(f"--metrics-port {port}: {exc.strerror or exc}") from None
+    log.info("%s metrics on http://0.0.0.0:%d/metrics", service, port)
+    return thread

@@ -1,0 +1,143 @@
+"""``--metrics-port`` on every service: scraped during a deferral and after it, the counters move;
+a port that cannot be bound stops the service with one line."""
+
+from __future__ import annotations
+
+import functools
+import socket
+import subprocess
+import urllib.request
+from typing import Any
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+from sqlalchemy import select
+from sqlalchemy.orm import Session, sessionmaker
+
+from broker.client import Broker
+from deferral.models import TaskInstance
+from deferral.standalone import free_port
+from tests.e2e.conftest import Services, command
+from tests.helpers import wait_for
+
+pytestmark = pytest.mark.e2e
+
+DAG_SOURCE = """
+import datetime as dt
+
+from deferral import DAG
+from deferral.operators import EmptyOperator
+from deferral.sensors import TimeDeltaSensorAsync
+
+with DAG("e2e_metrics") as dag:
+    TimeDeltaSensorAsync(task_id="wait", delta=dt.timedelta(seconds=3)) >> EmptyOperator(
+        task_id="after"
+    )
+"""
+
+Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
+
+
+def scrape(port: int) -> Samples:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as reply:
+        text = reply.read().decode()
+    return {
+        (sample.name, frozenset(sample.labels.items())): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
+
+
+def _scrape_when_up(port: int) -> Samples | None:
+    try:
+        return scrape(port)
+    except OSError:
+        return None  # not listening yet
+
+
+def value(samples: Samples, name: str, **labels: str) -> float:
+    return samples.get((name, frozenset(labels.items())), 0.0)
+
+
+def _state(sessions: sessionmaker[Session], task_id: str) -> str | None:
+    with sessions() as session:
+        return session.scalar(select(TaskInstance.state).where(TaskInstance.task_id == task_id))
+
+
+def test_each_service_serves_metrics_that_move_with_a_deferral(
+    services: Services, write_dag: Any, sessions: sessionmaker[Session], broker: Broker
+) -> None:
+    write_dag("e2e_metrics_dag", DAG_SOURCE)
+    ports = {name: free_port() for name in ("scheduler", "worker", "triggerer")}
+    services.start("scheduler", "--metrics-port", str(ports["scheduler"]))
+    services.start(
+        "worker", "--concurrency", "2", env={"DEFERRAL_METRICS_PORT": str(ports["worker"])}
+    )
+    services.start("triggerer", "--metrics-port", str(ports["triggerer"]))
+    before = {}
+    for name, port in ports.items():
+        before[name] = wait_for(functools.partial(_scrape_when_up, port), what=f"{name} /metrics")
+    waiter = subprocess.Popen(
+        command("deferral", "dags", "trigger", "e2e_metrics", "--wait", "--timeout", "90"),
+        env=services.env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+    # -- during the deferral ---------------------------------------------------------------------
+    wait_for(lambda: _state(sessions, "wait") == "deferred", timeout=60, what="the sensor to defer")
+    triggers = broker.keys.triggers
+    during = wait_for(
+        lambda: (
+            (s := scrape(ports["triggerer"]))
+            and value(s, "deferral_triggers_running") == 1
+            and value(s, "deferral_stream_pending", stream=triggers, group="triggerers") == 1
+            and s
+        ),
+        what="the triggerer to run the trigger",
+    )
+    capacity = value(before["triggerer"], "deferral_triggerer_capacity_left")
+    assert value(during, "deferral_triggerer_capacity_left") == capacity - 1
+    assert value(during, "deferral_stream_length", stream=triggers) == 1
+    worker = scrape(ports["worker"])
+    assert value(worker, "deferral_task_attempts_total", outcome="deferred") == 1
+    assert value(worker, "deferral_worker_slots_free") == 2
+
+    out, _ = waiter.communicate(timeout=90)
+    assert waiter.returncode == 0, out
+
+    # -- after: each service's counters moved ----------------------------------------------------
+    triggerer, scheduler = scrape(ports["triggerer"]), scrape(ports["scheduler"])
+    worker = scrape(ports["worker"])
+    assert value(triggerer, "deferral_triggers_fired_total") == 1
+    assert value(triggerer, "deferral_triggers_running") == 0
+    assert value(triggerer, "deferral_triggerer_loop_lag_seconds_count") > value(
+        before["triggerer"], "deferral_triggerer_loop_lag_seconds_count"
+    )
+    assert value(triggerer, "deferral_lease_renewals_total", stream=triggers) >= 1
+    assert value(scheduler, "deferral_events_total", outcome="applied") == 1
+    assert value(scheduler, "deferral_resume_latency_seconds_count") == 1
+    assert 0 < value(scheduler, "deferral_resume_latency_seconds_sum") < 10
+    assert value(scheduler, "deferral_dispatches_total") == 3  # wait, wait resumed, after
+    assert value(worker, "deferral_task_attempts_total", outcome="success") == 2
+    assert value(worker, "deferral_task_attempts_total", outcome="deferred") == 1
+    assert value(worker, "process_resident_memory_bytes") > 0
+    assert value(scheduler, "deferral_stream_pending", stream=triggers, group="triggerers") == 0
+
+
+def test_a_metrics_port_in_use_stops_the_service_with_one_line(services: Services) -> None:
+    with socket.socket() as taken:
+        taken.bind(("0.0.0.0", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        for service in ("scheduler", "worker", "triggerer"):
+            done = subprocess.run(
+                command(service, "consume", "--metrics-port", str(port)),
+                env=services.env,
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
+            assert done.returncode == 2, (service, done.stderr)
+            assert done.stderr.strip() == f"error: --metrics-port {port}: Address already in use"

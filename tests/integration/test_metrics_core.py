@@ -1,0 +1,87 @@
+"""Metrics against a real Redis: the consumer core counts renewals, takeovers and dead letters;
+a served registry shows the streams as they are; a port in use is refused in one line."""
+
+from __future__ import annotations
+
+import socket
+import time
+import urllib.request
+
+import pytest
+
+from broker.client import Broker
+from broker.consumer import StreamConsumer
+from broker.streams import QueueMessage, to_fields
+from deferral import metrics
+from deferral.standalone import free_port
+
+GROUP = "workers"
+
+
+def _consumer(broker: Broker, name: str) -> StreamConsumer:
+    consumer = StreamConsumer(
+        broker, broker.keys.queue("default"), GROUP, name, heartbeat_sec=0.05, max_deliveries=5
+    )
+    consumer.start()
+    return consumer
+
+
+def _publish(broker: Broker, n: int) -> None:
+    for i in range(1, n + 1):
+        message = QueueMessage(str(i), "1", f"d.r.t{i}", "mac")
+        broker.publish(broker.keys.queue("default"), to_fields(message))
+
+
+def _counted(name: str, stream: str) -> float:
+    value = metrics.registry_for(metrics.WORKER).get_sample_value(name, {"stream": stream})
+    return value or 0.0
+
+
+def test_the_consumer_core_counts_renewals_takeovers_and_dead_letters(broker: Broker) -> None:
+    stream = broker.keys.queue("default")
+    renewed = _counted("deferral_lease_renewals_total", stream)
+    taken = _counted("deferral_lease_takeovers_total", stream)
+    dead = _counted("deferral_dead_letters_total", stream)
+    _publish(broker, 3)
+    mine = _consumer(broker, "w1")
+    deliveries = mine.poll(3)
+    assert len(deliveries) == 3
+    assert mine.renew() == []
+    assert _counted("deferral_lease_renewals_total", stream) == renewed + 3
+
+    time.sleep(0.2)  # past 2.1 x heartbeat without a renewal: w1 looks dead
+    peer = _consumer(broker, "w2")
+    claimed = peer.claim(10)
+    assert len(claimed) == 3
+    assert _counted("deferral_lease_takeovers_total", stream) == taken + 3
+
+    peer.dead_letter(claimed[0], "bad queue entry: test")
+    assert _counted("deferral_dead_letters_total", stream) == dead + 1
+
+
+def test_a_served_registry_shows_the_streams(broker: Broker) -> None:
+    _publish(broker, 2)
+    consumer = _consumer(broker, "w1")
+    consumer.poll(1)
+    metrics.STREAMS.watch(broker.stream_stats)
+    port = free_port()
+    metrics.serve(metrics.WORKER, port)
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as reply:
+        shown = reply.read().decode()
+    stream = broker.keys.queue("default")
+    assert f'deferral_stream_length{{stream="{stream}"}} 2.0' in shown
+    assert f'deferral_stream_pending{{group="workers",stream="{stream}"}} 1.0' in shown
+    assert f'deferral_stream_lag{{group="workers",stream="{stream}"}} 1.0' in shown
+    assert "process_resident_memory_bytes" in shown
+    assert "deferral_worker_slots_free" in shown and "deferral_triggers_running" not in shown
+    assert "_created" not in shown
+
+
+def test_a_port_in_use_is_refused_in_one_line() -> None:
+    with socket.socket() as taken:
+        taken.bind(("0.0.0.0", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(metrics.MetricsServerError) as raised:
+            metrics.serve(metrics.SCHEDULER, port)
+    assert str(raised.value) == f"--metrics-port {port}: Address already in use"

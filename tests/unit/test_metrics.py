@@ -1,0 +1,107 @@
+"""The metrics module: the README's table lists exactly what each service serves; the streams
+collector reports what its source says and survives a source that fails; the watchdog reports
+the loop's lag."""
+
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import anyio
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+
+from deferral import metrics
+from deferral.metrics import StreamsCollector
+from triggerer.watchdog import LoopWatchdog
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+
+
+def _readme_rows() -> dict[str, str]:
+    """metric name -> service column, from the table under "### Metrics"."""
+    text = README.read_text()
+    section = text[text.index("### Metrics") :]
+    section = section[: section.index("\n### ", 1)]
+    rows = re.findall(r"^\| `([a-z_]+)(?:\{[^}]*\})?` \| (\w+) \|", section, flags=re.MULTILINE)
+    assert rows, "no metrics table under ### Metrics"
+    return dict(rows)
+
+
+@pytest.mark.parametrize("service", metrics.SERVICES)
+def test_the_readme_table_lists_exactly_what_each_service_serves(service: str) -> None:
+    listed = {name for name, where in _readme_rows().items() if where in ("all", service)}
+    assert listed == metrics.served_names(service)
+
+
+def test_every_service_column_names_a_service() -> None:
+    assert set(_readme_rows().values()) <= {"all", *metrics.SERVICES}
+
+
+@dataclass(frozen=True)
+class _Group:
+    name: str
+    pending: int
+    lag: int | None
+
+
+@dataclass(frozen=True)
+class _Stream:
+    stream: str
+    length: int
+    groups: tuple[_Group, ...]
+
+
+def _scrape(collector: StreamsCollector) -> str:
+    registry = CollectorRegistry()
+    registry.register(collector)
+    return generate_latest(registry).decode()
+
+
+def test_streams_collector_reports_its_source() -> None:
+    collector = StreamsCollector()
+    assert "deferral_stream_length{" not in _scrape(collector)  # not connected yet
+    collector.watch(
+        lambda: [
+            _Stream("p:triggers", 3, (_Group("triggerers", 2, 1),)),
+            _Stream("p:dead", 1, ()),
+        ]
+    )
+    shown = _scrape(collector)
+    assert 'deferral_stream_length{stream="p:triggers"} 3.0' in shown
+    assert 'deferral_stream_length{stream="p:dead"} 1.0' in shown
+    assert 'deferral_stream_pending{group="triggerers",stream="p:triggers"} 2.0' in shown
+    assert 'deferral_stream_lag{group="triggerers",stream="p:triggers"} 1.0' in shown
+
+
+def test_streams_collector_answers_while_its_source_fails(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    collector = StreamsCollector()
+
+    def down() -> list[_Stream]:
+        raise ConnectionError("Redis is down")
+
+    collector.watch(down)
+    assert "deferral_stream_length{" not in _scrape(collector)
+    assert "could not read the streams for /metrics: Redis is down" in caplog.text
+
+
+def test_watchdog_reports_the_loops_lag() -> None:
+    lags: list[float] = []
+
+    async def main() -> None:
+        async with anyio.create_task_group() as tasks:
+            watchdog = LoopWatchdog(10.0, lambda *_: None, 0.02, on_lag=lags.append)
+            tasks.start_soon(watchdog.run)
+            await anyio.sleep(0.1)
+            time.sleep(0.3)  # holds the loop: the watchdog's sleep ends that much late
+            await anyio.sleep(0.1)
+            tasks.cancel_scope.cancel()
+
+    anyio.run(main)
+    assert len(lags) >= 3
+    assert all(lag >= 0 for lag in lags)
+    assert max(lags) > 0.2
