@@ -80,6 +80,7 @@ BROKEN_DAGS_EVERY_SEC = 5.0
 PRUNE_EVERY_SEC = 3600.0
 DEFAULT_MAX_ACTIVE_TASKS = 16
 SCHEDULE_RUNS_EVERY_SEC = 1.0
+RECOLLECT_MISSING_SEC = 1.0
 
 
 class SchedulerService:
@@ -91,6 +92,7 @@ class SchedulerService:
         self.sessions = make_sessionmaker(self.engine)
         self.keys = StreamKeys(settings.stream_prefix)
         self.dagbag = DagBag(settings.dags_folder)
+        self._collected_at = 0.0  # monotonic time of the last collect for a missing DAG
         # An event batch read but not yet recorded because the servers failed: retried first.
         self.unapplied: list[Delivery] = []
         # DAG callbacks run in these threads; runs finished in the current evaluation pass.
@@ -184,10 +186,17 @@ class SchedulerService:
         self._call_back(finished)
 
     def _dag(self, dag_id: str) -> DAG | None:
-        try:
-            return self.dagbag.get_dag(dag_id)
-        except DagNotFound:
-            return None
+        """The DAG as last collected; one not there makes the folder be read again, at most
+        once a second (a new file is found at once, yet a run of a DAG that no longer loads
+        does not cost a folder scan per call: the dispatch pass asks per run)."""
+        dag = self.dagbag.dags.get(dag_id)
+        if dag is None and time.monotonic() - self._collected_at >= RECOLLECT_MISSING_SEC:
+            self._collected_at = time.monotonic()
+            try:
+                dag = self.dagbag.get_dag(dag_id)
+            except DagNotFound:
+                return None
+        return dag
 
     def fail_broken_runs(self) -> None:
         grace = dt.timedelta(seconds=self.settings.dag_import_grace_sec)
@@ -329,11 +338,18 @@ class SchedulerService:
         if (among is not None and not among) or session.scalar(waiting) is None:
             return []
         pool_free = pools.free_slots(session)
+        # Only runs with a task that may go are counted: runs that merely wait cost nothing.
+        candidate_runs = select(TI.dag_id, TI.run_id).where(TI.state == TaskState.SCHEDULED)
+        if among is not None:
+            candidate_runs = candidate_runs.where(TI.id.in_(among))
         active = {
             (dag_id, run_id): count
             for dag_id, run_id, count in session.execute(
                 select(TI.dag_id, TI.run_id, func.count())
-                .where(TI.state.in_([TaskState.QUEUED, TaskState.RUNNING]))
+                .where(
+                    TI.state.in_([TaskState.QUEUED, TaskState.RUNNING]),
+                    tuple_(TI.dag_id, TI.run_id).in_(candidate_runs),
+                )
                 .group_by(TI.dag_id, TI.run_id)
             )
         }
