@@ -142,8 +142,15 @@ class Stack:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        """Stop the processes; drop the database, the keys and the files, unless ``keep``
+        (a failed round is looked into with all three)."""
         self.services.stop_all()
         self.sessions.kw["bind"].dispose()
+        if self.keep:
+            self._admin.dispose()
+            self.broker.close()
+            print(f"kept: logs in {self.logs}, database {self.name}, keys {self.name}:*")
+            return
         with self._admin.connect() as conn:
             conn.execute(text(f'DROP DATABASE IF EXISTS "{self.name}" WITH (FORCE)'))
         self._admin.dispose()
@@ -151,10 +158,7 @@ class Stack:
         for start in range(0, len(keys), 1000):
             self.broker.redis.delete(*keys[start : start + 1000])
         self.broker.close()
-        if self.keep:
-            print(f"logs kept in {self.logs}")
-        else:
-            shutil.rmtree(self.home, ignore_errors=True)
+        shutil.rmtree(self.home, ignore_errors=True)
 
     # -- processes -------------------------------------------------------------------------------
 

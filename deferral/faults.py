@@ -43,8 +43,9 @@ def is_transient(exc: BaseException) -> bool:
     if isinstance(exc, _TRANSIENT_REDIS):
         return True
     if isinstance(exc, redis.exceptions.ResponseError):
-        # The stream or group was lost (Redis restarted without its data): recreate and retry.
-        return str(exc).startswith("NOGROUP")
+        # The stream or group was lost (Redis restarted without its data, or the key deleted
+        # while a consumer blocked on it): recreate and retry.
+        return str(exc).startswith(("NOGROUP", "UNBLOCKED"))
     if isinstance(exc, DBAPIError):
         if exc.connection_invalidated:
             return True

@@ -176,7 +176,37 @@ class WorkerService:
     def _begin(self) -> None:
         self.consumer.start()
         self._register(liveness.RUNNING)
+        self._fail_left_running()
         self.pool.prestart(self.concurrency)
+
+    def _fail_left_running(self) -> None:
+        """Attempts Postgres says run on this worker's name were started by an earlier process of
+        that name (this one has started none yet): their processes died with it. Fail them into
+        their retries now, fenced on this name and their try. Replaying our pending entries would
+        find most of them, but not one whose entry Redis lost meanwhile, and the reconciler
+        cannot tell it from a live attempt: this name heartbeats again."""
+        with self.sessions.begin() as session:
+            left = session.execute(
+                select(TaskInstance.id, TaskInstance.try_number).where(
+                    TaskInstance.state == TaskState.RUNNING, TaskInstance.worker == self.name
+                )
+            ).all()
+            reason = f"worker {self.name} restarted: the attempt's process died with it"
+            lines = []
+            for ti_id, try_number in left:
+                attempt = Attempt(ti_id, try_number, self.name)
+                state = transitions.fail(session, attempt, reason, allow_retry=True)
+                if state is not None:
+                    log.warning(
+                        "task instance %d try %d: %s; now %s",
+                        ti_id,
+                        try_number,
+                        reason,
+                        state,
+                        extra=log_ids(task_instance_id=ti_id, try_number=try_number),
+                    )
+                    lines.append(_line(ti_id, try_number, f"{reason}; now {state}"))
+            self._write_lines(session, lines)
 
     def step(self) -> None:
         for periodic in self.periodic:

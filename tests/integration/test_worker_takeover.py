@@ -7,10 +7,12 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from broker.client import Broker
 from broker.streams import GROUP_WORKERS, queue_message
-from deferral import transitions
+from deferral import tasklogs, transitions
+from deferral.config import Settings
 from deferral.models import TaskInstance, TaskStateChange
 from deferral.transitions import Attempt
 from tests.integration.factories import DAG_ID, WORKER, running_task
+from tests.servers import REDIS_URL
 from worker.service import WorkerService
 
 STALE_IDLE_MS = 600_000  # far past any takeover threshold
@@ -81,3 +83,29 @@ def test_an_attempt_running_on_a_live_worker_is_left_alone(
     assert broker.redis.xlen(worker.stream) == 0
     with sessions.begin() as session:  # and the live attempt can still finish
         assert transitions.succeed(session, Attempt(ti_id, 1, WORKER), None)
+
+
+def test_a_worker_restarted_under_its_name_fails_the_attempts_its_last_process_ran(
+    settings: Settings, sessions: sessionmaker[Session]
+) -> None:
+    """Even one whose queue entry Redis lost: nothing would replay it, and the name heartbeats
+    again, so the reconciler would take it for a live attempt."""
+    ours = running_task(sessions, task_id="ours")  # running on WORKER, no queue entry anywhere
+    theirs = running_task(sessions, task_id="theirs", run_id="r2")
+    with sessions.begin() as session:
+        session.get_one(TaskInstance, ours).max_tries = 1  # one retry left
+        session.get_one(TaskInstance, theirs).worker = "another-worker"
+    restarted = WorkerService(settings, queue="default", concurrency=1, name=WORKER)
+    restarted.attach(Broker.from_url(REDIS_URL, settings.stream_prefix))
+    try:
+        restarted._begin()
+    finally:
+        restarted.pool.shutdown()
+        restarted.broker.close()
+    assert _ti(sessions, ours).state == "up_for_retry"
+    assert _ti(sessions, theirs).state == "running"
+    with sessions() as session:
+        lines = tasklogs.read_lines(session, ours, 1)
+    assert lines[-1].text == (
+        f"worker {WORKER} restarted: the attempt's process died with it; now up_for_retry"
+    )

@@ -22,6 +22,7 @@ def _db(kind: type, orig: BaseException) -> BaseException:
         redis.exceptions.TimeoutError("slow"),
         redis.exceptions.BusyLoadingError("loading"),
         redis.exceptions.ResponseError("NOGROUP No such key 'x' or consumer group 'g'"),
+        redis.exceptions.ResponseError("UNBLOCKED the stream key no longer exists"),
         _db(OperationalError, psycopg.errors.SerializationFailure("40001")),
         _db(OperationalError, psycopg.errors.DeadlockDetected("40P01")),
         _db(OperationalError, psycopg.errors.AdminShutdown("57P01")),
