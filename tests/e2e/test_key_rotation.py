@@ -126,7 +126,7 @@ def test_rotation_with_the_streams_republished_drops_the_old_key_without_a_dead_
     # 3. The triggers stream rebuilt from Postgres: the entry is sealed with NEW.
     broker.redis.delete(broker.keys.triggers, broker.keys.inflight(broker.keys.triggers))
     token = wait_for(
-        lambda: broker.redis.exists(broker.keys.triggers) and _trigger_token(broker),
+        lambda: broker.xrange(broker.keys.triggers) and _trigger_token(broker),
         timeout=60,
         what="the reconciler to republish the trigger",
     )
