@@ -338,18 +338,11 @@ class SchedulerService:
         if (among is not None and not among) or session.scalar(waiting) is None:
             return []
         pool_free = pools.free_slots(session)
-        # Only runs with a task that may go are counted: runs that merely wait cost nothing.
-        candidate_runs = select(TI.dag_id, TI.run_id).where(TI.state == TaskState.SCHEDULED)
-        if among is not None:
-            candidate_runs = candidate_runs.where(TI.id.in_(among))
         active = {
             (dag_id, run_id): count
             for dag_id, run_id, count in session.execute(
                 select(TI.dag_id, TI.run_id, func.count())
-                .where(
-                    TI.state.in_([TaskState.QUEUED, TaskState.RUNNING]),
-                    tuple_(TI.dag_id, TI.run_id).in_(candidate_runs),
-                )
+                .where(TI.state.in_([TaskState.QUEUED, TaskState.RUNNING]))
                 .group_by(TI.dag_id, TI.run_id)
             )
         }
