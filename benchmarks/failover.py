@@ -90,8 +90,8 @@ def main() -> None:
                 stack.wait_started(victim)
                 if args.profile:
                     break  # the next start would need a profiler of its own
-    if args.profile:
-        print(profiles.summary())
+        if args.profile:  # before the stack's folder (the raw profiles in it) is removed
+            print(profiles.summary())
 
     ok = report(
         f"failover: kill -9 of a triggerer holding {n} triggers, heartbeat {beat:g} s,"

@@ -152,8 +152,8 @@ def main() -> None:
         print(f"{args.idle} idle runs deferred in {time.monotonic() - started:.0f} s", flush=True)
         with Profiles(stack, names if args.profile else []) as profiles:
             crowded = probe(stack, args.samples, "crowded")
-    if args.profile:
-        print(profiles.summary())
+        if args.profile:  # before the stack's folder (the raw profiles in it) is removed
+            print(profiles.summary())
 
     figures = []
     for phase, (scheduled, succeeded) in (

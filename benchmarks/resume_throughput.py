@@ -106,9 +106,9 @@ def main() -> None:
             cpu.stop()
             resuming = cpu.lines(n, "resumed task")
         changes = stack.changes("bench_throughput")
-    if args.profile:
-        print(deferring_profile.summary())
-        print(resuming_profile.summary())
+        if args.profile:  # before the stack's folder (the raw profiles in it) is removed
+            print(deferring_profile.summary())
+            print(resuming_profile.summary())
 
     picked = [c.at for c in changes if c.to_state == "running" and c.reason == "picked up"]
     deferred = [c.at for c in changes if c.to_state == "deferred"]

@@ -93,8 +93,8 @@ def main() -> None:
         loading = lags_between(lag_file, seeding, held)
         holding = lags_between(lag_file, held, ended)
         blocked = [line for line in stack.log("triggerer1").splitlines() if "blocked" in line]
-    if args.profile:
-        print(profiles.summary())
+        if args.profile:  # before the stack's folder (the raw profiles in it) is removed
+            print(profiles.summary())
 
     per_trigger = (rss_full - rss_empty) * 1024 / n
     ok = report(
