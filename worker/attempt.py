@@ -69,6 +69,8 @@ def _xcoms() -> DatabaseXComs:
 def warm_up() -> None:
     """Run once in each new task process before it takes attempts: load the DAGs folder, so the
     first attempt does not spend its execution_timeout importing."""
+    # Attempts log at INFO (capture.TaskOutput); set here once, not per attempt.
+    logging.getLogger().setLevel(logging.INFO)
     # A folder that fails to load is reported by the attempt that needs it, with its error.
     with contextlib.suppress(Exception):
         _dagbag().collect()

@@ -15,7 +15,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from broker.client import Broker
-from deferral.models import TaskInstance
+from deferral.models import TaskInstance, Trigger
 from deferral.standalone import free_port
 from tests.e2e.conftest import Services, command
 from tests.helpers import wait_for
@@ -64,6 +64,12 @@ def _state(sessions: sessionmaker[Session], task_id: str) -> str | None:
         return session.scalar(select(TaskInstance.state).where(TaskInstance.task_id == task_id))
 
 
+def _runner(sessions: sessionmaker[Session]) -> str | None:
+    """The triggerer the trigger row says runs it."""
+    with sessions() as session:
+        return session.scalars(select(Trigger.triggerer_id)).one()
+
+
 def test_each_service_serves_metrics_that_move_with_a_deferral(
     services: Services, write_dag: Any, sessions: sessionmaker[Session], broker: Broker
 ) -> None:
@@ -97,6 +103,7 @@ def test_each_service_serves_metrics_that_move_with_a_deferral(
         ),
         what="the triggerer to run the trigger",
     )
+    wait_for(lambda: _runner(sessions) is not None, what="the triggerer to record the trigger")
     capacity = value(before["triggerer"], "deferral_triggerer_capacity_left")
     assert value(during, "deferral_triggerer_capacity_left") == capacity - 1
     assert value(during, "deferral_stream_length", stream=triggers) == 1
