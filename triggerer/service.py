@@ -658,8 +658,11 @@ class TriggererService:
         if vanished:
             elsewhere = await self._sync(self.broker.present, self.keys.triggers, vanished)
             for trigger_id, there in elsewhere.items():
-                if there:
-                    self._cancel(int(trigger_id), affected[int(trigger_id)], "reassigned")
+                held = affected[int(trigger_id)]
+                # The newer entry may have reached this triggerer during that call (a read
+                # swaps it in, see _start): then the trigger holds it and goes on here.
+                if there and held.entry.id in status:
+                    self._cancel(int(trigger_id), held, "reassigned")
 
     async def _drop_unwanted(self) -> None:
         """Cancel the triggers whose task no longer waits on them (timed out, cleared, marked).

@@ -8,14 +8,16 @@ import datetime as dt
 
 import anyio
 
-from broker.client import Broker
+from broker.client import Broker, LeaseStatus
+from broker.consumer import Lost
+from broker.replies import Entry
 from broker.streams import GROUP_TRIGGERERS, to_fields, trigger_message
 from deferral.config import Settings
 from deferral.crypto import Cipher
 from deferral.serialization import check_kwargs
 from deferral.triggers import DateTimeTrigger
 from deferral.triggers.base import classpath_of
-from triggerer.service import READ_BATCH, TriggererService
+from triggerer.service import READ_BATCH, Held, TriggererService
 
 DEAD_HELD = 2 * READ_BATCH + 50
 
@@ -84,3 +86,33 @@ def test_one_look_takes_no_more_than_the_capacity_left(
     assert len(service.held) == READ_BATCH + 10
     pending = broker.pending(broker.keys.triggers, GROUP_TRIGGERERS).per_consumer
     assert pending == {"alive": READ_BATCH + 10, "dead": DEAD_HELD - READ_BATCH - 10}
+
+
+def test_a_republished_entry_read_while_the_lost_one_is_checked_keeps_the_trigger(
+    settings: Settings, broker: Broker, cipher: Cipher
+) -> None:
+    """The entry a trigger held vanished (Redis lost it) and the reconciler republished it; this
+    triggerer reads the republished entry while it asks whether one exists elsewhere. The trigger
+    now holds the new entry: cancelling it as reassigned would leave that entry held, renewed
+    and never run (the key-wipe e2e test's stuck task)."""
+    service = TriggererService(settings, capacity=10, name="t1")
+    service.attach(broker)
+    old = Entry(broker.keys.triggers, "1-1", {b"trigger_id": b"7"})
+    new = Entry(broker.keys.triggers, "2-1", {b"trigger_id": b"7"})
+    moment = dt.datetime.now(dt.UTC) + dt.timedelta(days=1)
+    held = Held(7, old, None, "d.r.t", 7, 1, moment=moment)
+    service.held[7] = held
+
+    def present_after_the_swap(stream: str, index_fields: list[str]) -> dict[str, bool]:
+        held.entry = new  # what _start does with a newer entry for a trigger running here
+        return {"7": True}
+
+    service.broker.present = present_after_the_swap  # type: ignore[method-assign]
+    anyio.run(service._lost, [Lost(old.id, LeaseStatus.GONE)])
+    assert service.held[7] is held and not held.cancelled
+
+    # Still the lost entry: a peer holds the newer one, so the trigger stops here.
+    held.entry = old
+    service.broker.present = lambda stream, index_fields: {"7": True}  # type: ignore[method-assign]
+    anyio.run(service._lost, [Lost(old.id, LeaseStatus.GONE)])
+    assert held.cancelled and held.cancel_reason == "reassigned" and 7 not in service.held
