@@ -71,13 +71,15 @@ def standalone(dags_folder: str | None, home: Path, run_dag: str | None, timeout
             fail(f"Redis: {exc}")
         with embedded.running_services(webserver=run_dag is None) as procs:
             if run_dag is None:
+                # Held from before "services running" is said: a SIGTERM sent on reading it
+                # must stop the servers, not kill this process and leave them running.
+                stop_signals = {signal.SIGINT, signal.SIGTERM}
+                signal.pthread_sigmask(signal.SIG_BLOCK, stop_signals)
                 click.echo("# deferral standalone: in another terminal, to reach these servers:")
                 for line in embedded.environment_lines(os.environ, filled.key_file):
                     click.echo(line)
                 _say_web_ui(procs[-1], filled.admin_password_file)
                 click.echo("services running; Ctrl-C stops them")
-                stop_signals = {signal.SIGINT, signal.SIGTERM}
-                signal.pthread_sigmask(signal.SIG_BLOCK, stop_signals)
                 signal.sigwait(stop_signals)
                 return
             run_id = trigger(settings, run_dag, {}, None)
