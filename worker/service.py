@@ -32,6 +32,7 @@ from broker.streams import (
     QueuedAttempt,
     StreamKeys,
     read_queue_entry,
+    task_label,
     trigger_message,
 )
 from deferral import liveness, metrics, serialization, tasklogs, transitions
@@ -59,6 +60,8 @@ from worker.outcomes import (
 )
 
 log = logging.getLogger("deferral.worker")
+
+TI = TaskInstance
 
 # The deferral_task_attempts label of each outcome ("dropped": fenced out, see _say).
 _OUTCOME_LABELS: dict[type, str] = {
@@ -185,28 +188,23 @@ class WorkerService:
         their retries now, fenced on this name and their try. Replaying our pending entries would
         find most of them, but not one whose entry Redis lost meanwhile, and the reconciler
         cannot tell it from a live attempt: this name heartbeats again."""
-        with self.sessions.begin() as session:
+        with self.sessions() as session:
             left = session.execute(
-                select(TaskInstance.id, TaskInstance.try_number).where(
-                    TaskInstance.state == TaskState.RUNNING, TaskInstance.worker == self.name
+                select(TI.id, TI.try_number, TI.dag_id, TI.run_id, TI.task_id, TI.map_index).where(
+                    TI.state == TaskState.RUNNING, TI.worker == self.name
                 )
             ).all()
-            reason = f"worker {self.name} restarted: the attempt's process died with it"
-            lines = []
-            for ti_id, try_number in left:
-                attempt = Attempt(ti_id, try_number, self.name)
-                state = transitions.fail(session, attempt, reason, allow_retry=True)
-                if state is not None:
-                    log.warning(
-                        "task instance %d try %d: %s; now %s",
-                        ti_id,
-                        try_number,
-                        reason,
-                        state,
-                        extra=log_ids(task_instance_id=ti_id, try_number=try_number),
-                    )
-                    lines.append(_line(ti_id, try_number, f"{reason}; now {state}"))
-            self._write_lines(session, lines)
+        reason = f"worker {self.name} restarted: the attempt's process died with it"
+        self._fail_into_retries(
+            [
+                (
+                    Attempt(row.id, row.try_number, self.name),
+                    task_label(row.dag_id, row.run_id, row.task_id, row.map_index),
+                    reason,
+                )
+                for row in left
+            ]
+        )
 
     def step(self) -> None:
         for periodic in self.periodic:
@@ -436,17 +434,33 @@ class WorkerService:
         fail them into a retry, so they are never lost and never run twice at once. Fenced on
         that worker: the same try may since have been resumed from a deferral and be running on
         a live worker."""
+        failures = []
+        for delivery, item in orphans:
+            assert delivery.taken_from is not None
+            attempt = Attempt(item.task_instance_id, item.try_number, delivery.taken_from)
+            failures.append(
+                (attempt, item.task, f"worker {delivery.taken_from} stopped heartbeating")
+            )
+        self._fail_into_retries(failures)
+
+    def _fail_into_retries(self, failures: Sequence[tuple[Attempt, str, str]]) -> None:
+        """Fail each (attempt, task label, reason) whose try still runs on that attempt's worker
+        into its retry, in one transaction, saying so in the log and in the try's log."""
         with self.sessions.begin() as session:
             lines = []
-            for delivery, item in orphans:
-                assert delivery.taken_from is not None
-                attempt = Attempt(item.task_instance_id, item.try_number, delivery.taken_from)
-                reason = f"worker {delivery.taken_from} stopped heartbeating"
+            for attempt, label, reason in failures:
                 state = transitions.fail(session, attempt, reason, allow_retry=True)
                 if state is not None:
-                    log.warning("%s: %s; now %s", item.task, reason, state, extra=_item_ids(item))
+                    ids = log_ids(
+                        task=label,
+                        task_instance_id=attempt.task_instance_id,
+                        try_number=attempt.try_number,
+                    )
+                    log.warning("%s: %s; now %s", label, reason, state, extra=ids)
                     lines.append(
-                        _line(item.task_instance_id, item.try_number, f"{reason}; now {state}")
+                        _line(
+                            attempt.task_instance_id, attempt.try_number, f"{reason}; now {state}"
+                        )
                     )
             self._write_lines(session, lines)
 
