@@ -18,6 +18,7 @@ import datetime as dt
 import time
 
 from harness import (
+    Change,
     Figure,
     Profiles,
     Stack,
@@ -105,7 +106,25 @@ def probe(stack: Stack, runs: int, label: str) -> tuple[list[float], list[float]
         for c in changes
         if c.to_state == "success"
     ]
+    print(f"{label}: after the fire, median ms per step: {steps(changes, moments)}", flush=True)
     return scheduled, succeeded
+
+
+def steps(changes: list[Change], moments: dict[int, dt.datetime]) -> str:
+    """The median time of each state change after the resume, from the one before it (from the
+    moment for the resume itself), to show where fire -> SUCCESS goes."""
+    last: dict[int, dt.datetime] = {}
+    taken: dict[str, list[float]] = {}
+    for change in changes:
+        ti = change.task_instance_id
+        if resumed_by_trigger(change):
+            last[ti] = moments[ti]
+        if ti not in last:
+            continue
+        step = f"{change.from_state}->{change.to_state}"
+        taken.setdefault(step, []).append((change.at - last[ti]).total_seconds() * 1000)
+        last[ti] = change.at
+    return ", ".join(f"{step} {median(values):.1f}" for step, values in taken.items())
 
 
 def main() -> None:

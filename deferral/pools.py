@@ -7,42 +7,39 @@ no pool slot either).
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Iterable
 
-from sqlalchemy import func, select
+from sqlalchemy import text
 from sqlalchemy.orm import Session
 
-from deferral.models import Pool, TaskInstance
-from deferral.states import TaskState
+# One statement: the pools locked in name order (so scheduler replicas dispatching into one pool
+# at once cannot overfill it), each with the slots its queued and running tasks take, and its
+# deferred ones only where the pool counts them. The sums are per pool, each an index read of the
+# tasks in those states: a condition over both made every deferred task be read on every
+# dispatch, a cost that grew with idle runs.
+_FREE_SLOTS_SQL = text(
+    """
+    WITH locked AS (
+        SELECT name, slots, include_deferred FROM pool
+        WHERE CAST(:names AS text[]) IS NULL OR name = ANY(CAST(:names AS text[]))
+        ORDER BY name
+        FOR UPDATE
+    )
+    SELECT name, slots
+        - COALESCE((SELECT sum(pool_slots) FROM task_instance
+                    WHERE pool = locked.name AND state IN ('queued', 'running')), 0)
+        - CASE WHEN include_deferred
+            THEN COALESCE((SELECT sum(pool_slots) FROM task_instance
+                           WHERE pool = locked.name AND state = 'deferred'), 0)
+            ELSE 0 END
+        AS free
+    FROM locked
+    """
+)
 
 
 def free_slots(session: Session, names: Iterable[str] | None = None) -> dict[str, int]:
     """Free slots of the named pools that exist (of every pool if ``names`` is None), counted
-    under a lock on their rows, so that scheduler replicas dispatching into one pool at once
-    cannot overfill it."""
-    query = select(Pool).order_by(Pool.name).with_for_update()
-    if names is not None:
-        query = query.where(Pool.name.in_(sorted(set(names))))
-    pools = session.scalars(query).all()
-    if not pools:
-        return {}
-    # Deferred tasks are counted apart, and only for pools that count them: one condition over
-    # both made every deferred task be read on every dispatch (a cost that grew with idle runs).
-    used: Counter[str] = Counter()
-    for states, names in (
-        ([TaskState.QUEUED, TaskState.RUNNING], [p.name for p in pools]),
-        ([TaskState.DEFERRED], [p.name for p in pools if p.include_deferred]),
-    ):
-        if names:
-            used.update(
-                {
-                    pool: int(slots)
-                    for pool, slots in session.execute(
-                        select(TaskInstance.pool, func.sum(TaskInstance.pool_slots))
-                        .where(TaskInstance.pool.in_(names), TaskInstance.state.in_(states))
-                        .group_by(TaskInstance.pool)
-                    )
-                }
-            )
-    return {p.name: p.slots - used[p.name] for p in pools}
+    under a lock on their rows."""
+    chosen = None if names is None else sorted(set(names))
+    return {name: int(free) for name, free in session.execute(_FREE_SLOTS_SQL, {"names": chosen})}

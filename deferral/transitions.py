@@ -47,7 +47,6 @@ from deferral import xcom
 from deferral.crypto import Cipher
 from deferral.models import (
     DagRun,
-    ResumeEvent,
     TaskInstance,
     TaskReschedule,
     TaskStateChange,
@@ -435,17 +434,31 @@ def never_run(session: Session, ids: Iterable[int], to_state: TaskState, reason:
     return _move(session, ids, TaskState.NONE, to_state, reason, end_date=func.now())
 
 
-def dispatch(session: Session, ids: Iterable[int]) -> list[Row[Any]]:
-    """scheduled -> queued; returns what a queue message needs for each moved row."""
-    moved = _move(
-        session, ids, TaskState.SCHEDULED, TaskState.QUEUED, "dispatched", queued_at=func.now()
+_DISPATCH_SQL = text(
+    """
+    WITH moved AS (
+        UPDATE task_instance SET state = 'queued', queued_at = now(), updated_at = now()
+        WHERE id = ANY(CAST(:ids AS bigint[])) AND state = 'scheduled'
+        RETURNING id, try_number, queue, dag_id, run_id, task_id, map_index, priority_weight
+    ), recorded AS (
+        INSERT INTO task_state_change (task_instance_id, from_state, to_state, reason)
+        SELECT id, 'scheduled', 'queued', 'dispatched' FROM moved ORDER BY id
     )
-    if not moved:
+    SELECT id, try_number, queue, dag_id, run_id, task_id, map_index FROM moved
+    ORDER BY priority_weight DESC, id
+    """
+)
+
+
+def dispatch(session: Session, ids: Iterable[int]) -> list[Row[Any]]:
+    """scheduled -> queued, in one statement; returns what a queue message needs for each moved
+    row, highest priority first (the queue stream is read in this order)."""
+    ids = list(ids)
+    if not ids:
         return []
-    columns = (TI.id, TI.try_number, TI.queue, TI.dag_id, TI.run_id, TI.task_id, TI.map_index)
-    # Highest priority first: the queue stream is read in this order.
-    order = (TI.priority_weight.desc(), TI.id)
-    return list(session.execute(select(*columns).where(TI.id.in_(moved)).order_by(*order)))
+    rows = list(session.execute(_DISPATCH_SQL, {"ids": ids}))
+    _expire_loaded(session, [row.id for row in rows])
+    return rows
 
 
 # -- worker: queued -> running -> success / failed / up_for_retry / skipped / deferred ------------
@@ -867,9 +880,59 @@ def _resumed_at(
     return next_method, sealed, f"{RESUMED_BY_TRIGGER}{event.trigger_id} fired"
 
 
+# Claim each event's dedup key (a key seen before claims nothing: a duplicate) and lock the
+# task deferred on its trigger, if any (none: stale). Plain SQL, as for every statement on the
+# resume path: it runs once per batch of events, and building it with the ORM cost more than
+# executing it.
+_CLAIM_EVENTS_SQL = text(
+    """
+    WITH claimed AS (
+        INSERT INTO resume_event (dedup_key, trigger_id, outcome)
+        SELECT dedup_key, trigger_id, 'stale'
+        FROM unnest(CAST(:dedup_keys AS text[]), CAST(:trigger_ids AS bigint[]))
+            AS fired (dedup_key, trigger_id)
+        ON CONFLICT DO NOTHING
+        RETURNING dedup_key, trigger_id
+    ), waiting AS (
+        SELECT id, trigger_id, next_method, next_kwargs FROM task_instance
+        WHERE state = 'deferred' AND trigger_id IN (SELECT trigger_id FROM claimed)
+        ORDER BY id
+        FOR UPDATE
+    )
+    SELECT claimed.dedup_key, waiting.id, waiting.next_method, waiting.next_kwargs
+    FROM claimed LEFT JOIN waiting ON waiting.trigger_id = claimed.trigger_id
+    """
+)
+
+# deferred -> scheduled for the locked tasks, their change recorded, their triggers dropped,
+# their events recorded as applied: one statement.
+_RESUME_SQL = text(
+    """
+    WITH resumed AS (
+        UPDATE task_instance AS ti
+        SET state = 'scheduled', trigger_id = NULL, trigger_timeout = NULL,
+            next_method = r.next_method, next_kwargs = r.next_kwargs, updated_at = now()
+        FROM unnest(
+            CAST(:ids AS bigint[]), CAST(:next_methods AS text[]), CAST(:next_kwargs AS text[]),
+            CAST(:reasons AS text[]), CAST(:dedup_keys AS text[]), CAST(:trigger_ids AS bigint[])
+        ) AS r (id, next_method, next_kwargs, reason, dedup_key, trigger_id)
+        WHERE ti.id = r.id
+        RETURNING ti.id, r.reason, r.dedup_key, r.trigger_id
+    ), recorded AS (
+        INSERT INTO task_state_change (task_instance_id, from_state, to_state, reason)
+        SELECT id, 'deferred', 'scheduled', reason FROM resumed ORDER BY id
+    ), dropped AS (
+        DELETE FROM trigger WHERE id IN (SELECT trigger_id FROM resumed)
+    )
+    UPDATE resume_event AS e SET outcome = 'applied', task_instance_id = resumed.id
+    FROM resumed WHERE e.dedup_key = resumed.dedup_key
+    """
+)
+
+
 def resume_many(session: Session, events: Sequence[FiredEvent], cipher: Cipher) -> list[Resumed]:
     """deferred -> scheduled for the tasks waiting on the events' triggers, at most once per
-    dedup key, in a handful of statements whatever the batch size. Returns what each event did:
+    dedup key, in two statements whatever the batch size. Returns what each event did:
     applied, duplicate (key seen before) or stale (its task was cleared, timed out, or resumed
     by an earlier event)."""
     if not events:
@@ -879,99 +942,32 @@ def resume_many(session: Session, events: Sequence[FiredEvent], cipher: Cipher) 
     for index, event in enumerate(events):
         first.setdefault(event.dedup_key, index)
     keys = list(first)
-    fired = (
-        func.unnest(
-            _array("dedup_key", keys, String),
-            _array("trigger_id", [events[first[k]].trigger_id for k in keys], BigInteger),
-        )
-        .table_valued("dedup_key", "trigger_id")
-        .render_derived("fired")
-    )
-    claimed = set(
-        session.scalars(
-            pg_insert(ResumeEvent)
-            .from_select(
-                ["dedup_key", "trigger_id", "outcome"],
-                select(fired.c.dedup_key, fired.c.trigger_id, literal("stale", String)),
-            )
-            .on_conflict_do_nothing()
-            .returning(ResumeEvent.dedup_key)
-        )
-    )
-    for key in claimed:
-        outcomes[first[key]] = Resumed("stale")
-    waiting = {
-        row.trigger_id: row
+    claimed = {
+        row.dedup_key: row
         for row in session.execute(
-            select(TI.id, TI.trigger_id, TI.next_method, TI.next_kwargs)
-            .where(
-                TI.trigger_id.in_({events[first[key]].trigger_id for key in claimed}),
-                TI.state == TaskState.DEFERRED,
-            )
-            .order_by(TI.id)
-            .with_for_update()
+            _CLAIM_EVENTS_SQL,
+            {"dedup_keys": keys, "trigger_ids": [events[first[k]].trigger_id for k in keys]},
         )
     }
-    moves: list[tuple[int, str | None, str]] = []
-    changes, applied = [], []
+    resumed: set[int] = set()
+    moves: dict[str, list[Any]] = {
+        name: []
+        for name in ("ids", "next_methods", "next_kwargs", "reasons", "dedup_keys", "trigger_ids")
+    }
     for key in sorted(claimed, key=first.__getitem__):
-        event = events[first[key]]
-        ti = waiting.pop(event.trigger_id, None)  # a second event for it finds it resumed
-        if ti is None:
+        row = claimed[key]
+        outcomes[first[key]] = Resumed("stale")
+        if row.id is None or row.id in resumed:  # a second event for it finds it resumed
             continue
-        next_method, sealed, reason = _resumed_at(event, ti.next_method, ti.next_kwargs, cipher)
-        moves.append((ti.id, next_method, sealed))
-        changes.append(
-            {
-                "task_instance_id": ti.id,
-                "from_state": TaskState.DEFERRED,
-                "to_state": TaskState.SCHEDULED,
-                "reason": reason,
-            }
-        )
-        applied.append((key, ti.id, event.trigger_id))
-        outcomes[first[key]] = Resumed("applied", ti.id)
-    if moves:
-        # The rows are locked and deferred (selected FOR UPDATE above): update them by id, the
-        # values as arrays (one statement shape whatever the batch size).
-        resumed = (
-            func.unnest(
-                _array("id", [m[0] for m in moves], BigInteger),
-                _array("next_method", [m[1] for m in moves], String),
-                _array("next_kwargs", [m[2] for m in moves], Text),
-            )
-            .table_valued("id", "next_method", "next_kwargs")
-            .render_derived("resumed")
-        )
-        session.execute(
-            update(TI)
-            .where(TI.id == resumed.c.id)
-            .values(
-                state=TaskState.SCHEDULED,
-                trigger_id=None,
-                trigger_timeout=None,
-                next_method=resumed.c.next_method,
-                next_kwargs=resumed.c.next_kwargs,
-                updated_at=func.now(),
-            )
-            .execution_options(synchronize_session=False)
-        )
-        session.execute(insert(TaskStateChange), changes)
-        session.execute(delete(Trigger).where(Trigger.id.in_([a[2] for a in applied])))
-        outcome = (
-            func.unnest(
-                _array("dedup_key", [a[0] for a in applied], String),
-                _array("task_instance_id", [a[1] for a in applied], BigInteger),
-            )
-            .table_valued("dedup_key", "task_instance_id")
-            .render_derived("outcome")
-        )
-        session.execute(
-            update(ResumeEvent)
-            .where(ResumeEvent.dedup_key == outcome.c.dedup_key)
-            .values(outcome="applied", task_instance_id=outcome.c.task_instance_id)
-            .execution_options(synchronize_session=False)
-        )
+        resumed.add(row.id)
+        event = events[first[key]]
+        next_method, sealed, reason = _resumed_at(event, row.next_method, row.next_kwargs, cipher)
+        values = (row.id, next_method, sealed, reason, key, event.trigger_id)
+        for name, value in zip(moves, values, strict=True):
+            moves[name].append(value)
+        outcomes[first[key]] = Resumed("applied", row.id)
+    if resumed:
+        session.execute(_RESUME_SQL, moves)
     return outcomes
 
 

@@ -21,7 +21,7 @@ import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
-from sqlalchemy import Integer, String, column, func, select, tuple_, values
+from sqlalchemy import Integer, String, column, func, select, text, tuple_, values
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
@@ -81,6 +81,28 @@ PRUNE_EVERY_SEC = 3600.0
 DEFAULT_MAX_ACTIVE_TASKS = 16
 SCHEDULE_RUNS_EVERY_SEC = 1.0
 RECOLLECT_MISSING_SEC = 1.0
+
+# The resumed tasks still scheduled (locked; one another scheduler holds is skipped), each with
+# the number of queued and running tasks of its run, counted once per run.
+_RESUMED_READY_SQL = text(
+    """
+    WITH ready AS (
+        SELECT id, dag_id, run_id, pool, pool_slots, priority_weight FROM task_instance
+        WHERE id = ANY(CAST(:ids AS bigint[])) AND state = 'scheduled'
+        FOR UPDATE SKIP LOCKED
+    ), active AS (
+        SELECT t.dag_id, t.run_id, count(*) AS n
+        FROM task_instance AS t
+        JOIN (SELECT DISTINCT dag_id, run_id FROM ready) AS runs
+            ON runs.dag_id = t.dag_id AND runs.run_id = t.run_id
+        WHERE t.state IN ('queued', 'running')
+        GROUP BY t.dag_id, t.run_id
+    )
+    SELECT ready.id, ready.dag_id, ready.run_id, ready.pool, ready.pool_slots,
+           ready.priority_weight, COALESCE(active.n, 0) AS active
+    FROM ready LEFT JOIN active ON active.dag_id = ready.dag_id AND active.run_id = ready.run_id
+    """
+)
 
 
 class SchedulerService:
@@ -322,20 +344,16 @@ class SchedulerService:
         outbox.flush(self.sessions, self.broker, staged)
         return len(staged)
 
-    def _dispatch(
-        self, session: Session, among: Sequence[int] | None = None
-    ) -> list[outbox.Staged]:
-        """scheduled -> queued for the scheduled tasks (``among`` those ids, if given) that their
-        pool and their run's max_active_tasks allow, highest priority first; returns the outbox
-        rows of their queue entries.
+    def _dispatch(self, session: Session) -> list[outbox.Staged]:
+        """scheduled -> queued for the scheduled tasks (of any run) that their pool and their
+        run's max_active_tasks allow, highest priority first; returns the outbox rows of their
+        queue entries.
 
         As Airflow does, what cannot go is left out of the query rather than read and skipped
         (:meth:`_dispatchable`), and no more tasks are read than the pools have slots: a backlog
         of scheduled tasks behind full pools costs a loop nothing but a count."""
         waiting = select(TI.id).where(TI.state == TaskState.SCHEDULED).limit(1)
-        if among is not None:
-            waiting = waiting.where(TI.id.in_(among))
-        if (among is not None and not among) or session.scalar(waiting) is None:
+        if session.scalar(waiting) is None:
             return []
         pool_free = pools.free_slots(session)
         active = {
@@ -359,7 +377,7 @@ class SchedulerService:
             if limit <= 0:
                 break
             full = [run for run, left in budget.items() if left <= 0]
-            ready = self._dispatchable(session, room, full, chosen, among, limit)
+            ready = self._dispatchable(session, room, full, chosen, limit)
             for task in ready:
                 if task.run not in budget:
                     budget[task.run] = self._max_active_tasks(task.run[0])
@@ -368,6 +386,34 @@ class SchedulerService:
             pool_free, budget = plan.pool_free, plan.run_budget
             if len(ready) < limit:
                 break  # read every task that could go
+        return self._queue(session, chosen)
+
+    def _dispatch_resumed(self, session: Session, ids: Sequence[int]) -> list[outbox.Staged]:
+        """:meth:`_dispatch` for the tasks just resumed (``ids``), in the transaction that
+        resumed them: their rows with their runs' active counts, their pools' free slots, the
+        move. Plain SQL, a fixed number of statements: this is on every resume's path."""
+        if not ids:
+            return []
+        rows = session.execute(_RESUMED_READY_SQL, {"ids": list(ids)}).all()
+        if not rows:
+            return []
+        ready = [
+            decide.Ready(
+                row.id, (row.dag_id, row.run_id), row.pool, row.pool_slots, row.priority_weight
+            )
+            for row in rows
+        ]
+        budget = {
+            (row.dag_id, row.run_id): decide.dispatch_budget(
+                self._max_active_tasks(row.dag_id), row.active
+            )
+            for row in rows
+        }
+        pool_free = pools.free_slots(session, {task.pool for task in ready})
+        return self._queue(session, decide.choose_dispatch(ready, budget, pool_free))
+
+    def _queue(self, session: Session, chosen: Sequence[int]) -> list[outbox.Staged]:
+        """Move the ``chosen`` tasks to queued and stage their queue entries."""
         if not chosen:
             return []
         messages = [
@@ -393,7 +439,6 @@ class SchedulerService:
         room: Mapping[str, int],
         full: Sequence[decide.RunKey],
         chosen: Sequence[int],
-        among: Sequence[int] | None,
         limit: int,
     ) -> list[decide.Ready]:
         """Up to ``limit`` scheduled tasks, highest priority first, leaving out what cannot go:
@@ -414,8 +459,6 @@ class SchedulerService:
             query = query.where(tuple_(TI.dag_id, TI.run_id).not_in(full))
         if chosen:
             query = query.where(TI.id.not_in(chosen))
-        if among is not None:
-            query = query.where(TI.id.in_(among))
         return [
             decide.Ready(
                 row.id, (row.dag_id, row.run_id), row.pool, row.pool_slots, row.priority_weight
@@ -438,22 +481,14 @@ class SchedulerService:
         faults.inject("scheduler.events_read")
         self.unapplied = list(deliveries)
         parsed = [(d, event) for d in deliveries if (event := self._parse(d)) is not None]
-        applied: list[tuple[Delivery, FiredEvent, transitions.Resumed]] = []
-        poisoned: list[tuple[Delivery, str]] = []
-        with self.sessions.begin() as session:
-            faults.inject("scheduler.apply_events")
-            try:
-                with session.begin_nested():
-                    resumed = transitions.resume_many(session, [e for _, e in parsed], self.cipher)
-                applied = [(d, e, r) for (d, e), r in zip(parsed, resumed, strict=True)]
-            except Exception as exc:
-                if is_transient(exc):
-                    raise
-                # Some row cannot be applied: apply one by one, so it alone is dead-lettered.
-                log.exception("applying %d events together failed; one by one now", len(parsed))
-                applied, poisoned = self._apply_one_by_one(session, parsed)
-            resumed_ids = [r.task_instance_id for _, _, r in applied if r.task_instance_id]
-            staged = self._dispatch(session, among=resumed_ids)
+        try:
+            applied, poisoned, staged = self._apply(parsed, one_by_one=False)
+        except Exception as exc:
+            if is_transient(exc):
+                raise
+            # Some row cannot be applied: apply one by one, so it alone is dead-lettered.
+            log.exception("applying %d events together failed; one by one now", len(parsed))
+            applied, poisoned, staged = self._apply(parsed, one_by_one=True)
         self.unapplied = []
         committed = time.time()
         for delivery, event, result in applied:
@@ -469,6 +504,28 @@ class SchedulerService:
         for delivery, error in poisoned:
             self.consumer.dead_letter(delivery, error)
         return len(applied)
+
+    def _apply(
+        self, parsed: list[tuple[Delivery, FiredEvent]], *, one_by_one: bool
+    ) -> tuple[
+        list[tuple[Delivery, FiredEvent, transitions.Resumed]],
+        list[tuple[Delivery, str]],
+        list[outbox.Staged],
+    ]:
+        """Resume the events' tasks and queue those that can go, in one transaction (no
+        savepoint: a batch that fails on bad data is rolled back whole and applied again one by
+        one)."""
+        poisoned: list[tuple[Delivery, str]] = []
+        with self.sessions.begin() as session:
+            faults.inject("scheduler.apply_events")
+            if one_by_one:
+                applied, poisoned = self._apply_one_by_one(session, parsed)
+            else:
+                resumed = transitions.resume_many(session, [e for _, e in parsed], self.cipher)
+                applied = [(d, e, r) for (d, e), r in zip(parsed, resumed, strict=True)]
+            resumed_ids = [r.task_instance_id for _, _, r in applied if r.task_instance_id]
+            staged = self._dispatch_resumed(session, resumed_ids)
+        return applied, poisoned, staged
 
     def _apply_one_by_one(
         self, session: Session, parsed: list[tuple[Delivery, FiredEvent]]
