@@ -86,6 +86,9 @@ class EventMessage(Message, frozen=True):
     payload: str  # JSON
     triggerer: str
     mac: str
+    # The triggerer's lines for the log of the try that deferred (a JSON :class:`CarriedLog`;
+    # '' for none, then left out of the MAC, as entries without it were signed).
+    log: str = ""
 
 
 class QueueMessage(Message, frozen=True):
@@ -148,7 +151,9 @@ def _sign(cipher: Cipher, *values: str) -> str:
 
 
 def _authenticate(cipher: Cipher, message: EventMessage | QueueMessage) -> None:
-    values = tuple(v for k, v in msgspec.structs.asdict(message).items() if k != "mac")
+    values = tuple(
+        v for k, v in msgspec.structs.asdict(message).items() if k != "mac" and (k != "log" or v)
+    )
     if not cipher.verify(_signed_part(values), message.mac):
         raise ForgedEntry(f"{type(message).__name__} failed authentication (forged or corrupted)")
 
@@ -185,6 +190,19 @@ def trigger_message(
 # -- events ---------------------------------------------------------------------------------
 
 
+# The most a carried log may hold on the wire; a triggerer stores a longer one itself.
+MAX_CARRIED_LOG = 32 * 1024
+
+
+class CarriedLog(msgspec.Struct, frozen=True, forbid_unknown_fields=True, array_like=True):
+    """Lines for one try's log that travel with an event: the scheduler stores them in the
+    transaction that applies it, so they precede whatever the resumed attempt writes."""
+
+    task_instance_id: int
+    try_number: int
+    lines: list[tuple[float, str]]  # (time, POSIX seconds; text)
+
+
 @dataclass(frozen=True)
 class Event:
     """An authenticated, checked ``deferral:events`` entry."""
@@ -194,6 +212,7 @@ class Event:
     failed: bool
     payload: str  # JSON, decoded by the scheduler
     triggerer: str
+    log: CarriedLog | None = None
 
 
 def event_message(
@@ -201,6 +220,30 @@ def event_message(
 ) -> EventMessage:
     mac = _sign(cipher, str(trigger_id), dedup_key, kind, payload, triggerer)
     return EventMessage(str(trigger_id), dedup_key, kind, payload, triggerer, mac)
+
+
+def with_log(cipher: Cipher, message: EventMessage, log: CarriedLog) -> EventMessage:
+    """``message`` carrying ``log`` (signed with it); MalformedEntry if it would not fit."""
+    carried = msgspec.json.encode(log).decode()
+    if len(carried) > MAX_CARRIED_LOG:
+        raise MalformedEntry(f"a carried log of {len(carried)} characters is too long")
+    m = message
+    mac = _sign(cipher, m.trigger_id, m.dedup_key, m.kind, m.payload, m.triggerer, carried)
+    return msgspec.structs.replace(message, mac=mac, log=carried)
+
+
+def _carried_log(text: str) -> CarriedLog | None:
+    if not text:
+        return None
+    if len(text) > MAX_CARRIED_LOG:
+        raise MalformedEntry(f"log is longer than {MAX_CARRIED_LOG} characters")
+    try:
+        log = msgspec.json.decode(text, type=CarriedLog)
+    except msgspec.ValidationError as exc:
+        raise MalformedEntry(f"log is not a carried log: {exc}") from None
+    positive_id(str(log.task_instance_id), "log task_instance_id")
+    positive_id(str(log.try_number), "log try_number", MAX_INT)
+    return log
 
 
 def read_event(cipher: Cipher, fields: Mapping[bytes, bytes]) -> Event:
@@ -212,6 +255,7 @@ def read_event(cipher: Cipher, fields: Mapping[bytes, bytes]) -> Event:
         raise MalformedEntry(f"unknown event kind {message.kind[:40]!r}")
     if not 0 < len(message.dedup_key) <= MAX_DEDUP_KEY:
         raise MalformedEntry(f"dedup_key must be 1..{MAX_DEDUP_KEY} characters")
+    log = _carried_log(message.log)
     _authenticate(cipher, message)
     return Event(
         trigger_id,
@@ -219,6 +263,7 @@ def read_event(cipher: Cipher, fields: Mapping[bytes, bytes]) -> Event:
         message.kind == EVENT_KIND_FAILURE,
         message.payload,
         message.triggerer,
+        log,
     )
 
 

@@ -54,6 +54,7 @@ from deferral.models import (
     XCom,
 )
 from deferral.states import FAIL_METHOD, FINISHED_STATES, DagRunState, DagRunType, TaskState
+from deferral.tasklogs import NewLine
 
 TI = TaskInstance
 # Core tables: executemany UPDATEs keyed by bound parameters are not ORM bulk updates.
@@ -847,6 +848,8 @@ class FiredEvent:
     trigger_id: int
     failed: bool  # the trigger failed (raised, ended without an event, could not be built)
     payload: Any  # the event payload, or for a failure {"error": ..., "traceback": ...}
+    # The triggerer's lines for the try's log, stored by whoever applies the event.
+    log: tuple[NewLine, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,7 @@ from broker.client import Broker, connect_when_up
 from broker.consumer import Delivery, StreamConsumer, run_until_stopped
 from broker.streams import (
     GROUP_SCHEDULERS,
+    CarriedLog,
     Event,
     ForgedEntry,
     MalformedEntry,
@@ -37,7 +38,16 @@ from broker.streams import (
     queue_message,
     read_event,
 )
-from deferral import faults, liveness, metrics, pools, retention, serialization, transitions
+from deferral import (
+    faults,
+    liveness,
+    metrics,
+    pools,
+    retention,
+    serialization,
+    tasklogs,
+    transitions,
+)
 from deferral.baseoperator import BaseOperator
 from deferral.callbacks import (
     REASON_SUCCESS,
@@ -57,6 +67,7 @@ from deferral.policies import apply_task_instance_mutation_hook
 from deferral.process import Every, log_ids
 from deferral.serialization import SerializationError
 from deferral.states import FINISHED_STATES, DagRunState, TaskState
+from deferral.tasklogs import SOURCE_TRIGGERER, NewLine
 from deferral.transitions import FiredEvent, NewTaskInstance
 from scheduler import dagruns, dags, decide, waiting
 from scheduler.reconcile import Reconciler
@@ -525,6 +536,10 @@ class SchedulerService:
                 applied = [(d, e, r) for (d, e), r in zip(parsed, resumed, strict=True)]
             resumed_ids = [r.task_instance_id for _, _, r in applied if r.task_instance_id]
             staged = self._dispatch_resumed(session, resumed_ids)
+            # The triggerer's lines about what fired, in this transaction: before anything the
+            # resumed attempts write (a duplicate's lines were stored with the first).
+            lines = [line for _, e, r in applied if r.outcome != "duplicate" for line in e.log]
+            tasklogs.append(session, lines, self.settings.task_log_max_bytes)
         return applied, poisoned, staged
 
     def _apply_one_by_one(
@@ -566,7 +581,9 @@ class SchedulerService:
             # The task must not wait forever on an event nobody can read: fail it, saying why.
             message = f"trigger {event.trigger_id} sent an unreadable event: {exc}"
             return FiredEvent(event.dedup_key, event.trigger_id, True, {"message": message})
-        return FiredEvent(event.dedup_key, event.trigger_id, event.failed, payload)
+        return FiredEvent(
+            event.dedup_key, event.trigger_id, event.failed, payload, _carried_lines(event.log)
+        )
 
     def _renew(self) -> None:
         self.consumer.renew()
@@ -608,6 +625,16 @@ class SchedulerService:
         pruned = retention.prune(self.sessions, self.settings.prune_older_than)
         if pruned.total:
             log.info("%s", pruned.describe())
+
+
+def _carried_lines(log: CarriedLog | None) -> tuple[NewLine, ...]:
+    if log is None:
+        return ()
+    ti, try_number = log.task_instance_id, log.try_number
+    return tuple(
+        NewLine(ti, try_number, dt.datetime.fromtimestamp(at, dt.UTC), SOURCE_TRIGGERER, line)
+        for at, line in log.lines
+    )
 
 
 def _summaries(

@@ -40,6 +40,7 @@ from broker.streams import (
     EventMessage,
     StreamKeys,
     to_fields,
+    with_log,
 )
 from deferral import liveness, metrics, tasklogs
 from deferral.config import Settings
@@ -53,7 +54,7 @@ from deferral.secrets_masker import redact
 from deferral.states import TaskState
 from deferral.tasklogs import NewLine
 from deferral.triggers.base import BaseTrigger
-from triggerer import decide
+from triggerer import decide, tasklog
 from triggerer.decode import Decoded, RejectedEntry, decode_entry
 from triggerer.events import event_message, failure_message
 from triggerer.tasklog import TaskLogHandler, current_ids
@@ -68,8 +69,8 @@ BLOCKED_LOOP_WARN_SEC = 0.2
 READ_BATCH = 100
 # Events published in one round trip at most.
 PUBLISH_BATCH = 1000
-# How often the lines about triggers are stored in their tries' logs (and before any event is
-# published, so that a try's log has them before the resumed attempt's lines).
+# How often the lines about triggers are stored in their tries' logs (a fired trigger's lines
+# travel with its event instead, so that they precede the resumed attempt's lines).
 TASK_LOG_INTERVAL_SEC = 1.0
 # How much of an event's payload its log line shows.
 PAYLOAD_SHOWN = 1000
@@ -457,11 +458,10 @@ class TriggererService:
                 await anyio.sleep(backoff.next())
                 continue
             del self.outgoing.retiring[: len(retiring)]
-        # The lines saying what fired are stored first: the resumed attempts' lines come after.
-        if self.outgoing.items:
-            await self._store_task_logs()
         while self.outgoing.items:
-            batch = self.outgoing.items[:PUBLISH_BATCH]
+            # Kept with their lines: a retry publishes the same.
+            batch = await self._carry_task_logs(self.outgoing.items[:PUBLISH_BATCH])
+            self.outgoing.items[: len(batch)] = batch
             items = [
                 (held.entry, self.keys.events, to_fields(message)) for _, held, message in batch
             ]
@@ -477,6 +477,29 @@ class TriggererService:
                 failed = message.kind == EVENT_KIND_FAILURE
                 (metrics.TRIGGERS_FAILED if failed else metrics.TRIGGERS_FIRED).inc()
         self.outgoing.ready = anyio.Event()
+
+    async def _carry_task_logs(
+        self, batch: list[tuple[int, Held, EventMessage]]
+    ) -> list[tuple[int, Held, EventMessage]]:
+        """Each event takes the queued lines of its try's log with it: the scheduler stores them
+        in the transaction that applies the event, so they come before the resumed attempt's
+        lines without a transaction here on the way to the event (lines too long to travel are
+        stored first, as all were before)."""
+        pending = {(h.task_instance_id, h.try_number) for _, h, m in batch if not m.log}
+        if not pending:
+            return batch
+        async with self.task_log_written:  # a batch being stored is stored first: lines in order
+            split = tasklog.split_for_events(self.task_log.take(), pending)
+            if split.rest:
+                self.task_log.put_back(split.rest)
+            await self._store(split.store_first)
+        carrying = []
+        for trigger_id, held, message in batch:
+            carried = split.carried.pop((held.task_instance_id, held.try_number), None)
+            if carried is not None and not message.log:
+                message = with_log(self.cipher, message, carried)
+            carrying.append((trigger_id, held, message))
+        return carrying
 
     async def _retire(self, held: Held, trigger: BaseTrigger) -> None:
         """The task no longer waits on this trigger: run on_kill() if a user cancelled it, and
@@ -557,28 +580,29 @@ class TriggererService:
             await self._store_task_logs()
 
     async def _store_task_logs(self) -> None:
-        """Store the queued lines about triggers in their tries' logs, one batch at a time; kept
-        for the next batch while Postgres is unavailable (a log line never stops a trigger)."""
         async with self.task_log_written:
-            lines = self.task_log.take()
-            if not lines:
+            await self._store(self.task_log.take())
+
+    async def _store(self, lines: list[NewLine]) -> None:
+        """Store lines about triggers in their tries' logs (the caller holds
+        ``task_log_written``: batches are stored in order); kept for the next batch while
+        Postgres is unavailable (a log line never stops a trigger)."""
+        if not lines:
+            return
+        try:
+            await self._sync(self._store_lines, lines)
+        except SQLAlchemyError as exc:
+            if not is_transient(exc):
+                log.exception("dropped %d task log line(s) that could not be stored", len(lines))
                 return
-            try:
-                await self._sync(self._store_lines, lines)
-            except SQLAlchemyError as exc:
-                if not is_transient(exc):
-                    log.exception(
-                        "dropped %d task log line(s) that could not be stored", len(lines)
-                    )
-                    return
-                self.task_log.put_back(lines)
-                log.warning("could not store %d task log line(s): %s", len(lines), exc)
-            if self.task_log.dropped:
-                log.warning(
-                    "dropped %d task log line(s) while they could not be stored",
-                    self.task_log.dropped,
-                )
-                self.task_log.dropped = 0
+            self.task_log.put_back(lines)
+            log.warning("could not store %d task log line(s): %s", len(lines), exc)
+        if self.task_log.dropped:
+            log.warning(
+                "dropped %d task log line(s) while they could not be stored",
+                self.task_log.dropped,
+            )
+            self.task_log.dropped = 0
 
     def _store_lines(self, lines: list[NewLine]) -> None:
         with self.sessions.begin() as session:

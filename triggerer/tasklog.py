@@ -12,16 +12,22 @@ from __future__ import annotations
 import contextvars
 import datetime as dt
 import logging
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
+
+from broker.streams import MAX_CARRIED_LOG, CarriedLog
 from deferral.process import LOG_IDS_ATTR
-from deferral.tasklogs import LOG_FORMAT, SOURCE_TRIGGERER, NewLine
+from deferral.tasklogs import LOG_FORMAT, SOURCE_TRIGGERER, NewLine, clean
 
 # The ids of the trigger whose code runs in the current asyncio task (set in its task only).
 current_ids: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar(
     "deferral_trigger_ids", default=None
 )
+
+TryKey = tuple[int, int]  # (task instance id, try number)
 
 # Lines waiting at most, while Postgres does not answer: older ones are kept, newer dropped.
 MAX_QUEUED = 100_000
@@ -58,3 +64,38 @@ class TaskLogHandler(logging.Handler):
         """Lines that could not be stored: first in the queue again, for the next batch."""
         with self.lock:  # type: ignore[union-attr]
             self._queued[:0] = lines[: max(self.max_queued - len(self._queued), 0)]
+
+
+@dataclass
+class Split:
+    """Queued lines sorted for a batch of events: ``carried`` travel with the event of their try,
+    ``store_first`` must be stored before the events are published (too long to travel, or of
+    a try whose number the entry did not say), ``rest`` belong to no event of the batch."""
+
+    carried: dict[TryKey, CarriedLog] = field(default_factory=dict)
+    store_first: list[NewLine] = field(default_factory=list)
+    rest: list[NewLine] = field(default_factory=list)
+
+
+def split_for_events(
+    lines: Sequence[NewLine], tries: Collection[TryKey], max_chars: int = MAX_CARRIED_LOG
+) -> Split:
+    """Which of the queued ``lines`` travel with the events of ``tries``. Texts are masked here,
+    by the process that knows the secrets its triggers read."""
+    split = Split()
+    by_try: dict[TryKey, list[NewLine]] = {}
+    for line in lines:
+        key = (line.task_instance_id, line.try_number)
+        if key not in tries:
+            split.rest.append(line)
+        elif line.try_number == 0:
+            split.store_first.append(line)
+        else:
+            by_try.setdefault(key, []).append(line)
+    for key, kept in by_try.items():
+        log = CarriedLog(*key, [(line.at.timestamp(), clean(line.text)) for line in kept])
+        if len(msgspec.json.encode(log)) > max_chars:
+            split.store_first += kept
+        else:
+            split.carried[key] = log
+    return split

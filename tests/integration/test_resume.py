@@ -11,7 +11,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from broker import streams
 from broker.client import Broker
 from broker.streams import GROUP_SCHEDULERS
-from deferral import transitions
+from deferral import tasklogs, transitions
 from deferral.config import Settings
 from deferral.crypto import Cipher
 from deferral.models import ResumeEvent, TaskInstance, TaskStateChange, Trigger
@@ -215,3 +215,24 @@ def test_a_batch_applies_together_and_a_poisoned_row_goes_alone_to_the_dead_lett
     assert len(dead) == 1 and dead[0].fields[b"trigger_id"] == str(bad_trigger).encode()
     assert b"cannot apply event" in dead[0].fields[b"error"]
     assert broker.redis.xlen(broker.keys.events) == 0
+
+
+def test_the_lines_an_event_carries_are_stored_with_it_once(
+    settings: Settings, sessions: sessionmaker[Session], cipher: Cipher, broker: Broker
+) -> None:
+    ti_id, trigger_id = deferred_task(sessions, cipher)
+    at = dt.datetime(2026, 1, 1, tzinfo=dt.UTC).timestamp()
+    carried = streams.CarriedLog(ti_id, 1, [(at, "trigger says hello"), (at, "fired: 1")])
+    message = streams.with_log(cipher, event_message(cipher, trigger_id, 1, "t1"), carried)
+    broker.publish(broker.keys.events, message)
+    broker.publish(broker.keys.events, message)  # a duplicate stores nothing more
+
+    _drain(_scheduler(settings, broker))
+
+    assert _ti(sessions, ti_id).state == TaskState.QUEUED
+    with sessions() as session:
+        lines = tasklogs.read_lines(session, ti_id, 1)
+    assert [(line.source, line.text, line.at.timestamp()) for line in lines] == [
+        ("triggerer", "trigger says hello", at),
+        ("triggerer", "fired: 1", at),
+    ]

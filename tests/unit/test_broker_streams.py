@@ -7,6 +7,8 @@ from cryptography.fernet import Fernet
 
 from broker.streams import (
     MAX_BIGINT,
+    MAX_CARRIED_LOG,
+    CarriedLog,
     Event,
     EventMessage,
     ForgedEntry,
@@ -23,6 +25,7 @@ from broker.streams import (
     read_queue_entry,
     task_label,
     to_fields,
+    with_log,
 )
 from deferral.crypto import Cipher
 
@@ -71,6 +74,7 @@ def test_to_fields_names() -> None:
         "payload",
         "triggerer",
         "mac",
+        "log",
     }
     assert set(to_fields(MESSAGES[2])) == {"task_instance_id", "try_number", "task", "mac"}
 
@@ -238,3 +242,42 @@ def test_event_kind_and_dedup_key_are_checked() -> None:
         read_event(CIPHER, wire({**fields, "kind": "explode"}))
     with pytest.raises(MalformedEntry, match="dedup_key"):
         read_event(CIPHER, wire({**fields, "dedup_key": "k" * 251}))
+
+
+def test_an_event_carries_its_tries_log_lines_signed() -> None:
+    log = CarriedLog(41, 2, [(1.5, "fired: 1"), (2.0, "second")])
+    message = with_log(CIPHER, event_message(CIPHER, 7, "7:abc", "event", "1", "t"), log)
+    assert read_event(CIPHER, _wire(message)) == Event(7, "7:abc", False, "1", "t", log)
+
+    fields = to_fields(message)
+    fields["log"] = fields["log"].replace("second", "forged")
+    with pytest.raises(ForgedEntry):
+        read_event(CIPHER, wire(fields))
+
+
+def test_an_event_written_before_logs_travelled_still_reads() -> None:
+    fields = to_fields(event_message(CIPHER, 7, "7:abc", "event", "1", "t"))
+    del fields["log"]  # the field did not exist, and the MAC did not cover it
+    assert read_event(CIPHER, wire(fields)).log is None
+
+
+@pytest.mark.parametrize(
+    ("log", "fragment"),
+    [
+        ('{"lines": []}', "log is not a carried log"),
+        ('[1, 2, [["at", "text"]]]', "log is not a carried log"),
+        ("[0, 1, []]", "log task_instance_id 0 is out of range"),
+        (f"[1, {2**31}, []]", "log try_number 2147483648 is out of range"),
+        ("[1, 1, []]" + " " * MAX_CARRIED_LOG, "log is longer than"),
+    ],
+)
+def test_a_bad_carried_log_is_malformed_naming_it(log: str, fragment: str) -> None:
+    fields = to_fields(event_message(CIPHER, 7, "7:abc", "event", "1", "t"))
+    with pytest.raises(MalformedEntry, match=fragment):
+        read_event(CIPHER, wire({**fields, "log": log}))
+
+
+def test_a_log_too_long_to_travel_is_refused() -> None:
+    log = CarriedLog(1, 1, [(1.0, "x" * MAX_CARRIED_LOG)])
+    with pytest.raises(MalformedEntry, match="too long"):
+        with_log(CIPHER, event_message(CIPHER, 7, "k", "event", "1", "t"), log)

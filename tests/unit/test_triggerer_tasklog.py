@@ -3,12 +3,16 @@ those a trigger's own code emits in its task."""
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
 
 import anyio
 
+from broker.streams import CarriedLog
 from deferral.process import LOG_IDS_ATTR, log_ids
-from triggerer.tasklog import TaskLogHandler, current_ids
+from deferral.secrets_masker import mask_secret
+from deferral.tasklogs import SOURCE_TRIGGERER, NewLine
+from triggerer.tasklog import TaskLogHandler, current_ids, split_for_events
 
 log = logging.getLogger("test.triggerer.tasklog")
 
@@ -67,3 +71,29 @@ def test_a_full_queue_counts_what_it_drops_and_takes_lines_back_first() -> None:
     _handled(handler, later)
     handler.put_back(taken)
     assert [line.text.rsplit(" ", 1)[-1] for line in handler.take()] == ["0", "3"]
+
+
+def _line(ti: int, try_number: int, text: str) -> NewLine:
+    return NewLine(ti, try_number, dt.datetime(2026, 1, 1, tzinfo=dt.UTC), SOURCE_TRIGGERER, text)
+
+
+def test_the_lines_of_the_events_tries_travel_with_them_in_order_and_masked() -> None:
+    mask_secret("s3cr3t-carried")
+    lines = [
+        _line(1, 1, "first"),
+        _line(2, 1, "another try"),
+        _line(1, 1, "fired: password s3cr3t-carried"),
+        _line(3, 0, "a try the entry did not name"),
+    ]
+    split = split_for_events(lines, {(1, 1), (3, 0)})
+    at = lines[0].at.timestamp()
+    assert split.carried == {(1, 1): CarriedLog(1, 1, [(at, "first"), (at, "fired: password ***")])}
+    assert split.store_first == [lines[3]]
+    assert split.rest == [lines[1]]
+
+
+def test_lines_too_long_to_travel_are_stored_first() -> None:
+    lines = [_line(1, 1, "x" * 100), _line(1, 1, "y")]
+    split = split_for_events(lines, {(1, 1)}, max_chars=50)
+    assert split.carried == {}
+    assert split.store_first == lines

@@ -1,0 +1,68 @@
+"""A fired trigger's lines for its try's log travel with its event (the scheduler stores them
+when it applies the event): publishing costs no transaction, and the lines still come before
+the resumed attempt's."""
+
+from __future__ import annotations
+
+import logging
+
+import anyio
+from sqlalchemy.orm import Session, sessionmaker
+
+from broker.client import Broker
+from broker.streams import GROUP_TRIGGERERS, read_event, trigger_message
+from deferral import tasklogs
+from deferral.config import Settings
+from deferral.crypto import Cipher
+from deferral.process import log_ids
+from deferral.serialization import check_kwargs
+from tests.integration.factories import deferred_task
+from triggerer.events import event_message
+from triggerer.service import Held, TriggererService
+
+
+def test_a_fired_triggers_lines_travel_with_its_event(
+    settings: Settings, broker: Broker, cipher: Cipher, sessions: sessionmaker[Session]
+) -> None:
+    ti_id, trigger_id = deferred_task(sessions, cipher)
+    stream = broker.keys.triggers
+    broker.ensure_group(stream, GROUP_TRIGGERERS)
+    spec = trigger_message(
+        cipher,
+        trigger_id=trigger_id,
+        classpath="deferral.triggers.temporal.DateTimeTrigger",
+        kwargs=check_kwargs({}),
+        task_instance_id=ti_id,
+        try_number=1,
+        task="d.r.t",
+    )
+    broker.publish(stream, spec)
+    [entry] = broker.read(GROUP_TRIGGERERS, "t1", {stream: ">"}, count=1)
+    service = TriggererService(settings, capacity=10, name="t1")
+    service.attach(broker)
+    held = Held(trigger_id, entry, None, "d.r.t", ti_id, 1)
+    service.held[trigger_id] = held
+    logger = logging.getLogger("deferral.triggerer")
+    logger.addHandler(service.task_log)
+    level = logger.level
+    logger.setLevel(logging.INFO)
+    try:
+        logger.info("for another try", extra=log_ids(task_instance_id=ti_id + 1, try_number=1))
+        service._send(held, event_message(cipher, trigger_id, "done", "t1"))
+        anyio.run(service._flush_outgoing)
+    finally:
+        logger.removeHandler(service.task_log)
+        logger.setLevel(level)
+
+    [(_, flat)] = broker.redis.xrange(broker.keys.events)
+    event = read_event(cipher, dict(zip(flat[::2], flat[1::2], strict=True)))
+    assert event.log is not None
+    assert (event.log.task_instance_id, event.log.try_number) == (ti_id, 1)
+    assert [text for _, text in event.log.lines] == [
+        f'INFO deferral.triggerer: trigger {trigger_id} for d.r.t fired: "done"'
+    ]
+    with sessions() as session:
+        assert tasklogs.read_lines(session, ti_id, 1) == []  # stored by whoever applies it
+    assert [line.text for line in service.task_log.take()] == [
+        "INFO deferral.triggerer: for another try"
+    ]
