@@ -173,17 +173,59 @@ def _copy_lines(session: Session, rows: Sequence[NewLine]) -> None:
             copy.write_row(row)
 
 
+# Lines no bound applies to (the worker's own), in one statement: the tries' size rows are
+# created or locked (in key order) as _LOCK_TRIES does, and the lines of those that exist are
+# inserted after, in order (their ids are drawn once the locks are held: commit order).
+_APPEND_UNBOUNDED = text(
+    """
+    WITH tries AS (
+        INSERT INTO task_log_try (task_instance_id, try_number)
+        SELECT k.ti, k.try_number
+        FROM unnest(CAST(:key_tis AS bigint[]), CAST(:key_tries AS integer[])) WITH ORDINALITY
+            AS k(ti, try_number, n)
+        WHERE EXISTS (SELECT 1 FROM task_instance ti WHERE ti.id = k.ti)
+        ORDER BY k.n
+        ON CONFLICT (task_instance_id, try_number) DO UPDATE SET bytes = task_log_try.bytes
+        RETURNING task_instance_id, try_number
+    )
+    INSERT INTO task_log (task_instance_id, try_number, at, source, text)
+    SELECT l.ti, l.try_number, l.at, l.source, l.text
+    FROM unnest(CAST(:tis AS bigint[]), CAST(:tries AS integer[]), CAST(:ats AS timestamptz[]),
+                CAST(:sources AS text[]), CAST(:texts AS text[])) WITH ORDINALITY
+        AS l(ti, try_number, at, source, text, n)
+    JOIN tries ON tries.task_instance_id = l.ti AND tries.try_number = l.try_number
+    ORDER BY l.n
+    """
+)
+
+
 def append(session: Session, lines: Sequence[NewLine], max_bytes: int) -> None:
     """Store ``lines`` (in order) in the caller's transaction, in three statements whatever
     their number: lock their tries' size rows (in key order, so writers of one try take turns
     and never deadlock), insert what :func:`within_bound` keeps, record the new sizes. Lines of
-    a task instance that no longer exists are dropped."""
+    a task instance that no longer exists are dropped. Lines no bound applies to take one
+    statement (a worker's few lines about each attempt, on every attempt's path)."""
     if not lines:
         return
     by_try: dict[tuple[int, int], list[NewLine]] = {}
     for line in (line._replace(text=clean(line.text)) for line in lines):
         by_try.setdefault((line.task_instance_id, line.try_number), []).append(line)
     keys = sorted(by_try)
+    if all(line.source not in BOUNDED_SOURCES for line in lines):
+        ordered = [line for new in by_try.values() for line in new]
+        session.execute(
+            _APPEND_UNBOUNDED,
+            {
+                "key_tis": [k[0] for k in keys],
+                "key_tries": [k[1] for k in keys],
+                "tis": [line.task_instance_id for line in ordered],
+                "tries": [line.try_number for line in ordered],
+                "ats": [line.at for line in ordered],
+                "sources": [line.source for line in ordered],
+                "texts": [line.text for line in ordered],
+            },
+        )
+        return
     sizes = {
         (row.task_instance_id, row.try_number): TrySize(row.bytes, row.cut)
         for row in session.execute(

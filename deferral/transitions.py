@@ -12,23 +12,19 @@ elsewhere; this module only applies them.
 from __future__ import annotations
 
 import datetime as dt
+import json
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from sqlalchemy import (
     CTE,
-    BigInteger,
     ColumnElement,
-    DateTime,
     Integer,
     Row,
     String,
     Table,
-    Text,
     bindparam,
-    case,
-    cast,
     delete,
     func,
     insert,
@@ -43,7 +39,6 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.orm import Session
 from sqlalchemy.orm.util import identity_key
 
-from deferral import xcom
 from deferral.crypto import Cipher
 from deferral.models import (
     DagRun,
@@ -51,7 +46,6 @@ from deferral.models import (
     TaskReschedule,
     TaskStateChange,
     Trigger,
-    XCom,
 )
 from deferral.states import FAIL_METHOD, FINISHED_STATES, DagRunState, DagRunType, TaskState
 from deferral.tasklogs import NewLine
@@ -479,51 +473,77 @@ class Attempt:
         return (TI.try_number == self.try_number, TI.worker == self.worker)
 
 
+@dataclass(frozen=True)
+class Started:
+    """An attempt that start_many moved to running, with what its request needs of its run
+    (``run_exists`` False: the run is gone; its fields are then None)."""
+
+    id: int
+    dag_id: str
+    run_id: str
+    task_id: str
+    map_index: int
+    try_number: int
+    max_tries: int
+    first_started_at: dt.datetime
+    next_method: str | None
+    next_kwargs: str | None
+    run_exists: bool
+    logical_date: dt.datetime | None
+    conf: dict[str, Any] | None
+    data_interval_start: dt.datetime | None
+    data_interval_end: dt.datetime | None
+    run_type: str | None
+
+
+# Plain SQL, one statement: it is on every attempt's path (the ORM's building of it cost more
+# than its execution). A new try starts with no XCom left over from an earlier one.
+_START_SQL = text(
+    """
+    WITH moved AS (
+        UPDATE task_instance AS ti
+        SET state = 'running', hostname = :hostname, worker = :worker,
+            start_date = COALESCE(ti.start_date, now()),
+            first_started_at = COALESCE(ti.first_started_at, now()),
+            updated_at = now()
+        FROM unnest(CAST(:ids AS bigint[]), CAST(:tries AS integer[])) AS a (id, try_number)
+        WHERE ti.id = a.id AND ti.try_number = a.try_number AND ti.state = 'queued'
+        RETURNING ti.id, ti.dag_id, ti.run_id, ti.task_id, ti.map_index, ti.try_number,
+                  ti.max_tries, ti.first_started_at, ti.next_method, ti.next_kwargs
+    ), recorded AS (
+        INSERT INTO task_state_change (task_instance_id, from_state, to_state, reason)
+        SELECT id, 'queued', 'running',
+               CASE WHEN next_method IS NULL THEN 'picked up' ELSE 'resumed' END
+        FROM moved ORDER BY id
+    ), cleared AS (
+        DELETE FROM xcom WHERE task_instance_id IN (SELECT id FROM moved WHERE next_method IS NULL)
+    )
+    SELECT moved.*, run.id IS NOT NULL AS run_exists, run.logical_date, run.conf,
+           run.data_interval_start, run.data_interval_end, run.run_type
+    FROM moved
+    LEFT JOIN dag_run AS run ON run.dag_id = moved.dag_id AND run.run_id = moved.run_id
+    ORDER BY moved.id
+    """
+)
+
+
 def start_many(
     session: Session, attempts: Sequence[tuple[int, int]], hostname: str, worker: str
-) -> list[TaskInstance]:
+) -> list[Started]:
     """queued -> running for each (task instance id, try number) a queue message names, only at
-    that try: a duplicate or stale message moves nothing, so no attempt ever runs twice. A new try
-    starts with no XCom left over from an earlier one. One statement for the whole batch."""
+    that try: a duplicate or stale message moves nothing, so no attempt ever runs twice. One
+    statement for the whole batch, which also reads the attempts' runs."""
     if not attempts:
         return []
-    moved = (
-        update(TI)
-        .where(
-            tuple_(TI.id, TI.try_number).in_([tuple(a) for a in attempts]),
-            TI.state == TaskState.QUEUED,
-        )
-        .values(
-            state=TaskState.RUNNING,
-            hostname=hostname,
-            worker=worker,
-            start_date=func.coalesce(TI.start_date, func.now()),
-            first_started_at=func.coalesce(TI.first_started_at, func.now()),
-            updated_at=func.now(),
-        )
-        .returning(*TI.__table__.columns)
-        .cte("moved")
-    )
-    recorded = (
-        insert(TaskStateChange)
-        .from_select(
-            ["task_instance_id", "from_state", "to_state", "reason"],
-            select(
-                moved.c.id,
-                literal(TaskState.QUEUED),
-                literal(TaskState.RUNNING),
-                case((moved.c.next_method.is_(None), "picked up"), else_="resumed"),
-            ),
-        )
-        .cte("recorded")
-    )
-    cleared = (
-        delete(XCom)
-        .where(XCom.task_instance_id.in_(select(moved.c.id).where(moved.c.next_method.is_(None))))
-        .cte("cleared")
-    )
-    rows = session.execute(select(moved).add_cte(recorded).add_cte(cleared)).all()
-    return [TI(**row._mapping) for row in rows]
+    params = {
+        "ids": [a[0] for a in attempts],
+        "tries": [a[1] for a in attempts],
+        "hostname": hostname,
+        "worker": worker,
+    }
+    started = [Started(**row._mapping) for row in session.execute(_START_SQL, params)]
+    _expire_loaded(session, [s.id for s in started])
+    return started
 
 
 _END_OF_ATTEMPT: dict[str, Any] = {
@@ -544,31 +564,63 @@ def _fenced(attempts: Sequence[Attempt]) -> ColumnElement[bool]:
     )
 
 
+# The runs of the task instances in ``moved`` marked for evaluation (plain SQL, as
+# :func:`_mark_runs_of` builds it: every running run row written, locked in id order).
+_MARK_RUNS_OF_MOVED = """
+    to_mark AS (
+        SELECT run.id FROM dag_run AS run
+        JOIN moved ON run.dag_id = moved.dag_id AND run.run_id = moved.run_id
+        WHERE run.state = 'running'
+        ORDER BY run.id
+        FOR UPDATE OF run
+    ), marked AS (
+        UPDATE dag_run
+        SET evaluate_after = LEAST(COALESCE(evaluate_after, now()), now()), updated_at = now()
+        WHERE id IN (SELECT id FROM to_mark) AND state = 'running'
+    )
+"""
+
+# running -> success for a batch of attempts (fenced on try and worker), recorded, their runs
+# marked, their return values written as XCom: one statement, on every success's path.
+_SUCCEED_SQL = text(
+    """
+    WITH moved AS (
+        UPDATE task_instance AS ti
+        SET state = 'success', end_date = now(), updated_at = now(),
+            next_method = NULL, next_kwargs = NULL, trigger_timeout = NULL
+        FROM unnest(CAST(:ids AS bigint[]), CAST(:tries AS integer[]),
+                    CAST(:workers AS text[]), CAST(:values AS jsonb[]))
+            AS r (id, try_number, worker, value)
+        WHERE ti.id = r.id AND ti.try_number = r.try_number AND ti.worker = r.worker
+            AND ti.state = 'running'
+        RETURNING ti.id, ti.dag_id, ti.run_id, r.value
+    ), recorded AS (
+        INSERT INTO task_state_change (task_instance_id, from_state, to_state, reason)
+        SELECT id, 'running', 'success', 'returned' FROM moved ORDER BY id
+    ), xcoms AS (
+        INSERT INTO xcom (task_instance_id, key, value)
+        SELECT id, 'return_value', value FROM moved WHERE value IS NOT NULL
+        ON CONFLICT (task_instance_id, key) DO UPDATE SET value = excluded.value
+    ),"""
+    + _MARK_RUNS_OF_MOVED
+    + """
+    SELECT id FROM moved
+    """
+)
+
+
 def succeed_many(session: Session, results: Sequence[tuple[Attempt, Any]]) -> set[int]:
-    """:func:`succeed` for a batch, in two statements; returns the ids that moved."""
+    """:func:`succeed` for a batch, in one statement; returns the ids that moved."""
     if not results:
         return set()
-    attempts = [attempt for attempt, _ in results]
-    moved = set(
-        _move(
-            session,
-            [a.task_instance_id for a in attempts],
-            TaskState.RUNNING,
-            TaskState.SUCCESS,
-            "returned",
-            fence=(_fenced(attempts),),
-            end_date=func.now(),
-            **_END_OF_ATTEMPT,
-        )
-    )
-    xcom.upsert_many(
-        session,
-        [
-            (attempt.task_instance_id, "return_value", value)
-            for attempt, value in results
-            if value is not None and attempt.task_instance_id in moved
-        ],
-    )
+    params = {
+        "ids": [a.task_instance_id for a, _ in results],
+        "tries": [a.try_number for a, _ in results],
+        "workers": [a.worker for a, _ in results],
+        "values": [None if v is None else json.dumps(v) for _, v in results],
+    }
+    moved = set(session.scalars(_SUCCEED_SQL, params))
+    _expire_loaded(session, moved)
     return moved
 
 
@@ -749,93 +801,68 @@ def defer(
     )
 
 
-_DEFERRAL_COLUMNS = (
-    "id",
-    "try_number",
-    "worker",
-    "trigger_id",
-    "next_method",
-    "next_kwargs",
-    "trigger_timeout",
+# running -> deferred for a batch (fenced on try and worker): the rows locked, a trigger row
+# for each that moves (its id drawn first, so that each task gets its own), the moves and their
+# records; one statement, on every deferral's path. Nothing is written for an attempt that no
+# longer holds its task instance.
+_DEFER_SQL = text(
+    """
+    WITH deferral AS (
+        SELECT * FROM unnest(
+            CAST(:ids AS bigint[]), CAST(:tries AS integer[]), CAST(:workers AS text[]),
+            CAST(:next_methods AS text[]), CAST(:next_kwargs AS text[]),
+            CAST(:timeouts AS timestamptz[]), CAST(:classpaths AS text[]),
+            CAST(:kwargs AS text[]), CAST(:fingerprints AS text[])
+        ) AS d (id, try_number, worker, next_method, next_kwargs, trigger_timeout, classpath,
+                kwargs, fingerprint)
+    ), held AS (
+        SELECT ti.id FROM task_instance AS ti
+        JOIN deferral AS d ON ti.id = d.id AND ti.try_number = d.try_number
+            AND ti.worker = d.worker
+        WHERE ti.state = 'running'
+        ORDER BY ti.id
+        FOR UPDATE OF ti
+    ), planned AS (
+        SELECT d.*, nextval(pg_get_serial_sequence('trigger', 'id')) AS trigger_id
+        FROM deferral AS d JOIN held ON held.id = d.id
+    ), triggers AS (
+        INSERT INTO trigger (id, classpath, kwargs, fingerprint)
+        SELECT trigger_id, classpath, kwargs, fingerprint FROM planned
+    ), moved AS (
+        UPDATE task_instance AS ti
+        SET state = 'deferred', trigger_id = p.trigger_id, next_method = p.next_method,
+            next_kwargs = p.next_kwargs, trigger_timeout = p.trigger_timeout, updated_at = now()
+        FROM planned AS p
+        WHERE ti.id = p.id
+        RETURNING ti.id, ti.trigger_id
+    ), recorded AS (
+        INSERT INTO task_state_change (task_instance_id, from_state, to_state, reason)
+        SELECT id, 'running', 'deferred', 'deferred to trigger ' || trigger_id
+        FROM moved ORDER BY id
+    )
+    SELECT id, trigger_id FROM moved
+    """
 )
 
 
 def defer_many(session: Session, deferrals: Sequence[Deferral]) -> dict[int, int]:
-    """running -> deferred for a batch: their trigger rows in one INSERT, the moves (fenced) and
-    their records in one statement; returns task instance id -> trigger id for those that moved
-    (the triggers of the others are deleted again)."""
+    """running -> deferred for a batch, each with a new trigger row, in one statement; returns
+    task instance id -> trigger id for those that moved."""
     if not deferrals:
         return {}
-    trigger_ids = list(
-        session.scalars(
-            insert(Trigger).returning(Trigger.id, sort_by_parameter_order=True),
-            [
-                {"classpath": d.classpath, "kwargs": d.kwargs_token, "fingerprint": d.fingerprint}
-                for d in deferrals
-            ],
-        )
-    )
-    # The rows as arrays: one statement shape whatever the batch size (compiled once).
-    pairs = list(zip(deferrals, trigger_ids, strict=True))
-    rows = (
-        func.unnest(
-            _array("id", [d.attempt.task_instance_id for d, _ in pairs], BigInteger),
-            _array("try_number", [d.attempt.try_number for d, _ in pairs], Integer),
-            _array("worker", [d.attempt.worker for d, _ in pairs], String),
-            _array("trigger_id", [t for _, t in pairs], BigInteger),
-            _array("next_method", [d.next_method for d, _ in pairs], String),
-            _array("next_kwargs", [d.next_kwargs_token for d, _ in pairs], Text),
-            _array(
-                "trigger_timeout",
-                [d.trigger_timeout for d, _ in pairs],
-                DateTime(timezone=True),
-            ),
-        )
-        .table_valued(*_DEFERRAL_COLUMNS)
-        .render_derived("deferral")
-    )
-    moved = (
-        update(TI)
-        .where(
-            TI.id == rows.c.id,
-            TI.try_number == rows.c.try_number,
-            TI.worker == rows.c.worker,
-            TI.state == TaskState.RUNNING,
-        )
-        .values(
-            state=TaskState.DEFERRED,
-            trigger_id=rows.c.trigger_id,
-            next_method=rows.c.next_method,
-            next_kwargs=rows.c.next_kwargs,
-            trigger_timeout=rows.c.trigger_timeout,
-            updated_at=func.now(),
-        )
-        .returning(TI.id, TI.trigger_id)
-        .cte("moved")
-    )
-    recorded = (
-        insert(TaskStateChange)
-        .from_select(
-            ["task_instance_id", "from_state", "to_state", "reason"],
-            select(
-                moved.c.id,
-                literal(TaskState.RUNNING),
-                literal(TaskState.DEFERRED),
-                literal("deferred to trigger ") + cast(moved.c.trigger_id, String),
-            ),
-        )
-        .cte("recorded")
-    )
-    done = {
-        ti_id: trigger_id
-        for ti_id, trigger_id in session.execute(
-            select(moved.c.id, moved.c.trigger_id).add_cte(recorded)
-        )
+    params = {
+        "ids": [d.attempt.task_instance_id for d in deferrals],
+        "tries": [d.attempt.try_number for d in deferrals],
+        "workers": [d.attempt.worker for d in deferrals],
+        "next_methods": [d.next_method for d in deferrals],
+        "next_kwargs": [d.next_kwargs_token for d in deferrals],
+        "timeouts": [d.trigger_timeout for d in deferrals],
+        "classpaths": [d.classpath for d in deferrals],
+        "kwargs": [d.kwargs_token for d in deferrals],
+        "fingerprints": [d.fingerprint for d in deferrals],
     }
+    done = {ti_id: trigger_id for ti_id, trigger_id in session.execute(_DEFER_SQL, params)}
     _expire_loaded(session, done)
-    unused = set(trigger_ids) - set(done.values())
-    if unused:
-        session.execute(delete(Trigger).where(Trigger.id.in_(unused)))
     return done
 
 

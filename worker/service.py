@@ -40,7 +40,7 @@ from deferral.config import Settings
 from deferral.crypto import Cipher, DecryptionError
 from deferral.db import make_engine, make_sessionmaker, wait_until_up
 from deferral.faults import is_transient
-from deferral.models import DagRun, TaskInstance, Worker
+from deferral.models import TaskInstance, Worker
 from deferral.process import Every, LogExtra, log_ids
 from deferral.serialization import SerializationError
 from deferral.states import TaskState
@@ -333,7 +333,7 @@ class WorkerService:
                 self.name,
             )
             lines: list[NewLine] = []
-            requests = self._requests(session, started, lines)
+            requests = self._requests(started, lines, session)
             self._write_lines(session, lines)
         self.unstarted = []
         finished: list[Delivery] = []
@@ -367,28 +367,15 @@ class WorkerService:
         log.info("running %s try %d%s", item.task, item.try_number, resuming, extra=_item_ids(item))
 
     def _requests(
-        self, session: Session, started: Sequence[TaskInstance], lines: list[NewLine]
+        self, started: Sequence[transitions.Started], lines: list[NewLine], session: Session
     ) -> dict[int, AttemptRequest]:
         """The child's request for each started attempt; one that cannot be run (its run is
         gone, its resume kwargs cannot be opened) fails here, with the reason, instead of
         blocking the queue. Says in ``lines`` which started or failed."""
-        if not started:
-            return {}
-        runs = {
-            (run.dag_id, run.run_id): run
-            for run in session.scalars(
-                select(DagRun).where(
-                    tuple_(DagRun.dag_id, DagRun.run_id).in_(
-                        {(ti.dag_id, ti.run_id) for ti in started}
-                    )
-                )
-            )
-        }
         requests: dict[int, AttemptRequest] = {}
         for ti in started:
-            run = runs.get((ti.dag_id, ti.run_id))
             try:
-                if run is None:
+                if not ti.run_exists:
                     raise LookupError(f"DAG run {ti.dag_id} {ti.run_id} no longer exists")
                 next_kwargs = self.cipher.open(ti.next_kwargs) if ti.next_kwargs else None
             except (LookupError, DecryptionError, SerializationError) as exc:
@@ -404,7 +391,7 @@ class WorkerService:
                     extra=log_ids(task_instance_id=ti.id, try_number=ti.try_number),
                 )
                 continue
-            assert ti.first_started_at is not None
+            assert ti.logical_date is not None
             started_line = f"try {ti.try_number} started on worker {self.name} ({self.hostname})"
             if ti.next_method:
                 started_line += f", resuming at {ti.next_method}"
@@ -416,15 +403,15 @@ class WorkerService:
                 task_id=ti.task_id,
                 map_index=ti.map_index,
                 try_number=ti.try_number,
-                logical_date=run.logical_date,
-                conf=dict(run.conf or {}),
+                logical_date=ti.logical_date,
+                conf=dict(ti.conf or {}),
                 first_started_at=ti.first_started_at,
                 next_method=ti.next_method,
                 next_kwargs=next_kwargs,
                 max_tries=ti.max_tries,
-                data_interval_start=run.data_interval_start,
-                data_interval_end=run.data_interval_end,
-                run_type=run.run_type,
+                data_interval_start=ti.data_interval_start,
+                data_interval_end=ti.data_interval_end,
+                run_type=ti.run_type or "manual",
                 task_log_max_bytes=self.settings.task_log_max_bytes,
             )
         return requests

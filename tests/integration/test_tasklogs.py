@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import datetime as dt
+from typing import Any
 
+from sqlalchemy import event
 from sqlalchemy.orm import Session, sessionmaker
 
 from deferral import tasklogs
@@ -94,4 +96,32 @@ def test_lines_of_a_task_instance_that_is_gone_are_dropped(
         tasklogs.append(session, [_line(ti_id + 1000, "nobody"), _line(ti_id, "kept")], 1000)
     with sessions() as session:
         assert [line.text for line in tasklogs.read_lines(session, ti_id, 1)] == ["kept"]
+        assert tasklogs.tries_with_logs(session, ti_id + 1000) == []
+
+
+def test_worker_lines_take_one_statement_in_order_and_name_their_tries(
+    sessions: sessionmaker[Session],
+) -> None:
+    ti_id = running_task(sessions)
+    statements: list[str] = []
+
+    def count(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        statements.append(statement)
+
+    lines = [
+        _line(ti_id, "started", source="worker"),
+        _line(ti_id, "try 2 said", source="worker", try_number=2),
+        _line(ti_id + 1000, "nobody", source="worker"),
+        _line(ti_id, "succeeded", source="worker"),
+    ]
+    with sessions.begin() as session:
+        event.listen(session.connection(), "before_cursor_execute", count)
+        tasklogs.append(session, lines, max_bytes=1)
+    assert len(statements) == 1
+    with sessions() as session:
+        assert [line.text for line in tasklogs.read_lines(session, ti_id, 1)] == [
+            "started",
+            "succeeded",
+        ]
+        assert tasklogs.tries_with_logs(session, ti_id) == [1, 2]
         assert tasklogs.tries_with_logs(session, ti_id + 1000) == []
