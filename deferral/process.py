@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ctypes
 import datetime as dt
+import gc
 import json
 import logging
 import os
@@ -89,6 +90,14 @@ class Every:
         if now - self.last >= self.interval:
             self.last = now
             self.step()
+
+
+def freeze_startup_objects() -> None:
+    """Put what start-up created (modules, DAGs, engines) out of the garbage collector's reach:
+    every full collection otherwise walks all of it again (a fifth of a scheduler's time applying
+    a batch of 2,000 events). Called once a process is ready for its loop."""
+    gc.collect()
+    gc.freeze()
 
 
 def die_with_parent() -> None:

@@ -25,6 +25,7 @@ from functools import partial
 from typing import Any
 
 import anyio
+import anyio.lowlevel
 import anyio.to_thread
 from anyio.abc import TaskGroup
 from redis.exceptions import RedisError
@@ -49,7 +50,7 @@ from deferral.dagbag import put_on_sys_path
 from deferral.db import make_engine, make_sessionmaker, wait_until_up
 from deferral.faults import is_transient
 from deferral.models import TaskInstance, TaskStateChange, Triggerer
-from deferral.process import LOG_IDS_ATTR, LogExtra, log_ids
+from deferral.process import LOG_IDS_ATTR, LogExtra, freeze_startup_objects, log_ids
 from deferral.secrets_masker import redact
 from deferral.states import TaskState
 from deferral.tasklogs import NewLine
@@ -69,6 +70,12 @@ BLOCKED_LOOP_WARN_SEC = 0.2
 READ_BATCH = 100
 # Events published in one round trip at most.
 PUBLISH_BATCH = 1000
+# How close to a timer's moment the loop polls for it instead of sleeping (a sleep ends up to a
+# millisecond late).
+TIMER_SPIN_SEC = 0.0015
+# Timers fired before the publisher may run (10,000 due at once would otherwise all be fired,
+# logged and signed before the first is published).
+FIRE_BATCH = 250
 # How often the lines about triggers are stored in their tries' logs (a fired trigger's lines
 # travel with its event instead, so that they precede the resumed attempt's lines).
 TASK_LOG_INTERVAL_SEC = 1.0
@@ -133,16 +140,25 @@ class _Timers:
             self._changed.set()
 
     async def run(self, fire: Callable[[Held], None]) -> None:
-        """Fire every held timer whose moment has come, as it comes."""
+        """Fire every held timer whose moment has come, as it comes; many due at once are fired
+        FIRE_BATCH at a time, the publisher sending each batch while the next is fired."""
         while True:
             now = dt.datetime.now(dt.UTC)
+            fired = 0
             while self._heap and self._heap[0][0] <= now:
                 fire(heapq.heappop(self._heap)[2])
+                fired += 1
+                if fired % FIRE_BATCH == 0:
+                    await anyio.lowlevel.checkpoint()
+            wait = (self._heap[0][0] - now).total_seconds() if self._heap else 60.0
+            if wait <= TIMER_SPIN_SEC:
+                # The loop's sleeps end on the next whole millisecond: the last one is polled.
+                await anyio.lowlevel.checkpoint()
+                continue
             # Wake for the next moment, a newer earlier one, or at least every minute (a clock
             # step must not stretch a wait).
-            wait = (self._heap[0][0] - now).total_seconds() if self._heap else 60.0
             self._changed = anyio.Event()
-            with anyio.move_on_after(min(wait, 60.0)):
+            with anyio.move_on_after(min(wait - TIMER_SPIN_SEC, 60.0)):
                 await self._changed.wait()
 
 
@@ -200,6 +216,7 @@ class TriggererService:
         self.attach(broker)
         await self._until_done(self.consumer.start)
         await self._until_done(self._register, liveness.RUNNING)
+        freeze_startup_objects()
         log.info(
             "triggerer %s consuming %s, capacity %d", self.name, self.keys.triggers, self.capacity
         )

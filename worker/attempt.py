@@ -34,6 +34,7 @@ from deferral.exceptions import (
 )
 from deferral.mappedoperator import MappedOperator
 from deferral.metastore import metastore
+from deferral.process import freeze_startup_objects
 from deferral.secrets_masker import redact
 from deferral.serialization import SerializationError
 from deferral.states import FAIL_METHOD
@@ -74,6 +75,7 @@ def warm_up() -> None:
     # A folder that fails to load is reported by the attempt that needs it, with its error.
     with contextlib.suppress(Exception):
         _dagbag().collect()
+    freeze_startup_objects()
 
 
 def _one_line(exc: BaseException) -> str:

@@ -41,7 +41,7 @@ from deferral.crypto import Cipher, DecryptionError
 from deferral.db import make_engine, make_sessionmaker, wait_until_up
 from deferral.faults import is_transient
 from deferral.models import TaskInstance, Worker
-from deferral.process import Every, LogExtra, log_ids
+from deferral.process import Every, LogExtra, freeze_startup_objects, log_ids
 from deferral.serialization import SerializationError
 from deferral.states import TaskState
 from deferral.tasklogs import SOURCE_WORKER, NewLine
@@ -145,6 +145,7 @@ class WorkerService:
         self.attach(broker)
         if not run_until_stopped(stop, self._begin, recover=self.consumer.start, once=True):
             return
+        freeze_startup_objects()
         log.info("worker %s consuming %s with %d slots", self.name, self.stream, self.concurrency)
         run_until_stopped(stop, self.step, recover=self.consumer.start)
         log.info("stopping: waiting for %d running attempt(s)", len(self.running))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import threading
 
-from sqlalchemy import select
+from sqlalchemy import select, text
 from sqlalchemy.orm import Session, sessionmaker
 
 from broker import streams
@@ -16,7 +16,7 @@ from deferral.config import Settings
 from deferral.crypto import Cipher
 from deferral.models import ResumeEvent, TaskInstance, TaskStateChange, Trigger
 from deferral.states import FAIL_METHOD, TaskState
-from scheduler.service import SchedulerService
+from scheduler.service import DEFAULT_MAX_ACTIVE_TASKS, SchedulerService
 from tests.integration.factories import deferred_task, running_task
 from tests.servers import REDIS_URL
 from triggerer.events import event_message, failure_message
@@ -236,3 +236,26 @@ def test_the_lines_an_event_carries_are_stored_with_it_once(
         ("triggerer", "trigger says hello", at),
         ("triggerer", "fired: 1", at),
     ]
+
+
+def test_resumed_tasks_are_queued_within_their_runs_max_active_tasks(
+    settings: Settings, sessions: sessionmaker[Session], cipher: Cipher, broker: Broker
+) -> None:
+    busy_ti, busy_trigger = deferred_task(sessions, cipher, run_id="busy")
+    free_ti, free_trigger = deferred_task(sessions, cipher, run_id="free")
+    with sessions.begin() as session:  # the busy run has as many running as a DAG may by default
+        session.execute(
+            text(
+                "INSERT INTO task_instance (dag_id, run_id, task_id, state, try_number)"
+                " SELECT dag_id, run_id, 'other' || n, 'running', 1"
+                " FROM task_instance, generate_series(1, :n) AS n WHERE id = :ti"
+            ),
+            {"n": DEFAULT_MAX_ACTIVE_TASKS, "ti": busy_ti},
+        )
+    for trigger_id in (busy_trigger, free_trigger):
+        broker.publish(broker.keys.events, event_message(cipher, trigger_id, 1, "t1"))
+
+    _drain(_scheduler(settings, broker))
+
+    assert _ti(sessions, busy_ti).state == TaskState.SCHEDULED
+    assert _ti(sessions, free_ti).state == TaskState.QUEUED

@@ -6,9 +6,10 @@ from __future__ import annotations
 import datetime as dt
 
 import anyio
+import anyio.lowlevel
 
 from broker.replies import Entry
-from triggerer.service import Held, _Timers
+from triggerer.service import FIRE_BATCH, Held, _Timers
 
 
 def _held(trigger_id: int, seconds: float) -> Held:
@@ -36,3 +37,30 @@ def test_timers_fire_in_order_as_their_moments_come() -> None:
 
     anyio.run(main)
     assert fired == [3, 4, 2, 1]
+
+
+def test_many_timers_due_at_once_let_the_publisher_run_between_batches() -> None:
+    fired: list[int] = []
+    seen_by_publisher: list[int] = []
+    due = 3 * FIRE_BATCH
+
+    async def publisher() -> None:
+        while len(fired) < due:
+            if fired:
+                seen_by_publisher.append(len(fired))
+            await anyio.lowlevel.checkpoint()
+
+    async def main() -> None:
+        timers = _Timers()
+        for i in range(due):
+            timers.add(_held(i, -1.0))
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(publisher)
+            tasks.start_soon(timers.run, lambda held: fired.append(held.trigger_id))
+            with anyio.fail_after(5):
+                while len(fired) < due:
+                    await anyio.sleep(0.01)
+            tasks.cancel_scope.cancel()
+
+    anyio.run(main)
+    assert seen_by_publisher and seen_by_publisher[0] == FIRE_BATCH
