@@ -169,6 +169,10 @@ def main() -> None:
             what=f"{args.idle} idle runs to defer",
         )
         print(f"{args.idle} idle runs deferred in {time.monotonic() - started:.0f} s", flush=True)
+        # Runs that have been waiting a while have been vacuumed and analyzed: measure that
+        # state, not autovacuum's pass over the rows just loaded (it otherwise lands, or not, in
+        # the middle of the probes: fire -> SUCCESS p50 9 to 24 ms from one run to the next).
+        stack.vacuum_analyze()
         with Profiles(stack, names if args.profile else []) as profiles:
             crowded = probe(stack, args.samples, "crowded")
         if args.profile:  # before the stack's folder (the raw profiles in it) is removed
