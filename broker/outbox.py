@@ -9,10 +9,11 @@ consumer applies its entries conditionally.
 from __future__ import annotations
 
 import datetime as dt
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from sqlalchemy import func, insert, select, update
+from sqlalchemy import func, select, text
 from sqlalchemy.orm import Session, sessionmaker
 
 from broker.client import Broker
@@ -29,15 +30,38 @@ class Staged:
     fields: dict[str, str]
 
 
+# Ids drawn first (in the order given) so that each row's id is known without relying on the
+# order of RETURNING; one statement whatever the batch size.
+_STAGE_SQL = text(
+    """
+    WITH staged AS MATERIALIZED (
+        SELECT nextval(pg_get_serial_sequence('outbox', 'id')) AS id, stream, fields, n
+        FROM unnest(CAST(:streams AS text[]), CAST(:fields AS jsonb[])) WITH ORDINALITY
+            AS r (stream, fields, n)
+    ), inserted AS (
+        INSERT INTO outbox (id, stream, fields) SELECT id, stream, fields FROM staged
+    )
+    SELECT id FROM staged ORDER BY n
+    """
+)
+
+_PUBLISHED_SQL = text(
+    "UPDATE outbox SET published_at = now() WHERE id = ANY(CAST(:ids AS bigint[]))"
+)
+
+
 def stage_many(session: Session, items: Sequence[tuple[str, Message]]) -> list[Staged]:
-    """Write outbox rows in the caller's transaction, in one statement (a core INSERT: no ORM
-    objects for rows nobody reads back); publish them with :func:`flush` after commit."""
+    """Write outbox rows in the caller's transaction, in one statement (plain SQL: on every
+    deferral's and every dispatch's path); publish them with :func:`flush` after commit."""
     if not items:
         return []
     fields = [(stream, to_fields(message)) for stream, message in items]
     ids = session.scalars(
-        insert(Outbox).returning(Outbox.id, sort_by_parameter_order=True),
-        [{"stream": stream, "fields": values} for stream, values in fields],
+        _STAGE_SQL,
+        {
+            "streams": [stream for stream, _ in fields],
+            "fields": [json.dumps(values) for _, values in fields],
+        },
     ).all()
     return [Staged(i, *row) for i, row in zip(ids, fields, strict=True)]
 
@@ -53,11 +77,7 @@ def flush(sessions: sessionmaker[Session], broker: Broker, rows: Sequence[Staged
         return
     broker.publish_many([(row.stream, row.fields) for row in rows])
     with sessions.begin() as session:
-        session.execute(
-            update(Outbox)
-            .where(Outbox.id.in_([row.id for row in rows]))
-            .values(published_at=func.now())
-        )
+        session.execute(_PUBLISHED_SQL, {"ids": [row.id for row in rows]})
 
 
 def relay(

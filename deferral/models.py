@@ -154,6 +154,13 @@ class TaskInstance(Base):
             postgresql_where=text("state IN ('up_for_retry', 'up_for_reschedule')"),
         ),
         Index("ix_task_instance_state_id", "state", "id"),
+        # Dispatch order (decide.plan_dispatch): read in order, stopped at the pools' room.
+        Index(
+            "ix_task_instance_scheduled",
+            text("priority_weight DESC"),
+            "id",
+            postgresql_where=text("state = 'scheduled'"),
+        ),
     )
 
     id: Mapped[int] = _id()

@@ -2,9 +2,11 @@
 
 For the length of the attempt, file descriptors 1 and 2 of the child point at one pipe (as
 ``2>&1`` does), so ``print``, ``logging`` (a handler on the root logger, writing to stderr) and the
-output of subprocesses and C code arrive in the order they were written. One thread only reads
-the pipe and queues its lines, so the task never waits for the database; another writes the
-queue in batches (every half second, or sooner when it grows). When the attempt ends, the
+output of subprocesses and C code arrive in the order they were written. One thread reads the
+pipe and writes what it read in batches (every half second, or sooner when it grows), while the
+enlarged pipe holds what the task writes meanwhile, so the task never waits for the database
+(one thread, not a reader and a writer: starting threads was a tenth of a worker's CPU at
+hundreds of attempts a second). When the attempt ends, the
 descriptors are restored, what is left in the pipe is read and the last batch is written before
 the outcome goes to the worker, which commits it only then: a finished try's log is complete.
 """
@@ -19,6 +21,7 @@ import os
 import select
 import sys
 import threading
+import time
 from collections.abc import Callable, Sequence
 from typing import TextIO
 
@@ -56,9 +59,8 @@ class TaskOutput:
         self._queued: list[NewLine] = []
         self._queued_bytes = 0  # of this attempt, written or not
         self._lock = threading.Lock()
-        self._wake = threading.Event()
         self._ending = threading.Event()
-        self._threads: list[threading.Thread] = []
+        self._written_at = 0.0
 
     def __enter__(self) -> TaskOutput:
         _flush_std()
@@ -83,12 +85,9 @@ class TaskOutput:
         # (a few percent of a worker's CPU at hundreds of attempts a second).
         if root.level != logging.INFO:
             root.setLevel(logging.INFO)
-        self._threads = [
-            threading.Thread(target=self._read, name="task-output-reader", daemon=True),
-            threading.Thread(target=self._write_batches, name="task-output-writer", daemon=True),
-        ]
-        for thread in self._threads:
-            thread.start()
+        self._written_at = time.monotonic()
+        self._reader = threading.Thread(target=self._read, name="task-output", daemon=True)
+        self._reader.start()
         return self
 
     def __exit__(self, *exc_info: object) -> None:
@@ -106,9 +105,7 @@ class TaskOutput:
         # The pipe has no writer left here: the reader reads what is left and sees its end
         # (or stops soon if a subprocess the task left behind still holds it).
         self._ending.set()
-        self._wake.set()
-        for thread in self._threads:
-            thread.join()
+        self._reader.join()
         os.close(self._read_end)
         lines = self._take()
         try:
@@ -128,6 +125,7 @@ class TaskOutput:
             if not ready:
                 if self._ending.is_set():
                     break
+                self._write_if_due()
                 continue
             chunk = os.read(self._read_end, PIPE_BYTES)
             if not chunk:
@@ -139,6 +137,7 @@ class TaskOutput:
                     *more, partial = _pieces(partial)
                     pieces += more
                 self._queue(pieces)
+            self._write_if_due()
             self._ending.wait(READ_PAUSE_SEC)
         if partial:
             self._queue([partial])
@@ -154,29 +153,30 @@ class TaskOutput:
                 self._queued.append(
                     NewLine(self.task_instance_id, self.try_number, at, SOURCE_TASK, text)
                 )
-            if len(self._queued) >= BATCH_LINES:
-                self._wake.set()
 
     def _take(self) -> list[NewLine]:
         with self._lock:
             lines, self._queued = self._queued, []
         return lines
 
-    def _write_batches(self) -> None:
-        while not self._ending.is_set():
-            self._wake.wait(FLUSH_INTERVAL_SEC)
-            self._wake.clear()
-            if self._ending.is_set():
-                return  # the last batch is written on the way out, after the reader's end
-            lines = self._take()
-            if not lines:
-                continue
-            try:
-                self.write(lines)
-            except Exception:
-                # The database is unavailable: keep the lines (in order) for the next batch.
-                with self._lock:
-                    self._queued[:0] = lines
+    def _write_if_due(self) -> None:
+        """Write the queued lines if a batch is full or the last write is FLUSH_INTERVAL_SEC old
+        (not once the attempt ends: the last batch is written on the way out)."""
+        if self._ending.is_set():
+            return
+        now = time.monotonic()
+        if len(self._queued) < BATCH_LINES and now - self._written_at < FLUSH_INTERVAL_SEC:
+            return
+        self._written_at = now
+        lines = self._take()
+        if not lines:
+            return
+        try:
+            self.write(lines)
+        except Exception:
+            # The database is unavailable: keep the lines (in order) for the next batch.
+            with self._lock:
+                self._queued[:0] = lines
 
 
 def _flush_std() -> None:
