@@ -137,8 +137,7 @@ def clean(line: str) -> str:
 
 # Creates (or locks) the size row of each try, in the order given, for tries whose task
 # instance exists; a log line must never fail its writer's transaction.
-_LOCK_TRIES = text(
-    """
+_TRY_ROWS = """
     INSERT INTO task_log_try (task_instance_id, try_number)
     SELECT k.ti, k.try_number
     FROM unnest(CAST(:tis AS bigint[]), CAST(:tries AS integer[])) WITH ORDINALITY
@@ -146,9 +145,9 @@ _LOCK_TRIES = text(
     WHERE EXISTS (SELECT 1 FROM task_instance ti WHERE ti.id = k.ti)
     ORDER BY k.n
     ON CONFLICT (task_instance_id, try_number) DO UPDATE SET bytes = task_log_try.bytes
-    RETURNING task_instance_id, try_number, bytes, cut
-    """
-)
+"""
+
+_LOCK_TRIES = text(_TRY_ROWS + "RETURNING task_instance_id, try_number, bytes, cut")
 
 _RECORD_SIZES = text(
     """
@@ -177,22 +176,14 @@ def _copy_lines(session: Session, rows: Sequence[NewLine]) -> None:
 # created or locked (in key order) as _LOCK_TRIES does, and the lines of those that exist are
 # inserted after, in order (their ids are drawn once the locks are held: commit order).
 _APPEND_UNBOUNDED = text(
-    """
-    WITH tries AS (
-        INSERT INTO task_log_try (task_instance_id, try_number)
-        SELECT k.ti, k.try_number
-        FROM unnest(CAST(:key_tis AS bigint[]), CAST(:key_tries AS integer[])) WITH ORDINALITY
-            AS k(ti, try_number, n)
-        WHERE EXISTS (SELECT 1 FROM task_instance ti WHERE ti.id = k.ti)
-        ORDER BY k.n
-        ON CONFLICT (task_instance_id, try_number) DO UPDATE SET bytes = task_log_try.bytes
-        RETURNING task_instance_id, try_number
-    )
+    "WITH tries AS ("
+    + _TRY_ROWS
+    + """RETURNING task_instance_id, try_number)
     INSERT INTO task_log (task_instance_id, try_number, at, source, text)
     SELECT l.ti, l.try_number, l.at, l.source, l.text
-    FROM unnest(CAST(:tis AS bigint[]), CAST(:tries AS integer[]), CAST(:ats AS timestamptz[]),
-                CAST(:sources AS text[]), CAST(:texts AS text[])) WITH ORDINALITY
-        AS l(ti, try_number, at, source, text, n)
+    FROM unnest(CAST(:line_tis AS bigint[]), CAST(:line_tries AS integer[]),
+                CAST(:ats AS timestamptz[]), CAST(:sources AS text[]), CAST(:texts AS text[]))
+        WITH ORDINALITY AS l(ti, try_number, at, source, text, n)
     JOIN tries ON tries.task_instance_id = l.ti AND tries.try_number = l.try_number
     ORDER BY l.n
     """
@@ -216,10 +207,10 @@ def append(session: Session, lines: Sequence[NewLine], max_bytes: int) -> None:
         session.execute(
             _APPEND_UNBOUNDED,
             {
-                "key_tis": [k[0] for k in keys],
-                "key_tries": [k[1] for k in keys],
-                "tis": [line.task_instance_id for line in ordered],
-                "tries": [line.try_number for line in ordered],
+                "tis": [k[0] for k in keys],
+                "tries": [k[1] for k in keys],
+                "line_tis": [line.task_instance_id for line in ordered],
+                "line_tries": [line.try_number for line in ordered],
                 "ats": [line.at for line in ordered],
                 "sources": [line.source for line in ordered],
                 "texts": [line.text for line in ordered],
