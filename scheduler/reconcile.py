@@ -18,10 +18,12 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import msgspec
-from sqlalchemy import func, select, text
+from sqlalchemy import Row, func, select, text
 from sqlalchemy.orm import Session, sessionmaker
 
 from broker.client import Broker
@@ -39,6 +41,8 @@ PAGE = 1000
 MAX_REMEMBERED = 10_000
 # Rows changed more recently than this may still have their entry on the way.
 SETTLE = dt.timedelta(seconds=5)
+# What republishing an attempt's queue entry (or naming it in a log line) needs.
+ATTEMPT_COLUMNS = (TI.queue, TI.try_number, TI.dag_id, TI.run_id, TI.task_id, TI.map_index)
 
 
 @dataclass
@@ -81,10 +85,15 @@ class Reconciler:
         self._queued()
         self._running()
 
-    def _page(self, session: Session, state: str, after: int, *where: object) -> list[TaskInstance]:
+    def _page(
+        self, session: Session, columns: Sequence[Any], state: str, after: int, *where: object
+    ) -> list[Row[Any]]:
+        """The next page of ``state`` task instances after id ``after``: only ``columns`` (and
+        the id), as rows, not ORM objects (loading a thousand of those took 35 of a pass's 44
+        ms, all of it time the scheduler applied no event)."""
         return list(
-            session.scalars(
-                select(TI)
+            session.execute(
+                select(TI.id, *columns)
                 # Spelled as literal SQL so the planner uses ix_task_instance_state_id.
                 .where(text(f"task_instance.state = '{state}'"), TI.id > after, *where)  # type: ignore[arg-type]
                 .order_by(TI.id)
@@ -92,8 +101,8 @@ class Reconciler:
             )
         )
 
-    def _advance(self, rows: list[TaskInstance]) -> int:
-        return rows[-1].id if len(rows) == self.page else 0
+    def _advance(self, rows: list[Row[Any]]) -> int:
+        return int(rows[-1].id) if len(rows) == self.page else 0
 
     # -- deferred: their trigger (or its event) must be in a stream ------------------------------
 
@@ -101,6 +110,7 @@ class Reconciler:
         with self.sessions() as session:
             rows = self._page(
                 session,
+                [TI.trigger_id],
                 "deferred",
                 self.cursor.deferred,
                 TI.updated_at < func.now() - SETTLE,
@@ -166,10 +176,14 @@ class Reconciler:
     def _queued(self) -> None:
         with self.sessions() as session:
             rows = self._page(
-                session, "queued", self.cursor.queued, TI.queued_at < func.now() - SETTLE
+                session,
+                ATTEMPT_COLUMNS,
+                "queued",
+                self.cursor.queued,
+                TI.queued_at < func.now() - SETTLE,
             )
         self.cursor.queued = self._advance(rows)
-        by_queue: dict[str, list[TaskInstance]] = {}
+        by_queue: dict[str, list[Row[Any]]] = {}
         for ti in rows:
             by_queue.setdefault(ti.queue, []).append(ti)
         entries = []
@@ -210,6 +224,7 @@ class Reconciler:
         with self.sessions() as session:
             rows = self._page(
                 session,
+                [*ATTEMPT_COLUMNS, TI.worker],
                 "running",
                 self.cursor.running,
                 TI.updated_at < func.now() - stale,

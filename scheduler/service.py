@@ -116,6 +116,19 @@ _RESUMED_READY_SQL = text(
     """
 )
 
+# Which of a loop's passes have anything to do, in one indexed statement (three index probes,
+# 0.16 ms with 10,000 running runs): a loop with nothing to start, evaluate or queue then costs
+# this one round trip instead of three transactions (4.4 ms), the time an event arriving
+# meanwhile waited for.
+_LOOP_WORK_SQL = text(
+    """
+    SELECT EXISTS (SELECT 1 FROM dag_run WHERE state = 'queued') AS queued_runs,
+           EXISTS (SELECT 1 FROM dag_run
+                   WHERE evaluate_after <= now() AND state = 'running') AS marked_runs,
+           EXISTS (SELECT 1 FROM task_instance WHERE state = 'scheduled') AS scheduled_tasks
+    """
+)
+
 
 class SchedulerService:
     def __init__(self, settings: Settings, *, name: str) -> None:
@@ -187,9 +200,16 @@ class SchedulerService:
     def step(self) -> None:
         for periodic in self.periodic:
             periodic()
-        self.start_queued_runs()
-        self.evaluate_marked_runs()
-        queued = self.dispatch_scheduled()
+        with self.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+            work = conn.execute(_LOOP_WORK_SQL).one()
+        # Each pass feeds the next in the same loop (a started run is marked, an evaluated run
+        # schedules tasks): one with work runs every pass after it.
+        if work.queued_runs:
+            self.start_queued_runs()
+        if work.queued_runs or work.marked_runs:
+            self.evaluate_marked_runs()
+        busy = work.queued_runs or work.marked_runs or work.scheduled_tasks
+        queued = self.dispatch_scheduled() if busy else 0
         # Wait for events only when this loop queued nothing: else slots may be freeing up.
         self.apply_events(block_ms=None if queued else EVENT_BLOCK_MS)
 

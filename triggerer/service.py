@@ -167,6 +167,11 @@ def _slim(entry: Entry, trigger_id: int) -> Entry:
     return Entry(entry.stream, entry.id, {b"trigger_id": str(trigger_id).encode()})
 
 
+def _array(ids: list[int]) -> str:
+    """A Postgres array literal of ``ids``, for ``CAST(:x AS bigint[])``."""
+    return "{" + ",".join(map(str, ids)) + "}"
+
+
 class TriggererService:
     def __init__(self, settings: Settings, *, capacity: int, name: str) -> None:
         self.settings = settings
@@ -734,7 +739,9 @@ class TriggererService:
                         " JOIN task_instance ti ON ti.id = held.ti_id"
                         " WHERE ti.state = 'deferred' AND ti.trigger_id = held.trigger_id"
                     ),
-                    {"triggers": trigger_ids, "tis": ti_ids},
+                    # As array literals: psycopg dumps a list one element at a time in Python
+                    # (16 ms of held GIL for 10,000 ids each beat; the join takes 1 ms).
+                    {"triggers": _array(trigger_ids), "tis": _array(ti_ids)},
                 )
             )
             gone = {t: i for t, i in zip(trigger_ids, ti_ids, strict=True) if t not in wanted}
