@@ -20,6 +20,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -35,7 +36,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, sessionmaker
 
 from broker.client import Broker
-from broker.replies import PendingSummary
+from broker.replies import PendingSummary, parse_xreadgroup
 from broker.streams import GROUP_TRIGGERERS, to_fields, trigger_message
 from deferral import migrate, transitions
 from deferral.crypto import Cipher
@@ -439,6 +440,45 @@ class CpuMeter:
             f"CPU seconds: {parts} (total {total:.1f}: {total * 1000 / max(per, 1):.2f} ms per"
             f" {what}; Redis and other databases not counted)"
         ]
+
+
+class EventsWatch:
+    """When each trigger's event could first be read from the stack's events stream: a plain
+    XREAD beside the schedulers' group (it takes nothing from them), so that a resume's latency
+    splits into the triggerer's side (moment -> entry readable) and the scheduler's (entry
+    readable -> SCHEDULED). Times are this process's clock, the same machine's as Postgres's."""
+
+    def __init__(self, stack: Stack) -> None:
+        self.stream = stack.broker.keys.events
+        self.seen: dict[int, dt.datetime] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._read, name="events-watch", daemon=True)
+        self._broker = Broker.from_url(REDIS_URL, stack.name)  # its own connections
+        # XREAD's raw reply, shaped like XREADGROUP's, which the broker's parser reads.
+        self._broker.redis.response_callbacks.pop("XREAD", None)
+        self._last = "0-0"
+
+    def __enter__(self) -> EventsWatch:
+        # The newest id now, so that nothing published once this returns is missed.
+        newest = self._broker.newest(self.stream)
+        self._last = newest[0].id if newest else "0-0"
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._broker.close()
+
+    def _read(self) -> None:
+        while not self._stop.is_set():
+            reply = self._broker.redis.execute_command(
+                "XREAD", "BLOCK", 200, "STREAMS", self.stream, self._last
+            )
+            now = dt.datetime.now(dt.UTC)
+            for entry in parse_xreadgroup(reply):
+                self._last = entry.id
+                self.seen.setdefault(int(entry.fields[b"trigger_id"]), now)
 
 
 def _exit_on_signal(signum: int, frame: object) -> None:

@@ -8,7 +8,9 @@ returns the moment it woke for. The probe runs ``--samples`` times one after the
 with nothing else in the system, then again once ``--idle`` runs of another DAG sit with their
 task deferred (on triggers a day ahead), and the benchmark reports for each phase the median,
 from the trigger's moment, of the task's deferred -> scheduled change and of its success (from
-``task_state_change``, Postgres's clock). A loop's cost must not grow with runs that only wait.
+``task_state_change``, Postgres's clock), and splits fire -> SCHEDULED at the moment the event
+could be read from the stream (the triggerer's side, then the scheduler's). A loop's cost must
+not grow with runs that only wait.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import time
 
 from harness import (
     Change,
+    EventsWatch,
     Figure,
     Profiles,
     Stack,
@@ -74,28 +77,30 @@ with DAG("bench_idle", max_active_runs={idle}) as dag:
 def probe(stack: Stack, runs: int, label: str) -> tuple[list[float], list[float]]:
     """Run the probe DAG ``runs`` times, one after the other; fire -> scheduled and fire ->
     success of each, in ms."""
-    for i in range(runs):
-        run_id = f"{label}{i}"
-        stack.trigger("bench_probe", [run_id])
-        wait_for(
-            lambda run_id=run_id: stack.run_state("bench_probe", run_id) == "success",  # type: ignore[misc]
-            timeout=120,
-            interval=0.05,
-            what=f"probe run {run_id}",
-        )
-    with stack.sessions() as session:
-        moments = {
-            ti_id: dt.datetime.fromisoformat(value)
-            for ti_id, value in session.execute(
-                text(
-                    "SELECT ti.id, x.value #>> '{}' FROM xcom x"
-                    " JOIN task_instance ti ON ti.id = x.task_instance_id"
-                    " WHERE ti.dag_id = 'bench_probe' AND ti.run_id LIKE :label"
-                ),
-                {"label": f"{label}%"},
+    with EventsWatch(stack) as watch:
+        for i in range(runs):
+            run_id = f"{label}{i}"
+            stack.trigger("bench_probe", [run_id])
+            wait_for(
+                lambda run_id=run_id: stack.run_state("bench_probe", run_id) == "success",  # type: ignore[misc]
+                timeout=120,
+                interval=0.05,
+                what=f"probe run {run_id}",
             )
-        }
+    with stack.sessions() as session:
+        rows = session.execute(
+            text(
+                "SELECT ti.id, x.value #>> '{}', r.trigger_id FROM xcom x"
+                " JOIN task_instance ti ON ti.id = x.task_instance_id"
+                " JOIN resume_event r ON r.task_instance_id = ti.id"
+                " WHERE ti.dag_id = 'bench_probe' AND ti.run_id LIKE :label"
+            ),
+            {"label": f"{label}%"},
+        ).all()
+    moments = {ti_id: dt.datetime.fromisoformat(value) for ti_id, value, _ in rows}
+    readable = {ti_id: watch.seen[t] for ti_id, _, t in rows if t in watch.seen}
     changes = [c for c in stack.changes("bench_probe") if c.task_instance_id in moments]
+    print(f"{label}: {split(changes, moments, readable)}", flush=True)
     scheduled = [
         (c.at - moments[c.task_instance_id]).total_seconds() * 1000
         for c in changes
@@ -108,6 +113,26 @@ def probe(stack: Stack, runs: int, label: str) -> tuple[list[float], list[float]
     ]
     print(f"{label}: after the fire, median ms per step: {steps(changes, moments)}", flush=True)
     return scheduled, succeeded
+
+
+def split(
+    changes: list[Change], moments: dict[int, dt.datetime], readable: dict[int, dt.datetime]
+) -> str:
+    """fire -> SCHEDULED in two: the triggerer's side (moment -> its event readable in the
+    stream) and the scheduler's (readable -> the state change), medians and p99s, in ms."""
+    triggerer, scheduler = [], []
+    for change in changes:
+        ti = change.task_instance_id
+        if resumed_by_trigger(change) and ti in readable:
+            triggerer.append((readable[ti] - moments[ti]).total_seconds() * 1000)
+            scheduler.append((change.at - readable[ti]).total_seconds() * 1000)
+    if not triggerer:
+        return "no event seen in the stream"
+    return (
+        f"moment -> event readable p50 {median(triggerer):.2f} ms (p99"
+        f" {percentile(triggerer, 0.99):.2f}), readable -> SCHEDULED p50 {median(scheduler):.2f}"
+        f" ms (p99 {percentile(scheduler, 0.99):.2f}; {len(triggerer)} probes)"
+    )
 
 
 def steps(changes: list[Change], moments: dict[int, dt.datetime]) -> str:
