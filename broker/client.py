@@ -14,12 +14,25 @@ from dataclasses import dataclass
 from enum import IntEnum
 from typing import Any
 
+import msgspec
 import redis
 from redis.exceptions import RedisError, ResponseError
 
 from broker import replies, scripts
 from broker.replies import Entry
-from broker.streams import Message, StreamKeys, to_fields
+from broker.streams import (
+    MAX_DEAD_ERROR,
+    MAX_DEAD_LABEL,
+    MAX_KEPT_ENTRY_BYTES,
+    MAX_KEPT_ENTRY_FIELDS,
+    DeadEntry,
+    DeadLetterMessage,
+    Message,
+    StreamKeys,
+    one_line,
+    to_fields,
+)
+from deferral.crypto import Cipher
 
 log = logging.getLogger("deferral.broker")
 
@@ -28,6 +41,8 @@ MIN_REDIS_VERSION = (6, 2, 2)
 # renewal or presence check costs about 10 µs per id: a thousand held every client (an event on its
 # way, a scheduler's read) for 10 ms; 250 bound that to under 3 ms at a round trip per 250.
 BATCH = 250
+# deferral:dead is trimmed to about this many entries (DEFERRAL_DEAD_LETTER_MAXLEN).
+DEFAULT_DEAD_LETTER_MAXLEN = 100_000
 PENDING_PAGE = 100_000
 
 
@@ -49,19 +64,36 @@ def check_version(info: Mapping[str, Any]) -> None:
         raise RedisVersionError(f"Redis {version_text} is too old: deferral needs >= {wanted}")
 
 
-def dead_letter_fields(entry: Entry, error: str, deliveries: int) -> dict[str, str]:
-    """The original entry's fields plus where it came from, why it died and how often it was
-    delivered. Undecodable bytes are replaced: a dead letter must never fail to be written."""
-    fields = {
-        k.decode(errors="replace"): v.decode(errors="replace") for k, v in entry.fields.items()
-    }
-    return {
-        **fields,
-        "source_stream": entry.stream,
-        "source_id": entry.id,
-        "error": error,
-        "deliveries": str(deliveries),
-    }
+def dead_letter_message(
+    cipher: Cipher, entry: Entry, error: str, deliveries: int, consumer: str
+) -> DeadLetterMessage:
+    """The dead letter of ``entry``: bounded clear fields, the original entry sealed. Its size is
+    fixed whatever the entry held (thousands of fields, megabytes), and undecodable bytes are
+    replaced: a dead letter must never fail to be written."""
+    reason = one_line(error, MAX_DEAD_ERROR)
+    size = sum(len(k) + len(v) for k, v in entry.fields.items())
+    sealed = ""
+    if len(entry.fields) <= MAX_KEPT_ENTRY_FIELDS and size <= MAX_KEPT_ENTRY_BYTES:
+        fields = {
+            k.decode(errors="replace"): v.decode(errors="replace") for k, v in entry.fields.items()
+        }
+        original = DeadEntry(entry.stream, entry.id, fields, reason, deliveries)
+        sealed = cipher.encrypt(msgspec.json.encode(original))
+    else:
+        reason = one_line(
+            f"entry of {len(entry.fields)} fields and {size} bytes not kept: {reason}",
+            MAX_DEAD_ERROR,
+        )
+    label = entry.fields.get(b"task", b"")[: MAX_DEAD_LABEL * 4].decode(errors="replace")
+    return DeadLetterMessage(
+        source_stream=entry.stream,
+        source_id=entry.id,
+        error=reason,
+        deliveries=str(deliveries),
+        task=one_line(label, MAX_DEAD_LABEL),
+        consumer=one_line(consumer, MAX_DEAD_LABEL),
+        sealed=sealed,
+    )
 
 
 def _batches(items: Sequence[str]) -> list[Sequence[str]]:
@@ -217,12 +249,21 @@ class Broker:
                 retired += int(self._retire(keys=[stream, self.keys.inflight(stream)], args=args))
         return retired
 
-    def hand_on(self, entry: Entry, group: str, to_stream: str, fields: Mapping[str, str]) -> str:
-        """Atomically publish ``fields`` to ``to_stream`` and retire ``entry``."""
+    def hand_on(
+        self,
+        entry: Entry,
+        group: str,
+        to_stream: str,
+        fields: Mapping[str, str],
+        *,
+        maxlen: int = 0,
+    ) -> str:
+        """Atomically publish ``fields`` to ``to_stream`` and retire ``entry``; ``maxlen`` > 0
+        trims ``to_stream`` to about that many entries (only for a stream no group reads)."""
         return replies.text(
             self._hand_on(
                 keys=self._hand_on_keys(entry, to_stream),
-                args=self._hand_on_args(entry, group, to_stream, fields),
+                args=self._hand_on_args(entry, group, to_stream, fields, maxlen),
             )
         )
 
@@ -246,14 +287,26 @@ class Broker:
         return [entry.stream, keys.inflight(entry.stream), to_stream, keys.inflight(to_stream)]
 
     def _hand_on_args(
-        self, entry: Entry, group: str, to_stream: str, fields: Mapping[str, str]
+        self, entry: Entry, group: str, to_stream: str, fields: Mapping[str, str], maxlen: int = 0
     ) -> list[str]:
         new_field = self._field_of(to_stream, fields)
-        return [group, entry.id, self._entry_field(entry), new_field, *_flat(fields)]
+        return [group, entry.id, self._entry_field(entry), new_field, str(maxlen), *_flat(fields)]
 
-    def dead_letter(self, entry: Entry, group: str, error: str, deliveries: int = 1) -> None:
-        """Move a bad entry to the dead-letter stream and retire it, atomically."""
-        self.hand_on(entry, group, self.keys.dead, dead_letter_fields(entry, error, deliveries))
+    def dead_letter(
+        self,
+        entry: Entry,
+        group: str,
+        error: str,
+        *,
+        cipher: Cipher,
+        consumer: str,
+        deliveries: int = 1,
+        maxlen: int = DEFAULT_DEAD_LETTER_MAXLEN,
+    ) -> None:
+        """Move a bad entry to the dead-letter stream (trimmed to about ``maxlen`` entries) and
+        retire it, atomically."""
+        message = dead_letter_message(cipher, entry, error, deliveries, consumer)
+        self.hand_on(entry, group, self.keys.dead, to_fields(message), maxlen=maxlen)
 
     # -- leases ----------------------------------------------------------------------------------
 

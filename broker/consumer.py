@@ -24,10 +24,12 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from broker.client import Broker, LeaseStatus
+from broker.client import DEFAULT_DEAD_LETTER_MAXLEN, Broker, LeaseStatus
 from broker.lease import Lease
 from broker.replies import Entry
+from broker.streams import MAX_DEAD_ERROR, one_line
 from deferral import metrics
+from deferral.crypto import Cipher
 from deferral.faults import is_transient
 
 log = logging.getLogger("deferral.broker")
@@ -58,8 +60,12 @@ class StreamConsumer:
         *,
         heartbeat_sec: float,
         max_deliveries: int,
+        cipher: Cipher,
+        dead_letter_maxlen: int = DEFAULT_DEAD_LETTER_MAXLEN,
     ) -> None:
         self.broker = broker
+        self.cipher = cipher  # seals what goes to the dead letters
+        self.dead_letter_maxlen = dead_letter_maxlen
         self.stream = stream
         self.group = group
         self.name = name
@@ -244,8 +250,21 @@ class StreamConsumer:
             self._drop([entry.id for entry, _, _ in items])
 
     def dead_letter(self, delivery: Delivery, reason: str) -> None:
-        log.error("dead-lettering %s entry %s: %s", self.stream, delivery.entry.id, reason)
-        self.broker.dead_letter(delivery.entry, self.group, reason, delivery.deliveries)
+        log.error(
+            "dead-lettering %s entry %s: %s",
+            self.stream,
+            delivery.entry.id,
+            one_line(reason, MAX_DEAD_ERROR),
+        )
+        self.broker.dead_letter(
+            delivery.entry,
+            self.group,
+            reason,
+            cipher=self.cipher,
+            consumer=self.name,
+            deliveries=delivery.deliveries,
+            maxlen=self.dead_letter_maxlen,
+        )
         self._drop([delivery.entry.id])
         metrics.DEAD_LETTERS.labels(self.stream).inc()
 

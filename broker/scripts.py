@@ -33,11 +33,18 @@ return retired
 
 # KEYS[1] source stream, KEYS[2] its index, KEYS[3] target stream, KEYS[4] its index; ARGV[1]
 # group, ARGV[2] source entry id, ARGV[3] its index field, ARGV[4] the new entry's index field
-# ('' for none, e.g. a dead letter), ARGV[5..] field value pairs. Hands an entry's outcome on (an
-# event, or a dead letter) and retires the entry in one step, so no reader ever sees the outcome
-# published while the entry is still claimable.
+# ('' for none, e.g. a dead letter), ARGV[5] the target's approximate MAXLEN ('0': untrimmed; only
+# the dead-letter stream, which no group reads, is trimmed), ARGV[6..] field value pairs (a fixed,
+# small number: never an entry's own fields, which may be thousands). Hands an entry's outcome on
+# (an event, or a dead letter) and retires the entry in one step, so no reader ever sees the
+# outcome published while the entry is still claimable.
 HAND_ON = """
-local id = redis.call('XADD', KEYS[3], '*', unpack(ARGV, 5))
+local id
+if ARGV[5] ~= '0' then
+  id = redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[5], '*', unpack(ARGV, 6))
+else
+  id = redis.call('XADD', KEYS[3], '*', unpack(ARGV, 6))
+end
 if ARGV[4] ~= '' then
   redis.call('HSET', KEYS[4], ARGV[4], id)
 end

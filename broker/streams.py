@@ -17,7 +17,7 @@ from typing import TypeVar
 
 import msgspec
 
-from deferral.crypto import Cipher
+from deferral.crypto import Cipher, DecryptionError
 
 GROUP_TRIGGERERS = "triggerers"
 GROUP_SCHEDULERS = "schedulers"
@@ -113,6 +113,48 @@ class TriggerSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     try_number: int = 0
 
 
+class DeadLetterMessage(Message, frozen=True):
+    """``deferral:dead``: an entry a consumer set aside. In clear: where it came from, one bounded
+    line of why, how often it was delivered, the task it named and who set it aside. The original
+    entry is in ``sealed`` (a Fernet token of a :class:`DeadEntry`; '' when it was too large to
+    keep), so neither a payload nor a traceback is ever in clear."""
+
+    source_stream: str
+    source_id: str
+    error: str
+    deliveries: str
+    task: str
+    consumer: str
+    sealed: str
+
+
+class DeadEntry(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """What a dead letter's ``sealed`` opens to: the original entry, with the stream and id it
+    had, so that a tool re-driving it trusts only what the key authenticates."""
+
+    stream: str
+    id: str
+    fields: dict[str, str]
+    error: str
+    deliveries: int
+
+
+# A dead letter's clear text is bounded whatever the entry held.
+MAX_DEAD_ERROR = 500
+MAX_DEAD_LABEL = 250
+# An original entry larger than this is not kept (nothing legitimate comes close: the largest are
+# trigger tokens of a few KB); its dead letter says how large it was.
+MAX_KEPT_ENTRY_BYTES = 256 * 1024
+MAX_KEPT_ENTRY_FIELDS = 32
+
+
+def one_line(text: str, limit: int) -> str:
+    """``text`` on one line of at most ``limit`` characters: control characters escaped (a
+    newline in an attacker's field must not forge a line wherever it is shown)."""
+    cleaned = "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in text[: limit * 4])
+    return cleaned if len(cleaned) <= limit else cleaned[: limit - 1] + "\u2026"
+
+
 M = TypeVar("M", bound=Message)
 
 
@@ -166,6 +208,24 @@ def positive_id(text: str, name: str, maximum: int = MAX_BIGINT) -> int:
     if not 1 <= value <= maximum:
         raise MalformedEntry(f"{name} {value} is out of range (1..{maximum})")
     return value
+
+
+# -- dead letters ---------------------------------------------------------------------------
+
+
+def open_dead_letter(cipher: Cipher, message: DeadLetterMessage) -> DeadEntry:
+    """The original entry sealed in a dead letter; ForgedEntry if the key does not open it, and
+    MalformedEntry if it kept none (too large) or holds something else."""
+    if not message.sealed:
+        raise MalformedEntry("the dead letter kept no entry (it was too large)")
+    try:
+        plain = cipher.decrypt(message.sealed)
+    except DecryptionError:
+        raise ForgedEntry("the dead letter's sealed entry failed authentication") from None
+    try:
+        return msgspec.json.decode(plain, type=DeadEntry)
+    except msgspec.ValidationError as exc:
+        raise MalformedEntry(f"malformed DeadEntry: {exc}") from None
 
 
 # -- triggers -------------------------------------------------------------------------------

@@ -44,6 +44,8 @@ class Settings:
     default_timezone: zoneinfo.ZoneInfo
     # Deliveries of one stream entry that did not survive a heartbeat before it is dead-lettered.
     max_deliveries: int
+    # About how many entries deferral:dead keeps (older ones are trimmed).
+    dead_letter_maxlen: int
     # How long a running run's DAG may fail to import before its unfinished tasks are failed.
     dag_import_grace_sec: float
     # Age after which the scheduler prunes finished history (None: never).
@@ -237,6 +239,7 @@ def load_settings(
         default_deferrable=get("DEFAULT_DEFERRABLE", _bool, default="false"),
         default_timezone=get("DEFAULT_TIMEZONE", _timezone, default="UTC"),
         max_deliveries=get("MAX_DELIVERIES", _positive_int, default="5"),
+        dead_letter_maxlen=get("DEAD_LETTER_MAXLEN", _positive_int, default="100000"),
         dag_import_grace_sec=get("DAG_IMPORT_GRACE_SEC", _non_negative_float, default="300"),
         prune_older_than=get("PRUNE_OLDER_THAN", _retention, default="7d"),
         dag_ignore_file_syntax=get("DAG_IGNORE_FILE_SYNTAX", _ignore_syntax, default="regexp"),

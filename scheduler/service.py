@@ -191,6 +191,8 @@ class SchedulerService:
             self.name,
             heartbeat_sec=self.settings.heartbeat_sec,
             max_deliveries=self.settings.max_deliveries,
+            cipher=self.cipher,
+            dead_letter_maxlen=self.settings.dead_letter_maxlen,
         )
         self.reconciler = Reconciler(
             self.sessions, broker, self.cipher, self.settings.heartbeat_sec

@@ -261,6 +261,8 @@ class TriggererService:
             self.name,
             heartbeat_sec=self.settings.heartbeat_sec,
             max_deliveries=self.settings.max_deliveries,
+            cipher=self.cipher,
+            dead_letter_maxlen=self.settings.dead_letter_maxlen,
         )
         metrics.STREAMS.watch(broker.stream_stats)
 

@@ -67,10 +67,7 @@ DEAD_LETTER_FIELDS = (
     "error",
     "deliveries",
     "task",
-    "trigger_id",
-    "task_instance_id",
-    "try_number",
-    "classpath",
+    "consumer",
 )
 # A page shows at most this many lines of a try's log (the API pages through all of them).
 LOG_LINES_SHOWN = 5000

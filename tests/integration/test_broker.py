@@ -3,6 +3,7 @@ retire entries atomically, dead letters, and the raw reply parsers."""
 
 from __future__ import annotations
 
+import msgspec
 import pytest
 
 from broker import replies
@@ -14,7 +15,8 @@ from broker.client import (
     check_version,
 )
 from broker.replies import Entry
-from broker.streams import QueueMessage, to_fields
+from broker.streams import DeadEntry, QueueMessage, to_fields
+from deferral.crypto import Cipher
 
 GROUP = "g"
 
@@ -230,35 +232,88 @@ def test_hand_on_many_in_one_round_trip(broker: Broker) -> None:
     assert _xlen(broker, keys.events) == 5
 
 
-def test_dead_letter_keeps_the_original_fields_with_reason_and_count(broker: Broker) -> None:
+def _dead_letter(broker: Broker, cipher: Cipher, entry: Entry, error: str, **kw: int) -> None:
+    broker.dead_letter(entry, GROUP, error, cipher=cipher, consumer="c1", **kw)
+
+
+def test_dead_letter_keeps_where_why_and_how_often_in_clear_and_the_entry_sealed(
+    broker: Broker, cipher: Cipher
+) -> None:
     keys = broker.keys
     source = keys.queue("default")
     broker.publish(source, {"task_instance_id": "1", "try_number": "1", "task": "d.r.t"})
     (entry,) = _read_all(broker, source)
-    broker.dead_letter(entry, GROUP, "bad queue entry: forged", deliveries=3)
+    _dead_letter(
+        broker, cipher, entry, "bad queue entry: forged\nTraceback (most recent)", deliveries=3
+    )
     assert _xlen(broker, source) == 0
     assert broker.pending(source, GROUP).count == 0
     assert broker.present(source, ["1"]) == {"1": False}
     (dead,) = broker.xrange(keys.dead)
+    sealed = dead.fields.pop(b"sealed")
     assert dead.fields == {
-        b"task_instance_id": b"1",
-        b"try_number": b"1",
-        b"task": b"d.r.t",
         b"source_stream": source.encode(),
         b"source_id": entry.id.encode(),
-        b"error": b"bad queue entry: forged",
+        b"error": b"bad queue entry: forged\\nTraceback (most recent)",
         b"deliveries": b"3",
+        b"task": b"d.r.t",
+        b"consumer": b"c1",
     }
+    original = msgspec.json.decode(cipher.decrypt(sealed), type=DeadEntry)
+    assert original == DeadEntry(
+        source,
+        entry.id,
+        {"task_instance_id": "1", "try_number": "1", "task": "d.r.t"},
+        "bad queue entry: forged\\nTraceback (most recent)",
+        3,
+    )
 
 
-def test_dead_letter_of_undecodable_bytes_is_still_written(broker: Broker) -> None:
+def test_dead_letter_of_undecodable_bytes_is_still_written(broker: Broker, cipher: Cipher) -> None:
     source = broker.keys.queue("default")
     broker.publish(source, {"x": "1"})
     (entry,) = _read_all(broker, source)
     broken = Entry(entry.stream, entry.id, {b"\xff": b"\xfe\xff"})
-    broker.dead_letter(broken, GROUP, "malformed")
+    _dead_letter(broker, cipher, broken, "malformed")
     (dead,) = broker.xrange(broker.keys.dead)
     assert dead.fields[b"error"] == b"malformed"
+
+
+@pytest.mark.parametrize(
+    ("fields", "said"),
+    [
+        ({f"f{i}": "v" for i in range(5000)}, b"entry of 5000 fields and"),
+        ({"task": "d.r.t", "blob": "x" * 10_000_000}, b"entry of 2 fields and 10000"),
+    ],
+    ids=["5000 fields", "a 10 MB field"],
+)
+def test_dead_letter_of_a_huge_entry_is_small_and_retires_it(
+    broker: Broker, cipher: Cipher, fields: dict[str, str], said: bytes
+) -> None:
+    """The entry's own fields never reach the Lua call's arguments (Lua's stack ends near
+    8,000 values) nor the dead-letter stream."""
+    source = broker.keys.queue("default")
+    broker.ensure_group(source, GROUP)
+    broker.redis.execute_command("XADD", source, "*", *[x for kv in fields.items() for x in kv])
+    (entry,) = _read_all(broker, source)
+    _dead_letter(broker, cipher, entry, "x" * 5000)
+    assert _xlen(broker, source) == 0
+    (dead,) = broker.xrange(broker.keys.dead)
+    assert dead.fields[b"sealed"] == b""
+    assert said in dead.fields[b"error"]
+    assert sum(len(k) + len(v) for k, v in dead.fields.items()) < 2_000
+
+
+def test_dead_letters_are_trimmed_to_about_their_bound(broker: Broker, cipher: Cipher) -> None:
+    source = broker.keys.queue("default")
+    broker.ensure_group(source, GROUP)
+    for i in range(1_000):
+        broker.redis.execute_command("XADD", source, "*", "n", str(i))
+    for entry in _read_all(broker, source):
+        _dead_letter(broker, cipher, entry, "flood", maxlen=100)
+    # MAXLEN ~ trims whole macro nodes (100 entries each by default): about the bound, not exact.
+    assert 100 <= _xlen(broker, broker.keys.dead) <= 300
+    assert _xlen(broker, source) == 0
 
 
 # --- pending ---------------------------------------------------------------------------------

@@ -13,14 +13,21 @@ from broker.client import Broker
 from broker.consumer import StreamConsumer
 from broker.streams import QueueMessage, to_fields
 from deferral import metrics
+from deferral.crypto import Cipher
 from deferral.standalone import free_port
 
 GROUP = "workers"
 
 
-def _consumer(broker: Broker, name: str) -> StreamConsumer:
+def _consumer(broker: Broker, name: str, cipher: Cipher) -> StreamConsumer:
     consumer = StreamConsumer(
-        broker, broker.keys.queue("default"), GROUP, name, heartbeat_sec=0.05, max_deliveries=5
+        broker,
+        broker.keys.queue("default"),
+        GROUP,
+        name,
+        heartbeat_sec=0.05,
+        max_deliveries=5,
+        cipher=cipher,
     )
     consumer.start()
     return consumer
@@ -37,20 +44,22 @@ def _counted(name: str, stream: str) -> float:
     return value or 0.0
 
 
-def test_the_consumer_core_counts_renewals_takeovers_and_dead_letters(broker: Broker) -> None:
+def test_the_consumer_core_counts_renewals_takeovers_and_dead_letters(
+    broker: Broker, cipher: Cipher
+) -> None:
     stream = broker.keys.queue("default")
     renewed = _counted("deferral_lease_renewals_total", stream)
     taken = _counted("deferral_lease_takeovers_total", stream)
     dead = _counted("deferral_dead_letters_total", stream)
     _publish(broker, 3)
-    mine = _consumer(broker, "w1")
+    mine = _consumer(broker, "w1", cipher)
     deliveries = mine.poll(3)
     assert len(deliveries) == 3
     assert mine.renew() == []
     assert _counted("deferral_lease_renewals_total", stream) == renewed + 3
 
     time.sleep(0.2)  # past 2.1 x heartbeat without a renewal: w1 looks dead
-    peer = _consumer(broker, "w2")
+    peer = _consumer(broker, "w2", cipher)
     claimed = peer.claim(10)
     assert len(claimed) == 3
     assert _counted("deferral_lease_takeovers_total", stream) == taken + 3
@@ -59,9 +68,9 @@ def test_the_consumer_core_counts_renewals_takeovers_and_dead_letters(broker: Br
     assert _counted("deferral_dead_letters_total", stream) == dead + 1
 
 
-def test_a_served_registry_shows_the_streams(broker: Broker) -> None:
+def test_a_served_registry_shows_the_streams(broker: Broker, cipher: Cipher) -> None:
     _publish(broker, 2)
-    consumer = _consumer(broker, "w1")
+    consumer = _consumer(broker, "w1", cipher)
     consumer.poll(1)
     metrics.STREAMS.watch(broker.stream_stats)
     port = free_port()

@@ -10,7 +10,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from broker import streams
 from broker.client import Broker
-from broker.streams import GROUP_SCHEDULERS
+from broker.streams import GROUP_SCHEDULERS, DeadLetterMessage, from_fields, open_dead_letter
 from deferral import tasklogs, transitions
 from deferral.config import Settings
 from deferral.crypto import Cipher
@@ -212,7 +212,9 @@ def test_a_batch_applies_together_and_a_poisoned_row_goes_alone_to_the_dead_lett
     assert [_ti(sessions, ti_id).state for ti_id, _ in good] == ["queued"] * 5
     assert _ti(sessions, bad_ti).state == "deferred"
     dead = broker.xrange(broker.keys.dead)
-    assert len(dead) == 1 and dead[0].fields[b"trigger_id"] == str(bad_trigger).encode()
+    assert len(dead) == 1
+    original = open_dead_letter(cipher, from_fields(DeadLetterMessage, dead[0].fields))
+    assert original.fields["trigger_id"] == str(bad_trigger)
     assert b"cannot apply event" in dead[0].fields[b"error"]
     assert broker.redis.xlen(broker.keys.events) == 0
 
