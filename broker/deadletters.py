@@ -230,14 +230,14 @@ def refusal(work: Work, facts: Facts) -> str | None:
     wanted. Pure: the facts are read by :func:`gather_facts`."""
     task = facts.task
     if isinstance(work, TriggerWork | EventWork):
-        if isinstance(work, TriggerWork) and not facts.trigger_exists:
-            return f"trigger {work.trigger_id} no longer exists"
-        if isinstance(work, EventWork) and facts.event_applied:
-            return f"event {one_line(work.dedup_key, 80)} was applied already"
         if task is None:
             return f"no task waits on trigger {work.trigger_id}"
         if task.state != TaskState.DEFERRED or task.trigger_id != work.trigger_id:
             return f"its task is {task.state}, no longer deferred on trigger {work.trigger_id}"
+        if isinstance(work, TriggerWork) and not facts.trigger_exists:
+            return f"trigger {work.trigger_id} no longer exists"
+        if isinstance(work, EventWork) and facts.event_applied:
+            return f"event {one_line(work.dedup_key, 80)} was applied already"
         if isinstance(work, TriggerWork) and work.try_number not in (0, task.try_number):
             return f"its task deferred in try {work.try_number}, and is at try {task.try_number}"
         return None
