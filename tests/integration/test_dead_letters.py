@@ -8,7 +8,6 @@ import datetime as dt
 import json
 import threading
 import uuid
-from typing import Any
 
 import msgspec
 import pytest
@@ -399,53 +398,6 @@ def test_retry_of_an_event_needs_its_task_deferred_and_the_event_unapplied(
     assert deadletters.retry(broker, sessions, cipher, wanted).outcome == "unknown"
     with sessions() as session:
         assert session.get(TaskInstance, ti_id).state == TaskState.DEFERRED  # type: ignore[union-attr]
-
-
-# -- the decision itself ---------------------------------------------------------------------
-
-DEFERRED = deadletters.TaskFacts(TaskState.DEFERRED, 7, 1)
-
-
-@pytest.mark.parametrize(
-    ("work", "facts", "expected"),
-    [
-        (deadletters.TriggerWork(7, 1, 1), deadletters.Facts(DEFERRED, trigger_exists=True), None),
-        (deadletters.TriggerWork(7, 1, 0), deadletters.Facts(DEFERRED, trigger_exists=True), None),
-        (
-            deadletters.TriggerWork(7, 1, 1),
-            deadletters.Facts(DEFERRED, trigger_exists=False),
-            "trigger 7 no longer exists",
-        ),
-        (
-            deadletters.TriggerWork(7, 1, 2),
-            deadletters.Facts(DEFERRED, trigger_exists=True),
-            "its task deferred in try 2, and is at try 1",
-        ),
-        (
-            deadletters.TriggerWork(8, 1, 1),
-            deadletters.Facts(DEFERRED, trigger_exists=True),
-            "its task is deferred, no longer deferred on trigger 8",
-        ),
-        (deadletters.EventWork(7, "k"), deadletters.Facts(DEFERRED), None),
-        (
-            deadletters.EventWork(7, "k"),
-            deadletters.Facts(None),
-            "no task waits on trigger 7",
-        ),
-        (
-            deadletters.QueueWork(1, 2),
-            deadletters.Facts(deadletters.TaskFacts(TaskState.QUEUED, None, 2)),
-            None,
-        ),
-        (
-            deadletters.QueueWork(1, 2),
-            deadletters.Facts(None),
-            "task instance 1 no longer exists",
-        ),
-    ],
-)
-def test_refusal(work: Any, facts: deadletters.Facts, expected: str | None) -> None:
-    assert deadletters.refusal(work, facts) == expected
 
 
 def test_a_dead_letter_written_by_the_writer_opens(broker: Broker, cipher: Cipher) -> None:
