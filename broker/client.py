@@ -157,12 +157,12 @@ class Broker:
         self.redis = client
         self.keys = keys
         self._publish = client.register_script(scripts.PUBLISH)
+        self._redrive_dead = client.register_script(scripts.REDRIVE_DEAD)
+        self._queues_named: dict[str, float] = {}  # queue stream -> when last named (monotonic)
         self._retire = client.register_script(scripts.RETIRE)
         self._hand_on = client.register_script(scripts.HAND_ON)
         self._renew = client.register_script(scripts.RENEW)
         self._present = client.register_script(scripts.PRESENT)
-        self._redrive_dead = client.register_script(scripts.REDRIVE_DEAD)
-        self._queues_named: dict[str, float] = {}  # queue stream -> when last named (monotonic)
 
     @classmethod
     def from_url(cls, url: str, prefix: str, *, max_connections: int = 64) -> Broker:
