@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import IntEnum
 from typing import Any
@@ -44,6 +45,9 @@ BATCH = 250
 # deferral:dead is trimmed to about this many entries (DEFERRAL_DEAD_LETTER_MAXLEN).
 DEFAULT_DEAD_LETTER_MAXLEN = 100_000
 PENDING_PAGE = 100_000
+# A process names each queue stream it publishes to or reads in the registry set again at most
+# this often (once it is there, a publish costs nothing more; a wiped Redis gets it back soon).
+QUEUE_REGISTRY_EVERY_SEC = 60.0
 
 
 class RedisVersionError(RuntimeError):
@@ -113,6 +117,15 @@ class LeaseStatus(IntEnum):
 
 
 @dataclass(frozen=True)
+class Redriven:
+    """What :meth:`Broker.redrive_dead` did: ``status`` 1 published (``entry_id`` the new
+    entry), 0 the dead letter was gone, -1 refused (``entry_id`` the entry in flight)."""
+
+    status: int
+    entry_id: str
+
+
+@dataclass(frozen=True)
 class Claimed:
     """An entry taken over from a consumer that stopped renewing it."""
 
@@ -135,11 +148,6 @@ class StreamInfo:
     groups: tuple[GroupInfo, ...]
 
 
-def _glob_escape(text: str) -> str:
-    """``text`` as a literal in a Redis glob pattern (SCAN MATCH)."""
-    return "".join(f"\\{ch}" if ch in "*?[]\\" else ch for ch in text)
-
-
 class Broker:
     """Stream operations on one Redis, under one key prefix."""
 
@@ -149,6 +157,8 @@ class Broker:
         self.redis = client
         self.keys = keys
         self._publish = client.register_script(scripts.PUBLISH)
+        self._redrive_dead = client.register_script(scripts.REDRIVE_DEAD)
+        self._queues_named: dict[str, float] = {}  # queue stream -> when last named (monotonic)
         self._retire = client.register_script(scripts.RETIRE)
         self._hand_on = client.register_script(scripts.HAND_ON)
         self._renew = client.register_script(scripts.RENEW)
@@ -174,6 +184,7 @@ class Broker:
         self.redis.close()
 
     def ensure_group(self, stream: str, group: str) -> None:
+        self._name_queues([stream])
         try:
             self.redis.execute_command("XGROUP", "CREATE", stream, group, "0", "MKSTREAM")
         except ResponseError as exc:
@@ -188,6 +199,7 @@ class Broker:
     def publish(self, stream: str, message: Message | Mapping[str, str]) -> str:
         """XADD, recording the entry in the stream's in-flight index when it names work."""
         fields = to_fields(message) if isinstance(message, Message) else message
+        self._name_queues([stream])
         field = self._field_of(stream, fields)
         if not field:
             return replies.text(self.redis.execute_command("XADD", stream, "*", *_flat(fields)))
@@ -199,6 +211,7 @@ class Broker:
         """:meth:`publish` for many entries in one round trip."""
         if not items:
             return
+        self._name_queues([stream for stream, _ in items])
         with self.redis.pipeline(transaction=False) as pipe:
             for stream, fields in items:
                 field = self._field_of(stream, fields)
@@ -211,6 +224,21 @@ class Broker:
                 else:
                     pipe.execute_command("XADD", stream, "*", *_flat(fields))
             pipe.execute()
+
+    def _name_queues(self, streams: Iterable[str]) -> None:
+        """Add the queue streams among ``streams`` to the registry set :meth:`stream_keys` reads,
+        so that no scrape scans the keyspace for them."""
+        now = time.monotonic()
+        due = {
+            s
+            for s in streams
+            if s.startswith(self.keys.queue(""))
+            and now - self._queues_named.get(s, -QUEUE_REGISTRY_EVERY_SEC)
+            >= QUEUE_REGISTRY_EVERY_SEC
+        }
+        if due:
+            self.redis.sadd(self.keys.queues, *sorted(due))
+            self._queues_named.update(dict.fromkeys(due, now))
 
     # -- reading and retiring --------------------------------------------------------------------
 
@@ -409,10 +437,48 @@ class Broker:
             found.update(zip(batch, (bool(int(p)) for p in reply), strict=True))
         return found
 
-    def newest(self, stream: str, count: int = 1) -> list[Entry]:
-        """The ``count`` newest entries of ``stream``, newest first."""
-        reply = self.redis.execute_command("XREVRANGE", stream, "+", "-", "COUNT", count)
+    def newest(self, stream: str, count: int = 1, *, before: str | None = None) -> list[Entry]:
+        """The ``count`` newest entries of ``stream`` (older than the id ``before``, if given),
+        newest first."""
+        end = "+" if before is None else f"({before}"
+        reply = self.redis.execute_command("XREVRANGE", stream, end, "-", "COUNT", count)
         return replies.parse_xrange(stream, reply)
+
+    def entry(self, stream: str, entry_id: str) -> Entry | None:
+        """The entry ``entry_id`` of ``stream``, or None if it holds none."""
+        reply = self.redis.execute_command("XRANGE", stream, entry_id, entry_id)
+        found = replies.parse_xrange(stream, reply)
+        return found[0] if found else None
+
+    # -- dead letters (the operator's side: broker.deadletters) ----------------------------------
+
+    def redrive_dead(
+        self,
+        dead_id: str,
+        to_stream: str,
+        fields: Mapping[str, str],
+        *,
+        also_not_in: Sequence[str] = (),
+    ) -> Redriven:
+        """Publish a dead letter's original ``fields`` to ``to_stream`` (in-flight index written)
+        and delete the dead letter, atomically and only once: not if the dead letter is gone,
+        nor while an entry for the same work is in ``to_stream`` or a stream of ``also_not_in``."""
+        field = self._field_of(to_stream, fields)
+        if not field:
+            raise ValueError(f"an entry for {to_stream} names no work: it cannot be re-driven")
+        keys = [self.keys.dead, to_stream, self.keys.inflight(to_stream)]
+        for other in also_not_in:
+            keys += [self.keys.inflight(other), other]
+        status, entry_id = self._redrive_dead(keys=keys, args=[dead_id, field, *_flat(fields)])
+        return Redriven(int(status), replies.text(entry_id))
+
+    def drop_dead(self, dead_ids: Sequence[str]) -> dict[str, bool]:
+        """Delete dead letters; for each id, whether there was one."""
+        with self.redis.pipeline(transaction=False) as pipe:
+            for dead_id in dead_ids:
+                pipe.execute_command("XDEL", self.keys.dead, dead_id)
+            deleted = pipe.execute()
+        return {i: bool(int(n)) for i, n in zip(dead_ids, deleted, strict=True)}
 
     def xrange(self, stream: str, count: int | None = None) -> list[Entry]:
         args: list[Any] = ["XRANGE", stream, "-", "+"]
@@ -424,9 +490,10 @@ class Broker:
         return replies.parse_xpending_summary(self.redis.execute_command("XPENDING", stream, group))
 
     def stream_keys(self) -> list[str]:
-        """The triggers, events and dead streams, then every queue stream under the prefix."""
-        pattern = _glob_escape(self.keys.queue("")) + "*"
-        queues = {key.decode() for key in self.redis.scan_iter(match=pattern, _type="stream")}
+        """The triggers, events and dead streams, then every queue stream named in the registry
+        set (by whoever published to or read a queue): one SMEMBERS of a set as small as the
+        number of queues, never a scan of the keyspace (metrics scrapes call this)."""
+        queues = {replies.text(key) for key in self.redis.smembers(self.keys.queues)}
         return [self.keys.triggers, self.keys.events, self.keys.dead, *sorted(queues)]
 
     def stream_stats(self) -> list[StreamInfo]:

@@ -16,6 +16,33 @@ redis.call('HSET', KEYS[2], ARGV[1], id)
 return id
 """
 
+# KEYS[1] the dead-letter stream, KEYS[2] the stream to re-drive to, KEYS[3] its in-flight index,
+# KEYS[4..] more in-flight indexes, each followed by its stream, that must not carry the work
+# either (a trigger's event); ARGV[1] the dead letter's id, ARGV[2] the index field, ARGV[3..]
+# field value pairs. Re-drives a dead letter once: {0, ''} if it is gone (retried or dropped
+# already), {-1, held} if an entry for the same work is in flight, else the entry is published
+# as PUBLISH does (index written), the dead letter deleted, and {1, new id} returned.
+REDRIVE_DEAD = """
+if #redis.call('XRANGE', KEYS[1], ARGV[1], ARGV[1]) == 0 then
+  return {0, ''}
+end
+local checks = {KEYS[3], KEYS[2]}
+for i = 4, #KEYS, 2 do
+  checks[#checks + 1] = KEYS[i]
+  checks[#checks + 1] = KEYS[i + 1]
+end
+for i = 1, #checks, 2 do
+  local held = redis.call('HGET', checks[i], ARGV[2])
+  if held and #redis.call('XRANGE', checks[i + 1], held, held) > 0 then
+    return {-1, held}
+  end
+end
+local id = redis.call('XADD', KEYS[2], '*', unpack(ARGV, 3))
+redis.call('HSET', KEYS[3], ARGV[2], id)
+redis.call('XDEL', KEYS[1], ARGV[1])
+return {1, id}
+"""
+
 # KEYS[1] stream, KEYS[2] its in-flight index; ARGV[1] group; ARGV[2..] pairs of entry id and
 # index field ('' when the entry names nothing). Acknowledge and delete finished entries.
 RETIRE = """

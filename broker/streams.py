@@ -47,6 +47,8 @@ class StreamKeys:
         self.triggers = f"{prefix}:triggers"
         self.events = f"{prefix}:events"
         self.dead = f"{prefix}:dead"
+        # A set naming every queue stream, so that listing them never scans the keyspace.
+        self.queues = f"{prefix}:queues"
 
     def queue(self, name: str) -> str:
         return f"{self.prefix}:queue:{name}"

@@ -2,8 +2,14 @@
 
 What goes: outbox rows published longer ago than the cutoff; resume events received before it,
 unless their task belongs to a run that is still queued or running; state changes and task logs
-of runs that finished before it. What a running run needs (its tasks' history, its dedup keys)
-stays. Each batch is its own short transaction, so pruning never holds locks for long.
+of runs that finished before it; then those runs themselves, with their task instances, XComs,
+rendered fields and reschedules, except each DAG's latest scheduled or backfill run (the
+schedule's next run is computed from it); and the rows of schedulers, workers and triggerers
+that stopped heartbeating before the cutoff (never less than ``PROCESS_FLOOR`` ago, so a live
+process is never pruned whatever the age asked). What a running run needs (its tasks' history,
+its dedup keys) stays. Each batch is its own short transaction, so pruning never holds locks for
+long; a run's rows go before the run, each table in its own batches, so no single delete
+cascades over a whole history.
 """
 
 from __future__ import annotations
@@ -15,11 +21,41 @@ from dataclasses import dataclass
 from sqlalchemy import text
 from sqlalchemy.orm import Session, sessionmaker
 
+from deferral.states import AUTOMATED_RUN_TYPES
+
+# A process row is pruned only once its heartbeat is at least this old, whatever the age asked:
+# a live process heartbeats every few seconds (and its next heartbeat would insert it again).
+PROCESS_FLOOR = dt.timedelta(minutes=10)
+_AUTOMATED = ", ".join(f"'{t}'" for t in sorted(AUTOMATED_RUN_TYPES))
+# A run (``dr``) whose rows go: finished before the cutoff, and not its DAG's latest scheduled or
+# backfill run (the next run of the schedule follows that one's data interval).
+_PRUNABLE_RUN = f"""dr.state IN ('success', 'failed') AND dr.end_date < now() - :age
+      AND NOT (dr.run_type IN ({_AUTOMATED}) AND NOT EXISTS (
+        SELECT 1 FROM dag_run newer
+        WHERE newer.dag_id = dr.dag_id AND newer.run_type IN ({_AUTOMATED})
+          AND newer.logical_date > dr.logical_date))"""
+_OF_PRUNABLE_RUN = f"""
+    JOIN dag_run dr ON dr.dag_id = ti.dag_id AND dr.run_id = ti.run_id
+    WHERE {_PRUNABLE_RUN}"""
+
 # The end of a query over task instances (``ti``): only those of runs that finished before the
 # cutoff.
 _FINISHED_RUN_BEFORE_CUTOFF = """
     JOIN dag_run dr ON dr.dag_id = ti.dag_id AND dr.run_id = ti.run_id
     WHERE dr.state IN ('success', 'failed') AND dr.end_date < now() - :age"""
+
+
+def _of_prunable_runs(table: str, *key: str) -> str:
+    """Delete a batch of ``table``'s rows (primary key ``key``) of prunable runs' tasks."""
+    columns = ", ".join(key)
+    return f"""
+        DELETE FROM {table} WHERE ({columns}) IN (
+            SELECT {", ".join(f"r.{k}" for k in key)} FROM {table} r
+            JOIN task_instance ti ON ti.id = r.task_instance_id
+            {_OF_PRUNABLE_RUN}
+            LIMIT :batch)
+    """
+
 
 _STATEMENTS = {
     "outbox": """
@@ -60,6 +96,36 @@ _STATEMENTS = {
             {_FINISHED_RUN_BEFORE_CUTOFF}
             LIMIT :batch)
     """,
+    # Then the runs themselves: what hangs off their task instances first, table by table.
+    "xcom": _of_prunable_runs("xcom", "task_instance_id", "key"),
+    "rendered_fields": _of_prunable_runs(
+        "rendered_task_instance_fields", "task_instance_id", "try_number"
+    ),
+    "task_reschedule": _of_prunable_runs("task_reschedule", "id"),
+    "task_instance": f"""
+        DELETE FROM task_instance WHERE id IN (
+            SELECT ti.id FROM task_instance ti
+            {_OF_PRUNABLE_RUN}
+            LIMIT :batch)
+    """,
+    "dag_run": f"""
+        DELETE FROM dag_run WHERE id IN (
+            SELECT dr.id FROM dag_run dr
+            WHERE {_PRUNABLE_RUN}
+              AND NOT EXISTS (
+                SELECT 1 FROM task_instance ti
+                WHERE ti.dag_id = dr.dag_id AND ti.run_id = dr.run_id)
+            LIMIT :batch)
+    """,
+    **{
+        table: f"""
+        DELETE FROM {table} WHERE name IN (
+            SELECT name FROM {table}
+            WHERE latest_heartbeat < now() - GREATEST(CAST(:age AS interval), :floor)
+            LIMIT :batch)
+    """
+        for table in ("scheduler", "worker", "triggerer")
+    },
 }
 
 
@@ -70,6 +136,14 @@ class Pruned:
     task_state_change: int
     task_log: int
     task_log_try: int
+    xcom: int
+    rendered_fields: int
+    task_reschedule: int
+    task_instance: int
+    dag_run: int
+    scheduler: int
+    worker: int
+    triggerer: int
 
     @property
     def total(self) -> int:
@@ -79,7 +153,10 @@ class Pruned:
         """What went, for people: "pruned 1 outbox row(s), ..."."""
         return (
             f"pruned {self.outbox} outbox row(s), {self.resume_event} resume event(s),"
-            f" {self.task_state_change} state change(s), {self.task_log} task log line(s)"
+            f" {self.task_state_change} state change(s), {self.task_log} task log line(s),"
+            f" {self.dag_run} run(s) with {self.task_instance} task instance(s) and"
+            f" {self.xcom} XCom(s), {self.scheduler + self.worker + self.triggerer} stopped"
+            " process row(s)"
         )
 
 
@@ -92,7 +169,10 @@ def prune(
         counts[table] = 0
         while True:
             with sessions.begin() as session:
-                result = session.execute(text(statement), {"age": older_than, "batch": batch_size})
+                result = session.execute(
+                    text(statement),
+                    {"age": older_than, "batch": batch_size, "floor": PROCESS_FLOOR},
+                )
                 deleted = result.rowcount  # type: ignore[attr-defined]
             counts[table] += deleted
             if deleted < batch_size:

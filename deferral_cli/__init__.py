@@ -7,6 +7,7 @@ from deferral_cli import (
     connections,
     dags,
     db,
+    dead,
     doctor,
     health,
     keys,
@@ -49,6 +50,7 @@ main.add_command(triggers.triggers)
 main.add_command(triggers.triggerers)
 main.add_command(triggers.workers)
 main.add_command(streams.streams)
+main.add_command(dead.dead)
 main.add_command(doctor.doctor_command)
 main.add_command(health.health_command)
 main.add_command(keys.rotate_fernet_key)

@@ -62,7 +62,11 @@ def check() -> None:
 def prune(older_than: str, batch_size: int) -> None:
     """Delete history older than --older-than that no running run needs: published outbox rows,
     resume events (but those of queued or running runs), state changes and task logs of
-    finished runs. The scheduler does the same every hour (DEFERRAL_PRUNE_OLDER_THAN)."""
+    finished runs, then those runs with their task instances, XComs, rendered fields and
+    reschedules (but each DAG's latest scheduled or backfill run, which its schedule follows),
+    and the rows of schedulers, workers and triggerers that stopped heartbeating (never one
+    that beat in the last 10 minutes). The scheduler does the same every hour
+    (DEFERRAL_PRUNE_OLDER_THAN)."""
     try:
         age = parse_duration(older_than)
     except ValueError as exc:

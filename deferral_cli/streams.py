@@ -14,9 +14,10 @@ from deferral_cli.common import Record, emit, fail, output_options
 def streams(output: str) -> None:
     """Show each stream's length, its consumer groups, their lag and pending entries per consumer.
 
-    Covers the triggers, events and dead streams and every queue stream under the prefix: a row
-    per consumer group (one row for a stream without a group). LAG is "-" where Redis does not
-    report it (before Redis 7, or when it cannot tell).
+    Covers the triggers, events and dead streams and every queue stream (named in the set
+    `<prefix>:queues`, never found by a keyspace scan): a row per consumer group (one row for a
+    stream without a group). LAG is "-" where Redis does not report it (before Redis 7, or when
+    it cannot tell). `deferral dead list` shows the dead letters themselves.
     """
     settings = settings_or_exit()
     try:
@@ -33,7 +34,7 @@ def streams(output: str) -> None:
 
 def stream_records(broker: Broker) -> list[Record]:
     """A record per consumer group of each stream (one for a stream without a group): the
-    triggers, events and dead streams, then every queue stream under the prefix."""
+    triggers, events and dead streams, then every queue stream named in the registry set."""
     return [row for key in broker.stream_keys() for row in _stream_records(broker, key)]
 
 

@@ -31,9 +31,11 @@ from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from broker import deadletters
 from broker.client import Broker
 from deferral import actions, secrets_masker, users
 from deferral.config import Settings
+from deferral.crypto import Cipher
 from deferral.db import make_engine, make_sessionmaker
 from deferral_cli.common import json_value, server_error
 from webserver import data
@@ -572,6 +574,34 @@ class WebUI:
             )
         return RedirectResponse(back, status_code=303)
 
+    async def dead_letter_form(self, request: Request) -> Response:
+        """Retry or drop one dead letter (the paths of `deferral dead retry|drop`)."""
+        form = request.scope["form"]
+        what, dead_id = _text(form.get("action")), _text(form.get("dead_id"))
+        if what not in ("retry", "drop"):
+            raise BadInput("action must be retry or drop")
+        if not deadletters.valid_dead_id(dead_id):
+            raise BadInput(f"{dead_id[:40]!r} is not a dead letter id")
+        broker = self.broker()
+        if what == "retry":
+            cipher = Cipher(self.settings.fernet_keys)
+            done = await run_in_threadpool(
+                deadletters.retry, broker, self.sessions, cipher, dead_id
+            )
+            ok = done.outcome == deadletters.Outcome.RETRIED
+            said = (
+                f"retried {dead_id}: now {done.detail}"
+                if ok
+                else f"{dead_id} not retried: {done.detail}"
+            )
+        else:
+            dropped = await run_in_threadpool(deadletters.drop, broker, [dead_id])
+            ok = dropped[dead_id]
+            said = f"dropped {dead_id}" if ok else f"no dead letter {dead_id}"
+        log.info("%s: %s", self.auth.session_user(request), said)
+        self.flash(request, "ok" if ok else "error", said)
+        return RedirectResponse("/streams", status_code=303)
+
     # -- API -------------------------------------------------------------------------------------
 
     async def api_health(self, request: Request) -> Response:
@@ -664,6 +694,7 @@ class WebUI:
             Route("/dags/{dag_id}/pause", a(self.pause_form(True)), methods=["POST"]),
             Route("/dags/{dag_id}/unpause", a(self.pause_form(False)), methods=["POST"]),
             Route("/dags/{dag_id}/change", a(self.change_form), methods=["POST"]),
+            Route("/streams/dead", a(self.dead_letter_form), methods=["POST"]),
             *self.api_routes(),
             Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
         ]

@@ -82,6 +82,7 @@ LISTINGS = {
     ("users", "list"),
     ("streams",),
     ("doctor",),
+    ("dead", "list"),
 }
 
 

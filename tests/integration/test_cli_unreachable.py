@@ -44,6 +44,8 @@ ARGUMENTS = {
     "value": "v",
     "conn_id": "c",
     "username": "ann",
+    "dead_id": "1-0",
+    "dead_ids": "1-0",
 }
 # Options a command needs beyond its required arguments.
 OPTIONS: dict[tuple[str, ...], list[str]] = {
@@ -52,11 +54,15 @@ OPTIONS: dict[tuple[str, ...], list[str]] = {
     ("connections", "add"): ["--conn-uri", "postgres://u:p@h:5432/db"],
 }
 # Commands that need no PostgreSQL / no Redis at all.
-WITHOUT_POSTGRES = {("streams",)}
+WITHOUT_POSTGRES = {("streams",), ("dead", "list")}
+# Commands that read Redis first and find nothing to act on (no dead letter 1-0): one line, exit 1.
+NOTHING_IN_REDIS = {("dead", "show"), ("dead", "retry"), ("dead", "drop")}
 # A container healthcheck: a server that does not answer makes it unhealthy (exit 1), one line
 # per check; Docker reserves exit 2.
 HEALTHCHECK = ("health",)
-NEEDS_REDIS = {("streams",), ("doctor",), ("standalone",), ("webserver",)}
+NEEDS_REDIS = {("streams",), ("doctor",), ("standalone",), ("webserver",)} | {
+    ("dead", command) for command in ("list", "show", "retry", "drop")
+}
 
 
 COMMANDS = leaves(deferral_main)
@@ -122,6 +128,9 @@ def test_without_postgres_every_command_says_so_in_one_line(
     code, lines = _invoke(_arguments(path, files))
     if path in WITHOUT_POSTGRES:
         assert code == 0, lines
+        return
+    if path in NOTHING_IN_REDIS:
+        assert code == 1 and len(lines) == 1 and "no dead letter 1-0" in lines[0], lines
         return
     if path == HEALTHCHECK:
         assert code == 1, lines

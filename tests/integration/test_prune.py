@@ -8,16 +8,22 @@ from click.testing import CliRunner
 from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
-from deferral import tasklogs, transitions
+from deferral import tasklogs, transitions, xcom
 from deferral.config import Settings
 from deferral.models import (
     DagRun,
     Outbox,
+    RenderedTaskInstanceFields,
     ResumeEvent,
+    Scheduler,
     TaskInstance,
     TaskLog,
     TaskLogTry,
+    TaskReschedule,
     TaskStateChange,
+    Triggerer,
+    Worker,
+    XCom,
 )
 from deferral.states import DagRunState
 from deferral.tasklogs import NewLine
@@ -27,14 +33,16 @@ from deferral_cli import main as deferral_main
 LONG_AGO = dt.datetime.now(dt.UTC) - dt.timedelta(days=30)
 
 
-def _run(sessions: sessionmaker[Session], run_id: str, *, finished: bool) -> int:
+def _run(
+    sessions: sessionmaker[Session], run_id: str, *, finished: bool, run_type: str = "manual"
+) -> int:
     """A run with one task that went none -> scheduled and wrote two log lines, and a resume
     event of its task."""
     with sessions.begin() as session:
         # One run per logical date (dag_run's unique key): a second apart per run.
         count = session.scalar(select(func.count()).select_from(DagRun)) or 0
         logical_date = LONG_AGO + dt.timedelta(seconds=count)
-        transitions.create_dag_run(session, "d", run_id, logical_date, {})
+        transitions.create_dag_run(session, "d", run_id, logical_date, {}, run_type=run_type)
         run = session.scalars(select(DagRun).where(DagRun.run_id == run_id)).one()
         transitions.start_dag_run(
             session, run, [NewTaskInstance("t", 0, "default_pool", 1, "default", 1)]
@@ -88,7 +96,8 @@ def test_prune_keeps_what_running_runs_need(
 
     assert result.exit_code == 0, result.output
     assert result.output.strip() == (
-        "pruned 1 outbox row(s), 2 resume event(s), 1 state change(s), 2 task log line(s)"
+        "pruned 1 outbox row(s), 2 resume event(s), 1 state change(s), 2 task log line(s),"
+        " 1 run(s) with 1 task instance(s) and 0 XCom(s), 0 stopped process row(s)"
         " older than 7d"
     )
     # The finished run's history went; the running run's stayed.
@@ -103,8 +112,110 @@ def test_prune_keeps_what_running_runs_need(
     # Unpublished and recent outbox rows stay.
     assert _count(sessions, Outbox) == 2
     assert _count(sessions, Outbox, Outbox.published_at.is_(None)) == 1
-    # Task instances and runs are never pruned.
-    assert _count(sessions, TaskInstance) == 2 and _count(sessions, DagRun) == 2
+    # The finished run went with its task instance; the running run stayed.
+    assert _count(sessions, TaskInstance) == 1
+    assert _count(sessions, TaskInstance, TaskInstance.id == running) == 1
+    assert [r.run_id for r in _runs(sessions)] == ["running"]
+
+
+def _runs(sessions: sessionmaker[Session]) -> list[DagRun]:
+    with sessions() as session:
+        return list(session.scalars(select(DagRun).order_by(DagRun.logical_date)))
+
+
+def _attach_history(sessions: sessionmaker[Session], ti_id: int) -> None:
+    """An XCom, rendered fields and a reschedule of the task instance ``ti_id``."""
+    with sessions.begin() as session:
+        xcom.upsert(session, ti_id, "return_value", {"n": 1})
+        session.add(RenderedTaskInstanceFields(task_instance_id=ti_id, try_number=1, rendered={}))
+        session.add(
+            TaskReschedule(
+                task_instance_id=ti_id,
+                try_number=1,
+                start_date=LONG_AGO,
+                end_date=LONG_AGO,
+                reschedule_date=LONG_AGO,
+            )
+        )
+
+
+def test_prune_removes_old_finished_runs_with_their_rows_but_what_runs_or_schedules(
+    settings: Settings, sessions: sessionmaker[Session]
+) -> None:
+    old_manual = _run(sessions, "old-manual", finished=True)
+    old_scheduled = _run(sessions, "old-scheduled", finished=True, run_type="scheduled")
+    latest_scheduled = _run(sessions, "latest-scheduled", finished=True, run_type="scheduled")
+    running = _run(sessions, "running", finished=False)
+    for ti_id in (old_manual, old_scheduled, latest_scheduled, running):
+        _attach_history(sessions, ti_id)
+    recent = _run(sessions, "recent", finished=True)
+    _attach_history(sessions, recent)
+    with sessions.begin() as session:
+        session.execute(update(DagRun).where(DagRun.run_id == "recent").values(end_date=func.now()))
+
+    result = CliRunner().invoke(
+        deferral_main, ["db", "prune", "--older-than", "7d", "--batch-size", "1"]
+    )
+
+    assert result.exit_code == 0, result.output
+    # The latest scheduled run stays: the schedule's next run follows its data interval.
+    assert [r.run_id for r in _runs(sessions)] == ["latest-scheduled", "running", "recent"]
+    kept = [latest_scheduled, running, recent]
+    for model in (TaskInstance, XCom, RenderedTaskInstanceFields, TaskReschedule):
+        column = model.id if model is TaskInstance else model.task_instance_id
+        with sessions() as session:
+            left = sorted(session.scalars(select(column)))
+        assert left == sorted(kept), model.__name__
+    assert "2 run(s) with 2 task instance(s) and 2 XCom(s)" in result.output
+
+
+def test_prune_removes_rows_of_processes_that_stopped_never_a_live_one(
+    settings: Settings, sessions: sessionmaker[Session]
+) -> None:
+    long_ago = {"latest_heartbeat": LONG_AGO, "started_at": LONG_AGO}
+    with sessions.begin() as session:
+        for name, state in (("gone", "stopped"), ("killed", "running")):
+            session.add(
+                Worker(
+                    name=name,
+                    hostname="h",
+                    pid=1,
+                    queue="q",
+                    concurrency=1,
+                    state=state,
+                    **long_ago,
+                )
+            )
+            session.add(
+                Triggerer(name=name, hostname="h", pid=1, capacity=1, state=state, **long_ago)
+            )
+            session.add(Scheduler(name=name, hostname="h", pid=1, state=state, **long_ago))
+        session.add(
+            Worker(name="live", hostname="h", pid=2, queue="q", concurrency=1, state="running")
+        )
+        session.add(Triggerer(name="live", hostname="h", pid=2, capacity=1, state="running"))
+        session.add(Scheduler(name="live", hostname="h", pid=2, state="running"))
+        # Stopped a minute ago: within any retention, and the floor keeps it even at 0s.
+        session.add(
+            Worker(
+                name="just-stopped",
+                hostname="h",
+                pid=3,
+                queue="q",
+                concurrency=1,
+                state="stopped",
+                latest_heartbeat=func.now() - dt.timedelta(minutes=1),
+            )
+        )
+
+    result = CliRunner().invoke(deferral_main, ["db", "prune", "--older-than", "0s"])
+
+    assert result.exit_code == 0, result.output
+    assert "6 stopped process row(s)" in result.output
+    with sessions() as session:
+        assert sorted(session.scalars(select(Worker.name))) == ["just-stopped", "live"]
+        assert list(session.scalars(select(Triggerer.name))) == ["live"]
+        assert list(session.scalars(select(Scheduler.name))) == ["live"]
 
 
 def test_prune_in_small_batches_removes_everything_old(
