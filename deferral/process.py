@@ -153,20 +153,34 @@ def metrics_port_option(func: Callable[..., Any]) -> Callable[..., Any]:
         type=click.IntRange(1, 65535),
         envvar="DEFERRAL_METRICS_PORT",
         default=None,
-        help="Serve Prometheus metrics at http://0.0.0.0:PORT/metrics"
+        help="Serve Prometheus metrics at http://HOST:PORT/metrics"
         " (default: DEFERRAL_METRICS_PORT; none).",
     )(func)
 
 
-def serve_metrics_or_exit(service: str, port: int | None) -> None:
-    """Serve ``service``'s metrics on ``port`` (if given); a port that cannot be bound stops the
-    process with one line (exit 2)."""
+# Metrics name every trigger class, queue and pool: only this host sees them unless told.
+DEFAULT_METRICS_HOST = "127.0.0.1"
+
+
+def metrics_host_option(func: Callable[..., Any]) -> Callable[..., Any]:
+    return click.option(
+        "--metrics-host",
+        envvar="DEFERRAL_METRICS_HOST",
+        default=DEFAULT_METRICS_HOST,
+        show_default=True,
+        help="The address the metrics server binds (0.0.0.0: every interface).",
+    )(func)
+
+
+def serve_metrics_or_exit(service: str, port: int | None, host: str = DEFAULT_METRICS_HOST) -> None:
+    """Serve ``service``'s metrics on ``host``:``port`` (if a port is given); an address that
+    cannot be bound stops the process with one line (exit 2)."""
     if port is None:
         return
     from deferral import metrics
 
     try:
-        metrics.serve(service, port)
+        metrics.serve(service, port, host)
     except metrics.MetricsServerError as exc:
         click.echo(f"error: {exc}", err=True)
         sys.exit(2)
