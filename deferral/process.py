@@ -19,6 +19,7 @@ from typing import Any
 import click
 
 from deferral.config import ConfigError, Settings, load_settings
+from deferral.controls import escape
 
 # The attribute of a log record that holds the ids of the task instance, try and trigger it is
 # about (set with ``extra=log_ids(...)``); the JSON format writes them as fields of their own.
@@ -68,12 +69,26 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(entry)
 
 
+# Lines after a record's first (a traceback, text with a newline in it) start with this: no text a
+# record carries can pass for a record of its own.
+CONTINUATION = "\n    "
+
+
+class TextFormatter(logging.Formatter):
+    """``<time> <LEVEL> <logger>: <message>``, control characters escaped and every line after the
+    first indented: a run id holding a newline or an ESC sequence (from a user, a DAG file, a
+    stream entry) can neither forge a log line nor drive the terminal of whoever reads the log."""
+
+    def __init__(self) -> None:
+        super().__init__("%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+    def format(self, record: logging.LogRecord) -> str:
+        return escape(super().format(record)).replace("\n", CONTINUATION)
+
+
 def setup_logging(log_format: str, level: int = logging.INFO) -> None:
     handler = logging.StreamHandler(sys.stderr)
-    if log_format == "json":
-        handler.setFormatter(JsonFormatter())
-    else:
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    handler.setFormatter(JsonFormatter() if log_format == "json" else TextFormatter())
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level)

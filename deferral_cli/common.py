@@ -7,13 +7,16 @@ records as a table or as JSON alike (:func:`output_options`, :func:`emit`).
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import functools
 import json
+import os
 import re
 import sys
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any, TextIO
 
 import click
 import psycopg
@@ -25,6 +28,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from broker.client import redis_location
 from deferral.config import ConfigError, Settings, load_settings
+from deferral.controls import escape
 from deferral.dag import DAG
 from deferral.dagbag import DagBag, DagNotFound
 from deferral.db import make_engine, make_sessionmaker, url_location
@@ -63,7 +67,8 @@ class DeferralGroup(click.Group):
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
-            return super().invoke(ctx)
+            with terminal_safe_output():
+                return super().invoke(ctx)
         except Exception as exc:
             said = server_error(exc, _settings_or_none())
             if said is None:
@@ -170,6 +175,78 @@ def _redis_reason(exc: BaseException) -> str:
 # -- listings ----------------------------------------------------------------------------------
 
 OUTPUT_FORMATS = ("table", "json")
+
+
+# -- what is printed ----------------------------------------------------------------------------
+
+
+class TerminalSafe:
+    """A text stream that writes what it is given with control characters escaped (newline and
+    tab kept): ids, log lines, XCom values and errors come from users, and an ESC sequence among
+    them must not drive the terminal of whoever runs the command. A writer that draws with its
+    own control sequences (``dags trigger --wait``'s live block) writes to ``unescaped``."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self.unescaped = stream
+
+    def write(self, text: str) -> int:
+        if not isinstance(text, str):  # as a text stream does: click then finds no binary writer
+            raise TypeError(f"write() argument must be str, not {type(text).__name__}")
+        self.unescaped.write(escape(text))
+        return len(text)
+
+    def flush(self) -> None:
+        self.unescaped.flush()
+
+    def isatty(self) -> bool:
+        return self.unescaped.isatty()
+
+    def fileno(self) -> int:
+        return self.unescaped.fileno()
+
+    @property
+    def encoding(self) -> str:
+        return getattr(self.unescaped, "encoding", None) or "utf-8"
+
+    @property
+    def errors(self) -> str | None:
+        return getattr(self.unescaped, "errors", None)
+
+
+def unescaped(stream: TextIO) -> TextIO:
+    """The stream under a :class:`TerminalSafe` (for writers that escape what they write)."""
+    return stream.unescaped if isinstance(stream, TerminalSafe) else stream
+
+
+# What an exported file of secrets may be: read and written by its owner, by nobody else.
+PRIVATE_FILE_MODE = 0o600
+
+
+def write_private(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` as a file only its owner can read. It is created so (never
+    readable by others, even for a moment), as a new file beside the old one that then replaces
+    it: an existing file readable by others is not reused."""
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, PRIVATE_FILE_MODE)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as file:
+            file.write(text)
+        os.replace(temporary, path)
+    except BaseException:
+        temporary.unlink(missing_ok=True)
+        raise
+
+
+@contextlib.contextmanager
+def terminal_safe_output() -> Iterator[None]:
+    """Everything a command prints to stdout and stderr, escaped (see :class:`TerminalSafe`)."""
+    saved = sys.stdout, sys.stderr
+    sys.stdout = TerminalSafe(saved[0])
+    sys.stderr = TerminalSafe(saved[1])
+    try:
+        yield
+    finally:
+        sys.stdout, sys.stderr = saved
 
 
 def output_options(func: Callable[..., Any]) -> Callable[..., Any]:
