@@ -11,6 +11,7 @@ from sqlalchemy import select
 
 from deferral.metastore import metastore
 from deferral.models import StoredVariable
+from deferral.private_files import write_private
 from deferral.process import command_group, settings_or_exit
 from deferral.variables import (
     NO_DEFAULT,
@@ -22,7 +23,7 @@ from deferral.variables import (
     stored_values,
     write_stored,
 )
-from deferral_cli.common import emit, fail, output_options, write_private
+from deferral_cli.common import emit, fail, output_options
 
 
 @command_group()
