@@ -13,7 +13,7 @@ import functools
 import json
 import re
 import sys
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, TextIO
 
 import click
@@ -193,8 +193,16 @@ class TerminalSafe:
         self.unescaped.write(escape(text))
         return len(text)
 
+    def writelines(self, lines: Iterable[str]) -> None:
+        for line in lines:
+            self.write(line)
+
     def flush(self) -> None:
         self.unescaped.flush()
+
+    @property
+    def closed(self) -> bool:
+        return bool(getattr(self.unescaped, "closed", False))
 
     def isatty(self) -> bool:
         return self.unescaped.isatty()
