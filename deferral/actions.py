@@ -16,7 +16,7 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
-from deferral import transitions
+from deferral import controls, transitions
 from deferral.baseoperator import BaseOperator
 from deferral.dag import DAG, DagDefinitionError
 from deferral.models import Dag, DagRun, TaskInstance
@@ -51,6 +51,10 @@ def parse_conf(raw: str | None) -> dict[str, Any]:
         raise ValueError(f"not valid JSON ({exc.msg} at {exc.pos})") from None
     if not isinstance(conf, dict):
         raise ValueError("must be a JSON object")
+    for key in conf:
+        controls.check_id(key, "key")  # keys name params (and become ids in templates, logs)
+    if controls.nul_inside(conf):
+        raise ValueError("holds a NUL character (\\u0000), which PostgreSQL cannot store")
     return conf
 
 
@@ -66,6 +70,11 @@ def trigger_run(
 ) -> Triggered:
     """Create a manual run of ``dag`` (run id ``manual__<now>`` unless given)."""
     logical_date = dt.datetime.now(dt.UTC)
+    if run_id is not None:
+        try:
+            controls.check_id(run_id, "run id")
+        except ValueError as exc:
+            raise ActionError(str(exc)) from None
     run_id = run_id or DagRunType.MANUAL.run_id(logical_date)
     # As Airflow: the interval the schedule would give a run at this moment.
     interval = dag.timetable.infer_manual_data_interval(run_after=logical_date)

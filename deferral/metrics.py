@@ -9,7 +9,9 @@ names; a test keeps the two equal.
 
 from __future__ import annotations
 
+import errno
 import logging
+import socket
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import Protocol
@@ -256,13 +258,21 @@ class MetricsServerError(Exception):
     """The metrics port cannot be bound; the message says why in one line."""
 
 
-def serve(service: str, port: int) -> threading.Thread:
-    """Serve ``service``'s metrics on ``port`` (every interface) at ``/metrics``, from a daemon
-    thread; MetricsServerError if the port cannot be bound."""
+def serve(service: str, port: int, host: str = "127.0.0.1") -> threading.Thread:
+    """Serve ``service``'s metrics on ``host``:``port`` at ``/metrics``, from a daemon thread;
+    MetricsServerError if the address cannot be bound."""
     disable_created_metrics()  # a *_created series per counter only doubles a scrape's size
     try:
-        _, thread = start_http_server(port, registry=registry_for(service))
+        _, thread = start_http_server(port, addr=host, registry=registry_for(service))
+    except socket.gaierror as exc:
+        raise MetricsServerError(f"--metrics-host {host}: {exc.strerror or exc}") from None
     except OSError as exc:
-        raise MetricsServerError(f"--metrics-port {port}: {exc.strerror or exc}") from None
-    log.info("%s metrics on http://0.0.0.0:%d/metrics", service, port)
+        # Naming the host when it is the one at fault (not on this machine).
+        fault = (
+            f"--metrics-host {host}"
+            if exc.errno == errno.EADDRNOTAVAIL
+            else f"--metrics-port {port}"
+        )
+        raise MetricsServerError(f"{fault}: {exc.strerror or exc}") from None
+    log.info("%s metrics on http://%s:%d/metrics", service, host, port)
     return thread

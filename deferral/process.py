@@ -19,6 +19,7 @@ from typing import Any
 import click
 
 from deferral.config import ConfigError, Settings, load_settings
+from deferral.controls import escape
 
 # The attribute of a log record that holds the ids of the task instance, try and trigger it is
 # about (set with ``extra=log_ids(...)``); the JSON format writes them as fields of their own.
@@ -68,12 +69,26 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(entry)
 
 
+# Lines after a record's first (a traceback, text with a newline in it) start with this: no text a
+# record carries can pass for a record of its own.
+CONTINUATION = "\n    "
+
+
+class TextFormatter(logging.Formatter):
+    """``<time> <LEVEL> <logger>: <message>``, control characters escaped and every line after the
+    first indented: a run id holding a newline or an ESC sequence (from a user, a DAG file, a
+    stream entry) can neither forge a log line nor drive the terminal of whoever reads the log."""
+
+    def __init__(self) -> None:
+        super().__init__("%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+    def format(self, record: logging.LogRecord) -> str:
+        return escape(super().format(record)).replace("\n", CONTINUATION)
+
+
 def setup_logging(log_format: str, level: int = logging.INFO) -> None:
     handler = logging.StreamHandler(sys.stderr)
-    if log_format == "json":
-        handler.setFormatter(JsonFormatter())
-    else:
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    handler.setFormatter(JsonFormatter() if log_format == "json" else TextFormatter())
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level)
@@ -153,20 +168,34 @@ def metrics_port_option(func: Callable[..., Any]) -> Callable[..., Any]:
         type=click.IntRange(1, 65535),
         envvar="DEFERRAL_METRICS_PORT",
         default=None,
-        help="Serve Prometheus metrics at http://0.0.0.0:PORT/metrics"
+        help="Serve Prometheus metrics at http://HOST:PORT/metrics"
         " (default: DEFERRAL_METRICS_PORT; none).",
     )(func)
 
 
-def serve_metrics_or_exit(service: str, port: int | None) -> None:
-    """Serve ``service``'s metrics on ``port`` (if given); a port that cannot be bound stops the
-    process with one line (exit 2)."""
+# Metrics name every trigger class, queue and pool: only this host sees them unless told.
+DEFAULT_METRICS_HOST = "127.0.0.1"
+
+
+def metrics_host_option(func: Callable[..., Any]) -> Callable[..., Any]:
+    return click.option(
+        "--metrics-host",
+        envvar="DEFERRAL_METRICS_HOST",
+        default=DEFAULT_METRICS_HOST,
+        show_default=True,
+        help="The address the metrics server binds (0.0.0.0: every interface).",
+    )(func)
+
+
+def serve_metrics_or_exit(service: str, port: int | None, host: str = DEFAULT_METRICS_HOST) -> None:
+    """Serve ``service``'s metrics on ``host``:``port`` (if a port is given); an address that
+    cannot be bound stops the process with one line (exit 2)."""
     if port is None:
         return
     from deferral import metrics
 
     try:
-        metrics.serve(service, port)
+        metrics.serve(service, port, host)
     except metrics.MetricsServerError as exc:
         click.echo(f"error: {exc}", err=True)
         sys.exit(2)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping
 from typing import Any
+from urllib.parse import parse_qsl, quote, unquote, urlsplit
 
 MASK = "***"
 MIN_MASKED_LENGTH = 5
@@ -110,3 +111,54 @@ def mask_secret(secret: Any, name: str | None = None) -> None:
 def redact(value: Any, name: str | None = None) -> Any:
     """``value`` with every secret registered in this process masked."""
     return _masker.redact(value, name)
+
+
+# -- the secrets a trigger was given -----------------------------------------------------------
+
+
+def _url_secrets(text: str) -> list[str]:
+    """What a URL in ``text`` may carry in secret: its user info (and the password alone, as
+    given and decoded), its query string and each value in it."""
+    try:
+        parts = urlsplit(text)
+    except ValueError:
+        return []
+    if not parts.scheme or not parts.netloc:
+        return []
+    found: list[str] = []
+    userinfo, at, _ = parts.netloc.rpartition("@")
+    if at and userinfo:
+        found.append(userinfo)
+        _, colon, password = userinfo.partition(":")
+        if colon and password:
+            found += [password, unquote(password)]
+    if parts.query:
+        found.append(parts.query)
+        for _, value in parse_qsl(parts.query, keep_blank_values=False):
+            found += [value, quote(value, safe="")]
+    return found
+
+
+def secrets_in_kwargs(kwargs: Any, name: str | None = None) -> set[str]:
+    """The secrets in a trigger's kwargs: every string under a sensitive name (``password``,
+    ``api_key``...), and the user info and query string of every URL, at any depth."""
+    found: set[str] = set()
+    if isinstance(kwargs, Mapping):
+        for key, value in kwargs.items():
+            found |= secrets_in_kwargs(value, key if should_hide_value_for_key(key) else name)
+    elif isinstance(kwargs, str):
+        if name is not None:
+            found.add(kwargs)
+        found.update(_url_secrets(kwargs))
+    elif isinstance(kwargs, (list, tuple, set, frozenset)):
+        for item in kwargs:
+            found |= secrets_in_kwargs(item, name)
+    return {secret for secret in found if secret}
+
+
+def mask_with_kwargs(value: Any, kwargs: Any) -> Any:
+    """``value`` (an event payload, a failure) with the secrets of a trigger's kwargs masked."""
+    masker = SecretsMasker()
+    for secret in secrets_in_kwargs(kwargs):
+        masker.add_mask(secret)
+    return masker.redact(value)

@@ -33,6 +33,7 @@ from cryptography.fernet import Fernet
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
+from deferral.private_files import write_private
 from deferral.users import ADMIN_PASSWORD_ENV
 
 LOCAL_DATABASE_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/deferral_demo"
@@ -178,8 +179,7 @@ def _secret_file(path: Path, make: Callable[[], str]) -> str:
     if path.exists():
         return path.read_text().strip()
     secret = make()
-    path.write_text(secret + "\n")
-    path.chmod(0o600)
+    write_private(path, secret + "\n")
     return secret
 
 

@@ -7,13 +7,14 @@ records as a table or as JSON alike (:func:`output_options`, :func:`emit`).
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import functools
 import json
 import re
 import sys
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any, TextIO
 
 import click
 import psycopg
@@ -25,6 +26,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from broker.client import redis_location
 from deferral.config import ConfigError, Settings, load_settings
+from deferral.controls import escape
 from deferral.dag import DAG
 from deferral.dagbag import DagBag, DagNotFound
 from deferral.db import make_engine, make_sessionmaker, url_location
@@ -63,7 +65,8 @@ class DeferralGroup(click.Group):
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
-            return super().invoke(ctx)
+            with terminal_safe_output():
+                return super().invoke(ctx)
         except Exception as exc:
             said = server_error(exc, _settings_or_none())
             if said is None:
@@ -170,6 +173,67 @@ def _redis_reason(exc: BaseException) -> str:
 # -- listings ----------------------------------------------------------------------------------
 
 OUTPUT_FORMATS = ("table", "json")
+
+
+# -- what is printed ----------------------------------------------------------------------------
+
+
+class TerminalSafe:
+    """A text stream that writes what it is given with control characters escaped (newline and
+    tab kept): ids, log lines, XCom values and errors come from users, and an ESC sequence among
+    them must not drive the terminal of whoever runs the command. A writer that draws with its
+    own control sequences (``dags trigger --wait``'s live block) writes to ``unescaped``."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self.unescaped = stream
+
+    def write(self, text: str) -> int:
+        if not isinstance(text, str):  # as a text stream does: click then finds no binary writer
+            raise TypeError(f"write() argument must be str, not {type(text).__name__}")
+        self.unescaped.write(escape(text))
+        return len(text)
+
+    def writelines(self, lines: Iterable[str]) -> None:
+        for line in lines:
+            self.write(line)
+
+    def flush(self) -> None:
+        self.unescaped.flush()
+
+    @property
+    def closed(self) -> bool:
+        return bool(getattr(self.unescaped, "closed", False))
+
+    def isatty(self) -> bool:
+        return self.unescaped.isatty()
+
+    def fileno(self) -> int:
+        return self.unescaped.fileno()
+
+    @property
+    def encoding(self) -> str:
+        return getattr(self.unescaped, "encoding", None) or "utf-8"
+
+    @property
+    def errors(self) -> str | None:
+        return getattr(self.unescaped, "errors", None)
+
+
+def unescaped(stream: TextIO) -> TextIO:
+    """The stream under a :class:`TerminalSafe` (for writers that escape what they write)."""
+    return stream.unescaped if isinstance(stream, TerminalSafe) else stream
+
+
+@contextlib.contextmanager
+def terminal_safe_output() -> Iterator[None]:
+    """Everything a command prints to stdout and stderr, escaped (see :class:`TerminalSafe`)."""
+    saved = sys.stdout, sys.stderr
+    sys.stdout = TerminalSafe(saved[0])
+    sys.stderr = TerminalSafe(saved[1])
+    try:
+        yield
+    finally:
+        sys.stdout, sys.stderr = saved
 
 
 def output_options(func: Callable[..., Any]) -> Callable[..., Any]:

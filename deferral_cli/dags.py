@@ -10,7 +10,7 @@ from typing import Any
 import click
 from sqlalchemy import select
 
-from deferral import actions
+from deferral import actions, controls
 from deferral.config import Settings
 from deferral.models import Dag
 from deferral.process import command_group, settings_or_exit
@@ -24,6 +24,7 @@ from deferral_cli.common import (
     load_dag,
     output_options,
     sessions,
+    unescaped,
 )
 from deferral_cli.wait import Display, LiveBlock, PlainLines, wait_for_run
 
@@ -99,13 +100,19 @@ def dags_trigger(
         raise click.BadParameter(str(exc), param_hint="--conf") from None
     if timeout is not None and not wait:
         raise click.BadParameter("only means something with --wait", param_hint="--timeout")
+    for value, what in ((dag_id, "DAG_ID"), (run_id, "--run-id")):
+        try:
+            controls.check_id(value or "", "id")
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint=what) from None
     settings = settings_or_exit()
     run_id = trigger(settings, dag_id, conf, run_id)
     if not wait:
         return
     out = sys.stdout
     display: Display = (
-        LiveBlock(out, f"{dag_id} {run_id}", shutil.get_terminal_size().lines)
+        # The live block draws with control sequences and escapes what it shows itself.
+        LiveBlock(unescaped(out), f"{dag_id} {run_id}", shutil.get_terminal_size().lines)
         if out.isatty()
         else PlainLines(out, lambda: dt.datetime.now(dt.UTC))
     )

@@ -11,6 +11,7 @@ from sqlalchemy import select
 
 from deferral.metastore import metastore
 from deferral.models import StoredVariable
+from deferral.private_files import write_private
 from deferral.process import command_group, settings_or_exit
 from deferral.variables import (
     NO_DEFAULT,
@@ -156,7 +157,7 @@ def _import(loaded: dict[str, Any], action: str) -> tuple[int, list[str]]:
 @click.argument("filepath", type=click.Path(dir_okay=False, writable=True, path_type=Path))
 def variables_export(filepath: Path) -> None:
     """Write every variable of the table to a JSON file (values that are JSON as JSON). The file
-    holds the values in clear: keep it safe."""
+    holds the values in clear: it is created readable by its owner only (mode 0600)."""
     settings_or_exit()
     store = metastore()
     try:
@@ -167,7 +168,7 @@ def variables_export(filepath: Path) -> None:
         return
     exported = {key: _json_or_text(text) for key, text in texts.items()}
     try:
-        filepath.write_text(json.dumps(exported, sort_keys=True, indent=4) + "\n")
+        write_private(filepath, json.dumps(exported, sort_keys=True, indent=4) + "\n")
     except OSError as exc:
         fail(f"cannot write {filepath}: {exc.strerror}")
     click.echo(f"{len(exported)} variables successfully exported to {filepath}")

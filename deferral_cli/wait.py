@@ -18,6 +18,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from deferral.actions import ti_label
+from deferral.controls import escape_all
 from deferral.models import DagRun, TaskInstance
 from deferral.states import FINISHED_STATES, DagRunState
 
@@ -126,7 +127,9 @@ class LiveBlock:
         self.max_tasks = max(1, height - 3)
 
     def show(self, status: RunStatus, elapsed_sec: float) -> None:
-        lines = block(self.label, status, elapsed_sec, self.max_tasks)
+        lines = [
+            escape_all(line) for line in block(self.label, status, elapsed_sec, self.max_tasks)
+        ]
         up = f"\x1b[{self.drawn}F" if self.drawn else ""
         # Erase what is left below when the block shrinks (a run that disappeared).
         self.out.write(up + "".join(f"\x1b[2K{line}\n" for line in lines) + "\x1b[J")

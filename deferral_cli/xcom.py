@@ -1,4 +1,5 @@
-"""``deferral xcom list|get``: the values tasks pushed (user data: shown as they are, as JSON)."""
+"""``deferral xcom list|get``: the values tasks pushed, as JSON, with every known secret masked
+(as in the web UI: :func:`deferral.stored_secrets.shown_xcom`)."""
 
 from __future__ import annotations
 
@@ -9,9 +10,10 @@ import click
 from sqlalchemy import select
 
 from broker.streams import task_label
+from deferral.crypto import Cipher
 from deferral.models import TaskInstance, XCom
 from deferral.process import command_group, settings_or_exit
-from deferral.serialization import plain_json
+from deferral.stored_secrets import known_secrets, shown_xcom
 from deferral_cli.common import Record, emit, fail, find_run, output_options, sessions
 
 # The key a task's return value is pushed under, as in Airflow.
@@ -45,12 +47,13 @@ def xcom_list(dag_id: str, run_id: str, task_id: str | None, output: str) -> Non
         if find_run(session, dag_id, run_id) is None:
             fail(f"DAG {dag_id!r} has no run {run_id!r}")
         rows = session.execute(query).all()
+        masker = known_secrets(session, Cipher(settings.fernet_keys))
     records: list[Record] = [
         {
             "task_id": row.task_id,
             "map_index": row.map_index,
             "key": row.key,
-            "value": plain_json(row.value),
+            "value": shown_xcom(masker, row.key, row.value),
             "created_at": row.created_at,
         }
         for row in rows
@@ -84,10 +87,11 @@ def xcom_get(dag_id: str, run_id: str, task_id: str, key: str, map_index: int) -
         row = session.execute(
             select(XCom.value).where(XCom.task_instance_id == ti_id, XCom.key == key)
         ).one_or_none()
+        masker = known_secrets(session, Cipher(settings.fernet_keys))
     if row is None:
         fail(f"{label} has no XCom {key!r}")
         return
-    click.echo(json.dumps(plain_json(row.value), indent=2))
+    click.echo(json.dumps(shown_xcom(masker, key, row.value), indent=2))
 
 
 def _value_cell(value: Any) -> str:

@@ -8,6 +8,7 @@ from deferral.process import (
     command_group,
     default_consumer_name,
     log_format_option,
+    metrics_host_option,
     metrics_port_option,
     serve_metrics_or_exit,
     settings_or_exit,
@@ -25,11 +26,12 @@ def main() -> None:
 @click.option("--name", default=None, help="Consumer name (default: host-pid).")
 @log_format_option
 @metrics_port_option
-def consume(name: str | None, log_format: str, metrics_port: int | None) -> None:
+@metrics_host_option
+def consume(name: str | None, log_format: str, metrics_port: int | None, metrics_host: str) -> None:
     """Schedule, dispatch and apply trigger events until SIGTERM."""
     from scheduler.service import SchedulerService
 
     setup_logging(log_format)
     settings = settings_or_exit()
-    serve_metrics_or_exit("scheduler", metrics_port)
+    serve_metrics_or_exit("scheduler", metrics_port, metrics_host)
     SchedulerService(settings, name=name or default_consumer_name()).run(stop_on_signals())

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
@@ -31,3 +32,12 @@ def process_alive(pid: int) -> bool:
     except FileNotFoundError:
         return False
     return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def metrics_answer(host: str, port: int) -> bool:
+    """Whether a metrics server answers at ``host``:``port``."""
+    try:
+        with urllib.request.urlopen(f"http://{host}:{port}/metrics", timeout=10) as reply:
+            return bool(reply.status == 200)
+    except OSError:
+        return False

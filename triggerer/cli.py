@@ -11,6 +11,7 @@ from deferral.process import (
     command_group,
     default_consumer_name,
     log_format_option,
+    metrics_host_option,
     metrics_port_option,
     serve_metrics_or_exit,
     settings_or_exit,
@@ -43,19 +44,21 @@ def main() -> None:
 )
 @log_format_option
 @metrics_port_option
+@metrics_host_option
 def consume(
     capacity: int | None,
     heartbeat: float | None,
     name: str | None,
     log_format: str,
     metrics_port: int | None,
+    metrics_host: str,
 ) -> None:
     """Run triggers from deferral:triggers until SIGTERM."""
     from triggerer.service import TriggererService
 
     setup_logging(log_format)
     settings = settings_or_exit()
-    serve_metrics_or_exit("triggerer", metrics_port)
+    serve_metrics_or_exit("triggerer", metrics_port, metrics_host)
     if heartbeat is not None:
         settings = dataclasses.replace(settings, heartbeat_sec=heartbeat)
     service = TriggererService(

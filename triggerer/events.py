@@ -9,6 +9,7 @@ from broker import streams
 from broker.streams import EVENT_KIND_EVENT, EVENT_KIND_FAILURE, EventMessage
 from deferral import serialization
 from deferral.crypto import Cipher
+from deferral.secrets_masker import mask_with_kwargs
 from deferral.serialization import SerializationError
 
 
@@ -42,3 +43,18 @@ def event_message(cipher: Cipher, trigger_id: int, payload: Any, triggerer: str)
             cipher, trigger_id, f"trigger {trigger_id} fired an event: {exc}", "", triggerer
         )
     return _message(cipher, trigger_id, EVENT_KIND_EVENT, payload_json, triggerer)
+
+
+def masked(cipher: Cipher, message: EventMessage, trigger_kwargs: Any) -> EventMessage:
+    """``message`` with the secrets of its trigger's kwargs (URL user info and query strings,
+    values under sensitive names) masked in its payload: the payload is shown in the events
+    stream, the triggerer's log, the task's log and the UI, and reaches the task."""
+    try:
+        payload = serialization.loads(message.payload)
+    except SerializationError:
+        return message  # built by event_message / failure_message: not reached
+    shown = mask_with_kwargs(payload, trigger_kwargs)
+    if shown == payload:
+        return message
+    payload_json = serialization.dumps(shown, "event payload")
+    return _message(cipher, int(message.trigger_id), message.kind, payload_json, message.triggerer)

@@ -57,7 +57,7 @@ from deferral.tasklogs import NewLine
 from deferral.triggers.base import BaseTrigger
 from triggerer import decide, tasklog
 from triggerer.decode import Decoded, RejectedEntry, decode_entry
-from triggerer.events import event_message, failure_message
+from triggerer.events import event_message, failure_message, masked
 from triggerer.tasklog import TaskLogHandler, current_ids
 from triggerer.watchdog import LoopWatchdog
 
@@ -389,7 +389,7 @@ class TriggererService:
         try:
             with held.scope:
                 message = await self._first_event(trigger, held)
-                self._send(held, message)
+                self._send(held, masked(self.cipher, message, decoded.spec.kwargs))
                 published = True  # the publisher frees the slot once it is out
             if held.scope.cancelled_caught:
                 self._log_cancelled(trigger_id, held)

@@ -23,6 +23,7 @@ from deferral import doctor as checklist
 from deferral import liveness, tasklogs
 from deferral.actions import ti_label
 from deferral.config import Settings
+from deferral.crypto import Cipher
 from deferral.dag import DAG, DagDefinitionError
 from deferral.dagbag import DagBag, DagNotFound
 from deferral.models import (
@@ -38,8 +39,8 @@ from deferral.models import (
 )
 from deferral.schedules import latest_automated_intervals
 from deferral.secrets_masker import redact
-from deferral.serialization import plain_json
 from deferral.states import FINISHED_STATES, TaskState
+from deferral.stored_secrets import known_secrets, shown_xcom
 from deferral_cli.common import find_run, task_instances
 from deferral_cli.doctor import gather_checks
 from deferral_cli.explain import explain
@@ -383,7 +384,8 @@ def task_instance_detail(
         "deferred": _deferral(session, settings, ti, now),
         "rendered": _rendered(session, ti.id),
         "xcoms": [
-            {"key": key, "value": redact(plain_json(value), key)}
+            {"key": key, "value": shown_xcom(masker, key, value)}
+            for masker in [known_secrets(session, Cipher(settings.fernet_keys))]
             for key, value in session.execute(
                 select(XCom.key, XCom.value)
                 .where(XCom.task_instance_id == ti.id)

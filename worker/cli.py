@@ -9,6 +9,7 @@ from deferral.process import (
     command_group,
     default_consumer_name,
     log_format_option,
+    metrics_host_option,
     metrics_port_option,
     serve_metrics_or_exit,
     settings_or_exit,
@@ -39,8 +40,14 @@ def main() -> None:
 @click.option("--name", default=None, help="Consumer name (default: host-pid).")
 @log_format_option
 @metrics_port_option
+@metrics_host_option
 def consume(
-    concurrency: int, queue: str, name: str | None, log_format: str, metrics_port: int | None
+    concurrency: int,
+    queue: str,
+    name: str | None,
+    log_format: str,
+    metrics_port: int | None,
+    metrics_host: str,
 ) -> None:
     """Run task attempts from the queue stream until SIGTERM."""
     from worker.service import WorkerService
@@ -51,7 +58,7 @@ def consume(
         check_id("queue", queue)
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--queue") from None
-    serve_metrics_or_exit("worker", metrics_port)
+    serve_metrics_or_exit("worker", metrics_port, metrics_host)
     service = WorkerService(
         settings, queue=queue, concurrency=concurrency, name=name or default_consumer_name()
     )

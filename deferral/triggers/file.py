@@ -30,7 +30,9 @@ def find_file(filepath: str, recursive: bool = False) -> str | None:
 
 class FileTrigger(BaseTrigger):
     """Fires when ``filepath`` (a path or a glob) points at a file, or at a directory holding
-    one; the event payload is ``{"filepath": <as given>, "found": <the file found>}``.
+    one; the event payload is ``{"found": True}``. No path is in it: events are shown in the
+    events stream, the logs and the UI, and a path may name what it should not (a user, a
+    customer, a secret folder); the task knows the path it gave.
 
     ``poke_interval`` is accepted as Airflow 2.9+'s name for ``poll_interval``. File-system
     calls run in a worker thread, never on the event loop."""
@@ -67,9 +69,9 @@ class FileTrigger(BaseTrigger):
         }
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
-        while (found := await anyio.to_thread.run_sync(self._find)) is None:
+        while await anyio.to_thread.run_sync(self._find) is None:
             await anyio.sleep(self.poll_interval)
-        yield TriggerEvent({"filepath": self.filepath, "found": found})
+        yield TriggerEvent({"found": True})
 
     def _find(self) -> str | None:
         return find_file(self.filepath, self.recursive)

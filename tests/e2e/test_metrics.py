@@ -18,7 +18,7 @@ from broker.client import Broker
 from deferral.models import TaskInstance, Trigger
 from deferral.standalone import free_port
 from tests.e2e.conftest import Services, command
-from tests.helpers import wait_for
+from tests.helpers import metrics_answer, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -148,3 +148,20 @@ def test_a_metrics_port_in_use_stops_the_service_with_one_line(services: Service
             )
             assert done.returncode == 2, (service, done.stderr)
             assert done.stderr.strip() == f"error: --metrics-port {port}: Address already in use"
+
+
+def test_every_service_binds_its_metrics_where_told(services: Services) -> None:
+    """Loopback by default; ``--metrics-host`` (or DEFERRAL_METRICS_HOST) elsewhere. 127.0.0.2 is
+    this machine as well: a server on every interface would answer on both addresses."""
+    default, told, by_env = free_port(), free_port(), free_port()
+    services.start("scheduler", "--metrics-port", str(default))
+    services.start("worker", "--metrics-port", str(told), "--metrics-host", "127.0.0.2")
+    services.start(
+        "triggerer", "--metrics-port", str(by_env), env={"DEFERRAL_METRICS_HOST": "127.0.0.2"}
+    )
+    wait_for(lambda: metrics_answer("127.0.0.1", default), timeout=60, what="scheduler metrics")
+    wait_for(lambda: metrics_answer("127.0.0.2", told), timeout=60, what="worker metrics")
+    wait_for(lambda: metrics_answer("127.0.0.2", by_env), timeout=60, what="triggerer metrics")
+    assert not metrics_answer("127.0.0.2", default)
+    assert not metrics_answer("127.0.0.1", told)
+    assert not metrics_answer("127.0.0.1", by_env)

@@ -188,3 +188,13 @@ def test_the_web_ui_listens_on_every_address_at_its_published_port_and_checks_it
     assert [p["target"] for p in web["ports"]] == [port]
     assert web["healthcheck"]["test"] == ["CMD", "deferral", "health", "--service", "webserver"]
     assert "DEFERRAL_WEBSERVER_ADMIN_PASSWORD" in (REPO / ".env.example").read_text()
+
+
+def test_services_serve_metrics_on_every_interface_of_their_container(
+    services: dict[str, Any],
+) -> None:
+    # Outside compose the default is 127.0.0.1, which Prometheus in another container cannot reach.
+    for name, service in _ours(services).items():
+        if service["command"][1:2] == ["consume"]:
+            assert service["environment"]["DEFERRAL_METRICS_HOST"] == "0.0.0.0", name
+            assert not service.get("ports"), name  # metrics stay inside the network

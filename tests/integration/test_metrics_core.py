@@ -15,6 +15,7 @@ from broker.streams import QueueMessage, to_fields
 from deferral import metrics
 from deferral.crypto import Cipher
 from deferral.standalone import free_port
+from tests.helpers import metrics_answer
 
 GROUP = "workers"
 
@@ -94,3 +95,25 @@ def test_a_port_in_use_is_refused_in_one_line() -> None:
         with pytest.raises(metrics.MetricsServerError) as raised:
             metrics.serve(metrics.SCHEDULER, port)
     assert str(raised.value) == f"--metrics-port {port}: Address already in use"
+
+
+def test_metrics_listen_on_loopback_only_by_default() -> None:
+    # 127.0.0.2 is this machine too: a server on every interface would answer there.
+    port = free_port()
+    metrics.serve(metrics.TRIGGERER, port)
+    assert metrics_answer("127.0.0.1", port)  # bound before serve() returns
+    assert not metrics_answer("127.0.0.2", port)
+
+
+def test_metrics_listen_where_told() -> None:
+    port = free_port()
+    metrics.serve(metrics.TRIGGERER, port, "127.0.0.2")
+    assert metrics_answer("127.0.0.2", port)  # bound before serve() returns
+    assert not metrics_answer("127.0.0.1", port)
+
+
+def test_a_host_that_is_not_here_is_refused_in_one_line() -> None:
+    port = free_port()
+    with pytest.raises(metrics.MetricsServerError) as raised:
+        metrics.serve(metrics.SCHEDULER, port, "192.0.2.1")  # TEST-NET-1: on no interface
+    assert str(raised.value) == "--metrics-host 192.0.2.1: Cannot assign requested address"

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import datetime as dt
+import io
 import json
+import sys
 from pathlib import Path
 
 import click
@@ -22,6 +24,7 @@ from deferral_cli.common import (
     emit,
     output_options,
     server_error,
+    terminal_safe_output,
 )
 
 REFUSED = (
@@ -211,3 +214,22 @@ def test_cells() -> None:
     assert cell({"t1": 2, "t2": 1}) == "t1=2 t2=1"
     assert cell({}) == "-"
     assert cell(dt.timedelta(seconds=3)) == "0:00:03"
+
+
+def test_everything_printed_during_a_command_is_terminal_safe() -> None:
+    out, err = io.StringIO(), io.StringIO()
+    saved = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = out, err
+    try:
+        with terminal_safe_output():
+            click.echo("run r\x1b[2J\x9b1m\u202e\tok\r\nnext", color=True)  # color: as on a tty
+            click.echo("error: task t\x1b]0;x\x07", err=True)
+            print("a\x00b", file=sys.stdout)
+            sys.stdout.writelines(["\x07", "\n"])
+            with pytest.raises(TypeError):
+                sys.stdout.write(b"\x1b")  # type: ignore[arg-type]
+        assert (sys.stdout, sys.stderr) == (out, err)  # restored
+    finally:
+        sys.stdout, sys.stderr = saved
+    assert out.getvalue() == "run r\\x1b[2J\\x9b1m\\u202e\tok\\x0d\nnext\na\\x00b\n\\x07\n"
+    assert err.getvalue() == "error: task t\\x1b]0;x\\x07\n"

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from deferral.process import JsonFormatter, log_ids, setup_logging, utc_timestamp
+from deferral.process import JsonFormatter, TextFormatter, log_ids, setup_logging, utc_timestamp
 
 
 def _record(**extra: object) -> logging.LogRecord:
@@ -72,3 +72,36 @@ def test_the_text_format_stays_readable(capsys: pytest.CaptureFixture[str]) -> N
     assert re.fullmatch(
         r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} INFO deferral.test: running d.r.t", line
     )
+
+
+def _text_line(message: str, *args: object, exc_info: bool = False) -> str:
+    record = logging.LogRecord("deferral.scheduler", logging.INFO, __file__, 1, message, args, None)
+    if exc_info:
+        try:
+            raise ValueError("boom")
+        except ValueError:
+            record.exc_info = sys.exc_info()
+    return TextFormatter().format(record)
+
+
+def test_a_run_id_with_a_newline_does_not_forge_a_log_line() -> None:
+    forged = "x\n2026-01-01 00:00:00,000 ERROR deferral.scheduler: database wiped"
+    shown = _text_line("run %s of DAG %s finished", forged, "d")
+    lines = shown.splitlines()
+    assert len(lines) == 2 and lines[1].startswith("    2026-01-01")  # a continuation, indented
+    assert re.match(
+        r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} INFO deferral.scheduler: run x$", lines[0]
+    )
+
+
+def test_control_characters_in_a_log_line_are_escaped() -> None:
+    shown = _text_line("task %s started", "d.r\x1b]0;pwned\x07\r\x00.t\u202e")
+    assert shown.endswith(r"task d.r\x1b]0;pwned\x07\x0d\x00.t\u202e started")
+    assert all(ord(c) >= 0x20 for c in shown)
+
+
+def test_a_traceback_stays_readable_every_line_indented() -> None:
+    lines = _text_line("trigger %d failed", 3, exc_info=True).splitlines()
+    assert lines[0].endswith("trigger 3 failed")
+    assert lines[1] == "    Traceback (most recent call last):"
+    assert lines[-1] == "    ValueError: boom"

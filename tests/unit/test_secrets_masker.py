@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from deferral.secrets_masker import MASK, SecretsMasker, should_hide_value_for_key
+from deferral.secrets_masker import (
+    MASK,
+    SecretsMasker,
+    mask_with_kwargs,
+    secrets_in_kwargs,
+    should_hide_value_for_key,
+)
 
 
 @pytest.mark.parametrize(
@@ -57,3 +63,38 @@ def test_a_short_secret_is_masked_only_as_a_whole_value() -> None:
 
 def test_a_masker_with_no_secrets_changes_nothing() -> None:
     assert SecretsMasker().redact({"a": "b"}) == {"a": "b"}
+
+
+# -- a trigger's kwargs --------------------------------------------------------------------------
+
+
+def test_the_secrets_of_a_url_are_its_user_info_and_query() -> None:
+    kwargs = {
+        "url": "https://bob:s3cr%2Fet-pw@api.example/jobs/7?token=q-s3cret-1&page=2#top",
+        "poll_interval": 5,
+    }
+    found = secrets_in_kwargs(kwargs)
+    assert {"bob:s3cr%2Fet-pw", "s3cr%2Fet-pw", "s3cr/et-pw", "q-s3cret-1"} <= found
+    assert "token=q-s3cret-1&page=2" in found
+    assert not any("api.example" in secret or "/jobs/7" in secret for secret in found)
+
+
+def test_the_secrets_under_sensitive_names_at_any_depth() -> None:
+    kwargs = {"headers": {"Authorization": "Bearer abc-123-xyz"}, "opts": [{"api_key": ["k-9876"]}]}
+    assert secrets_in_kwargs(kwargs) == {"Bearer abc-123-xyz", "k-9876"}
+    assert secrets_in_kwargs({"path": "/data/in", "n": 3, "url": "https://h/p"}) == set()
+
+
+def test_an_event_is_masked_with_its_triggers_secrets() -> None:
+    kwargs = {"url": "https://bob:pw-s3cret@h/x?apikey=key-s3cret", "password": "plain-s3cret"}
+    payload = {
+        "url": "https://bob:pw-s3cret@h/x?apikey=key-s3cret",
+        "said": ["it answered key-s3cret and plain-s3cret"],
+        "status": 200,
+    }
+    assert mask_with_kwargs(payload, kwargs) == {
+        "url": f"https://{MASK}@h/x?{MASK}",
+        "said": [f"it answered {MASK} and {MASK}"],
+        "status": 200,
+    }
+    assert mask_with_kwargs({"status": 200}, {"url": "https://h/"}) == {"status": 200}

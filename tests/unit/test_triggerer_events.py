@@ -11,7 +11,7 @@ from cryptography.fernet import Fernet
 from broker.streams import EVENT_KIND_EVENT, EVENT_KIND_FAILURE, EventMessage, read_event, to_fields
 from deferral import serialization
 from deferral.crypto import Cipher
-from triggerer.events import dedup_key, event_message, failure_message
+from triggerer.events import dedup_key, event_message, failure_message, masked
 
 CIPHER = Cipher([Fernet.generate_key().decode()])
 
@@ -124,3 +124,41 @@ def test_events_are_signed_and_read_back() -> None:
     fields = {k.encode(): v.encode() for k, v in to_fields(message).items()}
     event = read_event(CIPHER, fields)
     assert (event.trigger_id, event.failed) == (5, False)
+
+
+KWARGS = {"url": "https://bob:pw-s3cret@h.example/x?token=q-s3cret", "expected_status": 200}
+
+
+def _read(message: EventMessage) -> Any:
+    fields = {k.encode(): v.encode() for k, v in to_fields(message).items()}
+    return read_event(CIPHER, fields)
+
+
+def test_an_event_is_masked_with_its_triggers_kwargs_and_stays_authentic() -> None:
+    message = event_message(CIPHER, 5, {"url": KWARGS["url"], "status": 200}, "t")
+    shown = masked(CIPHER, message, KWARGS)
+    assert "s3cret" not in str(to_fields(shown))
+    assert serialization.loads(shown.payload) == {
+        "url": "https://***@h.example/x?***",
+        "status": 200,
+    }
+    assert shown.dedup_key == dedup_key(5, "event", shown.payload.encode())
+    assert _read(shown).trigger_id == 5  # signed anew: the scheduler accepts it
+    # The same event fired twice (a takeover) is masked the same: one resume.
+    again = masked(
+        CIPHER, event_message(CIPHER, 5, {"url": KWARGS["url"], "status": 200}, "u"), KWARGS
+    )
+    assert again.dedup_key == shown.dedup_key
+
+
+def test_a_failure_is_masked_too() -> None:
+    trace = f"Traceback...\nURLError: {KWARGS['url']}\n"
+    message = failure_message(CIPHER, 2, "run() raised: q-s3cret refused", trace, "t")
+    shown = masked(CIPHER, message, KWARGS)
+    assert shown.kind == EVENT_KIND_FAILURE and "s3cret" not in shown.payload
+    assert _read(shown).failed
+
+
+def test_an_event_without_secrets_is_left_as_it_is() -> None:
+    message = event_message(CIPHER, 5, {"status": 200}, "t")
+    assert masked(CIPHER, message, KWARGS) is message

@@ -122,7 +122,7 @@ def test_file_trigger_fires_when_file_exists(tmp_path: Path) -> None:
     target = tmp_path / "ready.flag"
     target.write_text("")
     events = anyio.run(collect, FileTrigger(str(target), poll_interval=0.01))
-    assert events == [TriggerEvent({"filepath": str(target), "found": str(target)})]
+    assert events == [TriggerEvent({"found": True})]
 
 
 def test_file_trigger_waits_for_file_to_appear(tmp_path: Path) -> None:
@@ -146,7 +146,7 @@ def test_file_trigger_waits_for_file_to_appear(tmp_path: Path) -> None:
 
     events, existed = anyio.run(scenario)
     assert existed
-    assert events == [TriggerEvent({"filepath": str(target), "found": str(target)})]
+    assert events == [TriggerEvent({"found": True})]
 
 
 def test_file_trigger_serialize_round_trip(tmp_path: Path) -> None:
