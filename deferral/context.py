@@ -126,6 +126,13 @@ class Context(TypedDict):
     exception: NotRequired[BaseException]
 
 
+def resolve_params(params: dict[str, Any]) -> dict[str, Any]:
+    """Params as task code sees them: each ``Param`` replaced by its value."""
+    from deferral.models.param import Param
+
+    return {k: v.resolve() if isinstance(v, Param) else v for k, v in params.items()}
+
+
 def with_data_interval(dag_run: DagRunInfo) -> DagRunInfo:
     """A run without a recorded data interval (a manual run) gets the interval of its logical
     date: start = end = logical date."""
@@ -138,8 +145,28 @@ def with_data_interval(dag_run: DagRunInfo) -> DagRunInfo:
     )
 
 
+# The context of the attempt this task process runs: a task process runs one attempt, and the
+# context it makes for it is the one ``get_current_context`` gives task code.
+_current_context: Context | None = None
+
+
+def get_current_context() -> Context:
+    """The running task's context, from anywhere in its code (Airflow's
+    ``get_current_context``); raises RuntimeError outside a task."""
+    if _current_context is None:
+        raise RuntimeError("get_current_context(): no task is running in this process")
+    return _current_context
+
+
 def make_context(task: BaseOperator, dag_run: DagRunInfo, ti: RuntimeTaskInstance) -> Context:
-    """The context of one attempt of ``task``; dates are in UTC, as in Airflow."""
+    """The context of one attempt of ``task``; dates are in UTC, as in Airflow. It becomes the
+    process's current context (``get_current_context``)."""
+    global _current_context
+    _current_context = _build_context(task, dag_run, ti)
+    return _current_context
+
+
+def _build_context(task: BaseOperator, dag_run: DagRunInfo, ti: RuntimeTaskInstance) -> Context:
     assert task.dag is not None
     run = with_data_interval(dag_run)
     assert run.data_interval_start is not None and run.data_interval_end is not None
@@ -166,7 +193,7 @@ def make_context(task: BaseOperator, dag_run: DagRunInfo, ti: RuntimeTaskInstanc
         "ts_nodash_with_tz": ts.replace("-", "").replace(":", ""),
         "task_instance_key_str": f"{task.dag.dag_id}__{task.task_id}__{ds.replace('-', '')}",
         # DAG params, then the task's, then the run's conf (Airflow's default precedence).
-        "params": {**task.params, **run.conf},
+        "params": resolve_params({**task.params, **run.conf}),
         "try_number": ti.try_number,
         "var": {
             "value": VariableAccessor(deserialize_json=False),

@@ -142,6 +142,8 @@ class DAG:
         self.jinja_environment_kwargs = dict(jinja_environment_kwargs or {})
         self.task_dict: dict[str, BaseOperator] = {}
         self.task_group_dict: dict[str, TaskGroup] = {}
+        # What labels say about edges: (upstream task id, downstream task id) -> {"label": ...}.
+        self.edge_info: dict[tuple[str, str], dict[str, Any]] = {}
         self.fileloc: str | None = None
 
     def __repr__(self) -> str:
@@ -258,6 +260,15 @@ class DAG:
         used = [int(match.group(1)) for other in taken if (match := numbered.fullmatch(other))]
         return f"{core}__{max(used, default=0) + 1}"
 
+    def set_edge_info(
+        self, upstream_task_id: str, downstream_task_id: str, info: dict[str, Any]
+    ) -> None:
+        self.edge_info[(upstream_task_id, downstream_task_id)] = dict(info)
+
+    def get_edge_info(self, upstream_task_id: str, downstream_task_id: str) -> dict[str, Any]:
+        """What a ``Label`` put on the edge, as Airflow's ``get_edge_info`` (``{}`` if none)."""
+        return dict(self.edge_info.get((upstream_task_id, downstream_task_id), {}))
+
     def param(self, name: str, default: Any) -> DagParam:
         """A reference to the run's ``params[name]``, resolved when a task runs; ``default``
         becomes the DAG's param default (what a @dag function's parameters are)."""
@@ -320,8 +331,16 @@ class DAG:
         return found
 
     def validate(self) -> None:
+        from deferral.models.param import ParamValidationError, check_defaults
+
         for _ in self.topological_order():
             pass
+        try:
+            check_defaults(self.params)
+            for task in self.task_dict.values():
+                check_defaults(task.params)
+        except ParamValidationError as exc:
+            raise DagDefinitionError(f"DAG {self.dag_id!r}: {exc}") from None
 
 
 def _defining_module() -> str | None:
