@@ -277,7 +277,7 @@ def _one_line_error(exc: BaseException, path: Path) -> str:
     else:
         message = str(exc)
         in_file = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename == str(path)]
-        line = in_file[-1].lineno if in_file else None
+        line = in_file[-1].lineno if in_file else getattr(exc, "line", None)
     first = message.strip().splitlines()[0] if message.strip() else ""
     where = f" (line {line})" if line is not None else ""
     return f"{type(exc).__name__}: {first}{where}"

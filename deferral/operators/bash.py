@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import warnings
 from collections.abc import Callable, Container, Mapping, Sequence
 from typing import Any
 
@@ -59,10 +60,22 @@ class BashOperator(BaseOperator):
         output_encoding: str = "utf-8",
         skip_on_exit_code: int | Container[int] | None = 99,
         cwd: str | None = None,
+        output_processor: Callable[[str], Any] | None = None,
+        skip_exit_code: int | Container[int] | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         where = f"task {self.task_id!r}"
+        if skip_exit_code is not None:  # Airflow 2's deprecated name
+            warnings.warn(
+                "skip_exit_code is deprecated (as in Airflow 2.6+): use skip_on_exit_code",
+                DeprecationWarning,
+                stacklevel=3,
+            )
+            skip_on_exit_code = skip_exit_code
+        if output_processor is not None and not callable(output_processor):
+            raise DagDefinitionError(f"{where}: output_processor must be callable")
+        self.output_processor = output_processor
         check_bash_arguments(where, bash_command, env, output_encoding)
         if cwd is not None and not _is_text(cwd):
             raise DagDefinitionError(f"{where}: cwd must be a path string")
@@ -88,7 +101,8 @@ class BashOperator(BaseOperator):
             with tempfile.TemporaryDirectory(prefix="deferral-bash-") as scratch:
                 exit_code, last_line = self._run(scratch, env)
         if exit_code == 0:
-            return last_line
+            # Airflow's output_processor: turns the last line into the value pushed.
+            return self.output_processor(last_line) if self.output_processor else last_line
         if exit_code in self.skip_on_exit_code:
             raise SkipTask(f"bash command exited with code {exit_code} (skip_on_exit_code)")
         raise BashCommandError(f"bash command failed with exit code {exit_code}")

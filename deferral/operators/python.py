@@ -28,6 +28,7 @@ class PythonCallableMixin:
     reaches the callable as its ``templates_dict`` argument."""
 
     template_fields: Sequence[str] = ("templates_dict", "op_args", "op_kwargs")
+    template_ext: Sequence[str] = ()
     task_id: str
 
     def __init__(
@@ -37,11 +38,22 @@ class PythonCallableMixin:
         op_args: Sequence[Any] | None = None,
         op_kwargs: Mapping[str, Any] | None = None,
         templates_dict: dict[str, Any] | None = None,
+        templates_exts: Sequence[str] | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         if not callable(python_callable):
             raise DagDefinitionError(f"task {self.task_id!r}: python_callable is not callable")
+        if templates_exts is not None:
+            # Airflow's name: the endings of values (in templates_dict ...) that name a
+            # template file rather than hold a template.
+            if isinstance(templates_exts, str) or not all(
+                isinstance(ext, str) for ext in templates_exts
+            ):
+                raise DagDefinitionError(
+                    f"task {self.task_id!r}: templates_exts must be a list of str"
+                )
+            self.template_ext = tuple(templates_exts)
         self.python_callable = python_callable
         self.op_args = list(op_args or [])
         self.op_kwargs = dict(op_kwargs or {})

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import warnings
 from collections.abc import Iterable
 from typing import Any
 
@@ -22,9 +23,18 @@ class DayOfWeekSensor(BaseSensorOperator):
         *,
         week_day: str | WeekDay | Iterable[str | WeekDay],
         use_task_logical_date: bool = False,
+        use_task_execution_day: bool = False,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
+        if use_task_execution_day:  # Airflow 2's deprecated name
+            warnings.warn(
+                "use_task_execution_day is deprecated (as in Airflow 2.2+): use "
+                "use_task_logical_date",
+                DeprecationWarning,
+                stacklevel=3,
+            )
+            use_task_logical_date = True
         try:
             self.week_day_numbers = WeekDay.validate_week_day(week_day)
         except (AttributeError, TypeError) as exc:
