@@ -14,6 +14,7 @@ file instead).
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.abc
 import importlib.machinery
@@ -33,6 +34,8 @@ from types import ModuleType
 
 import pathspec
 
+from deferral import airflow_imports
+from deferral.config import airflow_imports as airflow_imports_on
 from deferral.config import dag_ignore_file_syntax
 from deferral.dag import DAG, DagDefinitionError, collecting_dags
 from deferral.exceptions import ClusterPolicyError, ClusterPolicySkipDag, ClusterPolicyViolation
@@ -377,10 +380,11 @@ class DagBag:
         if path.suffix == ".zip":
             _put_zip_on_sys_path(path, self.folder)
             _forget_modules_of(path)
+        airflow_paths = airflow_imports.active if airflow_imports_on() else contextlib.nullcontext
         for name in self._module_names(path):
             fileloc = path / f"{name}.py" if path.suffix == ".zip" else path
             try:
-                with collecting_dags() as collected:
+                with collecting_dags() as collected, airflow_paths():
                     module = (
                         _import_from_zip(path, name)
                         if path.suffix == ".zip"

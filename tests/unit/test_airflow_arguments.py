@@ -4,10 +4,7 @@ or refused by name (deferral.airflow_arguments); default_args apply as in Airflo
 from __future__ import annotations
 
 import datetime as dt
-import sys
-import textwrap
-import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -20,31 +17,17 @@ from deferral.dagbag import DagBag
 from deferral.operators import BashOperator, EmptyOperator, PythonOperator
 from deferral.sensors import BaseSensorOperator, FileSensor, TimeDeltaSensor
 from deferral.utils.task_group import TaskGroup
+from tests.unit.dag_source import isolated_imports, load_source  # noqa: F401 (a fixture)
 
 START = dt.datetime(2024, 1, 1, tzinfo=dt.UTC)
 
 
-@pytest.fixture(autouse=True)
-def _isolate_import_state(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    monkeypatch.setattr(sys, "path", list(sys.path))
-    monkeypatch.setattr(sys, "meta_path", list(sys.meta_path))
-    yield
-    for name in [n for n in sys.modules if n.startswith("airflow_args_t_")]:
-        del sys.modules[name]
+pytestmark = pytest.mark.usefixtures("isolated_imports")
 
 
 @pytest.fixture
 def load(tmp_path: Path) -> Callable[[str], DagBag]:
-    """Write one DAG file (dedented source) into a fresh folder and load it."""
-
-    def load(source: str) -> DagBag:
-        folder = tmp_path / uuid.uuid4().hex[:8]
-        folder.mkdir()
-        name = f"airflow_args_t_{uuid.uuid4().hex[:10]}"
-        (folder / f"{name}.py").write_text(textwrap.dedent(source))
-        return DagBag(folder).collect()
-
-    return load
+    return lambda source: load_source(tmp_path, source)[0]
 
 
 def only_error(bag: DagBag) -> str:
