@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import copy
 import datetime as dt
-import functools
 import inspect
 import itertools
+import weakref
 from abc import ABCMeta
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, NoReturn
@@ -81,11 +81,23 @@ def _init_names(klass: type) -> tuple[set[str], bool]:
     return names - {"self", "_from_mapped"}, open_ended
 
 
-@functools.cache
+# Per class, weakly: a DAG file defines its operator classes anew each time it is re-imported.
+_SIGNATURES: weakref.WeakKeyDictionary[type, tuple[frozenset[str], bool]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
 def operator_signature(cls: type) -> tuple[frozenset[str], bool]:
     """The arguments an operator class takes by name along its chain of ``__init__``s (an
     ``__init__`` without ``**kwargs`` ends the chain), and whether the chain reaches
     BaseOperator, which also takes Airflow's other task arguments (``TASK_ARGUMENTS``)."""
+    known = _SIGNATURES.get(cls)
+    if known is None:
+        known = _SIGNATURES[cls] = _operator_signature(cls)
+    return known
+
+
+def _operator_signature(cls: type) -> tuple[frozenset[str], bool]:
     names: set[str] = set()
     for klass in cls.__mro__:
         if "__init__" not in klass.__dict__ or klass is object:
