@@ -8,7 +8,7 @@ import inspect
 import itertools
 import weakref
 from abc import ABCMeta
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, NoReturn
 
 from deferral.airflow_arguments import (
@@ -21,6 +21,7 @@ from deferral.callbacks import CallbackArg, check_callbacks
 from deferral.dag import DAG, DagDefinitionError, check_id
 from deferral.dependencies import DependencyMixin, is_node_list, relate
 from deferral.exceptions import TaskDeferred, deferral_failure
+from deferral.models.param import ParamValidationError, split_params
 from deferral.states import FAIL_METHOD
 from deferral.timezone import make_aware
 from deferral.trigger_rules import TriggerRule
@@ -259,13 +260,17 @@ class BaseOperator(DependencyMixin, metaclass=_OperatorMeta):
             ) from None
         if not isinstance(self.retries, int) or self.retries < 0:
             raise DagDefinitionError(f"task {task_id!r}: retries must be an int >= 0")
-        if params is not None and not isinstance(params, dict):
+        if params is not None and not isinstance(params, Mapping):
             raise DagDefinitionError(f"task {task_id!r}: params must be a dict")
+        try:
+            own_params = split_params(params or {})[0]
+        except ParamValidationError as exc:
+            raise DagDefinitionError(f"task {task_id!r}: {exc}") from None
         # ``params`` in templates and the context: the DAG's, default_args', then the task's own.
         self.params: dict[str, Any] = {
             **(self.dag.params if self.dag else {}),
             **defaults.get("params", {}),
-            **(params or {}),
+            **own_params,
         }
         self.upstream_task_ids: set[str] = set()
         self.downstream_task_ids: set[str] = set()

@@ -126,13 +126,6 @@ class Context(TypedDict):
     exception: NotRequired[BaseException]
 
 
-def resolve_params(params: dict[str, Any]) -> dict[str, Any]:
-    """Params as task code sees them: each ``Param`` replaced by its value."""
-    from deferral.models.param import Param
-
-    return {k: v.resolve() if isinstance(v, Param) else v for k, v in params.items()}
-
-
 def with_data_interval(dag_run: DagRunInfo) -> DagRunInfo:
     """A run without a recorded data interval (a manual run) gets the interval of its logical
     date: start = end = logical date."""
@@ -193,7 +186,7 @@ def _build_context(task: BaseOperator, dag_run: DagRunInfo, ti: RuntimeTaskInsta
         "ts_nodash_with_tz": ts.replace("-", "").replace(":", ""),
         "task_instance_key_str": f"{task.dag.dag_id}__{task.task_id}__{ds.replace('-', '')}",
         # DAG params, then the task's, then the run's conf (Airflow's default precedence).
-        "params": resolve_params({**task.params, **run.conf}),
+        "params": {**task.params, **run.conf},
         "try_number": ti.try_number,
         "var": {
             "value": VariableAccessor(deserialize_json=False),

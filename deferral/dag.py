@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from deferral.airflow_arguments import RefusedArgument, check_dag_arguments, refused_default_args
 from deferral.callbacks import CallbackArg, check_callbacks
 from deferral.config import default_timezone
+from deferral.models.param import ParamValidationError, split_params
 from deferral.timetables import (
     CONTINUOUS,
     DagRunInfo,
@@ -201,7 +202,11 @@ class DAG:
         self.is_paused_upon_creation = is_paused_upon_creation
         self._check_schedule_arguments()
         self.max_active_tasks = max_active_tasks
-        self.params = dict(params or {})
+        try:
+            # Values for templates and callbacks; the Params, to check a run's conf against.
+            self.params, self.param_specs = split_params(params or {})
+        except ParamValidationError as exc:
+            raise DagDefinitionError(f"DAG {dag_id!r}: {exc}") from None
         self.description = description
         self.doc_md = doc_md
         at = f"DAG {dag_id!r}"
@@ -408,17 +413,9 @@ class DAG:
         return found
 
     def validate(self) -> None:
-        from deferral.models.param import ParamValidationError, check_defaults
-
         for _ in self.topological_order():
             pass
         self._check_default_args()
-        try:
-            check_defaults(self.params)
-            for task in self.task_dict.values():
-                check_defaults(task.params)
-        except ParamValidationError as exc:
-            raise DagDefinitionError(f"DAG {self.dag_id!r}: {exc}") from None
 
     def _check_default_args(self) -> None:
         """Refuse a default_args key Airflow would act on that deferral does not implement

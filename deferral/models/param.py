@@ -1,8 +1,9 @@
 """``Param`` and ``ParamsDict`` (Airflow's ``airflow.models.param``): a DAG's or task's params
 with a default, a description and a JSON schema their values must match.
 
-Defaults are checked when the DAG loads (a param without a default is checked only once a run
-gives it a value); task code sees the values (``params["x"]``), never the ``Param``.
+Defaults are checked when the DAG loads, and a manual run's conf when it is triggered (a param
+without a default must then be given); task code sees the values (``params["x"]``), never the
+``Param``.
 """
 
 from __future__ import annotations
@@ -106,8 +107,17 @@ class ParamsDict(MutableMapping[str, Any]):
         return {key: param.dump() for key, param in self._params.items()}
 
 
-def check_defaults(params: Mapping[str, Any]) -> None:
-    """Check the default of each ``Param`` that has one (when a DAG loads)."""
-    for key, value in params.items():
-        if isinstance(value, Param) and value.has_value:
-            value.resolve(name=key)
+def split_params(params: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Param]]:
+    """``params`` as plain values (a ``Param``'s default, None if it has none: what templates,
+    callbacks and the web UI see) and the ``Param``s among them (what a run's conf is checked
+    against). Each default is checked against its schema; raises ParamValidationError."""
+    values: dict[str, Any] = {}
+    specs: dict[str, Param] = {}
+    for key in params:
+        value = params.get_param(key) if isinstance(params, ParamsDict) else params[key]
+        if isinstance(value, Param):
+            specs[key] = value
+            values[key] = value.resolve(name=key) if value.has_value else None
+        else:
+            values[key] = value
+    return values, specs

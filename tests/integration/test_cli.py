@@ -71,6 +71,27 @@ def test_dags_list_shows_tags_and_filters_by_them(
     assert f"tagged_ml_{suffix}" in only_ml.output and f"tagged_etl_{suffix}" not in only_ml.output
 
 
+def test_trigger_checks_conf_against_the_dags_params(
+    settings: Settings, sessions: sessionmaker[Session], write_dag: Callable[[str, str], Path]
+) -> None:
+    dag_id = f"params_{uuid.uuid4().hex[:8]}"
+    write_dag(
+        dag_id,
+        "from deferral import DAG\nfrom deferral.models.param import Param\n"
+        f"dag = DAG('{dag_id}', params={{'n': Param(1, type='integer', minimum=1),"
+        " 'who': Param(type='string')})\n",
+    )
+    bad = CliRunner().invoke(deferral_main, ["dags", "trigger", dag_id, "--conf", '{"n": 0}'])
+    assert bad.exit_code == 1
+    assert "param 'n': 0 is invalid" in bad.output
+    missing = CliRunner().invoke(deferral_main, ["dags", "trigger", dag_id])
+    assert missing.exit_code == 1 and "param 'who' has no value and no default" in missing.output
+    good = CliRunner().invoke(deferral_main, ["dags", "trigger", dag_id, "--conf", '{"who": "x"}'])
+    assert good.exit_code == 0, good.output
+    with sessions() as session:
+        assert [r.conf for r in session.scalars(select(DagRun))] == [{"who": "x"}]
+
+
 def test_trigger_creates_a_queued_run_with_its_conf(
     settings: Settings, sessions: sessionmaker[Session], dag_id: str
 ) -> None:

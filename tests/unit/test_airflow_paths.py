@@ -222,19 +222,19 @@ def test_param_checks_schema_and_context_sees_values() -> None:
     assert dict(params) == {"n": 5, "plain": "x"}
 
 
-def test_dag_with_bad_param_default_fails_validation_naming_it() -> None:
-    with DAG("bad_param", params={"n": Param("many", type="integer")}) as dag:
-        EmptyOperator(task_id="t")
+def test_bad_param_default_is_refused_naming_it() -> None:
     with pytest.raises(DagDefinitionError, match="DAG 'bad_param': param 'n': 'many' is invalid"):
-        dag.validate()
+        DAG("bad_param", params={"n": Param("many", type="integer")})
+    with DAG("bad_task_param"), pytest.raises(DagDefinitionError, match="task 't': param 'k'"):
+        EmptyOperator(task_id="t", params={"k": Param(-1, minimum=0)})
 
 
 def test_params_reach_the_context_as_values_and_current_context_is_set() -> None:
-    with DAG("param_ctx", params={"n": Param(5, type="integer")}):
-        task = EmptyOperator(task_id="t")
+    with DAG("param_ctx", params={"n": Param(5, type="integer"), "who": Param(type="string")}):
+        task = EmptyOperator(task_id="t", params=ParamsDict({"k": Param("v")}))
     fake = make_context(task)
     context = real_context(task, fake["dag_run"], fake["ti"])
-    assert context["params"]["n"] == 5
+    assert context["params"] == {"n": 5, "who": None, "k": "v", "c": 1}
     assert get_current_context() is context
 
 
