@@ -68,7 +68,9 @@ class Triggered:
 def trigger_run(
     sessions: sessionmaker[Session], dag: DAG, conf: dict[str, Any], run_id: str | None = None
 ) -> Triggered:
-    """Create a manual run of ``dag`` (run id ``manual__<now>`` unless given)."""
+    """Create a manual run of ``dag`` (run id ``manual__<now>`` unless given); its ``Param``s
+    must accept what ``conf`` gives them (else their defaults), as Airflow checks at trigger."""
+    check_conf_against_params(dag, conf)
     logical_date = dt.datetime.now(dt.UTC)
     if run_id is not None:
         try:
@@ -93,6 +95,16 @@ def trigger_run(
     except IntegrityError:
         raise ActionError(f"DAG {dag.dag_id!r} already has a run {run_id!r}") from None
     return Triggered(run_id, row is not None and row.is_paused)
+
+
+def check_conf_against_params(dag: DAG, conf: dict[str, Any]) -> None:
+    from deferral.models.param import NOTSET, ParamValidationError
+
+    for name, param in dag.param_specs.items():
+        try:
+            param.resolve(conf.get(name, NOTSET), name=name)
+        except ParamValidationError as exc:
+            raise ActionError(f"DAG {dag.dag_id!r}: {exc}") from None
 
 
 def set_paused(sessions: sessionmaker[Session], dag: DAG, paused: bool) -> None:

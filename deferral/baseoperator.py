@@ -4,16 +4,26 @@ from __future__ import annotations
 
 import copy
 import datetime as dt
+import inspect
 import itertools
+import weakref
 from abc import ABCMeta
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, NoReturn
 
+from deferral.airflow_arguments import (
+    TASK_ARGUMENTS,
+    TASK_DATES,
+    RefusedArgument,
+    check_task_arguments,
+)
 from deferral.callbacks import CallbackArg, check_callbacks
 from deferral.dag import DAG, DagDefinitionError, check_id
 from deferral.dependencies import DependencyMixin, is_node_list, relate
 from deferral.exceptions import TaskDeferred, deferral_failure
+from deferral.models.param import ParamValidationError, split_params
 from deferral.states import FAIL_METHOD
+from deferral.timezone import make_aware
 from deferral.trigger_rules import TriggerRule
 from deferral.triggers.base import BaseTrigger
 from deferral.utils.task_group import TaskGroup
@@ -61,12 +71,85 @@ _CALLBACKS = (
 )
 
 
+def _init_names(klass: type) -> tuple[set[str], bool]:
+    """The keyword names ``klass.__init__`` (its own) takes, and whether it takes ``**kwargs``."""
+    names, open_ended = set(), False
+    for parameter in inspect.signature(klass.__dict__["__init__"]).parameters.values():
+        if parameter.kind is parameter.VAR_KEYWORD:
+            open_ended = True
+        elif parameter.kind in (parameter.POSITIONAL_OR_KEYWORD, parameter.KEYWORD_ONLY):
+            names.add(parameter.name)
+    return names - {"self", "_from_mapped"}, open_ended
+
+
+# Per class, weakly: a DAG file defines its operator classes anew each time it is re-imported.
+_SIGNATURES: weakref.WeakKeyDictionary[type, tuple[frozenset[str], bool]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def operator_signature(cls: type) -> tuple[frozenset[str], bool]:
+    """The arguments an operator class takes by name along its chain of ``__init__``s (an
+    ``__init__`` without ``**kwargs`` ends the chain), and whether the chain reaches
+    BaseOperator, which also takes Airflow's other task arguments (``TASK_ARGUMENTS``)."""
+    known = _SIGNATURES.get(cls)
+    if known is None:
+        known = _SIGNATURES[cls] = _operator_signature(cls)
+    return known
+
+
+def _operator_signature(cls: type) -> tuple[frozenset[str], bool]:
+    names: set[str] = set()
+    for klass in cls.__mro__:
+        if "__init__" not in klass.__dict__ or klass is object:
+            continue
+        own, open_ended = _init_names(klass)
+        names |= own
+        if klass is BaseOperator:
+            return frozenset(names), True
+        if not open_ended:
+            break
+    return frozenset(names), False
+
+
+# default_args keys never applied as arguments: BaseOperator merges ``params`` itself.
+_NOT_DEFAULTED = frozenset({"task_id", "dag", "task_group", "params"})
+
+
+def _with_default_args(cls: type, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """``kwargs`` plus each default_args value (the DAG's, its task groups', the task's own
+    ``default_args=``) whose key the operator takes and that is not given, as Airflow applies
+    them: operator-specific keys too (a sensor's ``mode``, a Bash ``env``)."""
+    own = kwargs.pop("default_args", None)
+    if own is not None and not isinstance(own, dict):
+        raise DagDefinitionError(
+            f"task {kwargs.get('task_id')!r}: default_args must be a dict, got {type(own).__name__}"
+        )
+    group = kwargs.get("task_group")
+    dag = kwargs.get("dag") or (group.dag if group is not None else None) or DAG.current()
+    if group is None:
+        group = TaskGroup.current(dag)
+    defaults = {
+        **(dag.default_args if dag is not None else {}),
+        **(group.default_args if group is not None else {}),
+        **(own or {}),
+    }
+    if not defaults:
+        return kwargs
+    names, reaches_base = operator_signature(cls)
+    takes = names | TASK_ARGUMENTS if reaches_base else names
+    for name in (takes & defaults.keys()) - kwargs.keys() - _NOT_DEFAULTED:
+        kwargs[name] = defaults[name]
+    return kwargs
+
+
 class _OperatorMeta(ABCMeta):
-    """Calls ``_after_init`` once the outermost ``__init__`` returned, when every subclass has
-    set its own arguments (``op_kwargs`` ...). An ABCMeta, so operators may also be ABCs."""
+    """Applies default_args to the arguments the operator takes (``_with_default_args``), and
+    calls ``_after_init`` once the outermost ``__init__`` returned, when every subclass has set
+    its own arguments (``op_kwargs`` ...). An ABCMeta, so operators may also be ABCs."""
 
     def __call__(cls, *args: Any, **kwargs: Any) -> Any:
-        task = super().__call__(*args, **kwargs)
+        task = super().__call__(*args, **_with_default_args(cls, kwargs))
         task._after_init()
         return task
 
@@ -121,11 +204,9 @@ class BaseOperator(DependencyMixin, metaclass=_OperatorMeta):
         **unknown: Any,
     ) -> None:
         label = check_id("task_id", task_id)
-        if unknown:
-            raise DagDefinitionError(
-                f"task {task_id!r}: unknown argument(s) {', '.join(sorted(unknown))}"
-            )
         self.dag = dag or (task_group.dag if task_group is not None else None) or DAG.current()
+        if unknown:
+            self._airflow_arguments(task_id, unknown)
         group = task_group if task_group is not None else TaskGroup.current(self.dag)
         if group is not None and group.dag is not self.dag:
             raise DagDefinitionError(
@@ -179,13 +260,17 @@ class BaseOperator(DependencyMixin, metaclass=_OperatorMeta):
             ) from None
         if not isinstance(self.retries, int) or self.retries < 0:
             raise DagDefinitionError(f"task {task_id!r}: retries must be an int >= 0")
-        if params is not None and not isinstance(params, dict):
+        if params is not None and not isinstance(params, Mapping):
             raise DagDefinitionError(f"task {task_id!r}: params must be a dict")
+        try:
+            own_params = split_params(params or {})[0]
+        except ParamValidationError as exc:
+            raise DagDefinitionError(f"task {task_id!r}: {exc}") from None
         # ``params`` in templates and the context: the DAG's, default_args', then the task's own.
         self.params: dict[str, Any] = {
             **(self.dag.params if self.dag else {}),
             **defaults.get("params", {}),
-            **(params or {}),
+            **own_params,
         }
         self.upstream_task_ids: set[str] = set()
         self.downstream_task_ids: set[str] = set()
@@ -195,6 +280,25 @@ class BaseOperator(DependencyMixin, metaclass=_OperatorMeta):
             self.dag.add_task(self)
         if group is not None:
             group.add(self)
+
+    def _airflow_arguments(self, task_id: str, given: dict[str, Any]) -> None:
+        """Keep Airflow's descriptive arguments and those given a value under which Airflow does
+        nothing either; refuse, naming it, any other (``deferral.airflow_arguments``)."""
+        dag_dates = {
+            "start_date": self.dag.start_date if self.dag else None,
+            "end_date": self.dag.end_date if self.dag else None,
+        }
+        dates = {
+            name: make_aware(value) if isinstance(value, dt.datetime) else value
+            for name, value in given.items()
+            if name in TASK_DATES
+        }
+        try:
+            kept = check_task_arguments(f"task {task_id!r}", {**given, **dates}, dag_dates)
+        except RefusedArgument as exc:
+            raise DagDefinitionError(str(exc)) from None
+        for name, value in kept.items():
+            setattr(self, name, value)
 
     def _after_init(self) -> None:
         """XComArgs in the template fields make the tasks they come from upstream of this one."""

@@ -278,6 +278,12 @@ def default_deferrable() -> bool:
     return _one_setting("DEFAULT_DEFERRABLE", _bool, "false")
 
 
+def airflow_imports() -> bool:
+    """``DEFERRAL_AIRFLOW_IMPORTS``: whether DAG files may import from ``airflow``
+    (``deferral.airflow_imports``)."""
+    return _one_setting("AIRFLOW_IMPORTS", _bool, "false")
+
+
 def default_timezone() -> zoneinfo.ZoneInfo:
     """``DEFERRAL_DEFAULT_TIMEZONE``: the zone naive datetimes in DAG files are read in."""
     return _one_setting("DEFAULT_TIMEZONE", _timezone, "UTC")

@@ -138,8 +138,28 @@ def with_data_interval(dag_run: DagRunInfo) -> DagRunInfo:
     )
 
 
+# The context of the attempt this task process runs: a task process runs one attempt, and the
+# context it makes for it is the one ``get_current_context`` gives task code.
+_current_context: Context | None = None
+
+
+def get_current_context() -> Context:
+    """The running task's context, from anywhere in its code (Airflow's
+    ``get_current_context``); raises RuntimeError outside a task."""
+    if _current_context is None:
+        raise RuntimeError("get_current_context(): no task is running in this process")
+    return _current_context
+
+
 def make_context(task: BaseOperator, dag_run: DagRunInfo, ti: RuntimeTaskInstance) -> Context:
-    """The context of one attempt of ``task``; dates are in UTC, as in Airflow."""
+    """The context of one attempt of ``task``; dates are in UTC, as in Airflow. It becomes the
+    process's current context (``get_current_context``)."""
+    global _current_context
+    _current_context = _build_context(task, dag_run, ti)
+    return _current_context
+
+
+def _build_context(task: BaseOperator, dag_run: DagRunInfo, ti: RuntimeTaskInstance) -> Context:
     assert task.dag is not None
     run = with_data_interval(dag_run)
     assert run.data_interval_start is not None and run.data_interval_end is not None

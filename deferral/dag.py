@@ -11,8 +11,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from deferral.airflow_arguments import RefusedArgument, check_dag_arguments, refused_default_args
 from deferral.callbacks import CallbackArg, check_callbacks
 from deferral.config import default_timezone
+from deferral.models.param import ParamValidationError, split_params
 from deferral.timetables import (
     CONTINUOUS,
     DagRunInfo,
@@ -35,7 +37,12 @@ _ID_PATTERN = re.compile(r"^[A-Za-z0-9_.\-]{1,250}$")
 
 
 class DagDefinitionError(ValueError):
-    """A DAG or task is declared wrongly; the message names which."""
+    """A DAG or task is declared wrongly; the message names which. ``line``: the DAG file's line
+    that declared it, when the error is found after the file ran (the DagBag shows it)."""
+
+    def __init__(self, message: str, *, line: int | None = None) -> None:
+        super().__init__(message)
+        self.line = line
 
 
 def check_id(kind: str, value: object) -> str:
@@ -65,6 +72,50 @@ def _date_argument(dag_id: str, name: str, value: object) -> dt.datetime | None:
             f"DAG {dag_id!r}: {name} must be a datetime, not {type(value).__name__}"
         )
     return make_aware(value)
+
+
+# What Airflow 2.10 allows for the descriptive DAG arguments.
+DEFAULT_VIEWS = ("grid", "graph", "duration", "gantt", "landing_times")
+ORIENTATIONS = ("LR", "TB", "RL", "BT")
+_MAX_TAG_LENGTH = 100
+
+
+def _tags(dag_id: str, tags: object) -> list[str]:
+    if tags is None:
+        return []
+    if isinstance(tags, str) or not isinstance(tags, Iterable):
+        raise DagDefinitionError(f"DAG {dag_id!r}: tags must be a list of str")
+    found = list(tags)
+    for tag in found:
+        if not isinstance(tag, str) or not tag or len(tag) > _MAX_TAG_LENGTH:
+            raise DagDefinitionError(
+                f"DAG {dag_id!r}: tag {tag!r} must be a str of 1-{_MAX_TAG_LENGTH} characters"
+            )
+    return list(dict.fromkeys(found))
+
+
+def _owner_links(dag_id: str, links: object) -> dict[str, str]:
+    if links is None:
+        return {}
+    if not isinstance(links, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in links.items()
+    ):
+        raise DagDefinitionError(f"DAG {dag_id!r}: owner_links must be a dict of owner to link")
+    for owner, link in links.items():
+        if not link.startswith(("http://", "https://", "mailto:")):
+            raise DagDefinitionError(
+                f"DAG {dag_id!r}: owner_links[{owner!r}] = {link!r} is not an http(s) or "
+                "mailto: link"
+            )
+    return dict(links)
+
+
+def _one_of(dag_id: str, name: str, value: object, allowed: tuple[str, ...]) -> str:
+    if value not in allowed:
+        raise DagDefinitionError(
+            f"DAG {dag_id!r}: {name} {value!r} is not one of {', '.join(allowed)}"
+        )
+    return str(value)
 
 
 class DAG:
@@ -97,8 +148,35 @@ class DAG:
         on_success_callback: CallbackArg = None,
         on_failure_callback: CallbackArg = None,
         auto_register: bool = True,
+        tags: Iterable[str] | None = None,
+        owner_links: dict[str, str] | None = None,
+        dag_display_name: str | None = None,
+        default_view: str = "grid",
+        orientation: str = "LR",
+        concurrency: int | None = None,
+        full_filepath: str | None = None,
+        **airflow_arguments: Any,
     ) -> None:
         self.dag_id = check_id("dag_id", dag_id)
+        self.defined_at_line = _defining_line()
+        try:
+            check_dag_arguments(f"DAG {dag_id!r}", airflow_arguments)
+        except RefusedArgument as exc:
+            raise DagDefinitionError(str(exc)) from None
+        if concurrency is not None:  # Airflow 2's deprecated name for max_active_tasks
+            warnings.warn(
+                "concurrency is deprecated (as in Airflow 2.2+): use max_active_tasks",
+                DeprecationWarning,
+                stacklevel=2,
+            )
+            max_active_tasks = concurrency
+        # Shown, never acted on (full_filepath has no effect in Airflow 2 either).
+        self.tags = _tags(dag_id, tags)
+        self.owner_links = _owner_links(dag_id, owner_links)
+        self.dag_display_name = dag_display_name or dag_id
+        self.default_view = _one_of(dag_id, "default_view", default_view, DEFAULT_VIEWS)
+        self.orientation = _one_of(dag_id, "orientation", orientation, ORIENTATIONS)
+        self.full_filepath = full_filepath
         self.default_args = dict(default_args or {})
         self.schedule = self._schedule_argument(schedule, schedule_interval)
         # As in Airflow, default_args may carry the dates for the whole DAG.
@@ -124,7 +202,11 @@ class DAG:
         self.is_paused_upon_creation = is_paused_upon_creation
         self._check_schedule_arguments()
         self.max_active_tasks = max_active_tasks
-        self.params = dict(params or {})
+        try:
+            # Values for templates and callbacks; the Params, to check a run's conf against.
+            self.params, self.param_specs = split_params(params or {})
+        except ParamValidationError as exc:
+            raise DagDefinitionError(f"DAG {dag_id!r}: {exc}") from None
         self.description = description
         self.doc_md = doc_md
         at = f"DAG {dag_id!r}"
@@ -142,6 +224,8 @@ class DAG:
         self.jinja_environment_kwargs = dict(jinja_environment_kwargs or {})
         self.task_dict: dict[str, BaseOperator] = {}
         self.task_group_dict: dict[str, TaskGroup] = {}
+        # What labels say about edges: (upstream task id, downstream task id) -> {"label": ...}.
+        self.edge_info: dict[tuple[str, str], dict[str, Any]] = {}
         self.fileloc: str | None = None
 
     def __repr__(self) -> str:
@@ -258,6 +342,15 @@ class DAG:
         used = [int(match.group(1)) for other in taken if (match := numbered.fullmatch(other))]
         return f"{core}__{max(used, default=0) + 1}"
 
+    def set_edge_info(
+        self, upstream_task_id: str, downstream_task_id: str, info: dict[str, Any]
+    ) -> None:
+        self.edge_info[(upstream_task_id, downstream_task_id)] = dict(info)
+
+    def get_edge_info(self, upstream_task_id: str, downstream_task_id: str) -> dict[str, Any]:
+        """What a ``Label`` put on the edge, as Airflow's ``get_edge_info`` (``{}`` if none)."""
+        return dict(self.edge_info.get((upstream_task_id, downstream_task_id), {}))
+
     def param(self, name: str, default: Any) -> DagParam:
         """A reference to the run's ``params[name]``, resolved when a task runs; ``default``
         becomes the DAG's param default (what a @dag function's parameters are)."""
@@ -322,6 +415,37 @@ class DAG:
     def validate(self) -> None:
         for _ in self.topological_order():
             pass
+        self._check_default_args()
+
+    def _check_default_args(self) -> None:
+        """Refuse a default_args key Airflow would act on that deferral does not implement
+        (``depends_on_past=True``, ``sla``...) when no task of the DAG takes it as its own
+        argument (each task already refused it if it reached one)."""
+        from deferral.baseoperator import operator_signature
+
+        taken: set[str] = set()
+        for task in self.task_dict.values():
+            taken |= operator_signature(getattr(task, "operator_class", type(task)))[0]
+        for where, defaults in [
+            ("default_args", self.default_args),
+            *(
+                (f"task group {group_id!r} default_args", group.default_args)
+                for group_id, group in self.task_group_dict.items()
+            ),
+        ]:
+            refused = refused_default_args(defaults, taken)
+            if refused:
+                raise DagDefinitionError(
+                    f"DAG {self.dag_id!r}: {where}: {refused}", line=self.defined_at_line
+                )
+
+
+def _defining_line() -> int | None:
+    """The line of the DAG file (the nearest caller outside deferral) that creates a DAG."""
+    frame = sys._getframe(2)
+    while frame is not None and str(frame.f_globals.get("__name__", "")).startswith("deferral."):
+        frame = frame.f_back  # type: ignore[assignment]
+    return None if frame is None else frame.f_lineno
 
 
 def _defining_module() -> str | None:

@@ -14,6 +14,7 @@ file instead).
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.abc
 import importlib.machinery
@@ -33,6 +34,8 @@ from types import ModuleType
 
 import pathspec
 
+from deferral import airflow_imports
+from deferral.config import airflow_imports as airflow_imports_on
 from deferral.config import dag_ignore_file_syntax
 from deferral.dag import DAG, DagDefinitionError, collecting_dags
 from deferral.exceptions import ClusterPolicyError, ClusterPolicySkipDag, ClusterPolicyViolation
@@ -277,7 +280,7 @@ def _one_line_error(exc: BaseException, path: Path) -> str:
     else:
         message = str(exc)
         in_file = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename == str(path)]
-        line = in_file[-1].lineno if in_file else None
+        line = in_file[-1].lineno if in_file else getattr(exc, "line", None)
     first = message.strip().splitlines()[0] if message.strip() else ""
     where = f" (line {line})" if line is not None else ""
     return f"{type(exc).__name__}: {first}{where}"
@@ -377,10 +380,11 @@ class DagBag:
         if path.suffix == ".zip":
             _put_zip_on_sys_path(path, self.folder)
             _forget_modules_of(path)
+        airflow_paths = airflow_imports.active if airflow_imports_on() else contextlib.nullcontext
         for name in self._module_names(path):
             fileloc = path / f"{name}.py" if path.suffix == ".zip" else path
             try:
-                with collecting_dags() as collected:
+                with collecting_dags() as collected, airflow_paths():
                     module = (
                         _import_from_zip(path, name)
                         if path.suffix == ".zip"

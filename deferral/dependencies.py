@@ -62,8 +62,42 @@ def tasks_of(node: Any, *, as_upstream: bool) -> list[BaseOperator]:
     )
 
 
+class EdgeModifier(DependencyMixin):
+    """Stands between tasks on an edge and describes it (``a >> Label("yes") >> b``): it keeps
+    what was set upstream of it, and wires that to what is set downstream of it, recording its
+    ``label`` on each edge it makes (``DAG.get_edge_info``). Airflow's ``EdgeModifier``."""
+
+    def __init__(self, label: str | None = None) -> None:
+        self.label = label
+        self._upstream: list[Any] = []
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.label!r}>"
+
+    def dependency_tasks(self, *, as_upstream: bool) -> list[BaseOperator]:
+        raise DagDefinitionError(f"{self!r} must stand between tasks")
+
+    def wire(self, downstream: Any) -> None:
+        """Make every node set upstream of this one upstream of ``downstream``, labelled."""
+        if not self._upstream:
+            raise DagDefinitionError(f"{self!r} has nothing upstream of it to connect")
+        downs = tasks_of(downstream, as_upstream=False)
+        for node in self._upstream:
+            for up in tasks_of(node, as_upstream=True):
+                for down in downs:
+                    up.add_downstream_task(down)
+                    if up.dag is not None:
+                        up.dag.set_edge_info(up.task_id, down.task_id, {"label": self.label})
+
+
 def relate(upstream: Any, downstream: Any) -> None:
     """``upstream >> downstream`` for any nodes or lists of nodes."""
+    if isinstance(downstream, EdgeModifier):
+        downstream._upstream.append(upstream)
+        return
+    if isinstance(upstream, EdgeModifier):
+        upstream.wire(downstream)
+        return
     downs = tasks_of(downstream, as_upstream=False)
     for up in tasks_of(upstream, as_upstream=True):
         for down in downs:

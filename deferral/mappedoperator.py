@@ -17,6 +17,7 @@ import inspect
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NoReturn
 
+from deferral.airflow_arguments import TASK_ARGUMENTS
 from deferral.baseoperator import TASK_SETTINGS, BaseOperator
 from deferral.config import max_map_length
 from deferral.dag import DAG, DagDefinitionError
@@ -50,11 +51,14 @@ def _keyword_names(function: Callable[..., Any]) -> tuple[set[str], bool]:
 
 # The arguments of BaseOperator itself: what the scheduler needs of a task before it expands
 # (id, trigger rule, retries, pool, queue ...), so they cannot be mapped.
-BASE_ARGUMENTS = frozenset(_keyword_names(BaseOperator.__init__)[0] - {"_from_mapped"})
+# Airflow's other task arguments (kept or refused by BaseOperator) count as its own.
+BASE_ARGUMENTS = frozenset(
+    (_keyword_names(BaseOperator.__init__)[0] - {"_from_mapped"}) | TASK_ARGUMENTS
+)
 
 
-def operator_arguments(operator_class: type[BaseOperator]) -> frozenset[str]:
-    """The keyword arguments of ``operator_class`` besides BaseOperator's: what may be mapped."""
+def _own_arguments(operator_class: type[BaseOperator]) -> frozenset[str]:
+    """The keyword arguments the classes of ``operator_class`` above BaseOperator take."""
     names: set[str] = set()
     for klass in operator_class.__mro__:
         if klass is BaseOperator:
@@ -62,7 +66,12 @@ def operator_arguments(operator_class: type[BaseOperator]) -> frozenset[str]:
         init = klass.__dict__.get("__init__")
         if init is not None:
             names |= _keyword_names(init)[0]
-    return frozenset(names - BASE_ARGUMENTS)
+    return frozenset(names)
+
+
+def operator_arguments(operator_class: type[BaseOperator]) -> frozenset[str]:
+    """The keyword arguments of ``operator_class`` besides BaseOperator's: what may be mapped."""
+    return _own_arguments(operator_class) - BASE_ARGUMENTS
 
 
 def _check_length(where: str, expand_input: ExpandInput) -> None:
@@ -224,7 +233,9 @@ class MappedOperator(BaseOperator):
         self.expand_input = expand_input
         self.mappable = mappable
         self.mapped_into = mapped_into
-        settings = {k: v for k, v in partial_kwargs.items() if k in BASE_ARGUMENTS}
+        # An Airflow argument the operator takes itself (TaskFlow's multiple_outputs) is its own.
+        own = _own_arguments(operator_class)
+        settings = {k: v for k, v in partial_kwargs.items() if k in BASE_ARGUMENTS and k not in own}
         super().__init__(task_id=label, dag=dag, task_group=task_group, **settings)
         _check_length(f"task {self.task_id!r}", expand_input)
 

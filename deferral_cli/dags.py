@@ -35,12 +35,19 @@ def dags() -> None:
 
 
 @dags.command("list")
+@click.option(
+    "--tags",
+    "tags",
+    multiple=True,
+    help="Only DAGs with one of these tags (repeat, or separate with commas).",
+)
 @output_options
-def dags_list(output: str) -> None:
-    """List DAGs (schedule, paused, tasks, file); the files that failed to load are named on
-    stderr, and the command then exits 1."""
+def dags_list(output: str, tags: tuple[str, ...]) -> None:
+    """List DAGs (schedule, paused, tasks, tags, file); the files that failed to load are named
+    on stderr, and the command then exits 1."""
     settings = settings_or_exit()
     bag = dagbag(settings)
+    wanted = {tag.strip() for given in tags for tag in given.split(",") if tag.strip()}
     with sessions(settings)() as session:
         paused = {r.dag_id: r.is_paused for r in session.execute(select(Dag.dag_id, Dag.is_paused))}
     records = [
@@ -51,10 +58,12 @@ def dags_list(output: str) -> None:
             "is_paused": paused.get(dag_id, bool(dag.is_paused_upon_creation)),
             "tasks": len(dag.tasks),
             "fileloc": str(dag.fileloc),
+            "tags": list(dag.tags),
         }
         for dag_id, dag in sorted(bag.dags.items())
+        if not wanted or wanted & set(dag.tags)
     ]
-    emit(output, records, empty="no DAGs")
+    emit(output, records, empty="no DAGs", cells={"tags": lambda tags: ",".join(tags)})
     for path, error in sorted(bag.import_errors.items()):
         click.echo(f"error: {path}: {error}", err=True)
     if bag.import_errors:

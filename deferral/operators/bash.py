@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import warnings
 from collections.abc import Callable, Container, Mapping, Sequence
 from typing import Any
 
@@ -59,27 +60,25 @@ class BashOperator(BaseOperator):
         output_encoding: str = "utf-8",
         skip_on_exit_code: int | Container[int] | None = 99,
         cwd: str | None = None,
+        output_processor: Callable[[str], Any] | None = None,
+        skip_exit_code: int | Container[int] | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         where = f"task {self.task_id!r}"
-        if not _is_text(bash_command) or (isinstance(bash_command, str) and not bash_command):
-            raise DagDefinitionError(f"{where}: bash_command must be a non-empty string")
-        if env is not None and not isinstance(env, dict | RuntimeArg):
-            raise DagDefinitionError(f"{where}: env must be a dict of str to str")
-        for key, value in env.items() if isinstance(env, dict) else ():
-            if not isinstance(key, str) or not _is_text(value):
-                raise DagDefinitionError(
-                    f"{where}: env[{key!r}] must be a str, got {type(value).__name__}"
-                )
+        if skip_exit_code is not None:  # Airflow 2's deprecated name
+            warnings.warn(
+                "skip_exit_code is deprecated (as in Airflow 2.6+): use skip_on_exit_code",
+                DeprecationWarning,
+                stacklevel=3,
+            )
+            skip_on_exit_code = skip_exit_code
+        if output_processor is not None and not callable(output_processor):
+            raise DagDefinitionError(f"{where}: output_processor must be callable")
+        self.output_processor = output_processor
+        check_bash_arguments(where, bash_command, env, output_encoding)
         if cwd is not None and not _is_text(cwd):
             raise DagDefinitionError(f"{where}: cwd must be a path string")
-        try:
-            codecs.lookup(output_encoding)
-        except (LookupError, TypeError):
-            raise DagDefinitionError(
-                f"{where}: unknown output_encoding {output_encoding!r}"
-            ) from None
         self.bash_command = bash_command
         self.env = env
         self.append_env = append_env
@@ -102,7 +101,8 @@ class BashOperator(BaseOperator):
             with tempfile.TemporaryDirectory(prefix="deferral-bash-") as scratch:
                 exit_code, last_line = self._run(scratch, env)
         if exit_code == 0:
-            return last_line
+            # Airflow's output_processor: turns the last line into the value pushed.
+            return self.output_processor(last_line) if self.output_processor else last_line
         if exit_code in self.skip_on_exit_code:
             raise SkipTask(f"bash command exited with code {exit_code} (skip_on_exit_code)")
         raise BashCommandError(f"bash command failed with exit code {exit_code}")
@@ -125,35 +125,67 @@ class BashOperator(BaseOperator):
         return env
 
     def _run(self, cwd: str, env: dict[str, str]) -> tuple[int, str]:
-        """Run the command to its end; (exit code, last line of output). However this ends
-        early (execution_timeout raised in here, any error), the process group is stopped."""
-        process = subprocess.Popen(
-            [shutil.which("bash") or "bash", "-c", self.bash_command],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            cwd=cwd,
-            env=env,
-            start_new_session=True,  # its own process group, to stop as a whole
-            preexec_fn=_die_with_task_process(),
-        )
-        self._process = process
-        finished = False
-        try:
-            assert process.stdout is not None
-            last_line = ""
-            for raw in iter(process.stdout.readline, b""):
-                last_line = raw.decode(self.output_encoding, errors="backslashreplace").rstrip()
-                print(last_line, flush=True)
-            exit_code = process.wait()
-            finished = True
-            return exit_code, last_line
-        finally:
-            if not finished:
-                stop_process_group(process)
-            if process.stdout is not None:
-                process.stdout.close()
-            self._process = None
+        def started(process: subprocess.Popen[bytes] | None) -> None:
+            self._process = process  # what on_kill stops
+
+        return run_bash(self.bash_command, cwd, env, self.output_encoding, started)
+
+
+def check_bash_arguments(where: str, bash_command: Any, env: Any, output_encoding: str) -> None:
+    """BashOperator's and BashSensor's checks of their common arguments, at load."""
+    if not _is_text(bash_command) or (isinstance(bash_command, str) and not bash_command):
+        raise DagDefinitionError(f"{where}: bash_command must be a non-empty string")
+    if env is not None and not isinstance(env, dict | RuntimeArg):
+        raise DagDefinitionError(f"{where}: env must be a dict of str to str")
+    for key, value in env.items() if isinstance(env, dict) else ():
+        if not isinstance(key, str) or not _is_text(value):
+            raise DagDefinitionError(
+                f"{where}: env[{key!r}] must be a str, got {type(value).__name__}"
+            )
+    try:
+        codecs.lookup(output_encoding)
+    except (LookupError, TypeError):
+        raise DagDefinitionError(f"{where}: unknown output_encoding {output_encoding!r}") from None
+
+
+def run_bash(
+    command: str,
+    cwd: str,
+    env: dict[str, str],
+    output_encoding: str,
+    started: Callable[[subprocess.Popen[bytes] | None], None],
+) -> tuple[int, str]:
+    """Run ``command`` with ``bash -c`` to its end; (exit code, last line of output), each line
+    printed to the task's log. ``started`` is told of the process, then of None once it ended.
+    However this ends early (execution_timeout raised in here, any error), the process group
+    is stopped."""
+    process = subprocess.Popen(
+        [shutil.which("bash") or "bash", "-c", command],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        cwd=cwd,
+        env=env,
+        start_new_session=True,  # its own process group, to stop as a whole
+        preexec_fn=_die_with_task_process(),
+    )
+    started(process)
+    finished = False
+    try:
+        assert process.stdout is not None
+        last_line = ""
+        for raw in iter(process.stdout.readline, b""):
+            last_line = raw.decode(output_encoding, errors="backslashreplace").rstrip()
+            print(last_line, flush=True)
+        exit_code = process.wait()
+        finished = True
+        return exit_code, last_line
+    finally:
+        if not finished:
+            stop_process_group(process)
+        if process.stdout is not None:
+            process.stdout.close()
+        started(None)
 
 
 def _die_with_task_process() -> Callable[[], None] | None:

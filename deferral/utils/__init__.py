@@ -1,1 +1,2 @@
-"""Helpers importable under Airflow's paths (``deferral.utils.task_group``)."""
+"""Helpers importable under Airflow's paths: ``deferral.utils.task_group``, ``.dates``,
+``.trigger_rule``, ``.edgemodifier``, ``.weekday``."""

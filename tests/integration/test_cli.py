@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import json
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -43,6 +44,52 @@ def test_dags_list_shows_dags_and_import_errors(
     assert result.exit_code == 1
     assert dag_id in result.output
     assert "RuntimeError: boom (line 1)" in result.output
+
+
+def test_dags_list_shows_tags_and_filters_by_them(
+    settings: Settings, write_dag: Callable[[str, str], Path]
+) -> None:
+    suffix = uuid.uuid4().hex[:8]
+    for name, tags in (("etl", ["etl", "daily"]), ("ml", ["ml"]), ("bare", None)):
+        write_dag(
+            f"tagged_{name}_{suffix}",
+            f"from deferral import DAG\ndag = DAG('tagged_{name}_{suffix}', tags={tags!r})\n",
+        )
+    listed = CliRunner().invoke(deferral_main, ["dags", "list", "--json"])
+    assert listed.exit_code == 0, listed.output
+    tags_of = {record["dag_id"]: record["tags"] for record in json.loads(listed.output)}
+    assert tags_of[f"tagged_etl_{suffix}"] == ["etl", "daily"]
+    assert tags_of[f"tagged_bare_{suffix}"] == []
+    for option in (["--tags", "daily"], ["--tags", "ml,daily"], ["--tags", "ml", "--tags", "etl"]):
+        result = CliRunner().invoke(deferral_main, ["dags", "list", *option])
+        assert result.exit_code == 0, result.output
+        assert (
+            f"tagged_etl_{suffix}" in result.output and f"tagged_bare_{suffix}" not in result.output
+        )
+        assert "etl,daily" in result.output
+    only_ml = CliRunner().invoke(deferral_main, ["dags", "list", "--tags", "ml"])
+    assert f"tagged_ml_{suffix}" in only_ml.output and f"tagged_etl_{suffix}" not in only_ml.output
+
+
+def test_trigger_checks_conf_against_the_dags_params(
+    settings: Settings, sessions: sessionmaker[Session], write_dag: Callable[[str, str], Path]
+) -> None:
+    dag_id = f"params_{uuid.uuid4().hex[:8]}"
+    write_dag(
+        dag_id,
+        "from deferral import DAG\nfrom deferral.models.param import Param\n"
+        f"dag = DAG('{dag_id}', params={{'n': Param(1, type='integer', minimum=1),"
+        " 'who': Param(type='string')})\n",
+    )
+    bad = CliRunner().invoke(deferral_main, ["dags", "trigger", dag_id, "--conf", '{"n": 0}'])
+    assert bad.exit_code == 1
+    assert "param 'n': 0 is invalid" in bad.output
+    missing = CliRunner().invoke(deferral_main, ["dags", "trigger", dag_id])
+    assert missing.exit_code == 1 and "param 'who' has no value and no default" in missing.output
+    good = CliRunner().invoke(deferral_main, ["dags", "trigger", dag_id, "--conf", '{"who": "x"}'])
+    assert good.exit_code == 0, good.output
+    with sessions() as session:
+        assert [r.conf for r in session.scalars(select(DagRun))] == [{"who": "x"}]
 
 
 def test_trigger_creates_a_queued_run_with_its_conf(

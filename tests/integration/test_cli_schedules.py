@@ -218,6 +218,7 @@ def test_dags_list_shows_schedule_and_paused(
         "IS_PAUSED",
         "TASKS",
         "FILELOC",
+        "TAGS",
     ]
 
 

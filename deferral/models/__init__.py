@@ -399,3 +399,23 @@ class User(Base):
     username: Mapped[str] = mapped_column(String(64), unique=True)
     password_hash: Mapped[str] = mapped_column(Text)
     created_at: Mapped[dt.datetime] = _created()
+
+
+# Airflow's ``airflow.models`` also exports the authoring classes; they are offered here by
+# name, imported on first use (they import this module's neighbours, not the tables).
+_AUTHORING = {
+    "DAG": "deferral.dag",
+    "BaseOperator": "deferral.baseoperator",
+    "Param": "deferral.models.param",
+    "ParamsDict": "deferral.models.param",
+    "Variable": "deferral.variables",
+    "Connection": "deferral.connections",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _AUTHORING:
+        import importlib
+
+        return getattr(importlib.import_module(_AUTHORING[name]), name)
+    raise AttributeError(f"module 'deferral.models' has no attribute {name!r}")

@@ -1,4 +1,4 @@
-"""Sensors: tasks that wait for a condition, with Airflow 2.x's semantics.
+"""The base of every sensor (Airflow's ``airflow.sensors.base``), with Airflow 2.x's semantics.
 
 ``BaseSensorOperator`` pokes in the worker slot (mode ``poke``), frees the slot between pokes
 (mode ``reschedule``: state up_for_reschedule until the next poke), or, with ``deferrable=True``,
@@ -11,7 +11,7 @@ import datetime as dt
 import hashlib
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any, NoReturn
 
 from deferral.baseoperator import BaseOperator
@@ -28,10 +28,8 @@ from deferral.exceptions import (
     TaskDeferralTimeout,
     TaskExecutionTimeout,
 )
-from deferral.timezone import make_aware
-from deferral.triggers import DateTimeTrigger, FileTrigger
+from deferral.triggers import DateTimeTrigger
 from deferral.triggers.base import BaseTrigger
-from deferral.triggers.file import find_file
 
 log = logging.getLogger("deferral.sensors")
 
@@ -251,7 +249,7 @@ class BaseSensorOperator(BaseOperator):
         return None
 
 
-class _MomentSensor(BaseSensorOperator):
+class MomentSensor(BaseSensorOperator):
     """Waits until ``target(context)``; deferrable through a DateTimeTrigger."""
 
     def target(self, context: Context) -> dt.datetime:
@@ -263,92 +261,4 @@ class _MomentSensor(BaseSensorOperator):
     def execute(self, context: Context) -> Any:
         if self.deferrable:
             return self.poke_then_defer(context, lambda: DateTimeTrigger(self.target(context)))
-        return super().execute(context)
-
-
-class DateTimeSensor(_MomentSensor):
-    """Waits until ``target_time``: a datetime (a naive one is read in
-    ``DEFERRAL_DEFAULT_TIMEZONE``) or an ISO 8601 string (e.g. rendered from a template)."""
-
-    template_fields: Sequence[str] = ("target_time",)
-
-    def __init__(self, *, target_time: dt.datetime | str, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        if isinstance(target_time, dt.datetime):
-            self.target_time: dt.datetime | str = make_aware(target_time)
-        elif isinstance(target_time, str):
-            self.target_time = target_time
-        else:
-            raise DagDefinitionError(
-                f"task {self.task_id!r}: target_time must be a datetime or an ISO 8601 str, "
-                f"got {type(target_time).__name__}"
-            )
-
-    def target(self, context: Context) -> dt.datetime:
-        if isinstance(self.target_time, dt.datetime):
-            return self.target_time
-        try:
-            return make_aware(dt.datetime.fromisoformat(self.target_time))
-        except ValueError:
-            raise FailTask(
-                f"task {self.task_id!r}: target_time {self.target_time!r} is not an ISO 8601 "
-                "datetime"
-            ) from None
-
-
-class TimeDeltaSensor(_MomentSensor):
-    """Waits until the run's logical date + ``delta``."""
-
-    def __init__(self, *, delta: dt.timedelta, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        if not isinstance(delta, dt.timedelta):
-            raise DagDefinitionError(
-                f"task {self.task_id!r}: delta must be a timedelta, got {type(delta).__name__}"
-            )
-        self.delta = delta
-
-    def target(self, context: Context) -> dt.datetime:
-        return context["logical_date"] + self.delta
-
-
-class DateTimeSensorAsync(DateTimeSensor):
-    def __init__(self, **kwargs: Any) -> None:
-        super().__init__(**{**kwargs, "deferrable": True})
-
-
-class TimeDeltaSensorAsync(TimeDeltaSensor):
-    def __init__(self, **kwargs: Any) -> None:
-        super().__init__(**{**kwargs, "deferrable": True})
-
-
-class FileSensor(BaseSensorOperator):
-    """Waits for ``filepath`` (a path or a glob pattern; ``recursive`` lets ``**`` span
-    directories) to point at a file, or at a directory that holds one at any depth; it is
-    templated."""
-
-    template_fields: Sequence[str] = ("filepath",)
-
-    def __init__(self, *, filepath: str, recursive: bool = False, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        if not isinstance(filepath, str) or not filepath:
-            raise DagDefinitionError(f"task {self.task_id!r}: filepath must be a non-empty str")
-        if self.deferrable and self.poke_interval <= 0:
-            raise DagDefinitionError(
-                f"task {self.task_id!r}: poke_interval must be greater than 0 when deferrable "
-                "(the trigger polls at that interval)"
-            )
-        self.filepath = filepath
-        self.recursive = recursive
-
-    def poke(self, context: Context) -> bool:
-        return find_file(self.filepath, self.recursive) is not None
-
-    def execute(self, context: Context) -> Any:
-        if self.deferrable:
-            return self.poke_then_defer(
-                context,
-                lambda: FileTrigger(
-                    self.filepath, poll_interval=self.poke_interval, recursive=self.recursive
-                ),
-            )
         return super().execute(context)

@@ -1,0 +1,194 @@
+"""What deferral does with each argument Airflow 2.10 accepts on ``DAG``, ``BaseOperator`` and
+the shipped operators that deferral does not take as its own: the one table the README's
+"Coming from Airflow" follows.
+
+- ``KEPT``: descriptive (shown, not acted on): accepted and kept as an attribute.
+- ``INERT``: Airflow acts on it, deferral does not (yet); accepted only with the value under
+  which Airflow does nothing either (e.g. ``depends_on_past=False``), and kept; any other value
+  is refused when the DAG loads, naming the argument and saying why.
+
+An argument in neither is unknown, and refused as such.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Inert:
+    """An argument accepted only while it leaves Airflow's behaviour alone."""
+
+    does_nothing: Callable[[Any], bool]
+    reason: str
+
+
+def _none(value: Any) -> bool:
+    return value is None
+
+
+def _false(value: Any) -> bool:
+    return value is False or value is None
+
+
+def _empty(value: Any) -> bool:
+    return value is None or (isinstance(value, Iterable) and not list(value))
+
+
+def _equals(*values: Any) -> Callable[[Any], bool]:
+    return lambda value: value in values
+
+
+_NOT_YET = "not implemented by deferral yet"
+
+# Task arguments (BaseOperator and the shipped operators) kept as attributes, never acted on.
+TASK_KEPT = frozenset(
+    {
+        "owner",  # shown; no access control by owner
+        "task_display_name",
+        "logger_name",
+        "allow_nested_operators",  # Airflow only warns
+        "map_index_template",  # a mapped task's label in the UI
+        "show_return_value_in_logs",
+        "ignore_first_depends_on_past",  # acts only with depends_on_past, which is refused
+        "wait_for_past_depends_before_skipping",  # likewise
+        "max_retry_delay",  # acts only with retry_exponential_backoff, which is refused
+    }
+)
+
+TASK_INERT: Mapping[str, Inert] = {
+    "depends_on_past": Inert(_false, f"waiting for the previous run's task is {_NOT_YET}"),
+    "wait_for_downstream": Inert(_false, f"waiting for the previous run's task is {_NOT_YET}"),
+    "sla": Inert(_none, "SLAs are not implemented (Airflow 3 drops them)"),
+    "on_skipped_callback": Inert(_empty, f"on_skipped_callback is {_NOT_YET}"),
+    "pre_execute": Inert(_none, f"pre_execute hooks are {_NOT_YET}"),
+    "post_execute": Inert(_none, f"post_execute hooks are {_NOT_YET}"),
+    "retry_exponential_backoff": Inert(_false, f"exponential retry delays are {_NOT_YET}"),
+    "weight_rule": Inert(
+        _equals("absolute"),
+        "deferral orders by priority_weight as given ('absolute'); summing it up or down the "
+        f"graph is {_NOT_YET}",
+    ),
+    "resources": Inert(_none, "deferral's workers do not reserve resources per task"),
+    "run_as_user": Inert(_none, "tasks run as the worker's user"),
+    "task_concurrency": Inert(_none, f"per-task concurrency limits are {_NOT_YET}"),
+    "max_active_tis_per_dag": Inert(_none, f"per-task concurrency limits are {_NOT_YET}"),
+    "max_active_tis_per_dagrun": Inert(_none, f"per-task concurrency limits are {_NOT_YET}"),
+    "executor": Inert(_none, "deferral has one executor: its workers"),
+    "executor_config": Inert(_empty, "deferral has one executor: its workers"),
+    "inlets": Inert(_empty, f"lineage and datasets are {_NOT_YET}"),
+    "outlets": Inert(_empty, f"lineage and datasets are {_NOT_YET}"),
+    "multiple_outputs": Inert(_false, "multiple_outputs is only for TaskFlow tasks here"),
+    "start_from_trigger": Inert(_false, f"starting a task in the triggerer is {_NOT_YET}"),
+    "end_from_trigger": Inert(_false, f"ending a task in the triggerer is {_NOT_YET}"),
+    "trigger_kwargs": Inert(_empty, f"trigger_kwargs is {_NOT_YET}"),
+    "fs_conn_id": Inert(
+        _equals("fs_default"), "FileSensor paths are absolute; no filesystem connections"
+    ),
+}
+
+# A task's own start_date / end_date: honoured when they are the DAG's (as default_args often
+# make them); other values are refused in BaseOperator, which knows the DAG.
+TASK_DATES = ("start_date", "end_date")
+TASK_DATES_REASON = f"a task's own start_date / end_date, other than its DAG's, is {_NOT_YET}"
+
+DAG_INERT: Mapping[str, Inert] = {
+    "timetable": Inert(_none, f"custom timetables are {_NOT_YET}: give schedule"),
+    "sla_miss_callback": Inert(_none, "SLAs are not implemented (Airflow 3 drops them)"),
+    "access_control": Inert(_none, "deferral's web UI has no per-DAG roles"),
+    "fail_stop": Inert(_false, f"fail_stop is {_NOT_YET}"),
+    "max_consecutive_failed_dag_runs": Inert(
+        _equals(0, None), f"pausing after failed runs is {_NOT_YET}"
+    ),
+}
+
+# ``email``, ``email_on_failure``, ``email_on_retry``: Airflow mails the addresses on failure and
+# on retry unless the flag is False (both default to True); deferral sends no mail, so an address
+# with a flag that is not False is refused, naming the flag.
+EMAIL_ARGUMENTS = ("email", "email_on_failure", "email_on_retry")
+
+# Every Airflow task argument BaseOperator accepts besides its own: default_args apply to them
+# as to its own (Airflow's BaseOperator takes them all), so they are checked on every task.
+TASK_ARGUMENTS = frozenset({*TASK_KEPT, *TASK_INERT, *TASK_DATES, *EMAIL_ARGUMENTS})
+
+
+class RefusedArgument(ValueError):
+    """An argument Airflow acts on that deferral does not implement, given a value that acts."""
+
+
+def refusal(name: str, value: Any, reason: str) -> str:
+    return f"{name}={value!r} is not supported by deferral: {reason}"
+
+
+def email_refusal(values: Mapping[str, Any]) -> str | None:
+    """Why these task arguments are refused if Airflow would send mail with them, else None."""
+    email = values.get("email")
+    if _empty(email) or email == "":
+        return None
+    for flag in ("email_on_failure", "email_on_retry"):
+        if values.get(flag, True) is not False:
+            said = flag in values
+            return refusal(
+                flag,
+                values.get(flag, True),
+                f"deferral sends no email (to {email!r})"
+                + ("" if said else f"; Airflow's default is True: set {flag}=False"),
+            )
+    return None
+
+
+def check_task_arguments(
+    where: str, given: Mapping[str, Any], dag_dates: Mapping[str, Any]
+) -> dict[str, Any]:
+    """The Airflow arguments among ``given`` (names BaseOperator does not take) to keep as
+    attributes; raises RefusedArgument for one Airflow acts on, or an unknown one, naming it."""
+    kept: dict[str, Any] = {}
+    unknown = []
+    for name in sorted(given):
+        value = given[name]
+        if name in TASK_KEPT or name in EMAIL_ARGUMENTS:
+            kept[name] = value
+        elif name in TASK_INERT:
+            rule = TASK_INERT[name]
+            if not rule.does_nothing(value):
+                raise RefusedArgument(f"{where}: {refusal(name, value, rule.reason)}")
+            kept[name] = value
+        elif name in TASK_DATES:
+            if value is not None and value != dag_dates.get(name):
+                raise RefusedArgument(f"{where}: {refusal(name, value, TASK_DATES_REASON)}")
+            kept[name] = value
+        else:
+            unknown.append(name)
+    if unknown:
+        raise RefusedArgument(f"{where}: unknown argument(s) {', '.join(unknown)}")
+    refused_email = email_refusal(given)
+    if refused_email:
+        raise RefusedArgument(f"{where}: {refused_email}")
+    return kept
+
+
+def check_dag_arguments(where: str, given: Mapping[str, Any]) -> None:
+    """Refuse, naming it, a DAG argument Airflow acts on that deferral does not implement (given
+    a value that acts), or an unknown one."""
+    for name in sorted(given):
+        rule = DAG_INERT.get(name)
+        if rule is None:
+            raise RefusedArgument(f"{where}: unknown argument {name}")
+        if not rule.does_nothing(given[name]):
+            raise RefusedArgument(f"{where}: {refusal(name, given[name], rule.reason)}")
+
+
+def refused_default_args(default_args: Mapping[str, Any], taken: set[str]) -> str | None:
+    """The first ``default_args`` key (as ``name=value: reason``) that no task of the DAG takes
+    and that Airflow would act on while deferral does not; None if there is none. Keys Airflow
+    ignores too (no operator takes them, none acts on them) are left alone, as Airflow does."""
+    for name in sorted(set(default_args) - taken):
+        value = default_args[name]
+        rule = TASK_INERT.get(name)
+        if rule is not None and not rule.does_nothing(value):
+            return refusal(name, value, rule.reason)
+    if "email" not in taken:
+        return email_refusal(default_args)
+    return None

@@ -1,0 +1,5 @@
+"""``DAG`` under Airflow's path ``airflow.models.dag``."""
+
+from deferral.dag import DAG
+
+__all__ = ["DAG"]

@@ -1,0 +1,164 @@
+"""DEFERRAL_AIRFLOW_IMPORTS: DAG files that import from ``airflow`` load unchanged while the DagBag
+imports them (deferral.airflow_imports), and only then."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from deferral import airflow_imports
+from deferral.dagbag import DagBag
+from deferral.operators.bash import BashOperator
+from deferral.sensors.base import BaseSensorOperator
+from deferral.sensors.time_sensor import TimeSensorAsync
+from tests.unit.dag_source import isolated_imports, load_source  # noqa: F401 (a fixture)
+
+AIRFLOW_2_DAG = """\
+import datetime as dt
+
+from airflow import DAG
+from airflow.models.param import Param
+from airflow.operators.bash import BashOperator
+from airflow.operators.empty import EmptyOperator
+from airflow.operators.python import PythonOperator, get_current_context
+from airflow.sensors.filesystem import FileSensor
+from airflow.utils.edgemodifier import Label
+from airflow.utils.trigger_rule import TriggerRule
+from airflow.exceptions import AirflowSkipException
+import airflow.utils.dates
+
+
+def skip():
+    raise AirflowSkipException("nothing to do")
+
+
+with DAG(
+    "{dag_id}",
+    schedule="@daily",
+    start_date=dt.datetime(2024, 1, 1),
+    tags=["example"],
+    params={"n": Param(1, type="integer")},
+    default_args={"mode": "reschedule", "poke_interval": 5},
+) as dag:
+    wait = FileSensor(task_id="wait", filepath="/tmp/never")
+    run = BashOperator(task_id="run", bash_command="echo {{ params.n }}")
+    maybe = PythonOperator(task_id="maybe", python_callable=skip)
+    end = EmptyOperator(task_id="end", trigger_rule=TriggerRule.ALL_DONE)
+    wait >> Label("file there") >> run >> maybe >> end
+    assert airflow.utils.dates.days_ago(0).hour == 0
+"""
+
+AIRFLOW_3_DAG = """\
+import datetime as dt
+
+from airflow.sdk import DAG, task, Label, get_current_context
+from airflow.providers.standard.operators.bash import BashOperator
+from airflow.providers.standard.sensors.time import TimeSensorAsync
+
+
+@task
+def hello():
+    return get_current_context()["ti"].task_id
+
+
+with DAG("{dag_id}", schedule=None):
+    wait = TimeSensorAsync(task_id="wait", target_time=dt.time(6, 0))
+    wait >> Label("morning") >> hello() >> BashOperator(task_id="b", bash_command="true")
+"""
+
+
+pytestmark = pytest.mark.usefixtures("isolated_imports")
+
+
+@pytest.fixture
+def load(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Callable[..., tuple[DagBag, str]]:
+    monkeypatch.setenv("DEFERRAL_AIRFLOW_IMPORTS", "true")
+    return lambda source: load_source(tmp_path, source)
+
+
+def test_airflow_2_dag_file_loads_unchanged(load: Callable[..., tuple[DagBag, str]]) -> None:
+    bag, dag_id = load(AIRFLOW_2_DAG)
+    assert bag.import_errors == {}
+    dag = bag.dags[dag_id]
+    assert dag.tags == ["example"]
+    assert isinstance(dag.get_task("run"), BashOperator)  # deferral's own class
+    wait = dag.get_task("wait")
+    assert isinstance(wait, BaseSensorOperator) and (wait.mode, wait.poke_interval) == (
+        "reschedule",
+        5,
+    )
+    assert dag.get_edge_info("wait", "run") == {"label": "file there"}
+
+
+def test_airflow_3_sdk_and_standard_provider_names(
+    load: Callable[..., tuple[DagBag, str]],
+) -> None:
+    bag, dag_id = load(AIRFLOW_3_DAG)
+    assert bag.import_errors == {}
+    dag = bag.dags[dag_id]
+    assert isinstance(dag.get_task("wait"), TimeSensorAsync)
+    assert dag.get_task("b").upstream_task_ids == {"hello"}
+
+
+@pytest.mark.parametrize(
+    ("line", "missing"),
+    [
+        (
+            "from airflow.operators.python import ExternalPythonOperator",
+            "airflow.operators.python.ExternalPythonOperator",
+        ),
+        ("from airflow.decorators import setup", "airflow.decorators.setup"),
+        ("import airflow.providers.amazon.aws.hooks.s3", "airflow.providers.amazon"),
+        ("from airflow.datasets import Dataset", "airflow.datasets"),
+        ("from airflow.models import DagRun", "airflow.models.DagRun"),
+    ],
+)
+def test_a_name_deferral_lacks_fails_naming_it_and_the_line(
+    load: Callable[..., tuple[DagBag, str]], line: str, missing: str
+) -> None:
+    bag, _ = load(f"from airflow import DAG\n\n{line}\n")
+    (error,) = bag.import_errors.values()
+    assert error == f"ImportError: {missing} is not supported by deferral (line 3)"
+
+
+def test_off_by_default_and_only_while_loading(
+    load: Callable[..., tuple[DagBag, str]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    bag, _ = load(AIRFLOW_2_DAG)
+    assert bag.import_errors == {}
+    with pytest.raises(ModuleNotFoundError):  # outside DAG files, no airflow
+        __import__("airflow.operators.bash")
+    assert not any(name.split(".")[0] == "airflow" for name in sys.modules)
+    monkeypatch.setenv("DEFERRAL_AIRFLOW_IMPORTS", "false")
+    off, _ = load(AIRFLOW_2_DAG)
+    (error,) = off.import_errors.values()
+    assert error.startswith("ModuleNotFoundError: No module named 'airflow'")
+
+
+def test_refuses_to_stand_in_for_a_real_airflow(
+    load: Callable[..., tuple[DagBag, str]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    site = tmp_path / "site"
+    (site / "airflow").mkdir(parents=True)
+    (site / "airflow" / "__init__.py").write_text("")
+    monkeypatch.syspath_prepend(str(site))
+    bag, _ = load("from airflow import DAG\n")
+    (error,) = bag.import_errors.values()
+    assert "a real airflow package is installed" in error and str(site) in error
+    assert error.endswith("(line 1)")
+    assert "airflow" not in sys.modules
+
+
+def test_every_alias_resolves_to_deferral_objects() -> None:
+    """Each alias module's listed names and forwarded module exist (no alias to nothing)."""
+    import importlib
+
+    for name, alias in airflow_imports.ALIASES.items():
+        if alias.module is not None:
+            importlib.import_module(alias.module)
+        for target in alias.names.values():
+            module, attr = target.split(":")
+            assert hasattr(importlib.import_module(module), attr), (name, target)
