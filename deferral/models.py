@@ -399,3 +399,16 @@ class User(Base):
     username: Mapped[str] = mapped_column(String(64), unique=True)
     password_hash: Mapped[str] = mapped_column(Text)
     created_at: Mapped[dt.datetime] = _created()
+
+
+class WebSession(Base):
+    """A login to the web UI, server-side: the cookie holds a random token whose SHA-256 is the
+    row's id, so logging out (deleting the row) ends every copy of the cookie, and a row past
+    ``expires_at`` (set at login, never extended) is no login."""
+
+    __tablename__ = "web_session"
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    username: Mapped[str] = mapped_column(String(64), index=True)
+    created_at: Mapped[dt.datetime] = _created()
+    expires_at: Mapped[dt.datetime] = mapped_column(Timestamp, index=True)
