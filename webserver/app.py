@@ -182,6 +182,7 @@ def _templates() -> Jinja2Templates:
         log_url=log_url,
         api=API,
         refresh_ms=REFRESH_MS,
+        max_graph_tasks=data.MAX_GRAPH_TASKS,
         csrf_field=CSRF_FIELD,
     )
     return Jinja2Templates(env=env)
@@ -399,6 +400,7 @@ class WebUI:
             dag_id,
             runs or data.GRID_RUNS,
             _optional_id(request.query_params, "run_id"),
+            int_param(request.query_params.get("task_page"), "task_page", low=1) or 1,
         )
 
     async def dag_page(self, request: Request) -> Response:
