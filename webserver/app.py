@@ -227,7 +227,8 @@ class WebUI:
         self.auth = Auth(
             self.sessions,
             session_key(settings),
-            open_reads=is_loopback(host),
+            # Allowed host names mean a proxy in front: others than this machine connect.
+            open_reads=is_loopback(host) and not web.allowed_hosts,
             session_lifetime=web.session_lifetime,
             environ=environ,
         )

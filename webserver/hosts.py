@@ -34,11 +34,9 @@ def host_allowed(
     name = host_name(header)
     if name in LOOPBACK_NAMES or name == _bound_name(bind):
         return True
-    if loopback_bind:
-        return False
-    if not allowed_hosts:
+    if name in allowed_hosts or header.strip().lower() in allowed_hosts:
         return True
-    return name in allowed_hosts or header.strip().lower() in allowed_hosts
+    return not loopback_bind and not allowed_hosts
 
 
 class HostCheck:

@@ -258,6 +258,13 @@ def test_other_binds_answer_the_allowed_hosts(
         for host in ("ui.example", "UI.example:8443", "localhost:8080", "0.0.0.0"):
             assert listed.get("/login", headers={"host": host}).status_code == 200, host
         assert listed.get("/login", headers={"host": "evil.example"}).status_code == 400
+    # Behind a proxy on this machine: its names pass, and pages need a login although the
+    # server listens on loopback (the proxy lets other machines in).
+    with web_client(
+        settings, "127.0.0.1", {"DEFERRAL_WEBSERVER_ALLOWED_HOSTS": "ui.ex"}
+    ) as proxied:
+        assert proxied.get("/dags", headers={"host": "ui.ex"}).status_code == 303
+        assert proxied.get("/dags", headers={"host": "evil.example"}).status_code == 400
 
 
 # -- malformed parameters ------------------------------------------------------------------------

@@ -100,6 +100,10 @@ def test_host_allowed() -> None:
     assert host_allowed("localhost:8080", **loopback)  # type: ignore[arg-type]
     assert not host_allowed("evil.example", **loopback)  # type: ignore[arg-type]
     assert not host_allowed("", **loopback)  # type: ignore[arg-type]
+    # Behind a proxy: its names are allowed on a loopback bind too, and nothing else.
+    proxied = {"bind": "127.0.0.1", "loopback_bind": True, "allowed_hosts": ("ui.example",)}
+    assert host_allowed("ui.example", **proxied)  # type: ignore[arg-type]
+    assert not host_allowed("evil.example", **proxied)  # type: ignore[arg-type]
     assert host_allowed("10.1.2.3:8080", bind="10.1.2.3", loopback_bind=False, allowed_hosts=["x"])
     assert not host_allowed("y", bind="0.0.0.0", loopback_bind=False, allowed_hosts=["x"])
     assert host_allowed("anything", bind="0.0.0.0", loopback_bind=False, allowed_hosts=())
