@@ -525,6 +525,10 @@ class WebUI:
             isinstance(i, int) and not isinstance(i, bool) for i in map_indexes
         ):
             raise BadInput("map_indexes must be a list of integers")
+        # A task maps into at most max_map_length instances, numbered from 0.
+        most = self.settings.max_map_length
+        if len(map_indexes) > most or not all(0 <= i < most for i in map_indexes):
+            raise BadInput(f"map_indexes must be at most {most} integers from 0 to {most - 1}")
         return actions.change_tasks(
             self.sessions,
             self._dag(dag_id),

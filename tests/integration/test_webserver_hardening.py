@@ -324,6 +324,16 @@ def test_malformed_api_bodies_are_400_without_traceback(
             "control",
         ),
         ("/api/v1/dags/web%00dag/pause", "{}", "dag_id must not contain control characters"),
+        (
+            f"/api/v1/dags/{WEB_DAG}/clear",
+            '{"run_id": "r", "task_id": "a", "map_indexes": [' + str(10**30) + "]}",
+            "map_indexes must be at most 1024 integers from 0 to 1023",
+        ),
+        (
+            f"/api/v1/dags/{WEB_DAG}/clear",
+            '{"run_id": "r", "task_id": "a", "map_indexes": [' + "1," * 70_000 + "1]}",
+            "map_indexes must be at most 1024 integers",
+        ),
         (f"/api/v1/dags/{WEB_DAG}/runs", b'{"conf": "\xff"}', "not UTF-8"),
     ]
     for url, body, message in cases:
