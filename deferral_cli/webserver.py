@@ -90,7 +90,9 @@ def webserver_command(host: str | None, port: int | None, log_format: str) -> No
     from webserver.app import create_app
     from webserver.auth import is_loopback
 
-    if not is_loopback(host) and users_count == 0 and users.admin_password() is None:
+    # Pages need a login off loopback, and behind a proxy (allowed hosts) on loopback too.
+    needs_login = not is_loopback(host) or bool(webserver_settings().allowed_hosts)
+    if needs_login and users_count == 0 and users.admin_password() is None:
         log.warning(
             "nobody can log in: create a user with `deferral users create NAME` or set %s",
             users.ADMIN_PASSWORD_ENV,
