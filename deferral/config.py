@@ -315,3 +315,43 @@ def webserver_port() -> int:
     """``DEFERRAL_WEBSERVER_PORT``: the port ``deferral webserver`` listens on (and that
     ``deferral health --service webserver`` asks)."""
     return _one_setting("WEBSERVER_PORT", _port, "8080")
+
+
+@dataclass(frozen=True)
+class WebserverSettings:
+    """What ``deferral webserver`` adds to the shared settings (read on its own, like the host
+    and port, so that no other process needs them)."""
+
+    # How long a login lasts, counted from the login (a cookie cannot be kept alive for ever).
+    session_lifetime: dt.timedelta
+    # The session cookie is sent over HTTPS only (set it when TLS is in front of the UI).
+    secure_cookies: bool
+    # Host names (with or without port) a server on a non-loopback address answers to, besides
+    # the loopback names and its own address; empty: any.
+    allowed_hosts: tuple[str, ...]
+
+
+def _session_lifetime(raw: str) -> dt.timedelta:
+    lifetime = parse_duration(raw)
+    if lifetime.total_seconds() < 60:
+        raise ValueError("must be at least 60 seconds")
+    return lifetime
+
+
+def _host_names(raw: str) -> tuple[str, ...]:
+    return tuple(name.strip().lower() for name in raw.split(",") if name.strip())
+
+
+def webserver_settings(environ: Mapping[str, str] | None = None) -> WebserverSettings:
+    """``DEFERRAL_WEBSERVER_SESSION_LIFETIME``, ``DEFERRAL_WEBSERVER_SECURE_COOKIES`` and
+    ``DEFERRAL_WEBSERVER_ALLOWED_HOSTS``; ConfigError naming a malformed one."""
+    source = os.environ if environ is None else environ
+
+    def get(name: str, parse: Callable[[str], T], default: str) -> T:
+        return _setting({k: v for k, v in source.items() if v}, name, parse, default)
+
+    return WebserverSettings(
+        session_lifetime=get("WEBSERVER_SESSION_LIFETIME", _session_lifetime, "12h"),
+        secure_cookies=get("WEBSERVER_SECURE_COOKIES", _bool, "false"),
+        allowed_hosts=get("WEBSERVER_ALLOWED_HOSTS", _host_names, ","),
+    )

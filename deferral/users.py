@@ -19,7 +19,7 @@ from sqlalchemy import delete, select
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session
 
-from deferral.models import User
+from deferral.models import User, WebSession
 
 ADMIN_PASSWORD_ENV = "DEFERRAL_WEBSERVER_ADMIN_PASSWORD"
 # The user name the environment's password logs in as.
@@ -66,8 +66,9 @@ def create_user(session: Session, username: str, password: str) -> bool:
 
 
 def delete_user(session: Session, username: str) -> bool:
-    """Remove a user; False if there is none of that name."""
+    """Remove a user, and end their web UI logins; False if there is none of that name."""
     removed = session.execute(delete(User).where(User.username == username).returning(User.id))
+    session.execute(delete(WebSession).where(WebSession.username == username))
     return removed.scalar() is not None
 
 

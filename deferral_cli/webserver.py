@@ -10,7 +10,7 @@ from sqlalchemy import func, select
 
 from broker.client import Broker, RedisVersionError
 from deferral import users
-from deferral.config import ConfigError, webserver_host, webserver_port
+from deferral.config import ConfigError, webserver_host, webserver_port, webserver_settings
 from deferral.models import User
 from deferral.process import log_format_option, settings_or_exit, setup_logging
 from deferral_cli.common import EXIT_UNAVAILABLE, fail, sessions
@@ -61,9 +61,16 @@ def webserver_command(host: str | None, port: int | None, log_format: str) -> No
     try:
         host = host if host is not None else webserver_host()
         port = port if port is not None else webserver_port()
+        webserver_settings()
     except ConfigError as exc:
         fail(str(exc), EXIT_UNAVAILABLE)
         return
+    admin_password = users.admin_password()
+    if admin_password is not None:
+        try:
+            users.check_password(admin_password)
+        except users.UserError as exc:
+            fail(f"{users.ADMIN_PASSWORD_ENV} is too short: {exc}", EXIT_UNAVAILABLE)
     # Both servers must answer now (an unreachable one ends the command in one line); pages
     # that find one gone later say so themselves.
     with sessions(settings)() as session:
@@ -83,7 +90,9 @@ def webserver_command(host: str | None, port: int | None, log_format: str) -> No
     from webserver.app import create_app
     from webserver.auth import is_loopback
 
-    if not is_loopback(host) and users_count == 0 and users.admin_password() is None:
+    # Pages need a login off loopback, and behind a proxy (allowed hosts) on loopback too.
+    needs_login = not is_loopback(host) or bool(webserver_settings().allowed_hosts)
+    if needs_login and users_count == 0 and users.admin_password() is None:
         log.warning(
             "nobody can log in: create a user with `deferral users create NAME` or set %s",
             users.ADMIN_PASSWORD_ENV,

@@ -29,7 +29,7 @@ TABLES = (
     "task_state_change, xcom, task_reschedule, resume_event, outbox, dag, import_error, worker, "
     "task_log, task_log_try, "
     "rendered_task_instance_fields, variable, connection, "
-    'task_instance, trigger, triggerer, scheduler, dag_run, "user"'
+    'task_instance, trigger, triggerer, scheduler, dag_run, "user", web_session'
 )
 
 __all__ = ["wait_for"]

@@ -25,7 +25,7 @@ from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.middleware.sessions import SessionMiddleware
 from starlette.requests import Request
-from starlette.responses import JSONResponse, RedirectResponse, Response
+from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
@@ -34,7 +34,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from broker import deadletters
 from broker.client import Broker
 from deferral import actions, secrets_masker, users
-from deferral.config import Settings
+from deferral.config import Settings, WebserverSettings, webserver_settings
 from deferral.crypto import Cipher
 from deferral.db import make_engine, make_sessionmaker
 from deferral_cli.common import json_value, server_error
@@ -43,10 +43,21 @@ from webserver.auth import (
     CSRF_FIELD,
     CSRF_HEADER,
     SESSION_COOKIE,
-    SESSION_MAX_AGE_SEC,
     Auth,
+    Verdict,
+    client_of,
     is_loopback,
     session_key,
+)
+from webserver.hosts import HostCheck
+from webserver.inputs import (
+    MAX_INT64,
+    MAX_JSON_DEPTH,
+    BadInput,
+    check_id,
+    int_param,
+    json_depth,
+    parse_json,
 )
 
 log = logging.getLogger("deferral.webserver")
@@ -96,10 +107,6 @@ class SecurityHeaders:
             await send(message)
 
         await self.app(scope, receive, send_with_headers)
-
-
-class BadInput(ValueError):
-    """A request parameter that cannot be used; the message names it."""
 
 
 # -- formatting helpers for the templates --------------------------------------------------------
@@ -177,6 +184,7 @@ def _templates() -> Jinja2Templates:
         log_url=log_url,
         api=API,
         refresh_ms=REFRESH_MS,
+        max_graph_tasks=data.MAX_GRAPH_TASKS,
         csrf_field=CSRF_FIELD,
     )
     return Jinja2Templates(env=env)
@@ -189,24 +197,18 @@ def _safe_next(target: object, default: str = "/dags") -> str:
     return default
 
 
-def _int_param(raw: str | None, name: str, *, low: int, high: int | None = None) -> int | None:
-    if raw is None or raw == "":
-        return None
-    try:
-        value = int(raw)
-    except ValueError:
-        raise BadInput(f"{name} must be an integer, not {raw!r}") from None
-    if value < low or (high is not None and value > high):
-        bound = f"between {low} and {high}" if high is not None else f"at least {low}"
-        raise BadInput(f"{name} must be {bound}, not {value}")
-    return value
-
-
 def _required(params: Mapping[str, Any], name: str) -> str:
+    """The id ``name`` of a query, form or body (checked: no control characters, not too
+    long)."""
     value = params.get(name)
     if not isinstance(value, str) or not value:
         raise BadInput(f"{name} is required")
-    return value
+    return check_id(name, value)
+
+
+def _optional_id(params: Mapping[str, Any], name: str) -> str | None:
+    value = params.get(name)
+    return check_id(name, value) if isinstance(value, str) and value else None
 
 
 Handler = Callable[[Request], Awaitable[Response]]
@@ -214,13 +216,23 @@ Handler = Callable[[Request], Awaitable[Response]]
 
 class WebUI:
     def __init__(
-        self, settings: Settings, *, host: str, environ: Mapping[str, str] | None = None
+        self,
+        settings: Settings,
+        web: WebserverSettings,
+        *,
+        host: str,
+        environ: Mapping[str, str] | None = None,
     ) -> None:
         self.settings = settings
         self.sessions: sessionmaker[Session] = make_sessionmaker(make_engine(settings.database_url))
         self.dags = data.DagSource(settings.dags_folder)
         self.auth = Auth(
-            self.sessions, session_key(settings), open_reads=is_loopback(host), environ=environ
+            self.sessions,
+            session_key(settings),
+            # Allowed host names mean a proxy in front: others than this machine connect.
+            open_reads=is_loopback(host) and not web.allowed_hosts,
+            session_lifetime=web.session_lifetime,
+            environ=environ,
         )
         self.templates = _templates()
         self._broker: Broker | None = None
@@ -243,20 +255,19 @@ class WebUI:
         # A live refresh leaves the messages to the page a click loads (and the cookie alone).
         live = request.headers.get(LIVE_HEADER) == "1"
         flashes = [] if live else request.session.pop("flash", [])
-        return self.templates.TemplateResponse(
-            request,
-            template,
-            {
-                "user": user,
-                "open_reads": self.auth.open_reads,
-                "csrf_token": self.auth.csrf_token(request),
-                "flashes": flashes if isinstance(flashes, list) else [],
-                "path": request.url.path,
-                "here": _here(request),
-                **context,
-            },
-            status_code=status_code,
-        )
+        variables = {
+            "request": request,
+            "user": user,
+            "open_reads": self.auth.open_reads,
+            "csrf_token": self.auth.csrf_token(request),
+            "flashes": flashes if isinstance(flashes, list) else [],
+            "path": request.url.path,
+            "here": _here(request),
+            **context,
+        }
+        # Rendering a big page takes a while: in the thread pool, not on the event loop.
+        html = await run_in_threadpool(self.templates.get_template(template).render, variables)
+        return HTMLResponse(html, status_code=status_code)
 
     async def error_page(self, request: Request, status_code: int, message: str) -> Response:
         return await self.page(
@@ -304,8 +315,10 @@ class WebUI:
 
     def api_reader(self, handler: Handler) -> Handler:
         async def guarded(request: Request) -> Response:
-            if not self.auth.open_reads and await self._api_user(request) is None:
-                return _api_error(401, "login required (a session cookie or HTTP Basic auth)")
+            if not self.auth.open_reads:
+                refused = await self._api_refusal(request)
+                if refused is not None:
+                    return refused
             return await self._guarded_call(handler, request, api=True)
 
         return guarded
@@ -317,16 +330,20 @@ class WebUI:
         async def guarded(request: Request) -> Response:
             if request.headers.get("content-type", "").split(";")[0].strip() != "application/json":
                 return _api_error(415, "send a JSON body (Content-Type: application/json)")
-            basic = await run_in_threadpool(self.auth.basic_user, request)
+            basic = await self.auth.basic_user(request)
+            if basic is not None and basic.identity is None:
+                return _basic_refused(basic)
             if basic is None:
                 if await run_in_threadpool(self.auth.session_user, request) is None:
                     return _api_error(401, "login required (a session cookie or HTTP Basic auth)")
                 if not self.auth.csrf_valid(request, request.headers.get(CSRF_HEADER)):
                     return _api_error(403, "CSRF token missing or wrong (X-CSRF-Token header)")
             try:
-                body = await request.json()
-            except ValueError:
-                return _api_error(400, "the body is not valid JSON")
+                body = parse_json((await request.body()).decode(), "the body")
+            except UnicodeDecodeError:
+                return _api_error(400, "the body is not UTF-8")
+            except BadInput as exc:
+                return _api_error(400, str(exc))
             if not isinstance(body, dict):
                 return _api_error(400, "the body must be a JSON object")
             request.scope["body"] = body
@@ -334,13 +351,20 @@ class WebUI:
 
         return guarded
 
-    async def _api_user(self, request: Request) -> str | None:
-        user = await run_in_threadpool(self.auth.session_user, request)
-        return user if user is not None else await run_in_threadpool(self.auth.basic_user, request)
+    async def _api_refusal(self, request: Request) -> Response | None:
+        """Why an API read is refused (None: a session or Basic credentials let it through)."""
+        if await run_in_threadpool(self.auth.session_user, request) is not None:
+            return None
+        basic = await self.auth.basic_user(request)
+        if basic is None:
+            return _api_error(401, "login required (a session cookie or HTTP Basic auth)")
+        return None if basic.identity is not None else _basic_refused(basic)
 
     async def _guarded_call(self, handler: Handler, request: Request, *, api: bool) -> Response:
         """Run ``handler``, turning what it refuses into the answer a user can read."""
         try:
+            if "dag_id" in request.path_params:
+                check_id("dag_id", request.path_params["dag_id"])
             return await handler(request)
         except (data.NotFound, BadInput, actions.ActionError) as exc:
             not_found = isinstance(exc, data.NotFound) or getattr(exc, "not_found", False)
@@ -372,13 +396,14 @@ class WebUI:
 
     def _dag_detail(self, request: Request) -> dict[str, Any]:
         dag_id = request.path_params["dag_id"]
-        runs = _int_param(request.query_params.get("runs"), "runs", low=1, high=data.MAX_GRID_RUNS)
+        runs = int_param(request.query_params.get("runs"), "runs", low=1, high=data.MAX_GRID_RUNS)
         return self._read(
             data.dag_detail,
             self.dags,
             dag_id,
             runs or data.GRID_RUNS,
-            request.query_params.get("run_id"),
+            _optional_id(request.query_params, "run_id"),
+            int_param(request.query_params.get("task_page"), "task_page", low=1) or 1,
         )
 
     async def dag_page(self, request: Request) -> Response:
@@ -394,22 +419,22 @@ class WebUI:
             request.path_params["dag_id"],
             _required(query, "run_id"),
             _required(query, "task_id"),
-            _int_param(query.get("map_index"), "map_index", low=-1),
-            _int_param(query.get("try_number"), "try_number", low=1),
+            int_param(query.get("map_index"), "map_index", low=-1),
+            int_param(query.get("try_number"), "try_number", low=1),
         )
 
     def _task_log(self, request: Request) -> dict[str, Any]:
         query = request.query_params
-        try_number = _int_param(_required(query, "try_number"), "try_number", low=1)
+        try_number = int_param(_required(query, "try_number"), "try_number", low=1)
         return self._read(
             data.task_log,
             request.path_params["dag_id"],
             _required(query, "run_id"),
             _required(query, "task_id"),
-            _int_param(query.get("map_index"), "map_index", low=-1) or -1,
+            int_param(query.get("map_index"), "map_index", low=-1) or -1,
             try_number,
-            _int_param(query.get("after_id"), "after_id", low=0) or 0,
-            _int_param(query.get("limit"), "limit", low=1, high=data.LOG_LINES_SHOWN)
+            int_param(query.get("after_id"), "after_id", low=0, high=MAX_INT64) or 0,
+            int_param(query.get("limit"), "limit", low=1, high=data.LOG_LINES_SHOWN)
             or data.LOG_LINES_SHOWN,
         )
 
@@ -439,7 +464,9 @@ class WebUI:
 
     async def login_page(self, request: Request) -> Response:
         next_url = _safe_next(request.query_params.get("next"))
-        return await self.page(request, "login.html", {"next": next_url, "refused": False})
+        return await self.page(
+            request, "login.html", {"next": next_url, "refused": False, "retry_after": 0}
+        )
 
     async def login(self, request: Request) -> Response:
         form = await request.form()
@@ -449,23 +476,23 @@ class WebUI:
                 request, 403, "the form is out of date (CSRF token missing or wrong): reload"
             )
         username, password = form.get("username"), form.get("password")
-        ok = (
-            isinstance(username, str)
-            and isinstance(password, str)
-            and await run_in_threadpool(self.auth.log_in, request, username, password)
-        )
-        if not ok:
-            log.warning("refused a login as %r", username)
-            return await self.page(
-                request, "login.html", {"next": next_url, "refused": True}, status_code=401
+        if not isinstance(username, str) or not isinstance(password, str):
+            return await self.error_page(request, 400, "the form needs a username and a password")
+        verdict = await self.auth.verify(client_of(request), username, password, "login form")
+        if verdict.identity is None:
+            context = {"next": next_url, "refused": True, "retry_after": verdict.retry_after_sec}
+            answer = await self.page(
+                request, "login.html", context, status_code=429 if verdict.retry_after_sec else 401
             )
-        log.info("%s logged in", username)
+            return _with_retry_after(answer, verdict)
+        await run_in_threadpool(self.auth.start_session, request, verdict.identity)
+        log.info("%s logged in", verdict.identity.username)
         return RedirectResponse(next_url, status_code=303)
 
     async def logout(self, request: Request) -> Response:
         form = await request.form()
         if self.auth.csrf_valid(request, form.get(CSRF_FIELD)):
-            self.auth.log_out(request)
+            await run_in_threadpool(self.auth.log_out, request)
         return RedirectResponse("/dags", status_code=303)
 
     # -- actions (forms) -------------------------------------------------------------------------
@@ -479,6 +506,10 @@ class WebUI:
         return dag
 
     def _trigger(self, dag_id: str, conf_text: str | None, run_id: str | None) -> actions.Triggered:
+        if run_id:
+            check_id("run_id", run_id)
+        if conf_text and json_depth(conf_text) > MAX_JSON_DEPTH:
+            raise BadInput(f"conf nests deeper than {MAX_JSON_DEPTH} levels")
         try:
             conf = actions.parse_conf(conf_text)
         except ValueError as exc:
@@ -496,6 +527,10 @@ class WebUI:
             isinstance(i, int) and not isinstance(i, bool) for i in map_indexes
         ):
             raise BadInput("map_indexes must be a list of integers")
+        # A task maps into at most max_map_length instances, numbered from 0.
+        most = self.settings.max_map_length
+        if len(map_indexes) > most or not all(0 <= i < most for i in map_indexes):
+            raise BadInput(f"map_indexes must be at most {most} integers from 0 to {most - 1}")
         return actions.change_tasks(
             self.sessions,
             self._dag(dag_id),
@@ -550,7 +585,7 @@ class WebUI:
         else:
             state = form.get("state")
             change = actions.mark_change(state if isinstance(state, str) else "")
-        map_index = _int_param(_text(form.get("map_index")), "map_index", low=-1)
+        map_index = int_param(_text(form.get("map_index")), "map_index", low=-1)
         params = {
             "run_id": form.get("run_id"),
             "task_id": form.get("task_id"),
@@ -741,12 +776,28 @@ def _api_error(status_code: int, message: str) -> Response:
     return JSONResponse({"error": message}, status_code=status_code)
 
 
+def _with_retry_after(response: Response, verdict: Verdict) -> Response:
+    if verdict.retry_after_sec > 0:
+        response.headers["retry-after"] = str(max(1, round(verdict.retry_after_sec)))
+    return response
+
+
+def _basic_refused(verdict: Verdict) -> Response:
+    if verdict.retry_after_sec > 0:
+        seconds = max(1, round(verdict.retry_after_sec))
+        refused = _api_error(429, f"too many failed logins: try again in {seconds} s")
+        return _with_retry_after(refused, verdict)
+    return _api_error(401, "wrong user name or password")
+
+
 def create_app(
     settings: Settings, *, host: str, environ: Mapping[str, str] | None = None
 ) -> Starlette:
     """The web UI for a server listening on ``host`` (read-only pages need no login when that
     is a loopback address)."""
-    ui = WebUI(settings, host=host, environ=environ if environ is not None else os.environ)
+    environ = environ if environ is not None else os.environ
+    web = webserver_settings(environ)
+    ui = WebUI(settings, web, host=host, environ=environ)
 
     async def not_found(request: Request, exc: Exception) -> Response:
         status = exc.status_code if isinstance(exc, HTTPException) else 500
@@ -762,13 +813,20 @@ def create_app(
     app = Starlette(
         routes=ui.routes(),
         middleware=[
+            Middleware(
+                HostCheck,
+                bind=host,
+                loopback_bind=is_loopback(host),
+                allowed_hosts=web.allowed_hosts,
+            ),
             Middleware(SecurityHeaders),
             Middleware(
                 SessionMiddleware,
                 secret_key=session_key(settings).hex(),
                 session_cookie=SESSION_COOKIE,
-                max_age=SESSION_MAX_AGE_SEC,
+                max_age=int(web.session_lifetime.total_seconds()),
                 same_site="lax",
+                https_only=web.secure_cookies,
             ),
         ],
         exception_handlers={HTTPException: not_found},

@@ -16,7 +16,7 @@ from dataclasses import asdict
 from typing import Any
 
 from sqlalchemy import func, select
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, load_only
 
 from broker.client import Broker
 from deferral import doctor as checklist
@@ -55,6 +55,13 @@ Record = dict[str, Any]
 RECENT_RUNS = 10
 GRID_RUNS = 12
 MAX_GRID_RUNS = 100
+# A grid page shows at most this many cells (runs x tasks): a DAG of thousands of tasks is
+# paged by its tasks, MAX_GRID_ROWS at most a page, fewer the more runs are shown.
+MAX_GRID_CELLS = 1200
+MAX_GRID_ROWS = 100
+MIN_GRID_ROWS = 10
+# The graph is drawn for DAGs of at most this many tasks (a bigger one is read in its grid).
+MAX_GRAPH_TASKS = 300
 # The Deferred page lists at most this many task instances (the total is always counted).
 MAX_DEFERRED_LISTED = 2000
 # A deferral is "close to expiry" in the last fifth of its wait, and always in its last 5 min.
@@ -110,6 +117,9 @@ class DagSource:
         self._lock = threading.Lock()
         self._scanned_at: float | None = None
         self._folder_error: str | None = None
+        # Each DAG's task order, kept while the DagBag keeps the same DAG object (sorting
+        # thousands of tasks at every refresh of a page would cost more than its queries).
+        self._orders: dict[str, tuple[DAG, list[str], dict[str, list[str]]]] = {}
 
     def bag(self) -> tuple[dict[str, DAG], dict[str, str]]:
         """The DAGs by id and the import errors by file."""
@@ -129,6 +139,14 @@ class DagSource:
 
     def dag(self, dag_id: str) -> DAG | None:
         return self.bag()[0].get(dag_id)
+
+    def task_order(self, dag: DAG) -> tuple[list[str], dict[str, list[str]]]:
+        """``dag``'s task ids upstream first, and what each depends on."""
+        cached = self._orders.get(dag.dag_id)
+        if cached is None or cached[0] is not dag:
+            cached = (dag, *_dag_order(dag))
+            self._orders[dag.dag_id] = cached
+        return cached[1], cached[2]
 
 
 def _db_now(session: Session) -> dt.datetime:
@@ -204,17 +222,30 @@ def _recent_runs(session: Session, dag_ids: Sequence[str], limit: int) -> dict[s
 # -- one DAG: grid and graph ---------------------------------------------------------------------
 
 
+def grid_rows(runs: int) -> int:
+    """How many tasks a grid page of ``runs`` runs shows."""
+    return max(MIN_GRID_ROWS, min(MAX_GRID_ROWS, MAX_GRID_CELLS // max(1, runs)))
+
+
 def dag_detail(
-    session: Session, source: DagSource, dag_id: str, runs: int, selected_run: str | None
+    session: Session,
+    source: DagSource,
+    dag_id: str,
+    runs: int,
+    selected_run: str | None,
+    task_page: int = 1,
 ) -> Record:
-    """A DAG's latest ``runs`` runs (oldest first) by its tasks, each cell the state of that task
-    in that run; and the graph of its tasks, coloured by the selected run (default the latest)."""
+    """A DAG's latest ``runs`` runs (oldest first) by one page of its tasks, each cell the state
+    of that task in that run (a mapped task is one row, its map indexes counted by state); and
+    the graph of its tasks (up to MAX_GRAPH_TASKS), coloured by the selected run (default the
+    latest). Reads only the columns it shows: never a run's conf."""
     dag = source.dag(dag_id)
     row = session.get(Dag, dag_id)
     found_runs = list(
         reversed(
             session.scalars(
                 select(DagRun)
+                .options(load_only(*_RUN_COLUMNS))
                 .where(DagRun.dag_id == dag_id)
                 .order_by(DagRun.logical_date.desc(), DagRun.id.desc())
                 .limit(runs)
@@ -224,34 +255,37 @@ def dag_detail(
     if dag is None and row is None and not found_runs:
         raise NotFound(f"DAG {dag_id!r} not found")
     run_ids = [run.run_id for run in found_runs]
-    states: dict[tuple[str, str], list[TaskInstance]] = {}
-    for ti in session.scalars(
-        select(TaskInstance)
+    seen = session.scalars(
+        select(TaskInstance.task_id)
         .where(TaskInstance.dag_id == dag_id, TaskInstance.run_id.in_(run_ids))
-        .order_by(TaskInstance.map_index)
-    ):
-        states.setdefault((ti.task_id, ti.run_id), []).append(ti)
-    order, upstream = _task_order(dag, [task_id for task_id, _ in states])
+        .distinct()
+    ).all()
+    order, upstream = _task_order(source, dag, seen)
     if selected_run is None or selected_run not in run_ids:
         selected_run = run_ids[-1] if run_ids else None
+    per_page = grid_rows(runs)
+    pages = max(1, -(-len(order) // per_page))
+    if task_page > pages:
+        raise NotFound(f"DAG {dag_id!r} has {pages} page(s) of tasks, not {task_page}")
+    shown = order[(task_page - 1) * per_page : task_page * per_page]
+    cells = _cells(session, dag_id, run_ids, shown)
     tasks = [
         {
             "task_id": task_id,
             "upstream": sorted(upstream.get(task_id, ())),
             "operator": _operator_name(dag, task_id),
-            "is_mapped": bool(
-                dag is not None and task_id in dag.task_dict and _mapped(dag, task_id)
-            ),
-            "cells": [_cell(states.get((task_id, run_id), [])) for run_id in run_ids],
+            "is_mapped": _mapped(dag, task_id),
+            "cells": [cells.get((task_id, run_id), _NO_CELL) for run_id in run_ids],
         }
-        for task_id in order
+        for task_id in shown
     ]
-    graph = layout(order, upstream)
-    selected_states = {
-        task_id: _cell(states.get((task_id, selected_run), []))["state"]
-        for task_id in order
-        if selected_run is not None
-    }
+    drawn = len(order) <= MAX_GRAPH_TASKS
+    graph = layout(order if drawn else [], upstream)
+    selected = (
+        {task: cell for (task, _), cell in _cells(session, dag_id, [selected_run], order).items()}
+        if drawn and selected_run is not None
+        else {}
+    )
     return {
         "dag_id": dag_id,
         "loaded": dag is not None,
@@ -262,13 +296,69 @@ def dag_detail(
         "doc_md": dag.doc_md_text() if dag is not None else None,
         "missing_reason": row.missing_reason if row is not None else None,
         "runs": [run_record(run) for run in found_runs],
+        "runs_shown": runs,
         "tasks": tasks,
+        "task_count": len(order),
+        "task_page": task_page,
+        "task_pages": pages,
+        "first_task": (task_page - 1) * per_page + 1 if shown else 0,
         "selected_run": selected_run,
         "graph": {
             **asdict(graph),
-            "states": selected_states,
+            "drawn": drawn,
+            "states": {
+                task_id: selected.get(task_id, _NO_CELL)["state"]
+                for task_id in (order if drawn else [])
+            },
         },
     }
+
+
+# What a grid shows of a run (run_record's fields): never its conf.
+_RUN_COLUMNS = (
+    DagRun.id,
+    DagRun.dag_id,
+    DagRun.run_id,
+    DagRun.run_type,
+    DagRun.state,
+    DagRun.logical_date,
+    DagRun.data_interval_start,
+    DagRun.data_interval_end,
+    DagRun.start_date,
+    DagRun.end_date,
+)
+_NO_CELL: Record = {"state": None, "try_number": None, "map_indexes": 0, "counts": {}}
+
+
+def _cells(
+    session: Session, dag_id: str, run_ids: Sequence[str], task_ids: Sequence[str]
+) -> dict[tuple[str, str], Record]:
+    """Each (task, run) cell of ``task_ids`` in ``run_ids``: counted in the database, so a task
+    mapped into thousands of instances is a handful of rows."""
+    ti = TaskInstance
+    counts: dict[tuple[str, str], Counter[str]] = {}
+    tries: dict[tuple[str, str], int] = {}
+    mapped: set[tuple[str, str]] = set()
+    if not run_ids or not task_ids:
+        return {}
+    for found in session.execute(
+        select(
+            ti.task_id,
+            ti.run_id,
+            ti.state,
+            func.count().label("n"),
+            func.max(ti.try_number).label("try_number"),
+            func.max(ti.map_index).label("map_index"),
+        )
+        .where(ti.dag_id == dag_id, ti.run_id.in_(run_ids), ti.task_id.in_(task_ids))
+        .group_by(ti.task_id, ti.run_id, ti.state)
+    ):
+        key = (found.task_id, found.run_id)
+        counts.setdefault(key, Counter())[found.state] = found.n
+        tries[key] = max(tries.get(key, 0), found.try_number)
+        if found.map_index >= 0:
+            mapped.add(key)
+    return {key: _cell(counted, tries[key], key in mapped) for key, counted in counts.items()}
 
 
 def _mapped(dag: DAG | None, task_id: str) -> bool:
@@ -282,34 +372,35 @@ def _operator_name(dag: DAG | None, task_id: str) -> str | None:
 
 
 def _task_order(
-    dag: DAG | None, seen_task_ids: Iterable[str]
+    source: DagSource, dag: DAG | None, seen_task_ids: Iterable[str]
 ) -> tuple[list[str], dict[str, list[str]]]:
     """The DAG's tasks upstream first, then tasks only its runs still have (removed from the
     file since), and what each depends on."""
+    order, upstream = source.task_order(dag) if dag is not None else ([], {})
+    in_dag = dag.task_dict if dag is not None else {}
+    return [*order, *sorted(t for t in set(seen_task_ids) if t not in in_dag)], upstream
+
+
+def _dag_order(dag: DAG) -> tuple[list[str], dict[str, list[str]]]:
     order: list[str] = []
     upstream: dict[str, list[str]] = {}
-    if dag is not None:
-        try:
-            for task in dag.topological_order():
-                order.append(task.task_id)
-                upstream[task.task_id] = sorted(task.upstream_task_ids)
-        except DagDefinitionError:
-            order = sorted(dag.task_dict)
-    order += sorted(set(seen_task_ids) - set(order))
+    try:
+        for task in dag.topological_order():
+            order.append(task.task_id)
+            upstream[task.task_id] = sorted(task.upstream_task_ids)
+    except DagDefinitionError:
+        order = sorted(dag.task_dict)
     return order, upstream
 
 
-def _cell(tis: Sequence[TaskInstance]) -> Record:
+def _cell(counts: Counter[str], try_number: int, mapped: bool) -> Record:
     """One task in one run: its state (for several map indexes, the most pressing one and how
-    many are in each state), its try, and for a deferred task since when it waits."""
-    if not tis:
-        return {"state": None, "try_number": None, "map_indexes": 0, "counts": {}}
-    counts = Counter(ti.state for ti in tis)
-    state = next((s for s in _SUMMARY_ORDER if counts.get(s)), tis[0].state)
+    many are in each state) and its latest try."""
+    state = next((s for s in _SUMMARY_ORDER if counts.get(s)), next(iter(counts)))
     return {
         "state": str(state),
-        "try_number": max(ti.try_number for ti in tis),
-        "map_indexes": len(tis) if any(ti.map_index >= 0 for ti in tis) else 0,
+        "try_number": try_number,
+        "map_indexes": sum(counts.values()) if mapped else 0,
         "counts": dict(sorted(counts.items())),
     }
 

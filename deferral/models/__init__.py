@@ -419,3 +419,14 @@ def __getattr__(name: str) -> Any:
 
         return getattr(importlib.import_module(_AUTHORING[name]), name)
     raise AttributeError(f"module 'deferral.models' has no attribute {name!r}")
+class WebSession(Base):
+    """A login to the web UI, server-side: the cookie holds a random token whose SHA-256 is the
+    row's id, so logging out (deleting the row) ends every copy of the cookie, and a row past
+    ``expires_at`` (set at login, never extended) is no login."""
+
+    __tablename__ = "web_session"
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    username: Mapped[str] = mapped_column(String(64), index=True)
+    created_at: Mapped[dt.datetime] = _created()
+    expires_at: Mapped[dt.datetime] = mapped_column(Timestamp, index=True)

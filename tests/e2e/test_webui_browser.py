@@ -287,3 +287,28 @@ def test_markup_in_a_task_id_or_run_id_is_inert(ui: UI) -> None:
     assert ui.find("#ti-task").text == script_task
     assert ui.find("#ti-run").text == script_run
     assert ui.driver.execute_script("return window.__xss") is None
+
+
+SLOW_FETCH = """
+window.__calls = 0; window.__inflight = 0; window.__most = 0; window.__done = 0;
+const realFetch = window.fetch.bind(window);
+window.fetch = async function (...args) {
+  window.__calls++; window.__inflight++;
+  window.__most = Math.max(window.__most, window.__inflight);
+  await new Promise((resolve) => setTimeout(resolve, 3000));  // a server taking 3 s
+  try { return await realFetch(...args); } finally { window.__inflight--; window.__done++; }
+};
+"""
+
+
+def test_the_live_refresh_waits_for_each_answer_and_backs_off(ui: UI) -> None:
+    ui.open(f"/dags/{DAG_ID}")
+    ui.driver.execute_script(SLOW_FETCH)
+    wait_for(
+        lambda: ui.driver.execute_script("return window.__done") >= 1,
+        timeout=30,
+        what="the first refresh to be answered",
+    )
+    calls, most = ui.driver.execute_script("return [window.__calls, window.__most]")
+    # A timer every 2 s would have sent a second request while the first was unanswered.
+    assert (calls, most) == (1, 1)

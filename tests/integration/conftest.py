@@ -7,10 +7,14 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from sqlalchemy.orm import Session, sessionmaker
+from starlette.testclient import TestClient
 
 from broker.client import Broker
+from deferral import users
 from deferral.config import Settings
 from tests.servers import REDIS_URL
+from webserver.app import create_app
 from worker.service import WorkerService
 
 
@@ -41,3 +45,43 @@ def cli_dag(write_dag: Callable[[str, str], Path]) -> str:
     dag_id = f"cli_{uuid.uuid4().hex[:8]}"
     write_dag(dag_id, CLI_DAG_SOURCE.format(dag_id=dag_id))
     return dag_id
+
+
+# -- the web UI (tests/integration/test_webserver*.py) ---------------------------------------------
+
+WEB_ADMIN_PASSWORD = "the-admin-password-42"
+WEB_DAG = "web_dag"
+
+
+def web_client(
+    settings: Settings, host: str, extra: dict[str, str] | None = None, scheme: str = "http"
+) -> TestClient:
+    """The UI of a server listening on ``host`` (asked as localhost), its admin's password
+    WEB_ADMIN_PASSWORD, ``extra`` added to its environment."""
+    environ = {users.ADMIN_PASSWORD_ENV: WEB_ADMIN_PASSWORD, **(extra or {})}
+    app = create_app(settings, host=host, environ=environ)
+    return TestClient(app, base_url=f"{scheme}://localhost", follow_redirects=False)
+
+
+@pytest.fixture
+def web_dag(write_dag: Callable[[str, str], Path]) -> str:
+    write_dag(WEB_DAG, CLI_DAG_SOURCE.format(dag_id=WEB_DAG))
+    return WEB_DAG
+
+
+@pytest.fixture
+def local(
+    settings: Settings, sessions: sessionmaker[Session], broker: Broker
+) -> Iterator[TestClient]:
+    """The UI of a server listening on 127.0.0.1."""
+    with web_client(settings, "127.0.0.1") as client:
+        yield client
+
+
+@pytest.fixture
+def exposed(
+    settings: Settings, sessions: sessionmaker[Session], broker: Broker
+) -> Iterator[TestClient]:
+    """The UI of a server listening on every address."""
+    with web_client(settings, "0.0.0.0") as client:
+        yield client

@@ -186,6 +186,8 @@ def test_the_web_ui_listens_on_every_address_at_its_published_port_and_checks_it
     assert web["command"] == ["deferral", "webserver", "--host", "0.0.0.0"]
     port = int(web["environment"]["DEFERRAL_WEBSERVER_PORT"])
     assert [p["target"] for p in web["ports"]] == [port]
+    # Published on the host's loopback only: other machines go through a TLS proxy.
+    assert [p["host_ip"] for p in web["ports"]] == ["127.0.0.1"]
     assert web["healthcheck"]["test"] == ["CMD", "deferral", "health", "--service", "webserver"]
     assert "DEFERRAL_WEBSERVER_ADMIN_PASSWORD" in (REPO / ".env.example").read_text()
 

@@ -8,7 +8,7 @@ import base64
 import dataclasses
 import datetime as dt
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -24,42 +24,13 @@ from deferral.crypto import Cipher
 from deferral.models import Dag, DagRun, StoredConnection, TaskInstance, TaskStateChange
 from deferral.standalone import free_port
 from deferral.states import TaskState
-from tests.integration.conftest import CLI_DAG_SOURCE
+from tests.integration.conftest import CLI_DAG_SOURCE, WEB_ADMIN_PASSWORD, WEB_DAG, web_client
 from tests.integration.factories import DAG_ID, deferred_task, running_task
 from webserver.app import create_app
 
-ADMIN_PASSWORD = "the-admin-password-42"
+ADMIN_PASSWORD = WEB_ADMIN_PASSWORD
 ENVIRON = {users.ADMIN_PASSWORD_ENV: ADMIN_PASSWORD}
-WEB_DAG = "web_dag"
 CSRF = re.compile(r'name="csrf_token" value="([^"]+)"')
-
-
-@pytest.fixture
-def web_dag(write_dag: Callable[[str, str], Path]) -> str:
-    write_dag(WEB_DAG, CLI_DAG_SOURCE.format(dag_id=WEB_DAG))
-    return WEB_DAG
-
-
-def _client(settings: Settings, host: str) -> TestClient:
-    return TestClient(create_app(settings, host=host, environ=ENVIRON), follow_redirects=False)
-
-
-@pytest.fixture
-def local(
-    settings: Settings, sessions: sessionmaker[Session], broker: Broker
-) -> Iterator[TestClient]:
-    """The UI of a server listening on 127.0.0.1."""
-    with _client(settings, "127.0.0.1") as client:
-        yield client
-
-
-@pytest.fixture
-def exposed(
-    settings: Settings, sessions: sessionmaker[Session], broker: Broker
-) -> Iterator[TestClient]:
-    """The UI of a server listening on every address."""
-    with _client(settings, "0.0.0.0") as client:
-        yield client
 
 
 def csrf_of(client: TestClient, path: str = "/login") -> str:
@@ -133,7 +104,7 @@ def test_a_deleted_user_or_changed_admin_password_ends_the_session(
 ) -> None:
     with sessions.begin() as session:
         users.create_user(session, "bob", "bob-password-1")
-    with _client(settings, "0.0.0.0") as client:
+    with web_client(settings, "0.0.0.0") as client:
         log_in(client, "bob", "bob-password-1")
         assert client.get("/dags").status_code == 200
         with sessions.begin() as session:
@@ -142,7 +113,9 @@ def test_a_deleted_user_or_changed_admin_password_ends_the_session(
         log_in(client)
         cookies = dict(client.cookies)
     changed = {users.ADMIN_PASSWORD_ENV: "a-new-admin-password"}
-    with TestClient(create_app(settings, host="0.0.0.0", environ=changed)) as other:
+    with TestClient(
+        create_app(settings, host="0.0.0.0", environ=changed), base_url="http://localhost"
+    ) as other:
         other.cookies.update(cookies)
         assert other.get("/dags", follow_redirects=False).status_code == 303
 
@@ -561,7 +534,9 @@ def test_an_unreachable_database_is_one_line_without_its_password(
     gone = dataclasses.replace(
         settings, database_url=f"postgresql+psycopg://u:pw-s3cret@127.0.0.1:{port}/prod"
     )
-    with TestClient(create_app(gone, host="127.0.0.1", environ=ENVIRON)) as client:
+    with TestClient(
+        create_app(gone, host="127.0.0.1", environ=ENVIRON), base_url="http://localhost"
+    ) as client:
         for path, api in (("/dags", False), ("/api/v1/deferred", True)):
             answer = client.get(path)
             assert answer.status_code == 503

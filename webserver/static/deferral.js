@@ -8,11 +8,12 @@
   const refreshMs = Number(body.dataset.refreshMs || 2000);
 
   // -- live refresh: fetch this page again, swap in the new contents of each data-live part --
+  // Returns whether the server answered well (false: the next round waits longer).
   let stopped = false;
   async function refresh() {
-    if (stopped || document.visibilityState !== "visible") return;
+    if (stopped || document.visibilityState !== "visible") return true;
     const parts = document.querySelectorAll("[data-live][id]");
-    if (parts.length === 0) return;
+    if (parts.length === 0) return true;
     let response;
     try {
       response = await fetch(window.location.href, {
@@ -21,12 +22,12 @@
       });
     } catch (error) {
       body.classList.add("offline");
-      return;
+      return false;
     }
     if (response.redirected || !response.ok) {
       body.classList.add("offline");
       if (response.redirected) stopped = true; // logged out: the next click says so
-      return;
+      return false;
     }
     body.classList.remove("offline");
     const fresh = new DOMParser().parseFromString(await response.text(), "text/html");
@@ -45,8 +46,32 @@
         part.innerHTML = replacement.innerHTML;
       }
     }
+    return true;
   }
-  window.setInterval(refresh, refreshMs);
+
+  // One round at a time: the next starts only after this one's answer, and later the slower
+  // the server answered (four times its answer time) or after a failure (doubling, up to a
+  // minute): an open tab never piles requests on a busy server.
+  const MAX_DELAY_MS = 60000;
+  function every(round) {
+    let delay = refreshMs;
+    async function next() {
+      const started = performance.now();
+      let ok;
+      try {
+        ok = await round();
+      } catch (error) {
+        ok = false;
+      }
+      const took = performance.now() - started;
+      delay = ok
+        ? Math.min(MAX_DELAY_MS, Math.max(refreshMs, 4 * took))
+        : Math.min(MAX_DELAY_MS, 2 * delay);
+      if (!stopped) window.setTimeout(next, delay);
+    }
+    window.setTimeout(next, refreshMs);
+  }
+  every(refresh);
 
   // -- actions ask first ----------------------------------------------------------------------
   document.addEventListener("submit", function (event) {
@@ -83,16 +108,21 @@
     url.searchParams.set("after_id", after);
     try {
       const response = await fetch(url, { credentials: "same-origin" });
-      if (!response.ok) return;
+      if (!response.ok) return false;
       const answer = await response.json();
       appendLines(list, answer.lines);
       if (answer.finished) list.removeAttribute("data-tail");
+      return true;
     } catch (error) {
-      /* the next round tries again */
+      return false; // the next round tries again, later
     }
   }
-  window.setInterval(function () {
-    if (document.visibilityState !== "visible") return;
-    for (const list of document.querySelectorAll("ol[data-log-url][data-tail]")) tail(list);
-  }, refreshMs);
+  every(async function () {
+    if (document.visibilityState !== "visible") return true;
+    let ok = true;
+    for (const list of document.querySelectorAll("ol[data-log-url][data-tail]")) {
+      ok = (await tail(list)) && ok;
+    }
+    return ok;
+  });
 })();
