@@ -419,6 +419,8 @@ def __getattr__(name: str) -> Any:
 
         return getattr(importlib.import_module(_AUTHORING[name]), name)
     raise AttributeError(f"module 'deferral.models' has no attribute {name!r}")
+
+
 class WebSession(Base):
     """A login to the web UI, server-side: the cookie holds a random token whose SHA-256 is the
     row's id, so logging out (deleting the row) ends every copy of the cookie, and a row past
