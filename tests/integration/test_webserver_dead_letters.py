@@ -15,8 +15,7 @@ from deferral.crypto import Cipher
 from tests.integration.factories import deferred_task
 from tests.integration.test_dead_letters import dead_letter_via_consumer, publish_trigger
 
-# exposed: the UI of a server listening on every address (a login needed for everything).
-from tests.integration.test_webserver import csrf_of, exposed, log_in  # noqa: F401
+from tests.integration.test_webserver import csrf_of, log_in
 
 
 @pytest.fixture
