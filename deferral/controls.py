@@ -11,9 +11,10 @@ from __future__ import annotations
 import re
 from typing import Any
 
-# Besides C0 (\x00-\x0a are added below): DEL, C1 controls (0x9b is a one-byte CSI), and the
-# invisible marks that reorder what a terminal shows (bidi overrides, isolates: "Trojan source").
-_CONTROLS = "\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069"
+# Besides C0 (\x00-\x0a are added below): DEL, C1 controls (0x9b is a one-byte CSI), the line
+# and paragraph separators some readers break lines at, and the invisible marks that reorder
+# what a terminal shows (bidi overrides, isolates: "Trojan source").
+_CONTROLS = "\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069"
 # What escape() leaves alone, newline and tab, lay text out; they do not drive a terminal.
 _SHOWN_CONTROL = re.compile(f"[\x00-\x08{_CONTROLS}]")
 _ANY_CONTROL = re.compile(f"[\x00-\x0a{_CONTROLS}]")

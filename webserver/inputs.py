@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import json
 import re
-import unicodedata
 from typing import Any
+
+from deferral import controls
 
 # The columns that hold DAG, run and task ids are VARCHAR(250).
 MAX_ID_CHARS = 250
@@ -21,8 +22,6 @@ MAX_JSON_DEPTH = 32
 # How much of a refused user name a log line keeps.
 LOGGED_NAME_CHARS = 64
 
-# Control characters, and the line and paragraph separators some readers break lines at.
-_REFUSED_CATEGORIES = frozenset({"Cc", "Zl", "Zp"})
 # A JSON string literal (escapes included): its brackets are not nesting.
 _JSON_STRING = re.compile(r'"(?:[^"\\]|\\.)*"', re.DOTALL)
 
@@ -31,16 +30,13 @@ class BadInput(ValueError):
     """A request parameter that cannot be used; the message names it."""
 
 
-def has_control(text: str) -> bool:
-    return any(unicodedata.category(ch) in _REFUSED_CATEGORIES for ch in text)
-
-
 def check_id(name: str, value: str) -> str:
     """``value`` if it can be a DAG, run or task id; else BadInput naming ``name``."""
     if len(value) > MAX_ID_CHARS:
         raise BadInput(f"{name} is too long ({len(value)} characters, at most {MAX_ID_CHARS})")
-    if has_control(value):
-        raise BadInput(f"{name} must not contain control characters")
+    found = controls.first_control(value)
+    if found is not None:
+        raise BadInput(f"{name} must not contain control characters ({found})")
     return value
 
 
@@ -88,11 +84,6 @@ def loggable_name(value: object) -> str:
     characters escaped, quoted."""
     text = value if isinstance(value, str) else "" if value is None else type(value).__name__
     cut = text[:LOGGED_NAME_CHARS]
-    escaped = "".join(
-        ch.encode("unicode_escape").decode()
-        if unicodedata.category(ch)[0] in "CZ" and ch != " "
-        else ch
-        for ch in cut
-    )
+    escaped = controls.escape_all(cut)
     more = f"… ({len(text)} characters)" if len(text) > LOGGED_NAME_CHARS else ""
     return f"'{escaped}'{more}"

@@ -100,7 +100,7 @@ def test_a_refused_user_name_is_logged_cut_and_escaped(
     for message in refused:
         assert len(message) < 300
         assert "\n" not in message and "\x1b" not in message
-        assert "forged\\nINFO admin logged in\\x1b[2J" in message
+        assert "forged\\x0aINFO admin logged in\\x1b[2J" in message
 
 
 def test_argon2_verifications_are_bounded_and_off_the_event_loop(
