@@ -467,7 +467,7 @@ class TriggererService:
                 "trigger %d for %s: unexpected error", trigger_id, held.task, extra=held.log_ids()
             )
             if not published and not held.cancelled:
-                self._send(held, self._failure(trigger_id, "failed unexpectedly", exc))
+                self._send(held, self._failure(trigger_id, "failed unexpectedly with", exc))
                 published = True
         finally:
             if me is not None:
@@ -493,7 +493,7 @@ class TriggererService:
         return failure_outcome(
             self.cipher,
             trigger_id,
-            f"trigger {trigger_id} {what}: {type(exc).__name__}: {exc}",
+            f"trigger {trigger_id} {what} {type(exc).__name__}: {exc}",
             "".join(traceback.format_exception(exc)),
             self.name,
         )
