@@ -2,10 +2,10 @@
 
 Every heartbeat the keeper renews the lease on every entry this triggerer holds (one
 owner-checked Lua call per 250 entries, through its own Redis connection) and records the
-triggerer as alive in Postgres (through its own engine). Entries it finds taken over or gone are
-handed to the event loop (``on_lost``), without waiting for it: a trigger that holds the loop in
-synchronous code for 30 s delays its neighbours, but its triggerer's leases stay renewed, so no
-peer takes its entries over and nothing runs twice.
+triggerer as alive in Postgres (through its own engine). Each beat, with the entries it found
+taken over or gone, is handed to the event loop (``on_beat``), without waiting for it: a trigger
+that holds the loop in synchronous code for 30 s delays its neighbours, but its triggerer's
+leases stay renewed, so no peer takes its entries over and nothing runs twice.
 """
 
 from __future__ import annotations
@@ -29,13 +29,13 @@ class LeaseKeeper:
         *,
         heartbeat_sec: float,
         register: Callable[[], None],
-        on_lost: Callable[[list[Lost]], None],
+        on_beat: Callable[[list[Lost]], None],
     ) -> None:
         self.consumer = consumer
         self.broker = broker  # its own connections: the loop's threads never hold them
         self.heartbeat_sec = heartbeat_sec
         self.register = register
-        self.on_lost = on_lost
+        self.on_beat = on_beat
         self.stop = threading.Event()
         self.beats = 0  # completed beats, for tests
         self._thread = threading.Thread(target=self._run, daemon=True, name="leases")
@@ -56,14 +56,15 @@ class LeaseKeeper:
             self.beat()
 
     def beat(self) -> None:
-        """Renew, report what was lost, record the heartbeat. Never raises: a beat that fails is
-        tried again at the next one (a lease missed now is renewed then, or taken by a peer)."""
+        """Renew, hand the beat on with what was lost, record the heartbeat. Never raises: a
+        beat that fails is tried again at the next one (a lease missed now is renewed then, or
+        taken by a peer)."""
+        lost: list[Lost] = []
         try:
             lost = self.consumer.renew(via=self.broker)
-            if lost:
-                self.on_lost(lost)
         except Exception as exc:
             self._failed("renewing leases", exc)
+        self.on_beat(lost)
         try:
             self.register()
         except Exception as exc:

@@ -30,8 +30,8 @@ from typing import Any, cast
 import anyio
 import anyio.lowlevel
 import anyio.to_thread
-from anyio.abc import ObjectReceiveStream, TaskGroup
-from anyio.streams.memory import MemoryObjectSendStream
+from anyio.abc import TaskGroup
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 from redis.exceptions import RedisError
 from sqlalchemy import select, text
 from sqlalchemy.exc import SQLAlchemyError
@@ -244,13 +244,12 @@ class TriggererService:
         log.info(
             "triggerer %s consuming %s, capacity %d", self.name, self.keys.triggers, self.capacity
         )
-        lost_in, lost_out = anyio.create_memory_object_stream[list[Lost]](math.inf)
-        self.leases = self._lease_keeper(lease_broker, asyncio.get_running_loop(), lost_in)
+        beats_in, beats_out = anyio.create_memory_object_stream[list[Lost]](math.inf)
+        self.leases = self._lease_keeper(lease_broker, asyncio.get_running_loop(), beats_in)
         self.leases.start()
         try:
             async with anyio.create_task_group() as tasks:
-                tasks.start_soon(self._handle_lost, lost_out)
-                tasks.start_soon(self._check_wanted)
+                tasks.start_soon(self._after_beats, beats_out)
                 tasks.start_soon(self._take_overs, tasks)
                 tasks.start_soon(self._publisher)
                 tasks.start_soon(self.timers.run, self._timer_fired)
@@ -285,25 +284,25 @@ class TriggererService:
         self,
         broker: Broker,
         loop: asyncio.AbstractEventLoop,
-        lost_in: MemoryObjectSendStream[list[Lost]],
+        beats_in: MemoryObjectSendStream[list[Lost]],
     ) -> LeaseKeeper:
         """The thread that renews this triggerer's leases and records its heartbeat, with its
-        own Redis and Postgres connections; what it finds lost is queued for the event loop
-        without waiting for it (a blocked loop must not block the leases)."""
+        own Redis and Postgres connections; each beat, with what it found lost, is queued for the
+        event loop without waiting for it (a blocked loop must not block the leases)."""
         self.lease_engine = make_engine(self.settings.database_url, pool_size=1)
         sessions = make_sessionmaker(self.lease_engine)
 
-        def on_lost(lost: list[Lost]) -> None:
+        def on_beat(lost: list[Lost]) -> None:
             # RuntimeError: the loop has closed, the triggerer is stopping.
             with contextlib.suppress(RuntimeError):
-                loop.call_soon_threadsafe(lost_in.send_nowait, lost)
+                loop.call_soon_threadsafe(beats_in.send_nowait, lost)
 
         return LeaseKeeper(
             self.consumer,
             broker,
             heartbeat_sec=self.settings.heartbeat_sec,
             register=partial(self._register, liveness.RUNNING, sessions),
-            on_lost=on_lost,
+            on_beat=on_beat,
         )
 
     def _stall_culprit(self, task: asyncio.Task[Any] | None) -> RunningTrigger | None:
@@ -737,26 +736,25 @@ class TriggererService:
 
     # -- leases ----------------------------------------------------------------------------------
 
-    async def _handle_lost(self, lost_out: ObjectReceiveStream[list[Lost]]) -> None:
-        """Stop the triggers whose entries the lease thread found taken over or gone."""
-        async for lost in lost_out:
+    async def _after_beats(self, beats_out: MemoryObjectReceiveStream[list[Lost]]) -> None:
+        """After each beat of the lease thread: stop the triggers whose entries it found taken
+        over or gone, then those whose task no longer waits on them -- one after the other, as
+        one beat did on the loop (their large transient lists never overlap: memory per held
+        trigger). Beats that queued up while the loop was held are handled as one."""
+        async for first in beats_out:
+            lost = list(first)
+            with contextlib.suppress(anyio.WouldBlock):
+                while True:
+                    lost += beats_out.receive_nowait()
             try:
-                await self._lost(lost)
-            except Exception as exc:
-                if not is_transient(exc):
-                    raise
-                log.warning("checking lost entries failed: %s", exc)
-
-    async def _check_wanted(self) -> None:
-        """Every heartbeat, stop the triggers whose task no longer waits on them."""
-        while True:
-            await anyio.sleep(self.settings.heartbeat_sec)
-            try:
+                if lost:
+                    await self._lost(lost)
                 await self._drop_unwanted()
             except Exception as exc:
                 if not is_transient(exc):
                     raise
-                log.warning("checking which triggers are still wanted failed: %s", exc)
+                # Keep running: what was missed now is seen at the next beat.
+                log.warning("the checks after a heartbeat failed: %s", exc)
 
     async def _take_overs(self, tasks: TaskGroup) -> None:
         """Run the triggers of entries whose owner stopped renewing them (a dead triggerer),

@@ -33,11 +33,11 @@ def _keeper(consumer: FakeConsumer, register: Any, lost: list[list[Lost]]) -> Le
         own_broker,
         heartbeat_sec=1.0,
         register=register,
-        on_lost=lost.append,
+        on_beat=lost.append,
     )
 
 
-def test_a_beat_renews_through_its_own_broker_and_hands_the_lost_on() -> None:
+def test_a_beat_renews_through_its_own_broker_and_hands_itself_on_with_the_lost() -> None:
     taken = [Lost("1-0", LeaseStatus.TAKEN)]
     consumer = FakeConsumer([], taken)
     registered: list[bool] = []
@@ -46,7 +46,7 @@ def test_a_beat_renews_through_its_own_broker_and_hands_the_lost_on() -> None:
     keeper.beat()
     keeper.beat()
     assert consumer.via == [keeper.broker, keeper.broker]
-    assert lost == [taken]  # nothing posted for a beat that lost nothing
+    assert lost == [[], taken]  # every beat is handed on, with what it lost
     assert registered == [True, True]
 
 
