@@ -254,7 +254,7 @@ class TriggererService:
                 tasks.start_soon(self._publisher)
                 tasks.start_soon(self.timers.run, self._timer_fired)
                 tasks.start_soon(self._write_task_logs)
-                watchdog: LoopWatchdog[RunningTrigger] = LoopWatchdog(
+                watchdog: LoopWatchdog[RunningTrigger | str] = LoopWatchdog(
                     self.settings.triggerer_stall_threshold_sec,
                     self._stall_culprit,
                     _report_stall,
@@ -305,9 +305,12 @@ class TriggererService:
             on_beat=on_beat,
         )
 
-    def _stall_culprit(self, task: asyncio.Task[Any] | None) -> RunningTrigger | None:
-        """The trigger whose task is ``task`` (called from the watchdog thread)."""
-        return None if task is None else self.trigger_tasks.get(task)
+    def _stall_culprit(self, task: asyncio.Task[Any] | None) -> RunningTrigger | str | None:
+        """The trigger whose task is ``task``, else the task's name (the triggerer's own code),
+        None outside any task (called from the watchdog thread)."""
+        if task is None:
+            return None
+        return self.trigger_tasks.get(task) or task.get_name()
 
     def attach(self, broker: Broker) -> None:
         """Use ``broker`` (connected) for the triggers stream."""
@@ -921,15 +924,17 @@ def _quietly(func: Any) -> None:
             raise
 
 
-def _culprit_named(culprit: RunningTrigger | None) -> tuple[str, LogExtra]:
+def _culprit_named(culprit: RunningTrigger | str | None) -> tuple[str, LogExtra]:
     if culprit is None:
-        return "code outside any trigger", {}
+        return "code outside any task", {}
+    if isinstance(culprit, str):
+        return f"task {culprit!r} (no trigger)", {}
     held = culprit.held
     name = f"trigger {held.trigger_id} ({culprit.classpath}) for {held.task}"
     return name, held.log_ids()
 
 
-def _report_stall(culprit: RunningTrigger | None, stack: str) -> None:
+def _report_stall(culprit: RunningTrigger | str | None, stack: str) -> None:
     """The loop has not moved for the stall threshold: say who holds it and where, while it
     still does (called from the watchdog thread)."""
     metrics.LOOP_STALLS.inc()
@@ -942,7 +947,7 @@ def _report_stall(culprit: RunningTrigger | None, stack: str) -> None:
     )
 
 
-def _warn_blocked(culprit: RunningTrigger | None, seconds: float) -> None:
+def _warn_blocked(culprit: RunningTrigger | str | None, seconds: float) -> None:
     name, extra = _culprit_named(culprit)
     log.warning(
         "%s blocked the event loop for %.2f s: move blocking calls off the loop "

@@ -7,6 +7,8 @@ import time
 
 import anyio
 
+from broker.replies import Entry
+from triggerer.service import Held, RunningTrigger, _culprit_named
 from triggerer.watchdog import LoopWatchdog, StallEnded, StallStarted, StallTracker
 
 
@@ -70,3 +72,12 @@ def test_watchdog_names_a_blocking_task_and_samples_its_stack_in_a_real_event_lo
     assert "time.sleep(0.5)" in stack.splitlines()[-1]
     assert blocks[0][0] == "trigger 42"
     assert 0.4 < blocks[0][1] < 1.0
+
+
+def test_a_stall_names_the_trigger_from_data_or_else_the_task() -> None:
+    held = Held(7, Entry("s", "1-0", {}), None, "d.r.t", 3, 1)
+    name, extra = _culprit_named(RunningTrigger(held, "x.Blocking"))
+    assert name == "trigger 7 (x.Blocking) for d.r.t"
+    assert extra == held.log_ids()  # so the report goes to the try's log too
+    assert _culprit_named("Task-3") == ("task 'Task-3' (no trigger)", {})
+    assert _culprit_named(None) == ("code outside any task", {})
