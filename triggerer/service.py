@@ -4,7 +4,10 @@ it holds concurrently in one anyio event loop and publishes each trigger's first
 An entry stays pending (owned by this consumer) while its trigger runs; it is retired in the same
 Lua call that publishes the event, so no event is published for an entry that another triggerer
 could still take and run. Events that fire together are published together, in one round trip.
-Redis is spoken to through the shared synchronous consumer core, from worker threads.
+Redis is spoken to through the shared synchronous consumer core, from worker threads. The
+leases are kept by a thread of their own (``leases.LeaseKeeper``), and a watchdog thread names
+the trigger that stalls the loop (``watchdog``): no trigger's synchronous code can cost the
+others their leases.
 """
 
 from __future__ import annotations
