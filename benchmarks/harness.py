@@ -252,8 +252,8 @@ class Stack:
             trigger_ids = list(
                 session.scalars(
                     text(
-                        "INSERT INTO trigger (classpath, kwargs, fingerprint)"
-                        " SELECT :classpath, '', md5(i::text) FROM generate_series(1, :n) AS i"
+                        "INSERT INTO trigger (classpath, kwargs)"
+                        " SELECT :classpath, '' FROM generate_series(1, :n) AS i"
                         " RETURNING id"
                     ),
                     {"classpath": classpath, "n": n},

@@ -204,17 +204,18 @@ class StreamConsumer:
 
     # -- leases ----------------------------------------------------------------------------------
 
-    def renew(self) -> list[Lost]:
+    def renew(self, via: Broker | None = None) -> list[Lost]:
         """Renew the lease on every held entry; return those no longer ours (no longer held).
         Entries held for a whole heartbeat have their delivery count reset: they did not kill
-        their consumer."""
+        their consumer. ``via``: a broker of the caller's own (the triggerer renews from a
+        thread with its own connections, which no other work can hold up)."""
         now = time.monotonic()
         with self._lock:
             held = dict(self._held)
         if not held:
             return []
         survivors = [i for i, at in held.items() if now - at >= self.heartbeat_sec]
-        status = self.broker.renew(
+        status = (via or self.broker).renew(
             self.stream, self.group, self.name, list(held), survivors=survivors
         )
         lost = [Lost(i, s) for i, s in status.items() if s is not LeaseStatus.OWNED]

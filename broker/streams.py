@@ -1,7 +1,8 @@
 """Every stream key, consumer group and field of the project, with their message schemas.
 
 Field values are short strings or JSON so that ``redis-cli XRANGE <key> - +`` reads well; nothing
-secret is ever a field in clear: trigger kwargs travel only inside the Fernet ``token``.
+secret is ever a field in clear: trigger kwargs travel only inside the Fernet ``token``, an
+event's payload and carried log lines only sealed (Fernet) in its ``payload`` and ``log``.
 
 Every entry that can change a task's state is authenticated: a trigger entry by its Fernet token,
 an event or queue entry by ``mac`` (an HMAC keyed from the Fernet keys). An entry is turned into
@@ -80,16 +81,19 @@ class TriggerMessage(Message, frozen=True):
 
 
 class EventMessage(Message, frozen=True):
-    """``deferral:events``: what a trigger produced (``kind`` event) or why it failed (failure)."""
+    """``deferral:events``: what a trigger produced (``kind`` event) or why it failed (failure).
+    The payload may hold a secret (an HTTP response, a token), and the carried log lines may
+    quote it: both travel sealed with the Fernet keys, and the MAC covers the sealed text."""
 
     trigger_id: str
     dedup_key: str
     kind: str
-    payload: str  # JSON
+    payload: str  # Fernet token of the payload's JSON
     triggerer: str
     mac: str
-    # The triggerer's lines for the log of the try that deferred (a JSON :class:`CarriedLog`;
-    # '' for none, then left out of the MAC, as entries without it were signed).
+    # The triggerer's lines for the log of the try that deferred (a Fernet token of a JSON
+    # :class:`CarriedLog`; '' for none, then left out of the MAC, as entries without it were
+    # signed).
     log: str = ""
 
 
@@ -252,8 +256,11 @@ def trigger_message(
 # -- events ---------------------------------------------------------------------------------
 
 
-# The most a carried log may hold on the wire; a triggerer stores a longer one itself.
+# The most a carried log may hold (its JSON); a triggerer stores a longer one itself.
 MAX_CARRIED_LOG = 32 * 1024
+# ...and sealed, on the wire (Fernet: base64 of the padded text plus 73 bytes), checked before
+# anything is decrypted.
+MAX_SEALED_LOG = (MAX_CARRIED_LOG + 16 + 73) * 4 // 3 + 4
 
 
 class CarriedLog(msgspec.Struct, frozen=True, forbid_unknown_fields=True, array_like=True):
@@ -272,7 +279,7 @@ class Event:
     trigger_id: int
     dedup_key: str
     failed: bool
-    payload: str  # JSON, decoded by the scheduler
+    payload: str  # JSON (opened), decoded by the scheduler
     triggerer: str
     log: CarriedLog | None = None
 
@@ -280,21 +287,36 @@ class Event:
 def event_message(
     cipher: Cipher, trigger_id: int, dedup_key: str, kind: str, payload: str, triggerer: str
 ) -> EventMessage:
-    mac = _sign(cipher, str(trigger_id), dedup_key, kind, payload, triggerer)
-    return EventMessage(str(trigger_id), dedup_key, kind, payload, triggerer, mac)
+    """An events-stream entry: ``payload`` (JSON) sealed, every field signed."""
+    sealed = cipher.encrypt(payload.encode())
+    mac = _sign(cipher, str(trigger_id), dedup_key, kind, sealed, triggerer)
+    return EventMessage(str(trigger_id), dedup_key, kind, sealed, triggerer, mac)
 
 
 def with_log(cipher: Cipher, message: EventMessage, log: CarriedLog) -> EventMessage:
-    """``message`` carrying ``log`` (signed with it); MalformedEntry if it would not fit."""
-    carried = msgspec.json.encode(log).decode()
+    """``message`` carrying ``log`` (sealed, signed with it); MalformedEntry if it would not
+    fit."""
+    carried = msgspec.json.encode(log)
     if len(carried) > MAX_CARRIED_LOG:
         raise MalformedEntry(f"a carried log of {len(carried)} characters is too long")
+    sealed = cipher.encrypt(carried)
     m = message
-    mac = _sign(cipher, m.trigger_id, m.dedup_key, m.kind, m.payload, m.triggerer, carried)
-    return msgspec.structs.replace(message, mac=mac, log=carried)
+    mac = _sign(cipher, m.trigger_id, m.dedup_key, m.kind, m.payload, m.triggerer, sealed)
+    return msgspec.structs.replace(message, mac=mac, log=sealed)
 
 
-def _carried_log(text: str) -> CarriedLog | None:
+def _open(cipher: Cipher, sealed: str, name: str) -> bytes:
+    """A sealed field's text; ForgedEntry if no key opens it (the MAC held, so it was sealed
+    with a key that signs but does not open: a misconfiguration, or a forgery)."""
+    try:
+        return cipher.decrypt(sealed)
+    except DecryptionError:
+        raise ForgedEntry(
+            f"{name} failed authentication (forged, corrupted or unknown key)"
+        ) from None
+
+
+def _carried_log(text: bytes) -> CarriedLog | None:
     if not text:
         return None
     if len(text) > MAX_CARRIED_LOG:
@@ -309,21 +331,29 @@ def _carried_log(text: str) -> CarriedLog | None:
 
 
 def read_event(cipher: Cipher, fields: Mapping[bytes, bytes]) -> Event:
-    """The event an entry carries; MalformedEntry or ForgedEntry saying why not. Fields are
-    checked before the MAC so that the reason names a bad field precisely."""
+    """The event an entry carries, its payload and log opened; MalformedEntry or ForgedEntry
+    saying why not. Fields are checked before the MAC so that the reason names a bad field
+    precisely; the sealed fields are opened only once the MAC holds."""
     message = from_fields(EventMessage, fields)
     trigger_id = positive_id(message.trigger_id, "trigger_id")
     if message.kind not in EVENT_KINDS:
         raise MalformedEntry(f"unknown event kind {message.kind[:40]!r}")
     if not 0 < len(message.dedup_key) <= MAX_DEDUP_KEY:
         raise MalformedEntry(f"dedup_key must be 1..{MAX_DEDUP_KEY} characters")
-    log = _carried_log(message.log)
+    if len(message.log) > MAX_SEALED_LOG:
+        raise MalformedEntry(f"log is longer than {MAX_SEALED_LOG} characters")
     _authenticate(cipher, message)
+    payload = _open(cipher, message.payload, "payload")
+    log = _carried_log(_open(cipher, message.log, "log")) if message.log else None
+    try:
+        payload_text = payload.decode()
+    except UnicodeDecodeError:
+        raise MalformedEntry("payload is not UTF-8 text") from None
     return Event(
         trigger_id,
         message.dedup_key,
         message.kind == EVENT_KIND_FAILURE,
-        message.payload,
+        payload_text,
         message.triggerer,
         log,
     )

@@ -56,6 +56,8 @@ class Settings:
     max_map_length: int
     # Most bytes a try's log keeps of what its task and the triggerer wrote (deferral.tasklogs).
     task_log_max_bytes: int
+    # How long the triggerer's event loop may not move before the stall is reported.
+    triggerer_stall_threshold_sec: float = 0.2
 
 
 def _database_url(raw: str) -> str:
@@ -246,6 +248,9 @@ def load_settings(
         max_map_length=get("MAX_MAP_LENGTH", _positive_int, default=str(DEFAULT_MAX_MAP_LENGTH)),
         task_log_max_bytes=get(
             "TASK_LOG_MAX_BYTES", _positive_int, default=str(DEFAULT_TASK_LOG_MAX_BYTES)
+        ),
+        triggerer_stall_threshold_sec=get(
+            "TRIGGERER_STALL_THRESHOLD_SEC", _positive_float, default="0.2"
         ),
     )
 

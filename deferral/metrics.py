@@ -91,10 +91,10 @@ LOOP_LAG = Histogram(
     buckets=LATENCY_BUCKETS,
     registry=None,
 )
-BLOCKED_LOOP_WARNINGS = Counter(
-    "deferral_triggerer_blocked_loop_warnings",
-    "Times a trigger's synchronous code held the event loop longer than 0.2 s (each logged"
-    " with the trigger's name).",
+LOOP_STALLS = Counter(
+    "deferral_triggerer_loop_stalls",
+    "Times the event loop stalled past DEFERRAL_TRIGGERER_STALL_THRESHOLD_SEC (each logged with"
+    " the trigger holding it and its stack).",
     registry=None,
 )
 
@@ -160,7 +160,7 @@ _OWN: dict[str, tuple[MetricWrapperBase, ...]] = {
         TRIGGERS_FAILED,
         TRIGGERS_CANCELLED,
         LOOP_LAG,
-        BLOCKED_LOOP_WARNINGS,
+        LOOP_STALLS,
     ),
     SCHEDULER: (EVENTS, RESUME_LATENCY, DISPATCHES, DEFERRAL_TIMEOUTS, RECONCILER_REPAIRS),
     WORKER: (TASK_ATTEMPTS, ATTEMPTS_RUNNING, WORKER_SLOTS_FREE),

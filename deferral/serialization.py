@@ -18,7 +18,7 @@ import msgspec
 
 TAG = "__deferral_type__"
 
-# Sorted keys: equal values always encode to equal bytes (trigger fingerprints rely on it).
+# Sorted keys: equal values always encode to equal bytes (events' dedup keys rely on it).
 _json_encoder = msgspec.json.Encoder(order="sorted")
 _json_decoder = msgspec.json.Decoder()
 

@@ -750,8 +750,8 @@ def reschedule(session: Session, attempt: Attempt, reschedule_date: dt.datetime)
     return bool(moved)
 
 
-def create_trigger(session: Session, classpath: str, kwargs_token: str, fingerprint: str) -> int:
-    trigger = Trigger(classpath=classpath, kwargs=kwargs_token, fingerprint=fingerprint)
+def create_trigger(session: Session, classpath: str, kwargs_token: str) -> int:
+    trigger = Trigger(classpath=classpath, kwargs=kwargs_token)
     session.add(trigger)
     session.flush()
     return trigger.id
@@ -769,7 +769,6 @@ class Deferral:
     attempt: Attempt
     classpath: str
     kwargs_token: str  # the trigger's kwargs, sealed
-    fingerprint: str
     next_method: str
     next_kwargs_token: str
     trigger_timeout: dt.datetime | None
@@ -812,9 +811,9 @@ _DEFER_SQL = text(
             CAST(:ids AS bigint[]), CAST(:tries AS integer[]), CAST(:workers AS text[]),
             CAST(:next_methods AS text[]), CAST(:next_kwargs AS text[]),
             CAST(:timeouts AS timestamptz[]), CAST(:classpaths AS text[]),
-            CAST(:kwargs AS text[]), CAST(:fingerprints AS text[])
+            CAST(:kwargs AS text[])
         ) AS d (id, try_number, worker, next_method, next_kwargs, trigger_timeout, classpath,
-                kwargs, fingerprint)
+                kwargs)
     ), held AS (
         SELECT ti.id FROM task_instance AS ti
         JOIN deferral AS d ON ti.id = d.id AND ti.try_number = d.try_number
@@ -826,8 +825,8 @@ _DEFER_SQL = text(
         SELECT d.*, nextval(pg_get_serial_sequence('trigger', 'id')) AS trigger_id
         FROM deferral AS d JOIN held ON held.id = d.id
     ), triggers AS (
-        INSERT INTO trigger (id, classpath, kwargs, fingerprint)
-        SELECT trigger_id, classpath, kwargs, fingerprint FROM planned
+        INSERT INTO trigger (id, classpath, kwargs)
+        SELECT trigger_id, classpath, kwargs FROM planned
     ), moved AS (
         UPDATE task_instance AS ti
         SET state = 'deferred', trigger_id = p.trigger_id, next_method = p.next_method,
@@ -859,7 +858,6 @@ def defer_many(session: Session, deferrals: Sequence[Deferral]) -> dict[int, int
         "timeouts": [d.trigger_timeout for d in deferrals],
         "classpaths": [d.classpath for d in deferrals],
         "kwargs": [d.kwargs_token for d in deferrals],
-        "fingerprints": [d.fingerprint for d in deferrals],
     }
     done = {ti_id: trigger_id for ti_id, trigger_id in session.execute(_DEFER_SQL, params)}
     _expire_loaded(session, done)

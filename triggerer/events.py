@@ -1,9 +1,15 @@
-"""Building ``deferral:events`` entries from what a trigger did."""
+"""Building ``deferral:events`` entries from what a trigger did.
+
+The payload travels sealed (``broker.streams.event_message``); the triggerer keeps the clear
+text beside the entry only to say in its log what fired or why it failed (:class:`Outcome`).
+"""
 
 from __future__ import annotations
 
-import hashlib
+from dataclasses import dataclass
 from typing import Any
+
+import msgspec
 
 from broker import streams
 from broker.streams import EVENT_KIND_EVENT, EVENT_KIND_FAILURE, EventMessage
@@ -13,48 +19,88 @@ from deferral.secrets_masker import mask_with_kwargs
 from deferral.serialization import SerializationError
 
 
-def dedup_key(trigger_id: int, kind: str, payload_json: bytes) -> str:
+class Failure(msgspec.Struct, frozen=True):
+    """The payload of a failure event."""
+
+    message: str
+    traceback: str
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """An entry to publish, and in clear what it says (for the triggerer's own log line)."""
+
+    message: EventMessage
+    payload: str  # JSON, as sealed in message.payload
+    failure: Failure | None = None
+
+
+def dedup_key(cipher: Cipher, trigger_id: int, kind: str, payload_json: bytes) -> str:
     """Same trigger + same payload = same key, so a trigger that runs twice (after a takeover)
-    and fires the same event resumes its task once."""
-    digest = hashlib.sha256(kind.encode() + b"\0" + payload_json).hexdigest()[:32]
+    and fires the same event resumes its task once. Keyed (an HMAC under the first Fernet key,
+    as every triggerer has it): a plain digest beside the sealed payload would let anyone who
+    can read the stream confirm a guess of the payload."""
+    digest = cipher.sign(kind.encode() + b"\0" + payload_json)
     return f"{trigger_id}:{digest}"
 
 
-def _message(
-    cipher: Cipher, trigger_id: int, kind: str, payload_json: bytes, triggerer: str
-) -> EventMessage:
-    key = dedup_key(trigger_id, kind, payload_json)
-    return streams.event_message(cipher, trigger_id, key, kind, payload_json.decode(), triggerer)
+def _outcome(
+    cipher: Cipher,
+    trigger_id: int,
+    kind: str,
+    payload_json: bytes,
+    triggerer: str,
+    failure: Failure | None = None,
+) -> Outcome:
+    key = dedup_key(cipher, trigger_id, kind, payload_json)
+    payload = payload_json.decode()
+    message = streams.event_message(cipher, trigger_id, key, kind, payload, triggerer)
+    return Outcome(message, payload, failure)
+
+
+def failure_outcome(
+    cipher: Cipher, trigger_id: int, message: str, trace: str, triggerer: str
+) -> Outcome:
+    failure = Failure(message, trace)
+    payload = serialization.dumps({"message": message, "traceback": trace})
+    return _outcome(cipher, trigger_id, EVENT_KIND_FAILURE, payload, triggerer, failure)
+
+
+def event_outcome(cipher: Cipher, trigger_id: int, payload: Any, triggerer: str) -> Outcome:
+    """The event, or a failure naming the type if the payload cannot be carried."""
+    try:
+        payload_json = serialization.dumps(payload, "event payload")
+    except SerializationError as exc:
+        return failure_outcome(
+            cipher, trigger_id, f"trigger {trigger_id} fired an event: {exc}", "", triggerer
+        )
+    return _outcome(cipher, trigger_id, EVENT_KIND_EVENT, payload_json, triggerer)
 
 
 def failure_message(
     cipher: Cipher, trigger_id: int, message: str, trace: str, triggerer: str
 ) -> EventMessage:
-    payload = serialization.dumps({"message": message, "traceback": trace})
-    return _message(cipher, trigger_id, EVENT_KIND_FAILURE, payload, triggerer)
+    """The entry of :func:`failure_outcome`."""
+    return failure_outcome(cipher, trigger_id, message, trace, triggerer).message
 
 
 def event_message(cipher: Cipher, trigger_id: int, payload: Any, triggerer: str) -> EventMessage:
-    """The event, or a failure naming the type if the payload cannot be carried."""
-    try:
-        payload_json = serialization.dumps(payload, "event payload")
-    except SerializationError as exc:
-        return failure_message(
-            cipher, trigger_id, f"trigger {trigger_id} fired an event: {exc}", "", triggerer
-        )
-    return _message(cipher, trigger_id, EVENT_KIND_EVENT, payload_json, triggerer)
+    """The entry of :func:`event_outcome`."""
+    return event_outcome(cipher, trigger_id, payload, triggerer).message
 
 
-def masked(cipher: Cipher, message: EventMessage, trigger_kwargs: Any) -> EventMessage:
-    """``message`` with the secrets of its trigger's kwargs (URL user info and query strings,
-    values under sensitive names) masked in its payload: the payload is shown in the events
-    stream, the triggerer's log, the task's log and the UI, and reaches the task."""
-    try:
-        payload = serialization.loads(message.payload)
-    except SerializationError:
-        return message  # built by event_message / failure_message: not reached
+def masked(cipher: Cipher, outcome: Outcome, trigger_kwargs: Any) -> Outcome:
+    """``outcome`` with the secrets of its trigger's kwargs (URL user info and query strings,
+    values under sensitive names) masked in its payload: the payload reaches the task, its log,
+    the triggerer's log and the UI. Masked before sealing, so the dedup key of an event fired
+    twice (a takeover) is the same both times."""
+    payload = serialization.loads(outcome.payload)
     shown = mask_with_kwargs(payload, trigger_kwargs)
     if shown == payload:
-        return message
+        return outcome
+    failure = None if outcome.failure is None else Failure(shown["message"], shown["traceback"])
+    message = outcome.message
     payload_json = serialization.dumps(shown, "event payload")
-    return _message(cipher, int(message.trigger_id), message.kind, payload_json, message.triggerer)
+    return _outcome(
+        cipher, int(message.trigger_id), message.kind, payload_json, message.triggerer, failure
+    )

@@ -4,33 +4,41 @@ it holds concurrently in one anyio event loop and publishes each trigger's first
 An entry stays pending (owned by this consumer) while its trigger runs; it is retired in the same
 Lua call that publishes the event, so no event is published for an entry that another triggerer
 could still take and run. Events that fire together are published together, in one round trip.
-Redis is spoken to through the shared synchronous consumer core, from worker threads.
+Redis is spoken to through the shared synchronous consumer core, from worker threads. The
+leases are kept by a thread of their own (``leases.LeaseKeeper``), and a watchdog thread names
+the trigger that stalls the loop (``watchdog``): no trigger's synchronous code can cost the
+others their leases.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import datetime as dt
 import heapq
+import inspect
 import itertools
-import json
 import logging
+import math
 import os
 import signal
 import socket
 import threading
 import traceback
-from collections.abc import Callable
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any
+from typing import Any, cast
 
 import anyio
 import anyio.lowlevel
 import anyio.to_thread
 from anyio.abc import TaskGroup
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 from redis.exceptions import RedisError
 from sqlalchemy import select, text
 from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.orm import Session, sessionmaker
 
 from broker.client import Broker, LeaseStatus, connect_when_up
 from broker.consumer import Backoff, Delivery, Lost, StreamConsumer
@@ -54,17 +62,15 @@ from deferral.process import LOG_IDS_ATTR, LogExtra, freeze_startup_objects, log
 from deferral.secrets_masker import redact
 from deferral.states import TaskState
 from deferral.tasklogs import NewLine
-from deferral.triggers.base import BaseTrigger
+from deferral.triggers.base import BaseTrigger, TriggerEvent
 from triggerer import decide, tasklog
 from triggerer.decode import Decoded, RejectedEntry, decode_entry
-from triggerer.events import event_message, failure_message, masked
+from triggerer.events import Outcome, event_outcome, failure_message, failure_outcome, masked
+from triggerer.leases import LeaseKeeper
 from triggerer.tasklog import TaskLogHandler, current_ids
 from triggerer.watchdog import LoopWatchdog
 
 log = logging.getLogger("deferral.triggerer")
-
-# Synchronous code that holds the event loop this long delays every other trigger: say so.
-BLOCKED_LOOP_WARN_SEC = 0.2
 
 # At most this many new entries per read, so one replica never drains the stream its peers share.
 READ_BATCH = 100
@@ -162,6 +168,14 @@ class _Timers:
                 await self._changed.wait()
 
 
+@dataclass(frozen=True, slots=True)
+class RunningTrigger:
+    """Who an asyncio task running a trigger's ``run()`` is: what a stall report names."""
+
+    held: Held
+    classpath: str
+
+
 def _slim(entry: Entry, trigger_id: int) -> Entry:
     # Keep what retiring needs (the index field), not the token: memory per held trigger.
     return Entry(entry.stream, entry.id, {b"trigger_id": str(trigger_id).encode()})
@@ -190,8 +204,11 @@ class TriggererService:
         self.stopping = threading.Event()  # for waits in threads (servers down at start)
         self.task_log = TaskLogHandler()
         self.task_log_written = anyio.Lock()  # batches are stored one after the other, in order
+        # The tasks running triggers' run(), for the watchdog thread to name a stall's culprit.
+        self.trigger_tasks: dict[asyncio.Task[Any], RunningTrigger] = {}
         self.broker: Broker
         self.consumer: StreamConsumer
+        self.leases: LeaseKeeper | None = None
         metrics.TRIGGERS_RUNNING.set_function(lambda: len(self.held))
         metrics.TRIGGERER_CAPACITY_LEFT.set_function(lambda: self.capacity - len(self.held))
 
@@ -221,19 +238,31 @@ class TriggererService:
         self.attach(broker)
         await self._until_done(self.consumer.start)
         await self._until_done(self._register, liveness.RUNNING)
+        lease_broker = await anyio.to_thread.run_sync(
+            connect_when_up, self.settings.redis_url, self.settings.stream_prefix, self.stopping
+        )
+        if lease_broker is None:
+            return
         freeze_startup_objects()
         log.info(
             "triggerer %s consuming %s, capacity %d", self.name, self.keys.triggers, self.capacity
         )
+        beats_in, beats_out = anyio.create_memory_object_stream[list[Lost]](math.inf)
+        self.leases = self._lease_keeper(lease_broker, asyncio.get_running_loop(), beats_in)
+        self.leases.start()
         try:
             async with anyio.create_task_group() as tasks:
-                tasks.start_soon(self._heartbeat)
+                tasks.start_soon(self._after_beats, beats_out)
                 tasks.start_soon(self._take_overs, tasks)
                 tasks.start_soon(self._publisher)
                 tasks.start_soon(self.timers.run, self._timer_fired)
                 tasks.start_soon(self._write_task_logs)
-                watchdog = LoopWatchdog(
-                    BLOCKED_LOOP_WARN_SEC, _warn_blocked, on_lag=metrics.LOOP_LAG.observe
+                watchdog: LoopWatchdog[RunningTrigger | str] = LoopWatchdog(
+                    self.settings.triggerer_stall_threshold_sec,
+                    self._stall_culprit,
+                    _report_stall,
+                    _warn_blocked,
+                    on_lag=metrics.LOOP_LAG.observe,
                 )
                 tasks.start_soon(watchdog.run)
                 await self._consume(tasks)
@@ -242,6 +271,9 @@ class TriggererService:
                 if held.scope is None:  # task triggers say so themselves as they stop
                     self._log_cancelled(trigger_id, held)
             with anyio.CancelScope(shield=True):
+                # Before the hand-off: a renewal after it would make the entries look fresh.
+                await anyio.to_thread.run_sync(self.leases.close)
+                self.lease_engine.dispose()
                 await self._flush_outgoing()
                 await self._store_task_logs()
                 await self._hand_off()
@@ -250,6 +282,38 @@ class TriggererService:
                 except (RedisError, SQLAlchemyError) as exc:
                     log.warning("could not record the stop: %s", exc)
                 self.broker.close()
+
+    def _lease_keeper(
+        self,
+        broker: Broker,
+        loop: asyncio.AbstractEventLoop,
+        beats_in: MemoryObjectSendStream[list[Lost]],
+    ) -> LeaseKeeper:
+        """The thread that renews this triggerer's leases and records its heartbeat, with its
+        own Redis and Postgres connections; each beat, with what it found lost, is queued for the
+        event loop without waiting for it (a blocked loop must not block the leases)."""
+        self.lease_engine = make_engine(self.settings.database_url, pool_size=1)
+        sessions = make_sessionmaker(self.lease_engine)
+
+        def on_beat(lost: list[Lost]) -> None:
+            # RuntimeError: the loop has closed, the triggerer is stopping.
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(beats_in.send_nowait, lost)
+
+        return LeaseKeeper(
+            self.consumer,
+            broker,
+            heartbeat_sec=self.settings.heartbeat_sec,
+            register=partial(self._register, liveness.RUNNING, sessions),
+            on_beat=on_beat,
+        )
+
+    def _stall_culprit(self, task: asyncio.Task[Any] | None) -> RunningTrigger | str | None:
+        """The trigger whose task is ``task``, else the task's name (the triggerer's own code),
+        None outside any task (called from the watchdog thread)."""
+        if task is None:
+            return None
+        return self.trigger_tasks.get(task) or task.get_name()
 
     def attach(self, broker: Broker) -> None:
         """Use ``broker`` (connected) for the triggers stream."""
@@ -385,11 +449,14 @@ class TriggererService:
         assert held.scope is not None
         # What the trigger's own code logs goes to the try's log (this task's context only).
         current_ids.set(held.log_ids()[LOG_IDS_ATTR])
+        me = asyncio.current_task()
+        if me is not None:
+            self.trigger_tasks[me] = RunningTrigger(held, decoded.spec.classpath)
         published = False
         try:
             with held.scope:
-                message = await self._first_event(trigger, held)
-                self._send(held, masked(self.cipher, message, decoded.spec.kwargs))
+                outcome = await self._first_event(trigger, held)
+                self._send(held, masked(self.cipher, outcome, decoded.spec.kwargs))
                 published = True  # the publisher frees the slot once it is out
             if held.scope.cancelled_caught:
                 self._log_cancelled(trigger_id, held)
@@ -398,16 +465,20 @@ class TriggererService:
         except anyio.get_cancelled_exc_class():
             self._log_cancelled(trigger_id, held)  # the whole triggerer is stopping
             raise
-        except Exception:
-            # Never let one trigger take the event loop (and every other trigger) down; its entry
-            # stays pending, so it is not lost.
+        except Exception as exc:
+            # Never let one trigger take the event loop (and every other trigger) down, nor
+            # leave its entry pending and renewed here for ever: unless it was cancelled (its
+            # entry is a peer's, or its task moved on), its task fails saying why, and the
+            # publisher retires the entry with that failure.
             log.exception(
-                "trigger %d for %s: unexpected error",
-                trigger_id,
-                held.task,
-                extra=held.log_ids(),
+                "trigger %d for %s: unexpected error", trigger_id, held.task, extra=held.log_ids()
             )
+            if not published and not held.cancelled:
+                self._send(held, self._failure(trigger_id, "failed unexpectedly with", exc))
+                published = True
         finally:
+            if me is not None:
+                self.trigger_tasks.pop(me, None)
             if not published:
                 self._release(trigger_id, held)
 
@@ -422,16 +493,26 @@ class TriggererService:
         if held.cancelled or self.held.get(trigger_id) is not held:
             return
         assert held.moment is not None
-        self._send(held, event_message(self.cipher, trigger_id, held.moment, self.name))
+        self._send(held, event_outcome(self.cipher, trigger_id, held.moment, self.name))
 
-    def _send(self, held: Held, message: EventMessage) -> None:
+    def _failure(self, trigger_id: int, what: str, exc: BaseException) -> Outcome:
+        """A failure naming the error ``exc`` (raised in what the triggerer was doing)."""
+        return failure_outcome(
+            self.cipher,
+            trigger_id,
+            f"trigger {trigger_id} {what} {type(exc).__name__}: {exc}",
+            "".join(traceback.format_exception(exc)),
+            self.name,
+        )
+
+    def _send(self, held: Held, outcome: Outcome) -> None:
         """Say what the trigger fired (or why it failed) and queue it for the publisher."""
-        if message.kind == EVENT_KIND_FAILURE:
-            failure = json.loads(message.payload)
-            parts = (failure["message"], failure["traceback"])
+        message = outcome.message
+        if outcome.failure is not None:
+            parts = (outcome.failure.message, outcome.failure.traceback)
             level, said = logging.ERROR, "failed: " + "\n".join(p for p in parts if p).rstrip()
         else:
-            shown = message.payload
+            shown = outcome.payload
             if len(shown) > PAYLOAD_SHOWN:
                 shown = shown[:PAYLOAD_SHOWN] + "..."
             level, said = logging.INFO, f"fired: {shown}"
@@ -527,16 +608,18 @@ class TriggererService:
 
     async def _retire(self, held: Held, trigger: BaseTrigger) -> None:
         """The task no longer waits on this trigger: run on_kill() if a user cancelled it, and
-        drop the entry so nobody runs the trigger again."""
+        drop the entry so nobody runs the trigger again (by the publisher, which retries while
+        Redis fails: an entry left held would be renewed here for ever)."""
         with anyio.CancelScope(shield=True):
             if held.cancel_reason == decide.USER_ACTION:
                 try:
                     await trigger.on_kill()
-                except Exception:
+                except (Exception, SystemExit):
                     log.exception(
                         "on_kill() of the trigger for %s raised", held.task, extra=held.log_ids()
                     )
-            await self._sync(self.consumer.retire, [held.entry])
+        self.outgoing.retiring.append(held.entry)
+        self.outgoing.ready.set()
 
     @staticmethod
     def _log_cancelled(trigger_id: int, held: Held) -> None:
@@ -549,52 +632,62 @@ class TriggererService:
             extra=held.log_ids(),
         )
 
-    async def _first_event(self, trigger: BaseTrigger, held: Held) -> EventMessage:
-        """Run the trigger to its first event; a raise or an end without an event is a failure.
-        ``cleanup()`` always runs, and its own failure fails the task too."""
+    async def _first_event(self, trigger: BaseTrigger, held: Held) -> Outcome:
+        """Run the trigger to its first event; a raise, a ``run()`` that is not an async
+        generator or an end without an event is a failure. ``cleanup()`` always runs, and its
+        own failure fails the task too. (A trigger calling sys.exit() fails its task, not the
+        triggerer.)"""
         trigger_id = held.trigger_id
-        message: EventMessage | None = None
+        outcome: Outcome | None = None
         try:
             events = trigger.run()
-            try:
-                async for event in events:
-                    message = event_message(self.cipher, trigger_id, event.payload, self.name)
-                    break
-            finally:
-                await events.aclose()  # type: ignore[attr-defined]
-            if message is None:
-                message = failure_message(
-                    self.cipher,
-                    trigger_id,
-                    f"trigger {trigger_id} ended without an event",
-                    "",
-                    self.name,
-                )
+            if not inspect.isasyncgen(events):
+                outcome = self._not_a_generator(trigger_id, events)
+            else:
+                try:
+                    async for event in cast(AsyncGenerator[TriggerEvent, None], events):
+                        outcome = event_outcome(self.cipher, trigger_id, event.payload, self.name)
+                        break
+                finally:
+                    await events.aclose()
+                if outcome is None:
+                    outcome = failure_outcome(
+                        self.cipher,
+                        trigger_id,
+                        f"trigger {trigger_id} ended without an event",
+                        "",
+                        self.name,
+                    )
         except anyio.get_cancelled_exc_class():
             raise
-        except Exception as exc:
-            message = failure_message(
-                self.cipher,
-                trigger_id,
-                f"trigger {trigger_id} raised {type(exc).__name__}: {exc}",
-                traceback.format_exc(),
-                self.name,
-            )
+        except (Exception, SystemExit) as exc:
+            outcome = self._failure(trigger_id, "raised", exc)
         finally:
             with anyio.CancelScope(shield=True):
                 try:
                     await trigger.cleanup()
-                except Exception as exc:
+                except (Exception, SystemExit) as exc:
                     log.exception("trigger %d cleanup() raised", trigger_id, extra=held.log_ids())
-                    if message is not None and message.kind == "event":
-                        message = failure_message(
-                            self.cipher,
-                            trigger_id,
-                            f"trigger {trigger_id} cleanup() raised {exc!r}",
-                            traceback.format_exc(),
-                            self.name,
-                        )
-        return message
+                    if outcome is not None and outcome.failure is None:
+                        outcome = self._failure(trigger_id, "cleanup() raised", exc)
+        return outcome
+
+    def _not_a_generator(self, trigger_id: int, returned: object) -> Outcome:
+        """The failure of a ``run()`` that returned something other than an async generator
+        (an ``async def`` without ``yield`` returns a coroutine: closed, never run)."""
+        if inspect.iscoroutine(returned):
+            returned.close()
+            what = "is a coroutine (async def without yield)"
+        else:
+            what = f"returned {type(returned).__name__}"
+        return failure_outcome(
+            self.cipher,
+            trigger_id,
+            f"trigger {trigger_id} run() {what}: it must be an async generator that yields"
+            " TriggerEvent",
+            "",
+            self.name,
+        )
 
     # -- task logs -------------------------------------------------------------------------------
 
@@ -651,20 +744,25 @@ class TriggererService:
 
     # -- leases ----------------------------------------------------------------------------------
 
-    async def _heartbeat(self) -> None:
-        while True:
-            await anyio.sleep(self.settings.heartbeat_sec)
+    async def _after_beats(self, beats_out: MemoryObjectReceiveStream[list[Lost]]) -> None:
+        """After each beat of the lease thread: stop the triggers whose entries it found taken
+        over or gone, then those whose task no longer waits on them -- one after the other, as
+        one beat did on the loop (their large transient lists never overlap: memory per held
+        trigger). Beats that queued up while the loop was held are handled as one."""
+        async for first in beats_out:
+            lost = list(first)
+            with contextlib.suppress(anyio.WouldBlock):
+                while True:
+                    lost += beats_out.receive_nowait()
             try:
-                lost = await self._sync(self.consumer.renew)
                 if lost:
                     await self._lost(lost)
                 await self._drop_unwanted()
-                await self._sync(self._register, liveness.RUNNING)
             except Exception as exc:
                 if not is_transient(exc):
                     raise
-                # Keep running: a lease missed now is renewed next beat, or taken over by a peer.
-                log.warning("heartbeat failed: %s", exc)
+                # Keep running: what was missed now is seen at the next beat.
+                log.warning("the checks after a heartbeat failed: %s", exc)
 
     async def _take_overs(self, tasks: TaskGroup) -> None:
         """Run the triggers of entries whose owner stopped renewing them (a dead triggerer),
@@ -788,7 +886,7 @@ class TriggererService:
 
     # -- bookkeeping in Postgres (for the CLI and doctor) ----------------------------------------
 
-    def _register(self, state: str) -> None:
+    def _register(self, state: str, sessions: sessionmaker[Session] | None = None) -> None:
         values: dict[str, Any] = {
             "name": self.name,
             "hostname": socket.gethostname(),
@@ -797,7 +895,7 @@ class TriggererService:
             "load": len(self.held),
             "state": state,
         }
-        with self.sessions.begin() as session:
+        with (sessions or self.sessions).begin() as session:
             liveness.heartbeat(session, Triggerer, values)
 
     async def _mark_owned(self, trigger_ids: list[int]) -> None:
@@ -831,11 +929,35 @@ def _quietly(func: Any) -> None:
             raise
 
 
-def _warn_blocked(culprit: str, seconds: float) -> None:
-    metrics.BLOCKED_LOOP_WARNINGS.inc()
+def _culprit_named(culprit: RunningTrigger | str | None) -> tuple[str, LogExtra]:
+    if culprit is None:
+        return "code outside any task", {}
+    if isinstance(culprit, str):
+        return f"task {culprit!r} (no trigger)", {}
+    held = culprit.held
+    name = f"trigger {held.trigger_id} ({culprit.classpath}) for {held.task}"
+    return name, held.log_ids()
+
+
+def _report_stall(culprit: RunningTrigger | str | None, stack: str) -> None:
+    """The loop has not moved for the stall threshold: say who holds it and where, while it
+    still does (called from the watchdog thread)."""
+    metrics.LOOP_STALLS.inc()
+    name, extra = _culprit_named(culprit)
+    log.warning(
+        "event loop stalled: %s is holding it in synchronous code; its stack:\n%s",
+        name,
+        stack,
+        extra=extra,
+    )
+
+
+def _warn_blocked(culprit: RunningTrigger | str | None, seconds: float) -> None:
+    name, extra = _culprit_named(culprit)
     log.warning(
         "%s blocked the event loop for %.2f s: move blocking calls off the loop "
         "(anyio.to_thread.run_sync)",
-        culprit,
+        name,
         seconds,
+        extra=extra,
     )

@@ -10,7 +10,6 @@ lost its lease kills that attempt's child and changes nothing in Postgres.
 from __future__ import annotations
 
 import datetime as dt
-import hashlib
 import logging
 import os
 import socket
@@ -102,10 +101,6 @@ def _item_ids(item: QueuedAttempt) -> LogExtra:
 def _line(ti_id: int, try_number: int, text: str) -> NewLine:
     """A line of the worker's about an attempt, for its try's log."""
     return NewLine(ti_id, try_number, dt.datetime.now(dt.UTC), SOURCE_WORKER, text)
-
-
-def fingerprint(classpath: str, kwargs_json: bytes) -> str:
-    return hashlib.sha256(classpath.encode() + b"\0" + kwargs_json).hexdigest()
 
 
 class WorkerService:
@@ -606,7 +601,6 @@ class WorkerService:
                     attempt=running.attempt,
                     classpath=outcome.classpath,
                     kwargs_token=self.cipher.encrypt(kwargs_json),
-                    fingerprint=fingerprint(outcome.classpath, kwargs_json),
                     next_method=outcome.method_name,
                     next_kwargs_token=self.cipher.encrypt(
                         serialization.encode(outcome.next_kwargs)

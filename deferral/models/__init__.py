@@ -133,7 +133,6 @@ class Trigger(Base):
     id: Mapped[int] = _id()
     classpath: Mapped[str] = mapped_column(String(1000))
     kwargs: Mapped[str] = mapped_column(Text)  # Fernet token of the serialized kwargs
-    fingerprint: Mapped[str] = mapped_column(String(64), index=True)
     created_date: Mapped[dt.datetime] = _created()
     triggerer_id: Mapped[str | None] = mapped_column(String(250))
 

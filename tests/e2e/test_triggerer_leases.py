@@ -90,7 +90,9 @@ def _start_core(services: Services, write_dag: Any, seconds: float) -> None:
 def test_a_killed_triggerers_trigger_is_taken_over_and_fires_once(
     services: Services, write_dag: Any, sessions: sessionmaker[Session], broker: Broker
 ) -> None:
-    _start_core(services, write_dag, seconds=4)
+    # Long enough that the survivor (started after the kill, slow to start on a loaded machine)
+    # takes the entry over before its moment: fired at once, it would be gone before it is seen.
+    _start_core(services, write_dag, seconds=15)
     doomed = services.start("triggerer", "--name", "doomed", "--heartbeat", "0.5")
     entry_id = _deferred_on(services, broker, "doomed")
     doomed.kill()  # SIGKILL: no cleanup, no hand-off

@@ -53,7 +53,6 @@ def deferred_task(
             session,
             "deferral.triggers.temporal.DateTimeTrigger",
             cipher.seal({"moment": dt.datetime.now(dt.UTC)}),
-            "fingerprint",
         )
         assert transitions.defer(
             session,

@@ -49,7 +49,6 @@ def test_defer_many_writes_triggers_and_drops_those_of_stale_attempts(
             attempt=Attempt(ti_id, 1, worker),
             classpath="x.Trigger",
             kwargs_token=f"kwargs-{ti_id}",
-            fingerprint="f",
             next_method="resume",
             next_kwargs_token=f"next-{ti_id}",
             trigger_timeout=trigger_timeout,

@@ -262,7 +262,7 @@ def _defer(sessions: sessionmaker[Session], task_id: str) -> None:
     """What a worker does when the queued attempt of ``task_id`` defers."""
     with sessions.begin() as session:
         attempt = _start(session, task_id)
-        trigger_id = transitions.create_trigger(session, "x.Trigger", "token", "fingerprint")
+        trigger_id = transitions.create_trigger(session, "x.Trigger", "token")
         transitions.defer(
             session,
             attempt,

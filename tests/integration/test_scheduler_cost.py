@@ -38,10 +38,10 @@ def _idle_runs(sessions: sessionmaker[Session], first: int, count: int) -> None:
                     FROM generate_series(:first, :first + :count - 1) AS n
                     RETURNING run_id
                 ), triggers AS (
-                    INSERT INTO trigger (classpath, kwargs, fingerprint)
-                    SELECT 'deferral.triggers.temporal.DateTimeTrigger', 'sealed', run_id
+                    INSERT INTO trigger (classpath, kwargs)
+                    SELECT 'deferral.triggers.temporal.DateTimeTrigger', run_id
                     FROM runs
-                    RETURNING id, fingerprint AS run_id
+                    RETURNING id, kwargs AS run_id
                 )
                 INSERT INTO task_instance (dag_id, run_id, task_id, state, try_number, trigger_id,
                                            next_method)

@@ -17,7 +17,7 @@ from deferral.crypto import Cipher
 from deferral.process import log_ids
 from deferral.serialization import check_kwargs
 from tests.integration.factories import deferred_task
-from triggerer.events import event_message
+from triggerer.events import event_outcome
 from triggerer.service import Held, TriggererService
 
 
@@ -48,7 +48,7 @@ def test_a_fired_triggers_lines_travel_with_its_event(
     logger.setLevel(logging.INFO)
     try:
         logger.info("for another try", extra=log_ids(task_instance_id=ti_id + 1, try_number=1))
-        service._send(held, event_message(cipher, trigger_id, "done", "t1"))
+        service._send(held, event_outcome(cipher, trigger_id, "done", "t1"))
         anyio.run(service._flush_outgoing)
     finally:
         logger.removeHandler(service.task_log)

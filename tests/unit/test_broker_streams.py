@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from cryptography.fernet import Fernet
 
+from broker import streams
 from broker.streams import (
     MAX_BIGINT,
     MAX_CARRIED_LOG,
@@ -250,9 +251,30 @@ def test_an_event_carries_its_tries_log_lines_signed() -> None:
     assert read_event(CIPHER, _wire(message)) == Event(7, "7:abc", False, "1", "t", log)
 
     fields = to_fields(message)
-    fields["log"] = fields["log"].replace("second", "forged")
+    assert "second" not in fields["log"]  # sealed
+    fields["log"] = CIPHER.encrypt(b'[41,2,[[1.5,"forged"]]]')  # sealed, but not signed
     with pytest.raises(ForgedEntry):
         read_event(CIPHER, wire(fields))
+
+
+def _signed(message: EventMessage, **raw: str) -> dict[bytes, bytes]:
+    """``message`` with fields replaced by ``raw`` values, signed again: what a holder of the
+    key could write, for checks made after the MAC."""
+    fields = {**to_fields(message), **raw}
+    signed = [fields[k] for k in ("trigger_id", "dedup_key", "kind", "payload", "triggerer")]
+    if fields["log"]:
+        signed.append(fields["log"])
+    fields["mac"] = streams._sign(CIPHER, *signed)
+    return wire(fields)
+
+
+def test_an_event_payload_travels_sealed_and_is_opened_after_the_mac() -> None:
+    message = event_message(CIPHER, 7, "7:abc", "event", '{"token":"s3cret"}', "t")
+    assert "s3cret" not in message.payload
+    assert read_event(CIPHER, _wire(message)).payload == '{"token":"s3cret"}'
+    # A payload signed but not sealed (clear JSON) is refused, naming the field.
+    with pytest.raises(ForgedEntry, match="payload failed authentication"):
+        read_event(CIPHER, _signed(message, payload='{"token":"s3cret"}'))
 
 
 def test_an_event_written_before_logs_travelled_still_reads() -> None:
@@ -272,9 +294,15 @@ def test_an_event_written_before_logs_travelled_still_reads() -> None:
     ],
 )
 def test_a_bad_carried_log_is_malformed_naming_it(log: str, fragment: str) -> None:
-    fields = to_fields(event_message(CIPHER, 7, "7:abc", "event", "1", "t"))
+    message = event_message(CIPHER, 7, "7:abc", "event", "1", "t")
     with pytest.raises(MalformedEntry, match=fragment):
-        read_event(CIPHER, wire({**fields, "log": log}))
+        read_event(CIPHER, _signed(message, log=CIPHER.encrypt(log.encode())))
+
+
+def test_an_oversized_sealed_log_is_refused_before_anything_is_opened() -> None:
+    fields = to_fields(event_message(CIPHER, 7, "7:abc", "event", "1", "t"))
+    with pytest.raises(MalformedEntry, match="log is longer than"):
+        read_event(CIPHER, wire({**fields, "log": "x" * (streams.MAX_SEALED_LOG + 1)}))
 
 
 def test_a_log_too_long_to_travel_is_refused() -> None:

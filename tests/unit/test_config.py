@@ -328,6 +328,11 @@ def test_prune_can_be_turned_off() -> None:
         ("DEFERRAL_DAG_IMPORT_GRACE_SEC", "-3", "DEFERRAL_DAG_IMPORT_GRACE_SEC is malformed"),
         ("DEFERRAL_PRUNE_OLDER_THAN", "soon", "DEFERRAL_PRUNE_OLDER_THAN is malformed"),
         ("DEFERRAL_DEFAULT_TIMEZONE", "Mars/Olympus", "DEFERRAL_DEFAULT_TIMEZONE is malformed"),
+        (
+            "DEFERRAL_TRIGGERER_STALL_THRESHOLD_SEC",
+            "0",
+            "DEFERRAL_TRIGGERER_STALL_THRESHOLD_SEC is malformed",
+        ),
     ],
 )
 def test_bad_core_settings_name_the_setting(name: str, raw: str, fragment: str) -> None:
@@ -358,3 +363,9 @@ def test_dag_ignore_file_syntax_default_glob_and_bad_value(monkeypatch: pytest.M
     monkeypatch.setenv("DEFERRAL_DAG_IGNORE_FILE_SYNTAX", "fnmatch")
     with pytest.raises(ConfigError, match="DEFERRAL_DAG_IGNORE_FILE_SYNTAX"):
         config.dag_ignore_file_syntax()
+
+
+def test_the_triggerers_stall_threshold_defaults_to_a_fifth_of_a_second() -> None:
+    assert load(base_env()).triggerer_stall_threshold_sec == 0.2
+    custom = load(base_env(DEFERRAL_TRIGGERER_STALL_THRESHOLD_SEC="1.5"))
+    assert custom.triggerer_stall_threshold_sec == 1.5

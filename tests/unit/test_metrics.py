@@ -94,7 +94,14 @@ def test_watchdog_reports_the_loops_lag() -> None:
 
     async def main() -> None:
         async with anyio.create_task_group() as tasks:
-            watchdog = LoopWatchdog(10.0, lambda *_: None, 0.02, on_lag=lags.append)
+            watchdog: LoopWatchdog[str] = LoopWatchdog(
+                10.0,
+                lambda _task: None,
+                lambda *_: None,
+                lambda *_: None,
+                0.02,
+                on_lag=lags.append,
+            )
             tasks.start_soon(watchdog.run)
             await anyio.sleep(0.1)
             time.sleep(0.3)  # holds the loop: the watchdog's sleep ends that much late

@@ -1,4 +1,4 @@
-"""triggerer.events: deferral:events entries and their dedup keys."""
+"""triggerer.events: deferral:events entries (their payload sealed) and their dedup keys."""
 
 from __future__ import annotations
 
@@ -11,34 +11,53 @@ from cryptography.fernet import Fernet
 from broker.streams import EVENT_KIND_EVENT, EVENT_KIND_FAILURE, EventMessage, read_event, to_fields
 from deferral import serialization
 from deferral.crypto import Cipher
-from triggerer.events import dedup_key, event_message, failure_message, masked
+from triggerer.events import (
+    dedup_key,
+    event_message,
+    event_outcome,
+    failure_message,
+    failure_outcome,
+    masked,
+)
 
 CIPHER = Cipher([Fernet.generate_key().decode()])
 
 
 def test_event_message_fields() -> None:
-    message = event_message(CIPHER, 5, {"status": "done", "n": 3}, "triggerer-a")
+    outcome = event_outcome(CIPHER, 5, {"status": "done", "n": 3}, "triggerer-a")
+    message = outcome.message
     assert isinstance(message, EventMessage)
     assert message.trigger_id == "5"
     assert message.kind == EVENT_KIND_EVENT
     assert message.triggerer == "triggerer-a"
-    assert message.payload == '{"n":3,"status":"done"}'
+    assert outcome.payload == '{"n":3,"status":"done"}'
+    assert CIPHER.decrypt(message.payload) == b'{"n":3,"status":"done"}'  # sealed
     assert message.dedup_key.startswith("5:")
-    assert message.dedup_key == dedup_key(5, "event", message.payload.encode())
+    assert message.dedup_key == dedup_key(CIPHER, 5, "event", outcome.payload.encode())
+
+
+def test_nothing_of_the_payload_is_in_clear_in_the_entry() -> None:
+    canary = "canary-5ecret-7d1e"
+    fields = to_fields(event_message(CIPHER, 5, {"token": canary}, "t"))
+    assert not any(canary in value or "token" in value for value in fields.values())
+    # Nor can a guess be confirmed from the dedup key: it is keyed.
+    other = Cipher([Fernet.generate_key().decode()])
+    payload = serialization.dumps({"token": canary})
+    assert dedup_key(CIPHER, 5, "event", payload) != dedup_key(other, 5, "event", payload)
 
 
 def test_event_payload_round_trips_tagged_values() -> None:
     moment = dt.datetime(2030, 1, 1, tzinfo=dt.UTC)
     payload = {"at": moment, "pair": (1, 2), "wait": dt.timedelta(seconds=-1)}
-    message = event_message(CIPHER, 1, payload, "t")
-    assert serialization.loads(message.payload) == payload
+    outcome = event_outcome(CIPHER, 1, payload, "t")
+    assert serialization.loads(outcome.payload) == payload
 
 
 def test_datetime_trigger_payload_is_carried() -> None:
     moment = dt.datetime(2030, 1, 1, tzinfo=dt.UTC)
-    message = event_message(CIPHER, 3, moment, "t")
-    assert message.kind == EVENT_KIND_EVENT
-    assert serialization.loads(message.payload) == moment
+    outcome = event_outcome(CIPHER, 3, moment, "t")
+    assert outcome.message.kind == EVENT_KIND_EVENT
+    assert serialization.loads(outcome.payload) == moment
 
 
 def test_equal_payloads_give_equal_dedup_keys_whatever_the_triggerer() -> None:
@@ -47,7 +66,6 @@ def test_equal_payloads_give_equal_dedup_keys_whatever_the_triggerer() -> None:
         CIPHER, 9, {"y": [1, 2], "x": 1}, "triggerer-b"
     )  # other key order, other host
     assert a.dedup_key == b.dedup_key
-    assert a.payload == b.payload
 
 
 @pytest.mark.parametrize(
@@ -75,24 +93,24 @@ def test_same_payload_of_different_triggers_gives_different_keys() -> None:
 
 def test_dedup_key_depends_on_kind() -> None:
     payload = b'{"a":1}'
-    assert dedup_key(4, "event", payload) != dedup_key(4, "failure", payload)
-    assert dedup_key(4, "event", payload) == dedup_key(4, "event", payload)
+    assert dedup_key(CIPHER, 4, "event", payload) != dedup_key(CIPHER, 4, "failure", payload)
+    assert dedup_key(CIPHER, 4, "event", payload) == dedup_key(CIPHER, 4, "event", payload)
 
 
 def test_dedup_key_shape() -> None:
-    key = dedup_key(123, "event", b"null")
+    key = dedup_key(CIPHER, 123, "event", b"null")
     trigger_id, digest = key.split(":")
     assert trigger_id == "123"
-    assert len(digest) == 32
-    int(digest, 16)
+    assert len(digest) == 43  # an HMAC-SHA256, base64url without padding
 
 
 def test_unserializable_payload_becomes_a_failure_naming_the_type() -> None:
-    message = event_message(CIPHER, 7, {"conn": object()}, "triggerer-a")
+    outcome = event_outcome(CIPHER, 7, {"conn": object()}, "triggerer-a")
+    message = outcome.message
     assert message.kind == EVENT_KIND_FAILURE
     assert message.trigger_id == "7"
     assert message.triggerer == "triggerer-a"
-    payload = serialization.loads(message.payload)
+    payload = serialization.loads(outcome.payload)
     assert set(payload) == {"message", "traceback"}
     assert "trigger 7" in payload["message"]
     assert "event payload['conn']" in payload["message"]
@@ -100,21 +118,24 @@ def test_unserializable_payload_becomes_a_failure_naming_the_type() -> None:
 
 
 def test_unserializable_payload_failure_is_deterministic() -> None:
-    a = event_message(CIPHER, 7, {1, 2}, "a")
+    a = event_outcome(CIPHER, 7, {1, 2}, "a")
     b = event_message(CIPHER, 7, {3}, "b")
-    assert a.kind == b.kind == EVENT_KIND_FAILURE
-    assert a.dedup_key == b.dedup_key  # same failure message: "unsupported type set"
+    assert a.message.kind == b.kind == EVENT_KIND_FAILURE
+    assert a.message.dedup_key == b.dedup_key  # same failure message: "unsupported type set"
     assert "set" in serialization.loads(a.payload)["message"]
 
 
 def test_failure_message() -> None:
-    message = failure_message(CIPHER, 2, "run() raised ValueError: x", "Traceback...\n", "t1")
+    outcome = failure_outcome(CIPHER, 2, "run() raised ValueError: x", "Traceback...\n", "t1")
+    message = outcome.message
     assert message.kind == EVENT_KIND_FAILURE
-    assert serialization.loads(message.payload) == {
+    assert serialization.loads(outcome.payload) == {
         "message": "run() raised ValueError: x",
         "traceback": "Traceback...\n",
     }
-    assert message.dedup_key == dedup_key(2, "failure", message.payload.encode())
+    assert outcome.failure is not None
+    assert outcome.failure.message == "run() raised ValueError: x"
+    assert message.dedup_key == dedup_key(CIPHER, 2, "failure", outcome.payload.encode())
     again = failure_message(CIPHER, 2, "run() raised ValueError: x", "Traceback...\n", "t2")
     assert again.dedup_key == message.dedup_key
 
@@ -124,41 +145,42 @@ def test_events_are_signed_and_read_back() -> None:
     fields = {k.encode(): v.encode() for k, v in to_fields(message).items()}
     event = read_event(CIPHER, fields)
     assert (event.trigger_id, event.failed) == (5, False)
+    assert event.payload == '{"n":1}'  # opened
 
 
 KWARGS = {"url": "https://bob:pw-s3cret@h.example/x?token=q-s3cret", "expected_status": 200}
 
 
 def _read(message: EventMessage) -> Any:
-    fields = {k.encode(): v.encode() for k, v in to_fields(message).items()}
-    return read_event(CIPHER, fields)
+    return read_event(CIPHER, {k.encode(): v.encode() for k, v in to_fields(message).items()})
 
 
 def test_an_event_is_masked_with_its_triggers_kwargs_and_stays_authentic() -> None:
-    message = event_message(CIPHER, 5, {"url": KWARGS["url"], "status": 200}, "t")
-    shown = masked(CIPHER, message, KWARGS)
-    assert "s3cret" not in str(to_fields(shown))
+    outcome = event_outcome(CIPHER, 5, {"url": KWARGS["url"], "status": 200}, "t")
+    shown = masked(CIPHER, outcome, KWARGS)
+    assert "s3cret" not in shown.payload
     assert serialization.loads(shown.payload) == {
         "url": "https://***@h.example/x?***",
         "status": 200,
     }
-    assert shown.dedup_key == dedup_key(5, "event", shown.payload.encode())
-    assert _read(shown).trigger_id == 5  # signed anew: the scheduler accepts it
+    event = _read(shown.message)  # signed anew: the scheduler accepts it
+    assert event.trigger_id == 5 and "s3cret" not in event.payload
     # The same event fired twice (a takeover) is masked the same: one resume.
     again = masked(
-        CIPHER, event_message(CIPHER, 5, {"url": KWARGS["url"], "status": 200}, "u"), KWARGS
+        CIPHER, event_outcome(CIPHER, 5, {"url": KWARGS["url"], "status": 200}, "u"), KWARGS
     )
-    assert again.dedup_key == shown.dedup_key
+    assert again.message.dedup_key == shown.message.dedup_key
 
 
 def test_a_failure_is_masked_too() -> None:
     trace = f"Traceback...\nURLError: {KWARGS['url']}\n"
-    message = failure_message(CIPHER, 2, "run() raised: q-s3cret refused", trace, "t")
-    shown = masked(CIPHER, message, KWARGS)
-    assert shown.kind == EVENT_KIND_FAILURE and "s3cret" not in shown.payload
-    assert _read(shown).failed
+    outcome = failure_outcome(CIPHER, 2, "run() raised: q-s3cret refused", trace, "t")
+    shown = masked(CIPHER, outcome, KWARGS)
+    assert shown.message.kind == EVENT_KIND_FAILURE and "s3cret" not in shown.payload
+    assert shown.failure is not None and "s3cret" not in str(shown.failure)
+    assert _read(shown.message).failed
 
 
 def test_an_event_without_secrets_is_left_as_it_is() -> None:
-    message = event_message(CIPHER, 5, {"status": 200}, "t")
-    assert masked(CIPHER, message, KWARGS) is message
+    outcome = event_outcome(CIPHER, 5, {"status": 200}, "t")
+    assert masked(CIPHER, outcome, KWARGS) is outcome
