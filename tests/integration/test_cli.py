@@ -400,7 +400,7 @@ def test_doctor_warns_on_orphaned_triggers_and_fails_on_tasks_without_one(
     settings: Settings, sessions: sessionmaker[Session], cipher: Cipher, broker: Broker
 ) -> None:
     with sessions.begin() as session:
-        orphan = transitions.create_trigger(session, "x.Trigger", cipher.seal({}), "f")
+        orphan = transitions.create_trigger(session, "x.Trigger", cipher.seal({}))
 
     code, checks = _doctor()
     assert code == 0

@@ -400,7 +400,7 @@ def test_a_run_past_dagrun_timeout_fails_and_its_unfinished_tasks_are_skipped(
         transitions.dispatch(session, [a, b])
         assert len(transitions.start_many(session, [(a, 1), (b, 1)], "host", "w")) == 2
         transitions.succeed(session, Attempt(a, 1, "w"), None)
-        trigger_id = transitions.create_trigger(session, "x.Trigger", cipher.seal({}), "fp")
+        trigger_id = transitions.create_trigger(session, "x.Trigger", cipher.seal({}))
         transitions.defer(
             session,
             Attempt(b, 1, "w"),

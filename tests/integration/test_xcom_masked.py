@@ -91,7 +91,8 @@ def test_a_secret_that_cannot_be_opened_is_passed_over(
 
 @pytest.fixture
 def web(settings: Settings, broker: Broker) -> Iterator[TestClient]:
-    with TestClient(create_app(settings, host="127.0.0.1", environ={})) as client:
+    app = create_app(settings, host="127.0.0.1", environ={})
+    with TestClient(app, base_url="http://localhost") as client:
         yield client
 
 
