@@ -107,8 +107,9 @@ class StreamConsumer:
         self._previous: OwnerRecord | None = None  # this name's row before this process
         self._replaying = True
         self._replay_cursor: str | None = "-"  # the next page of our own pending list
-        self._replay_ready: list[tuple[str, int]] = []  # (id, counted) to replay next
-        self._replay_suspects: list[Candidate] = []  # replayed one at a time, at the end
+        # Our pending entries to replay next (their delivery count: the counted one).
+        self._replay_ready: list[Pending] = []
+        self._replay_suspects: list[Pending] = []  # replayed one at a time, at the end
         self._unregistered_seen: dict[str, float] = {}  # entry id -> first seen so held
         self._next_prune = time.monotonic() + PRUNE_CONSUMERS_EVERY_SEC
         self._lock = threading.Lock()  # the triggerer calls from several threads
@@ -198,17 +199,18 @@ class StreamConsumer:
             return None
         if not self._suspect_allowed():
             return []
-        (chosen,) = choose(self._replay_suspects, self.max_deliveries, suspect_allowed=True)
-        suspect = next(c for c in self._replay_suspects if c.id == chosen)
+        candidates = [Candidate(p.id, p.deliveries) for p in self._replay_suspects]
+        (chosen,) = choose(candidates, self.max_deliveries, suspect_allowed=True)
+        suspect = next(p for p in self._replay_suspects if p.id == chosen)
         self._replay_suspects.remove(suspect)
         log.info(
             "%s: replaying suspect entry %s of %s alone (%d earlier deliveries died with it)",
             self.name,
             suspect.id,
             self.stream,
-            suspect.counted,
+            suspect.deliveries,
         )
-        return self._claim_own([(suspect.id, suspect.counted)])
+        return self._claim_own([suspect])
 
     def _replay_page(self) -> None:
         assert self._replay_cursor is not None
@@ -217,6 +219,7 @@ class StreamConsumer:
         )
         self._replay_cursor = f"({page[-1].id}" if len(page) >= PENDING_PAGE else None
         candidates = []
+        counted: list[Pending] = []
         distrusted: list[tuple[Pending, str]] = []
         for pending in page:
             if pending.id in self._held:
@@ -225,10 +228,11 @@ class StreamConsumer:
             if judged.distrusted:
                 distrusted.append((pending, judged.distrusted))
             candidates.append(Candidate(pending.id, judged.counted))
+            counted.append(Pending(pending.id, self.name, pending.idle_ms, judged.counted))
         self._say_distrusted(distrusted)
         take = set(choose(candidates, self.max_deliveries, suspect_allowed=False))
-        self._replay_ready += [(c.id, c.counted) for c in candidates if c.id in take]
-        self._replay_suspects += [c for c in candidates if c.id not in take]
+        self._replay_ready += [p for p in counted if p.id in take]
+        self._replay_suspects += [p for p in counted if p.id not in take]
         if candidates:
             log.info(
                 "%s: replaying %d entr(ies) of its own on %s (%d suspect(s) alone, last)",
@@ -238,15 +242,23 @@ class StreamConsumer:
                 len(candidates) - len(take),
             )
 
-    def _claim_own(self, items: Sequence[tuple[str, int]]) -> list[Delivery]:
-        """XCLAIM our own pending ``items`` (id, counted deliveries) to read them again; an
-        entry deleted meanwhile does not come back and is acknowledged."""
+    def _claim_own(self, items: Sequence[Pending]) -> list[Delivery]:
+        """XCLAIM our own pending ``items`` (with their counted deliveries) to read them again.
+        The min-idle is the least idle time seen when they were listed: an entry a peer took
+        over meanwhile is idle for less and stays with that peer. One still ours that does not
+        come back was deleted, and is acknowledged."""
         if not items:
             return []
-        pending = [Pending(entry_id, self.name, 0, counted) for entry_id, counted in items]
-        claimed = self.broker.claim(self.stream, self.group, self.name, pending, min_idle_ms=0)
+        min_idle = max(0, min(p.idle_ms for p in items) - 1)
+        claimed = self.broker.claim(self.stream, self.group, self.name, items, min_idle_ms=min_idle)
         back = {c.entry.id for c in claimed}
-        gone = [Entry(self.stream, entry_id, {}) for entry_id, _ in items if entry_id not in back]
+        missing = [p.id for p in items if p.id not in back]
+        holders = self.broker.owners_of(self.stream, self.group, missing) if missing else {}
+        gone = [
+            Entry(self.stream, i, {})
+            for i in missing
+            if i not in holders or holders[i].consumer == self.name
+        ]
         if gone:
             self.broker.retire(self.group, gone)
         return self._admit(

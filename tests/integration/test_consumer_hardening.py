@@ -326,3 +326,31 @@ def test_two_hundred_restarts_with_fresh_names_leave_only_live_or_busy_consumers
     assert len(broker.consumers(broker.keys.triggers, GROUP)) == 203
     assert len(live.prune_consumers()) == 201
     assert broker.consumers(broker.keys.triggers, GROUP) == {"busy-dead": 3, "live": 0}
+
+
+def test_a_replay_never_takes_back_an_entry_a_peer_took_over_meanwhile(
+    broker: Broker,
+    cipher: Cipher,
+    sessions: sessionmaker[Session],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    ids = _publish(broker, 2)
+    _row(sessions, "t1", state="running", age_sec=0)
+    first = _consumer(broker, cipher, sessions, "t1")
+    first.poll(2)
+    _survive_a_heartbeat(first)
+    time.sleep(0.05)  # then it dies; its entries idle
+    listed = broker.own_pending
+
+    def listed_then_taken(*args: object, **kwargs: object) -> object:
+        page = listed(*args, **kwargs)  # type: ignore[arg-type]
+        broker.redis.execute_command(
+            "XCLAIM", broker.keys.triggers, GROUP, "peer", 0, ids[0], "JUSTID"
+        )
+        return page
+
+    monkeypatch.setattr(broker, "own_pending", listed_then_taken)
+    restarted = _consumer(broker, cipher, sessions, "t1")
+    assert [d.entry.id for d in restarted.poll(10)] == [ids[1]]
+    assert broker.owners_of(broker.keys.triggers, GROUP, [ids[0]])[ids[0]].consumer == "peer"
+    assert int(broker.redis.xlen(broker.keys.triggers)) == 2  # nothing retired
