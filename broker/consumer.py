@@ -192,7 +192,8 @@ class StreamConsumer:
         while not self._replay_ready and self._replay_cursor is not None:
             self._replay_page()
         if self._replay_ready:
-            batch, self._replay_ready = self._replay_ready[:count], self._replay_ready[count:]
+            with self._lock:
+                batch, self._replay_ready = self._replay_ready[:count], self._replay_ready[count:]
             return self._claim_own(batch)
         if not self._replay_suspects:
             self._replaying = False
@@ -202,7 +203,8 @@ class StreamConsumer:
         candidates = [Candidate(p.id, p.deliveries) for p in self._replay_suspects]
         (chosen,) = choose(candidates, self.max_deliveries, suspect_allowed=True)
         suspect = next(p for p in self._replay_suspects if p.id == chosen)
-        self._replay_suspects.remove(suspect)
+        with self._lock:
+            self._replay_suspects = [p for p in self._replay_suspects if p.id != chosen]
         log.info(
             "%s: replaying suspect entry %s of %s alone (%d earlier deliveries died with it)",
             self.name,
@@ -231,8 +233,9 @@ class StreamConsumer:
             counted.append(Pending(pending.id, self.name, pending.idle_ms, judged.counted))
         self._say_distrusted(distrusted)
         take = set(choose(candidates, self.max_deliveries, suspect_allowed=False))
-        self._replay_ready += [p for p in counted if p.id in take]
-        self._replay_suspects += [p for p in counted if p.id not in take]
+        with self._lock:
+            self._replay_ready += [p for p in counted if p.id in take]
+            self._replay_suspects += [p for p in counted if p.id not in take]
         if candidates:
             log.info(
                 "%s: replaying %d entr(ies) of its own on %s (%d suspect(s) alone, last)",
@@ -244,21 +247,16 @@ class StreamConsumer:
 
     def _claim_own(self, items: Sequence[Pending]) -> list[Delivery]:
         """XCLAIM our own pending ``items`` (with their counted deliveries) to read them again.
-        The min-idle is the least idle time seen when they were listed: an entry a peer took
-        over meanwhile is idle for less and stays with that peer. One still ours that does not
-        come back was deleted, and is acknowledged."""
+        An owner-checked renewal goes first: an entry a peer took over since it was listed stays
+        with that peer (a bare XCLAIM would steal it back), and one in no pending list is gone.
+        One still ours that XCLAIM does not return was deleted, and is acknowledged."""
         if not items:
             return []
-        min_idle = max(0, min(p.idle_ms for p in items) - 1)
-        claimed = self.broker.claim(self.stream, self.group, self.name, items, min_idle_ms=min_idle)
+        status = self.broker.renew(self.stream, self.group, self.name, [p.id for p in items])
+        mine = [p for p in items if status.get(p.id) is LeaseStatus.OWNED]
+        claimed = self.broker.claim(self.stream, self.group, self.name, mine, min_idle_ms=0)
         back = {c.entry.id for c in claimed}
-        missing = [p.id for p in items if p.id not in back]
-        holders = self.broker.owners_of(self.stream, self.group, missing) if missing else {}
-        gone = [
-            Entry(self.stream, i, {})
-            for i in missing
-            if i not in holders or holders[i].consumer == self.name
-        ]
+        gone = [Entry(self.stream, p.id, {}) for p in mine if p.id not in back]
         if gone:
             self.broker.retire(self.group, gone)
         return self._admit(
@@ -385,17 +383,27 @@ class StreamConsumer:
         """Renew the lease on every held entry; return those no longer ours (no longer held).
         Entries held for a whole heartbeat have their delivery count reset to 0: they did not
         kill their consumer. An entry found under a name no process is registered under (a
-        forged XCLAIM) is taken back, its count ignored."""
+        forged XCLAIM) is taken back, its count ignored. Own entries still waiting for their turn
+        in a replay are renewed too (peers would otherwise take them over with the count of a
+        restarted name, which looks alive, ignored) and forgotten if they are no longer ours."""
         now = time.monotonic()
         with self._lock:
             held = dict(self._held)
+            queued = [
+                p.id for p in (*self._replay_ready, *self._replay_suspects) if p.id not in held
+            ]
         self._prune_now_and_then()
-        if not held:
+        if not held and not queued:
             return []
         survivors = [i for i, at in held.items() if now - at >= self.heartbeat_sec]
         status = self.broker.renew(
-            self.stream, self.group, self.name, list(held), survivors=survivors
+            self.stream, self.group, self.name, [*held, *queued], survivors=survivors
         )
+        waiting = {i: status.pop(i) for i in queued}
+        if gone := {i for i, state in waiting.items() if state is not LeaseStatus.OWNED}:
+            with self._lock:
+                self._replay_ready = [p for p in self._replay_ready if p.id not in gone]
+                self._replay_suspects = [p for p in self._replay_suspects if p.id not in gone]
         taken = [i for i, s in status.items() if s is LeaseStatus.TAKEN]
         if taken and self.owners is not None:
             for entry_id in self._take_back(taken[:BATCH], set(survivors)):

@@ -354,3 +354,25 @@ def test_a_replay_never_takes_back_an_entry_a_peer_took_over_meanwhile(
     assert [d.entry.id for d in restarted.poll(10)] == [ids[1]]
     assert broker.owners_of(broker.keys.triggers, GROUP, [ids[0]])[ids[0]].consumer == "peer"
     assert int(broker.redis.xlen(broker.keys.triggers)) == 2  # nothing retired
+
+
+def test_suspects_waiting_for_their_turn_stay_with_the_replaying_consumer(
+    broker: Broker, cipher: Cipher, sessions: sessionmaker[Session]
+) -> None:
+    """Its row looks alive (it restarted), so a peer would take them with their counts ignored
+    and run them together: the replaying consumer keeps renewing them instead."""
+    ids = _publish(broker, 3)
+    _row(sessions, "t1", state="running", age_sec=0)
+    _row(sessions, "t2", state="running", age_sec=0)
+    _consumer(broker, cipher, sessions, "t1").poll(3)  # then it dies within the heartbeat
+    restarted = _consumer(broker, cipher, sessions, "t1")
+    (first,) = restarted.poll(10)
+    assert first.entry.id == ids[0]
+    peer = _consumer(broker, cipher, sessions, "t2")
+    for _ in range(4):  # past the takeover threshold, renewing as the service does
+        time.sleep(HB)
+        assert restarted.renew() == []
+        assert peer.claim(10) == []
+    (second,) = restarted.poll(10)
+    assert (second.entry.id, second.deliveries) == (ids[1], 2)
+    assert {p.consumer for p in broker.all_own_pending(broker.keys.triggers, GROUP, "t1")} == {"t1"}
