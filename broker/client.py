@@ -44,7 +44,9 @@ MIN_REDIS_VERSION = (6, 2, 2)
 BATCH = 250
 # deferral:dead is trimmed to about this many entries (DEFERRAL_DEAD_LETTER_MAXLEN).
 DEFAULT_DEAD_LETTER_MAXLEN = 100_000
-PENDING_PAGE = 100_000
+# Entries per XPENDING call: a takeover check or a replay reads a pending list in pages this
+# long, never a whole list (a crashed consumer may have left a hundred thousand) in one call.
+PENDING_PAGE = 1_000
 # A process names each queue stream it publishes to or reads in the registry set again at most
 # this often (once it is there, a publish costs nothing more; a wiped Redis gets it back soon).
 QUEUE_REGISTRY_EVERY_SEC = 60.0
@@ -163,6 +165,8 @@ class Broker:
         self._hand_on = client.register_script(scripts.HAND_ON)
         self._renew = client.register_script(scripts.RENEW)
         self._present = client.register_script(scripts.PRESENT)
+        self._reclaim = client.register_script(scripts.RECLAIM)
+        self._delete_idle_consumers = client.register_script(scripts.DELETE_IDLE_CONSUMERS)
 
     @classmethod
     def from_url(cls, url: str, prefix: str, *, max_connections: int = 64) -> Broker:
@@ -360,15 +364,17 @@ class Broker:
         return status
 
     def idle_pending(
-        self, stream: str, group: str, *, min_idle_ms: int, count: int
+        self, stream: str, group: str, *, min_idle_ms: int, count: int, after: str | None = None
     ) -> list[replies.Pending]:
-        """Up to ``count`` pending entries idle longer than ``min_idle_ms`` (their owner stopped
-        renewing them), with their owner and delivery count (XAUTOCLAIM would hide both)."""
+        """Up to ``count`` (at most :data:`PENDING_PAGE`) pending entries idle longer than
+        ``min_idle_ms`` (their owner stopped renewing them), with their owner and delivery count
+        (XAUTOCLAIM would hide both); ``after`` an id: only entries after it (the next page)."""
         if count <= 0:
             return []
+        start = "-" if after is None else f"({after}"
         return replies.parse_xpending_extended(
             self.redis.execute_command(
-                "XPENDING", stream, group, "IDLE", min_idle_ms, "-", "+", count
+                "XPENDING", stream, group, "IDLE", min_idle_ms, start, "+", min(count, PENDING_PAGE)
             )
         )
 
@@ -412,10 +418,72 @@ class Broker:
         end: str = "+",
         count: int = PENDING_PAGE,
     ) -> list[replies.Pending]:
-        """``consumer``'s pending entries between ``start`` and ``end`` (ids, inclusive)."""
+        """Up to ``count`` (at most :data:`PENDING_PAGE`) of ``consumer``'s pending entries
+        between ``start`` and ``end`` (ids, inclusive; ``(id`` excludes it)."""
         return replies.parse_xpending_extended(
-            self.redis.execute_command("XPENDING", stream, group, start, end, count, consumer)
+            self.redis.execute_command(
+                "XPENDING", stream, group, start, end, min(count, PENDING_PAGE), consumer
+            )
         )
+
+    def all_own_pending(self, stream: str, group: str, consumer: str) -> list[replies.Pending]:
+        """Every pending entry of ``consumer``, read page by page."""
+        found: list[replies.Pending] = []
+        start = "-"
+        while page := self.own_pending(stream, group, consumer, start=start):
+            found += page
+            if len(page) < PENDING_PAGE:
+                break
+            start = f"({page[-1].id}"
+        return found
+
+    def owners_of(self, stream: str, group: str, ids: Sequence[str]) -> dict[str, replies.Pending]:
+        """Entry id -> its pending item now (consumer, count); ids pending nowhere left out."""
+        if not ids:
+            return {}
+        with self.redis.pipeline(transaction=False) as pipe:
+            for entry_id in ids:
+                pipe.execute_command("XPENDING", stream, group, entry_id, entry_id, 1)
+            replies_ = pipe.execute()
+        found = {}
+        for reply in replies_:
+            for item in replies.parse_xpending_extended(reply):
+                found[item.id] = item
+        return found
+
+    def reclaim(
+        self, stream: str, group: str, consumer: str, found: Sequence[tuple[str, str, int]]
+    ) -> list[str]:
+        """Take back (id, found under, delivery count to set) entries still held by that name;
+        returns the ids taken back."""
+        taken: list[str] = []
+        for start in range(0, len(found), BATCH):
+            batch = found[start : start + BATCH]
+            args: list[str | int] = [group, consumer]
+            for entry_id, holder, count in batch:
+                args += [entry_id, holder, count]
+            reply = self._reclaim(keys=[stream], args=args)
+            taken += [item[0] for item, ok in zip(batch, reply, strict=True) if int(ok)]
+        return taken
+
+    def consumers(self, stream: str, group: str) -> dict[str, int]:
+        """The group's consumers and how many entries each has pending."""
+        try:
+            reply = self.redis.execute_command("XINFO CONSUMERS", stream, group)
+        except ResponseError:
+            return {}  # no such stream or group
+        return {
+            str(info["name"]): int(info["pending"]) for info in replies.parse_xinfo_groups(reply)
+        }
+
+    def delete_idle_consumers(self, stream: str, group: str, names: Sequence[str]) -> list[str]:
+        """XGROUP DELCONSUMER each of ``names`` that has nothing pending (checked in the same
+        call); returns those deleted."""
+        deleted: list[str] = []
+        for batch in _batches(names):
+            reply = self._delete_idle_consumers(keys=[stream], args=[group, *batch])
+            deleted += [name for name, ok in zip(batch, reply, strict=True) if int(ok)]
+        return deleted
 
     def hand_off(
         self, stream: str, group: str, consumer: str, ids: Sequence[str], *, idle_ms: int

@@ -18,6 +18,7 @@ RAW_COMMANDS = (
     "XRANGE",
     "XREVRANGE",
     "XINFO GROUPS",
+    "XINFO CONSUMERS",
 )
 
 

@@ -88,7 +88,8 @@ return id
 # took it over, -1 if it is in no pending list at all (retired by a peer, or lost with Redis's
 # data). XCLAIM with min-idle 0 and JUSTID resets the idle time without counting a delivery; the
 # first n ids (held for a whole heartbeat: they did not kill their consumer) also get their
-# delivery count reset to 1. Plain XCLAIM ignores ownership and would steal a taken entry back.
+# delivery count reset to 0 (see broker/deliveries.py). Plain XCLAIM ignores ownership and
+# would steal a taken entry back.
 RENEW = """
 local status, reset, keep = {}, {}, {}
 local n = tonumber(ARGV[3])
@@ -112,7 +113,7 @@ for _, batch in ipairs({{reset, true}, {keep, false}}) do
     end
     if batch[2] then
       args[#args + 1] = 'RETRYCOUNT'
-      args[#args + 1] = 1
+      args[#args + 1] = 0
     end
     args[#args + 1] = 'JUSTID'
     redis.call(unpack(args))
@@ -134,4 +135,37 @@ for i = 1, #ARGV do
   end
 end
 return present
+"""
+
+# KEYS[1] stream; ARGV[1] group, ARGV[2] this consumer, ARGV[3..] triples of entry id, the
+# consumer it was found under, and the delivery count to set. Takes back entries that a name no
+# process is registered under claimed from us (a forged XCLAIM), only if that name still holds
+# them: a peer that took one over meanwhile keeps it. 1 for each taken back, else 0.
+RECLAIM = """
+local taken = {}
+for i = 3, #ARGV, 3 do
+  local pending = redis.call('XPENDING', KEYS[1], ARGV[1], ARGV[i], ARGV[i], 1)
+  if pending[1] ~= nil and pending[1][2] == ARGV[i + 1] then
+    redis.call('XCLAIM', KEYS[1], ARGV[1], ARGV[2], 0, ARGV[i], 'RETRYCOUNT', ARGV[i + 2], 'JUSTID')
+    taken[#taken + 1] = 1
+  else
+    taken[#taken + 1] = 0
+  end
+end
+return taken
+"""
+
+# KEYS[1] stream; ARGV[1] group, ARGV[2..] consumer names. Deletes each consumer that has no
+# pending entry now (DELCONSUMER would discard them otherwise); 1 for each deleted, else 0.
+DELETE_IDLE_CONSUMERS = """
+local deleted = {}
+for i = 2, #ARGV do
+  if #redis.call('XPENDING', KEYS[1], ARGV[1], '-', '+', 1, ARGV[i]) == 0 then
+    redis.call('XGROUP', 'DELCONSUMER', KEYS[1], ARGV[1], ARGV[i])
+    deleted[#deleted + 1] = 1
+  else
+    deleted[#deleted + 1] = 0
+  end
+end
+return deleted
 """

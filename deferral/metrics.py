@@ -58,6 +58,13 @@ DEAD_LETTERS = Counter(
     ["stream"],
     registry=None,
 )
+FORGED_COUNTS = Counter(
+    "deferral_delivery_counts_ignored",
+    "Delivery counts Redis gave for stream entries that PostgreSQL does not back (the consumer"
+    " named is not registered, or did not die holding the entry), set aside.",
+    ["stream"],
+    registry=None,
+)
 
 # -- triggerer ----------------------------------------------------------------------------------
 
@@ -151,7 +158,12 @@ WORKER_SLOTS_FREE = Gauge(
     registry=None,
 )
 
-_COMMON: tuple[MetricWrapperBase, ...] = (LEASE_RENEWALS, LEASE_TAKEOVERS, DEAD_LETTERS)
+_COMMON: tuple[MetricWrapperBase, ...] = (
+    LEASE_RENEWALS,
+    LEASE_TAKEOVERS,
+    DEAD_LETTERS,
+    FORGED_COUNTS,
+)
 _OWN: dict[str, tuple[MetricWrapperBase, ...]] = {
     TRIGGERER: (
         TRIGGERS_RUNNING,

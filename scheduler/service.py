@@ -29,6 +29,7 @@ from sqlalchemy.orm import Session
 from broker import outbox
 from broker.client import Broker, connect_when_up
 from broker.consumer import Delivery, StreamConsumer, run_until_stopped
+from broker.owners import PostgresOwners
 from broker.streams import (
     GROUP_SCHEDULERS,
     CarriedLog,
@@ -193,6 +194,7 @@ class SchedulerService:
             max_deliveries=self.settings.max_deliveries,
             cipher=self.cipher,
             dead_letter_maxlen=self.settings.dead_letter_maxlen,
+            owners=PostgresOwners(self.sessions, Scheduler),
         )
         self.reconciler = Reconciler(
             self.sessions, broker, self.cipher, self.settings.heartbeat_sec
@@ -607,6 +609,10 @@ class SchedulerService:
             event: Event = read_event(self.cipher, delivery.entry.fields)
         except (MalformedEntry, ForgedEntry) as exc:
             self.consumer.dead_letter(delivery, f"bad event entry: {exc}")
+            return None
+        except Exception as exc:  # unforeseen bad data: it alone is set aside, not the loop
+            reason = f"unreadable event entry: {type(exc).__name__}: {exc}"
+            self.consumer.dead_letter(delivery, reason)
             return None
         if self.consumer.exhausted(delivery):
             # It killed every scheduler that read it: resume its task at __fail__ instead.

@@ -42,12 +42,15 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from broker.client import Broker, LeaseStatus, connect_when_up
 from broker.consumer import Backoff, Delivery, Lost, StreamConsumer
+from broker.owners import PostgresOwners
 from broker.replies import Entry
 from broker.streams import (
     EVENT_KIND_FAILURE,
     GROUP_TRIGGERERS,
+    MAX_DEAD_ERROR,
     EventMessage,
     StreamKeys,
+    one_line,
     to_fields,
     with_log,
 )
@@ -327,6 +330,7 @@ class TriggererService:
             max_deliveries=self.settings.max_deliveries,
             cipher=self.cipher,
             dead_letter_maxlen=self.settings.dead_letter_maxlen,
+            owners=PostgresOwners(self.sessions, Triggerer),
         )
         metrics.STREAMS.watch(broker.stream_stats)
 
@@ -379,7 +383,21 @@ class TriggererService:
             await self._start_all(tasks, deliveries)
 
     async def _start_all(self, tasks: TaskGroup, deliveries: list[Delivery]) -> None:
-        started = [await self._start(tasks, delivery) for delivery in deliveries]
+        started = []
+        for delivery in deliveries:
+            try:
+                started.append(await self._start(tasks, delivery))
+            except Exception as exc:
+                # One entry never stops the triggerer: say so in one line and let it go (no longer
+                # renewed, it is taken over again after the takeover delay).
+                log.error(
+                    "could not start %s entry %s: %s: %s",
+                    self.keys.triggers,
+                    delivery.entry.id,
+                    type(exc).__name__,
+                    one_line(str(exc), MAX_DEAD_ERROR),
+                )
+                self.consumer.release([delivery.entry.id])
         await self._mark_owned([tid for tid in started if tid is not None])
 
     async def _start(self, tasks: TaskGroup, delivery: Delivery) -> int | None:

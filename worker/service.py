@@ -24,6 +24,7 @@ from sqlalchemy.orm import Session
 from broker import outbox
 from broker.client import Broker, LeaseStatus, connect_when_up
 from broker.consumer import Delivery, Lost, StreamConsumer, run_until_stopped
+from broker.owners import PostgresOwners
 from broker.streams import (
     GROUP_WORKERS,
     ForgedEntry,
@@ -171,6 +172,7 @@ class WorkerService:
             max_deliveries=self.settings.max_deliveries,
             cipher=self.cipher,
             dead_letter_maxlen=self.settings.dead_letter_maxlen,
+            owners=PostgresOwners(self.sessions, Worker),
         )
         metrics.STREAMS.watch(broker.stream_stats)
 
@@ -317,6 +319,10 @@ class WorkerService:
                 item = read_queue_entry(self.cipher, delivery.entry.fields)
             except (MalformedEntry, ForgedEntry) as exc:
                 self.consumer.dead_letter(delivery, f"bad queue entry: {exc}")
+                continue
+            except Exception as exc:  # unforeseen bad data: it alone is set aside, not the loop
+                reason = f"unreadable queue entry: {type(exc).__name__}: {exc}"
+                self.consumer.dead_letter(delivery, reason)
                 continue
             if self.consumer.exhausted(delivery):
                 self._poisoned(delivery, item)

@@ -14,7 +14,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from broker.client import Broker
 from broker.streams import GROUP_TRIGGERERS
-from deferral.models import TaskInstance, TaskStateChange
+from deferral.models import TaskInstance, TaskStateChange, Triggerer
 from tests.e2e.conftest import Services
 from tests.helpers import wait_for
 
@@ -144,12 +144,15 @@ def test_a_stopping_triggerer_hands_its_triggers_off_at_once(
 
 
 def test_a_triggerer_that_lost_its_entry_stops_that_trigger(
-    services: Services, write_dag: Any, broker: Broker
+    services: Services, write_dag: Any, sessions: sessionmaker[Session], broker: Broker
 ) -> None:
     _start_core(services, write_dag, seconds=120)
     services.start("triggerer", "--name", "holder", "--heartbeat", "0.3")
     entry_id = _deferred_on(services, broker, "holder")
-    # Another consumer takes the entry (as a peer would after a missed lease).
+    # A registered, live peer takes the entry (as after a missed lease). An unregistered name
+    # would not count: the holder takes an entry back from a name no process has.
+    with sessions.begin() as session:
+        session.add(Triggerer(name="thief", hostname="h", pid=1, capacity=10, state="running"))
     broker.redis.execute_command(
         "XCLAIM", broker.keys.triggers, GROUP_TRIGGERERS, "thief", 0, entry_id, "JUSTID"
     )

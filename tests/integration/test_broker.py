@@ -6,7 +6,7 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from broker import replies
+from broker import client, replies
 from broker.client import (
     MIN_REDIS_VERSION,
     Broker,
@@ -378,7 +378,7 @@ def test_renew_resets_idle_and_for_survivors_the_delivery_count(broker: Broker) 
         broker.read(GROUP, "me", {stream: "0"}, count=10)
     assert _deliveries(broker, stream, ids[0]) == 4
     broker.renew(stream, GROUP, "me", ids, survivors=[ids[0]])
-    assert _deliveries(broker, stream, ids[0]) == 1
+    assert _deliveries(broker, stream, ids[0]) == 0  # survived: no delivery died with it
     assert _deliveries(broker, stream, ids[1]) == 4
     assert all(p.idle_ms < 1000 for p in broker.own_pending(stream, GROUP, "me"))
 
@@ -408,3 +408,48 @@ def test_own_pending_between_ids(broker: Broker) -> None:
     assert [p.id for p in broker.own_pending(stream, GROUP, "me", start=ids[1], end=ids[2])] == ids[
         1:3
     ]
+
+
+def test_pending_pages_are_bounded_and_all_own_pending_reads_them_all(
+    broker: Broker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(client, "PENDING_PAGE", 3)
+    stream, ids = _held(broker, 7)
+    assert len(broker.own_pending(stream, GROUP, "me")) == 3
+    assert [p.id for p in broker.all_own_pending(stream, GROUP, "me")] == ids
+    broker.hand_off(stream, GROUP, "me", ids, idle_ms=120_000)
+    first = broker.idle_pending(stream, GROUP, min_idle_ms=60_000, count=100)
+    assert [p.id for p in first] == ids[:3]
+    after = broker.idle_pending(stream, GROUP, min_idle_ms=60_000, count=100, after=ids[2])
+    assert [p.id for p in after] == ids[3:6]
+
+
+def test_reclaim_takes_back_only_from_the_name_it_was_found_under(broker: Broker) -> None:
+    stream, ids = _held(broker, 2)
+    for entry_id in ids:
+        broker.redis.execute_command(
+            "XCLAIM", stream, GROUP, "x", 0, entry_id, "RETRYCOUNT", 10, "IDLE", 3_600_000
+        )
+    # A peer took the second one over from x in between: it keeps it.
+    broker.redis.execute_command("XCLAIM", stream, GROUP, "peer", 0, ids[1], "JUSTID")
+    found = broker.owners_of(stream, GROUP, ids)
+    assert {i: (p.consumer, p.deliveries) for i, p in found.items()} == {
+        ids[0]: ("x", 10),
+        ids[1]: ("peer", 10),
+    }
+    assert broker.reclaim(stream, GROUP, "me", [(ids[0], "x", 1), (ids[1], "x", 1)]) == [ids[0]]
+    assert {
+        p.id: (p.consumer, p.deliveries) for p in broker.all_own_pending(stream, GROUP, "me")
+    } == {ids[0]: ("me", 1)}
+
+
+def test_delete_idle_consumers_spares_those_with_pending_entries(broker: Broker) -> None:
+    stream, _ = _held(broker, 1, consumer="busy")
+    broker.redis.execute_command("XGROUP", "CREATECONSUMER", stream, GROUP, "idle")
+    assert broker.consumers(stream, GROUP) == {"busy": 1, "idle": 0}
+    assert broker.delete_idle_consumers(stream, GROUP, ["busy", "idle", "never"]) == [
+        "idle",
+        "never",
+    ]
+    assert broker.consumers(stream, GROUP) == {"busy": 1}
+    assert broker.consumers("no-such-stream", GROUP) == {}

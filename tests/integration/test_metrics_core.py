@@ -56,6 +56,7 @@ def test_the_consumer_core_counts_renewals_takeovers_and_dead_letters(
     mine = _consumer(broker, "w1", cipher)
     deliveries = mine.poll(3)
     assert len(deliveries) == 3
+    time.sleep(0.06)  # held a whole heartbeat: not suspects if w1 dies now
     assert mine.renew() == []
     assert _counted("deferral_lease_renewals_total", stream) == renewed + 3
 

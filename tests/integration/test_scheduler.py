@@ -405,3 +405,30 @@ def test_a_run_whose_evaluation_raises_is_marked_and_the_others_go_on(
     assert runs["bad"].scheduling_error == "RuntimeError: a bug met by this run only"
     assert runs["bad"].evaluate_after is not None  # looked at again later
     assert runs["good"].scheduling_error is None and runs["good"].evaluate_after is None
+
+
+def test_an_event_entry_that_makes_the_reader_raise_is_dead_lettered_alone(
+    settings: Settings,
+    sessions: sessionmaker[Session],
+    broker: Broker,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from scheduler import service as scheduler_service
+
+    def read(cipher: object, fields: dict[bytes, bytes]) -> object:
+        raise RecursionError("maximum recursion depth exceeded")
+
+    monkeypatch.setattr(scheduler_service, "read_event", read)
+    service = _scheduler(settings)
+    service.consumer.start()
+    odd = broker.redis.xadd(broker.keys.events, {"odd": "entry"}).decode()
+    try:
+        assert service.apply_events(block_ms=None) == 0
+    finally:
+        service.broker.close()
+    (dead,) = broker.xrange(broker.keys.dead)
+    assert dead.fields[b"source_id"].decode() == odd
+    assert dead.fields[b"error"] == (
+        b"unreadable event entry: RecursionError: maximum recursion depth exceeded"
+    )
+    assert int(broker.redis.xlen(broker.keys.events)) == 0

@@ -7,6 +7,7 @@ from __future__ import annotations
 import datetime as dt
 
 import anyio
+from sqlalchemy.orm import Session, sessionmaker
 
 from broker.client import Broker, LeaseStatus
 from broker.consumer import Lost
@@ -14,6 +15,7 @@ from broker.replies import Entry
 from broker.streams import GROUP_TRIGGERERS, to_fields, trigger_message
 from deferral.config import Settings
 from deferral.crypto import Cipher
+from deferral.models import Triggerer
 from deferral.serialization import check_kwargs
 from deferral.triggers import DateTimeTrigger
 from deferral.triggers.base import classpath_of
@@ -47,7 +49,25 @@ def _dead_peer_held(broker: Broker, cipher: Cipher, count: int) -> None:
         ]
     )
     entries = broker.read(GROUP_TRIGGERERS, "dead", {stream: ">"}, count=count)
-    broker.hand_off(stream, GROUP_TRIGGERERS, "dead", [e.id for e in entries], idle_ms=600_000)
+    ids = [e.id for e in entries]
+    # Held a while (renewed as survivors: none of them killed it), then it died.
+    broker.renew(stream, GROUP_TRIGGERERS, "dead", ids, survivors=ids)
+    broker.hand_off(stream, GROUP_TRIGGERERS, "dead", ids, idle_ms=600_000)
+
+
+def _register_dead_peer(sessions: sessionmaker[Session]) -> None:
+    """The row of the triggerer "dead": running, its last heartbeat before its entries went idle."""
+    with sessions.begin() as session:
+        session.add(
+            Triggerer(
+                name="dead",
+                hostname="h",
+                pid=1,
+                capacity=1000,
+                state="running",
+                latest_heartbeat=dt.datetime.now(dt.UTC) - dt.timedelta(seconds=700),
+            )
+        )
 
 
 def _one_look(service: TriggererService) -> None:
@@ -60,9 +80,10 @@ def _one_look(service: TriggererService) -> None:
 
 
 def test_one_look_takes_every_entry_of_a_dead_triggerer(
-    settings: Settings, broker: Broker, cipher: Cipher, sessions: object
+    settings: Settings, broker: Broker, cipher: Cipher, sessions: sessionmaker[Session]
 ) -> None:
     _dead_peer_held(broker, cipher, DEAD_HELD)
+    _register_dead_peer(sessions)
     service = TriggererService(settings, capacity=1000, name="alive")
     service.attach(broker)
 
@@ -75,9 +96,10 @@ def test_one_look_takes_every_entry_of_a_dead_triggerer(
 
 
 def test_one_look_takes_no_more_than_the_capacity_left(
-    settings: Settings, broker: Broker, cipher: Cipher, sessions: object
+    settings: Settings, broker: Broker, cipher: Cipher, sessions: sessionmaker[Session]
 ) -> None:
     _dead_peer_held(broker, cipher, DEAD_HELD)
+    _register_dead_peer(sessions)
     service = TriggererService(settings, capacity=READ_BATCH + 10, name="alive")
     service.attach(broker)
 

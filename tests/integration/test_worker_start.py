@@ -62,3 +62,34 @@ def test_a_task_that_cannot_run_fails_with_the_reason(
     assert reason is not None and reason.startswith("cannot run: ") and expected in reason
     assert broker.redis.xlen(worker.stream) == 0
     assert worker.running == {}
+
+
+def test_an_entry_that_makes_the_reader_raise_is_dead_lettered_alone(
+    worker: WorkerService,
+    sessions: sessionmaker[Session],
+    broker: Broker,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Not a parse error the reader expects: the entry is set aside with the exception, and the
+    authentic entry read with it still starts."""
+    from worker import service
+
+    ti_id = _queued(sessions)
+    odd = broker.redis.xadd(worker.stream, {"odd": "entry"}).decode()
+    broker.publish(worker.stream, queue_message(worker.cipher, ti_id, 1, "d", "r1", "t", -1))
+    real = service.read_queue_entry
+
+    def read(cipher: object, fields: dict[bytes, bytes]) -> object:
+        if b"odd" in fields:
+            raise RecursionError("maximum recursion depth exceeded")
+        return real(cipher, fields)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(service, "read_queue_entry", read)
+    worker.step()
+
+    (dead,) = broker.xrange(broker.keys.dead)
+    assert dead.fields[b"source_id"].decode() == odd
+    assert dead.fields[b"error"] == (
+        b"unreadable queue entry: RecursionError: maximum recursion depth exceeded"
+    )
+    assert ti_id in worker.running

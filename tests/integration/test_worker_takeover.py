@@ -3,13 +3,15 @@ worker itself was running."""
 
 from __future__ import annotations
 
+import datetime as dt
+
 from sqlalchemy.orm import Session, sessionmaker
 
 from broker.client import Broker
 from broker.streams import GROUP_WORKERS, queue_message
 from deferral import tasklogs, transitions
 from deferral.config import Settings
-from deferral.models import TaskInstance, TaskStateChange
+from deferral.models import TaskInstance, TaskStateChange, Worker
 from deferral.transitions import Attempt
 from tests.integration.factories import DAG_ID, WORKER, running_task
 from tests.servers import REDIS_URL
@@ -27,6 +29,23 @@ def _held_entry(worker: WorkerService, broker: Broker, ti_id: int, owner: str, i
         "XCLAIM", stream, GROUP_WORKERS, owner, 0, entry.id, "IDLE", idle_ms, "JUSTID"
     )
     return entry.id
+
+
+def _register_dead(sessions: sessionmaker[Session], name: str) -> None:
+    """A row for worker ``name``: it was running, and its last heartbeat came before its entries
+    went idle (it died holding them), so their delivery counts are believed."""
+    with sessions.begin() as session:
+        session.add(
+            Worker(
+                name=name,
+                hostname="h",
+                pid=1,
+                queue="default",
+                concurrency=1,
+                state="running",
+                latest_heartbeat=dt.datetime.now(dt.UTC) - dt.timedelta(seconds=700),
+            )
+        )
 
 
 def _ti(sessions: sessionmaker[Session], ti_id: int) -> TaskInstance:
@@ -59,6 +78,7 @@ def test_a_dead_workers_running_attempt_is_failed_into_a_retry(
         assert ti is not None
         ti.max_tries = 1  # one retry left
     _held_entry(worker, broker, ti_id, WORKER, STALE_IDLE_MS)
+    _register_dead(sessions, WORKER)
 
     worker._take_over()
 
@@ -76,6 +96,7 @@ def test_an_attempt_running_on_a_live_worker_is_left_alone(
     dead one is taken over: only the stale entry goes."""
     ti_id = running_task(sessions)  # running on "worker-1"
     _held_entry(worker, broker, ti_id, "dead-worker", STALE_IDLE_MS)
+    _register_dead(sessions, "dead-worker")
 
     worker._take_over()
 

@@ -1,0 +1,303 @@
+"""Hostile and poison stream entries through the real processes: entries of any shape, forged
+delivery counts, and a trigger that kills its triggerer among fifty healthy ones, on a triggerer
+restarted under the same name each time it dies."""
+
+from __future__ import annotations
+
+import subprocess
+from typing import Any
+
+import pytest
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session, sessionmaker
+
+from broker.client import Broker
+from broker.streams import GROUP_SCHEDULERS, GROUP_TRIGGERERS, GROUP_WORKERS
+from deferral.models import TaskInstance, TaskStateChange
+from tests.e2e.conftest import Services
+from tests.helpers import wait_for
+
+pytestmark = pytest.mark.e2e
+
+
+def _states(sessions: sessionmaker[Session]) -> dict[str, str]:
+    with sessions() as session:
+        return dict(session.execute(select(TaskInstance.task_id, TaskInstance.state)).all())
+
+
+def _dag_states(sessions: sessionmaker[Session]) -> dict[str, str]:
+    """DAG id -> the state of its one task instance."""
+    with sessions() as session:
+        return dict(session.execute(select(TaskInstance.dag_id, TaskInstance.state)).all())
+
+
+def _changes(sessions: sessionmaker[Session], from_state: str, to_state: str) -> dict[str, int]:
+    """task id -> how many times it moved from ``from_state`` to ``to_state``."""
+    with sessions() as session:
+        rows = session.execute(
+            select(TaskInstance.task_id, func.count())
+            .join(TaskStateChange, TaskStateChange.task_instance_id == TaskInstance.id)
+            .where(TaskStateChange.from_state == from_state, TaskStateChange.to_state == to_state)
+            .group_by(TaskInstance.task_id)
+        ).all()
+    return dict(rows)
+
+
+def _pending_counts(broker: Broker, stream: str, group: str) -> dict[str, int]:
+    """Entry id -> its delivery count, for every pending entry (a page is plenty here)."""
+    reply = broker.redis.execute_command("XPENDING", stream, group, "-", "+", 1000)
+    return {item[0].decode(): int(item[3]) for item in reply or []}
+
+
+# -- a poison trigger among fifty healthy ones ----------------------------------------------------
+
+KILLER_TRIGGER = """
+import os
+
+from deferral.triggers import BaseTrigger, TriggerEvent
+
+
+class KillsItsTriggerer(BaseTrigger):
+    def serialize(self):
+        return "e2e_hostile_killer.KillsItsTriggerer", {}
+
+    async def run(self):
+        os.kill(os.getpid(), 9)
+        yield TriggerEvent(None)
+"""
+
+POISON_DAG = """
+import datetime as dt
+
+from deferral import DAG, BaseOperator
+from deferral.triggers import TimeDeltaTrigger
+from e2e_hostile_killer import KillsItsTriggerer
+
+
+class Poisoned(BaseOperator):
+    def execute(self, context):
+        self.defer(trigger=KillsItsTriggerer(), method_name="resume")
+
+    def resume(self, context, event):
+        return "unreachable"
+
+
+class Fine(BaseOperator):
+    def execute(self, context):
+        self.defer(trigger=TimeDeltaTrigger(dt.timedelta(seconds=20)), method_name="resume")
+
+    def resume(self, context, event):
+        return "fine"
+
+
+with DAG("e2e_poison_among_fifty", max_active_tasks=64) as dag:
+    Poisoned(task_id="poisoned")
+    for i in range({healthy}):
+        Fine(task_id=f"fine{{i:02d}}")
+"""
+
+HEALTHY = 50
+
+
+def test_a_poison_trigger_among_fifty_on_a_triggerer_restarted_under_its_name(
+    services: Services, write_dag: Any, sessions: sessionmaker[Session], broker: Broker
+) -> None:
+    write_dag("e2e_hostile_killer", KILLER_TRIGGER)
+    write_dag("e2e_poison_fifty_dag", POISON_DAG.format(healthy=HEALTHY))
+    services.env["DEFERRAL_TRIGGER_MODULES"] = "deferral.triggers,e2e_hostile_killer"
+    services.env["DEFERRAL_MAX_DELIVERIES"] = "3"
+    services.start("scheduler")
+    services.start("worker", "--concurrency", "16")
+    triggerer = services.start("triggerer", "--name", "only-triggerer")
+    assert services.run("dags", "trigger", "e2e_poison_among_fifty").returncode == 0
+    most: dict[str, int] = {}
+    restarts = 0
+
+    def settled() -> bool:
+        nonlocal triggerer, restarts
+        for entry_id, count in _pending_counts(
+            broker, broker.keys.triggers, GROUP_TRIGGERERS
+        ).items():
+            most[entry_id] = max(most.get(entry_id, 0), count)
+        if triggerer.poll() is not None:  # it died: start it again, as a supervisor would
+            restarts += 1
+            triggerer = services.start("triggerer", "--name", "only-triggerer")
+        states = _states(sessions)
+        return len(states) == HEALTHY + 1 and all(
+            s in ("success", "failed") for s in states.values()
+        )
+
+    wait_for(settled, timeout=600, interval=0.1, what="every task to finish")
+    states = _states(sessions)
+    assert states.pop("poisoned") == "failed"
+    assert set(states.values()) == {"success"}
+    # Each healthy task resumed once and succeeded once.
+    resumed = _changes(sessions, "deferred", "scheduled")
+    resumed.pop("poisoned", None)  # resumed at its failure
+    assert resumed == {f"fine{i:02d}": 1 for i in range(HEALTHY)}
+    assert _changes(sessions, "running", "success") == {f"fine{i:02d}": 1 for i in range(HEALTHY)}
+    (dead,) = broker.xrange(broker.keys.dead)
+    assert dead.fields[b"deliveries"] == b"4"
+    assert b"delivered 4 times" in dead.fields[b"error"]
+    poison_entry = dead.fields[b"source_id"].decode()
+    healthy_most = {i: n for i, n in most.items() if i != poison_entry}
+    assert healthy_most and max(healthy_most.values()) <= 2, healthy_most
+    assert restarts >= 3
+
+
+# -- forged delivery counts -------------------------------------------------------------------
+
+FORGED_DAG = r"""
+import datetime as dt
+import time
+
+from deferral import DAG, BaseOperator
+from deferral.operators import PythonOperator
+from deferral.triggers import TimeDeltaTrigger
+
+
+class Waits(BaseOperator):
+    def execute(self, context):
+        self.defer(trigger=TimeDeltaTrigger(dt.timedelta(seconds=25)), method_name="resume")
+
+    def resume(self, context, event):
+        return "resumed"
+
+
+def runs_a_while():
+    time.sleep(25)
+    return "ran"
+
+
+with DAG("e2e_forged_counts") as dag:
+    Waits(task_id="deferred")
+    PythonOperator(task_id="running", python_callable=runs_a_while)
+"""
+
+
+def _forge(broker: Broker, stream: str, group: str, entry_id: str) -> None:
+    broker.redis.execute_command(
+        "XCLAIM", stream, group, "x", 0, entry_id, "RETRYCOUNT", 10, "IDLE", 3_600_000
+    )
+
+
+def _only_pending(broker: Broker, stream: str, group: str) -> str | None:
+    counts = _pending_counts(broker, stream, group)
+    return next(iter(counts)) if len(counts) == 1 else None
+
+
+def test_a_forged_delivery_count_fails_nothing_and_is_logged(
+    services: Services, write_dag: Any, sessions: sessionmaker[Session], broker: Broker
+) -> None:
+    write_dag("e2e_forged_dag", FORGED_DAG)
+    services.env["DEFERRAL_MAX_DELIVERIES"] = "3"
+    services.start("scheduler")
+    services.start("worker", "--concurrency", "2")
+    services.start("triggerer")
+    assert services.run("dags", "trigger", "e2e_forged_counts").returncode == 0
+    queue = broker.keys.queue("default")
+
+    def both_held() -> tuple[str, str] | None:
+        if _states(sessions).get("running") != "running":
+            return None
+        trigger_entry = _only_pending(broker, broker.keys.triggers, GROUP_TRIGGERERS)
+        queue_entry = _only_pending(broker, queue, GROUP_WORKERS)
+        return (trigger_entry, queue_entry) if trigger_entry and queue_entry else None
+
+    trigger_entry, queue_entry = wait_for(both_held, timeout=90, what="both entries held")
+    _forge(broker, broker.keys.triggers, GROUP_TRIGGERERS, trigger_entry)
+    _forge(broker, queue, GROUP_WORKERS, queue_entry)
+
+    wait_for(
+        lambda: _states(sessions) == {"deferred": "success", "running": "success"},
+        timeout=120,
+        what="both tasks to succeed",
+    )
+    assert broker.xrange(broker.keys.dead) == []
+    for name in ("triggerer", "worker"):
+        assert "not a registered consumer" in services.log(name), name
+        assert "delivery count 10" in services.log(name), name
+    assert _changes(sessions, "running", "success") == {"deferred": 1, "running": 1}
+    assert all(proc.poll() is None for proc in services.procs.values())
+
+
+# -- entries of any shape -----------------------------------------------------------------------
+
+WAIT_DAG = """
+import datetime as dt
+
+from deferral import DAG, BaseOperator
+from deferral.triggers import TimeDeltaTrigger
+
+
+class Waits(BaseOperator):
+    def execute(self, context):
+        self.defer(trigger=TimeDeltaTrigger(dt.timedelta(seconds=1)), method_name="resume")
+
+    def resume(self, context, event):
+        return "resumed"
+
+
+with DAG("{dag_id}") as dag:
+    Waits(task_id="wait")
+"""
+
+JUNK = 100_000  # small junk entries in all, spread over the three streams
+DEAD_BOUND = 1_000
+
+
+def _junk(broker: Broker, stream: str, n: int) -> None:
+    with broker.redis.pipeline(transaction=False) as pipe:
+        for i in range(n):
+            pipe.execute_command("XADD", stream, "*", "junk", str(i))
+            if i % 5_000 == 4_999:
+                pipe.execute()
+        pipe.execute()
+
+
+def test_huge_wide_and_a_flood_of_junk_entries_are_dead_lettered_and_nothing_stops(
+    services: Services, write_dag: Any, sessions: sessionmaker[Session], broker: Broker
+) -> None:
+    write_dag("e2e_before_junk", WAIT_DAG.format(dag_id="e2e_before_junk"))
+    write_dag("e2e_after_junk", WAIT_DAG.format(dag_id="e2e_after_junk"))
+    services.env["DEFERRAL_DEAD_LETTER_MAXLEN"] = str(DEAD_BOUND)
+    queue = broker.keys.queue("default")
+    streams = (broker.keys.triggers, broker.keys.events, queue)
+    groups = {broker.keys.triggers: GROUP_TRIGGERERS, broker.keys.events: GROUP_SCHEDULERS}
+    groups[queue] = GROUP_WORKERS
+    procs: dict[str, subprocess.Popen[bytes]] = {
+        "scheduler": services.start("scheduler"),
+        "worker": services.start("worker", "--concurrency", "4"),
+        "triggerer": services.start("triggerer"),
+    }
+    assert services.run("dags", "trigger", "e2e_before_junk").returncode == 0
+    wait_for(lambda: _states(sessions) == {"wait": "success"}, timeout=90, what="a first task")
+
+    for stream in streams:
+        broker.redis.xadd(stream, {f"f{i}": "v" for i in range(4000)})
+        broker.redis.xadd(stream, {"payload": b"x" * (10 * 1024 * 1024)})
+    for stream in streams:
+        _junk(broker, stream, JUNK // len(streams))
+    assert services.run("dags", "trigger", "e2e_after_junk").returncode == 0
+
+    def drained() -> bool:
+        assert all(proc.poll() is None for proc in procs.values()), "a service stopped"
+        # Bounded all along: MAXLEN ~ trims whole nodes of 100 entries.
+        assert int(broker.redis.xlen(broker.keys.dead)) <= DEAD_BOUND + 100
+        return all(int(broker.redis.xlen(s)) == 0 for s in streams)
+
+    wait_for(drained, timeout=1200, interval=1, what="every junk entry to be dead-lettered")
+    wait_for(
+        lambda: (
+            _dag_states(sessions) == {"e2e_before_junk": "success", "e2e_after_junk": "success"}
+        ),
+        timeout=120,
+        what="the task deferred after the junk to resume and succeed",
+    )
+    assert DEAD_BOUND <= int(broker.redis.xlen(broker.keys.dead)) <= DEAD_BOUND + 100
+    for name, over in (
+        ("triggerer", "over the limit of 16 fields"),
+        ("scheduler", "over the limit of 4194304 bytes"),
+        ("worker", "over the limit of 16 fields"),
+    ):
+        assert over in services.log(name), name
