@@ -105,6 +105,14 @@ LOOP_STALLS = Counter(
     registry=None,
 )
 
+# The name this counter had before the stall monitor; kept for one release so that dashboards
+# and alerts on it keep working (it counts exactly what LOOP_STALLS counts).
+BLOCKED_LOOP_WARNINGS = Counter(
+    "deferral_triggerer_blocked_loop_warnings",
+    "Deprecated alias of deferral_triggerer_loop_stalls_total, kept for one release.",
+    registry=None,
+)
+
 # -- scheduler ----------------------------------------------------------------------------------
 
 EVENTS = Counter(
@@ -173,6 +181,7 @@ _OWN: dict[str, tuple[MetricWrapperBase, ...]] = {
         TRIGGERS_CANCELLED,
         LOOP_LAG,
         LOOP_STALLS,
+        BLOCKED_LOOP_WARNINGS,
     ),
     SCHEDULER: (EVENTS, RESUME_LATENCY, DISPATCHES, DEFERRAL_TIMEOUTS, RECONCILER_REPAIRS),
     WORKER: (TASK_ATTEMPTS, ATTEMPTS_RUNNING, WORKER_SLOTS_FREE),

@@ -961,6 +961,7 @@ def _report_stall(culprit: RunningTrigger | str | None, stack: str) -> None:
     """The loop has not moved for the stall threshold: say who holds it and where, while it
     still does (called from the watchdog thread)."""
     metrics.LOOP_STALLS.inc()
+    metrics.BLOCKED_LOOP_WARNINGS.inc()
     name, extra = _culprit_named(culprit)
     log.warning(
         "event loop stalled: %s is holding it in synchronous code; its stack:\n%s",
