@@ -36,6 +36,7 @@ from broker.streams import (
     ForgedEntry,
     MalformedEntry,
     StreamKeys,
+    is_wake,
     queue_message,
     read_event,
 )
@@ -531,7 +532,14 @@ class SchedulerService:
         """Apply a batch of events, queue the tasks they resumed where pools and budgets allow,
         and only then acknowledge them (after commit)."""
         deliveries = self.unapplied or self.consumer.poll(EVENT_BATCH, block_ms=block_ms)
+        wakes = [d.entry for d in deliveries if is_wake(d.entry.fields)]
+        if wakes:
+            # A worker recorded a task's end: the loop that follows evaluates the marked runs
+            # at once (what to do is read from Postgres; the entry carries nothing more).
+            self.consumer.retire(wakes)
+            deliveries = [d for d in deliveries if not is_wake(d.entry.fields)]
         if not deliveries:
+            self.unapplied = []
             return 0
         faults.inject("scheduler.events_read")
         self.unapplied = list(deliveries)

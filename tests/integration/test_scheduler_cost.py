@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import datetime as dt
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -16,11 +17,13 @@ from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.pool import NullPool
 
 from broker.client import Broker
-from deferral.config import Settings
+from deferral.config import Settings, load_settings
 from deferral.crypto import Cipher
+from deferral.db import make_engine, make_sessionmaker
 from deferral.models import TaskInstance
 from scheduler import service as scheduler_service
 from scheduler.service import SchedulerService
+from tests.conftest import fresh_database
 from tests.helpers import wait_for
 from tests.integration.factories import deferred_task
 from tests.servers import REDIS_URL
@@ -219,15 +222,22 @@ def _tuples_read(stats: Any) -> int:
         )
 
 
+@pytest.fixture
+def own_database(service_env: dict[str, str]) -> Iterator[Settings]:
+    """Settings on a database of this test's own (migrated to head): PostgreSQL's read counts
+    of a database are only this test's when no other test's connection can report into them."""
+    for url in fresh_database("deferral_cost"):
+        yield load_settings({**service_env, "DEFERRAL_DATABASE_URL": url}, Path("/nonexistent"))
+
+
 def test_one_change_in_a_run_costs_the_same_in_a_run_of_10_or_10000_tasks(
-    settings: Settings,
-    sessions: sessionmaker[Session],
-    cipher: Cipher,
-    write_dag: Callable[[str, str], Any],
+    own_database: Settings, cipher: Cipher, write_dag: Callable[[str, str], Any]
 ) -> None:
     """One loop that evaluates a run just marked by a success and applies one fired event of
     that run (resumed and queued in that loop): the same statements, and no more rows read by
     PostgreSQL, in a run of 10,000 tasks as in a run of 10."""
+    settings = own_database
+    sessions = make_sessionmaker(make_engine(settings.database_url))
     sizes = {"cost_small": 10, "cost_big": 10_000}
     triggers = {}
     for dag_id, size in sizes.items():
@@ -270,6 +280,8 @@ def test_one_change_in_a_run_costs_the_same_in_a_run_of_10_or_10000_tasks(
         assert states == {"t1": "queued", "t2": "deferred"}, dag_id  # resumed, queued
         assert marked is None, dag_id  # evaluated in that loop
     stats.dispose()
+    sessions.kw["bind"].dispose()
+    service.engine.dispose()
     service.broker.close()
 
     (small_statements, small_reads), (big_statements, big_reads) = costs.values()
