@@ -147,6 +147,7 @@ class SchedulerService:
         # DAG callbacks run in these threads; runs finished in the current evaluation pass.
         self.callbacks = ThreadPoolExecutor(max_workers=2, thread_name_prefix="dag-callbacks")
         self._finished: list[tuple[DAG, DagRun, bool, str]] = []
+        self._scheduled: list[int] = []  # task instances the current evaluation pass scheduled
         # Run id -> the DAG object the run was last found to have every task of.
         self._checked: dict[int, DAG] = {}
         self.broker: Broker
@@ -292,7 +293,7 @@ class SchedulerService:
             # three index probes, whatever its size: a run of 10,000 tasks is marked by each
             # success (scheduler/DECISIONS.md 12).
             probed = runstate.probes(session, [(run.dag_id, run.run_id) for run in runs])
-            self._finished = []
+            self._finished, self._scheduled = [], []
             for run in runs:
                 dag = self._dag(run.dag_id)
                 probes = probed.get((run.dag_id, run.run_id), decide.RunProbes(False, False, False))
@@ -310,7 +311,12 @@ class SchedulerService:
                     # One run that raises must not stop the others: say why, look again later.
                     log.exception("evaluating run %s of DAG %s failed", run.run_id, run.dag_id)
                     transitions.evaluated(session, run, error=f"{type(exc).__name__}: {exc}")
+            # Tasks that became ready are queued in this transaction, as resumed tasks are (the
+            # same decision: pools, priorities, max_active_tasks), not by a later dispatch pass.
+            staged = self._dispatch_resumed(session, self._scheduled)
         self._call_back(self._finished)
+        metrics.DISPATCHES.inc(len(staged))
+        outbox.flush(self.sessions, self.broker, staged)
 
     def _call_back(self, finished: Sequence[tuple[DAG, DagRun, bool, str]]) -> None:
         """Run the DAG callbacks of runs that finished (and committed), off the loop: they are
@@ -350,7 +356,9 @@ class SchedulerService:
         if probes.waiting or probes.retries_undue or moved:
             tis = runstate.undecided(session, dag, run.dag_id, run.run_id)
             new_ti = functools.partial(_new_ti, run)
-            moved += waiting.advance(session, run, dag, tis, new_ti, self.settings.max_map_length)
+            advanced = waiting.advance(session, run, dag, tis, new_ti, self.settings.max_map_length)
+            moved += advanced.moved
+            self._scheduled += advanced.scheduled
             now = dt.datetime.now(dt.UTC)
             transitions.set_retry_due(
                 session,

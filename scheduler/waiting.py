@@ -6,6 +6,7 @@ through ``deferral.transitions``."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 from sqlalchemy.orm import Session
 
@@ -18,6 +19,14 @@ from scheduler import decide, mapping
 from scheduler.mapping import Move, NewTaskInstanceOf
 
 
+@dataclass
+class Advanced:
+    """What an evaluation moved: how many task instances, and which of them to scheduled."""
+
+    moved: int = 0
+    scheduled: list[int] = field(default_factory=list)
+
+
 def advance(
     session: Session,
     run: DagRun,
@@ -25,10 +34,10 @@ def advance(
     tis: Sequence[decide.RunTask],
     new_ti: NewTaskInstanceOf,
     max_map_length: int,
-) -> int:
+) -> Advanced:
     """Schedule, skip or fail the run's waiting task instances as their trigger rules say,
     expanding mapped tasks that may run; ``tis`` are the waiting ones and what their upstream
-    tasks count (``scheduler.runstate.undecided``). Returns how many task instances moved.
+    tasks count (``scheduler.runstate.undecided``). Returns what moved.
     Moves of one kind and reason are one statement."""
     states = decide.run_states(tis)
     expansions = mapping.Expansions(mapping.read_shapes(session, run, dag, states), max_map_length)
@@ -52,11 +61,12 @@ def advance(
     grouped: dict[tuple[TaskState, str], list[int]] = {}
     for move in moves:
         grouped.setdefault((move.to_state, move.reason), []).extend(move.ids)
-    count = 0
+    advanced = Advanced()
     for (to_state, reason), ids in grouped.items():
         if to_state == TaskState.SCHEDULED:
             moved = transitions.schedule(session, ids, reason)
+            advanced.scheduled += moved
         else:
             moved = transitions.never_run(session, ids, to_state, reason)
-        count += len(moved)
-    return count
+        advanced.moved += len(moved)
+    return advanced
