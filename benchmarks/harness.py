@@ -108,7 +108,9 @@ def report(title: str, figures: Iterable[Figure], notes: Iterable[str] = ()) -> 
 class Stack:
     """A fresh database and stream prefix, and the service processes started on them."""
 
-    def __init__(self, *, heartbeat_sec: float = 5.0, keep: bool = False) -> None:
+    def __init__(
+        self, *, heartbeat_sec: float = 5.0, keep: bool = False, max_map_length: int = 1024
+    ) -> None:
         self.name = f"deferral_bench_{uuid.uuid4().hex[:8]}"
         self.keep = keep
         self.home = Path(tempfile.mkdtemp(prefix=f"{self.name}-"))
@@ -124,6 +126,7 @@ class Stack:
             "DEFERRAL_DAGS_FOLDER": str(self.dags),
             "DEFERRAL_STREAM_PREFIX": self.name,
             "DEFERRAL_HEARTBEAT_SEC": f"{heartbeat_sec:g}",
+            "DEFERRAL_MAX_MAP_LENGTH": str(max_map_length),
         }
         self.env = {**os.environ, **env}
         self.services = Services(env, self.logs)

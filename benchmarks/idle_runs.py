@@ -33,7 +33,8 @@ from harness import (
 )
 from sqlalchemy import text
 
-PROBE_DAG = """
+# A task that defers {delay} seconds and returns the moment it woke for (chain_latency too).
+PROBE_OPERATOR = """
 import datetime as dt
 
 from deferral import DAG, BaseOperator
@@ -47,11 +48,16 @@ class Probe(BaseOperator):
 
     def resume(self, context, event):
         return event.isoformat()
+"""
 
+PROBE_DAG = (
+    PROBE_OPERATOR
+    + """
 
 with DAG("bench_probe", max_active_runs=1) as dag:
     Probe(task_id="probe")
 """
+)
 
 IDLE_DAG = """
 import datetime as dt
@@ -74,19 +80,23 @@ with DAG("bench_idle", max_active_runs={idle}) as dag:
 """
 
 
+def run_one_after_another(stack: Stack, dag_id: str, run_ids: list[str]) -> None:
+    """Trigger each run of ``dag_id`` once the one before has succeeded."""
+    for run_id in run_ids:
+        stack.trigger(dag_id, [run_id])
+        wait_for(
+            lambda run_id=run_id: stack.run_state(dag_id, run_id) == "success",  # type: ignore[misc]
+            timeout=120,
+            interval=0.05,
+            what=f"run {run_id} of {dag_id}",
+        )
+
+
 def probe(stack: Stack, runs: int, label: str) -> tuple[list[float], list[float]]:
     """Run the probe DAG ``runs`` times, one after the other; fire -> scheduled and fire ->
     success of each, in ms."""
     with EventsWatch(stack) as watch:
-        for i in range(runs):
-            run_id = f"{label}{i}"
-            stack.trigger("bench_probe", [run_id])
-            wait_for(
-                lambda run_id=run_id: stack.run_state("bench_probe", run_id) == "success",  # type: ignore[misc]
-                timeout=120,
-                interval=0.05,
-                what=f"probe run {run_id}",
-            )
+        run_one_after_another(stack, "bench_probe", [f"{label}{i}" for i in range(runs)])
     with stack.sessions() as session:
         rows = session.execute(
             text(
@@ -152,6 +162,18 @@ def steps(changes: list[Change], moments: dict[int, dt.datetime]) -> str:
     return ", ".join(f"{step} {median(values):.1f}" for step, values in taken.items())
 
 
+def start_probe_services(stack: Stack, workers: int, concurrency: int, capacity: int) -> list[str]:
+    """A scheduler, a triggerer holding up to ``capacity`` triggers and ``workers`` workers of
+    ``concurrency`` slots, started; returns their names."""
+    names = ["scheduler1", "triggerer1"] + [f"worker{i + 1}" for i in range(workers)]
+    stack.start("scheduler1")
+    stack.start("triggerer1", "--capacity", str(capacity))
+    for name in names[2:]:
+        stack.start(name, "--concurrency", str(concurrency))
+    stack.wait_started(*names)
+    return names
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--idle", type=int, default=10_000, help="runs waiting meanwhile")
@@ -166,12 +188,7 @@ def main() -> None:
     with Stack(keep=args.keep_logs) as stack:
         stack.write_dag("bench_probe", PROBE_DAG.format(delay=args.delay))
         stack.write_dag("bench_idle", IDLE_DAG.format(idle=args.idle))
-        names = ["scheduler1", "triggerer1"] + [f"worker{i + 1}" for i in range(args.workers)]
-        stack.start("scheduler1")
-        stack.start("triggerer1", "--capacity", str(args.idle + 100))
-        for name in names[2:]:
-            stack.start(name, "--concurrency", str(args.concurrency))
-        stack.wait_started(*names)
+        names = start_probe_services(stack, args.workers, args.concurrency, args.idle + 100)
         stack.trigger("bench_probe", ["warm-up"])  # first imports and connections
         wait_for(
             lambda: stack.run_state("bench_probe", "warm-up") == "success",

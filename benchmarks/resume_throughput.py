@@ -2,6 +2,8 @@
 they are all resumed and finished once the moment comes.
 
     .venv/bin/python benchmarks/resume_throughput.py --n 10000
+    .venv/bin/python benchmarks/resume_throughput.py --n 10000 --tasks-per-run 10000
+    .venv/bin/python benchmarks/resume_throughput.py --n 10000 --tasks-per-run 10000 --mapped
 
 Starts schedulers, workers and triggerers (``consume`` console scripts) on a fresh database and
 stream prefix, triggers runs of a DAG whose tasks each defer on a ``DateTimeTrigger`` at the same
@@ -33,7 +35,7 @@ from harness import (
     wait_for,
 )
 
-DAG = """
+OPERATOR = """
 import datetime as dt
 from pathlib import Path
 
@@ -45,24 +47,46 @@ MOMENT_FILE = Path(__file__).with_name("moment.txt")
 
 
 class WaitForMoment(BaseOperator):
+    def __init__(self, *, index=None, **kwargs):
+        super().__init__(**kwargs)
+        self.index = index
+
     def execute(self, context):
         moment = dt.datetime.fromisoformat(MOMENT_FILE.read_text())
         self.defer(trigger=DateTimeTrigger(moment), method_name="resume")
 
     def resume(self, context, event):
         return None
+"""
 
+DAG = (
+    OPERATOR
+    + """
 
 with DAG("bench_throughput", max_active_tasks={per_run}, max_active_runs={runs}) as dag:
     for i in range({per_run}):
         WaitForMoment(task_id=f"t{{i}}")
 """
+)
+
+# The shape of Airflow's own deferral benchmark: one task mapped over the run's tasks.
+MAPPED_DAG = (
+    OPERATOR
+    + """
+
+with DAG("bench_throughput", max_active_tasks={per_run}, max_active_runs={runs}) as dag:
+    WaitForMoment.partial(task_id="t").expand(index=list(range({per_run})))
+"""
+)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--n", type=int, default=10_000, help="tasks deferred on one moment")
     parser.add_argument("--tasks-per-run", type=int, default=1000, help="tasks in each DAG run")
+    parser.add_argument(
+        "--mapped", action="store_true", help="each run is one task mapped over its tasks"
+    )
     parser.add_argument("--lead", type=float, help="seconds from triggering to the moment")
     parser.add_argument("--schedulers", type=int, default=1)
     parser.add_argument("--workers", type=int, default=2, help="worker processes")
@@ -78,10 +102,11 @@ def main() -> None:
     n = runs * per_run
     lead = args.lead if args.lead is not None else 30.0 + n / 250
 
-    with Stack(keep=args.keep_logs) as stack:
+    with Stack(keep=args.keep_logs, max_map_length=per_run) as stack:
         if args.pool_slots is not None:
             stack.set_pool_slots("default_pool", args.pool_slots)
-        stack.write_dag("bench_throughput", DAG.format(per_run=per_run, runs=runs))
+        source = MAPPED_DAG if args.mapped else DAG
+        stack.write_dag("bench_throughput", source.format(per_run=per_run, runs=runs))
         names = start_services(stack, args, capacity=-(-n // args.triggerers))
         moment = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=lead)
         (stack.dags / "moment.txt").write_text(moment.isoformat())
@@ -116,7 +141,8 @@ def main() -> None:
     succeeded = [(c.at - moment).total_seconds() for c in changes if c.to_state == "success"]
     deferral_window = (max(deferred) - min(picked)).total_seconds()
     ok = report(
-        f"resume_throughput: {n} tasks deferred on one moment ({runs} run(s) of {per_run};"
+        f"resume_throughput: {n} tasks deferred on one moment ({runs} run(s) of {per_run}"
+        f"{', one task mapped' if args.mapped else ''};"
         f" {args.schedulers} scheduler(s), {args.workers} worker(s) x {args.concurrency} slots,"
         f" {args.triggerers} triggerer(s))",
         [

@@ -28,6 +28,19 @@ EVENT_KIND_EVENT = "event"
 EVENT_KIND_FAILURE = "failure"
 EVENT_KINDS = (EVENT_KIND_EVENT, EVENT_KIND_FAILURE)
 
+# An events entry that only asks a scheduler to look at the runs marked in Postgres now (a
+# worker recorded a task's end, so downstream tasks may be ready), instead of after its blocking
+# read times out. It is not signed and names nothing: what a scheduler then does is read from
+# Postgres, so a forged one costs a scheduler loop and changes no state.
+WAKE_FIELD = "wake"
+WAKE: dict[str, str] = {WAKE_FIELD: "marked runs"}
+
+
+def is_wake(fields: Mapping[bytes, bytes]) -> bool:
+    """Whether an events entry is a :data:`WAKE` (and no event)."""
+    return fields.keys() == {WAKE_FIELD.encode()}
+
+
 # Postgres bigint and integer: an id outside them must be refused before it reaches SQL.
 MAX_BIGINT = 2**63 - 1
 MAX_INT = 2**31 - 1

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple, Protocol
@@ -29,9 +30,10 @@ class HasState(Protocol):
 
 class RunTask(NamedTuple):
     """A task instance as a run's evaluation reads it: the columns it needs, in a plain row
-    rather than an ORM object, since every evaluation of a run reads all of its tasks."""
+    rather than an ORM object. ``id`` None: one of the task instances an upstream count stands
+    for (``scheduler.runstate.undecided``), which the evaluation counts but never moves."""
 
-    id: int
+    id: int | None
     task_id: str
     map_index: int
     state: str
@@ -52,6 +54,18 @@ def run_states(tis: Iterable[HasState]) -> dict[str, dict[int, str]]:
 MappedDecision = Callable[[BaseOperator, TaskState | None, RunStates], TaskState | None]
 
 
+_POSITIONS: weakref.WeakKeyDictionary[DAG, dict[str, int]] = weakref.WeakKeyDictionary()
+
+
+def topological_positions(dag: DAG) -> dict[str, int]:
+    """Each task's place in ``dag.topological_order()``, computed once per DAG object."""
+    found = _POSITIONS.get(dag)
+    if found is None:
+        found = {task.task_id: i for i, task in enumerate(dag.topological_order())}
+        _POSITIONS[dag] = found
+    return found
+
+
 def waiting_task_decisions(
     dag: DAG, states: RunStates, mapped: MappedDecision | None = None
 ) -> dict[str, TaskState]:
@@ -62,7 +76,11 @@ def waiting_task_decisions(
     upstream_failed makes its own downstream decidable at once."""
     current = {task_id: dict(by_index) for task_id, by_index in states.items()}
     decisions: dict[str, TaskState] = {}
-    for task in dag.topological_order():
+    # Only the tasks with task instances at hand, upstream first: an evaluation reads the
+    # waiting tasks and their upstream counts, not the whole run, nor walks the whole DAG.
+    position = topological_positions(dag)
+    for task_id in sorted((t for t in current if t in position), key=position.__getitem__):
+        task = dag.task_dict[task_id]
         mine = current.get(task.task_id, {})
         if TaskState.NONE not in mine.values():
             continue
@@ -80,37 +98,44 @@ def waiting_task_decisions(
 
 
 @dataclass(frozen=True)
-class RunSummary:
-    """Counts over a run's task instances, read in one aggregate before deciding whether the
-    run must be read whole."""
+class RunProbes:
+    """Index probes of a run's unfinished task instances, read for every marked run before
+    deciding whether anything of it must be read (``scheduler.runstate.probes``)."""
 
-    waiting: int  # in state none: their trigger rules may now be met
-    retries_undue: int  # up_for_retry without a due time yet
-    unfinished: int
-    task_ids: int  # distinct task ids
+    waiting: bool  # a task instance in state none: its trigger rule may now be met
+    retries_undue: bool  # up_for_retry without a due time yet
+    unfinished: bool
 
 
-def needs_evaluation(summary: RunSummary, dag_task_count: int) -> bool:
+def needs_evaluation(probes: RunProbes, *, checked_against_dag: bool) -> bool:
     """Whether evaluating the run could change anything: a task waits on its trigger rule, a
-    retry needs its due time, the run may be over, or the DAG's tasks differ in number from the
-    run's (a task joined). Otherwise nothing can be decided and the run need not be read."""
+    retry needs its due time, the run may be over, or the run has not been checked against its
+    DAG's tasks yet (a task may have joined). Otherwise nothing can be decided and nothing of
+    the run is read."""
     return (
-        summary.waiting > 0
-        or summary.retries_undue > 0
-        or summary.unfinished == 0
-        or summary.task_ids != dag_task_count
+        probes.waiting or probes.retries_undue or not probes.unfinished or not checked_against_dag
     )
 
 
-def dag_run_outcome(dag: DAG, states: RunStates) -> DagRunState | None:
+def run_outcome(*, unfinished: bool, leaf_failed: bool) -> DagRunState | None:
     """None while any task instance can still change; then failed if a task instance of a
     leaf task (any map index) failed, else success."""
-    if any(TaskState(s) not in FINISHED_STATES for tis in states.values() for s in tis.values()):
+    if unfinished:
         return None
+    return DagRunState.FAILED if leaf_failed else DagRunState.SUCCESS
+
+
+def dag_run_outcome(dag: DAG, states: RunStates) -> DagRunState | None:
+    """:func:`run_outcome` of a run whose every state is at hand."""
     leaves = [t.task_id for t in dag.tasks if not t.downstream_task_ids]
-    if any(s in FAILED_STATES for leaf in leaves for s in states.get(leaf, {}).values()):
-        return DagRunState.FAILED
-    return DagRunState.SUCCESS
+    return run_outcome(
+        unfinished=any(
+            TaskState(s) not in FINISHED_STATES for tis in states.values() for s in tis.values()
+        ),
+        leaf_failed=any(
+            s in FAILED_STATES for leaf in leaves for s in states.get(leaf, {}).values()
+        ),
+    )
 
 
 def next_try_at(

@@ -11,7 +11,7 @@ applies a decision through ``deferral.transitions``.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -187,13 +187,15 @@ def carry_out(
     runs; otherwise move them all. Returns the task instances created or moved to another map
     index (id, map index) and the moves still to make."""
     reason = expansions.reasons.get(task.task_id, "trigger rule")
-    waiting = [ti for ti in tis if ti.state == TaskState.NONE]
+    # Waiting task instances are read as rows (an upstream count is never of state none).
+    waiting = [ti for ti in tis if ti.state == TaskState.NONE and ti.id is not None]
     if decision is not TaskState.SCHEDULED:
-        return [], [Move(decision, reason, [ti.id for ti in waiting])]
+        return [], [Move(decision, reason, _ids(waiting))]
     length = expansions.expansion(task).length
     placeholder = next((ti for ti in waiting if ti.map_index < 0), None)
     if placeholder is not None:
         more = [new_ti(task, index) for index in range(1, length)]
+        assert placeholder.id is not None
         expanded = transitions.expand_mapped_task(session, run, placeholder.id, more)
         return expanded, [Move(decision, reason, [ti_id for ti_id, _ in expanded])]
     # Expanded before and cleared since: its input may have another length now.
@@ -201,7 +203,11 @@ def carry_out(
     created = transitions.add_task_instances(
         session, run, [new_ti(task, i) for i in range(length) if i not in existing]
     )
-    kept = [ti.id for ti in waiting if ti.map_index < length] + [ti_id for ti_id, _ in created]
-    beyond = [ti.id for ti in waiting if ti.map_index >= length]
+    kept = _ids(ti for ti in waiting if ti.map_index < length) + [ti_id for ti_id, _ in created]
+    beyond = _ids(ti for ti in waiting if ti.map_index >= length)
     removed = f"its input now gives {length} value(s): no value for this map index"
     return created, [Move(decision, reason, kept), Move(TaskState.REMOVED, removed, beyond)]
+
+
+def _ids(tis: Iterable[RunTask]) -> list[int]:
+    return [ti.id for ti in tis if ti.id is not None]

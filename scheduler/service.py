@@ -37,6 +37,7 @@ from broker.streams import (
     ForgedEntry,
     MalformedEntry,
     StreamKeys,
+    is_wake,
     queue_message,
     read_event,
 )
@@ -68,10 +69,10 @@ from deferral.models import DagRun, Scheduler, TaskInstance
 from deferral.policies import apply_task_instance_mutation_hook
 from deferral.process import Every, freeze_startup_objects, log_ids
 from deferral.serialization import SerializationError
-from deferral.states import FINISHED_STATES, DagRunState, TaskState
+from deferral.states import DagRunState, TaskState
 from deferral.tasklogs import SOURCE_TRIGGERER, NewLine
 from deferral.transitions import FiredEvent, NewTaskInstance
-from scheduler import dagruns, dags, decide, waiting
+from scheduler import dagruns, dags, decide, runstate, waiting
 from scheduler.reconcile import Reconciler
 
 log = logging.getLogger("deferral.scheduler")
@@ -94,6 +95,7 @@ PRUNE_EVERY_SEC = 3600.0
 DEFAULT_MAX_ACTIVE_TASKS = 16
 SCHEDULE_RUNS_EVERY_SEC = 1.0
 RECOLLECT_MISSING_SEC = 1.0
+CHECKED_RUNS_KEPT = 100_000
 
 # The resumed tasks still scheduled (locked; one another scheduler holds is skipped), then the
 # number of queued and running tasks of each of their runs, counted once per run. Two kinds of
@@ -146,6 +148,9 @@ class SchedulerService:
         # DAG callbacks run in these threads; runs finished in the current evaluation pass.
         self.callbacks = ThreadPoolExecutor(max_workers=2, thread_name_prefix="dag-callbacks")
         self._finished: list[tuple[DAG, DagRun, bool, str]] = []
+        self._scheduled: list[int] = []  # task instances the current evaluation pass scheduled
+        # Run id -> the DAG object the run was last found to have every task of.
+        self._checked: dict[int, DAG] = {}
         self.broker: Broker
         self.consumer: StreamConsumer
         self.reconciler: Reconciler
@@ -270,6 +275,7 @@ class SchedulerService:
                 dag = self._dag(run.dag_id)
                 if dag is not None:
                     transitions.start_dag_run(session, run, [_new_ti(run, t) for t in dag.tasks])
+                    self._remember_checked(run.id, dag)
                     log.info("started run %s of DAG %s", run.run_id, run.dag_id)
                 elif not dags.grace_left(session, run.dag_id):
                     log.error("run %s of DAG %r failed: DAG not found", run.run_id, run.dag_id)
@@ -287,34 +293,34 @@ class SchedulerService:
             ).all()
             if not runs:
                 return
-            # A run in which nothing can be decided (its tasks run or wait on triggers) is
-            # only counted, not read whole: a run of a thousand tasks is marked by each success.
-            summaries = _summaries(session, runs)
-            to_read = [
-                run
-                for run in runs
-                if (dag := self._dag(run.dag_id)) is None
-                or decide.needs_evaluation(
-                    summaries.get((run.dag_id, run.run_id), decide.RunSummary(0, 0, 0, 0)),
-                    len(dag.task_dict),
-                )
-            ]
-            tis = _task_instances_of(session, to_read)
-            self._finished = []
+            # A run in which nothing can be decided (its tasks run or wait on triggers) costs
+            # three index probes, whatever its size: a run of 10,000 tasks is marked by each
+            # success (scheduler/DECISIONS.md 12).
+            probed = runstate.probes(session, [(run.dag_id, run.run_id) for run in runs])
+            self._finished, self._scheduled = [], []
             for run in runs:
-                if run not in to_read:
+                dag = self._dag(run.dag_id)
+                probes = probed.get((run.dag_id, run.run_id), decide.RunProbes(False, False, False))
+                if dag is not None and not decide.needs_evaluation(
+                    probes, checked_against_dag=self._checked.get(run.id) is dag
+                ):
                     transitions.evaluated(session, run)
                     continue
                 try:
                     with session.begin_nested():
-                        self._evaluate(session, run, tis.get((run.dag_id, run.run_id), []))
+                        self._evaluate(session, run, probes)
                 except Exception as exc:
                     if is_transient(exc):
                         raise
                     # One run that raises must not stop the others: say why, look again later.
                     log.exception("evaluating run %s of DAG %s failed", run.run_id, run.dag_id)
                     transitions.evaluated(session, run, error=f"{type(exc).__name__}: {exc}")
+            # Tasks that became ready are queued in this transaction, as resumed tasks are (the
+            # same decision: pools, priorities, max_active_tasks), not by a later dispatch pass.
+            staged = self._dispatch_resumed(session, self._scheduled)
         self._call_back(self._finished)
+        metrics.DISPATCHES.inc(len(staged))
+        outbox.flush(self.sessions, self.broker, staged)
 
     def _call_back(self, finished: Sequence[tuple[DAG, DagRun, bool, str]]) -> None:
         """Run the DAG callbacks of runs that finished (and committed), off the loop: they are
@@ -333,35 +339,51 @@ class SchedulerService:
             )
             self.callbacks.submit(run_dag_callbacks, dag, info, success=success, reason=reason)
 
-    def _evaluate(self, session: Session, run: DagRun, tis: list[decide.RunTask]) -> None:
+    def _evaluate(self, session: Session, run: DagRun, probes: decide.RunProbes) -> None:
         dag = self._dag(run.dag_id)
         if dag is None:
             # Its DAG does not load (now): fail_broken_runs decides after the grace period, and
             # the run is looked at again when the DAG loads again.
             transitions.evaluated(session, run)
             return
-        known = {ti.task_id for ti in tis}
-        added = [_new_ti(run, t) for t in dag.tasks if t.task_id not in known]
-        if added:
-            # Tasks added to the DAG file after the run started join the run, as in Airflow.
-            transitions.add_task_instances(session, run, added)
-            tis = _task_instances_of(session, [run]).get((run.dag_id, run.run_id), [])
-        new_ti = functools.partial(_new_ti, run)
-        states = waiting.advance(session, run, dag, tis, new_ti, self.settings.max_map_length)
-        now = dt.datetime.now(dt.UTC)
-        transitions.set_retry_due(
-            session,
-            {
-                ti.id: decide.next_try_at(ti.end_date, dag.task_dict[ti.task_id].retry_delay, now)
-                for ti in tis
-                if ti.state == TaskState.UP_FOR_RETRY
-                and ti.due_at is None
-                and ti.task_id in dag.task_dict
-            },
-        )
-        outcome = decide.dag_run_outcome(dag, states)
+        moved = 0
+        if self._checked.get(run.id) is not dag:
+            # Tasks added to the DAG file after the run started join the run, as in Airflow;
+            # checked once per run and DAG object (the DagBag keeps the object of an unchanged
+            # file), not on every change.
+            missing = runstate.missing_tasks(session, run.dag_id, run.run_id, dag.task_dict)
+            added = [_new_ti(run, dag.task_dict[task_id]) for task_id in missing]
+            if added:
+                transitions.add_task_instances(session, run, added)
+                moved += len(added)
+            self._remember_checked(run.id, dag)
+        if probes.waiting or probes.retries_undue or moved:
+            tis = runstate.undecided(session, dag, run.dag_id, run.run_id)
+            new_ti = functools.partial(_new_ti, run)
+            advanced = waiting.advance(session, run, dag, tis, new_ti, self.settings.max_map_length)
+            moved += advanced.moved
+            self._scheduled += advanced.scheduled
+            now = dt.datetime.now(dt.UTC)
+            transitions.set_retry_due(
+                session,
+                {
+                    ti.id: decide.next_try_at(
+                        ti.end_date, dag.task_dict[ti.task_id].retry_delay, now
+                    )
+                    for ti in tis
+                    if ti.id is not None
+                    and ti.state == TaskState.UP_FOR_RETRY
+                    and ti.due_at is None
+                    and ti.task_id in dag.task_dict
+                },
+            )
+        outcome = None
+        if moved or not probes.unfinished:
+            unfinished, leaf_failed = runstate.outcome_probes(session, dag, run.dag_id, run.run_id)
+            outcome = decide.run_outcome(unfinished=unfinished, leaf_failed=leaf_failed)
         if outcome is not None:
             transitions.finish_dag_run(session, run, outcome)
+            self._checked.pop(run.id, None)
             log.info("run %s of DAG %s finished: %s", run.run_id, run.dag_id, outcome)
             success = outcome == DagRunState.SUCCESS
             self._finished.append(
@@ -369,6 +391,12 @@ class SchedulerService:
             )
         else:
             transitions.evaluated(session, run)
+
+    def _remember_checked(self, run_pk: int, dag: DAG) -> None:
+        """Remember that run ``run_pk`` has a task instance of every task of ``dag``."""
+        if len(self._checked) >= CHECKED_RUNS_KEPT:
+            self._checked.clear()  # runs finished elsewhere leave entries: start again
+        self._checked[run_pk] = dag
 
     # -- dispatch: scheduled -> queued -----------------------------------------------------------
 
@@ -516,7 +544,14 @@ class SchedulerService:
         """Apply a batch of events, queue the tasks they resumed where pools and budgets allow,
         and only then acknowledge them (after commit)."""
         deliveries = self.unapplied or self.consumer.poll(EVENT_BATCH, block_ms=block_ms)
+        wakes = [d.entry for d in deliveries if is_wake(d.entry.fields)]
+        if wakes:
+            # A worker recorded a task's end: the loop that follows evaluates the marked runs
+            # at once (what to do is read from Postgres; the entry carries nothing more).
+            self.consumer.retire(wakes)
+            deliveries = [d for d in deliveries if not is_wake(d.entry.fields)]
         if not deliveries:
+            self.unapplied = []
             return 0
         faults.inject("scheduler.events_read")
         self.unapplied = list(deliveries)
@@ -679,44 +714,6 @@ def _carried_lines(log: CarriedLog | None) -> tuple[NewLine, ...]:
         NewLine(ti, try_number, dt.datetime.fromtimestamp(at, dt.UTC), SOURCE_TRIGGERER, line)
         for at, line in log.lines
     )
-
-
-def _summaries(
-    session: Session, runs: Sequence[DagRun]
-) -> dict[tuple[str, str], decide.RunSummary]:
-    finished = [str(state) for state in FINISHED_STATES]
-    query = (
-        select(
-            TI.dag_id,
-            TI.run_id,
-            func.count().filter(TI.state == TaskState.NONE),
-            func.count().filter(TI.state == TaskState.UP_FOR_RETRY, TI.due_at.is_(None)),
-            func.count().filter(TI.state.not_in(finished)),
-            func.count(func.distinct(TI.task_id)),
-        )
-        .where(tuple_(TI.dag_id, TI.run_id).in_([(run.dag_id, run.run_id) for run in runs]))
-        .group_by(TI.dag_id, TI.run_id)
-    )
-    return {
-        (dag_id, run_id): decide.RunSummary(*counts)
-        for dag_id, run_id, *counts in session.execute(query)
-    }
-
-
-def _task_instances_of(
-    session: Session, runs: Sequence[DagRun]
-) -> dict[tuple[str, str], list[decide.RunTask]]:
-    keys = [(run.dag_id, run.run_id) for run in runs]
-    found: dict[tuple[str, str], list[decide.RunTask]] = {}
-    query = select(
-        TI.dag_id, TI.run_id, TI.id, TI.task_id, TI.map_index, TI.state, TI.due_at, TI.end_date
-    ).where(tuple_(TI.dag_id, TI.run_id).in_(keys))
-    for row in session.execute(query):
-        task = decide.RunTask(
-            row.id, row.task_id, row.map_index, row.state, row.due_at, row.end_date
-        )
-        found.setdefault((row.dag_id, row.run_id), []).append(task)
-    return found
 
 
 def _new_ti(run: DagRun, task: BaseOperator, map_index: int = -1) -> NewTaskInstance:

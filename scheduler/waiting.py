@@ -6,7 +6,7 @@ through ``deferral.transitions``."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from sqlalchemy.orm import Session
 
@@ -20,10 +20,11 @@ from scheduler.mapping import Move, NewTaskInstanceOf
 
 
 @dataclass
-class _Row:
-    task_id: str
-    map_index: int
-    state: str
+class Advanced:
+    """What an evaluation moved: how many task instances, and which of them to scheduled."""
+
+    moved: int = 0
+    scheduled: list[int] = field(default_factory=list)
 
 
 def advance(
@@ -33,14 +34,14 @@ def advance(
     tis: Sequence[decide.RunTask],
     new_ti: NewTaskInstanceOf,
     max_map_length: int,
-) -> dict[str, dict[int, str]]:
+) -> Advanced:
     """Schedule, skip or fail the run's waiting task instances as their trigger rules say,
-    expanding mapped tasks that may run; returns the run's states after these moves (what the
-    run's outcome is decided on). Moves of one kind and reason are one statement."""
+    expanding mapped tasks that may run; ``tis`` are the waiting ones and what their upstream
+    tasks count (``scheduler.runstate.undecided``). Returns what moved.
+    Moves of one kind and reason are one statement."""
     states = decide.run_states(tis)
     expansions = mapping.Expansions(mapping.read_shapes(session, run, dag, states), max_map_length)
     decisions = decide.waiting_task_decisions(dag, states, expansions.decide)
-    rows = {ti.id: _Row(ti.task_id, ti.map_index, ti.state) for ti in tis}
     of_task: dict[str, list[decide.RunTask]] = {}
     for ti in tis:
         of_task.setdefault(ti.task_id, []).append(ti)
@@ -49,24 +50,23 @@ def advance(
         mine = of_task[task_id]
         task = dag.task_dict[task_id]
         if isinstance(task, MappedOperator):
-            created, task_moves = mapping.carry_out(
+            _, task_moves = mapping.carry_out(
                 session, run, task, mine, decision, expansions, new_ti
             )
-            for ti_id, map_index in created:
-                rows[ti_id] = _Row(task_id, map_index, TaskState.NONE)
             moves += task_moves
         else:
-            waiting = [ti.id for ti in mine if ti.state == TaskState.NONE]
+            waiting = [ti.id for ti in mine if ti.state == TaskState.NONE and ti.id is not None]
             met = decision is TaskState.SCHEDULED
             moves.append(Move(decision, "dependencies met" if met else "trigger rule", waiting))
     grouped: dict[tuple[TaskState, str], list[int]] = {}
     for move in moves:
         grouped.setdefault((move.to_state, move.reason), []).extend(move.ids)
+    advanced = Advanced()
     for (to_state, reason), ids in grouped.items():
         if to_state == TaskState.SCHEDULED:
             moved = transitions.schedule(session, ids, reason)
+            advanced.scheduled += moved
         else:
             moved = transitions.never_run(session, ids, to_state, reason)
-        for ti_id in moved:
-            rows[ti_id].state = to_state
-    return decide.run_states(rows.values())
+        advanced.moved += len(moved)
+    return advanced

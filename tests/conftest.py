@@ -38,7 +38,13 @@ __all__ = ["wait_for"]
 @pytest.fixture(scope="session")
 def database_url() -> Iterator[str]:
     """A fresh database for this test session, migrated to head."""
-    name = f"deferral_test_{uuid.uuid4().hex[:10]}"
+    yield from fresh_database("deferral_test")
+
+
+def fresh_database(prefix: str) -> Iterator[str]:
+    """The URL of a new database (named ``prefix`` and a random suffix) migrated to head,
+    dropped when the generator is closed."""
+    name = f"{prefix}_{uuid.uuid4().hex[:10]}"
     admin = create_engine(ADMIN_URL, isolation_level="AUTOCOMMIT")
     with admin.connect() as conn:
         conn.execute(text(f'CREATE DATABASE "{name}"'))

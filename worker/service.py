@@ -27,6 +27,7 @@ from broker.consumer import Delivery, Lost, StreamConsumer, run_until_stopped
 from broker.owners import PostgresOwners
 from broker.streams import (
     GROUP_WORKERS,
+    WAKE,
     ForgedEntry,
     MalformedEntry,
     QueuedAttempt,
@@ -71,6 +72,9 @@ _OUTCOME_LABELS: dict[type, str] = {
     Rescheduled: "rescheduled",
     Skipped: "skipped",
 }
+
+# Outcomes (deferral_task_attempts labels) whose transition marks the task's run for evaluation.
+_ENDS_OF_TASKS = ("success", "failed", "skipped")
 
 
 @dataclass(frozen=True)
@@ -497,6 +501,10 @@ class WorkerService:
             for running, outcome in batch:
                 staged += self._record_alone(running, outcome)
         self.unrecorded = []
+        if any(self.tally[label] for label in _ENDS_OF_TASKS):
+            # Their runs are marked: a scheduler evaluates them now, not when its wait for
+            # events ends (downstream tasks of a success start ~100 ms sooner).
+            self.broker.publish(self.keys.events, WAKE)
         for outcome_label, count in self.tally.items():
             metrics.TASK_ATTEMPTS.labels(outcome_label).inc(count)
         outbox.flush(self.sessions, self.broker, staged)

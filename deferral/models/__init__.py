@@ -160,6 +160,18 @@ class TaskInstance(Base):
             "id",
             postgresql_where=text("state = 'scheduled'"),
         ),
+        # A run's evaluation probes its unfinished task instances by state (waiting, retries
+        # without a due time, any at all) instead of counting all of its task instances.
+        Index(
+            "ix_task_instance_run_unfinished",
+            "dag_id",
+            "run_id",
+            "state",
+            "task_id",
+            postgresql_where=text(
+                "state NOT IN ('success', 'failed', 'skipped', 'upstream_failed', 'removed')"
+            ),
+        ),
     )
 
     id: Mapped[int] = _id()

@@ -18,6 +18,7 @@ from click.testing import CliRunner
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
+from broker.client import Broker
 from deferral import transitions
 from deferral.config import Settings
 from deferral.models import TaskInstance
@@ -108,7 +109,7 @@ def test_the_scheduler_creates_task_instances_as_the_policies_shape_them(
 
 
 def test_the_policies_shape_the_map_indexes_of_a_mapped_task(
-    policed_folder: Path, settings: Settings, sessions: sessionmaker[Session]
+    policed_folder: Path, settings: Settings, sessions: sessionmaker[Session], broker: Broker
 ) -> None:
     (policed_folder / f"team_mapped_{uuid.uuid4().hex[:8]}.py").write_text(
         "from deferral import DAG\nfrom deferral.operators import BashOperator\n\n"
@@ -116,6 +117,7 @@ def test_the_policies_shape_the_map_indexes_of_a_mapped_task(
         "    BashOperator.partial(task_id='mapped').expand(bash_command=['a', 'b', 'c'])\n"
     )
     service = SchedulerService(settings, name="s")
+    service.attach(broker)  # the evaluation queues what it schedules
     with sessions.begin() as session:
         transitions.create_dag_run(session, "team_mapped", "r1", dt.datetime.now(dt.UTC), {})
     service.start_queued_runs()

@@ -7,19 +7,24 @@ from __future__ import annotations
 
 import datetime as dt
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import event, select, text
+from sqlalchemy import create_engine, event, select, text
 from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.pool import NullPool
 
 from broker.client import Broker
-from deferral.config import Settings
+from deferral.config import Settings, load_settings
 from deferral.crypto import Cipher
+from deferral.db import make_engine, make_sessionmaker
 from deferral.models import TaskInstance
 from scheduler import service as scheduler_service
 from scheduler.service import SchedulerService
+from tests.conftest import fresh_database
+from tests.helpers import wait_for
 from tests.integration.factories import deferred_task
 from tests.servers import REDIS_URL
 from triggerer.events import event_message
@@ -127,3 +132,162 @@ def test_one_loop_costs_the_same_whatever_the_idle_runs(
 
     assert 0 < few < 40
     assert many == few, f"{few} statements with 10 idle runs, {many} with 2,000"
+
+
+# -- a run's cost per change does not grow with the run (scheduler/DECISIONS.md 12) -------------
+
+SIZED_DAG = """
+from deferral import DAG
+from deferral.operators import EmptyOperator
+
+with DAG("{dag_id}", max_active_tasks=100_000) as dag:
+    for i in range({size}):
+        EmptyOperator(task_id=f"t{{i}}")
+"""
+
+
+def _sized_run(sessions: sessionmaker[Session], dag_id: str, size: int) -> int:
+    """A running run of ``size`` independent tasks as it is just after a success: t0 succeeded
+    (the run is marked), t1 deferred on a trigger of its own, every other task deferred. Returns
+    t1's trigger id."""
+    with sessions.begin() as session:
+        return int(
+            session.scalar(
+                text(
+                    """
+                    WITH run AS (
+                        INSERT INTO dag_run (dag_id, run_id, logical_date, state, start_date,
+                                             evaluate_after)
+                        VALUES (:dag_id, 'r', now(), 'running', now(), now())
+                    ), fires AS (
+                        INSERT INTO trigger (classpath, kwargs, fingerprint)
+                        VALUES ('deferral.triggers.temporal.DateTimeTrigger', 'sealed', 'f')
+                        RETURNING id
+                    ), tasks AS (
+                        INSERT INTO task_instance (dag_id, run_id, task_id, state, try_number,
+                                                   trigger_id, next_method, pool, queue)
+                        SELECT :dag_id, 'r', 't' || n,
+                               CASE WHEN n = 0 THEN 'success' ELSE 'deferred' END, 1,
+                               CASE WHEN n = 1 THEN (SELECT id FROM fires) END,
+                               CASE WHEN n > 0 THEN 'resume' END, 'default_pool', 'default'
+                        FROM generate_series(0, :size - 1) AS n
+                    )
+                    SELECT id FROM fires
+                    """
+                ),
+                {"dag_id": dag_id, "size": size},
+            )
+        )
+
+
+def _quiet(engines: list[Any], stats: Any) -> None:
+    """Close every connection to the test database, so that each backend reports its
+    statistics as it exits, and wait until PostgreSQL's counts are settled."""
+    for engine in engines:
+        engine.dispose()
+    with stats.connect() as conn:
+        wait_for(
+            lambda: (
+                conn.scalar(
+                    text(
+                        "SELECT count(*) FROM pg_stat_activity"
+                        " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+                    )
+                )
+                == 0
+            ),
+            timeout=30,
+            what="the test database's other connections to close",
+        )
+    readings = [_tuples_read(stats)]
+
+    def settled() -> bool:
+        readings.append(_tuples_read(stats))
+        return readings[-1] == readings[-2]
+
+    wait_for(settled, timeout=30, interval=0.3, what="the statistics to settle")
+
+
+def _tuples_read(stats: Any) -> int:
+    """Rows PostgreSQL read for the test database's tables: by sequential scans, and index
+    entries read by index scans (index-only scans included)."""
+    with stats.connect() as conn:
+        return int(
+            conn.scalar(
+                text(
+                    "SELECT (SELECT coalesce(sum(seq_tup_read), 0) FROM pg_stat_user_tables)"
+                    " + (SELECT coalesce(sum(idx_tup_read), 0) FROM pg_stat_user_indexes)"
+                )
+            )
+        )
+
+
+@pytest.fixture
+def own_database(service_env: dict[str, str]) -> Iterator[Settings]:
+    """Settings on a database of this test's own (migrated to head): PostgreSQL's read counts
+    of a database are only this test's when no other test's connection can report into them."""
+    for url in fresh_database("deferral_cost"):
+        yield load_settings({**service_env, "DEFERRAL_DATABASE_URL": url}, Path("/nonexistent"))
+
+
+def test_one_change_in_a_run_costs_the_same_in_a_run_of_10_or_10000_tasks(
+    own_database: Settings, cipher: Cipher, write_dag: Callable[[str, str], Any]
+) -> None:
+    """One loop that evaluates a run just marked by a success and applies one fired event of
+    that run (resumed and queued in that loop): the same statements, and no more rows read by
+    PostgreSQL, in a run of 10,000 tasks as in a run of 10."""
+    settings = own_database
+    sessions = make_sessionmaker(make_engine(settings.database_url))
+    sizes = {"cost_small": 10, "cost_big": 10_000}
+    triggers = {}
+    for dag_id, size in sizes.items():
+        write_dag(dag_id, SIZED_DAG.format(dag_id=dag_id, size=size))
+        triggers[dag_id] = _sized_run(sessions, dag_id, size)
+    with sessions.begin() as session:  # as autovacuum leaves a table of 10,000 new rows
+        session.execute(text("ANALYZE"))
+    service = _loop_service(settings)  # the first look at each run: checked against its DAG
+    stats = create_engine(settings.database_url, poolclass=NullPool)
+    costs = {}
+    for dag_id in sizes:
+        with sessions.begin() as session:  # another success in the run marks it
+            session.execute(
+                text("UPDATE dag_run SET evaluate_after = now() WHERE dag_id = :d"), {"d": dag_id}
+            )
+        service.broker.publish(
+            service.keys.events, event_message(cipher, triggers[dag_id], dag_id, "triggerer")
+        )
+        _quiet([service.engine, sessions.kw["bind"]], stats)
+        before = _tuples_read(stats)
+        now = time.monotonic()
+        for periodic in service.periodic:  # none of the periodic work is due in this loop
+            periodic.last = now
+        statements = _statements_of(service, service.step)
+        _quiet([service.engine, sessions.kw["bind"]], stats)
+        costs[dag_id] = (len(statements), _tuples_read(stats) - before)
+        with sessions() as session:
+            states = dict(
+                session.execute(
+                    text(
+                        "SELECT task_id, state FROM task_instance"
+                        " WHERE dag_id = :d AND task_id IN ('t1', 't2')"
+                    ),
+                    {"d": dag_id},
+                ).all()
+            )
+            marked = session.scalar(
+                text("SELECT evaluate_after FROM dag_run WHERE dag_id = :d"), {"d": dag_id}
+            )
+        assert states == {"t1": "queued", "t2": "deferred"}, dag_id  # resumed, queued
+        assert marked is None, dag_id  # evaluated in that loop
+    stats.dispose()
+    sessions.kw["bind"].dispose()
+    service.engine.dispose()
+    service.broker.close()
+
+    (small_statements, small_reads), (big_statements, big_reads) = costs.values()
+    said = f"10 tasks: {costs['cost_small']}, 10,000 tasks: {costs['cost_big']} (statements, rows)"
+    assert 0 < small_statements < 40, said
+    assert big_statements == small_statements, said
+    # A plan may differ between a table of 10 and one of 10,000 rows (a sequential scan of a
+    # few rows where an index is taken later), never by a read that grows with the run.
+    assert big_reads <= small_reads + 20, said

@@ -4,6 +4,7 @@ task and the argument; and what a map index runs (``MappedOperator.unmap``)."""
 
 from __future__ import annotations
 
+import copy
 import datetime as dt
 from typing import Any
 
@@ -374,3 +375,21 @@ def test_xcom_pull_of_a_mapped_task_gives_its_values_in_map_index_order() -> Non
     assert ti.xcom_pull(task_ids="mapped", map_indexes=1) == "b"
     assert ti.xcom_pull(task_ids="mapped", map_indexes=[2, 0]) == ["c", "a"]
     assert ti.xcom_pull(task_ids=["plain", "mapped"]) == ["p", ["a", "b", "c"]]
+
+
+def test_an_attempts_copy_shares_the_input_and_its_map_index_gets_values_of_its_own() -> None:
+    """An attempt deep-copies its task: the input (maybe 10,000 values) is shared, not copied
+    each attempt, and what one map index does to its value never reaches the input."""
+    with DAG("m", start_date=NOW):
+        mapped = PythonOperator.partial(task_id="p", python_callable=print).expand(
+            op_kwargs=[{"file": {"name": f"f{i}"}} for i in range(3)]
+        )
+    attempt = copy.deepcopy(mapped)
+    assert isinstance(attempt, MappedOperator)
+    assert attempt.expand_input is mapped.expand_input
+    operator = attempt.unmap(context_of(attempt, 1))
+    assert isinstance(operator, PythonOperator)
+    operator.op_kwargs["file"]["name"] = "changed by the task"
+    again = copy.deepcopy(mapped).unmap(context_of(mapped, 1))
+    assert isinstance(again, PythonOperator)
+    assert again.op_kwargs == {"file": {"name": "f1"}}

@@ -11,13 +11,14 @@ from deferral.operators import EmptyOperator
 from deferral.states import DagRunState, TaskState
 from scheduler.decide import (
     Ready,
-    RunSummary,
+    RunProbes,
     choose_dispatch,
     dag_run_outcome,
     dispatch_budget,
     needs_evaluation,
     next_try_at,
     plan_dispatch,
+    run_outcome,
     waiting_task_decisions,
 )
 
@@ -281,19 +282,25 @@ def test_a_run_whose_leaves_were_skipped_by_a_branch_succeeds() -> None:
     assert dag_run_outcome(dag, unmapped(states)) == DagRunState.SUCCESS
 
 
-# -- needs_evaluation: when a marked run must be read whole ----------------------------------------
+# -- needs_evaluation: whether anything of a marked run must be read -------------------------------
 
 
 @pytest.mark.parametrize(
-    ("summary", "dag_tasks", "expected"),
+    ("probes", "checked", "expected"),
     [
-        (RunSummary(waiting=0, retries_undue=0, unfinished=5, task_ids=5), 5, False),
-        (RunSummary(waiting=1, retries_undue=0, unfinished=5, task_ids=5), 5, True),
-        (RunSummary(waiting=0, retries_undue=1, unfinished=5, task_ids=5), 5, True),
-        (RunSummary(waiting=0, retries_undue=0, unfinished=0, task_ids=5), 5, True),
-        (RunSummary(waiting=0, retries_undue=0, unfinished=5, task_ids=5), 6, True),
+        (RunProbes(waiting=False, retries_undue=False, unfinished=True), True, False),
+        (RunProbes(waiting=True, retries_undue=False, unfinished=True), True, True),
+        (RunProbes(waiting=False, retries_undue=True, unfinished=True), True, True),
+        (RunProbes(waiting=False, retries_undue=False, unfinished=False), True, True),
+        (RunProbes(waiting=False, retries_undue=False, unfinished=True), False, True),
     ],
-    ids=["all-running-or-deferred", "a-task-waits", "a-retry-undue", "all-finished", "task-added"],
+    ids=["all-running-or-deferred", "a-task-waits", "a-retry-undue", "all-finished", "unchecked"],
 )
-def test_needs_evaluation(summary: RunSummary, dag_tasks: int, expected: bool) -> None:
-    assert needs_evaluation(summary, dag_tasks) is expected
+def test_needs_evaluation(probes: RunProbes, checked: bool, expected: bool) -> None:
+    assert needs_evaluation(probes, checked_against_dag=checked) is expected
+
+
+def test_run_outcome_from_probes() -> None:
+    assert run_outcome(unfinished=True, leaf_failed=True) is None
+    assert run_outcome(unfinished=False, leaf_failed=False) is DagRunState.SUCCESS
+    assert run_outcome(unfinished=False, leaf_failed=True) is DagRunState.FAILED

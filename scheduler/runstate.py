@@ -1,0 +1,159 @@
+"""What a run's evaluation reads, sized by what changed, never by the run.
+
+Every statement here is a probe of the run's unfinished task instances through the partial index
+``ix_task_instance_run_unfinished`` (a few index entries whatever the run's size), or reads the
+task instances that wait (state none, or a retry without its due time) and the *counts* of the
+states of their direct upstream tasks. A run of 10,000 tasks that runs or waits on triggers costs
+its evaluation one probe statement for the whole batch of marked runs; a reduce waiting on a task
+mapped over 10,000 reads one row per state of that task, not 10,000 rows.
+
+Plain SQL (``text()``), fixed in shape: these run for every marked run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from sqlalchemy import text
+from sqlalchemy.orm import Session
+
+from deferral.dag import DAG
+from deferral.mappedoperator import MappedOperator
+from deferral.states import TaskState
+from scheduler import decide
+
+# Spelled as the partial index's predicate, so that the planner always uses it.
+_UNFINISHED = "state NOT IN ('success', 'failed', 'skipped', 'upstream_failed', 'removed')"
+
+# Per run, three probes of its unfinished task instances: one waits on its trigger rule, a retry
+# needs its due time, anything is unfinished at all.
+_PROBES_SQL = text(
+    f"""
+    SELECT r.dag_id, r.run_id,
+        EXISTS (SELECT 1 FROM task_instance AS t
+                WHERE t.dag_id = r.dag_id AND t.run_id = r.run_id AND t.state = 'none'
+                  AND t.{_UNFINISHED}) AS waiting,
+        EXISTS (SELECT 1 FROM task_instance AS t
+                WHERE t.dag_id = r.dag_id AND t.run_id = r.run_id AND t.state = 'up_for_retry'
+                  AND t.due_at IS NULL AND t.{_UNFINISHED}) AS retries_undue,
+        EXISTS (SELECT 1 FROM task_instance AS t
+                WHERE t.dag_id = r.dag_id AND t.run_id = r.run_id
+                  AND t.{_UNFINISHED}) AS unfinished
+    FROM unnest(CAST(:dag_ids AS text[]), CAST(:run_ids AS text[])) AS r (dag_id, run_id)
+    """
+)
+
+# The DAG's tasks that have no task instance in the run (added to the DAG file after the run
+# started): one index probe per task of the DAG, read only when this scheduler has not checked
+# the run against this DAG yet.
+_MISSING_SQL = text(
+    """
+    SELECT t.task_id FROM unnest(CAST(:task_ids AS text[])) AS t (task_id)
+    WHERE NOT EXISTS (SELECT 1 FROM task_instance AS ti
+                      WHERE ti.dag_id = :dag_id AND ti.run_id = :run_id
+                        AND ti.task_id = t.task_id)
+    """
+)
+
+# The task instances a run's evaluation may move: waiting (none) and retries without a due time.
+_UNDECIDED_SQL = text(
+    f"""
+    SELECT id, task_id, map_index, state, due_at, end_date FROM task_instance
+    WHERE dag_id = :dag_id AND run_id = :run_id AND {_UNFINISHED}
+      AND (state = 'none' OR (state = 'up_for_retry' AND due_at IS NULL))
+    """
+)
+
+# How many task instances of each of these tasks are in each state (waiting ones excepted: they
+# are read as rows), the unexpanded placeholder of a mapped task (map index -1) apart.
+_UPSTREAM_COUNTS_SQL = text(
+    """
+    SELECT task_id, state, map_index < 0 AS placeholder, count(*) AS n FROM task_instance
+    WHERE dag_id = :dag_id AND run_id = :run_id AND task_id = ANY(CAST(:task_ids AS text[]))
+      AND state <> 'none'
+    GROUP BY task_id, state, map_index < 0
+    """
+)
+
+# Whether anything of the run is unfinished, and only if not, whether a leaf task instance
+# failed (the second probe is never executed while the run has work left).
+_OUTCOME_SQL = text(
+    f"""
+    WITH left_over AS (
+        SELECT EXISTS (SELECT 1 FROM task_instance
+                       WHERE dag_id = :dag_id AND run_id = :run_id AND {_UNFINISHED}) AS unfinished
+    )
+    SELECT unfinished,
+           CASE WHEN unfinished THEN false
+                ELSE EXISTS (SELECT 1 FROM task_instance
+                             WHERE dag_id = :dag_id AND run_id = :run_id
+                               AND task_id = ANY(CAST(:leaves AS text[]))
+                               AND state IN ('failed', 'upstream_failed'))
+           END AS leaf_failed
+    FROM left_over
+    """
+)
+
+# Map indexes given to the task instances an upstream count stands for: far above any real map
+# index (DEFERRAL_MAX_MAP_LENGTH is an int), so they never meet a waiting row's.
+_COUNTED_INDEX_BASE = 2**40
+
+
+def probes(
+    session: Session, runs: Sequence[tuple[str, str]]
+) -> dict[tuple[str, str], decide.RunProbes]:
+    """The probes of each run (dag_id, run_id), in one statement."""
+    if not runs:
+        return {}
+    params = {"dag_ids": [r[0] for r in runs], "run_ids": [r[1] for r in runs]}
+    return {
+        (row.dag_id, row.run_id): decide.RunProbes(row.waiting, row.retries_undue, row.unfinished)
+        for row in session.execute(_PROBES_SQL, params)
+    }
+
+
+def missing_tasks(session: Session, dag_id: str, run_id: str, task_ids: Iterable[str]) -> list[str]:
+    """The ``task_ids`` that have no task instance in the run."""
+    params = {"dag_id": dag_id, "run_id": run_id, "task_ids": sorted(task_ids)}
+    return list(session.scalars(_MISSING_SQL, params))
+
+
+def undecided(session: Session, dag: DAG, dag_id: str, run_id: str) -> list[decide.RunTask]:
+    """The run's task instances its evaluation may move (waiting, retries without a due time),
+    and what their trigger rules and expansions count: the states of their direct upstream tasks
+    (and the tasks they map over), as counts. A counted task instance stands in ``RunTask`` with
+    no id (it is never moved) and a map index of its own."""
+    params = {"dag_id": dag_id, "run_id": run_id}
+    rows = [decide.RunTask(*row) for row in session.execute(_UNDECIDED_SQL, params)]
+    upstream: set[str] = set()
+    for task_id in {row.task_id for row in rows if row.state == TaskState.NONE}:
+        task = dag.task_dict.get(task_id)
+        if task is None:
+            continue
+        upstream |= task.upstream_task_ids
+        if isinstance(task, MappedOperator):
+            upstream |= task.mapped_dependencies()
+    if not upstream:
+        return rows
+    counted = session.execute(_UPSTREAM_COUNTS_SQL, {**params, "task_ids": sorted(upstream)})
+    next_index: dict[str, int] = {}
+    for task_id, state, placeholder, n in counted:
+        if placeholder:
+            rows.append(decide.RunTask(None, task_id, -1, state, None, None))
+            continue
+        first = next_index.get(task_id, _COUNTED_INDEX_BASE)
+        rows += [
+            decide.RunTask(None, task_id, index, state, None, None)
+            for index in range(first, first + n)
+        ]
+        next_index[task_id] = first + n
+    return rows
+
+
+def outcome_probes(session: Session, dag: DAG, dag_id: str, run_id: str) -> tuple[bool, bool]:
+    """(anything unfinished, a leaf task instance failed) of the run."""
+    leaves = sorted(t.task_id for t in dag.tasks if not t.downstream_task_ids)
+    row = session.execute(
+        _OUTCOME_SQL, {"dag_id": dag_id, "run_id": run_id, "leaves": leaves}
+    ).one()
+    return bool(row.unfinished), bool(row.leaf_failed)

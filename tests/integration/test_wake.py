@@ -1,0 +1,61 @@
+"""A task's end wakes a scheduler (issue 13, task-to-task latency): the worker that records a
+success, failure or skip adds a wake entry to the events stream after its commit, and a
+scheduler that reads one retires it and evaluates the marked runs in the loop that follows,
+instead of after its blocking read for events times out."""
+
+from __future__ import annotations
+
+import time
+
+from sqlalchemy.orm import Session, sessionmaker
+
+from broker.client import Broker
+from broker.consumer import Delivery
+from broker.replies import Entry
+from broker.streams import GROUP_SCHEDULERS, WAKE, is_wake
+from deferral import transitions
+from deferral.config import Settings
+from deferral.transitions import Attempt
+from scheduler.service import SchedulerService
+from tests.integration.factories import WORKER, running_task
+from tests.servers import REDIS_URL
+from worker.outcomes import Succeeded
+from worker.service import Running, WorkerService
+
+
+def _running(worker: WorkerService, ti_id: int, entry_id: str) -> Running:
+    delivery = Delivery(Entry(worker.consumer.stream, entry_id, {}), 1)
+    return Running(delivery, Attempt(ti_id, 1, WORKER), "d.t")
+
+
+def test_a_recorded_success_wakes_a_scheduler_and_a_dropped_one_does_not(
+    worker: WorkerService, sessions: sessionmaker[Session]
+) -> None:
+    events = worker.keys.events
+    stale = running_task(sessions, run_id="r0")
+    with sessions.begin() as session:  # its attempt is no longer this worker's to end
+        transitions.fail(session, Attempt(stale, 1, WORKER), "lease lost", allow_retry=False)
+    worker._record([(_running(worker, stale, "0-1"), Succeeded(None))])
+    assert worker.broker.xrange(events) == []
+
+    ti_id = running_task(sessions, run_id="r1")
+    worker._record([(_running(worker, ti_id, "0-2"), Succeeded(None))])
+    (entry,) = worker.broker.xrange(events)
+    assert is_wake(entry.fields)
+
+
+def test_a_scheduler_retires_a_wake_without_waiting_for_events(settings: Settings) -> None:
+    scheduler = SchedulerService(settings, name="awake")
+    scheduler.attach(Broker.from_url(REDIS_URL, settings.stream_prefix))
+    scheduler.consumer.start()
+    scheduler.broker.publish(scheduler.keys.events, WAKE)
+
+    started = time.monotonic()
+    assert scheduler.apply_events(block_ms=30_000) == 0
+    # Returned on the wake, not after the 30 s wait: the next loop evaluates marked runs.
+    assert time.monotonic() - started < 25
+    assert scheduler.broker.pending(scheduler.keys.events, GROUP_SCHEDULERS).count == 0
+    assert scheduler.broker.xrange(scheduler.keys.events) == []  # retired, not kept
+    assert scheduler.broker.xrange(scheduler.keys.dead) == []  # and not a bad event
+    assert scheduler.unapplied == []
+    scheduler.broker.close()
