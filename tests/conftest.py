@@ -1,16 +1,24 @@
 """Shared fixtures. Integration and end-to-end tests use real PostgreSQL and Redis (which ones:
-tests/servers.py): the session creates, migrates and finally drops its own database; each test
-gets its own stream prefix, and its keys are deleted afterwards.
+tests/servers.py): the session creates, migrates and finally drops its own database (one per
+pytest-xdist lane: each lane is a session); each test gets its own stream prefix, and its keys are
+deleted afterwards. Every prefix of a run starts with ``deferral_test_<run>_`` (one ``<run>`` for
+all lanes), and the run fails at its end if any key under those prefixes is left in Redis.
+
+Tests that share a module-scoped fixture (a service stack started once for the module) run in one
+lane, one after the other: see ``pytest_collection_modifyitems``.
 """
 
 from __future__ import annotations
 
+import os
+import sys
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
 from cryptography.fernet import Fernet
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
@@ -32,13 +40,36 @@ TABLES = (
     'task_instance, trigger, triggerer, scheduler, dag_run, "user"'
 )
 
-__all__ = ["wait_for"]
+__all__ = ["new_stream_prefix", "wait_for"]
+
+# One id for the whole run, shared by its xdist lanes (they inherit the controller's environment,
+# which imports this module first), so that the end-of-run check sees only this run's keys and
+# not those of other runs on the same Redis.
+RUN_ID = os.environ.setdefault("DEFERRAL_TEST_RUN_ID", uuid.uuid4().hex[:6])
+RUN_PREFIX = f"deferral_test_{RUN_ID}_"
+
+
+def new_stream_prefix() -> str:
+    """A stream prefix of this run's own; whoever takes one deletes its keys afterwards
+    (``delete_stream_keys``), or the run fails at its end."""
+    return f"{RUN_PREFIX}{uuid.uuid4().hex[:8]}"
+
+
+def delete_stream_keys(redis_url: str, prefix: str) -> None:
+    """Delete every key under ``prefix``."""
+    client = redis.Redis.from_url(redis_url)
+    try:
+        keys = list(client.scan_iter(match=f"{prefix}:*", count=1000))
+        if keys:
+            client.delete(*keys)
+    finally:
+        client.close()
 
 
 @pytest.fixture(scope="session")
 def database_url() -> Iterator[str]:
     """A fresh database for this test session, migrated to head."""
-    name = f"deferral_test_{uuid.uuid4().hex[:10]}"
+    name = f"deferral_test_{uuid.uuid4().hex[:10]}"  # per process: per xdist lane
     admin = create_engine(ADMIN_URL, isolation_level="AUTOCOMMIT")
     with admin.connect() as conn:
         conn.execute(text(f'CREATE DATABASE "{name}"'))
@@ -71,18 +102,19 @@ def cipher(fernet_key: str) -> Cipher:
 
 
 @pytest.fixture
-def stream_prefix() -> str:
-    return f"deferral_test_{uuid.uuid4().hex[:10]}"
+def stream_prefix() -> Iterator[str]:
+    """The test's own stream prefix; every key under it is deleted afterwards (after the
+    services and brokers of the test have stopped: they all depend on this fixture)."""
+    prefix = new_stream_prefix()
+    yield prefix
+    delete_stream_keys(REDIS_URL, prefix)
 
 
 @pytest.fixture
 def broker(stream_prefix: str) -> Iterator[Broker]:
-    """A broker on a prefix of its own; every key under it is deleted afterwards."""
+    """A broker on the test's prefix (whose keys ``stream_prefix`` deletes afterwards)."""
     broker = Broker.from_url(REDIS_URL, stream_prefix)
     yield broker
-    keys = list(broker.redis.scan_iter(match=f"{stream_prefix}:*"))
-    if keys:
-        broker.redis.delete(*keys)
     broker.close()
 
 
@@ -129,4 +161,55 @@ def write_dag(dags_folder: Path) -> Callable[[str, str], Path]:
 
 
 def pytest_report_header(config: Any) -> str:
-    return f"deferral test servers: postgres {make_url(ADMIN_URL)!r}, redis {REDIS_URL}"
+    return (
+        f"deferral test servers: postgres {make_url(ADMIN_URL)!r}, redis {REDIS_URL}; "
+        f"stream prefixes {RUN_PREFIX}*"
+    )
+
+
+def _module_scoped_fixture(item: pytest.Item) -> str | None:
+    """The name of a module- (or package-) scoped fixture the test uses, if any."""
+    info = getattr(item, "_fixtureinfo", None)
+    if info is None:
+        return None
+    for name in info.names_closure:
+        for definition in info.name2fixturedefs.get(name, ()):
+            if definition.scope in ("module", "package"):
+                return name
+    return None
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """A module whose tests share a module-scoped fixture (a stack of services started once,
+    state built on by the next test) runs in one xdist lane, in file order (``--dist
+    loadgroup``): split across lanes, each lane would start the stack again and see only part
+    of the history the tests build on."""
+    for item in items:
+        if _module_scoped_fixture(item) is not None:
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::", 1)[0]))
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """At the end of the run (in the xdist controller, or the only process), fail if any key
+    of this run's stream prefixes is left in Redis, naming them; then delete them."""
+    if hasattr(session.config, "workerinput"):  # an xdist lane: the controller checks
+        return
+    client = redis.Redis.from_url(REDIS_URL)
+    try:
+        left = sorted(k.decode() for k in client.scan_iter(match=f"{RUN_PREFIX}*", count=1000))
+        if left:
+            client.delete(*left)
+    finally:
+        client.close()
+    if not left:
+        return
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    message = (
+        f"{len(left)} Redis key(s) of this run's stream prefixes were left behind "
+        f"(a test that takes a prefix must delete its keys): {', '.join(left[:20])}"
+    )
+    if reporter is not None:
+        reporter.write_line(f"ERROR: {message}", red=True)
+    else:
+        sys.stderr.write(f"ERROR: {message}\n")
+    session.exitstatus = pytest.ExitCode.TESTS_FAILED

@@ -15,6 +15,9 @@ import pytest
 from broker.client import Broker
 
 BIN = Path(sys.executable).parent
+# A worker starts and warms one task process per slot before it takes work (16 by default):
+# seconds of CPU per start on a loaded machine. Tests get two unless they ask for more.
+TEST_WORKER_CONCURRENCY = "2"
 
 
 def command(name: str, *args: str) -> list[str]:
@@ -34,8 +37,10 @@ class Services:
     ) -> subprocess.Popen[bytes]:
         """Start ``<service> consume [args]``; ``name`` is unique per process (worker2, ...);
         ``env`` adds to the environment of this process only. A name started again appends to
-        its log."""
+        its log. A worker started without ``--concurrency`` gets TEST_WORKER_CONCURRENCY."""
         service = name.rstrip("0123456789")
+        if service == "worker" and not any(a.startswith("--concurrency") for a in args):
+            args = ("--concurrency", TEST_WORKER_CONCURRENCY, *args)
         return self.spawn(name, command(service, "consume", *args), {**self.env, **(env or {})})
 
     def spawn(
@@ -48,9 +53,10 @@ class Services:
         return proc
 
     def run(
-        self, *args: str, timeout: float = 60, env: dict[str, str] | None = None
+        self, *args: str, timeout: float = 180, env: dict[str, str] | None = None
     ) -> subprocess.CompletedProcess[str]:
-        """Run a ``deferral`` CLI command to completion; ``env`` adds to its environment."""
+        """Run a ``deferral`` CLI command to completion; ``env`` adds to its environment. (The
+        timeout is slack for a loaded machine, where starting the CLI alone takes seconds.)"""
         return subprocess.run(
             command("deferral", *args),
             env={**self.env, **(env or {})},

@@ -12,7 +12,6 @@ import json
 import os
 import shutil
 import urllib.request
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -26,19 +25,21 @@ from selenium.common.exceptions import (
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
-from sqlalchemy import insert, text
+from sqlalchemy import insert, select, text
 from sqlalchemy.orm import Session, sessionmaker
 
 from broker.client import Broker
 from deferral import transitions, users
+from deferral.crypto import Cipher
 from deferral.db import make_engine, make_sessionmaker
-from deferral.models import TaskInstance
+from deferral.models import TaskInstance, Trigger
 from deferral.standalone import free_port
 from deferral.states import TaskState
-from tests.conftest import TABLES
+from tests.conftest import TABLES, delete_stream_keys, new_stream_prefix
 from tests.e2e.conftest import Services, command
 from tests.helpers import wait_for
 from tests.servers import REDIS_URL
+from triggerer.events import event_message
 
 pytestmark = pytest.mark.e2e
 
@@ -47,15 +48,35 @@ CHROMEDRIVER = Path("/usr/bin/chromedriver")
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "example_deferrable.py"
 DAG_ID = "example_deferrable"
 ADMIN_PASSWORD = "browser-admin-pass"
-# Long enough to see the wait on a loaded machine, short enough for a lean test.
-WAIT_SECONDS = 12
+# Longer than any test: the test fires the trigger itself once it has seen the wait
+# (UI.fire), so a loaded machine cannot end the wait before the page is looked at.
+WAIT_SECONDS = 3600
 
 
 class UI:
     """The browser, the server's address, and the database behind it."""
 
-    def __init__(self, driver: WebDriver, base: str, sessions: sessionmaker[Session]) -> None:
-        self.driver, self.base, self.sessions = driver, base, sessions
+    def __init__(
+        self, driver: WebDriver, base: str, sessions: sessionmaker[Session], broker: Broker
+    ) -> None:
+        self.driver, self.base, self.sessions, self.broker = driver, base, sessions, broker
+
+    def fire(self, task_id: str, cipher: Cipher) -> None:
+        """Publish the event the deferred ``task_id``'s trigger will fire, as its triggerer
+        would when its moment comes (the triggerer's own copy, later, is a duplicate)."""
+        with self.sessions() as session:
+            trigger_id = session.scalars(
+                select(TaskInstance.trigger_id)
+                .where(TaskInstance.task_id == task_id, TaskInstance.state == TaskState.DEFERRED)
+                .order_by(TaskInstance.id.desc())
+            ).first()
+            assert trigger_id is not None, f"{task_id} is not deferred"
+            trigger = session.get(Trigger, trigger_id)
+            assert trigger is not None
+            moment = cipher.open(trigger.kwargs)["moment"]
+        self.broker.publish(
+            self.broker.keys.events, event_message(cipher, trigger_id, moment, "test")
+        )
 
     def open(self, path: str) -> None:
         self.driver.get(self.base + path)
@@ -112,7 +133,7 @@ def ui(
     dags = home / "dags"
     dags.mkdir()
     shutil.copy(EXAMPLE, dags / EXAMPLE.name)
-    prefix = f"deferral_test_{uuid.uuid4().hex[:10]}"
+    prefix = new_stream_prefix()
     port = free_port()
     env = {
         "DEFERRAL_DATABASE_URL": database_url,
@@ -124,6 +145,7 @@ def ui(
         users.ADMIN_PASSWORD_ENV: ADMIN_PASSWORD,
     }
     services = Services(env, home)
+    broker = Broker.from_url(REDIS_URL, prefix)
     for name in ("scheduler", "triggerer", "worker"):
         services.start(name)
     services.spawn("webserver", command("deferral", "webserver", "--port", str(port)), services.env)
@@ -140,15 +162,12 @@ def ui(
         wait_for(
             lambda: _answers(base + "/api/v1/health"), timeout=180, what="the webserver to answer"
         )
-        yield UI(driver, base, make_sessionmaker(engine))
+        yield UI(driver, base, make_sessionmaker(engine), broker)
     finally:
         driver.quit()
         services.stop_all()
-        broker = Broker.from_url(REDIS_URL, prefix)
-        keys = list(broker.redis.scan_iter(match=f"{prefix}:*"))
-        if keys:
-            broker.redis.delete(*keys)
         broker.close()
+        delete_stream_keys(REDIS_URL, prefix)
         engine.dispose()
 
 
@@ -178,7 +197,9 @@ def test_a_wrong_password_is_refused(ui: UI) -> None:
     wait_for(lambda: "/dags" in ui.driver.current_url and not ui.found("#login-link"), timeout=15)
 
 
-def test_the_grid_shows_the_task_deferred_while_it_waits_then_succeeded(ui: UI) -> None:
+def test_the_grid_shows_the_task_deferred_while_it_waits_then_succeeded(
+    ui: UI, cipher: Cipher
+) -> None:
     ui.open(f"/dags/{DAG_ID}")
     conf = ui.find("#conf")
     assert json.loads(conf.get_attribute("value")) == {"wait_seconds": 3}  # the DAG's params
@@ -204,6 +225,7 @@ def test_the_grid_shows_the_task_deferred_while_it_waits_then_succeeded(ui: UI) 
     assert "deferral.triggers.temporal.DateTimeTrigger" in group.text
     assert ui.find('.deferred-task[data-task="wait"]')
     ui.driver.back()
+    ui.fire("wait", cipher)
 
     wait_for(
         lambda: ui.state_of("report") == "success" and ui.state_of("wait") == "success",
