@@ -121,10 +121,10 @@ def test_wait_exits_1_when_a_task_fails(running: Services) -> None:
 def test_wait_exits_3_when_the_timeout_passes_first(
     running: Services, sessions: sessionmaker[Session]
 ) -> None:
-    done = _trigger_and_wait(running, "e2e_wait_long", "8")
+    done = _trigger_and_wait(running, "e2e_wait_long", "2")
     assert done.returncode == 3, done.stdout + done.stderr
     assert done.stderr == (
-        "error: run r1 of DAG e2e_wait_long not finished after 8s; it goes on"
+        "error: run r1 of DAG e2e_wait_long not finished after 2s; it goes on"
         " (`deferral runs show e2e_wait_long r1`)\n"
     )
     assert "run r1:" not in done.stdout

@@ -27,6 +27,10 @@ def test_unknown_culprit_when_no_task_is_current() -> None:
 
 def test_watchdog_names_a_blocking_task_in_a_real_event_loop() -> None:
     reports: list[tuple[str, float]] = []
+    culprit = "trigger 42 (x.Blocking) for d.r.t"
+
+    def named() -> list[float]:
+        return [seconds for name, seconds in reports if name == culprit]
 
     async def main() -> None:
         async with anyio.create_task_group() as tasks:
@@ -36,13 +40,17 @@ def test_watchdog_names_a_blocking_task_in_a_real_event_loop() -> None:
             async def blocker() -> None:
                 time.sleep(0.5)  # the bug the watchdog exists for
 
-            tasks.start_soon(blocker, name="trigger 42 (x.Blocking) for d.r.t")
-            await anyio.sleep(0.3)  # wakes right after the block...
-            await anyio.sleep(0.2)  # ...and gives the watchdog time to see the loop move again
+            tasks.start_soon(blocker, name=culprit)
+            # Reported once the loop moves again and the watchdog's thread looks: wait for it
+            # (a loaded machine may take its time), then a little longer for a second report.
+            with anyio.fail_after(30):
+                while not named():
+                    await anyio.sleep(0.02)
+            await anyio.sleep(0.2)
             tasks.cancel_scope.cancel()
 
     anyio.run(main)
-    assert len(reports) == 1
-    culprit, seconds = reports[0]
-    assert culprit == "trigger 42 (x.Blocking) for d.r.t"
-    assert 0.4 < seconds < 1.0
+    # Once, and at least as long as the block (a loaded machine makes it longer, never shorter).
+    # A stall of the whole process under load may add reports naming other tasks: not this one.
+    (seconds,) = named()
+    assert seconds > 0.4
