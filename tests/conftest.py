@@ -4,8 +4,8 @@ pytest-xdist lane: each lane is a session); each test gets its own stream prefix
 deleted afterwards. Every prefix of a run starts with ``deferral_test_<run>_`` (one ``<run>`` for
 all lanes), and the run fails at its end if any key under those prefixes is left in Redis.
 
-Tests that share a module-scoped fixture (a service stack started once for the module) run in one
-lane, one after the other: see ``pytest_collection_modifyitems``.
+With ``-n 2`` each module runs whole in one lane (``--dist loadscope`` in pyproject.toml), so the
+tests of a module may share a module-scoped fixture, such as a service stack started once.
 """
 
 from __future__ import annotations
@@ -165,28 +165,6 @@ def pytest_report_header(config: Any) -> str:
         f"deferral test servers: postgres {make_url(ADMIN_URL)!r}, redis {REDIS_URL}; "
         f"stream prefixes {RUN_PREFIX}*"
     )
-
-
-def _module_scoped_fixture(item: pytest.Item) -> str | None:
-    """The name of a module- (or package-) scoped fixture the test uses, if any."""
-    info = getattr(item, "_fixtureinfo", None)
-    if info is None:
-        return None
-    for name in info.names_closure:
-        for definition in info.name2fixturedefs.get(name, ()):
-            if definition.scope in ("module", "package"):
-                return name
-    return None
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """A module whose tests share a module-scoped fixture (a stack of services started once,
-    state built on by the next test) runs in one xdist lane, in file order (``--dist
-    loadgroup``): split across lanes, each lane would start the stack again and see only part
-    of the history the tests build on."""
-    for item in items:
-        if _module_scoped_fixture(item) is not None:
-            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::", 1)[0]))
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

@@ -25,21 +25,17 @@ from selenium.common.exceptions import (
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
-from sqlalchemy import insert, select, text
+from sqlalchemy import insert
 from sqlalchemy.orm import Session, sessionmaker
 
 from broker.client import Broker
 from deferral import transitions, users
 from deferral.crypto import Cipher
-from deferral.db import make_engine, make_sessionmaker
-from deferral.models import TaskInstance, Trigger
+from deferral.models import TaskInstance
 from deferral.standalone import free_port
 from deferral.states import TaskState
-from tests.conftest import TABLES, delete_stream_keys, new_stream_prefix
-from tests.e2e.conftest import Services, command
+from tests.e2e.conftest import Stack, command, fire_deferred
 from tests.helpers import wait_for
-from tests.servers import REDIS_URL
-from triggerer.events import event_message
 
 pytestmark = pytest.mark.e2e
 
@@ -49,7 +45,7 @@ EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "example_deferrable
 DAG_ID = "example_deferrable"
 ADMIN_PASSWORD = "browser-admin-pass"
 # Longer than any test: the test fires the trigger itself once it has seen the wait
-# (UI.fire), so a loaded machine cannot end the wait before the page is looked at.
+# (fire_deferred), so a loaded machine cannot end the wait before the page is looked at.
 WAIT_SECONDS = 3600
 
 
@@ -60,23 +56,6 @@ class UI:
         self, driver: WebDriver, base: str, sessions: sessionmaker[Session], broker: Broker
     ) -> None:
         self.driver, self.base, self.sessions, self.broker = driver, base, sessions, broker
-
-    def fire(self, task_id: str, cipher: Cipher) -> None:
-        """Publish the event the deferred ``task_id``'s trigger will fire, as its triggerer
-        would when its moment comes (the triggerer's own copy, later, is a duplicate)."""
-        with self.sessions() as session:
-            trigger_id = session.scalars(
-                select(TaskInstance.trigger_id)
-                .where(TaskInstance.task_id == task_id, TaskInstance.state == TaskState.DEFERRED)
-                .order_by(TaskInstance.id.desc())
-            ).first()
-            assert trigger_id is not None, f"{task_id} is not deferred"
-            trigger = session.get(Trigger, trigger_id)
-            assert trigger is not None
-            moment = cipher.open(trigger.kwargs)["moment"]
-        self.broker.publish(
-            self.broker.keys.events, event_message(cipher, trigger_id, moment, "test")
-        )
 
     def open(self, path: str) -> None:
         self.driver.get(self.base + path)
@@ -120,32 +99,14 @@ class UI:
 
 
 @pytest.fixture(scope="module")
-def ui(
-    database_url: str, fernet_key: str, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[UI]:
+def ui(module_stack: Stack) -> Iterator[UI]:
     missing = [str(p) for p in (CHROMIUM, CHROMEDRIVER) if not p.exists()]
     if missing:
         pytest.fail(f"{', '.join(missing)} missing: apt-get install -y chromium chromium-driver")
-    engine = make_engine(database_url)
-    with engine.begin() as conn:  # this module's processes share the session's database
-        conn.execute(text(f"TRUNCATE {TABLES} RESTART IDENTITY CASCADE"))
-    home = tmp_path_factory.mktemp("webui")
-    dags = home / "dags"
-    dags.mkdir()
-    shutil.copy(EXAMPLE, dags / EXAMPLE.name)
-    prefix = new_stream_prefix()
+    shutil.copy(EXAMPLE, module_stack.dags_folder / EXAMPLE.name)
+    services = module_stack.services
+    services.env[users.ADMIN_PASSWORD_ENV] = ADMIN_PASSWORD
     port = free_port()
-    env = {
-        "DEFERRAL_DATABASE_URL": database_url,
-        "DEFERRAL_REDIS_URL": REDIS_URL,
-        "DEFERRAL_FERNET_KEY": fernet_key,
-        "DEFERRAL_DAGS_FOLDER": str(dags),
-        "DEFERRAL_STREAM_PREFIX": prefix,
-        "DEFERRAL_HEARTBEAT_SEC": "1",
-        users.ADMIN_PASSWORD_ENV: ADMIN_PASSWORD,
-    }
-    services = Services(env, home)
-    broker = Broker.from_url(REDIS_URL, prefix)
     for name in ("scheduler", "triggerer", "worker"):
         services.start(name)
     services.spawn("webserver", command("deferral", "webserver", "--port", str(port)), services.env)
@@ -162,13 +123,9 @@ def ui(
         wait_for(
             lambda: _answers(base + "/api/v1/health"), timeout=180, what="the webserver to answer"
         )
-        yield UI(driver, base, make_sessionmaker(engine), broker)
+        yield UI(driver, base, module_stack.sessions, module_stack.broker)
     finally:
-        driver.quit()
-        services.stop_all()
-        broker.close()
-        delete_stream_keys(REDIS_URL, prefix)
-        engine.dispose()
+        driver.quit()  # the processes stop with module_stack
 
 
 def _answers(url: str) -> bool:
@@ -225,7 +182,7 @@ def test_the_grid_shows_the_task_deferred_while_it_waits_then_succeeded(
     assert "deferral.triggers.temporal.DateTimeTrigger" in group.text
     assert ui.find('.deferred-task[data-task="wait"]')
     ui.driver.back()
-    ui.fire("wait", cipher)
+    fire_deferred(ui.sessions, ui.broker, cipher, DAG_ID, "wait")  # the wait ends now
 
     wait_for(
         lambda: ui.state_of("report") == "success" and ui.state_of("wait") == "success",
