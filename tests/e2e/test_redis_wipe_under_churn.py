@@ -34,7 +34,7 @@ GATE = {gate!r}
 
 class Wait(BaseOperator):
     def execute(self, context):
-        self.defer(trigger=FileTrigger(GATE, poll_interval=1.0), method_name="resume")
+        self.defer(trigger=FileTrigger(GATE, poll_interval=2.0), method_name="resume")
 
     def resume(self, context, event):
         return "resumed"
