@@ -1,16 +1,24 @@
 """Shared fixtures. Integration and end-to-end tests use real PostgreSQL and Redis (which ones:
-tests/servers.py): the session creates, migrates and finally drops its own database; each test
-gets its own stream prefix, and its keys are deleted afterwards.
+tests/servers.py): the session creates, migrates and finally drops its own database (one per
+pytest-xdist lane: each lane is a session); each test gets its own stream prefix, and its keys are
+deleted afterwards. Every prefix of a run starts with ``deferral_test_<run>_`` (one ``<run>`` for
+all lanes), and the run fails at its end if any key under those prefixes is left in Redis.
+
+With ``-n 2`` each module runs whole in one lane (``--dist loadscope`` in pyproject.toml), so the
+tests of a module may share a module-scoped fixture, such as a service stack started once.
 """
 
 from __future__ import annotations
 
+import os
+import sys
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
 from cryptography.fernet import Fernet
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
@@ -32,7 +40,30 @@ TABLES = (
     'task_instance, trigger, triggerer, scheduler, dag_run, "user", web_session'
 )
 
-__all__ = ["wait_for"]
+__all__ = ["new_stream_prefix", "wait_for"]
+
+# One id for the whole run, shared by its xdist lanes (they inherit the controller's environment,
+# which imports this module first), so that the end-of-run check sees only this run's keys and
+# not those of other runs on the same Redis.
+RUN_ID = os.environ.setdefault("DEFERRAL_TEST_RUN_ID", uuid.uuid4().hex[:6])
+RUN_PREFIX = f"deferral_test_{RUN_ID}_"
+
+
+def new_stream_prefix() -> str:
+    """A stream prefix of this run's own; whoever takes one deletes its keys afterwards
+    (``delete_stream_keys``), or the run fails at its end."""
+    return f"{RUN_PREFIX}{uuid.uuid4().hex[:8]}"
+
+
+def delete_stream_keys(redis_url: str, prefix: str) -> None:
+    """Delete every key under ``prefix``."""
+    client = redis.Redis.from_url(redis_url)
+    try:
+        keys = list(client.scan_iter(match=f"{prefix}:*", count=1000))
+        if keys:
+            client.delete(*keys)
+    finally:
+        client.close()
 
 
 @pytest.fixture(scope="session")
@@ -42,8 +73,8 @@ def database_url() -> Iterator[str]:
 
 
 def fresh_database(prefix: str) -> Iterator[str]:
-    """The URL of a new database (named ``prefix`` and a random suffix) migrated to head,
-    dropped when the generator is closed."""
+    """The URL of a new database (named ``prefix`` and a random suffix: one per process, so one
+    per xdist lane) migrated to head, dropped when the generator is closed."""
     name = f"{prefix}_{uuid.uuid4().hex[:10]}"
     admin = create_engine(ADMIN_URL, isolation_level="AUTOCOMMIT")
     with admin.connect() as conn:
@@ -77,18 +108,19 @@ def cipher(fernet_key: str) -> Cipher:
 
 
 @pytest.fixture
-def stream_prefix() -> str:
-    return f"deferral_test_{uuid.uuid4().hex[:10]}"
+def stream_prefix() -> Iterator[str]:
+    """The test's own stream prefix; every key under it is deleted afterwards (after the
+    services and brokers of the test have stopped: they all depend on this fixture)."""
+    prefix = new_stream_prefix()
+    yield prefix
+    delete_stream_keys(REDIS_URL, prefix)
 
 
 @pytest.fixture
 def broker(stream_prefix: str) -> Iterator[Broker]:
-    """A broker on a prefix of its own; every key under it is deleted afterwards."""
+    """A broker on the test's prefix (whose keys ``stream_prefix`` deletes afterwards)."""
     broker = Broker.from_url(REDIS_URL, stream_prefix)
     yield broker
-    keys = list(broker.redis.scan_iter(match=f"{stream_prefix}:*"))
-    if keys:
-        broker.redis.delete(*keys)
     broker.close()
 
 
@@ -135,4 +167,55 @@ def write_dag(dags_folder: Path) -> Callable[[str, str], Path]:
 
 
 def pytest_report_header(config: Any) -> str:
-    return f"deferral test servers: postgres {make_url(ADMIN_URL)!r}, redis {REDIS_URL}"
+    return (
+        f"deferral test servers: postgres {make_url(ADMIN_URL)!r}, redis {REDIS_URL}; "
+        f"stream prefixes {RUN_PREFIX}*"
+    )
+
+
+# The modules that take longest (by --durations of full runs), started first so that with -n 2 the
+# other lane fills the time with the many short ones instead of one of them ending the run alone.
+# A module missing here only runs in its usual (file) place.
+SLOWEST_FIRST = (
+    "tests/e2e/test_redis_wipe_under_churn.py",
+    "tests/e2e/test_triggerer_leases.py",
+    "tests/e2e/test_compose_stack.py",
+    "tests/e2e/test_dag_files.py",
+    "tests/e2e/test_key_rotation.py",
+    "tests/e2e/test_core_faults.py",
+    "tests/e2e/test_templating.py",
+    "tests/e2e/test_worker_leases.py",
+    "tests/e2e/test_standalone.py",
+)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Run the slowest modules first, each module's tests still together and in file order."""
+    rank = {path: i for i, path in enumerate(SLOWEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::", 1)[0], len(rank)))
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """At the end of the run (in the xdist controller, or the only process), fail if any key
+    of this run's stream prefixes is left in Redis, naming them; then delete them."""
+    if hasattr(session.config, "workerinput"):  # an xdist lane: the controller checks
+        return
+    client = redis.Redis.from_url(REDIS_URL)
+    try:
+        left = sorted(k.decode() for k in client.scan_iter(match=f"{RUN_PREFIX}*", count=1000))
+        if left:
+            client.delete(*left)
+    finally:
+        client.close()
+    if not left:
+        return
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    message = (
+        f"{len(left)} Redis key(s) of this run's stream prefixes were left behind "
+        f"(a test that takes a prefix must delete its keys): {', '.join(left[:20])}"
+    )
+    if reporter is not None:
+        reporter.write_line(f"ERROR: {message}", red=True)
+    else:
+        sys.stderr.write(f"ERROR: {message}\n")
+    session.exitstatus = pytest.ExitCode.TESTS_FAILED

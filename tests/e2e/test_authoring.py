@@ -1,5 +1,5 @@
 """TaskFlow, task groups, branching, BashOperator and callbacks through the real scheduler and
-worker processes."""
+worker processes: one scheduler and one worker for the module, each test its own DAG."""
 
 from __future__ import annotations
 
@@ -13,10 +13,16 @@ from sqlalchemy.orm import Session, sessionmaker
 from deferral import tasklogs
 from deferral.models import DagRun, TaskInstance, TaskStateChange
 from deferral.xcom import DatabaseXComs
-from tests.e2e.conftest import Services
+from tests.e2e.conftest import Services, shared_stack_fixtures
 from tests.helpers import process_alive, wait_for
 
 pytestmark = pytest.mark.e2e
+
+
+stack, services, sessions, write_dag = shared_stack_fixtures(
+    ("scheduler",), ("worker", "--concurrency", "2")
+)
+
 
 TASKFLOW_DAG = """
 from deferral import TaskGroup, dag, task, task_group
@@ -198,8 +204,6 @@ with DAG(
 def _run_to_the_end(
     services: Services, sessions: sessionmaker[Session], dag_id: str, *, succeeds: bool = True
 ) -> None:
-    services.start("scheduler")
-    services.start("worker", "--concurrency", "4")
     result = services.run("dags", "trigger", dag_id, "--wait", "--timeout", "120", timeout=150)
     assert result.returncode == (0 if succeeds else 1), result.stdout + result.stderr
     with sessions() as session:

@@ -1,7 +1,7 @@
 """`deferral dags trigger --wait` against real services: exit 0 when the run succeeds, 1 when a
 task fails, 3 when --timeout passes first (a task deferred for an hour); each task's state as it
 changes, redrawn in place on a terminal; and the services' JSON log lines carry the task, try
-and trigger ids."""
+and trigger ids. One set of processes serves the module."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import os
 import pty
 import subprocess
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +19,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from deferral.models import TaskInstance
-from tests.e2e.conftest import Services, command
+from tests.e2e.conftest import Services, command, shared_stack_fixtures
 from tests.helpers import wait_for
 
 pytestmark = pytest.mark.e2e
@@ -58,12 +59,17 @@ with DAG("e2e_wait_long"):
 """
 
 
+stack, services, sessions, write_dag = shared_stack_fixtures(
+    ("scheduler",),
+    ("worker", "--concurrency", "2", "--log-format", "json"),
+    ("triggerer", "--log-format", "json"),
+)
+
+
 @pytest.fixture
-def running(services: Services, dags_folder: Path) -> Services:
-    (dags_folder / "e2e_wait_dags.py").write_text(DAGS)
-    services.start("scheduler")
-    services.start("worker", "--concurrency", "2", "--log-format", "json")
-    services.start("triggerer", "--log-format", "json")
+def running(services: Services, write_dag: Callable[[str, str], Path]) -> Services:
+    """The module's processes, with its DAGs."""
+    write_dag("e2e_wait_dags", DAGS)
     return services
 
 
@@ -121,17 +127,21 @@ def test_wait_exits_1_when_a_task_fails(running: Services) -> None:
 def test_wait_exits_3_when_the_timeout_passes_first(
     running: Services, sessions: sessionmaker[Session]
 ) -> None:
-    done = _trigger_and_wait(running, "e2e_wait_long", "8")
+    done = _trigger_and_wait(running, "e2e_wait_long", "2")
     assert done.returncode == 3, done.stdout + done.stderr
     assert done.stderr == (
-        "error: run r1 of DAG e2e_wait_long not finished after 8s; it goes on"
+        "error: run r1 of DAG e2e_wait_long not finished after 2s; it goes on"
         " (`deferral runs show e2e_wait_long r1`)\n"
     )
     assert "run r1:" not in done.stdout
 
     def state() -> str | None:
         with sessions() as session:
-            return session.scalar(select(TaskInstance.state).where(TaskInstance.task_id == "wait"))
+            return session.scalar(
+                select(TaskInstance.state).where(
+                    TaskInstance.dag_id == "e2e_wait_long", TaskInstance.task_id == "wait"
+                )
+            )
 
     # The run goes on: its task waits on its trigger.
     wait_for(lambda: state() == "deferred", timeout=60, what="the task to defer")

@@ -46,9 +46,34 @@ with DAG("{dag_id}", max_active_tasks={n}) as dag:
 """
 
 
+GATE_DAG = """
+from deferral import DAG, BaseOperator
+from deferral.triggers import FileTrigger
+
+
+class Wait(BaseOperator):
+    def execute(self, context):
+        self.defer(trigger=FileTrigger({gate!r}, poll_interval=0.5), method_name="resume")
+
+    def resume(self, context, event):
+        return "resumed"
+
+
+with DAG("{dag_id}", max_active_tasks={n}) as dag:
+    for i in range({n}):
+        Wait(task_id=f"t{{i}}")
+"""
+
+
 def _moment_dag(write_dag: Any, dag_id: str, n: int, seconds: float) -> None:
     moment = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=seconds)
     write_dag(dag_id, MOMENT_DAG.format(moment=moment.isoformat(), dag_id=dag_id, n=n))
+
+
+def _gate_dag(write_dag: Any, dag_id: str, n: int, gate: Path) -> None:
+    """``n`` tasks that defer until the file ``gate`` exists: the test opens it when it is
+    ready, rather than guessing a moment far enough ahead."""
+    write_dag(dag_id, GATE_DAG.format(gate=str(gate), dag_id=dag_id, n=n))
 
 
 def _states(sessions: sessionmaker[Session]) -> dict[str, str]:
@@ -79,17 +104,23 @@ def _changes(sessions: sessionmaker[Session], from_state: str, to_state: str) ->
 
 
 def test_a_scheduler_killed_after_reading_events_leaves_them_to_another(
-    services: Services, write_dag: Any, sessions: sessionmaker[Session], broker: Broker
+    services: Services,
+    write_dag: Any,
+    sessions: sessionmaker[Session],
+    broker: Broker,
+    tmp_path: Path,
 ) -> None:
     n = 20
-    _moment_dag(write_dag, "e2e_crash", n, seconds=12)
+    gate = tmp_path / "gate"
+    _gate_dag(write_dag, "e2e_crash", n, gate)
     doomed = services.start(
         "scheduler", env={"DEFERRAL_TEST_FAULTS": "scheduler.events_read:crash"}
     )
-    services.start("worker", "--concurrency", "4")
+    services.start("worker", "--concurrency", "2")
     services.start("triggerer")
     assert services.run("dags", "trigger", "e2e_crash").returncode == 0
-    wait_for(lambda: _all(sessions, "deferred", n), timeout=60, what="every task deferred")
+    wait_for(lambda: _all(sessions, "deferred", n), timeout=120, what="every task deferred")
+    gate.write_text("open")  # every trigger fires
 
     # The scheduler dies (kill -9) right after it reads the first batch of fired events.
     assert doomed.wait(timeout=60) == -signal.SIGKILL
@@ -108,13 +139,20 @@ def test_a_scheduler_killed_after_reading_events_leaves_them_to_another(
 
 
 def test_transient_database_errors_delay_a_resume_and_fail_nothing(
-    services: Services, write_dag: Any, sessions: sessionmaker[Session], broker: Broker
+    services: Services,
+    write_dag: Any,
+    sessions: sessionmaker[Session],
+    broker: Broker,
+    tmp_path: Path,
 ) -> None:
-    _moment_dag(write_dag, "e2e_transient", 3, seconds=6)
+    gate = tmp_path / "gate"
+    _gate_dag(write_dag, "e2e_transient", 3, gate)
     services.start("scheduler", env={"DEFERRAL_TEST_FAULTS": "scheduler.apply_events:3"})
-    services.start("worker", "--concurrency", "3")
+    services.start("worker", "--concurrency", "2")
     services.start("triggerer")
     assert services.run("dags", "trigger", "e2e_transient").returncode == 0
+    wait_for(lambda: _all(sessions, "deferred", 3), timeout=120, what="every task deferred")
+    gate.write_text("open")
 
     wait_for(lambda: _all(sessions, "success", 3), timeout=90, what="every task to succeed")
     log = services.log("scheduler")
@@ -248,7 +286,7 @@ def test_a_trigger_that_kills_its_triggerer_goes_to_the_dead_letters(
     services.env["DEFERRAL_TRIGGER_MODULES"] = "deferral.triggers,e2e_killer_trigger"
     services.env["DEFERRAL_MAX_DELIVERIES"] = "3"
     services.start("scheduler")
-    services.start("worker", "--concurrency", "4")
+    services.start("worker", "--concurrency", "2")
     triggerers = {name: services.start(name) for name in ("triggerer", "triggerer2")}
     assert services.run("dags", "trigger", "e2e_poison").returncode == 0
 

@@ -2,21 +2,31 @@
 acceptance DAG of issue 6 (a mapped @task over an upstream list, a deferrable sensor in a task
 group, a branch and a short circuit), a mapped classic operator over a literal list, a mapped
 deferrable operator whose map indexes each defer on their own trigger, expand_kwargs, an empty
-expansion, and reduces that pull the mapped values."""
+expansion, and reduces that pull the mapped values. One set of processes serves the module, each
+test its own DAG."""
 
 from __future__ import annotations
 
+import subprocess
 from typing import Any
 
 import pytest
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
+from deferral.crypto import Cipher
 from deferral.models import DagRun, TaskInstance, TaskStateChange
 from deferral.xcom import DatabaseXComs
-from tests.e2e.conftest import Services
+from tests.e2e.conftest import Services, Stack, command, fire_deferred, shared_stack_fixtures
+from tests.helpers import wait_for
 
 pytestmark = pytest.mark.e2e
+
+
+stack, services, sessions, write_dag = shared_stack_fixtures(
+    ("scheduler",), ("worker", "--concurrency", "2"), ("triggerer",)
+)
+
 
 ACCEPTANCE_DAG = """
 import datetime as dt
@@ -56,7 +66,7 @@ def e2e_mapping_acceptance():
     amount = total(price.partial(rate=2).expand(amount=orders()))
     with TaskGroup("wait") as wait:
         TimeDeltaSensor(
-            task_id="pause", delta=dt.timedelta(seconds=8), deferrable=True, poke_interval=1
+            task_id="pause", delta=dt.timedelta(hours=1), deferrable=True, poke_interval=1
         ) >> EmptyOperator(task_id="after_pause")
     big, small = EmptyOperator(task_id="big"), EmptyOperator(task_id="small")
     join = EmptyOperator(task_id="join", trigger_rule="none_failed_min_one_success")
@@ -158,9 +168,26 @@ with DAG("e2e_mapping_empty"):
 """
 
 
-def _run(services: Services, sessions: sessionmaker[Session], dag_id: str) -> None:
-    result = services.run("dags", "trigger", dag_id, "--wait", "--timeout", "150", timeout=180)
-    assert result.returncode == 0, result.stdout + result.stderr
+def _run(
+    services: Services, sessions: sessionmaker[Session], dag_id: str, then: Any = None
+) -> None:
+    """Trigger ``dag_id`` and wait for its run to succeed; ``then()``, if given, is called while
+    it runs."""
+    waiting = subprocess.Popen(
+        command("deferral", "dags", "trigger", dag_id, "--wait", "--timeout", "150"),
+        env=services.env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        if then is not None:
+            then()
+        out, _ = waiting.communicate(timeout=180)
+    finally:
+        if waiting.poll() is None:
+            waiting.kill()
+    assert waiting.returncode == 0, out
     with sessions() as session:
         state = session.scalars(select(DagRun.state).where(DagRun.dag_id == dag_id)).one()
     assert state == "success"
@@ -194,13 +221,26 @@ def _went_through(sessions: sessionmaker[Session], dag_id: str, task_id: str) ->
 
 
 def test_taskflow_dag_with_mapping_sensor_group_branch_and_short_circuit(
-    services: Services, write_dag: Any, sessions: sessionmaker[Session]
+    services: Services,
+    write_dag: Any,
+    sessions: sessionmaker[Session],
+    stack: Stack,
+    cipher: Cipher,
 ) -> None:
     write_dag("e2e_mapping_acceptance_dag", ACCEPTANCE_DAG)
-    services.start("scheduler")
-    services.start("worker", "--concurrency", "4")
-    services.start("triggerer")
-    _run(services, sessions, "e2e_mapping_acceptance")
+    dag_id = "e2e_mapping_acceptance"
+
+    def fire_once_deferred() -> None:
+        # The sensor waits an hour: once it has deferred, its trigger fires (the test publishes
+        # the event), so the deferral is certain however late a loaded machine runs it.
+        wait_for(
+            lambda: _states(sessions, dag_id).get("wait.pause") == "deferred",
+            timeout=150,
+            what="the sensor to defer",
+        )
+        fire_deferred(sessions, stack.broker, cipher, dag_id, "wait.pause")
+
+    _run(services, sessions, dag_id, then=fire_once_deferred)
 
     assert _states(sessions, "e2e_mapping_acceptance") == {
         "orders": "success",
@@ -227,21 +267,21 @@ def test_taskflow_dag_with_mapping_sensor_group_branch_and_short_circuit(
     assert _went_through(sessions, "e2e_mapping_acceptance", "price")[0] == (
         "0:none:expanded into 3 task instance(s), map indexes 0 to 2"
     )
-    shown = services.run("runs", "show", "e2e_mapping_acceptance", _run_id(sessions))
+    shown = services.run(
+        "runs", "show", "e2e_mapping_acceptance", _run_id(sessions, "e2e_mapping_acceptance")
+    )
     assert "  price[2]: success (try 1)" in shown.stdout, shown.stdout
 
 
-def _run_id(sessions: sessionmaker[Session]) -> str:
+def _run_id(sessions: sessionmaker[Session], dag_id: str) -> str:
     with sessions() as session:
-        return session.scalars(select(DagRun.run_id)).one()
+        return session.scalars(select(DagRun.run_id).where(DagRun.dag_id == dag_id)).one()
 
 
 def test_mapped_classic_operator_expand_kwargs_and_reduces(
     services: Services, write_dag: Any, sessions: sessionmaker[Session]
 ) -> None:
     write_dag("e2e_mapping_classic_dag", CLASSIC_DAG)
-    services.start("scheduler")
-    services.start("worker", "--concurrency", "4")
     _run(services, sessions, "e2e_mapping_classic")
 
     dag_id = "e2e_mapping_classic"
@@ -251,10 +291,10 @@ def test_mapped_classic_operator_expand_kwargs_and_reduces(
     assert _xcom(sessions, dag_id, "add") == [3, 7]  # expand_kwargs over an upstream XCom
     assert _xcom(sessions, dag_id, "collect") == [3, 7]  # a TaskFlow reduce gets the list
     assert _xcom(sessions, dag_id, "kw") == ["literal", "one"]  # expand_kwargs, literal
-    explained = services.run("tasks", "explain", dag_id, _run_id(sessions), "echo")
-    assert f"{dag_id}.{_run_id(sessions)}.echo[1]: success" in explained.stdout
+    explained = services.run("tasks", "explain", dag_id, _run_id(sessions, dag_id), "echo")
+    assert f"{dag_id}.{_run_id(sessions, dag_id)}.echo[1]: success" in explained.stdout
     rendered = services.run(
-        "tasks", "render", dag_id, _run_id(sessions), "echo", "--map-index", "1"
+        "tasks", "render", dag_id, _run_id(sessions, dag_id), "echo", "--map-index", "1"
     )
     assert "echo $WHO 1 b" in rendered.stdout, rendered.stdout + rendered.stderr
 
@@ -263,9 +303,6 @@ def test_each_map_index_of_a_mapped_deferrable_operator_defers_on_its_own_trigge
     services: Services, write_dag: Any, sessions: sessionmaker[Session]
 ) -> None:
     write_dag("e2e_mapping_deferrable_dag", DEFERRABLE_DAG)
-    services.start("scheduler")
-    services.start("worker", "--concurrency", "4")
-    services.start("triggerer")
     _run(services, sessions, "e2e_mapping_deferrable")
 
     dag_id = "e2e_mapping_deferrable"
@@ -284,8 +321,6 @@ def test_an_empty_expansion_skips_the_mapped_task_and_its_downstream(
     services: Services, write_dag: Any, sessions: sessionmaker[Session]
 ) -> None:
     write_dag("e2e_mapping_empty_dag", EMPTY_DAG)
-    services.start("scheduler")
-    services.start("worker", "--concurrency", "2")
     _run(services, sessions, "e2e_mapping_empty")
 
     assert _states(sessions, "e2e_mapping_empty") == {

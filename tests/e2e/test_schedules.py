@@ -85,7 +85,7 @@ def test_catchup_latest_only_and_max_active_runs_with_two_schedulers(
 
     services.start("scheduler")
     services.start("scheduler2")
-    services.start("worker", "--concurrency", "4")
+    services.start("worker", "--concurrency", "2")
 
     # max_active_runs=1: poll while its three runs go, never more than one queued or running.
     most_active = 0

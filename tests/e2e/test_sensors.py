@@ -64,7 +64,7 @@ def test_deferrable_sensors_time_out_skip_and_return_at_once(
         DAG.format(missing=str(tmp_path / "never" / "*.csv"), present=str(present.parent)),
     )
     services.start("scheduler")
-    services.start("worker", "--concurrency", "4")
+    services.start("worker", "--concurrency", "2")
     services.start("triggerer")
     assert services.run("dags", "trigger", "e2e_sensors").returncode == 0
 

@@ -95,7 +95,7 @@ def test_execution_timeout_and_trigger_failures(
     write_dag("e2e_limits_dag", DAG)
     services.env["DEFERRAL_TRIGGER_MODULES"] = "deferral.triggers,e2e_failing_triggers"
     services.start("scheduler")
-    services.start("worker", "--concurrency", "3")
+    services.start("worker", "--concurrency", "2")
     services.start("triggerer")
     assert services.run("dags", "trigger", "e2e_limits").returncode == 0
 

@@ -12,7 +12,6 @@ import json
 import os
 import shutil
 import urllib.request
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -26,19 +25,17 @@ from selenium.common.exceptions import (
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
-from sqlalchemy import insert, text
+from sqlalchemy import insert
 from sqlalchemy.orm import Session, sessionmaker
 
 from broker.client import Broker
 from deferral import transitions, users
-from deferral.db import make_engine, make_sessionmaker
+from deferral.crypto import Cipher
 from deferral.models import TaskInstance
 from deferral.standalone import free_port
 from deferral.states import TaskState
-from tests.conftest import TABLES
-from tests.e2e.conftest import Services, command
+from tests.e2e.conftest import Stack, command, fire_deferred
 from tests.helpers import wait_for
-from tests.servers import REDIS_URL
 
 pytestmark = pytest.mark.e2e
 
@@ -47,15 +44,18 @@ CHROMEDRIVER = Path("/usr/bin/chromedriver")
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "example_deferrable.py"
 DAG_ID = "example_deferrable"
 ADMIN_PASSWORD = "browser-admin-pass"
-# Long enough to see the wait on a loaded machine, short enough for a lean test.
-WAIT_SECONDS = 12
+# Longer than any test: the test fires the trigger itself once it has seen the wait
+# (fire_deferred), so a loaded machine cannot end the wait before the page is looked at.
+WAIT_SECONDS = 3600
 
 
 class UI:
     """The browser, the server's address, and the database behind it."""
 
-    def __init__(self, driver: WebDriver, base: str, sessions: sessionmaker[Session]) -> None:
-        self.driver, self.base, self.sessions = driver, base, sessions
+    def __init__(
+        self, driver: WebDriver, base: str, sessions: sessionmaker[Session], broker: Broker
+    ) -> None:
+        self.driver, self.base, self.sessions, self.broker = driver, base, sessions, broker
 
     def open(self, path: str) -> None:
         self.driver.get(self.base + path)
@@ -99,31 +99,14 @@ class UI:
 
 
 @pytest.fixture(scope="module")
-def ui(
-    database_url: str, fernet_key: str, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[UI]:
+def ui(module_stack: Stack) -> Iterator[UI]:
     missing = [str(p) for p in (CHROMIUM, CHROMEDRIVER) if not p.exists()]
     if missing:
         pytest.fail(f"{', '.join(missing)} missing: apt-get install -y chromium chromium-driver")
-    engine = make_engine(database_url)
-    with engine.begin() as conn:  # this module's processes share the session's database
-        conn.execute(text(f"TRUNCATE {TABLES} RESTART IDENTITY CASCADE"))
-    home = tmp_path_factory.mktemp("webui")
-    dags = home / "dags"
-    dags.mkdir()
-    shutil.copy(EXAMPLE, dags / EXAMPLE.name)
-    prefix = f"deferral_test_{uuid.uuid4().hex[:10]}"
+    shutil.copy(EXAMPLE, module_stack.dags_folder / EXAMPLE.name)
+    services = module_stack.services
+    services.env[users.ADMIN_PASSWORD_ENV] = ADMIN_PASSWORD
     port = free_port()
-    env = {
-        "DEFERRAL_DATABASE_URL": database_url,
-        "DEFERRAL_REDIS_URL": REDIS_URL,
-        "DEFERRAL_FERNET_KEY": fernet_key,
-        "DEFERRAL_DAGS_FOLDER": str(dags),
-        "DEFERRAL_STREAM_PREFIX": prefix,
-        "DEFERRAL_HEARTBEAT_SEC": "1",
-        users.ADMIN_PASSWORD_ENV: ADMIN_PASSWORD,
-    }
-    services = Services(env, home)
     for name in ("scheduler", "triggerer", "worker"):
         services.start(name)
     services.spawn("webserver", command("deferral", "webserver", "--port", str(port)), services.env)
@@ -140,16 +123,9 @@ def ui(
         wait_for(
             lambda: _answers(base + "/api/v1/health"), timeout=180, what="the webserver to answer"
         )
-        yield UI(driver, base, make_sessionmaker(engine))
+        yield UI(driver, base, module_stack.sessions, module_stack.broker)
     finally:
-        driver.quit()
-        services.stop_all()
-        broker = Broker.from_url(REDIS_URL, prefix)
-        keys = list(broker.redis.scan_iter(match=f"{prefix}:*"))
-        if keys:
-            broker.redis.delete(*keys)
-        broker.close()
-        engine.dispose()
+        driver.quit()  # the processes stop with module_stack
 
 
 def _answers(url: str) -> bool:
@@ -178,7 +154,9 @@ def test_a_wrong_password_is_refused(ui: UI) -> None:
     wait_for(lambda: "/dags" in ui.driver.current_url and not ui.found("#login-link"), timeout=15)
 
 
-def test_the_grid_shows_the_task_deferred_while_it_waits_then_succeeded(ui: UI) -> None:
+def test_the_grid_shows_the_task_deferred_while_it_waits_then_succeeded(
+    ui: UI, cipher: Cipher
+) -> None:
     ui.open(f"/dags/{DAG_ID}")
     conf = ui.find("#conf")
     assert json.loads(conf.get_attribute("value")) == {"wait_seconds": 3}  # the DAG's params
@@ -204,6 +182,7 @@ def test_the_grid_shows_the_task_deferred_while_it_waits_then_succeeded(ui: UI) 
     assert "deferral.triggers.temporal.DateTimeTrigger" in group.text
     assert ui.find('.deferred-task[data-task="wait"]')
     ui.driver.back()
+    fire_deferred(ui.sessions, ui.broker, cipher, DAG_ID, "wait")  # the wait ends now
 
     wait_for(
         lambda: ui.state_of("report") == "success" and ui.state_of("wait") == "success",

@@ -160,8 +160,8 @@ def _sized_run(sessions: sessionmaker[Session], dag_id: str, size: int) -> int:
                                              evaluate_after)
                         VALUES (:dag_id, 'r', now(), 'running', now(), now())
                     ), fires AS (
-                        INSERT INTO trigger (classpath, kwargs, fingerprint)
-                        VALUES ('deferral.triggers.temporal.DateTimeTrigger', 'sealed', 'f')
+                        INSERT INTO trigger (classpath, kwargs)
+                        VALUES ('deferral.triggers.temporal.DateTimeTrigger', 'sealed')
                         RETURNING id
                     ), tasks AS (
                         INSERT INTO task_instance (dag_id, run_id, task_id, state, try_number,

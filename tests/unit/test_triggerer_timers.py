@@ -21,22 +21,29 @@ def _held(trigger_id: int, seconds: float) -> Held:
 def test_timers_fire_in_order_as_their_moments_come() -> None:
     fired: list[int] = []
 
+    async def until(count: int) -> None:
+        with anyio.fail_after(30):
+            while len(fired) < count:
+                await anyio.sleep(0.01)
+
     async def main() -> None:
         timers = _Timers()
-        timers.add(_held(1, 0.3))
-        timers.add(_held(2, 0.1))
+        timers.add(_held(1, 3600.2))
+        timers.add(_held(2, 3600.0))
         async with anyio.create_task_group() as tasks:
             tasks.start_soon(timers.run, lambda held: fired.append(held.trigger_id))
-            await anyio.sleep(0.05)
+            for _ in range(5):  # the timer starts and sleeps until 2's moment, an hour away
+                await anyio.lowlevel.checkpoint()
             timers.add(_held(3, 0.0))  # earlier than everything waiting: wakes the timer
             timers.add(_held(4, 0.0))
-            with anyio.fail_after(5):
-                while len(fired) < 4:
-                    await anyio.sleep(0.01)
+            await until(2)
+            timers.add(_held(5, 0.2))  # earliest first, whatever the order they were added in
+            timers.add(_held(6, 0.1))
+            await until(4)
             tasks.cancel_scope.cancel()
 
     anyio.run(main)
-    assert fired == [3, 4, 2, 1]
+    assert fired == [3, 4, 6, 5]  # and 1 and 2 wait for their moments
 
 
 def test_many_timers_due_at_once_let_the_publisher_run_between_batches() -> None:

@@ -59,19 +59,22 @@ def test_watchdog_names_a_blocking_task_and_samples_its_stack_in_a_real_event_lo
                 _block_the_loop()
 
             tasks.start_soon(blocker)
-            await anyio.sleep(0.3)  # wakes right after the block...
-            await anyio.sleep(0.2)  # ...and gives the watchdog time to see the loop move again
+            # Reported once the loop moves again and the watchdog's thread looks: wait for it
+            # (a loaded machine may take its time).
+            with anyio.fail_after(30):
+                while not any(culprit == "trigger 42" for culprit, _ in blocks):
+                    await anyio.sleep(0.02)
             tasks.cancel_scope.cancel()
 
     anyio.run(main)
-    assert len(stalls) == 1 and len(blocks) == 1
-    culprit, stack = stalls[0]
-    assert culprit == "trigger 42"
+    # A stall of the whole process under load may add reports naming no trigger: not this one.
+    (stack,) = [stack for culprit, stack in stalls if culprit == "trigger 42"]
     # Sampled while the loop was held: the innermost frames are the blocking call's.
     assert "in _block_the_loop" in stack
     assert "time.sleep(0.5)" in stack.splitlines()[-1]
-    assert blocks[0][0] == "trigger 42"
-    assert 0.4 < blocks[0][1] < 1.0
+    # At least as long as the block (a loaded machine makes it longer, never shorter).
+    (seconds,) = [seconds for culprit, seconds in blocks if culprit == "trigger 42"]
+    assert seconds > 0.4
 
 
 def test_a_stall_names_the_trigger_from_data_or_else_the_task() -> None:
