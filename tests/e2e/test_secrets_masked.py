@@ -198,7 +198,8 @@ def test_canary_secrets_appear_in_no_stream_log_page_or_cli_output(
         *[("/api/v1/dags/e2e_secrets/task_instance", task) for task in tasks],
         *[("/api/v1/dags/e2e_secrets/task_instance/log", {**t, "try_number": 1}) for t in tasks],
     ]
-    with TestClient(create_app(settings, host="127.0.0.1", environ={})) as web:
+    app = create_app(settings, host="127.0.0.1", environ={})
+    with TestClient(app, base_url="http://localhost") as web:
         answers = {f"{path} {params}": web.get(path, params=params) for path, params in reads}
     for path, answer in answers.items():
         assert answer.status_code == 200, (path, answer.text[:500])
