@@ -545,16 +545,22 @@ class SchedulerService:
         and only then acknowledge them (after commit)."""
         deliveries = self.unapplied or self.consumer.poll(EVENT_BATCH, block_ms=block_ms)
         wakes = [d.entry for d in deliveries if is_wake(d.entry.fields)]
+        deliveries = [d for d in deliveries if not is_wake(d.entry.fields)]
+        # Kept before the wakes are retired: events read with a wake whose retirement fails
+        # would otherwise stay held and renewed here, never applied.
+        self.unapplied = list(deliveries)
         if wakes:
             # A worker recorded a task's end: the loop that follows evaluates the marked runs
             # at once (what to do is read from Postgres; the entry carries nothing more).
-            self.consumer.retire(wakes)
-            deliveries = [d for d in deliveries if not is_wake(d.entry.fields)]
+            try:
+                self.consumer.retire(wakes)
+            except Exception:
+                # No longer renewed: taken over and retired after the takeover delay.
+                self.consumer.release([entry.id for entry in wakes])
+                raise
         if not deliveries:
-            self.unapplied = []
             return 0
         faults.inject("scheduler.events_read")
-        self.unapplied = list(deliveries)
         parsed = [(d, event) for d in deliveries if (event := self._parse(d)) is not None]
         try:
             applied, poisoned, staged = self._apply(parsed, one_by_one=False)
