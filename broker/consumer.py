@@ -280,14 +280,21 @@ class StreamConsumer:
         after: str | None = None
         now = time.monotonic()
         for _ in range(TAKEOVER_PAGES):
-            page = self.broker.idle_pending(
+            listed = self.broker.idle_pending(
                 self.stream,
                 self.group,
                 min_idle_ms=self.lease.takeover_after_ms,
                 count=PENDING_PAGE,
                 after=after,
             )
-            page = [p for p in page if p.id not in self._held]
+            # Our own entries are the replay's while it lasts (suspects one at a time, their
+            # counts judged by the earlier process's row): taken over here, this name's fresh
+            # row would have their counts ignored and the suspects run together.
+            page = [
+                p
+                for p in listed
+                if p.id not in self._held and not (self._replaying and p.consumer == self.name)
+            ]
             owners = self._owner_records({p.consumer for p in page}) if page else {}
             candidates: list[Candidate] = []
             distrusted: list[tuple[Pending, str]] = []
@@ -319,9 +326,9 @@ class StreamConsumer:
             taken = set(chosen)
             self._say_distrusted([(p, why) for p, why in distrusted if p.id in taken])
             picked += [counted[i] for i in chosen][: count - len(picked)]
-            if len(picked) >= count or len(page) < PENDING_PAGE or not page:
+            if len(picked) >= count or len(listed) < PENDING_PAGE:
                 break
-            after = page[-1].id
+            after = listed[-1].id
         if len(self._unregistered_seen) > UNREGISTERED_SEEN_MAX:
             self._unregistered_seen.clear()
         claimed = self.broker.claim(

@@ -376,3 +376,23 @@ def test_suspects_waiting_for_their_turn_stay_with_the_replaying_consumer(
     (second,) = restarted.poll(10)
     assert (second.entry.id, second.deliveries) == (ids[1], 2)
     assert {p.consumer for p in broker.all_own_pending(broker.keys.triggers, GROUP, "t1")} == {"t1"}
+
+
+def test_a_restarted_consumers_own_takeover_leaves_its_entries_to_the_replay(
+    broker: Broker, cipher: Cipher, sessions: sessionmaker[Session]
+) -> None:
+    """The restarted process looks for takeovers too (a worker's first step does so before its
+    first read), when its entries have idled past the threshold: they are replayed, suspects one
+    at a time, not taken over together with their counts ignored (its new row looks alive)."""
+    ids = _publish(broker, 3)
+    _row(sessions, "t1", state="running", age_sec=0)
+    _consumer(broker, cipher, sessions, "t1").poll(3)  # then it dies within the heartbeat
+    time.sleep(HB * 3)  # restarted after the takeover threshold
+    restarted = _consumer(broker, cipher, sessions, "t1")
+    _row(sessions, "t1", state="running", age_sec=0)  # the restarted process registered
+    assert restarted.claim(10) == []
+    (first,) = restarted.poll(10)
+    assert (first.entry.id, first.deliveries) == (ids[0], 2)
+    assert restarted.claim(10) == []  # the suspects waiting for their turn stay queued
+    assert restarted.poll(10, block_ms=10) == []
+    assert [restarted.holds(i) for i in ids] == [True, False, False]
