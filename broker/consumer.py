@@ -200,9 +200,13 @@ class StreamConsumer:
             return None
         if not self._suspect_allowed():
             return []
-        candidates = [Candidate(p.id, p.deliveries) for p in self._replay_suspects]
+        # A copy: the lease renewal (another thread, in the triggerer) may drop the chosen one
+        # from the list meanwhile (a peer took it); the owner-checked claim below tells.
+        with self._lock:
+            suspects = list(self._replay_suspects)
+        candidates = [Candidate(p.id, p.deliveries) for p in suspects]
         (chosen,) = choose(candidates, self.max_deliveries, suspect_allowed=True)
-        suspect = next(p for p in self._replay_suspects if p.id == chosen)
+        suspect = next(p for p in suspects if p.id == chosen)
         with self._lock:
             self._replay_suspects = [p for p in self._replay_suspects if p.id != chosen]
         log.info(

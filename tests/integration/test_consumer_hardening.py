@@ -7,11 +7,13 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import time
+from typing import Any
 
 import pytest
 from sqlalchemy import delete
 from sqlalchemy.orm import Session, sessionmaker
 
+from broker import consumer as consumer_module
 from broker.client import Broker
 from broker.consumer import StreamConsumer
 from broker.owners import PostgresOwners
@@ -396,3 +398,30 @@ def test_a_restarted_consumers_own_takeover_leaves_its_entries_to_the_replay(
     assert restarted.claim(10) == []  # the suspects waiting for their turn stay queued
     assert restarted.poll(10, block_ms=10) == []
     assert [restarted.holds(i) for i in ids] == [True, False, False]
+
+
+def test_a_suspect_dropped_by_a_renewal_while_it_is_chosen_is_not_replayed(
+    broker: Broker,
+    cipher: Cipher,
+    sessions: sessionmaker[Session],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The triggerer renews from a thread of its own: a renewal that finds a waiting suspect
+    taken by a peer drops it from the list while the replay is choosing it (this raised
+    StopIteration, a RuntimeError out of the triggerer's read, which stopped the triggerer)."""
+    (entry_id,) = _publish(broker, 1)
+    _row(sessions, "t1", state="running", age_sec=0)
+    _consumer(broker, cipher, sessions, "t1").poll(1)  # then it dies within the heartbeat
+    restarted = _consumer(broker, cipher, sessions, "t1")
+    chosen = consumer_module.choose
+
+    def chosen_then_taken(*args: Any, **kwargs: Any) -> list[str]:
+        ids = chosen(*args, **kwargs)
+        if kwargs.get("suspect_allowed"):  # what the lease thread's renewal does meanwhile
+            _set_holder(broker, entry_id, "peer", 1, 0)
+            assert [lost.entry_id for lost in restarted.renew()] == []
+        return ids
+
+    monkeypatch.setattr(consumer_module, "choose", chosen_then_taken)
+    assert restarted.poll(10) == []
+    assert broker.owners_of(broker.keys.triggers, GROUP, [entry_id])[entry_id].consumer == "peer"
