@@ -419,7 +419,20 @@ class StreamConsumer:
                 self._replay_suspects = [p for p in self._replay_suspects if p.id not in gone]
         taken = [i for i, s in status.items() if s is LeaseStatus.TAKEN]
         if taken and self.owners is not None:
-            for entry_id in self._take_back(taken[:BATCH], set(survivors)):
+            try:
+                back = self._take_back(taken[:BATCH], set(survivors))
+            except Exception as exc:
+                # Who holds them cannot be told now (PostgreSQL down): they are lost, as a
+                # peer's takeover is; raising would keep them running here beside their holder
+                # for as long as the failure lasts.
+                log.warning(
+                    "could not check who took %d entr(ies) of %s: %s",
+                    len(taken),
+                    self.stream,
+                    one_line(str(exc), MAX_DEAD_ERROR),
+                )
+                back = []
+            for entry_id in back:
                 status[entry_id] = LeaseStatus.OWNED
         lost = [Lost(i, s) for i, s in status.items() if s is not LeaseStatus.OWNED]
         self._drop([item.entry_id for item in lost])

@@ -11,10 +11,11 @@ from typing import Any
 
 import pytest
 from sqlalchemy import delete
+from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
 from broker import consumer as consumer_module
-from broker.client import Broker
+from broker.client import Broker, LeaseStatus
 from broker.consumer import StreamConsumer
 from broker.owners import PostgresOwners
 from deferral.crypto import Cipher
@@ -425,3 +426,29 @@ def test_a_suspect_dropped_by_a_renewal_while_it_is_chosen_is_not_replayed(
     monkeypatch.setattr(consumer_module, "choose", chosen_then_taken)
     assert restarted.poll(10) == []
     assert broker.owners_of(broker.keys.triggers, GROUP, [entry_id])[entry_id].consumer == "peer"
+
+
+def test_an_entry_taken_over_is_reported_lost_while_its_holders_row_cannot_be_read(
+    broker: Broker,
+    cipher: Cipher,
+    sessions: sessionmaker[Session],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The take-back of forged claims asks PostgreSQL who the holder is; while it cannot, the
+    renewal still says the entry is lost (it raised, so the triggerer kept running a trigger a
+    peer had taken over, for as long as PostgreSQL was unavailable)."""
+    (entry_id,) = _publish(broker, 1)
+    _row(sessions, "t1", state="running", age_sec=0)
+    consumer = _consumer(broker, cipher, sessions, "t1")
+    consumer.poll(1)
+    _set_holder(broker, entry_id, "t2", 1, 0)  # a peer took it over
+
+    def unavailable(names: object) -> dict[str, object]:
+        raise OperationalError("SELECT", {}, Exception("server closed the connection"))
+
+    assert consumer.owners is not None
+    monkeypatch.setattr(consumer.owners, "owners", unavailable)
+    assert [(lost.entry_id, lost.status) for lost in consumer.renew()] == [
+        (entry_id, LeaseStatus.TAKEN)
+    ]
+    assert not consumer.holds(entry_id)
