@@ -200,9 +200,13 @@ class StreamConsumer:
             return None
         if not self._suspect_allowed():
             return []
-        candidates = [Candidate(p.id, p.deliveries) for p in self._replay_suspects]
+        # A copy: the lease renewal (another thread, in the triggerer) may drop the chosen one
+        # from the list meanwhile (a peer took it); the owner-checked claim below tells.
+        with self._lock:
+            suspects = list(self._replay_suspects)
+        candidates = [Candidate(p.id, p.deliveries) for p in suspects]
         (chosen,) = choose(candidates, self.max_deliveries, suspect_allowed=True)
-        suspect = next(p for p in self._replay_suspects if p.id == chosen)
+        suspect = next(p for p in suspects if p.id == chosen)
         with self._lock:
             self._replay_suspects = [p for p in self._replay_suspects if p.id != chosen]
         log.info(
@@ -280,14 +284,21 @@ class StreamConsumer:
         after: str | None = None
         now = time.monotonic()
         for _ in range(TAKEOVER_PAGES):
-            page = self.broker.idle_pending(
+            listed = self.broker.idle_pending(
                 self.stream,
                 self.group,
                 min_idle_ms=self.lease.takeover_after_ms,
                 count=PENDING_PAGE,
                 after=after,
             )
-            page = [p for p in page if p.id not in self._held]
+            # Our own entries are the replay's while it lasts (suspects one at a time, their
+            # counts judged by the earlier process's row): taken over here, this name's fresh
+            # row would have their counts ignored and the suspects run together.
+            page = [
+                p
+                for p in listed
+                if p.id not in self._held and not (self._replaying and p.consumer == self.name)
+            ]
             owners = self._owner_records({p.consumer for p in page}) if page else {}
             candidates: list[Candidate] = []
             distrusted: list[tuple[Pending, str]] = []
@@ -319,9 +330,9 @@ class StreamConsumer:
             taken = set(chosen)
             self._say_distrusted([(p, why) for p, why in distrusted if p.id in taken])
             picked += [counted[i] for i in chosen][: count - len(picked)]
-            if len(picked) >= count or len(page) < PENDING_PAGE or not page:
+            if len(picked) >= count or len(listed) < PENDING_PAGE:
                 break
-            after = page[-1].id
+            after = listed[-1].id
         if len(self._unregistered_seen) > UNREGISTERED_SEEN_MAX:
             self._unregistered_seen.clear()
         claimed = self.broker.claim(
@@ -408,7 +419,20 @@ class StreamConsumer:
                 self._replay_suspects = [p for p in self._replay_suspects if p.id not in gone]
         taken = [i for i, s in status.items() if s is LeaseStatus.TAKEN]
         if taken and self.owners is not None:
-            for entry_id in self._take_back(taken[:BATCH], set(survivors)):
+            try:
+                back = self._take_back(taken[:BATCH], set(survivors))
+            except Exception as exc:
+                # Who holds them cannot be told now (PostgreSQL down): they are lost, as a
+                # peer's takeover is; raising would keep them running here beside their holder
+                # for as long as the failure lasts.
+                log.warning(
+                    "could not check who took %d entr(ies) of %s: %s",
+                    len(taken),
+                    self.stream,
+                    one_line(str(exc), MAX_DEAD_ERROR),
+                )
+                back = []
+            for entry_id in back:
                 status[entry_id] = LeaseStatus.OWNED
         lost = [Lost(i, s) for i, s in status.items() if s is not LeaseStatus.OWNED]
         self._drop([item.entry_id for item in lost])

@@ -151,6 +151,9 @@ class SchedulerService:
         self._scheduled: list[int] = []  # task instances the current evaluation pass scheduled
         # Run id -> the DAG object the run was last found to have every task of.
         self._checked: dict[int, DAG] = {}
+        # What the current evaluation pass found, remembered only once it commits: a pass (or
+        # a run's savepoint) rolled back also undid the task instances it added.
+        self._checked_now: dict[int, DAG] = {}
         self.broker: Broker
         self.consumer: StreamConsumer
         self.reconciler: Reconciler
@@ -297,7 +300,7 @@ class SchedulerService:
             # three index probes, whatever its size: a run of 10,000 tasks is marked by each
             # success (scheduler/DECISIONS.md 12).
             probed = runstate.probes(session, [(run.dag_id, run.run_id) for run in runs])
-            self._finished, self._scheduled = [], []
+            self._finished, self._scheduled, self._checked_now = [], [], {}
             for run in runs:
                 dag = self._dag(run.dag_id)
                 probes = probed.get((run.dag_id, run.run_id), decide.RunProbes(False, False, False))
@@ -315,9 +318,12 @@ class SchedulerService:
                     # One run that raises must not stop the others: say why, look again later.
                     log.exception("evaluating run %s of DAG %s failed", run.run_id, run.dag_id)
                     transitions.evaluated(session, run, error=f"{type(exc).__name__}: {exc}")
+                    self._checked_now.pop(run.id, None)
             # Tasks that became ready are queued in this transaction, as resumed tasks are (the
             # same decision: pools, priorities, max_active_tasks), not by a later dispatch pass.
             staged = self._dispatch_resumed(session, self._scheduled)
+        for run_pk, checked in self._checked_now.items():
+            self._remember_checked(run_pk, checked)
         self._call_back(self._finished)
         metrics.DISPATCHES.inc(len(staged))
         outbox.flush(self.sessions, self.broker, staged)
@@ -356,7 +362,7 @@ class SchedulerService:
             if added:
                 transitions.add_task_instances(session, run, added)
                 moved += len(added)
-            self._remember_checked(run.id, dag)
+            self._checked_now[run.id] = dag
         if probes.waiting or probes.retries_undue or moved:
             tis = runstate.undecided(session, dag, run.dag_id, run.run_id)
             new_ti = functools.partial(_new_ti, run)
@@ -384,6 +390,7 @@ class SchedulerService:
         if outcome is not None:
             transitions.finish_dag_run(session, run, outcome)
             self._checked.pop(run.id, None)
+            self._checked_now.pop(run.id, None)
             log.info("run %s of DAG %s finished: %s", run.run_id, run.dag_id, outcome)
             success = outcome == DagRunState.SUCCESS
             self._finished.append(
@@ -545,16 +552,22 @@ class SchedulerService:
         and only then acknowledge them (after commit)."""
         deliveries = self.unapplied or self.consumer.poll(EVENT_BATCH, block_ms=block_ms)
         wakes = [d.entry for d in deliveries if is_wake(d.entry.fields)]
+        deliveries = [d for d in deliveries if not is_wake(d.entry.fields)]
+        # Kept before the wakes are retired: events read with a wake whose retirement fails
+        # would otherwise stay held and renewed here, never applied.
+        self.unapplied = list(deliveries)
         if wakes:
             # A worker recorded a task's end: the loop that follows evaluates the marked runs
             # at once (what to do is read from Postgres; the entry carries nothing more).
-            self.consumer.retire(wakes)
-            deliveries = [d for d in deliveries if not is_wake(d.entry.fields)]
+            try:
+                self.consumer.retire(wakes)
+            except Exception:
+                # No longer renewed: taken over and retired after the takeover delay.
+                self.consumer.release([entry.id for entry in wakes])
+                raise
         if not deliveries:
-            self.unapplied = []
             return 0
         faults.inject("scheduler.events_read")
-        self.unapplied = list(deliveries)
         parsed = [(d, event) for d in deliveries if (event := self._parse(d)) is not None]
         try:
             applied, poisoned, staged = self._apply(parsed, one_by_one=False)

@@ -419,9 +419,12 @@ class TriggererService:
         if running is not None:
             if running.entry.id != entry.id:
                 # A newer entry for a trigger running here (a republish): hold the newer one,
-                # whose lease the peers see, and retire the older.
+                # whose lease the peers see, and retire the older -- by the publisher, which
+                # retries while Redis fails: a failure raised here would have the newer entry,
+                # which the trigger now holds, released (taken over and run by a peer too).
                 older, running.entry = running.entry, _slim(entry, trigger_id)
-                await self._sync(self.consumer.retire, [older])
+                self.outgoing.retiring.append(older)
+                self.outgoing.ready.set()
             return None
         spec = decoded.spec
         moment = decoded.trigger.fires_at()

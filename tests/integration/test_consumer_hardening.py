@@ -7,12 +7,15 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import time
+from typing import Any
 
 import pytest
 from sqlalchemy import delete
+from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
-from broker.client import Broker
+from broker import consumer as consumer_module
+from broker.client import Broker, LeaseStatus
 from broker.consumer import StreamConsumer
 from broker.owners import PostgresOwners
 from deferral.crypto import Cipher
@@ -376,3 +379,76 @@ def test_suspects_waiting_for_their_turn_stay_with_the_replaying_consumer(
     (second,) = restarted.poll(10)
     assert (second.entry.id, second.deliveries) == (ids[1], 2)
     assert {p.consumer for p in broker.all_own_pending(broker.keys.triggers, GROUP, "t1")} == {"t1"}
+
+
+def test_a_restarted_consumers_own_takeover_leaves_its_entries_to_the_replay(
+    broker: Broker, cipher: Cipher, sessions: sessionmaker[Session]
+) -> None:
+    """The restarted process looks for takeovers too (a worker's first step does so before its
+    first read), when its entries have idled past the threshold: they are replayed, suspects one
+    at a time, not taken over together with their counts ignored (its new row looks alive)."""
+    ids = _publish(broker, 3)
+    _row(sessions, "t1", state="running", age_sec=0)
+    _consumer(broker, cipher, sessions, "t1").poll(3)  # then it dies within the heartbeat
+    time.sleep(HB * 3)  # restarted after the takeover threshold
+    restarted = _consumer(broker, cipher, sessions, "t1")
+    _row(sessions, "t1", state="running", age_sec=0)  # the restarted process registered
+    assert restarted.claim(10) == []
+    (first,) = restarted.poll(10)
+    assert (first.entry.id, first.deliveries) == (ids[0], 2)
+    assert restarted.claim(10) == []  # the suspects waiting for their turn stay queued
+    assert restarted.poll(10, block_ms=10) == []
+    assert [restarted.holds(i) for i in ids] == [True, False, False]
+
+
+def test_a_suspect_dropped_by_a_renewal_while_it_is_chosen_is_not_replayed(
+    broker: Broker,
+    cipher: Cipher,
+    sessions: sessionmaker[Session],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The triggerer renews from a thread of its own: a renewal that finds a waiting suspect
+    taken by a peer drops it from the list while the replay is choosing it (this raised
+    StopIteration, a RuntimeError out of the triggerer's read, which stopped the triggerer)."""
+    (entry_id,) = _publish(broker, 1)
+    _row(sessions, "t1", state="running", age_sec=0)
+    _consumer(broker, cipher, sessions, "t1").poll(1)  # then it dies within the heartbeat
+    restarted = _consumer(broker, cipher, sessions, "t1")
+    chosen = consumer_module.choose
+
+    def chosen_then_taken(*args: Any, **kwargs: Any) -> list[str]:
+        ids = chosen(*args, **kwargs)
+        if kwargs.get("suspect_allowed"):  # what the lease thread's renewal does meanwhile
+            _set_holder(broker, entry_id, "peer", 1, 0)
+            assert [lost.entry_id for lost in restarted.renew()] == []
+        return ids
+
+    monkeypatch.setattr(consumer_module, "choose", chosen_then_taken)
+    assert restarted.poll(10) == []
+    assert broker.owners_of(broker.keys.triggers, GROUP, [entry_id])[entry_id].consumer == "peer"
+
+
+def test_an_entry_taken_over_is_reported_lost_while_its_holders_row_cannot_be_read(
+    broker: Broker,
+    cipher: Cipher,
+    sessions: sessionmaker[Session],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The take-back of forged claims asks PostgreSQL who the holder is; while it cannot, the
+    renewal still says the entry is lost (it raised, so the triggerer kept running a trigger a
+    peer had taken over, for as long as PostgreSQL was unavailable)."""
+    (entry_id,) = _publish(broker, 1)
+    _row(sessions, "t1", state="running", age_sec=0)
+    consumer = _consumer(broker, cipher, sessions, "t1")
+    consumer.poll(1)
+    _set_holder(broker, entry_id, "t2", 1, 0)  # a peer took it over
+
+    def unavailable(names: object) -> dict[str, object]:
+        raise OperationalError("SELECT", {}, Exception("server closed the connection"))
+
+    assert consumer.owners is not None
+    monkeypatch.setattr(consumer.owners, "owners", unavailable)
+    assert [(lost.entry_id, lost.status) for lost in consumer.renew()] == [
+        (entry_id, LeaseStatus.TAKEN)
+    ]
+    assert not consumer.holds(entry_id)

@@ -20,6 +20,7 @@ from deferral.config import Settings
 from deferral.models import DagRun, Outbox, Pool, TaskInstance
 from deferral.transitions import Attempt
 from scheduler import decide as scheduler_decide
+from scheduler import waiting as scheduler_waiting
 from scheduler.service import SchedulerService
 from tests.servers import REDIS_URL
 
@@ -225,29 +226,59 @@ def test_a_marked_run_in_which_nothing_can_be_decided_is_only_unmarked(
     assert _run_state(sessions) == "success"
 
 
-def test_a_task_added_to_the_dag_mid_run_joins_the_run(
-    settings: Settings,
-    sessions: sessionmaker[Session],
-    write_dag: WriteDag,
-    dag_id: str,
-) -> None:
+def _run_then_task_added(
+    settings: Settings, sessions: sessionmaker[Session], write_dag: WriteDag, dag_id: str
+) -> SchedulerService:
+    """A run of a DAG of task "a", then "late" added to the DAG file and "a" done."""
     path = write_dag(dag_id, _dag_file(dag_id, '    EmptyOperator(task_id="a")'))
     service = _scheduler(settings)
     _trigger(sessions, dag_id)
     _step(service)
     write_dag(
         dag_id,
-        _dag_file(
-            dag_id,
-            """
-    EmptyOperator(task_id="a") >> EmptyOperator(task_id="late")
-""",
-        ),
+        _dag_file(dag_id, '    EmptyOperator(task_id="a") >> EmptyOperator(task_id="late")'),
     )
     stat = path.stat()
     os.utime(path, (stat.st_atime, stat.st_mtime + 5))
     service.dagbag.collect()
     _finish(sessions, "a")
+    return service
+
+
+def test_a_task_added_to_the_dag_mid_run_joins_the_run(
+    settings: Settings,
+    sessions: sessionmaker[Session],
+    write_dag: WriteDag,
+    dag_id: str,
+) -> None:
+    service = _run_then_task_added(settings, sessions, write_dag, dag_id)
+    _step(service)
+    assert _states(sessions) == {"a": "success", "late": "queued"}
+    assert _run_state(sessions) == "running"
+
+
+def test_a_task_added_mid_run_joins_it_after_the_evaluation_that_added_it_rolled_back(
+    settings: Settings,
+    sessions: sessionmaker[Session],
+    write_dag: WriteDag,
+    dag_id: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The evaluation that adds the task raises after adding it (its savepoint rolls the new
+    task instance back): the run must be checked against the DAG again, not remembered as
+    complete, which finished it SUCCESS without ever running the new task."""
+    service = _run_then_task_added(settings, sessions, write_dag, dag_id)
+    advance = scheduler_waiting.advance
+
+    def failing_once(*args: Any, **kwargs: Any) -> Any:
+        monkeypatch.setattr(scheduler_waiting, "advance", advance)
+        raise RuntimeError("a bug met once")
+
+    monkeypatch.setattr(scheduler_waiting, "advance", failing_once)
+    _step(service)
+    assert _states(sessions) == {"a": "success"}
+    with sessions.begin() as session:  # its next look, without waiting for the retry delay
+        session.scalars(select(DagRun)).one().evaluate_after = dt.datetime.now(dt.UTC)
     _step(service)
     assert _states(sessions) == {"a": "success", "late": "queued"}
     assert _run_state(sessions) == "running"

@@ -7,6 +7,8 @@ from __future__ import annotations
 import datetime as dt
 
 import anyio
+import pytest
+import redis
 from sqlalchemy.orm import Session, sessionmaker
 
 from broker.client import Broker, LeaseStatus
@@ -138,3 +140,47 @@ def test_a_republished_entry_read_while_the_lost_one_is_checked_keeps_the_trigge
     service.broker.present = lambda stream, index_fields: {"7": True}  # type: ignore[method-assign]
     anyio.run(service._lost, [Lost(old.id, LeaseStatus.GONE)])
     assert held.cancelled and held.cancel_reason == "reassigned" and 7 not in service.held
+
+
+def test_a_republished_entry_stays_held_when_retiring_the_older_one_fails(
+    settings: Settings, broker: Broker, cipher: Cipher, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The trigger runs on with the newer entry: it must stay renewed here (released, a peer
+    would take it over and run the trigger too), and the older entry is retired once Redis
+    answers again."""
+    stream = broker.keys.triggers
+    broker.ensure_group(stream, GROUP_TRIGGERERS)
+    moment = dt.datetime.now(dt.UTC) + dt.timedelta(days=1)
+    message = trigger_message(
+        cipher,
+        trigger_id=1,
+        classpath=classpath_of(DateTimeTrigger),
+        kwargs=check_kwargs({"moment": moment}),
+        task_instance_id=1,
+        try_number=1,
+        task="d.r.t1",
+    )
+    service = TriggererService(settings, capacity=10, name="t1")
+    service.attach(broker)
+    service.consumer.start()
+    older = broker.publish(stream, message)
+    newer = broker.publish(stream, message)  # the reconciler's republish
+    retire = service.consumer.retire
+
+    def failing(entries: object) -> None:
+        raise redis.ConnectionError("Redis went away")
+
+    async def read_both() -> None:
+        async with anyio.create_task_group() as tasks:
+            for _ in range(2):
+                await service._start_all(tasks, service.consumer.poll(1))
+            tasks.cancel_scope.cancel()
+
+    monkeypatch.setattr(service.consumer, "retire", failing)
+    anyio.run(read_both)
+    assert service.held[1].entry.id == newer
+    assert service.consumer.holds(newer)
+    monkeypatch.setattr(service.consumer, "retire", retire)
+    anyio.run(service._flush_outgoing)
+    assert not service.consumer.holds(older)
+    assert [e.id for e in broker.xrange(stream)] == [newer]

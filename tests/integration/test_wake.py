@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import time
 
+import pytest
+import redis
 from sqlalchemy.orm import Session, sessionmaker
 
 from broker.client import Broker
@@ -58,4 +60,33 @@ def test_a_scheduler_retires_a_wake_without_waiting_for_events(settings: Setting
     assert scheduler.broker.xrange(scheduler.keys.events) == []  # retired, not kept
     assert scheduler.broker.xrange(scheduler.keys.dead) == []  # and not a bad event
     assert scheduler.unapplied == []
+    scheduler.broker.close()
+
+
+def test_events_read_with_a_wake_whose_retirement_fails_are_applied_next(
+    settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Redis failing between the read and the wake's retirement must not leave the events read
+    with it held and renewed by this scheduler for ever, never applied."""
+    scheduler = SchedulerService(settings, name="awake")
+    scheduler.attach(Broker.from_url(REDIS_URL, settings.stream_prefix))
+    scheduler.consumer.start()
+    events = scheduler.keys.events
+    scheduler.broker.publish(events, WAKE)
+    event_id = scheduler.broker.publish(events, {"trigger_id": "1", "junk": "x"})
+    retire = scheduler.consumer.retire
+
+    def failing(entries: object) -> None:
+        raise redis.ConnectionError("Redis went away")
+
+    monkeypatch.setattr(scheduler.consumer, "retire", failing)
+    with pytest.raises(redis.ConnectionError):
+        scheduler.apply_events(block_ms=10)
+    monkeypatch.setattr(scheduler.consumer, "retire", retire)
+    scheduler.apply_events(block_ms=10)
+    # The event was handled (a bad one: dead-lettered), not kept held by this scheduler.
+    assert not scheduler.consumer.holds(event_id)
+    assert [
+        e.fields[b"source_id"].decode() for e in scheduler.broker.xrange(scheduler.keys.dead)
+    ] == [event_id]
     scheduler.broker.close()
