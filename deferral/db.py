@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import threading
 
 from sqlalchemy import Engine, create_engine, text
@@ -15,11 +16,24 @@ from deferral.faults import is_transient
 log = logging.getLogger("deferral")
 
 
-def make_engine(database_url: str, *, pool_size: int = 5) -> Engine:
+def make_engine(
+    database_url: str, *, pool_size: int = 5, timeout_sec: float | None = None
+) -> Engine:
+    """``timeout_sec``: the most a connection attempt or a statement may take (a connection
+    that hangs rather than fails would otherwise hold its caller for ever: the triggerer's lease
+    thread must come back within a heartbeat)."""
     # No pre-ping: it costs a round trip per transaction. A connection that went stale (the
     # server restarted) fails its statement with a transient error, is invalidated, and the
     # work is retried on a fresh one.
-    return create_engine(database_url, pool_size=pool_size)
+    if timeout_sec is None:
+        return create_engine(database_url, pool_size=pool_size)
+    connect_args = {
+        "connect_timeout": max(1, math.ceil(timeout_sec)),
+        "options": f"-c statement_timeout={max(1, round(timeout_sec * 1000))}",
+    }
+    return create_engine(
+        database_url, pool_size=pool_size, pool_timeout=timeout_sec, connect_args=connect_args
+    )
 
 
 def make_sessionmaker(engine: Engine) -> sessionmaker[Session]:

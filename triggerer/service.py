@@ -295,7 +295,10 @@ class TriggererService:
         """The thread that renews this triggerer's leases and records its heartbeat, with its
         own Redis and Postgres connections; each beat, with what it found lost, is queued for the
         event loop without waiting for it (a blocked loop must not block the leases)."""
-        self.lease_engine = make_engine(self.settings.database_url, pool_size=1)
+        # Bounded by a heartbeat: a database that hangs must not hold up the next renewal.
+        self.lease_engine = make_engine(
+            self.settings.database_url, pool_size=1, timeout_sec=self.settings.heartbeat_sec
+        )
         sessions = make_sessionmaker(self.lease_engine)
 
         def on_beat(lost: list[Lost]) -> None:
