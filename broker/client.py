@@ -351,7 +351,7 @@ class Broker:
         *,
         survivors: Sequence[str] = (),
     ) -> dict[str, LeaseStatus]:
-        """Renew the lease on ``ids`` and ``survivors`` (whose delivery count is also reset to 1:
+        """Renew the lease on ``ids`` and ``survivors`` (whose delivery count is also reset to 0:
         they were held a whole heartbeat without killing their consumer); say for each whether it
         is still ours."""
         status: dict[str, LeaseStatus] = {}
