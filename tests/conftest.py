@@ -177,6 +177,8 @@ def pytest_report_header(config: Any) -> str:
 # other lane fills the time with the many short ones instead of one of them ending the run alone.
 # A module missing here only runs in its usual (file) place.
 SLOWEST_FIRST = (
+    "tests/e2e/test_hostile_entries.py",
+    "tests/e2e/test_triggerer_isolation.py",
     "tests/e2e/test_redis_wipe_under_churn.py",
     "tests/e2e/test_triggerer_leases.py",
     "tests/e2e/test_compose_stack.py",
@@ -186,6 +188,8 @@ SLOWEST_FIRST = (
     "tests/e2e/test_templating.py",
     "tests/e2e/test_worker_leases.py",
     "tests/e2e/test_standalone.py",
+    "tests/e2e/test_secrets_masked.py",
+    "tests/e2e/test_dead_letters.py",
 )
 
 
