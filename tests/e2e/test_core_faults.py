@@ -247,6 +247,8 @@ class KillsItsTriggerer(BaseTrigger):
         yield TriggerEvent(None)
 """
 
+# A DAG of one task deferring on the killer and ``healthy`` ones deferring ``wait_sec`` (also
+# the poison-among-fifty test of test_hostile_entries).
 KILLER_DAG = """
 import datetime as dt
 
@@ -265,16 +267,16 @@ class Poisoned(BaseOperator):
 
 class Fine(BaseOperator):
     def execute(self, context):
-        self.defer(trigger=TimeDeltaTrigger(dt.timedelta(seconds=8)), method_name="resume")
+        self.defer(trigger=TimeDeltaTrigger(dt.timedelta(seconds={wait_sec})), method_name="resume")
 
     def resume(self, context, event):
         return "fine"
 
 
-with DAG("e2e_poison") as dag:
+with DAG("{dag_id}", max_active_tasks=64) as dag:
     Poisoned(task_id="poisoned")
-    for i in range(3):
-        Fine(task_id=f"fine{i}")
+    for i in range({healthy}):
+        Fine(task_id=f"fine{{i:0{width}d}}")
 """
 
 
@@ -282,7 +284,9 @@ def test_a_trigger_that_kills_its_triggerer_goes_to_the_dead_letters(
     services: Services, write_dag: Any, sessions: sessionmaker[Session], broker: Broker
 ) -> None:
     write_dag("e2e_killer_trigger", KILLER_TRIGGER)
-    write_dag("e2e_poison_dag", KILLER_DAG)
+    write_dag(
+        "e2e_poison_dag", KILLER_DAG.format(dag_id="e2e_poison", wait_sec=8, healthy=3, width=1)
+    )
     services.env["DEFERRAL_TRIGGER_MODULES"] = "deferral.triggers,e2e_killer_trigger"
     services.env["DEFERRAL_MAX_DELIVERIES"] = "3"
     services.start("scheduler")

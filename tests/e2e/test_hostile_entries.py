@@ -15,6 +15,7 @@ from broker.client import Broker
 from broker.streams import GROUP_SCHEDULERS, GROUP_TRIGGERERS, GROUP_WORKERS
 from deferral.models import TaskInstance, TaskStateChange
 from tests.e2e.conftest import Services
+from tests.e2e.test_core_faults import KILLER_DAG, KILLER_TRIGGER
 from tests.helpers import wait_for
 
 pytestmark = pytest.mark.e2e
@@ -51,60 +52,16 @@ def _pending_counts(broker: Broker, stream: str, group: str) -> dict[str, int]:
 
 # -- a poison trigger among fifty healthy ones ----------------------------------------------------
 
-KILLER_TRIGGER = """
-import os
-
-from deferral.triggers import BaseTrigger, TriggerEvent
-
-
-class KillsItsTriggerer(BaseTrigger):
-    def serialize(self):
-        return "e2e_hostile_killer.KillsItsTriggerer", {}
-
-    async def run(self):
-        os.kill(os.getpid(), 9)
-        yield TriggerEvent(None)
-"""
-
-POISON_DAG = """
-import datetime as dt
-
-from deferral import DAG, BaseOperator
-from deferral.triggers import TimeDeltaTrigger
-from e2e_hostile_killer import KillsItsTriggerer
-
-
-class Poisoned(BaseOperator):
-    def execute(self, context):
-        self.defer(trigger=KillsItsTriggerer(), method_name="resume")
-
-    def resume(self, context, event):
-        return "unreachable"
-
-
-class Fine(BaseOperator):
-    def execute(self, context):
-        self.defer(trigger=TimeDeltaTrigger(dt.timedelta(seconds=20)), method_name="resume")
-
-    def resume(self, context, event):
-        return "fine"
-
-
-with DAG("e2e_poison_among_fifty", max_active_tasks=64) as dag:
-    Poisoned(task_id="poisoned")
-    for i in range({healthy}):
-        Fine(task_id=f"fine{{i:02d}}")
-"""
-
 HEALTHY = 50
 
 
 def test_a_poison_trigger_among_fifty_on_a_triggerer_restarted_under_its_name(
     services: Services, write_dag: Any, sessions: sessionmaker[Session], broker: Broker
 ) -> None:
-    write_dag("e2e_hostile_killer", KILLER_TRIGGER)
-    write_dag("e2e_poison_fifty_dag", POISON_DAG.format(healthy=HEALTHY))
-    services.env["DEFERRAL_TRIGGER_MODULES"] = "deferral.triggers,e2e_hostile_killer"
+    write_dag("e2e_killer_trigger", KILLER_TRIGGER)
+    dag = KILLER_DAG.format(dag_id="e2e_poison_among_fifty", wait_sec=20, healthy=HEALTHY, width=2)
+    write_dag("e2e_poison_fifty_dag", dag)
+    services.env["DEFERRAL_TRIGGER_MODULES"] = "deferral.triggers,e2e_killer_trigger"
     services.env["DEFERRAL_MAX_DELIVERIES"] = "3"
     services.start("scheduler")
     services.start("worker", "--concurrency", "16")
