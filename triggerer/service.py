@@ -54,7 +54,7 @@ from broker.streams import (
     to_fields,
     with_log,
 )
-from deferral import liveness, metrics, tasklogs
+from deferral import liveness, metrics, serialization, tasklogs
 from deferral.config import Settings
 from deferral.crypto import Cipher
 from deferral.dagbag import put_on_sys_path
@@ -536,7 +536,7 @@ class TriggererService:
             parts = (outcome.failure.message, outcome.failure.traceback)
             level, said = logging.ERROR, "failed: " + "\n".join(p for p in parts if p).rstrip()
         else:
-            shown = outcome.payload
+            shown = serialization.shown(outcome.payload)
             if len(shown) > PAYLOAD_SHOWN:
                 shown = shown[:PAYLOAD_SHOWN] + "..."
             level, said = logging.INFO, f"fired: {shown}"
