@@ -59,6 +59,7 @@ from webserver.inputs import (
     json_depth,
     parse_json,
 )
+from webserver.requestmetrics import RequestMetrics
 
 log = logging.getLogger("deferral.webserver")
 
@@ -810,9 +811,11 @@ def create_app(
         yield
         ui.close()
 
+    routes = ui.routes()
     app = Starlette(
-        routes=ui.routes(),
+        routes=routes,
         middleware=[
+            Middleware(RequestMetrics, routes=routes),
             Middleware(
                 HostCheck,
                 bind=host,

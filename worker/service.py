@@ -178,7 +178,6 @@ class WorkerService:
             dead_letter_maxlen=self.settings.dead_letter_maxlen,
             owners=PostgresOwners(self.sessions, Worker),
         )
-        metrics.STREAMS.watch(broker.stream_stats)
 
     def _begin(self) -> None:
         self.consumer.start()
@@ -211,6 +210,7 @@ class WorkerService:
         )
 
     def step(self) -> None:
+        metrics.LOOP_ITERATION.set_to_current_time()
         for periodic in self.periodic:
             periodic()
         if self.unrecorded:
