@@ -16,7 +16,7 @@ import platform
 import socket
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Protocol
+from typing import Generic, Protocol, TypeVar
 
 from prometheus_client import (
     CollectorRegistry,
@@ -280,6 +280,9 @@ STREAM_METRICS = {
 }
 
 
+Source = TypeVar("Source")
+
+
 class GroupStats(Protocol):
     @property
     def name(self) -> str: ...
@@ -298,33 +301,48 @@ class StreamStats(Protocol):
     def groups(self) -> Sequence[GroupStats]: ...
 
 
-class StreamsCollector(Collector):
-    """The streams' lengths, pending counts and lag, read when scraped from the function the
-    service gives :meth:`watch` (nothing before: the service is not connected yet)."""
+class ReadWhenScraped(Collector, Generic[Source]):
+    """Gauges computed when scraped from what the function a service gives :meth:`watch`
+    returns (nothing before: the service is not connected yet; nothing while it raises: a
+    scrape must answer even while Redis or PostgreSQL does not)."""
+
+    what = "the source"
 
     def __init__(self) -> None:
-        self._read: Callable[[], Sequence[StreamStats]] | None = None
+        self._read: Callable[[], Source] | None = None
 
-    def watch(self, read: Callable[[], Sequence[StreamStats]]) -> None:
+    def watch(self, read: Callable[[], Source]) -> None:
         self._read = read
-
-    def describe(self) -> list[Metric]:
-        return [GaugeMetricFamily(name, text) for name, text in STREAM_METRICS.items()]
 
     def collect(self) -> Iterator[Metric]:
         if self._read is None:
             return
         try:
-            streams = self._read()
-        except Exception as exc:  # a scrape must answer even while Redis does not
-            log.warning("could not read the streams for /metrics: %s", exc)
+            source = self._read()
+        except Exception as exc:
+            log.warning("could not read %s for /metrics: %s", self.what, exc)
             return
+        yield from self.families(source)
+
+    def families(self, source: Source) -> Iterator[Metric]:
+        raise NotImplementedError
+
+
+class StreamsCollector(ReadWhenScraped[Sequence[StreamStats]]):
+    """The streams' lengths, pending counts and lag (from Redis)."""
+
+    what = "the streams"
+
+    def describe(self) -> list[Metric]:
+        return [GaugeMetricFamily(name, text) for name, text in STREAM_METRICS.items()]
+
+    def families(self, source: Sequence[StreamStats]) -> Iterator[Metric]:
         length = GaugeMetricFamily(STREAM_LENGTH, STREAM_METRICS[STREAM_LENGTH], labels=["stream"])
         pending = GaugeMetricFamily(
             STREAM_PENDING, STREAM_METRICS[STREAM_PENDING], labels=["stream", "group"]
         )
         lag = GaugeMetricFamily(STREAM_LAG, STREAM_METRICS[STREAM_LAG], labels=["stream", "group"])
-        for stats in streams:
+        for stats in source:
             length.add_metric([stats.stream], stats.length)
             for group in stats.groups:
                 pending.add_metric([stats.stream, group.name], group.pending)
@@ -336,36 +354,24 @@ class StreamsCollector(Collector):
 STREAMS = StreamsCollector()
 
 DEFERRED_TASKS = "deferral_deferred_tasks"
+_DEFERRED_HELP = "Deferred tasks, by the class of the trigger they wait on."
 
 
-class DeferredCollector(Collector):
-    """Deferred tasks by the class of the trigger they wait on, read when scraped from the
-    function the scheduler gives :meth:`watch` (a query of PostgreSQL it owns)."""
+class DeferredCollector(ReadWhenScraped[Mapping[str, int]]):
+    """Deferred tasks by the class of the trigger they wait on (the scheduler's query)."""
 
-    def __init__(self) -> None:
-        self._read: Callable[[], Mapping[str, int]] | None = None
-
-    def watch(self, read: Callable[[], Mapping[str, int]]) -> None:
-        self._read = read
+    what = "the deferred tasks"
 
     def describe(self) -> list[Metric]:
         return [GaugeMetricFamily(DEFERRED_TASKS, _DEFERRED_HELP)]
 
-    def collect(self) -> Iterator[Metric]:
-        if self._read is None:
-            return
-        try:
-            counts = self._read()
-        except Exception as exc:  # a scrape must answer even while PostgreSQL does not
-            log.warning("could not count the deferred tasks for /metrics: %s", exc)
-            return
+    def families(self, source: Mapping[str, int]) -> Iterator[Metric]:
         family = GaugeMetricFamily(DEFERRED_TASKS, _DEFERRED_HELP, labels=["trigger_class"])
-        for classpath, count in sorted(counts.items()):
+        for classpath, count in sorted(source.items()):
             family.add_metric([classpath], count)
         yield family
 
 
-_DEFERRED_HELP = "Deferred tasks, by the class of the trigger they wait on."
 DEFERRED = DeferredCollector()
 
 
