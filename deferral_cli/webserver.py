@@ -73,10 +73,10 @@ def webserver_command(
         host = host if host is not None else webserver_host()
         port = port if port is not None else webserver_port()
         webserver_settings()
+        admin_password = users.admin_password()
     except ConfigError as exc:
         fail(str(exc), EXIT_UNAVAILABLE)
         return
-    admin_password = users.admin_password()
     if admin_password is not None:
         try:
             users.check_password(admin_password)

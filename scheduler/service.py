@@ -217,7 +217,6 @@ class SchedulerService:
         metrics.DEFERRED.watch(self._deferred_by_trigger_class)
 
     def step(self) -> None:
-        metrics.LOOP_ITERATION.set_to_current_time()
         for periodic in self.periodic:
             periodic()
         with self.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
@@ -232,6 +231,8 @@ class SchedulerService:
         queued = self.dispatch_scheduled() if busy else 0
         # Wait for events only when this loop queued nothing: else slots may be freeing up.
         self.apply_events(block_ms=None if queued else EVENT_BLOCK_MS)
+        # Stamped once a step reached PostgreSQL and Redis: the containers' healthcheck.
+        metrics.LOOP_ITERATION.set_to_current_time()
 
     # -- DAGs ------------------------------------------------------------------------------------
 

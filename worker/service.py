@@ -210,7 +210,6 @@ class WorkerService:
         )
 
     def step(self) -> None:
-        metrics.LOOP_ITERATION.set_to_current_time()
         for periodic in self.periodic:
             periodic()
         if self.unrecorded:
@@ -225,6 +224,8 @@ class WorkerService:
             if read:
                 self._start(read)
         self._record_ended(timeout=0 if read else 0.05)
+        # Stamped once a step reached PostgreSQL and Redis: the containers' healthcheck.
+        metrics.LOOP_ITERATION.set_to_current_time()
 
     # -- leases ----------------------------------------------------------------------------------
 
