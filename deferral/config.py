@@ -323,6 +323,21 @@ def _one_setting(name: str, parse: Callable[[str], T], default: str) -> T:
         raise ConfigError(f"{key} is malformed: {exc}") from None
 
 
+SESSION_POOLING, TRANSACTION_POOLING = "session", "transaction"
+
+
+def _pooling(raw: str) -> str:
+    if raw not in (SESSION_POOLING, TRANSACTION_POOLING):
+        raise ValueError(f"expected {SESSION_POOLING} or {TRANSACTION_POOLING}, not {raw!r}")
+    return raw
+
+
+def database_pooling() -> str:
+    """``DEFERRAL_DATABASE_POOLING``: ``transaction`` when a PgBouncer in transaction pooling
+    mode stands before PostgreSQL (no state kept in a server session), else ``session``."""
+    return _one_setting("DATABASE_POOLING", _pooling, SESSION_POOLING)
+
+
 def default_deferrable() -> bool:
     """``DEFERRAL_DEFAULT_DEFERRABLE``: the default of sensors' ``deferrable``."""
     return _one_setting("DEFAULT_DEFERRABLE", _bool, "false")

@@ -5,35 +5,66 @@ from __future__ import annotations
 import logging
 import math
 import threading
+from typing import Any
 
-from sqlalchemy import Engine, create_engine, text
+from sqlalchemy import Connection, Engine, create_engine, event, text
 from sqlalchemy.engine import URL
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
+from deferral.config import TRANSACTION_POOLING, database_pooling
 from deferral.faults import is_transient
 
 log = logging.getLogger("deferral")
 
 
 def make_engine(
-    database_url: str, *, pool_size: int = 5, timeout_sec: float | None = None
+    database_url: str,
+    *,
+    pool_size: int = 5,
+    timeout_sec: float | None = None,
+    pooling: str | None = None,
+    **options: Any,
 ) -> Engine:
     """``timeout_sec``: the most a connection attempt or a statement may take (a connection
     that hangs rather than fails would otherwise hold its caller for ever: the triggerer's lease
-    thread must come back within a heartbeat)."""
+    thread must come back within a heartbeat). ``pooling``: ``session`` (a direct PostgreSQL or
+    a session-pooling proxy) or ``transaction`` (PgBouncer's transaction pooling: consecutive
+    transactions may reach different server connections, so nothing is kept in a session);
+    default ``DEFERRAL_DATABASE_POOLING``. ``options`` go to ``create_engine``."""
+    pooling = pooling or database_pooling()
+    connect_args: dict[str, Any] = {}
+    if pooling == TRANSACTION_POOLING:
+        # Server-side prepared statements live in one server session, which the next
+        # transaction may not reach (psycopg prepares a statement after its fifth run).
+        connect_args["prepare_threshold"] = None
+    pooled = "poolclass" not in options  # a NullPool takes no pool settings
+    if pooled:
+        options["pool_size"] = pool_size
+    if timeout_sec is not None:
+        connect_args["connect_timeout"] = max(1, math.ceil(timeout_sec))
+        if pooled:
+            options.setdefault("pool_timeout", timeout_sec)
+        if pooling != TRANSACTION_POOLING:
+            connect_args["options"] = f"-c statement_timeout={_millis(timeout_sec)}"
     # No pre-ping: it costs a round trip per transaction. A connection that went stale (the
     # server restarted) fails its statement with a transient error, is invalidated, and the
     # work is retried on a fresh one.
-    if timeout_sec is None:
-        return create_engine(database_url, pool_size=pool_size)
-    connect_args = {
-        "connect_timeout": max(1, math.ceil(timeout_sec)),
-        "options": f"-c statement_timeout={max(1, round(timeout_sec * 1000))}",
-    }
-    return create_engine(
-        database_url, pool_size=pool_size, pool_timeout=timeout_sec, connect_args=connect_args
-    )
+    engine = create_engine(database_url, connect_args=connect_args, **options)
+    if timeout_sec is not None and pooling == TRANSACTION_POOLING:
+        # A startup option would set it on one server session (and PgBouncer refuses startup
+        # options): set it in each transaction instead, for that transaction only.
+        timeout = f"SET LOCAL statement_timeout = {_millis(timeout_sec)}"
+
+        @event.listens_for(engine, "begin")
+        def _statement_timeout(conn: Connection) -> None:
+            conn.exec_driver_sql(timeout)
+
+    return engine
+
+
+def _millis(seconds: float) -> int:
+    return max(1, round(seconds * 1000))
 
 
 def make_sessionmaker(engine: Engine) -> sessionmaker[Session]:

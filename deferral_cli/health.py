@@ -9,14 +9,14 @@ import urllib.request
 import click
 import redis
 from redis.exceptions import RedisError
-from sqlalchemy import create_engine, func, select
+from sqlalchemy import func, select
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.pool import NullPool
 
 from broker.client import redis_location
 from deferral import health
 from deferral.config import ConfigError, Settings, load_settings, webserver_host, webserver_port
-from deferral.db import location, make_sessionmaker
+from deferral.db import location, make_engine, make_sessionmaker
 from deferral.doctor import Check, Status, exit_code
 from deferral_cli.common import server_error
 
@@ -72,15 +72,8 @@ def health_command(service: str | None, name: str | None, timeout: float) -> Non
 def _postgres_checks(
     settings: Settings, service: str | None, name: str | None, timeout: float
 ) -> list[Check]:
-    engine = create_engine(
-        settings.database_url,
-        poolclass=NullPool,
-        connect_args={
-            "connect_timeout": max(1, round(timeout)),
-            # A server that accepts connections but cannot answer is not healthy either.
-            "options": f"-c statement_timeout={round(timeout * 1000)}",
-        },
-    )
+    # A server that accepts connections but cannot answer is not healthy either.
+    engine = make_engine(settings.database_url, timeout_sec=timeout, poolclass=NullPool)
     where = location(engine)
     try:
         with make_sessionmaker(engine)() as session:
