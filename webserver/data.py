@@ -284,7 +284,12 @@ def dag_detail(
     drawn = len(order) <= MAX_GRAPH_TASKS
     groups = _groups_of(dag) if dag is not None else {}
     into = _collapsed_into(groups, set(collapsed))
-    graph = layout(order if drawn else [], upstream, into)
+    labels = {
+        edge: str(info["label"])
+        for edge, info in (dag.edge_info.items() if dag is not None else ())
+        if info.get("label")
+    }
+    graph = layout(order if drawn else [], upstream, into, labels)
     selected = (
         {task: cell for (task, _), cell in _cells(session, dag_id, [selected_run], order).items()}
         if drawn and selected_run is not None

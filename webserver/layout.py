@@ -46,6 +46,10 @@ class Edge:
     # The boxes it joins (task ids, or collapsed groups' ids).
     source: str = ""
     target: str = ""
+    # Its Label (``a >> Label("when empty") >> b``), drawn in the gap before its target.
+    label: str = ""
+    label_x: int = 0
+    label_y: int = 0
 
 
 @dataclass(frozen=True)
@@ -78,10 +82,12 @@ def layout(
     order: Sequence[str],
     upstream: Mapping[str, Sequence[str]],
     collapsed: Mapping[str, str] | None = None,
+    labels: Mapping[tuple[str, str], str] | None = None,
 ) -> Graph:
     """The graph of the tasks ``order`` (upstream first, as ``DAG.topological_order`` gives
     them), ``upstream[t]`` naming the tasks ``t`` depends on; ``collapsed`` maps each task of a
-    collapsed task group to the group's id (drawn as one box, its edges those of its tasks)."""
+    collapsed task group to the group's id (drawn as one box, its edges those of its tasks);
+    ``labels`` gives the label of an edge between two tasks."""
     into = dict(collapsed or {})
     boxes: list[str] = []
     members: dict[str, int] = {}
@@ -158,7 +164,21 @@ def layout(
             for x, y in routes[(up, down)][1:-1]
             for side in (-NODE_WIDTH // 2, NODE_WIDTH // 2)
         ]
-        drawn.append(Edge(*start, *end, points=[start, *middle, end], source=up, target=down))
+        points = [start, *middle, end]
+        # In the middle of the last stretch, which crosses the gap before the target box.
+        (x1, y1), (x2, y2) = points[-2], points[-1]
+        drawn.append(
+            Edge(
+                *start,
+                *end,
+                points=points,
+                source=up,
+                target=down,
+                label=(labels or {}).get((up, down), ""),
+                label_x=(x1 + x2) // 2,
+                label_y=(y1 + y2) // 2,
+            )
+        )
     width = max(node.x for node in nodes.values()) + NODE_WIDTH + MARGIN
     height = max(node.y for node in nodes.values()) + NODE_HEIGHT + MARGIN
     return Graph(nodes=[nodes[box] for box in boxes], edges=drawn, width=width, height=height)

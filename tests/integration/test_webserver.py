@@ -570,3 +570,32 @@ def test_requests_are_counted_by_route_pattern_never_by_path(
     shown = generate_latest(metrics.registry_for(metrics.WEBSERVER)).decode()
     assert "no-such-page" not in shown and "BREW" not in shown
     assert 'deferral_webserver_request_seconds_count{route="/dags/{dag_id}"}' in shown
+
+
+LABELLED_DAG = """
+from deferral import DAG
+from deferral.operators import EmptyOperator
+from deferral.utils.edgemodifier import Label
+
+with DAG("web_labels", schedule=None):
+    check = EmptyOperator(task_id="check")
+    check >> Label("when empty") >> EmptyOperator(task_id="handle_empty")
+    check >> EmptyOperator(task_id="load")
+"""
+
+
+def test_edge_labels_are_drawn_on_their_edges(
+    local: TestClient, write_dag: Callable[[str, str], Path]
+) -> None:
+    write_dag("web_labels", LABELLED_DAG)
+    page = local.get("/dags/web_labels")
+    assert page.status_code == 200, page.text[:300]
+    assert (
+        '<text class="edge-label" x="' in page.text
+        and 'data-source="check" data-target="handle_empty">when empty<title>' in page.text
+    )
+    edges = local.get("/api/v1/dags/web_labels").json()["graph"]["edges"]
+    assert {(e["source"], e["target"], e["label"]) for e in edges} == {
+        ("check", "handle_empty", "when empty"),
+        ("check", "load", ""),
+    }
