@@ -75,17 +75,24 @@ def test_a_served_registry_shows_the_streams(broker: Broker, cipher: Cipher) -> 
     consumer = _consumer(broker, "w1", cipher)
     consumer.poll(1)
     metrics.STREAMS.watch(broker.stream_stats)
-    port = free_port()
-    metrics.serve(metrics.WORKER, port)
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as reply:
-        shown = reply.read().decode()
+    shown = _scrape(metrics.SCHEDULER)
     stream = broker.keys.queue("default")
     assert f'deferral_stream_length{{stream="{stream}"}} 2.0' in shown
     assert f'deferral_stream_pending{{group="workers",stream="{stream}"}} 1.0' in shown
     assert f'deferral_stream_lag{{group="workers",stream="{stream}"}} 1.0' in shown
     assert "process_resident_memory_bytes" in shown
-    assert "deferral_worker_slots_free" in shown and "deferral_triggers_running" not in shown
+    assert "deferral_dispatches_total" in shown and "deferral_triggers_running" not in shown
     assert "_created" not in shown
+    # The streams are the same whoever reads them: a worker does not repeat them.
+    worker = _scrape(metrics.WORKER)
+    assert "deferral_worker_slots_free" in worker and "deferral_stream_length" not in worker
+
+
+def _scrape(service: str) -> str:
+    port = free_port()
+    metrics.serve(service, port)
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as reply:
+        return reply.read().decode()
 
 
 def test_a_port_in_use_is_refused_in_one_line() -> None:
