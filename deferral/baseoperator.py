@@ -23,7 +23,7 @@ from deferral.dependencies import DependencyMixin, is_node_list, relate
 from deferral.exceptions import TaskDeferred, deferral_failure
 from deferral.models.param import ParamValidationError, split_params
 from deferral.states import FAIL_METHOD
-from deferral.timezone import make_aware
+from deferral.timezone import make_aware, standard_timedelta
 from deferral.trigger_rules import TriggerRule
 from deferral.triggers.base import BaseTrigger
 from deferral.utils.task_group import TaskGroup
@@ -143,6 +143,12 @@ def _with_default_args(cls: type, kwargs: dict[str, Any]) -> dict[str, Any]:
     return kwargs
 
 
+def _standard_duration(value: Any) -> Any:
+    """A duration argument as a standard timedelta (pendulum's Duration is one of its own);
+    any other value is left for the checks (``policies``) to refuse by name."""
+    return standard_timedelta(value) if isinstance(value, dt.timedelta) else value
+
+
 class _OperatorMeta(ABCMeta):
     """Applies default_args to the arguments the operator takes (``_with_default_args``), and
     calls ``_after_init`` once the outermost ``__init__`` returned, when every subclass has set
@@ -241,8 +247,10 @@ class BaseOperator(DependencyMixin, metaclass=_OperatorMeta):
             for name, value in given.items()
         }
         self.retries: int = resolved["retries"]
-        self.retry_delay: dt.timedelta = resolved["retry_delay"]
-        self.execution_timeout: dt.timedelta | None = resolved["execution_timeout"]
+        self.retry_delay: dt.timedelta = _standard_duration(resolved["retry_delay"])
+        self.execution_timeout: dt.timedelta | None = _standard_duration(
+            resolved["execution_timeout"]
+        )
         self.pool: str = resolved["pool"]
         self.pool_slots: int = resolved["pool_slots"]
         self.queue: str = check_id("queue", resolved["queue"])
