@@ -58,7 +58,18 @@ _DEFAULTS: dict[str, Any] = {
     "on_success_callback": None,
     "on_failure_callback": None,
     "on_retry_callback": None,
+    # Waiting on the previous run (scheduler/decide.past_depends_met), as Airflow 2.10.
+    "depends_on_past": False,
+    "wait_for_downstream": False,
+    "ignore_first_depends_on_past": False,
+    "wait_for_past_depends_before_skipping": False,
 }
+_PAST_FLAGS = (
+    "depends_on_past",
+    "wait_for_downstream",
+    "ignore_first_depends_on_past",
+    "wait_for_past_depends_before_skipping",
+)
 
 # What a task holds of its own besides its arguments: what a mapped task's map indexes share.
 TASK_SETTINGS = (*_DEFAULTS, "params", "doc", "doc_md", "doc_rst", "doc_json", "doc_yaml")
@@ -201,6 +212,10 @@ class BaseOperator(DependencyMixin, metaclass=_OperatorMeta):
         on_success_callback: CallbackArg = NOTSET,
         on_failure_callback: CallbackArg = NOTSET,
         on_retry_callback: CallbackArg = NOTSET,
+        depends_on_past: bool = NOTSET,
+        wait_for_downstream: bool = NOTSET,
+        ignore_first_depends_on_past: bool = NOTSET,
+        wait_for_past_depends_before_skipping: bool = NOTSET,
         doc: str | None = None,
         doc_md: str | None = None,
         doc_rst: str | None = None,
@@ -236,6 +251,10 @@ class BaseOperator(DependencyMixin, metaclass=_OperatorMeta):
             "on_success_callback": on_success_callback,
             "on_failure_callback": on_failure_callback,
             "on_retry_callback": on_retry_callback,
+            "depends_on_past": depends_on_past,
+            "wait_for_downstream": wait_for_downstream,
+            "ignore_first_depends_on_past": ignore_first_depends_on_past,
+            "wait_for_past_depends_before_skipping": wait_for_past_depends_before_skipping,
         }
         # A task group's default_args apply over the DAG's.
         defaults = {
@@ -258,6 +277,18 @@ class BaseOperator(DependencyMixin, metaclass=_OperatorMeta):
         self.do_xcom_push: bool = bool(resolved["do_xcom_push"])
         for name in _CALLBACKS:
             setattr(self, name, check_callbacks(f"task {task_id!r}", name, resolved[name]))
+        for name in _PAST_FLAGS:
+            if not isinstance(resolved[name], bool):
+                raise DagDefinitionError(
+                    f"task {task_id!r}: {name} must be True or False, got {resolved[name]!r}"
+                )
+        self.wait_for_downstream: bool = resolved["wait_for_downstream"]
+        # As in Airflow, waiting for the previous run's downstream tasks implies waiting for it.
+        self.depends_on_past: bool = resolved["depends_on_past"] or self.wait_for_downstream
+        self.ignore_first_depends_on_past: bool = resolved["ignore_first_depends_on_past"]
+        self.wait_for_past_depends_before_skipping: bool = resolved[
+            "wait_for_past_depends_before_skipping"
+        ]
         self.doc, self.doc_md, self.doc_rst = doc, doc_md, doc_rst
         self.doc_json, self.doc_yaml = doc_json, doc_yaml
         try:

@@ -428,7 +428,7 @@ class DAG:
 
     def _check_default_args(self) -> None:
         """Refuse a default_args key Airflow would act on that deferral does not implement
-        (``depends_on_past=True``, ``sla``...) when no task of the DAG takes it as its own
+        (``retry_exponential_backoff=True``, ``sla``...) when no task of the DAG takes it as its own
         argument (each task already refused it if it reached one)."""
         from deferral.baseoperator import operator_signature
 

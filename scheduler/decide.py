@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from typing import NamedTuple, Protocol
 
@@ -67,13 +68,18 @@ def topological_positions(dag: DAG) -> dict[str, int]:
 
 
 def waiting_task_decisions(
-    dag: DAG, states: RunStates, mapped: MappedDecision | None = None
+    dag: DAG,
+    states: RunStates,
+    mapped: MappedDecision | None = None,
+    held: AbstractSet[str] = frozenset(),
 ) -> dict[str, TaskState]:
     """For every task with a task instance in state none, what its trigger rule says now
     (scheduled, skipped or upstream_failed), counting every map index of a mapped upstream
     task; undecided tasks are left out. For a mapped task, ``mapped`` has the last word (its
     expansion may wait, skip or fail it). Decisions cascade within one call: a task marked
-    upstream_failed makes its own downstream decidable at once."""
+    upstream_failed makes its own downstream decidable at once. A task in ``held`` (its
+    previous run's task is not done: :func:`past_depends_met`) is not scheduled; it is skipped
+    or failed by its trigger rule only without ``wait_for_past_depends_before_skipping``."""
     current = {task_id: dict(by_index) for task_id, by_index in states.items()}
     decisions: dict[str, TaskState] = {}
     # Only the tasks with task instances at hand, upstream first: an evaluation reads the
@@ -86,6 +92,10 @@ def waiting_task_decisions(
             continue
         upstream = trigger_rules.upstream_states(task.upstream_task_ids, current)
         decision = trigger_rules.evaluate(task.trigger_rule, upstream)
+        if task_id in held and (
+            decision is TaskState.SCHEDULED or task.wait_for_past_depends_before_skipping
+        ):
+            continue
         if mapped is not None and task.is_mapped:
             decision = mapped(task, decision, current)
         if decision is not None:
@@ -95,6 +105,60 @@ def waiting_task_decisions(
                 for index, state in mine.items()
             }
     return decisions
+
+
+@dataclass(frozen=True)
+class PreviousRun:
+    """What ``depends_on_past`` reads of the run before (``scheduler.runstate.previous_run``):
+    its logical date, the states of the task instances of the tasks asked about (every map
+    index), and which of those tasks had a task instance in any earlier run (asked only for
+    ``ignore_first_depends_on_past`` tasks the previous run lacks)."""
+
+    logical_date: dt.datetime
+    states: Mapping[str, Sequence[str]]
+    ran_earlier: AbstractSet[str] = frozenset()
+
+
+# What Airflow counts as a previous task instance that lets the next one run.
+_PAST_DONE = frozenset({TaskState.SUCCESS, TaskState.SKIPPED})
+
+
+def past_depends_met(task: BaseOperator, previous: PreviousRun | None, *, catchup: bool) -> bool:
+    """Whether ``task`` may run as far as its previous run goes, as Airflow 2.10's
+    ``PrevDagrunDep``: always without ``depends_on_past``, or without a previous run (the
+    previous *scheduled or backfill* run with ``catchup``, any run otherwise), or when that run
+    is before the task's start date (with ``catchup``). Otherwise every task instance of the
+    task in that run succeeded or was skipped, and with ``wait_for_downstream`` those of its
+    direct downstream tasks too. A previous run without the task holds it, unless
+    ``ignore_first_depends_on_past`` and no earlier run had it."""
+    if not task.depends_on_past or previous is None:
+        return True
+    start = task.dag.start_date if task.dag is not None else None
+    if catchup and start is not None and previous.logical_date < start:
+        return True
+    mine = previous.states.get(task.task_id, ())
+    if not mine:
+        return task.ignore_first_depends_on_past and task.task_id not in previous.ran_earlier
+    if any(state not in _PAST_DONE for state in mine):
+        return False
+    return not task.wait_for_downstream or all(
+        state in _PAST_DONE
+        for down in task.downstream_task_ids
+        for state in previous.states.get(down, ())
+    )
+
+
+_PAST_DEPENDENT: weakref.WeakKeyDictionary[DAG, frozenset[str]] = weakref.WeakKeyDictionary()
+
+
+def past_dependent_tasks(dag: DAG) -> frozenset[str]:
+    """The ids of the tasks of ``dag`` that wait on the previous run, found once per DAG
+    object (an evaluation must not walk every task of the DAG)."""
+    found = _PAST_DEPENDENT.get(dag)
+    if found is None:
+        found = frozenset(task.task_id for task in dag.tasks if task.depends_on_past)
+        _PAST_DEPENDENT[dag] = found
+    return found
 
 
 @dataclass(frozen=True)
