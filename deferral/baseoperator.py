@@ -11,6 +11,7 @@ from abc import ABCMeta
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, NoReturn
 
+from deferral import setup_teardown
 from deferral.airflow_arguments import (
     TASK_ARGUMENTS,
     TASK_DATES,
@@ -72,7 +73,18 @@ _PAST_FLAGS = (
 )
 
 # What a task holds of its own besides its arguments: what a mapped task's map indexes share.
-TASK_SETTINGS = (*_DEFAULTS, "params", "doc", "doc_md", "doc_rst", "doc_json", "doc_yaml")
+TASK_SETTINGS = (
+    *_DEFAULTS,
+    "params",
+    "doc",
+    "doc_md",
+    "doc_rst",
+    "doc_json",
+    "doc_yaml",
+    "is_setup",
+    "is_teardown",
+    "on_failure_fail_dagrun",
+)
 
 _CALLBACKS = (
     "on_execute_callback",
@@ -191,6 +203,10 @@ class BaseOperator(DependencyMixin, metaclass=_OperatorMeta):
     on_retry_callback: CallbackArg
     # A MappedOperator (``partial().expand()``) runs once per map index.
     is_mapped: ClassVar[bool] = False
+    # Setup and teardown tasks (deferral.setup_teardown): set by as_setup() / as_teardown().
+    is_setup: bool = False
+    is_teardown: bool = False
+    on_failure_fail_dagrun: bool = False
 
     def __init__(
         self,
@@ -317,6 +333,7 @@ class BaseOperator(DependencyMixin, metaclass=_OperatorMeta):
             return  # one map index's operator, built per attempt: the DAG has its mapped task
         if self.dag is not None:
             self.dag.add_task(self)
+            setup_teardown.record(self)
         if group is not None:
             group.add(self)
 
@@ -348,6 +365,29 @@ class BaseOperator(DependencyMixin, metaclass=_OperatorMeta):
 
     def __repr__(self) -> str:
         return f"<Task({type(self).__name__}): {self.task_id}>"
+
+    # -- setup and teardown (deferral.setup_teardown) ---------------------------------------------
+
+    def as_setup(self) -> BaseOperator:
+        """Mark this task a setup task; returns it."""
+        setup_teardown.mark_setup(self)
+        return self
+
+    def as_teardown(
+        self, *, setups: Any = None, on_failure_fail_dagrun: bool | None = None
+    ) -> BaseOperator:
+        """Mark this task a teardown task (of ``setups``, which become setup tasks upstream of
+        it); it fails the run when it fails only with ``on_failure_fail_dagrun``. Returns it."""
+        setup_teardown.mark_teardown(self, setups, on_failure_fail_dagrun)
+        return self
+
+    def __enter__(self) -> BaseOperator:
+        """``with setup >> teardown:``: the tasks created inside go between them."""
+        setup_teardown.enter_scope(self)
+        return self
+
+    def __exit__(self, exc_type: object, *exc: object) -> None:
+        setup_teardown.exit_scope(wire=exc_type is None)
 
     @classmethod
     def partial(cls, **kwargs: Any) -> OperatorPartial:

@@ -422,9 +422,12 @@ class DAG:
         return found
 
     def validate(self) -> None:
+        from deferral import setup_teardown
+
         for _ in self.topological_order():
             pass
         self._check_default_args()
+        setup_teardown.check(self)
 
     def _check_default_args(self) -> None:
         """Refuse a default_args key Airflow would act on that deferral does not implement

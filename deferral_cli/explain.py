@@ -52,6 +52,9 @@ _RULE_WAITS_FOR: dict[TriggerRule, str] = {
     ),
     TriggerRule.NONE_SKIPPED: "every upstream task to finish without being skipped",
     TriggerRule.ALWAYS: "nothing: it runs at once",
+    TriggerRule.ALL_DONE_SETUP_SUCCESS: (
+        "every upstream task to finish, however it ends, and one of its setup tasks to succeed"
+    ),
 }
 
 

@@ -9,7 +9,7 @@ from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from typing import NamedTuple, Protocol
 
-from deferral import trigger_rules
+from deferral import setup_teardown, trigger_rules
 from deferral.baseoperator import BaseOperator
 from deferral.dag import DAG
 from deferral.states import FAILED_STATES, FINISHED_STATES, DagRunState, TaskState
@@ -77,7 +77,8 @@ def waiting_task_decisions(
     (scheduled, skipped or upstream_failed), counting every map index of a mapped upstream
     task; undecided tasks are left out. For a mapped task, ``mapped`` has the last word (its
     expansion may wait, skip or fail it). Decisions cascade within one call: a task marked
-    upstream_failed makes its own downstream decidable at once. A task in ``held`` (its
+    upstream_failed makes its own downstream decidable at once. A work task's indirect setups
+    (``deferral.setup_teardown``) are judged before its trigger rule. A task in ``held`` (its
     previous run's task is not done: :func:`past_depends_met`) is not scheduled; it is skipped
     or failed by its trigger rule only without ``wait_for_past_depends_before_skipping``."""
     current = {task_id: dict(by_index) for task_id, by_index in states.items()}
@@ -85,13 +86,26 @@ def waiting_task_decisions(
     # Only the tasks with task instances at hand, upstream first: an evaluation reads the
     # waiting tasks and their upstream counts, not the whole run, nor walks the whole DAG.
     position = topological_positions(dag)
+    setups = setup_teardown.graph(dag)
     for task_id in sorted((t for t in current if t in position), key=position.__getitem__):
         task = dag.task_dict[task_id]
         mine = current.get(task.task_id, {})
         if TaskState.NONE not in mine.values():
             continue
         upstream = trigger_rules.upstream_states(task.upstream_task_ids, current)
-        decision = trigger_rules.evaluate(task.trigger_rule, upstream)
+        indirect = setups.indirect_setups(task)
+        decision = (
+            trigger_rules.setups_gate(trigger_rules.upstream_states(indirect, current))
+            if indirect
+            else TaskState.SCHEDULED
+        )
+        if decision is TaskState.SCHEDULED:
+            direct_setups = [u for u in task.upstream_task_ids if dag.task_dict[u].is_setup]
+            decision = trigger_rules.evaluate(
+                task.trigger_rule,
+                upstream,
+                trigger_rules.upstream_states(direct_setups, current),
+            )
         if task_id in held and (
             decision is TaskState.SCHEDULED or task.wait_for_past_depends_before_skipping
         ):
@@ -183,7 +197,9 @@ def needs_evaluation(probes: RunProbes, *, checked_against_dag: bool) -> bool:
 
 def run_outcome(*, unfinished: bool, leaf_failed: bool) -> DagRunState | None:
     """None while any task instance can still change; then failed if a task instance of a
-    leaf task (any map index) failed, else success."""
+    leaf task (any map index) failed, else success. The leaves are those that decide the run
+    (``setup_teardown.SetupTeardownGraph.deciding_leaves``: teardowns and what only they follow
+    count only with ``on_failure_fail_dagrun``)."""
     if unfinished:
         return None
     return DagRunState.FAILED if leaf_failed else DagRunState.SUCCESS
@@ -191,7 +207,7 @@ def run_outcome(*, unfinished: bool, leaf_failed: bool) -> DagRunState | None:
 
 def dag_run_outcome(dag: DAG, states: RunStates) -> DagRunState | None:
     """:func:`run_outcome` of a run whose every state is at hand."""
-    leaves = [t.task_id for t in dag.tasks if not t.downstream_task_ids]
+    leaves = setup_teardown.graph(dag).deciding_leaves
     return run_outcome(
         unfinished=any(
             TaskState(s) not in FINISHED_STATES for tis in states.values() for s in tis.values()

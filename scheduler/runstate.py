@@ -17,6 +17,7 @@ from collections.abc import Iterable, Sequence
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
+from deferral import setup_teardown
 from deferral.dag import DAG
 from deferral.mappedoperator import MappedOperator
 from deferral.models import DagRun
@@ -186,11 +187,12 @@ def undecided(session: Session, dag: DAG, dag_id: str, run_id: str) -> list[deci
     params = {"dag_id": dag_id, "run_id": run_id}
     rows = [decide.RunTask(*row) for row in session.execute(_UNDECIDED_SQL, params)]
     upstream: set[str] = set()
+    setups = setup_teardown.graph(dag)
     for task_id in {row.task_id for row in rows if row.state == TaskState.NONE}:
         task = dag.task_dict.get(task_id)
         if task is None:
             continue
-        upstream |= task.upstream_task_ids
+        upstream |= task.upstream_task_ids | setups.indirect_setups(task)
         if isinstance(task, MappedOperator):
             upstream |= task.mapped_dependencies()
     if not upstream:
@@ -212,7 +214,7 @@ def undecided(session: Session, dag: DAG, dag_id: str, run_id: str) -> list[deci
 
 def outcome_probes(session: Session, dag: DAG, dag_id: str, run_id: str) -> tuple[bool, bool]:
     """(anything unfinished, a leaf task instance failed) of the run."""
-    leaves = sorted(t.task_id for t in dag.tasks if not t.downstream_task_ids)
+    leaves = sorted(setup_teardown.graph(dag).deciding_leaves)
     row = session.execute(
         _OUTCOME_SQL, {"dag_id": dag_id, "run_id": run_id, "leaves": leaves}
     ).one()
