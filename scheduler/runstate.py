@@ -182,8 +182,8 @@ def missing_tasks(session: Session, dag_id: str, run_id: str, task_ids: Iterable
 def undecided(session: Session, dag: DAG, dag_id: str, run_id: str) -> list[decide.RunTask]:
     """The run's task instances its evaluation may move (waiting, retries without a due time),
     and what their trigger rules and expansions count: the states of their direct upstream tasks
-    (and the tasks they map over), as counts. A counted task instance stands in ``RunTask`` with
-    no id (it is never moved) and a map index of its own."""
+    (and the tasks they map over, and their indirect setups), as counts. A counted task
+    instance stands in ``RunTask`` with no id (it is never moved) and a map index of its own."""
     params = {"dag_id": dag_id, "run_id": run_id}
     rows = [decide.RunTask(*row) for row in session.execute(_UNDECIDED_SQL, params)]
     upstream: set[str] = set()

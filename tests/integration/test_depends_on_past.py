@@ -15,6 +15,7 @@ from deferral import actions, transitions
 from deferral.config import Settings
 from deferral.models import DagRun, TaskInstance
 from scheduler.service import SchedulerService
+from tests.integration.factories import finish_queued
 from tests.integration.test_scheduler import WriteDag, _scheduler, _step
 
 DAY1 = dt.datetime(2024, 1, 1, tzinfo=dt.UTC)
@@ -62,18 +63,17 @@ def _state(sessions: sessionmaker[Session], run_id: str, task_id: str) -> str:
 
 def _finish(sessions: sessionmaker[Session], run_id: str, task_id: str, *, ok: bool = True) -> None:
     """What a worker does with the queued attempt of ``task_id`` in ``run_id``."""
-    with sessions.begin() as session:
-        ti = session.scalars(
-            select(TaskInstance).where(
-                TaskInstance.run_id == run_id, TaskInstance.task_id == task_id
-            )
-        ).one()
-        assert transitions.start_many(session, [(ti.id, ti.try_number)], "host", "w")
-        attempt = transitions.Attempt(ti.id, ti.try_number, "w")
-        if ok:
-            assert transitions.succeed(session, attempt, None)
-        else:
-            assert transitions.fail(session, attempt, "boom", allow_retry=False)
+    where = (TaskInstance.run_id == run_id, TaskInstance.task_id == task_id)
+    finish_queued(sessions, *where, ok=ok)
+
+
+def _two_runs(settings: Settings, sessions: sessionmaker[Session], dag_id: str) -> SchedulerService:
+    """Runs r1 and r2 (a day later) of the DAG, started and evaluated."""
+    service = _scheduler(settings)
+    _trigger(sessions, dag_id, "r1", DAY1)
+    _trigger(sessions, dag_id, "r2", DAY2)
+    _steps(service)
+    return service
 
 
 def _steps(service: SchedulerService, n: int = 3) -> None:
@@ -92,10 +92,7 @@ def test_a_task_waits_for_its_previous_run_and_goes_when_it_succeeds(
         '    EmptyOperator(task_id="a") >> EmptyOperator(task_id="b")',
         '{"depends_on_past": True}',
     )
-    service = _scheduler(settings)
-    _trigger(sessions, dag_id, "r1", DAY1)
-    _trigger(sessions, dag_id, "r2", DAY2)
-    _steps(service)
+    service = _two_runs(settings, sessions, dag_id)
     assert _state(sessions, "r1", "a") == "queued"  # the first run has no previous run
     assert _state(sessions, "r2", "a") == "none"
     _finish(sessions, "r1", "a")
@@ -115,10 +112,7 @@ def test_a_failed_previous_task_holds_the_next_run_until_it_is_marked_success(
     settings: Settings, sessions: sessionmaker[Session], write_dag: WriteDag, dag_id: str
 ) -> None:
     _write(write_dag, dag_id, '    EmptyOperator(task_id="a", depends_on_past=True)')
-    service = _scheduler(settings)
-    _trigger(sessions, dag_id, "r1", DAY1)
-    _trigger(sessions, dag_id, "r2", DAY2)
-    _steps(service)
+    service = _two_runs(settings, sessions, dag_id)
     _finish(sessions, "r1", "a", ok=False)
     _steps(service, 5)
     assert _state(sessions, "r2", "a") == "none"
@@ -140,10 +134,7 @@ def test_wait_for_downstream_waits_for_the_previous_runs_downstream_tasks(
         dag_id,
         '    EmptyOperator(task_id="a", wait_for_downstream=True) >> EmptyOperator(task_id="b")',
     )
-    service = _scheduler(settings)
-    _trigger(sessions, dag_id, "r1", DAY1)
-    _trigger(sessions, dag_id, "r2", DAY2)
-    _steps(service)
+    service = _two_runs(settings, sessions, dag_id)
     _finish(sessions, "r1", "a")
     _steps(service)
     assert _state(sessions, "r1", "b") == "queued"
@@ -192,10 +183,7 @@ def test_a_held_task_is_still_skipped_by_its_trigger_rule(
         '    up >> EmptyOperator(task_id="patient", depends_on_past=True,'
         " wait_for_past_depends_before_skipping=True)",
     )
-    service = _scheduler(settings)
-    _trigger(sessions, dag_id, "r1", DAY1)
-    _trigger(sessions, dag_id, "r2", DAY2)
-    _steps(service)
+    service = _two_runs(settings, sessions, dag_id)
     _finish(sessions, "r2", "up", ok=False)
     _steps(service)
     assert _state(sessions, "r2", "a") == "upstream_failed"
