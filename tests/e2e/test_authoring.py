@@ -369,3 +369,49 @@ def test_task_callbacks_fire_in_the_task_process(
     )
     assert "dag success" not in log.read_text()
     assert "the pager is down" in services.log("scheduler")
+
+
+SETUP_TEARDOWN_DAG = """
+import pendulum
+
+from deferral import DAG
+from deferral.decorators import setup, task, teardown
+
+with DAG("e2e_setup_teardown", start_date=pendulum.datetime(2021, 1, 1, tz="UTC")):
+
+    @setup
+    def create_cluster():
+        return "cluster-1"
+
+    @task
+    def work(cluster):
+        raise ValueError(f"no luck on {cluster}")
+
+    @task
+    def not_reached():
+        return 1
+
+    @teardown
+    def delete_cluster(cluster):
+        return f"deleted {cluster}"
+
+    cluster = create_cluster()
+    with cluster >> delete_cluster(cluster):
+        work(cluster) >> not_reached()
+"""
+
+
+def test_a_teardown_runs_after_failed_work_and_the_run_fails_with_the_work(
+    services: Services, write_dag: Any, sessions: sessionmaker[Session]
+) -> None:
+    write_dag("e2e_setup_teardown_dag", SETUP_TEARDOWN_DAG)
+    _run_to_the_end(services, sessions, "e2e_setup_teardown", succeeds=False)
+    assert _states(sessions, "e2e_setup_teardown") == {
+        "create_cluster": "success",
+        "work": "failed",
+        "not_reached": "upstream_failed",
+        "delete_cluster": "success",
+    }
+    assert _xcom(sessions, "e2e_setup_teardown", "delete_cluster", "return_value") == (
+        "deleted cluster-1"
+    )
