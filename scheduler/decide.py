@@ -79,8 +79,8 @@ def waiting_task_decisions(
     expansion may wait, skip or fail it). Decisions cascade within one call: a task marked
     upstream_failed makes its own downstream decidable at once. A work task's indirect setups
     (``deferral.setup_teardown``) are judged before its trigger rule. A task in ``held`` (its
-    previous run's task is not done: :func:`past_depends_met`) is not scheduled; it is skipped
-    or failed by its trigger rule only without ``wait_for_past_depends_before_skipping``."""
+    previous run's task is not done: :func:`past_depends_met`) is not scheduled; its trigger
+    rule still fails it, and skips it unless ``wait_for_past_depends_before_skipping``."""
     current = {task_id: dict(by_index) for task_id, by_index in states.items()}
     decisions: dict[str, TaskState] = {}
     # Only the tasks with task instances at hand, upstream first: an evaluation reads the
@@ -107,7 +107,8 @@ def waiting_task_decisions(
                 trigger_rules.upstream_states(direct_setups, current),
             )
         if task_id in held and (
-            decision is TaskState.SCHEDULED or task.wait_for_past_depends_before_skipping
+            decision is TaskState.SCHEDULED
+            or (decision is TaskState.SKIPPED and task.wait_for_past_depends_before_skipping)
         ):
             continue
         if mapped is not None and task.is_mapped:

@@ -129,6 +129,12 @@ def test_a_held_task_is_not_scheduled_but_skipped_or_failed_by_its_trigger_rule(
     done = {"up": {-1: T.SUCCESS}, "t": {-1: T.NONE}, "patient": {-1: T.NONE}}
     assert waiting_task_decisions(dag, done, held=held) == {}
     assert waiting_task_decisions(dag, done) == {"t": T.SCHEDULED, "patient": T.SCHEDULED}
+    skipped = {**done, "up": {-1: T.SKIPPED}}
+    # Airflow's default: the trigger rule's skip does not wait for the past.
+    assert waiting_task_decisions(dag, skipped, held=held) == {"t": T.SKIPPED}
     failed = {**done, "up": {-1: T.FAILED}}
-    # Airflow's default: the trigger rule's skip or failure does not wait for the past.
-    assert waiting_task_decisions(dag, failed, held=held) == {"t": T.UPSTREAM_FAILED}
+    # A failure never waits for it (Airflow's flag is about skipping only).
+    assert waiting_task_decisions(dag, failed, held=held) == {
+        "t": T.UPSTREAM_FAILED,
+        "patient": T.UPSTREAM_FAILED,
+    }
