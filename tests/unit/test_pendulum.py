@@ -158,3 +158,13 @@ def test_sensors_and_triggers_take_pendulum_values() -> None:
     restored: Any = serialization.loads(serialization.dumps(kwargs))["moment"]
     assert type(restored) is dt.datetime and restored == target
     assert restored.tzinfo == ZoneInfo("America/New_York")
+
+
+def test_default_args_dates_in_pendulum_are_the_dags() -> None:
+    """Airflow's tutorial: ``start_date`` in default_args, which every task then takes."""
+    start = pendulum.datetime(2021, 1, 1, tz="Europe/Amsterdam")
+    with DAG("tutorial", schedule="@daily", default_args={"start_date": start}) as dag:
+        task = EmptyOperator(task_id="t")
+    assert dag.start_date == start and type(dag.start_date) is dt.datetime
+    assert task.start_date == dag.start_date  # type: ignore[attr-defined]
+    assert dag.timezone == ZoneInfo("Europe/Amsterdam")
