@@ -1,6 +1,7 @@
 # The deferral image: every service and the `deferral` command. Built by compose.yaml; the build
 # context is this repository (.dockerignore keeps .env, the venv and caches out of it).
-FROM python:3.11-slim
+# The base is pinned to a release (a rebuild gets the same Python and Debian); bump it on purpose.
+FROM python:3.11.11-slim-bookworm
 
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
@@ -10,8 +11,12 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 # Services run as this user, never as root (the uid matches on every host for mounted DAGs).
 RUN useradd --create-home --uid 50000 --user-group deferral
 
+# Every dependency at the version the release was tested with (constraints.txt); the file stays
+# in the image, so that an image extending this one adds its packages under the same pins
+# (docker/Dockerfile.extend).
+COPY constraints.txt /opt/deferral/constraints.txt
 COPY . /opt/deferral/src
-RUN pip install /opt/deferral/src && rm -rf /opt/deferral/src
+RUN pip install -c /opt/deferral/constraints.txt /opt/deferral/src && rm -rf /opt/deferral/src
 
 USER deferral
 WORKDIR /home/deferral

@@ -91,6 +91,7 @@ class StreamConsumer:
         self.cipher = cipher  # seals what goes to the dead letters
         self.dead_letter_maxlen = dead_letter_maxlen
         self.stream = stream
+        metrics.show_stream(stream)
         self.group = group
         self.name = name
         self.heartbeat_sec = heartbeat_sec

@@ -200,10 +200,55 @@ def _toml_text(value: object) -> str:
     return str(value)
 
 
+# Settings that may instead be read from a file named by ``<setting>_FILE`` (Docker secrets):
+# every secret, so that none has to sit in an environment that `docker inspect` shows.
+SECRET_SETTINGS = (
+    "DATABASE_URL",
+    "DATABASE_PASSWORD",
+    "REDIS_URL",
+    "FERNET_KEY",
+    "WEBSERVER_ADMIN_PASSWORD",
+)
+FILE_SUFFIX = "_FILE"
+
+
+def secret(source: Mapping[str, str], key: str) -> str | None:
+    """The value of ``key`` (a full ``DEFERRAL_...`` name), or the contents of the file that
+    ``key_FILE`` names (its trailing newline dropped); None if neither is set. ConfigError if
+    both are, or if the file cannot be read."""
+    value, path = source.get(key) or None, source.get(key + FILE_SUFFIX) or None
+    if path is None:
+        return value
+    if value is not None:
+        raise ConfigError(f"{key} and {key}{FILE_SUFFIX} are both set: set one")
+    try:
+        return Path(path).read_text().rstrip("\r\n")
+    except OSError as exc:
+        raise ConfigError(f"{key}{FILE_SUFFIX}: cannot read {path}: {exc.strerror}") from None
+
+
 def _sources(environ: Mapping[str, str] | None, toml_path: Path | None) -> dict[str, str]:
-    """The settings file's values overridden by the environment's."""
+    """The settings file's values overridden by the environment's, secrets read from their
+    files, and ``DEFERRAL_DATABASE_PASSWORD`` put into the database URL."""
     source = _read_toml(toml_path if toml_path is not None else Path(TOML_FILE))
     source.update(os.environ if environ is None else environ)
+    for name in SECRET_SETTINGS:
+        key = ENV_PREFIX + name
+        value = secret(source, key)
+        source.pop(key + FILE_SUFFIX, None)
+        if value is not None:
+            source[key] = value
+    password = source.pop(ENV_PREFIX + "DATABASE_PASSWORD", None)
+    url = source.get(ENV_PREFIX + "DATABASE_URL")
+    if password and url:
+        try:
+            with_password = make_url(url).set(password=password)
+        except ArgumentError:
+            pass  # the URL's own check names it
+        else:
+            source[ENV_PREFIX + "DATABASE_URL"] = with_password.render_as_string(
+                hide_password=False
+            )
     return source
 
 

@@ -217,3 +217,29 @@ def broken_dags(broken: Sequence[BrokenDag], grace_sec: float) -> Check:
         parts.append(f"{dag.dag_id} for {dag.missing_for_sec:.0f}s ({reason}): {fate}")
     status = Status.FAIL if overdue else Status.WARN
     return Check(status, name, f"{_plural(len(broken), 'DAG')} not loading: " + "; ".join(parts))
+
+
+@dataclass(frozen=True)
+class FailingFile:
+    filename: str
+    error: str
+
+
+def import_errors(errors: Sequence[FailingFile]) -> Check:
+    """DAG files the scheduler could not load (their DAGs cannot be triggered or scheduled)."""
+    name = "import errors"
+    if not errors:
+        return Check(Status.OK, name, "every DAG file loads")
+    parts = [f"{e.filename} ({_first_line(e.error)})" for e in errors]
+    return Check(
+        Status.WARN,
+        name,
+        f"{_plural(len(errors), 'DAG file')} failing to import: {_listed(parts)};"
+        " `deferral dags list` shows each error",
+    )
+
+
+def _first_line(error: str) -> str:
+    lines = error.strip().splitlines()
+    line = lines[0] if lines else "unknown"
+    return line if len(line) <= MAX_ERROR_CHARS else line[: MAX_ERROR_CHARS - 3] + "..."

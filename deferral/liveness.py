@@ -42,6 +42,16 @@ def is_alive(
     return state == RUNNING and age <= stale_after_sec(heartbeat_sec)
 
 
+def health(
+    state: str, latest_heartbeat: dt.datetime, now: dt.datetime, heartbeat_sec: float
+) -> str:
+    """What the listings say of a process: alive, stopped (it said so on its way out), or stale
+    (it stopped heartbeating without saying so: killed, hung or cut off)."""
+    if is_alive(state, latest_heartbeat, now, heartbeat_sec):
+        return "alive"
+    return "stopped" if state == STOPPED else "stale"
+
+
 def alive_clause(model: Process, heartbeat_sec: float) -> ColumnElement[bool]:
     """:func:`is_alive` as SQL, for queries that join on it."""
     margin = dt.timedelta(seconds=stale_after_sec(heartbeat_sec))

@@ -10,11 +10,13 @@ names; a test keeps the two equal.
 from __future__ import annotations
 
 import errno
+import importlib.metadata
 import logging
+import platform
 import socket
 import threading
-from collections.abc import Callable, Iterator, Sequence
-from typing import Protocol
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Generic, Protocol, TypeVar
 
 from prometheus_client import (
     CollectorRegistry,
@@ -31,14 +33,32 @@ from prometheus_client.registry import Collector
 
 log = logging.getLogger("deferral.metrics")
 
-SCHEDULER, WORKER, TRIGGERER = "scheduler", "worker", "triggerer"
+SCHEDULER, WORKER, TRIGGERER, WEBSERVER = "scheduler", "worker", "triggerer", "webserver"
+# The processes that consume streams; the web UI serves metrics of its own beside them.
 SERVICES = (SCHEDULER, WORKER, TRIGGERER)
+PROCESSES = (*SERVICES, WEBSERVER)
 
 # From a millisecond to the heartbeat's scale: the targets are single-digit milliseconds, the
 # trouble is seconds.
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 
+# -- every process ------------------------------------------------------------------------------
+
+BUILD_INFO = Gauge(
+    "deferral_build_info",
+    "Always 1; the labels say which deferral and Python this process runs.",
+    ["version", "python"],
+    registry=None,
+)
+
 # -- the consumer core (every service) ----------------------------------------------------------
+
+LOOP_ITERATION = Gauge(
+    "deferral_loop_iteration_timestamp_seconds",
+    "Unix time of this service's latest main-loop iteration: a value that stops moving while"
+    " the process answers means its loop is stuck.",
+    registry=None,
+)
 
 LEASE_RENEWALS = Counter(
     "deferral_lease_renewals",
@@ -87,7 +107,7 @@ TRIGGERS_FAILED = Counter(
 )
 TRIGGERS_CANCELLED = Counter(
     "deferral_triggers_cancelled",
-    "Triggers stopped before firing, by reason: shutdown, reassigned, timeout, user action,"
+    "Triggers stopped before firing, by reason: shutdown, reassigned, timeout, user_action,"
     " superseded.",
     ["reason"],
     registry=None,
@@ -134,15 +154,26 @@ DISPATCHES = Counter(
     "Task instances this scheduler queued (scheduled -> queued, committed).",
     registry=None,
 )
+TRIGGER_TIMEOUTS = Counter(
+    "deferral_trigger_timeouts",
+    "Deferred tasks whose trigger timeout passed, resumed at their failure.",
+    registry=None,
+)
+# The name it had before (a stutter); kept for one release, counting exactly the same.
 DEFERRAL_TIMEOUTS = Counter(
     "deferral_deferral_timeouts",
-    "Deferred tasks whose trigger timeout passed, resumed at their failure.",
+    "Deprecated alias of deferral_trigger_timeouts_total, kept for one release.",
+    registry=None,
+)
+DAG_IMPORT_ERRORS = Gauge(
+    "deferral_dag_import_errors",
+    "DAG files this scheduler's latest parse of the DAGs folder could not load.",
     registry=None,
 )
 RECONCILER_REPAIRS = Counter(
     "deferral_reconciler_repairs",
     "Repairs by the reconciler, by kind: triggers and queue (entries Postgres needs that no"
-    " stream held, republished), orphaned attempt (running on a dead worker, entry gone: failed"
+    " stream held, republished), orphaned_attempt (running on a dead worker, entry gone: failed"
     " into a retry).",
     ["kind"],
     registry=None,
@@ -166,11 +197,29 @@ WORKER_SLOTS_FREE = Gauge(
     registry=None,
 )
 
+# -- webserver ----------------------------------------------------------------------------------
+
+WEB_REQUESTS = Counter(
+    "deferral_webserver_requests",
+    "HTTP requests answered, by method, route (the path pattern, not the path) and status.",
+    ["method", "route", "status"],
+    registry=None,
+)
+WEB_REQUEST_SECONDS = Histogram(
+    "deferral_webserver_request_seconds",
+    "Time to answer an HTTP request, by route (the path pattern).",
+    ["route"],
+    buckets=LATENCY_BUCKETS,
+    registry=None,
+)
+
+_EVERY: tuple[MetricWrapperBase, ...] = (BUILD_INFO,)
 _COMMON: tuple[MetricWrapperBase, ...] = (
     LEASE_RENEWALS,
     LEASE_TAKEOVERS,
     DEAD_LETTERS,
     FORGED_COUNTS,
+    LOOP_ITERATION,
 )
 _OWN: dict[str, tuple[MetricWrapperBase, ...]] = {
     TRIGGERER: (
@@ -183,9 +232,40 @@ _OWN: dict[str, tuple[MetricWrapperBase, ...]] = {
         LOOP_STALLS,
         BLOCKED_LOOP_WARNINGS,
     ),
-    SCHEDULER: (EVENTS, RESUME_LATENCY, DISPATCHES, DEFERRAL_TIMEOUTS, RECONCILER_REPAIRS),
+    SCHEDULER: (
+        EVENTS,
+        RESUME_LATENCY,
+        DISPATCHES,
+        TRIGGER_TIMEOUTS,
+        DEFERRAL_TIMEOUTS,
+        RECONCILER_REPAIRS,
+        DAG_IMPORT_ERRORS,
+    ),
     WORKER: (TASK_ATTEMPTS, ATTEMPTS_RUNNING, WORKER_SLOTS_FREE),
+    WEBSERVER: (WEB_REQUESTS, WEB_REQUEST_SECONDS),
 }
+
+# Every value a labelled counter of a service can take, shown (at 0) from the first scrape: an
+# alert on a rise must see the first event too. Label values are snake_case, never spaces.
+CANCEL_REASONS = ("shutdown", "reassigned", "timeout", "user_action", "superseded")
+EVENT_OUTCOMES = ("applied", "duplicate", "stale")
+REPAIR_KINDS = ("triggers", "queue", "orphaned_attempt")
+ATTEMPT_OUTCOMES = ("success", "failed", "deferred", "rescheduled", "skipped", "dropped")
+KNOWN_LABELS: dict[MetricWrapperBase, tuple[str, ...]] = {
+    TRIGGERS_CANCELLED: CANCEL_REASONS,
+    EVENTS: EVENT_OUTCOMES,
+    RECONCILER_REPAIRS: REPAIR_KINDS,
+    TASK_ATTEMPTS: ATTEMPT_OUTCOMES,
+}
+# The counters of the consumer core, labelled by the stream a consumer reads.
+STREAM_COUNTERS = (LEASE_RENEWALS, LEASE_TAKEOVERS, DEAD_LETTERS, FORGED_COUNTS)
+
+
+def show_stream(stream: str) -> None:
+    """Show the consumer core's counters for ``stream`` (at 0) before anything happens on it."""
+    for counter in STREAM_COUNTERS:
+        counter.labels(stream)
+
 
 # -- streams (read at scrape time) --------------------------------------------------------------
 
@@ -198,6 +278,9 @@ STREAM_METRICS = {
     " group (held by a consumer, or waiting to be taken over).",
     STREAM_LAG: "Entries not yet delivered to a consumer group, per stream and group.",
 }
+
+
+Source = TypeVar("Source")
 
 
 class GroupStats(Protocol):
@@ -218,33 +301,48 @@ class StreamStats(Protocol):
     def groups(self) -> Sequence[GroupStats]: ...
 
 
-class StreamsCollector(Collector):
-    """The streams' lengths, pending counts and lag, read when scraped from the function the
-    service gives :meth:`watch` (nothing before: the service is not connected yet)."""
+class ReadWhenScraped(Collector, Generic[Source]):
+    """Gauges computed when scraped from what the function a service gives :meth:`watch`
+    returns (nothing before: the service is not connected yet; nothing while it raises: a
+    scrape must answer even while Redis or PostgreSQL does not)."""
+
+    what = "the source"
 
     def __init__(self) -> None:
-        self._read: Callable[[], Sequence[StreamStats]] | None = None
+        self._read: Callable[[], Source] | None = None
 
-    def watch(self, read: Callable[[], Sequence[StreamStats]]) -> None:
+    def watch(self, read: Callable[[], Source]) -> None:
         self._read = read
-
-    def describe(self) -> list[Metric]:
-        return [GaugeMetricFamily(name, text) for name, text in STREAM_METRICS.items()]
 
     def collect(self) -> Iterator[Metric]:
         if self._read is None:
             return
         try:
-            streams = self._read()
-        except Exception as exc:  # a scrape must answer even while Redis does not
-            log.warning("could not read the streams for /metrics: %s", exc)
+            source = self._read()
+        except Exception as exc:
+            log.warning("could not read %s for /metrics: %s", self.what, exc)
             return
+        yield from self.families(source)
+
+    def families(self, source: Source) -> Iterator[Metric]:
+        raise NotImplementedError
+
+
+class StreamsCollector(ReadWhenScraped[Sequence[StreamStats]]):
+    """The streams' lengths, pending counts and lag (from Redis)."""
+
+    what = "the streams"
+
+    def describe(self) -> list[Metric]:
+        return [GaugeMetricFamily(name, text) for name, text in STREAM_METRICS.items()]
+
+    def families(self, source: Sequence[StreamStats]) -> Iterator[Metric]:
         length = GaugeMetricFamily(STREAM_LENGTH, STREAM_METRICS[STREAM_LENGTH], labels=["stream"])
         pending = GaugeMetricFamily(
             STREAM_PENDING, STREAM_METRICS[STREAM_PENDING], labels=["stream", "group"]
         )
         lag = GaugeMetricFamily(STREAM_LAG, STREAM_METRICS[STREAM_LAG], labels=["stream", "group"])
-        for stats in streams:
+        for stats in source:
             length.add_metric([stats.stream], stats.length)
             for group in stats.groups:
                 pending.add_metric([stats.stream, group.name], group.pending)
@@ -255,22 +353,65 @@ class StreamsCollector(Collector):
 
 STREAMS = StreamsCollector()
 
+DEFERRED_TASKS = "deferral_deferred_tasks"
+_DEFERRED_HELP = "Deferred tasks, by the class of the trigger they wait on."
 
-def registry_for(service: str) -> CollectorRegistry:
-    """What ``service`` serves: the core's metrics, its own, the streams, and its process."""
+
+class DeferredCollector(ReadWhenScraped[Mapping[str, int]]):
+    """Deferred tasks by the class of the trigger they wait on (the scheduler's query)."""
+
+    what = "the deferred tasks"
+
+    def describe(self) -> list[Metric]:
+        return [GaugeMetricFamily(DEFERRED_TASKS, _DEFERRED_HELP)]
+
+    def families(self, source: Mapping[str, int]) -> Iterator[Metric]:
+        family = GaugeMetricFamily(DEFERRED_TASKS, _DEFERRED_HELP, labels=["trigger_class"])
+        for classpath, count in sorted(source.items()):
+            family.add_metric([classpath], count)
+        yield family
+
+
+DEFERRED = DeferredCollector()
+
+
+def _collectors(process: str) -> tuple[MetricWrapperBase | Collector, ...]:
+    if process == WEBSERVER:
+        return (*_EVERY, *_OWN[WEBSERVER])
+    # Stream lengths and the deferred tasks are the same whoever reads them: the schedulers
+    # (every one, the same values: `max by`) export them, not every process.
+    global_gauges = (STREAMS, DEFERRED) if process == SCHEDULER else ()
+    return (*_EVERY, *_COMMON, *_OWN[process], *global_gauges)
+
+
+def registry_for(process: str) -> CollectorRegistry:
+    """What ``process`` serves: build info, the core's metrics, its own (each known label value
+    at 0), the global gauges if it is a scheduler, and its process's CPU and memory."""
+    BUILD_INFO.labels(_version(), platform.python_version()).set(1)
+    for metric, values in KNOWN_LABELS.items():
+        if metric in _OWN[process]:
+            for value in values:
+                metric.labels(value)
     registry = CollectorRegistry(auto_describe=True)
-    for collector in (*_COMMON, *_OWN[service], STREAMS):
+    for collector in _collectors(process):
         registry.register(collector)
     ProcessCollector(registry=registry)
     return registry
 
 
-def served_names(service: str) -> set[str]:
-    """Every deferral metric name a scrape of ``service`` can show (counters with their
+def _version() -> str:
+    try:
+        return importlib.metadata.version("deferral")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def served_names(process: str) -> set[str]:
+    """Every deferral metric name a scrape of ``process`` can show (counters with their
     ``_total``), as the README's table lists them; the standard ``process_*`` metrics aside."""
-    names = set(STREAM_METRICS)
-    for collector in (*_COMMON, *_OWN[service]):
-        for family in collector.describe():
+    names: set[str] = set()
+    for collector in _collectors(process):
+        for family in collector.describe():  # type: ignore[union-attr]  # each one describes
             names.add(f"{family.name}_total" if family.type == "counter" else family.name)
     return names
 

@@ -136,6 +136,14 @@ def plain_json(stored: Any) -> Any:
     return _plain(value)
 
 
+def shown(encoded: str | bytes) -> str:
+    """An encoded value (as :func:`dumps` made it) as plain JSON text, for logs and people."""
+    try:
+        return msgspec.json.encode(plain_json(msgspec.json.decode(encoded))).decode()
+    except (msgspec.DecodeError, msgspec.EncodeError):
+        return encoded if isinstance(encoded, str) else encoded.decode(errors="replace")
+
+
 def _plain(value: Any) -> Any:
     if isinstance(value, dt.datetime):
         return value.isoformat()

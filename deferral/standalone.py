@@ -192,11 +192,11 @@ def environment(
     home.mkdir(parents=True, exist_ok=True)
     key_file: Path | None = None
     with ExitStack() as servers:
-        if "DEFERRAL_DATABASE_URL" not in os.environ:
+        if not {"DEFERRAL_DATABASE_URL", "DEFERRAL_DATABASE_URL_FILE"} & set(os.environ):
             os.environ["DEFERRAL_DATABASE_URL"] = _postgres(home)
-        if "DEFERRAL_REDIS_URL" not in os.environ:
+        if not {"DEFERRAL_REDIS_URL", "DEFERRAL_REDIS_URL_FILE"} & set(os.environ):
             os.environ["DEFERRAL_REDIS_URL"] = servers.enter_context(_redis(home, say))
-        if "DEFERRAL_FERNET_KEY" not in os.environ:
+        if not {"DEFERRAL_FERNET_KEY", "DEFERRAL_FERNET_KEY_FILE"} & set(os.environ):
             key_file = (home / KEY_FILE).resolve()
             os.environ["DEFERRAL_FERNET_KEY"] = _fernet_key(key_file)
         if dags_folder is not None:

@@ -19,6 +19,7 @@ from sqlalchemy import delete, select
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session
 
+from deferral.config import secret
 from deferral.models import User, WebSession
 
 ADMIN_PASSWORD_ENV = "DEFERRAL_WEBSERVER_ADMIN_PASSWORD"
@@ -73,9 +74,9 @@ def delete_user(session: Session, username: str) -> bool:
 
 
 def admin_password(environ: Mapping[str, str] | None = None) -> str | None:
-    """The environment's admin password (unset or empty: none)."""
-    value = (os.environ if environ is None else environ).get(ADMIN_PASSWORD_ENV, "")
-    return value or None
+    """The environment's admin password, or the file's that ``..._FILE`` names (unset or empty:
+    none)."""
+    return secret(os.environ if environ is None else environ, ADMIN_PASSWORD_ENV) or None
 
 
 def _same_secret(given: str, expected: str) -> bool:

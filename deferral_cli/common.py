@@ -31,13 +31,16 @@ from deferral.dag import DAG
 from deferral.dagbag import DagBag, DagNotFound
 from deferral.db import make_engine, make_sessionmaker, url_location
 from deferral.faults import is_transient
-from deferral.models import DagRun, TaskInstance
+from deferral.models import Dag, DagRun, TaskInstance
+from deferral.process import settings_or_exit
 from deferral.timezone import make_aware
 
 # Exit statuses every command shares (click itself exits 2 on a usage error).
 EXIT_FAILED = 1
 EXIT_UNAVAILABLE = 2
 EXIT_TIMED_OUT = 3
+# As a shell reports a command stopped by Ctrl-C (128 + SIGINT).
+EXIT_INTERRUPTED = 130
 
 
 def fail(message: str, code: int = EXIT_FAILED) -> None:
@@ -337,12 +340,32 @@ def dagbag(settings: Settings) -> DagBag:
 
 
 def load_dag(settings: Settings, dag_id: str) -> DAG:
-    """The DAG from the DAGs folder; exits with one line naming it if there is none."""
+    """The DAG from the DAGs folder; exits with one line naming it if there is none, and the
+    file it was last loaded from if that file now fails to import."""
+    bag = dagbag(settings)
     try:
-        return dagbag(settings).get_dag(dag_id)
+        return bag.get_dag(dag_id)
     except DagNotFound as exc:
-        fail(str(exc))
+        fileloc = None
+        # Unreachable, the database only takes the hint away: the DAG is not found either way.
+        with contextlib.suppress(DBAPIError), sessions(settings)() as session:
+            fileloc = session.scalar(select(Dag.fileloc).where(Dag.dag_id == dag_id))
+        fail(not_found_message(str(exc), dag_id, fileloc, bag.import_errors))
         raise  # unreachable: fail exits
+
+
+def not_found_message(
+    message: str, dag_id: str, fileloc: str | None, import_errors: Mapping[str, str]
+) -> str:
+    """Why DAG ``dag_id`` is not in the DAGs folder: its file (``fileloc``, where a scheduler
+    last loaded it) fails to import, or some files do and it may be in one of them."""
+    if fileloc is not None and fileloc in import_errors:
+        return f"DAG {dag_id!r} is in {fileloc}, which fails to import: {import_errors[fileloc]}"
+    if import_errors:
+        count = len(import_errors)
+        files = "1 DAG file fails" if count == 1 else f"{count} DAG files fail"
+        return f"{message}; {files} to import (`deferral dags list` shows which and why)"
+    return message
 
 
 class DateTimeParam(click.ParamType):
@@ -358,6 +381,33 @@ class DateTimeParam(click.ParamType):
             return make_aware(dt.datetime.fromisoformat(str(value)))
         except ValueError:
             self.fail(f"{value!r} is not a date (use YYYY-MM-DD or an ISO 8601 datetime)")
+
+
+LATEST = "latest"
+
+
+def _run_id_or_latest(ctx: click.Context, param: click.Parameter, run_id: str) -> str:
+    """``latest`` names the DAG's newest run (the first `runs list DAG` shows), unless a run is
+    called that."""
+    if run_id != LATEST:
+        return run_id
+    dag_id = ctx.params["dag_id"]
+    with sessions(settings_or_exit())() as session:
+        if find_run(session, dag_id, run_id) is not None:
+            return run_id
+        newest = session.scalar(
+            select(DagRun.run_id)
+            .where(DagRun.dag_id == dag_id)
+            .order_by(DagRun.logical_date.desc(), DagRun.id.desc())
+            .limit(1)
+        )
+    if newest is None:
+        fail(f"DAG {dag_id!r} has no runs")
+    return str(newest)
+
+
+# The RUN_ID argument of the commands that name one run of DAG_ID (which comes first).
+run_id_argument = click.argument("run_id", callback=_run_id_or_latest)
 
 
 def find_run(session: Session, dag_id: str, run_id: str) -> DagRun | None:

@@ -17,6 +17,7 @@ from deferral.process import command_group, settings_or_exit
 from deferral.states import DagRunState
 from deferral_cli.common import (
     EXIT_FAILED,
+    EXIT_INTERRUPTED,
     EXIT_TIMED_OUT,
     dagbag,
     emit,
@@ -26,7 +27,14 @@ from deferral_cli.common import (
     sessions,
     unescaped,
 )
-from deferral_cli.wait import Display, LiveBlock, PlainLines, wait_for_run
+from deferral_cli.wait import (
+    Display,
+    LiveBlock,
+    PlainLines,
+    failed_tasks,
+    failure_lines,
+    wait_for_run,
+)
 
 
 @command_group()
@@ -91,7 +99,8 @@ def trigger(settings: Settings, dag_id: str, conf: dict[str, Any], run_id: str |
     "--wait",
     is_flag=True,
     help="Follow the run to its end, showing each task's state as it changes;"
-    " exit 0 if it succeeded, 1 if it failed, 3 if --timeout passed first.",
+    " exit 0 if it succeeded, 1 if it failed (naming its failed tasks), 3 if --timeout passed"
+    " first, 130 on Ctrl-C (the run goes on).",
 )
 @click.option(
     "--timeout",
@@ -118,6 +127,20 @@ def dags_trigger(
     run_id = trigger(settings, dag_id, conf, run_id)
     if not wait:
         return
+    try:
+        follow_run(settings, dag_id, run_id, timeout)
+    except KeyboardInterrupt:
+        # Only the waiting stops: the run is the scheduler's, and 1 would say it failed.
+        click.echo(
+            f"\nstopped waiting; run {run_id} of DAG {dag_id} goes on"
+            f" (`deferral runs show {dag_id} {run_id}`)",
+            err=True,
+        )
+        sys.exit(EXIT_INTERRUPTED)
+
+
+def follow_run(settings: Settings, dag_id: str, run_id: str, timeout: float | None) -> None:
+    """Show the run's tasks until it ends; exit as it ended."""
     out = sys.stdout
     display: Display = (
         # The live block draws with control sequences and escapes what it shows itself.
@@ -133,4 +156,9 @@ def dags_trigger(
             EXIT_TIMED_OUT,
         )
     click.echo(f"run {run_id}: {state}")
-    sys.exit(0 if state == DagRunState.SUCCESS else EXIT_FAILED)
+    if state == DagRunState.SUCCESS:
+        sys.exit(0)
+    with sessions(settings)() as session:
+        for line in failure_lines(*failed_tasks(session, dag_id, run_id)):
+            click.echo(line)
+    sys.exit(EXIT_FAILED)

@@ -14,7 +14,15 @@ from broker.streams import task_label
 from deferral import doctor as checklist
 from deferral import liveness
 from deferral.config import Settings
-from deferral.models import Dag, DagRun, Outbox, TaskInstance, Trigger, Triggerer
+from deferral.models import (
+    Dag,
+    DagImportError,
+    DagRun,
+    Outbox,
+    TaskInstance,
+    Trigger,
+    Triggerer,
+)
 from deferral.process import settings_or_exit
 from deferral.states import DagRunState, TaskState
 from deferral_cli.common import emit, output_options, sessions
@@ -38,6 +46,7 @@ def doctor_command(output: str) -> None:
     unpublished outbox  outbox rows unpublished for over 30 s: no relay (fail)
     broken DAGs         DAGs that stopped loading while they have runs (warn;
                         fail once their grace period is over)
+    import errors       DAG files the scheduler could not load (warn)
     dead letters        entries in the dead-letter stream (warn)
     in flight           deferred tasks whose trigger is in no stream (fail)
     """
@@ -141,6 +150,12 @@ def _database_checks(session: Session, settings: Settings) -> list[checklist.Che
         checklist.orphaned_triggers(list(orphans), [task_label(*row) for row in stranded]),
         checklist.unpublished_outbox(unpublished, _age_seconds(now, oldest_row)),
         checklist.broken_dags(broken, settings.dag_import_grace_sec),
+        checklist.import_errors(
+            [
+                checklist.FailingFile(row.filename, row.error)
+                for row in session.scalars(select(DagImportError).order_by(DagImportError.filename))
+            ]
+        ),
     ]
 
 

@@ -12,7 +12,7 @@ from broker.streams import task_label
 from deferral.models import TaskInstance
 from deferral.process import settings_or_exit, utc_timestamp
 from deferral.tasklogs import LogLine, read_lines, tries_with_logs, try_is_over
-from deferral_cli.common import fail, find_run, sessions
+from deferral_cli.common import fail, find_run, run_id_argument, sessions
 
 # How often --follow looks for new lines.
 FOLLOW_POLL_SEC = 0.5
@@ -22,7 +22,7 @@ SOURCE_WIDTH = 9
 
 @click.command("logs")
 @click.argument("dag_id")
-@click.argument("run_id")
+@run_id_argument
 @click.argument("task_id")
 @click.option(
     "--try",

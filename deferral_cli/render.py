@@ -22,13 +22,13 @@ from deferral.models import DagRun, RenderedTaskInstanceFields, TaskInstance
 from deferral.process import settings_or_exit
 from deferral.templating import TemplateRenderError, render_template_fields, rendered_fields
 from deferral.xcom import DatabaseXComs
-from deferral_cli.common import fail, find_run, sessions, when
+from deferral_cli.common import fail, find_run, run_id_argument, sessions, when
 from deferral_cli.explain import find_dag
 
 
 @click.command("render")
 @click.argument("dag_id")
-@click.argument("run_id")
+@run_id_argument
 @click.argument("task_id")
 @click.option("--try", "try_number", type=click.IntRange(min=1), default=None, help="This try.")
 @click.option("--map-index", type=int, default=-1, show_default=True, help="A mapped task's index.")

@@ -18,6 +18,7 @@ from deferral_cli.common import (
     fail,
     find_run,
     output_options,
+    run_id_argument,
     sessions,
 )
 
@@ -75,7 +76,7 @@ def run_record(run: DagRun) -> Record:
 
 @runs.command("show")
 @click.argument("dag_id")
-@click.argument("run_id")
+@run_id_argument
 @click.option("--history", is_flag=True, help="Also list every state change of every task.")
 def runs_show(dag_id: str, run_id: str, history: bool) -> None:
     """Show a run, its task instances and (with --history) their state changes."""

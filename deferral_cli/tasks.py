@@ -19,6 +19,7 @@ from deferral_cli.common import (
     fail,
     find_run,
     output_options,
+    run_id_argument,
     sessions,
     task_instances,
 )
@@ -114,7 +115,7 @@ def _apply_by_user(
 
 @tasks.command("clear")
 @click.argument("dag_id")
-@click.argument("run_id")
+@run_id_argument
 @click.argument("task_id")
 @click.option("--downstream", is_flag=True, help="Also clear every task downstream of it.")
 @_MAP_INDEX
@@ -128,7 +129,7 @@ def tasks_clear(
 
 @tasks.command("mark")
 @click.argument("dag_id")
-@click.argument("run_id")
+@run_id_argument
 @click.argument("task_id")
 @click.option(
     "--state",
@@ -153,7 +154,7 @@ def tasks_mark(
 
 @tasks.command("explain")
 @click.argument("dag_id")
-@click.argument("run_id")
+@run_id_argument
 @click.argument("task_id")
 @_MAP_INDEX
 def tasks_explain(dag_id: str, run_id: str, task_id: str, map_indexes: tuple[int, ...]) -> None:

@@ -78,7 +78,8 @@ def triggerers_list(output: str) -> None:
     """List triggerers with their load, capacity and heartbeat.
 
     A triggerer is alive if its state is running and its latest heartbeat is at most
-    2.1 x DEFERRAL_HEARTBEAT_SEC old (by the database's clock), else stale.
+    2.1 x DEFERRAL_HEARTBEAT_SEC old (by the database's clock); stopped if it stopped cleanly
+    (its row is pruned after DEFERRAL_PRUNE_OLDER_THAN); else stale.
     """
     _list_processes(output, Triggerer, triggerer_own, "no triggerers")
 
@@ -94,7 +95,8 @@ def workers_list(output: str) -> None:
     """List workers with their queue, running attempts (load), concurrency and heartbeat.
 
     A worker is alive if its state is running and its latest heartbeat is at most
-    2.1 x DEFERRAL_HEARTBEAT_SEC old (by the database's clock), else stale.
+    2.1 x DEFERRAL_HEARTBEAT_SEC old (by the database's clock); stopped if it stopped cleanly
+    (its row is pruned after DEFERRAL_PRUNE_OLDER_THAN); else stale.
     """
     _list_processes(output, Worker, worker_own, "no workers")
 
@@ -144,9 +146,8 @@ def _identity(process: Triggerer | Worker) -> dict[str, Any]:
 
 def _liveness(process: Triggerer | Worker, now: dt.datetime, heartbeat_sec: float) -> Record:
     """The heartbeat, its age, and whether the process is alive by :mod:`deferral.liveness`."""
-    alive = liveness.is_alive(process.state, process.latest_heartbeat, now, heartbeat_sec)
     return {
         "latest_heartbeat": process.latest_heartbeat,
         "heartbeat_age_sec": round(liveness.heartbeat_age_sec(process.latest_heartbeat, now), 1),
-        "health": "alive" if alive else "stale",
+        "health": liveness.health(process.state, process.latest_heartbeat, now, heartbeat_sec),
     }

@@ -14,13 +14,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol, TextIO
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from deferral.actions import ti_label
 from deferral.controls import escape_all
-from deferral.models import DagRun, TaskInstance
-from deferral.states import FINISHED_STATES, DagRunState
+from deferral.models import DagRun, TaskInstance, TaskStateChange
+from deferral.states import FINISHED_STATES, DagRunState, TaskState
 
 FINISHED_RUN_STATES = frozenset({DagRunState.SUCCESS, DagRunState.FAILED})
 POLL_INTERVAL_SEC = 0.5
@@ -159,3 +159,53 @@ def wait_for_run(
         if timeout is not None and elapsed > timeout:
             return None
         sleep(POLL_INTERVAL_SEC)
+
+
+@dataclass(frozen=True)
+class FailedTask:
+    task: str
+    error: str  # the first line of why it failed ("" if no reason was recorded)
+
+
+MAX_FAILED_LISTED = 10
+
+
+def failed_tasks(
+    session: Session, dag_id: str, run_id: str, limit: int = MAX_FAILED_LISTED
+) -> tuple[list[FailedTask], int]:
+    """Up to ``limit`` failed task instances of the run, each with the reason of its latest move
+    to failed, and how many failed in all."""
+    ti = TaskInstance
+    failed = (ti.dag_id == dag_id, ti.run_id == run_id, ti.state == TaskState.FAILED)
+    total = session.scalar(select(func.count()).select_from(ti).where(*failed)) or 0
+    reason = (
+        select(TaskStateChange.reason)
+        .where(
+            TaskStateChange.task_instance_id == ti.id,
+            TaskStateChange.to_state == TaskState.FAILED,
+        )
+        .order_by(TaskStateChange.id.desc())
+        .limit(1)
+        .scalar_subquery()
+    )
+    rows = session.execute(
+        select(ti.task_id, ti.map_index, reason).where(*failed).order_by(ti.id).limit(limit)
+    ).all()
+    listed = [
+        FailedTask(ti_label(task_id, map_index), _first_line(why or ""))
+        for task_id, map_index, why in rows
+    ]
+    return listed, total
+
+
+def failure_lines(listed: list[FailedTask], total: int) -> list[str]:
+    """What a failed run's end says about its failed tasks."""
+    lines = [f"failed: {t.task}" + (f": {t.error}" if t.error else "") for t in listed]
+    if total > len(listed):
+        lines.append(f"and {total - len(listed)} more failed task(s)")
+    return lines
+
+
+def _first_line(text: str) -> str:
+    stripped = text.strip()
+    return stripped.splitlines()[0] if stripped else ""

@@ -12,7 +12,14 @@ from broker.client import Broker, RedisVersionError
 from deferral import users
 from deferral.config import ConfigError, webserver_host, webserver_port, webserver_settings
 from deferral.models import User
-from deferral.process import log_format_option, settings_or_exit, setup_logging
+from deferral.process import (
+    log_format_option,
+    metrics_host_option,
+    metrics_port_option,
+    serve_metrics_or_exit,
+    settings_or_exit,
+    setup_logging,
+)
 from deferral_cli.common import EXIT_UNAVAILABLE, fail, sessions
 
 log = logging.getLogger("deferral.webserver")
@@ -46,8 +53,12 @@ def listening_socket(host: str, port: int) -> socket.socket:
     default=None,
     help="Port to listen on [default: DEFERRAL_WEBSERVER_PORT, else 8080].",
 )
+@metrics_port_option
+@metrics_host_option
 @log_format_option
-def webserver_command(host: str | None, port: int | None, log_format: str) -> None:
+def webserver_command(
+    host: str | None, port: int | None, metrics_port: int | None, metrics_host: str, log_format: str
+) -> None:
     """Serve the web UI: DAGs, their grid and graph, task instances and their logs, what is
     deferred now, triggerers, streams and the doctor's checklist; and a JSON API under
     /api/v1/.
@@ -62,10 +73,10 @@ def webserver_command(host: str | None, port: int | None, log_format: str) -> No
         host = host if host is not None else webserver_host()
         port = port if port is not None else webserver_port()
         webserver_settings()
+        admin_password = users.admin_password()
     except ConfigError as exc:
         fail(str(exc), EXIT_UNAVAILABLE)
         return
-    admin_password = users.admin_password()
     if admin_password is not None:
         try:
             users.check_password(admin_password)
@@ -87,6 +98,7 @@ def webserver_command(host: str | None, port: int | None, log_format: str) -> No
     # Imported here: `deferral --help` and every other command stay free of the web stack.
     import uvicorn
 
+    from deferral import metrics
     from webserver.app import create_app
     from webserver.auth import is_loopback
 
@@ -97,6 +109,7 @@ def webserver_command(host: str | None, port: int | None, log_format: str) -> No
             "nobody can log in: create a user with `deferral users create NAME` or set %s",
             users.ADMIN_PASSWORD_ENV,
         )
+    serve_metrics_or_exit(metrics.WEBSERVER, metrics_port, metrics_host)
     app = create_app(settings, host=host)
     where = f"[{host}]" if ":" in host else host
     log.info("web UI at http://%s:%d/", where, port)

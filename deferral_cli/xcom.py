@@ -14,7 +14,15 @@ from deferral.crypto import Cipher
 from deferral.models import TaskInstance, XCom
 from deferral.process import command_group, settings_or_exit
 from deferral.stored_secrets import known_secrets, shown_xcom
-from deferral_cli.common import Record, emit, fail, find_run, output_options, sessions
+from deferral_cli.common import (
+    Record,
+    emit,
+    fail,
+    find_run,
+    output_options,
+    run_id_argument,
+    sessions,
+)
 
 # The key a task's return value is pushed under, as in Airflow.
 RETURN_VALUE = "return_value"
@@ -29,7 +37,7 @@ def xcom() -> None:
 
 @xcom.command("list")
 @click.argument("dag_id")
-@click.argument("run_id")
+@run_id_argument
 @click.argument("task_id", required=False)
 @output_options
 def xcom_list(dag_id: str, run_id: str, task_id: str | None, output: str) -> None:
@@ -63,7 +71,7 @@ def xcom_list(dag_id: str, run_id: str, task_id: str | None, output: str) -> Non
 
 @xcom.command("get")
 @click.argument("dag_id")
-@click.argument("run_id")
+@run_id_argument
 @click.argument("task_id")
 @click.option("--key", default=RETURN_VALUE, show_default=True, help="The XCom's key.")
 @click.option("--map-index", type=int, default=-1, show_default=True, help="A mapped task's index.")

@@ -16,7 +16,7 @@ from sqlalchemy import delete, func, select
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session
 
-from deferral import transitions
+from deferral import metrics, transitions
 from deferral.dagbag import DagBag
 from deferral.models import Dag, DagImportError, DagRun, TaskInstance
 from deferral.states import DagRunState, TaskState
@@ -59,6 +59,7 @@ def sync(session: Session, dagbag: DagBag) -> list[str]:
     else:
         back = []
     errors = dagbag.import_errors
+    metrics.DAG_IMPORT_ERRORS.set(len(errors))
     for dag in session.scalars(select(Dag).where(Dag.is_active, Dag.dag_id.not_in(list(loaded)))):
         reason = errors.get(dag.fileloc or "") or f"no longer defined in {dag.fileloc}"
         if dag.missing_since is None:

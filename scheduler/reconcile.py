@@ -244,7 +244,7 @@ class Reconciler:
                 attempt = Attempt(ti.id, ti.try_number, ti.worker or "")
                 state = transitions.fail(session, attempt, reason, allow_retry=True)
                 if state is not None:
-                    metrics.RECONCILER_REPAIRS.labels("orphaned attempt").inc()
+                    metrics.RECONCILER_REPAIRS.labels("orphaned_attempt").inc()
                     label = task_label(ti.dag_id, ti.run_id, ti.task_id, ti.map_index)
                     log.warning(
                         "reconciler: %s try %d: %s; now %s",

@@ -5,7 +5,7 @@ from __future__ import annotations
 from deferral.states import TaskState
 from deferral.transitions import RESUMED_BY_TRIGGER, TIMED_OUT
 
-USER_ACTION = "user action"
+USER_ACTION = "user_action"
 TIMEOUT = "timeout"
 SUPERSEDED = "superseded"
 

@@ -54,7 +54,7 @@ from broker.streams import (
     to_fields,
     with_log,
 )
-from deferral import liveness, metrics, tasklogs
+from deferral import liveness, metrics, serialization, tasklogs
 from deferral.config import Settings
 from deferral.crypto import Cipher
 from deferral.dagbag import put_on_sys_path
@@ -95,7 +95,7 @@ PAYLOAD_SHOWN = 1000
 @dataclass(eq=False, slots=True)
 class Held:
     """A trigger this triggerer runs, the stream entry it holds a lease on (its fields dropped
-    once decoded), and, once it is cancelled, why (shutdown, reassigned, timeout, user action,
+    once decoded), and, once it is cancelled, why (shutdown, reassigned, timeout, user_action,
     superseded). A trigger that only waits for a moment has no task (``scope`` None): it waits
     on the shared timer, at ``moment``."""
 
@@ -265,7 +265,7 @@ class TriggererService:
                     self._stall_culprit,
                     _report_stall,
                     _warn_blocked,
-                    on_lag=metrics.LOOP_LAG.observe,
+                    on_lag=_loop_ran,
                 )
                 tasks.start_soon(watchdog.run)
                 await self._consume(tasks)
@@ -335,7 +335,6 @@ class TriggererService:
             dead_letter_maxlen=self.settings.dead_letter_maxlen,
             owners=PostgresOwners(self.sessions, Triggerer),
         )
-        metrics.STREAMS.watch(broker.stream_stats)
 
     async def _until_done(self, func: Any, *args: Any) -> None:
         """Call ``func`` until it succeeds, backing off while the servers are unavailable."""
@@ -536,7 +535,7 @@ class TriggererService:
             parts = (outcome.failure.message, outcome.failure.traceback)
             level, said = logging.ERROR, "failed: " + "\n".join(p for p in parts if p).rstrip()
         else:
-            shown = outcome.payload
+            shown = serialization.shown(outcome.payload)
             if len(shown) > PAYLOAD_SHOWN:
                 shown = shown[:PAYLOAD_SHOWN] + "..."
             level, said = logging.INFO, f"fired: {shown}"
@@ -961,6 +960,12 @@ def _culprit_named(culprit: RunningTrigger | str | None) -> tuple[str, LogExtra]
     held = culprit.held
     name = f"trigger {held.trigger_id} ({culprit.classpath}) for {held.task}"
     return name, held.log_ids()
+
+
+def _loop_ran(lag_sec: float) -> None:
+    """The watchdog's timer ran: the loop moves (and was ``lag_sec`` late)."""
+    metrics.LOOP_LAG.observe(lag_sec)
+    metrics.LOOP_ITERATION.set_to_current_time()
 
 
 def _report_stall(culprit: RunningTrigger | str | None, stack: str) -> None:

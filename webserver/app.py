@@ -59,6 +59,7 @@ from webserver.inputs import (
     json_depth,
     parse_json,
 )
+from webserver.requestmetrics import RequestMetrics
 
 log = logging.getLogger("deferral.webserver")
 
@@ -115,7 +116,8 @@ class SecurityHeaders:
 def _when(value: dt.datetime | None) -> str:
     if value is None:
         return "-"
-    return value.astimezone(dt.UTC).strftime("%Y-%m-%d %H:%M:%S")
+    # Every time the UI shows is in UTC, and says so.
+    return value.astimezone(dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
 def _duration(seconds: float | None) -> str:
@@ -404,6 +406,7 @@ class WebUI:
             runs or data.GRID_RUNS,
             _optional_id(request.query_params, "run_id"),
             int_param(request.query_params.get("task_page"), "task_page", low=1) or 1,
+            [check_id("collapse", group) for group in request.query_params.getlist("collapse")],
         )
 
     async def dag_page(self, request: Request) -> Response:
@@ -810,9 +813,11 @@ def create_app(
         yield
         ui.close()
 
+    routes = ui.routes()
     app = Starlette(
-        routes=ui.routes(),
+        routes=routes,
         middleware=[
+            Middleware(RequestMetrics, routes=routes),
             Middleware(
                 HostCheck,
                 bind=host,

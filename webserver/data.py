@@ -11,7 +11,7 @@ import datetime as dt
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import asdict
 from typing import Any
 
@@ -234,11 +234,13 @@ def dag_detail(
     runs: int,
     selected_run: str | None,
     task_page: int = 1,
+    collapsed: Collection[str] = (),
 ) -> Record:
     """A DAG's latest ``runs`` runs (oldest first) by one page of its tasks, each cell the state
     of that task in that run (a mapped task is one row, its map indexes counted by state); and
     the graph of its tasks (up to MAX_GRAPH_TASKS), coloured by the selected run (default the
-    latest). Reads only the columns it shows: never a run's conf."""
+    latest), the task groups named in ``collapsed`` drawn as one box each. Reads only the
+    columns it shows: never a run's conf."""
     dag = source.dag(dag_id)
     row = session.get(Dag, dag_id)
     found_runs = list(
@@ -281,7 +283,9 @@ def dag_detail(
         for task_id in shown
     ]
     drawn = len(order) <= MAX_GRAPH_TASKS
-    graph = layout(order if drawn else [], upstream)
+    groups = _groups_of(dag) if dag is not None else {}
+    into = _collapsed_into(groups, set(collapsed))
+    graph = layout(order if drawn else [], upstream, into)
     selected = (
         {task: cell for (task, _), cell in _cells(session, dag_id, [selected_run], order).items()}
         if drawn and selected_run is not None
@@ -313,6 +317,26 @@ def dag_detail(
                 task_id: selected.get(task_id, _NO_CELL)["state"]
                 for task_id in (order if drawn else [])
             },
+            # A collapsed group's box shows the most pressing state of its tasks.
+            "group_states": {
+                node.group: _most_pressing(
+                    [
+                        selected.get(task_id, _NO_CELL)["state"]
+                        for task_id, group in into.items()
+                        if group == node.group
+                    ]
+                )
+                for node in graph.nodes
+                if node.group is not None
+            },
+            "groups": [
+                {
+                    "group_id": group_id,
+                    "tasks": sum(group_id in chain for chain in groups.values()),
+                    "collapsed": group_id in collapsed,
+                }
+                for group_id in sorted({g for chain in groups.values() for g in chain})
+            ],
         },
     }
 
@@ -390,6 +414,34 @@ def _task_order(
     order, upstream = source.task_order(dag) if dag is not None else ([], {})
     in_dag = dag.task_dict if dag is not None else {}
     return [*order, *sorted(t for t in set(seen_task_ids) if t not in in_dag)], upstream
+
+
+def _groups_of(dag: DAG) -> dict[str, list[str]]:
+    """Each task's task groups, outermost first (none: not in a group)."""
+    chains: dict[str, list[str]] = {}
+    for task_id, task in dag.task_dict.items():
+        chain: list[str] = []
+        group = task.task_group
+        while group is not None:
+            chain.insert(0, group.group_id)
+            group = group.parent_group
+        chains[task_id] = chain
+    return chains
+
+
+def _collapsed_into(groups: Mapping[str, list[str]], collapsed: set[str]) -> dict[str, str]:
+    """Task -> the outermost collapsed group it is in (tasks in none are left out)."""
+    into = {}
+    for task_id, chain in groups.items():
+        outermost = next((group for group in chain if group in collapsed), None)
+        if outermost is not None:
+            into[task_id] = outermost
+    return into
+
+
+def _most_pressing(states: Sequence[str]) -> str:
+    counts = Counter(states)
+    return next((s for s in _SUMMARY_ORDER if counts.get(s)), "none")
 
 
 def _dag_order(dag: DAG) -> tuple[list[str], dict[str, list[str]]]:

@@ -178,7 +178,6 @@ class WorkerService:
             dead_letter_maxlen=self.settings.dead_letter_maxlen,
             owners=PostgresOwners(self.sessions, Worker),
         )
-        metrics.STREAMS.watch(broker.stream_stats)
 
     def _begin(self) -> None:
         self.consumer.start()
@@ -225,6 +224,8 @@ class WorkerService:
             if read:
                 self._start(read)
         self._record_ended(timeout=0 if read else 0.05)
+        # Stamped once a step reached PostgreSQL and Redis: the containers' healthcheck.
+        metrics.LOOP_ITERATION.set_to_current_time()
 
     # -- leases ----------------------------------------------------------------------------------
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import pty
+import signal
 import subprocess
 import threading
 from collections.abc import Callable
@@ -18,7 +19,7 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from deferral.models import TaskInstance
+from deferral.models import DagRun, TaskInstance
 from tests.e2e.conftest import Services, command, shared_stack_fixtures
 from tests.helpers import wait_for
 
@@ -112,6 +113,8 @@ def test_wait_exits_0_when_the_run_succeeds(running: Services) -> None:
     assert started["timestamp"].endswith("Z") and "T" in started["timestamp"]
     triggerer = _json_lines(running.log("triggerer"))
     (fired,) = [e for e in triggerer if " for e2e_wait_ok.r1.wait fired: " in e["message"]]
+    # The event as plain JSON: the moment as an ISO 8601 string, not the stored encoding.
+    assert fired["message"].endswith('+00:00"') and "__deferral_type__" not in fired["message"]
     assert fired["task_instance_id"] == started["task_instance_id"]
     assert isinstance(fired["trigger_id"], int) and fired["task"] == "e2e_wait_ok.r1.wait"
 
@@ -121,7 +124,8 @@ def test_wait_exits_1_when_a_task_fails(running: Services) -> None:
     assert done.returncode == 1, done.stdout + done.stderr
     shown = _plain(done.stdout)
     assert {"boom: failed (try 1)", "after: upstream_failed (try 0)", "run: failed"} <= set(shown)
-    assert done.stdout.splitlines()[-1] == "run r1: failed"
+    # The end names the failed task and the first line of its error.
+    assert done.stdout.splitlines()[-2:] == ["run r1: failed", "failed: boom: ValueError: boom"]
 
 
 def test_wait_exits_3_when_the_timeout_passes_first(
@@ -145,6 +149,43 @@ def test_wait_exits_3_when_the_timeout_passes_first(
 
     # The run goes on: its task waits on its trigger.
     wait_for(lambda: state() == "deferred", timeout=60, what="the task to defer")
+
+
+def test_ctrl_c_stops_waiting_with_130_and_the_run_goes_on(
+    running: Services, sessions: sessionmaker[Session]
+) -> None:
+    proc = subprocess.Popen(
+        command("deferral", "dags", "trigger", "e2e_wait_long", "--run-id", "r3", "--wait"),
+        env=running.env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline() == "triggered e2e_wait_long r3\n"
+        # The first state line: the waiting has begun.
+        assert proc.stdout.readline().split(" ", 1)[1].startswith("run: ")
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, repr(err)
+    assert err.strip().splitlines()[-1] == (
+        "stopped waiting; run r3 of DAG e2e_wait_long goes on"
+        " (`deferral runs show e2e_wait_long r3`)"
+    )
+    assert "Aborted" not in err
+
+    def run_state() -> str | None:
+        with sessions() as session:
+            return session.scalar(
+                select(DagRun.state).where(DagRun.dag_id == "e2e_wait_long", DagRun.run_id == "r3")
+            )
+
+    # The run goes on without the waiting command.
+    wait_for(lambda: run_state() == "running", timeout=60, what="run r3 to be running")
 
 
 def _run_on_terminal(services: Services, *args: str, timeout: float) -> tuple[int, str]:

@@ -74,6 +74,8 @@ def _on_test_servers(
     return {
         **env,
         "DEFERRAL_DATABASE_URL": moved_db.render_as_string(hide_password=False),
+        # The stack's password is the stack's database's; the test server's is in the URL.
+        "DEFERRAL_DATABASE_PASSWORD": "",
         "DEFERRAL_REDIS_URL": f"{test_redis.rsplit('/', 1)[0]}/{redis_db}",
         "DEFERRAL_STREAM_PREFIX": prefix,
         **({WEB_PORT: str(web_port)} if WEB_PORT in env else {}),
@@ -111,7 +113,14 @@ def local_services(
             continue
         env = _on_test_servers(dict(service["environment"]), database_url, prefix, web_port)
         env = _host_paths(env, service.get("volumes", []), name)
-        test = service["healthcheck"]["test"]
+        # The web UI's own address in its healthcheck moves with it.
+        declared_port = service["environment"].get(WEB_PORT)
+        test = [
+            arg.replace(f"127.0.0.1:{declared_port}", f"127.0.0.1:{web_port}")
+            if declared_port
+            else arg
+            for arg in service["healthcheck"]["test"]
+        ]
         if test[0] != "CMD":
             raise StackFailed(f"{name}: healthcheck {test[0]} cannot run without a container")
         found.append(

@@ -83,6 +83,20 @@ def test_each_service_serves_metrics_that_move_with_a_deferral(
     before = {}
     for name, port in ports.items():
         before[name] = wait_for(functools.partial(_scrape_when_up, port), what=f"{name} /metrics")
+    # Once a service reads its stream: the counters of that stream and of each reason at 0 (an
+    # alert on their rise sees the first one); build info from the start.
+    triggers, events = broker.keys.triggers, broker.keys.events
+    for name, stream in (("triggerer", triggers), ("scheduler", events)):
+        dead = ("deferral_dead_letters_total", frozenset({"stream": stream}.items()))
+        shown = wait_for(
+            lambda port=ports[name], key=dead: key in scrape(port),
+            what=f"the {name}'s dead letters of {stream}",
+        )
+        assert shown and scrape(ports[name])[dead] == 0
+    user_action = frozenset({"reason": "user_action"}.items())
+    assert before["triggerer"][("deferral_triggers_cancelled_total", user_action)] == 0
+    for samples in before.values():
+        assert [labels for name, labels in samples if name == "deferral_build_info"]
     waiter = subprocess.Popen(
         command("deferral", "dags", "trigger", "e2e_metrics", "--wait", "--timeout", "90"),
         env=services.env,
@@ -93,20 +107,28 @@ def test_each_service_serves_metrics_that_move_with_a_deferral(
 
     # -- during the deferral ---------------------------------------------------------------------
     wait_for(lambda: _state(sessions, "wait") == "deferred", timeout=60, what="the sensor to defer")
-    triggers = broker.keys.triggers
     during = wait_for(
         lambda: (
-            (s := scrape(ports["triggerer"]))
-            and value(s, "deferral_triggers_running") == 1
-            and value(s, "deferral_stream_pending", stream=triggers, group="triggerers") == 1
-            and s
+            (s := scrape(ports["triggerer"])) and value(s, "deferral_triggers_running") == 1 and s
         ),
         what="the triggerer to run the trigger",
     )
+    # The global gauges come from the scheduler only.
+    streams = wait_for(
+        lambda: (
+            (s := scrape(ports["scheduler"]))
+            and value(s, "deferral_stream_pending", stream=triggers, group="triggerers") == 1
+            and s
+        ),
+        what="the scheduler to see the trigger entry held",
+    )
+    assert value(streams, "deferral_stream_length", stream=triggers) == 1
+    trigger_class = "deferral.triggers.temporal.DateTimeTrigger"
+    assert value(streams, "deferral_deferred_tasks", trigger_class=trigger_class) == 1
+    assert not [name for name, _ in during if name.startswith("deferral_stream_")]
     wait_for(lambda: _runner(sessions) is not None, what="the triggerer to record the trigger")
     capacity = value(before["triggerer"], "deferral_triggerer_capacity_left")
     assert value(during, "deferral_triggerer_capacity_left") == capacity - 1
-    assert value(during, "deferral_stream_length", stream=triggers) == 1
     worker = scrape(ports["worker"])
     assert value(worker, "deferral_task_attempts_total", outcome="deferred") == 1
     assert value(worker, "deferral_worker_slots_free") == 2
@@ -131,6 +153,10 @@ def test_each_service_serves_metrics_that_move_with_a_deferral(
     assert value(worker, "deferral_task_attempts_total", outcome="deferred") == 1
     assert value(worker, "process_resident_memory_bytes") > 0
     assert value(scheduler, "deferral_stream_pending", stream=triggers, group="triggerers") == 0
+    for samples in (triggerer, scheduler, worker):
+        assert value(samples, "deferral_loop_iteration_timestamp_seconds") > 0
+        spaced = [dict(labels) for _, labels in samples if any(" " in v for _, v in labels)]
+        assert not spaced, spaced
 
 
 def test_a_metrics_port_in_use_stops_the_service_with_one_line(services: Services) -> None:

@@ -120,12 +120,12 @@ def test_mark_a_deferred_task_and_clear_a_failed_one(
     assert marked.returncode == 0, marked.stderr
     assert "waits: success" in marked.stdout
     wait_for(lambda: killed.exists(), timeout=30, what="the trigger's on_kill")
-    assert "cancelled (reason: user action)" in services.log("triggerer")
+    assert "cancelled (reason: user_action)" in services.log("triggerer")
     # The trigger's own line and the cancellation are in the log of the try that deferred.
     wait_for(
         lambda: (
             "INFO e2e.forever: waiting for ever" in (log := _task_log(sessions, "waits"))
-            and "cancelled (reason: user action)" in log
+            and "cancelled (reason: user_action)" in log
         ),
         timeout=30,
         what="the triggerer's lines in the task's log",

@@ -8,6 +8,7 @@ module; the tests run in file order and build on each other's run."""
 from __future__ import annotations
 
 import datetime as dt
+import itertools
 import json
 import os
 import shutil
@@ -291,3 +292,113 @@ def test_the_live_refresh_waits_for_each_answer_and_backs_off(ui: UI) -> None:
     calls, most = ui.driver.execute_script("return [window.__calls, window.__most]")
     # A timer every 2 s would have sent a second request while the first was unanswered.
     assert (calls, most) == (1, 1)
+
+
+GRAPH_DAGS = """
+from deferral import DAG
+from deferral.operators import EmptyOperator
+from deferral.utils.task_group import TaskGroup
+
+with DAG("graph_skips_layers", schedule=None):
+    summarize = EmptyOperator(task_id="summarize")
+    with TaskGroup("branches"):
+        choose = EmptyOperator(task_id="choose")
+        big_day, small_day = EmptyOperator(task_id="big_day"), EmptyOperator(task_id="small_day")
+        choose >> [big_day, small_day]
+    join = EmptyOperator(task_id="join")
+    summarize >> choose
+    [big_day, small_day] >> join
+    summarize >> join  # skips every layer between
+
+with DAG("graph_sixty_wide", schedule=None):
+    start, end = EmptyOperator(task_id="start"), EmptyOperator(task_id="end")
+    for n in range(60):
+        start >> EmptyOperator(task_id=f"wide_{n:02d}") >> end
+"""
+
+_GEOMETRY = """
+const svg = document.getElementById("graph");
+const boxes = [...svg.querySelectorAll("a")].map(a => {
+  const r = a.querySelector("rect");
+  return {name: a.dataset.task || a.dataset.group, x: +r.getAttribute("x"),
+          y: +r.getAttribute("y"), w: +r.getAttribute("width"), h: +r.getAttribute("height")};
+});
+const edges = [...svg.querySelectorAll("polyline.edge")].map(p => ({
+  source: p.dataset.source, target: p.dataset.target,
+  points: p.getAttribute("points").trim().split(/\\s+/).map(xy => xy.split(",").map(Number)),
+}));
+return {boxes, edges};
+"""
+
+
+def _passes_through(points: list[list[float]], box: dict[str, Any]) -> bool:
+    """Whether the polyline enters the inside of the box (sampled along each segment)."""
+    for (x1, y1), (x2, y2) in itertools.pairwise(points):
+        for i in range(201):
+            x, y = x1 + (x2 - x1) * i / 200, y1 + (y2 - y1) * i / 200
+            if box["x"] < x < box["x"] + box["w"] and box["y"] < y < box["y"] + box["h"]:
+                return True
+    return False
+
+
+def test_graph_edges_go_around_boxes_and_groups_collapse(ui: UI, module_stack: Stack) -> None:
+    (module_stack.dags_folder / "graph_dags.py").write_text(GRAPH_DAGS)
+
+    def geometry() -> dict[str, Any] | None:
+        ui.open("/dags/graph_skips_layers")
+        if not ui.found("#graph"):
+            return None
+        found: dict[str, Any] = ui.driver.execute_script(_GEOMETRY)
+        return found
+
+    drawn = wait_for(geometry, timeout=60, what="the graph of graph_skips_layers")
+    # The drawn edges are the DAG's edges, each once.
+    assert sorted((e["source"], e["target"]) for e in drawn["edges"]) == [
+        ("branches.big_day", "join"),
+        ("branches.choose", "branches.big_day"),
+        ("branches.choose", "branches.small_day"),
+        ("branches.small_day", "join"),
+        ("summarize", "branches.choose"),
+        ("summarize", "join"),
+    ]
+    through = [
+        (edge["source"], edge["target"], box["name"])
+        for edge in drawn["edges"]
+        for box in drawn["boxes"]
+        if box["name"] not in (edge["source"], edge["target"])
+        and _passes_through(edge["points"], box)
+    ]
+    assert through == []
+
+    # Collapsing the group: one box stands for its three tasks, with their edges.
+    ui.click('#graph-groups a[data-group="branches"]')
+    wait_for(lambda: ui.found('svg.graph a[data-group="branches"]'), what="the collapsed group")
+    collapsed = ui.driver.execute_script(_GEOMETRY)
+    assert sorted((e["source"], e["target"]) for e in collapsed["edges"]) == [
+        ("branches", "join"),
+        ("summarize", "branches"),
+        ("summarize", "join"),
+    ]
+    assert "collapse=branches" in ui.driver.current_url
+
+
+def test_a_sixty_task_wide_graph_scrolls_and_fits_the_page_whole(ui: UI) -> None:
+    wait_for(
+        lambda: ui.open("/dags/graph_sixty_wide") or ui.found("#graph"),
+        timeout=60,
+        what="the graph of graph_sixty_wide",
+    )
+    size = "const r = document.getElementById('graph').getBoundingClientRect();"
+    frame = "const f = document.getElementById('graph-frame').getBoundingClientRect();"
+    natural = ui.driver.execute_script(size + frame + "return [r.height, f.height];")
+    assert natural[0] > natural[1]  # taller than its frame: the frame scrolls
+    ui.click("#graph-fit")
+    fitted = ui.driver.execute_script(
+        size + frame + "return [r.left, r.top, r.right, r.bottom, f.left, f.top, f.right, f.bottom,"
+        " window.innerWidth, window.innerHeight];"
+    )
+    left, top, right, bottom, f_left, f_top, f_right, f_bottom, width, height = fitted
+    # Every box of the graph inside the frame, and the frame inside the window.
+    assert f_left <= left and right <= f_right + 1 and f_top <= top and bottom <= f_bottom + 1
+    assert f_left >= 0 and f_right <= width and f_bottom - f_top <= height
+    assert ui.find("#graph-fit").text == "Actual size"

@@ -20,7 +20,7 @@ from broker.streams import GROUP_TRIGGERERS, GROUP_WORKERS
 from deferral import transitions
 from deferral.config import Settings
 from deferral.crypto import Cipher, DecryptionError
-from deferral.models import Dag, DagRun, Outbox, TaskInstance, Trigger, Triggerer
+from deferral.models import Dag, DagImportError, DagRun, Outbox, TaskInstance, Trigger, Triggerer
 from deferral.states import TaskState
 from deferral.transitions import Attempt, NewTaskInstance
 from deferral_cli import main as deferral_main
@@ -314,6 +314,7 @@ DOCTOR_CHECKS = {
     "orphaned triggers",
     "unpublished outbox",
     "broken DAGs",
+    "import errors",
     "dead letters",
     "in flight",
 }
@@ -504,6 +505,20 @@ def test_doctor_shows_a_dag_that_stopped_loading_and_its_running_runs(
     assert status == "warn"
     assert detail.startswith("1 DAG not loading: broken for ")
     assert "(NameError: name 'oops' is not defined (line 4)): 1 running run fail in " in detail
+
+
+def test_doctor_warns_on_dag_files_that_fail_to_import(
+    settings: Settings, sessions: sessionmaker[Session], broker: Broker
+) -> None:
+    with sessions.begin() as session:
+        session.add(DagImportError(filename="dags/etl.py", error="NameError: oops (line 4)"))
+    code, checks = _doctor()
+    assert code == 0
+    assert checks["import errors"] == (
+        "warn",
+        "1 DAG file failing to import: dags/etl.py (NameError: oops (line 4));"
+        " `deferral dags list` shows each error",
+    )
 
 
 # -- tasks explain ---------------------------------------------------------------------------------

@@ -197,7 +197,7 @@ def test_workers_list_tells_alive_from_stale(
     assert {name: w["health"] for name, w in workers.items()} == {
         "w-fresh": "alive",
         "w-old": "stale",
-        "w-stopped": "stale",
+        "w-stopped": "stopped",
     }
     assert workers["w-old"]["queue"] == "default" and workers["w-old"]["load"] == 1
     assert 30 < workers["w-old"]["heartbeat_age_sec"] < 120

@@ -250,6 +250,45 @@ def test_triggering_a_paused_dag_says_the_run_waits(
     )
 
 
+def test_triggering_a_dag_whose_file_fails_to_import_names_the_file_and_its_error(
+    settings: Settings, sessions: sessionmaker[Session], make_dag: Callable[..., str]
+) -> None:
+    dag_id = make_dag()
+    path = Path(settings.dags_folder) / f"{dag_id}.py"
+    with sessions.begin() as session:
+        dagruns.sync_dags(session, DagBag(settings.dags_folder).collect(), dt.datetime.now(UTC))
+    path.write_text(path.read_text() + "\nundefined_name\n")
+
+    result = run("dags", "trigger", dag_id)
+    assert result.exit_code == 1
+    assert result.output.startswith(f"error: DAG '{dag_id}' is in {path}, which fails to import: ")
+    assert "NameError" in result.output and "undefined_name" in result.output
+
+    # A DAG no scheduler has seen: not found, and the failing files are mentioned.
+    result = run("dags", "trigger", "never_seen")
+    assert result.exit_code == 1
+    assert result.output == (
+        f"error: DAG 'never_seen' not found in {settings.dags_folder}; 1 DAG file fails to"
+        " import (`deferral dags list` shows which and why)\n"
+    )
+
+
+def test_latest_names_the_newest_run_in_every_command_taking_a_run_id(
+    settings: Settings, make_dag: Callable[..., str]
+) -> None:
+    dag_id = make_dag()
+    assert run("runs", "show", dag_id, "latest").output == f"error: DAG {dag_id!r} has no runs\n"
+    run("dags", "backfill", dag_id, "-s", "2024-01-01", "-e", "2024-01-02")
+    newest = f"backfill__{day(2).isoformat()}"
+    shown = run("runs", "show", dag_id, "latest")
+    assert shown.exit_code == 0, shown.output
+    assert shown.output.splitlines()[0].startswith(f"{dag_id} {newest}: ")
+    assert run("xcom", "list", dag_id, "latest").output == "no XComs\n"
+    # A run that is called latest is that run.
+    run("dags", "trigger", dag_id, "--run-id", "latest")
+    assert run("runs", "show", dag_id, "latest").output.startswith(f"{dag_id} latest: ")
+
+
 def test_runs_list_shows_newest_first_and_filters(
     settings: Settings, sessions: sessionmaker[Session], make_dag: Callable[..., str]
 ) -> None:

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from sqlalchemy.engine import make_url
 
+from deferral.health import WEBSERVER_HEALTH_PATH
 from tests.compose_stack import (
     COMPOSE_FILE,
     REPO,
@@ -132,7 +133,7 @@ def test_migrate_runs_once_before_every_service(services: dict[str, Any]) -> Non
             }
 
 
-def test_every_service_has_a_healthcheck_and_services_check_their_own_heartbeat(
+def test_every_service_has_a_healthcheck_and_services_check_their_own_loop(
     services: dict[str, Any],
 ) -> None:
     for name, service in services.items():
@@ -140,7 +141,35 @@ def test_every_service_has_a_healthcheck_and_services_check_their_own_heartbeat(
         assert test[0] in ("CMD", "CMD-SHELL"), name
         command = service.get("command") or []
         if command[1:2] == ["consume"]:
-            assert test == ["CMD", "deferral", "health", "--service", command[0], "--name", name]
+            # Its own metrics port says whether its loop completes iterations: no CLI import.
+            assert test == ["CMD", "deferral-healthcheck"], name
+            assert service["environment"]["DEFERRAL_METRICS_PORT"], name
+
+
+def test_every_container_has_resource_limits_and_rotated_logs(services: dict[str, Any]) -> None:
+    for name, service in services.items():
+        limits = service["deploy"]["resources"]["limits"]
+        assert float(limits["cpus"]) > 0 and int(limits["memory"]) > 0, name
+        logging = service["logging"]
+        assert logging["driver"] == "json-file", name
+        assert logging["options"]["max-size"] and int(logging["options"]["max-file"]) > 1, name
+
+
+def test_images_are_pinned_and_the_image_installs_with_constraints() -> None:
+    text = COMPOSE_FILE.read_text()
+    for image in ("postgres:", "redis:"):
+        tag = text.split(f"image: {image}", 1)[1].split()[0]
+        assert tag.count(".") >= 1, f"{image}{tag} is not pinned to a release"
+    dockerfile = (REPO / "Dockerfile").read_text()
+    base = dockerfile.split("FROM ", 1)[1].split()[0]
+    assert base.count(".") >= 2, f"base image {base} is not pinned to a release"
+    assert "-c /opt/deferral/constraints.txt" in dockerfile
+    pins = [
+        line
+        for line in (REPO / "constraints.txt").read_text().splitlines()
+        if line and not line.startswith("#")
+    ]
+    assert pins and all("==" in line for line in pins)
 
 
 def test_urls_name_the_stacks_own_servers_and_credentials(
@@ -156,14 +185,16 @@ def test_urls_name_the_stacks_own_servers_and_credentials(
             postgres["POSTGRES_USER"],
             postgres["POSTGRES_DB"],
         ), name
-        assert url.password == postgres["POSTGRES_PASSWORD"] == dot_env["POSTGRES_PASSWORD"]
+        assert url.password is None  # it comes beside the URL, from .env or a secret's file
+        password = env["DEFERRAL_DATABASE_PASSWORD"]
+        assert password == postgres["POSTGRES_PASSWORD"] == dot_env["POSTGRES_PASSWORD"]
         assert env["DEFERRAL_REDIS_URL"].startswith("redis://redis:6379/")
 
 
 def test_the_fernet_key_comes_from_env_and_env_stays_out_of_git_and_the_image(
     services: dict[str, Any], dot_env: dict[str, str]
 ) -> None:
-    assert "DEFERRAL_FERNET_KEY" not in COMPOSE_FILE.read_text()
+    assert "DEFERRAL_FERNET_KEY:" not in COMPOSE_FILE.read_text()  # never written in the file
     for name, service in _ours(services).items():
         assert service["environment"]["DEFERRAL_FERNET_KEY"] == dot_env["DEFERRAL_FERNET_KEY"], name
     assert ".env" in (REPO / ".gitignore").read_text().splitlines()
@@ -188,7 +219,8 @@ def test_the_web_ui_listens_on_every_address_at_its_published_port_and_checks_it
     assert [p["target"] for p in web["ports"]] == [port]
     # Published on the host's loopback only: other machines go through a TLS proxy.
     assert [p["host_ip"] for p in web["ports"]] == ["127.0.0.1"]
-    assert web["healthcheck"]["test"] == ["CMD", "deferral", "health", "--service", "webserver"]
+    health = f"http://127.0.0.1:{port}{WEBSERVER_HEALTH_PATH}"
+    assert web["healthcheck"]["test"] == ["CMD", "deferral-healthcheck", "--url", health]
     assert "DEFERRAL_WEBSERVER_ADMIN_PASSWORD" in (REPO / ".env.example").read_text()
 
 
@@ -200,3 +232,54 @@ def test_services_serve_metrics_on_every_interface_of_their_container(
         if service["command"][1:2] == ["consume"]:
             assert service["environment"]["DEFERRAL_METRICS_HOST"] == "0.0.0.0", name
             assert not service.get("ports"), name  # metrics stay inside the network
+
+
+# -- secrets ---------------------------------------------------------------------------------------
+
+
+def test_an_empty_fernet_key_fails_validation_naming_it(tmp_path: Path) -> None:
+    project = scratch_project(tmp_path, {**example_settings(), "DEFERRAL_FERNET_KEY": ""})
+    checked = validate(project, COMPOSE_FILE)
+    assert checked.returncode != 0
+    assert "DEFERRAL_FERNET_KEY is empty" in checked.stderr
+
+
+def test_secrets_may_be_files_mounted_as_docker_secrets(tmp_path: Path) -> None:
+    secrets = tmp_path / "secrets"
+    secrets.mkdir()
+    for name in ("fernet_key", "postgres_password", "admin_password"):
+        (secrets / name).write_text("x\n")
+    settings = {
+        "DEFERRAL_FERNET_KEY": "",
+        "DEFERRAL_FERNET_KEY_FILE": str(secrets / "fernet_key"),
+        "POSTGRES_PASSWORD": "",
+        "POSTGRES_PASSWORD_FILE": str(secrets / "postgres_password"),
+        "DEFERRAL_WEBSERVER_ADMIN_PASSWORD_FILE": str(secrets / "admin_password"),
+    }
+    (tmp_path / "project").mkdir()
+    project = scratch_project(tmp_path / "project", settings)
+    checked = validate(project, COMPOSE_FILE)
+    assert checked.returncode == 0, checked.stderr
+    rendered = model(project, COMPOSE_FILE)
+    assert rendered["secrets"]["fernet_key"]["file"] == str(secrets / "fernet_key")
+    postgres = rendered["services"]["postgres"]["environment"]
+    assert postgres["POSTGRES_PASSWORD_FILE"] == "/run/secrets/postgres_password"
+    for name, service in _ours(rendered["services"]).items():
+        env = service["environment"]
+        assert env["DEFERRAL_FERNET_KEY_FILE"] == "/run/secrets/fernet_key", name
+        assert env["DEFERRAL_DATABASE_PASSWORD_FILE"] == "/run/secrets/postgres_password", name
+        assert env["DEFERRAL_WEBSERVER_ADMIN_PASSWORD_FILE"] == "/run/secrets/admin_password"
+        assert not env["DEFERRAL_FERNET_KEY"] and not env["DEFERRAL_DATABASE_PASSWORD"], name
+        mounted = {s["source"] for s in service["secrets"]}
+        assert mounted == {"fernet_key", "postgres_password", "admin_password"}, name
+
+
+def test_the_dags_folder_comes_from_deferral_dags_host_path(tmp_path: Path) -> None:
+    dags = tmp_path / "my-dags"
+    dags.mkdir()
+    settings = {**example_settings(), "DEFERRAL_DAGS_HOST_PATH": str(dags)}
+    (tmp_path / "project").mkdir()
+    project = scratch_project(tmp_path / "project", settings)
+    for name, service in _ours(model(project, COMPOSE_FILE)["services"]).items():
+        mounts = {v["target"]: Path(v["source"]) for v in service["volumes"]}
+        assert mounts[service["environment"]["DEFERRAL_DAGS_FOLDER"]] == dags, name

@@ -13,12 +13,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from prometheus_client import generate_latest
 from sqlalchemy import insert, select
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.testclient import TestClient
 
 from broker.client import Broker
-from deferral import tasklogs, transitions, users
+from deferral import metrics, tasklogs, transitions, users
 from deferral.config import Settings
 from deferral.crypto import Cipher
 from deferral.models import Dag, DagRun, StoredConnection, TaskInstance, TaskStateChange
@@ -568,3 +569,29 @@ def test_an_unreachable_database_is_one_line_without_its_password(
             said = f"cannot reach PostgreSQL at 127.0.0.1:{port}/prod: connection refused"
             assert said in (answer.json()["error"] if api else answer.text)
             assert "pw-s3cret" not in answer.text
+
+
+# -- request metrics -----------------------------------------------------------------------------
+
+
+def _requests(method: str, route: str, status: str) -> float:
+    labels = {"method": method, "route": route, "status": status}
+    registry = metrics.registry_for(metrics.WEBSERVER)
+    return registry.get_sample_value("deferral_webserver_requests_total", labels) or 0.0
+
+
+def test_requests_are_counted_by_route_pattern_never_by_path(
+    local: TestClient, web_dag: str
+) -> None:
+    before = _requests("GET", "/dags/{dag_id}", "200")
+    assert local.get(f"/dags/{WEB_DAG}").status_code == 200
+    assert _requests("GET", "/dags/{dag_id}", "200") == before + 1
+    # Paths an attacker chooses all land on one series; so do methods nobody serves.
+    unmatched = _requests("GET", "unmatched", "404")
+    for n in range(3):
+        local.get(f"/no-such-page-{n}")
+    assert _requests("GET", "unmatched", "404") == unmatched + 3
+    local.request("BREW", "/dags")
+    shown = generate_latest(metrics.registry_for(metrics.WEBSERVER)).decode()
+    assert "no-such-page" not in shown and "BREW" not in shown
+    assert 'deferral_webserver_request_seconds_count{route="/dags/{dag_id}"}' in shown

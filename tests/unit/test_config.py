@@ -369,3 +369,55 @@ def test_the_triggerers_stall_threshold_defaults_to_a_fifth_of_a_second() -> Non
     assert load(base_env()).triggerer_stall_threshold_sec == 0.2
     custom = load(base_env(DEFERRAL_TRIGGERER_STALL_THRESHOLD_SEC="1.5"))
     assert custom.triggerer_stall_threshold_sec == 1.5
+
+
+# -- secrets from files (Docker secrets) ---------------------------------------------------------
+
+
+def test_a_secret_is_read_from_the_file_its_file_setting_names(tmp_path: Path) -> None:
+    key = base_env()["DEFERRAL_FERNET_KEY"]
+    (tmp_path / "fernet").write_text(key + "\n")  # as `echo key > file` writes it
+    env = base_env()
+    del env["DEFERRAL_FERNET_KEY"]
+    env["DEFERRAL_FERNET_KEY_FILE"] = str(tmp_path / "fernet")
+    assert load(env).fernet_keys == (key,)
+
+
+def test_a_secret_and_its_file_both_set_is_refused_naming_both(tmp_path: Path) -> None:
+    (tmp_path / "fernet").write_text("x")
+    env = base_env(DEFERRAL_FERNET_KEY_FILE=str(tmp_path / "fernet"))
+    with pytest.raises(ConfigError) as caught:
+        load(env)
+    assert str(caught.value) == (
+        "DEFERRAL_FERNET_KEY and DEFERRAL_FERNET_KEY_FILE are both set: set one"
+    )
+
+
+def test_an_unreadable_secret_file_is_named_without_its_contents(tmp_path: Path) -> None:
+    env = base_env()
+    del env["DEFERRAL_REDIS_URL"]
+    env["DEFERRAL_REDIS_URL_FILE"] = str(tmp_path / "missing")
+    with pytest.raises(ConfigError) as caught:
+        load(env)
+    assert str(caught.value) == (
+        f"DEFERRAL_REDIS_URL_FILE: cannot read {tmp_path / 'missing'}: No such file or directory"
+    )
+
+
+def test_the_database_password_from_a_file_goes_into_the_url(tmp_path: Path) -> None:
+    (tmp_path / "pw").write_text("s3cr:t/@\n")
+    env = base_env(
+        DEFERRAL_DATABASE_URL="postgresql://deferral@db:5432/deferral",
+        DEFERRAL_DATABASE_PASSWORD_FILE=str(tmp_path / "pw"),
+    )
+    url = make_url(load(env).database_url)
+    assert url.password == "s3cr:t/@" and url.username == "deferral" and url.host == "db"
+
+
+def test_the_admin_password_may_come_from_a_file(tmp_path: Path) -> None:
+    from deferral import users
+
+    (tmp_path / "admin").write_text("correct horse\n")
+    env = {"DEFERRAL_WEBSERVER_ADMIN_PASSWORD_FILE": str(tmp_path / "admin")}
+    assert users.admin_password(env) == "correct horse"
+    assert users.admin_password({}) is None

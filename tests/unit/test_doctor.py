@@ -176,3 +176,18 @@ def test_broken_dags_warn_within_their_grace_and_fail_after() -> None:
     overdue = doctor.BrokenDag("etl", 400, "gone", 1)
     assert doctor.broken_dags([overdue], grace_sec=300).status is Status.FAIL
     assert doctor.broken_dags([], grace_sec=300).status is Status.OK
+
+
+def test_import_errors_warn_naming_each_file_and_its_error() -> None:
+    failing = [
+        doctor.FailingFile("dags/a.py", "SyntaxError: invalid syntax (line 3)"),
+        doctor.FailingFile("dags/b.py", "ModuleNotFoundError: No module named 'x' (line 1)"),
+    ]
+    check = doctor.import_errors(failing)
+    assert check.status is Status.WARN
+    assert check.detail == (
+        "2 DAG files failing to import: dags/a.py (SyntaxError: invalid syntax (line 3)),"
+        " dags/b.py (ModuleNotFoundError: No module named 'x' (line 1));"
+        " `deferral dags list` shows each error"
+    )
+    assert doctor.import_errors([]).status is Status.OK

@@ -30,14 +30,40 @@ def _readme_rows() -> dict[str, str]:
     return dict(rows)
 
 
-@pytest.mark.parametrize("service", metrics.SERVICES)
-def test_the_readme_table_lists_exactly_what_each_service_serves(service: str) -> None:
-    listed = {name for name, where in _readme_rows().items() if where in ("all", service)}
-    assert listed == metrics.served_names(service)
+def _column_covers(where: str, process: str) -> bool:
+    return where in ("all", process) or (where == "services" and process in metrics.SERVICES)
 
 
-def test_every_service_column_names_a_service() -> None:
-    assert set(_readme_rows().values()) <= {"all", *metrics.SERVICES}
+@pytest.mark.parametrize("process", metrics.PROCESSES)
+def test_the_readme_table_lists_exactly_what_each_process_serves(process: str) -> None:
+    listed = {name for name, where in _readme_rows().items() if _column_covers(where, process)}
+    assert listed == metrics.served_names(process)
+
+
+def test_every_service_column_names_a_process() -> None:
+    assert set(_readme_rows().values()) <= {"all", "services", *metrics.PROCESSES}
+
+
+@pytest.mark.parametrize("process", metrics.PROCESSES)
+def test_a_first_scrape_shows_every_known_label_value_at_0_and_none_has_a_space(
+    process: str,
+) -> None:
+    shown = generate_latest(metrics.registry_for(process)).decode()
+    for metric, values in metrics.KNOWN_LABELS.items():
+        for value in values:
+            assert " " not in value and value == value.lower()
+            if process == metrics.TRIGGERER and metric is metrics.TRIGGERS_CANCELLED:
+                assert f'deferral_triggers_cancelled_total{{reason="{value}"}} 0.0' in shown
+    assert 'deferral_build_info{python="' in shown
+    label_values = re.findall(r'="([^"]*)"', shown)
+    assert label_values and not [v for v in label_values if " " in v]
+
+
+def test_the_triggerer_cancels_only_for_reasons_the_counter_knows() -> None:
+    from triggerer import decide
+
+    reasons = {decide.USER_ACTION, decide.TIMEOUT, decide.SUPERSEDED, "shutdown", "reassigned"}
+    assert reasons == set(metrics.CANCEL_REASONS)
 
 
 @dataclass(frozen=True)

@@ -317,3 +317,13 @@ def test_loads_invalid_json_raises_serialization_error(data: bytes) -> None:
 def test_unknown_tag_on_load_is_refused() -> None:
     with pytest.raises(SerializationError, match="unknown serialized type tag 'bogus'"):
         serialization.loads(b'{"__deferral_type__": "bogus"}')
+
+
+def test_shown_gives_plain_json_for_logs_and_the_stored_text_if_it_does_not_decode() -> None:
+    moment = dt.datetime(2026, 1, 2, 3, 4, 5, tzinfo=dt.UTC)
+    encoded = serialization.dumps({"at": moment, "after": dt.timedelta(seconds=90), "n": (1, 2)})
+    assert serialization.shown(encoded) == (
+        '{"after":90.0,"at":"2026-01-02T03:04:05+00:00","n":[1,2]}'
+    )
+    assert "__deferral_type__" not in serialization.shown(encoded)
+    assert serialization.shown('{"not json') == '{"not json'

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import base64
 import datetime as dt
+import itertools
+import random
 from pathlib import Path
 
 import pytest
@@ -14,7 +16,7 @@ from deferral.config import Settings, load_settings
 from webserver.app import _duration, _safe_next, dag_url, ti_url
 from webserver.auth import is_loopback, session_key
 from webserver.data import expiry_urgency
-from webserver.layout import COLUMN_GAP, NODE_HEIGHT, NODE_WIDTH, ROW_GAP, layout
+from webserver.layout import COLUMN_GAP, NODE_HEIGHT, NODE_WIDTH, ROW_GAP, Graph, layout
 
 
 def test_layout_puts_each_task_right_of_everything_it_depends_on() -> None:
@@ -32,6 +34,75 @@ def test_layout_puts_each_task_right_of_everything_it_depends_on() -> None:
     assert len(d_edges) == 2 and all(e.x1 == at["b"][0] + NODE_WIDTH for e in d_edges)
     assert graph.width == 2 * 10 + 3 * column - COLUMN_GAP
     assert layout([], {}).nodes == []
+
+
+def _segment_enters(p: tuple[int, int], q: tuple[int, int], box: tuple[int, int, int, int]) -> bool:
+    """Whether the segment p-q passes through the inside of box (left, top, right, bottom)."""
+    left, top, right, bottom = box
+    steps = 200
+    for i in range(steps + 1):
+        x = p[0] + (q[0] - p[0]) * i / steps
+        y = p[1] + (q[1] - p[1]) * i / steps
+        if left < x < right and top < y < bottom:
+            return True
+    return False
+
+
+def _crossings(graph: Graph) -> list[tuple[str, str, str]]:
+    """(edge's upstream, downstream, box it passes through) for every edge through a box that
+    is not one of its ends."""
+    boxes = {n.task_id: (n.x, n.y, n.x + NODE_WIDTH, n.y + NODE_HEIGHT) for n in graph.nodes}
+    at_start = {(n.x + NODE_WIDTH, n.y + NODE_HEIGHT // 2): n.task_id for n in graph.nodes}
+    at_end = {(n.x, n.y + NODE_HEIGHT // 2): n.task_id for n in graph.nodes}
+    found = []
+    for edge in graph.edges:
+        up, down = at_start[(edge.x1, edge.y1)], at_end[(edge.x2, edge.y2)]
+        assert edge.points[0] == (edge.x1, edge.y1) and edge.points[-1] == (edge.x2, edge.y2)
+        for name, box in boxes.items():
+            if name in (up, down):
+                continue
+            if any(_segment_enters(p, q, box) for p, q in itertools.pairwise(edge.points)):
+                found.append((up, down, name))
+    return found
+
+
+def test_an_edge_that_skips_layers_goes_around_the_boxes_between() -> None:
+    # summarize -> join skips choose and big_day: drawn straight, it read as passing through.
+    upstream = {
+        "choose": ["summarize"],
+        "big_day": ["choose"],
+        "small_day": ["choose"],
+        "join": ["big_day", "small_day", "summarize"],
+    }
+    graph = layout(["summarize", "choose", "big_day", "small_day", "join"], upstream)
+    assert _crossings(graph) == []
+    long_edge = next(e for e in graph.edges if len(e.points) > 2)
+    assert len(long_edge.points) == 6  # bent only in the gaps: level through two layers
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_no_edge_of_a_random_dag_passes_through_a_box(seed: int) -> None:
+    rng = random.Random(seed)
+    order = [f"t{i}" for i in range(30)]
+    upstream = {
+        task: rng.sample(order[:i], k=min(i, rng.randint(0, 3))) for i, task in enumerate(order)
+    }
+    graph = layout(order, upstream)
+    assert _crossings(graph) == []
+    assert {n.task_id for n in graph.nodes} == set(order)
+    assert all(n.x >= 0 and n.x + NODE_WIDTH <= graph.width for n in graph.nodes)
+    assert all(n.y >= 0 and n.y + NODE_HEIGHT <= graph.height for n in graph.nodes)
+
+
+def test_a_collapsed_group_is_one_box_with_its_tasks_edges() -> None:
+    upstream = {"g.b": ["a"], "g.c": ["g.b"], "d": ["g.c"]}
+    graph = layout(["a", "g.b", "g.c", "d"], upstream, collapsed={"g.b": "g", "g.c": "g"})
+    assert [(n.task_id, n.group, n.members) for n in graph.nodes] == [
+        ("a", None, 0),
+        ("g", "g", 2),
+        ("d", None, 0),
+    ]
+    assert len(graph.edges) == 2  # a -> g -> d: the edge inside the group is not drawn
 
 
 def test_expiry_is_soon_in_the_last_fifth_of_a_wait_capped_at_five_minutes() -> None:

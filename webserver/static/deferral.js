@@ -46,6 +46,7 @@
         part.innerHTML = replacement.innerHTML;
       }
     }
+    showFit();
     return true;
   }
 
@@ -72,6 +73,20 @@
     window.setTimeout(next, refreshMs);
   }
   every(refresh);
+
+  // -- a big graph: scrolled in its frame, or scaled to fit it (kept across live refreshes) ---
+  function showFit() {
+    const button = document.getElementById("graph-fit");
+    if (!button) return;
+    const fit = body.classList.contains("graph-fit");
+    button.dataset.fit = String(fit);
+    button.textContent = fit ? "Actual size" : "Fit to the page";
+  }
+  document.addEventListener("click", function (event) {
+    if (!event.target.closest("#graph-fit")) return;
+    body.classList.toggle("graph-fit");
+    showFit();
+  });
 
   // -- actions ask first ----------------------------------------------------------------------
   document.addEventListener("submit", function (event) {
