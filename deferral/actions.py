@@ -20,6 +20,7 @@ from deferral import controls, transitions
 from deferral.baseoperator import BaseOperator
 from deferral.dag import DAG, DagDefinitionError
 from deferral.models import Dag, DagRun, TaskInstance
+from deferral.setup_teardown import clearing_with
 from deferral.states import DagRunType, TaskState
 
 # The states a user may mark a task with.
@@ -148,12 +149,20 @@ def change_tasks(
 ) -> UserChanges:
     """Apply ``change`` to the task ``task_id`` of one run (its map indexes ``map_indexes``,
     else all) and, with ``downstream``, to every task downstream of it (all map indexes); a
+    clear also to the setups and teardowns they bring (``setup_teardown.clearing_with``); a
     finished run reopens."""
     try:
         task_ids = [dag.get_task(task_id).task_id]
     except DagDefinitionError as exc:
         raise ActionError(str(exc), not_found=True) from None
-    if downstream:
+    if change is clear_change:
+        # Clearing (not marking) a work task clears the setups it needs and their teardowns,
+        # as Airflow's clear does: the work must find what its setup made.
+        task_ids = [
+            task_id,
+            *sorted(clearing_with(dag, task_ids, downstream=downstream) - {task_id}),
+        ]
+    elif downstream:
         task_ids += sorted(dag.downstream_of(task_id))
     with sessions.begin() as session:
         run = session.scalars(

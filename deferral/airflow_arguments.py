@@ -4,7 +4,7 @@ the shipped operators that deferral does not take as its own: the one table the 
 
 - ``KEPT``: descriptive (shown, not acted on): accepted and kept as an attribute.
 - ``INERT``: Airflow acts on it, deferral does not (yet); accepted only with the value under
-  which Airflow does nothing either (e.g. ``depends_on_past=False``), and kept; any other value
+  which Airflow does nothing either (e.g. ``sla=None``), and kept; any other value
   is refused when the DAG loads, naming the argument and saying why.
 
 An argument in neither is unknown, and refused as such.
@@ -52,15 +52,11 @@ TASK_KEPT = frozenset(
         "allow_nested_operators",  # Airflow only warns
         "map_index_template",  # a mapped task's label in the UI
         "show_return_value_in_logs",
-        "ignore_first_depends_on_past",  # acts only with depends_on_past, which is refused
-        "wait_for_past_depends_before_skipping",  # likewise
         "max_retry_delay",  # acts only with retry_exponential_backoff, which is refused
     }
 )
 
 TASK_INERT: Mapping[str, Inert] = {
-    "depends_on_past": Inert(_false, f"waiting for the previous run's task is {_NOT_YET}"),
-    "wait_for_downstream": Inert(_false, f"waiting for the previous run's task is {_NOT_YET}"),
     "sla": Inert(_none, "SLAs are not implemented (Airflow 3 drops them)"),
     "on_skipped_callback": Inert(_empty, f"on_skipped_callback is {_NOT_YET}"),
     "pre_execute": Inert(_none, f"pre_execute hooks are {_NOT_YET}"),

@@ -54,6 +54,7 @@ _EXCEPTIONS = {
 # Airflow 3's task SDK: the authoring names in one module.
 _SDK = {
     **_names("deferral", "DAG", "dag", "task", "task_group", "TaskGroup", "XComArg"),
+    **_names("deferral.decorators", "setup", "teardown"),
     **_names("deferral", "Variable", "Connection", "Context", "chain", "cross_downstream"),
     **_names("deferral.baseoperator", "BaseOperator"),
     **_names("deferral.sensors.base", "BaseSensorOperator", "PokeReturnValue"),
@@ -96,7 +97,12 @@ ALIASES: dict[str, Alias] = {
     "airflow.sensors.time_sensor": Alias("deferral.sensors.time_sensor"),
     "airflow.sensors.weekday": Alias("deferral.sensors.weekday"),
     "airflow.sensors.filesystem": Alias("deferral.sensors.filesystem"),
-    "airflow.decorators": Alias(names=_names("deferral", "dag", "task", "task_group")),
+    "airflow.decorators": Alias(
+        names={
+            **_names("deferral", "dag", "task", "task_group"),
+            **_names("deferral.decorators", "setup", "teardown"),
+        }
+    ),
     "airflow.exceptions": Alias(names=_EXCEPTIONS),
     "airflow.hooks": Alias(),
     "airflow.hooks.base": Alias("deferral.hooks.base"),

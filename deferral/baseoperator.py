@@ -11,6 +11,7 @@ from abc import ABCMeta
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, NoReturn
 
+from deferral import setup_teardown
 from deferral.airflow_arguments import (
     TASK_ARGUMENTS,
     TASK_DATES,
@@ -23,7 +24,7 @@ from deferral.dependencies import DependencyMixin, is_node_list, relate
 from deferral.exceptions import TaskDeferred, deferral_failure
 from deferral.models.param import ParamValidationError, split_params
 from deferral.states import FAIL_METHOD
-from deferral.timezone import make_aware
+from deferral.timezone import make_aware, standard_timedelta
 from deferral.trigger_rules import TriggerRule
 from deferral.triggers.base import BaseTrigger
 from deferral.utils.task_group import TaskGroup
@@ -58,10 +59,32 @@ _DEFAULTS: dict[str, Any] = {
     "on_success_callback": None,
     "on_failure_callback": None,
     "on_retry_callback": None,
+    # Waiting on the previous run (scheduler/decide.past_depends_met), as Airflow 2.10.
+    "depends_on_past": False,
+    "wait_for_downstream": False,
+    "ignore_first_depends_on_past": False,
+    "wait_for_past_depends_before_skipping": False,
 }
+_PAST_FLAGS = (
+    "depends_on_past",
+    "wait_for_downstream",
+    "ignore_first_depends_on_past",
+    "wait_for_past_depends_before_skipping",
+)
 
 # What a task holds of its own besides its arguments: what a mapped task's map indexes share.
-TASK_SETTINGS = (*_DEFAULTS, "params", "doc", "doc_md", "doc_rst", "doc_json", "doc_yaml")
+TASK_SETTINGS = (
+    *_DEFAULTS,
+    "params",
+    "doc",
+    "doc_md",
+    "doc_rst",
+    "doc_json",
+    "doc_yaml",
+    "is_setup",
+    "is_teardown",
+    "on_failure_fail_dagrun",
+)
 
 _CALLBACKS = (
     "on_execute_callback",
@@ -143,6 +166,12 @@ def _with_default_args(cls: type, kwargs: dict[str, Any]) -> dict[str, Any]:
     return kwargs
 
 
+def _standard_duration(value: Any) -> Any:
+    """A duration argument as a standard timedelta (pendulum's Duration is one of its own);
+    any other value is left for the checks (``policies``) to refuse by name."""
+    return standard_timedelta(value) if isinstance(value, dt.timedelta) else value
+
+
 class _OperatorMeta(ABCMeta):
     """Applies default_args to the arguments the operator takes (``_with_default_args``), and
     calls ``_after_init`` once the outermost ``__init__`` returned, when every subclass has set
@@ -174,6 +203,10 @@ class BaseOperator(DependencyMixin, metaclass=_OperatorMeta):
     on_retry_callback: CallbackArg
     # A MappedOperator (``partial().expand()``) runs once per map index.
     is_mapped: ClassVar[bool] = False
+    # Setup and teardown tasks (deferral.setup_teardown): set by as_setup() / as_teardown().
+    is_setup: bool = False
+    is_teardown: bool = False
+    on_failure_fail_dagrun: bool = False
 
     def __init__(
         self,
@@ -195,6 +228,10 @@ class BaseOperator(DependencyMixin, metaclass=_OperatorMeta):
         on_success_callback: CallbackArg = NOTSET,
         on_failure_callback: CallbackArg = NOTSET,
         on_retry_callback: CallbackArg = NOTSET,
+        depends_on_past: bool = NOTSET,
+        wait_for_downstream: bool = NOTSET,
+        ignore_first_depends_on_past: bool = NOTSET,
+        wait_for_past_depends_before_skipping: bool = NOTSET,
         doc: str | None = None,
         doc_md: str | None = None,
         doc_rst: str | None = None,
@@ -230,6 +267,10 @@ class BaseOperator(DependencyMixin, metaclass=_OperatorMeta):
             "on_success_callback": on_success_callback,
             "on_failure_callback": on_failure_callback,
             "on_retry_callback": on_retry_callback,
+            "depends_on_past": depends_on_past,
+            "wait_for_downstream": wait_for_downstream,
+            "ignore_first_depends_on_past": ignore_first_depends_on_past,
+            "wait_for_past_depends_before_skipping": wait_for_past_depends_before_skipping,
         }
         # A task group's default_args apply over the DAG's.
         defaults = {
@@ -241,8 +282,10 @@ class BaseOperator(DependencyMixin, metaclass=_OperatorMeta):
             for name, value in given.items()
         }
         self.retries: int = resolved["retries"]
-        self.retry_delay: dt.timedelta = resolved["retry_delay"]
-        self.execution_timeout: dt.timedelta | None = resolved["execution_timeout"]
+        self.retry_delay: dt.timedelta = _standard_duration(resolved["retry_delay"])
+        self.execution_timeout: dt.timedelta | None = _standard_duration(
+            resolved["execution_timeout"]
+        )
         self.pool: str = resolved["pool"]
         self.pool_slots: int = resolved["pool_slots"]
         self.queue: str = check_id("queue", resolved["queue"])
@@ -250,6 +293,18 @@ class BaseOperator(DependencyMixin, metaclass=_OperatorMeta):
         self.do_xcom_push: bool = bool(resolved["do_xcom_push"])
         for name in _CALLBACKS:
             setattr(self, name, check_callbacks(f"task {task_id!r}", name, resolved[name]))
+        for name in _PAST_FLAGS:
+            if not isinstance(resolved[name], bool):
+                raise DagDefinitionError(
+                    f"task {task_id!r}: {name} must be True or False, got {resolved[name]!r}"
+                )
+        self.wait_for_downstream: bool = resolved["wait_for_downstream"]
+        # As in Airflow, waiting for the previous run's downstream tasks implies waiting for it.
+        self.depends_on_past: bool = resolved["depends_on_past"] or self.wait_for_downstream
+        self.ignore_first_depends_on_past: bool = resolved["ignore_first_depends_on_past"]
+        self.wait_for_past_depends_before_skipping: bool = resolved[
+            "wait_for_past_depends_before_skipping"
+        ]
         self.doc, self.doc_md, self.doc_rst = doc, doc_md, doc_rst
         self.doc_json, self.doc_yaml = doc_json, doc_yaml
         try:
@@ -278,6 +333,7 @@ class BaseOperator(DependencyMixin, metaclass=_OperatorMeta):
             return  # one map index's operator, built per attempt: the DAG has its mapped task
         if self.dag is not None:
             self.dag.add_task(self)
+            setup_teardown.record(self)
         if group is not None:
             group.add(self)
 
@@ -309,6 +365,29 @@ class BaseOperator(DependencyMixin, metaclass=_OperatorMeta):
 
     def __repr__(self) -> str:
         return f"<Task({type(self).__name__}): {self.task_id}>"
+
+    # -- setup and teardown (deferral.setup_teardown) ---------------------------------------------
+
+    def as_setup(self) -> BaseOperator:
+        """Mark this task a setup task; returns it."""
+        setup_teardown.mark_setup(self)
+        return self
+
+    def as_teardown(
+        self, *, setups: Any = None, on_failure_fail_dagrun: bool | None = None
+    ) -> BaseOperator:
+        """Mark this task a teardown task (of ``setups``, which become setup tasks upstream of
+        it); it fails the run when it fails only with ``on_failure_fail_dagrun``. Returns it."""
+        setup_teardown.mark_teardown(self, setups, on_failure_fail_dagrun)
+        return self
+
+    def __enter__(self) -> BaseOperator:
+        """``with setup >> teardown:``: the tasks created inside go between them."""
+        setup_teardown.enter_scope(self)
+        return self
+
+    def __exit__(self, exc_type: object, *exc: object) -> None:
+        setup_teardown.exit_scope(wire=exc_type is None)
 
     @classmethod
     def partial(cls, **kwargs: Any) -> OperatorPartial:

@@ -24,7 +24,7 @@ from deferral.timetables import (
     Timetable,
     create_timetable,
 )
-from deferral.timezone import make_aware
+from deferral.timezone import calendar_delta, make_aware, standard_timedelta
 
 if TYPE_CHECKING:
     import jinja2
@@ -72,6 +72,11 @@ def _date_argument(dag_id: str, name: str, value: object) -> dt.datetime | None:
             f"DAG {dag_id!r}: {name} must be a datetime, not {type(value).__name__}"
         )
     return make_aware(value)
+
+
+def _standard_schedule(schedule: Any) -> Any:
+    """A duration schedule in standard types (a pendulum Duration of months: calendar months)."""
+    return calendar_delta(schedule) if isinstance(schedule, dt.timedelta) else schedule
 
 
 # What Airflow 2.10 allows for the descriptive DAG arguments.
@@ -198,7 +203,11 @@ class DAG:
             raise DagDefinitionError(f"DAG {dag_id!r}: {exc}") from None
         self.catchup = catchup
         self.max_active_runs = max_active_runs
-        self.dagrun_timeout = dagrun_timeout
+        self.dagrun_timeout = (
+            standard_timedelta(dagrun_timeout)
+            if isinstance(dagrun_timeout, dt.timedelta)
+            else dagrun_timeout
+        )
         self.is_paused_upon_creation = is_paused_upon_creation
         self._check_schedule_arguments()
         self.max_active_tasks = max_active_tasks
@@ -235,7 +244,7 @@ class DAG:
 
     def _schedule_argument(self, schedule: Any, schedule_interval: Any) -> Any:
         if schedule_interval is _UNSET:
-            return None if schedule is _UNSET else schedule
+            return None if schedule is _UNSET else _standard_schedule(schedule)
         if schedule is not _UNSET:
             raise DagDefinitionError(
                 f"DAG {self.dag_id!r}: give schedule or schedule_interval, not both"
@@ -245,7 +254,7 @@ class DAG:
             DeprecationWarning,
             stacklevel=3,
         )
-        return schedule_interval
+        return _standard_schedule(schedule_interval)
 
     def _check_schedule_arguments(self) -> None:
         where = f"DAG {self.dag_id!r}"
@@ -413,13 +422,16 @@ class DAG:
         return found
 
     def validate(self) -> None:
+        from deferral import setup_teardown
+
         for _ in self.topological_order():
             pass
         self._check_default_args()
+        setup_teardown.check(self)
 
     def _check_default_args(self) -> None:
         """Refuse a default_args key Airflow would act on that deferral does not implement
-        (``depends_on_past=True``, ``sla``...) when no task of the DAG takes it as its own
+        (``retry_exponential_backoff=True``, ``sla``...) when no task of the DAG takes it as its own
         argument (each task already refused it if it reached one)."""
         from deferral.baseoperator import operator_signature
 

@@ -22,6 +22,8 @@ class TriggerRule(StrEnum):
     NONE_FAILED_MIN_ONE_SUCCESS = "none_failed_min_one_success"
     NONE_SKIPPED = "none_skipped"
     ALWAYS = "always"
+    # A teardown's (deferral.setup_teardown): all upstream done, and a setup among them succeeded.
+    ALL_DONE_SETUP_SUCCESS = "all_done_setup_success"
 
 
 # The states of a run's task instances: task_id -> map_index -> state. A task that is not mapped
@@ -42,8 +44,23 @@ def upstream_states(upstream_task_ids: Iterable[str], states: RunStates) -> list
     return found
 
 
-def evaluate(rule: TriggerRule, upstream_states: Iterable[str]) -> TaskState | None:
-    """Decide a waiting task's next state from its upstream states.
+def setups_gate(setup_states: Iterable[str]) -> TaskState | None:
+    """What a work task's indirect setups (``deferral.setup_teardown``) say, before its trigger
+    rule: UPSTREAM_FAILED if one failed, SKIPPED if one was skipped, None until every one
+    succeeded, then SCHEDULED (the trigger rule decides)."""
+    states = {TaskState(s) for s in setup_states}
+    if states & {TaskState.FAILED, TaskState.UPSTREAM_FAILED}:
+        return TaskState.UPSTREAM_FAILED
+    if TaskState.SKIPPED in states:
+        return TaskState.SKIPPED
+    return TaskState.SCHEDULED if states <= {TaskState.SUCCESS} else None
+
+
+def evaluate(
+    rule: TriggerRule, upstream_states: Iterable[str], setup_states: Iterable[str] = ()
+) -> TaskState | None:
+    """Decide a waiting task's next state from its upstream states (``setup_states``: those of
+    its direct upstream setup tasks, which ``all_done_setup_success`` also counts).
 
     Returns SCHEDULED (run it), SKIPPED or UPSTREAM_FAILED (never run it), or None (not yet:
     some upstream task has not finished and the rule cannot be decided early).
@@ -92,6 +109,15 @@ def evaluate(rule: TriggerRule, upstream_states: Iterable[str]) -> TaskState | N
         if not all_done:
             return None
         return run if success else skip
+    if rule is TriggerRule.ALL_DONE_SETUP_SUCCESS:
+        if not all_done:
+            return None
+        setups = [TaskState(s) for s in setup_states]
+        if setups and all(s is TaskState.SKIPPED for s in setups):
+            return skip
+        if setups and TaskState.SUCCESS not in setups:
+            return fail
+        return run
     if rule is TriggerRule.NONE_SKIPPED:
         if skipped:
             return skip

@@ -66,6 +66,25 @@ class XComArg(RuntimeArg, DependencyMixin):
     def upstream_tasks(self) -> Iterator[BaseOperator]:
         yield self.operator
 
+    def as_setup(self) -> XComArg:
+        """Mark its task a setup task (``BaseOperator.as_setup``); returns this XComArg."""
+        self.operator.as_setup()
+        return self
+
+    def as_teardown(
+        self, *, setups: Any = None, on_failure_fail_dagrun: bool | None = None
+    ) -> XComArg:
+        """Mark its task a teardown task (``BaseOperator.as_teardown``); returns this XComArg."""
+        self.operator.as_teardown(setups=setups, on_failure_fail_dagrun=on_failure_fail_dagrun)
+        return self
+
+    def __enter__(self) -> XComArg:
+        self.operator.__enter__()
+        return self
+
+    def __exit__(self, exc_type: object, *exc: object) -> None:
+        self.operator.__exit__(exc_type, *exc)
+
     def dependency_tasks(self, *, as_upstream: bool) -> list[BaseOperator]:
         return [self.operator]
 

@@ -52,6 +52,9 @@ _RULE_WAITS_FOR: dict[TriggerRule, str] = {
     ),
     TriggerRule.NONE_SKIPPED: "every upstream task to finish without being skipped",
     TriggerRule.ALWAYS: "nothing: it runs at once",
+    TriggerRule.ALL_DONE_SETUP_SUCCESS: (
+        "every upstream task to finish, however it ends, and one of its setup tasks to succeed"
+    ),
 }
 
 
@@ -161,7 +164,15 @@ def _explain_waiting(session: Session, ti: TaskInstance, task: BaseOperator | No
     lines.append(f"  trigger rule {rule}: waits for {_RULE_WAITS_FOR[rule]}")
     for task_id in upstream:
         lines.append(f"  upstream {task_id}: {_upstream_state(states.get(task_id))}")
-    decision = evaluate(rule, upstream_states(upstream, states))
+    if task.depends_on_past:
+        lines.append(
+            "  depends_on_past: also waits until its task instances in the previous run"
+            + (" (the previous scheduled one: catchup)" if task.dag and task.dag.catchup else "")
+            + " succeeded or were skipped"
+            + (", and those of its direct downstream tasks" if task.wait_for_downstream else "")
+        )
+    setups = [t for t in upstream if task.dag is not None and task.dag.task_dict[t].is_setup]
+    decision = evaluate(rule, upstream_states(upstream, states), upstream_states(setups, states))
     if decision is None:
         pending = [
             t

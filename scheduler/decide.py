@@ -5,10 +5,11 @@ from __future__ import annotations
 import datetime as dt
 import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from typing import NamedTuple, Protocol
 
-from deferral import trigger_rules
+from deferral import setup_teardown, trigger_rules
 from deferral.baseoperator import BaseOperator
 from deferral.dag import DAG
 from deferral.states import FAILED_STATES, FINISHED_STATES, DagRunState, TaskState
@@ -67,25 +68,49 @@ def topological_positions(dag: DAG) -> dict[str, int]:
 
 
 def waiting_task_decisions(
-    dag: DAG, states: RunStates, mapped: MappedDecision | None = None
+    dag: DAG,
+    states: RunStates,
+    mapped: MappedDecision | None = None,
+    held: AbstractSet[str] = frozenset(),
 ) -> dict[str, TaskState]:
     """For every task with a task instance in state none, what its trigger rule says now
     (scheduled, skipped or upstream_failed), counting every map index of a mapped upstream
     task; undecided tasks are left out. For a mapped task, ``mapped`` has the last word (its
     expansion may wait, skip or fail it). Decisions cascade within one call: a task marked
-    upstream_failed makes its own downstream decidable at once."""
+    upstream_failed makes its own downstream decidable at once. A work task's indirect setups
+    (``deferral.setup_teardown``) are judged before its trigger rule. A task in ``held`` (its
+    previous run's task is not done: :func:`past_depends_met`) is not scheduled; its trigger
+    rule still fails it, and skips it unless ``wait_for_past_depends_before_skipping``."""
     current = {task_id: dict(by_index) for task_id, by_index in states.items()}
     decisions: dict[str, TaskState] = {}
     # Only the tasks with task instances at hand, upstream first: an evaluation reads the
     # waiting tasks and their upstream counts, not the whole run, nor walks the whole DAG.
     position = topological_positions(dag)
+    setups = setup_teardown.graph(dag)
     for task_id in sorted((t for t in current if t in position), key=position.__getitem__):
         task = dag.task_dict[task_id]
         mine = current.get(task.task_id, {})
         if TaskState.NONE not in mine.values():
             continue
         upstream = trigger_rules.upstream_states(task.upstream_task_ids, current)
-        decision = trigger_rules.evaluate(task.trigger_rule, upstream)
+        indirect = setups.indirect_setups(task)
+        decision = (
+            trigger_rules.setups_gate(trigger_rules.upstream_states(indirect, current))
+            if indirect
+            else TaskState.SCHEDULED
+        )
+        if decision is TaskState.SCHEDULED:
+            direct_setups = [u for u in task.upstream_task_ids if dag.task_dict[u].is_setup]
+            decision = trigger_rules.evaluate(
+                task.trigger_rule,
+                upstream,
+                trigger_rules.upstream_states(direct_setups, current),
+            )
+        if task_id in held and (
+            decision is TaskState.SCHEDULED
+            or (decision is TaskState.SKIPPED and task.wait_for_past_depends_before_skipping)
+        ):
+            continue
         if mapped is not None and task.is_mapped:
             decision = mapped(task, decision, current)
         if decision is not None:
@@ -95,6 +120,60 @@ def waiting_task_decisions(
                 for index, state in mine.items()
             }
     return decisions
+
+
+@dataclass(frozen=True)
+class PreviousRun:
+    """What ``depends_on_past`` reads of the run before (``scheduler.runstate.previous_run``):
+    its logical date, the states of the task instances of the tasks asked about (every map
+    index), and which of those tasks had a task instance in any earlier run (asked only for
+    ``ignore_first_depends_on_past`` tasks the previous run lacks)."""
+
+    logical_date: dt.datetime
+    states: Mapping[str, Sequence[str]]
+    ran_earlier: AbstractSet[str] = frozenset()
+
+
+# What Airflow counts as a previous task instance that lets the next one run.
+_PAST_DONE = frozenset({TaskState.SUCCESS, TaskState.SKIPPED})
+
+
+def past_depends_met(task: BaseOperator, previous: PreviousRun | None, *, catchup: bool) -> bool:
+    """Whether ``task`` may run as far as its previous run goes, as Airflow 2.10's
+    ``PrevDagrunDep``: always without ``depends_on_past``, or without a previous run (the
+    previous *scheduled or backfill* run with ``catchup``, any run otherwise), or when that run
+    is before the task's start date (with ``catchup``). Otherwise every task instance of the
+    task in that run succeeded or was skipped, and with ``wait_for_downstream`` those of its
+    direct downstream tasks too. A previous run without the task holds it, unless
+    ``ignore_first_depends_on_past`` and no earlier run had it."""
+    if not task.depends_on_past or previous is None:
+        return True
+    start = task.dag.start_date if task.dag is not None else None
+    if catchup and start is not None and previous.logical_date < start:
+        return True
+    mine = previous.states.get(task.task_id, ())
+    if not mine:
+        return task.ignore_first_depends_on_past and task.task_id not in previous.ran_earlier
+    if any(state not in _PAST_DONE for state in mine):
+        return False
+    return not task.wait_for_downstream or all(
+        state in _PAST_DONE
+        for down in task.downstream_task_ids
+        for state in previous.states.get(down, ())
+    )
+
+
+_PAST_DEPENDENT: weakref.WeakKeyDictionary[DAG, frozenset[str]] = weakref.WeakKeyDictionary()
+
+
+def past_dependent_tasks(dag: DAG) -> frozenset[str]:
+    """The ids of the tasks of ``dag`` that wait on the previous run, found once per DAG
+    object (an evaluation must not walk every task of the DAG)."""
+    found = _PAST_DEPENDENT.get(dag)
+    if found is None:
+        found = frozenset(task.task_id for task in dag.tasks if task.depends_on_past)
+        _PAST_DEPENDENT[dag] = found
+    return found
 
 
 @dataclass(frozen=True)
@@ -119,7 +198,9 @@ def needs_evaluation(probes: RunProbes, *, checked_against_dag: bool) -> bool:
 
 def run_outcome(*, unfinished: bool, leaf_failed: bool) -> DagRunState | None:
     """None while any task instance can still change; then failed if a task instance of a
-    leaf task (any map index) failed, else success."""
+    leaf task (any map index) failed, else success. The leaves are those that decide the run
+    (``setup_teardown.SetupTeardownGraph.deciding_leaves``: teardowns and what only they follow
+    count only with ``on_failure_fail_dagrun``)."""
     if unfinished:
         return None
     return DagRunState.FAILED if leaf_failed else DagRunState.SUCCESS
@@ -127,7 +208,7 @@ def run_outcome(*, unfinished: bool, leaf_failed: bool) -> DagRunState | None:
 
 def dag_run_outcome(dag: DAG, states: RunStates) -> DagRunState | None:
     """:func:`run_outcome` of a run whose every state is at hand."""
-    leaves = [t.task_id for t in dag.tasks if not t.downstream_task_ids]
+    leaves = setup_teardown.graph(dag).deciding_leaves
     return run_outcome(
         unfinished=any(
             TaskState(s) not in FINISHED_STATES for tis in states.values() for s in tis.values()

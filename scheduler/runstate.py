@@ -17,8 +17,10 @@ from collections.abc import Iterable, Sequence
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
+from deferral import setup_teardown
 from deferral.dag import DAG
 from deferral.mappedoperator import MappedOperator
+from deferral.models import DagRun
 from deferral.states import TaskState
 from scheduler import decide
 
@@ -94,6 +96,65 @@ _OUTCOME_SQL = text(
     """
 )
 
+# depends_on_past: the run before this one (the previous scheduled or backfill run with
+# catchup, as Airflow 2.10), found by the (dag_id, logical_date) key, and the states of the task
+# instances of the tasks asked about in it, by the (dag_id, run_id, task_id) key: one row per
+# task and state (a task mapped over 10,000 gives a row per state), none if there is no such
+# run, a row without task if the run has none of them.
+_PREVIOUS_RUN_SQL = text(
+    """
+    WITH previous AS (
+        SELECT run_id, logical_date FROM dag_run
+        WHERE dag_id = :dag_id AND logical_date < :logical_date
+          AND (NOT :scheduled_only OR run_type <> 'manual')
+        ORDER BY logical_date DESC LIMIT 1
+    )
+    SELECT p.logical_date, t.task_id, t.state FROM previous AS p
+    LEFT JOIN task_instance AS t
+        ON t.dag_id = :dag_id AND t.run_id = p.run_id
+       AND t.task_id = ANY(CAST(:task_ids AS text[]))
+    GROUP BY p.logical_date, t.task_id, t.state
+    """
+)
+
+# ignore_first_depends_on_past: which of these tasks had a task instance in any earlier run.
+# Read only for such a task that the previous run lacks (a task new to the DAG, once).
+_RAN_EARLIER_SQL = text(
+    """
+    SELECT DISTINCT t.task_id FROM task_instance AS t
+    JOIN dag_run AS r ON r.dag_id = t.dag_id AND r.run_id = t.run_id
+    WHERE t.dag_id = :dag_id AND t.task_id = ANY(CAST(:task_ids AS text[]))
+      AND r.logical_date < :logical_date
+    """
+)
+
+# The runs whose depends_on_past tasks wait on this one: the next run; with catchup, the next
+# scheduled or backfill run and the manual runs before it (their previous scheduled run is this
+# one). Each is marked for evaluation when it has such a task waiting and this run's are past
+# waiting themselves: a change here may let them run. A run whose own such tasks still wait
+# marks nothing, so a change never walks the chain of waiting runs.
+_MARK_NEXT_SQL = text(
+    """
+    WITH bound AS (
+        SELECT min(logical_date) AS upto FROM dag_run
+        WHERE dag_id = :dag_id AND logical_date > :logical_date
+          AND (NOT :scheduled_only OR run_type <> 'manual')
+    )
+    UPDATE dag_run AS r
+    SET evaluate_after = least(coalesce(r.evaluate_after, now()), now())
+    FROM bound
+    WHERE r.dag_id = :dag_id AND r.logical_date > :logical_date
+      AND (r.logical_date <= bound.upto OR (bound.upto IS NULL AND :scheduled_only))
+      AND r.state = 'running'
+      AND EXISTS (SELECT 1 FROM task_instance AS t
+                  WHERE t.dag_id = :dag_id AND t.run_id = r.run_id
+                    AND t.task_id = ANY(CAST(:task_ids AS text[])) AND t.state = 'none')
+      AND NOT EXISTS (SELECT 1 FROM task_instance AS t
+                      WHERE t.dag_id = :dag_id AND t.run_id = :run_id
+                        AND t.task_id = ANY(CAST(:task_ids AS text[])) AND t.state = 'none')
+    """
+)
+
 # Map indexes given to the task instances an upstream count stands for: far above any real map
 # index (DEFERRAL_MAX_MAP_LENGTH is an int), so they never meet a waiting row's.
 _COUNTED_INDEX_BASE = 2**40
@@ -121,16 +182,17 @@ def missing_tasks(session: Session, dag_id: str, run_id: str, task_ids: Iterable
 def undecided(session: Session, dag: DAG, dag_id: str, run_id: str) -> list[decide.RunTask]:
     """The run's task instances its evaluation may move (waiting, retries without a due time),
     and what their trigger rules and expansions count: the states of their direct upstream tasks
-    (and the tasks they map over), as counts. A counted task instance stands in ``RunTask`` with
-    no id (it is never moved) and a map index of its own."""
+    (and the tasks they map over, and their indirect setups), as counts. A counted task
+    instance stands in ``RunTask`` with no id (it is never moved) and a map index of its own."""
     params = {"dag_id": dag_id, "run_id": run_id}
     rows = [decide.RunTask(*row) for row in session.execute(_UNDECIDED_SQL, params)]
     upstream: set[str] = set()
+    setups = setup_teardown.graph(dag)
     for task_id in {row.task_id for row in rows if row.state == TaskState.NONE}:
         task = dag.task_dict.get(task_id)
         if task is None:
             continue
-        upstream |= task.upstream_task_ids
+        upstream |= task.upstream_task_ids | setups.indirect_setups(task)
         if isinstance(task, MappedOperator):
             upstream |= task.mapped_dependencies()
     if not upstream:
@@ -152,8 +214,64 @@ def undecided(session: Session, dag: DAG, dag_id: str, run_id: str) -> list[deci
 
 def outcome_probes(session: Session, dag: DAG, dag_id: str, run_id: str) -> tuple[bool, bool]:
     """(anything unfinished, a leaf task instance failed) of the run."""
-    leaves = sorted(t.task_id for t in dag.tasks if not t.downstream_task_ids)
+    leaves = sorted(setup_teardown.graph(dag).deciding_leaves)
     row = session.execute(
         _OUTCOME_SQL, {"dag_id": dag_id, "run_id": run_id, "leaves": leaves}
     ).one()
     return bool(row.unfinished), bool(row.leaf_failed)
+
+
+def previous_run(
+    session: Session, dag: DAG, run: DagRun, task_ids: Iterable[str]
+) -> decide.PreviousRun | None:
+    """What ``depends_on_past`` reads of the run before ``run`` for these (waiting) tasks and,
+    for those with ``wait_for_downstream``, their direct downstream tasks; None if there is no
+    run before it. With ``catchup`` the run before is the previous scheduled or backfill run."""
+    asked = set(task_ids)
+    for task_id in list(asked):
+        if dag.task_dict[task_id].wait_for_downstream:
+            asked |= dag.task_dict[task_id].downstream_task_ids
+    params = {
+        "dag_id": dag.dag_id,
+        "logical_date": run.logical_date,
+        "scheduled_only": dag.catchup,
+        "task_ids": sorted(asked),
+    }
+    rows = session.execute(_PREVIOUS_RUN_SQL, params).all()
+    if not rows:
+        return None
+    states: dict[str, list[str]] = {}
+    for _, task_id, state in rows:
+        if task_id is not None:
+            states.setdefault(task_id, []).append(state)
+    first_ones = sorted(
+        task_id
+        for task_id in task_ids
+        if task_id not in states and dag.task_dict[task_id].ignore_first_depends_on_past
+    )
+    ran_earlier: frozenset[str] = frozenset()
+    if first_ones:
+        ran_earlier = frozenset(
+            session.scalars(_RAN_EARLIER_SQL, {**params, "task_ids": first_ones})
+        )
+    return decide.PreviousRun(rows[0].logical_date, states, ran_earlier)
+
+
+def mark_next_runs(session: Session, dag: DAG, run: DagRun) -> None:
+    """Mark the runs whose ``depends_on_past`` tasks wait on ``run`` (if any waits and
+    ``run``'s own are past waiting): the change that marked ``run`` may let them run. Nothing
+    for a DAG without such tasks, or for a manual run when runs wait on the previous scheduled
+    one (``catchup``)."""
+    task_ids = decide.past_dependent_tasks(dag)
+    if not task_ids or (dag.catchup and run.run_type == "manual"):
+        return
+    session.execute(
+        _MARK_NEXT_SQL,
+        {
+            "dag_id": dag.dag_id,
+            "run_id": run.run_id,
+            "logical_date": run.logical_date,
+            "scheduled_only": dag.catchup,
+            "task_ids": sorted(task_ids),
+        },
+    )

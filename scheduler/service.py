@@ -328,6 +328,12 @@ class SchedulerService:
                     log.exception("evaluating run %s of DAG %s failed", run.run_id, run.dag_id)
                     transitions.evaluated(session, run, error=f"{type(exc).__name__}: {exc}")
                     self._checked_now.pop(run.id, None)
+            # A run's depends_on_past tasks wait on the run before: what changed here may let
+            # the next runs' go (no transition marks them, this pass does).
+            for run in runs:
+                dag = self._dag(run.dag_id)
+                if dag is not None:
+                    runstate.mark_next_runs(session, dag, run)
             # Tasks that became ready are queued in this transaction, as resumed tasks are (the
             # same decision: pools, priorities, max_active_tasks), not by a later dispatch pass.
             staged = self._dispatch_resumed(session, self._scheduled)

@@ -15,7 +15,7 @@ from deferral.dag import DAG
 from deferral.mappedoperator import MappedOperator
 from deferral.models import DagRun
 from deferral.states import TaskState
-from scheduler import decide, mapping
+from scheduler import decide, mapping, runstate
 from scheduler.mapping import Move, NewTaskInstanceOf
 
 
@@ -41,7 +41,8 @@ def advance(
     Moves of one kind and reason are one statement."""
     states = decide.run_states(tis)
     expansions = mapping.Expansions(mapping.read_shapes(session, run, dag, states), max_map_length)
-    decisions = decide.waiting_task_decisions(dag, states, expansions.decide)
+    held = _held_by_past(session, run, dag, states)
+    decisions = decide.waiting_task_decisions(dag, states, expansions.decide, held)
     of_task: dict[str, list[decide.RunTask]] = {}
     for ti in tis:
         of_task.setdefault(ti.task_id, []).append(ti)
@@ -70,3 +71,23 @@ def advance(
             moved = transitions.never_run(session, ids, to_state, reason)
         advanced.moved += len(moved)
     return advanced
+
+
+def _held_by_past(
+    session: Session, run: DagRun, dag: DAG, states: decide.RunStates
+) -> frozenset[str]:
+    """The waiting ``depends_on_past`` tasks whose previous run does not let them run yet
+    (``decide.past_depends_met``); the previous run is read only if such a task waits."""
+    waiting = sorted(
+        task_id
+        for task_id in decide.past_dependent_tasks(dag) & states.keys()
+        if TaskState.NONE in states[task_id].values()
+    )
+    if not waiting:
+        return frozenset()
+    previous = runstate.previous_run(session, dag, run, waiting)
+    return frozenset(
+        task_id
+        for task_id in waiting
+        if not decide.past_depends_met(dag.task_dict[task_id], previous, catchup=dag.catchup)
+    )

@@ -277,6 +277,7 @@ def dag_detail(
             "upstream": sorted(upstream.get(task_id, ())),
             "operator": _operator_name(dag, task_id),
             "is_mapped": _mapped(dag, task_id),
+            "role": _role(dag, task_id),
             "cells": [cells.get((task_id, run_id), _NO_CELL) for run_id in run_ids],
         }
         for task_id in shown
@@ -307,6 +308,8 @@ def dag_detail(
         "runs": [run_record(run) for run in found_runs],
         "runs_shown": runs,
         "tasks": tasks,
+        # Setup and teardown tasks of the graph, marked as the grid marks them.
+        "roles": {t: role for t in order if (role := _role(dag, t)) is not None},
         "task_count": len(order),
         "task_page": task_page,
         "task_pages": pages,
@@ -393,6 +396,14 @@ def _cells(
 def _mapped(dag: DAG | None, task_id: str) -> bool:
     task = dag.task_dict.get(task_id) if dag is not None else None
     return bool(task is not None and task.is_mapped)
+
+
+def _role(dag: DAG | None, task_id: str) -> str | None:
+    """ "setup", "teardown" or None: how the grid marks a setup or teardown task."""
+    task = dag.task_dict.get(task_id) if dag is not None else None
+    if task is None:
+        return None
+    return "setup" if task.is_setup else "teardown" if task.is_teardown else None
 
 
 def _operator_name(dag: DAG | None, task_id: str) -> str | None:

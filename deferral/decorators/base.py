@@ -92,15 +92,22 @@ class TaskDecorator:
         self.function = function
         self.operator_class = operator_class
         self.operator_kwargs = operator_kwargs
+        # What @setup / @teardown made of it (deferral.decorators.setup_teardown).
+        self.is_setup = False
+        self.is_teardown = False
+        self.on_failure_fail_dagrun = False
         functools.update_wrapper(self, function)
 
     def __repr__(self) -> str:
         return f"<{self.kind} {getattr(self.function, '__name__', self.function)!r}>"
 
     def override(self, **kwargs: Any) -> TaskDecorator:
-        return TaskDecorator(
+        overridden = TaskDecorator(
             self.kind, self.function, self.operator_class, {**self.operator_kwargs, **kwargs}
         )
+        overridden.is_setup, overridden.is_teardown = self.is_setup, self.is_teardown
+        overridden.on_failure_fail_dagrun = self.on_failure_fail_dagrun
+        return overridden
 
     @property
     def name(self) -> str:
@@ -125,10 +132,15 @@ class TaskDecorator:
         return dag, group, label, options
 
     def _documented(self, operator: BaseOperator) -> XComArg:
-        """The task's XComArg; its docs default to the function's docstring."""
+        """The task's XComArg; its docs default to the function's docstring. A @setup or
+        @teardown function's task is marked so."""
         doc = self.function.__doc__
         if doc and not any(getattr(operator, name) for name in _DOC_ATTRIBUTES):
             operator.doc_md = inspect.cleandoc(doc)
+        if self.is_setup:
+            operator.as_setup()
+        if self.is_teardown:
+            operator.as_teardown(on_failure_fail_dagrun=self.on_failure_fail_dagrun)
         return XComArg(operator)
 
     def __call__(self, *args: Any, **kwargs: Any) -> XComArg:

@@ -8,6 +8,7 @@ from typing import Any
 from deferral.context import Context
 from deferral.dag import DagDefinitionError
 from deferral.sensors.base import MomentSensor
+from deferral.timezone import standard_timedelta
 
 
 class TimeDeltaSensor(MomentSensor):
@@ -19,7 +20,7 @@ class TimeDeltaSensor(MomentSensor):
             raise DagDefinitionError(
                 f"task {self.task_id!r}: delta must be a timedelta, got {type(delta).__name__}"
             )
-        self.delta = delta
+        self.delta = standard_timedelta(delta)
 
     def target(self, context: Context) -> dt.datetime:
         return context["logical_date"] + self.delta

@@ -8,6 +8,7 @@ from typing import Any
 
 import anyio
 
+from deferral.timezone import standard_datetime
 from deferral.triggers.base import BaseTrigger, TriggerEvent, classpath_of
 
 # Sleep in bounded steps and re-read the wall clock, so a suspended host or a clock step does
@@ -24,7 +25,7 @@ class DateTimeTrigger(BaseTrigger):
             raise TypeError(f"moment must be a datetime, got {type(moment).__name__}")
         if moment.tzinfo is None or moment.utcoffset() is None:
             raise ValueError("moment must be a tz-aware datetime")
-        self.moment = moment
+        self.moment = standard_datetime(moment)
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return classpath_of(DateTimeTrigger), {"moment": self.moment}

@@ -136,10 +136,33 @@ class TaskGroup(DependencyMixin):
 
     @property
     def leaves(self) -> list[BaseOperator]:
-        """Tasks with no downstream task inside the group."""
+        """Tasks with no downstream task inside the group; a teardown there stands aside for
+        the last work tasks before it, as in Airflow (what follows the group waits for the work,
+        not for the clean-up): going up through teardowns, never from a teardown to its setup,
+        to the tasks with no other work task downstream inside the group."""
         tasks = list(self)
-        ids = {task.task_id for task in tasks}
-        return [task for task in tasks if task.downstream_task_ids.isdisjoint(ids)]
+        by_id = {task.task_id: task for task in tasks}
+        found: dict[str, BaseOperator] = {}
+
+        def work_before(teardown: BaseOperator) -> None:
+            for up_id in sorted(teardown.upstream_task_ids & by_id.keys()):
+                up = by_id[up_id]
+                if up.is_teardown:
+                    work_before(up)
+                elif not up.is_setup and not any(
+                    not by_id[down].is_teardown
+                    for down in up.downstream_task_ids & by_id.keys()
+                    if down != teardown.task_id
+                ):
+                    found[up_id] = up
+
+        for task in tasks:
+            if task.downstream_task_ids.isdisjoint(by_id):
+                if task.is_teardown:
+                    work_before(task)
+                else:
+                    found[task.task_id] = task
+        return list(found.values())
 
     def dependency_tasks(self, *, as_upstream: bool) -> list[BaseOperator]:
         tasks = self.leaves if as_upstream else self.roots

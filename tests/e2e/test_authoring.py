@@ -369,3 +369,107 @@ def test_task_callbacks_fire_in_the_task_process(
     )
     assert "dag success" not in log.read_text()
     assert "the pager is down" in services.log("scheduler")
+
+
+SETUP_TEARDOWN_DAG = """
+import pendulum
+
+from deferral import DAG
+from deferral.decorators import setup, task, teardown
+
+with DAG("e2e_setup_teardown", start_date=pendulum.datetime(2021, 1, 1, tz="UTC")):
+
+    @setup
+    def create_cluster():
+        return "cluster-1"
+
+    @task
+    def work(cluster):
+        raise ValueError(f"no luck on {cluster}")
+
+    @task
+    def not_reached():
+        return 1
+
+    @teardown
+    def delete_cluster(cluster):
+        return f"deleted {cluster}"
+
+    cluster = create_cluster()
+    with cluster >> delete_cluster(cluster):
+        work(cluster) >> not_reached()
+"""
+
+
+def test_a_teardown_runs_after_failed_work_and_the_run_fails_with_the_work(
+    services: Services, write_dag: Any, sessions: sessionmaker[Session]
+) -> None:
+    write_dag("e2e_setup_teardown_dag", SETUP_TEARDOWN_DAG)
+    _run_to_the_end(services, sessions, "e2e_setup_teardown", succeeds=False)
+    assert _states(sessions, "e2e_setup_teardown") == {
+        "create_cluster": "success",
+        "work": "failed",
+        "not_reached": "upstream_failed",
+        "delete_cluster": "success",
+    }
+    assert _xcom(sessions, "e2e_setup_teardown", "delete_cluster", "return_value") == (
+        "deleted cluster-1"
+    )
+
+
+NESTED_SETUP_TEARDOWN_DAG = """
+import pendulum
+
+from deferral import DAG
+from deferral.decorators import setup, task, task_group, teardown
+from deferral.operators import BashOperator
+
+with DAG("e2e_nested_setup_teardown", start_date=pendulum.datetime(2021, 1, 1, tz="UTC")):
+    make_dir = BashOperator(task_id="make_dir", bash_command="echo made").as_setup()
+    use_dir = BashOperator(task_id="use_dir", bash_command="echo used")
+    drop_dir = BashOperator(task_id="drop_dir", bash_command="echo dropped")
+    make_dir >> use_dir >> drop_dir.as_teardown(setups=make_dir)
+
+    @setup
+    def open_session():
+        return "session-7"
+
+    @teardown
+    def close_session():
+        return "closed"
+
+    @task_group
+    def section():
+        @task
+        def lease():
+            return "lease-1"
+
+        @task
+        def use(lease_id):
+            return f"used {lease_id}"
+
+        @task
+        def release(lease_id):
+            return f"released {lease_id}"
+
+        use(held := lease()) >> release(held).as_teardown(setups=held)
+
+    opened, closed = open_session(), close_session()
+    with opened >> closed:
+        section()
+"""
+
+
+def test_nested_setups_and_teardowns_run_in_order_and_the_run_succeeds(
+    services: Services, write_dag: Any, sessions: sessionmaker[Session]
+) -> None:
+    write_dag("e2e_nested_setup_teardown_dag", NESTED_SETUP_TEARDOWN_DAG)
+    _run_to_the_end(services, sessions, "e2e_nested_setup_teardown")
+    tis = _task_instances(sessions, "e2e_nested_setup_teardown")
+    assert {ti.state for ti in tis.values()} == {"success"}, _states(
+        sessions, "e2e_nested_setup_teardown"
+    )
+    # The outer session opens before the section's lease, closes after its work.
+    assert tis["section.lease"].start_date >= tis["open_session"].end_date  # type: ignore[operator]
+    assert tis["close_session"].start_date >= tis["section.use"].end_date  # type: ignore[operator]
+    assert tis["drop_dir"].start_date >= tis["use_dir"].end_date  # type: ignore[operator]

@@ -5,10 +5,10 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import ColumnElement, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from deferral import transitions
+from deferral import serialization, transitions
 from deferral.crypto import Cipher
 from deferral.models import DagRun, TaskInstance
 from deferral.transitions import Attempt, NewTaskInstance
@@ -63,3 +63,25 @@ def deferred_task(
             trigger_timeout=trigger_timeout,
         )
     return ti_id, trigger_id
+
+
+def finish_queued(
+    sessions: sessionmaker[Session],
+    *where: ColumnElement[bool],
+    value: Any = None,
+    ok: bool = True,
+    skip: bool = False,
+) -> None:
+    """What a worker does with the queued attempt of the one task instance ``where`` selects:
+    start it, then succeed (pushing ``value``), fail without a retry, or skip it."""
+    with sessions.begin() as session:
+        ti = session.scalars(select(TaskInstance).where(*where)).one()
+        assert transitions.start_many(session, [(ti.id, ti.try_number)], "host", "w")
+        attempt = Attempt(ti.id, ti.try_number, "w")
+        if skip:
+            assert transitions.skip(session, attempt, "skipped by the test")
+        elif ok:
+            stored = serialization.to_jsonable(value)
+            assert transitions.succeed(session, attempt, stored)
+        else:
+            assert transitions.fail(session, attempt, "boom", allow_retry=False)

@@ -21,6 +21,7 @@ from deferral import transitions
 from deferral.config import Settings
 from deferral.crypto import Cipher, DecryptionError
 from deferral.models import Dag, DagImportError, DagRun, Outbox, TaskInstance, Trigger, Triggerer
+from deferral.states import TaskState
 from deferral.transitions import Attempt, NewTaskInstance
 from deferral_cli import main as deferral_main
 from tests.conftest import ADMIN_URL
@@ -582,6 +583,40 @@ def test_explain_a_waiting_task_names_its_upstream_and_their_states(
     code, lines = _explain(dag_id, "r1", "a")
     assert code == 0 and lines[0] == f"{dag_id}.r1.a: running (try 1 of at most 1)"
     assert lines[1].startswith("  running since ") and "on host (worker w1)" in lines[1]
+
+
+def test_explain_a_waiting_teardown_counts_its_setups_and_says_it_depends_on_past(
+    settings: Settings, sessions: sessionmaker[Session], write_dag: Callable[[str, str], Path]
+) -> None:
+    dag_id = f"explain_{uuid.uuid4().hex[:8]}"
+    write_dag(
+        dag_id,
+        f"""
+from deferral import DAG
+from deferral.operators import EmptyOperator
+
+with DAG("{dag_id}"):
+    s = EmptyOperator(task_id="s").as_setup()
+    w = EmptyOperator(task_id="w")
+    s >> w >> EmptyOperator(task_id="t", wait_for_downstream=True).as_teardown(setups=s)
+""",
+    )
+    ids = _run_of(sessions, dag_id, ["s", "w", "t"])
+    with sessions.begin() as session:
+        transitions.never_run(session, [ids["s"]], TaskState.SKIPPED, "test")
+        transitions.never_run(session, [ids["w"]], TaskState.SKIPPED, "test")
+
+    code, lines = _explain(dag_id, "r1", "t")
+    assert code == 0, lines
+    assert lines[1:] == [
+        "  trigger rule all_done_setup_success: waits for every upstream task to finish, however"
+        " it ends, and one of its setup tasks to succeed",
+        "  upstream s: skipped",
+        "  upstream w: skipped",
+        "  depends_on_past: also waits until its task instances in the previous run succeeded or"
+        " were skipped, and those of its direct downstream tasks",
+        "  the rule says skipped: the scheduler sets it on its next pass",
+    ]
 
 
 def test_explain_a_scheduled_task_shows_its_pool_and_run_slots(

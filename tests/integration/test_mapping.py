@@ -18,12 +18,13 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from broker.client import Broker
-from deferral import serialization, transitions
+from deferral import transitions
 from deferral.config import Settings
 from deferral.models import DagRun, TaskInstance, TaskStateChange
-from deferral.transitions import Attempt, NewTaskInstance
+from deferral.transitions import NewTaskInstance
 from deferral_cli import main as deferral_main
 from scheduler.service import SchedulerService
+from tests.integration.factories import finish_queued
 from tests.servers import REDIS_URL
 
 WriteDag = Callable[[str, str], Path]
@@ -98,21 +99,8 @@ def _finish(
     skip: bool = False,
 ) -> None:
     """What a worker does with the queued attempt of one task instance."""
-    with sessions.begin() as session:
-        ti = session.scalars(
-            select(TaskInstance).where(
-                TaskInstance.task_id == task_id, TaskInstance.map_index == map_index
-            )
-        ).one()
-        assert transitions.start_many(session, [(ti.id, ti.try_number)], "host", "w")
-        attempt = Attempt(ti.id, ti.try_number, "w")
-        if skip:
-            assert transitions.skip(session, attempt, "skipped by the test")
-        elif ok:
-            stored = serialization.to_jsonable(value)
-            assert transitions.succeed(session, attempt, stored)
-        else:
-            assert transitions.fail(session, attempt, "boom", allow_retry=False)
+    where = (TaskInstance.task_id == task_id, TaskInstance.map_index == map_index)
+    finish_queued(sessions, *where, value=value, ok=ok, skip=skip)
 
 
 def test_literal_mapping_expands_into_map_indexes_and_the_reduce_waits_for_all(

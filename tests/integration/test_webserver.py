@@ -275,6 +275,31 @@ def test_clear_and_mark_take_the_clis_path(
 # -- the JSON API ----------------------------------------------------------------------------
 
 
+def test_setup_and_teardown_tasks_are_marked_in_the_grid(
+    local: TestClient, write_dag: Callable[[str, str], Path]
+) -> None:
+    write_dag(
+        "web_setup_teardown",
+        """
+from deferral import DAG
+from deferral.operators import EmptyOperator
+
+with DAG("web_setup_teardown"):
+    create = EmptyOperator(task_id="create").as_setup()
+    create >> EmptyOperator(task_id="work") >> EmptyOperator(task_id="delete").as_teardown(
+        setups=create
+    )
+""",
+    )
+    grid = local.get("/api/v1/dags/web_setup_teardown").json()
+    roles = {t["task_id"]: t["role"] for t in grid["tasks"]}
+    assert roles == {"create": "setup", "work": None, "delete": "teardown"}
+    assert grid["roles"] == {"create": "setup", "delete": "teardown"}
+    page = local.get("/dags/web_setup_teardown").text
+    assert "<title>create (setup task): no task instance</title>" in page
+    assert "<title>delete (teardown task): no task instance</title>" in page
+
+
 def test_api_reads_give_the_pages_data(
     local: TestClient, web_dag: str, sessions: sessionmaker[Session], cipher: Cipher
 ) -> None:

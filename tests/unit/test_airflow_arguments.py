@@ -79,12 +79,12 @@ def test_default_args_key_airflow_acts_on_fails_load_naming_it(
         from deferral import DAG
         from deferral.operators.empty import EmptyOperator
 
-        with DAG("past", default_args={"owner": "data", "depends_on_past": True}):
+        with DAG("past", default_args={"owner": "data", "retry_exponential_backoff": True}):
             EmptyOperator(task_id="a")
         """
     )
     error = only_error(bag)
-    assert "task 'a': depends_on_past=True is not supported by deferral" in error
+    assert "task 'a': retry_exponential_backoff=True is not supported by deferral" in error
     assert error.endswith("(line 6)")  # the task's line
     assert bag.dags == {}
 
@@ -174,8 +174,6 @@ def test_default_args_reach_mapped_and_taskflow_tasks() -> None:
 @pytest.mark.parametrize(
     ("name", "value"),
     [
-        ("depends_on_past", True),
-        ("wait_for_downstream", True),
         ("sla", dt.timedelta(hours=1)),
         ("retry_exponential_backoff", True),
         ("weight_rule", "downstream"),

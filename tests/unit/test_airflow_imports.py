@@ -110,7 +110,7 @@ def test_airflow_3_sdk_and_standard_provider_names(
             "from airflow.operators.python import ExternalPythonOperator",
             "airflow.operators.python.ExternalPythonOperator",
         ),
-        ("from airflow.decorators import setup", "airflow.decorators.setup"),
+        ("from airflow.utils.state import State", "airflow.utils.state"),
         ("import airflow.providers.amazon.aws.hooks.s3", "airflow.providers.amazon"),
         ("from airflow.datasets import Dataset", "airflow.datasets"),
         ("from airflow.models import DagRun", "airflow.models.DagRun"),

@@ -549,7 +549,12 @@ EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 def test_the_examples_load_and_their_ignore_file_leaves_out_the_sources() -> None:
     bag = DagBag(EXAMPLES).collect()
     assert bag.import_errors == {}
-    assert {"example_sensors", "example_deferrable", "example_mapping"} <= set(bag.dags)
+    assert {
+        "example_sensors",
+        "example_deferrable",
+        "example_mapping",
+        "example_setup_teardown",
+    } <= set(bag.dags)
     assert "example_packaged" not in bag.dags  # its sources are ignored, not loaded
 
 

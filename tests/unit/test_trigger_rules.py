@@ -150,4 +150,5 @@ def test_trigger_rule_values_match_airflow_names() -> None:
         "none_failed_min_one_success",
         "none_skipped",
         "always",
+        "all_done_setup_success",
     }
