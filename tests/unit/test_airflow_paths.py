@@ -45,6 +45,8 @@ AIRFLOW_PATHS = {
     "deferral.operators.bash": ["BashOperator"],
     "deferral.operators.empty": ["EmptyOperator"],
     "deferral.operators.latest_only": ["LatestOnlyOperator"],
+    "deferral.operators.weekday": ["BranchDayOfWeekOperator"],
+    "deferral.operators.datetime": ["BranchDateTimeOperator"],
     "deferral.utils.dates": ["days_ago"],
     "deferral.utils.trigger_rule": ["TriggerRule"],
     "deferral.utils.edgemodifier": ["Label"],
