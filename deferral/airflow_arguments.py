@@ -62,7 +62,6 @@ TASK_INERT: Mapping[str, Inert] = {
     "depends_on_past": Inert(_false, f"waiting for the previous run's task is {_NOT_YET}"),
     "wait_for_downstream": Inert(_false, f"waiting for the previous run's task is {_NOT_YET}"),
     "sla": Inert(_none, "SLAs are not implemented (Airflow 3 drops them)"),
-    "on_skipped_callback": Inert(_empty, f"on_skipped_callback is {_NOT_YET}"),
     "pre_execute": Inert(_none, f"pre_execute hooks are {_NOT_YET}"),
     "post_execute": Inert(_none, f"post_execute hooks are {_NOT_YET}"),
     "retry_exponential_backoff": Inert(_false, f"exponential retry delays are {_NOT_YET}"),

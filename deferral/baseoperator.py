@@ -58,6 +58,7 @@ _DEFAULTS: dict[str, Any] = {
     "on_success_callback": None,
     "on_failure_callback": None,
     "on_retry_callback": None,
+    "on_skipped_callback": None,
 }
 
 # What a task holds of its own besides its arguments: what a mapped task's map indexes share.
@@ -68,6 +69,7 @@ _CALLBACKS = (
     "on_success_callback",
     "on_failure_callback",
     "on_retry_callback",
+    "on_skipped_callback",
 )
 
 
@@ -172,6 +174,7 @@ class BaseOperator(DependencyMixin, metaclass=_OperatorMeta):
     on_success_callback: CallbackArg
     on_failure_callback: CallbackArg
     on_retry_callback: CallbackArg
+    on_skipped_callback: CallbackArg
     # A MappedOperator (``partial().expand()``) runs once per map index.
     is_mapped: ClassVar[bool] = False
 
@@ -195,6 +198,7 @@ class BaseOperator(DependencyMixin, metaclass=_OperatorMeta):
         on_success_callback: CallbackArg = NOTSET,
         on_failure_callback: CallbackArg = NOTSET,
         on_retry_callback: CallbackArg = NOTSET,
+        on_skipped_callback: CallbackArg = NOTSET,
         doc: str | None = None,
         doc_md: str | None = None,
         doc_rst: str | None = None,
@@ -230,6 +234,7 @@ class BaseOperator(DependencyMixin, metaclass=_OperatorMeta):
             "on_success_callback": on_success_callback,
             "on_failure_callback": on_failure_callback,
             "on_retry_callback": on_retry_callback,
+            "on_skipped_callback": on_skipped_callback,
         }
         # A task group's default_args apply over the DAG's.
         defaults = {

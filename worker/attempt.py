@@ -212,6 +212,16 @@ def _after_failure(
     return outcome
 
 
+def _after_skip(task: BaseOperator, context: Context | None, exc: SkipTask) -> Skipped:
+    """The task skipped itself (raised SkipTask, as a sensor's soft_fail does): its
+    on_skipped_callback runs, as in Airflow; a task skipped by a branch or a trigger rule never
+    runs, so none is called for it."""
+    if context is not None:
+        what = f"task {task.task_id!r} on_skipped_callback"
+        run_callbacks(task.on_skipped_callback, context, what=what)
+    return Skipped(_one_line(exc))
+
+
 def execute_attempt(request: AttemptRequest) -> Outcome:
     """Entry point in the child process. What it says of an error leaves with secrets masked:
     only this process knows the secrets its task read, and the worker records and logs it."""
@@ -262,7 +272,7 @@ def _run(task: BaseOperator, request: AttemptRequest) -> Outcome:
     except TaskDeferred as deferred:
         return _deferral(task, deferred, deadline)
     except SkipTask as exc:
-        return Skipped(_one_line(exc))
+        return _after_skip(task, context, exc)
     except RescheduleTask as exc:
         return Rescheduled(exc.reschedule_date)
     except FailTask as exc:
