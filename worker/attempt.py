@@ -22,9 +22,8 @@ from typing import Any
 from deferral import serialization
 from deferral.baseoperator import BaseOperator
 from deferral.callbacks import run_callbacks
-from deferral.config import load_settings
 from deferral.context import Context, DagRunInfo, RuntimeTaskInstance, make_context
-from deferral.dagbag import DagBag
+from deferral.dagbag import process_dagbag
 from deferral.exceptions import (
     FailTask,
     RescheduleTask,
@@ -57,11 +56,6 @@ log = logging.getLogger("deferral.worker.attempt")
 
 
 @cache
-def _dagbag() -> DagBag:
-    return DagBag(load_settings().dags_folder)
-
-
-@cache
 def _xcoms() -> DatabaseXComs:
     # The engine Variables, Connections and rendered fields use too: one pool per task process.
     return DatabaseXComs(metastore().sessions)
@@ -74,7 +68,7 @@ def warm_up() -> None:
     logging.getLogger().setLevel(logging.INFO)
     # A folder that fails to load is reported by the attempt that needs it, with its error.
     with contextlib.suppress(Exception):
-        _dagbag().collect()
+        process_dagbag().collect()
     freeze_startup_objects()
 
 
@@ -230,7 +224,7 @@ def execute_attempt(request: AttemptRequest) -> Outcome:
 
 def _execute(request: AttemptRequest) -> Outcome:
     try:
-        dag = _dagbag().get_dag(request.dag_id)
+        dag = process_dagbag().get_dag(request.dag_id)
         task = copy.deepcopy(dag.get_task(request.task_id))
     except Exception as exc:
         return _failed(exc, allow_retry=True)

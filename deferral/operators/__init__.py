@@ -7,6 +7,7 @@ from deferral.operators.datetime import BranchDateTimeOperator
 from deferral.operators.empty import EmptyOperator
 from deferral.operators.latest_only import LatestOnlyOperator, is_latest_run
 from deferral.operators.python import BranchPythonOperator, PythonOperator, ShortCircuitOperator
+from deferral.operators.trigger_dagrun import TriggerDagRunOperator
 from deferral.operators.weekday import BranchDayOfWeekOperator
 
 __all__ = [
@@ -19,5 +20,6 @@ __all__ = [
     "LatestOnlyOperator",
     "PythonOperator",
     "ShortCircuitOperator",
+    "TriggerDagRunOperator",
     "is_latest_run",
 ]
