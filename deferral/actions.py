@@ -21,6 +21,7 @@ from deferral.baseoperator import BaseOperator
 from deferral.dag import DAG, DagDefinitionError
 from deferral.models import Dag, DagRun, TaskInstance
 from deferral.states import DagRunType, TaskState
+from deferral.timetables import UserTimetableError
 from deferral.timezone import make_aware
 from deferral.utils.sensor_helper import run_of
 
@@ -90,7 +91,10 @@ def trigger_run(
             raise ActionError(str(exc)) from None
     run_id = run_id or DagRunType.MANUAL.run_id(logical_date)
     # As Airflow: the interval the schedule would give a run at this moment.
-    interval = dag.timetable.infer_manual_data_interval(run_after=logical_date)
+    try:
+        interval = dag.infer_manual_data_interval(logical_date)
+    except UserTimetableError as exc:
+        raise ActionError(f"DAG {dag.dag_id!r}: {exc}") from None
     exists = f"DAG {dag.dag_id!r} already has a run {run_id!r} or one at {logical_date.isoformat()}"
     try:
         with sessions.begin() as session:

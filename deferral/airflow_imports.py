@@ -110,6 +110,8 @@ ALIASES: dict[str, Alias] = {
     "airflow.triggers.temporal": Alias("deferral.triggers.temporal"),
     "airflow.triggers.file": Alias("deferral.triggers.file"),
     "airflow.triggers.external_task": Alias("deferral.triggers.external_task"),
+    "airflow.timetables": Alias(),
+    "airflow.timetables.base": Alias("deferral.timetables.base"),
     "airflow.utils": Alias(),
     "airflow.utils.context": Alias(names=_names("deferral.context", "Context")),
     "airflow.utils.dates": Alias("deferral.utils.dates"),

@@ -48,6 +48,7 @@ AIRFLOW_PATHS = {
     "deferral.operators.weekday": ["BranchDayOfWeekOperator"],
     "deferral.operators.datetime": ["BranchDateTimeOperator"],
     "deferral.operators.trigger_dagrun": ["TriggerDagRunOperator"],
+    "deferral.timetables.base": ["Timetable", "DagRunInfo", "DataInterval", "TimeRestriction"],
     "deferral.sensors.external_task": ["ExternalTaskSensor", "ExternalTaskMarker"],
     "deferral.triggers.external_task": ["DagStateTrigger", "WorkflowTrigger"],
     "deferral.utils.dates": ["days_ago"],
