@@ -81,6 +81,7 @@ ALIASES: dict[str, Alias] = {
     "airflow.models.variable": Alias(names=_names("deferral", "Variable")),
     "airflow.models.connection": Alias(names=_names("deferral", "Connection")),
     "airflow.models.xcom_arg": Alias(names=_names("deferral", "XComArg")),
+    "airflow.models.xcom": Alias(names=_names("deferral.models.xcom", "BaseXCom")),
     "airflow.operators": Alias(),
     "airflow.operators.bash": Alias("deferral.operators.bash"),
     "airflow.operators.python": Alias("deferral.operators.python"),

@@ -33,6 +33,7 @@ from deferral.exceptions import (
 )
 from deferral.mappedoperator import MappedOperator
 from deferral.metastore import metastore
+from deferral.models.xcom import resolve_xcom_backend
 from deferral.process import freeze_startup_objects
 from deferral.secrets_masker import redact
 from deferral.serialization import SerializationError
@@ -40,7 +41,7 @@ from deferral.states import FAIL_METHOD
 from deferral.templating import render_and_record
 from deferral.transitions import has_tries_left
 from deferral.triggers.base import BaseTrigger
-from deferral.xcom import DatabaseXComs
+from deferral.xcom import RETURN_VALUE, DatabaseXComs, stored_value
 from worker import decide
 from worker.outcomes import (
     AttemptRequest,
@@ -58,7 +59,7 @@ log = logging.getLogger("deferral.worker.attempt")
 @cache
 def _xcoms() -> DatabaseXComs:
     # The engine Variables, Connections and rendered fields use too: one pool per task process.
-    return DatabaseXComs(metastore().sessions)
+    return DatabaseXComs(metastore().sessions, resolve_xcom_backend())
 
 
 def warm_up() -> None:
@@ -176,8 +177,19 @@ def _succeeded(
     """The task returned: its return value (if pushed) in to_jsonable form, the tasks it chose to
     skip, and its success callbacks run."""
     try:
-        value = serialization.to_jsonable(
-            result if task.do_xcom_push else None, f"return value of task {task.task_id!r}"
+        value = (
+            stored_value(
+                resolve_xcom_backend(),
+                result,
+                key=RETURN_VALUE,
+                dag_id=request.dag_id,
+                run_id=request.run_id,
+                task_id=request.task_id,
+                map_index=request.map_index,
+                what=f"return value of task {task.task_id!r}",
+            )
+            if task.do_xcom_push and result is not None
+            else None
         )
     except SerializationError as exc:
         return _after_failure(task, request, context, exc, Failed(str(exc), "", allow_retry=False))

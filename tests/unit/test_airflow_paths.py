@@ -48,6 +48,7 @@ AIRFLOW_PATHS = {
     "deferral.operators.weekday": ["BranchDayOfWeekOperator"],
     "deferral.operators.datetime": ["BranchDateTimeOperator"],
     "deferral.operators.trigger_dagrun": ["TriggerDagRunOperator"],
+    "deferral.models.xcom": ["BaseXCom"],
     "deferral.timetables.base": ["Timetable", "DagRunInfo", "DataInterval", "TimeRestriction"],
     "deferral.sensors.external_task": ["ExternalTaskSensor", "ExternalTaskMarker"],
     "deferral.triggers.external_task": ["DagStateTrigger", "WorkflowTrigger"],
