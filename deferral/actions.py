@@ -22,8 +22,7 @@ from deferral.dag import DAG, DagDefinitionError
 from deferral.models import Dag, DagRun, TaskInstance
 from deferral.states import DagRunType, TaskState
 from deferral.timetables import UserTimetableError
-from deferral.timezone import make_aware
-from deferral.utils.sensor_helper import run_of
+from deferral.utils.sensor_helper import parse_logical_date, run_of
 
 if TYPE_CHECKING:
     from deferral.sensors.external_task import ExternalTaskMarker
@@ -269,9 +268,9 @@ def _marker_date(
     where = f"ExternalTaskMarker {marker.task_id!r} logical_date"
     rendered = render_template(marker, marker.logical_date, build_context(marker, info, ti))
     try:
-        return make_aware(dt.datetime.fromisoformat(str(rendered)))
-    except ValueError:
-        raise ActionError(f"{where} {rendered!r} is not an ISO 8601 date-time") from None
+        return parse_logical_date(rendered if isinstance(rendered, dt.datetime) else str(rendered))
+    except ValueError as exc:
+        raise ActionError(f"{where}: {exc}") from None
 
 
 def clear_run(sessions: sessionmaker[Session], dag: DAG, run_id: str) -> UserChanges:

@@ -22,9 +22,8 @@ from deferral.exceptions import DeferralException, SkipTask
 from deferral.metastore import metastore
 from deferral.models import DagRun
 from deferral.states import DagRunState, DagRunType
-from deferral.timezone import make_aware
 from deferral.triggers.external_task import DagStateTrigger
-from deferral.utils.sensor_helper import run_of
+from deferral.utils.sensor_helper import date_argument, parse_logical_date, run_of
 
 log = logging.getLogger(__name__)
 
@@ -85,16 +84,7 @@ class TriggerDagRunOperator(BaseOperator):
     ) -> None:
         super().__init__(**kwargs)
         where = f"task {self.task_id!r}"
-        if logical_date is not None and execution_date is not None:
-            raise DagDefinitionError(
-                f"{where}: give logical_date or execution_date (Airflow 2's name), not both"
-            )
-        logical_date = logical_date if logical_date is not None else execution_date
-        if logical_date is not None and not isinstance(logical_date, str | dt.datetime):
-            raise DagDefinitionError(
-                f"{where}: logical_date must be a datetime or a string, "
-                f"got {type(logical_date).__name__}"
-            )
+        logical_date = date_argument(where, logical_date, execution_date)
         if isinstance(poke_interval, bool) or not isinstance(poke_interval, int | float):
             raise DagDefinitionError(f"{where}: poke_interval must be a number of seconds")
         if poke_interval <= 0:
@@ -121,16 +111,9 @@ class TriggerDagRunOperator(BaseOperator):
         return self.logical_date
 
     def _logical_date(self) -> dt.datetime:
-        if isinstance(self.logical_date, dt.datetime):
-            return make_aware(self.logical_date)
-        if isinstance(self.logical_date, str) and self.logical_date:
-            try:
-                return make_aware(dt.datetime.fromisoformat(self.logical_date))
-            except ValueError:
-                raise ValueError(
-                    f"logical_date {self.logical_date!r} is not an ISO 8601 date-time"
-                ) from None
-        return dt.datetime.now(dt.UTC)
+        if self.logical_date is None or self.logical_date == "":
+            return dt.datetime.now(dt.UTC)
+        return parse_logical_date(self.logical_date)
 
     def _conf(self) -> dict[str, Any]:
         conf = {} if self.conf is None else self.conf

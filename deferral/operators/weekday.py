@@ -7,8 +7,8 @@ from collections.abc import Iterable
 from typing import Any
 
 from deferral.context import Context
-from deferral.dag import DagDefinitionError
 from deferral.operators.branch import BaseBranchOperator
+from deferral.sensors.weekday import week_day_numbers
 from deferral.utils.weekday import WeekDay
 
 
@@ -28,10 +28,7 @@ class BranchDayOfWeekOperator(BaseBranchOperator):
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
-        try:
-            self.week_day_numbers = WeekDay.validate_week_day(week_day)
-        except (AttributeError, TypeError) as exc:
-            raise DagDefinitionError(f"task {self.task_id!r}: week_day: {exc}") from None
+        self.week_day_numbers = week_day_numbers(self.task_id, week_day)
         self.follow_task_ids_if_true = follow_task_ids_if_true
         self.follow_task_ids_if_false = follow_task_ids_if_false
         self.week_day = week_day

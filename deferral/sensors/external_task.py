@@ -19,7 +19,12 @@ from deferral.operators.python import call_with_context
 from deferral.sensors.base import BaseSensorOperator
 from deferral.states import DagRunState, TaskState
 from deferral.triggers.external_task import WorkflowTrigger
-from deferral.utils.sensor_helper import ExternalStatus, external_status, read_states
+from deferral.utils.sensor_helper import (
+    ExternalStatus,
+    date_argument,
+    external_status,
+    read_states,
+)
 
 DateFunction = Any  # a callable: (logical_date, **context) -> a datetime or a list of them
 
@@ -101,8 +106,12 @@ class ExternalTaskSensor(BaseSensorOperator):
             )
         if execution_date_fn is not None and not callable(execution_date_fn):
             raise DagDefinitionError(f"{where}: execution_date_fn must be callable")
-        if isinstance(poll_interval, bool) or not isinstance(poll_interval, int | float):
-            raise DagDefinitionError(f"{where}: poll_interval must be a number of seconds")
+        if (
+            isinstance(poll_interval, bool)
+            or not isinstance(poll_interval, int | float)
+            or poll_interval <= 0
+        ):
+            raise DagDefinitionError(f"{where}: poll_interval must be a number of seconds > 0")
         self.external_dag_id = external_dag_id
         self.external_task_id = external_task_id
         self.external_task_ids = None if external_task_ids is None else list(external_task_ids)
@@ -248,19 +257,11 @@ class ExternalTaskMarker(EmptyOperator):
     ) -> None:
         super().__init__(**kwargs)
         where = f"task {self.task_id!r}"
-        if logical_date is not None and execution_date is not None:
-            raise DagDefinitionError(
-                f"{where}: give logical_date or execution_date (Airflow 2's name), not both"
-            )
-        date = logical_date if logical_date is not None else execution_date
+        date = date_argument(where, logical_date, execution_date)
         if date is None:
             date = "{{ logical_date.isoformat() }}"
         if isinstance(date, dt.datetime):
             date = date.isoformat()
-        if not isinstance(date, str):
-            raise DagDefinitionError(
-                f"{where}: logical_date must be a datetime or a string, got {type(date).__name__}"
-            )
         if isinstance(recursion_depth, bool) or not isinstance(recursion_depth, int):
             raise DagDefinitionError(f"{where}: recursion_depth must be an int")
         if recursion_depth <= 0:

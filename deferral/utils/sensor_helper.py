@@ -13,7 +13,9 @@ from enum import StrEnum
 from sqlalchemy import and_, or_, select
 from sqlalchemy.orm import Session
 
+from deferral.dag import DagDefinitionError
 from deferral.models import DagRun, TaskInstance
+from deferral.timezone import make_aware
 
 # The states of one (logical date, task id) key: a task's task instances (one per map index),
 # or with no task id ("") the run's own state.
@@ -24,6 +26,34 @@ class ExternalStatus(StrEnum):
     SUCCESS = "success"
     FAILED = "failed"
     SKIPPED = "skipped"
+
+
+def date_argument(
+    where: str, logical_date: str | dt.datetime | None, execution_date: str | dt.datetime | None
+) -> str | dt.datetime | None:
+    """A ``logical_date`` argument, or its Airflow 2 name ``execution_date``: a datetime or a
+    string (a template, an ISO 8601 date-time), or None."""
+    if logical_date is not None and execution_date is not None:
+        raise DagDefinitionError(
+            f"{where}: give logical_date or execution_date (Airflow 2's name), not both"
+        )
+    date = logical_date if logical_date is not None else execution_date
+    if date is not None and not isinstance(date, str | dt.datetime):
+        raise DagDefinitionError(
+            f"{where}: logical_date must be a datetime or a string, got {type(date).__name__}"
+        )
+    return date
+
+
+def parse_logical_date(value: str | dt.datetime) -> dt.datetime:
+    """A rendered logical date: a datetime, or an ISO 8601 string (naive: in the default time
+    zone); ValueError naming the value."""
+    if isinstance(value, dt.datetime):
+        return make_aware(value)
+    try:
+        return make_aware(dt.datetime.fromisoformat(value))
+    except ValueError:
+        raise ValueError(f"logical date {value!r} is not an ISO 8601 date-time") from None
 
 
 def run_of(

@@ -234,6 +234,18 @@ def _finished(
     return None
 
 
+def _tasks_when_finished(
+    sessions: sessionmaker[Session], dag_id: str, count: int
+) -> dict[str, TaskInstance]:
+    """The ``count`` task instances of ``dag_id`` (one run), by task id, once all finished."""
+    finished = wait_for(
+        lambda: _finished(sessions, (dag_id,), count),
+        timeout=300,
+        what=f"the tasks of {dag_id} to finish",
+    )
+    return {ti.task_id: ti for ti in finished.values()}
+
+
 def _runs(sessions: sessionmaker[Session], dag_id: str) -> list[DagRun]:
     with sessions() as session:
         return list(
@@ -267,14 +279,7 @@ def test_trigger_dag_run_operator(
     write_dag("xd_trigger_dags", TRIGGER_DAGS)
     assert services.run("dags", "trigger", "xd_controller", "--run-id", "c1").returncode == 0
 
-    controller = {
-        ti.task_id: ti
-        for ti in wait_for(
-            lambda: _finished(sessions, ("xd_controller",), 6),
-            timeout=240,
-            what="the controller's tasks to finish",
-        ).values()
-    }
+    controller = _tasks_when_finished(sessions, "xd_controller", 6)
     target_runs = wait_for(
         lambda: (
             (runs := _runs(sessions, "xd_target"))
@@ -325,14 +330,7 @@ def test_external_task_sensor_in_every_mode(
     write_dag("xs_sensor_dags", SENSOR_DAGS)
     assert services.run("dags", "trigger", "xs_starter").returncode == 0
 
-    down = {
-        ti.task_id: ti
-        for ti in wait_for(
-            lambda: _finished(sessions, ("xs_downstream",), 7),
-            timeout=300,
-            what="the sensors to finish",
-        ).values()
-    }
+    down = _tasks_when_finished(sessions, "xs_downstream", 7)
     assert {task_id: ti.state for task_id, ti in down.items()} == {
         "task_poke": "success",
         "group_reschedule": "success",

@@ -78,6 +78,7 @@ def sensor(**kwargs: Any) -> ExternalTaskSensor:
             "execution_delta or execution_date_fn",
         ),
         ({"execution_date_fn": "yesterday"}, "execution_date_fn must be callable"),
+        ({"poll_interval": 0}, "poll_interval must be a number of seconds > 0"),
     ],
 )
 def test_sensor_refuses_bad_arguments_naming_the_task(kwargs: Any, message: str) -> None:
