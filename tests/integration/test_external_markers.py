@@ -1,21 +1,29 @@
 """A clear with downstream follows ExternalTaskMarkers (actions.change_tasks, real PostgreSQL):
 the marked task and its downstream tasks in the other DAG's run at the marker's (rendered)
 logical date are cleared too; markers forming a cycle stop at recursion_depth, clearing
-nothing; a marker naming a run that does not exist clears nothing there."""
+nothing; a marker naming a run that does not exist clears nothing there; the web UI's clear
+follows markers through its own DAG bag."""
 
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
+from starlette.testclient import TestClient
 
 from deferral import DAG, actions
+from deferral.config import Settings
+from deferral.dagbag import DagBag
 from deferral.models import TaskInstance
 from deferral.operators import EmptyOperator
 from deferral.sensors.external_task import ExternalTaskMarker
 from deferral.states import TaskState
+from tests.integration.conftest import WEB_ADMIN_PASSWORD as ADMIN_PASSWORD
+from tests.integration.test_webserver import basic
 
 DAY = dt.datetime(2024, 3, 1, tzinfo=dt.UTC)
 
@@ -144,3 +152,39 @@ def test_a_marker_whose_run_is_missing_clears_only_here(sessions: sessionmaker[S
         find_dag={"lone_child": child}.__getitem__,
     )
     assert [label for label, _ in done.changed] == ["m"]
+
+
+MARKER_FILE = """
+from deferral import DAG
+from deferral.operators import EmptyOperator
+from deferral.sensors.external_task import ExternalTaskMarker
+
+with DAG("web_parent"):
+    ExternalTaskMarker(task_id="marker", external_dag_id="web_child", external_task_id="first")
+
+with DAG("web_child"):
+    EmptyOperator(task_id="first") >> EmptyOperator(task_id="second")
+"""
+
+
+def test_the_web_uis_clear_follows_markers_through_its_own_dags(
+    local: TestClient,
+    settings: Settings,
+    sessions: sessionmaker[Session],
+    write_dag: Callable[[str, str], Path],
+) -> None:
+    write_dag("web_markers", MARKER_FILE)
+    bag = DagBag(settings.dags_folder).collect()
+    run_id = finished_run(sessions, bag.get_dag("web_parent"), DAY)
+    finished_run(sessions, bag.get_dag("web_child"), DAY)
+    answer = local.post(
+        "/api/v1/dags/web_parent/clear",
+        json={"run_id": run_id, "task_id": "marker", "downstream": True},
+        headers=basic("admin", ADMIN_PASSWORD),
+    )
+    assert answer.status_code == 200, answer.text
+    assert [changed["task"] for changed in answer.json()["changed"]] == [
+        "marker",
+        "web_child:first",
+        "web_child:second",
+    ]
