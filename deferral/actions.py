@@ -9,7 +9,7 @@ import datetime as dt
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import select
 from sqlalchemy.dialects.postgresql import insert as pg_insert
@@ -22,6 +22,11 @@ from deferral.dag import DAG, DagDefinitionError
 from deferral.models import Dag, DagRun, TaskInstance
 from deferral.setup_teardown import clearing_with
 from deferral.states import DagRunType, TaskState
+from deferral.timetables import UserTimetableError
+from deferral.utils.sensor_helper import parse_logical_date, run_of
+
+if TYPE_CHECKING:
+    from deferral.sensors.external_task import ExternalTaskMarker
 
 # The states a user may mark a task with.
 MARKABLE_STATES = (TaskState.SUCCESS, TaskState.FAILED, TaskState.SKIPPED)
@@ -67,12 +72,18 @@ class Triggered:
 
 
 def trigger_run(
-    sessions: sessionmaker[Session], dag: DAG, conf: dict[str, Any], run_id: str | None = None
+    sessions: sessionmaker[Session],
+    dag: DAG,
+    conf: dict[str, Any],
+    run_id: str | None = None,
+    *,
+    logical_date: dt.datetime | None = None,
 ) -> Triggered:
-    """Create a manual run of ``dag`` (run id ``manual__<now>`` unless given); its ``Param``s
-    must accept what ``conf`` gives them (else their defaults), as Airflow checks at trigger."""
+    """Create a manual run of ``dag`` at ``logical_date`` (tz-aware; default now), its run id
+    ``manual__<logical date>`` unless given; its ``Param``s must accept what ``conf`` gives
+    them (else their defaults), as Airflow checks at trigger."""
     check_conf_against_params(dag, conf)
-    logical_date = dt.datetime.now(dt.UTC)
+    logical_date = logical_date or dt.datetime.now(dt.UTC)
     if run_id is not None:
         try:
             controls.check_id(run_id, "run id")
@@ -80,7 +91,11 @@ def trigger_run(
             raise ActionError(str(exc)) from None
     run_id = run_id or DagRunType.MANUAL.run_id(logical_date)
     # As Airflow: the interval the schedule would give a run at this moment.
-    interval = dag.timetable.infer_manual_data_interval(run_after=logical_date)
+    try:
+        interval = dag.infer_manual_data_interval(logical_date)
+    except UserTimetableError as exc:
+        raise ActionError(f"DAG {dag.dag_id!r}: {exc}") from None
+    exists = f"DAG {dag.dag_id!r} already has a run {run_id!r} or one at {logical_date.isoformat()}"
     try:
         with sessions.begin() as session:
             transitions.create_dag_run(
@@ -94,7 +109,7 @@ def trigger_run(
             )
             row = session.get(Dag, dag.dag_id)
     except IntegrityError:
-        raise ActionError(f"DAG {dag.dag_id!r} already has a run {run_id!r}") from None
+        raise ActionError(exists) from None
     return Triggered(run_id, row is not None and row.is_paused)
 
 
@@ -135,6 +150,8 @@ class UserChanges:
 
 # change(session, task instance, its task in the DAG or None) -> whether it moved.
 Change = Callable[[Session, TaskInstance, BaseOperator | None], bool]
+# A DAG of the folder by its id; raises DagNotFound.
+FindDag = Callable[[str], DAG]
 
 
 def change_tasks(
@@ -146,11 +163,14 @@ def change_tasks(
     *,
     downstream: bool = False,
     map_indexes: Sequence[int] = (),
+    find_dag: FindDag | None = None,
 ) -> UserChanges:
     """Apply ``change`` to the task ``task_id`` of one run (its map indexes ``map_indexes``,
     else all) and, with ``downstream``, to every task downstream of it (all map indexes); a
     clear also to the setups and teardowns they bring (``setup_teardown.clearing_with``); a
-    finished run reopens."""
+    finished run reopens. A clear with ``downstream`` also clears the tasks ExternalTaskMarkers
+    name (and theirs downstream), in the runs of the DAGs ``find_dag`` (default: the DAGs
+    folder's) gives; their labels are ``dag_id:task``."""
     try:
         task_ids = [dag.get_task(task_id).task_id]
     except DagDefinitionError as exc:
@@ -164,6 +184,122 @@ def change_tasks(
         ]
     elif downstream:
         task_ids += sorted(dag.downstream_of(task_id))
+    # Clearing downstream follows ExternalTaskMarkers into the runs they name, as Airflow's
+    # recursive clear; every run to clear is found before any is cleared.
+    marked = []
+    if downstream and change is clear_change:
+        marked = _marked_runs(sessions, dag, run_id, task_ids, find_dag or _dag_of_folder)
+    done = _change_run_tasks(sessions, dag, run_id, task_ids, change, task_id, map_indexes)
+    for other, other_run_id, other_task_ids in marked:
+        more = _change_run_tasks(sessions, other, other_run_id, other_task_ids, change, None, ())
+        done.changed.extend((f"{other.dag_id}:{label}", state) for label, state in more.changed)
+        done.refused.extend(f"{other.dag_id}:{label}" for label in more.refused)
+    return done
+
+
+def _dag_of_folder(dag_id: str) -> DAG:
+    from deferral.dagbag import process_dagbag
+
+    return process_dagbag().get_dag(dag_id)
+
+
+def _marked_runs(
+    sessions: sessionmaker[Session],
+    dag: DAG,
+    run_id: str,
+    task_ids: Sequence[str],
+    find_dag: FindDag,
+    depth: int = 0,
+    limit: int | None = None,
+) -> list[tuple[DAG, str, list[str]]]:
+    """(DAG, run id, task ids) of every external task an ExternalTaskMarker among ``task_ids``
+    names, with its downstream tasks, followed through markers there; at most the first
+    marker's ``recursion_depth`` DAGs deep (more is refused: a cycle, or too much to clear)."""
+    from deferral.dagbag import DagNotFound
+    from deferral.sensors.external_task import ExternalTaskMarker
+
+    found: list[tuple[DAG, str, list[str]]] = []
+    for marker in (dag.task_dict.get(task_id) for task_id in task_ids):
+        if not isinstance(marker, ExternalTaskMarker):
+            continue
+        limit = marker.recursion_depth if limit is None else limit
+        if depth >= limit:
+            raise ActionError(
+                f"maximum recursion depth {limit} reached for ExternalTaskMarker "
+                f"{marker.task_id!r} of DAG {dag.dag_id!r}: too many tasks to clear, or DAGs "
+                "whose markers form a cycle"
+            )
+        try:
+            other = find_dag(marker.external_dag_id)
+        except DagNotFound as exc:
+            raise ActionError(f"ExternalTaskMarker {marker.task_id!r}: {exc}") from None
+        if marker.external_task_id not in other.task_dict:
+            raise ActionError(
+                f"ExternalTaskMarker {marker.task_id!r}: DAG {other.dag_id!r} has no task "
+                f"{marker.external_task_id!r}"
+            )
+        logical_date = _marker_date(sessions, dag, run_id, marker)
+        with sessions() as session:
+            other_run = run_of(session, other.dag_id, run_id=None, logical_date=logical_date)
+        if other_run is None:
+            continue  # no run there at that date: nothing to clear
+        other_ids = [marker.external_task_id, *sorted(other.downstream_of(marker.external_task_id))]
+        found.append((other, other_run.run_id, other_ids))
+        found += _marked_runs(
+            sessions, other, other_run.run_id, other_ids, find_dag, depth + 1, limit
+        )
+    return found
+
+
+def _marker_date(
+    sessions: sessionmaker[Session], dag: DAG, run_id: str, marker: ExternalTaskMarker
+) -> dt.datetime:
+    """The marker's ``logical_date`` rendered in the context of its run."""
+    from deferral.context import DagRunInfo, RuntimeTaskInstance, build_context
+    from deferral.templating import render_template
+    from deferral.xcom import DatabaseXComs
+
+    with sessions() as session:
+        run = run_of(session, dag.dag_id, run_id=run_id, logical_date=None)
+    assert run is not None
+    info = DagRunInfo(
+        dag.dag_id,
+        run.run_id,
+        run.logical_date,
+        run.conf,
+        run.data_interval_start,
+        run.data_interval_end,
+        run.run_type,
+    )
+    ti = RuntimeTaskInstance(
+        0, dag.dag_id, run.run_id, marker.task_id, -1, 0, DatabaseXComs(sessions), run.logical_date
+    )
+    where = f"ExternalTaskMarker {marker.task_id!r} logical_date"
+    rendered = render_template(marker, marker.logical_date, build_context(marker, info, ti))
+    try:
+        return parse_logical_date(rendered if isinstance(rendered, dt.datetime) else str(rendered))
+    except ValueError as exc:
+        raise ActionError(f"{where}: {exc}") from None
+
+
+def clear_run(sessions: sessionmaker[Session], dag: DAG, run_id: str) -> UserChanges:
+    """Run every task of one run again (Airflow's ``dag.clear`` of a run, as
+    ``TriggerDagRunOperator(reset_dag_run=True)`` does); the run reopens."""
+    task_ids = sorted(dag.task_dict)
+    return _change_run_tasks(sessions, dag, run_id, task_ids, clear_change, None, ())
+
+
+def _change_run_tasks(
+    sessions: sessionmaker[Session],
+    dag: DAG,
+    run_id: str,
+    task_ids: Sequence[str],
+    change: Change,
+    task_id: str | None,
+    map_indexes: Sequence[int],
+) -> UserChanges:
+    """Apply ``change`` to the task instances of ``task_ids`` in one run (of ``task_id``, only
+    its map indexes ``map_indexes`` if given); the run reopens."""
     with sessions.begin() as session:
         run = session.scalars(
             select(DagRun).where(DagRun.dag_id == dag.dag_id, DagRun.run_id == run_id)

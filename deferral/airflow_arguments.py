@@ -58,7 +58,6 @@ TASK_KEPT = frozenset(
 
 TASK_INERT: Mapping[str, Inert] = {
     "sla": Inert(_none, "SLAs are not implemented (Airflow 3 drops them)"),
-    "on_skipped_callback": Inert(_empty, f"on_skipped_callback is {_NOT_YET}"),
     "pre_execute": Inert(_none, f"pre_execute hooks are {_NOT_YET}"),
     "post_execute": Inert(_none, f"post_execute hooks are {_NOT_YET}"),
     "retry_exponential_backoff": Inert(_false, f"exponential retry delays are {_NOT_YET}"),
@@ -91,7 +90,6 @@ TASK_DATES = ("start_date", "end_date")
 TASK_DATES_REASON = f"a task's own start_date / end_date, other than its DAG's, is {_NOT_YET}"
 
 DAG_INERT: Mapping[str, Inert] = {
-    "timetable": Inert(_none, f"custom timetables are {_NOT_YET}: give schedule"),
     "sla_miss_callback": Inert(_none, "SLAs are not implemented (Airflow 3 drops them)"),
     "access_control": Inert(_none, "deferral's web UI has no per-DAG roles"),
     "fail_stop": Inert(_false, f"fail_stop is {_NOT_YET}"),

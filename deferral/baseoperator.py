@@ -64,6 +64,7 @@ _DEFAULTS: dict[str, Any] = {
     "wait_for_downstream": False,
     "ignore_first_depends_on_past": False,
     "wait_for_past_depends_before_skipping": False,
+    "on_skipped_callback": None,
 }
 _PAST_FLAGS = (
     "depends_on_past",
@@ -91,6 +92,7 @@ _CALLBACKS = (
     "on_success_callback",
     "on_failure_callback",
     "on_retry_callback",
+    "on_skipped_callback",
 )
 
 
@@ -201,6 +203,7 @@ class BaseOperator(DependencyMixin, metaclass=_OperatorMeta):
     on_success_callback: CallbackArg
     on_failure_callback: CallbackArg
     on_retry_callback: CallbackArg
+    on_skipped_callback: CallbackArg
     # A MappedOperator (``partial().expand()``) runs once per map index.
     is_mapped: ClassVar[bool] = False
     # Setup and teardown tasks (deferral.setup_teardown): set by as_setup() / as_teardown().
@@ -232,6 +235,7 @@ class BaseOperator(DependencyMixin, metaclass=_OperatorMeta):
         wait_for_downstream: bool = NOTSET,
         ignore_first_depends_on_past: bool = NOTSET,
         wait_for_past_depends_before_skipping: bool = NOTSET,
+        on_skipped_callback: CallbackArg = NOTSET,
         doc: str | None = None,
         doc_md: str | None = None,
         doc_rst: str | None = None,
@@ -271,6 +275,7 @@ class BaseOperator(DependencyMixin, metaclass=_OperatorMeta):
             "wait_for_downstream": wait_for_downstream,
             "ignore_first_depends_on_past": ignore_first_depends_on_past,
             "wait_for_past_depends_before_skipping": wait_for_past_depends_before_skipping,
+            "on_skipped_callback": on_skipped_callback,
         }
         # A task group's default_args apply over the DAG's.
         defaults = {

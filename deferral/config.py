@@ -349,6 +349,21 @@ def airflow_imports() -> bool:
     return _one_setting("AIRFLOW_IMPORTS", _bool, "false")
 
 
+def _classpath(raw: str) -> str:
+    path = raw.strip()
+    module, _, name = path.rpartition(".")
+    if not module or not name.isidentifier():
+        raise ValueError(f"{path!r} is not a module.Class path")
+    return path
+
+
+def xcom_backend() -> str | None:
+    """``DEFERRAL_XCOM_BACKEND``: the ``module.Class`` (a ``BaseXCom`` subclass) that turns XCom
+    values into what is stored and back; unset: values are stored as they are."""
+    given = os.environ.get(ENV_PREFIX + "XCOM_BACKEND", "").strip()
+    return _one_setting("XCOM_BACKEND", _classpath, "") if given else None
+
+
 def default_timezone() -> zoneinfo.ZoneInfo:
     """``DEFERRAL_DEFAULT_TIMEZONE``: the zone naive datetimes in DAG files are read in."""
     return _one_setting("DEFAULT_TIMEZONE", _timezone, "UTC")

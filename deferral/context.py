@@ -155,11 +155,13 @@ def make_context(task: BaseOperator, dag_run: DagRunInfo, ti: RuntimeTaskInstanc
     """The context of one attempt of ``task``; dates are in UTC, as in Airflow. It becomes the
     process's current context (``get_current_context``)."""
     global _current_context
-    _current_context = _build_context(task, dag_run, ti)
+    _current_context = build_context(task, dag_run, ti)
     return _current_context
 
 
-def _build_context(task: BaseOperator, dag_run: DagRunInfo, ti: RuntimeTaskInstance) -> Context:
+def build_context(task: BaseOperator, dag_run: DagRunInfo, ti: RuntimeTaskInstance) -> Context:
+    """The context of one attempt of ``task``, without making it the process's current one
+    (outside a task process: a clear rendering an ExternalTaskMarker's date)."""
     assert task.dag is not None
     run = with_data_interval(dag_run)
     assert run.data_interval_start is not None and run.data_interval_end is not None

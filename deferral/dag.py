@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import logging
 import re
 import sys
 import warnings
@@ -22,9 +23,15 @@ from deferral.timetables import (
     InvalidSchedule,
     TimeRestriction,
     Timetable,
+    UserTimetableError,
     create_timetable,
+    is_built_in,
+    manual_interval,
+    next_info,
 )
 from deferral.timezone import calendar_delta, make_aware, standard_timedelta
+
+log = logging.getLogger("deferral")
 
 if TYPE_CHECKING:
     import jinja2
@@ -160,6 +167,7 @@ class DAG:
         orientation: str = "LR",
         concurrency: int | None = None,
         full_filepath: str | None = None,
+        timetable: Timetable | None = None,
         **airflow_arguments: Any,
     ) -> None:
         self.dag_id = check_id("dag_id", dag_id)
@@ -183,7 +191,7 @@ class DAG:
         self.orientation = _one_of(dag_id, "orientation", orientation, ORIENTATIONS)
         self.full_filepath = full_filepath
         self.default_args = dict(default_args or {})
-        self.schedule = self._schedule_argument(schedule, schedule_interval)
+        self.schedule = self._schedule_argument(schedule, schedule_interval, timetable)
         # As in Airflow, default_args may carry the dates for the whole DAG.
         self.start_date = _date_argument(
             dag_id, "start_date", start_date or self.default_args.get("start_date")
@@ -242,19 +250,36 @@ class DAG:
 
     # -- schedule ------------------------------------------------------------------------------
 
-    def _schedule_argument(self, schedule: Any, schedule_interval: Any) -> Any:
-        if schedule_interval is _UNSET:
-            return None if schedule is _UNSET else _standard_schedule(schedule)
-        if schedule is not _UNSET:
-            raise DagDefinitionError(
-                f"DAG {self.dag_id!r}: give schedule or schedule_interval, not both"
+    def _schedule_argument(
+        self, schedule: Any, schedule_interval: Any, timetable: Timetable | None
+    ) -> Any:
+        given = {
+            name
+            for name, value in (
+                ("schedule", schedule),
+                ("schedule_interval", schedule_interval),
+                ("timetable", _UNSET if timetable is None else timetable),
             )
+            if value is not _UNSET
+        }
+        if len(given) > 1:
+            raise DagDefinitionError(
+                f"DAG {self.dag_id!r}: give one of {', '.join(sorted(given))}, not both"
+            )
+        if "schedule" in given or not given:
+            return None if schedule is _UNSET else _standard_schedule(schedule)
+        if timetable is not None and not isinstance(timetable, Timetable):
+            raise DagDefinitionError(
+                f"DAG {self.dag_id!r}: timetable must be a Timetable, got "
+                f"{type(timetable).__name__}"
+            )
+        # Deprecated in Airflow 2.4+ in favour of schedule, which takes both.
         warnings.warn(
-            "schedule_interval is deprecated (as in Airflow 2.4+): use schedule",
+            f"{given.pop()} is deprecated (as in Airflow 2.4+): use schedule",
             DeprecationWarning,
             stacklevel=3,
         )
-        return _standard_schedule(schedule_interval)
+        return timetable if timetable is not None else _standard_schedule(schedule_interval)
 
     def _check_schedule_arguments(self) -> None:
         where = f"DAG {self.dag_id!r}"
@@ -270,6 +295,24 @@ class DAG:
             raise DagDefinitionError(f"{where}: end_date is before start_date")
         if self.schedule == CONTINUOUS and self.max_active_runs != 1:
             raise DagDefinitionError(f"{where}: schedule '@continuous' needs max_active_runs=1")
+        self._check_own_timetable()
+
+    def _check_own_timetable(self) -> None:
+        """A DAG file's own timetable is asked once for a first run and a manual interval when
+        the DAG loads, so that one that fails refuses its DAG there, naming it, rather than in
+        the scheduler."""
+        if isinstance(self.schedule, Timetable) and not is_built_in(self.timetable):
+            now = dt.datetime.now(dt.UTC)
+            try:
+                next_info(
+                    self.timetable,
+                    last_automated_data_interval=None,
+                    restriction=self.time_restriction,
+                    now=now,
+                )
+                manual_interval(self.timetable, now)
+            except UserTimetableError as exc:
+                raise DagDefinitionError(f"DAG {self.dag_id!r}: {exc}") from None
 
     @property
     def schedule_interval(self) -> Any:
@@ -292,11 +335,22 @@ class DAG:
         restriction = (
             self.time_restriction if restricted else TimeRestriction(None, None, catchup=True)
         )
-        return self.timetable.next_dagrun_info(
-            last_automated_data_interval=last_automated_data_interval,
-            restriction=restriction,
-            now=now,
-        )
+        try:
+            return next_info(
+                self.timetable,
+                last_automated_data_interval=last_automated_data_interval,
+                restriction=restriction,
+                now=now,
+            )
+        except UserTimetableError as exc:
+            # The DAG file's own code: this DAG gets no next run, other DAGs are unharmed.
+            log.error("DAG %r: no next run: %s", self.dag_id, exc)
+            return None
+
+    def infer_manual_data_interval(self, run_after: dt.datetime) -> DataInterval:
+        """The data interval of a run triggered at ``run_after`` (UserTimetableError, naming
+        the class, if the DAG file's own timetable fails)."""
+        return manual_interval(self.timetable, run_after)
 
     def __enter__(self) -> DAG:
         DAG._context_stack.append(self)

@@ -15,6 +15,7 @@ file instead).
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
 import importlib.abc
 import importlib.machinery
@@ -36,7 +37,7 @@ import pathspec
 
 from deferral import airflow_imports
 from deferral.config import airflow_imports as airflow_imports_on
-from deferral.config import dag_ignore_file_syntax
+from deferral.config import dag_ignore_file_syntax, load_settings
 from deferral.dag import DAG, DagDefinitionError, collecting_dags
 from deferral.exceptions import ClusterPolicyError, ClusterPolicySkipDag, ClusterPolicyViolation
 from deferral.policies import (
@@ -430,6 +431,14 @@ class DagBag:
         if dag is None:
             raise DagNotFound(f"DAG {dag_id!r} not found in {self.folder}")
         return dag
+
+
+@functools.cache
+def process_dagbag() -> DagBag:
+    """This process's bag of the DAGs folder (``DEFERRAL_DAGS_FOLDER``): the one a task process
+    runs its tasks from, and where an operator naming another DAG (TriggerDagRunOperator,
+    ExternalTaskSensor) finds it, so that no DAG file is imported twice in one process."""
+    return DagBag(load_settings().dags_folder)
 
 
 def _local_settings_origin() -> str:

@@ -11,6 +11,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from deferral import serialization
 from deferral.models import TaskInstance, XCom
+from deferral.models.xcom import BaseXCom, StoredXCom
 
 
 def upsert(session: Session, task_instance_id: int, key: str, stored: Any) -> None:
@@ -33,17 +34,52 @@ def upsert_many(session: Session, items: Sequence[tuple[int, str, Any]]) -> None
     )
 
 
-class DatabaseXComs:
-    """The XCom backend of a running task: each call is its own short transaction."""
+# The key of a task's return value.
+RETURN_VALUE = "return_value"
 
-    def __init__(self, sessions: sessionmaker[Session]) -> None:
+
+def stored_value(
+    backend: type[BaseXCom],
+    value: Any,
+    *,
+    key: str,
+    dag_id: str,
+    run_id: str,
+    task_id: str,
+    map_index: int,
+    what: str | None = None,
+) -> Any:
+    """What is stored for an XCom: what the backend's ``serialize_value`` makes of ``value``, in
+    to_jsonable form (SerializationError, naming ``what`` or the key, if it cannot be)."""
+    serialized = backend.serialize_value(
+        value, key=key, task_id=task_id, dag_id=dag_id, run_id=run_id, map_index=map_index
+    )
+    return serialization.to_jsonable(serialized, what or f"XCom {key!r}")
+
+
+class DatabaseXComs:
+    """The XCom backend of a running task: each call is its own short transaction; values go
+    through ``backend`` (``DEFERRAL_XCOM_BACKEND``) on their way in and out."""
+
+    def __init__(self, sessions: sessionmaker[Session], backend: type[BaseXCom] = BaseXCom) -> None:
         self._sessions = sessions
+        self.backend = backend
 
     def push(self, task_instance_id: int, key: str, value: Any) -> None:
         with self._sessions.begin() as session:
-            upsert(
-                session, task_instance_id, key, serialization.to_jsonable(value, f"XCom {key!r}")
+            ti = session.get(TaskInstance, task_instance_id)
+            if ti is None:
+                raise LookupError(f"no task instance {task_instance_id} to push XCom {key!r} for")
+            stored = stored_value(
+                self.backend,
+                value,
+                key=key,
+                dag_id=ti.dag_id,
+                run_id=ti.run_id,
+                task_id=ti.task_id,
+                map_index=ti.map_index,
             )
+            upsert(session, task_instance_id, key, stored)
 
     def pull(self, dag_id: str, run_id: str, task_id: str, key: str, map_index: int | None) -> Any:
         """The XCom of one map index, or (``map_index`` None) Airflow's default: the value of an
@@ -65,5 +101,10 @@ class DatabaseXComs:
             rows = session.execute(query).all()
         if not rows:
             return None
-        values = [serialization.from_jsonable(stored) for _, stored in rows]
+        values = [
+            self.backend.deserialize_value(
+                StoredXCom(key, serialization.from_jsonable(stored), dag_id, run_id, task_id, index)
+            )
+            for index, stored in rows
+        ]
         return values[0] if map_index is not None or rows[0].map_index < 0 else values

@@ -94,15 +94,16 @@ def _apply_by_user(
     downstream tasks (all map indexes) of one run, saying what it did."""
     settings = settings_or_exit()
     try:
-        dag = dagbag(settings).get_dag(dag_id)
+        bag = dagbag(settings)
         done = actions.change_tasks(
             sessions(settings),
-            dag,
+            bag.get_dag(dag_id),
             run_id,
             task_id,
             change,
             downstream=downstream,
             map_indexes=map_indexes,
+            find_dag=bag.get_dag,
         )
     except (DagNotFound, actions.ActionError) as exc:
         fail(str(exc))

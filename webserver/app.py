@@ -542,6 +542,7 @@ class WebUI:
             change,
             downstream=bool(params.get("downstream")),
             map_indexes=map_indexes,
+            find_dag=self._dag,
         )
 
     async def trigger_form(self, request: Request) -> Response:

@@ -22,9 +22,8 @@ from typing import Any
 from deferral import serialization
 from deferral.baseoperator import BaseOperator
 from deferral.callbacks import run_callbacks
-from deferral.config import load_settings
 from deferral.context import Context, DagRunInfo, RuntimeTaskInstance, make_context
-from deferral.dagbag import DagBag
+from deferral.dagbag import process_dagbag
 from deferral.exceptions import (
     FailTask,
     RescheduleTask,
@@ -34,6 +33,7 @@ from deferral.exceptions import (
 )
 from deferral.mappedoperator import MappedOperator
 from deferral.metastore import metastore
+from deferral.models.xcom import resolve_xcom_backend
 from deferral.process import freeze_startup_objects
 from deferral.secrets_masker import redact
 from deferral.serialization import SerializationError
@@ -41,7 +41,7 @@ from deferral.states import FAIL_METHOD
 from deferral.templating import render_and_record
 from deferral.transitions import has_tries_left
 from deferral.triggers.base import BaseTrigger
-from deferral.xcom import DatabaseXComs
+from deferral.xcom import RETURN_VALUE, DatabaseXComs, stored_value
 from worker import decide
 from worker.outcomes import (
     AttemptRequest,
@@ -57,14 +57,9 @@ log = logging.getLogger("deferral.worker.attempt")
 
 
 @cache
-def _dagbag() -> DagBag:
-    return DagBag(load_settings().dags_folder)
-
-
-@cache
 def _xcoms() -> DatabaseXComs:
     # The engine Variables, Connections and rendered fields use too: one pool per task process.
-    return DatabaseXComs(metastore().sessions)
+    return DatabaseXComs(metastore().sessions, resolve_xcom_backend())
 
 
 def warm_up() -> None:
@@ -74,7 +69,7 @@ def warm_up() -> None:
     logging.getLogger().setLevel(logging.INFO)
     # A folder that fails to load is reported by the attempt that needs it, with its error.
     with contextlib.suppress(Exception):
-        _dagbag().collect()
+        process_dagbag().collect()
     freeze_startup_objects()
 
 
@@ -182,8 +177,19 @@ def _succeeded(
     """The task returned: its return value (if pushed) in to_jsonable form, the tasks it chose to
     skip, and its success callbacks run."""
     try:
-        value = serialization.to_jsonable(
-            result if task.do_xcom_push else None, f"return value of task {task.task_id!r}"
+        value = (
+            stored_value(
+                resolve_xcom_backend(),
+                result,
+                key=RETURN_VALUE,
+                dag_id=request.dag_id,
+                run_id=request.run_id,
+                task_id=request.task_id,
+                map_index=request.map_index,
+                what=f"return value of task {task.task_id!r}",
+            )
+            if task.do_xcom_push and result is not None
+            else None
         )
     except SerializationError as exc:
         return _after_failure(task, request, context, exc, Failed(str(exc), "", allow_retry=False))
@@ -212,6 +218,16 @@ def _after_failure(
     return outcome
 
 
+def _after_skip(task: BaseOperator, context: Context | None, exc: SkipTask) -> Skipped:
+    """The task skipped itself (raised SkipTask, as a sensor's soft_fail does): its
+    on_skipped_callback runs, as in Airflow; a task skipped by a branch or a trigger rule never
+    runs, so none is called for it."""
+    if context is not None:
+        what = f"task {task.task_id!r} on_skipped_callback"
+        run_callbacks(task.on_skipped_callback, context, what=what)
+    return Skipped(_one_line(exc))
+
+
 def execute_attempt(request: AttemptRequest) -> Outcome:
     """Entry point in the child process. What it says of an error leaves with secrets masked:
     only this process knows the secrets its task read, and the worker records and logs it."""
@@ -220,7 +236,7 @@ def execute_attempt(request: AttemptRequest) -> Outcome:
 
 def _execute(request: AttemptRequest) -> Outcome:
     try:
-        dag = _dagbag().get_dag(request.dag_id)
+        dag = process_dagbag().get_dag(request.dag_id)
         task = copy.deepcopy(dag.get_task(request.task_id))
     except Exception as exc:
         return _failed(exc, allow_retry=True)
@@ -262,7 +278,7 @@ def _run(task: BaseOperator, request: AttemptRequest) -> Outcome:
     except TaskDeferred as deferred:
         return _deferral(task, deferred, deadline)
     except SkipTask as exc:
-        return Skipped(_one_line(exc))
+        return _after_skip(task, context, exc)
     except RescheduleTask as exc:
         return Rescheduled(exc.reschedule_date)
     except FailTask as exc:

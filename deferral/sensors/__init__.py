@@ -6,7 +6,7 @@ pokes once and hands the rest of the wait to a trigger. The ``*Async`` sensors a
 
 Each sensor lives in the module of Airflow's path (``deferral.sensors.time_delta``,
 ``.date_time``, ``.filesystem``, ``.bash``, ``.python``, ``.time_sensor``, ``.weekday``,
-``.base``) and is importable from here too.
+``.base``, ``.external_task``) and is importable from here too.
 """
 
 from deferral.sensors.base import (
@@ -18,6 +18,7 @@ from deferral.sensors.base import (
 )
 from deferral.sensors.bash import BashSensor
 from deferral.sensors.date_time import DateTimeSensor, DateTimeSensorAsync
+from deferral.sensors.external_task import ExternalTaskMarker, ExternalTaskSensor
 from deferral.sensors.filesystem import FileSensor
 from deferral.sensors.python import PythonSensor
 from deferral.sensors.time_delta import TimeDeltaSensor, TimeDeltaSensorAsync
@@ -32,6 +33,8 @@ __all__ = [
     "DateTimeSensor",
     "DateTimeSensorAsync",
     "DayOfWeekSensor",
+    "ExternalTaskMarker",
+    "ExternalTaskSensor",
     "FileSensor",
     "MomentSensor",
     "PokeReturnValue",

@@ -13,6 +13,14 @@ from deferral.sensors.base import BaseSensorOperator
 from deferral.utils.weekday import WeekDay
 
 
+def week_day_numbers(task_id: str, week_day: str | WeekDay | Iterable[str | WeekDay]) -> set[int]:
+    """The ISO numbers of a task's ``week_day`` argument; DagDefinitionError naming the task."""
+    try:
+        return WeekDay.validate_week_day(week_day)
+    except (AttributeError, TypeError) as exc:
+        raise DagDefinitionError(f"task {task_id!r}: week_day: {exc}") from None
+
+
 class DayOfWeekSensor(BaseSensorOperator):
     """Waits until the day of the week is one of ``week_day`` (a day name in any case, a
     ``WeekDay``, or a collection of them): the run's logical date's day with
@@ -35,10 +43,7 @@ class DayOfWeekSensor(BaseSensorOperator):
                 stacklevel=3,
             )
             use_task_logical_date = True
-        try:
-            self.week_day_numbers = WeekDay.validate_week_day(week_day)
-        except (AttributeError, TypeError) as exc:
-            raise DagDefinitionError(f"task {self.task_id!r}: week_day: {exc}") from None
+        self.week_day_numbers = week_day_numbers(self.task_id, week_day)
         self.week_day = week_day
         self.use_task_logical_date = use_task_logical_date
 

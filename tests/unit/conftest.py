@@ -12,6 +12,7 @@ import pytest
 from cryptography.fernet import Fernet
 
 from deferral import templating
+from deferral.dagbag import process_dagbag
 from worker import attempt
 
 
@@ -43,10 +44,10 @@ def attempt_dags(
         (folder / f"{module}.py").write_text(textwrap.dedent(source))
         return folder
 
-    attempt._dagbag.cache_clear()
+    process_dagbag.cache_clear()
     attempt._xcoms.cache_clear()
     yield write
-    attempt._dagbag.cache_clear()
+    process_dagbag.cache_clear()
     attempt._xcoms.cache_clear()
     for module in modules:
         sys.modules.pop(module, None)

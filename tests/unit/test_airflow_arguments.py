@@ -181,7 +181,6 @@ def test_default_args_reach_mapped_and_taskflow_tasks() -> None:
         ("max_active_tis_per_dag", 1),
         ("executor_config", {"k8s": {}}),
         ("outlets", ["dataset"]),
-        ("on_skipped_callback", print),
         ("start_date", dt.datetime(2030, 1, 1, tzinfo=dt.UTC)),
     ],
 )

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import datetime as dt
 from typing import Any
+from zoneinfo import ZoneInfo
 
 import pytest
 
 from deferral import DAG, TaskGroup
 from deferral.context import Context, DagRunInfo, RuntimeTaskInstance
+from deferral.dag import DagDefinitionError
 from deferral.operators import (
     BaseBranchOperator,
     BranchPythonOperator,
@@ -16,8 +18,12 @@ from deferral.operators import (
     ShortCircuitOperator,
 )
 from deferral.operators.branch import branch_skips
+from deferral.operators.datetime import BranchDateTimeOperator
+from deferral.operators.weekday import BranchDayOfWeekOperator
+from deferral.utils.weekday import WeekDay
 
 LOGICAL = dt.datetime(2024, 5, 1, tzinfo=dt.UTC)
+BERLIN = ZoneInfo("Europe/Berlin")
 
 
 class NoXComs:
@@ -164,3 +170,103 @@ def test_short_circuit_defaults_to_ignoring_downstream_trigger_rules() -> None:
     with DAG("s"):
         gate = ShortCircuitOperator(task_id="gate", python_callable=lambda: False)
     assert gate.ignore_downstream_trigger_rules is True
+
+
+# -- BranchDayOfWeekOperator, BranchDateTimeOperator ---------------------------------------------
+# As Airflow's example_branch_day_of_week_operator and example_branch_datetime_operator write them.
+
+
+def test_branch_day_of_week_follows_the_logical_dates_day() -> None:
+    # LOGICAL is a Wednesday.
+    with DAG("weekday_branch", schedule="@daily", start_date=LOGICAL):
+        empty_task_1 = EmptyOperator(task_id="branch_true")
+        empty_task_2 = EmptyOperator(task_id="branch_false")
+        empty_task_3 = EmptyOperator(task_id="branch_weekend")
+        empty_task_4 = EmptyOperator(task_id="branch_mid_week")
+        branch = BranchDayOfWeekOperator(
+            task_id="make_choice",
+            follow_task_ids_if_true="branch_true",
+            follow_task_ids_if_false="branch_false",
+            week_day="Monday",
+            use_task_logical_date=True,
+        )
+        branch_weekend = BranchDayOfWeekOperator(
+            task_id="make_weekend_choice",
+            follow_task_ids_if_true="branch_weekend",
+            follow_task_ids_if_false="branch_mid_week",
+            week_day={WeekDay.SATURDAY, WeekDay.SUNDAY, WeekDay.WEDNESDAY},
+            use_task_logical_date=True,
+        )
+        branch >> [empty_task_1, empty_task_2]
+        empty_task_2 >> branch_weekend >> [empty_task_3, empty_task_4]
+    assert execute(branch) == ("branch_false", {"branch_true"})
+    assert execute(branch_weekend) == ("branch_weekend", {"branch_mid_week"})
+
+
+def test_branch_day_of_week_refuses_a_bad_day() -> None:
+    with DAG("weekday_branch_bad"), pytest.raises(DagDefinitionError, match=r"'c'.*Funday"):
+        BranchDayOfWeekOperator(
+            task_id="c",
+            follow_task_ids_if_true="a",
+            follow_task_ids_if_false="b",
+            week_day="Funday",
+        )
+
+
+def datetime_branch(lower: Any, upper: Any, **kwargs: Any) -> BranchDateTimeOperator:
+    with DAG("datetime_branch", start_date=LOGICAL):
+        cond = BranchDateTimeOperator(
+            task_id="datetime_branch",
+            follow_task_ids_if_true=["date_in_range"],
+            follow_task_ids_if_false=["date_outside_range"],
+            target_upper=upper,
+            target_lower=lower,
+            use_task_logical_date=True,
+            **kwargs,
+        )
+        cond >> [
+            EmptyOperator(task_id="date_in_range"),
+            EmptyOperator(task_id="date_outside_range"),
+        ]
+    return cond
+
+
+@pytest.mark.parametrize(
+    ("lower", "upper", "chosen"),
+    [
+        # LOGICAL is 2024-05-01 00:00 UTC.
+        (dt.datetime(2024, 4, 30, 23), dt.datetime(2024, 5, 1, 1), "date_in_range"),
+        (dt.datetime(2024, 5, 1, 1), dt.datetime(2024, 5, 1, 2), "date_outside_range"),
+        (None, dt.datetime(2024, 5, 1, tzinfo=dt.UTC), "date_in_range"),
+        (dt.datetime(2024, 5, 1, 0, 0, 1), None, "date_outside_range"),
+        # Times of day; an upper time before the lower one spans midnight.
+        (dt.time(0, 0), dt.time(6, 0), "date_in_range"),
+        (dt.time(10, 0), dt.time(11, 0), "date_outside_range"),
+        (dt.time(15, 0), dt.time(0, 0), "date_outside_range"),
+    ],
+)
+def test_branch_datetime_compares_with_its_bounds(lower: Any, upper: Any, chosen: str) -> None:
+    other = {"date_in_range", "date_outside_range"} - {chosen}
+    assert execute(datetime_branch(lower, upper)) == ([chosen], other)
+
+
+def test_branch_datetime_bounds_in_the_dags_zone() -> None:
+    # 2024-05-01 00:00 UTC is 2024-05-01 02:00 in Berlin: 01:00-03:00 there holds it.
+    with DAG("datetime_branch_zone", start_date=dt.datetime(2024, 1, 1, tzinfo=BERLIN)):
+        cond = BranchDateTimeOperator(
+            task_id="c",
+            follow_task_ids_if_true="t",
+            follow_task_ids_if_false="f",
+            target_lower=dt.datetime(2024, 5, 1, 1),
+            target_upper=dt.datetime(2024, 5, 1, 3),
+            use_task_logical_date=True,
+        )
+        cond >> [EmptyOperator(task_id="t"), EmptyOperator(task_id="f")]
+    assert execute(cond) == ("t", {"f"})
+
+
+def test_branch_datetime_refuses_no_bounds_and_bad_ones() -> None:
+    with pytest.raises(DagDefinitionError, match=r"'datetime_branch'.*both None"):
+        datetime_branch(None, None)
+    with pytest.raises(DagDefinitionError, match=r"target_upper must be a datetime.*str"):
+        datetime_branch(None, "2024-05-01")

@@ -32,7 +32,13 @@ class NoXComs:
 
 @pytest.mark.parametrize(
     "name",
-    ["on_execute_callback", "on_success_callback", "on_failure_callback", "on_retry_callback"],
+    [
+        "on_execute_callback",
+        "on_success_callback",
+        "on_failure_callback",
+        "on_retry_callback",
+        "on_skipped_callback",
+    ],
 )
 def test_task_callbacks_accept_a_callable_or_a_list_and_refuse_anything_else(name: str) -> None:
     def one(context: Any) -> None:

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from deferral import serialization
-from worker import attempt
+from deferral.dagbag import process_dagbag
 from worker.attempt import execute_attempt
 from worker.outcomes import AttemptRequest, Deferred, Failed, Skipped, Succeeded
 
@@ -344,7 +344,7 @@ def test_resume_calls_method_with_context_event_and_kwargs_on_fresh_instance() -
     assert result["logical_date"] == LOGICAL
     assert result["params"] == {"p": 1, "shared": "conf"}  # conf overrides DAG params
     # The operator the DAG file built is untouched as well.
-    original = attempt._dagbag().get_dag(DAG_ID).get_task("resumable")
+    original = process_dagbag().get_dag(DAG_ID).get_task("resumable")
     assert not hasattr(original, "marker")
 
 

@@ -12,6 +12,7 @@ Pure code on typed values: ``now`` is an argument, never read from a clock here.
 from __future__ import annotations
 
 import datetime as dt
+import inspect
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any, TypeAlias
@@ -86,10 +87,28 @@ def _utc(value: dt.datetime) -> dt.datetime:
 
 
 class Timetable(ABC):
-    #: How ``deferral dags list`` and the ``dag`` table show the schedule.
-    summary: str
+    """The base of every timetable, deferral's and a DAG file's own (Airflow's
+    ``airflow.timetables.base.Timetable``: give an instance as ``schedule=`` or ``timetable=``).
+
+    Deferral's timetables take ``now``; one written for Airflow reads the clock itself and
+    its ``next_dagrun_info`` takes no ``now`` (``next_info`` calls either kind)."""
+
     #: False for ``schedule=None``: only manual runs and nothing to backfill.
     can_be_scheduled = True
+    #: Airflow's: whether runs fall at regular intervals (shown, not acted on).
+    periodic = True
+    #: Airflow's: a longer text about the schedule (shown, not acted on).
+    description = ""
+
+    @property
+    def summary(self) -> str:
+        """How ``deferral dags list`` and the ``dag`` table show the schedule: the class name
+        unless set, as in Airflow."""
+        return str(self.__dict__.get("_summary") or type(self).__name__)
+
+    @summary.setter
+    def summary(self, value: str) -> None:
+        self.__dict__["_summary"] = value
 
     @abstractmethod
     def next_dagrun_info(
@@ -104,6 +123,92 @@ class Timetable(ABC):
     @abstractmethod
     def infer_manual_data_interval(self, *, run_after: dt.datetime) -> DataInterval:
         """The data interval of a run triggered by hand at ``run_after``."""
+
+
+class UserTimetableError(InvalidSchedule):
+    """A DAG file's own timetable raised, or returned what is not a run: the message names its
+    class and the method."""
+
+
+_BUILT_IN_MODULE = __name__
+
+
+def is_built_in(timetable: Timetable) -> bool:
+    """One of deferral's own timetables (not a DAG file's)."""
+    return type(timetable).__module__ == _BUILT_IN_MODULE
+
+
+def _takes_now(timetable: Timetable) -> bool:
+    """Whether ``timetable.next_dagrun_info`` takes ``now`` (deferral's) or not (Airflow's)."""
+    parameters = inspect.signature(timetable.next_dagrun_info).parameters
+    return "now" in parameters or any(p.kind is p.VAR_KEYWORD for p in parameters.values())
+
+
+def _aware(timetable: Timetable, method: str, value: object) -> dt.datetime:
+    if not isinstance(value, dt.datetime) or value.utcoffset() is None:
+        raise UserTimetableError(
+            f"timetable {type(timetable).__name__}.{method} returned {value!r}, not a "
+            "tz-aware datetime"
+        )
+    return _utc(value)
+
+
+def _checked_interval(timetable: Timetable, method: str, value: object) -> DataInterval:
+    start, end = getattr(value, "start", None), getattr(value, "end", None)
+    return DataInterval(_aware(timetable, method, start), _aware(timetable, method, end))
+
+
+def _user_call(timetable: Timetable, method: str, call: Any) -> Any:
+    """``call()`` of a DAG file's timetable, what it raises said as UserTimetableError."""
+    try:
+        return call()
+    except UserTimetableError:
+        raise
+    except Exception as exc:
+        raise UserTimetableError(
+            f"timetable {type(timetable).__name__}.{method} raised {type(exc).__name__}: {exc}"
+        ) from exc
+
+
+def next_info(
+    timetable: Timetable,
+    *,
+    last_automated_data_interval: DataInterval | None,
+    restriction: TimeRestriction,
+    now: dt.datetime,
+) -> DagRunInfo | None:
+    """``timetable.next_dagrun_info``, of deferral's kind or Airflow's (no ``now``); what a DAG
+    file's timetable returns is checked (tz-aware, in UTC after) and what it raises is a
+    UserTimetableError naming it."""
+    if is_built_in(timetable):
+        return timetable.next_dagrun_info(
+            last_automated_data_interval=last_automated_data_interval,
+            restriction=restriction,
+            now=now,
+        )
+    kwargs: dict[str, Any] = {
+        "last_automated_data_interval": last_automated_data_interval,
+        "restriction": restriction,
+    }
+    if _takes_now(timetable):
+        kwargs["now"] = now
+    method = "next_dagrun_info"
+    info = _user_call(timetable, method, lambda: timetable.next_dagrun_info(**kwargs))
+    if info is None:
+        return None
+    interval = _checked_interval(timetable, method, getattr(info, "data_interval", None))
+    return DagRunInfo(_aware(timetable, method, getattr(info, "run_after", None)), interval)
+
+
+def manual_interval(timetable: Timetable, run_after: dt.datetime) -> DataInterval:
+    """``timetable.infer_manual_data_interval(run_after=...)``, checked as ``next_info``."""
+    method = "infer_manual_data_interval"
+    interval = _user_call(
+        timetable, method, lambda: timetable.infer_manual_data_interval(run_after=run_after)
+    )
+    if is_built_in(timetable):
+        return interval
+    return _checked_interval(timetable, method, interval)
 
 
 class NullTimetable(Timetable):
@@ -335,15 +440,18 @@ class DeltaDataIntervalTimetable(_DataIntervalTimetable):
 
 
 def create_timetable(schedule: Any, timezone: dt.tzinfo) -> Timetable:
-    """The timetable of a DAG's ``schedule``; raises InvalidSchedule saying what is wrong."""
+    """The timetable of a DAG's ``schedule`` (a Timetable is its own); raises InvalidSchedule
+    saying what is wrong."""
+    if isinstance(schedule, Timetable):
+        return schedule
     if schedule is None:
         return NullTimetable()
     if isinstance(schedule, dt.timedelta | relativedelta):
         return DeltaDataIntervalTimetable(schedule)
     if not isinstance(schedule, str):
         raise InvalidSchedule(
-            f"schedule must be a cron expression, a preset such as '@daily', a timedelta or "
-            f"None, not {type(schedule).__name__}"
+            f"schedule must be a cron expression, a preset such as '@daily', a timedelta, a "
+            f"Timetable or None, not {type(schedule).__name__}"
         )
     if schedule == ONCE:
         return OnceTimetable()
@@ -359,12 +467,15 @@ def infos_between(
     ``dags backfill`` creates them: the DAG's own start date, end date and catchup do not apply."""
     restriction = TimeRestriction(earliest, latest, catchup=True)
     infos: list[DagRunInfo] = []
-    info = timetable.next_dagrun_info(
-        last_automated_data_interval=None, restriction=restriction, now=latest
+    info = next_info(
+        timetable, last_automated_data_interval=None, restriction=restriction, now=latest
     )
     while info is not None and (not infos or info.logical_date > infos[-1].logical_date):
         infos.append(info)
-        info = timetable.next_dagrun_info(
-            last_automated_data_interval=info.data_interval, restriction=restriction, now=latest
+        info = next_info(
+            timetable,
+            last_automated_data_interval=info.data_interval,
+            restriction=restriction,
+            now=latest,
         )
     return infos
