@@ -109,6 +109,7 @@ ALIASES: dict[str, Alias] = {
     "airflow.utils.context": Alias(names=_names("deferral.context", "Context")),
     "airflow.utils.dates": Alias("deferral.utils.dates"),
     "airflow.utils.edgemodifier": Alias("deferral.utils.edgemodifier"),
+    "airflow.utils.email": Alias("deferral.utils.email"),
     "airflow.utils.helpers": Alias(names=_names("deferral", "chain", "cross_downstream")),
     "airflow.utils.task_group": Alias("deferral.utils.task_group"),
     "airflow.utils.trigger_rule": Alias("deferral.utils.trigger_rule"),

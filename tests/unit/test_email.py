@@ -1,0 +1,138 @@
+"""Email alerts and the SMTP settings: what a failed try mails (Airflow's default alert), to
+whom, when; a malformed DEFERRAL_SMTP_* setting named; the password never shown."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import pytest
+
+from deferral import DAG
+from deferral.config import ConfigError, smtp_settings
+from deferral.operators.empty import EmptyOperator
+from deferral.secrets_masker import redact
+from deferral.utils.email import (
+    EmailAlert,
+    EmailNotConfigured,
+    failure_alert,
+    get_email_address_list,
+    send_email,
+)
+from tests.smtp import free_port
+from worker.mail import Mail, Mailer
+
+SMTP = {"DEFERRAL_SMTP_HOST": "mail.example.com", "DEFERRAL_SMTP_MAIL_FROM": "d@example.com"}
+
+
+def _alert(task: Any, *, retrying: bool, map_index: int = -1) -> EmailAlert | None:
+    return failure_alert(
+        task,
+        retrying=retrying,
+        dag_id="etl",
+        run_id="manual__1",
+        map_index=map_index,
+        try_number=1,
+        max_tries=2,
+        error="ValueError: <b>bad</b>\nsecond line",
+        hostname="w1",
+    )
+
+
+def test_alert_is_airflows_default_subject_and_body() -> None:
+    with DAG("etl"):
+        task = EmptyOperator(task_id="load", email="a@example.com; b@example.com")
+    alert = _alert(task, retrying=True)
+    assert alert == EmailAlert(
+        ("a@example.com", "b@example.com"),
+        "deferral alert: <TaskInstance: etl.load manual__1 [up_for_retry]>",
+        "Try 1 out of 3<br>Exception:<br>ValueError: &lt;b&gt;bad&lt;/b&gt;<br>second line<br>"
+        "Log: deferral tasks logs etl manual__1 load --try 1<br>Host: w1<br>",
+    )
+    mapped = _alert(task, retrying=False, map_index=4)
+    assert mapped is not None
+    assert mapped.subject.endswith("manual__1 map_index=4 [failed]>")
+    assert "--try 1 --map-index 4<br>" in mapped.html_content
+
+
+def test_alert_follows_the_flag_of_its_outcome() -> None:
+    with DAG("etl"):
+        no_retry_mail = EmptyOperator(task_id="a", email=["x@example.com"], email_on_retry=False)
+        no_address = EmptyOperator(task_id="b", email_on_failure=True)
+    assert _alert(no_retry_mail, retrying=True) is None
+    assert _alert(no_retry_mail, retrying=False) is not None
+    assert _alert(no_address, retrying=False) is None
+
+
+def test_address_lists() -> None:
+    assert get_email_address_list("a@x.com, b@x.com;c@x.com") == ["a@x.com", "b@x.com", "c@x.com"]
+    assert get_email_address_list(["a@x.com", " "]) == ["a@x.com"]
+
+
+def test_smtp_settings_defaults_and_no_host() -> None:
+    assert smtp_settings({}) is None
+    assert smtp_settings({"DEFERRAL_SMTP_HOST": ""}) is None
+    smtp = smtp_settings(SMTP)
+    assert smtp is not None
+    assert (smtp.port, smtp.starttls, smtp.ssl, smtp.timeout_sec) == (25, True, False, 30.0)
+    assert smtp.user is None and smtp.password is None
+
+
+@pytest.mark.parametrize(
+    ("extra", "fragment"),
+    [
+        ({"DEFERRAL_SMTP_MAIL_FROM": ""}, "DEFERRAL_SMTP_MAIL_FROM is not set"),
+        ({"DEFERRAL_SMTP_MAIL_FROM": "nobody"}, "DEFERRAL_SMTP_MAIL_FROM is malformed"),
+        ({"DEFERRAL_SMTP_PORT": "70000"}, "DEFERRAL_SMTP_PORT is malformed"),
+        ({"DEFERRAL_SMTP_STARTTLS": "maybe"}, "DEFERRAL_SMTP_STARTTLS is malformed"),
+        ({"DEFERRAL_SMTP_SSL": "true"}, "DEFERRAL_SMTP_SSL and DEFERRAL_SMTP_STARTTLS"),
+        ({"DEFERRAL_SMTP_USER": "u"}, "DEFERRAL_SMTP_USER is set without"),
+        ({"DEFERRAL_SMTP_PASSWORD": "p4ssw0rd"}, "DEFERRAL_SMTP_PASSWORD is set without"),
+        ({"DEFERRAL_SMTP_TIMEOUT_SEC": "0"}, "DEFERRAL_SMTP_TIMEOUT_SEC is malformed"),
+    ],
+)
+def test_malformed_smtp_setting_is_named(extra: dict[str, str], fragment: str) -> None:
+    with pytest.raises(ConfigError, match=fragment) as raised:
+        smtp_settings({**SMTP, **extra})
+    assert "p4ssw0rd" not in str(raised.value)
+
+
+def test_smtp_password_is_masked_and_not_in_the_repr() -> None:
+    password = "Smtp-pass-9931"
+    smtp = smtp_settings({**SMTP, "DEFERRAL_SMTP_USER": "u", "DEFERRAL_SMTP_PASSWORD": password})
+    assert smtp is not None and smtp.password == password
+    assert password not in repr(smtp)
+    assert redact(f"login failed for {password}") == "login failed for ***"
+
+
+def test_send_email_without_a_server_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("DEFERRAL_SMTP_HOST", raising=False)
+    with pytest.raises(EmailNotConfigured, match="DEFERRAL_SMTP_HOST is not set"):
+        send_email("a@example.com", "s", "<p>x</p>")
+
+
+def test_mailer_logs_one_line_when_the_server_is_unreachable(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Nothing listens on the port: the alert is dropped with one line naming the task."""
+    env = {**SMTP, "DEFERRAL_SMTP_HOST": "127.0.0.1", "DEFERRAL_SMTP_PORT": str(free_port())}
+    mailer = Mailer(smtp_settings({**env, "DEFERRAL_SMTP_STARTTLS": "false"}))
+    alert = EmailAlert(("ops@example.com",), "subject", "<p>body</p>")
+    with caplog.at_level(logging.INFO, logger="deferral.worker.mail"):
+        mailer.send([Mail(alert, "etl.r.load", {})])
+        mailer.close()
+    assert [r.getMessage() for r in caplog.records] == [
+        "email alert for etl.r.load to ops@example.com not sent: ConnectionRefusedError:"
+        " [Errno 111] Connection refused"
+    ]
+
+
+def test_mailer_without_smtp_settings_logs_why(caplog: pytest.LogCaptureFixture) -> None:
+    mailer = Mailer(None)
+    alert = EmailAlert(("ops@example.com",), "subject", "<p>body</p>")
+    with caplog.at_level(logging.INFO, logger="deferral.worker.mail"):
+        mailer.send([Mail(alert, "etl.r.load", {})])
+        mailer.close()
+    assert [r.getMessage() for r in caplog.records] == [
+        "email alert for etl.r.load to ops@example.com not sent: DEFERRAL_SMTP_HOST is not set"
+    ]
