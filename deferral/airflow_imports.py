@@ -85,6 +85,7 @@ ALIASES: dict[str, Alias] = {
     "airflow.operators.bash": Alias("deferral.operators.bash"),
     "airflow.operators.python": Alias("deferral.operators.python"),
     "airflow.operators.empty": Alias("deferral.operators.empty"),
+    "airflow.operators.email": Alias("deferral.operators.email"),
     "airflow.operators.latest_only": Alias("deferral.operators.latest_only"),
     "airflow.operators.branch": Alias("deferral.operators.branch"),
     "airflow.sensors": Alias(),

@@ -367,6 +367,12 @@ def max_map_length() -> int:
     return _one_setting("MAX_MAP_LENGTH", _positive_int, str(DEFAULT_MAX_MAP_LENGTH))
 
 
+def venv_cache_path() -> str | None:
+    """``DEFERRAL_VENV_CACHE_PATH``: where PythonVirtualenvOperator keeps the virtualenvs it
+    makes, for tasks without their own ``venv_cache_path`` (unset: made for each attempt)."""
+    return os.environ.get(f"{ENV_PREFIX}VENV_CACHE_PATH", "").strip() or None
+
+
 def _port(raw: str) -> int:
     value = int(raw)
     if not 0 < value < 65536:

@@ -52,20 +52,27 @@ def _states(sessions: sessionmaker[Session]) -> dict[str, str]:
     return {task_id: state for task_id, state in rows}
 
 
+def _run_to_failure(
+    services: Services, sessions: sessionmaker[Session], env: dict[str, str]
+) -> None:
+    """Start the services with ``env`` and run the DAG until both its tasks failed."""
+    services.env.update(env)
+    services.start("scheduler")
+    services.start("worker")
+    assert services.run("dags", "trigger", "e2e_email").returncode == 0
+    wait_for(
+        lambda: _states(sessions) == {"flaky": "failed", "quiet": "failed"},
+        timeout=120,
+        what="both tasks failed",
+    )
+
+
 def test_alerts_on_retry_and_on_failure(
     services: Services, write_dag: Any, sessions: sessionmaker[Session]
 ) -> None:
     write_dag("e2e_email_dag", DAG)
     with smtp_server() as mailbox:
-        services.env.update(mailbox.env())
-        services.start("scheduler")
-        services.start("worker")
-        assert services.run("dags", "trigger", "e2e_email").returncode == 0
-        wait_for(
-            lambda: _states(sessions) == {"flaky": "failed", "quiet": "failed"},
-            timeout=120,
-            what="both tasks failed",
-        )
+        _run_to_failure(services, sessions, mailbox.env())
         wait_for(lambda: len(mailbox.messages) >= 2, timeout=60, what="two alerts")
         services.stop_all()  # a stopping worker sends what it queued first
 
@@ -98,15 +105,7 @@ def test_a_mail_server_that_refuses_costs_no_outcome(
     write_dag("e2e_email_dag", DAG)
     wrong_password = "not-the-Password-7731"
     with smtp_server() as mailbox:
-        services.env.update(mailbox.env(password=wrong_password))
-        services.start("scheduler")
-        services.start("worker")
-        assert services.run("dags", "trigger", "e2e_email").returncode == 0
-        wait_for(
-            lambda: _states(sessions) == {"flaky": "failed", "quiet": "failed"},
-            timeout=120,
-            what="both tasks failed",
-        )
+        _run_to_failure(services, sessions, mailbox.env(password=wrong_password))
         wait_for(
             lambda: services.log("worker").count("not sent: SMTPAuthenticationError") == 2,
             timeout=60,

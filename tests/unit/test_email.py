@@ -4,12 +4,15 @@ whom, when; a malformed DEFERRAL_SMTP_* setting named; the password never shown.
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from deferral import DAG
-from deferral.config import ConfigError, smtp_settings
+from deferral.config import ConfigError, SmtpSettings, smtp_settings
+from deferral.dag import DagDefinitionError
+from deferral.operators.email import EmailOperator
 from deferral.operators.empty import EmptyOperator
 from deferral.secrets_masker import redact
 from deferral.utils.email import (
@@ -19,7 +22,7 @@ from deferral.utils.email import (
     get_email_address_list,
     send_email,
 )
-from tests.smtp import free_port
+from tests.smtp import free_port, smtp_server
 from worker.mail import Mail, Mailer
 
 SMTP = {"DEFERRAL_SMTP_HOST": "mail.example.com", "DEFERRAL_SMTP_MAIL_FROM": "d@example.com"}
@@ -111,28 +114,60 @@ def test_send_email_without_a_server_says_so(monkeypatch: pytest.MonkeyPatch) ->
         send_email("a@example.com", "s", "<p>x</p>")
 
 
+def _mailer_says(smtp: SmtpSettings | None, caplog: pytest.LogCaptureFixture) -> list[str]:
+    """What the mailer logs of one alert it is handed."""
+    mailer = Mailer(smtp)
+    alert = EmailAlert(("ops@example.com",), "subject", "<p>body</p>")
+    with caplog.at_level(logging.INFO, logger="deferral.worker.mail"):
+        mailer.send([Mail(alert, "etl.r.load", {})])
+        mailer.close()
+    return [r.getMessage() for r in caplog.records]
+
+
 def test_mailer_logs_one_line_when_the_server_is_unreachable(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     """Nothing listens on the port: the alert is dropped with one line naming the task."""
     env = {**SMTP, "DEFERRAL_SMTP_HOST": "127.0.0.1", "DEFERRAL_SMTP_PORT": str(free_port())}
-    mailer = Mailer(smtp_settings({**env, "DEFERRAL_SMTP_STARTTLS": "false"}))
-    alert = EmailAlert(("ops@example.com",), "subject", "<p>body</p>")
-    with caplog.at_level(logging.INFO, logger="deferral.worker.mail"):
-        mailer.send([Mail(alert, "etl.r.load", {})])
-        mailer.close()
-    assert [r.getMessage() for r in caplog.records] == [
+    assert _mailer_says(smtp_settings({**env, "DEFERRAL_SMTP_STARTTLS": "false"}), caplog) == [
         "email alert for etl.r.load to ops@example.com not sent: ConnectionRefusedError:"
         " [Errno 111] Connection refused"
     ]
 
 
 def test_mailer_without_smtp_settings_logs_why(caplog: pytest.LogCaptureFixture) -> None:
-    mailer = Mailer(None)
-    alert = EmailAlert(("ops@example.com",), "subject", "<p>body</p>")
-    with caplog.at_level(logging.INFO, logger="deferral.worker.mail"):
-        mailer.send([Mail(alert, "etl.r.load", {})])
-        mailer.close()
-    assert [r.getMessage() for r in caplog.records] == [
+    assert _mailer_says(None, caplog) == [
         "email alert for etl.r.load to ops@example.com not sent: DEFERRAL_SMTP_HOST is not set"
     ]
+
+
+@pytest.mark.filterwarnings("ignore:Requiring AUTH:UserWarning")
+def test_email_operator_sends_through_the_smtp_server(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    report = tmp_path / "report.csv"
+    report.write_text("a,b\n1,2\n")
+    with DAG("mail"):
+        task = EmailOperator(
+            task_id="send",
+            to="ops@example.com",
+            cc=["lead@example.com"],
+            subject="Report",
+            html_content="<p>done</p>",
+            files=[str(report)],
+        )
+    with smtp_server() as mailbox:
+        for key, value in mailbox.env().items():
+            monkeypatch.setenv(key, value)
+        task.execute({})  # type: ignore[arg-type]
+    (message,) = mailbox.messages
+    assert mailbox.recipients == [["ops@example.com", "lead@example.com"]]
+    assert (message["Subject"], message["Cc"]) == ("Report", "lead@example.com")
+    attachment = next(message.iter_attachments())
+    assert attachment.get_filename() == "report.csv"
+    assert attachment.get_content() == "a,b\n1,2\n"
+
+
+def test_email_operator_needs_an_address() -> None:
+    with DAG("mail"), pytest.raises(DagDefinitionError, match="to must be an address"):
+        EmailOperator(task_id="send", to=[], subject="s", html_content="x")
