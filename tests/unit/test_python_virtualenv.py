@@ -24,6 +24,7 @@ from deferral.operators.python import (
     is_venv_installed,
 )
 from deferral.utils.python_virtualenv import MARKER, function_source
+from tests.helpers import process_alive, wait_for
 from tests.unit.test_attempt_authoring import MemoryXComs
 from worker import attempt
 from worker.attempt import execute_attempt
@@ -33,6 +34,7 @@ LOGICAL = dt.datetime(2024, 2, 3, 4, 5, tzinfo=dt.UTC)
 
 # Written as Airflow's example_python_operator.py writes its virtualenv tasks.
 DAG_SOURCE = """
+import datetime as dt
 import sys
 
 from deferral import DAG, task
@@ -82,6 +84,15 @@ def wants_ti(ti):
     return ti
 
 
+def sleeps(pid_file):
+    import os
+    import time
+
+    with open(pid_file, "w") as file:
+        file.write(str(os.getpid()))
+    time.sleep(300)
+
+
 def returns_a_script_class():
     import collections
 
@@ -128,6 +139,12 @@ with DAG("venv_dag", params={{"size": 3}}) as dag:
     PythonVirtualenvOperator(task_id="old_python", python_callable=breaks, python_version="2.7")
     PythonVirtualenvOperator(task_id="wants_ti", python_callable=wants_ti)
     PythonVirtualenvOperator(task_id="local_class", python_callable=returns_a_script_class)
+    PythonVirtualenvOperator(
+        task_id="too_long",
+        python_callable=sleeps,
+        op_args=[{pid_file!r}],
+        execution_timeout=dt.timedelta(seconds=10),  # the virtualenv is made within it
+    )
     ExternalPythonOperator(
         task_id="no_such_python", python="/nonexistent/bin/python", python_callable=breaks
     )
@@ -177,8 +194,9 @@ def build_wheel(folder: Path) -> Path:
 def paths(attempt_dags: Callable[[str], Path], tmp_path: Path) -> dict[str, Path]:
     wheels = build_wheel(tmp_path / "wheels")
     cache = tmp_path / "venv-cache"
-    attempt_dags(DAG_SOURCE.format(wheels=str(wheels), cache=str(cache)))
-    return {"wheels": wheels, "cache": cache}
+    pid_file = tmp_path / "function.pid"
+    attempt_dags(DAG_SOURCE.format(wheels=str(wheels), cache=str(cache), pid_file=str(pid_file)))
+    return {"wheels": wheels, "cache": cache, "pid_file": pid_file}
 
 
 @pytest.fixture(autouse=True)
@@ -278,6 +296,14 @@ def test_failures_name_their_cause(paths: dict[str, Path], task_id: str, error: 
     outcome = run(task_id)
     assert isinstance(outcome, Failed), outcome
     assert outcome.error.startswith(error), outcome.error
+
+
+def test_execution_timeout_stops_the_function(paths: dict[str, Path]) -> None:
+    outcome = run("too_long")
+    assert isinstance(outcome, Failed), outcome
+    assert outcome.error.startswith("TaskExecutionTimeout: execution_timeout passed")
+    pid = int(paths["pid_file"].read_text())
+    wait_for(lambda: not process_alive(pid), timeout=30, what="the function's process to end")
 
 
 def test_skip_on_exit_code(paths: dict[str, Path]) -> None:
