@@ -125,6 +125,21 @@ with DAG("venv_dag", params={{"size": 3}}) as dag:
         pip_install_options=["--no-index", "--find-links", {wheels!r}],
         venv_cache_path={cache!r},
     )
+    PythonVirtualenvOperator(
+        task_id="requirements_file",
+        python_callable=uses_the_local_wheel,
+        requirements="venv_requirements.txt",
+        system_site_packages=False,
+        pip_install_options=["--no-index", "--find-links", {wheels!r}],
+        venv_cache_path={cache!r},
+    )
+    PythonVirtualenvOperator(
+        task_id="missing_requirement",
+        python_callable=uses_the_local_wheel,
+        requirements=["tinypkg==2.0"],
+        pip_install_options=["--no-index", "--find-links", {wheels!r}],
+        venv_cache_path={cache!r},
+    )
     ExternalPythonOperator(
         task_id="external_python",
         python=PATH_TO_PYTHON_BINARY,
@@ -195,7 +210,10 @@ def paths(attempt_dags: Callable[[str], Path], tmp_path: Path) -> dict[str, Path
     wheels = build_wheel(tmp_path / "wheels")
     cache = tmp_path / "venv-cache"
     pid_file = tmp_path / "function.pid"
-    attempt_dags(DAG_SOURCE.format(wheels=str(wheels), cache=str(cache), pid_file=str(pid_file)))
+    folder = attempt_dags(
+        DAG_SOURCE.format(wheels=str(wheels), cache=str(cache), pid_file=str(pid_file))
+    )
+    (folder / "venv_requirements.txt").write_text("# what the report needs\ntinypkg==1.0\n\n")
     return {"wheels": wheels, "cache": cache, "pid_file": pid_file}
 
 
@@ -261,6 +279,18 @@ def test_requirements_from_a_local_wheel_and_the_cache(
     assert "made the cached virtualenv" in capfd.readouterr().out
     assert run("local_wheel") == Succeeded(42)
     assert f"reusing the cached virtualenv {made[0]}" in capfd.readouterr().out
+    # A requirements file (a template file beside the DAG) listing the same: the same one.
+    assert run("requirements_file") == Succeeded(42)
+    assert f"reusing the cached virtualenv {made[0]}" in capfd.readouterr().out
+
+
+def test_a_failed_install_leaves_no_cached_virtualenv(paths: dict[str, Path]) -> None:
+    outcome = run("missing_requirement")
+    assert isinstance(outcome, Failed), outcome
+    assert outcome.error.startswith(
+        "VirtualenvError: installing the requirements failed with exit code 1: ERROR: No matching"
+    ), outcome.error
+    assert [p for p in paths["cache"].iterdir() if p.is_dir()] == []
 
 
 def test_external_python_and_taskflow_decorators(
