@@ -9,7 +9,7 @@ from typing import Any
 from deferral.baseoperator import BaseOperator
 from deferral.context import Context
 from deferral.dag import DagDefinitionError
-from deferral.utils.email import check_email_argument, send_email
+from deferral.utils.email import CONN_IDS, check_email_argument, conn_id_refusal, send_email
 
 
 class EmailOperator(BaseOperator):
@@ -31,9 +31,13 @@ class EmailOperator(BaseOperator):
         bcc: str | Sequence[str] | None = None,
         mime_subtype: str = "mixed",
         mime_charset: str = "utf-8",
+        conn_id: str = "smtp_default",
+        custom_headers: dict[str, str] | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
+        if conn_id not in CONN_IDS:
+            raise DagDefinitionError(f"task {self.task_id!r}: {conn_id_refusal(conn_id)}")
         for name, addresses in (("to", to), ("cc", cc), ("bcc", bcc)):
             error = check_email_argument(addresses)
             if error or (name == "to" and not addresses):
@@ -49,6 +53,8 @@ class EmailOperator(BaseOperator):
         self.bcc = bcc
         self.mime_subtype = mime_subtype
         self.mime_charset = mime_charset
+        self.conn_id = conn_id
+        self.custom_headers = custom_headers
 
     def execute(self, context: Context) -> None:
         send_email(
@@ -60,4 +66,6 @@ class EmailOperator(BaseOperator):
             bcc=self.bcc,
             mime_subtype=self.mime_subtype,
             mime_charset=self.mime_charset,
+            conn_id=self.conn_id,
+            custom_headers=self.custom_headers,
         )

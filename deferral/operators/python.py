@@ -11,8 +11,9 @@ import os
 import subprocess
 import tempfile
 import types
+from abc import abstractmethod
 from collections.abc import Callable, Container, Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -296,10 +297,9 @@ class _BaseVirtualenvOperator(PythonOperator):
         self.inherit_env = inherit_env
         self._process: subprocess.Popen[bytes] | None = None
 
-    @contextmanager
-    def virtualenv_python(self) -> Iterator[str]:
+    @abstractmethod
+    def virtualenv_python(self) -> AbstractContextManager[str]:
         """The python to run the function with, for as long as the attempt uses it."""
-        raise NotImplementedError
 
     def execute(self, context: Context) -> Any:
         kwargs = self._call_kwargs(context)
@@ -351,12 +351,9 @@ class _BaseVirtualenvOperator(PythonOperator):
         if self.templates_dict:
             kwargs["templates_dict"] = self.templates_dict
         kwargs.update(context_arguments(self.python_callable, self.op_args, kwargs, plain))
-        filled = set(kwargs) | set(
-            _positional_names(
-                inspect.signature(self.python_callable).parameters.values(), self.op_args
-            )
-        )
-        for parameter in inspect.signature(self.python_callable).parameters.values():
+        parameters = inspect.signature(self.python_callable).parameters.values()
+        filled = set(kwargs) | set(_positional_names(parameters, self.op_args))
+        for parameter in parameters:
             required = parameter.default is inspect.Parameter.empty
             if required and parameter.name in context and parameter.name not in filled:
                 raise VirtualenvError(

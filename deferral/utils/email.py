@@ -13,7 +13,7 @@ import html
 import mimetypes
 import smtplib
 import ssl
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from email.message import EmailMessage
 from pathlib import Path
@@ -22,6 +22,17 @@ from typing import Any
 from deferral.config import SmtpSettings, smtp_settings
 
 __all__ = ["EmailAlert", "failure_alert", "get_email_address_list", "send_email"]
+
+
+# The ``conn_id``s accepted: none, or Airflow's default (whose settings DEFERRAL_SMTP_* are).
+CONN_IDS = (None, "smtp_default")
+
+
+def conn_id_refusal(conn_id: Any) -> str:
+    return (
+        f"conn_id={conn_id!r} is not supported by deferral: mail goes through the"
+        " DEFERRAL_SMTP_* server (Airflow's smtp_default)"
+    )
 
 
 class EmailNotConfigured(RuntimeError):
@@ -102,13 +113,18 @@ def send_email(
     bcc: str | Iterable[str] | None = None,
     mime_subtype: str = "mixed",
     mime_charset: str = "utf-8",
+    conn_id: str | None = None,
+    custom_headers: Mapping[str, str] | None = None,
     from_email: str | None = None,
     settings: SmtpSettings | None = None,
-    **kwargs: Any,
 ) -> None:
-    """Send an HTML email (``files`` attached) through the ``DEFERRAL_SMTP_*`` server (or
-    ``settings``), as Airflow's ``send_email``; ``dryrun`` builds it without sending. Raises
-    EmailNotConfigured without ``DEFERRAL_SMTP_HOST``, and smtplib's errors as they come."""
+    """Send an HTML email (``files`` attached, ``custom_headers`` added) through the
+    ``DEFERRAL_SMTP_*`` server (or ``settings``), as Airflow's ``send_email``; ``dryrun`` builds
+    it without sending. ``conn_id``: only Airflow's ``smtp_default`` (the server is deferral's
+    settings, not a Connection). Raises EmailNotConfigured without ``DEFERRAL_SMTP_HOST``, and
+    smtplib's errors as they come."""
+    if conn_id not in CONN_IDS:
+        raise ValueError(conn_id_refusal(conn_id))
     smtp = settings or smtp_settings()
     if smtp is None:
         raise EmailNotConfigured("DEFERRAL_SMTP_HOST is not set: deferral has no SMTP server")
@@ -123,6 +139,8 @@ def send_email(
             recipients += listed
             if header == "Cc":
                 message[header] = ", ".join(listed)
+    for name, value in (custom_headers or {}).items():
+        message[name] = value
     message.set_content(html_content, subtype="html", charset=mime_charset)
     if files:
         if mime_subtype == "related":

@@ -79,7 +79,8 @@ def find_python(python_version: str | None) -> str:
     if python_version is None or python_version in running:
         return sys.executable
     found = shutil.which(f"python{python_version}")
-    if found is None or _version_of(found) is None:
+    version = None if found is None else _version_of(found)
+    if found is None or version is None or not f"{version}.".startswith(f"{python_version}."):
         raise VirtualenvError(
             f"python_version {python_version!r}: no python{python_version} on this worker"
             f" (installed: {', '.join(installed_pythons())})"

@@ -155,6 +155,7 @@ def test_email_operator_sends_through_the_smtp_server(
             subject="Report",
             html_content="<p>done</p>",
             files=[str(report)],
+            custom_headers={"X-Team": "data"},
         )
     with smtp_server() as mailbox:
         for key, value in mailbox.env().items():
@@ -163,11 +164,20 @@ def test_email_operator_sends_through_the_smtp_server(
     (message,) = mailbox.messages
     assert mailbox.recipients == [["ops@example.com", "lead@example.com"]]
     assert (message["Subject"], message["Cc"]) == ("Report", "lead@example.com")
+    assert message["X-Team"] == "data"
     attachment = next(message.iter_attachments())
     assert attachment.get_filename() == "report.csv"
     assert attachment.get_content() == "a,b\n1,2\n"
 
 
-def test_email_operator_needs_an_address() -> None:
-    with DAG("mail"), pytest.raises(DagDefinitionError, match="to must be an address"):
-        EmailOperator(task_id="send", to=[], subject="s", html_content="x")
+def test_email_operator_needs_an_address_and_the_smtp_settings() -> None:
+    with DAG("mail"):
+        with pytest.raises(DagDefinitionError, match="to must be an address"):
+            EmailOperator(task_id="send", to=[], subject="s", html_content="x")
+        with pytest.raises(DagDefinitionError, match="conn_id='smtp_ses' is not supported"):
+            EmailOperator(
+                task_id="ses", to="a@x.com", subject="s", html_content="x", conn_id="smtp_ses"
+            )
+        EmailOperator(task_id="default", to="a@x.com", subject="s", html_content="x")
+    with pytest.raises(ValueError, match="mail goes through the DEFERRAL_SMTP_"):
+        send_email("a@x.com", "s", "x", conn_id="smtp_ses")
