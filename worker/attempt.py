@@ -23,7 +23,7 @@ from typing import Any
 from deferral import serialization
 from deferral.baseoperator import BaseOperator
 from deferral.callbacks import run_callbacks
-from deferral.config import load_settings
+from deferral.config import ConfigError, load_settings, smtp_settings
 from deferral.context import Context, DagRunInfo, RuntimeTaskInstance, make_context
 from deferral.dagbag import DagBag
 from deferral.exceptions import (
@@ -74,6 +74,9 @@ def warm_up() -> None:
     first attempt does not spend its execution_timeout importing."""
     # Attempts log at INFO (capture.TaskOutput); set here once, not per attempt.
     logging.getLogger().setLevel(logging.INFO)
+    # Registers the SMTP password with this process's masker (the worker checked the settings).
+    with contextlib.suppress(ConfigError):
+        smtp_settings()
     # A folder that fails to load is reported by the attempt that needs it, with its error.
     with contextlib.suppress(Exception):
         _dagbag().collect()

@@ -11,6 +11,7 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
+from deferral import tasklogs
 from deferral.models import TaskInstance
 from tests.e2e.conftest import Services
 from tests.helpers import wait_for
@@ -42,7 +43,12 @@ with DAG(
     },
 ) as dag:
     PythonOperator(task_id="flaky", python_callable=fails)
-    BashOperator(task_id="quiet", bash_command="exit 3", email_on_failure=False, retries=0)
+    BashOperator(
+        task_id="quiet",
+        bash_command='echo "password: $DEFERRAL_SMTP_PASSWORD"; exit 3',
+        email_on_failure=False,
+        retries=0,
+    )
 """
 
 
@@ -97,6 +103,11 @@ def test_alerts_on_retry_and_on_failure(
     assert f"Log: deferral tasks logs e2e_email {run_id} flaky --try 1<br>" in content
     assert "Try 2 out of 2<br>" in by_state["failed"].get_body(("html",)).get_content()
     assert "email alert for e2e_email" in services.log("worker")
+    # The task's log masks the SMTP password, as every secret the task process knows.
+    with sessions() as session:
+        quiet = session.scalars(select(TaskInstance).where(TaskInstance.task_id == "quiet")).one()
+        lines = [line.text for line in tasklogs.read_lines(session, quiet.id, 1)]
+    assert "password: ***" in lines and not any(SMTP_PASSWORD in line for line in lines)
 
 
 def test_a_mail_server_that_refuses_costs_no_outcome(
