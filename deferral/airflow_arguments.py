@@ -6,8 +6,10 @@ the shipped operators that deferral does not take as its own: the one table the 
 - ``INERT``: Airflow acts on it, deferral does not (yet); accepted only with the value under
   which Airflow does nothing either (e.g. ``depends_on_past=False``), and kept; any other value
   is refused when the DAG loads, naming the argument and saying why.
+- ``EMAIL_ARGUMENTS``: honoured (email alerts, ``deferral.utils.email``): checked, and kept as
+  attributes for the task process that composes the alert.
 
-An argument in neither is unknown, and refused as such.
+An argument in none of these is unknown, and refused as such.
 """
 
 from __future__ import annotations
