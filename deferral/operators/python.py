@@ -314,7 +314,9 @@ class _BaseVirtualenvOperator(PythonOperator):
                 (folder / "script.in").write_bytes(
                     self._serializer().dumps({"args": list(self.op_args), "kwargs": kwargs})
                 )
-            exit_code, last_line = self.run_command(script_argv(python, folder), context)
+            exit_code, last_line = self.run_command(
+                script_argv(python, folder), self.function_environment(context)
+            )
             if exit_code in self.skip_on_exit_code:
                 raise SkipTask(f"python_callable exited with code {exit_code} (skip_on_exit_code)")
             if exit_code != 0:
@@ -324,19 +326,24 @@ class _BaseVirtualenvOperator(PythonOperator):
                 )
             return self._read_result(folder / "script.out")
 
-    def run_command(self, argv: list[str], context: Context | None = None) -> tuple[int, str]:
-        """Run ``argv`` (making the virtualenv, or the function) with its output in the task's
-        log, stopped with the task; the function gets the run's ``DEFERRAL_CTX_*``."""
-        env = dict(os.environ) if self.inherit_env else {}
-        env.update(self.env_vars or {})
-        if context is not None:
-            env.update(context_environment(context))
+    def run_command(self, argv: list[str], env: Mapping[str, str] | None = None) -> tuple[int, str]:
+        """Run ``argv`` with its output in the task's log, stopped with the task: in the
+        worker's environment (making the virtualenv: pip's own settings apply), or ``env``."""
 
         def started(process: subprocess.Popen[bytes] | None) -> None:
             self._process = process  # what on_kill stops
 
+        environment = dict(os.environ if env is None else env)
         with tempfile.TemporaryDirectory(prefix="deferral-venv-cwd-") as cwd:
-            return run_process(argv, cwd, env, "utf-8", started)
+            return run_process(argv, cwd, environment, "utf-8", started)
+
+    def function_environment(self, context: Context) -> dict[str, str]:
+        """The function's environment: the worker's unless ``inherit_env=False``, ``env_vars``,
+        and the run's ``DEFERRAL_CTX_*`` / ``AIRFLOW_CTX_*``."""
+        env = dict(os.environ) if self.inherit_env else {}
+        env.update(self.env_vars or {})
+        env.update(context_environment(context))
+        return env
 
     def on_kill(self) -> None:
         if self._process is not None:

@@ -70,6 +70,12 @@ def uses_the_local_wheel():
     return tinypkg.answer()
 
 
+def environment():
+    import os
+
+    return dict(os.environ)
+
+
 def breaks():
     raise ValueError("the virtualenv task broke")
 
@@ -139,6 +145,12 @@ with DAG("venv_dag", params={{"size": 3}}) as dag:
         requirements=["tinypkg==2.0"],
         pip_install_options=["--no-index", "--find-links", {wheels!r}],
         venv_cache_path={cache!r},
+    )
+    PythonVirtualenvOperator(
+        task_id="own_environment",
+        python_callable=environment,
+        inherit_env=False,
+        env_vars={{"GREETING": "hola"}},
     )
     ExternalPythonOperator(
         task_id="external_python",
@@ -262,6 +274,21 @@ def test_the_function_runs_in_a_virtualenv_of_its_own(
     assert value["string_args"] == ["one", "two"]
     assert f"hi from {value['prefix']}" in capfd.readouterr().out  # the task's log
     assert not Path(value["prefix"]).exists()  # made for the attempt, then removed
+
+
+def test_the_functions_environment(paths: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    """inherit_env=False: only env_vars and the run's ids; the virtualenv is still made in the
+    worker's environment (pip's settings there apply)."""
+    monkeypatch.setenv("WORKER_ONLY", "1")
+    outcome = run("own_environment")
+    assert isinstance(outcome, Succeeded), outcome
+    seen = outcome.return_value
+    assert seen["GREETING"] == "hola"
+    assert (seen["DEFERRAL_CTX_DAG_ID"], seen["AIRFLOW_CTX_TASK_ID"]) == (
+        "venv_dag",
+        "own_environment",
+    )
+    assert "WORKER_ONLY" not in seen and "PATH" not in seen
 
 
 def test_op_kwargs_are_rendered_before_they_travel(paths: dict[str, Path]) -> None:
