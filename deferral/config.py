@@ -211,6 +211,7 @@ SECRET_SETTINGS = (
     "REDIS_URL",
     "FERNET_KEY",
     "WEBSERVER_ADMIN_PASSWORD",
+    "SMTP_PASSWORD",
 )
 FILE_SUFFIX = "_FILE"
 
@@ -447,11 +448,13 @@ class SmtpSettings:
     password: str | None = field(default=None, repr=False)
 
 
-def smtp_settings(environ: Mapping[str, str] | None = None) -> SmtpSettings | None:
-    """``DEFERRAL_SMTP_HOST``, ``_PORT``, ``_USER``, ``_PASSWORD``, ``_STARTTLS``, ``_SSL``,
-    ``_MAIL_FROM`` and ``_TIMEOUT_SEC``; None when no host is set (no mail is sent). A
-    ConfigError names a malformed one."""
-    source = {k: v for k, v in (os.environ if environ is None else environ).items() if v}
+def smtp_settings(
+    environ: Mapping[str, str] | None = None, toml_path: Path | None = None
+) -> SmtpSettings | None:
+    """``DEFERRAL_SMTP_HOST``, ``_PORT``, ``_USER``, ``_PASSWORD`` (or ``_PASSWORD_FILE``),
+    ``_STARTTLS``, ``_SSL``, ``_MAIL_FROM`` and ``_TIMEOUT_SEC``; None when no host is set (no
+    mail is sent). A ConfigError names a malformed one."""
+    source = {k: v for k, v in _sources(environ, toml_path).items() if v}
     if not source.get(f"{ENV_PREFIX}SMTP_HOST", "").strip():
         return None
 

@@ -108,6 +108,18 @@ def test_smtp_password_is_masked_and_not_in_the_repr() -> None:
     assert redact(f"login failed for {password}") == "login failed for ***"
 
 
+def test_smtp_password_from_a_file(tmp_path: Path) -> None:
+    """A Docker secret: the password in a file that DEFERRAL_SMTP_PASSWORD_FILE names."""
+    secret_file = tmp_path / "smtp_password"
+    secret_file.write_text("Filed-pass-5512\n")
+    env = {**SMTP, "DEFERRAL_SMTP_USER": "u", "DEFERRAL_SMTP_PASSWORD_FILE": str(secret_file)}
+    smtp = smtp_settings(env, toml_path=tmp_path / "none.toml")
+    assert smtp is not None and smtp.password == "Filed-pass-5512"
+    assert redact("Filed-pass-5512") == "***"
+    with pytest.raises(ConfigError, match="SMTP_PASSWORD and DEFERRAL_SMTP_PASSWORD_FILE"):
+        smtp_settings({**env, "DEFERRAL_SMTP_PASSWORD": "x"}, toml_path=tmp_path / "none.toml")
+
+
 def test_send_email_without_a_server_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("DEFERRAL_SMTP_HOST", raising=False)
     with pytest.raises(EmailNotConfigured, match="DEFERRAL_SMTP_HOST is not set"):
