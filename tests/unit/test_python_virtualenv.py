@@ -42,6 +42,10 @@ from deferral.operators.python import ExternalPythonOperator, PythonVirtualenvOp
 from deferral.operators.empty import EmptyOperator
 
 PATH_TO_PYTHON_BINARY = sys.executable
+FROM_THE_LOCAL_WHEEL = {{
+    "pip_install_options": ["--no-index", "--find-links", {wheels!r}],
+    "venv_cache_path": {cache!r},
+}}
 
 
 def callable_virtualenv(greeting, ds, logical_date, params, count=1):
@@ -128,23 +132,20 @@ with DAG("venv_dag", params={{"size": 3}}) as dag:
         python_callable=uses_the_local_wheel,
         requirements=["tinypkg==1.0"],
         system_site_packages=False,
-        pip_install_options=["--no-index", "--find-links", {wheels!r}],
-        venv_cache_path={cache!r},
+        **FROM_THE_LOCAL_WHEEL,
     )
     PythonVirtualenvOperator(
         task_id="requirements_file",
         python_callable=uses_the_local_wheel,
         requirements="venv_requirements.txt",
         system_site_packages=False,
-        pip_install_options=["--no-index", "--find-links", {wheels!r}],
-        venv_cache_path={cache!r},
+        **FROM_THE_LOCAL_WHEEL,
     )
     PythonVirtualenvOperator(
         task_id="missing_requirement",
         python_callable=uses_the_local_wheel,
         requirements=["tinypkg==2.0"],
-        pip_install_options=["--no-index", "--find-links", {wheels!r}],
-        venv_cache_path={cache!r},
+        **FROM_THE_LOCAL_WHEEL,
     )
     PythonVirtualenvOperator(
         task_id="own_environment",
