@@ -6,8 +6,10 @@ the shipped operators that deferral does not take as its own: the one table the 
 - ``INERT``: Airflow acts on it, deferral does not (yet); accepted only with the value under
   which Airflow does nothing either (e.g. ``sla=None``), and kept; any other value
   is refused when the DAG loads, naming the argument and saying why.
+- ``EMAIL_ARGUMENTS``: honoured (email alerts, ``deferral.utils.email``): checked, and kept as
+  attributes for the task process that composes the alert.
 
-An argument in neither is unknown, and refused as such.
+An argument in none of these is unknown, and refused as such.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
+
+from deferral.utils.email import check_email_argument
 
 
 @dataclass(frozen=True)
@@ -98,9 +102,9 @@ DAG_INERT: Mapping[str, Inert] = {
     ),
 }
 
-# ``email``, ``email_on_failure``, ``email_on_retry``: Airflow mails the addresses on failure and
-# on retry unless the flag is False (both default to True); deferral sends no mail, so an address
-# with a flag that is not False is refused, naming the flag.
+# ``email``, ``email_on_failure``, ``email_on_retry``: honoured (``deferral.utils.email``): an
+# alert goes to the addresses when a try fails into a retry or for good, unless its flag is
+# False (both default to True, as in Airflow). Checked here, kept as attributes.
 EMAIL_ARGUMENTS = ("email", "email_on_failure", "email_on_retry")
 
 # Every Airflow task argument BaseOperator accepts besides its own: default_args apply to them
@@ -116,20 +120,12 @@ def refusal(name: str, value: Any, reason: str) -> str:
     return f"{name}={value!r} is not supported by deferral: {reason}"
 
 
-def email_refusal(values: Mapping[str, Any]) -> str | None:
-    """Why these task arguments are refused if Airflow would send mail with them, else None."""
-    email = values.get("email")
-    if _empty(email) or email == "":
-        return None
-    for flag in ("email_on_failure", "email_on_retry"):
-        if values.get(flag, True) is not False:
-            said = flag in values
-            return refusal(
-                flag,
-                values.get(flag, True),
-                f"deferral sends no email (to {email!r})"
-                + ("" if said else f"; Airflow's default is True: set {flag}=False"),
-            )
+def email_argument_error(name: str, value: Any) -> str | None:
+    """Why the value of one of EMAIL_ARGUMENTS is malformed, or None."""
+    if name == "email":
+        return check_email_argument(value)
+    if value is not None and not isinstance(value, bool):
+        return f"{name} must be True or False, got {value!r}"
     return None
 
 
@@ -142,7 +138,12 @@ def check_task_arguments(
     unknown = []
     for name in sorted(given):
         value = given[name]
-        if name in TASK_KEPT or name in EMAIL_ARGUMENTS:
+        if name in TASK_KEPT:
+            kept[name] = value
+        elif name in EMAIL_ARGUMENTS:
+            error = email_argument_error(name, value)
+            if error:
+                raise RefusedArgument(f"{where}: {error}")
             kept[name] = value
         elif name in TASK_INERT:
             rule = TASK_INERT[name]
@@ -157,9 +158,6 @@ def check_task_arguments(
             unknown.append(name)
     if unknown:
         raise RefusedArgument(f"{where}: unknown argument(s) {', '.join(unknown)}")
-    refused_email = email_refusal(given)
-    if refused_email:
-        raise RefusedArgument(f"{where}: {refused_email}")
     return kept
 
 
@@ -183,6 +181,4 @@ def refused_default_args(default_args: Mapping[str, Any], taken: set[str]) -> st
         rule = TASK_INERT.get(name)
         if rule is not None and not rule.does_nothing(value):
             return refusal(name, value, rule.reason)
-    if "email" not in taken:
-        return email_refusal(default_args)
     return None

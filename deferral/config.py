@@ -7,18 +7,21 @@ malformed setting stops at start with one line naming it, instead of failing lat
 from __future__ import annotations
 
 import datetime as dt
+import email.utils
 import os
 import re
 import tomllib
 import zoneinfo
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
 from cryptography.fernet import Fernet
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
+
+from deferral.secrets_masker import mask_secret
 
 ENV_PREFIX = "DEFERRAL_"
 TOML_FILE = "deferral.toml"
@@ -208,6 +211,7 @@ SECRET_SETTINGS = (
     "REDIS_URL",
     "FERNET_KEY",
     "WEBSERVER_ADMIN_PASSWORD",
+    "SMTP_PASSWORD",
 )
 FILE_SUFFIX = "_FILE"
 
@@ -379,6 +383,12 @@ def max_map_length() -> int:
     return _one_setting("MAX_MAP_LENGTH", _positive_int, str(DEFAULT_MAX_MAP_LENGTH))
 
 
+def venv_cache_path() -> str | None:
+    """``DEFERRAL_VENV_CACHE_PATH``: where PythonVirtualenvOperator keeps the virtualenvs it
+    makes, for tasks without their own ``venv_cache_path`` (unset: made for each attempt)."""
+    return os.environ.get(f"{ENV_PREFIX}VENV_CACHE_PATH", "").strip() or None
+
+
 def _port(raw: str) -> int:
     value = int(raw)
     if not 0 < value < 65536:
@@ -435,3 +445,66 @@ def webserver_settings(environ: Mapping[str, str] | None = None) -> WebserverSet
         secure_cookies=get("WEBSERVER_SECURE_COOKIES", _bool, "false"),
         allowed_hosts=get("WEBSERVER_ALLOWED_HOSTS", _host_names, ","),
     )
+
+
+@dataclass(frozen=True)
+class SmtpSettings:
+    """Where email alerts (``email_on_failure`` / ``email_on_retry``) and ``send_email`` go: the
+    ``DEFERRAL_SMTP_*`` settings, Airflow's ``[smtp]`` section."""
+
+    host: str
+    port: int
+    mail_from: str
+    starttls: bool
+    ssl: bool
+    timeout_sec: float
+    user: str | None = None
+    # Never shown: left out of the repr, and registered with the secrets masker when read.
+    password: str | None = field(default=None, repr=False)
+
+
+def smtp_settings(
+    environ: Mapping[str, str] | None = None, toml_path: Path | None = None
+) -> SmtpSettings | None:
+    """``DEFERRAL_SMTP_HOST``, ``_PORT``, ``_USER``, ``_PASSWORD`` (or ``_PASSWORD_FILE``),
+    ``_STARTTLS``, ``_SSL``, ``_MAIL_FROM`` and ``_TIMEOUT_SEC``; None when no host is set (no
+    mail is sent). A ConfigError names a malformed one."""
+    source = {k: v for k, v in _sources(environ, toml_path).items() if v}
+    if not source.get(f"{ENV_PREFIX}SMTP_HOST", "").strip():
+        return None
+
+    def get(name: str, parse: Callable[[str], T], default: str | None = None) -> T:
+        return _setting(source, name, parse, default)
+
+    user = source.get(f"{ENV_PREFIX}SMTP_USER")
+    password = source.get(f"{ENV_PREFIX}SMTP_PASSWORD")
+    if (user is None) != (password is None):
+        given, missing = ("USER", "PASSWORD") if password is None else ("PASSWORD", "USER")
+        raise ConfigError(f"{ENV_PREFIX}SMTP_{given} is set without {ENV_PREFIX}SMTP_{missing}")
+    settings = SmtpSettings(
+        host=get("SMTP_HOST", str.strip),
+        port=get("SMTP_PORT", _port, "25"),
+        mail_from=get("SMTP_MAIL_FROM", _mail_address),
+        starttls=get("SMTP_STARTTLS", _bool, "true"),
+        ssl=get("SMTP_SSL", _bool, "false"),
+        timeout_sec=get("SMTP_TIMEOUT_SEC", _positive_float, "30"),
+        user=user,
+        password=password,
+    )
+    if settings.ssl and settings.starttls:
+        raise ConfigError(
+            f"{ENV_PREFIX}SMTP_SSL and {ENV_PREFIX}SMTP_STARTTLS are both true: SSL connects"
+            " encrypted from the start (port 465), STARTTLS upgrades a plain connection; set one"
+        )
+    if password is not None:
+        mask_secret(password)
+    return settings
+
+
+def _mail_address(raw: str) -> str:
+    """``ops@example.com`` or ``Deferral <ops@example.com>``."""
+    text = raw.strip()
+    _, address = email.utils.parseaddr(text)
+    if "@" not in address or any(ord(ch) < 32 for ch in text):
+        raise ValueError(f"{raw!r} is not an email address")
+    return text

@@ -14,7 +14,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import click
 
@@ -26,6 +26,8 @@ from deferral.controls import escape
 LOG_IDS_ATTR = "deferral_ids"
 # What log_ids returns: the ``extra=`` of a logging call.
 LogExtra = dict[str, dict[str, Any]]
+
+T = TypeVar("T")
 
 
 def log_ids(
@@ -145,8 +147,13 @@ def stop_on_signals() -> threading.Event:
 
 def settings_or_exit() -> Settings:
     """Load settings; a bad one stops the process with one line naming it (exit 2)."""
+    return loaded_or_exit(load_settings)
+
+
+def loaded_or_exit(load: Callable[[], T]) -> T:
+    """``load()``, or, if it raises ConfigError, stop the process with its one line (exit 2)."""
     try:
-        return load_settings()
+        return load()
     except ConfigError as exc:
         click.echo(f"error: {exc}", err=True)
         sys.exit(2)

@@ -12,6 +12,7 @@ import dataclasses
 import datetime as dt
 import logging
 import signal
+import socket
 import traceback
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -22,6 +23,7 @@ from typing import Any
 from deferral import serialization
 from deferral.baseoperator import BaseOperator
 from deferral.callbacks import run_callbacks
+from deferral.config import ConfigError, smtp_settings
 from deferral.context import Context, DagRunInfo, RuntimeTaskInstance, make_context
 from deferral.dagbag import process_dagbag
 from deferral.exceptions import (
@@ -41,6 +43,7 @@ from deferral.states import FAIL_METHOD
 from deferral.templating import render_and_record
 from deferral.transitions import has_tries_left
 from deferral.triggers.base import BaseTrigger
+from deferral.utils.email import failure_alert
 from deferral.xcom import RETURN_VALUE, DatabaseXComs, stored_value
 from worker import decide
 from worker.outcomes import (
@@ -67,6 +70,9 @@ def warm_up() -> None:
     first attempt does not spend its execution_timeout importing."""
     # Attempts log at INFO (capture.TaskOutput); set here once, not per attempt.
     logging.getLogger().setLevel(logging.INFO)
+    # Registers the SMTP password with this process's masker (the worker checked the settings).
+    with contextlib.suppress(ConfigError):
+        smtp_settings()
     # A folder that fails to load is reported by the attempt that needs it, with its error.
     with contextlib.suppress(Exception):
         process_dagbag().collect()
@@ -206,16 +212,27 @@ def _after_failure(
     outcome: Failed,
 ) -> Failed:
     """Run on_retry_callback if the failure will be retried, else on_failure_callback, with the
-    exception in the context under ``exception``."""
+    exception in the context under ``exception``; add the email alert that is due."""
+    retrying = outcome.allow_retry and has_tries_left(request.try_number, request.max_tries)
     if context is not None:
-        retrying = outcome.allow_retry and has_tries_left(request.try_number, request.max_tries)
         name = "on_retry_callback" if retrying else "on_failure_callback"
         run_callbacks(
             getattr(task, name),
             {**context, "exception": exc},
             what=f"task {task.task_id!r} {name}",
         )
-    return outcome
+    alert = failure_alert(
+        task,
+        retrying=retrying,
+        dag_id=request.dag_id,
+        run_id=request.run_id,
+        map_index=request.map_index,
+        try_number=request.try_number,
+        max_tries=request.max_tries,
+        error=redact(f"{type(exc).__name__}: {exc}"),
+        hostname=socket.gethostname(),
+    )
+    return dataclasses.replace(outcome, alert=alert) if alert else outcome
 
 
 def _after_skip(task: BaseOperator, context: Context | None, exc: SkipTask) -> Skipped:

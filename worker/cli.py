@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import click
 
+from deferral.config import smtp_settings
 from deferral.dag import check_id
 from deferral.process import (
     command_group,
     default_consumer_name,
+    loaded_or_exit,
     log_format_option,
     metrics_host_option,
     metrics_port_option,
@@ -54,12 +56,17 @@ def consume(
 
     setup_logging(log_format)
     settings = settings_or_exit()
+    smtp = loaded_or_exit(smtp_settings)
     try:
         check_id("queue", queue)
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--queue") from None
     serve_metrics_or_exit("worker", metrics_port, metrics_host)
     service = WorkerService(
-        settings, queue=queue, concurrency=concurrency, name=name or default_consumer_name()
+        settings,
+        queue=queue,
+        concurrency=concurrency,
+        name=name or default_consumer_name(),
+        smtp=smtp,
     )
     service.run(stop_on_signals())

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from deferral.config import DEFAULT_TASK_LOG_MAX_BYTES
+from deferral.utils.email import EmailAlert
 
 
 @dataclass(frozen=True)
@@ -56,6 +57,8 @@ class Failed:
     allow_retry: bool
     # When the next try is due (the task's retry_delay); None: the scheduler computes it.
     retry_delay: dt.timedelta | None = None
+    # What the task's email_on_failure / email_on_retry sends once the failure is committed.
+    alert: EmailAlert | None = None
 
 
 @dataclass(frozen=True)

@@ -37,7 +37,7 @@ from broker.streams import (
     trigger_message,
 )
 from deferral import liveness, metrics, serialization, tasklogs, transitions
-from deferral.config import Settings
+from deferral.config import Settings, SmtpSettings
 from deferral.crypto import Cipher, DecryptionError
 from deferral.db import make_engine, make_sessionmaker, wait_until_up
 from deferral.faults import is_transient
@@ -50,6 +50,7 @@ from deferral.transitions import Attempt
 from worker.attempt import warm_up
 from worker.capture import run_attempt
 from worker.children import ChildDied, ChildPool
+from worker.mail import Mail, Mailer
 from worker.outcomes import (
     AttemptRequest,
     Deferred,
@@ -109,7 +110,15 @@ def _line(ti_id: int, try_number: int, text: str) -> NewLine:
 
 
 class WorkerService:
-    def __init__(self, settings: Settings, *, queue: str, concurrency: int, name: str) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        queue: str,
+        concurrency: int,
+        name: str,
+        smtp: SmtpSettings | None = None,
+    ) -> None:
         self.settings = settings
         self.name = name
         self.hostname = socket.gethostname()
@@ -125,8 +134,11 @@ class WorkerService:
         # Work read or ended but not yet recorded because the servers failed: retried first.
         self.unstarted: list[Delivery] = []
         self.unrecorded: list[tuple[Running, Outcome]] = []
-        # Outcomes of the batch being recorded, counted in the metrics once committed.
+        # Outcomes of the batch being recorded, counted in the metrics once committed; and the
+        # email alerts of its failures, sent once committed.
         self.tally: Counter[str] = Counter()
+        self.mails: list[Mail] = []
+        self.mailer = Mailer(smtp)
         self.broker: Broker
         self.consumer: StreamConsumer
         beat = settings.heartbeat_sec
@@ -161,6 +173,7 @@ class WorkerService:
         run_until_stopped(drained, drain, recover=self.consumer.start)
         self._register(liveness.STOPPED)
         self.pool.shutdown()
+        self.mailer.close()
         self.broker.close()
         log.info("worker %s stopped", self.name)
 
@@ -489,7 +502,7 @@ class WorkerService:
         """Record a batch of outcomes in one transaction, then publish and retire; a batch that
         fails on bad data is recorded one outcome at a time, so the bad one fails alone."""
         self.unrecorded = list(batch)
-        self.tally = Counter()
+        self.tally, self.mails = Counter(), []
         staged: list[outbox.Staged] = []
         try:
             with self.sessions.begin() as session:
@@ -498,10 +511,11 @@ class WorkerService:
             if is_transient(exc):
                 raise
             log.exception("recording %d outcomes together failed; one by one now", len(batch))
-            staged, self.tally = [], Counter()  # that transaction rolled back
+            staged, self.tally, self.mails = [], Counter(), []  # that transaction rolled back
             for running, outcome in batch:
                 staged += self._record_alone(running, outcome)
         self.unrecorded = []
+        self.mailer.send(self.mails)
         if any(self.tally[label] for label in _ENDS_OF_TASKS):
             # Their runs are marked: a scheduler evaluates them now, not when its wait for
             # events ends (downstream tasks of a success start ~100 ms sooner).
@@ -514,14 +528,15 @@ class WorkerService:
         )
 
     def _record_alone(self, running: Running, outcome: Outcome) -> list[outbox.Staged]:
-        before = self.tally.copy()
+        before, mails_before = self.tally.copy(), len(self.mails)
         try:
             with self.sessions.begin() as session:
                 return self._apply_batch(session, [(running, outcome)])
         except Exception as exc:
             if is_transient(exc):
                 raise
-            self.tally = before  # what that transaction said did not happen
+            # What that transaction said did not happen.
+            self.tally, self.mails = before, self.mails[:mails_before]
             reason = f"cannot record its outcome: {type(exc).__name__}: {exc}"
             log.exception("%s %s", running.label, reason, extra=running.log_ids())
             with self.sessions.begin() as session:
@@ -598,6 +613,8 @@ class WorkerService:
             )
             moved = state is not None
             said = f"failed, now {state}: {outcome.error}\n{outcome.traceback}".rstrip()
+            if moved and outcome.alert is not None:
+                self.mails.append(Mail(outcome.alert, running.label, running.log_ids()))
         self._say(running, outcome, moved, said, lines)
 
     def _defer_many(

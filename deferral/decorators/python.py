@@ -10,8 +10,12 @@ from deferral.context import Context, RuntimeTaskInstance
 from deferral.decorators.base import check_call_arguments, task_decorator
 from deferral.operators.bash import BashOperator
 from deferral.operators.python import (
+    BranchExternalPythonOperator,
     BranchPythonOperator,
+    BranchPythonVirtualenvOperator,
+    ExternalPythonOperator,
     PythonOperator,
+    PythonVirtualenvOperator,
     ShortCircuitOperator,
     call_with_context,
 )
@@ -67,6 +71,22 @@ class DecoratedBranchOperator(DecoratedPythonOperator, BranchPythonOperator):
 
 class DecoratedShortCircuitOperator(DecoratedPythonOperator, ShortCircuitOperator):
     """What ``@task.short_circuit`` builds."""
+
+
+class DecoratedVirtualenvOperator(DecoratedPythonOperator, PythonVirtualenvOperator):
+    """What ``@task.virtualenv`` builds."""
+
+
+class DecoratedExternalPythonOperator(DecoratedPythonOperator, ExternalPythonOperator):
+    """What ``@task.external_python`` builds."""
+
+
+class DecoratedBranchVirtualenvOperator(DecoratedPythonOperator, BranchPythonVirtualenvOperator):
+    """What ``@task.branch_virtualenv`` builds."""
+
+
+class DecoratedBranchExternalPythonOperator(DecoratedPythonOperator, BranchExternalPythonOperator):
+    """What ``@task.branch_external_python`` builds."""
 
 
 class DecoratedSensorOperator(BaseSensorOperator):
@@ -126,6 +146,26 @@ class DecoratedBashOperator(BashOperator):
         return super().execute(context)
 
 
+def _returning(
+    kind: str, operator_class: type[DecoratedPythonOperator], doc: str
+) -> Callable[..., Any]:
+    """The ``@task.<variant>`` method of a variant whose function returns its value
+    (``multiple_outputs``: each key of a returned dict is also its own XCom)."""
+
+    def variant(
+        self: TaskDecoratorCollection,
+        python_callable: Callable[..., Any] | None = None,
+        *,
+        multiple_outputs: bool | None = None,
+        **kwargs: Any,
+    ) -> Any:
+        kwargs["multiple_outputs"] = multiple_outputs
+        return task_decorator(kind, operator_class, python_callable, kwargs)
+
+    variant.__doc__ = doc
+    return variant
+
+
 class TaskDecoratorCollection:
     """``task``: ``@task`` / ``@task(...)`` for a PythonOperator task, and the variants as
     attributes (``@task.sensor``, ``@task.branch``, ``@task.short_circuit``, ``@task.bash``).
@@ -140,41 +180,43 @@ class TaskDecoratorCollection:
     ) -> Any:
         return self.python(python_callable, multiple_outputs=multiple_outputs, **kwargs)
 
-    def python(
-        self,
-        python_callable: Callable[..., Any] | None = None,
-        *,
-        multiple_outputs: bool | None = None,
-        **kwargs: Any,
-    ) -> Any:
+    python = _returning(
+        "@task",
+        DecoratedPythonOperator,
         """``multiple_outputs``: push each key of the dict the function returns as its own XCom;
-        by default, when its return annotation is a dict (or another mapping)."""
-        kwargs["multiple_outputs"] = multiple_outputs
-        return task_decorator("@task", DecoratedPythonOperator, python_callable, kwargs)
-
-    def branch(
-        self,
-        python_callable: Callable[..., Any] | None = None,
-        *,
-        multiple_outputs: bool | None = None,
-        **kwargs: Any,
-    ) -> Any:
-        """The function returns the task id(s) or task group id(s) to follow, or None."""
-        kwargs["multiple_outputs"] = multiple_outputs
-        return task_decorator("@task.branch", DecoratedBranchOperator, python_callable, kwargs)
-
-    def short_circuit(
-        self,
-        python_callable: Callable[..., Any] | None = None,
-        *,
-        multiple_outputs: bool | None = None,
-        **kwargs: Any,
-    ) -> Any:
-        """A falsy result skips downstream (``ignore_downstream_trigger_rules=...``)."""
-        kwargs["multiple_outputs"] = multiple_outputs
-        return task_decorator(
-            "@task.short_circuit", DecoratedShortCircuitOperator, python_callable, kwargs
-        )
+        by default, when its return annotation is a dict (or another mapping).""",
+    )
+    branch = _returning(
+        "@task.branch",
+        DecoratedBranchOperator,
+        "The function returns the task id(s) or task group id(s) to follow, or None.",
+    )
+    short_circuit = _returning(
+        "@task.short_circuit",
+        DecoratedShortCircuitOperator,
+        "A falsy result skips downstream (``ignore_downstream_trigger_rules=...``).",
+    )
+    virtualenv = _returning(
+        "@task.virtualenv",
+        DecoratedVirtualenvOperator,
+        """The function runs in a virtualenv made for it: ``requirements``, ``python_version``,
+        ``system_site_packages``, ``venv_cache_path`` ... as PythonVirtualenvOperator.""",
+    )
+    external_python = _returning(
+        "@task.external_python",
+        DecoratedExternalPythonOperator,
+        "The function runs with ``python=``, an existing virtualenv's interpreter.",
+    )
+    branch_virtualenv = _returning(
+        "@task.branch_virtualenv",
+        DecoratedBranchVirtualenvOperator,
+        "``@task.branch`` whose function runs in a virtualenv, as ``@task.virtualenv``.",
+    )
+    branch_external_python = _returning(
+        "@task.branch_external_python",
+        DecoratedBranchExternalPythonOperator,
+        "``@task.branch`` whose function runs with ``python=``, as ``@task.external_python``.",
+    )
 
     def sensor(self, python_callable: Callable[..., Any] | None = None, **kwargs: Any) -> Any:
         """``poke_interval``, ``timeout``, ``mode``, ``soft_fail`` ... as BaseSensorOperator."""

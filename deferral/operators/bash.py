@@ -83,7 +83,7 @@ class BashOperator(BaseOperator):
         self.env = env
         self.append_env = append_env
         self.output_encoding = output_encoding
-        self.skip_on_exit_code = _skip_codes(where, skip_on_exit_code)
+        self.skip_on_exit_code = skip_codes(where, skip_on_exit_code)
         self.cwd = cwd
         self._process: subprocess.Popen[bytes] | None = None
 
@@ -155,12 +155,24 @@ def run_bash(
     output_encoding: str,
     started: Callable[[subprocess.Popen[bytes] | None], None],
 ) -> tuple[int, str]:
-    """Run ``command`` with ``bash -c`` to its end; (exit code, last line of output), each line
-    printed to the task's log. ``started`` is told of the process, then of None once it ended.
-    However this ends early (execution_timeout raised in here, any error), the process group
-    is stopped."""
+    """Run ``command`` with ``bash -c`` to its end, as ``run_process``."""
+    return run_process(
+        [shutil.which("bash") or "bash", "-c", command], cwd, env, output_encoding, started
+    )
+
+
+def run_process(
+    argv: list[str],
+    cwd: str,
+    env: dict[str, str],
+    output_encoding: str,
+    started: Callable[[subprocess.Popen[bytes] | None], None],
+) -> tuple[int, str]:
+    """Run ``argv`` to its end; (exit code, last line of output), each line printed to the
+    task's log. ``started`` is told of the process, then of None once it ended. However this
+    ends early (execution_timeout raised in here, any error), the process group is stopped."""
     process = subprocess.Popen(
-        [shutil.which("bash") or "bash", "-c", command],
+        argv,
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -236,7 +248,7 @@ def context_environment(context: Mapping[str, Any]) -> dict[str, str]:
     return env
 
 
-def _skip_codes(where: str, value: int | Container[int] | None) -> tuple[int, ...]:
+def skip_codes(where: str, value: int | Container[int] | None) -> tuple[int, ...]:
     if value is None:
         return ()
     if isinstance(value, int) and not isinstance(value, bool):

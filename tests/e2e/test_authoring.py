@@ -473,3 +473,67 @@ def test_nested_setups_and_teardowns_run_in_order_and_the_run_succeeds(
     assert tis["section.lease"].start_date >= tis["open_session"].end_date  # type: ignore[operator]
     assert tis["close_session"].start_date >= tis["section.use"].end_date  # type: ignore[operator]
     assert tis["drop_dir"].start_date >= tis["use_dir"].end_date  # type: ignore[operator]
+
+
+# As Airflow's example_python_operator.py writes its virtualenv tasks (requirements from the
+# system site packages only: nothing is downloaded).
+VIRTUALENV_DAG = """
+import logging
+import sys
+
+from deferral import DAG, task
+from deferral.operators.python import ExternalPythonOperator, is_venv_installed
+
+log = logging.getLogger(__name__)
+PATH_TO_PYTHON_BINARY = sys.executable
+
+
+def callable_external_python(ds):
+    import sys
+
+    print(f"running with {sys.executable} for {ds}")
+    return sys.version_info[0]
+
+
+with DAG("e2e_virtualenv", schedule=None) as dag:
+    if not is_venv_installed():
+        log.warning("The virtualenv_python example task requires virtualenv, please install it.")
+    else:
+
+        @task.virtualenv(task_id="virtualenv_python", requirements=[], system_site_packages=True)
+        def callable_virtualenv(count):
+            import json
+            import sys
+
+            print("inside the virtualenv:", sys.prefix)
+            return json.dumps({"count": count})
+
+        @task
+        def read(text):
+            return text.upper()
+
+        read(callable_virtualenv(3))
+
+    ExternalPythonOperator(
+        task_id="external_python",
+        python=PATH_TO_PYTHON_BINARY,
+        python_callable=callable_external_python,
+    )
+"""
+
+
+def test_virtualenv_and_external_python_tasks_run_in_other_pythons(
+    services: Services, write_dag: Any, sessions: sessionmaker[Session]
+) -> None:
+    write_dag("e2e_virtualenv_dag", VIRTUALENV_DAG)
+    _run_to_the_end(services, sessions, "e2e_virtualenv")
+
+    assert _states(sessions, "e2e_virtualenv") == {
+        "virtualenv_python": "success",
+        "read": "success",
+        "external_python": "success",
+    }
+    assert _xcom(sessions, "e2e_virtualenv", "read", "return_value") == '{"COUNT": 3}'
+    assert _xcom(sessions, "e2e_virtualenv", "external_python", "return_value") == 3
+    tis = _task_instances(sessions, "e2e_virtualenv")
+    assert "deferral-venv-" in _task_log(sessions, tis["virtualenv_python"].id)

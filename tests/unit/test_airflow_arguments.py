@@ -139,13 +139,18 @@ def test_default_args_values_airflow_ignores_are_accepted(load: Callable[[str], 
     assert a.start_date == bag.dags["usual"].start_date  # type: ignore[attr-defined]
 
 
-def test_email_with_flags_left_at_airflows_default_is_refused() -> None:
+def test_email_arguments_are_honoured_and_checked() -> None:
+    """An address with Airflow's default flags (both True) is kept for the alerts; a malformed
+    address or flag is refused, naming it."""
     with DAG("mail", default_args={"email": "ops@example.com"}):
-        with pytest.raises(DagDefinitionError, match=r"email_on_failure=True .*set email_on"):
-            EmptyOperator(task_id="a")
-        with pytest.raises(DagDefinitionError, match="email_on_retry=True"):
-            EmptyOperator(task_id="b", email_on_failure=False)
-        EmptyOperator(task_id="c", email_on_failure=False, email_on_retry=False)
+        task = EmptyOperator(task_id="a")
+        quiet = EmptyOperator(task_id="b", email_on_failure=False)
+        with pytest.raises(DagDefinitionError, match=r"email must be an address.*got 42"):
+            EmptyOperator(task_id="c", email=42)
+        with pytest.raises(DagDefinitionError, match="email_on_retry must be True or False"):
+            EmptyOperator(task_id="d", email_on_retry="yes")
+    assert task.email == "ops@example.com"  # type: ignore[attr-defined]
+    assert quiet.email_on_failure is False  # type: ignore[attr-defined]
 
 
 def test_group_and_task_default_args_apply_over_the_dags() -> None:

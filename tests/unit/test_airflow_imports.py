@@ -107,8 +107,8 @@ def test_airflow_3_sdk_and_standard_provider_names(
     ("line", "missing"),
     [
         (
-            "from airflow.operators.python import ExternalPythonOperator",
-            "airflow.operators.python.ExternalPythonOperator",
+            "from airflow.operators.python import _BasePythonVirtualenvOperator",
+            "airflow.operators.python._BasePythonVirtualenvOperator",
         ),
         ("from airflow.utils.state import State", "airflow.utils.state"),
         ("import airflow.providers.amazon.aws.hooks.s3", "airflow.providers.amazon"),

@@ -41,7 +41,13 @@ AIRFLOW_PATHS = {
         "ShortCircuitOperator",
         "get_current_context",
         "is_venv_installed",
+        "PythonVirtualenvOperator",
+        "ExternalPythonOperator",
+        "BranchPythonVirtualenvOperator",
+        "BranchExternalPythonOperator",
     ],
+    "deferral.operators.email": ["EmailOperator"],
+    "deferral.utils.email": ["send_email"],
     "deferral.operators.bash": ["BashOperator"],
     "deferral.operators.empty": ["EmptyOperator"],
     "deferral.operators.latest_only": ["LatestOnlyOperator"],
@@ -75,8 +81,8 @@ def test_airflow_module_paths_exist(module: str) -> None:
 
 def test_names_not_implemented_fail_by_name() -> None:
     """A feature deferral lacks is no silent stand-in: importing it fails, naming it."""
-    with pytest.raises(ImportError, match="ExternalPythonOperator"):
-        exec("from deferral.operators.python import ExternalPythonOperator", {})
+    with pytest.raises(ImportError, match="_BasePythonVirtualenvOperator"):
+        exec("from deferral.operators.python import _BasePythonVirtualenvOperator", {})
     with pytest.raises(AttributeError, match="XCom2"):
         importlib.import_module("deferral.models").XCom2  # noqa: B018
 
