@@ -66,12 +66,17 @@ class Triggered:
 
 
 def trigger_run(
-    sessions: sessionmaker[Session], dag: DAG, conf: dict[str, Any], run_id: str | None = None
+    sessions: sessionmaker[Session],
+    dag: DAG,
+    conf: dict[str, Any],
+    run_id: str | None = None,
+    logical_date: dt.datetime | None = None,
 ) -> Triggered:
-    """Create a manual run of ``dag`` (run id ``manual__<now>`` unless given); its ``Param``s
-    must accept what ``conf`` gives them (else their defaults), as Airflow checks at trigger."""
+    """Create a manual run of ``dag`` at ``logical_date`` (default now; run id
+    ``manual__<logical date>`` unless given); its ``Param``s must accept what ``conf`` gives them
+    (else their defaults), as Airflow checks at trigger."""
     check_conf_against_params(dag, conf)
-    logical_date = dt.datetime.now(dt.UTC)
+    logical_date = logical_date or dt.datetime.now(dt.UTC)
     if run_id is not None:
         try:
             controls.check_id(run_id, "run id")
@@ -93,7 +98,10 @@ def trigger_run(
             )
             row = session.get(Dag, dag.dag_id)
     except IntegrityError:
-        raise ActionError(f"DAG {dag.dag_id!r} already has a run {run_id!r}") from None
+        raise ActionError(
+            f"DAG {dag.dag_id!r} already has a run {run_id!r}"
+            f" or a run at logical date {logical_date.isoformat()}"
+        ) from None
     return Triggered(run_id, row is not None and row.is_paused)
 
 

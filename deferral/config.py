@@ -255,6 +255,13 @@ def load_settings(
     )
 
 
+def is_configured(
+    name: str, environ: Mapping[str, str] | None = None, toml_path: Path | None = None
+) -> bool:
+    """Whether ``DEFERRAL_<name>`` is given, in the environment or the settings file."""
+    return bool(_sources(environ, toml_path).get(ENV_PREFIX + name))
+
+
 def metastore_settings(
     environ: Mapping[str, str] | None = None, toml_path: Path | None = None
 ) -> tuple[str, tuple[str, ...]]:

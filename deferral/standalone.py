@@ -184,21 +184,30 @@ def _secret_file(path: Path, make: Callable[[], str]) -> str:
 
 
 @contextmanager
+def servers(home: Path = DEFAULT_HOME, say: Callable[[str], None] = print) -> Iterator[Path | None]:
+    """Fill the unset server settings into os.environ (PostgreSQL, Redis, the Fernet key),
+    starting embedded servers as needed, their state kept under ``home``; they stop when the
+    block ends. Yields the Fernet key file when the key came from one."""
+    home.mkdir(parents=True, exist_ok=True)
+    key_file: Path | None = None
+    with ExitStack() as started:
+        if "DEFERRAL_DATABASE_URL" not in os.environ:
+            os.environ["DEFERRAL_DATABASE_URL"] = _postgres(home)
+        if "DEFERRAL_REDIS_URL" not in os.environ:
+            os.environ["DEFERRAL_REDIS_URL"] = started.enter_context(_redis(home, say))
+        if "DEFERRAL_FERNET_KEY" not in os.environ:
+            key_file = (home / KEY_FILE).resolve()
+            os.environ["DEFERRAL_FERNET_KEY"] = _fernet_key(key_file)
+        yield key_file
+
+
+@contextmanager
 def environment(
     dags_folder: str | None, home: Path = DEFAULT_HOME, say: Callable[[str], None] = print
 ) -> Iterator[Filled]:
     """Fill unset settings into os.environ (the services inherit it), starting embedded servers
     as needed, their state kept under ``home``; they stop when the block ends."""
-    home.mkdir(parents=True, exist_ok=True)
-    key_file: Path | None = None
-    with ExitStack() as servers:
-        if "DEFERRAL_DATABASE_URL" not in os.environ:
-            os.environ["DEFERRAL_DATABASE_URL"] = _postgres(home)
-        if "DEFERRAL_REDIS_URL" not in os.environ:
-            os.environ["DEFERRAL_REDIS_URL"] = servers.enter_context(_redis(home, say))
-        if "DEFERRAL_FERNET_KEY" not in os.environ:
-            key_file = (home / KEY_FILE).resolve()
-            os.environ["DEFERRAL_FERNET_KEY"] = _fernet_key(key_file)
+    with servers(home, say) as key_file:
         if dags_folder is not None:
             os.environ["DEFERRAL_DAGS_FOLDER"] = str(Path(dags_folder).resolve())
         password_file: Path | None = None

@@ -374,17 +374,22 @@ def schedule(session: Session, ids: Iterable[int], reason: str = "dependencies m
     return _move(session, ids, TaskState.NONE, TaskState.SCHEDULED, reason, **_NEW_TRY)
 
 
-def wake_due(session: Session, limit: int = 10_000) -> list[int]:
+def wake_due(
+    session: Session, limit: int = 10_000, among: Collection[int] | None = None
+) -> list[int]:
     """up_for_retry -> scheduled (a new try) and up_for_reschedule -> scheduled (same try, the
-    sensor pokes again) for every task whose ``due_at`` has come: one indexed query, and the
-    moves when something is due."""
-    due = session.execute(
+    sensor pokes again) for every task (``among`` these ids, if given) whose ``due_at`` has
+    come: one indexed query, and the moves when something is due."""
+    query = (
         select(TI.id, TI.state)
         # Spelled as the partial index ix_task_instance_due is, so the planner always uses it.
         .where(text("state IN ('up_for_retry', 'up_for_reschedule')"), TI.due_at <= func.now())
         .order_by(TI.due_at)
         .limit(limit)
-    ).all()
+    )
+    if among is not None:
+        query = query.where(TI.id.in_(list(among)))
+    due = session.execute(query).all()
     retried = _move(
         session,
         [ti_id for ti_id, state in due if state == TaskState.UP_FOR_RETRY],
@@ -999,15 +1004,14 @@ def resume_many(session: Session, events: Sequence[FiredEvent], cipher: Cipher) 
     return outcomes
 
 
-_EXPIRE_SQL = text(
-    """
+_EXPIRE_SQL = """
     WITH expired AS (
         UPDATE task_instance AS ti
         SET state = 'scheduled', trigger_id = NULL, trigger_timeout = NULL,
             next_method = :fail_method, next_kwargs = :fail_kwargs, updated_at = now()
         FROM (
             SELECT id, trigger_id FROM task_instance
-            WHERE state = 'deferred' AND trigger_timeout < now()
+            WHERE state = 'deferred' AND trigger_timeout < now() {among}
             ORDER BY trigger_timeout
             LIMIT :limit
             FOR UPDATE SKIP LOCKED
@@ -1022,15 +1026,21 @@ _EXPIRE_SQL = text(
     )
     SELECT id FROM expired
     """
-)
+_EXPIRE_ALL_SQL = text(_EXPIRE_SQL.format(among=""))
+_EXPIRE_AMONG_SQL = text(_EXPIRE_SQL.format(among="AND id = ANY(CAST(:among AS bigint[]))"))
 
 
-def expire_deferrals(session: Session, cipher: Cipher, limit: int = 10_000) -> list[int]:
-    """deferred -> scheduled at ``__fail__`` for every task whose trigger_timeout passed, in one
-    statement; the worker then raises TaskDeferralTimeout inside the task."""
+def expire_deferrals(
+    session: Session, cipher: Cipher, limit: int = 10_000, among: Collection[int] | None = None
+) -> list[int]:
+    """deferred -> scheduled at ``__fail__`` for every task (``among`` these ids, if given)
+    whose trigger_timeout passed, in one statement; the worker then raises TaskDeferralTimeout
+    inside the task."""
     token = cipher.seal({"error": "timeout"}, "next_kwargs")
     params = {"fail_method": FAIL_METHOD, "fail_kwargs": token, "limit": limit, "reason": TIMED_OUT}
-    return list(session.scalars(_EXPIRE_SQL, params))
+    if among is None:
+        return list(session.scalars(_EXPIRE_ALL_SQL, params))
+    return list(session.scalars(_EXPIRE_AMONG_SQL, {**params, "among": list(among)}))
 
 
 # -- users: clear and mark (the CLI) ---------------------------------------------------------------

@@ -6,6 +6,7 @@ from deferral.process import command_group
 from deferral_cli import (
     connections,
     dags,
+    dagtest,
     db,
     dead,
     doctor,
@@ -41,6 +42,7 @@ for command in (
     schedules.dags_unpause,
     schedules.dags_backfill,
     schedules.dags_next_run,
+    dagtest.dags_test,
 ):
     dags.dags.add_command(command)
 main.add_command(runs.runs)
