@@ -323,6 +323,13 @@ def expand_mapped_task(
     return [(placeholder_id, 0), *add_task_instances(session, run, more)]
 
 
+def delete_dag_run(session: Session, dag_id: str, run_id: str) -> None:
+    """Delete a run and its task instances (their XComs, logs and state changes with them):
+    the run ``deferral tasks test`` made for itself."""
+    session.execute(delete(TI).where(TI.dag_id == dag_id, TI.run_id == run_id))
+    session.execute(delete(DagRun).where(DagRun.dag_id == dag_id, DagRun.run_id == run_id))
+
+
 def finish_dag_run(session: Session, run: DagRun, state: DagRunState) -> None:
     run.state = state
     run.end_date = func.now()
@@ -896,21 +903,31 @@ def resume(session: Session, event: FiredEvent, cipher: Cipher) -> Resumed:
     return resume_many(session, [event], cipher)[0]
 
 
+def resume_point(
+    event: FiredEvent, next_method: str | None, next_kwargs: dict[str, Any]
+) -> tuple[str | None, dict[str, Any]]:
+    """The method and kwargs a task that deferred with ``next_method`` and ``next_kwargs``
+    resumes at when ``event`` fires: the method with the event, or ``__fail__`` with the
+    trigger's failure."""
+    if event.failed:
+        return FAIL_METHOD, {"error": "trigger_failure", **event.payload}
+    return next_method, {**next_kwargs, "event": event.payload}
+
+
 def _resumed_at(
     event: FiredEvent, next_method: str | None, next_kwargs: str | None, cipher: Cipher
 ) -> tuple[str | None, str, str]:
     """(next_method, sealed next_kwargs, reason) of a task resumed by ``event``, given what it
     deferred with."""
-    if event.failed:
-        kwargs = {"error": "trigger_failure", **event.payload}
-        return (
-            FAIL_METHOD,
-            cipher.seal(kwargs, "next_kwargs"),
-            (f"{RESUMED_BY_TRIGGER}{event.trigger_id} failed"),
-        )
-    kwargs = cipher.open(next_kwargs) if next_kwargs else {}
-    sealed = cipher.seal({**kwargs, "event": event.payload}, "next_kwargs")
-    return next_method, sealed, f"{RESUMED_BY_TRIGGER}{event.trigger_id} fired"
+    kwargs = {} if event.failed or not next_kwargs else cipher.open(next_kwargs)
+    method, resumed = resume_point(event, next_method, kwargs)
+    outcome = "failed" if event.failed else "fired"
+    reason = f"{RESUMED_BY_TRIGGER}{event.trigger_id} {outcome}"
+    return method, cipher.seal(resumed, "next_kwargs"), reason
+
+
+# The kwargs a task whose deferral timed out resumes at ``__fail__`` with.
+TIMED_OUT_KWARGS = {"error": "timeout"}
 
 
 # Claim each event's dedup key (a key seen before claims nothing: a duplicate) and lock the
@@ -1036,7 +1053,7 @@ def expire_deferrals(
     """deferred -> scheduled at ``__fail__`` for every task (``among`` these ids, if given)
     whose trigger_timeout passed, in one statement; the worker then raises TaskDeferralTimeout
     inside the task."""
-    token = cipher.seal({"error": "timeout"}, "next_kwargs")
+    token = cipher.seal(TIMED_OUT_KWARGS, "next_kwargs")
     params = {"fail_method": FAIL_METHOD, "fail_kwargs": token, "limit": limit, "reason": TIMED_OUT}
     if among is None:
         return list(session.scalars(_EXPIRE_ALL_SQL, params))

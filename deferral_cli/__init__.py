@@ -47,6 +47,7 @@ for command in (
     dags.dags.add_command(command)
 main.add_command(runs.runs)
 main.add_command(tasks.tasks)
+tasks.tasks.add_command(dagtest.tasks_test)
 main.add_command(xcom.xcom)
 main.add_command(triggers.triggers)
 main.add_command(triggers.triggerers)

@@ -14,7 +14,10 @@ scheduler would evaluate and dispatch the run too).
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import datetime as dt
+import logging
 import os
 import socket
 import sys
@@ -37,7 +40,7 @@ from deferral.crypto import Cipher
 from deferral.dag import DAG
 from deferral.models import DagRun, Scheduler, TaskInstance, TaskStateChange
 from deferral.process import settings_or_exit
-from deferral.states import DagRunState, TaskState
+from deferral.states import FAIL_METHOD, DagRunState, TaskState
 from deferral.tasklogs import SOURCE_WORKER, NewLine
 from deferral.transitions import Attempt, FiredEvent
 from deferral_cli.common import (
@@ -53,10 +56,21 @@ from triggerer.decode import load_trigger_class
 from triggerer.events import Outcome as TriggerOutcome
 from triggerer.events import first_event, masked, raised_outcome
 from worker import record
+from worker.attempt import execute_attempt
 from worker.capture import run_attempt
-from worker.outcomes import Deferred, Failed, Outcome, Succeeded
+from worker.outcomes import (
+    AttemptRequest,
+    Deferred,
+    Failed,
+    Outcome,
+    Rescheduled,
+    Skipped,
+    Succeeded,
+)
 
 TI = TaskInstance
+# The run id of a run made for `tasks test` (deleted afterwards), before its logical date.
+TEST_RUN_PREFIX = "tasks_test__"
 # Longest sleep while only retries and reschedules are left, so a due one starts soon after.
 WAIT_STEP_SEC = 1.0
 
@@ -83,6 +97,21 @@ def terminal() -> TerminalSafe:
     captured (fds 1 and 2 then point elsewhere); what it writes is escaped, as every line the
     command prints is."""
     return TerminalSafe(open(os.dup(sys.stdout.fileno()), "w", buffering=1, encoding="utf-8"))
+
+
+def run_row(session: Session, dag_id: str, run_id: str) -> DagRun:
+    return session.scalars(
+        select(DagRun).where(DagRun.dag_id == dag_id, DagRun.run_id == run_id)
+    ).one()
+
+
+def start_run(sessions: sessionmaker[Session], dag: DAG, run_id: str) -> None:
+    """A queued run starts here, with its task instances, as the scheduler starts one."""
+    with sessions.begin() as session:
+        run = run_row(session, dag.dag_id, run_id)
+        if run.state == DagRunState.QUEUED:
+            tasks = [waiting.new_task_instance(run, task) for task in dag.tasks]
+            transitions.start_dag_run(session, run, tasks)
 
 
 @dataclass
@@ -130,16 +159,10 @@ class LocalRun:
             self._wait_for_due()
 
     def _start(self) -> None:
-        with self.sessions.begin() as session:
-            run = self._run_row(session)
-            if run.state == DagRunState.QUEUED:
-                tasks = [waiting.new_task_instance(run, task) for task in self.dag.tasks]
-                transitions.start_dag_run(session, run, tasks)
+        start_run(self.sessions, self.dag, self.run_id)
 
     def _run_row(self, session: Session) -> DagRun:
-        return session.scalars(
-            select(DagRun).where(DagRun.dag_id == self.dag.dag_id, DagRun.run_id == self.run_id)
-        ).one()
+        return run_row(session, self.dag.dag_id, self.run_id)
 
     def _ids(self, session: Session, *states: TaskState) -> list[int]:
         return list(
@@ -236,40 +259,14 @@ class LocalRun:
         return trigger_id
 
     def _run_trigger(self, ti_id: int, trigger_id: int, deferred: Deferred) -> None:
-        """Run the trigger in an event loop of this process until its first event (or its
-        timeout), and resume the task with it, as the scheduler applies a triggerer's event."""
-        fired = self._first_event(trigger_id, deferred)
+        """Run the trigger here until its first event (or its timeout), and resume the task
+        with it, as the scheduler applies a triggerer's event."""
+        fired = fire_inline(self.settings, self.cipher, self.name, trigger_id, deferred)
         with self.sessions.begin() as session:
             if fired is None:
                 transitions.expire_deferrals(session, self.cipher, among=[ti_id])
-                return
-            fired = masked(self.cipher, fired, deferred.trigger_kwargs)
-            event = FiredEvent(
-                fired.message.dedup_key,
-                trigger_id,
-                fired.failure is not None,
-                serialization.loads(fired.payload),
-            )
-            transitions.resume(session, event, self.cipher)
-
-    def _first_event(self, trigger_id: int, deferred: Deferred) -> TriggerOutcome | None:
-        """The trigger's first event (or failure); None if its timeout passed first."""
-        try:
-            cls = load_trigger_class(deferred.classpath, self.settings.trigger_modules)
-            trigger = cls(**serialization.from_jsonable(deferred.trigger_kwargs))
-            trigger.trigger_id = trigger_id
-        except Exception as exc:
-            return raised_outcome(self.cipher, self.name, trigger_id, "could not be built:", exc)
-        left = None
-        if deferred.trigger_timeout is not None:
-            left = (deferred.trigger_timeout - dt.datetime.now(dt.UTC)).total_seconds()
-
-        async def within_timeout() -> TriggerOutcome | None:
-            with anyio.move_on_after(left):
-                return await first_event(self.cipher, self.name, trigger, trigger_id, {})
-            return None
-
-        return anyio.run(within_timeout)
+            else:
+                transitions.resume(session, fired, self.cipher)
 
     # -- what is shown -------------------------------------------------------------------------
 
@@ -307,6 +304,41 @@ class LocalRun:
             label = self._label(task_id, map_index)
             self.out.write(f"[{at}] {label}: {change.from_state} -> {change.to_state}{reason}\n")
             self.shown.last_change = change.id
+
+
+def fire_inline(
+    settings: Settings, cipher: Cipher, name: str, trigger_id: int, deferred: Deferred
+) -> FiredEvent | None:
+    """Run a deferral's trigger in an event loop of this process to its first event (or
+    failure), as a triggerer would (its payload masked as a triggerer masks it); None if the
+    deferral's timeout passed first."""
+    try:
+        cls = load_trigger_class(deferred.classpath, settings.trigger_modules)
+        trigger = cls(**serialization.from_jsonable(deferred.trigger_kwargs))
+        trigger.trigger_id = trigger_id
+    except Exception as exc:
+        outcome = raised_outcome(cipher, name, trigger_id, "could not be built:", exc)
+    else:
+        left = None
+        if deferred.trigger_timeout is not None:
+            left = (deferred.trigger_timeout - dt.datetime.now(dt.UTC)).total_seconds()
+
+        async def within_timeout() -> TriggerOutcome | None:
+            with anyio.move_on_after(left):
+                return await first_event(cipher, name, trigger, trigger_id, {})
+            return None
+
+        fired = anyio.run(within_timeout)
+        if fired is None:
+            return None
+        outcome = fired
+    outcome = masked(cipher, outcome, deferred.trigger_kwargs)
+    return FiredEvent(
+        outcome.message.dedup_key,
+        trigger_id,
+        outcome.failure is not None,
+        serialization.loads(outcome.payload),
+    )
 
 
 # -- the commands ------------------------------------------------------------------------------
@@ -387,3 +419,167 @@ def dags_test(
         state = LocalRun(settings, made, dag, run_id, terminal()).run()
     click.echo(f"run {run_id}: {state}")
     sys.exit(0 if state == DagRunState.SUCCESS else EXIT_FAILED)
+
+
+@click.command("test")
+@click.argument("dag_id")
+@click.argument("task_id")
+@click.argument("when", metavar="[LOGICAL_DATE_OR_RUN_ID]", required=False)
+@click.option("--map-index", type=int, default=-1, help="The map index of a mapped task's run.")
+@_SUBDIR
+@_HOME
+def tasks_test(
+    dag_id: str, task_id: str, when: str | None, map_index: int, subdir: Path | None, home: Path
+) -> None:
+    """Run TASK_ID once, in this process, ignoring its dependencies and recording no state,
+    as Airflow's `tasks test`: in the run of DAG_ID at LOGICAL_DATE (or the run RUN_ID) if it
+    exists (the task's XCom pulls read it; its pushes are written there, its state is left as
+    it is), else in a run made for it and deleted afterwards. A deferral's trigger runs here and
+    the task resumes with its event. Exit 0 if the task succeeded or skipped, 1 if it failed.
+    """
+    with test_settings(subdir, home) as settings:
+        dag = load_dag(settings, dag_id)
+        if task_id not in dag.task_dict:
+            fail(f"DAG {dag_id!r} has no task {task_id!r}")
+        made = sessions(settings)
+        run_id, made_for_test = _run_to_test_in(settings, made, dag, when)
+        try:
+            outcome = TaskTest(settings, made, dag, run_id, (task_id, map_index)).run()
+        finally:
+            if made_for_test:
+                with made.begin() as session:
+                    transitions.delete_dag_run(session, dag_id, run_id)
+    label = LocalRun._label(task_id, map_index)
+    if isinstance(outcome, Failed):
+        if outcome.traceback:
+            click.echo(outcome.traceback.rstrip(), err=True)
+        click.echo(f"{label}: failed: {outcome.error}")
+        sys.exit(EXIT_FAILED)
+    said = {Succeeded: "success", Skipped: "skipped", Rescheduled: "would poke again later"}
+    click.echo(f"{label}: {said[type(outcome)]}")
+
+
+def _run_to_test_in(
+    settings: Settings, made: sessionmaker[Session], dag: DAG, when: str | None
+) -> tuple[str, bool]:
+    """The run ``when`` names (a logical date or a run id) if it exists, else a new one
+    (created and started here); and whether it was made for the test."""
+    logical_date = None
+    if when is not None:
+        with contextlib.suppress(click.BadParameter):
+            logical_date = DateTimeParam().convert(when, None, None)
+    with made() as session:
+        found = session.scalar(
+            select(DagRun.run_id).where(
+                DagRun.dag_id == dag.dag_id,
+                DagRun.logical_date == logical_date
+                if logical_date is not None
+                else DagRun.run_id == when,
+            )
+        )
+    if found is not None:
+        return found, False
+    if when is not None and logical_date is None:
+        fail(f"{when!r} is neither a date nor a run of DAG {dag.dag_id!r}")
+    logical_date = logical_date or dt.datetime.now(dt.UTC)
+    try:
+        refuse_if_services_run(made, settings)
+        run_id = f"{TEST_RUN_PREFIX}{logical_date.isoformat()}"
+        actions.trigger_run(made, dag, {}, run_id, logical_date)
+    except (ServicesRunning, actions.ActionError) as exc:
+        fail(str(exc))
+    start_run(made, dag, run_id)
+    return run_id, True
+
+
+class TaskTest:
+    """One task of a run, run here as a worker child runs an attempt, with none of its state
+    recorded; a deferral's trigger runs here and the task resumes with its event."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        sessions: sessionmaker[Session],
+        dag: DAG,
+        run_id: str,
+        task: tuple[str, int],
+    ) -> None:
+        self.settings = settings
+        self.sessions = sessions
+        self.dag = dag
+        self.run_id = run_id
+        self.task_id, self.map_index = task
+        self.cipher = Cipher(settings.fernet_keys)
+        self.name = f"tasks-test-{socket.gethostname()}-{os.getpid()}"
+
+    def run(self) -> Outcome:
+        request = self._request()
+        # Attempts log at INFO (as in a worker child); shown on stderr here.
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter(tasklogs.LOG_FORMAT))
+        root = logging.getLogger()
+        root.addHandler(handler)
+        saved_level = root.level
+        root.setLevel(logging.INFO)
+        try:
+            while True:
+                outcome = execute_attempt(request)
+                if not isinstance(outcome, Deferred):
+                    return outcome
+                click.echo(
+                    f"{self.task_id}: deferred to {outcome.classpath}; its trigger runs here"
+                )
+                request = self._resumed(request, outcome)
+        finally:
+            root.removeHandler(handler)
+            root.setLevel(saved_level)
+
+    def _request(self) -> AttemptRequest:
+        with self.sessions() as session:
+            run = run_row(session, self.dag.dag_id, self.run_id)
+            ti = session.scalar(
+                select(TI).where(
+                    TI.dag_id == self.dag.dag_id,
+                    TI.run_id == self.run_id,
+                    TI.task_id == self.task_id,
+                    TI.map_index == self.map_index,
+                )
+            )
+        if ti is None:
+            fail(
+                f"run {self.run_id!r} has no task instance {self.task_id!r}"
+                f" at map index {self.map_index}"
+            )
+        assert ti is not None
+        return AttemptRequest(
+            task_instance_id=ti.id,
+            dag_id=ti.dag_id,
+            run_id=ti.run_id,
+            task_id=ti.task_id,
+            map_index=ti.map_index,
+            try_number=max(ti.try_number, 1),
+            logical_date=run.logical_date,
+            conf=dict(run.conf or {}),
+            first_started_at=dt.datetime.now(dt.UTC),
+            next_method=None,
+            next_kwargs=None,
+            max_tries=0,
+            data_interval_start=run.data_interval_start,
+            data_interval_end=run.data_interval_end,
+            run_type=run.run_type,
+            task_log_max_bytes=self.settings.task_log_max_bytes,
+        )
+
+    def _resumed(self, request: AttemptRequest, deferred: Deferred) -> AttemptRequest:
+        """The request that resumes the task with its trigger's event (no trigger row: the
+        trigger is known here by the number 0)."""
+        fired = fire_inline(self.settings, self.cipher, self.name, 0, deferred)
+        if fired is None:
+            method, kwargs = FAIL_METHOD, dict(transitions.TIMED_OUT_KWARGS)
+        else:
+            deferred_kwargs = serialization.from_jsonable(deferred.next_kwargs)
+            resumed_at, kwargs = transitions.resume_point(
+                fired, deferred.method_name, deferred_kwargs
+            )
+            method = resumed_at or deferred.method_name
+        return dataclasses.replace(request, next_method=method, next_kwargs=kwargs)

@@ -230,3 +230,41 @@ def cli_dag(write_dag: Callable[[str, str], Path]) -> str:
         f"with DAG('{name}', schedule=None):\n    EmptyOperator(task_id='t')\n",
     )
     return name
+
+
+def test_tasks_test_runs_one_task_and_records_no_state(
+    service_env: dict[str, str], sessions: sessionmaker[Session]
+) -> None:
+    env = {**service_env, "DEFERRAL_DAGS_FOLDER": str(EXAMPLES)}
+    # No run at that date: one is made for the test, the deferral runs here, and it is gone.
+    done = deferral(env, "tasks", "test", "example_deferrable", "wait", "2024-02-01")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "wait: deferred to deferral.triggers.temporal.DateTimeTrigger" in done.stdout
+    assert "trigger fired at" in done.stdout
+    assert done.stdout.rstrip().endswith("wait: success")
+    with sessions() as session:
+        assert session.scalars(select(DagRun)).all() == []
+        assert session.scalars(select(TaskInstance)).all() == []
+    # Dependencies are ignored: report runs alone, and without wait's XCom it fails (exit 1).
+    alone = deferral(env, "tasks", "test", "example_deferrable", "report", "2024-02-01")
+    assert alone.returncode == 1
+    assert "report: failed: TypeError" in alone.stdout
+    assert "Traceback" in alone.stderr
+
+    # In an existing run, the task reads that run's XComs, and its state stays as it was.
+    ran = deferral(
+        env, "dags", "test", "example_deferrable", "2024-02-02", "-c", '{"wait_seconds": 0}'
+    )
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    with sessions.begin() as session:
+        report = session.scalars(select(TaskInstance).where(TaskInstance.task_id == "report")).one()
+        report.state = "failed"  # as if it had failed: a test run must not change it
+    again = deferral(env, "tasks", "test", "example_deferrable", "report", "2024-02-02")
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "the wait took" in again.stdout
+    assert states(sessions, "example_deferrable") == {"wait": "success", "report": "failed"}
+    unknown = deferral(env, "tasks", "test", "example_deferrable", "nope")
+    assert (unknown.returncode, unknown.stderr.strip()) == (
+        1,
+        "error: DAG 'example_deferrable' has no task 'nope'",
+    )
