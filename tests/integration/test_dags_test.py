@@ -268,3 +268,38 @@ def test_tasks_test_runs_one_task_and_records_no_state(
         1,
         "error: DAG 'example_deferrable' has no task 'nope'",
     )
+
+
+def test_dag_test_at_the_bottom_of_a_dag_file_runs_it(
+    service_env: dict[str, str],
+    sessions: sessionmaker[Session],
+    write_dag: Callable[[str, str], Path],
+) -> None:
+    name = f"main_{uuid.uuid4().hex[:8]}"
+    path = write_dag(
+        name,
+        "import datetime as dt\n"
+        "from deferral import DAG\n"
+        "from deferral.decorators import task\n"
+        "from deferral.sensors.time_delta import TimeDeltaSensorAsync\n"
+        f"with DAG('{name}', schedule=None) as dag:\n"
+        "    @task\n"
+        "    def hello(params):\n"
+        "        print('hello', params['who'])\n"
+        "    TimeDeltaSensorAsync(task_id='nap', delta=dt.timedelta(seconds=1)) >> hello()\n"
+        "if __name__ == '__main__':\n"
+        "    state = dag.test(run_conf={'who': 'world'})\n"
+        "    print('ended', state)\n",
+    )
+    done = subprocess.run(
+        [sys.executable, str(path)],
+        env={**os.environ, **service_env, "DEFERRAL_DAGS_FOLDER": "/nonexistent"},
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_SEC,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "nap: running -> deferred" in done.stdout
+    assert "hello | hello world" in done.stdout
+    assert done.stdout.rstrip().endswith("ended success")
+    assert states(sessions, name) == {"nap": "success", "hello": "success"}
