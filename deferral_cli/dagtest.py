@@ -92,11 +92,15 @@ def refuse_if_services_run(sessions: sessionmaker[Session], settings: Settings) 
                 )
 
 
-def terminal() -> TerminalSafe:
+def terminal() -> TextIO | TerminalSafe:
     """A stream on this command's stdout that stays there while an attempt's output is
     captured (fds 1 and 2 then point elsewhere); what it writes is escaped, as every line the
-    command prints is."""
-    return TerminalSafe(open(os.dup(sys.stdout.fileno()), "w", buffering=1, encoding="utf-8"))
+    command prints is. Where stdout is no file (a test's runner), stdout itself."""
+    try:
+        fd = sys.stdout.fileno()
+    except OSError:
+        return sys.stdout
+    return TerminalSafe(open(os.dup(fd), "w", buffering=1, encoding="utf-8"))
 
 
 def run_row(session: Session, dag_id: str, run_id: str) -> DagRun:
@@ -121,32 +125,36 @@ class Shown:
     last_change: int = 0
 
 
-class LocalRun:
-    """Runs the tasks of one DAG run (already created, queued or running) in this process."""
+class InThisProcess:
+    """Runs tasks of one DAG run in this process, under a worker name of its own (every
+    outcome is fenced on it, as a worker's are)."""
+
+    kind = "dags-test"
 
     def __init__(
-        self,
-        settings: Settings,
-        sessions: sessionmaker[Session],
-        dag: DAG,
-        run_id: str,
-        out: TextIO | TerminalSafe,
+        self, settings: Settings, sessions: sessionmaker[Session], dag: DAG, run_id: str
     ) -> None:
         self.settings = settings
         self.sessions = sessions
         self.dag = dag
         self.run_id = run_id
-        self.out = out
         self.cipher = Cipher(settings.fernet_keys)
         self.hostname = socket.gethostname()
-        # A worker name of its own: every outcome is fenced on it, as a worker's are.
-        self.name = f"dags-test-{self.hostname}-{os.getpid()}"
-        self.shown = Shown()
+        self.name = f"{self.kind}-{self.hostname}-{os.getpid()}"
+
+
+class LocalRun(InThisProcess):
+    """Runs the tasks of one DAG run (already created, queued or running) in this process,
+    saying what happens on ``out``."""
+
+    out: TextIO | TerminalSafe
+    shown: Shown
 
     # -- the run ---------------------------------------------------------------------------------
 
-    def run(self) -> DagRunState:
+    def run(self, out: TextIO | TerminalSafe) -> DagRunState:
         """Run the run's tasks until it ends; returns its final state."""
+        self.out, self.shown = out, Shown()
         self._start()
         while True:
             outcome, ready = self._evaluate()
@@ -416,7 +424,7 @@ def dags_test(
             fail(str(exc))
             return
         click.echo(f"testing {dag_id} {run_id}")
-        state = LocalRun(settings, made, dag, run_id, terminal()).run()
+        state = LocalRun(settings, made, dag, run_id).run(terminal())
     click.echo(f"run {run_id}: {state}")
     sys.exit(0 if state == DagRunState.SUCCESS else EXIT_FAILED)
 
@@ -444,7 +452,7 @@ def tasks_test(
         made = sessions(settings)
         run_id, made_for_test = _run_to_test_in(settings, made, dag, when)
         try:
-            outcome = TaskTest(settings, made, dag, run_id, (task_id, map_index)).run()
+            outcome = TaskTest(settings, made, dag, run_id).run(task_id, map_index)
         finally:
             if made_for_test:
                 with made.begin() as session:
@@ -492,27 +500,14 @@ def _run_to_test_in(
     return run_id, True
 
 
-class TaskTest:
+class TaskTest(InThisProcess):
     """One task of a run, run here as a worker child runs an attempt, with none of its state
     recorded; a deferral's trigger runs here and the task resumes with its event."""
 
-    def __init__(
-        self,
-        settings: Settings,
-        sessions: sessionmaker[Session],
-        dag: DAG,
-        run_id: str,
-        task: tuple[str, int],
-    ) -> None:
-        self.settings = settings
-        self.sessions = sessions
-        self.dag = dag
-        self.run_id = run_id
-        self.task_id, self.map_index = task
-        self.cipher = Cipher(settings.fernet_keys)
-        self.name = f"tasks-test-{socket.gethostname()}-{os.getpid()}"
+    kind = "tasks-test"
 
-    def run(self) -> Outcome:
+    def run(self, task_id: str, map_index: int) -> Outcome:
+        self.task_id, self.map_index = task_id, map_index
         request = self._request()
         # Attempts log at INFO (as in a worker child); shown on stderr here.
         handler = logging.StreamHandler(sys.stderr)
@@ -535,39 +530,31 @@ class TaskTest:
             root.setLevel(saved_level)
 
     def _request(self) -> AttemptRequest:
+        """The attempt's request, as a worker would make it for the task instance, but as a
+        first try that is no one's to retry (nothing of it is recorded)."""
         with self.sessions() as session:
-            run = run_row(session, self.dag.dag_id, self.run_id)
-            ti = session.scalar(
-                select(TI).where(
+            ti_id = session.scalar(
+                select(TI.id).where(
                     TI.dag_id == self.dag.dag_id,
                     TI.run_id == self.run_id,
                     TI.task_id == self.task_id,
                     TI.map_index == self.map_index,
                 )
             )
-        if ti is None:
+            started = None if ti_id is None else transitions.preview_start(session, ti_id)
+        if started is None:
             fail(
                 f"run {self.run_id!r} has no task instance {self.task_id!r}"
                 f" at map index {self.map_index}"
             )
-        assert ti is not None
-        return AttemptRequest(
-            task_instance_id=ti.id,
-            dag_id=ti.dag_id,
-            run_id=ti.run_id,
-            task_id=ti.task_id,
-            map_index=ti.map_index,
-            try_number=max(ti.try_number, 1),
-            logical_date=run.logical_date,
-            conf=dict(run.conf or {}),
+        assert started is not None
+        request = record.request_of(started, None, self.settings.task_log_max_bytes)
+        return dataclasses.replace(
+            request,
+            try_number=max(started.try_number, 1),
             first_started_at=dt.datetime.now(dt.UTC),
             next_method=None,
-            next_kwargs=None,
             max_tries=0,
-            data_interval_start=run.data_interval_start,
-            data_interval_end=run.data_interval_end,
-            run_type=run.run_type,
-            task_log_max_bytes=self.settings.task_log_max_bytes,
         )
 
     def _resumed(self, request: AttemptRequest, deferred: Deferred) -> AttemptRequest:
