@@ -35,7 +35,9 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from deferral import actions, liveness, migrate, serialization, tasklogs, transitions
 from deferral import standalone as embedded
+from deferral.callbacks import REASON_SUCCESS, REASON_TASK_FAILURE, run_dag_callbacks
 from deferral.config import Settings, is_configured
+from deferral.context import DagRunInfo
 from deferral.crypto import Cipher
 from deferral.dag import DAG
 from deferral.models import DagRun, Scheduler, TaskInstance, TaskStateChange
@@ -183,8 +185,8 @@ class LocalRun(InThisProcess):
 
     def _evaluate(self) -> tuple[DagRunState | None, tuple[int, int] | None]:
         """One evaluation, as the scheduler's: due retries and reschedules woken, waiting tasks
-        decided, the run finished if nothing is left. Returns the run's outcome, or the (task
-        instance, try) to run next, started (running) under this process's name."""
+        decided, the run finished (and its DAG callbacks run) if nothing is left. Returns the
+        run's outcome, or the (task instance, try) to run next, queued."""
         with self.sessions.begin() as session:
             run = self._run_row(session)
             due = self._ids(session, TaskState.UP_FOR_RETRY, TaskState.UP_FOR_RESCHEDULE)
@@ -197,14 +199,27 @@ class LocalRun(InThisProcess):
             outcome = decide.run_outcome(unfinished=unfinished, leaf_failed=leaf_failed)
             if outcome is not None:
                 transitions.finish_dag_run(session, run, outcome)
-                return outcome, None
-            # Queued first: one this process queued and did not start (it was stopped).
-            transitions.dispatch(session, self._ids(session, TaskState.SCHEDULED))
-            for ti_id in self._ids(session, TaskState.QUEUED):
-                try_number = session.scalar(select(TI.try_number).where(TI.id == ti_id))
-                assert try_number is not None
-                return None, (ti_id, try_number)
-        return None, None
+                ended = DagRunInfo.of(run)
+            else:
+                # Queued first: one this process queued and did not start (it was stopped).
+                transitions.dispatch(session, self._ids(session, TaskState.SCHEDULED))
+                queued = session.execute(
+                    select(TI.id, TI.try_number)
+                    .where(
+                        TI.dag_id == self.dag.dag_id,
+                        TI.run_id == self.run_id,
+                        TI.state == TaskState.QUEUED,
+                    )
+                    .order_by(TI.priority_weight.desc(), TI.id)
+                    .limit(1)
+                ).one_or_none()
+        if outcome is None:
+            return None, None if queued is None else (queued.id, queued.try_number)
+        # As the scheduler does once the run's end is committed (here, in this process).
+        success = outcome == DagRunState.SUCCESS
+        reason = REASON_SUCCESS if success else REASON_TASK_FAILURE
+        run_dag_callbacks(self.dag, ended, success=success, reason=reason)
+        return outcome, None
 
     def _wait_for_due(self) -> None:
         """Nothing can run now: sleep until the next retry or reschedule is due."""

@@ -334,15 +334,7 @@ class SchedulerService:
         for dag, run, success, reason in finished:
             if (dag.on_success_callback if success else dag.on_failure_callback) is None:
                 continue
-            info = DagRunInfo(
-                dag_id=run.dag_id,
-                run_id=run.run_id,
-                logical_date=run.logical_date,
-                conf=dict(run.conf or {}),
-                data_interval_start=run.data_interval_start,
-                data_interval_end=run.data_interval_end,
-                run_type=run.run_type,
-            )
+            info = DagRunInfo.of(run)
             self.callbacks.submit(run_dag_callbacks, dag, info, success=success, reason=reason)
 
     def _evaluate(self, session: Session, run: DagRun, probes: decide.RunProbes) -> None:

@@ -303,3 +303,47 @@ def test_dag_test_at_the_bottom_of_a_dag_file_runs_it(
     assert "hello | hello world" in done.stdout
     assert done.stdout.rstrip().endswith("ended success")
     assert states(sessions, name) == {"nap": "success", "hello": "success"}
+
+
+RESCHEDULED = """
+from pathlib import Path
+
+from deferral import DAG
+from deferral.sensors.python import PythonSensor
+
+HERE = Path(__file__).with_suffix("")
+
+
+def second_poke():
+    poked = HERE.with_suffix(".poked")
+    if poked.exists():
+        return True
+    poked.write_text("once")
+    return False
+
+
+def said_done(context):
+    HERE.with_suffix(".done").write_text(context["dag_run"].run_id)
+
+
+with DAG("{dag_id}", schedule=None, on_success_callback=said_done) as dag:
+    PythonSensor(task_id="sense", python_callable=second_poke, mode="reschedule", poke_interval=1)
+"""
+
+
+def test_a_reschedule_sensor_pokes_again_and_the_dag_callback_runs(
+    service_env: dict[str, str],
+    sessions: sessionmaker[Session],
+    write_dag: Callable[[str, str], Path],
+) -> None:
+    name = f"resched_{uuid.uuid4().hex[:8]}"
+    path = write_dag(name, RESCHEDULED.format(dag_id=name))
+    done = deferral(service_env, "dags", "test", name)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "sense: running -> up_for_reschedule (poke again at" in done.stdout
+    assert "sense: up_for_reschedule -> scheduled (reschedule due)" in done.stdout
+    assert states(sessions, name) == {"sense": "success"}
+    # The DAG's on_success_callback ran once the run ended, with the run in its context.
+    with sessions() as session:
+        run_id = session.scalars(select(DagRun.run_id).where(DagRun.dag_id == name)).one()
+    assert path.with_suffix(".done").read_text() == run_id
