@@ -448,7 +448,12 @@ def dags_test(
 @click.argument("dag_id")
 @click.argument("task_id")
 @click.argument("when", metavar="[LOGICAL_DATE_OR_RUN_ID]", required=False)
-@click.option("--map-index", type=int, default=-1, help="The map index of a mapped task's run.")
+@click.option(
+    "--map-index",
+    type=int,
+    default=-1,
+    help="Which map index of a mapped task (of a run where it has expanded).",
+)
 @_SUBDIR
 @_HOME
 def tasks_test(
