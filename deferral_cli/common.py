@@ -337,11 +337,15 @@ def dagbag(settings: Settings) -> DagBag:
 
 
 def load_dag(settings: Settings, dag_id: str) -> DAG:
-    """The DAG from the DAGs folder; exits with one line naming it if there is none."""
+    """The DAG from the DAGs folder; exits with one line naming it if there is none (and how
+    many files fail to import: the DAG may be in one of them)."""
+    bag = dagbag(settings)
     try:
-        return dagbag(settings).get_dag(dag_id)
+        return bag.get_dag(dag_id)
     except DagNotFound as exc:
-        fail(str(exc))
+        broken = len(bag.import_errors)
+        said = f"; {broken} file(s) fail to import (`deferral dags list` says why)"
+        fail(f"{exc}{said if broken else ''}")
         raise  # unreachable: fail exits
 
 

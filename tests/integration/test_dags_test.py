@@ -193,8 +193,10 @@ def test_bad_input_gets_one_line(
         f"with DAG('{name}', params={{'n': Param(1, type='integer')}}):\n"
         "    EmptyOperator(task_id='t')\n",
     )
+    write_dag(f"broken_{uuid.uuid4().hex[:8]}", "raise RuntimeError('boom')\n")
     for args, said in (
-        (["nope"], "nope"),
+        (["nope"], "DAG 'nope' not found in"),
+        (["nope"], "; 1 file(s) fail to import (`deferral dags list` says why)"),
         ([name, "--conf", '{"n": "x"}'], "'x' is not of type 'integer'"),
         ([name, "--conf", "[1]"], "--conf"),
         ([name, "yesterday"], "'yesterday' is not a date"),
@@ -347,3 +349,42 @@ def test_a_reschedule_sensor_pokes_again_and_the_dag_callback_runs(
     with sessions() as session:
         run_id = session.scalars(select(DagRun.run_id).where(DagRun.dag_id == name)).one()
     assert path.with_suffix(".done").read_text() == run_id
+
+
+AIRFLOW_FILE = """
+import datetime as dt
+
+from airflow import DAG
+from airflow.operators.bash import BashOperator
+from airflow.operators.python import BranchPythonOperator
+from airflow.operators.empty import EmptyOperator
+from airflow.sensors.time_delta import TimeDeltaSensorAsync
+from airflow.utils.edgemodifier import Label
+
+with DAG("{dag_id}", schedule=None, start_date=dt.datetime(2024, 1, 1), tags=["example"]):
+    nap = TimeDeltaSensorAsync(task_id="nap", delta=dt.timedelta(seconds=1))
+    choose = BranchPythonOperator(task_id="choose", python_callable=lambda: "say")
+    say = BashOperator(task_id="say", bash_command="echo from airflow")
+    nap >> choose >> Label("yes") >> say
+    choose >> Label("no") >> EmptyOperator(task_id="other")
+"""
+
+
+def test_an_unmodified_airflow_file_runs_when_its_folder_says_airflow_imports(
+    service_env: dict[str, str],
+    sessions: sessionmaker[Session],
+    dags_folder: Path,
+    write_dag: Callable[[str, str], Path],
+) -> None:
+    name = f"airflow_{uuid.uuid4().hex[:8]}"
+    write_dag(name, AIRFLOW_FILE.format(dag_id=name))
+    (dags_folder / ".deferral.toml").write_text("airflow_imports = true\n")
+    done = deferral(service_env, "dags", "test", name)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "say | from airflow" in done.stdout
+    assert states(sessions, name) == {
+        "nap": "success",
+        "choose": "success",
+        "say": "success",
+        "other": "skipped",
+    }
