@@ -304,6 +304,13 @@ def load_settings(
     )
 
 
+def is_configured(
+    name: str, environ: Mapping[str, str] | None = None, toml_path: Path | None = None
+) -> bool:
+    """Whether ``DEFERRAL_<name>`` is given, in the environment or the settings file."""
+    return bool(_sources(environ, toml_path).get(ENV_PREFIX + name))
+
+
 def metastore_settings(
     environ: Mapping[str, str] | None = None, toml_path: Path | None = None
 ) -> tuple[str, tuple[str, ...]]:
@@ -347,10 +354,11 @@ def default_deferrable() -> bool:
     return _one_setting("DEFAULT_DEFERRABLE", _bool, "false")
 
 
-def airflow_imports() -> bool:
+def airflow_imports(folder_setting: bool = False) -> bool:
     """``DEFERRAL_AIRFLOW_IMPORTS``: whether DAG files may import from ``airflow``
-    (``deferral.airflow_imports``)."""
-    return _one_setting("AIRFLOW_IMPORTS", _bool, "false")
+    (``deferral.airflow_imports``); when it is not set, what the DAGs folder's own settings
+    file says (``folder_setting``, see ``deferral.dagbag.FOLDER_SETTINGS_FILE``)."""
+    return _one_setting("AIRFLOW_IMPORTS", _bool, "true" if folder_setting else "false")
 
 
 def _classpath(raw: str) -> str:

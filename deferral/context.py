@@ -16,6 +16,7 @@ from deferral.variables import VariableAccessor
 if TYPE_CHECKING:
     from deferral.baseoperator import BaseOperator
     from deferral.dag import DAG
+    from deferral.models import DagRun
 
 
 class XComBackend(Protocol):
@@ -38,6 +39,19 @@ class DagRunInfo:
     data_interval_start: dt.datetime | None = None
     data_interval_end: dt.datetime | None = None
     run_type: str = "manual"
+
+    @classmethod
+    def of(cls, run: DagRun) -> DagRunInfo:
+        """What a task's or a DAG callback's context says of the run ``run`` (its row)."""
+        return cls(
+            dag_id=run.dag_id,
+            run_id=run.run_id,
+            logical_date=run.logical_date,
+            conf=dict(run.conf or {}),
+            data_interval_start=run.data_interval_start,
+            data_interval_end=run.data_interval_end,
+            run_type=run.run_type,
+        )
 
     @property
     def execution_date(self) -> dt.datetime:

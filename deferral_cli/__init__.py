@@ -6,6 +6,7 @@ from deferral.process import command_group
 from deferral_cli import (
     connections,
     dags,
+    dagtest,
     db,
     dead,
     doctor,
@@ -41,10 +42,12 @@ for command in (
     schedules.dags_unpause,
     schedules.dags_backfill,
     schedules.dags_next_run,
+    dagtest.dags_test,
 ):
     dags.dags.add_command(command)
 main.add_command(runs.runs)
 main.add_command(tasks.tasks)
+tasks.tasks.add_command(dagtest.tasks_test)
 main.add_command(xcom.xcom)
 main.add_command(triggers.triggers)
 main.add_command(triggers.triggerers)

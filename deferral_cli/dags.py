@@ -19,6 +19,7 @@ from deferral_cli.common import (
     EXIT_FAILED,
     EXIT_INTERRUPTED,
     EXIT_TIMED_OUT,
+    DateTimeParam,
     dagbag,
     emit,
     fail,
@@ -78,10 +79,18 @@ def dags_list(output: str, tags: tuple[str, ...]) -> None:
         sys.exit(EXIT_FAILED)
 
 
-def trigger(settings: Settings, dag_id: str, conf: dict[str, Any], run_id: str | None) -> str:
+def trigger(
+    settings: Settings,
+    dag_id: str,
+    conf: dict[str, Any],
+    run_id: str | None,
+    logical_date: dt.datetime | None = None,
+) -> str:
     dag = load_dag(settings, dag_id)
     try:
-        triggered = actions.trigger_run(sessions(settings), dag, conf, run_id)
+        triggered = actions.trigger_run(
+            sessions(settings), dag, conf, run_id, logical_date=logical_date
+        )
     except actions.ActionError as exc:
         fail(str(exc))
         raise  # unreachable: fail exits
@@ -96,6 +105,15 @@ def trigger(settings: Settings, dag_id: str, conf: dict[str, Any], run_id: str |
 @click.option("--conf", "conf_json", default=None, help="Run configuration, a JSON object.")
 @click.option("--run-id", default=None, help="Run id (default: manual__<logical date>).")
 @click.option(
+    "-e",
+    "--logical-date",
+    "--exec-date",
+    "logical_date",
+    type=DateTimeParam(),
+    default=None,
+    help="The run's logical date (default: now); naive ones are in DEFERRAL_DEFAULT_TIMEZONE.",
+)
+@click.option(
     "--wait",
     is_flag=True,
     help="Follow the run to its end, showing each task's state as it changes;"
@@ -109,7 +127,12 @@ def trigger(settings: Settings, dag_id: str, conf: dict[str, Any], run_id: str |
     help="With --wait: stop waiting after S seconds (the run goes on).",
 )
 def dags_trigger(
-    dag_id: str, conf_json: str | None, run_id: str | None, wait: bool, timeout: float | None
+    dag_id: str,
+    conf_json: str | None,
+    run_id: str | None,
+    logical_date: dt.datetime | None,
+    wait: bool,
+    timeout: float | None,
 ) -> None:
     """Start a run of DAG_ID."""
     try:
@@ -124,7 +147,7 @@ def dags_trigger(
         except ValueError as exc:
             raise click.BadParameter(str(exc), param_hint=what) from None
     settings = settings_or_exit()
-    run_id = trigger(settings, dag_id, conf, run_id)
+    run_id = trigger(settings, dag_id, conf, run_id, logical_date)
     if not wait:
         return
     try:

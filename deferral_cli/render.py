@@ -118,15 +118,7 @@ def _render_now(
         xcoms=DatabaseXComs(sessions(settings)),
         first_started_at=dt.datetime.now(dt.UTC),
     )
-    dag_run = DagRunInfo(
-        dag_id=run.dag_id,
-        run_id=run.run_id,
-        logical_date=run.logical_date,
-        conf=dict(run.conf or {}),
-        data_interval_start=run.data_interval_start,
-        data_interval_end=run.data_interval_end,
-        run_type=run.run_type,
-    )
+    dag_run = DagRunInfo.of(run)
     if task.is_mapped and map_index < 0:
         fail(f"task {task_id!r} is mapped: show one map index with --map-index N")
         return {}

@@ -85,8 +85,8 @@ def timed_out(start_date: dt.datetime, timeout: dt.timedelta, now: dt.datetime) 
 
 
 def sync_dags(session: Session, dagbag: DagBag, now: dt.datetime) -> None:
-    """Record each parsed DAG's schedule in its ``dag`` row: schedule, max_active_runs and its
-    next run; a row made now is paused if the DAG says ``is_paused_upon_creation=True``. DAGs no
+    """Record each parsed DAG's schedule in its ``dag`` row: schedule, max_active_runs, tags and
+    its next run; a row made now is paused if the DAG says ``is_paused_upon_creation=True``. DAGs no
     file defines any more are deactivated (missing since now, "no longer defined in <file>").
 
     Runs before ``scheduler.dags.sync`` (which keeps the rows' other columns, ``import_error``,
@@ -101,6 +101,7 @@ def sync_dags(session: Session, dagbag: DagBag, now: dt.datetime) -> None:
             "schedule": dag.timetable.summary if dag.timetable.can_be_scheduled else None,
             "max_active_tasks": dag.max_active_tasks,
             "max_active_runs": dag.max_active_runs,
+            "tags": list(dag.tags),
             **_next_run_columns(dag.next_dagrun_info(latest.get(dag_id), now=now)),
         }
         for dag_id, dag in sorted(dags.items())  # one lock order for every replica

@@ -12,7 +12,6 @@ run: runs and rows are taken with ``FOR UPDATE SKIP LOCKED``, events are dedup-k
 from __future__ import annotations
 
 import datetime as dt
-import functools
 import logging
 import os
 import socket
@@ -51,7 +50,6 @@ from deferral import (
     tasklogs,
     transitions,
 )
-from deferral.baseoperator import BaseOperator
 from deferral.callbacks import (
     REASON_SUCCESS,
     REASON_TASK_FAILURE,
@@ -66,14 +64,14 @@ from deferral.dagbag import DagBag, DagNotFound
 from deferral.db import make_engine, make_sessionmaker, wait_until_up
 from deferral.faults import is_transient
 from deferral.models import DagRun, Scheduler, TaskInstance
-from deferral.policies import apply_task_instance_mutation_hook
 from deferral.process import Every, freeze_startup_objects, log_ids
 from deferral.serialization import SerializationError
 from deferral.states import DagRunState, TaskState
 from deferral.tasklogs import SOURCE_TRIGGERER, NewLine
-from deferral.transitions import FiredEvent, NewTaskInstance
+from deferral.transitions import FiredEvent
 from scheduler import dagruns, dags, decide, runstate, waiting
 from scheduler.reconcile import Reconciler
+from scheduler.waiting import new_task_instance
 
 log = logging.getLogger("deferral.scheduler")
 
@@ -286,7 +284,9 @@ class SchedulerService:
             for run in dagruns.startable_runs(session, limit=RUN_BATCH):
                 dag = self._dag(run.dag_id)
                 if dag is not None:
-                    transitions.start_dag_run(session, run, [_new_ti(run, t) for t in dag.tasks])
+                    transitions.start_dag_run(
+                        session, run, [new_task_instance(run, t) for t in dag.tasks]
+                    )
                     self._remember_checked(run.id, dag)
                     log.info("started run %s of DAG %s", run.run_id, run.dag_id)
                 elif not dags.grace_left(session, run.dag_id):
@@ -349,15 +349,7 @@ class SchedulerService:
         for dag, run, success, reason in finished:
             if (dag.on_success_callback if success else dag.on_failure_callback) is None:
                 continue
-            info = DagRunInfo(
-                dag_id=run.dag_id,
-                run_id=run.run_id,
-                logical_date=run.logical_date,
-                conf=dict(run.conf or {}),
-                data_interval_start=run.data_interval_start,
-                data_interval_end=run.data_interval_end,
-                run_type=run.run_type,
-            )
+            info = DagRunInfo.of(run)
             self.callbacks.submit(run_dag_callbacks, dag, info, success=success, reason=reason)
 
     def _evaluate(self, session: Session, run: DagRun, probes: decide.RunProbes) -> None:
@@ -373,31 +365,15 @@ class SchedulerService:
             # checked once per run and DAG object (the DagBag keeps the object of an unchanged
             # file), not on every change.
             missing = runstate.missing_tasks(session, run.dag_id, run.run_id, dag.task_dict)
-            added = [_new_ti(run, dag.task_dict[task_id]) for task_id in missing]
+            added = [new_task_instance(run, dag.task_dict[task_id]) for task_id in missing]
             if added:
                 transitions.add_task_instances(session, run, added)
                 moved += len(added)
             self._checked_now[run.id] = dag
         if probes.waiting or probes.retries_undue or moved:
-            tis = runstate.undecided(session, dag, run.dag_id, run.run_id)
-            new_ti = functools.partial(_new_ti, run)
-            advanced = waiting.advance(session, run, dag, tis, new_ti, self.settings.max_map_length)
+            advanced = waiting.advance_run(session, run, dag, self.settings.max_map_length)
             moved += advanced.moved
             self._scheduled += advanced.scheduled
-            now = dt.datetime.now(dt.UTC)
-            transitions.set_retry_due(
-                session,
-                {
-                    ti.id: decide.next_try_at(
-                        ti.end_date, dag.task_dict[ti.task_id].retry_delay, now
-                    )
-                    for ti in tis
-                    if ti.id is not None
-                    and ti.state == TaskState.UP_FOR_RETRY
-                    and ti.due_at is None
-                    and ti.task_id in dag.task_dict
-                },
-            )
         outcome = None
         if moved or not probes.unfinished:
             unfinished, leaf_failed = runstate.outcome_probes(session, dag, run.dag_id, run.run_id)
@@ -750,16 +726,3 @@ def _carried_lines(log: CarriedLog | None) -> tuple[NewLine, ...]:
         NewLine(ti, try_number, dt.datetime.fromtimestamp(at, dt.UTC), SOURCE_TRIGGERER, line)
         for at, line in log.lines
     )
-
-
-def _new_ti(run: DagRun, task: BaseOperator, map_index: int = -1) -> NewTaskInstance:
-    new = NewTaskInstance(
-        task_id=task.task_id,
-        max_tries=task.retries,
-        pool=task.pool,
-        pool_slots=task.pool_slots,
-        queue=task.queue,
-        priority_weight=task.priority_weight,
-        map_index=map_index,
-    )
-    return apply_task_instance_mutation_hook(new, dag_id=run.dag_id, run_id=run.run_id, task=task)

@@ -5,16 +5,21 @@ through ``deferral.transitions``."""
 
 from __future__ import annotations
 
+import datetime as dt
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from sqlalchemy.orm import Session
 
 from deferral import transitions
+from deferral.baseoperator import BaseOperator
 from deferral.dag import DAG
 from deferral.mappedoperator import MappedOperator
 from deferral.models import DagRun
+from deferral.policies import apply_task_instance_mutation_hook
 from deferral.states import TaskState
+from deferral.transitions import NewTaskInstance
 from scheduler import decide, mapping, runstate
 from scheduler.mapping import Move, NewTaskInstanceOf
 
@@ -91,3 +96,40 @@ def _held_by_past(
         for task_id in waiting
         if not decide.past_depends_met(dag.task_dict[task_id], previous, catchup=dag.catchup)
     )
+
+
+def advance_run(session: Session, run: DagRun, dag: DAG, max_map_length: int) -> Advanced:
+    """:func:`advance` over the run's undecided task instances, and the due time of each retry
+    failed without one (its worker stopped): what a run's evaluation moves before it asks
+    whether the run ended."""
+    tis = runstate.undecided(session, dag, run.dag_id, run.run_id)
+    new_ti = functools.partial(new_task_instance, run)
+    advanced = advance(session, run, dag, tis, new_ti, max_map_length)
+    now = dt.datetime.now(dt.UTC)
+    transitions.set_retry_due(
+        session,
+        {
+            ti.id: decide.next_try_at(ti.end_date, dag.task_dict[ti.task_id].retry_delay, now)
+            for ti in tis
+            if ti.id is not None
+            and ti.state == TaskState.UP_FOR_RETRY
+            and ti.due_at is None
+            and ti.task_id in dag.task_dict
+        },
+    )
+    return advanced
+
+
+def new_task_instance(run: DagRun, task: BaseOperator, map_index: int = -1) -> NewTaskInstance:
+    """The task instance of ``task`` (at ``map_index``) a run gets, as the cluster policy's
+    task_instance_mutation_hook leaves it."""
+    new = NewTaskInstance(
+        task_id=task.task_id,
+        max_tries=task.retries,
+        pool=task.pool,
+        pool_slots=task.pool_slots,
+        queue=task.queue,
+        priority_weight=task.priority_weight,
+        map_index=map_index,
+    )
+    return apply_task_instance_mutation_hook(new, dag_id=run.dag_id, run_id=run.run_id, task=task)

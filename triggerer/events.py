@@ -6,17 +6,26 @@ text beside the entry only to say in its log what fired or why it failed (:class
 
 from __future__ import annotations
 
+import inspect
+import logging
+import traceback
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
+import anyio
 import msgspec
 
 from broker import streams
 from broker.streams import EVENT_KIND_EVENT, EVENT_KIND_FAILURE, EventMessage
 from deferral import serialization
 from deferral.crypto import Cipher
+from deferral.process import LogExtra
 from deferral.secrets_masker import mask_with_kwargs
 from deferral.serialization import SerializationError
+from deferral.triggers.base import BaseTrigger, TriggerEvent
+
+log = logging.getLogger("deferral.triggerer")
 
 
 class Failure(msgspec.Struct, frozen=True):
@@ -103,4 +112,77 @@ def masked(cipher: Cipher, outcome: Outcome, trigger_kwargs: Any) -> Outcome:
     payload_json = serialization.dumps(shown, "event payload")
     return _outcome(
         cipher, int(message.trigger_id), message.kind, payload_json, message.triggerer, failure
+    )
+
+
+def raised_outcome(
+    cipher: Cipher, triggerer: str, trigger_id: int, what: str, exc: BaseException
+) -> Outcome:
+    """A failure naming the error ``exc`` (raised in what the triggerer was doing)."""
+    return failure_outcome(
+        cipher,
+        trigger_id,
+        f"trigger {trigger_id} {what} {type(exc).__name__}: {exc}",
+        "".join(traceback.format_exception(exc)),
+        triggerer,
+    )
+
+
+async def first_event(
+    cipher: Cipher, triggerer: str, trigger: BaseTrigger, trigger_id: int, log_extra: LogExtra
+) -> Outcome:
+    """Run the trigger to its first event; a raise, a ``run()`` that is not an async generator
+    or an end without an event is a failure. ``cleanup()`` always runs, and its own failure
+    fails the task too. (A trigger calling sys.exit() fails its task, not the triggerer.) The
+    triggerer service and the in-process trigger loop of ``deferral dags test`` both use it."""
+    outcome: Outcome | None = None
+    try:
+        events = trigger.run()
+        if not inspect.isasyncgen(events):
+            outcome = _not_a_generator(cipher, triggerer, trigger_id, events)
+        else:
+            try:
+                async for event in cast(AsyncGenerator[TriggerEvent, None], events):
+                    outcome = event_outcome(cipher, trigger_id, event.payload, triggerer)
+                    break
+            finally:
+                await events.aclose()
+            if outcome is None:
+                outcome = failure_outcome(
+                    cipher,
+                    trigger_id,
+                    f"trigger {trigger_id} ended without an event",
+                    "",
+                    triggerer,
+                )
+    except anyio.get_cancelled_exc_class():
+        raise
+    except (Exception, SystemExit) as exc:
+        outcome = raised_outcome(cipher, triggerer, trigger_id, "raised", exc)
+    finally:
+        with anyio.CancelScope(shield=True):
+            try:
+                await trigger.cleanup()
+            except (Exception, SystemExit) as exc:
+                log.exception("trigger %d cleanup() raised", trigger_id, extra=log_extra)
+                if outcome is not None and outcome.failure is None:
+                    outcome = raised_outcome(cipher, triggerer, trigger_id, "cleanup() raised", exc)
+    return outcome
+
+
+def _not_a_generator(cipher: Cipher, triggerer: str, trigger_id: int, returned: object) -> Outcome:
+    """The failure of a ``run()`` that returned something other than an async generator (an
+    ``async def`` without ``yield`` returns a coroutine: closed, never run)."""
+    if inspect.iscoroutine(returned):
+        returned.close()
+        what = "is a coroutine (async def without yield)"
+    else:
+        what = f"returned {type(returned).__name__}"
+    return failure_outcome(
+        cipher,
+        trigger_id,
+        f"trigger {trigger_id} run() {what}: it must be an async generator that yields"
+        " TriggerEvent",
+        "",
+        triggerer,
     )

@@ -16,7 +16,6 @@ import asyncio
 import contextlib
 import datetime as dt
 import heapq
-import inspect
 import itertools
 import logging
 import math
@@ -24,11 +23,10 @@ import os
 import signal
 import socket
 import threading
-import traceback
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, cast
+from typing import Any
 
 import anyio
 import anyio.lowlevel
@@ -65,10 +63,17 @@ from deferral.process import LOG_IDS_ATTR, LogExtra, freeze_startup_objects, log
 from deferral.secrets_masker import redact
 from deferral.states import TaskState
 from deferral.tasklogs import NewLine
-from deferral.triggers.base import BaseTrigger, TriggerEvent
+from deferral.triggers.base import BaseTrigger
 from triggerer import decide, tasklog
 from triggerer.decode import Decoded, RejectedEntry, decode_entry
-from triggerer.events import Outcome, event_outcome, failure_message, failure_outcome, masked
+from triggerer.events import (
+    Outcome,
+    event_outcome,
+    failure_message,
+    first_event,
+    masked,
+    raised_outcome,
+)
 from triggerer.leases import LeaseKeeper
 from triggerer.tasklog import TaskLogHandler, current_ids
 from triggerer.watchdog import LoopWatchdog
@@ -519,14 +524,7 @@ class TriggererService:
         self._send(held, event_outcome(self.cipher, trigger_id, held.moment, self.name))
 
     def _failure(self, trigger_id: int, what: str, exc: BaseException) -> Outcome:
-        """A failure naming the error ``exc`` (raised in what the triggerer was doing)."""
-        return failure_outcome(
-            self.cipher,
-            trigger_id,
-            f"trigger {trigger_id} {what} {type(exc).__name__}: {exc}",
-            "".join(traceback.format_exception(exc)),
-            self.name,
-        )
+        return raised_outcome(self.cipher, self.name, trigger_id, what, exc)
 
     def _send(self, held: Held, outcome: Outcome) -> None:
         """Say what the trigger fired (or why it failed) and queue it for the publisher."""
@@ -656,61 +654,7 @@ class TriggererService:
         )
 
     async def _first_event(self, trigger: BaseTrigger, held: Held) -> Outcome:
-        """Run the trigger to its first event; a raise, a ``run()`` that is not an async
-        generator or an end without an event is a failure. ``cleanup()`` always runs, and its
-        own failure fails the task too. (A trigger calling sys.exit() fails its task, not the
-        triggerer.)"""
-        trigger_id = held.trigger_id
-        outcome: Outcome | None = None
-        try:
-            events = trigger.run()
-            if not inspect.isasyncgen(events):
-                outcome = self._not_a_generator(trigger_id, events)
-            else:
-                try:
-                    async for event in cast(AsyncGenerator[TriggerEvent, None], events):
-                        outcome = event_outcome(self.cipher, trigger_id, event.payload, self.name)
-                        break
-                finally:
-                    await events.aclose()
-                if outcome is None:
-                    outcome = failure_outcome(
-                        self.cipher,
-                        trigger_id,
-                        f"trigger {trigger_id} ended without an event",
-                        "",
-                        self.name,
-                    )
-        except anyio.get_cancelled_exc_class():
-            raise
-        except (Exception, SystemExit) as exc:
-            outcome = self._failure(trigger_id, "raised", exc)
-        finally:
-            with anyio.CancelScope(shield=True):
-                try:
-                    await trigger.cleanup()
-                except (Exception, SystemExit) as exc:
-                    log.exception("trigger %d cleanup() raised", trigger_id, extra=held.log_ids())
-                    if outcome is not None and outcome.failure is None:
-                        outcome = self._failure(trigger_id, "cleanup() raised", exc)
-        return outcome
-
-    def _not_a_generator(self, trigger_id: int, returned: object) -> Outcome:
-        """The failure of a ``run()`` that returned something other than an async generator
-        (an ``async def`` without ``yield`` returns a coroutine: closed, never run)."""
-        if inspect.iscoroutine(returned):
-            returned.close()
-            what = "is a coroutine (async def without yield)"
-        else:
-            what = f"returned {type(returned).__name__}"
-        return failure_outcome(
-            self.cipher,
-            trigger_id,
-            f"trigger {trigger_id} run() {what}: it must be an async generator that yields"
-            " TriggerEvent",
-            "",
-            self.name,
-        )
+        return await first_event(self.cipher, self.name, trigger, held.trigger_id, held.log_ids())
 
     # -- task logs -------------------------------------------------------------------------------
 

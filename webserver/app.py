@@ -389,8 +389,12 @@ class WebUI:
     # -- pages ---------------------------------------------------------------------------------
 
     async def dags_page(self, request: Request) -> Response:
-        overview = await run_in_threadpool(self._read, data.dags_overview, self.dags)
+        overview = await run_in_threadpool(self._dags_overview, request)
         return await self.page(request, "dags.html", overview)
+
+    def _dags_overview(self, request: Request) -> dict[str, Any]:
+        tags = data.wanted_tags(request.query_params.getlist("tags"))
+        return self._read(data.dags_overview, self.dags, tags)
 
     def _read(self, read: Callable[..., dict[str, Any]], *args: Any) -> dict[str, Any]:
         with self.sessions() as session:
@@ -647,7 +651,7 @@ class WebUI:
         return _api({"status": "ok"})
 
     async def api_dags(self, request: Request) -> Response:
-        return _api(await run_in_threadpool(self._read, data.dags_overview, self.dags))
+        return _api(await run_in_threadpool(self._dags_overview, request))
 
     async def api_dag(self, request: Request) -> Response:
         return _api(await run_in_threadpool(self._dag_detail, request))

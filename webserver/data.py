@@ -157,12 +157,25 @@ def _db_now(session: Session) -> dt.datetime:
 # -- DAGs ----------------------------------------------------------------------------------------
 
 
-def dags_overview(session: Session, source: DagSource) -> Record:
-    """Every DAG (in the folder, or only in the database): schedule, next run, paused, tasks,
-    its latest runs' states; and the files that fail to import."""
+def wanted_tags(given: Sequence[str]) -> list[str]:
+    """The tags a DAG list is filtered by: each ``tags`` parameter, or comma-separated ones."""
+    return sorted({tag.strip() for value in given for tag in value.split(",") if tag.strip()})
+
+
+def dags_overview(session: Session, source: DagSource, tags: Sequence[str] = ()) -> Record:
+    """Every DAG (in the folder, or only in the database) with its tags, schedule, next run,
+    paused, tasks, its latest runs' states; only those with one of ``tags`` if given (as
+    ``deferral dags list --tags``); and the files that fail to import."""
     dags, import_errors = source.bag()
     rows = {row.dag_id: row for row in session.scalars(select(Dag))}
     dag_ids = sorted(set(dags) | {d for d, row in rows.items() if row.is_active})
+
+    def tags_of(dag_id: str) -> list[str]:
+        dag, row = dags.get(dag_id), rows.get(dag_id)
+        return list(dag.tags) if dag is not None else list(row.tags) if row is not None else []
+
+    if tags:
+        dag_ids = [dag_id for dag_id in dag_ids if set(tags) & set(tags_of(dag_id))]
     now = _db_now(session)
     latest = latest_automated_intervals(session, [d for d in dag_ids if d in dags])
     recent = _recent_runs(session, dag_ids, RECENT_RUNS)
@@ -173,6 +186,7 @@ def dags_overview(session: Session, source: DagSource) -> Record:
         records.append(
             {
                 "dag_id": dag_id,
+                "tags": tags_of(dag_id),
                 "loaded": dag is not None,
                 "schedule": dag.timetable.summary if dag is not None else row and row.schedule,
                 "is_paused": _is_paused(dag, row),
@@ -185,7 +199,7 @@ def dags_overview(session: Session, source: DagSource) -> Record:
             }
         )
     errors = [{"file": path, "error": error} for path, error in sorted(import_errors.items())]
-    return {"dags": records, "import_errors": errors}
+    return {"dags": records, "import_errors": errors, "tags": list(tags)}
 
 
 def _is_paused(dag: DAG | None, row: Dag | None) -> bool:

@@ -194,13 +194,16 @@ def _pieces(raw: bytes) -> list[bytes]:
     return [raw[start : start + MAX_LINE_BYTES] for start in range(0, len(raw), MAX_LINE_BYTES)]
 
 
-def run_attempt(request: AttemptRequest) -> Outcome:
-    """What a worker child does with a request: the attempt, its output in the try's log."""
+def run_attempt(request: AttemptRequest, echo: Writer | None = None) -> Outcome:
+    """What a worker child does with a request: the attempt, its output in the try's log (and,
+    once stored, given to ``echo``: ``deferral dags test`` shows it as it comes)."""
     max_bytes = request.task_log_max_bytes
 
     def store(lines: Sequence[NewLine]) -> None:
         with metastore().sessions.begin() as session:
             tasklogs.append(session, lines, max_bytes)
+        if echo is not None:
+            echo(lines)
 
     with TaskOutput(request.task_instance_id, request.try_number, store, max_bytes):
         return execute_attempt(request)

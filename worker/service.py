@@ -36,7 +36,7 @@ from broker.streams import (
     task_label,
     trigger_message,
 )
-from deferral import liveness, metrics, serialization, tasklogs, transitions
+from deferral import liveness, metrics, tasklogs, transitions
 from deferral.config import Settings, SmtpSettings
 from deferral.crypto import Cipher, DecryptionError
 from deferral.db import make_engine, make_sessionmaker, wait_until_up
@@ -47,6 +47,7 @@ from deferral.serialization import SerializationError
 from deferral.states import TaskState
 from deferral.tasklogs import SOURCE_WORKER, NewLine
 from deferral.transitions import Attempt
+from worker import record
 from worker.attempt import warm_up
 from worker.capture import run_attempt
 from worker.children import ChildDied, ChildPool
@@ -413,29 +414,11 @@ class WorkerService:
                     extra=log_ids(task_instance_id=ti.id, try_number=ti.try_number),
                 )
                 continue
-            assert ti.logical_date is not None
             started_line = f"try {ti.try_number} started on worker {self.name} ({self.hostname})"
             if ti.next_method:
                 started_line += f", resuming at {ti.next_method}"
             lines.append(_line(ti.id, ti.try_number, started_line))
-            requests[ti.id] = AttemptRequest(
-                task_instance_id=ti.id,
-                dag_id=ti.dag_id,
-                run_id=ti.run_id,
-                task_id=ti.task_id,
-                map_index=ti.map_index,
-                try_number=ti.try_number,
-                logical_date=ti.logical_date,
-                conf=dict(ti.conf or {}),
-                first_started_at=ti.first_started_at,
-                next_method=ti.next_method,
-                next_kwargs=next_kwargs,
-                max_tries=ti.max_tries,
-                data_interval_start=ti.data_interval_start,
-                data_interval_end=ti.data_interval_end,
-                run_type=ti.run_type or "manual",
-                task_log_max_bytes=self.settings.task_log_max_bytes,
-            )
+            requests[ti.id] = record.request_of(ti, next_kwargs, self.settings.task_log_max_bytes)
         return requests
 
     def _fail_orphans(self, orphans: Sequence[tuple[Delivery, QueuedAttempt]]) -> None:
@@ -553,15 +536,9 @@ class WorkerService:
         successes = [(r, o) for r, o in batch if isinstance(o, Succeeded)]
         deferrals = [(r, o) for r, o in batch if isinstance(o, Deferred)]
         lines: list[NewLine] = []
-        succeeded = transitions.succeed_many(
-            session, [(r.attempt, o.return_value) for r, o in successes]
-        )
+        succeeded = record.succeed_all(session, [(r.attempt, o) for r, o in successes])
         for running, success in successes:
             moved = running.attempt.task_instance_id in succeeded
-            if moved and success.skip_task_ids:
-                transitions.skip_tasks(
-                    session, running.attempt.task_instance_id, success.skip_task_ids
-                )
             self._say(running, success, moved, "succeeded", lines)
         staged = self._defer_many(session, deferrals, lines)
         for running, other in batch:
@@ -596,25 +573,9 @@ class WorkerService:
         outcome: Rescheduled | Skipped | Failed,
         lines: list[NewLine],
     ) -> None:
-        attempt = running.attempt
-        if isinstance(outcome, Rescheduled):
-            moved = transitions.reschedule(session, attempt, outcome.reschedule_date)
-            said = f"pokes again at {outcome.reschedule_date}"
-        elif isinstance(outcome, Skipped):
-            moved = transitions.skip(session, attempt, outcome.reason)
-            said = f"skipped: {outcome.reason}"
-        else:
-            state = transitions.fail(
-                session,
-                attempt,
-                outcome.error,
-                allow_retry=outcome.allow_retry,
-                retry_delay=outcome.retry_delay,
-            )
-            moved = state is not None
-            said = f"failed, now {state}: {outcome.error}\n{outcome.traceback}".rstrip()
-            if moved and outcome.alert is not None:
-                self.mails.append(Mail(outcome.alert, running.label, running.log_ids()))
+        moved, said = record.apply_other(session, running.attempt, outcome)
+        if moved and isinstance(outcome, Failed) and outcome.alert is not None:
+            self.mails.append(Mail(outcome.alert, running.label, running.log_ids()))
         self._say(running, outcome, moved, said, lines)
 
     def _defer_many(
@@ -625,21 +586,10 @@ class WorkerService:
     ) -> list[outbox.Staged]:
         """Write the deferrals' trigger rows and move their tasks, then stage their trigger
         entries; returns the outbox rows of those that moved."""
-        specs = []
-        for running, outcome in deferrals:
-            kwargs_json = serialization.encode(outcome.trigger_kwargs)
-            specs.append(
-                transitions.Deferral(
-                    attempt=running.attempt,
-                    classpath=outcome.classpath,
-                    kwargs_token=self.cipher.encrypt(kwargs_json),
-                    next_method=outcome.method_name,
-                    next_kwargs_token=self.cipher.encrypt(
-                        serialization.encode(outcome.next_kwargs)
-                    ),
-                    trigger_timeout=outcome.trigger_timeout,
-                )
-            )
+        specs = [
+            record.deferral_of(running.attempt, outcome, self.cipher)
+            for running, outcome in deferrals
+        ]
         moved = transitions.defer_many(session, specs)
         messages = []
         for running, outcome in deferrals:

@@ -21,7 +21,7 @@ from sqlalchemy import (
     func,
     text,
 )
-from sqlalchemy.dialects.postgresql import JSON, JSONB
+from sqlalchemy.dialects.postgresql import ARRAY, JSON, JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 NAMING = {
@@ -76,6 +76,8 @@ class Dag(Base):
     missing_since: Mapped[dt.datetime | None] = mapped_column(Timestamp)
     missing_reason: Mapped[str | None] = mapped_column(Text)
     last_parsed_at: Mapped[dt.datetime | None] = mapped_column(Timestamp)
+    # The DAG's tags as last parsed: the web UI lists and filters by them.
+    tags: Mapped[list[str]] = mapped_column(ARRAY(Text), server_default=text("'{}'::text[]"))
 
 
 class DagImportError(Base):

@@ -4,6 +4,7 @@ dagrun_timeout."""
 from __future__ import annotations
 
 import datetime as dt
+import os
 import threading
 import uuid
 from collections.abc import Callable
@@ -108,6 +109,19 @@ def test_sync_writes_a_row_per_dag_with_its_next_run(
     assert (row.next_dagrun, row.next_dagrun_data_interval_end) == (day(7), day(8))
     assert row.next_dagrun_create_after == day(8)
     assert row.last_parsed_at is not None and row.missing_since is None
+
+
+def test_sync_stores_the_tags_of_each_parse(
+    settings: Settings, sessions: sessionmaker[Session], write_dag: WriteDag
+) -> None:
+    dag_id = f"sched_{uuid.uuid4().hex[:8]}"
+    path = write_dag(dag_id, dag_source(dag_id, tags=["etl", "daily"]))
+    sync(sessions, parsed(settings))
+    assert dag_row(sessions, dag_id).tags == ["etl", "daily"]
+    path.write_text(dag_source(dag_id, tags=["ml"]))
+    os.utime(path, (path.stat().st_atime, path.stat().st_mtime + 5))
+    sync(sessions, parsed(settings))
+    assert dag_row(sessions, dag_id).tags == ["ml"]
 
 
 def test_paused_upon_creation_applies_once_then_users_decide(

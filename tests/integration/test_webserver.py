@@ -624,3 +624,28 @@ def test_edge_labels_are_drawn_on_their_edges(
         ("check", "handle_empty", "when empty"),
         ("check", "load", ""),
     }
+
+
+def test_the_dag_list_shows_tags_and_filters_by_them(
+    local: TestClient,
+    sessions: sessionmaker[Session],
+    write_dag: Callable[[str, str], Path],
+) -> None:
+    for name, tags in (("tagged_etl", ["etl", "daily"]), ("tagged_ml", ["ml"])):
+        write_dag(name, f"from deferral import DAG\ndag = DAG('{name}', tags={tags!r})\n")
+    # A DAG only the database still knows keeps the tags it was last parsed with.
+    with sessions.begin() as session:
+        session.add(Dag(dag_id="tagged_gone", tags=["etl"], missing_reason="file removed"))
+    page = local.get("/dags", params={"tags": "etl"})
+    assert page.status_code == 200
+    assert "tagged_etl" in page.text and "tagged_gone" in page.text
+    assert "tagged_ml" not in page.text
+    assert '<a class="tag" href="/dags?tags=daily">daily</a>' in page.text
+    listed = local.get("/api/v1/dags", params=[("tags", "ml"), ("tags", "daily")]).json()
+    assert {dag["dag_id"]: dag["tags"] for dag in listed["dags"]} == {
+        "tagged_etl": ["etl", "daily"],
+        "tagged_ml": ["ml"],
+    }
+    assert local.get("/api/v1/dags", params={"tags": "ml,none"}).json()["tags"] == ["ml", "none"]
+    everything = local.get("/api/v1/dags").json()["dags"]
+    assert {"tagged_etl", "tagged_ml", "tagged_gone"} <= {dag["dag_id"] for dag in everything}

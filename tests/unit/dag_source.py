@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 import textwrap
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import pytest
@@ -26,11 +26,16 @@ def isolated_imports(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
         del sys.modules[name]
 
 
-def load_source(parent: Path, source: str) -> tuple[DagBag, str]:
+def load_source(
+    parent: Path, source: str, beside: Mapping[str, str] | None = None
+) -> tuple[DagBag, str]:
     """Write ``source`` (dedented; ``{dag_id}`` becomes the module's unique name) as the only
-    DAG file of a new folder under ``parent``, and load that folder."""
+    DAG file of a new folder under ``parent`` (with the files ``beside``: name -> text), and
+    load that folder."""
     folder = parent / uuid.uuid4().hex[:8]
     folder.mkdir()
+    for file_name, text in (beside or {}).items():
+        (folder / file_name).write_text(text)
     name = f"{MODULE_PREFIX}{uuid.uuid4().hex[:10]}"
     text = textwrap.dedent(source)
     (folder / f"{name}.py").write_text(text.replace("{dag_id}", name))

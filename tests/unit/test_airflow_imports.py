@@ -162,3 +162,51 @@ def test_every_alias_resolves_to_deferral_objects() -> None:
         for target in alias.names.values():
             module, attr = target.split(":")
             assert hasattr(importlib.import_module(module), attr), (name, target)
+
+
+@pytest.mark.parametrize(
+    ("folder_file", "environ", "loads"),
+    [
+        ("airflow_imports = true\n", None, True),
+        ("airflow_imports = false\n", None, False),
+        ("", None, False),
+        # DEFERRAL_AIRFLOW_IMPORTS, when set, decides over the folder's file.
+        ("airflow_imports = true\n", "false", False),
+        ("airflow_imports = false\n", "true", True),
+    ],
+)
+def test_the_dags_folder_can_turn_airflow_imports_on(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    folder_file: str,
+    environ: str | None,
+    loads: bool,
+) -> None:
+    monkeypatch.delenv("DEFERRAL_AIRFLOW_IMPORTS", raising=False)
+    if environ is not None:
+        monkeypatch.setenv("DEFERRAL_AIRFLOW_IMPORTS", environ)
+    bag, dag_id = load_source(tmp_path, AIRFLOW_2_DAG, {".deferral.toml": folder_file})
+    assert (dag_id in bag.dags) is loads
+    assert (bag.import_errors == {}) is loads
+
+
+@pytest.mark.parametrize(
+    ("folder_file", "said"),
+    [
+        ("airflow_imports = 'yes'\n", "airflow_imports must be a bool, not 'yes'"),
+        ("airflow_import = true\n", "unknown setting 'airflow_import' (known: airflow_imports)"),
+        ("airflow_imports = \n", "not TOML: "),
+    ],
+)
+def test_a_bad_folder_settings_file_is_named_and_the_dags_still_load(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, folder_file: str, said: str
+) -> None:
+    monkeypatch.delenv("DEFERRAL_AIRFLOW_IMPORTS", raising=False)
+    bag, dag_id = load_source(
+        tmp_path,
+        "from deferral import DAG\ndag = DAG('{dag_id}', schedule=None)\n",
+        {".deferral.toml": folder_file},
+    )
+    assert dag_id in bag.dags  # a plain DAG file is not harmed
+    settings = str(bag.folder / ".deferral.toml")
+    assert bag.import_errors[settings].startswith(f"{settings}: {said}")

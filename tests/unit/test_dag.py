@@ -433,3 +433,9 @@ def test_defer_from_nested_call_depth() -> None:
 def test_base_execute_not_implemented() -> None:
     with pytest.raises(NotImplementedError, match="BaseOperator"):
         BaseOperator(task_id="t").execute({})  # type: ignore[arg-type]
+
+
+def test_dag_test_names_the_airflow_arguments_it_does_not_take() -> None:
+    dag = DAG("tested", schedule=None)
+    with pytest.raises(TypeError, match="does not take conn_file_path, use_executor"):
+        dag.test(use_executor=True, conn_file_path="conns.yaml")

@@ -1,0 +1,82 @@
+"""Recording what attempts ended with, through ``deferral.transitions``: the worker's batches and
+the in-process runs of ``deferral dags test`` write outcomes the same way."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from sqlalchemy.orm import Session
+
+from deferral import serialization, transitions
+from deferral.crypto import Cipher
+from deferral.transitions import Attempt
+from worker.outcomes import AttemptRequest, Deferred, Failed, Rescheduled, Skipped, Succeeded
+
+
+def request_of(
+    started: transitions.Started, next_kwargs: dict[str, Any] | None, task_log_max_bytes: int
+) -> AttemptRequest:
+    """What the attempt that ``start_many`` moved to running needs to run (its run exists)."""
+    assert started.logical_date is not None
+    return AttemptRequest(
+        task_instance_id=started.id,
+        dag_id=started.dag_id,
+        run_id=started.run_id,
+        task_id=started.task_id,
+        map_index=started.map_index,
+        try_number=started.try_number,
+        logical_date=started.logical_date,
+        conf=dict(started.conf or {}),
+        first_started_at=started.first_started_at,
+        next_method=started.next_method,
+        next_kwargs=next_kwargs,
+        max_tries=started.max_tries,
+        data_interval_start=started.data_interval_start,
+        data_interval_end=started.data_interval_end,
+        run_type=started.run_type or "manual",
+        task_log_max_bytes=task_log_max_bytes,
+    )
+
+
+def succeed_all(session: Session, successes: Sequence[tuple[Attempt, Succeeded]]) -> set[int]:
+    """running -> success for each attempt, skipping the tasks each chose not to run; returns
+    the task instances that moved."""
+    succeeded = transitions.succeed_many(session, [(a, o.return_value) for a, o in successes])
+    for attempt, success in successes:
+        if attempt.task_instance_id in succeeded and success.skip_task_ids:
+            transitions.skip_tasks(session, attempt.task_instance_id, success.skip_task_ids)
+    return succeeded
+
+
+def deferral_of(attempt: Attempt, outcome: Deferred, cipher: Cipher) -> transitions.Deferral:
+    """The trigger row and resume point a deferral writes, its kwargs sealed."""
+    return transitions.Deferral(
+        attempt=attempt,
+        classpath=outcome.classpath,
+        kwargs_token=cipher.encrypt(serialization.encode(outcome.trigger_kwargs)),
+        next_method=outcome.method_name,
+        next_kwargs_token=cipher.encrypt(serialization.encode(outcome.next_kwargs)),
+        trigger_timeout=outcome.trigger_timeout,
+    )
+
+
+def apply_other(
+    session: Session, attempt: Attempt, outcome: Rescheduled | Skipped | Failed
+) -> tuple[bool, str]:
+    """Record a reschedule, skip or failure; returns whether it moved the task and what to say
+    of it in the try's log."""
+    if isinstance(outcome, Rescheduled):
+        moved = transitions.reschedule(session, attempt, outcome.reschedule_date)
+        return moved, f"pokes again at {outcome.reschedule_date}"
+    if isinstance(outcome, Skipped):
+        return transitions.skip(session, attempt, outcome.reason), f"skipped: {outcome.reason}"
+    state = transitions.fail(
+        session,
+        attempt,
+        outcome.error,
+        allow_retry=outcome.allow_retry,
+        retry_delay=outcome.retry_delay,
+    )
+    said = f"failed, now {state}: {outcome.error}\n{outcome.traceback}".rstrip()
+    return state is not None, said
