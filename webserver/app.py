@@ -38,7 +38,7 @@ from deferral.config import Settings, WebserverSettings, webserver_settings
 from deferral.crypto import Cipher
 from deferral.db import make_engine, make_sessionmaker
 from deferral_cli.common import json_value, server_error
-from webserver import data
+from webserver import data, paramform
 from webserver.auth import (
     CSRF_FIELD,
     CSRF_HEADER,
@@ -512,7 +512,15 @@ class WebUI:
             )
         return dag
 
-    def _trigger(self, dag_id: str, conf_text: str | None, run_id: str | None) -> actions.Triggered:
+    def _trigger(
+        self,
+        dag_id: str,
+        conf_text: str | None,
+        run_id: str | None,
+        form: Mapping[str, Any] | None = None,
+    ) -> actions.Triggered:
+        """Trigger a run with ``conf_text``'s conf; with the trigger page's ``form``, what its
+        param fields give first (the conf text's keys win)."""
         if run_id:
             check_id("run_id", run_id)
         if conf_text and json_depth(conf_text) > MAX_JSON_DEPTH:
@@ -521,7 +529,13 @@ class WebUI:
             conf = actions.parse_conf(conf_text)
         except ValueError as exc:
             raise BadInput(f"conf: {exc}") from None
-        return actions.trigger_run(self.sessions, self._dag(dag_id), conf, run_id or None)
+        dag = self._dag(dag_id)
+        if form is not None:
+            conf = {
+                **paramform.conf_from_form(paramform.fields(dag.params, dag.param_specs), form),
+                **conf,
+            }
+        return actions.trigger_run(self.sessions, dag, conf, run_id or None)
 
     def _set_paused(self, dag_id: str, paused: bool) -> None:
         actions.set_paused(self.sessions, self._dag(dag_id), paused)
@@ -559,6 +573,7 @@ class WebUI:
                 dag_id,
                 conf if isinstance(conf, str) else None,
                 run_id if isinstance(run_id, str) else None,
+                form,
             )
         except (BadInput, actions.ActionError) as exc:
             self.flash(request, "error", str(exc))

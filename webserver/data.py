@@ -48,6 +48,7 @@ from deferral_cli.runs import run_record
 from deferral_cli.streams import stream_records
 from deferral_cli.triggers import process_records, triggerer_own, worker_own
 from webserver.layout import layout
+from webserver.paramform import fields
 
 Record = dict[str, Any]
 
@@ -317,6 +318,9 @@ def dag_detail(
         "is_paused": _is_paused(dag, row),
         "fileloc": str(dag.fileloc) if dag is not None else row and row.fileloc,
         "params": redact(dict(dag.params)) if dag is not None else {},
+        "param_fields": [
+            asdict(f) for f in (fields(dag.params, dag.param_specs) if dag is not None else [])
+        ],
         "doc_md": dag.doc_md_text() if dag is not None else None,
         "missing_reason": row.missing_reason if row is not None else None,
         "runs": [run_record(run) for run in found_runs],

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import datetime as dt
 import itertools
-import json
 import os
 import shutil
 import urllib.request
@@ -159,10 +158,11 @@ def test_the_grid_shows_the_task_deferred_while_it_waits_then_succeeded(
     ui: UI, cipher: Cipher
 ) -> None:
     ui.open(f"/dags/{DAG_ID}")
-    conf = ui.find("#conf")
-    assert json.loads(conf.get_attribute("value")) == {"wait_seconds": 3}  # the DAG's params
-    conf.clear()
-    conf.send_keys(json.dumps({"wait_seconds": WAIT_SECONDS}))
+    # A field per param, its default filled in (Airflow's trigger form).
+    field = ui.find('#param-fields [name="param:wait_seconds"]')
+    assert field.get_attribute("value") == "3" and field.get_attribute("type") == "number"
+    field.clear()
+    field.send_keys(str(WAIT_SECONDS))
     ui.find("#trigger-button").click()
     wait_for(lambda: ui.found(".flash.ok"), timeout=15, what="the trigger to be confirmed")
 

@@ -649,3 +649,51 @@ def test_the_dag_list_shows_tags_and_filters_by_them(
     assert local.get("/api/v1/dags", params={"tags": "ml,none"}).json()["tags"] == ["ml", "none"]
     everything = local.get("/api/v1/dags").json()["dags"]
     assert {"tagged_etl", "tagged_ml", "tagged_gone"} <= {dag["dag_id"] for dag in everything}
+
+
+PARAMS_DAG = """
+from deferral import DAG
+from deferral.models.param import Param
+from deferral.operators import EmptyOperator
+
+with DAG(
+    "web_params",
+    schedule=None,
+    params={
+        "who": Param("world", type="string", description="whom to greet"),
+        "times": Param(3, type="integer", minimum=1),
+        "colour": Param("red", enum=["red", "green"]),
+    },
+):
+    EmptyOperator(task_id="greet")
+"""
+
+
+def test_the_trigger_form_has_a_field_per_param_and_its_values_become_the_conf(
+    local: TestClient, sessions: sessionmaker[Session], write_dag: Callable[[str, str], Path]
+) -> None:
+    write_dag("web_params", PARAMS_DAG)
+    log_in(local)
+    page = local.get("/dags/web_params").text
+    assert 'name="param:who" type="text" value="world"' in page
+    assert 'name="param:times" type="number" value="3"' in page
+    assert '<option value="&#34;green&#34;">&#34;green&#34;</option>' in page
+    assert "whom to greet" in page
+    token = csrf_of(local, "/dags/web_params")
+
+    def trigger(**fields: str) -> Any:
+        data = {"conf": "{}", "csrf_token": token, **{f"param:{k}": v for k, v in fields.items()}}
+        return local.post("/dags/web_params/trigger", data=data)
+
+    answer = trigger(who="deferral", times="5", colour='"green"')
+    assert answer.status_code == 303
+    local.get(answer.headers["location"])  # its flash shown
+    (run,) = runs_of(sessions, "web_params")
+    assert run.conf == {"who": "deferral", "times": 5, "colour": "green"}
+    # A value the schema refuses, or one that is not a number, names the param; no run is made.
+    for bad, said in (({"times": "0"}, "times"), ({"times": "many"}, "times")):
+        refused = trigger(**bad)
+        assert refused.status_code == 303
+        shown = local.get(refused.headers["location"]).text
+        assert f"param &#39;{said}&#39;" in shown, re.findall(r"class=\"flash[^<]*", shown)
+    assert len(runs_of(sessions, "web_params")) == 1
