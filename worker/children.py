@@ -52,6 +52,7 @@ class _Child:
     process: BaseProcess
     conn: Connection
     ready: bool = False
+    attempts: int = 0  # requests answered
 
 
 @dataclass(frozen=True)
@@ -69,11 +70,18 @@ class ChildDied:
 
 class ChildPool(Generic[K]):
     """``run(request)`` is what a child does with each request; ``warm()``, what it does once
-    before it says it is ready (import what tasks need)."""
+    before it says it is ready (import what tasks need). A child that answered
+    ``max_attempts`` requests is replaced by a fresh one (leaky task code)."""
 
-    def __init__(self, run: Callable[[Any], Any], warm: Callable[[], None] | None = None) -> None:
+    def __init__(
+        self,
+        run: Callable[[Any], Any],
+        warm: Callable[[], None] | None = None,
+        max_attempts: int | None = None,
+    ) -> None:
         self._run = run
         self._warm = warm
+        self._max_attempts = max_attempts
         self._context = multiprocessing.get_context("spawn")
         self._idle: list[_Child] = []
         self._busy: dict[K, _Child] = {}
@@ -120,6 +128,7 @@ class ChildPool(Generic[K]):
         while self._idle:
             child = self._idle.pop()
             if child.process.is_alive():
+                self._await_ready(child, timeout=120.0)  # a replacement may still be warming
                 break
             self._discard(child)
         else:
@@ -153,8 +162,18 @@ class ChildPool(Generic[K]):
                 ended.append((key, ChildDied(child.process.exitcode)))
                 self._discard(child)
                 continue
-            self._idle.append(child)
+            child.attempts += 1
+            if self._max_attempts is not None and child.attempts >= self._max_attempts:
+                self._recycle(child)
+            else:
+                self._idle.append(child)
         return ended
+
+    def _recycle(self, child: _Child) -> None:
+        """Replace a child that ran its share of attempts: it exits once its pipe closes (and
+        is reaped when a later child starts); the fresh one warms up meanwhile."""
+        child.conn.close()
+        self._idle.append(self._spawn(wait=False))
 
     def kill(self, key: K) -> bool:
         """SIGKILL the child running ``key`` (at once: its attempt must not go on)."""

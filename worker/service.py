@@ -120,7 +120,10 @@ class WorkerService:
         self.sessions = make_sessionmaker(self.engine)
         self.keys = StreamKeys(settings.stream_prefix)
         self.stream = self.keys.queue(queue)
-        self.pool: ChildPool[int] = ChildPool(run_attempt, warm_up)  # keyed by task instance id
+        # Keyed by task instance id.
+        self.pool: ChildPool[int] = ChildPool(
+            run_attempt, warm_up, max_attempts=settings.worker_task_process_max_attempts
+        )
         self.running: dict[int, Running] = {}
         # Work read or ended but not yet recorded because the servers failed: retried first.
         self.unstarted: list[Delivery] = []

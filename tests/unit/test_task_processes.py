@@ -1,0 +1,57 @@
+"""worker.children.ChildPool with real spawned processes: one request at a time per child, a
+child replaced after its share of attempts or when it dies."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from worker.children import ChildDied, ChildPool
+
+
+def _pid_and(request: Any) -> tuple[int, Any]:
+    if request == "die":
+        os._exit(3)
+    return os.getpid(), request
+
+
+def _run_one(pool: ChildPool[int], key: int, request: Any) -> Any:
+    pool.submit(key, request)
+    ended: list[tuple[int, Any]] = []
+    while not ended:
+        ended = pool.collect(timeout=60)
+    assert [k for k, _ in ended] == [key]
+    return ended[0][1]
+
+
+def test_a_task_process_is_replaced_after_max_attempts() -> None:
+    pool: ChildPool[int] = ChildPool(_pid_and, max_attempts=2)
+    try:
+        pool.prestart(1)
+        pids = [_run_one(pool, n, n)[0] for n in range(5)]
+    finally:
+        pool.shutdown()
+    assert pids[0] == pids[1] != pids[2] == pids[3] != pids[4]
+
+
+def test_without_a_limit_one_task_process_runs_every_attempt() -> None:
+    pool: ChildPool[int] = ChildPool(_pid_and)
+    try:
+        pool.prestart(1)
+        pids = {_run_one(pool, n, n)[0] for n in range(5)}
+    finally:
+        pool.shutdown()
+    assert len(pids) == 1
+
+
+def test_a_task_process_that_dies_is_reported_and_replaced() -> None:
+    pool: ChildPool[int] = ChildPool(_pid_and)
+    try:
+        pool.prestart(1)
+        first = _run_one(pool, 1, "a")[0]
+        died = _run_one(pool, 2, "die")
+        after = _run_one(pool, 3, "b")[0]
+    finally:
+        pool.shutdown()
+    assert died == ChildDied(3)
+    assert after != first
