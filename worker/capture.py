@@ -35,8 +35,8 @@ from typing import NamedTuple, TextIO
 from deferral import tasklogs
 from deferral.metastore import metastore
 from deferral.tasklogs import LOG_FORMAT, SOURCE_TASK, NewLine
+from worker import outcomes
 from worker.attempt import execute_attempt
-from worker.outcomes import AttemptRequest, Outcome
 
 log = logging.getLogger("deferral.worker.capture")
 
@@ -253,9 +253,7 @@ class TaskOutput:
                     self._queued_bytes += len(piece)
                     text = piece.removesuffix(b"\r").decode("utf-8", "replace")
                     self._queued.append(
-                        NewLine(
-                            current.task_instance_id, current.try_number, at, SOURCE_TASK, text
-                        )
+                        NewLine(current.task_instance_id, current.try_number, at, SOURCE_TASK, text)
                     )
 
     def _take(self) -> list[NewLine]:
@@ -311,9 +309,11 @@ def _task_output() -> TaskOutput:
     return output
 
 
-def run_attempt(request: AttemptRequest) -> Outcome:
-    """What a worker child does with a request: the attempt, its output in the try's log."""
+def run_attempt(data: bytes) -> bytes:
+    """What a worker child does with an encoded request: the attempt, its output in the try's
+    log; returns the encoded outcome."""
+    request = outcomes.decode_request(data)
     with _task_output().attempt(
         request.task_instance_id, request.try_number, request.task_log_max_bytes
     ):
-        return execute_attempt(request)
+        return outcomes.encode(execute_attempt(request))

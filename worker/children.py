@@ -1,10 +1,11 @@
 """Reusable task processes, any one of which can be killed.
 
 Each child is a spawned process that runs one attempt at a time (``worker.attempt``) and answers
-on its own pipe. The worker waits on all pipes at once, and can SIGKILL the child of one attempt
-(its lease was lost, it must not go on) without touching the others; a killed or crashed child is
-replaced by a fresh one on demand. Children die with the worker (PR_SET_PDEATHSIG), so an attempt
-never outlives it, and spawn (not fork or forkserver) means nothing of the worker leaks in.
+on its own pipe; requests and answers are bytes (``worker.outcomes`` encodes them), not pickles.
+The worker waits on all pipes at once, and can SIGKILL the child of one attempt (its lease was
+lost, it must not go on) without touching the others; a killed or crashed child is replaced by a
+fresh one on demand. Children die with the worker (PR_SET_PDEATHSIG), so an attempt never
+outlives it, and spawn (not fork or forkserver) means nothing of the worker leaks in.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
-from typing import Any, Generic, TypeVar
+from typing import Generic, TypeVar
 
 from deferral.process import die_with_parent
 
@@ -27,24 +28,24 @@ log = logging.getLogger("deferral.worker")
 K = TypeVar("K", bound=Hashable)
 
 
-READY = "ready"
+READY = b"ready"
 
 
 def _child_main(
-    conn: Connection, run: Callable[[Any], Any], warm: Callable[[], None] | None
+    conn: Connection, run: Callable[[bytes], bytes], warm: Callable[[], None] | None
 ) -> None:
     # Ctrl-C is the worker's: it lets running attempts finish before it exits.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     die_with_parent()
     if warm is not None:
         warm()
-    conn.send(READY)
+    conn.send_bytes(READY)
     while True:
         try:
-            request = conn.recv()
+            request = conn.recv_bytes()
         except (EOFError, OSError):
             return
-        conn.send(run(request))
+        conn.send_bytes(run(request))
 
 
 @dataclass
@@ -75,7 +76,7 @@ class ChildPool(Generic[K]):
 
     def __init__(
         self,
-        run: Callable[[Any], Any],
+        run: Callable[[bytes], bytes],
         warm: Callable[[], None] | None = None,
         max_attempts: int | None = None,
     ) -> None:
@@ -119,11 +120,11 @@ class ChildPool(Generic[K]):
         if child.ready:
             return
         try:
-            child.ready = child.conn.poll(timeout) and child.conn.recv() == READY
+            child.ready = child.conn.poll(timeout) and child.conn.recv_bytes() == READY
         except (EOFError, OSError):
             child.ready = False  # it died starting: submit() replaces it
 
-    def submit(self, key: K, request: Any) -> None:
+    def submit(self, key: K, request: bytes) -> None:
         """Run ``request`` in an idle child (a new one if none is idle)."""
         while self._idle:
             child = self._idle.pop()
@@ -134,14 +135,14 @@ class ChildPool(Generic[K]):
         else:
             child = self._spawn()
         try:
-            child.conn.send(request)
+            child.conn.send_bytes(request)
         except OSError:
             self._discard(child)
             child = self._spawn()
-            child.conn.send(request)
+            child.conn.send_bytes(request)
         self._busy[key] = child
 
-    def collect(self, timeout: float) -> list[tuple[K, Any]]:
+    def collect(self, timeout: float) -> list[tuple[K, bytes | ChildDied]]:
         """Outcomes of the attempts that ended within ``timeout`` seconds: what the child sent,
         or :class:`ChildDied`."""
         if not self._busy:
@@ -150,13 +151,13 @@ class ChildPool(Generic[K]):
         by_sentinel = {child.process.sentinel: key for key, child in self._busy.items()}
         ready = wait([*by_conn, *by_sentinel], timeout=timeout)
         keys = {by_conn[r] if r in by_conn else by_sentinel[r] for r in ready}  # type: ignore[index]
-        ended: list[tuple[K, Any]] = []
+        ended: list[tuple[K, bytes | ChildDied]] = []
         for key in keys:
             child = self._busy.pop(key)
             try:
                 if not child.conn.poll():
                     raise EOFError
-                ended.append((key, child.conn.recv()))
+                ended.append((key, child.conn.recv_bytes()))
             except (EOFError, OSError):
                 child.process.join(timeout=5)
                 ended.append((key, ChildDied(child.process.exitcode)))

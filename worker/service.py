@@ -17,6 +17,7 @@ import threading
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from sqlalchemy import select, tuple_
 from sqlalchemy.orm import Session
@@ -58,6 +59,8 @@ from worker.outcomes import (
     Rescheduled,
     Skipped,
     Succeeded,
+    decode_outcome,
+    encode,
 )
 
 log = logging.getLogger("deferral.worker")
@@ -370,7 +373,7 @@ class WorkerService:
 
     def _submit(self, delivery: Delivery, item: QueuedAttempt, request: AttemptRequest) -> None:
         ti_id = item.task_instance_id
-        self.pool.submit(ti_id, request)
+        self.pool.submit(ti_id, encode(request))
         self.running[ti_id] = Running(
             delivery, Attempt(ti_id, item.try_number, self.name), item.task
         )
@@ -388,7 +391,7 @@ class WorkerService:
             try:
                 if not ti.run_exists:
                     raise LookupError(f"DAG run {ti.dag_id} {ti.run_id} no longer exists")
-                next_kwargs = self.cipher.open(ti.next_kwargs) if ti.next_kwargs else None
+                next_kwargs = self._resume_kwargs(ti.next_kwargs) if ti.next_kwargs else None
             except (LookupError, DecryptionError, SerializationError) as exc:
                 reason = f"cannot run: {exc}"
                 transitions.fail(
@@ -426,6 +429,14 @@ class WorkerService:
                 task_log_max_bytes=self.settings.task_log_max_bytes,
             )
         return requests
+
+    def _resume_kwargs(self, token: str) -> dict[str, Any]:
+        """A task's sealed resume kwargs, opened as far as to_jsonable form: the task process
+        restores the values (the pipe carries JSON)."""
+        kwargs = serialization.decode(self.cipher.decrypt(token))
+        if not isinstance(kwargs, dict):
+            raise SerializationError(f"resume kwargs are a {type(kwargs).__name__}, not a mapping")
+        return kwargs
 
     def _fail_orphans(self, orphans: Sequence[tuple[Delivery, QueuedAttempt]]) -> None:
         """Attempts of workers that stopped heartbeating (or of this worker's earlier process):
@@ -482,9 +493,12 @@ class WorkerService:
             running = self.running.pop(ti_id, None)
             if running is None:
                 continue
-            if isinstance(result, ChildDied):
-                result = Failed(result.describe(), "", allow_retry=True)
-            batch.append((running, result))
+            outcome = (
+                Failed(result.describe(), "", allow_retry=True)
+                if isinstance(result, ChildDied)
+                else decode_outcome(result)
+            )
+            batch.append((running, outcome))
         self._record(batch)
 
     def _record(self, batch: Sequence[tuple[Running, Outcome]]) -> None:

@@ -4,20 +4,19 @@ child replaced after its share of attempts or when it dies."""
 from __future__ import annotations
 
 import os
-from typing import Any
 
 from worker.children import ChildDied, ChildPool
 
 
-def _pid_and(request: Any) -> tuple[int, Any]:
-    if request == "die":
+def _pid(request: bytes) -> bytes:
+    if request == b"die":
         os._exit(3)
-    return os.getpid(), request
+    return str(os.getpid()).encode()
 
 
-def _run_one(pool: ChildPool[int], key: int, request: Any) -> Any:
+def _run_one(pool: ChildPool[int], key: int, request: bytes = b"run") -> bytes | ChildDied:
     pool.submit(key, request)
-    ended: list[tuple[int, Any]] = []
+    ended: list[tuple[int, bytes | ChildDied]] = []
     while not ended:
         ended = pool.collect(timeout=60)
     assert [k for k, _ in ended] == [key]
@@ -25,32 +24,32 @@ def _run_one(pool: ChildPool[int], key: int, request: Any) -> Any:
 
 
 def test_a_task_process_is_replaced_after_max_attempts() -> None:
-    pool: ChildPool[int] = ChildPool(_pid_and, max_attempts=2)
+    pool: ChildPool[int] = ChildPool(_pid, max_attempts=2)
     try:
         pool.prestart(1)
-        pids = [_run_one(pool, n, n)[0] for n in range(5)]
+        pids = [_run_one(pool, n) for n in range(5)]
     finally:
         pool.shutdown()
     assert pids[0] == pids[1] != pids[2] == pids[3] != pids[4]
 
 
 def test_without_a_limit_one_task_process_runs_every_attempt() -> None:
-    pool: ChildPool[int] = ChildPool(_pid_and)
+    pool: ChildPool[int] = ChildPool(_pid)
     try:
         pool.prestart(1)
-        pids = {_run_one(pool, n, n)[0] for n in range(5)}
+        pids = {_run_one(pool, n) for n in range(5)}
     finally:
         pool.shutdown()
     assert len(pids) == 1
 
 
 def test_a_task_process_that_dies_is_reported_and_replaced() -> None:
-    pool: ChildPool[int] = ChildPool(_pid_and)
+    pool: ChildPool[int] = ChildPool(_pid)
     try:
         pool.prestart(1)
-        first = _run_one(pool, 1, "a")[0]
-        died = _run_one(pool, 2, "die")
-        after = _run_one(pool, 3, "b")[0]
+        first = _run_one(pool, 1)
+        died = _run_one(pool, 2, b"die")
+        after = _run_one(pool, 3)
     finally:
         pool.shutdown()
     assert died == ChildDied(3)
