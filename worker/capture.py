@@ -9,10 +9,11 @@ enlarged pipe holds what the task writes meanwhile, so the task never waits for 
 Setting this up per attempt (a pipe, dup2s, new streams, a handler and a thread started and
 joined) was 60 % of a task process's CPU at hundreds of attempts a second.
 
-When an attempt ends, the process writes an end marker into the pipe behind everything the
-attempt wrote; the reader hands over the try's last lines when it reads the marker, and they are
-written before the outcome goes to the worker, which commits it only then: a finished try's log
-is complete. What arrives between attempts (from something an earlier attempt left running) goes
+When an attempt ends with something of its output still in the pipe or in the reader's hands,
+the process writes an end marker into the pipe behind it and the reader hands over the try's
+last lines when it reads the marker (else the try ends at once, without waking the reader); they
+are written before the outcome goes to the worker, which commits it only then: a finished try's
+log is complete. What arrives between attempts (from something an earlier attempt left running) goes
 to the task process's own stderr, never into another try's log.
 """
 
@@ -75,7 +76,10 @@ class TaskOutput:
         self._end_marker = b"\0deferral-attempt-end-" + nonce + b"\0"
         self._try: _Try | None = None
         self._next: _Try | None = None  # the try a start marker in the pipe begins
-        self._reading = False  # the reader holds bytes it has not yet assigned
+        self._partial = b""  # read, not yet a line
+        # Held by the reader while it reads, assigns and writes; taken by the attempt's start
+        # and end when the reader has nothing in hand, to switch tries without waking it.
+        self._turn = threading.Lock()
         self._queued: list[NewLine] = []
         self._queued_bytes = 0  # of the running try, written or not
         self._lock = threading.Lock()
@@ -158,22 +162,30 @@ class TaskOutput:
         if root.level != logging.INFO:
             root.setLevel(logging.INFO)
         self._written_at = time.monotonic()
-        with self._lock:
-            idle = not self._reading and not select.select([self._read_end], [], [], 0)[0]
-            if idle:  # nothing of before this attempt is left to read: it is the try's at once
+        if self._claim_if_quiet():
+            # Nothing of before this attempt is left to read: what comes is the try's.
+            self._close_try()
+            with self._lock:
                 self._try, self._queued, self._queued_bytes = current, [], 0
-            else:  # what is still in the pipe is not this try's: the reader switches at a marker
-                self._next = current
-        if not idle:
-            os.write(self._write_end, self._start_marker)
+            self._turn.release()
+            return
+        # What is still in the pipe is not this try's: the reader switches at the marker.
+        self._next = current
+        os.write(self._write_end, self._start_marker)
 
     def _end(self, max_bytes: int) -> None:
         _flush_std()
-        self._ended.clear()
-        self._end_asked.set()  # the reader may be pausing: read now (it clears this)
-        os.write(self._write_end, self._end_marker)
-        while not self._ended.wait(1.0) and self._reader.is_alive():
-            pass  # a reader that died (it should not) must not hang every attempt after
+        if self._claim_if_quiet():
+            # The reader has taken in everything the attempt wrote (the common case of an
+            # attempt that wrote nothing, or nothing lately): no marker, no waking it.
+            self._close_try()
+            self._turn.release()
+        else:
+            self._ended.clear()
+            self._end_asked.set()  # the reader may be pausing: read now (it clears this)
+            os.write(self._write_end, self._end_marker)
+            while not self._ended.wait(1.0) and self._reader.is_alive():
+                pass  # a reader that died (it should not) must not hang every attempt after
         lines = self._take()
         try:
             if lines:
@@ -183,22 +195,37 @@ class TaskOutput:
                 "could not store the last %d log line(s) of the attempt: %s", len(lines), exc
             )
 
+    def _claim_if_quiet(self) -> bool:
+        """Take the reader's turn if it holds nothing and nothing waits in the pipe: all that
+        was written so far has been assigned to a try (but an unfinished line)."""
+        if not self._turn.acquire(blocking=False):
+            return False
+        if select.select([self._read_end], [], [], 0)[0]:
+            self._turn.release()
+            return False
+        return True
+
+    def _close_try(self) -> None:
+        """The unfinished line is the running try's last (or, between attempts, no try's);
+        nothing after is the try's. The caller holds the turn."""
+        partial, self._partial = self._partial, b""
+        if partial:
+            self._lines([partial])
+        with self._lock:
+            self._try = None
+
     # -- the reader thread -----------------------------------------------------------------------
 
     def _read(self) -> None:
-        partial = b""
         while self._installed:
             ready, _, _ = select.select([self._read_end], [], [], self._wait_sec())
-            if ready:
-                with self._lock:
-                    self._reading = True
-                chunk = os.read(self._read_end, PIPE_BYTES)
-                if not chunk:
-                    return
-                partial = self._take_in(partial + chunk)
-                with self._lock:
-                    self._reading = False
-            self._write_if_due()
+            with self._turn:
+                if ready:
+                    chunk = os.read(self._read_end, PIPE_BYTES)
+                    if not chunk:
+                        return
+                    self._partial = self._take_in(self._partial + chunk)
+                self._write_if_due()
             if ready and self._try is not None:
                 self._end_asked.wait(READ_PAUSE_SEC)
 
@@ -217,17 +244,14 @@ class TaskOutput:
             at = min(i for i in (starts, ends, len(data)) if i >= 0)
             if at == len(data):
                 break
-            rest = self._take_in(data[:at])
-            if rest:
-                self._lines([rest])
+            self._partial = self._take_in(data[:at])
+            self._close_try()
             marker = self._start_marker if at == starts else self._end_marker
             data = data[at + len(marker) :]
             if marker is self._start_marker:
                 with self._lock:
                     self._try, self._queued, self._queued_bytes = self._next, [], 0
                 continue
-            with self._lock:
-                self._try = None
             self._end_asked.clear()
             self._ended.set()
         *lines, partial = data.split(b"\n")

@@ -12,6 +12,7 @@ import threading
 from collections.abc import Sequence
 
 from deferral.tasklogs import NewLine
+from tests.helpers import wait_for
 from worker.capture import TaskOutput
 
 
@@ -84,11 +85,17 @@ def test_what_is_written_between_attempts_goes_to_stderr_not_a_try(capfd: object
     with TaskOutput(store) as output:
         with output.attempt(7, 1, max_bytes=10_000):
             print("in the attempt")
-        os.write(1, b"between attempts\n")
+        os.write(1, b"between attempts\nunfinished")
         with output.attempt(7, 2, max_bytes=10_000):
             print("in the next")
-    assert store.texts == ["in the attempt", "in the next"]
-    assert "between attempts" in capfd.readouterr().err  # type: ignore[attr-defined]
+        os.write(1, b"unfinished again")
+        # This time the reader has it in hand when the attempt starts (above, maybe not).
+        wait_for(lambda: output._partial == b"unfinished again", what="the reader took it in")
+        with output.attempt(7, 3, max_bytes=10_000):
+            print("in the last")
+    assert store.texts == ["in the attempt", "in the next", "in the last"]
+    err = capfd.readouterr().err  # type: ignore[attr-defined]
+    assert "between attempts\nunfinished\n" in err and "unfinished again\n" in err
 
 
 def test_an_attempt_that_moves_its_fds_and_streams_does_not_lose_the_next_ones_output() -> None:
