@@ -14,10 +14,11 @@ import contextlib
 import logging
 import multiprocessing
 import os
+import selectors
 import signal
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
-from multiprocessing.connection import Connection, wait
+from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 from typing import Generic, TypeVar
 
@@ -86,6 +87,9 @@ class ChildPool(Generic[K]):
         self._context = multiprocessing.get_context("spawn")
         self._idle: list[_Child] = []
         self._busy: dict[K, _Child] = {}
+        # The pipes and exit sentinels of the busy children, registered while they are busy:
+        # building the set to wait on at every collect() was a share of the worker's loop.
+        self._busy_fds = selectors.DefaultSelector()
 
     @property
     def busy(self) -> int:
@@ -141,19 +145,26 @@ class ChildPool(Generic[K]):
             child = self._spawn()
             child.conn.send_bytes(request)
         self._busy[key] = child
+        self._busy_fds.register(child.conn.fileno(), selectors.EVENT_READ, key)
+        self._busy_fds.register(child.process.sentinel, selectors.EVENT_READ, key)
+
+    def _take_busy(self, key: K) -> _Child | None:
+        child = self._busy.pop(key, None)
+        if child is not None:
+            self._busy_fds.unregister(child.conn.fileno())
+            self._busy_fds.unregister(child.process.sentinel)
+        return child
 
     def collect(self, timeout: float) -> list[tuple[K, bytes | ChildDied]]:
         """Outcomes of the attempts that ended within ``timeout`` seconds: what the child sent,
         or :class:`ChildDied`."""
         if not self._busy:
             return []
-        by_conn = {child.conn: key for key, child in self._busy.items()}
-        by_sentinel = {child.process.sentinel: key for key, child in self._busy.items()}
-        ready = wait([*by_conn, *by_sentinel], timeout=timeout)
-        keys = {by_conn[r] if r in by_conn else by_sentinel[r] for r in ready}  # type: ignore[index]
+        keys = {selected.data for selected, _ in self._busy_fds.select(timeout)}
         ended: list[tuple[K, bytes | ChildDied]] = []
         for key in keys:
-            child = self._busy.pop(key)
+            child = self._take_busy(key)
+            assert child is not None
             try:
                 if not child.conn.poll():
                     raise EOFError
@@ -178,7 +189,7 @@ class ChildPool(Generic[K]):
 
     def kill(self, key: K) -> bool:
         """SIGKILL the child running ``key`` (at once: its attempt must not go on)."""
-        child = self._busy.pop(key, None)
+        child = self._take_busy(key)
         if child is None:
             return False
         if child.process.pid is not None:
@@ -204,3 +215,4 @@ class ChildPool(Generic[K]):
             if child.process.is_alive():
                 child.process.kill()
         self._idle.clear()
+        self._busy_fds.close()

@@ -4,6 +4,7 @@ child replaced after its share of attempts or when it dies."""
 from __future__ import annotations
 
 import os
+import time
 
 from worker.children import ChildDied, ChildPool
 
@@ -54,3 +55,22 @@ def test_a_task_process_that_dies_is_reported_and_replaced() -> None:
         pool.shutdown()
     assert died == ChildDied(3)
     assert after != first
+
+
+def _sleep_then_pid(request: bytes) -> bytes:
+    if request == b"hang":
+        time.sleep(600)  # until killed
+    return str(os.getpid()).encode()
+
+
+def test_killing_one_busy_task_process_leaves_the_others_running() -> None:
+    pool: ChildPool[int] = ChildPool(_sleep_then_pid)
+    try:
+        pool.prestart(2)
+        pool.submit(1, b"hang")
+        hung = pool.pid_of(1)
+        assert pool.kill(1) and pool.busy == 0
+        assert pool.collect(timeout=0.2) == []  # a killed attempt reports nothing
+        assert _run_one(pool, 2) != str(hung).encode()
+    finally:
+        pool.shutdown()
