@@ -153,6 +153,9 @@ class TaskOutput:
         # streams, the handler, the level (all cheap when nothing changed).
         os.dup2(self._write_end, 1)
         os.dup2(self._write_end, 2)
+        if any(stream.closed for stream in self._streams):
+            self._streams = (_line_stream(1), _line_stream(2))
+            self._handler.stream = self._streams[1]  # setStream would flush the closed one
         sys.stdout, sys.stderr = self._streams
         root = logging.getLogger()
         if self._handler not in root.handlers:

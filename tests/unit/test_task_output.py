@@ -115,6 +115,18 @@ def test_an_attempt_that_moves_its_fds_and_streams_does_not_lose_the_next_ones_o
     assert store.texts_of(2) == ["printed", "INFO my.task: logged"]
 
 
+def test_an_attempt_that_closes_its_streams_does_not_break_the_next_one() -> None:
+    store = Store()
+    with TaskOutput(store) as output:
+        with output.attempt(7, 1, max_bytes=10_000):
+            sys.stdout.close()
+            sys.stderr.close()
+        with output.attempt(7, 2, max_bytes=10_000):
+            print("printed")
+            logging.getLogger("my.task").warning("logged")
+    assert store.texts_of(2) == ["printed", "WARNING my.task: logged"]
+
+
 def test_everything_is_restored_afterwards(capfd: object) -> None:
     root = logging.getLogger()
     handlers, level = list(root.handlers), root.level
