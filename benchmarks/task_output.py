@@ -67,17 +67,17 @@ def main() -> None:
             session.flush()
             ti_id = session.scalars(select(TaskInstance.id)).one()
 
-        def store(lines: Sequence[NewLine]) -> None:
+        def store(lines: Sequence[NewLine], max_bytes: int) -> None:
             with sessions.begin() as session:
                 tasklogs.append(session, lines, max_bytes)
 
         with open(os.devnull, "w") as devnull, contextlib.redirect_stdout(devnull):
             plain = _print_lines(count)
-        output = TaskOutput(ti_id, 1, store, max_bytes)
-        with output:
-            captured = _print_lines(count)
-            ending = time.perf_counter()
-        ended = time.perf_counter() - ending
+        with TaskOutput(store) as output:
+            with output.attempt(ti_id, 1, max_bytes):
+                captured = _print_lines(count)
+                ending = time.perf_counter()
+            ended = time.perf_counter() - ending
         with sessions() as session:
             stored = session.scalar(select(func.count()).select_from(TaskLog))
         total = captured + ended  # rows stored: lines kept, and the cut marker

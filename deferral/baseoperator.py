@@ -185,6 +185,13 @@ class _OperatorMeta(ABCMeta):
         return task
 
 
+# Values of these types cannot change: __deepcopy__ shares them instead of asking copy.deepcopy
+# (most of an operator's attributes; copying each was most of a copy's time, on every attempt).
+_IMMUTABLE_TYPES = frozenset(
+    {type(None), bool, int, float, str, bytes, dt.datetime, dt.date, dt.timedelta, TriggerRule}
+)
+
+
 class BaseOperator(DependencyMixin, metaclass=_OperatorMeta):
     """Subclass and implement ``execute(context)``; call ``self.defer(...)`` to wait cheaply."""
 
@@ -410,7 +417,7 @@ class BaseOperator(DependencyMixin, metaclass=_OperatorMeta):
         fresh = cls.__new__(cls)
         memo[id(self)] = fresh
         for name, value in self.__dict__.items():
-            shared = name in self._shallow_attrs
+            shared = name in self._shallow_attrs or type(value) in _IMMUTABLE_TYPES
             setattr(fresh, name, value if shared else copy.deepcopy(value, memo))
         return fresh
 

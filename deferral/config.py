@@ -61,6 +61,8 @@ class Settings:
     task_log_max_bytes: int
     # How long the triggerer's event loop may not move before the stall is reported.
     triggerer_stall_threshold_sec: float = 0.2
+    # Attempts a worker's task process runs before a fresh one replaces it (worker/DECISIONS.md).
+    worker_task_process_max_attempts: int = 10_000
 
 
 def _database_url(raw: str) -> str:
@@ -300,6 +302,9 @@ def load_settings(
         ),
         triggerer_stall_threshold_sec=get(
             "TRIGGERER_STALL_THRESHOLD_SEC", _positive_float, default="0.2"
+        ),
+        worker_task_process_max_attempts=get(
+            "WORKER_TASK_PROCESS_MAX_ATTEMPTS", _positive_int, default="10000"
         ),
     )
 

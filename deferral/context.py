@@ -6,6 +6,7 @@ import dataclasses
 import datetime as dt
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from functools import lru_cache
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, NotRequired, Protocol, TypedDict
 
@@ -173,43 +174,58 @@ def make_context(task: BaseOperator, dag_run: DagRunInfo, ti: RuntimeTaskInstanc
     return _current_context
 
 
+# Stateless: one of each serves every context of the process.
+_VARIABLES_AS_TEXT = VariableAccessor(deserialize_json=False)
+_VARIABLES_AS_JSON = VariableAccessor(deserialize_json=True)
+_CONNECTIONS = ConnectionAccessor()
+
+
 def build_context(task: BaseOperator, dag_run: DagRunInfo, ti: RuntimeTaskInstance) -> Context:
     """The context of one attempt of ``task``, without making it the process's current one
     (outside a task process: a clear rendering an ExternalTaskMarker's date)."""
     assert task.dag is not None
     run = with_data_interval(dag_run)
     assert run.data_interval_start is not None and run.data_interval_end is not None
-    logical = run.logical_date.astimezone(dt.UTC)
-    # The run after a scheduled one starts where its interval ends; a manual run has none.
-    following = logical if run.external_trigger else run.data_interval_end.astimezone(dt.UTC)
-    ds, ts = logical.strftime("%Y-%m-%d"), logical.isoformat()
-    yesterday = (logical - dt.timedelta(days=1)).strftime("%Y-%m-%d")
-    tomorrow = (logical + dt.timedelta(days=1)).strftime("%Y-%m-%d")
+    dates = _dates(run.logical_date, run.data_interval_end, run.external_trigger)
     return {
+        **dates,  # type: ignore[typeddict-item]
         "ti": ti,
         "task_instance": ti,
         "task": task,
         "dag": task.dag,
         "dag_run": run,
         "run_id": run.run_id,
-        "logical_date": logical,
         "data_interval_start": run.data_interval_start.astimezone(dt.UTC),
-        "data_interval_end": run.data_interval_end.astimezone(dt.UTC),
+        "task_instance_key_str": f"{task.dag.dag_id}__{task.task_id}__{dates['ds_nodash']}",
+        # DAG params, then the task's, then the run's conf (Airflow's default precedence).
+        "params": {**task.params, **run.conf},
+        "try_number": ti.try_number,
+        "var": {"value": _VARIABLES_AS_TEXT, "json": _VARIABLES_AS_JSON},
+        "conn": _CONNECTIONS,
+        "macros": macros,
+    }
+
+
+@lru_cache(maxsize=64)
+def _dates(
+    logical_date: dt.datetime, data_interval_end: dt.datetime, manual: bool
+) -> dict[str, dt.datetime | str]:
+    """The context's values derived from the run's dates, in UTC as in Airflow (the tasks of a
+    run share them: formatting them per attempt was a tenth of a task process's CPU)."""
+    logical = logical_date.astimezone(dt.UTC)
+    # The run after a scheduled one starts where its interval ends; a manual run has none.
+    following = logical if manual else data_interval_end.astimezone(dt.UTC)
+    ds, ts = logical.strftime("%Y-%m-%d"), logical.isoformat()
+    yesterday = (logical - dt.timedelta(days=1)).strftime("%Y-%m-%d")
+    tomorrow = (logical + dt.timedelta(days=1)).strftime("%Y-%m-%d")
+    return {
+        "logical_date": logical,
+        "data_interval_end": data_interval_end.astimezone(dt.UTC),
         "ds": ds,
         "ds_nodash": ds.replace("-", ""),
         "ts": ts,
         "ts_nodash": logical.strftime("%Y%m%dT%H%M%S"),
         "ts_nodash_with_tz": ts.replace("-", "").replace(":", ""),
-        "task_instance_key_str": f"{task.dag.dag_id}__{task.task_id}__{ds.replace('-', '')}",
-        # DAG params, then the task's, then the run's conf (Airflow's default precedence).
-        "params": {**task.params, **run.conf},
-        "try_number": ti.try_number,
-        "var": {
-            "value": VariableAccessor(deserialize_json=False),
-            "json": VariableAccessor(deserialize_json=True),
-        },
-        "conn": ConnectionAccessor(),
-        "macros": macros,
         "execution_date": logical,
         "next_execution_date": following,
         "next_ds": following.strftime("%Y-%m-%d"),

@@ -118,11 +118,16 @@ def dumps(value: Any, where: str = "value") -> bytes:
     return encode(to_jsonable(value, where))
 
 
-def loads(data: bytes | str) -> Any:
+def decode(data: bytes | str) -> Any:
+    """Inverse of :func:`encode`: the value in :func:`to_jsonable` form (tags kept)."""
     try:
-        return from_jsonable(_json_decoder.decode(data))
+        return _json_decoder.decode(data)
     except msgspec.DecodeError as exc:
         raise SerializationError(f"not valid JSON: {exc}") from None
+
+
+def loads(data: bytes | str) -> Any:
+    return from_jsonable(decode(data))
 
 
 def plain_json(stored: Any) -> Any:

@@ -59,7 +59,7 @@ from triggerer.events import Outcome as TriggerOutcome
 from triggerer.events import first_event, masked, raised_outcome
 from worker import record
 from worker.attempt import execute_attempt
-from worker.capture import run_attempt
+from worker.capture import run_attempt_here
 from worker.outcomes import (
     AttemptRequest,
     Deferred,
@@ -250,11 +250,16 @@ class LocalRun(InThisProcess):
             if ti.next_method:
                 line += f", resuming at {ti.next_method}"
             self._log(session, ti.id, ti.try_number, line)
-            next_kwargs = self.cipher.open(ti.next_kwargs) if ti.next_kwargs else None
+            # In to_jsonable form, as a worker sends it: the attempt restores the values.
+            next_kwargs = (
+                serialization.decode(self.cipher.decrypt(ti.next_kwargs))
+                if ti.next_kwargs
+                else None
+            )
         self._show_changes()
         label = self._label(ti.task_id, ti.map_index)
         request = record.request_of(ti, next_kwargs, self.settings.task_log_max_bytes)
-        outcome = run_attempt(request, echo=self._echo(label))
+        outcome = run_attempt_here(request, echo=self._echo(label))
         attempt = Attempt(ti.id, ti.try_number, self.name)
         trigger_id = self._record(attempt, outcome)
         if isinstance(outcome, Deferred) and trigger_id is not None:

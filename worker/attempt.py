@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import dataclasses
 import datetime as dt
 import logging
 import signal
@@ -19,6 +18,8 @@ from contextlib import contextmanager
 from functools import cache
 from types import FrameType
 from typing import Any
+
+import msgspec
 
 from deferral import serialization
 from deferral.baseoperator import BaseOperator
@@ -38,7 +39,7 @@ from deferral.metastore import metastore
 from deferral.models.xcom import resolve_xcom_backend
 from deferral.process import freeze_startup_objects
 from deferral.secrets_masker import redact
-from deferral.serialization import SerializationError
+from deferral.serialization import SerializationError, from_jsonable
 from deferral.states import FAIL_METHOD
 from deferral.templating import render_and_record
 from deferral.transitions import has_tries_left
@@ -133,10 +134,15 @@ def _context(request: AttemptRequest, task: BaseOperator) -> Context:
     return make_context(task, run, ti)
 
 
-def _call(task: BaseOperator, request: AttemptRequest, context: Context) -> Any:
+def _call(
+    task: BaseOperator,
+    request: AttemptRequest,
+    next_kwargs: dict[str, Any] | None,
+    context: Context,
+) -> Any:
     if request.next_method is None:
         return task.execute(context)
-    return task.resume_execution(request.next_method, request.next_kwargs, context)
+    return task.resume_execution(request.next_method, next_kwargs, context)
 
 
 def _deferral(task: BaseOperator, deferred: TaskDeferred, deadline: dt.datetime | None) -> Outcome:
@@ -232,7 +238,7 @@ def _after_failure(
         error=redact(f"{type(exc).__name__}: {exc}"),
         hostname=socket.gethostname(),
     )
-    return dataclasses.replace(outcome, alert=alert) if alert else outcome
+    return msgspec.structs.replace(outcome, alert=alert) if alert else outcome
 
 
 def _after_skip(task: BaseOperator, context: Context | None, exc: SkipTask) -> Skipped:
@@ -253,19 +259,23 @@ def execute_attempt(request: AttemptRequest) -> Outcome:
 
 def _execute(request: AttemptRequest) -> Outcome:
     try:
+        next_kwargs = None if request.next_kwargs is None else from_jsonable(request.next_kwargs)
+    except SerializationError as exc:
+        return Failed(f"cannot run: resume kwargs: {exc}", "", allow_retry=False)
+    try:
         dag = process_dagbag().get_dag(request.dag_id)
         task = copy.deepcopy(dag.get_task(request.task_id))
     except Exception as exc:
         return _failed(exc, allow_retry=True)
-    outcome = _run(task, request)
+    outcome = _run(task, request, next_kwargs)
     if isinstance(outcome, Failed) and outcome.allow_retry:
-        return dataclasses.replace(outcome, retry_delay=task.retry_delay)
+        return msgspec.structs.replace(outcome, retry_delay=task.retry_delay)
     return outcome
 
 
 def _masked(outcome: Outcome) -> Outcome:
     if isinstance(outcome, Failed):
-        return dataclasses.replace(
+        return msgspec.structs.replace(
             outcome, error=redact(outcome.error), traceback=redact(outcome.traceback)
         )
     if isinstance(outcome, Skipped):
@@ -273,7 +283,9 @@ def _masked(outcome: Outcome) -> Outcome:
     return outcome
 
 
-def _run(task: BaseOperator, request: AttemptRequest) -> Outcome:
+def _run(
+    task: BaseOperator, request: AttemptRequest, next_kwargs: dict[str, Any] | None
+) -> Outcome:
     deadline = decide.execution_deadline(request.first_started_at, task.execution_timeout)
     context: Context | None = None
     try:
@@ -291,7 +303,7 @@ def _run(task: BaseOperator, request: AttemptRequest) -> Outcome:
         # deadline reports as a deferral timeout.
         failing = request.next_method == FAIL_METHOD
         with _time_limit(None if failing else deadline):
-            result = _call(task, request, context)
+            result = _call(task, request, next_kwargs, context)
     except TaskDeferred as deferred:
         return _deferral(task, deferred, deadline)
     except SkipTask as exc:

@@ -1,10 +1,11 @@
 """Reusable task processes, any one of which can be killed.
 
 Each child is a spawned process that runs one attempt at a time (``worker.attempt``) and answers
-on its own pipe. The worker waits on all pipes at once, and can SIGKILL the child of one attempt
-(its lease was lost, it must not go on) without touching the others; a killed or crashed child is
-replaced by a fresh one on demand. Children die with the worker (PR_SET_PDEATHSIG), so an attempt
-never outlives it, and spawn (not fork or forkserver) means nothing of the worker leaks in.
+on its own pipe; requests and answers are bytes (``worker.outcomes`` encodes them), not pickles.
+The worker waits on all pipes at once, and can SIGKILL the child of one attempt (its lease was
+lost, it must not go on) without touching the others; a killed or crashed child is replaced by a
+fresh one on demand. Children die with the worker (PR_SET_PDEATHSIG), so an attempt never
+outlives it, and spawn (not fork or forkserver) means nothing of the worker leaks in.
 """
 
 from __future__ import annotations
@@ -13,12 +14,13 @@ import contextlib
 import logging
 import multiprocessing
 import os
+import selectors
 import signal
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
-from multiprocessing.connection import Connection, wait
+from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
-from typing import Any, Generic, TypeVar
+from typing import Generic, TypeVar
 
 from deferral.process import die_with_parent
 
@@ -27,24 +29,24 @@ log = logging.getLogger("deferral.worker")
 K = TypeVar("K", bound=Hashable)
 
 
-READY = "ready"
+READY = b"ready"
 
 
 def _child_main(
-    conn: Connection, run: Callable[[Any], Any], warm: Callable[[], None] | None
+    conn: Connection, run: Callable[[bytes], bytes], warm: Callable[[], None] | None
 ) -> None:
     # Ctrl-C is the worker's: it lets running attempts finish before it exits.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     die_with_parent()
     if warm is not None:
         warm()
-    conn.send(READY)
+    conn.send_bytes(READY)
     while True:
         try:
-            request = conn.recv()
+            request = conn.recv_bytes()
         except (EOFError, OSError):
             return
-        conn.send(run(request))
+        conn.send_bytes(run(request))
 
 
 @dataclass
@@ -52,6 +54,7 @@ class _Child:
     process: BaseProcess
     conn: Connection
     ready: bool = False
+    attempts: int = 0  # requests answered
 
 
 @dataclass(frozen=True)
@@ -69,14 +72,24 @@ class ChildDied:
 
 class ChildPool(Generic[K]):
     """``run(request)`` is what a child does with each request; ``warm()``, what it does once
-    before it says it is ready (import what tasks need)."""
+    before it says it is ready (import what tasks need). A child that answered
+    ``max_attempts`` requests is replaced by a fresh one (leaky task code)."""
 
-    def __init__(self, run: Callable[[Any], Any], warm: Callable[[], None] | None = None) -> None:
+    def __init__(
+        self,
+        run: Callable[[bytes], bytes],
+        warm: Callable[[], None] | None = None,
+        max_attempts: int | None = None,
+    ) -> None:
         self._run = run
         self._warm = warm
+        self._max_attempts = max_attempts
         self._context = multiprocessing.get_context("spawn")
         self._idle: list[_Child] = []
         self._busy: dict[K, _Child] = {}
+        # The pipes and exit sentinels of the busy children, registered while they are busy:
+        # building the set to wait on at every collect() was a share of the worker's loop.
+        self._busy_fds = selectors.DefaultSelector()
 
     @property
     def busy(self) -> int:
@@ -111,54 +124,72 @@ class ChildPool(Generic[K]):
         if child.ready:
             return
         try:
-            child.ready = child.conn.poll(timeout) and child.conn.recv() == READY
+            child.ready = child.conn.poll(timeout) and child.conn.recv_bytes() == READY
         except (EOFError, OSError):
             child.ready = False  # it died starting: submit() replaces it
 
-    def submit(self, key: K, request: Any) -> None:
+    def submit(self, key: K, request: bytes) -> None:
         """Run ``request`` in an idle child (a new one if none is idle)."""
         while self._idle:
             child = self._idle.pop()
             if child.process.is_alive():
+                self._await_ready(child, timeout=120.0)  # a replacement may still be warming
                 break
             self._discard(child)
         else:
             child = self._spawn()
         try:
-            child.conn.send(request)
+            child.conn.send_bytes(request)
         except OSError:
             self._discard(child)
             child = self._spawn()
-            child.conn.send(request)
+            child.conn.send_bytes(request)
         self._busy[key] = child
+        self._busy_fds.register(child.conn.fileno(), selectors.EVENT_READ, key)
+        self._busy_fds.register(child.process.sentinel, selectors.EVENT_READ, key)
 
-    def collect(self, timeout: float) -> list[tuple[K, Any]]:
+    def _take_busy(self, key: K) -> _Child | None:
+        child = self._busy.pop(key, None)
+        if child is not None:
+            self._busy_fds.unregister(child.conn.fileno())
+            self._busy_fds.unregister(child.process.sentinel)
+        return child
+
+    def collect(self, timeout: float) -> list[tuple[K, bytes | ChildDied]]:
         """Outcomes of the attempts that ended within ``timeout`` seconds: what the child sent,
         or :class:`ChildDied`."""
         if not self._busy:
             return []
-        by_conn = {child.conn: key for key, child in self._busy.items()}
-        by_sentinel = {child.process.sentinel: key for key, child in self._busy.items()}
-        ready = wait([*by_conn, *by_sentinel], timeout=timeout)
-        keys = {by_conn[r] if r in by_conn else by_sentinel[r] for r in ready}  # type: ignore[index]
-        ended: list[tuple[K, Any]] = []
+        keys = {selected.data for selected, _ in self._busy_fds.select(timeout)}
+        ended: list[tuple[K, bytes | ChildDied]] = []
         for key in keys:
-            child = self._busy.pop(key)
+            child = self._take_busy(key)
+            assert child is not None
             try:
                 if not child.conn.poll():
                     raise EOFError
-                ended.append((key, child.conn.recv()))
+                ended.append((key, child.conn.recv_bytes()))
             except (EOFError, OSError):
                 child.process.join(timeout=5)
                 ended.append((key, ChildDied(child.process.exitcode)))
                 self._discard(child)
                 continue
-            self._idle.append(child)
+            child.attempts += 1
+            if self._max_attempts is not None and child.attempts >= self._max_attempts:
+                self._recycle(child)
+            else:
+                self._idle.append(child)
         return ended
+
+    def _recycle(self, child: _Child) -> None:
+        """Replace a child that ran its share of attempts: it exits once its pipe closes (and
+        is reaped when a later child starts); the fresh one warms up meanwhile."""
+        child.conn.close()
+        self._idle.append(self._spawn(wait=False))
 
     def kill(self, key: K) -> bool:
         """SIGKILL the child running ``key`` (at once: its attempt must not go on)."""
-        child = self._busy.pop(key, None)
+        child = self._take_busy(key)
         if child is None:
             return False
         if child.process.pid is not None:
@@ -184,3 +215,4 @@ class ChildPool(Generic[K]):
             if child.process.is_alive():
                 child.process.kill()
         self._idle.clear()
+        self._busy_fds.close()

@@ -17,6 +17,7 @@ import threading
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from sqlalchemy import select, tuple_
 from sqlalchemy.orm import Session
@@ -36,7 +37,7 @@ from broker.streams import (
     task_label,
     trigger_message,
 )
-from deferral import liveness, metrics, tasklogs, transitions
+from deferral import liveness, metrics, serialization, tasklogs, transitions
 from deferral.config import Settings, SmtpSettings
 from deferral.crypto import Cipher, DecryptionError
 from deferral.db import make_engine, make_sessionmaker, wait_until_up
@@ -60,6 +61,8 @@ from worker.outcomes import (
     Rescheduled,
     Skipped,
     Succeeded,
+    decode_outcome,
+    encode,
 )
 
 log = logging.getLogger("deferral.worker")
@@ -130,7 +133,10 @@ class WorkerService:
         self.sessions = make_sessionmaker(self.engine)
         self.keys = StreamKeys(settings.stream_prefix)
         self.stream = self.keys.queue(queue)
-        self.pool: ChildPool[int] = ChildPool(run_attempt, warm_up)  # keyed by task instance id
+        # Keyed by task instance id.
+        self.pool: ChildPool[int] = ChildPool(
+            run_attempt, warm_up, max_attempts=settings.worker_task_process_max_attempts
+        )
         self.running: dict[int, Running] = {}
         # Work read or ended but not yet recorded because the servers failed: retried first.
         self.unstarted: list[Delivery] = []
@@ -382,7 +388,7 @@ class WorkerService:
 
     def _submit(self, delivery: Delivery, item: QueuedAttempt, request: AttemptRequest) -> None:
         ti_id = item.task_instance_id
-        self.pool.submit(ti_id, request)
+        self.pool.submit(ti_id, encode(request))
         self.running[ti_id] = Running(
             delivery, Attempt(ti_id, item.try_number, self.name), item.task
         )
@@ -400,7 +406,7 @@ class WorkerService:
             try:
                 if not ti.run_exists:
                     raise LookupError(f"DAG run {ti.dag_id} {ti.run_id} no longer exists")
-                next_kwargs = self.cipher.open(ti.next_kwargs) if ti.next_kwargs else None
+                next_kwargs = self._resume_kwargs(ti.next_kwargs) if ti.next_kwargs else None
             except (LookupError, DecryptionError, SerializationError) as exc:
                 reason = f"cannot run: {exc}"
                 transitions.fail(
@@ -420,6 +426,14 @@ class WorkerService:
             lines.append(_line(ti.id, ti.try_number, started_line))
             requests[ti.id] = record.request_of(ti, next_kwargs, self.settings.task_log_max_bytes)
         return requests
+
+    def _resume_kwargs(self, token: str) -> dict[str, Any]:
+        """A task's sealed resume kwargs, opened as far as to_jsonable form: the task process
+        restores the values (the pipe carries JSON)."""
+        kwargs = serialization.decode(self.cipher.decrypt(token))
+        if not isinstance(kwargs, dict):
+            raise SerializationError(f"resume kwargs are a {type(kwargs).__name__}, not a mapping")
+        return kwargs
 
     def _fail_orphans(self, orphans: Sequence[tuple[Delivery, QueuedAttempt]]) -> None:
         """Attempts of workers that stopped heartbeating (or of this worker's earlier process):
@@ -476,9 +490,12 @@ class WorkerService:
             running = self.running.pop(ti_id, None)
             if running is None:
                 continue
-            if isinstance(result, ChildDied):
-                result = Failed(result.describe(), "", allow_retry=True)
-            batch.append((running, result))
+            outcome = (
+                Failed(result.describe(), "", allow_retry=True)
+                if isinstance(result, ChildDied)
+                else decode_outcome(result)
+            )
+            batch.append((running, outcome))
         self._record(batch)
 
     def _record(self, batch: Sequence[tuple[Running, Outcome]]) -> None:

@@ -98,6 +98,8 @@ def test_missing_toml_file_is_fine(tmp_path: Path) -> None:
         ("DEFERRAL_STREAM_PREFIX", "has space", "without spaces"),
         ("DEFERRAL_STREAM_PREFIX", ":::", "non-empty"),
         ("DEFERRAL_TRIGGER_MODULES", " , ", "no module prefix"),
+        ("DEFERRAL_WORKER_TASK_PROCESS_MAX_ATTEMPTS", "0", "at least 1"),
+        ("DEFERRAL_WORKER_TASK_PROCESS_MAX_ATTEMPTS", "unlimited", "malformed"),
     ],
 )
 def test_malformed_setting_is_named(name: str, value: str, fragment: str) -> None:
@@ -315,6 +317,12 @@ def test_durations(raw: str, expected: dt.timedelta) -> None:
 def test_bad_durations_name_the_text(raw: str) -> None:
     with pytest.raises(ValueError):
         config.parse_duration(raw)
+
+
+def test_task_processes_are_recycled_after_ten_thousand_attempts_unless_set() -> None:
+    assert load(base_env()).worker_task_process_max_attempts == 10_000
+    env = base_env(DEFERRAL_WORKER_TASK_PROCESS_MAX_ATTEMPTS="50")
+    assert load(env).worker_task_process_max_attempts == 50
 
 
 def test_prune_can_be_turned_off() -> None:

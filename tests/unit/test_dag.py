@@ -376,6 +376,22 @@ def test_deepcopy_gives_fresh_attributes_but_shares_dag_and_relatives() -> None:
     assert dag.get_task("s") is op
 
 
+class TaggedText(str):
+    """A str subclass that can hold state: not shared like a plain str."""
+
+
+def test_deepcopy_shares_immutable_values_only() -> None:
+    tagged = TaggedText("x")
+    tagged.seen = []  # type: ignore[attr-defined]
+    op = Stateful(task_id="s", payload={}, doc="a plain string")
+    op.tagged = tagged  # type: ignore[attr-defined]
+    op.pair = (1, [2])  # type: ignore[attr-defined]
+    fresh = copy.deepcopy(op)
+    assert fresh.task_id is op.task_id and fresh.retry_delay is op.retry_delay
+    assert fresh.tagged is not tagged and fresh.tagged.seen is not tagged.seen  # type: ignore[attr-defined]
+    assert fresh.pair == (1, [2]) and fresh.pair[1] is not op.pair[1]  # type: ignore[attr-defined]
+
+
 def test_deepcopy_keeps_settings() -> None:
     op = EmptyOperator(task_id="t", retries=2, retry_delay=dt.timedelta(seconds=3), queue="q")
     fresh = copy.deepcopy(op)

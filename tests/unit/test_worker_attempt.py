@@ -12,6 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 
 from deferral import serialization
@@ -191,7 +192,8 @@ def request(
         conf={"shared": "conf"} if conf is None else conf,
         first_started_at=first_started_at or dt.datetime.now(dt.UTC),
         next_method=next_method,
-        next_kwargs=next_kwargs,
+        # As the worker sends them: in to_jsonable form (tuples and datetimes tagged).
+        next_kwargs=None if next_kwargs is None else serialization.to_jsonable(next_kwargs),
         max_tries=max_tries,
     )
 
@@ -324,6 +326,14 @@ def test_trigger_whose_serialize_raises_gives_failed() -> None:
 
 
 # -- resuming --------------------------------------------------------------------------------------
+
+
+def test_malformed_resume_kwargs_fail_the_try_without_retry_naming_them() -> None:
+    resuming = request("resumable", next_method="resume", next_kwargs={})
+    bad_tag = {"when": {serialization.TAG: "no-such-type"}}
+    outcome = execute_attempt(msgspec.structs.replace(resuming, next_kwargs=bad_tag))
+    assert isinstance(outcome, Failed) and not outcome.allow_retry
+    assert outcome.error.startswith("cannot run: resume kwargs: unknown serialized type tag")
 
 
 def test_resume_calls_method_with_context_event_and_kwargs_on_fresh_instance() -> None:
