@@ -15,7 +15,6 @@ scheduler would evaluate and dispatch the run too).
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import datetime as dt
 import logging
 import os
@@ -30,6 +29,7 @@ from typing import TextIO
 
 import anyio
 import click
+import msgspec
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -574,7 +574,7 @@ class TaskTest(InThisProcess):
             )
         assert started is not None
         request = record.request_of(started, None, self.settings.task_log_max_bytes)
-        return dataclasses.replace(
+        return msgspec.structs.replace(
             request,
             try_number=max(started.try_number, 1),
             first_started_at=dt.datetime.now(dt.UTC),
@@ -594,4 +594,6 @@ class TaskTest(InThisProcess):
                 fired, deferred.method_name, deferred_kwargs
             )
             method = resumed_at or deferred.method_name
-        return dataclasses.replace(request, next_method=method, next_kwargs=kwargs)
+        # In to_jsonable form, as a worker sends it: the attempt restores the values.
+        jsonable = serialization.to_jsonable(kwargs, "resume kwargs")
+        return msgspec.structs.replace(request, next_method=method, next_kwargs=jsonable)
