@@ -908,32 +908,42 @@ def _resumed_at(
     return next_method, sealed, f"{RESUMED_BY_TRIGGER}{event.trigger_id} fired"
 
 
-# Claim each event's dedup key (a key seen before claims nothing: a duplicate) and lock the
-# task deferred on its trigger, if any (none: stale). Plain SQL, as for every statement on the
-# resume path: it runs once per batch of events, and building it with the ORM cost more than
-# executing it.
+# Lock the tasks deferred on the events' triggers, then claim each event's dedup key (a key seen
+# before claims nothing: a duplicate) with its outcome already decided: applied by the first
+# event of a trigger whose task waits, stale for the others. The key is claimed before the task
+# is touched (by _RESUME_SQL, only for the keys claimed as applied), and written once: no second
+# write to say it applied. Plain SQL, as for every statement on the resume path: it runs once
+# per batch of events, and building it with the ORM cost more than executing it.
 _CLAIM_EVENTS_SQL = text(
     """
-    WITH claimed AS (
-        INSERT INTO resume_event (dedup_key, trigger_id, outcome)
-        SELECT dedup_key, trigger_id, 'stale'
-        FROM unnest(CAST(:dedup_keys AS text[]), CAST(:trigger_ids AS bigint[]))
-            AS fired (dedup_key, trigger_id)
-        ON CONFLICT DO NOTHING
-        RETURNING dedup_key, trigger_id
+    WITH fired AS (
+        SELECT * FROM unnest(CAST(:dedup_keys AS text[]), CAST(:trigger_ids AS bigint[]))
+            WITH ORDINALITY AS f (dedup_key, trigger_id, n)
     ), waiting AS (
         SELECT id, trigger_id, next_method, next_kwargs FROM task_instance
-        WHERE state = 'deferred' AND trigger_id IN (SELECT trigger_id FROM claimed)
+        WHERE state = 'deferred' AND trigger_id IN (SELECT trigger_id FROM fired)
         ORDER BY id
         FOR UPDATE
+    ), appliers AS (
+        SELECT DISTINCT ON (fired.trigger_id) fired.dedup_key, waiting.id
+        FROM fired JOIN waiting ON waiting.trigger_id = fired.trigger_id
+        ORDER BY fired.trigger_id, fired.n
+    ), claimed AS (
+        INSERT INTO resume_event (dedup_key, trigger_id, outcome, task_instance_id)
+        SELECT fired.dedup_key, fired.trigger_id,
+               CASE WHEN appliers.id IS NULL THEN 'stale' ELSE 'applied' END, appliers.id
+        FROM fired LEFT JOIN appliers ON appliers.dedup_key = fired.dedup_key
+        ORDER BY fired.n
+        ON CONFLICT DO NOTHING
+        RETURNING dedup_key, task_instance_id
     )
     SELECT claimed.dedup_key, waiting.id, waiting.next_method, waiting.next_kwargs
-    FROM claimed LEFT JOIN waiting ON waiting.trigger_id = claimed.trigger_id
+    FROM claimed LEFT JOIN waiting ON waiting.id = claimed.task_instance_id
     """
 )
 
-# deferred -> scheduled for the locked tasks, their change recorded, their triggers dropped,
-# their events recorded as applied: one statement.
+# deferred -> scheduled for the locked tasks, their change recorded, their triggers dropped:
+# one statement.
 _RESUME_SQL = text(
     """
     WITH resumed AS (
@@ -942,18 +952,15 @@ _RESUME_SQL = text(
             next_method = r.next_method, next_kwargs = r.next_kwargs, updated_at = now()
         FROM unnest(
             CAST(:ids AS bigint[]), CAST(:next_methods AS text[]), CAST(:next_kwargs AS text[]),
-            CAST(:reasons AS text[]), CAST(:dedup_keys AS text[]), CAST(:trigger_ids AS bigint[])
-        ) AS r (id, next_method, next_kwargs, reason, dedup_key, trigger_id)
+            CAST(:reasons AS text[]), CAST(:trigger_ids AS bigint[])
+        ) AS r (id, next_method, next_kwargs, reason, trigger_id)
         WHERE ti.id = r.id
-        RETURNING ti.id, r.reason, r.dedup_key, r.trigger_id
+        RETURNING ti.id, r.reason, r.trigger_id
     ), recorded AS (
         INSERT INTO task_state_change (task_instance_id, from_state, to_state, reason)
         SELECT id, 'deferred', 'scheduled', reason FROM resumed ORDER BY id
-    ), dropped AS (
-        DELETE FROM trigger WHERE id IN (SELECT trigger_id FROM resumed)
     )
-    UPDATE resume_event AS e SET outcome = 'applied', task_instance_id = resumed.id
-    FROM resumed WHERE e.dedup_key = resumed.dedup_key
+    DELETE FROM trigger WHERE id IN (SELECT trigger_id FROM resumed)
     """
 )
 
@@ -977,24 +984,21 @@ def resume_many(session: Session, events: Sequence[FiredEvent], cipher: Cipher) 
             {"dedup_keys": keys, "trigger_ids": [events[first[k]].trigger_id for k in keys]},
         )
     }
-    resumed: set[int] = set()
     moves: dict[str, list[Any]] = {
-        name: []
-        for name in ("ids", "next_methods", "next_kwargs", "reasons", "dedup_keys", "trigger_ids")
+        name: [] for name in ("ids", "next_methods", "next_kwargs", "reasons", "trigger_ids")
     }
     for key in sorted(claimed, key=first.__getitem__):
         row = claimed[key]
-        outcomes[first[key]] = Resumed("stale")
-        if row.id is None or row.id in resumed:  # a second event for it finds it resumed
+        if row.id is None:  # claimed as stale
+            outcomes[first[key]] = Resumed("stale")
             continue
-        resumed.add(row.id)
         event = events[first[key]]
         next_method, sealed, reason = _resumed_at(event, row.next_method, row.next_kwargs, cipher)
-        values = (row.id, next_method, sealed, reason, key, event.trigger_id)
+        values = (row.id, next_method, sealed, reason, event.trigger_id)
         for name, value in zip(moves, values, strict=True):
             moves[name].append(value)
         outcomes[first[key]] = Resumed("applied", row.id)
-    if resumed:
+    if moves["ids"]:
         session.execute(_RESUME_SQL, moves)
     return outcomes
 

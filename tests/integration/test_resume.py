@@ -261,3 +261,28 @@ def test_resumed_tasks_are_queued_within_their_runs_max_active_tasks(
 
     assert _ti(sessions, busy_ti).state == TaskState.SCHEDULED
     assert _ti(sessions, free_ti).state == TaskState.QUEUED
+
+
+def test_two_events_of_one_trigger_in_one_batch_the_first_applies_and_each_key_is_written_once(
+    sessions: sessionmaker[Session], cipher: Cipher
+) -> None:
+    ti_id, trigger_id = deferred_task(sessions, cipher)
+    events = [
+        transitions.FiredEvent(f"key-{n}", trigger_id, failed=False, payload=n) for n in (1, 2)
+    ]
+    with sessions.begin() as session:
+        outcomes = transitions.resume_many(session, events, cipher)
+        # Each key's outcome is decided before its row is inserted: no second write.
+        rewritten = session.scalar(
+            text("SELECT n_tup_upd FROM pg_stat_xact_user_tables WHERE relname = 'resume_event'")
+        )
+    assert outcomes == [transitions.Resumed("applied", ti_id), transitions.Resumed("stale")]
+    assert rewritten == 0
+    with sessions() as session:
+        rows = session.execute(
+            select(
+                ResumeEvent.dedup_key, ResumeEvent.outcome, ResumeEvent.task_instance_id
+            ).order_by(ResumeEvent.dedup_key)
+        ).all()
+    assert [tuple(r) for r in rows] == [("key-1", "applied", ti_id), ("key-2", "stale", None)]
+    assert cipher.open(_ti(sessions, ti_id).next_kwargs or "")["event"] == 1
