@@ -269,6 +269,9 @@ class Outbox(Base):
     id: Mapped[int] = _id()
     stream: Mapped[str] = mapped_column(String(250))
     fields: Mapped[dict[str, str]] = mapped_column(JSONB)
+    # The fields of the row's further entries for the same stream, published after ``fields``
+    # in this order; NULL for a row of one entry.
+    more_fields: Mapped[list[dict[str, str]] | None] = mapped_column(JSONB)
     created_at: Mapped[dt.datetime] = _created()
     published_at: Mapped[dt.datetime | None] = mapped_column(Timestamp)
 
