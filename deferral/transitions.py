@@ -488,6 +488,7 @@ class Started:
     first_started_at: dt.datetime
     next_method: str | None
     next_kwargs: str | None
+    next_event: str | None
     run_exists: bool
     logical_date: dt.datetime | None
     conf: dict[str, Any] | None
@@ -509,7 +510,8 @@ _START_SQL = text(
         FROM unnest(CAST(:ids AS bigint[]), CAST(:tries AS integer[])) AS a (id, try_number)
         WHERE ti.id = a.id AND ti.try_number = a.try_number AND ti.state = 'queued'
         RETURNING ti.id, ti.dag_id, ti.run_id, ti.task_id, ti.map_index, ti.try_number,
-                  ti.max_tries, ti.first_started_at, ti.next_method, ti.next_kwargs
+                  ti.max_tries, ti.first_started_at, ti.next_method, ti.next_kwargs,
+                  ti.next_event
     ), recorded AS (
         INSERT INTO task_state_change (task_instance_id, from_state, to_state, reason)
         SELECT id, 'queued', 'running',
@@ -549,6 +551,7 @@ def start_many(
 _END_OF_ATTEMPT: dict[str, Any] = {
     "next_method": None,
     "next_kwargs": None,
+    "next_event": None,
     "trigger_timeout": None,
 }
 
@@ -587,7 +590,7 @@ _SUCCEED_SQL = text(
     WITH moved AS (
         UPDATE task_instance AS ti
         SET state = 'success', end_date = now(), updated_at = now(),
-            next_method = NULL, next_kwargs = NULL, trigger_timeout = NULL
+            next_method = NULL, next_kwargs = NULL, next_event = NULL, trigger_timeout = NULL
         FROM unnest(CAST(:ids AS bigint[]), CAST(:tries AS integer[]),
                     CAST(:workers AS text[]), CAST(:values AS jsonb[]))
             AS r (id, try_number, worker, value)
@@ -795,6 +798,7 @@ def defer(
             trigger_id=trigger_id,
             next_method=next_method,
             next_kwargs=next_kwargs_token,
+            next_event=None,
             trigger_timeout=trigger_timeout,
         )
     )
@@ -830,7 +834,8 @@ _DEFER_SQL = text(
     ), moved AS (
         UPDATE task_instance AS ti
         SET state = 'deferred', trigger_id = p.trigger_id, next_method = p.next_method,
-            next_kwargs = p.next_kwargs, trigger_timeout = p.trigger_timeout, updated_at = now()
+            next_kwargs = p.next_kwargs, next_event = NULL, trigger_timeout = p.trigger_timeout,
+            updated_at = now()
         FROM planned AS p
         WHERE ti.id = p.id
         RETURNING ti.id, ti.trigger_id
@@ -875,6 +880,8 @@ class FiredEvent:
     payload: Any  # the event payload, or for a failure {"error": ..., "traceback": ...}
     # The triggerer's lines for the try's log, stored by whoever applies the event.
     log: tuple[NewLine, ...] = ()
+    # The payload sealed as the triggerer sent it, stored as it is (else sealed here).
+    sealed_payload: str | None = None
 
 
 @dataclass(frozen=True)
@@ -893,19 +900,25 @@ def resume(session: Session, event: FiredEvent, cipher: Cipher) -> Resumed:
 
 def _resumed_at(
     event: FiredEvent, next_method: str | None, next_kwargs: str | None, cipher: Cipher
-) -> tuple[str | None, str, str]:
-    """(next_method, sealed next_kwargs, reason) of a task resumed by ``event``, given what it
-    deferred with."""
+) -> tuple[str | None, str | None, str | None, str]:
+    """(next_method, sealed next_kwargs, sealed next_event, reason) of a task resumed by
+    ``event``, given what it deferred with. The kwargs it deferred with are kept as they were
+    sealed and the event goes beside them, so nothing is opened and sealed again here."""
     if event.failed:
         kwargs = {"error": "trigger_failure", **event.payload}
         return (
             FAIL_METHOD,
             cipher.seal(kwargs, "next_kwargs"),
-            (f"{RESUMED_BY_TRIGGER}{event.trigger_id} failed"),
+            None,
+            f"{RESUMED_BY_TRIGGER}{event.trigger_id} failed",
         )
-    kwargs = cipher.open(next_kwargs) if next_kwargs else {}
-    sealed = cipher.seal({**kwargs, "event": event.payload}, "next_kwargs")
-    return next_method, sealed, f"{RESUMED_BY_TRIGGER}{event.trigger_id} fired"
+    sealed_event = event.sealed_payload or cipher.seal(event.payload, "event")
+    return (
+        next_method,
+        next_kwargs,
+        sealed_event,
+        f"{RESUMED_BY_TRIGGER}{event.trigger_id} fired",
+    )
 
 
 # Lock the tasks deferred on the events' triggers, then claim each event's dedup key (a key seen
@@ -949,11 +962,12 @@ _RESUME_SQL = text(
     WITH resumed AS (
         UPDATE task_instance AS ti
         SET state = 'scheduled', trigger_id = NULL, trigger_timeout = NULL,
-            next_method = r.next_method, next_kwargs = r.next_kwargs, updated_at = now()
+            next_method = r.next_method, next_kwargs = r.next_kwargs,
+            next_event = r.next_event, updated_at = now()
         FROM unnest(
             CAST(:ids AS bigint[]), CAST(:next_methods AS text[]), CAST(:next_kwargs AS text[]),
-            CAST(:reasons AS text[]), CAST(:trigger_ids AS bigint[])
-        ) AS r (id, next_method, next_kwargs, reason, trigger_id)
+            CAST(:next_events AS text[]), CAST(:reasons AS text[]), CAST(:trigger_ids AS bigint[])
+        ) AS r (id, next_method, next_kwargs, next_event, reason, trigger_id)
         WHERE ti.id = r.id
         RETURNING ti.id, r.reason, r.trigger_id
     ), recorded AS (
@@ -985,7 +999,8 @@ def resume_many(session: Session, events: Sequence[FiredEvent], cipher: Cipher) 
         )
     }
     moves: dict[str, list[Any]] = {
-        name: [] for name in ("ids", "next_methods", "next_kwargs", "reasons", "trigger_ids")
+        name: []
+        for name in ("ids", "next_methods", "next_kwargs", "next_events", "reasons", "trigger_ids")
     }
     for key in sorted(claimed, key=first.__getitem__):
         row = claimed[key]
@@ -993,8 +1008,8 @@ def resume_many(session: Session, events: Sequence[FiredEvent], cipher: Cipher) 
             outcomes[first[key]] = Resumed("stale")
             continue
         event = events[first[key]]
-        next_method, sealed, reason = _resumed_at(event, row.next_method, row.next_kwargs, cipher)
-        values = (row.id, next_method, sealed, reason, event.trigger_id)
+        resumed_at = _resumed_at(event, row.next_method, row.next_kwargs, cipher)
+        values = (row.id, *resumed_at, event.trigger_id)
         for name, value in zip(moves, values, strict=True):
             moves[name].append(value)
         outcomes[first[key]] = Resumed("applied", row.id)
@@ -1008,7 +1023,8 @@ _EXPIRE_SQL = text(
     WITH expired AS (
         UPDATE task_instance AS ti
         SET state = 'scheduled', trigger_id = NULL, trigger_timeout = NULL,
-            next_method = :fail_method, next_kwargs = :fail_kwargs, updated_at = now()
+            next_method = :fail_method, next_kwargs = :fail_kwargs, next_event = NULL,
+            updated_at = now()
         FROM (
             SELECT id, trigger_id FROM task_instance
             WHERE state = 'deferred' AND trigger_timeout < now()

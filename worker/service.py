@@ -386,6 +386,8 @@ class WorkerService:
                 if not ti.run_exists:
                     raise LookupError(f"DAG run {ti.dag_id} {ti.run_id} no longer exists")
                 next_kwargs = self.cipher.open(ti.next_kwargs) if ti.next_kwargs else None
+                if ti.next_event:  # carried beside the kwargs it resumes with
+                    next_kwargs = {**(next_kwargs or {}), "event": self.cipher.open(ti.next_event)}
             except (LookupError, DecryptionError, SerializationError) as exc:
                 reason = f"cannot run: {exc}"
                 transitions.fail(
