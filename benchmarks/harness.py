@@ -21,6 +21,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -442,6 +443,97 @@ class CpuMeter:
         return [
             f"CPU seconds: {parts} (total {total:.1f}: {total * 1000 / max(per, 1):.2f} ms per"
             f" {what}; Redis and other databases not counted)"
+        ]
+
+
+@dataclass(frozen=True)
+class RowCounts:
+    """PostgreSQL's counters of the stack's database at one moment: rows written (in total and
+    per table), commits, and the server's WAL position (shared with every database on it)."""
+
+    commits: int
+    inserted: int
+    updated: int
+    deleted: int
+    wal_lsn: int
+    per_table: dict[str, tuple[int, int, int]]
+
+
+class RowMeter:
+    """Rows inserted / updated / deleted, commits and WAL bytes between :meth:`start` and
+    :meth:`stop`, from ``pg_stat_database`` / ``pg_stat_user_tables`` and
+    ``pg_current_wal_lsn()``: what PostgreSQL writes per task. A backend reports its counters
+    at most once a second, and an idle one within 10 s, so :meth:`stop` waits until two samples
+    a second apart agree (or 12 s); ``settle=False`` when the phase ended long enough ago. WAL is
+    the whole server's: other databases' writes count."""
+
+    def __init__(self, stack: Stack) -> None:
+        self.stack = stack
+        self.before: RowCounts | None = None
+        self.after: RowCounts | None = None
+
+    def _sample(self) -> RowCounts:
+        with self.stack.sessions() as session:
+            session.execute(text("SELECT pg_stat_clear_snapshot()"))
+            commits, inserted, updated, deleted, lsn = session.execute(
+                text(
+                    "SELECT xact_commit, tup_inserted, tup_updated, tup_deleted,"
+                    " pg_current_wal_lsn() - '0/0'::pg_lsn"
+                    " FROM pg_stat_database WHERE datname = current_database()"
+                )
+            ).one()
+            tables = session.execute(
+                text("SELECT relname, n_tup_ins, n_tup_upd, n_tup_del FROM pg_stat_user_tables")
+            ).all()
+        return RowCounts(
+            commits=int(commits),
+            inserted=int(inserted),
+            updated=int(updated),
+            deleted=int(deleted),
+            wal_lsn=int(lsn),
+            per_table={name: (int(i), int(u), int(d)) for name, i, u, d in tables},
+        )
+
+    def start(self) -> None:
+        self.before = self._sample()
+
+    def stop(self, *, settle: bool = True) -> None:
+        previous = self._sample()
+        deadline = time.monotonic() + (12 if settle else 0)
+        while time.monotonic() < deadline:
+            time.sleep(1)  # a backend's reporting interval: what is waited for is the counters
+            current = self._sample()
+            settled = (current.inserted, current.updated, current.deleted) == (
+                previous.inserted,
+                previous.updated,
+                previous.deleted,
+            )
+            previous = current
+            if settled:
+                break
+        self.after = previous
+
+    def lines(self, per: int, what: str) -> list[str]:
+        before, after = self.before, self.after
+        assert before is not None and after is not None, "start() and stop() first"
+        per = max(per, 1)
+        tables = []
+        for name, (ins, upd, dele) in sorted(after.per_table.items()):
+            was = before.per_table.get(name, (0, 0, 0))
+            counts = (ins - was[0], upd - was[1], dele - was[2])
+            if any(counts):
+                tables.append(
+                    f"{name} {counts[0] / per:.2f}/{counts[1] / per:.2f}/{counts[2] / per:.2f}"
+                )
+        inserted = (after.inserted - before.inserted) / per
+        updated = (after.updated - before.updated) / per
+        deleted = (after.deleted - before.deleted) / per
+        return [
+            f"rows per {what}: {inserted:.2f} inserted, {updated:.2f} updated, {deleted:.2f}"
+            f" deleted ({inserted + updated + deleted:.2f} written),"
+            f" {(after.commits - before.commits) / per:.2f} commits,"
+            f" {(after.wal_lsn - before.wal_lsn) / per / 1024:.1f} KB WAL (server-wide)",
+            f"rows per {what} by table (inserted/updated/deleted): {', '.join(tables)}",
         ]
 
 

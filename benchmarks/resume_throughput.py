@@ -11,7 +11,9 @@ moment, and reads every figure from ``task_state_change`` (Postgres's clock):
 
 - deferrals per second: N / (first task picked up -> last task deferred);
 - fire -> SCHEDULED p50 / p99: the moment -> each task's deferred -> scheduled change;
-- all SCHEDULED, all SUCCESS: the moment -> the last task's change.
+- all SCHEDULED, all SUCCESS: the moment -> the last task's change;
+- with ``--rows``: rows PostgreSQL inserted / updated / deleted (per table), commits and WAL bytes
+  per task, deferring (triggered -> the moment) and resuming (the moment -> all succeeded).
 
 The moment is ``--lead`` seconds after the services have started (by default long enough for the
 deferrals at a few hundred per second); the benchmark says so if some trigger was not held yet.
@@ -27,6 +29,7 @@ from harness import (
     CpuMeter,
     Figure,
     Profiles,
+    RowMeter,
     Stack,
     median,
     percentile,
@@ -96,6 +99,9 @@ def main() -> None:
     parser.add_argument("--keep-logs", action="store_true")
     parser.add_argument("--profile", action="store_true", help="py-spy every service, per phase")
     parser.add_argument("--cpu", action="store_true", help="with --profile: only GIL-held samples")
+    parser.add_argument(
+        "--rows", action="store_true", help="rows written, commits and WAL bytes per task"
+    )
     args = parser.parse_args()
     per_run = min(args.tasks_per_run, args.n)
     runs = -(-args.n // per_run)
@@ -111,15 +117,23 @@ def main() -> None:
         moment = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=lead)
         (stack.dags / "moment.txt").write_text(moment.isoformat())
         cpu = CpuMeter(stack)
+        rows = RowMeter(stack) if args.rows else None
         profiled = names if args.profile else []
         with Profiles(stack, profiled, label="deferring", cpu_only=args.cpu) as deferring_profile:
             cpu.start()
+            if rows:
+                rows.start()
             stack.trigger("bench_throughput", [f"r{i}" for i in range(runs)])
             print(f"{n} tasks in {runs} run(s); moment in {lead:.0f} s", flush=True)
             wait_until_held(stack, n, moment)
             cpu.stop()
             deferring = cpu.lines(n, "deferral")
         wait_for(lambda: time.time() >= moment.timestamp(), timeout=lead, what="the moment")
+        row_lines: list[str] = []
+        if rows:  # the deferrals' counters were reported while the triggers waited
+            rows.stop(settle=False)
+            row_lines += [f"deferring: {line}" for line in rows.lines(n, "task")]
+            rows.start()
         with Profiles(stack, profiled, label="resuming", cpu_only=args.cpu) as resuming_profile:
             cpu.start()
             wait_for(
@@ -130,6 +144,9 @@ def main() -> None:
             )
             cpu.stop()
             resuming = cpu.lines(n, "resumed task")
+        if rows:
+            rows.stop()
+            row_lines += [f"resuming: {line}" for line in rows.lines(n, "task")]
         changes = stack.changes("bench_throughput")
         if args.profile:  # before the stack's folder (the raw profiles in it) is removed
             print(deferring_profile.summary())
@@ -157,6 +174,7 @@ def main() -> None:
             f"deferrals took {deferral_window:.1f} s (first picked up -> last deferred)",
             *(f"deferring: {line}" for line in deferring),
             *(f"resuming: {line}" for line in resuming),
+            *row_lines,
         ],
     )
     raise SystemExit(0 if ok else 1)

@@ -1,5 +1,7 @@
 """Transactional outbox: a stream entry that must follow a database change is written as an
-``outbox`` row in the same transaction, published after commit, and marked published.
+``outbox`` row in the same transaction, published after commit, and marked published. The
+entries a transaction stages for one stream share one row (``fields`` the first, ``more_fields``
+the others, in order): a batch of deferrals or dispatches writes a row per stream, not per entry.
 
 If the process dies between commit and XADD, :func:`relay` (run by the scheduler) publishes the
 row later. Publishing twice is possible (died after XADD, before marking) and harmless: every
@@ -23,7 +25,8 @@ from deferral.models import Outbox
 
 @dataclass(frozen=True)
 class Staged:
-    """An outbox row written in the caller's transaction, to publish after commit."""
+    """An entry of an outbox row written in the caller's transaction, to publish after commit
+    (the entries of one row share its id)."""
 
     id: int
     stream: str
@@ -35,11 +38,14 @@ class Staged:
 _STAGE_SQL = text(
     """
     WITH staged AS MATERIALIZED (
-        SELECT nextval(pg_get_serial_sequence('outbox', 'id')) AS id, stream, fields, n
-        FROM unnest(CAST(:streams AS text[]), CAST(:fields AS jsonb[])) WITH ORDINALITY
-            AS r (stream, fields, n)
+        SELECT nextval(pg_get_serial_sequence('outbox', 'id')) AS id, stream, fields,
+               more_fields, n
+        FROM unnest(CAST(:streams AS text[]), CAST(:fields AS jsonb[]),
+                    CAST(:more_fields AS jsonb[])) WITH ORDINALITY
+            AS r (stream, fields, more_fields, n)
     ), inserted AS (
-        INSERT INTO outbox (id, stream, fields) SELECT id, stream, fields FROM staged
+        INSERT INTO outbox (id, stream, fields, more_fields)
+        SELECT id, stream, fields, more_fields FROM staged
     )
     SELECT id FROM staged ORDER BY n
     """
@@ -51,19 +57,27 @@ _PUBLISHED_SQL = text(
 
 
 def stage_many(session: Session, items: Sequence[tuple[str, Message]]) -> list[Staged]:
-    """Write outbox rows in the caller's transaction, in one statement (plain SQL: on every
-    deferral's and every dispatch's path); publish them with :func:`flush` after commit."""
+    """Write the entries in the caller's transaction, one outbox row per stream, in one
+    statement (plain SQL: on every deferral's and every dispatch's path); publish them with
+    :func:`flush` after commit. Returns the entries, in the order given."""
     if not items:
         return []
-    fields = [(stream, to_fields(message)) for stream, message in items]
+    by_stream: dict[str, list[dict[str, str]]] = {}
+    for stream, message in items:
+        by_stream.setdefault(stream, []).append(to_fields(message))
     ids = session.scalars(
         _STAGE_SQL,
         {
-            "streams": [stream for stream, _ in fields],
-            "fields": [json.dumps(values) for _, values in fields],
+            "streams": list(by_stream),
+            "fields": [json.dumps(entries[0]) for entries in by_stream.values()],
+            "more_fields": [
+                json.dumps(entries[1:]) if len(entries) > 1 else None
+                for entries in by_stream.values()
+            ],
         },
     ).all()
-    return [Staged(i, *row) for i, row in zip(ids, fields, strict=True)]
+    row_of = dict(zip(by_stream, ids, strict=True))
+    return [Staged(row_of[stream], stream, to_fields(message)) for stream, message in items]
 
 
 def stage(session: Session, stream: str, message: Message) -> Staged:
@@ -71,19 +85,25 @@ def stage(session: Session, stream: str, message: Message) -> Staged:
     return stage_many(session, [(stream, message)])[0]
 
 
-def flush(sessions: sessionmaker[Session], broker: Broker, rows: Sequence[Staged | Outbox]) -> None:
-    """Publish committed outbox rows, then mark them published."""
-    if not rows:
+def entries_of(row: Outbox) -> list[tuple[str, dict[str, str]]]:
+    """The stream entries an outbox row holds, in the order they are published."""
+    return [(row.stream, fields) for fields in (row.fields, *(row.more_fields or ()))]
+
+
+def flush(sessions: sessionmaker[Session], broker: Broker, entries: Sequence[Staged]) -> None:
+    """Publish committed outbox entries, then mark their rows published."""
+    if not entries:
         return
-    broker.publish_many([(row.stream, row.fields) for row in rows])
+    broker.publish_many([(entry.stream, entry.fields) for entry in entries])
     with sessions.begin() as session:
-        session.execute(_PUBLISHED_SQL, {"ids": [row.id for row in rows]})
+        session.execute(_PUBLISHED_SQL, {"ids": sorted({entry.id for entry in entries})})
 
 
 def relay(
     sessions: sessionmaker[Session], broker: Broker, older_than: dt.timedelta, limit: int = 1000
 ) -> int:
-    """Publish rows left unpublished for longer than ``older_than``; return how many."""
+    """Publish rows left unpublished for longer than ``older_than`` (each with all its
+    entries); return how many rows."""
     with sessions.begin() as session:
         rows = list(
             session.scalars(
@@ -98,7 +118,7 @@ def relay(
             )
         )
         if rows:
-            broker.publish_many([(row.stream, row.fields) for row in rows])
+            broker.publish_many([entry for row in rows for entry in entries_of(row)])
             for row in rows:
                 row.published_at = func.now()
     return len(rows)

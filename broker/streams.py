@@ -295,6 +295,7 @@ class Event:
     payload: str  # JSON (opened), decoded by the scheduler
     triggerer: str
     log: CarriedLog | None = None
+    sealed_payload: str = ""  # the payload as the entry carries it (a Fernet token)
 
 
 def event_message(
@@ -369,6 +370,7 @@ def read_event(cipher: Cipher, fields: Mapping[bytes, bytes]) -> Event:
         payload_text,
         message.triggerer,
         log,
+        message.payload,
     )
 
 

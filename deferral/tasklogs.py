@@ -136,7 +136,10 @@ def clean(line: str) -> str:
 
 
 # Creates (or locks) the size row of each try, in the order given, for tries whose task
-# instance exists; a log line must never fail its writer's transaction.
+# instance exists; a log line must never fail its writer's transaction. An existing row is only
+# locked: ON CONFLICT DO UPDATE locks every conflicting row, and its WHERE (false) keeps it from
+# writing a new version of a row whose size does not change (a no-op update was 7 of the 42 row
+# writes of a deferred-and-resumed task). Rows locked that way are not returned.
 _TRY_ROWS = """
     INSERT INTO task_log_try (task_instance_id, try_number)
     SELECT k.ti, k.try_number
@@ -145,9 +148,21 @@ _TRY_ROWS = """
     WHERE EXISTS (SELECT 1 FROM task_instance ti WHERE ti.id = k.ti)
     ORDER BY k.n
     ON CONFLICT (task_instance_id, try_number) DO UPDATE SET bytes = task_log_try.bytes
+    WHERE false
 """
 
-_LOCK_TRIES = text(_TRY_ROWS + "RETURNING task_instance_id, try_number, bytes, cut")
+_LOCK_TRIES = text(_TRY_ROWS)
+
+# Read once the rows are locked, by a statement of its own: its snapshot then shows what the
+# writers that held them before committed.
+_TRY_SIZES = text(
+    """
+    SELECT t.task_instance_id, t.try_number, t.bytes, t.cut
+    FROM task_log_try t
+    JOIN unnest(CAST(:tis AS bigint[]), CAST(:tries AS integer[])) AS k(ti, try_number)
+        ON t.task_instance_id = k.ti AND t.try_number = k.try_number
+    """
+)
 
 _RECORD_SIZES = text(
     """
@@ -173,27 +188,30 @@ def _copy_lines(session: Session, rows: Sequence[NewLine]) -> None:
 
 
 # Lines no bound applies to (the worker's own), in one statement: the tries' size rows are
-# created or locked (in key order) as _LOCK_TRIES does, and the lines of those that exist are
-# inserted after, in order (their ids are drawn once the locks are held: commit order).
+# created or locked (in key order) as _LOCK_TRIES does, and the lines of tries whose task
+# instance exists are inserted after, in order: the count over ``tries`` is computed before the
+# first line is read, so the ids are drawn once the locks are held (commit order).
 _APPEND_UNBOUNDED = text(
     "WITH tries AS ("
     + _TRY_ROWS
-    + """RETURNING task_instance_id, try_number)
+    + """RETURNING 1)
     INSERT INTO task_log (task_instance_id, try_number, at, source, text)
     SELECT l.ti, l.try_number, l.at, l.source, l.text
-    FROM unnest(CAST(:line_tis AS bigint[]), CAST(:line_tries AS integer[]),
-                CAST(:ats AS timestamptz[]), CAST(:sources AS text[]), CAST(:texts AS text[]))
+    FROM (SELECT count(*) FROM tries) AS locked,
+        unnest(CAST(:line_tis AS bigint[]), CAST(:line_tries AS integer[]),
+               CAST(:ats AS timestamptz[]), CAST(:sources AS text[]), CAST(:texts AS text[]))
         WITH ORDINALITY AS l(ti, try_number, at, source, text, n)
-    JOIN tries ON tries.task_instance_id = l.ti AND tries.try_number = l.try_number
+    WHERE EXISTS (SELECT 1 FROM task_instance ti WHERE ti.id = l.ti)
     ORDER BY l.n
     """
 )
 
 
 def append(session: Session, lines: Sequence[NewLine], max_bytes: int) -> None:
-    """Store ``lines`` (in order) in the caller's transaction, in three statements whatever
+    """Store ``lines`` (in order) in the caller's transaction, in four statements whatever
     their number: lock their tries' size rows (in key order, so writers of one try take turns
-    and never deadlock), insert what :func:`within_bound` keeps, record the new sizes. Lines of
+    and never deadlock), read their sizes, insert what :func:`within_bound` keeps, record the
+    sizes that changed. Lines of
     a task instance that no longer exists are dropped. Lines no bound applies to take one
     statement (a worker's few lines about each attempt, on every attempt's path)."""
     if not lines:
@@ -217,11 +235,11 @@ def append(session: Session, lines: Sequence[NewLine], max_bytes: int) -> None:
             },
         )
         return
+    try_keys = {"tis": [k[0] for k in keys], "tries": [k[1] for k in keys]}
+    session.execute(_LOCK_TRIES, try_keys)
     sizes = {
         (row.task_instance_id, row.try_number): TrySize(row.bytes, row.cut)
-        for row in session.execute(
-            _LOCK_TRIES, {"tis": [k[0] for k in keys], "tries": [k[1] for k in keys]}
-        )
+        for row in session.execute(_TRY_SIZES, try_keys)
     }
     rows: list[NewLine] = []
     changed: dict[tuple[int, int], TrySize] = {}

@@ -500,6 +500,7 @@ class Started:
     first_started_at: dt.datetime
     next_method: str | None
     next_kwargs: str | None
+    next_event: str | None
     run_exists: bool
     logical_date: dt.datetime | None
     conf: dict[str, Any] | None
@@ -521,7 +522,8 @@ _START_SQL = text(
         FROM unnest(CAST(:ids AS bigint[]), CAST(:tries AS integer[])) AS a (id, try_number)
         WHERE ti.id = a.id AND ti.try_number = a.try_number AND ti.state = 'queued'
         RETURNING ti.id, ti.dag_id, ti.run_id, ti.task_id, ti.map_index, ti.try_number,
-                  ti.max_tries, ti.first_started_at, ti.next_method, ti.next_kwargs
+                  ti.max_tries, ti.first_started_at, ti.next_method, ti.next_kwargs,
+                  ti.next_event
     ), recorded AS (
         INSERT INTO task_state_change (task_instance_id, from_state, to_state, reason)
         SELECT id, 'queued', 'running',
@@ -582,6 +584,7 @@ def start_many(
 _END_OF_ATTEMPT: dict[str, Any] = {
     "next_method": None,
     "next_kwargs": None,
+    "next_event": None,
     "trigger_timeout": None,
 }
 
@@ -620,7 +623,7 @@ _SUCCEED_SQL = text(
     WITH moved AS (
         UPDATE task_instance AS ti
         SET state = 'success', end_date = now(), updated_at = now(),
-            next_method = NULL, next_kwargs = NULL, trigger_timeout = NULL
+            next_method = NULL, next_kwargs = NULL, next_event = NULL, trigger_timeout = NULL
         FROM unnest(CAST(:ids AS bigint[]), CAST(:tries AS integer[]),
                     CAST(:workers AS text[]), CAST(:values AS jsonb[]))
             AS r (id, try_number, worker, value)
@@ -828,6 +831,7 @@ def defer(
             trigger_id=trigger_id,
             next_method=next_method,
             next_kwargs=next_kwargs_token,
+            next_event=None,
             trigger_timeout=trigger_timeout,
         )
     )
@@ -863,7 +867,8 @@ _DEFER_SQL = text(
     ), moved AS (
         UPDATE task_instance AS ti
         SET state = 'deferred', trigger_id = p.trigger_id, next_method = p.next_method,
-            next_kwargs = p.next_kwargs, trigger_timeout = p.trigger_timeout, updated_at = now()
+            next_kwargs = p.next_kwargs, next_event = NULL, trigger_timeout = p.trigger_timeout,
+            updated_at = now()
         FROM planned AS p
         WHERE ti.id = p.id
         RETURNING ti.id, ti.trigger_id
@@ -908,6 +913,8 @@ class FiredEvent:
     payload: Any  # the event payload, or for a failure {"error": ..., "traceback": ...}
     # The triggerer's lines for the try's log, stored by whoever applies the event.
     log: tuple[NewLine, ...] = ()
+    # The payload sealed as the triggerer sent it, stored as it is (else sealed here).
+    sealed_payload: str | None = None
 
 
 @dataclass(frozen=True)
@@ -937,66 +944,85 @@ def resume_point(
 
 def _resumed_at(
     event: FiredEvent, next_method: str | None, next_kwargs: str | None, cipher: Cipher
-) -> tuple[str | None, str, str]:
-    """(next_method, sealed next_kwargs, reason) of a task resumed by ``event``, given what it
-    deferred with."""
-    kwargs = {} if event.failed or not next_kwargs else cipher.open(next_kwargs)
-    method, resumed = resume_point(event, next_method, kwargs)
-    outcome = "failed" if event.failed else "fired"
-    reason = f"{RESUMED_BY_TRIGGER}{event.trigger_id} {outcome}"
-    return method, cipher.seal(resumed, "next_kwargs"), reason
+) -> tuple[str | None, str | None, str | None, str]:
+    """(next_method, sealed next_kwargs, sealed next_event, reason) of a task resumed by
+    ``event``, given what it deferred with. The kwargs it deferred with are kept as they were
+    sealed and the event goes beside them, so nothing is opened and sealed again here."""
+    if event.failed:
+        kwargs = {"error": "trigger_failure", **event.payload}
+        return (
+            FAIL_METHOD,
+            cipher.seal(kwargs, "next_kwargs"),
+            None,
+            f"{RESUMED_BY_TRIGGER}{event.trigger_id} failed",
+        )
+    sealed_event = event.sealed_payload or cipher.seal(event.payload, "event")
+    return (
+        next_method,
+        next_kwargs,
+        sealed_event,
+        f"{RESUMED_BY_TRIGGER}{event.trigger_id} fired",
+    )
 
 
 # The kwargs a task whose deferral timed out resumes at ``__fail__`` with.
 TIMED_OUT_KWARGS = {"error": "timeout"}
 
 
-# Claim each event's dedup key (a key seen before claims nothing: a duplicate) and lock the
-# task deferred on its trigger, if any (none: stale). Plain SQL, as for every statement on the
-# resume path: it runs once per batch of events, and building it with the ORM cost more than
-# executing it.
+# Lock the tasks deferred on the events' triggers, then claim each event's dedup key (a key seen
+# before claims nothing: a duplicate) with its outcome already decided: applied by the first
+# event of a trigger whose task waits, stale for the others. The key is claimed before the task
+# is touched (by _RESUME_SQL, only for the keys claimed as applied), and written once: no second
+# write to say it applied. Plain SQL, as for every statement on the resume path: it runs once
+# per batch of events, and building it with the ORM cost more than executing it.
 _CLAIM_EVENTS_SQL = text(
     """
-    WITH claimed AS (
-        INSERT INTO resume_event (dedup_key, trigger_id, outcome)
-        SELECT dedup_key, trigger_id, 'stale'
-        FROM unnest(CAST(:dedup_keys AS text[]), CAST(:trigger_ids AS bigint[]))
-            AS fired (dedup_key, trigger_id)
-        ON CONFLICT DO NOTHING
-        RETURNING dedup_key, trigger_id
+    WITH fired AS (
+        SELECT * FROM unnest(CAST(:dedup_keys AS text[]), CAST(:trigger_ids AS bigint[]))
+            WITH ORDINALITY AS f (dedup_key, trigger_id, n)
     ), waiting AS (
         SELECT id, trigger_id, next_method, next_kwargs FROM task_instance
-        WHERE state = 'deferred' AND trigger_id IN (SELECT trigger_id FROM claimed)
+        WHERE state = 'deferred' AND trigger_id IN (SELECT trigger_id FROM fired)
         ORDER BY id
         FOR UPDATE
+    ), appliers AS (
+        SELECT DISTINCT ON (fired.trigger_id) fired.dedup_key, waiting.id
+        FROM fired JOIN waiting ON waiting.trigger_id = fired.trigger_id
+        ORDER BY fired.trigger_id, fired.n
+    ), claimed AS (
+        INSERT INTO resume_event (dedup_key, trigger_id, outcome, task_instance_id)
+        SELECT fired.dedup_key, fired.trigger_id,
+               CASE WHEN appliers.id IS NULL THEN 'stale' ELSE 'applied' END, appliers.id
+        FROM fired LEFT JOIN appliers ON appliers.dedup_key = fired.dedup_key
+        ORDER BY fired.n
+        ON CONFLICT DO NOTHING
+        RETURNING dedup_key, task_instance_id
     )
     SELECT claimed.dedup_key, waiting.id, waiting.next_method, waiting.next_kwargs
-    FROM claimed LEFT JOIN waiting ON waiting.trigger_id = claimed.trigger_id
+    FROM claimed LEFT JOIN waiting ON waiting.id = claimed.task_instance_id
     """
 )
 
-# deferred -> scheduled for the locked tasks, their change recorded, their triggers dropped,
-# their events recorded as applied: one statement.
+# deferred -> scheduled for the locked tasks, their change recorded, their triggers dropped:
+# one statement.
 _RESUME_SQL = text(
     """
     WITH resumed AS (
         UPDATE task_instance AS ti
         SET state = 'scheduled', trigger_id = NULL, trigger_timeout = NULL,
-            next_method = r.next_method, next_kwargs = r.next_kwargs, updated_at = now()
+            next_method = r.next_method, next_kwargs = r.next_kwargs,
+            next_event = r.next_event, updated_at = now()
         FROM unnest(
             CAST(:ids AS bigint[]), CAST(:next_methods AS text[]), CAST(:next_kwargs AS text[]),
-            CAST(:reasons AS text[]), CAST(:dedup_keys AS text[]), CAST(:trigger_ids AS bigint[])
-        ) AS r (id, next_method, next_kwargs, reason, dedup_key, trigger_id)
+            CAST(:next_events AS text[]), CAST(:reasons AS text[]), CAST(:trigger_ids AS bigint[])
+        ) AS r (id, next_method, next_kwargs, next_event, reason, trigger_id)
         WHERE ti.id = r.id
-        RETURNING ti.id, r.reason, r.dedup_key, r.trigger_id
+        RETURNING ti.id, r.reason, r.trigger_id
     ), recorded AS (
         INSERT INTO task_state_change (task_instance_id, from_state, to_state, reason)
         SELECT id, 'deferred', 'scheduled', reason FROM resumed ORDER BY id
-    ), dropped AS (
-        DELETE FROM trigger WHERE id IN (SELECT trigger_id FROM resumed)
     )
-    UPDATE resume_event AS e SET outcome = 'applied', task_instance_id = resumed.id
-    FROM resumed WHERE e.dedup_key = resumed.dedup_key
+    DELETE FROM trigger WHERE id IN (SELECT trigger_id FROM resumed)
     """
 )
 
@@ -1020,24 +1046,22 @@ def resume_many(session: Session, events: Sequence[FiredEvent], cipher: Cipher) 
             {"dedup_keys": keys, "trigger_ids": [events[first[k]].trigger_id for k in keys]},
         )
     }
-    resumed: set[int] = set()
     moves: dict[str, list[Any]] = {
         name: []
-        for name in ("ids", "next_methods", "next_kwargs", "reasons", "dedup_keys", "trigger_ids")
+        for name in ("ids", "next_methods", "next_kwargs", "next_events", "reasons", "trigger_ids")
     }
     for key in sorted(claimed, key=first.__getitem__):
         row = claimed[key]
-        outcomes[first[key]] = Resumed("stale")
-        if row.id is None or row.id in resumed:  # a second event for it finds it resumed
+        if row.id is None:  # claimed as stale
+            outcomes[first[key]] = Resumed("stale")
             continue
-        resumed.add(row.id)
         event = events[first[key]]
-        next_method, sealed, reason = _resumed_at(event, row.next_method, row.next_kwargs, cipher)
-        values = (row.id, next_method, sealed, reason, key, event.trigger_id)
+        resumed_at = _resumed_at(event, row.next_method, row.next_kwargs, cipher)
+        values = (row.id, *resumed_at, event.trigger_id)
         for name, value in zip(moves, values, strict=True):
             moves[name].append(value)
         outcomes[first[key]] = Resumed("applied", row.id)
-    if resumed:
+    if moves["ids"]:
         session.execute(_RESUME_SQL, moves)
     return outcomes
 
@@ -1046,7 +1070,8 @@ _EXPIRE_SQL = """
     WITH expired AS (
         UPDATE task_instance AS ti
         SET state = 'scheduled', trigger_id = NULL, trigger_timeout = NULL,
-            next_method = :fail_method, next_kwargs = :fail_kwargs, updated_at = now()
+            next_method = :fail_method, next_kwargs = :fail_kwargs, next_event = NULL,
+            updated_at = now()
         FROM (
             SELECT id, trigger_id FROM task_instance
             WHERE state = 'deferred' AND trigger_timeout < now() {among}

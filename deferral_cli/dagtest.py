@@ -250,12 +250,7 @@ class LocalRun(InThisProcess):
             if ti.next_method:
                 line += f", resuming at {ti.next_method}"
             self._log(session, ti.id, ti.try_number, line)
-            # In to_jsonable form, as a worker sends it: the attempt restores the values.
-            next_kwargs = (
-                serialization.decode(self.cipher.decrypt(ti.next_kwargs))
-                if ti.next_kwargs
-                else None
-            )
+            next_kwargs = record.resume_kwargs(self.cipher, ti.next_kwargs, ti.next_event)
         self._show_changes()
         label = self._label(ti.task_id, ti.map_index)
         request = record.request_of(ti, next_kwargs, self.settings.task_log_max_bytes)

@@ -29,8 +29,8 @@ Sealed = Trigger | TaskInstance | StoredVariable | StoredConnection
 def rotate_fernet_key(batch_size: int) -> None:
     """Re-encrypt stored kwargs and secrets with the first key of DEFERRAL_FERNET_KEY.
 
-    Every trigger.kwargs, task_instance.next_kwargs, variable.val (when encrypted),
-    connection.password and connection.extra is decrypted with whichever configured
+    Every trigger.kwargs, task_instance.next_kwargs and next_event, variable.val (when
+    encrypted), connection.password and connection.extra is decrypted with whichever configured
     key sealed it and encrypted again with the first key, in batches of --batch-size rows.
 
     \b
@@ -55,6 +55,7 @@ def rotate_fernet_key(batch_size: int) -> None:
     columns: list[tuple[type[Sealed], str, ColumnElement[bool] | None]] = [
         (Trigger, "kwargs", None),
         (TaskInstance, "next_kwargs", None),
+        (TaskInstance, "next_event", None),
         (StoredVariable, "val", StoredVariable.is_encrypted.is_(True)),
         (StoredConnection, "password", None),
         (StoredConnection, "extra", None),

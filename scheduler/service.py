@@ -665,7 +665,12 @@ class SchedulerService:
             message = f"trigger {event.trigger_id} sent an unreadable event: {exc}"
             return FiredEvent(event.dedup_key, event.trigger_id, True, {"message": message})
         return FiredEvent(
-            event.dedup_key, event.trigger_id, event.failed, payload, _carried_lines(event.log)
+            event.dedup_key,
+            event.trigger_id,
+            event.failed,
+            payload,
+            _carried_lines(event.log),
+            event.sealed_payload or None,  # stored as it is: it was just read, so it opens
         )
 
     def _renew(self) -> None:

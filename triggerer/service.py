@@ -23,7 +23,7 @@ import os
 import signal
 import socket
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -212,6 +212,9 @@ class TriggererService:
         self.stopping = threading.Event()  # for waits in threads (servers down at start)
         self.task_log = TaskLogHandler()
         self.task_log_written = anyio.Lock()  # batches are stored one after the other, in order
+        # Triggers started here whose trigger.triggerer_id is not written yet: written with the
+        # next batch of task log lines, in its transaction.
+        self.owned: list[int] = []
         # The tasks running triggers' run(), for the watchdog thread to name a stall's culprit.
         self.trigger_tasks: dict[asyncio.Task[Any], RunningTrigger] = {}
         self.broker: Broker
@@ -405,7 +408,7 @@ class TriggererService:
                     one_line(str(exc), MAX_DEAD_ERROR),
                 )
                 self.consumer.release([delivery.entry.id])
-        await self._mark_owned([tid for tid in started if tid is not None])
+        self.owned += [tid for tid in started if tid is not None]
 
     async def _start(self, tasks: TaskGroup, delivery: Delivery) -> int | None:
         entry = delivery.entry
@@ -665,22 +668,35 @@ class TriggererService:
 
     async def _store_task_logs(self) -> None:
         async with self.task_log_written:
-            await self._store(self.task_log.take())
+            owned, self.owned = self.owned, []
+            await self._store(self.task_log.take(), owned)
 
-    async def _store(self, lines: list[NewLine]) -> None:
+    async def _store(self, lines: list[NewLine], owned: Sequence[int] = ()) -> None:
         """Store lines about triggers in their tries' logs (the caller holds
-        ``task_log_written``: batches are stored in order); kept for the next batch while
-        Postgres is unavailable (a log line never stops a trigger)."""
-        if not lines:
+        ``task_log_written``: batches are stored in order), and record this triggerer as the
+        runner of the ``owned`` triggers, in one transaction; both are kept for the next batch
+        while Postgres is unavailable (a log line never stops a trigger)."""
+        if not lines and not owned:
             return
         try:
-            await self._sync(self._store_lines, lines)
+            await self._sync(self._store_lines, lines, owned)
         except SQLAlchemyError as exc:
             if not is_transient(exc):
-                log.exception("dropped %d task log line(s) that could not be stored", len(lines))
+                log.exception(
+                    "dropped %d task log line(s) and the runner of %d trigger(s), which could"
+                    " not be stored",
+                    len(lines),
+                    len(owned),
+                )
                 return
             self.task_log.put_back(lines)
-            log.warning("could not store %d task log line(s): %s", len(lines), exc)
+            self.owned[:0] = owned
+            log.warning(
+                "could not store %d task log line(s) and the runner of %d trigger(s): %s",
+                len(lines),
+                len(owned),
+                exc,
+            )
         if self.task_log.dropped:
             log.warning(
                 "dropped %d task log line(s) while they could not be stored",
@@ -688,8 +704,19 @@ class TriggererService:
             )
             self.task_log.dropped = 0
 
-    def _store_lines(self, lines: list[NewLine]) -> None:
+    def _store_lines(self, lines: list[NewLine], owned: Sequence[int] = ()) -> None:
         with self.sessions.begin() as session:
+            if owned:
+                # Only for people looking (triggers list, the task's page); a trigger that
+                # already fired is gone and writes nothing. Before the lines: their try rows'
+                # locks are taken last (tasklogs.append).
+                session.execute(
+                    text(
+                        "UPDATE trigger SET triggerer_id = :name"
+                        " WHERE id = ANY(CAST(:ids AS bigint[]))"
+                    ),
+                    {"name": self.name, "ids": list(owned)},
+                )
             unknown = {line.task_instance_id for line in lines if line.try_number == 0}
             if unknown:
                 # Entries from before tokens named the try: the task instance's try now.
@@ -864,28 +891,6 @@ class TriggererService:
         }
         with (sessions or self.sessions).begin() as session:
             liveness.heartbeat(session, Triggerer, values)
-
-    async def _mark_owned(self, trigger_ids: list[int]) -> None:
-        if not trigger_ids:
-            return
-
-        def write() -> None:
-            # The ids as one array parameter: an IN list built a bind parameter per id, which
-            # was most of this thread's CPU while a burst of deferrals arrived (py-spy).
-            with self.sessions.begin() as session:
-                session.execute(
-                    text(
-                        "UPDATE trigger SET triggerer_id = :name"
-                        " WHERE id = ANY(CAST(:ids AS bigint[]))"
-                    ),
-                    {"name": self.name, "ids": trigger_ids},
-                )
-
-        try:
-            await anyio.to_thread.run_sync(write)
-        except SQLAlchemyError as exc:
-            # Only for people looking (triggers list): never worth stopping a trigger for.
-            log.warning("could not record who runs trigger(s) %s: %s", trigger_ids[:5], exc)
 
 
 def _quietly(func: Any) -> None:

@@ -10,6 +10,7 @@ from sqlalchemy.orm import Session
 
 from deferral import serialization, transitions
 from deferral.crypto import Cipher
+from deferral.serialization import SerializationError
 from deferral.transitions import Attempt
 from worker.outcomes import AttemptRequest, Deferred, Failed, Rescheduled, Skipped, Succeeded
 
@@ -37,6 +38,22 @@ def request_of(
         run_type=started.run_type or "manual",
         task_log_max_bytes=task_log_max_bytes,
     )
+
+
+def resume_kwargs(
+    cipher: Cipher, next_kwargs: str | None, next_event: str | None
+) -> dict[str, Any] | None:
+    """What a resumed attempt's method gets, opened as far as to_jsonable form (the task process
+    restores the values: the pipe carries JSON): the sealed kwargs it deferred with, and the
+    sealed event its trigger fired, carried beside them, as ``event``. None: not a resume."""
+    if next_kwargs is None and next_event is None:
+        return None
+    kwargs = serialization.decode(cipher.decrypt(next_kwargs)) if next_kwargs else {}
+    if not isinstance(kwargs, dict):
+        raise SerializationError(f"resume kwargs are a {type(kwargs).__name__}, not a mapping")
+    if next_event:
+        kwargs = {**kwargs, "event": serialization.decode(cipher.decrypt(next_event))}
+    return kwargs
 
 
 def succeed_all(session: Session, successes: Sequence[tuple[Attempt, Succeeded]]) -> set[int]:

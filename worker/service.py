@@ -17,7 +17,6 @@ import threading
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from sqlalchemy import select, tuple_
 from sqlalchemy.orm import Session
@@ -37,7 +36,7 @@ from broker.streams import (
     task_label,
     trigger_message,
 )
-from deferral import liveness, metrics, serialization, tasklogs, transitions
+from deferral import liveness, metrics, tasklogs, transitions
 from deferral.config import Settings, SmtpSettings
 from deferral.crypto import Cipher, DecryptionError
 from deferral.db import make_engine, make_sessionmaker, wait_until_up
@@ -406,7 +405,7 @@ class WorkerService:
             try:
                 if not ti.run_exists:
                     raise LookupError(f"DAG run {ti.dag_id} {ti.run_id} no longer exists")
-                next_kwargs = self._resume_kwargs(ti.next_kwargs) if ti.next_kwargs else None
+                next_kwargs = record.resume_kwargs(self.cipher, ti.next_kwargs, ti.next_event)
             except (LookupError, DecryptionError, SerializationError) as exc:
                 reason = f"cannot run: {exc}"
                 transitions.fail(
@@ -426,14 +425,6 @@ class WorkerService:
             lines.append(_line(ti.id, ti.try_number, started_line))
             requests[ti.id] = record.request_of(ti, next_kwargs, self.settings.task_log_max_bytes)
         return requests
-
-    def _resume_kwargs(self, token: str) -> dict[str, Any]:
-        """A task's sealed resume kwargs, opened as far as to_jsonable form: the task process
-        restores the values (the pipe carries JSON)."""
-        kwargs = serialization.decode(self.cipher.decrypt(token))
-        if not isinstance(kwargs, dict):
-            raise SerializationError(f"resume kwargs are a {type(kwargs).__name__}, not a mapping")
-        return kwargs
 
     def _fail_orphans(self, orphans: Sequence[tuple[Delivery, QueuedAttempt]]) -> None:
         """Attempts of workers that stopped heartbeating (or of this worker's earlier process):

@@ -196,6 +196,9 @@ class TaskInstance(Base):
     trigger_id: Mapped[int | None] = mapped_column(ForeignKey("trigger.id"), index=True)
     next_method: Mapped[str | None] = mapped_column(String(1000))
     next_kwargs: Mapped[str | None] = mapped_column(Text)  # Fernet token
+    # Fernet token of the event payload a trigger resumed the task with, as the triggerer sealed
+    # it: carried beside next_kwargs (the worker adds it as ``event``), not merged into them.
+    next_event: Mapped[str | None] = mapped_column(Text)
     trigger_timeout: Mapped[dt.datetime | None] = mapped_column(Timestamp)
     first_started_at: Mapped[dt.datetime | None] = mapped_column(Timestamp)
     # When an up_for_retry task may run its next try, or an up_for_reschedule one poke again.
@@ -271,6 +274,9 @@ class Outbox(Base):
     id: Mapped[int] = _id()
     stream: Mapped[str] = mapped_column(String(250))
     fields: Mapped[dict[str, str]] = mapped_column(JSONB)
+    # The fields of the row's further entries for the same stream, published after ``fields``
+    # in this order; NULL for a row of one entry.
+    more_fields: Mapped[list[dict[str, str]] | None] = mapped_column(JSONB)
     created_at: Mapped[dt.datetime] = _created()
     published_at: Mapped[dt.datetime | None] = mapped_column(Timestamp)
 

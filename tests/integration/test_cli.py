@@ -666,18 +666,15 @@ def test_explain_refuses_an_unknown_dag_run_or_task_in_one_line(
 # -- rotate-fernet-key -----------------------------------------------------------------------------
 
 
-def _sealed(sessions: sessionmaker[Session]) -> tuple[dict[int, str], dict[int, str]]:
-    """Every trigger.kwargs and task_instance.next_kwargs token, by row id."""
+def _sealed(sessions: sessionmaker[Session]) -> tuple[dict[int, str], ...]:
+    """Every trigger.kwargs, task_instance.next_kwargs and next_event token, by row id."""
     with sessions() as session:
         kwargs = dict(session.execute(select(Trigger.id, Trigger.kwargs)).all())
-        next_kwargs = dict(
-            session.execute(
-                select(TaskInstance.id, TaskInstance.next_kwargs).where(
-                    TaskInstance.next_kwargs.is_not(None)
-                )
-            ).all()
+        next_kwargs, next_event = (
+            dict(session.execute(select(TaskInstance.id, column).where(column.is_not(None))).all())
+            for column in (TaskInstance.next_kwargs, TaskInstance.next_event)
         )
-    return kwargs, {k: v for k, v in next_kwargs.items() if v is not None}
+    return kwargs, next_kwargs, next_event
 
 
 def test_rotate_fernet_key_reseals_every_row_with_the_first_key(
@@ -688,7 +685,11 @@ def test_rotate_fernet_key_reseals_every_row_with_the_first_key(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     for n in range(3):
-        deferred_task(sessions, cipher, run_id=f"r{n}", next_kwargs={"n": n, "secret": "s3"})
+        ti_id, _ = deferred_task(
+            sessions, cipher, run_id=f"r{n}", next_kwargs={"n": n, "secret": "s3"}
+        )
+    with sessions.begin() as session:  # one of them resumed by its trigger's event
+        session.get_one(TaskInstance, ti_id).next_event = cipher.seal({"fired": True})
     before = _sealed(sessions)
     opened = [{i: cipher.open(t) for i, t in column.items()} for column in before]
 
@@ -699,6 +700,7 @@ def test_rotate_fernet_key_reseals_every_row_with_the_first_key(
     assert result.output.splitlines() == [
         "trigger.kwargs: 3 row(s) rotated",
         "task_instance.next_kwargs: 3 row(s) rotated",
+        "task_instance.next_event: 1 row(s) rotated",
         "variable.val: 0 row(s) rotated",
         "connection.password: 0 row(s) rotated",
         "connection.extra: 0 row(s) rotated",
@@ -738,7 +740,7 @@ def test_rotate_fernet_key_reports_rows_no_key_decrypts_and_rotates_the_rest(
     assert f"error: trigger id {trigger_bad}: kwargs decrypts with no configured key" in lines
     assert f"error: task_instance id {ti_bad}: next_kwargs decrypts with no configured key" in lines
 
-    kwargs, next_kwargs = _sealed(sessions)
+    kwargs, next_kwargs, _ = _sealed(sessions)
     new_only = Cipher([new_key])
     assert new_only.open(kwargs[trigger_ok]) == cipher.open(before[0][trigger_ok])
     assert new_only.open(next_kwargs[ti_ok]) == {"a": 1}

@@ -207,3 +207,42 @@ def test_relay_skips_rows_locked_by_another_transaction(
     assert [e.fields[b"task_instance_id"] for e in broker.xrange(stream)] == [b"2"]
     assert outbox.relay(sessions, broker, NOW) == 1
     assert broker.redis.xlen(stream) == 2
+
+
+def test_a_batch_writes_a_row_per_stream_and_publishes_every_entry_in_order(
+    sessions: sessionmaker[Session], broker: Broker
+) -> None:
+    a, b = broker.keys.queue("a"), broker.keys.queue("b")
+    items = [(a, _message(1)), (b, _message(2)), (a, _message(3)), (a, _message(4))]
+    with sessions.begin() as session:
+        staged = outbox.stage_many(session, items)
+    assert [(entry.stream, entry.fields) for entry in staged] == [
+        (stream, to_fields(m)) for stream, m in items
+    ]
+    with sessions() as session:
+        rows = {row.stream: row for row in session.scalars(select(Outbox))}
+    assert sorted(rows) == sorted([a, b])
+    assert rows[a].fields == to_fields(_message(1))
+    assert rows[a].more_fields == [to_fields(_message(3)), to_fields(_message(4))]
+    assert rows[b].more_fields is None
+
+    outbox.flush(sessions, broker, staged)
+
+    assert [e.fields for e in broker.xrange(a)] == [_b(to_fields(_message(n))) for n in (1, 3, 4)]
+    assert [e.fields for e in broker.xrange(b)] == [_b(to_fields(_message(2)))]
+    assert _published(sessions) == {rows[a].id: True, rows[b].id: True}
+
+
+def test_relay_publishes_every_entry_of_a_row_a_crashed_process_left(
+    sessions: sessionmaker[Session], broker: Broker
+) -> None:
+    stream = broker.keys.queue("default")
+    with sessions.begin() as session:  # committed, never flushed: the process died
+        outbox.stage_many(session, [(stream, _message(n)) for n in (1, 2, 3)])
+
+    assert outbox.relay(sessions, broker, NOW) == 1
+    assert [e.fields for e in broker.xrange(stream)] == [
+        _b(to_fields(_message(n))) for n in (1, 2, 3)
+    ]
+    assert all(_published(sessions).values())
+    assert outbox.relay(sessions, broker, NOW) == 0

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import datetime as dt
 import threading
+from typing import Any
 
+import pytest
 from sqlalchemy import select, text
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -72,7 +74,10 @@ def test_same_event_published_twice_resumes_once(
     assert ti.state == TaskState.QUEUED and ti.trigger_id is None
     assert ti.next_method == "resume"
     assert ti.next_kwargs is not None
-    assert cipher.open(ti.next_kwargs) == {"attempt": 7, "event": {"status": "done"}}
+    # The kwargs as the task deferred with them, the event beside them as the triggerer sealed it.
+    assert cipher.open(ti.next_kwargs) == {"attempt": 7}
+    assert ti.next_event == message.payload
+    assert cipher.open(ti.next_event) == {"status": "done"}
     with sessions() as session:
         events = session.scalars(select(ResumeEvent)).all()
         assert session.get(Trigger, trigger_id) is None
@@ -118,7 +123,7 @@ def test_event_for_a_task_no_longer_deferred_is_recorded_stale(
         outcomes = sorted(session.scalars(select(ResumeEvent.outcome)))
     assert outcomes == ["applied", "stale"]
     assert _transitions(sessions, ti_id).count(("deferred", "scheduled")) == 1
-    assert cipher.open(_ti(sessions, ti_id).next_kwargs or "")["event"] == 1
+    assert cipher.open(_ti(sessions, ti_id).next_event or "") == 1
 
 
 def test_failure_event_resumes_at_fail_with_the_reason(
@@ -192,14 +197,22 @@ def test_a_queue_message_starts_an_attempt_at_most_once(sessions: sessionmaker[S
 
 
 def test_a_batch_applies_together_and_a_poisoned_row_goes_alone_to_the_dead_letters(
-    settings: Settings, sessions: sessionmaker[Session], cipher: Cipher, broker: Broker
+    settings: Settings,
+    sessions: sessionmaker[Session],
+    cipher: Cipher,
+    broker: Broker,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     good = [deferred_task(sessions, cipher, task_id=f"g{i}", run_id=f"r{i}") for i in range(5)]
     bad_ti, bad_trigger = deferred_task(sessions, cipher, task_id="bad", run_id="rbad")
-    with sessions.begin() as session:
-        ti = session.get(TaskInstance, bad_ti)
-        assert ti is not None
-        ti.next_kwargs = "gAAAAA-garbage"  # no key opens it: applying its event raises
+    resumed_at = transitions._resumed_at
+
+    def poisoned(event: transitions.FiredEvent, *args: Any) -> Any:
+        if event.trigger_id == bad_trigger:  # a row whose data cannot be applied
+            raise ValueError(f"row of trigger {bad_trigger} cannot be applied")
+        return resumed_at(event, *args)
+
+    monkeypatch.setattr(transitions, "_resumed_at", poisoned)
     service = _scheduler(settings, broker)
     for _, trigger_id in good[:3]:
         broker.publish(broker.keys.events, event_message(cipher, trigger_id, "ok", "t"))
@@ -261,3 +274,28 @@ def test_resumed_tasks_are_queued_within_their_runs_max_active_tasks(
 
     assert _ti(sessions, busy_ti).state == TaskState.SCHEDULED
     assert _ti(sessions, free_ti).state == TaskState.QUEUED
+
+
+def test_two_events_of_one_trigger_in_one_batch_the_first_applies_and_each_key_is_written_once(
+    sessions: sessionmaker[Session], cipher: Cipher
+) -> None:
+    ti_id, trigger_id = deferred_task(sessions, cipher)
+    events = [
+        transitions.FiredEvent(f"key-{n}", trigger_id, failed=False, payload=n) for n in (1, 2)
+    ]
+    with sessions.begin() as session:
+        outcomes = transitions.resume_many(session, events, cipher)
+        # Each key's outcome is decided before its row is inserted: no second write.
+        rewritten = session.scalar(
+            text("SELECT n_tup_upd FROM pg_stat_xact_user_tables WHERE relname = 'resume_event'")
+        )
+    assert outcomes == [transitions.Resumed("applied", ti_id), transitions.Resumed("stale")]
+    assert rewritten == 0
+    with sessions() as session:
+        rows = session.execute(
+            select(
+                ResumeEvent.dedup_key, ResumeEvent.outcome, ResumeEvent.task_instance_id
+            ).order_by(ResumeEvent.dedup_key)
+        ).all()
+    assert [tuple(r) for r in rows] == [("key-1", "applied", ti_id), ("key-2", "stale", None)]
+    assert cipher.open(_ti(sessions, ti_id).next_event or "") == 1

@@ -5,7 +5,9 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
-from sqlalchemy import event
+import pytest
+from sqlalchemy import event, text
+from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
 from deferral import tasklogs
@@ -125,3 +127,51 @@ def test_worker_lines_take_one_statement_in_order_and_name_their_tries(
         ]
         assert tasklogs.tries_with_logs(session, ti_id) == [1, 2]
         assert tasklogs.tries_with_logs(session, ti_id + 1000) == []
+
+
+def _try_row_version(session: Session, ti_id: int) -> str:
+    """The physical version of try 1's size row: a new one on every UPDATE of it."""
+    return str(
+        session.execute(
+            text("SELECT xmin::text FROM task_log_try WHERE task_instance_id = :ti"), {"ti": ti_id}
+        ).scalar_one()
+    )
+
+
+def test_appending_locks_the_tries_row_but_writes_it_only_when_its_size_changes(
+    sessions: sessionmaker[Session],
+) -> None:
+    ti_id = running_task(sessions)
+    with sessions.begin() as session:
+        tasklogs.append(session, [_line(ti_id, "started", source="worker")], max_bytes=1000)
+    with sessions() as session:
+        created = _try_row_version(session, ti_id)
+
+    for lines in ([_line(ti_id, "deferred", source="worker")], [_line(ti_id, "")]):
+        with sessions.begin() as session:
+            tasklogs.append(session, lines, max_bytes=1000)
+            # Held until commit: a second writer of the try waits (here: cannot lock it at once).
+            with sessions() as other, pytest.raises(OperationalError, match="could not obtain"):
+                other.execute(
+                    text(
+                        "SELECT 1 FROM task_log_try WHERE task_instance_id = :ti FOR UPDATE NOWAIT"
+                    ),
+                    {"ti": ti_id},
+                )
+        with sessions() as session:
+            assert _try_row_version(session, ti_id) == created  # locked, not rewritten
+
+    with sessions.begin() as session:
+        tasklogs.append(session, [_line(ti_id, "four", source="triggerer")], max_bytes=1000)
+    with sessions() as session:
+        assert _try_row_version(session, ti_id) != created
+        assert [line.text for line in tasklogs.read_lines(session, ti_id, 1)] == [
+            "started",
+            "deferred",
+            "",
+            "four",
+        ]
+        bytes_used = session.execute(
+            text("SELECT bytes FROM task_log_try WHERE task_instance_id = :ti"), {"ti": ti_id}
+        ).scalar_one()
+        assert bytes_used == 4

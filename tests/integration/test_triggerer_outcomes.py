@@ -3,21 +3,26 @@ retires its entry, and a run() that is not an async generator fails its task say
 
 from __future__ import annotations
 
+import datetime as dt
 import warnings
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import anyio
 import pytest
+from sqlalchemy import func, select
+from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
 from broker.client import Broker
 from broker.replies import Entry
 from broker.streams import GROUP_TRIGGERERS, TriggerSpec, read_event, trigger_message
-from deferral import serialization
+from deferral import serialization, tasklogs
 from deferral.config import Settings
 from deferral.crypto import Cipher
+from deferral.models import Trigger
 from deferral.serialization import check_kwargs
+from deferral.tasklogs import SOURCE_TRIGGERER, NewLine
 from deferral.triggers import BaseTrigger, TriggerEvent
 from tests.integration.factories import deferred_task
 from triggerer.decode import Decoded
@@ -130,3 +135,38 @@ def test_an_unexpected_error_around_a_trigger_fails_its_task_and_retires_its_ent
     assert broker.redis.xlen(stream) == 0
     assert broker.redis.execute_command("XPENDING", stream, GROUP_TRIGGERERS)[0] == 0
     assert not service.consumer.held and trigger_id not in service.held
+
+
+def test_the_runner_of_started_triggers_is_written_with_the_next_task_log_lines(
+    settings: Settings, sessions: sessionmaker[Session], cipher: Cipher
+) -> None:
+    ti_id, trigger_id = deferred_task(sessions, cipher)
+    gone = trigger_id + 1000  # fired and deleted before the batch: nothing to write
+    service = TriggererService(settings, capacity=10, name="t1")
+    service.owned = [trigger_id, gone]
+    line = NewLine(ti_id, 1, dt.datetime.now(dt.UTC), SOURCE_TRIGGERER, "trigger started")
+    service.task_log._queued.append(line)
+
+    anyio.run(service._store_task_logs)
+
+    assert service.owned == []
+    with sessions() as session:
+        assert session.get_one(Trigger, trigger_id).triggerer_id == "t1"
+        assert [ln.text for ln in tasklogs.read_lines(session, ti_id, 1)] == ["trigger started"]
+        rows = session.scalar(select(func.count()).select_from(Trigger))
+    assert rows == 1
+
+
+def test_the_runner_of_started_triggers_is_kept_while_postgres_fails(
+    settings: Settings, cipher: Cipher, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    service = TriggererService(settings, capacity=10, name="t1")
+    service.owned = [3, 4]
+
+    def down(*args: Any) -> None:
+        raise OperationalError("UPDATE trigger", {}, Exception("server closed the connection"))
+
+    monkeypatch.setattr(service, "_store_lines", down)
+    service.owned.append(5)  # started meanwhile
+    anyio.run(service._store_task_logs)
+    assert service.owned == [3, 4, 5]

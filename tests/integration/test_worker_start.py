@@ -42,7 +42,9 @@ def _last_reason(sessions: sessionmaker[Session], ti_id: int) -> tuple[str, str 
         return change.to_state, change.reason
 
 
-@pytest.mark.parametrize("fault", ["unreadable next_kwargs", "run deleted"])
+@pytest.mark.parametrize(
+    "fault", ["unreadable next_kwargs", "unreadable next_event", "run deleted"]
+)
 def test_a_task_that_cannot_run_fails_with_the_reason(
     worker: WorkerService, sessions: sessionmaker[Session], broker: Broker, fault: str
 ) -> None:
@@ -50,6 +52,10 @@ def test_a_task_that_cannot_run_fails_with_the_reason(
     if fault == "run deleted":
         with sessions.begin() as session:
             session.execute(delete(DagRun))
+    if fault == "unreadable next_event":
+        with sessions.begin() as session:
+            ti = session.get_one(TaskInstance, ti_id)
+            ti.next_method, ti.next_event = "resume", "gAAAAA-not-a-token"
     broker.publish(worker.stream, queue_message(worker.cipher, ti_id, 1, "d", "r1", "t", -1))
 
     worker.step()
@@ -57,7 +63,7 @@ def test_a_task_that_cannot_run_fails_with_the_reason(
     state, reason = _last_reason(sessions, ti_id)
     assert state == "failed"
     expected = (
-        "token failed authentication" if "kwargs" in fault else "DAG run d r1 no longer exists"
+        "DAG run d r1 no longer exists" if fault == "run deleted" else "token failed authentication"
     )
     assert reason is not None and reason.startswith("cannot run: ") and expected in reason
     assert broker.redis.xlen(worker.stream) == 0

@@ -175,7 +175,7 @@ def test_signed_queue_entry_reads_back() -> None:
 def test_signed_event_reads_back() -> None:
     message = event_message(CIPHER, 7, "7:abc", "failure", '{"message": "x"}', "trig-1")
     assert read_event(CIPHER, _wire(message)) == Event(
-        7, "7:abc", True, '{"message": "x"}', "trig-1"
+        7, "7:abc", True, '{"message": "x"}', "trig-1", sealed_payload=message.payload
     )
 
 
@@ -248,7 +248,9 @@ def test_event_kind_and_dedup_key_are_checked() -> None:
 def test_an_event_carries_its_tries_log_lines_signed() -> None:
     log = CarriedLog(41, 2, [(1.5, "fired: 1"), (2.0, "second")])
     message = with_log(CIPHER, event_message(CIPHER, 7, "7:abc", "event", "1", "t"), log)
-    assert read_event(CIPHER, _wire(message)) == Event(7, "7:abc", False, "1", "t", log)
+    assert read_event(CIPHER, _wire(message)) == Event(
+        7, "7:abc", False, "1", "t", log, sealed_payload=message.payload
+    )
 
     fields = to_fields(message)
     assert "second" not in fields["log"]  # sealed
