@@ -546,8 +546,8 @@ _PREVIEW_SQL = text(
     """
     SELECT ti.id, ti.dag_id, ti.run_id, ti.task_id, ti.map_index, ti.try_number, ti.max_tries,
            COALESCE(ti.first_started_at, now()) AS first_started_at, ti.next_method,
-           ti.next_kwargs, run.id IS NOT NULL AS run_exists, run.logical_date, run.conf,
-           run.data_interval_start, run.data_interval_end, run.run_type
+           ti.next_kwargs, ti.next_event, run.id IS NOT NULL AS run_exists, run.logical_date,
+           run.conf, run.data_interval_start, run.data_interval_end, run.run_type
     FROM task_instance AS ti
     LEFT JOIN dag_run AS run ON run.dag_id = ti.dag_id AND run.run_id = ti.run_id
     WHERE ti.id = :id
