@@ -104,17 +104,17 @@ class CliForks:
         return self._server
 
     def run(
-        self, args: list[str], env: dict[str, str], timeout: float
+        self, args: list[str], env: dict[str, str], timeout: float, cwd: Path | None = None
     ) -> subprocess.CompletedProcess[str]:
-        """Like ``subprocess.run([deferral, *args], env=env, capture_output=True, text=True,
-        timeout=timeout)``."""
+        """Like ``subprocess.run([deferral, *args], env=env, cwd=cwd, capture_output=True,
+        text=True, timeout=timeout)``."""
         server = self.start()
         assert server.stdin is not None and server.stdout is not None
         with tempfile.TemporaryDirectory(prefix="deferral-cli-") as home:
             out, err = Path(home) / "stdout", Path(home) / "stderr"
             out.touch()
             err.touch()
-            request = {"argv": args, "env": env, "cwd": os.getcwd()}
+            request = {"argv": args, "env": env, "cwd": str(cwd or os.getcwd())}
             line = json.dumps({**request, "stdout": str(out), "stderr": str(err)}) + "\n"
             server.stdin.write(line.encode())
             server.stdin.flush()
