@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import select, text
+from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from broker.client import Broker
@@ -28,7 +28,7 @@ from deferral.crypto import Cipher
 from deferral.db import make_engine, make_sessionmaker
 from deferral.models import TaskInstance, Trigger
 from deferral.states import TaskState
-from tests.conftest import TABLES, delete_stream_keys, new_stream_prefix
+from tests.conftest import delete_stream_keys, empty_tables, new_stream_prefix
 from tests.e2e.cli_forks import CliForks
 from tests.helpers import wait_for
 from tests.servers import REDIS_URL
@@ -184,8 +184,7 @@ def module_stack(
     session's database emptied once); the module starts what it needs. Stopped, and its keys
     deleted, after the module's last test."""
     engine = make_engine(database_url)
-    with engine.begin() as conn:
-        conn.execute(text(f"TRUNCATE {TABLES} RESTART IDENTITY CASCADE"))
+    empty_tables(engine)
     home = tmp_path_factory.mktemp("stack")
     dags = home / "dags"
     dags.mkdir()
