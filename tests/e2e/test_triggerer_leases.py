@@ -129,7 +129,7 @@ def test_a_stopping_triggerer_hands_its_triggers_off_at_once(
     leaving = services.start("triggerer", "--name", "leaving", "--heartbeat", "1")
     entry_id = _deferred_on(services, broker, "leaving")
     services.start("triggerer2", "--name", "staying", "--heartbeat", "1")
-    wait_for(lambda: "consuming" in services.log("triggerer2"), what="the peer to start")
+    services.wait_up("triggerer2")  # the peer
 
     leaving.send_signal(signal.SIGTERM)
     assert leaving.wait(timeout=30) == 0
