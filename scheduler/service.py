@@ -147,6 +147,9 @@ class SchedulerService:
         self.keys = StreamKeys(settings.stream_prefix)
         self.dagbag = DagBag(settings.dags_folder)
         self._collected_at = 0.0  # monotonic time of the last collect for a missing DAG
+        # When the DAGs folder was last read (any collect): a run's DAG is missing for sure only
+        # if the folder was read after the run was created.
+        self._folder_read_at = dt.datetime.min.replace(tzinfo=dt.UTC)
         # An event batch read but not yet recorded because the servers failed: retried first.
         self.unapplied: list[Delivery] = []
         # DAG callbacks run in these threads; runs finished in the current evaluation pass.
@@ -235,6 +238,7 @@ class SchedulerService:
     # -- DAGs ------------------------------------------------------------------------------------
 
     def refresh_dags(self) -> None:
+        self._folder_read_at = dt.datetime.now(dt.UTC)
         self.dagbag.collect()
         with self.sessions.begin() as session:
             dagruns.sync_dags(session, self.dagbag, dt.datetime.now(dt.UTC))
@@ -266,6 +270,7 @@ class SchedulerService:
         dag = self.dagbag.dags.get(dag_id)
         if dag is None and time.monotonic() - self._collected_at >= RECOLLECT_MISSING_SEC:
             self._collected_at = time.monotonic()
+            self._folder_read_at = dt.datetime.now(dt.UTC)
             try:
                 dag = self.dagbag.get_dag(dag_id)
             except DagNotFound:
@@ -289,7 +294,11 @@ class SchedulerService:
                     )
                     self._remember_checked(run.id, dag)
                     log.info("started run %s of DAG %s", run.run_id, run.dag_id)
-                elif not dags.grace_left(session, run.dag_id):
+                elif run.created_at < self._folder_read_at and not dags.grace_left(
+                    session, run.dag_id
+                ):
+                    # (Not yet looked for since the run was created, as for a file written just
+                    # before `dags trigger` within a second of the last look: the run waits.)
                     log.error("run %s of DAG %r failed: DAG not found", run.run_id, run.dag_id)
                     transitions.finish_dag_run(session, run, DagRunState.FAILED)
 

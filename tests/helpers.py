@@ -12,9 +12,10 @@ T = TypeVar("T")
 
 
 def wait_for(
-    condition: Callable[[], T], *, timeout: float = 30.0, interval: float = 0.05, what: str = ""
+    condition: Callable[[], T], *, timeout: float = 120.0, interval: float = 0.05, what: str = ""
 ) -> T:
-    """Return the first truthy value of ``condition()``; fail after ``timeout`` seconds."""
+    """Return the first truthy value of ``condition()``; fail after ``timeout`` seconds (by
+    default a bound for a machine loaded well beyond its cores: only a failure waits it out)."""
     deadline = time.monotonic() + timeout
     while True:
         value = condition()

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import select, text
+from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from broker.client import Broker
@@ -28,7 +28,8 @@ from deferral.crypto import Cipher
 from deferral.db import make_engine, make_sessionmaker
 from deferral.models import TaskInstance, Trigger
 from deferral.states import TaskState
-from tests.conftest import TABLES, delete_stream_keys, new_stream_prefix
+from tests.conftest import delete_stream_keys, empty_tables, new_stream_prefix
+from tests.e2e.cli_forks import CliForks
 from tests.helpers import wait_for
 from tests.servers import REDIS_URL
 from triggerer.events import event_message
@@ -37,6 +38,17 @@ BIN = Path(sys.executable).parent
 # A worker starts and warms one task process per slot before it takes work (16 by default):
 # seconds of CPU per start on a loaded machine. Tests get two unless they ask for more.
 TEST_WORKER_CONCURRENCY = "2"
+
+
+# The CLI of this lane's tests (one forking process per lane, stopped at the session's end).
+CLI = CliForks()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _cli_forks() -> Iterator[None]:
+    CLI.start()  # importing the CLI overlaps the first test's own start
+    yield
+    CLI.close()
 
 
 def command(name: str, *args: str) -> list[str]:
@@ -74,15 +86,10 @@ class Services:
     def run(
         self, *args: str, timeout: float = 180, env: dict[str, str] | None = None
     ) -> subprocess.CompletedProcess[str]:
-        """Run a ``deferral`` CLI command to completion; ``env`` adds to its environment. (The
-        timeout is slack for a loaded machine, where starting the CLI alone takes seconds.)"""
-        return subprocess.run(
-            command("deferral", *args),
-            env={**self.env, **(env or {})},
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-        )
+        """Run a ``deferral`` CLI command to completion, in a process of its own forked from
+        one with the CLI imported (``tests/e2e/cli_forks.py``); ``env`` adds to its environment.
+        (The timeout is slack for a loaded machine.)"""
+        return CLI.run(list(args), {**self.env, **(env or {})}, timeout)
 
     def log(self, name: str) -> str:
         return (self.logs / f"{name}.log").read_text(errors="replace")
@@ -177,8 +184,7 @@ def module_stack(
     session's database emptied once); the module starts what it needs. Stopped, and its keys
     deleted, after the module's last test."""
     engine = make_engine(database_url)
-    with engine.begin() as conn:
-        conn.execute(text(f"TRUNCATE {TABLES} RESTART IDENTITY CASCADE"))
+    empty_tables(engine)
     home = tmp_path_factory.mktemp("stack")
     dags = home / "dags"
     dags.mkdir()

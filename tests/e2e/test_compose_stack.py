@@ -29,7 +29,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from deferral.models import DagRun, TaskInstance, TaskStateChange
 from deferral.standalone import free_port
 from tests.compose_stack import COMPOSE_FILE, model, scratch_project
-from tests.e2e.conftest import Services, command
+from tests.e2e.conftest import CLI, Services, command
 from tests.helpers import wait_for
 from tests.servers import REDIS_URL
 
@@ -193,16 +193,12 @@ def start_stack(stack: list[LocalService], services: Services, workdir: Path) ->
 
 def _healthy(service: LocalService, workdir: Path) -> bool:
     """One healthcheck, as the engine runs it: one that does not answer in time is a failed
-    check, retried at the next interval."""
+    check, retried at the next interval. (Each is a ``deferral`` command, polled every second:
+    run as the e2e tests' CLI commands are, a process forked with the CLI imported.)"""
+    program, *args = service.healthcheck
+    assert program == "deferral", f"{service.name}: a healthcheck that is not the CLI: {program}"
     try:
-        check = subprocess.run(
-            _argv(service.healthcheck),
-            env=_process_env(service.env),
-            cwd=workdir,
-            capture_output=True,
-            text=True,
-            timeout=30,
-        )
+        check = CLI.run(args, _process_env(service.env), timeout=30, cwd=workdir)
     except subprocess.TimeoutExpired:
         return False
     return check.returncode == 0

@@ -5,16 +5,19 @@ restarted under the same name each time it dies."""
 from __future__ import annotations
 
 import subprocess
+from pathlib import Path
 from typing import Any
 
 import pytest
+from redis.exceptions import ResponseError
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from broker.client import Broker
 from broker.streams import GROUP_SCHEDULERS, GROUP_TRIGGERERS, GROUP_WORKERS
+from deferral.crypto import Cipher
 from deferral.models import TaskInstance, TaskStateChange
-from tests.e2e.conftest import Services
+from tests.e2e.conftest import Services, fire_deferred
 from tests.e2e.test_core_faults import KILLER_DAG, KILLER_TRIGGER
 from tests.helpers import wait_for
 
@@ -45,8 +48,12 @@ def _changes(sessions: sessionmaker[Session], from_state: str, to_state: str) ->
 
 
 def _pending_counts(broker: Broker, stream: str, group: str) -> dict[str, int]:
-    """Entry id -> its delivery count, for every pending entry (a page is plenty here)."""
-    reply = broker.redis.execute_command("XPENDING", stream, group, "-", "+", 1000)
+    """Entry id -> its delivery count, for every pending entry (a page is plenty here); none
+    before the group's first consumer has started and made it."""
+    try:
+        reply = broker.redis.execute_command("XPENDING", stream, group, "-", "+", 1000)
+    except ResponseError:  # NOGROUP
+        return {}
     return {item[0].decode(): int(item[3]) for item in reply or []}
 
 
@@ -104,8 +111,12 @@ def test_a_poison_trigger_among_fifty_on_a_triggerer_restarted_under_its_name(
 
 # -- forged delivery counts -------------------------------------------------------------------
 
+# Both entries stay held until the test has seen the forged counts handled: the wait is fired by
+# the test (fire_deferred) and the running task runs until a gate file appears, instead of a
+# guessed 25 s that a loaded machine could outlast or the test wait out in full.
 FORGED_DAG = r"""
 import datetime as dt
+import os
 import time
 
 from deferral import DAG, BaseOperator
@@ -115,20 +126,21 @@ from deferral.triggers import TimeDeltaTrigger
 
 class Waits(BaseOperator):
     def execute(self, context):
-        self.defer(trigger=TimeDeltaTrigger(dt.timedelta(seconds=25)), method_name="resume")
+        self.defer(trigger=TimeDeltaTrigger(dt.timedelta(hours=1)), method_name="resume")
 
     def resume(self, context, event):
         return "resumed"
 
 
-def runs_a_while():
-    time.sleep(25)
+def runs_until_released():
+    while not os.path.exists({gate!r}):
+        time.sleep(0.1)
     return "ran"
 
 
 with DAG("e2e_forged_counts") as dag:
     Waits(task_id="deferred")
-    PythonOperator(task_id="running", python_callable=runs_a_while)
+    PythonOperator(task_id="running", python_callable=runs_until_released)
 """
 
 
@@ -144,9 +156,15 @@ def _only_pending(broker: Broker, stream: str, group: str) -> str | None:
 
 
 def test_a_forged_delivery_count_fails_nothing_and_is_logged(
-    services: Services, write_dag: Any, sessions: sessionmaker[Session], broker: Broker
+    services: Services,
+    write_dag: Any,
+    sessions: sessionmaker[Session],
+    broker: Broker,
+    cipher: Cipher,
+    tmp_path: Path,
 ) -> None:
-    write_dag("e2e_forged_dag", FORGED_DAG)
+    gate = tmp_path / "gate"
+    write_dag("e2e_forged_dag", FORGED_DAG.format(gate=str(gate)))
     services.env["DEFERRAL_MAX_DELIVERIES"] = "3"
     services.start("scheduler")
     services.start("worker", "--concurrency", "2")
@@ -165,15 +183,23 @@ def test_a_forged_delivery_count_fails_nothing_and_is_logged(
     _forge(broker, broker.keys.triggers, GROUP_TRIGGERERS, trigger_entry)
     _forge(broker, queue, GROUP_WORKERS, queue_entry)
 
+    holders = ("triggerer", "worker")  # they see the forged counts while they hold the entries
+    wait_for(
+        lambda: all("delivery count 10" in services.log(name) for name in holders),
+        timeout=90,
+        what="the triggerer and the worker to log the forged counts",
+    )
+    for name in holders:
+        assert "not a registered consumer" in services.log(name), name
+    assert _states(sessions) == {"deferred": "deferred", "running": "running"}
+    fire_deferred(sessions, broker, cipher, "e2e_forged_counts", "deferred")
+    gate.touch()
     wait_for(
         lambda: _states(sessions) == {"deferred": "success", "running": "success"},
         timeout=120,
         what="both tasks to succeed",
     )
     assert broker.xrange(broker.keys.dead) == []
-    for name in ("triggerer", "worker"):
-        assert "not a registered consumer" in services.log(name), name
-        assert "delivery count 10" in services.log(name), name
     assert _changes(sessions, "running", "success") == {"deferred": 1, "running": 1}
     assert all(proc.poll() is None for proc in services.procs.values())
 

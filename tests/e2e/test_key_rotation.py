@@ -49,8 +49,13 @@ TRIGGERER = ("triggerer", "--name", "t-1")
 
 
 def _start(services: Services, keys: str) -> None:
+    """Start the services with ``keys`` and wait until each is up (the triggerer's consumer
+    group exists before its pending list is asked)."""
+    starts = {args[0]: services.starts(args[0]) for args in (*SERVICES, TRIGGERER)}
     for args in (*SERVICES, TRIGGERER):
         services.start(args[0], *args[1:], env={"DEFERRAL_FERNET_KEY": keys})
+    for name, before in starts.items():
+        services.wait_up(name, before)
 
 
 def _restart(services: Services, keys: str) -> None:

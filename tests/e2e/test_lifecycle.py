@@ -37,8 +37,8 @@ def test_triggerer_heartbeats_in_postgres_and_every_service_exits_0_on_sigterm(
         ),
         what="a later heartbeat",
     )
-    wait_for(lambda: "consuming" in services.log("worker"), what="the worker to start")
-    wait_for(lambda: "started" in services.log("scheduler"), what="the scheduler to start")
+    services.wait_up("worker")
+    services.wait_up("scheduler")
 
     for proc in (triggerer, scheduler, worker):
         proc.send_signal(signal.SIGTERM)

@@ -80,6 +80,7 @@ def test_every_redis_cli_example_of_the_readme_prints_the_documented_shape(
     services.start("scheduler", "--name", "scheduler-1")
     services.start("worker", "--name", "worker-1", "--concurrency", "1")
     services.start("triggerer", "--name", "triggerer-1")
+    services.wait_up("triggerer")  # its consumer group exists: the pending list can be asked
     triggered = services.run("dags", "trigger", "inspect_me")
     assert triggered.returncode == 0, triggered.stderr
 

@@ -4,12 +4,11 @@ worker's and the triggerer's lines about the try."""
 
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 
 import pytest
 
-from tests.e2e.conftest import Services, command
+from tests.e2e.conftest import CLI, Services, command
 
 pytestmark = pytest.mark.e2e
 
@@ -56,14 +55,7 @@ def test_a_tasks_log_shows_its_output_and_the_triggerers_lines_in_order(
     done = services.run("dags", "trigger", "e2e_logs", "--run-id", "r1", "--wait", timeout=180)
     assert done.returncode == 1, done.stdout + done.stderr  # the task failed, as it should
 
-    shown = subprocess.run(
-        command("deferral", "tasks", "logs", "e2e_logs", "r1", "t"),
-        env=services.env,
-        cwd=elsewhere,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    shown = CLI.run(["tasks", "logs", "e2e_logs", "r1", "t"], services.env, 60, cwd=elsewhere)
     assert shown.returncode == 0, shown.stderr
     lines = shown.stdout.splitlines()
     assert lines[0] == "# e2e_logs.r1.t try 1"

@@ -228,7 +228,7 @@ def test_a_trigger_blocking_the_loop_for_many_heartbeats_costs_no_lease_and_runs
         what="all the triggers to be held by one triggerer",
     )
     services.start("triggerer2", "--name", "peer", *beat)
-    wait_for(lambda: "consuming" in services.log("triggerer2"), timeout=60, what="the peer")
+    services.wait_up("triggerer2")  # the peer
     stalls_before = value(scrape(port), "deferral_triggerer_loop_stalls_total")
 
     sleeper_id = re.search(

@@ -4,6 +4,7 @@ one's never are, a stopping one hands its triggers off, and one that lost an ent
 from __future__ import annotations
 
 import signal
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -42,6 +43,48 @@ class Wait(BaseOperator):
 
 with DAG("e2e_lease") as dag:
     Wait(task_id="wait", seconds={seconds})
+"""
+
+
+# A wait that ends when the test opens its gate (a file): a trigger held across a kill or a
+# hand-off fires after the test has seen who holds it, not at a guessed moment a loaded machine
+# may pass first.
+GATE_TRIGGERS = """
+import os
+
+import anyio
+from deferral.triggers import BaseTrigger, TriggerEvent
+
+
+class Gate(BaseTrigger):
+    def __init__(self, path):
+        super().__init__()
+        self.path = path
+
+    def serialize(self):
+        return "e2e_lease_triggers.Gate", {"path": self.path}
+
+    async def run(self):
+        while not os.path.exists(self.path):
+            await anyio.sleep(0.05)
+        yield TriggerEvent("opened")
+"""
+
+GATE_DAG = """
+from deferral import DAG, BaseOperator
+from e2e_lease_triggers import Gate
+
+
+class Wait(BaseOperator):
+    def execute(self, context):
+        self.defer(trigger=Gate({gate!r}), method_name="resume")
+
+    def resume(self, context, event):
+        return "resumed"
+
+
+with DAG("e2e_lease") as dag:
+    Wait(task_id="wait")
 """
 
 
@@ -86,12 +129,26 @@ def _start_core(services: Services, write_dag: Any, seconds: float) -> None:
     services.start("worker", "--concurrency", "2")
 
 
+def _start_gated(services: Services, write_dag: Any, gate: Path) -> None:
+    """The scheduler and a worker, the DAG's wait ending when ``gate`` exists."""
+    write_dag("e2e_lease_triggers", GATE_TRIGGERS)
+    write_dag("e2e_lease_dag", GATE_DAG.format(gate=str(gate)))
+    services.env["DEFERRAL_TRIGGER_MODULES"] = "deferral.triggers,e2e_lease_triggers"
+    services.start("scheduler")
+    services.start("worker", "--concurrency", "2")
+
+
 def test_a_killed_triggerers_trigger_is_taken_over_and_fires_once(
-    services: Services, write_dag: Any, sessions: sessionmaker[Session], broker: Broker
+    services: Services,
+    write_dag: Any,
+    sessions: sessionmaker[Session],
+    broker: Broker,
+    tmp_path: Path,
 ) -> None:
-    # Long enough that the survivor (started after the kill, slow to start on a loaded machine)
-    # takes the entry over before its moment: fired at once, it would be gone before it is seen.
-    _start_core(services, write_dag, seconds=15)
+    # The wait ends once the survivor has taken the entry over: fired before, it would be gone
+    # before it is seen.
+    gate = tmp_path / "gate"
+    _start_gated(services, write_dag, gate)
     doomed = services.start("triggerer", "--name", "doomed", "--heartbeat", "0.5")
     entry_id = _deferred_on(services, broker, "doomed")
     doomed.kill()  # SIGKILL: no cleanup, no hand-off
@@ -103,6 +160,7 @@ def test_a_killed_triggerers_trigger_is_taken_over_and_fires_once(
         timeout=30,
         what="the survivor to take the entry over",
     )
+    gate.touch()
     wait_for(lambda: _state(sessions) == "success", timeout=60, what="the task to succeed")
     assert f"took over 1 entr(ies) of {broker.keys.triggers}" in services.log("triggerer2")
     assert _resumes(sessions) == 1
@@ -123,13 +181,18 @@ def test_live_triggerers_renew_their_leases_so_nothing_is_taken_over(
 
 
 def test_a_stopping_triggerer_hands_its_triggers_off_at_once(
-    services: Services, write_dag: Any, sessions: sessionmaker[Session], broker: Broker
+    services: Services,
+    write_dag: Any,
+    sessions: sessionmaker[Session],
+    broker: Broker,
+    tmp_path: Path,
 ) -> None:
-    _start_core(services, write_dag, seconds=6)
+    gate = tmp_path / "gate"  # opened once the hand-off has been seen
+    _start_gated(services, write_dag, gate)
     leaving = services.start("triggerer", "--name", "leaving", "--heartbeat", "1")
     entry_id = _deferred_on(services, broker, "leaving")
     services.start("triggerer2", "--name", "staying", "--heartbeat", "1")
-    wait_for(lambda: "consuming" in services.log("triggerer2"), what="the peer to start")
+    services.wait_up("triggerer2")  # the peer
 
     leaving.send_signal(signal.SIGTERM)
     assert leaving.wait(timeout=30) == 0
@@ -138,6 +201,7 @@ def test_a_stopping_triggerer_hands_its_triggers_off_at_once(
     # handed off, it would read idle < 1 s here and wait for the 2.1 s threshold.)
     assert owner == "staying" or idle > 60_000, (owner, idle)
     assert "cancelled (reason: shutdown)" in services.log("triggerer")
+    gate.touch()
     wait_for(lambda: _state(sessions) == "success", timeout=60, what="the task to succeed")
     assert _resumes(sessions) == 1
 

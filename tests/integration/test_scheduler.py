@@ -20,6 +20,7 @@ from deferral.config import Settings
 from deferral.models import DagRun, Outbox, Pool, TaskInstance
 from deferral.transitions import Attempt
 from scheduler import decide as scheduler_decide
+from scheduler import service as scheduler_service
 from scheduler import waiting as scheduler_waiting
 from scheduler.service import SchedulerService
 from tests.servers import REDIS_URL
@@ -463,3 +464,34 @@ def test_an_event_entry_that_makes_the_reader_raise_is_dead_lettered_alone(
         b"unreadable event entry: RecursionError: maximum recursion depth exceeded"
     )
     assert int(broker.redis.xlen(broker.keys.events)) == 0
+
+
+def test_a_run_of_a_dag_not_yet_looked_for_waits_and_one_looked_for_and_missing_fails(
+    settings: Settings,
+    sessions: sessionmaker[Session],
+    broker: Broker,
+    write_dag: WriteDag,
+    dag_id: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # No second look within the test: the folder is read only when the test says so.
+    monkeypatch.setattr(scheduler_service, "RECOLLECT_MISSING_SEC", float("inf"))
+    service = _scheduler(settings)
+    service.refresh_dags()
+    # A file written and triggered right after that read (as `dags trigger` does within a
+    # second of the scheduler's last look): the run waits for the next look, it does not fail.
+    write_dag(dag_id, _dag_file(dag_id, "    EmptyOperator(task_id='a')"))
+    _trigger(sessions, dag_id)
+    service.start_queued_runs()
+    assert _run_state(sessions) == "queued"
+    service.refresh_dags()
+    service.start_queued_runs()
+    assert _run_state(sessions) == "running"
+
+    with sessions.begin() as session:  # a run of a DAG no file defines, looked for since
+        transitions.create_dag_run(session, "no_such_dag", "r1", dt.datetime.now(dt.UTC), {})
+    service.refresh_dags()
+    service.start_queued_runs()
+    with sessions() as session:
+        missing = session.scalars(select(DagRun).where(DagRun.dag_id == "no_such_dag")).one()
+    assert missing.state == "failed"
