@@ -3,8 +3,8 @@
 Each service serves its own registry on ``--metrics-port`` (:func:`serve`): the metrics common to
 the consumer core, its own, the streams' lengths and pending counts (read from Redis at scrape
 time, through a function the service hands over once it is connected: this package does not
-speak to Redis), and the process's CPU and memory. The README's metrics table lists the same
-names; a test keeps the two equal.
+speak to Redis), and the process's CPU and memory. The metrics table of docs/operations.md
+lists the same names; a test keeps the two equal.
 """
 
 from __future__ import annotations
@@ -427,7 +427,7 @@ class Definition:
 
 def definitions(process: str) -> list[Definition]:
     """Every deferral metric a scrape of ``process`` can show, the standard ``process_*``
-    metrics aside: what the README's table and the docs' reference list."""
+    metrics aside: what docs/operations.md's table and the docs' reference list."""
     found: list[Definition] = []
     for collector in _collectors(process):
         labels = getattr(collector, "_labelnames", None)  # a wrapped metric's own labels

@@ -5,10 +5,8 @@ command and option of the console scripts (walking their click groups), every se
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import click
@@ -64,8 +62,8 @@ def items() -> Iterator[Documented]:
                     yield Documented("option", f"{path} {param.opts[0]}", param.help or "")
     for setting in config.SETTINGS:
         yield Documented("setting", config.ENV_PREFIX + setting.name, setting.help)
-    for metric in metric_rows():
-        yield Documented("metric", metric.name, metric.help)
+    for row in metric_rows():
+        yield Documented("metric", row.definition.name, row.definition.help)
 
 
 def _cell(text: str) -> str:
@@ -138,11 +136,8 @@ def settings_page() -> str:
 
 @dataclass(frozen=True)
 class MetricRow:
-    name: str
-    type: str
-    labels: tuple[str, ...]
-    help: str
-    processes: tuple[str, ...]
+    definition: metrics.Definition
+    processes: tuple[str, ...]  # the processes that serve it
 
 
 def metric_rows() -> list[MetricRow]:
@@ -153,10 +148,7 @@ def metric_rows() -> list[MetricRow]:
         for definition in metrics.definitions(process):
             defined[definition.name] = definition
             served.setdefault(definition.name, []).append(process)
-    return [
-        MetricRow(d.name, d.type, d.labels, d.help, tuple(served[d.name]))
-        for d in sorted(defined.values(), key=lambda d: d.name)
-    ]
+    return [MetricRow(defined[name], tuple(served[name])) for name in sorted(defined)]
 
 
 def metrics_page() -> str:
@@ -170,9 +162,12 @@ def metrics_page() -> str:
         "|---|---|---|---|---|",
     ]
     for row in metric_rows():
-        labels = ", ".join(f"`{label}`" for label in row.labels)
+        metric = row.definition
+        labels = ", ".join(f"`{label}`" for label in metric.labels)
         served = ", ".join(row.processes)
-        lines.append(f"| `{row.name}` | {row.type} | {labels} | {served} | {_cell(row.help)} |")
+        lines.append(
+            f"| `{metric.name}` | {metric.type} | {labels} | {served} | {_cell(metric.help)} |"
+        )
     return "\n".join([*lines, ""])
 
 
@@ -230,29 +225,3 @@ def on_files(files: Any, config: Any, **_: Any) -> Any:
     for uri, page in PAGES.items():
         files.append(File.generated(config, uri, content=page()))
     return files
-
-
-README = Path(__file__).resolve().parents[2] / "README.md"
-README_SECTION = re.compile(r"^<!-- readme: (.+) -->$", re.MULTILINE)
-
-
-def readme_section(heading: str) -> str:
-    """The body of the README's ``## heading`` section (its heading left to the page). Until
-    the README's long sections move here, the pages show them from that one copy, so the two
-    cannot differ."""
-    lines = README.read_text().splitlines()
-    start = lines.index(f"## {heading}") + 1
-    body: list[str] = []
-    in_fence = False
-    for line in lines[start:]:
-        if line.startswith("```"):
-            in_fence = not in_fence
-        if not in_fence and line.startswith("## "):
-            break
-        body.append(line)
-    return "\n".join(body)
-
-
-def on_page_markdown(markdown: str, **_: Any) -> str:
-    """mkdocs hook: fill each ``<!-- readme: Heading -->`` line with that README section."""
-    return README_SECTION.sub(lambda found: readme_section(found.group(1)), markdown)

@@ -106,10 +106,10 @@ def test_the_settings_reference_shows_each_setting_and_its_default(
 def test_the_metrics_reference_lists_exactly_what_the_processes_serve(
     reference: ModuleType,
 ) -> None:
-    rows = {row.name: row for row in reference.metric_rows()}
+    rows = {row.definition.name: row for row in reference.metric_rows()}
     served = set().union(*(metrics.served_names(process) for process in metrics.PROCESSES))
     assert set(rows) == served
-    assert rows["deferral_dead_letters_total"].labels == ("stream",)
+    assert rows["deferral_dead_letters_total"].definition.labels == ("stream",)
     assert rows["deferral_webserver_requests_total"].processes == ("webserver",)
     page = reference.metrics_page()
     assert all(f"`{name}`" in page for name in served)
@@ -136,4 +136,11 @@ def test_mkdocs_build_strict_succeeds(tmp_path: Path) -> None:
     cli = (tmp_path / "site/reference/cli/index.html").read_text()
     assert "deferral dags trigger" in cli
     started = (tmp_path / "site/getting-started/index.html").read_text()
-    assert "pick_a_number" in started  # the first DAG's file is included, not copied
+    # The first DAG's file is included (its class docstring is in no prose of the page).
+    assert "Hands its wait to the triggerer" in started
+
+
+def test_the_readme_links_to_docs_pages_that_exist() -> None:
+    links = re.findall(r"\]\((docs/[^)#]+)", (ROOT / "README.md").read_text())
+    assert len(links) >= 5
+    assert [link for link in links if not (ROOT / link).is_file()] == []
