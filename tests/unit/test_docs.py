@@ -13,6 +13,7 @@ from types import ModuleType
 
 import click
 import pytest
+from cryptography.fernet import Fernet
 
 from deferral import config, metrics
 
@@ -144,3 +145,24 @@ def test_the_readme_links_to_docs_pages_that_exist() -> None:
     links = re.findall(r"\]\((docs/[^)#]+)", (ROOT / "README.md").read_text())
     assert len(links) >= 5
     assert [link for link in links if not (ROOT / link).is_file()] == []
+
+
+def test_each_declared_default_is_the_one_the_settings_use() -> None:
+    """Setting a variable to its documented default changes nothing that is loaded."""
+    required = {
+        "DEFERRAL_DATABASE_URL": "postgresql+psycopg://u@localhost/db",
+        "DEFERRAL_REDIS_URL": "redis://localhost:6379/0",
+        "DEFERRAL_FERNET_KEY": Fernet.generate_key().decode(),
+    }
+    no_file = Path("/nonexistent/deferral.toml")
+    loaded = config.load_settings(required, toml_path=no_file)
+    web = config.webserver_settings(required)
+    checked = 0
+    for setting in config.SETTINGS:
+        if setting.default is None:
+            continue
+        given = {**required, config.ENV_PREFIX + setting.name: setting.default}
+        assert config.load_settings(given, toml_path=no_file) == loaded, setting.name
+        assert config.webserver_settings(given) == web, setting.name
+        checked += 1
+    assert checked > 20
