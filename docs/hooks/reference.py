@@ -5,6 +5,7 @@ command and option of the console scripts (walking their click groups), every se
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -49,7 +50,20 @@ def _params(command: click.Command) -> list[click.Parameter]:
 
 
 def _command_help(command: click.Command) -> str:
-    return (command.help or command.short_help or "").strip()
+    return inspect.cleandoc(command.help or command.short_help or "")
+
+
+def _help_markdown(text: str) -> str:
+    """Click help as Markdown: a paragraph click must not rewrap (its first line ``\\b``)
+    becomes a text block, so that its columns stay columns."""
+    paragraphs = []
+    for paragraph in text.split("\n\n"):
+        lines = paragraph.splitlines()
+        if lines and lines[0].strip() == "\b":
+            paragraphs.append("\n".join(["```text", *lines[1:], "```"]))
+        else:
+            paragraphs.append(_prose(paragraph))
+    return "\n\n".join(paragraphs)
 
 
 def items() -> Iterator[Documented]:
@@ -66,8 +80,15 @@ def items() -> Iterator[Documented]:
         yield Documented("metric", row.definition.name, row.definition.help)
 
 
+def _prose(text: str) -> str:
+    """``text`` with ``<`` outside code spans escaped (``DEFERRAL_CONN_<CONN_ID>`` would read
+    as an HTML tag and vanish)."""
+    parts = text.split("`")
+    return "`".join(part if i % 2 else part.replace("<", "&lt;") for i, part in enumerate(parts))
+
+
 def _cell(text: str) -> str:
-    return " ".join(text.split()).replace("|", "\\|")
+    return _prose(" ".join(text.split())).replace("|", "\\|")
 
 
 def _usage(path: str, command: click.Command) -> str:
@@ -85,7 +106,7 @@ def cli_page() -> str:
     for script, root in CONSOLE_SCRIPTS.items():
         for path, command in walk_commands(script, root):
             depth = min(path.count(" ") + 2, 4)
-            lines += [f"{'#' * depth} `{path}`", "", _command_help(command), ""]
+            lines += [f"{'#' * depth} `{path}`", "", _help_markdown(_command_help(command)), ""]
             lines += ["```", f"{path} {_usage(path, command)}".rstrip(), "```", ""]
             options = [p for p in _params(command) if isinstance(p, click.Option)]
             arguments = [p for p in _params(command) if isinstance(p, click.Argument)]
@@ -116,8 +137,10 @@ def settings_page() -> str:
         "# Settings",
         "",
         "Every `DEFERRAL_*` environment variable, generated from `deferral.config.SETTINGS`."
-        " Each may also be given in `deferral.toml` (lower case, no prefix); the environment"
-        " wins. Secrets (" + ", ".join(f"`{name}`" for name in config.SECRET_SETTINGS) + ")"
+        " Many may also be given in a `deferral.toml` file (see Configuration under"
+        " [Operations](../operations.md)); the environment wins. Secrets ("
+        + ", ".join(f"`{name}`" for name in config.SECRET_SETTINGS)
+        + ")"
         " may instead be read from the file that `<name>_FILE` names (Docker secrets).",
         "",
     ]
