@@ -521,3 +521,153 @@ def _mail_address(raw: str) -> str:
     if "@" not in address or any(ord(ch) < 32 for ch in text):
         raise ValueError(f"{raw!r} is not an email address")
     return text
+
+
+@dataclass(frozen=True)
+class SettingDoc:
+    """One ``DEFERRAL_*`` setting as the reference documents it (docs/hooks/reference.py)."""
+
+    name: str  # without the DEFERRAL_ prefix
+    default: str | None  # None: required, or unset means "off"
+    help: str
+    section: str
+
+
+# Every setting, for the reference (a test fails when code reads a DEFERRAL_* name missing
+# here). The parsers above stay the authority on values; this table only describes them.
+SETTINGS: tuple[SettingDoc, ...] = (
+    SettingDoc("DATABASE_URL", None, "PostgreSQL URL, the system of record (required).", "core"),
+    SettingDoc(
+        "DATABASE_PASSWORD",
+        None,
+        "Password put into DATABASE_URL (keeps it out of the URL).",
+        "core",
+    ),
+    SettingDoc(
+        "DATABASE_POOLING",
+        SESSION_POOLING,
+        "`transaction` when a PgBouncer in transaction pooling mode sits before PostgreSQL.",
+        "core",
+    ),
+    SettingDoc("REDIS_URL", None, "Redis URL whose streams carry the work (required).", "core"),
+    SettingDoc(
+        "FERNET_KEY",
+        None,
+        "Fernet key(s), comma-separated, newest first: encrypt and sign what is stored (required).",
+        "core",
+    ),
+    SettingDoc("DAGS_FOLDER", "dags", "Folder the DAG files are read from.", "core"),
+    SettingDoc(
+        "STREAM_PREFIX", "deferral", "Prefix of every Redis key this deployment uses.", "core"
+    ),
+    SettingDoc(
+        "HEARTBEAT_SEC",
+        "5",
+        "Lease heartbeat in seconds: a silent consumer's work is taken over after about three.",
+        "core",
+    ),
+    SettingDoc("TRIGGERER_CAPACITY", "1000", "Most triggers one triggerer runs at once.", "core"),
+    SettingDoc(
+        "TRIGGER_MODULES",
+        "deferral.triggers",
+        "Comma-separated module prefixes trigger classes may be imported from.",
+        "core",
+    ),
+    SettingDoc("DEFAULT_DEFERRABLE", "false", "Default of sensors' `deferrable`.", "core"),
+    SettingDoc("DEFAULT_TIMEZONE", "UTC", "Zone naive datetimes in DAG files are read in.", "core"),
+    SettingDoc(
+        "MAX_DELIVERIES",
+        "5",
+        "Deliveries of one stream entry that did not survive a heartbeat before it is"
+        " dead-lettered.",
+        "core",
+    ),
+    SettingDoc("DEAD_LETTER_MAXLEN", "100000", "About how many dead letters are kept.", "core"),
+    SettingDoc(
+        "DAG_IMPORT_GRACE_SEC",
+        "300",
+        "How long a running run's DAG may fail to import before its unfinished tasks fail.",
+        "core",
+    ),
+    SettingDoc(
+        "PRUNE_OLDER_THAN",
+        "7d",
+        "Age after which the scheduler prunes finished history (`never` to keep it).",
+        "core",
+    ),
+    SettingDoc(
+        "DAG_IGNORE_FILE_SYNTAX",
+        "regexp",
+        "How `.deferralignore` lines read: regexp or glob.",
+        "core",
+    ),
+    SettingDoc(
+        "MAX_MAP_LENGTH",
+        str(DEFAULT_MAX_MAP_LENGTH),
+        "Most task instances one mapped task may expand into.",
+        "core",
+    ),
+    SettingDoc(
+        "TASK_LOG_MAX_BYTES",
+        str(DEFAULT_TASK_LOG_MAX_BYTES),
+        "Most bytes a try's log keeps.",
+        "core",
+    ),
+    SettingDoc(
+        "WORKER_TASK_PROCESS_MAX_ATTEMPTS",
+        "10000",
+        "Attempts one of a worker's task processes runs before a fresh one replaces it.",
+        "core",
+    ),
+    SettingDoc(
+        "TRIGGERER_STALL_THRESHOLD_SEC",
+        "0.2",
+        "How long the triggerer's event loop may not move before the stall is reported.",
+        "core",
+    ),
+    SettingDoc(
+        "AIRFLOW_IMPORTS", "false", "Whether DAG files may import from `airflow`.", "dag files"
+    ),
+    SettingDoc(
+        "XCOM_BACKEND", None, "`module.Class` (a BaseXCom subclass) that stores XComs.", "dag files"
+    ),
+    SettingDoc(
+        "VENV_CACHE_PATH",
+        None,
+        "Where PythonVirtualenvOperator caches the virtualenvs it makes (none: no cache).",
+        "dag files",
+    ),
+    SettingDoc("WEBSERVER_HOST", "127.0.0.1", "Address `deferral webserver` listens on.", "web UI"),
+    SettingDoc("WEBSERVER_PORT", "8080", "Port `deferral webserver` listens on.", "web UI"),
+    SettingDoc("WEBSERVER_SESSION_LIFETIME", "12h", "How long a web UI login lasts.", "web UI"),
+    SettingDoc(
+        "WEBSERVER_SECURE_COOKIES",
+        "false",
+        "Mark the session cookie `Secure` (set it when TLS is in front of the web UI).",
+        "web UI",
+    ),
+    SettingDoc(
+        "WEBSERVER_ALLOWED_HOSTS",
+        None,
+        "Comma-separated host names the web UI answers (none: any).",
+        "web UI",
+    ),
+    SettingDoc(
+        "WEBSERVER_ADMIN_PASSWORD",
+        None,
+        "Password of an `admin` web UI login read from the environment (never stored).",
+        "web UI",
+    ),
+    SettingDoc("METRICS_PORT", None, "Default of the services' `--metrics-port`.", "metrics"),
+    SettingDoc(
+        "METRICS_HOST", "127.0.0.1", "Default of the services' `--metrics-host`.", "metrics"
+    ),
+    SettingDoc("SMTP_HOST", None, "SMTP server for email alerts (none: no email).", "email"),
+    SettingDoc("SMTP_PORT", "25", "SMTP server port.", "email"),
+    SettingDoc("SMTP_USER", None, "SMTP login (with SMTP_PASSWORD).", "email"),
+    SettingDoc("SMTP_PASSWORD", None, "SMTP password (with SMTP_USER).", "email"),
+    SettingDoc("SMTP_MAIL_FROM", None, "Sender address of email alerts.", "email"),
+    SettingDoc("SMTP_STARTTLS", "true", "Upgrade the SMTP connection with STARTTLS.", "email"),
+    SettingDoc("SMTP_SSL", "false", "Connect to the SMTP server over TLS.", "email"),
+    SettingDoc("SMTP_TIMEOUT_SEC", "30", "SMTP connection timeout in seconds.", "email"),
+)

@@ -3,8 +3,8 @@
 Each service serves its own registry on ``--metrics-port`` (:func:`serve`): the metrics common to
 the consumer core, its own, the streams' lengths and pending counts (read from Redis at scrape
 time, through a function the service hands over once it is connected: this package does not
-speak to Redis), and the process's CPU and memory. The README's metrics table lists the same
-names; a test keeps the two equal.
+speak to Redis), and the process's CPU and memory. The metrics table of docs/operations.md
+lists the same names; a test keeps the two equal.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import platform
 import socket
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
 
 from prometheus_client import (
@@ -337,11 +338,10 @@ class StreamsCollector(ReadWhenScraped[Sequence[StreamStats]]):
         return [GaugeMetricFamily(name, text) for name, text in STREAM_METRICS.items()]
 
     def families(self, source: Sequence[StreamStats]) -> Iterator[Metric]:
-        length = GaugeMetricFamily(STREAM_LENGTH, STREAM_METRICS[STREAM_LENGTH], labels=["stream"])
-        pending = GaugeMetricFamily(
-            STREAM_PENDING, STREAM_METRICS[STREAM_PENDING], labels=["stream", "group"]
+        length, pending, lag = (
+            GaugeMetricFamily(name, STREAM_METRICS[name], labels=SCRAPE_TIME_LABELS[name])
+            for name in (STREAM_LENGTH, STREAM_PENDING, STREAM_LAG)
         )
-        lag = GaugeMetricFamily(STREAM_LAG, STREAM_METRICS[STREAM_LAG], labels=["stream", "group"])
         for stats in source:
             length.add_metric([stats.stream], stats.length)
             for group in stats.groups:
@@ -354,7 +354,14 @@ class StreamsCollector(ReadWhenScraped[Sequence[StreamStats]]):
 STREAMS = StreamsCollector()
 
 DEFERRED_TASKS = "deferral_deferred_tasks"
-_DEFERRED_HELP = "Deferred tasks, by the class of the trigger they wait on."
+DEFERRED_HELP = "Deferred tasks, by the class of the trigger they wait on."
+# The labels of the gauges computed at scrape time (the wrapped metrics know their own).
+SCRAPE_TIME_LABELS: dict[str, tuple[str, ...]] = {
+    STREAM_LENGTH: ("stream",),
+    STREAM_PENDING: ("stream", "group"),
+    STREAM_LAG: ("stream", "group"),
+    DEFERRED_TASKS: ("trigger_class",),
+}
 
 
 class DeferredCollector(ReadWhenScraped[Mapping[str, int]]):
@@ -363,10 +370,12 @@ class DeferredCollector(ReadWhenScraped[Mapping[str, int]]):
     what = "the deferred tasks"
 
     def describe(self) -> list[Metric]:
-        return [GaugeMetricFamily(DEFERRED_TASKS, _DEFERRED_HELP)]
+        return [GaugeMetricFamily(DEFERRED_TASKS, DEFERRED_HELP)]
 
     def families(self, source: Mapping[str, int]) -> Iterator[Metric]:
-        family = GaugeMetricFamily(DEFERRED_TASKS, _DEFERRED_HELP, labels=["trigger_class"])
+        family = GaugeMetricFamily(
+            DEFERRED_TASKS, DEFERRED_HELP, labels=SCRAPE_TIME_LABELS[DEFERRED_TASKS]
+        )
         for classpath, count in sorted(source.items()):
             family.add_metric([classpath], count)
         yield family
@@ -406,14 +415,32 @@ def _version() -> str:
         return "unknown"
 
 
-def served_names(process: str) -> set[str]:
-    """Every deferral metric name a scrape of ``process`` can show (counters with their
-    ``_total``), as the README's table lists them; the standard ``process_*`` metrics aside."""
-    names: set[str] = set()
+@dataclass(frozen=True)
+class Definition:
+    """One deferral metric as a scrape shows it (counters with their ``_total``)."""
+
+    name: str
+    type: str
+    labels: tuple[str, ...]
+    help: str
+
+
+def definitions(process: str) -> list[Definition]:
+    """Every deferral metric a scrape of ``process`` can show, the standard ``process_*``
+    metrics aside: what docs/operations.md's table and the docs' reference list."""
+    found: list[Definition] = []
     for collector in _collectors(process):
+        labels = getattr(collector, "_labelnames", None)  # a wrapped metric's own labels
         for family in collector.describe():  # type: ignore[union-attr]  # each one describes
-            names.add(f"{family.name}_total" if family.type == "counter" else family.name)
-    return names
+            name = f"{family.name}_total" if family.type == "counter" else family.name
+            own = tuple(labels) if labels is not None else SCRAPE_TIME_LABELS[family.name]
+            found.append(Definition(name, family.type, own, family.documentation))
+    return found
+
+
+def served_names(process: str) -> set[str]:
+    """Every deferral metric name a scrape of ``process`` can show."""
+    return {definition.name for definition in definitions(process)}
 
 
 class MetricsServerError(Exception):

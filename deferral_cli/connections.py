@@ -36,13 +36,17 @@ def connections() -> None:
 @click.option("--conn-uri", default=None, help="postgres://user:pass@host:5432/db?param=x")
 @click.option("--conn-json", default=None, help='{"conn_type": "postgres", "host": ...}')
 @click.option("--conn-type", default=None, help="The connection type (postgres, http...).")
-@click.option("--conn-host", default=None)
-@click.option("--conn-login", default=None)
-@click.option("--conn-password", default=None)
-@click.option("--conn-schema", default=None)
-@click.option("--conn-port", type=click.IntRange(0, 65535), default=None)
+@click.option("--conn-host", default=None, help="The host to connect to.")
+@click.option("--conn-login", default=None, help="The user name to connect as.")
+@click.option(
+    "--conn-password", default=None, help="The password (stored encrypted, never printed)."
+)
+@click.option("--conn-schema", default=None, help="The schema (a database name, for most types).")
+@click.option(
+    "--conn-port", type=click.IntRange(0, 65535), default=None, help="The port to connect to."
+)
 @click.option("--conn-extra", default=None, help="A JSON object of extra settings.")
-@click.option("--conn-description", default=None)
+@click.option("--conn-description", default=None, help="Free text about the connection.")
 def connections_add(
     conn_id: str,
     conn_uri: str | None,

@@ -58,7 +58,13 @@ def check() -> None:
     show_default=True,
     help="Age of what goes: 7d, 12h, 30m, 45s (or seconds).",
 )
-@click.option("--batch-size", type=click.IntRange(min=1), default=5000, show_default=True)
+@click.option(
+    "--batch-size",
+    type=click.IntRange(min=1),
+    default=5000,
+    show_default=True,
+    help="Rows deleted per transaction (smaller: shorter locks).",
+)
 def prune(older_than: str, batch_size: int) -> None:
     """Delete history older than --older-than that no running run needs: published outbox rows,
     resume events (but those of queued or running runs), state changes and task logs of

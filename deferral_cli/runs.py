@@ -36,7 +36,9 @@ def runs() -> None:
     default=None,
     help="Only runs in this state.",
 )
-@click.option("--limit", type=click.IntRange(min=1), default=100, show_default=True)
+@click.option(
+    "--limit", type=click.IntRange(min=1), default=100, show_default=True, help="Most runs listed."
+)
 @output_options
 def runs_list(dag_id: str | None, state: str | None, limit: int, output: str) -> None:
     """List DAG runs (of DAG_ID, if given), newest logical date first."""

@@ -1,5 +1,5 @@
-"""The README's "Inspecting with redis-cli" examples, read from the README itself, and the rule
-that says whether what redis-cli prints has the documented shape.
+"""The "Inspecting with redis-cli" examples of docs/operations.md, read from the page itself,
+and the rule that says whether what redis-cli prints has the documented shape.
 
 Each example in that section's ``console`` blocks is a ``$ redis-cli ...`` line followed by the
 output redis-cli prints on a terminal. Two outputs have the same shape when they have the same
@@ -15,9 +15,9 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+OPERATIONS = Path(__file__).resolve().parent.parent / "docs" / "operations.md"
 SECTION = "### Inspecting with redis-cli"
-# The key prefix the README's commands use (DEFERRAL_STREAM_PREFIX's default).
+# The key prefix the documented commands use (DEFERRAL_STREAM_PREFIX's default).
 DOCUMENTED_PREFIX = "deferral:"
 
 _LINE = re.compile(r"^(?P<nesting>(?:\s*\d+\)\s)*)\s*(?P<value>.*)$")
@@ -30,7 +30,7 @@ class Example:
     output: list[str]
 
 
-def examples(readme: Path = README) -> list[Example]:
+def examples(readme: Path = OPERATIONS) -> list[Example]:
     """Every ``$ redis-cli`` example of the section, in order."""
     text = readme.read_text()
     start = text.index(SECTION)

@@ -1,6 +1,7 @@
-"""The README's "Inspecting with redis-cli" examples, run with redis-cli against a real deferral
-(a task waiting on a triggerer, and a forged event in the dead letters): each prints what the
-README shows, up to ids, counts and times (tests/redis_cli_docs.py says exactly what may differ).
+"""The Operations page's "Inspecting with redis-cli" examples, run with redis-cli against a real
+deferral (a task waiting on a triggerer, and a forged event in the dead letters): each prints what
+the page shows, up to ids, counts and times (tests/redis_cli_docs.py says exactly what may
+differ).
 """
 
 from __future__ import annotations
@@ -61,7 +62,7 @@ def _redis_cli(url: str, prefix: str, args: list[str]) -> list[str]:
         else arg
         for arg in args
     ]
-    # --no-raw: the output redis-cli prints on a terminal, which the README shows.
+    # --no-raw: the output redis-cli prints on a terminal, which the page shows.
     shown = subprocess.run(
         [redis_cli, "-u", url, "--no-raw", *keys], capture_output=True, text=True, timeout=30
     )

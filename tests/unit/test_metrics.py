@@ -1,6 +1,6 @@
-"""The metrics module: the README's table lists exactly what each service serves; the streams
-collector reports what its source says and survives a source that fails; the watchdog reports
-the loop's lag."""
+"""The metrics module: the Operations page's table lists exactly what each service serves; the
+streams collector reports what its source says and survives a source that fails; the watchdog
+reports the loop's lag."""
 
 from __future__ import annotations
 
@@ -17,12 +17,12 @@ from deferral import metrics
 from deferral.metrics import StreamsCollector
 from triggerer.watchdog import LoopWatchdog
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+OPERATIONS = Path(__file__).resolve().parents[2] / "docs" / "operations.md"
 
 
 def _readme_rows() -> dict[str, str]:
     """metric name -> service column, from the table under "### Metrics"."""
-    text = README.read_text()
+    text = OPERATIONS.read_text()
     section = text[text.index("### Metrics") :]
     section = section[: section.index("\n### ", 1)]
     rows = re.findall(r"^\| `([a-z_]+)(?:\{[^}]*\})?` \| (\w+) \|", section, flags=re.MULTILINE)

@@ -1,5 +1,5 @@
-"""tests/redis_cli_docs.py: the README's redis-cli examples, and the rule that compares what
-redis-cli prints with them (names exact; ids, counts and tokens by kind)."""
+"""tests/redis_cli_docs.py: the Operations page's redis-cli examples, and the rule that compares
+what redis-cli prints with them (names exact; ids, counts and tokens by kind)."""
 
 from __future__ import annotations
 
@@ -60,7 +60,7 @@ def test_examples_are_the_dollar_lines_of_the_sections_console_blocks(tmp_path: 
     ]
 
 
-def test_the_readme_has_the_examples_the_end_to_end_test_runs() -> None:
+def test_the_docs_have_the_examples_the_end_to_end_test_runs() -> None:
     commands = [" ".join(e.command[:2]) for e in examples()]
     assert "XRANGE deferral:triggers" in commands
     assert "XPENDING deferral:triggers" in commands
