@@ -573,7 +573,9 @@ class EventsWatch:
             now = dt.datetime.now(dt.UTC)
             for entry in parse_xreadgroup(reply):
                 self._last = entry.id
-                self.seen.setdefault(int(entry.fields[b"trigger_id"]), now)
+                trigger_id = entry.fields.get(b"trigger_id")
+                if trigger_id is not None:  # a worker's wake entry names no trigger
+                    self.seen.setdefault(int(trigger_id), now)
 
 
 def _exit_on_signal(signum: int, frame: object) -> None:
