@@ -95,3 +95,13 @@ class ClusterPolicySkipDag(DeferralException):
 class ClusterPolicyError(DeferralException):
     """A cluster policy failed in another way than refusing (it raised something else, or left a
     task with a value the runtime cannot use); shown as an import error like a violation."""
+
+
+# Airflow's names, for DAG files whose imports were only renamed (``from deferral.exceptions
+# import AirflowSkipException``): the same classes, so raising either spelling is the same.
+AirflowException = DeferralException
+AirflowSkipException = SkipTask
+AirflowFailException = FailTask
+AirflowSensorTimeout = SensorTimeout
+AirflowRescheduleException = RescheduleTask
+AirflowTaskTimeout = TaskExecutionTimeout

@@ -69,7 +69,30 @@ AIRFLOW_PATHS = {
     "deferral.models": ["DAG", "BaseOperator", "Param", "Variable", "Connection", "Dag"],
     "deferral.sensors": ["FileSensor", "BashSensor", "DayOfWeekSensor", "TimeSensorAsync"],
     "deferral.decorators": ["dag", "task", "task_group", "setup", "teardown"],
+    "deferral.models.xcom_arg": ["XComArg"],
+    "deferral.exceptions": [
+        "AirflowException",
+        "AirflowSkipException",
+        "AirflowFailException",
+        "AirflowSensorTimeout",
+        "AirflowRescheduleException",
+        "AirflowTaskTimeout",
+    ],
 }
+
+
+def test_airflow_exception_names_are_deferral_s_own_classes() -> None:
+    """A file whose imports were only renamed raises the same classes the hook maps to."""
+    from deferral import exceptions
+    from deferral.airflow_imports import _EXCEPTIONS
+
+    for name, target in _EXCEPTIONS.items():
+        module, _, attr = target.partition(":")
+        assert getattr(exceptions, name, None) in (
+            None,
+            getattr(importlib.import_module(module), attr),
+        )
+    assert exceptions.AirflowSkipException is exceptions.SkipTask
 
 
 @pytest.mark.parametrize("module", sorted(AIRFLOW_PATHS))
