@@ -187,6 +187,7 @@ def dags_overview(session: Session, source: DagSource, tags: Sequence[str] = ())
         records.append(
             {
                 "dag_id": dag_id,
+                "display_name": _display_name(dag),
                 "tags": tags_of(dag_id),
                 "loaded": dag is not None,
                 "schedule": dag.timetable.summary if dag is not None else row and row.schedule,
@@ -313,6 +314,12 @@ def dag_detail(
     )
     return {
         "dag_id": dag_id,
+        "display_name": _display_name(dag),
+        # Airflow's owner_links: each task owner named there links to its page.
+        "owner_links": dict(dag.owner_links) if dag is not None else {},
+        "owners": sorted({str(getattr(t, "owner", "")) for t in dag.tasks} - {""})
+        if dag is not None
+        else [],
         "loaded": dag is not None,
         "schedule": dag.timetable.summary if dag is not None else row and row.schedule,
         "is_paused": _is_paused(dag, row),
@@ -352,6 +359,7 @@ def dag_detail(
                 for node in graph.nodes
                 if node.group is not None
             },
+            "labels": _task_labels(dag),
             "groups": [
                 {
                     "group_id": group_id,
@@ -437,6 +445,21 @@ def _task_order(
     order, upstream = source.task_order(dag) if dag is not None else ([], {})
     in_dag = dag.task_dict if dag is not None else {}
     return [*order, *sorted(t for t in set(seen_task_ids) if t not in in_dag)], upstream
+
+
+def _display_name(dag: DAG | None) -> str | None:
+    """The DAG's ``dag_display_name`` when it gives one other than its id."""
+    if dag is None or dag.dag_display_name == dag.dag_id:
+        return None
+    return str(dag.dag_display_name)
+
+
+def _task_labels(dag: DAG | None) -> dict[str, str]:
+    """The tasks' ``task_display_name``s, where one is given."""
+    if dag is None:
+        return {}
+    named = {t.task_id: getattr(t, "task_display_name", None) for t in dag.tasks}
+    return {task_id: str(name) for task_id, name in named.items() if name}
 
 
 def _groups_of(dag: DAG) -> dict[str, list[str]]:

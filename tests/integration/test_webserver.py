@@ -697,3 +697,30 @@ def test_the_trigger_form_has_a_field_per_param_and_its_values_become_the_conf(
         shown = local.get(refused.headers["location"]).text
         assert f"param &#39;{said}&#39;" in shown, re.findall(r"class=\"flash[^<]*", shown)
     assert len(runs_of(sessions, "web_params")) == 1
+
+
+NAMED_DAG = """
+from deferral import DAG
+from deferral.operators import EmptyOperator
+
+with DAG(
+    "web_named",
+    schedule=None,
+    dag_display_name="Nightly load",
+    owner_links={"data-team": "https://wiki.example/data-team"},
+):
+    EmptyOperator(task_id="extract", task_display_name="Extract orders", owner="data-team")
+"""
+
+
+def test_display_names_and_owner_links_show_where_airflow_shows_them(
+    local: TestClient, write_dag: Callable[[str, str], Path]
+) -> None:
+    write_dag("web_named", NAMED_DAG)
+    page = local.get("/dags/web_named").text
+    assert "<h1>DAG Nightly load" in page and '<span class="muted" id="dag-id">web_named' in page
+    assert (
+        '<a href="https://wiki.example/data-team" rel="noopener noreferrer">data-team</a>' in page
+    )
+    assert ">Extract orders</text>" in page  # the graph's box
+    assert ">Nightly load</a>" in local.get("/dags").text
