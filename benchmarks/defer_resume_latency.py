@@ -26,7 +26,7 @@ from sqlalchemy import select
 from deferral import transitions
 from deferral.db import make_engine, make_sessionmaker
 from deferral.models import DagRun, TaskInstance, TaskStateChange
-from deferral.standalone import running_services
+from deferral_cli.embedded import running_services
 
 DAG = """
 import datetime as dt

@@ -1,7 +1,7 @@
 """A throw-away deployment for the scripts in this folder: its own database (created, migrated,
 then dropped) and stream prefix on the test servers (DEFERRAL_TEST_ADMIN_URL /
 DEFERRAL_TEST_REDIS_URL, local ones by default), exported as DEFERRAL_* settings so that
-``deferral.standalone.running_services`` starts services on it."""
+``deferral_cli.embedded.running_services`` starts services on it."""
 
 from __future__ import annotations
 

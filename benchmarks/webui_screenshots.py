@@ -27,11 +27,13 @@ from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from sqlalchemy import select
 
-from deferral import actions, health, users
+from deferral import actions
 from deferral.dagbag import DagBag
 from deferral.db import make_engine, make_sessionmaker
 from deferral.models import TaskInstance
-from deferral.standalone import free_port, running_services, wait_for_webserver
+from deferral_cli import health_checks
+from deferral_cli.embedded import free_port, running_services, wait_for_webserver
+from webserver import users
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 DAG_ID = "example_deferrable"
@@ -60,7 +62,7 @@ def main() -> None:
         scratch_deployment(EXAMPLES, "screenshots") as url,
         running_services(webserver=True) as procs,
     ):
-        if not wait_for_webserver(health.webserver_url("127.0.0.1", port), procs[-1]):
+        if not wait_for_webserver(health_checks.webserver_url("127.0.0.1", port), procs[-1]):
             sys.exit("the web UI did not start")
         sessions = make_sessionmaker(make_engine(url))
         dag = DagBag(EXAMPLES).collect().get_dag(DAG_ID)

@@ -9,13 +9,12 @@ from deferral_cli import (
     dagtest,
     db,
     dead,
-    doctor,
     health,
+    inspect,
     keys,
     runs,
     schedules,
     standalone,
-    streams,
     tasks,
     triggers,
     users,
@@ -52,9 +51,9 @@ main.add_command(xcom.xcom)
 main.add_command(triggers.triggers)
 main.add_command(triggers.triggerers)
 main.add_command(triggers.workers)
-main.add_command(streams.streams)
+main.add_command(inspect.streams)
 main.add_command(dead.dead)
-main.add_command(doctor.doctor_command)
+main.add_command(inspect.doctor_command)
 main.add_command(health.health_command)
 main.add_command(keys.rotate_fernet_key)
 main.add_command(standalone.standalone)

@@ -11,33 +11,35 @@ import contextlib
 import datetime as dt
 import functools
 import json
-import re
 import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, TextIO
 
 import click
-import psycopg
-import redis.exceptions
 from sqlalchemy import select
-from sqlalchemy.engine import make_url
-from sqlalchemy.exc import ArgumentError, DBAPIError
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session, sessionmaker
 
-from broker.client import redis_location
 from deferral.config import ConfigError, Settings, load_settings
 from deferral.controls import escape
 from deferral.dag import DAG
 from deferral.dagbag import DagBag, DagNotFound
-from deferral.db import make_engine, make_sessionmaker, url_location
-from deferral.faults import is_transient
-from deferral.models import Dag, DagRun, TaskInstance
+from deferral.db import make_engine, make_sessionmaker
+from deferral.models import Dag, DagRun
 from deferral.process import settings_or_exit
 from deferral.timezone import make_aware
 
+# What the read model gives every command (named again here, where the commands look for them).
+from readmodel.errors import EXIT_FAILED as EXIT_FAILED
+from readmodel.errors import EXIT_UNAVAILABLE as EXIT_UNAVAILABLE
+from readmodel.errors import server_error as server_error
+from readmodel.records import Record as Record
+from readmodel.records import find_run as find_run
+from readmodel.records import json_value as json_value
+from readmodel.records import task_instances as task_instances
+from readmodel.records import when as when
+
 # Exit statuses every command shares (click itself exits 2 on a usage error).
-EXIT_FAILED = 1
-EXIT_UNAVAILABLE = 2
 EXIT_TIMED_OUT = 3
 # As a shell reports a command stopped by Ctrl-C (128 + SIGINT).
 EXIT_INTERRUPTED = 130
@@ -49,16 +51,6 @@ def fail(message: str, code: int = EXIT_FAILED) -> None:
 
 
 # -- servers that cannot be reached ------------------------------------------------------------
-
-# SQLSTATE undefined_table: the schema is missing (or older than this command).
-_UNDEFINED_TABLE = "42P01"
-_UNREACHABLE_REDIS = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
-# Subclasses of ConnectionError in redis-py, yet the server answered: it is busy.
-_BUSY_REDIS = (
-    redis.exceptions.BusyLoadingError,
-    redis.exceptions.ReadOnlyError,
-    redis.exceptions.TryAgainError,
-)
 
 
 class DeferralGroup(click.Group):
@@ -84,93 +76,6 @@ def _settings_or_none() -> Settings | None:
         return load_settings()
     except ConfigError:
         return None
-
-
-def server_error(exc: BaseException, settings: Settings | None) -> tuple[str, int] | None:
-    """The one line (and exit status) for an error that says a server is unavailable, found in
-    ``exc`` or the exceptions it was raised from; None for any other error."""
-    cause: BaseException | None = exc
-    while cause is not None:
-        said = _server_error(cause, settings)
-        if said is not None:
-            return said
-        cause = cause.__cause__
-    return None
-
-
-def _server_error(exc: BaseException, settings: Settings | None) -> tuple[str, int] | None:
-    if isinstance(exc, redis.exceptions.RedisError) and is_transient(exc):
-        where = "Redis" if settings is None else f"Redis at {_redis_place(settings.redis_url)}"
-        if isinstance(exc, _UNREACHABLE_REDIS) and not isinstance(exc, _BUSY_REDIS):
-            return f"cannot reach {where}: {_redis_reason(exc)}", EXIT_UNAVAILABLE
-        return f"{where} is busy: {_first_line(exc)}; try again", EXIT_UNAVAILABLE
-    if not isinstance(exc, DBAPIError):
-        return None
-    where = "PostgreSQL" if settings is None else f"PostgreSQL at {_db_place(settings)}"
-    sqlstate = getattr(exc.orig, "sqlstate", None)
-    if is_transient(exc):
-        reason = _postgres_reason(exc.orig)
-        if sqlstate is None or sqlstate.startswith(("08", "57")) or exc.connection_invalidated:
-            return f"cannot reach {where}: {reason}", EXIT_UNAVAILABLE
-        return f"{where} is busy: {reason}; try again", EXIT_UNAVAILABLE
-    if sqlstate == _UNDEFINED_TABLE:
-        return (
-            f"{where} lacks deferral's tables (or some of them): run `deferral db upgrade`",
-            EXIT_FAILED,
-        )
-    return None
-
-
-def _db_place(settings: Settings) -> str:
-    try:
-        return url_location(make_url(settings.database_url))
-    except ArgumentError:
-        return "?"
-
-
-def _redis_place(url: str) -> str:
-    try:
-        return redis_location(url)
-    except ValueError:
-        return "?"
-
-
-def _first_line(exc: BaseException | None) -> str:
-    text = str(exc).strip() if exc is not None else ""
-    return text.splitlines()[0] if text else type(exc).__name__
-
-
-def _lower_first(text: str) -> str:
-    """Lower-case a sentence's first letter ("Connection refused"), not an acronym's ("FATAL")."""
-    return text[0].lower() + text[1:] if text[1:2].islower() else text
-
-
-# What libpq puts before the reason; the place is said already.
-_LIBPQ_PREFIXES = (
-    re.compile(r"^connection (?:failed|is bad): "),
-    re.compile(r"^connection to server (?:at|on) .*? failed: "),
-    re.compile(r"^FATAL:\s+"),
-)
-
-
-def _postgres_reason(orig: BaseException | None) -> str:
-    """libpq's reason, without the place it repeats: "connection refused"."""
-    line = _first_line(orig)
-    if isinstance(orig, psycopg.Error):
-        for prefix in _LIBPQ_PREFIXES:
-            line = prefix.sub("", line)
-    return _lower_first(line.strip()) if line.strip() else type(orig).__name__
-
-
-def _redis_reason(exc: BaseException) -> str:
-    """The operating system's reason (connection refused, name or service not known) when the
-    socket failed, else Redis's own message."""
-    context = exc.__context__
-    while context is not None:
-        if isinstance(context, OSError) and context.strerror:
-            return _lower_first(context.strerror)
-        context = context.__context__
-    return _first_line(exc)
 
 
 # -- listings ----------------------------------------------------------------------------------
@@ -260,9 +165,6 @@ def output_options(func: Callable[..., Any]) -> Callable[..., Any]:
     )(with_json)
 
 
-Record = Mapping[str, Any]
-
-
 def emit(
     output: str,
     records: Sequence[Record],
@@ -283,16 +185,6 @@ def emit(
     formats = {key: (cells or {}).get(key, cell) for key in keys}
     rows = [[formats[key](record[key]) for key in keys] for record in records]
     echo_table([key.upper() for key in keys], rows)
-
-
-def json_value(value: Any) -> Any:
-    if isinstance(value, dt.datetime | dt.date):
-        return value.isoformat()
-    if isinstance(value, dt.timedelta):
-        return value.total_seconds()
-    if isinstance(value, set | frozenset | tuple):
-        return list(value)
-    raise TypeError(f"{type(value).__name__} is not JSON serializable")
 
 
 def cell(value: Any) -> str:
@@ -318,10 +210,6 @@ def echo_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
         click.echo(
             "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
         )
-
-
-def when(value: dt.datetime | None) -> str:
-    return "-" if value is None else value.isoformat(timespec="seconds")
 
 
 # -- settings, sessions, DAGs ------------------------------------------------------------------
@@ -408,25 +296,3 @@ def _run_id_or_latest(ctx: click.Context, param: click.Parameter, run_id: str) -
 
 # The RUN_ID argument of the commands that name one run of DAG_ID (which comes first).
 run_id_argument = click.argument("run_id", callback=_run_id_or_latest)
-
-
-def find_run(session: Session, dag_id: str, run_id: str) -> DagRun | None:
-    """The run ``run_id`` of DAG ``dag_id``, or None if there is none."""
-    return session.scalars(
-        select(DagRun).where(DagRun.dag_id == dag_id, DagRun.run_id == run_id)
-    ).one_or_none()
-
-
-def task_instances(session: Session, dag_id: str, run_id: str, task_id: str) -> list[TaskInstance]:
-    """The task instances of ``task_id`` in one run (a mapped task's map indexes in order)."""
-    return list(
-        session.scalars(
-            select(TaskInstance)
-            .where(
-                TaskInstance.dag_id == dag_id,
-                TaskInstance.run_id == run_id,
-                TaskInstance.task_id == task_id,
-            )
-            .order_by(TaskInstance.map_index)
-        )
-    )

@@ -34,7 +34,6 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from deferral import actions, liveness, migrate, serialization, tasklogs, transitions
-from deferral import standalone as embedded
 from deferral.callbacks import REASON_SUCCESS, REASON_TASK_FAILURE, run_dag_callbacks
 from deferral.config import Settings, is_configured
 from deferral.context import DagRunInfo
@@ -45,6 +44,7 @@ from deferral.process import settings_or_exit
 from deferral.states import FAIL_METHOD, DagRunState, TaskState
 from deferral.tasklogs import SOURCE_WORKER, NewLine
 from deferral.transitions import Attempt, FiredEvent
+from deferral_cli import embedded as embedded
 from deferral_cli.common import (
     EXIT_FAILED,
     DateTimeParam,

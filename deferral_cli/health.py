@@ -1,4 +1,4 @@
-"""``deferral health``: a container healthcheck; the decisions are in deferral.health."""
+"""``deferral health``: a container healthcheck; the decisions are in deferral_cli.health_checks."""
 
 from __future__ import annotations
 
@@ -14,17 +14,17 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.pool import NullPool
 
 from broker.client import redis_location
-from deferral import health
 from deferral.config import ConfigError, Settings, load_settings, webserver_host, webserver_port
 from deferral.db import location, make_engine, make_sessionmaker
 from deferral.doctor import Check, Status, exit_code
+from deferral_cli import health_checks
 from deferral_cli.common import server_error
 
 
 @click.command("health")
 @click.option(
     "--service",
-    type=click.Choice([*sorted(health.PROCESSES), health.WEBSERVER]),
+    type=click.Choice([*sorted(health_checks.PROCESSES), health_checks.WEBSERVER]),
     default=None,
     help="Also check that this process kind, named --name, heartbeats (webserver: that its"
     " health page answers on DEFERRAL_WEBSERVER_HOST / DEFERRAL_WEBSERVER_PORT; no --name).",
@@ -50,7 +50,7 @@ def health_command(service: str | None, name: str | None, timeout: float) -> Non
     Exit 1 also when a server does not answer or a setting is bad (never 2, which Docker
     reserves).
     """
-    web = service == health.WEBSERVER
+    web = service == health_checks.WEBSERVER
     if web and name is not None:
         raise click.UsageError("--service webserver takes no --name")
     if not web and (service is None) != (name is None):
@@ -79,8 +79,8 @@ def _postgres_checks(
         with make_sessionmaker(engine)() as session:
             now = session.scalars(select(func.now())).one()
             if service is None or name is None:
-                return [health.server("postgres", where, None)]
-            model = health.PROCESSES[service]
+                return [health_checks.server("postgres", where, None)]
+            model = health_checks.PROCESSES[service]
             row = session.execute(
                 select(model.state, model.latest_heartbeat).where(model.name == name)
             ).one_or_none()
@@ -88,10 +88,10 @@ def _postgres_checks(
         return [_unanswered("postgres", where, exc, settings)]
     finally:
         engine.dispose()
-    beat = None if row is None else health.Beat(row.state, row.latest_heartbeat)
+    beat = None if row is None else health_checks.Beat(row.state, row.latest_heartbeat)
     return [
-        health.server("postgres", where, None),
-        health.heartbeat(service, name, beat, now, settings.heartbeat_sec),
+        health_checks.server("postgres", where, None),
+        health_checks.heartbeat(service, name, beat, now, settings.heartbeat_sec),
     ]
 
 
@@ -106,14 +106,14 @@ def _redis_check(settings: Settings, timeout: float) -> Check:
         return _unanswered("redis", where, exc, settings)
     finally:
         client.close()
-    return health.server("redis", where, None)
+    return health_checks.server("redis", where, None)
 
 
 def _webserver_check(timeout: float) -> Check:
     try:
-        url = health.webserver_url(webserver_host(), webserver_port())
+        url = health_checks.webserver_url(webserver_host(), webserver_port())
     except ConfigError as exc:
-        return Check(Status.FAIL, health.WEBSERVER, str(exc))
+        return Check(Status.FAIL, health_checks.WEBSERVER, str(exc))
     try:
         with urllib.request.urlopen(url, timeout=timeout) as answer:
             status = answer.status
@@ -122,8 +122,8 @@ def _webserver_check(timeout: float) -> Check:
     except OSError as exc:  # URLError (refused, unknown host) and timeouts
         reason = exc.reason if isinstance(exc, urllib.error.URLError) else exc
         said = reason.strerror if isinstance(reason, OSError) and reason.strerror else str(reason)
-        return health.webserver(url, said)
-    return health.webserver(url, None if status == 200 else f"HTTP {status}")
+        return health_checks.webserver(url, said)
+    return health_checks.webserver(url, None if status == 200 else f"HTTP {status}")
 
 
 def _unanswered(name: str, where: str, exc: BaseException, settings: Settings) -> Check:
@@ -131,7 +131,7 @@ def _unanswered(name: str, where: str, exc: BaseException, settings: Settings) -
     said = server_error(exc, settings)
     if said is not None:
         return Check(Status.FAIL, name, said[0])
-    return health.server(name, where, _first_line(exc))
+    return health_checks.server(name, where, _first_line(exc))
 
 
 def _first_line(exc: BaseException) -> str:

@@ -23,7 +23,7 @@ from deferral.process import settings_or_exit
 from deferral.templating import TemplateRenderError, render_template_fields, rendered_fields
 from deferral.xcom import DatabaseXComs
 from deferral_cli.common import fail, find_run, run_id_argument, sessions, when
-from deferral_cli.explain import find_dag
+from readmodel.explain import find_dag
 
 
 @click.command("render")

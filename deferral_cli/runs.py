@@ -12,7 +12,6 @@ from deferral.models import Dag, DagRun, TaskInstance, TaskStateChange
 from deferral.process import command_group, settings_or_exit
 from deferral.states import DagRunState
 from deferral_cli.common import (
-    Record,
     dagbag,
     emit,
     fail,
@@ -21,6 +20,7 @@ from deferral_cli.common import (
     run_id_argument,
     sessions,
 )
+from readmodel.records import run_record
 
 
 @command_group()
@@ -60,20 +60,6 @@ def _dag_known(session: Session, settings: Settings, dag_id: str) -> bool:
     if session.scalar(select(exists().where(DagRun.dag_id == dag_id))):
         return True
     return session.get(Dag, dag_id) is not None or dag_id in dagbag(settings).dags
-
-
-def run_record(run: DagRun) -> Record:
-    return {
-        "dag_id": run.dag_id,
-        "run_id": run.run_id,
-        "run_type": run.run_type,
-        "state": run.state,
-        "logical_date": run.logical_date,
-        "data_interval_start": run.data_interval_start,
-        "data_interval_end": run.data_interval_end,
-        "start_date": run.start_date,
-        "end_date": run.end_date,
-    }
 
 
 @runs.command("show")

@@ -1,4 +1,4 @@
-"""``deferral standalone``: all services at once; the process helpers are in deferral.standalone."""
+"""``deferral standalone``: all services at once; the process helpers are in embedded.py."""
 
 from __future__ import annotations
 
@@ -11,15 +11,17 @@ from pathlib import Path
 import click
 
 from broker.client import Broker, RedisVersionError
-from deferral import health, migrate, users
-from deferral import standalone as embedded
+from deferral import migrate
 from deferral.config import webserver_port
 from deferral.process import settings_or_exit
 from deferral.states import DagRunState
+from deferral_cli import embedded as embedded
+from deferral_cli import health_checks
 from deferral_cli.common import EXIT_FAILED, EXIT_TIMED_OUT, fail, sessions
 from deferral_cli.dags import trigger
 from deferral_cli.runs import show_run
 from deferral_cli.wait import wait_for_run
+from webserver import users
 
 
 @click.command()
@@ -96,7 +98,7 @@ def _say_web_ui(proc: subprocess.Popen[bytes], password_file: Path | None) -> No
     """Print the web UI's address once it answers, and how to log in (never the password)."""
     port = webserver_port()
     url = f"http://127.0.0.1:{port}/"
-    if not embedded.wait_for_webserver(health.webserver_url("127.0.0.1", port), proc):
+    if not embedded.wait_for_webserver(health_checks.webserver_url("127.0.0.1", port), proc):
         click.echo(f"note: the web UI did not start on port {port}; see its log above", err=True)
         return
     click.echo(f"# web UI: {url}")

@@ -23,9 +23,9 @@ from deferral_cli.common import (
     sessions,
     task_instances,
 )
-from deferral_cli.explain import explain, find_dag
 from deferral_cli.logs import tasks_logs
 from deferral_cli.render import tasks_render
+from readmodel.explain import explain, find_dag
 
 
 @command_group()

@@ -3,18 +3,17 @@ them and the tasks."""
 
 from __future__ import annotations
 
-import datetime as dt
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import TypeVar
 
-from sqlalchemy import func, select
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from broker.streams import task_label
-from deferral import liveness
 from deferral.models import TaskInstance, Trigger, Triggerer, Worker
 from deferral.process import command_group, settings_or_exit
 from deferral_cli.common import Record, emit, output_options, sessions
+from readmodel.records import process_records, triggerer_own, worker_own
 
 
 @command_group()
@@ -112,42 +111,3 @@ def _list_processes(
     with sessions(settings)() as session:
         records = process_records(session, model, own, settings.heartbeat_sec)
     emit(output, records, empty=empty)
-
-
-def process_records(
-    session: Session, model: type[Process], own: Callable[[Process], Record], heartbeat_sec: float
-) -> list[Record]:
-    """A record per process of a kind, by name: who it is, what it has of its ``own``, its
-    heartbeat and whether it is alive."""
-    # The database's clock, the one that wrote the heartbeats: no skew with this host.
-    now = session.scalars(select(func.now())).one()
-    return [
-        {**_identity(process), **own(process), **_liveness(process, now, heartbeat_sec)}
-        for process in session.scalars(select(model).order_by(model.name))
-    ]
-
-
-def triggerer_own(triggerer: Triggerer) -> Record:
-    return {"load": triggerer.load, "capacity": triggerer.capacity}
-
-
-def worker_own(worker: Worker) -> Record:
-    return {"queue": worker.queue, "load": worker.load, "concurrency": worker.concurrency}
-
-
-def _identity(process: Triggerer | Worker) -> dict[str, Any]:
-    return {
-        "name": process.name,
-        "hostname": process.hostname,
-        "pid": process.pid,
-        "state": process.state,
-    }
-
-
-def _liveness(process: Triggerer | Worker, now: dt.datetime, heartbeat_sec: float) -> Record:
-    """The heartbeat, its age, and whether the process is alive by :mod:`deferral.liveness`."""
-    return {
-        "latest_heartbeat": process.latest_heartbeat,
-        "heartbeat_age_sec": round(liveness.heartbeat_age_sec(process.latest_heartbeat, now), 1),
-        "health": liveness.health(process.state, process.latest_heartbeat, now, heartbeat_sec),
-    }

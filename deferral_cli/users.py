@@ -7,10 +7,10 @@ import sys
 import click
 from sqlalchemy import select
 
-from deferral import users as accounts
 from deferral.models import User
 from deferral.process import command_group, settings_or_exit
 from deferral_cli.common import emit, fail, output_options, sessions
+from webserver import users as accounts
 
 
 @command_group()

@@ -9,7 +9,6 @@ import click
 from sqlalchemy import func, select
 
 from broker.client import Broker, RedisVersionError
-from deferral import users
 from deferral.config import ConfigError, webserver_host, webserver_port, webserver_settings
 from deferral.models import User
 from deferral.process import (
@@ -21,6 +20,7 @@ from deferral.process import (
     setup_logging,
 )
 from deferral_cli.common import EXIT_UNAVAILABLE, fail, sessions
+from webserver import users
 
 log = logging.getLogger("deferral.webserver")
 

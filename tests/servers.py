@@ -17,7 +17,7 @@ from pathlib import Path
 import redis
 from sqlalchemy import create_engine, text
 
-from deferral.standalone import embedded_postgres, embedded_redis, redis_server_binary
+from deferral_cli.embedded import embedded_postgres, embedded_redis, redis_server_binary
 
 LOCAL_ADMIN_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
 LOCAL_REDIS_URL = "redis://127.0.0.1:6379/0"

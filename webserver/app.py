@@ -33,12 +33,13 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from broker import deadletters
 from broker.client import Broker
-from deferral import actions, secrets_masker, users
+from deferral import actions, secrets_masker
 from deferral.config import Settings, WebserverSettings, webserver_settings
 from deferral.crypto import Cipher
 from deferral.db import make_engine, make_sessionmaker
-from deferral_cli.common import json_value, server_error
-from webserver import data, paramform
+from readmodel.errors import server_error
+from readmodel.records import json_value
+from webserver import data, paramform, users
 from webserver.auth import (
     CSRF_FIELD,
     CSRF_HEADER,

@@ -41,12 +41,17 @@ from deferral.schedules import latest_automated_intervals
 from deferral.secrets_masker import redact
 from deferral.states import FINISHED_STATES, TaskState
 from deferral.stored_secrets import known_secrets, shown_xcom
-from deferral_cli.common import find_run, task_instances
-from deferral_cli.doctor import gather_checks
-from deferral_cli.explain import explain
-from deferral_cli.runs import run_record
-from deferral_cli.streams import stream_records
-from deferral_cli.triggers import process_records, triggerer_own, worker_own
+from readmodel.doctor import gather_checks
+from readmodel.explain import explain
+from readmodel.records import (
+    find_run,
+    process_records,
+    run_record,
+    task_instances,
+    triggerer_own,
+    worker_own,
+)
+from readmodel.streams import stream_records
 from webserver.layout import layout
 from webserver.paramform import fields
 

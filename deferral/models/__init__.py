@@ -410,7 +410,7 @@ class TaskLogTry(Base):
 
 class User(Base):
     """Who may log in to the web UI: a name and an argon2 hash of the password
-    (``deferral.users``); never the password itself."""
+    (``webserver.users``); never the password itself."""
 
     __tablename__ = "user"
 

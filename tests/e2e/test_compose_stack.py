@@ -27,7 +27,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, sessionmaker
 
 from deferral.models import DagRun, TaskInstance, TaskStateChange
-from deferral.standalone import free_port
+from deferral_cli.embedded import free_port
 from tests.compose_stack import COMPOSE_FILE, model, scratch_project
 from tests.e2e.conftest import CLI, Services, command
 from tests.helpers import wait_for

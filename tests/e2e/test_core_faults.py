@@ -17,7 +17,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from broker.client import Broker
 from deferral.models import DagRun, ResumeEvent, TaskInstance, TaskStateChange, XCom
-from deferral.standalone import redis_server_binary
+from deferral_cli.embedded import redis_server_binary
 from tests.e2e.conftest import Services
 from tests.helpers import process_alive, wait_for
 

@@ -16,7 +16,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from broker.client import Broker
 from deferral.models import TaskInstance, Trigger
-from deferral.standalone import free_port
+from deferral_cli.embedded import free_port
 from tests.e2e.conftest import Services, command
 from tests.helpers import metrics_answer, wait_for
 

@@ -20,7 +20,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError
 
 from deferral.db import make_engine
-from deferral.standalone import free_port
+from deferral_cli.embedded import free_port
 from tests.e2e.conftest import Services
 from tests.helpers import wait_for
 from tests.servers import ADMIN_URL

@@ -24,8 +24,8 @@ from sqlalchemy.orm import Session, sessionmaker
 from broker.client import Broker
 from broker.streams import GROUP_TRIGGERERS
 from deferral.models import TaskInstance, TaskStateChange
-from deferral.standalone import free_port
 from deferral.xcom import DatabaseXComs
+from deferral_cli.embedded import free_port
 from tests.e2e.conftest import Services
 from tests.e2e.test_metrics import scrape, value
 from tests.helpers import wait_for

@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from deferral import users
-from deferral.standalone import free_port
+from deferral_cli.embedded import free_port
 from tests.e2e.conftest import Services, command
 from tests.helpers import wait_for
+from webserver import users
 
 pytestmark = pytest.mark.e2e
 

@@ -29,13 +29,14 @@ from sqlalchemy import insert
 from sqlalchemy.orm import Session, sessionmaker
 
 from broker.client import Broker
-from deferral import transitions, users
+from deferral import transitions
 from deferral.crypto import Cipher
 from deferral.models import TaskInstance
-from deferral.standalone import free_port
 from deferral.states import TaskState
+from deferral_cli.embedded import free_port
 from tests.e2e.conftest import Stack, command, fire_deferred
 from tests.helpers import wait_for
+from webserver import users
 
 pytestmark = pytest.mark.e2e
 

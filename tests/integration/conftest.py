@@ -11,9 +11,9 @@ from sqlalchemy.orm import Session, sessionmaker
 from starlette.testclient import TestClient
 
 from broker.client import Broker
-from deferral import users
 from deferral.config import Settings
 from tests.servers import REDIS_URL
+from webserver import users
 from webserver.app import create_app
 from worker.service import WorkerService
 

@@ -20,7 +20,7 @@ from sqlalchemy.engine import URL, make_url
 from sqlalchemy.orm import Session, sessionmaker
 
 from broker.client import Broker
-from deferral import serialization, users, xcom
+from deferral import serialization, xcom
 from deferral.config import Settings
 from deferral.crypto import Cipher
 from deferral.db import url_location
@@ -32,6 +32,7 @@ from tests.integration.cli_tree import command_at, walk
 from tests.integration.conftest import CLI_DAG_SOURCE
 from tests.integration.factories import DAG_ID, WORKER, deferred_task, running_task
 from triggerer.cli import main as triggerer_main
+from webserver import users
 from worker.cli import main as worker_main
 
 PROGRAMS = {

@@ -19,8 +19,8 @@ from click.testing import CliRunner
 from cryptography.fernet import Fernet
 from sqlalchemy.orm import Session, sessionmaker
 
-from deferral.standalone import free_port
 from deferral_cli import main as deferral_main
+from deferral_cli.embedded import free_port
 from tests.integration.cli_tree import command_at, leaves
 from tests.servers import REDIS_URL
 

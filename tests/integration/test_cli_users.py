@@ -10,10 +10,10 @@ from click.testing import CliRunner, Result
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from deferral import users
 from deferral.config import Settings
 from deferral.models import User
 from deferral_cli import main as deferral_main
+from webserver import users
 
 
 def run(*args: str, stdin: str | None = None) -> Result:

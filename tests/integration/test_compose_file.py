@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from sqlalchemy.engine import make_url
 
-from deferral.health import WEBSERVER_HEALTH_PATH
+from deferral_cli.health_checks import WEBSERVER_HEALTH_PATH
 from tests.compose_stack import (
     COMPOSE_FILE,
     REPO,

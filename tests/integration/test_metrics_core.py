@@ -14,7 +14,7 @@ from broker.consumer import StreamConsumer
 from broker.streams import QueueMessage, to_fields
 from deferral import metrics
 from deferral.crypto import Cipher
-from deferral.standalone import free_port
+from deferral_cli.embedded import free_port
 from tests.helpers import metrics_answer
 
 GROUP = "workers"

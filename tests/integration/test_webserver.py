@@ -19,14 +19,15 @@ from sqlalchemy.orm import Session, sessionmaker
 from starlette.testclient import TestClient
 
 from broker.client import Broker
-from deferral import metrics, tasklogs, transitions, users
+from deferral import metrics, tasklogs, transitions
 from deferral.config import Settings
 from deferral.crypto import Cipher
 from deferral.models import Dag, DagRun, StoredConnection, TaskInstance, TaskStateChange
-from deferral.standalone import free_port
 from deferral.states import TaskState
+from deferral_cli.embedded import free_port
 from tests.integration.conftest import CLI_DAG_SOURCE, WEB_ADMIN_PASSWORD, WEB_DAG, web_client
 from tests.integration.factories import DAG_ID, deferred_task, running_task
+from webserver import users
 from webserver.app import create_app
 
 ADMIN_PASSWORD = WEB_ADMIN_PASSWORD

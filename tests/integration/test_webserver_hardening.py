@@ -15,7 +15,6 @@ from sqlalchemy.orm import Session, sessionmaker
 from starlette.testclient import TestClient
 
 from broker.client import Broker
-from deferral import users
 from deferral.config import Settings
 from deferral.models import WebSession
 from tests.integration.conftest import web_client
@@ -30,6 +29,7 @@ from tests.integration.test_webserver import (
     runs_of,
 )
 from webserver import auth as auth_module
+from webserver import users
 from webserver.app import create_app
 from webserver.throttle import MAX_BACKOFF_SEC
 

@@ -423,7 +423,7 @@ def test_the_database_password_from_a_file_goes_into_the_url(tmp_path: Path) -> 
 
 
 def test_the_admin_password_may_come_from_a_file(tmp_path: Path) -> None:
-    from deferral import users
+    from webserver import users
 
     (tmp_path / "admin").write_text("correct horse\n")
     env = {"DEFERRAL_WEBSERVER_ADMIN_PASSWORD_FILE": str(tmp_path / "admin")}

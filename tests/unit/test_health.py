@@ -1,4 +1,4 @@
-"""deferral.health: a process is healthy when its servers answer and its row heartbeats."""
+"""health_checks: a process is healthy when its servers answer and its row heartbeats."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import datetime as dt
 
 import pytest
 
-from deferral import health
 from deferral.doctor import Status
+from deferral_cli import health_checks
 
 NOW = dt.datetime(2024, 5, 1, 12, 0, 0, tzinfo=dt.UTC)
 
@@ -17,43 +17,49 @@ def _ago(seconds: float) -> dt.datetime:
 
 
 def test_a_server_that_answers_is_ok_and_one_that_does_not_fails_saying_where() -> None:
-    assert health.server("redis", "redis:6379/0", None).line() == (
+    assert health_checks.server("redis", "redis:6379/0", None).line() == (
         "ok  redis: answers at redis:6379/0"
     )
-    failed = health.server("postgres", "db:5432/deferral", "connection refused")
+    failed = health_checks.server("postgres", "db:5432/deferral", "connection refused")
     assert failed.status is Status.FAIL
     assert failed.line() == "fail  postgres: no answer at db:5432/deferral: connection refused"
 
 
 def test_a_running_process_with_a_fresh_heartbeat_is_healthy() -> None:
-    check = health.heartbeat("worker", "worker-1", health.Beat("running", _ago(4)), NOW, 5)
+    check = health_checks.heartbeat(
+        "worker", "worker-1", health_checks.Beat("running", _ago(4)), NOW, 5
+    )
     assert check.status is Status.OK
     assert check.line() == "ok  worker worker-1: running, heartbeat 4.0s ago"
 
 
 def test_the_heartbeat_is_fresh_up_to_2_1_heartbeats_as_for_every_liveness_check() -> None:
-    beat = health.Beat("running", _ago(10.5))
-    assert health.heartbeat("triggerer", "t-1", beat, NOW, 5).status is Status.OK
-    late = health.heartbeat("triggerer", "t-1", health.Beat("running", _ago(10.6)), NOW, 5)
+    beat = health_checks.Beat("running", _ago(10.5))
+    assert health_checks.heartbeat("triggerer", "t-1", beat, NOW, 5).status is Status.OK
+    late = health_checks.heartbeat(
+        "triggerer", "t-1", health_checks.Beat("running", _ago(10.6)), NOW, 5
+    )
     assert late.status is Status.FAIL
     assert "heartbeat 10.6s ago, older than 10.5s (2.1 x DEFERRAL_HEARTBEAT_SEC=5)" in late.detail
 
 
 def test_a_stopped_process_is_unhealthy_whatever_its_heartbeat() -> None:
-    check = health.heartbeat("scheduler", "s-1", health.Beat("stopped", _ago(1)), NOW, 5)
+    check = health_checks.heartbeat(
+        "scheduler", "s-1", health_checks.Beat("stopped", _ago(1)), NOW, 5
+    )
     assert check.status is Status.FAIL
     assert check.line() == "fail  scheduler s-1: stopped (heartbeat 1.0s ago)"
 
 
 def test_a_process_without_a_row_is_unhealthy_and_the_name_is_suspected() -> None:
-    check = health.heartbeat("worker", "worker-9", None, NOW, 5)
+    check = health_checks.heartbeat("worker", "worker-9", None, NOW, 5)
     assert check.status is Status.FAIL
     assert "worker worker-9: no heartbeat recorded" in check.line()
     assert "another --name" in check.detail
 
 
 def test_every_process_kind_that_heartbeats_can_be_checked() -> None:
-    assert sorted(health.PROCESSES) == ["scheduler", "triggerer", "worker"]
+    assert sorted(health_checks.PROCESSES) == ["scheduler", "triggerer", "worker"]
 
 
 @pytest.mark.parametrize(
@@ -66,7 +72,7 @@ def test_every_process_kind_that_heartbeats_can_be_checked() -> None:
     ],
 )
 def test_the_web_ui_is_asked_on_the_address_it_listens_on(host: str, url: str) -> None:
-    assert health.webserver_url(host, 8080) == url
-    assert health.webserver(url, None).line() == f"ok  webserver: answers at {url}"
-    refused = health.webserver(url, "Connection refused")
+    assert health_checks.webserver_url(host, 8080) == url
+    assert health_checks.webserver(url, None).line() == f"ok  webserver: answers at {url}"
+    refused = health_checks.webserver(url, "Connection refused")
     assert refused.line() == f"fail  webserver: no answer at {url}: Connection refused"

@@ -1,7 +1,8 @@
 """The layout follows the data: ``deferral`` (core) imports neither ``broker`` nor a service nor
-the CLI; services import ``deferral`` and ``broker`` but never each other; ``broker`` imports no
-service; the web UI imports no service. Checked on the source, so a new import that breaks a
-layer fails here."""
+the read model, the web UI or the CLI; services import ``deferral`` and ``broker`` but never each
+other; ``broker`` imports no service; the read model (what the CLI and the web UI both show)
+imports neither of them nor a service; the web UI imports no service and nothing of the CLI.
+Checked on the source, so a new import that breaks a layer fails here."""
 
 from __future__ import annotations
 
@@ -13,13 +14,14 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 SERVICES = {"scheduler", "worker", "triggerer"}
 FORBIDDEN = {
-    "deferral": {"broker", "deferral_cli", *SERVICES},
-    "broker": {"deferral_cli", *SERVICES},
-    "scheduler": {"deferral_cli", "worker", "triggerer"},
-    "worker": {"deferral_cli", "scheduler", "triggerer"},
-    "triggerer": {"deferral_cli", "scheduler", "worker"},
+    "deferral": {"broker", "readmodel", "webserver", "deferral_cli", *SERVICES},
+    "broker": {"readmodel", "webserver", "deferral_cli", *SERVICES},
+    "readmodel": {"webserver", "deferral_cli", *SERVICES},
+    "scheduler": {"deferral_cli", "readmodel", "webserver", "worker", "triggerer"},
+    "worker": {"deferral_cli", "readmodel", "webserver", "scheduler", "triggerer"},
+    "triggerer": {"deferral_cli", "readmodel", "webserver", "scheduler", "worker"},
     # The web UI reads the services' tables, never their code.
-    "webserver": SERVICES,
+    "webserver": {"deferral_cli", *SERVICES},
 }
 # Program entry points, not library code: ``python -m deferral`` runs the command.
 ENTRY_POINTS = {ROOT / "deferral" / "__main__.py"}

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from deferral import standalone
 from deferral.private_files import write_private
+from deferral_cli import embedded as standalone
 
 
 @pytest.fixture

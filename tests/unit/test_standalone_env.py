@@ -5,7 +5,7 @@ from __future__ import annotations
 import socket
 from pathlib import Path
 
-from deferral.standalone import environment_lines, mask_password, stable_port
+from deferral_cli.embedded import environment_lines, mask_password, stable_port
 
 
 def test_a_port_is_chosen_once_and_kept(tmp_path: Path) -> None:

@@ -1,11 +1,10 @@
-"""``deferral doctor``: gathers the numbers; the checks themselves are in deferral.doctor."""
+"""The numbers behind ``deferral doctor`` and the web UI's Doctor page, gathered from PostgreSQL and
+Redis; the checks themselves are in deferral.doctor."""
 
 from __future__ import annotations
 
 import datetime as dt
-import sys
 
-import click
 from sqlalchemy import exists, func, select
 from sqlalchemy.orm import Session
 
@@ -14,6 +13,7 @@ from broker.streams import task_label
 from deferral import doctor as checklist
 from deferral import liveness
 from deferral.config import Settings
+from deferral.db import make_engine, make_sessionmaker
 from deferral.models import (
     Dag,
     DagImportError,
@@ -23,50 +23,13 @@ from deferral.models import (
     Trigger,
     Triggerer,
 )
-from deferral.process import settings_or_exit
 from deferral.states import DagRunState, TaskState
-from deferral_cli.common import emit, output_options, sessions
-
-
-@click.command("doctor")
-@output_options
-def doctor_command(output: str) -> None:
-    """Check why deferred tasks may be stuck; exit 1 if any check fails (2 if PostgreSQL or
-    Redis cannot be reached at all).
-
-    Prints one line per check, `ok|warn|fail  <check>: <detail>` (with --output json, an object
-    per check: status, check, detail):
-
-    \b
-    triggerer alive     deferred tasks, but no triggerer heartbeating (fail)
-    capacity            alive triggerers' capacity below the deferred tasks (warn)
-    expired timeouts    deferrals over 10 s past their timeout: no scheduler (fail)
-    orphaned triggers   triggers no task waits on (warn); deferred tasks
-                        whose trigger row is missing (fail)
-    unpublished outbox  outbox rows unpublished for over 30 s: no relay (fail)
-    broken DAGs         DAGs that stopped loading while they have runs (warn;
-                        fail once their grace period is over)
-    import errors       DAG files the scheduler could not load (warn)
-    dead letters        entries in the dead-letter stream (warn)
-    in flight           deferred tasks whose trigger is in no stream (fail)
-    """
-    checks = gather_checks(settings_or_exit())
-    if output == "json":
-        emit(
-            output,
-            [{"status": c.status, "check": c.name, "detail": c.detail} for c in checks],
-            empty="",
-        )
-    else:
-        for check in checks:
-            click.echo(check.line())
-    sys.exit(checklist.exit_code(checks))
 
 
 def gather_checks(settings: Settings) -> list[checklist.Check]:
     """Every check of the checklist, on the numbers Postgres and Redis give now (the web UI's
     Doctor page shows the same list)."""
-    with sessions(settings)() as session:
+    with make_sessionmaker(make_engine(settings.database_url))() as session:
         checks = _database_checks(session, settings)
     try:
         broker = Broker.from_url(settings.redis_url, settings.stream_prefix)
@@ -185,7 +148,7 @@ def _not_in_flight(broker: Broker, settings: Settings) -> list[str]:
     """Labels of deferred tasks whose trigger is in no stream (checked for every deferred task,
     a page at a time: this is run on demand)."""
     ti = TaskInstance
-    with sessions(settings)() as session:
+    with make_sessionmaker(make_engine(settings.database_url))() as session:
         deferred = session.execute(
             select(ti.trigger_id, ti.dag_id, ti.run_id, ti.task_id, ti.map_index).where(
                 ti.state == TaskState.DEFERRED,

@@ -34,7 +34,7 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
 from deferral.private_files import write_private
-from deferral.users import ADMIN_PASSWORD_ENV
+from webserver.users import ADMIN_PASSWORD_ENV
 
 LOCAL_DATABASE_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/deferral_demo"
 LOCAL_REDIS_URL = "redis://127.0.0.1:6379/0"

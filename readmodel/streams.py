@@ -1,35 +1,10 @@
-"""``deferral streams``: the Redis streams, their consumer groups and pending entries."""
+"""The Redis streams, their consumer groups and pending entries, as ``deferral streams`` and the
+web UI show them."""
 
 from __future__ import annotations
 
-import click
-
-from broker.client import Broker, RedisVersionError
-from deferral.process import settings_or_exit
-from deferral_cli.common import Record, emit, fail, output_options
-
-
-@click.command()
-@output_options
-def streams(output: str) -> None:
-    """Show each stream's length, its consumer groups, their lag and pending entries per consumer.
-
-    Covers the triggers, events and dead streams and every queue stream (named in the set
-    `<prefix>:queues`, never found by a keyspace scan): a row per consumer group (one row for a
-    stream without a group). LAG is "-" where Redis does not report it (before Redis 7, or when
-    it cannot tell). `deferral dead list` shows the dead letters themselves.
-    """
-    settings = settings_or_exit()
-    try:
-        broker = Broker.from_url(settings.redis_url, settings.stream_prefix)
-    except RedisVersionError as exc:
-        fail(f"Redis: {exc}")
-        return
-    try:
-        records = stream_records(broker)
-    finally:
-        broker.close()
-    emit(output, records, empty="no streams")
+from broker.client import Broker
+from readmodel.records import Record
 
 
 def stream_records(broker: Broker) -> list[Record]:

@@ -28,7 +28,7 @@ from deferral.models import (
 )
 from deferral.states import FAIL_METHOD, FINISHED_STATES, DagRunState, TaskState
 from deferral.trigger_rules import TriggerRule, evaluate, upstream_states
-from deferral_cli.common import when
+from readmodel.records import when
 
 
 def find_dag(settings: Settings, dag_id: str) -> tuple[DAG | None, str]:
