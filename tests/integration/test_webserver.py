@@ -22,8 +22,8 @@ from broker.client import Broker
 from deferral import metrics, tasklogs, transitions
 from deferral.config import Settings
 from deferral.crypto import Cipher
-from deferral.models import Dag, DagRun, StoredConnection, TaskInstance, TaskStateChange
-from deferral.states import TaskState
+from deferral.models import Dag, DagRun, StoredConnection, TaskInstance, TaskStateChange, Trigger
+from deferral.states import DagRunState, TaskState
 from deferral_cli.embedded import free_port
 from tests.integration.conftest import CLI_DAG_SOURCE, WEB_ADMIN_PASSWORD, WEB_DAG, web_client
 from tests.integration.factories import DAG_ID, deferred_task, running_task
@@ -210,7 +210,7 @@ def _finished_run(sessions: sessionmaker[Session], run_id: str) -> None:
         transitions.start_many(session, [(i, 1) for i in ids], "host", "w")
         for i in ids:
             assert transitions.succeed(session, transitions.Attempt(i, 1, "w"), None)
-        transitions.finish_dag_run(session, run, transitions.DagRunState.SUCCESS)
+        transitions.finish_dag_run(session, run, DagRunState.SUCCESS)
 
 
 def _states(sessions: sessionmaker[Session], run_id: str) -> dict[str, tuple[str, int]]:
@@ -481,7 +481,7 @@ def test_no_secret_in_any_page_or_api_answer(
         sessions, cipher, next_kwargs={"token": resume_secret}, task_id="waits", run_id="rs"
     )
     with sessions.begin() as session:
-        trigger_row = session.get(transitions.Trigger, trigger_id)
+        trigger_row = session.get(Trigger, trigger_id)
         assert trigger_row is not None
         trigger_row.kwargs = cipher.seal({"api_key": trigger_secret})
         session.add(
