@@ -969,8 +969,9 @@ def _resumed_at(
 TIMED_OUT_KWARGS = {"error": "timeout"}
 
 
-# How far back a dedup key is looked for (resume_event is partitioned by day: a bounded look
-# back reads only the last days' partitions). An older duplicate finds its trigger gone and is
+# How far back a dedup key is looked for (resume_event is partitioned by day: a look back
+# bounded on both sides reads only the last day's partitions, not the default one nor those
+# made ahead). An older duplicate finds its trigger gone and is
 # claimed as stale: a task resumes at most once whatever the window, as only a task deferred on
 # the event's trigger resumes.
 DEDUP_WINDOW = dt.timedelta(days=1)
@@ -1003,7 +1004,7 @@ _CLAIM_EVENTS_SQL = text(
         WHERE NOT EXISTS (
             SELECT 1 FROM resume_event seen
             WHERE seen.dedup_key = fired.dedup_key
-              AND seen.received_at > now() - CAST(:dedup_window AS interval))
+              AND seen.received_at BETWEEN now() - CAST(:dedup_window AS interval) AND now())
         ORDER BY fired.n
         ON CONFLICT DO NOTHING
         RETURNING dedup_key, task_instance_id
