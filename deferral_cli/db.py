@@ -71,12 +71,18 @@ def prune(older_than: str, batch_size: int) -> None:
     finished runs, then those runs with their task instances, XComs, rendered fields and
     reschedules (but each DAG's latest scheduled or backfill run, which its schedule follows),
     and the rows of schedulers, workers and triggerers that stopped heartbeating (never one
-    that beat in the last 10 minutes). The scheduler does the same every hour
-    (DEFERRAL_PRUNE_OLDER_THAN)."""
+    that beat in the last 10 minutes). The history tables' partitions of the days before the
+    cutoff (taken back to the start of its UTC day) are dropped whole, once what unfinished
+    runs need of them has moved to the default partition. The scheduler does the same every
+    hour (DEFERRAL_PRUNE_OLDER_THAN)."""
     try:
         age = parse_duration(older_than)
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--older-than") from None
     settings = settings_or_exit()
-    pruned = retention.prune(make_sessionmaker(make_engine(settings.database_url)), age, batch_size)
+    engine = make_engine(settings.database_url)
+    try:
+        pruned = retention.prune(make_sessionmaker(engine), age, batch_size)
+    finally:
+        engine.dispose()
     click.echo(f"{pruned.describe()} older than {older_than}")
