@@ -236,7 +236,7 @@ class Broker:
         due = {
             s
             for s in streams
-            if s.startswith(self.keys.queue(""))
+            if (s.startswith(self.keys.queue("")) or s.startswith(self.keys.triggers + ":"))
             and now - self._queues_named.get(s, -QUEUE_REGISTRY_EVERY_SEC)
             >= QUEUE_REGISTRY_EVERY_SEC
         }
@@ -563,6 +563,12 @@ class Broker:
         number of queues, never a scan of the keyspace (metrics scrapes call this)."""
         queues = {replies.text(key) for key in self.redis.smembers(self.keys.queues)}
         return [self.keys.triggers, self.keys.events, self.keys.dead, *sorted(queues)]
+
+    def trigger_streams(self) -> list[str]:
+        """Every triggers stream: the default queue's, then each one named in the registry set
+        (a trigger queue's stream is named there when first published to or read)."""
+        named = {replies.text(key) for key in self.redis.smembers(self.keys.queues)}
+        return [self.keys.triggers, *sorted(s for s in named if self.keys.is_triggers(s))]
 
     def stream_stats(self) -> list[StreamInfo]:
         """Length and consumer groups (pending, lag) of each stream that exists."""

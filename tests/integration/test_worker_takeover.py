@@ -116,7 +116,7 @@ def test_a_worker_restarted_under_its_name_fails_the_attempts_its_last_process_r
     with sessions.begin() as session:
         session.get_one(TaskInstance, ours).max_tries = 1  # one retry left
         session.get_one(TaskInstance, theirs).worker = "another-worker"
-    restarted = WorkerService(settings, queue="default", concurrency=1, name=WORKER)
+    restarted = WorkerService(settings, queues=("default",), concurrency=1, name=WORKER)
     restarted.attach(Broker.from_url(REDIS_URL, settings.stream_prefix))
     try:
         restarted._begin()
