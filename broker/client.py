@@ -505,6 +505,17 @@ class Broker:
             found.update(zip(batch, (bool(int(p)) for p in reply), strict=True))
         return found
 
+    def triggers_present(self, queue_of: Mapping[str, str]) -> dict[str, bool]:
+        """:meth:`present` of trigger ids, each in the triggers stream of its task's queue
+        (``queue_of``: trigger id -> queue)."""
+        by_stream: dict[str, list[str]] = {}
+        for trigger_id, queue in queue_of.items():
+            by_stream.setdefault(self.keys.triggers_for(queue), []).append(trigger_id)
+        found: dict[str, bool] = {}
+        for stream, trigger_ids in by_stream.items():
+            found.update(self.present(stream, trigger_ids))
+        return found
+
     def newest(self, stream: str, count: int = 1, *, before: str | None = None) -> list[Entry]:
         """The ``count`` newest entries of ``stream`` (older than the id ``before``, if given),
         newest first."""

@@ -173,15 +173,14 @@ def _not_in_flight(broker: Broker, settings: Settings) -> list[str]:
     ti = TaskInstance
     with make_sessionmaker(make_engine(settings.database_url))() as session:
         deferred = session.execute(
-            select(ti.trigger_id, ti.dag_id, ti.run_id, ti.task_id, ti.map_index).where(
+            select(ti.trigger_id, ti.dag_id, ti.run_id, ti.task_id, ti.map_index, ti.queue).where(
                 ti.state == TaskState.DEFERRED,
                 ti.trigger_id.is_not(None),
                 ti.updated_at < func.now() - _JUST_DEFERRED,
             )
         ).all()
-    labels = {str(row.trigger_id): task_label(*row[1:]) for row in deferred}
-    missing = [
-        t for t, here in broker.present(broker.keys.triggers, list(labels)).items() if not here
-    ]
+    labels = {str(row.trigger_id): task_label(*row[1:5]) for row in deferred}
+    queue_of = {str(row.trigger_id): row.queue for row in deferred}
+    missing = [t for t, here in broker.triggers_present(queue_of).items() if not here]
     missing = [t for t, here in broker.present(broker.keys.events, missing).items() if not here]
     return [labels[t] for t in missing]

@@ -118,15 +118,8 @@ class Reconciler:
             )
         self.cursor.deferred = self._advance(rows)
         by_trigger = {str(ti.trigger_id): ti for ti in rows}
-        by_stream: dict[str, list[str]] = {}
-        for t, ti in by_trigger.items():
-            by_stream.setdefault(self.broker.keys.triggers_for(ti.queue), []).append(t)
-        missing = [
-            t
-            for stream, trigger_ids in by_stream.items()
-            for t, here in self.broker.present(stream, trigger_ids).items()
-            if not here
-        ]
+        queue_of = {t: ti.queue for t, ti in by_trigger.items()}
+        missing = [t for t, here in self.broker.triggers_present(queue_of).items() if not here]
         missing = [
             t
             for t, here in self.broker.present(self.broker.keys.events, missing).items()
