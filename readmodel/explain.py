@@ -314,11 +314,12 @@ def _explain_deferred(
 
 def _queue_workers(session: Session, settings: Settings, queue: str, now: dt.datetime) -> str:
     """How many alive workers read ``queue``."""
-    workers = session.scalars(select(Worker).where(Worker.queue == queue)).all()
+    workers = session.scalars(select(Worker)).all()
     alive = [
         w.name
         for w in workers
-        if liveness.is_alive(w.state, w.latest_heartbeat, now, settings.heartbeat_sec)
+        if queues.serves(w.queue, queue)  # a worker of several queues records them all
+        and liveness.is_alive(w.state, w.latest_heartbeat, now, settings.heartbeat_sec)
     ]
     if not alive:
         return f"  no worker reading queue {queue} is alive: start `worker consume --queue {queue}`"

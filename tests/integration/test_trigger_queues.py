@@ -4,15 +4,18 @@ it serves (every queue's, joining a new one, when given none)."""
 
 from __future__ import annotations
 
-from sqlalchemy import text
+from sqlalchemy import func, select, text
 from sqlalchemy.orm import Session, sessionmaker
 
 from broker import deadletters
 from broker.client import Broker
 from broker.streams import GROUP_TRIGGERERS, trigger_message
+from deferral import liveness
 from deferral.config import Settings
 from deferral.crypto import Cipher
+from deferral.models import Worker
 from readmodel.doctor import _not_in_flight
+from readmodel.explain import _queue_workers
 from scheduler.reconcile import Reconciler
 from tests.integration.factories import deferred_task
 from tests.integration.test_dead_letters import dead_letter_via_consumer
@@ -85,3 +88,20 @@ def test_a_triggerer_consumes_the_streams_of_its_queues_or_of_every_queue(
     assert every.consumer.streams[-1] == keys.triggers_for("new")
     [delivery] = every.consumer.poll(10)
     assert delivery.entry.stream == keys.triggers_for("new")
+
+
+def test_explain_counts_a_worker_of_several_queues_for_each_of_them(
+    settings: Settings, sessions: sessionmaker[Session]
+) -> None:
+    values = {"name": "w-ab", "hostname": "h", "pid": 1, "queue": "a,b", "concurrency": 1}
+    with sessions.begin() as session:
+        liveness.heartbeat(session, Worker, {**values, "load": 0, "state": liveness.RUNNING})
+    with sessions() as session:
+        now = session.scalars(select(func.now())).one()
+        said = {q: _queue_workers(session, settings, q, now) for q in ("a", "b", "c")}
+    assert (
+        said["a"]
+        == said["b"].replace("queue b", "queue a")
+        == ("  1 alive worker(s) read queue a: w-ab")
+    )
+    assert said["c"].startswith("  no worker reading queue c is alive")
