@@ -35,7 +35,7 @@ import anyio.to_thread
 from anyio.abc import TaskGroup
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 from redis.exceptions import RedisError
-from sqlalchemy import select, text
+from sqlalchemy import func, select, text
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -86,9 +86,10 @@ log = logging.getLogger("deferral.triggerer")
 # Entries taken over per claim at most (new ones are read DEFERRAL_TRIGGERER_CLAIM_PER_LOOP at
 # a time, so one replica never drains the stream its peers share).
 READ_BATCH = 100
-# The shortest loop that read a whole DEFERRAL_TRIGGERER_CLAIM_PER_LOOP: a triggerer that finds
-# a backlog takes its share and leaves its peers theirs, whatever its CPU share (at most 500
-# new triggers a second at the default claim; a raised claim raises it).
+# The shortest loop that read a whole DEFERRAL_TRIGGERER_CLAIM_PER_LOOP while another triggerer
+# is alive: one that finds a backlog takes its share and leaves its peers theirs, whatever its
+# CPU share (at most 500 new triggers a second at the default claim; a raised claim raises it).
+# A triggerer alone reads at full speed.
 CLAIM_LOOP_SEC = 0.1
 # Events published in one round trip at most.
 PUBLISH_BATCH = 1000
@@ -236,6 +237,7 @@ class TriggererService:
         self.broker: Broker
         self.consumer: ConsumerSet
         self.leases: LeaseKeeper | None = None
+        self.peers: int | None = None  # other live triggerers (None: not counted yet)
         metrics.TRIGGERS_RUNNING.set_function(lambda: len(self.held))
         metrics.TRIGGERER_CAPACITY_LEFT.set_function(lambda: self.capacity - len(self.held))
 
@@ -359,8 +361,21 @@ class TriggererService:
             return self.broker.trigger_streams()
         return [self.keys.triggers_for(queue) for queue in self.queues]
 
-    def _join_new_queues(self) -> None:
-        """Serving every queue: consume the triggers streams of queues that appeared since."""
+    def _look_around(self) -> None:
+        """Count the other live triggerers (a lone one reads at full speed) and, serving every
+        queue, consume the triggers streams of queues that appeared since."""
+        with self.sessions() as session:
+            peers = session.scalar(
+                select(func.count())
+                .select_from(Triggerer)
+                .where(
+                    liveness.alive_clause(Triggerer, self.settings.heartbeat_sec),
+                    Triggerer.name != self.name,
+                )
+            )
+        if peers != self.peers:
+            log.info("triggerer %s sees %d live peer(s)", self.name, peers)
+            self.peers = peers
         if self.queues is None:
             for stream in self.consumer.join(self.broker.trigger_streams()):
                 log.info("triggerer %s consuming %s too", self.name, stream)
@@ -428,7 +443,7 @@ class TriggererService:
                 continue
             backoff.reset()
             await self._start_all(tasks, deliveries)
-            if len(deliveries) >= wanted:
+            if len(deliveries) >= wanted and self.peers != 0:
                 await anyio.sleep(loop_started + CLAIM_LOOP_SEC - time.monotonic())
 
     async def _start_all(self, tasks: TaskGroup, deliveries: list[Delivery]) -> None:
@@ -803,7 +818,7 @@ class TriggererService:
         while True:
             await anyio.sleep(self.settings.heartbeat_sec / 4)
             try:
-                await self._sync(self._join_new_queues)
+                await self._sync(self._look_around)
                 await self.take_over(tasks)
             except Exception as exc:
                 if not is_transient(exc):

@@ -147,8 +147,10 @@ def test_two_triggerers_started_together_share_1000_triggers(
 ) -> None:
     services.start("triggerer3", "--queues", "even", "--name", "teven1")
     services.start("triggerer4", "--queues", "even", "--name", "teven2")
-    services.wait_up("triggerer3")
-    services.wait_up("triggerer4")
+    for name in ("triggerer3", "triggerer4"):
+        services.wait_up(name)
+        # Each knows it has peers (a triggerer alone would read at full speed).
+        wait_for(lambda n=name: "live peer" in services.log(n), timeout=60, what="peers seen")
     stream = _seed_triggers(sessions, stack, _fernet(services), 1000, "even")
 
     def held() -> dict[str, int]:

@@ -84,7 +84,8 @@ def test_a_triggerer_consumes_the_streams_of_its_queues_or_of_every_queue(
         cipher, trigger_id=1, classpath="x.Y", kwargs={}, task_instance_id=1, try_number=1, task="t"
     )
     broker.publish(keys.triggers_for("new"), message)  # the first trigger of a new queue
-    every._join_new_queues()
+    every._look_around()
+    assert every.peers == 0  # no other triggerer row: it reads at full speed
     assert every.consumer.streams[-1] == keys.triggers_for("new")
     [delivery] = every.consumer.poll(10)
     assert delivery.entry.stream == keys.triggers_for("new")
