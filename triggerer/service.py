@@ -444,7 +444,7 @@ class TriggererService:
             backoff.reset()
             await self._start_all(tasks, deliveries)
             if len(deliveries) >= wanted and self.peers != 0:
-                await anyio.sleep(loop_started + CLAIM_LOOP_SEC - time.monotonic())
+                await anyio.sleep(max(0.0, loop_started + CLAIM_LOOP_SEC - time.monotonic()))
 
     async def _start_all(self, tasks: TaskGroup, deliveries: list[Delivery]) -> None:
         started = []
