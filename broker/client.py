@@ -236,7 +236,7 @@ class Broker:
         due = {
             s
             for s in streams
-            if s.startswith(self.keys.queue(""))
+            if (s.startswith(self.keys.queue("")) or s.startswith(self.keys.triggers + ":"))
             and now - self._queues_named.get(s, -QUEUE_REGISTRY_EVERY_SEC)
             >= QUEUE_REGISTRY_EVERY_SEC
         }
@@ -505,6 +505,17 @@ class Broker:
             found.update(zip(batch, (bool(int(p)) for p in reply), strict=True))
         return found
 
+    def triggers_present(self, queue_of: Mapping[str, str]) -> dict[str, bool]:
+        """:meth:`present` of trigger ids, each in the triggers stream of its task's queue
+        (``queue_of``: trigger id -> queue)."""
+        by_stream: dict[str, list[str]] = {}
+        for trigger_id, queue in queue_of.items():
+            by_stream.setdefault(self.keys.triggers_for(queue), []).append(trigger_id)
+        found: dict[str, bool] = {}
+        for stream, trigger_ids in by_stream.items():
+            found.update(self.present(stream, trigger_ids))
+        return found
+
     def newest(self, stream: str, count: int = 1, *, before: str | None = None) -> list[Entry]:
         """The ``count`` newest entries of ``stream`` (older than the id ``before``, if given),
         newest first."""
@@ -563,6 +574,12 @@ class Broker:
         number of queues, never a scan of the keyspace (metrics scrapes call this)."""
         queues = {replies.text(key) for key in self.redis.smembers(self.keys.queues)}
         return [self.keys.triggers, self.keys.events, self.keys.dead, *sorted(queues)]
+
+    def trigger_streams(self) -> list[str]:
+        """Every triggers stream: the default queue's, then each one named in the registry set
+        (a trigger queue's stream is named there when first published to or read)."""
+        named = {replies.text(key) for key in self.redis.smembers(self.keys.queues)}
+        return [self.keys.triggers, *sorted(s for s in named if self.keys.is_triggers(s))]
 
     def stream_stats(self) -> list[StreamInfo]:
         """Length and consumer groups (pending, lag) of each stream that exists."""

@@ -184,7 +184,7 @@ def work_of(broker: Broker, cipher: Cipher, sealed: DeadEntry) -> Work:
     Unopenable saying why it cannot be re-driven."""
     keys = broker.keys
     try:
-        if sealed.stream == keys.triggers:
+        if keys.is_triggers(sealed.stream):
             message = from_fields(TriggerMessage, _bytes(sealed.fields))
             try:
                 spec = msgspec.json.decode(cipher.decrypt(message.token), type=TriggerSpec)
@@ -302,7 +302,13 @@ def retry(broker: Broker, sessions: sessionmaker[Session], cipher: Cipher, dead_
         return Retry(dead_id, Outcome.REFUSED, f"stale: {why}")
     keys = broker.keys
     # A trigger's work is in flight as its entry or as its event, whichever stream holds it.
-    others = {keys.triggers: [keys.events], keys.events: [keys.triggers]}.get(sealed.stream, [])
+    others = (
+        [keys.events]
+        if keys.is_triggers(sealed.stream)
+        else broker.trigger_streams()
+        if sealed.stream == keys.events
+        else []
+    )
     done = broker.redrive_dead(dead_id, sealed.stream, sealed.fields, also_not_in=others)
     if done.status == 0:
         return Retry(dead_id, Outcome.UNKNOWN, f"no dead letter {dead_id} (dropped or retried)")

@@ -24,6 +24,10 @@ GROUP_TRIGGERERS = "triggerers"
 GROUP_SCHEDULERS = "schedulers"
 GROUP_WORKERS = "workers"
 
+# The queue of a task that names none (``BaseOperator.queue``): its triggers stream is
+# ``<prefix>:triggers``, as before triggers had queues.
+DEFAULT_QUEUE = "default"
+
 EVENT_KIND_EVENT = "event"
 EVENT_KIND_FAILURE = "failure"
 EVENT_KINDS = (EVENT_KIND_EVENT, EVENT_KIND_FAILURE)
@@ -67,13 +71,21 @@ class StreamKeys:
     def queue(self, name: str) -> str:
         return f"{self.prefix}:queue:{name}"
 
+    def triggers_for(self, queue: str) -> str:
+        """The triggers stream of a task queue: the default queue's is :attr:`triggers`."""
+        return self.triggers if queue == DEFAULT_QUEUE else f"{self.triggers}:{queue}"
+
+    def is_triggers(self, stream: str) -> bool:
+        """Whether ``stream`` is a triggers stream (of any queue)."""
+        return stream == self.triggers or stream.startswith(self.triggers + ":")
+
     def inflight(self, stream: str) -> str:
         """The in-flight index of ``stream``."""
         return f"{self.prefix}:inflight:{stream.removeprefix(self.prefix + ':')}"
 
     def index_field(self, stream: str, fields: Mapping[str, str]) -> str:
         """The index field of an entry: what the entry is about ('' for an unindexed stream)."""
-        if stream in (self.triggers, self.events):
+        if stream == self.events or self.is_triggers(stream):
             return fields.get("trigger_id", "")
         if stream.startswith(self.prefix + ":queue:"):
             return fields.get("task_instance_id", "")

@@ -63,6 +63,8 @@ class Settings:
     triggerer_stall_threshold_sec: float = 0.2
     # Attempts a worker's task process runs before a fresh one replaces it (worker/DECISIONS.md).
     worker_task_process_max_attempts: int = 10_000
+    # New triggers entries one triggerer reads per loop at most (replicas share a backlog).
+    triggerer_claim_per_loop: int = 50
 
 
 def _database_url(raw: str) -> str:
@@ -306,6 +308,7 @@ def load_settings(
         worker_task_process_max_attempts=get(
             "WORKER_TASK_PROCESS_MAX_ATTEMPTS", _positive_int, default="10000"
         ),
+        triggerer_claim_per_loop=get("TRIGGERER_CLAIM_PER_LOOP", _positive_int, default="50"),
     )
 
 
@@ -623,6 +626,12 @@ SETTINGS: tuple[SettingDoc, ...] = (
         "TRIGGERER_STALL_THRESHOLD_SEC",
         "0.2",
         "How long the triggerer's event loop may not move before the stall is reported.",
+        "core",
+    ),
+    SettingDoc(
+        "TRIGGERER_CLAIM_PER_LOOP",
+        "50",
+        "New triggers one triggerer takes per loop at most, so replicas share a backlog.",
         "core",
     ),
     SettingDoc(

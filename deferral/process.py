@@ -184,6 +184,20 @@ def metrics_port_option(func: Callable[..., Any]) -> Callable[..., Any]:
 DEFAULT_METRICS_HOST = "127.0.0.1"
 
 
+def queues_value(
+    ctx: click.Context, param: click.Parameter, value: str | None
+) -> tuple[str, ...] | None:
+    """Click callback of ``--queues a,b``: the queue names, or a usage error naming the fault."""
+    from deferral.queues import parse_queues  # the models, only once the option is given
+
+    if value is None:
+        return None
+    try:
+        return parse_queues(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+
+
 def metrics_host_option(func: Callable[..., Any]) -> Callable[..., Any]:
     return click.option(
         "--metrics-host",

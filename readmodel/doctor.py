@@ -11,7 +11,7 @@ from sqlalchemy.orm import Session
 from broker.client import Broker, RedisVersionError
 from broker.streams import task_label
 from deferral import doctor as checklist
-from deferral import liveness
+from deferral import liveness, queues
 from deferral.config import Settings
 from deferral.db import make_engine, make_sessionmaker
 from deferral.models import (
@@ -109,6 +109,7 @@ def _database_checks(session: Session, settings: Settings) -> list[checklist.Che
     return [
         checklist.triggerer_alive(deferred, [t.name for t in alive], stale, stale_after),
         checklist.capacity(deferred, sum(t.capacity for t in alive), len(alive)),
+        queues.queues_served(_unserved_waiting(session, [t.queues for t in alive])),
         checklist.expired_timeouts(expired, _age_seconds(now, oldest_timeout)),
         checklist.orphaned_triggers(list(orphans), [task_label(*row) for row in stranded]),
         checklist.unpublished_outbox(unpublished, _age_seconds(now, oldest_row)),
@@ -120,6 +121,28 @@ def _database_checks(session: Session, settings: Settings) -> list[checklist.Che
             ]
         ),
     ]
+
+
+def _unserved_waiting(session: Session, served: list[str | None]) -> list[queues.Waiting]:
+    """The deferred tasks of each queue no live triggerer serves, a few triggers named."""
+    ti = TaskInstance
+    deferred = ti.state == TaskState.DEFERRED
+    counts = session.execute(
+        select(ti.queue, func.count()).where(deferred).group_by(ti.queue).order_by(ti.queue)
+    ).all()
+    waiting = []
+    for queue, count in counts:
+        if not queues.unserved(queue, served):
+            continue
+        rows = session.execute(
+            select(ti.trigger_id, ti.dag_id, ti.run_id, ti.task_id, ti.map_index)
+            .where(deferred, ti.queue == queue)
+            .order_by(ti.id)
+            .limit(queues.NAMED_PER_QUEUE)
+        ).all()
+        named = [f"trigger {row.trigger_id} ({task_label(*row[1:])})" for row in rows]
+        waiting.append(queues.Waiting(queue, count, named))
+    return waiting
 
 
 def _age_seconds(now: dt.datetime, moment: dt.datetime | None) -> float | None:
@@ -150,15 +173,14 @@ def _not_in_flight(broker: Broker, settings: Settings) -> list[str]:
     ti = TaskInstance
     with make_sessionmaker(make_engine(settings.database_url))() as session:
         deferred = session.execute(
-            select(ti.trigger_id, ti.dag_id, ti.run_id, ti.task_id, ti.map_index).where(
+            select(ti.trigger_id, ti.dag_id, ti.run_id, ti.task_id, ti.map_index, ti.queue).where(
                 ti.state == TaskState.DEFERRED,
                 ti.trigger_id.is_not(None),
                 ti.updated_at < func.now() - _JUST_DEFERRED,
             )
         ).all()
-    labels = {str(row.trigger_id): task_label(*row[1:]) for row in deferred}
-    missing = [
-        t for t, here in broker.present(broker.keys.triggers, list(labels)).items() if not here
-    ]
+    labels = {str(row.trigger_id): task_label(*row[1:5]) for row in deferred}
+    queue_of = {str(row.trigger_id): row.queue for row in deferred}
+    missing = [t for t, here in broker.triggers_present(queue_of).items() if not here]
     missing = [t for t, here in broker.present(broker.keys.events, missing).items() if not here]
     return [labels[t] for t in missing]

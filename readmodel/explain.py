@@ -10,7 +10,7 @@ from sqlalchemy.orm import Session
 
 from broker.streams import StreamKeys, task_label
 from deferral import doctor as checklist
-from deferral import liveness, pools
+from deferral import liveness, pools, queues
 from deferral.baseoperator import BaseOperator
 from deferral.config import Settings
 from deferral.dag import DAG
@@ -272,6 +272,15 @@ def _explain_deferred(
         triggerer = session.get(Triggerer, trigger.triggerer_id) if trigger.triggerer_id else None
         if trigger.triggerer_id is None:
             lines.append("  no triggerer has picked the trigger up yet")
+        if triggerer is None or not liveness.is_alive(
+            triggerer.state, triggerer.latest_heartbeat, now, settings.heartbeat_sec
+        ):
+            served = queues.served_by_live_triggerers(session, settings.heartbeat_sec)
+            if queues.unserved(ti.queue, served):
+                lines.append(
+                    f"  no live triggerer serves its queue {ti.queue!r}: start"
+                    f" `triggerer consume --queues {ti.queue}` (or one without --queues)"
+                )
         elif triggerer is None:
             lines.append(f"  run by triggerer {trigger.triggerer_id}, which is not registered")
         else:
@@ -305,11 +314,12 @@ def _explain_deferred(
 
 def _queue_workers(session: Session, settings: Settings, queue: str, now: dt.datetime) -> str:
     """How many alive workers read ``queue``."""
-    workers = session.scalars(select(Worker).where(Worker.queue == queue)).all()
+    workers = session.scalars(select(Worker)).all()
     alive = [
         w.name
         for w in workers
-        if liveness.is_alive(w.state, w.latest_heartbeat, now, settings.heartbeat_sec)
+        if queues.serves(w.queue, queue)  # a worker of several queues records them all
+        and liveness.is_alive(w.state, w.latest_heartbeat, now, settings.heartbeat_sec)
     ]
     if not alive:
         return f"  no worker reading queue {queue} is alive: start `worker consume --queue {queue}`"

@@ -110,7 +110,7 @@ class Reconciler:
         with self.sessions() as session:
             rows = self._page(
                 session,
-                [TI.trigger_id],
+                [TI.trigger_id, TI.queue],
                 "deferred",
                 self.cursor.deferred,
                 TI.updated_at < func.now() - SETTLE,
@@ -118,11 +118,8 @@ class Reconciler:
             )
         self.cursor.deferred = self._advance(rows)
         by_trigger = {str(ti.trigger_id): ti for ti in rows}
-        missing = [
-            t
-            for t, here in self.broker.present(self.broker.keys.triggers, list(by_trigger)).items()
-            if not here
-        ]
+        queue_of = {t: ti.queue for t, ti in by_trigger.items()}
+        missing = [t for t, here in self.broker.triggers_present(queue_of).items() if not here]
         missing = [
             t
             for t, here in self.broker.present(self.broker.keys.events, missing).items()
@@ -161,7 +158,8 @@ class Reconciler:
                 try_number=ti.try_number,
                 task=task_label(ti.dag_id, ti.run_id, ti.task_id, ti.map_index),
             )
-            entries.append((self.broker.keys.triggers, msgspec.structs.asdict(message)))
+            stream = self.broker.keys.triggers_for(ti.queue)
+            entries.append((stream, msgspec.structs.asdict(message)))
         if entries:
             self.broker.publish_many(entries)
             metrics.RECONCILER_REPAIRS.labels("triggers").inc(len(entries))

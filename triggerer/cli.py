@@ -13,6 +13,7 @@ from deferral.process import (
     log_format_option,
     metrics_host_option,
     metrics_port_option,
+    queues_value,
     serve_metrics_or_exit,
     settings_or_exit,
     setup_logging,
@@ -42,6 +43,12 @@ def main() -> None:
     default=None,
     help="Consumer name; a stable name lets a restart resume its own entries.",
 )
+@click.option(
+    "--queues",
+    default=None,
+    callback=queues_value,
+    help="Comma-separated task queues whose triggers to run (default: every queue).",
+)
 @log_format_option
 @metrics_port_option
 @metrics_host_option
@@ -49,11 +56,12 @@ def consume(
     capacity: int | None,
     heartbeat: float | None,
     name: str | None,
+    queues: tuple[str, ...] | None,
     log_format: str,
     metrics_port: int | None,
     metrics_host: str,
 ) -> None:
-    """Run triggers from deferral:triggers until SIGTERM."""
+    """Run triggers from deferral:triggers (and deferral:triggers:<queue>) until SIGTERM."""
     from triggerer.service import TriggererService
 
     setup_logging(log_format)
@@ -65,5 +73,6 @@ def consume(
         settings,
         capacity=capacity or settings.triggerer_capacity,
         name=name or default_consumer_name(),
+        queues=queues,
     )
     anyio.run(service.run)

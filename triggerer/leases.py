@@ -15,7 +15,8 @@ import threading
 from collections.abc import Callable
 
 from broker.client import Broker
-from broker.consumer import Lost, StreamConsumer
+from broker.consumer import Lost
+from broker.consumers import ConsumerSet
 from deferral.faults import is_transient
 
 log = logging.getLogger("deferral.triggerer")
@@ -24,7 +25,7 @@ log = logging.getLogger("deferral.triggerer")
 class LeaseKeeper:
     def __init__(
         self,
-        consumer: StreamConsumer,
+        consumer: ConsumerSet,
         broker: Broker,
         *,
         heartbeat_sec: float,

@@ -23,6 +23,7 @@ import os
 import signal
 import socket
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
@@ -34,12 +35,13 @@ import anyio.to_thread
 from anyio.abc import TaskGroup
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 from redis.exceptions import RedisError
-from sqlalchemy import select, text
+from sqlalchemy import func, select, text
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
 from broker.client import Broker, LeaseStatus, connect_when_up
 from broker.consumer import Backoff, Delivery, Lost, StreamConsumer
+from broker.consumers import ConsumerSet
 from broker.owners import PostgresOwners
 from broker.replies import Entry
 from broker.streams import (
@@ -60,6 +62,7 @@ from deferral.db import make_engine, make_sessionmaker, wait_until_up
 from deferral.faults import is_transient
 from deferral.models import TaskInstance, TaskStateChange, Triggerer
 from deferral.process import LOG_IDS_ATTR, LogExtra, freeze_startup_objects, log_ids
+from deferral.queues import recorded
 from deferral.secrets_masker import redact
 from deferral.states import TaskState
 from deferral.tasklogs import NewLine
@@ -80,8 +83,14 @@ from triggerer.watchdog import LoopWatchdog
 
 log = logging.getLogger("deferral.triggerer")
 
-# At most this many new entries per read, so one replica never drains the stream its peers share.
+# Entries taken over per claim at most (new ones are read DEFERRAL_TRIGGERER_CLAIM_PER_LOOP at
+# a time, so one replica never drains the stream its peers share).
 READ_BATCH = 100
+# The shortest loop that read a whole DEFERRAL_TRIGGERER_CLAIM_PER_LOOP while another triggerer
+# is alive: one that finds a backlog takes its share and leaves its peers theirs, whatever its
+# CPU share (at most 500 new triggers a second at the default claim; a raised claim raises it).
+# A triggerer alone reads at full speed.
+CLAIM_LOOP_SEC = 0.1
 # Events published in one round trip at most.
 PUBLISH_BATCH = 1000
 # How close to a timer's moment the loop polls for it instead of sleeping (a sleep ends up to a
@@ -195,10 +204,18 @@ def _array(ids: list[int]) -> str:
 
 
 class TriggererService:
-    def __init__(self, settings: Settings, *, capacity: int, name: str) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        capacity: int,
+        name: str,
+        queues: Sequence[str] | None = None,
+    ) -> None:
         self.settings = settings
         self.capacity = capacity
         self.name = name
+        self.queues = None if queues is None else tuple(queues)  # None: every queue
         self.cipher = Cipher(settings.fernet_keys)
         self.engine = make_engine(settings.database_url, pool_size=2)
         self.sessions = make_sessionmaker(self.engine)
@@ -218,8 +235,9 @@ class TriggererService:
         # The tasks running triggers' run(), for the watchdog thread to name a stall's culprit.
         self.trigger_tasks: dict[asyncio.Task[Any], RunningTrigger] = {}
         self.broker: Broker
-        self.consumer: StreamConsumer
+        self.consumer: ConsumerSet
         self.leases: LeaseKeeper | None = None
+        self.peers: int | None = None  # other live triggerers (None: not counted yet)
         metrics.TRIGGERS_RUNNING.set_function(lambda: len(self.held))
         metrics.TRIGGERER_CAPACITY_LEFT.set_function(lambda: self.capacity - len(self.held))
 
@@ -256,7 +274,10 @@ class TriggererService:
             return
         freeze_startup_objects()
         log.info(
-            "triggerer %s consuming %s, capacity %d", self.name, self.keys.triggers, self.capacity
+            "triggerer %s consuming %s, capacity %d",
+            self.name,
+            ", ".join(self.consumer.streams) + ("" if self.queues else " and every new queue's"),
+            self.capacity,
         )
         beats_in, beats_out = anyio.create_memory_object_stream[list[Lost]](math.inf)
         self.leases = self._lease_keeper(lease_broker, asyncio.get_running_loop(), beats_in)
@@ -330,11 +351,39 @@ class TriggererService:
         return self.trigger_tasks.get(task) or task.get_name()
 
     def attach(self, broker: Broker) -> None:
-        """Use ``broker`` (connected) for the triggers stream."""
+        """Use ``broker`` (connected) for the triggers streams of the queues served."""
         self.broker = broker
-        self.consumer = StreamConsumer(
-            broker,
-            self.keys.triggers,
+        self.consumer = ConsumerSet(self._consumer_of, self._streams())
+
+    def _streams(self) -> list[str]:
+        """The triggers streams served: those of ``--queues``, else every one there is."""
+        if self.queues is None:
+            return self.broker.trigger_streams()
+        return [self.keys.triggers_for(queue) for queue in self.queues]
+
+    def _look_around(self) -> None:
+        """Count the other live triggerers (a lone one reads at full speed) and, serving every
+        queue, consume the triggers streams of queues that appeared since."""
+        with self.sessions() as session:
+            peers = session.scalar(
+                select(func.count())
+                .select_from(Triggerer)
+                .where(
+                    liveness.alive_clause(Triggerer, self.settings.heartbeat_sec),
+                    Triggerer.name != self.name,
+                )
+            )
+        if peers != self.peers:
+            log.info("triggerer %s sees %d live peer(s)", self.name, peers)
+            self.peers = peers
+        if self.queues is None:
+            for stream in self.consumer.join(self.broker.trigger_streams()):
+                log.info("triggerer %s consuming %s too", self.name, stream)
+
+    def _consumer_of(self, stream: str) -> StreamConsumer:
+        return StreamConsumer(
+            self.broker,
+            stream,
             GROUP_TRIGGERERS,
             self.name,
             heartbeat_sec=self.settings.heartbeat_sec,
@@ -380,17 +429,22 @@ class TriggererService:
                 await self.slot_freed.wait()
                 continue
             try:
-                deliveries = await self._sync(self.consumer.poll, min(free, READ_BATCH), 1000)
+                # At most the claim per loop: replicas started together share a backlog.
+                wanted = min(free, self.settings.triggerer_claim_per_loop)
+                loop_started = time.monotonic()
+                deliveries = await self._sync(self.consumer.poll, wanted, 1000)
             except Exception as exc:
                 if not is_transient(exc):
                     raise
                 # Redis restarting, or the stream or group lost: wait, recreate, read again.
-                log.warning("reading %s failed: %s; retrying", self.keys.triggers, exc)
+                log.warning("reading the triggers streams failed: %s; retrying", exc)
                 await anyio.sleep(backoff.next())
                 await self._sync(_quietly, self.consumer.start)
                 continue
             backoff.reset()
             await self._start_all(tasks, deliveries)
+            if len(deliveries) >= wanted and self.peers != 0:
+                await anyio.sleep(max(0.0, loop_started + CLAIM_LOOP_SEC - time.monotonic()))
 
     async def _start_all(self, tasks: TaskGroup, deliveries: list[Delivery]) -> None:
         started = []
@@ -402,7 +456,7 @@ class TriggererService:
                 # renewed, it is taken over again after the takeover delay).
                 log.error(
                     "could not start %s entry %s: %s: %s",
-                    self.keys.triggers,
+                    delivery.entry.stream,
                     delivery.entry.id,
                     type(exc).__name__,
                     one_line(str(exc), MAX_DEAD_ERROR),
@@ -764,6 +818,7 @@ class TriggererService:
         while True:
             await anyio.sleep(self.settings.heartbeat_sec / 4)
             try:
+                await self._sync(self._look_around)
                 await self.take_over(tasks)
             except Exception as exc:
                 if not is_transient(exc):
@@ -792,11 +847,12 @@ class TriggererService:
         for trigger_id, held in affected.items():
             if status[held.entry.id] is LeaseStatus.TAKEN:
                 self._cancel(trigger_id, held, "reassigned")
-        vanished = [
-            str(tid) for tid, h in affected.items() if status[h.entry.id] is LeaseStatus.GONE
-        ]
-        if vanished:
-            elsewhere = await self._sync(self.broker.present, self.keys.triggers, vanished)
+        vanished: dict[str, list[str]] = {}
+        for tid, h in affected.items():
+            if status[h.entry.id] is LeaseStatus.GONE:
+                vanished.setdefault(h.entry.stream, []).append(str(tid))
+        for stream, trigger_ids in vanished.items():
+            elsewhere = await self._sync(self.broker.present, stream, trigger_ids)
             for trigger_id, there in elsewhere.items():
                 held = affected[int(trigger_id)]
                 # The newer entry may have reached this triggerer during that call (a read
@@ -886,6 +942,7 @@ class TriggererService:
             "hostname": socket.gethostname(),
             "pid": os.getpid(),
             "capacity": self.capacity,
+            "queues": recorded(self.queues),
             "load": len(self.held),
             "state": state,
         }

@@ -5,7 +5,6 @@ from __future__ import annotations
 import click
 
 from deferral.config import smtp_settings
-from deferral.dag import check_id
 from deferral.process import (
     command_group,
     default_consumer_name,
@@ -13,6 +12,7 @@ from deferral.process import (
     log_format_option,
     metrics_host_option,
     metrics_port_option,
+    queues_value,
     serve_metrics_or_exit,
     settings_or_exit,
     setup_logging,
@@ -34,10 +34,14 @@ def main() -> None:
     help="Task attempts run at once, each in its own child process.",
 )
 @click.option(
+    "--queues",
     "--queue",
+    "queues",
     default="default",
     show_default=True,
-    help="Queue to consume (stream deferral:queue:<queue>).",
+    callback=queues_value,
+    help="Comma-separated queues to consume (stream deferral:queue:<queue> each); --queue is"
+    " the same option.",
 )
 @click.option("--name", default=None, help="Consumer name (default: host-pid).")
 @log_format_option
@@ -45,26 +49,22 @@ def main() -> None:
 @metrics_host_option
 def consume(
     concurrency: int,
-    queue: str,
+    queues: tuple[str, ...],
     name: str | None,
     log_format: str,
     metrics_port: int | None,
     metrics_host: str,
 ) -> None:
-    """Run task attempts from the queue stream until SIGTERM."""
+    """Run task attempts from the queue streams until SIGTERM."""
     from worker.service import WorkerService
 
     setup_logging(log_format)
     settings = settings_or_exit()
     smtp = loaded_or_exit(smtp_settings)
-    try:
-        check_id("queue", queue)
-    except ValueError as exc:
-        raise click.BadParameter(str(exc), param_hint="--queue") from None
     serve_metrics_or_exit("worker", metrics_port, metrics_host)
     service = WorkerService(
         settings,
-        queue=queue,
+        queues=queues,
         concurrency=concurrency,
         name=name or default_consumer_name(),
         smtp=smtp,

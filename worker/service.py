@@ -24,6 +24,7 @@ from sqlalchemy.orm import Session
 from broker import outbox
 from broker.client import Broker, LeaseStatus, connect_when_up
 from broker.consumer import Delivery, Lost, StreamConsumer, run_until_stopped
+from broker.consumers import ConsumerSet
 from broker.owners import PostgresOwners
 from broker.streams import (
     GROUP_WORKERS,
@@ -117,7 +118,7 @@ class WorkerService:
         self,
         settings: Settings,
         *,
-        queue: str,
+        queues: Sequence[str],
         concurrency: int,
         name: str,
         smtp: SmtpSettings | None = None,
@@ -125,13 +126,15 @@ class WorkerService:
         self.settings = settings
         self.name = name
         self.hostname = socket.gethostname()
-        self.queue = queue
+        self.queues = tuple(queues)
         self.concurrency = concurrency
         self.cipher = Cipher(settings.fernet_keys)
         self.engine = make_engine(settings.database_url)
         self.sessions = make_sessionmaker(self.engine)
         self.keys = StreamKeys(settings.stream_prefix)
-        self.stream = self.keys.queue(queue)
+        self.streams = [self.keys.queue(queue) for queue in self.queues]
+        # A deferred task's trigger goes to the triggers stream of the queue it ran from.
+        self.triggers_of = {self.keys.queue(q): self.keys.triggers_for(q) for q in self.queues}
         # Keyed by task instance id.
         self.pool: ChildPool[int] = ChildPool(
             run_attempt, warm_up, max_attempts=settings.worker_task_process_max_attempts
@@ -146,7 +149,7 @@ class WorkerService:
         self.mails: list[Mail] = []
         self.mailer = Mailer(smtp)
         self.broker: Broker
-        self.consumer: StreamConsumer
+        self.consumer: ConsumerSet
         beat = settings.heartbeat_sec
         # Takeovers are looked for more often than leases are renewed: an entry is claimed soon
         # after it passes the takeover threshold, not up to a heartbeat later.
@@ -164,7 +167,8 @@ class WorkerService:
         if not run_until_stopped(stop, self._begin, recover=self.consumer.start, once=True):
             return
         freeze_startup_objects()
-        log.info("worker %s consuming %s with %d slots", self.name, self.stream, self.concurrency)
+        streams = ", ".join(self.streams)
+        log.info("worker %s consuming %s with %d slots", self.name, streams, self.concurrency)
         run_until_stopped(stop, self.step, recover=self.consumer.start)
         log.info("stopping: waiting for %d running attempt(s)", len(self.running))
         drained = threading.Event()
@@ -184,11 +188,14 @@ class WorkerService:
         log.info("worker %s stopped", self.name)
 
     def attach(self, broker: Broker) -> None:
-        """Use ``broker`` (connected) for the queue stream."""
+        """Use ``broker`` (connected) for the queue streams."""
         self.broker = broker
-        self.consumer = StreamConsumer(
-            broker,
-            self.stream,
+        self.consumer = ConsumerSet(self._consumer_of, self.streams)
+
+    def _consumer_of(self, stream: str) -> StreamConsumer:
+        return StreamConsumer(
+            self.broker,
+            stream,
             GROUP_WORKERS,
             self.name,
             heartbeat_sec=self.settings.heartbeat_sec,
@@ -259,7 +266,7 @@ class WorkerService:
             "name": self.name,
             "hostname": self.hostname,
             "pid": os.getpid(),
-            "queue": self.queue,
+            "queue": ",".join(self.queues),
             "concurrency": self.concurrency,
             "load": len(self.running),
             "state": state,
@@ -616,5 +623,5 @@ class WorkerService:
                 try_number=running.attempt.try_number,
                 task=running.label,
             )
-            messages.append((self.keys.triggers, message))
+            messages.append((self.triggers_of[running.delivery.entry.stream], message))
         return outbox.stage_many(session, messages)

@@ -243,6 +243,8 @@ class Triggerer(Base):
     started_at: Mapped[dt.datetime] = _created()
     latest_heartbeat: Mapped[dt.datetime] = _created()
     state: Mapped[str] = mapped_column(String(20))
+    # The task queues it serves, comma-separated (deferral.queues); NULL: every queue.
+    queues: Mapped[str | None] = mapped_column(String(256), nullable=True)
 
 
 class Scheduler(Base):

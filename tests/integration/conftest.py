@@ -22,7 +22,7 @@ from worker.service import WorkerService
 def worker(settings: Settings) -> Iterator[WorkerService]:
     """An in-process worker named "survivor" (two slots) on the default queue; tests drive its
     steps themselves."""
-    service = WorkerService(settings, queue="default", concurrency=2, name="survivor")
+    service = WorkerService(settings, queues=("default",), concurrency=2, name="survivor")
     service.attach(Broker.from_url(REDIS_URL, settings.stream_prefix))
     service.consumer.start()
     yield service

@@ -310,6 +310,7 @@ def test_streams_shows_lengths_pending_per_consumer_and_lag(
 DOCTOR_CHECKS = {
     "triggerer alive",
     "capacity",
+    "trigger queues served",
     "expired timeouts",
     "orphaned triggers",
     "unpublished outbox",

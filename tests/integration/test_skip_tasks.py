@@ -102,7 +102,7 @@ def test_skip_tasks_with_nothing_to_skip_moves_nothing(sessions: sessionmaker[Se
 
 def _running(worker: WorkerService, ti_id: int, entry_id: str) -> Running:
     """The branch task's attempt as the worker holds it (it runs on worker "w")."""
-    delivery = Delivery(Entry(worker.consumer.stream, entry_id, {}), 1)
+    delivery = Delivery(Entry(worker.streams[0], entry_id, {}), 1)
     return Running(delivery, Attempt(ti_id, 1, "w"), "d.branch")
 
 

@@ -65,7 +65,7 @@ def test_what_an_attempt_writes_is_in_its_log_in_order_with_secrets_masked(
     write_dag("output_dag", DAG_SOURCE)
     ti_id = _queued(sessions)
     broker.publish(
-        worker.stream, queue_message(worker.cipher, ti_id, 1, "output_dag", "r1", "noisy", -1)
+        worker.streams[0], queue_message(worker.cipher, ti_id, 1, "output_dag", "r1", "noisy", -1)
     )
 
     def ended() -> bool:

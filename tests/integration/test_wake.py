@@ -26,7 +26,7 @@ from worker.service import Running, WorkerService
 
 
 def _running(worker: WorkerService, ti_id: int, entry_id: str) -> Running:
-    delivery = Delivery(Entry(worker.consumer.stream, entry_id, {}), 1)
+    delivery = Delivery(Entry(worker.streams[0], entry_id, {}), 1)
     return Running(delivery, Attempt(ti_id, 1, WORKER), "d.t")
 
 

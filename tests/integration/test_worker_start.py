@@ -56,7 +56,7 @@ def test_a_task_that_cannot_run_fails_with_the_reason(
         with sessions.begin() as session:
             ti = session.get_one(TaskInstance, ti_id)
             ti.next_method, ti.next_event = "resume", "gAAAAA-not-a-token"
-    broker.publish(worker.stream, queue_message(worker.cipher, ti_id, 1, "d", "r1", "t", -1))
+    broker.publish(worker.streams[0], queue_message(worker.cipher, ti_id, 1, "d", "r1", "t", -1))
 
     worker.step()
 
@@ -66,7 +66,7 @@ def test_a_task_that_cannot_run_fails_with_the_reason(
         "DAG run d r1 no longer exists" if fault == "run deleted" else "token failed authentication"
     )
     assert reason is not None and reason.startswith("cannot run: ") and expected in reason
-    assert broker.redis.xlen(worker.stream) == 0
+    assert broker.redis.xlen(worker.streams[0]) == 0
     assert worker.running == {}
 
 
@@ -81,8 +81,8 @@ def test_an_entry_that_makes_the_reader_raise_is_dead_lettered_alone(
     from worker import service
 
     ti_id = _queued(sessions)
-    odd = broker.redis.xadd(worker.stream, {"odd": "entry"}).decode()
-    broker.publish(worker.stream, queue_message(worker.cipher, ti_id, 1, "d", "r1", "t", -1))
+    odd = broker.redis.xadd(worker.streams[0], {"odd": "entry"}).decode()
+    broker.publish(worker.streams[0], queue_message(worker.cipher, ti_id, 1, "d", "r1", "t", -1))
     real = service.read_queue_entry
 
     def read(cipher: object, fields: dict[bytes, bytes]) -> object:

@@ -22,7 +22,7 @@ STALE_IDLE_MS = 600_000  # far past any takeover threshold
 
 def _held_entry(worker: WorkerService, broker: Broker, ti_id: int, owner: str, idle_ms: int) -> str:
     """A queue entry for try 1 of ``ti_id``, delivered to ``owner`` and idle for ``idle_ms``."""
-    stream = worker.stream
+    stream = worker.streams[0]
     broker.publish(stream, queue_message(worker.cipher, ti_id, 1, DAG_ID, "r1", "t", -1))
     (entry,) = broker.read(GROUP_WORKERS, owner, {stream: ">"}, count=1)
     broker.redis.execute_command(
@@ -58,7 +58,7 @@ def _ti(sessions: sessionmaker[Session], ti_id: int) -> TaskInstance:
 def test_claim_idle_takes_only_stale_entries_with_their_owner(
     worker: WorkerService, broker: Broker
 ) -> None:
-    stream = worker.stream
+    stream = worker.streams[0]
     stale = _held_entry(worker, broker, 1, "dead", STALE_IDLE_MS)
     _held_entry(worker, broker, 2, "alive", 0)
     gone = _held_entry(worker, broker, 3, "dead", STALE_IDLE_MS)
@@ -86,7 +86,7 @@ def test_a_dead_workers_running_attempt_is_failed_into_a_retry(
     with sessions() as session:
         last = session.query(TaskStateChange).order_by(TaskStateChange.id.desc()).first()
     assert last is not None and last.reason == "worker worker-1 stopped heartbeating"
-    assert broker.redis.xlen(worker.stream) == 0
+    assert broker.redis.xlen(worker.streams[0]) == 0
 
 
 def test_an_attempt_running_on_a_live_worker_is_left_alone(
@@ -101,7 +101,7 @@ def test_an_attempt_running_on_a_live_worker_is_left_alone(
     worker._take_over()
 
     assert _ti(sessions, ti_id).state == "running"
-    assert broker.redis.xlen(worker.stream) == 0
+    assert broker.redis.xlen(worker.streams[0]) == 0
     with sessions.begin() as session:  # and the live attempt can still finish
         assert transitions.succeed(session, Attempt(ti_id, 1, WORKER), None)
 
@@ -116,7 +116,7 @@ def test_a_worker_restarted_under_its_name_fails_the_attempts_its_last_process_r
     with sessions.begin() as session:
         session.get_one(TaskInstance, ours).max_tries = 1  # one retry left
         session.get_one(TaskInstance, theirs).worker = "another-worker"
-    restarted = WorkerService(settings, queue="default", concurrency=1, name=WORKER)
+    restarted = WorkerService(settings, queues=("default",), concurrency=1, name=WORKER)
     restarted.attach(Broker.from_url(REDIS_URL, settings.stream_prefix))
     try:
         restarted._begin()
