@@ -30,7 +30,7 @@ from broker.client import Broker
 from broker.streams import queue_message, task_label, trigger_message
 from deferral import liveness, metrics, transitions
 from deferral.crypto import Cipher, DecryptionError
-from deferral.models import TaskInstance, Trigger, Worker
+from deferral.models import SignalWait, TaskInstance, Trigger, Worker
 from deferral.process import log_ids
 from deferral.transitions import Attempt
 
@@ -115,6 +115,10 @@ class Reconciler:
                 self.cursor.deferred,
                 TI.updated_at < func.now() - SETTLE,
                 TI.trigger_id.is_not(None),
+                # Signal waits are rows a send resumes, never in a stream.
+                ~select(SignalWait.trigger_id)
+                .where(SignalWait.trigger_id == TI.trigger_id)
+                .exists(),
             )
         self.cursor.deferred = self._advance(rows)
         by_trigger = {str(ti.trigger_id): ti for ti in rows}

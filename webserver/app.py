@@ -33,7 +33,8 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from broker import deadletters
 from broker.client import Broker
-from deferral import actions, secrets_masker
+from broker.streams import WAKE
+from deferral import actions, secrets_masker, signals
 from deferral.config import Settings, WebserverSettings, webserver_settings
 from deferral.crypto import Cipher
 from deferral.db import make_engine, make_sessionmaker
@@ -733,6 +734,23 @@ class WebUI:
             status_code=409 if done.refused else 200,
         )
 
+    async def api_signal(self, request: Request) -> Response:
+        payload = request.scope["body"].get("payload")
+        sent = await run_in_threadpool(self._send_signal, request.path_params["key"], payload)
+        return _api(
+            {"signal_id": sent.id, "key": sent.key, "resumed": len(sent.resumed)}, status_code=201
+        )
+
+    def _send_signal(self, key: str, payload: Any) -> signals.SentSignal:
+        try:
+            with self.sessions.begin() as session:
+                sent = signals.send_in(session, Cipher(self.settings.fernet_keys), key, payload)
+        except signals.SignalError as exc:
+            raise BadInput(str(exc)) from None
+        if sent.resumed:  # the scheduler queues them now, not when its wait for events ends
+            self.broker().publish(self.broker().keys.events, WAKE)
+        return sent
+
     # -- the application -------------------------------------------------------------------------
 
     def routes(self) -> list[Route | Mount]:
@@ -775,6 +793,7 @@ class WebUI:
             Route(f"{API}/dags/{{dag_id}}/unpause", a(self.api_pause(False)), methods=["POST"]),
             Route(f"{API}/dags/{{dag_id}}/clear", a(self.api_clear), methods=["POST"]),
             Route(f"{API}/dags/{{dag_id}}/mark", a(self.api_mark), methods=["POST"]),
+            Route(f"{API}/signals/{{key}}", a(self.api_signal), methods=["POST"]),
         ]
 
     def close(self) -> None:

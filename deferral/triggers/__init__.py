@@ -1,6 +1,7 @@
 from deferral.triggers.base import BaseTrigger, TriggerEvent
 from deferral.triggers.file import FileTrigger
 from deferral.triggers.http import HttpTrigger
+from deferral.triggers.signal import SignalTrigger
 from deferral.triggers.temporal import DateTimeTrigger, TimeDeltaTrigger
 
 __all__ = [
@@ -8,6 +9,7 @@ __all__ = [
     "DateTimeTrigger",
     "FileTrigger",
     "HttpTrigger",
+    "SignalTrigger",
     "TimeDeltaTrigger",
     "TriggerEvent",
 ]
