@@ -20,10 +20,18 @@ from sqlalchemy import text
 from sqlalchemy.orm import Session
 
 from deferral import serialization, transitions
+from deferral.callback_tokens import (
+    CALLBACK_KEY_PREFIX,
+    TOKEN_LIFETIME,
+    Claim,
+    TokenRefused,
+    parse_token,
+)
 from deferral.crypto import Cipher
 from deferral.metastore import metastore
 from deferral.serialization import SerializationError
 from deferral.triggers.signal import (
+    CALLBACK_TRIGGER,
     SIGNAL_RETENTION,
     SIGNAL_TRIGGER,
     SignalError,
@@ -35,6 +43,10 @@ __all__ = ["MAX_PAYLOAD_BYTES", "SentSignal", "SignalError", "send"]
 
 # Most bytes of a payload's JSON.
 MAX_PAYLOAD_BYTES = 64 * 1024
+SUCCESS, FAILURE = "success", "failure"
+# A callback is taken while its task runs the token's try (it has not deferred yet: the answer
+# waits for it) or waits.
+_ANSWERABLE = ("running", "deferred")
 # Old signals each send deletes at most (they go at least as fast as signals come).
 PRUNE_PER_SEND = 100
 
@@ -116,14 +128,18 @@ def lock_keys(session: Session, keys: Iterable[str]) -> None:
         session.execute(_LOCK_SQL, {"keys": distinct})
 
 
-def _signal_event(signal_id: int, trigger_id: int, sealed: str) -> transitions.FiredEvent:
-    return transitions.FiredEvent(
-        dedup_key=f"signal:{signal_id}:{trigger_id}",
-        trigger_id=trigger_id,
-        failed=False,
-        payload=None,
-        sealed_payload=sealed,
-    )
+def _signal_event(
+    cipher: Cipher, signal_id: int, trigger_id: int, key: str, sealed: str
+) -> transitions.FiredEvent:
+    """The event signal ``signal_id`` on ``key`` fires for the wait of trigger ``trigger_id``:
+    the payload as sent, or for a callback its payload, or its failure."""
+    dedup_key = f"signal:{signal_id}:{trigger_id}"
+    if key.startswith(CALLBACK_KEY_PREFIX):
+        answer = cipher.open(sealed)
+        failed = answer["status"] == FAILURE
+        payload = {"message": failure_message(answer["payload"])} if failed else answer["payload"]
+        return transitions.FiredEvent(dedup_key, trigger_id, failed, payload)
+    return transitions.FiredEvent(dedup_key, trigger_id, False, None, sealed_payload=sealed)
 
 
 def _resumed(
@@ -136,23 +152,70 @@ def _resumed(
     )
 
 
+def _record(session: Session, cipher: Cipher, key: str, sealed: str) -> SentSignal:
+    """Record a signal on ``key`` (whose lock is held) and resume every task waiting on it."""
+    row = session.execute(
+        _SEND_SQL,
+        {"key": key, "payload": sealed, "retention": SIGNAL_RETENTION, "prune": PRUNE_PER_SEND},
+    ).one()
+    events = [_signal_event(cipher, row.id, trigger_id, key, sealed) for trigger_id in row.waiting]
+    return SentSignal(row.id, key, _resumed(session, cipher, events))
+
+
 def send_in(session: Session, cipher: Cipher, key: str, payload: Any) -> SentSignal:
     """Record a signal on ``key`` and resume every task waiting on it, in ``session``'s
     transaction (the key's lock is held until it ends)."""
     check_signal_key(key)
     sealed = seal_payload(cipher, payload)
     lock_keys(session, [key])
-    row = session.execute(
-        _SEND_SQL,
-        {"key": key, "payload": sealed, "retention": SIGNAL_RETENTION, "prune": PRUNE_PER_SEND},
-    ).one()
-    events = [_signal_event(row.id, trigger_id, sealed) for trigger_id in row.waiting]
-    return SentSignal(row.id, key, _resumed(session, cipher, events))
+    return _record(session, cipher, key, sealed)
 
 
-def wait_of(classpath: str, kwargs: Mapping[str, Any]) -> Wait | None:
-    """The signal wait a deferral to ``classpath(**kwargs)`` is, or None for other triggers
-    (and for kwargs that are not a valid SignalTrigger's: the triggerer fails those)."""
+_USED_SQL = text("SELECT EXISTS (SELECT FROM signal WHERE key = :key)")
+_TRY_SQL = text("SELECT state, try_number FROM task_instance WHERE id = :id")
+
+
+def answer_callback(
+    session: Session, cipher: Cipher, claim: Claim, status: str, payload: Any
+) -> SentSignal:
+    """Answer the callback of a verified token: resume its task (``"success"``: with
+    ``payload``; ``"failure"``: failing it with the payload's message), or, if it has not
+    deferred yet, keep the answer for its wait. TokenRefused 409 for a token used before or a
+    task cleared, finished or retried since; 400 for a bad status or payload."""
+    if status not in (SUCCESS, FAILURE):
+        raise TokenRefused(400, f"status must be 'success' or 'failure', not {status!r:.40}")
+    try:
+        sealed = seal_payload(cipher, {"status": status, "payload": payload})
+    except SignalError as exc:
+        raise TokenRefused(400, str(exc)) from None
+    lock_keys(session, [claim.key])
+    if session.scalar(_USED_SQL, {"key": claim.key}):
+        raise TokenRefused(409, "callback token already used")
+    task = session.execute(_TRY_SQL, {"id": claim.task_instance_id}).one_or_none()
+    if task is None or task.try_number != claim.try_number or task.state not in _ANSWERABLE:
+        raise TokenRefused(
+            409, "the task no longer waits for this callback (cleared, finished or retried since)"
+        )
+    return _record(session, cipher, claim.key, sealed)
+
+
+def failure_message(payload: Any) -> str:
+    """The one line a failed callback fails its task with: the payload's ``message`` (or the
+    payload itself), at most 1,000 characters."""
+    said = payload.get("message", payload) if isinstance(payload, dict) else payload
+    text_ = " ".join(str(said).split()) if said is not None else "callback reported failure"
+    return f"callback reported failure: {text_[:1000]}"
+
+
+def wait_of(classpath: str, kwargs: Mapping[str, Any], task_instance_id: int) -> Wait | None:
+    """The wait a deferral of ``task_instance_id`` to ``classpath(**kwargs)`` is, if it waits
+    on a signal or on its own callback token; None for other triggers (and for arguments that
+    are not a valid SignalTrigger's or CallbackTrigger's: the triggerer fails those)."""
+    if classpath == CALLBACK_TRIGGER:
+        claim = parse_token(kwargs.get("token"))
+        if claim is None or claim.task_instance_id != task_instance_id:
+            return None
+        return Wait(claim.key, TOKEN_LIFETIME)  # a callback may come before the deferral
     if classpath != SIGNAL_TRIGGER:
         return None
     try:
@@ -169,6 +232,7 @@ def register_waits(session: Session, cipher: Cipher, waits: Mapping[int, Wait]) 
     if not waits:
         return ()
     ids = list(waits)
+    keys = {i: waits[i].key for i in ids}
     matches = session.execute(
         _WAIT_SQL,
         {
@@ -177,7 +241,9 @@ def register_waits(session: Session, cipher: Cipher, waits: Mapping[int, Wait]) 
             "lookbacks": [waits[i].lookback for i in ids],
         },
     ).all()
-    events = [_signal_event(m.id, m.trigger_id, m.payload) for m in matches]
+    events = [
+        _signal_event(cipher, m.id, m.trigger_id, keys[m.trigger_id], m.payload) for m in matches
+    ]
     return _resumed(session, cipher, events)
 
 

@@ -40,7 +40,13 @@ def signals_send(key: str, payload: str | None) -> None:
 
 @signals_group.command("list")
 @click.option("--key", default=None, help="Only this key.")
-@click.option("--limit", default=100, show_default=True, type=click.IntRange(1, 10_000))
+@click.option(
+    "--limit",
+    default=100,
+    show_default=True,
+    type=click.IntRange(1, 10_000),
+    help="Show at most this many keys.",
+)
 @output_options
 def signals_list(key: str | None, limit: int, output: str) -> None:
     """Keys with recent signals or waiting tasks, the most recently signalled first."""

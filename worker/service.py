@@ -602,7 +602,12 @@ class WorkerService:
         waits = {
             running.attempt.task_instance_id: wait
             for running, outcome in deferrals
-            if (wait := signals.wait_of(outcome.classpath, outcome.trigger_kwargs)) is not None
+            if (
+                wait := signals.wait_of(
+                    outcome.classpath, outcome.trigger_kwargs, running.attempt.task_instance_id
+                )
+            )
+            is not None
         }
         moved = signals.defer_with_waits(session, self.cipher, specs, waits)
         messages = []

@@ -45,7 +45,20 @@ def check_lookback(lookback: object) -> dt.timedelta:
     return lookback
 
 
-class SignalTrigger(BaseTrigger):
+class _RowTrigger(BaseTrigger):
+    """A wait kept as a row and resumed by a send: nothing of it runs in a triggerer."""
+
+    async def run(self) -> AsyncIterator[TriggerEvent]:
+        # Reached only if such a wait was published to a triggerer (a subclass, or arguments
+        # the worker refused): failing says so rather than waiting for ever.
+        raise SignalError(
+            f"{type(self).__name__} waits are resumed by signals and callbacks, not run in a"
+            " triggerer (a subclass, or a callback token of another task?)"
+        )
+        yield TriggerEvent(None)  # pragma: no cover - makes this an async generator
+
+
+class SignalTrigger(_RowTrigger):
     """Resumes the task with the payload of the next signal sent to ``key``, or of the latest
     one sent within ``lookback`` before the task started waiting.
 
@@ -60,14 +73,25 @@ class SignalTrigger(BaseTrigger):
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return classpath_of(SignalTrigger), {"key": self.key, "lookback": self.lookback}
 
-    async def run(self) -> AsyncIterator[TriggerEvent]:
-        # Reached only if a wait was published to a triggerer (a subclass: only this class's
-        # waits are rows): failing says so rather than waiting for ever.
-        raise SignalError(
-            f"{type(self).__name__} waits are resumed by signals, not run in a triggerer"
-            " (subclasses of SignalTrigger are not supported)"
-        )
-        yield TriggerEvent(None)  # pragma: no cover - makes this an async generator
+
+class CallbackTrigger(_RowTrigger):
+    """Resumes the task when its callback token (``context["callback"].token``, or ``token``)
+    is posted to ``POST /api/v1/callbacks/{token}``: with ``event`` the posted payload on
+    ``"success"``, failing it (or retrying) with the payload's message on ``"failure"``."""
+
+    def __init__(self, token: str | None = None) -> None:
+        super().__init__()
+        if token is None:
+            from deferral.context import get_current_context
+
+            token = get_current_context()["callback"].token
+        if not isinstance(token, str):
+            raise SignalError(f"callback token must be a string, got {type(token).__name__}")
+        self.token = token
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        return classpath_of(CallbackTrigger), {"token": self.token}
 
 
 SIGNAL_TRIGGER = classpath_of(SignalTrigger)
+CALLBACK_TRIGGER = classpath_of(CallbackTrigger)

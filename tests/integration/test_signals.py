@@ -13,16 +13,20 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
+from cryptography.fernet import Fernet
 from sqlalchemy import func, select, text
 from sqlalchemy.orm import Session, sessionmaker
 
 from deferral import serialization, signals, transitions
+from deferral.callback_tokens import make_token
 from deferral.config import Settings
 from deferral.crypto import Cipher
+from deferral.exceptions import TaskDeferralError, deferral_failure
 from deferral.models import DagRun, Signal, SignalWait, TaskInstance, TaskStateChange
-from deferral.states import TaskState
+from deferral.states import FAIL_METHOD, TaskState
 from deferral.transitions import Attempt, NewTaskInstance
-from deferral.triggers.signal import SignalError, SignalTrigger
+from deferral.triggers.base import BaseTrigger
+from deferral.triggers.signal import CallbackTrigger, SignalError, SignalTrigger
 from deferral_cli import main as deferral_main
 from tests.integration.conftest import WEB_ADMIN_PASSWORD, web_client
 
@@ -58,11 +62,18 @@ def _wait(
     lookback: dt.timedelta = dt.timedelta(0),
 ) -> None:
     """Defer the running tasks (id, key) on SignalTrigger(key, lookback), as the worker does."""
+    _defer(sessions, cipher, [(t, SignalTrigger(key, lookback)) for t, key in waits])
+
+
+def _defer(
+    sessions: sessionmaker[Session], cipher: Cipher, deferrals: Sequence[tuple[int, BaseTrigger]]
+) -> None:
+    """Defer the running tasks (id, trigger) through the worker's deferral path."""
     specs, found = [], {}
-    for ti_id, key in waits:
-        classpath, kwargs = SignalTrigger(key, lookback).serialize()
+    for ti_id, trigger in deferrals:
+        classpath, kwargs = trigger.serialize()
         jsonable = serialization.check_kwargs(kwargs)
-        wait = signals.wait_of(classpath, jsonable)
+        wait = signals.wait_of(classpath, jsonable, ti_id)
         assert wait is not None
         found[ti_id] = wait
         specs.append(
@@ -281,4 +292,127 @@ def test_bad_trigger_arguments_are_refused_where_the_dag_builds_them() -> None:
         SignalTrigger("k", lookback=5)  # type: ignore[arg-type]
     with pytest.raises(SignalError, match="lookback 8 days, 0:00:00 is out of range"):
         SignalTrigger("k", lookback=dt.timedelta(days=8))
-    assert signals.wait_of(SignalTrigger("k").serialize()[0], {"key": "a b"}) is None
+    assert signals.wait_of(SignalTrigger("k").serialize()[0], {"key": "a b"}, 1) is None
+
+
+# -- callback tokens ----------------------------------------------------------------------------
+
+
+def _token(cipher: Cipher, ti_id: int, age: dt.timedelta = dt.timedelta(0)) -> str:
+    return make_token(cipher, ti_id, 1, dt.datetime.now(dt.UTC) - age)
+
+
+def _signals(sessions: sessionmaker[Session]) -> int:
+    with sessions() as session:
+        return session.scalar(select(func.count()).select_from(Signal)) or 0
+
+
+def _changes(sessions: sessionmaker[Session]) -> int:
+    with sessions() as session:
+        return session.scalar(select(func.count()).select_from(TaskStateChange)) or 0
+
+
+def test_callback_token_resumes_its_task_once_and_a_replay_changes_nothing(
+    settings: Settings, sessions: sessionmaker[Session], cipher: Cipher
+) -> None:
+    mine, other = _running(sessions, 2)
+    token = _token(cipher, mine)
+    _defer(sessions, cipher, [(mine, CallbackTrigger(token)), (other, SignalTrigger("x"))])
+    with web_client(settings, "0.0.0.0") as client:  # no login: the token is the credential
+        url = f"/api/v1/callbacks/{token}"
+        answer = client.post(url, json={"status": "success", "payload": {"paid": 42}})
+        assert answer.status_code == 200 and answer.json() == {"resumed": 1}
+        assert _events(sessions, cipher, [mine, other]) == {mine: {"paid": 42}}
+        before = (_signals(sessions), _changes(sessions))
+        again = client.post(url, json={"status": "success", "payload": "again"})
+        assert again.status_code == 409 and again.json()["error"] == "callback token already used"
+        assert (_signals(sessions), _changes(sessions)) == before
+        assert _events(sessions, cipher, [mine]) == {mine: {"paid": 42}}
+
+
+def test_forged_unknown_and_expired_tokens_are_refused(
+    settings: Settings, sessions: sessionmaker[Session], cipher: Cipher
+) -> None:
+    (ti_id,) = _running(sessions, 1)
+    token = _token(cipher, ti_id)
+    _defer(sessions, cipher, [(ti_id, CallbackTrigger(token))])
+    body, mac = token.rsplit(".", 1)
+    forged = [
+        f"{body}.{mac[:-1]}{'A' if mac[-1] != 'A' else 'B'}",  # the signature changed
+        f"{ti_id + 1}{token[len(str(ti_id)) :]}",  # another task, same signature
+        make_token(Cipher([Fernet.generate_key().decode()]), ti_id, 1, dt.datetime.now(dt.UTC)),
+        "nonsense",
+        "1.1.1.x." + "A" * 300,
+    ]
+    expired = _token(cipher, ti_id, age=dt.timedelta(days=8))
+    with web_client(settings, "0.0.0.0") as client:
+        for bad in forged:
+            refused = client.post(f"/api/v1/callbacks/{bad}", json={"status": "success"})
+            assert refused.status_code == 404, bad
+            assert refused.json()["error"] == "unknown callback token"
+        late = client.post(f"/api/v1/callbacks/{expired}", json={"status": "success"})
+        assert late.status_code == 410 and "expired at" in late.json()["error"]
+        for bad_body, said in (
+            ({"status": "done"}, "status must be 'success' or 'failure'"),
+            ({"status": "success", "payload": "x" * 70_000}, "more than 65536"),
+            ([1], "the body must be a JSON object"),
+        ):
+            answer = client.post(f"/api/v1/callbacks/{token}", json=bad_body)
+            assert answer.status_code == 400 and said in answer.json()["error"]
+    assert _events(sessions, cipher, [ti_id]) == {} and _signals(sessions) == 0
+
+
+def test_callback_token_of_a_cleared_task_is_refused(
+    settings: Settings, sessions: sessionmaker[Session], cipher: Cipher
+) -> None:
+    (ti_id,) = _running(sessions, 1)
+    token = _token(cipher, ti_id)
+    _defer(sessions, cipher, [(ti_id, CallbackTrigger(token))])
+    with sessions.begin() as session:
+        ti = session.get(TaskInstance, ti_id)
+        assert ti is not None and transitions.clear(session, ti, retries=0)
+    with web_client(settings, "0.0.0.0") as client:
+        refused = client.post(f"/api/v1/callbacks/{token}", json={"status": "success"})
+    assert refused.status_code == 409 and "no longer waits" in refused.json()["error"]
+    assert _signals(sessions) == 0
+
+
+def test_failure_status_fails_the_task_with_the_payloads_message(
+    settings: Settings, sessions: sessionmaker[Session], cipher: Cipher
+) -> None:
+    (ti_id,) = _running(sessions, 1)
+    token = _token(cipher, ti_id)
+    _defer(sessions, cipher, [(ti_id, CallbackTrigger(token))])
+    with web_client(settings, "0.0.0.0") as client:
+        answer = client.post(
+            f"/api/v1/callbacks/{token}",
+            json={"status": "failure", "payload": {"message": "card\ndeclined"}},
+        )
+    assert answer.status_code == 200
+    with sessions() as session:
+        ti = session.get(TaskInstance, ti_id)
+        assert ti is not None and ti.state == TaskState.SCHEDULED
+        assert ti.next_method == FAIL_METHOD and ti.next_kwargs is not None
+        kwargs = cipher.open(ti.next_kwargs)
+    assert kwargs["message"] == "callback reported failure: card declined"
+    with pytest.raises(TaskDeferralError, match=r"^callback reported failure: card declined$"):
+        raise deferral_failure(kwargs)
+
+
+def test_callback_before_the_deferral_is_kept_for_it(
+    settings: Settings, sessions: sessionmaker[Session], cipher: Cipher
+) -> None:
+    (ti_id,) = _running(sessions, 1)
+    token = _token(cipher, ti_id)
+    with web_client(settings, "0.0.0.0") as client:
+        early = client.post(f"/api/v1/callbacks/{token}", json={"status": "success", "payload": 7})
+    assert early.status_code == 200 and early.json() == {"resumed": 0}
+    _defer(sessions, cipher, [(ti_id, CallbackTrigger(token))])
+    assert _events(sessions, cipher, [ti_id]) == {ti_id: 7}
+
+
+def test_callback_token_of_another_task_is_no_wait(cipher: Cipher) -> None:
+    token = _token(cipher, 5)
+    classpath, kwargs = CallbackTrigger(token).serialize()
+    assert signals.wait_of(classpath, kwargs, 5) is not None
+    assert signals.wait_of(classpath, kwargs, 6) is None
