@@ -208,7 +208,9 @@ def main() -> None:
         try:
             wait_up(args.port, time.monotonic() + 60)
             api_throughput(
-                [k for pair in zip(with_waiter, without, strict=True) for k in pair], args.clients, args.port
+                [k for pair in zip(with_waiter, without, strict=True) for k in pair],
+                args.clients,
+                args.port,
             )
         finally:
             server.terminate()
