@@ -16,7 +16,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import text
+from sqlalchemy import ColumnElement, ColumnExpressionArgument, select, text
 from sqlalchemy.orm import Session
 
 from deferral import serialization, transitions
@@ -29,6 +29,7 @@ from deferral.callback_tokens import (
 )
 from deferral.crypto import Cipher
 from deferral.metastore import metastore
+from deferral.models import SignalWait
 from deferral.serialization import SerializationError
 from deferral.triggers.signal import (
     CALLBACK_TRIGGER,
@@ -261,6 +262,12 @@ def defer_with_waits(
     moved = transitions.defer_many(session, deferrals)
     register_waits(session, cipher, {moved[t]: wait for t, wait in waits.items() if t in moved})
     return moved
+
+
+def not_a_wait(trigger_id: ColumnExpressionArgument[int | None]) -> ColumnElement[bool]:
+    """True for a deferred task's ``trigger_id`` that is no signal wait: a trigger that must be
+    in a stream (the reconciler's and the doctor's check)."""
+    return ~select(SignalWait.trigger_id).where(SignalWait.trigger_id == trigger_id).exists()
 
 
 def send(key: str, payload: Any = None) -> SentSignal:

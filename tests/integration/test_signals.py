@@ -17,6 +17,7 @@ from cryptography.fernet import Fernet
 from sqlalchemy import func, select, text
 from sqlalchemy.orm import Session, sessionmaker
 
+from broker.client import Broker
 from deferral import serialization, signals, transitions
 from deferral.callback_tokens import make_token
 from deferral.config import Settings
@@ -28,6 +29,8 @@ from deferral.transitions import Attempt, NewTaskInstance
 from deferral.triggers.base import BaseTrigger
 from deferral.triggers.signal import CallbackTrigger, SignalError, SignalTrigger
 from deferral_cli import main as deferral_main
+from readmodel.doctor import _not_in_flight
+from scheduler.reconcile import Reconciler
 from tests.integration.conftest import WEB_ADMIN_PASSWORD, web_client
 
 WORKER = "worker-1"
@@ -416,3 +419,30 @@ def test_callback_token_of_another_task_is_no_wait(cipher: Cipher) -> None:
     classpath, kwargs = CallbackTrigger(token).serialize()
     assert signals.wait_of(classpath, kwargs, 5) is not None
     assert signals.wait_of(classpath, kwargs, 6) is None
+
+
+def test_reconciler_and_doctor_leave_signal_waits_out_of_the_streams(
+    settings: Settings, sessions: sessionmaker[Session], cipher: Cipher, broker: Broker
+) -> None:
+    waiting, plain = _running(sessions, 2)
+    _wait(sessions, cipher, [(waiting, "k")])
+    # A deferred task on an ordinary trigger that no stream holds: the one to republish.
+    with sessions.begin() as session:
+        trigger_id = transitions.create_trigger(
+            session, "deferral.triggers.temporal.DateTimeTrigger", cipher.seal({"moment": None})
+        )
+        assert transitions.defer(
+            session,
+            Attempt(plain, 1, WORKER),
+            trigger_id=trigger_id,
+            next_method="resume",
+            next_kwargs_token=cipher.seal({}),
+            trigger_timeout=None,
+        )
+        session.execute(text("UPDATE task_instance SET updated_at = now() - interval '1 hour'"))
+    assert _not_in_flight(broker, settings) == ["signals_dag.r1.t1"]
+    Reconciler(sessions, broker, cipher, settings.heartbeat_sec).reconcile()
+    with sessions() as session:
+        wait_trigger = str(session.scalar(select(SignalWait.trigger_id)))
+    held = broker.present(broker.keys.triggers, [str(trigger_id), wait_trigger])
+    assert held == {str(trigger_id): True, wait_trigger: False}
