@@ -48,7 +48,9 @@ SUCCESS, FAILURE = "success", "failure"
 # A callback is taken while its task runs the token's try (it has not deferred yet: the answer
 # waits for it) or waits.
 _ANSWERABLE = ("running", "deferred")
-# Old signals each send deletes at most (they go at least as fast as signals come).
+# Old signals each send deletes at most (they go at least as fast as signals come). Aged by
+# now(), which is stable within the statement, so the index on sent_at serves it (a volatile
+# clock_timestamp() would make it a scan of the whole table on every send).
 PRUNE_PER_SEND = 100
 
 _LOCK_SQL = text(
@@ -62,7 +64,7 @@ _SEND_SQL = text(
         INSERT INTO signal (key, payload) VALUES (:key, :payload) RETURNING id
     ), pruned AS (
         DELETE FROM signal WHERE id IN (
-            SELECT id FROM signal WHERE sent_at < clock_timestamp() - :retention
+            SELECT id FROM signal WHERE sent_at < now() - :retention
             ORDER BY sent_at LIMIT :prune
         )
     )

@@ -446,3 +446,18 @@ def test_reconciler_and_doctor_leave_signal_waits_out_of_the_streams(
         wait_trigger = str(session.scalar(select(SignalWait.trigger_id)))
     held = broker.present(broker.keys.triggers, [str(trigger_id), wait_trigger])
     assert held == {str(trigger_id): True, wait_trigger: False}
+
+
+def test_signals_older_than_the_retention_are_pruned_by_later_sends(
+    settings: Settings, sessions: sessionmaker[Session]
+) -> None:
+    old, recent = signals.send("k", "old"), signals.send("k", "recent")
+    with sessions.begin() as session:
+        session.execute(
+            text("UPDATE signal SET sent_at = now() - interval '8 days' WHERE id = :id"),
+            {"id": old.id},
+        )
+    new = signals.send("other", "new")
+    with sessions() as session:
+        kept = set(session.scalars(select(Signal.id)))
+    assert kept == {recent.id, new.id}
