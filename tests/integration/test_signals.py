@@ -202,6 +202,9 @@ def test_signal_nobody_waits_on_is_recorded_and_harms_nothing(
     result = CliRunner().invoke(deferral_main, ["signals", "list", "--json"])
     assert result.exit_code == 0, result.output
     assert {r["key"]: r["waiting"] for r in json.loads(result.output)} == {"nobody": 0, "mine": 1}
+    table = CliRunner().invoke(deferral_main, ["signals", "list"])
+    assert table.exit_code == 0 and "nobody" in table.output
+    assert "signals_dag.r1.t0" in table.output
 
 
 def test_thousand_concurrent_signals_while_waits_are_created_lose_none(
