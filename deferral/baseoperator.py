@@ -27,6 +27,7 @@ from deferral.states import FAIL_METHOD
 from deferral.timezone import make_aware, standard_timedelta
 from deferral.trigger_rules import TriggerRule
 from deferral.triggers.base import BaseTrigger
+from deferral.triggers.signal import SignalTrigger
 from deferral.utils.task_group import TaskGroup
 from deferral.xcom_arg import XComArg, find_runtime_args
 
@@ -436,6 +437,24 @@ class BaseOperator(DependencyMixin, metaclass=_OperatorMeta):
     ) -> NoReturn:
         """Free the worker slot and resume at ``method_name`` when ``trigger`` fires."""
         raise TaskDeferred(trigger=trigger, method_name=method_name, kwargs=kwargs, timeout=timeout)
+
+    def wait_for_signal(
+        self,
+        key: str,
+        *,
+        method_name: str = "execute_complete",
+        lookback: dt.timedelta = dt.timedelta(0),
+        kwargs: dict[str, Any] | None = None,
+        timeout: dt.timedelta | None = None,
+    ) -> NoReturn:
+        """Free the worker slot and resume at ``method_name`` with ``event`` the payload of the
+        next signal sent to ``key`` (or of the latest sent within ``lookback`` before now)."""
+        self.defer(
+            trigger=SignalTrigger(key, lookback=lookback),
+            method_name=method_name,
+            kwargs=kwargs,
+            timeout=timeout,
+        )
 
     def on_kill(self) -> None:
         """Called when the task is cut short by its execution_timeout: stop what ``execute``

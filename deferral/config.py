@@ -384,6 +384,19 @@ def xcom_backend() -> str | None:
     return _one_setting("XCOM_BACKEND", _classpath, "") if given else None
 
 
+def callback_base_url() -> str:
+    """``DEFERRAL_CALLBACK_BASE_URL``: the web server's address as callers reach it, the start
+    of the URL ``context["callback"].url`` gives a task."""
+    return _one_setting("CALLBACK_BASE_URL", _base_url, "http://localhost:8080")
+
+
+def _base_url(raw: str) -> str:
+    url = raw.strip().rstrip("/")
+    if not url.startswith(("http://", "https://")) or any(c.isspace() for c in url):
+        raise ValueError(f"{url!r} is not an http(s) URL")
+    return url
+
+
 def default_timezone() -> zoneinfo.ZoneInfo:
     """``DEFERRAL_DEFAULT_TIMEZONE``: the zone naive datetimes in DAG files are read in."""
     return _one_setting("DEFAULT_TIMEZONE", _timezone, "UTC")
@@ -590,6 +603,12 @@ SETTINGS: tuple[SettingDoc, ...] = (
         "DAG_IMPORT_GRACE_SEC",
         "300",
         "How long a running run's DAG may fail to import before its unfinished tasks fail.",
+        "core",
+    ),
+    SettingDoc(
+        "CALLBACK_BASE_URL",
+        "http://localhost:8080",
+        "The web server's address as callers reach it: the start of a task's callback URL.",
         "core",
     ),
     SettingDoc(

@@ -11,6 +11,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any, NotRequired, Protocol, TypedDict
 
 from deferral import macros
+from deferral.callback_tokens import CallbackHandle
 from deferral.connections import ConnectionAccessor
 from deferral.variables import VariableAccessor
 
@@ -128,6 +129,8 @@ class Context(TypedDict):
     var: dict[str, VariableAccessor]
     conn: ConnectionAccessor
     macros: ModuleType
+    # This attempt's callback token and URL (CallbackTrigger), made on first use.
+    callback: CallbackHandle
     # Deprecated in Airflow 2 but in many DAGs: the logical date, the run after, the day around.
     execution_date: dt.datetime
     next_execution_date: dt.datetime
@@ -203,6 +206,7 @@ def build_context(task: BaseOperator, dag_run: DagRunInfo, ti: RuntimeTaskInstan
         "var": {"value": _VARIABLES_AS_TEXT, "json": _VARIABLES_AS_JSON},
         "conn": _CONNECTIONS,
         "macros": macros,
+        "callback": CallbackHandle(ti.id, ti.try_number),
     }
 
 

@@ -14,6 +14,7 @@ from deferral_cli import (
     keys,
     runs,
     schedules,
+    signals,
     standalone,
     tasks,
     triggers,
@@ -61,5 +62,6 @@ main.add_command(variables.variables)
 main.add_command(connections.connections)
 main.add_command(users.users)
 main.add_command(webserver.webserver_command)
+main.add_command(signals.signals_group)
 
 __all__ = ["main"]

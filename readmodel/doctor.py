@@ -11,7 +11,7 @@ from sqlalchemy.orm import Session
 from broker.client import Broker, RedisVersionError
 from broker.streams import task_label
 from deferral import doctor as checklist
-from deferral import liveness, queues
+from deferral import liveness, queues, signals
 from deferral.config import Settings
 from deferral.db import make_engine, make_sessionmaker
 from deferral.models import (
@@ -177,6 +177,7 @@ def _not_in_flight(broker: Broker, settings: Settings) -> list[str]:
                 ti.state == TaskState.DEFERRED,
                 ti.trigger_id.is_not(None),
                 ti.updated_at < func.now() - _JUST_DEFERRED,
+                signals.not_a_wait(ti.trigger_id),  # a send resumes those, no stream entry
             )
         ).all()
     labels = {str(row.trigger_id): task_label(*row[1:5]) for row in deferred}

@@ -28,7 +28,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from broker.client import Broker
 from broker.streams import queue_message, task_label, trigger_message
-from deferral import liveness, metrics, transitions
+from deferral import liveness, metrics, signals, transitions
 from deferral.crypto import Cipher, DecryptionError
 from deferral.models import TaskInstance, Trigger, Worker
 from deferral.process import log_ids
@@ -115,6 +115,7 @@ class Reconciler:
                 self.cursor.deferred,
                 TI.updated_at < func.now() - SETTLE,
                 TI.trigger_id.is_not(None),
+                signals.not_a_wait(TI.trigger_id),  # a send resumes those, no stream entry
             )
         self.cursor.deferred = self._advance(rows)
         by_trigger = {str(ti.trigger_id): ti for ti in rows}

@@ -35,6 +35,7 @@ from tests.servers import ADMIN_URL, REDIS_URL
 # Tables cleared before each database test; pool keeps its seeded default_pool row.
 TABLES = (
     "task_state_change, xcom, task_reschedule, resume_event, outbox, dag, import_error, worker, "
+    "signal_wait, signal, "
     "task_log, task_log_try, "
     "rendered_task_instance_fields, variable, connection, "
     'task_instance, trigger, triggerer, scheduler, dag_run, "user", web_session'

@@ -33,7 +33,9 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from broker import deadletters
 from broker.client import Broker
-from deferral import actions, secrets_masker
+from broker.streams import WAKE
+from deferral import actions, secrets_masker, signals
+from deferral.callback_tokens import TokenRefused, read_token
 from deferral.config import Settings, WebserverSettings, webserver_settings
 from deferral.crypto import Cipher
 from deferral.db import make_engine, make_sessionmaker
@@ -733,6 +735,53 @@ class WebUI:
             status_code=409 if done.refused else 200,
         )
 
+    async def api_signal(self, request: Request) -> Response:
+        payload = request.scope["body"].get("payload")
+        sent = await run_in_threadpool(self._send_signal, request.path_params["key"], payload)
+        return _api(
+            {"signal_id": sent.id, "key": sent.key, "resumed": len(sent.resumed)}, status_code=201
+        )
+
+    def _send_signal(self, key: str, payload: Any) -> signals.SentSignal:
+        try:
+            with self.sessions.begin() as session:
+                sent = signals.send_in(session, Cipher(self.settings.fernet_keys), key, payload)
+        except signals.SignalError as exc:
+            raise BadInput(str(exc)) from None
+        if sent.resumed:  # the scheduler queues them now, not when its wait for events ends
+            self.broker().publish(self.broker().keys.events, WAKE)
+        return sent
+
+    async def api_callback(self, request: Request) -> Response:
+        """A task's callback: no login (the token is the credential), a JSON body
+        ``{"status": "success"|"failure", "payload": ...}``."""
+        body = await request.body()
+        try:
+            answer = parse_json(body.decode(), "the body")
+        except (UnicodeDecodeError, BadInput) as exc:
+            return _api_error(
+                400, str(exc) if isinstance(exc, BadInput) else "the body is not UTF-8"
+            )
+        if not isinstance(answer, dict):
+            return _api_error(400, "the body must be a JSON object")
+        token = request.path_params["token"]
+        try:
+            sent = await run_in_threadpool(
+                self._answer_callback, token, answer.get("status"), answer.get("payload")
+            )
+        except TokenRefused as exc:
+            return _api_error(exc.status, str(exc))
+        return _api({"resumed": len(sent.resumed)})
+
+    def _answer_callback(self, token: str, status: Any, payload: Any) -> signals.SentSignal:
+        cipher = Cipher(self.settings.fernet_keys)
+        claim = read_token(cipher, token, dt.datetime.now(dt.UTC))
+        with self.sessions.begin() as session:
+            sent = signals.answer_callback(session, cipher, claim, status, payload)
+        if sent.resumed:
+            self.broker().publish(self.broker().keys.events, WAKE)
+        return sent
+
     # -- the application -------------------------------------------------------------------------
 
     def routes(self) -> list[Route | Mount]:
@@ -775,6 +824,8 @@ class WebUI:
             Route(f"{API}/dags/{{dag_id}}/unpause", a(self.api_pause(False)), methods=["POST"]),
             Route(f"{API}/dags/{{dag_id}}/clear", a(self.api_clear), methods=["POST"]),
             Route(f"{API}/dags/{{dag_id}}/mark", a(self.api_mark), methods=["POST"]),
+            Route(f"{API}/signals/{{key}}", a(self.api_signal), methods=["POST"]),
+            Route(f"{API}/callbacks/{{token}}", self.api_callback, methods=["POST"]),
         ]
 
     def close(self) -> None:

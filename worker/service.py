@@ -37,7 +37,7 @@ from broker.streams import (
     task_label,
     trigger_message,
 )
-from deferral import liveness, metrics, tasklogs, transitions
+from deferral import liveness, metrics, signals, tasklogs, transitions
 from deferral.config import Settings, SmtpSettings
 from deferral.crypto import Cipher, DecryptionError
 from deferral.db import make_engine, make_sessionmaker, wait_until_up
@@ -605,14 +605,25 @@ class WorkerService:
             record.deferral_of(running.attempt, outcome, self.cipher)
             for running, outcome in deferrals
         ]
-        moved = transitions.defer_many(session, specs)
+        # Signal waits are rows, not triggers run in a triggerer: no trigger entry for them.
+        waits = {
+            running.attempt.task_instance_id: wait
+            for running, outcome in deferrals
+            if (
+                wait := signals.wait_of(
+                    outcome.classpath, outcome.trigger_kwargs, running.attempt.task_instance_id
+                )
+            )
+            is not None
+        }
+        moved = signals.defer_with_waits(session, self.cipher, specs, waits)
         messages = []
         for running, outcome in deferrals:
             ti_id = running.attempt.task_instance_id
             trigger_id = moved.get(ti_id)
             said = f"deferred to trigger {trigger_id} ({outcome.classpath})"
             self._say(running, outcome, trigger_id is not None, said, lines)
-            if trigger_id is None:
+            if trigger_id is None or ti_id in waits:
                 continue
             message = trigger_message(
                 self.cipher,

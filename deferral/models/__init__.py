@@ -470,3 +470,33 @@ class WebSession(Base):
     username: Mapped[str] = mapped_column(String(64), index=True)
     created_at: Mapped[dt.datetime] = _created()
     expires_at: Mapped[dt.datetime] = mapped_column(Timestamp, index=True)
+
+
+class Signal(Base):
+    """A signal sent to a key (``deferral.signals``), kept for a bounded age so that a wait
+    with a lookback can match one sent before it."""
+
+    __tablename__ = "signal"
+    __table_args__ = (Index("ix_signal_key_sent_at", "key", "sent_at"),)
+
+    id: Mapped[int] = _id()
+    key: Mapped[str] = mapped_column(Text)
+    payload: Mapped[str] = mapped_column(Text)  # Fernet token of the payload's JSON
+    sent_at: Mapped[dt.datetime] = mapped_column(
+        Timestamp, server_default=func.clock_timestamp(), index=True
+    )
+
+
+class SignalWait(Base):
+    """A task deferred on a signal (or callback) key: a row, not a trigger run in a triggerer;
+    a send resumes it. Goes with its trigger row."""
+
+    __tablename__ = "signal_wait"
+
+    trigger_id: Mapped[int] = mapped_column(
+        BigInteger, ForeignKey("trigger.id", ondelete="CASCADE"), primary_key=True
+    )
+    key: Mapped[str] = mapped_column(Text, index=True)
+    created_at: Mapped[dt.datetime] = mapped_column(
+        Timestamp, server_default=func.clock_timestamp()
+    )

@@ -1,13 +1,16 @@
 from deferral.triggers.base import BaseTrigger, TriggerEvent
 from deferral.triggers.file import FileTrigger
 from deferral.triggers.http import HttpTrigger
+from deferral.triggers.signal import CallbackTrigger, SignalTrigger
 from deferral.triggers.temporal import DateTimeTrigger, TimeDeltaTrigger
 
 __all__ = [
     "BaseTrigger",
+    "CallbackTrigger",
     "DateTimeTrigger",
     "FileTrigger",
     "HttpTrigger",
+    "SignalTrigger",
     "TimeDeltaTrigger",
     "TriggerEvent",
 ]

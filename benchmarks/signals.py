@@ -1,0 +1,221 @@
+"""Signals: signal -> SCHEDULED latency with many waiting tasks, and signals per second
+through the API.
+
+    .venv/bin/python benchmarks/signals.py [--waiting 10000] [--signals 1000] [--api 2000]
+
+On a fresh database (see scratch.py): puts ``--waiting`` running tasks into signal waits, each
+on a key of its own, through the worker's deferral path (``signals.defer_with_waits``, in
+batches of 500); then
+
+- sends ``--signals`` signals one after another with ``deferral.signals.send`` to keys that
+  have a waiter, and times each from the call to its commit (the task is SCHEDULED, visible to
+  every scheduler, when it returns): p50 / p99, and the CPU the sending process spent;
+- starts ``deferral webserver`` and posts ``--api`` signals with ``POST /api/v1/signals/{key}``
+  (HTTP Basic, keep-alive, ``--clients`` threads), half to keys with a waiter, half to keys
+  without: signals per second.
+
+No scheduler, worker or triggerer runs: nothing but PostgreSQL is needed for a signal to reach
+SCHEDULED (queuing it is the scheduler's dispatch, as for any resumed task).
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import datetime as dt
+import http.client
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from scratch import scratch_deployment
+from sqlalchemy import func, select, text
+
+from deferral import serialization, signals, transitions
+from deferral.db import make_engine, make_sessionmaker
+from deferral.metastore import metastore
+from deferral.models import DagRun, TaskInstance
+from deferral.transitions import Attempt, NewTaskInstance
+from deferral.triggers import SignalTrigger
+
+WORKER = "bench-worker"
+PASSWORD = "bench-password-1234"
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def put_waiting(url: str, count: int) -> list[str]:
+    """``count`` tasks waiting on keys k0..k<count-1>; returns the keys."""
+    sessions = make_sessionmaker(make_engine(url))
+    cipher = metastore().cipher
+    with sessions.begin() as session:
+        transitions.create_dag_run(session, "bench_signals", "r1", dt.datetime.now(dt.UTC), {})
+        run = session.scalars(select(DagRun)).one()
+        transitions.start_dag_run(
+            session,
+            run,
+            [NewTaskInstance(f"t{i}", 0, "default_pool", 1, "default", 1) for i in range(count)],
+        )
+    keys = []
+    for start in range(0, count, 500):
+        with sessions.begin() as session:
+            ids = list(
+                session.scalars(
+                    select(TaskInstance.id)
+                    .where(TaskInstance.task_id.in_([f"t{i}" for i in range(start, start + 500)]))
+                    .order_by(TaskInstance.id)
+                )
+            )
+            transitions.schedule(session, ids)
+            transitions.dispatch(session, ids)
+            transitions.start_many(session, [(i, 1) for i in ids], "host", WORKER)
+        specs, waits = [], {}
+        for ti_id in ids:
+            key = f"k{ti_id}"
+            keys.append(key)
+            classpath, kwargs = SignalTrigger(key).serialize()
+            jsonable = serialization.check_kwargs(kwargs)
+            wait = signals.wait_of(classpath, jsonable, ti_id)
+            assert wait is not None
+            waits[ti_id] = wait
+            specs.append(
+                transitions.Deferral(
+                    Attempt(ti_id, 1, WORKER),
+                    classpath,
+                    cipher.encrypt(serialization.encode(jsonable)),
+                    "resume",
+                    cipher.seal({}),
+                    None,
+                )
+            )
+        with sessions.begin() as session:
+            signals.defer_with_waits(session, cipher, specs, waits)
+    with sessions() as session:
+        waiting = session.scalar(select(func.count()).where(TaskInstance.state == "deferred"))
+    print(f"{waiting} tasks waiting on {len(keys)} keys")
+    return keys
+
+
+def round_trip_baseline(count: int = 200) -> float:
+    """p50 of a transaction inserting one signal row and committing, in ms: the floor under
+    any signal on this machine at this moment."""
+    store = metastore()
+    times = []
+    with store.sessions() as session:
+        for _ in range(count):
+            started = time.perf_counter()
+            session.execute(text("INSERT INTO signal (key, payload) VALUES ('floor', '')"))
+            session.commit()
+            times.append((time.perf_counter() - started) * 1000)
+        session.execute(text("DELETE FROM signal WHERE key = 'floor'"))
+        session.commit()
+    return percentile(times, 0.5)
+
+
+def library_latency(keys: list[str]) -> None:
+    floor = round_trip_baseline()
+    print(f"baseline: a one-row insert and its commit, p50 {floor:.2f} ms")
+    latencies = []
+    cpu = time.process_time()
+    for key in keys:
+        started = time.perf_counter()
+        sent = signals.send(key, {"key": key})
+        latencies.append((time.perf_counter() - started) * 1000)
+        assert len(sent.resumed) == 1, key
+    cpu = time.process_time() - cpu
+    print(
+        f"signal -> SCHEDULED (library, {len(keys)} signals, one at a time): "
+        f"p50 {percentile(latencies, 0.5):.2f} ms, p99 {percentile(latencies, 0.99):.2f} ms, "
+        f"sender CPU {cpu / len(keys) * 1000:.2f} ms per signal"
+    )
+
+
+def api_throughput(keys: list[str], clients: int, port: int) -> None:
+    auth = base64.b64encode(f"admin:{PASSWORD}".encode()).decode()
+    headers = {"content-type": "application/json", "authorization": f"Basic {auth}"}
+    failures: list[str] = []
+
+    def post(part: list[str]) -> None:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        for key in part:
+            conn.request("POST", f"/api/v1/signals/{key}", json.dumps({"payload": 1}), headers)
+            answer = conn.getresponse()
+            answer.read()
+            if answer.status != 201:
+                failures.append(f"{key}: {answer.status}")
+        conn.close()
+
+    threads = [threading.Thread(target=post, args=(keys[i::clients],)) for i in range(clients)]
+    started = time.perf_counter()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    took = time.perf_counter() - started
+    assert not failures, failures[:5]
+    print(
+        f"API: {len(keys)} signals in {took:.2f} s with {clients} clients:"
+        f" {len(keys) / took:.0f} signals/s"
+    )
+
+
+def wait_up(port: int, deadline: float) -> None:
+    while time.monotonic() < deadline:
+        try:
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
+            conn.request("GET", "/api/v1/health")
+            conn.getresponse().read()
+            return
+        except OSError:
+            time.sleep(0.2)
+    raise SystemExit("the web server did not come up")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--waiting", type=int, default=10_000)
+    parser.add_argument("--signals", type=int, default=1_000)
+    parser.add_argument("--api", type=int, default=2_000)
+    parser.add_argument("--clients", type=int, default=4)
+    parser.add_argument("--port", type=int, default=18_718)
+    args = parser.parse_args()
+    assert args.signals + args.api // 2 <= args.waiting
+    with tempfile.TemporaryDirectory() as home, scratch_deployment(Path(home), "signals") as url:
+        keys = put_waiting(url, args.waiting)
+        library_latency(keys[: args.signals])
+        with_waiter = keys[args.signals : args.signals + args.api // 2]
+        without = [f"nobody-{i}" for i in range(args.api - len(with_waiter))]
+        env = {**os.environ, "DEFERRAL_WEBSERVER_ADMIN_PASSWORD": PASSWORD}
+        server = subprocess.Popen(
+            [
+                str(Path(sys.executable).with_name("deferral")),
+                "webserver",
+                "--port",
+                str(args.port),
+            ],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        try:
+            wait_up(args.port, time.monotonic() + 60)
+            api_throughput(
+                [k for pair in zip(with_waiter, without, strict=True) for k in pair],
+                args.clients,
+                args.port,
+            )
+        finally:
+            server.terminate()
+            server.wait(timeout=30)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,325 @@
+"""Signals: ``send(key, payload)`` resumes every task waiting on ``key`` (``SignalTrigger``)
+with ``payload``; the signal is recorded so that a wait created later with a lookback finds it.
+
+A wait is a ``signal_wait`` row beside its trigger row, not a trigger run in a triggerer: a send
+resumes the waiters in its own transaction, through the resume path events take
+(``transitions.resume_many``, deduplicated by signal and trigger). The write of a signal and the
+creation of a wait on the same key are serialized by a transaction-scoped advisory lock on the
+key, so a wait either sees a signal (lookback) or is seen by it (a later send): none is lost
+between the two.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import ColumnElement, ColumnExpressionArgument, select, text
+from sqlalchemy.orm import Session
+
+from deferral import serialization, transitions
+from deferral.callback_tokens import (
+    CALLBACK_KEY_PREFIX,
+    TOKEN_LIFETIME,
+    Claim,
+    TokenRefused,
+    parse_token,
+)
+from deferral.crypto import Cipher
+from deferral.metastore import metastore
+from deferral.models import SignalWait
+from deferral.serialization import SerializationError
+from deferral.triggers.signal import (
+    CALLBACK_TRIGGER,
+    SIGNAL_RETENTION,
+    SIGNAL_TRIGGER,
+    SignalError,
+    check_lookback,
+    check_signal_key,
+)
+
+__all__ = ["MAX_PAYLOAD_BYTES", "SentSignal", "SignalError", "send"]
+
+# Most bytes of a payload's JSON.
+MAX_PAYLOAD_BYTES = 64 * 1024
+SUCCESS, FAILURE = "success", "failure"
+# A callback is taken while its task runs the token's try (it has not deferred yet: the answer
+# waits for it) or waits.
+_ANSWERABLE = ("running", "deferred")
+# Old signals each send deletes at most (they go at least as fast as signals come). Aged by
+# now(), which is stable within the statement, so the index on sent_at serves it (a volatile
+# clock_timestamp() would make it a scan of the whole table on every send).
+PRUNE_PER_SEND = 100
+
+_LOCK_SQL = text(
+    "SELECT pg_advisory_xact_lock(hashtextextended('deferral.signal:' || k, 0))"
+    " FROM unnest(CAST(:keys AS text[])) AS k ORDER BY k"
+)
+
+_SEND_SQL = text(
+    """
+    WITH sent AS (
+        INSERT INTO signal (key, payload) VALUES (:key, :payload) RETURNING id
+    ), pruned AS (
+        DELETE FROM signal WHERE id IN (
+            SELECT id FROM signal WHERE sent_at < now() - :retention
+            ORDER BY sent_at LIMIT :prune
+        )
+    )
+    SELECT sent.id, ARRAY(SELECT trigger_id FROM signal_wait WHERE key = :key) AS waiting
+    FROM sent
+    """
+)
+
+# The waits, and for each with a lookback the latest signal on its key sent within it.
+_WAIT_SQL = text(
+    """
+    WITH waits AS (
+        INSERT INTO signal_wait (trigger_id, key)
+        SELECT * FROM unnest(CAST(:trigger_ids AS bigint[]), CAST(:keys AS text[]))
+        RETURNING trigger_id, key, created_at
+    )
+    SELECT w.trigger_id, s.id, s.payload
+    FROM waits AS w
+    JOIN unnest(CAST(:trigger_ids AS bigint[]), CAST(:lookbacks AS interval[]))
+        AS l (trigger_id, lookback) ON l.trigger_id = w.trigger_id
+    CROSS JOIN LATERAL (
+        SELECT id, payload FROM signal
+        WHERE key = w.key AND sent_at >= w.created_at - l.lookback
+        ORDER BY sent_at DESC, id DESC LIMIT 1
+    ) AS s
+    WHERE l.lookback > interval '0'
+    """
+)
+
+
+@dataclass(frozen=True)
+class SentSignal:
+    """A recorded signal and the task instances it resumed."""
+
+    id: int
+    key: str
+    resumed: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Wait:
+    key: str
+    lookback: dt.timedelta
+
+
+def seal_payload(cipher: Cipher, payload: Any) -> str:
+    """The payload sealed as a resumed task's event is; SignalError if it is not JSON-able or
+    larger than MAX_PAYLOAD_BYTES."""
+    try:
+        data = serialization.dumps(payload, "signal payload")
+    except SerializationError as exc:
+        raise SignalError(str(exc)) from None
+    if len(data) > MAX_PAYLOAD_BYTES:
+        raise SignalError(
+            f"signal payload is {len(data)} bytes of JSON, more than {MAX_PAYLOAD_BYTES}"
+        )
+    return cipher.encrypt(data)
+
+
+def lock_keys(session: Session, keys: Iterable[str]) -> None:
+    """Hold the keys' signal locks until the transaction ends (in key order: no deadlock)."""
+    distinct = sorted(set(keys))
+    if distinct:
+        session.execute(_LOCK_SQL, {"keys": distinct})
+
+
+def _signal_event(
+    cipher: Cipher, signal_id: int, trigger_id: int, key: str, sealed: str
+) -> transitions.FiredEvent:
+    """The event signal ``signal_id`` on ``key`` fires for the wait of trigger ``trigger_id``:
+    the payload as sent, or for a callback its payload, or its failure."""
+    dedup_key = f"signal:{signal_id}:{trigger_id}"
+    if key.startswith(CALLBACK_KEY_PREFIX):
+        answer = cipher.open(sealed)
+        failed = answer["status"] == FAILURE
+        payload = {"message": failure_message(answer["payload"])} if failed else answer["payload"]
+        return transitions.FiredEvent(dedup_key, trigger_id, failed, payload)
+    return transitions.FiredEvent(dedup_key, trigger_id, False, None, sealed_payload=sealed)
+
+
+def _resumed(
+    session: Session, cipher: Cipher, events: Sequence[transitions.FiredEvent]
+) -> tuple[int, ...]:
+    return tuple(
+        r.task_instance_id
+        for r in transitions.resume_many(session, events, cipher)
+        if r.task_instance_id is not None
+    )
+
+
+def _record(session: Session, cipher: Cipher, key: str, sealed: str) -> SentSignal:
+    """Record a signal on ``key`` (whose lock is held) and resume every task waiting on it."""
+    row = session.execute(
+        _SEND_SQL,
+        {"key": key, "payload": sealed, "retention": SIGNAL_RETENTION, "prune": PRUNE_PER_SEND},
+    ).one()
+    events = [_signal_event(cipher, row.id, trigger_id, key, sealed) for trigger_id in row.waiting]
+    return SentSignal(row.id, key, _resumed(session, cipher, events))
+
+
+def send_in(session: Session, cipher: Cipher, key: str, payload: Any) -> SentSignal:
+    """Record a signal on ``key`` and resume every task waiting on it, in ``session``'s
+    transaction (the key's lock is held until it ends)."""
+    check_signal_key(key)
+    sealed = seal_payload(cipher, payload)
+    lock_keys(session, [key])
+    return _record(session, cipher, key, sealed)
+
+
+_USED_SQL = text("SELECT EXISTS (SELECT FROM signal WHERE key = :key)")
+_TRY_SQL = text("SELECT state, try_number FROM task_instance WHERE id = :id")
+
+
+def answer_callback(
+    session: Session, cipher: Cipher, claim: Claim, status: str, payload: Any
+) -> SentSignal:
+    """Answer the callback of a verified token: resume its task (``"success"``: with
+    ``payload``; ``"failure"``: failing it with the payload's message), or, if it has not
+    deferred yet, keep the answer for its wait. TokenRefused 409 for a token used before or a
+    task cleared, finished or retried since; 400 for a bad status or payload."""
+    if status not in (SUCCESS, FAILURE):
+        raise TokenRefused(400, f"status must be 'success' or 'failure', not {status!r:.40}")
+    try:
+        sealed = seal_payload(cipher, {"status": status, "payload": payload})
+    except SignalError as exc:
+        raise TokenRefused(400, str(exc)) from None
+    lock_keys(session, [claim.key])
+    if session.scalar(_USED_SQL, {"key": claim.key}):
+        raise TokenRefused(409, "callback token already used")
+    task = session.execute(_TRY_SQL, {"id": claim.task_instance_id}).one_or_none()
+    if task is None or task.try_number != claim.try_number or task.state not in _ANSWERABLE:
+        raise TokenRefused(
+            409, "the task no longer waits for this callback (cleared, finished or retried since)"
+        )
+    return _record(session, cipher, claim.key, sealed)
+
+
+def failure_message(payload: Any) -> str:
+    """The one line a failed callback fails its task with: the payload's ``message`` (or the
+    payload itself), at most 1,000 characters."""
+    said = payload.get("message", payload) if isinstance(payload, dict) else payload
+    text_ = " ".join(str(said).split()) if said is not None else "callback reported failure"
+    return f"callback reported failure: {text_[:1000]}"
+
+
+def wait_of(classpath: str, kwargs: Mapping[str, Any], task_instance_id: int) -> Wait | None:
+    """The wait a deferral of ``task_instance_id`` to ``classpath(**kwargs)`` is, if it waits
+    on a signal or on its own callback token; None for other triggers (and for arguments that
+    are not a valid SignalTrigger's or CallbackTrigger's: the triggerer fails those)."""
+    if classpath == CALLBACK_TRIGGER:
+        claim = parse_token(kwargs.get("token"))
+        if claim is None or claim.task_instance_id != task_instance_id:
+            return None
+        return Wait(claim.key, TOKEN_LIFETIME)  # a callback may come before the deferral
+    if classpath != SIGNAL_TRIGGER:
+        return None
+    try:
+        plain = serialization.from_jsonable(dict(kwargs))
+        return Wait(check_signal_key(plain.get("key")), check_lookback(plain.get("lookback")))
+    except (SignalError, SerializationError):
+        return None
+
+
+def register_waits(session: Session, cipher: Cipher, waits: Mapping[int, Wait]) -> tuple[int, ...]:
+    """Record the waits (trigger id -> wait) of tasks just deferred in ``session``'s
+    transaction, whose keys :func:`lock_keys` locked; resume at once those whose lookback holds
+    a signal. Returns the task instances resumed."""
+    if not waits:
+        return ()
+    ids = list(waits)
+    keys = {i: waits[i].key for i in ids}
+    matches = session.execute(
+        _WAIT_SQL,
+        {
+            "trigger_ids": ids,
+            "keys": [waits[i].key for i in ids],
+            "lookbacks": [waits[i].lookback for i in ids],
+        },
+    ).all()
+    events = [
+        _signal_event(cipher, m.id, m.trigger_id, keys[m.trigger_id], m.payload) for m in matches
+    ]
+    return _resumed(session, cipher, events)
+
+
+def defer_with_waits(
+    session: Session,
+    cipher: Cipher,
+    deferrals: Sequence[transitions.Deferral],
+    waits: Mapping[int, Wait],
+) -> dict[int, int]:
+    """``transitions.defer_many`` for a batch of which some (task instance id -> wait) wait on
+    signals: their keys locked first (a send takes the same lock, then the waiters' rows), then
+    their waits recorded and matched against the lookback. Returns task instance id -> trigger
+    id for those that moved."""
+    lock_keys(session, [wait.key for wait in waits.values()])
+    moved = transitions.defer_many(session, deferrals)
+    register_waits(session, cipher, {moved[t]: wait for t, wait in waits.items() if t in moved})
+    return moved
+
+
+def not_a_wait(trigger_id: ColumnExpressionArgument[int | None]) -> ColumnElement[bool]:
+    """True for a deferred task's ``trigger_id`` that is no signal wait: a trigger that must be
+    in a stream (the reconciler's and the doctor's check)."""
+    return ~select(SignalWait.trigger_id).where(SignalWait.trigger_id == trigger_id).exists()
+
+
+def send(key: str, payload: Any = None) -> SentSignal:
+    """Send a signal to ``key`` (from task code, a script or a service), using the database
+    and keys of ``DEFERRAL_DATABASE_URL`` and ``DEFERRAL_FERNET_KEY``. The tasks it resumes
+    are queued by the scheduler's next pass."""
+    store = metastore()
+    with store.sessions.begin() as session:
+        return send_in(session, store.cipher, key, payload)
+
+
+@dataclass(frozen=True)
+class KeyActivity:
+    """What ``deferral signals list`` shows of a key: its recent signals and waiting tasks."""
+
+    key: str
+    signals: int  # signals kept (younger than SIGNAL_RETENTION)
+    last_signal_id: int | None
+    last_sent_at: dt.datetime | None
+    waiting: tuple[str, ...]  # dag.run.task[map_index] of each task waiting on the key
+
+
+_ACTIVITY_SQL = text(
+    """
+    WITH sent AS (
+        SELECT key, count(*) AS signals, max(id) AS last_id, max(sent_at) AS last_at
+        FROM signal WHERE CAST(:key AS text) IS NULL OR key = :key GROUP BY key
+    ), waiting AS (
+        SELECT w.key, array_agg(
+            ti.dag_id || '.' || ti.run_id || '.' || ti.task_id
+            || CASE WHEN ti.map_index >= 0 THEN '[' || ti.map_index || ']' ELSE '' END
+            ORDER BY ti.id
+        ) AS tasks
+        FROM signal_wait AS w JOIN task_instance AS ti ON ti.trigger_id = w.trigger_id
+        WHERE ti.state = 'deferred' AND (CAST(:key AS text) IS NULL OR w.key = :key)
+        GROUP BY w.key
+    )
+    SELECT coalesce(sent.key, waiting.key) AS key, coalesce(sent.signals, 0) AS signals,
+           sent.last_id, sent.last_at, coalesce(waiting.tasks, '{}') AS tasks
+    FROM sent FULL JOIN waiting ON waiting.key = sent.key
+    ORDER BY sent.last_at DESC NULLS LAST, key
+    LIMIT :limit
+    """
+)
+
+
+def activity(session: Session, key: str | None = None, limit: int = 100) -> list[KeyActivity]:
+    """The keys with signals kept or tasks waiting (``key`` alone if given), the most recently
+    signalled first."""
+    if key is not None:
+        check_signal_key(key)
+    rows = session.execute(_ACTIVITY_SQL, {"key": key, "limit": limit})
+    return [KeyActivity(r.key, r.signals, r.last_id, r.last_at, tuple(r.tasks)) for r in rows]
