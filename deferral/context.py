@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, NotRequired, Protocol, TypedDict
 
 from deferral import macros
+from deferral.asset_events import LazyTriggeringEvents
 from deferral.connections import ConnectionAccessor
 from deferral.variables import VariableAccessor
 
@@ -128,6 +129,7 @@ class Context(TypedDict):
     var: dict[str, VariableAccessor]
     conn: ConnectionAccessor
     macros: ModuleType
+    triggering_asset_events: Mapping[Any, Any]
     # Deprecated in Airflow 2 but in many DAGs: the logical date, the run after, the day around.
     execution_date: dt.datetime
     next_execution_date: dt.datetime
@@ -203,6 +205,8 @@ def build_context(task: BaseOperator, dag_run: DagRunInfo, ti: RuntimeTaskInstan
         "var": {"value": _VARIABLES_AS_TEXT, "json": _VARIABLES_AS_JSON},
         "conn": _CONNECTIONS,
         "macros": macros,
+        # Read on first use: only asset-triggered runs have any.
+        "triggering_asset_events": LazyTriggeringEvents(run.dag_id, run.run_id),
     }
 
 
