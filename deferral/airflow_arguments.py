@@ -109,7 +109,11 @@ EMAIL_ARGUMENTS = ("email", "email_on_failure", "email_on_retry")
 
 # Every Airflow task argument BaseOperator accepts besides its own: default_args apply to them
 # as to its own (Airflow's BaseOperator takes them all), so they are checked on every task.
-TASK_ARGUMENTS = frozenset({*TASK_KEPT, *TASK_INERT, *TASK_DATES, *EMAIL_ARGUMENTS})
+# Honoured: the assets a task updates when it succeeds (``deferral.assets``).
+ASSET_ARGUMENTS = frozenset({"outlets"})
+TASK_ARGUMENTS = frozenset(
+    {*TASK_KEPT, *TASK_INERT, *TASK_DATES, *EMAIL_ARGUMENTS, *ASSET_ARGUMENTS}
+)
 
 
 class RefusedArgument(ValueError):
@@ -145,7 +149,7 @@ def check_task_arguments(
             if error:
                 raise RefusedArgument(f"{where}: {error}")
             kept[name] = value
-        elif name == "outlets":
+        elif name in ASSET_ARGUMENTS:
             kept[name] = check_outlets(where, value)
         elif name in TASK_INERT:
             rule = TASK_INERT[name]
