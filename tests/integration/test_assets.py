@@ -6,11 +6,13 @@ while their DAG is active."""
 from __future__ import annotations
 
 import datetime as dt
+import json
 from pathlib import Path
 from typing import Any
 
 import anyio
 import pytest
+from click.testing import CliRunner
 from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -22,6 +24,7 @@ from deferral.dagbag import DagBag
 from deferral.models import AssetEventRow, AssetWatcherRow, Dag, DagRun
 from deferral.transitions import Attempt
 from deferral.transitions.asset_events import record_watcher_event
+from deferral_cli import main as deferral_main
 from scheduler import assets, dagruns, dags
 from tests.integration.factories import DAG_ID, WORKER, running_task
 from triggerer.watchers import WatcherRunner
@@ -199,3 +202,18 @@ def test_a_watcher_runs_while_its_dag_is_active_and_records_each_new_file_once(
     assert holder is None  # released on the way out
     make_runs(sessions, bag)
     assert count() == 2 and len(runs_of(sessions, "on_files")) == 2
+
+
+def test_assets_list_shows_consumers_producers_and_recent_events(
+    sessions: sessionmaker[Session], bag: DagBag, settings: Settings
+) -> None:
+    succeed(sessions, "r1")
+    listed = CliRunner().invoke(deferral_main, ["assets", "list", "--json"])
+    assert listed.exit_code == 0, listed.output
+    orders = {r["name"]: r for r in json.loads(listed.output)}["orders"]
+    assert orders["scheduled_dags"] == ["consumer"]
+    assert orders["producing_tasks"] == [f"{DAG_ID}.t"]
+    assert orders["queued_events"] == 1
+    assert [e.split()[-1] for e in orders["recent_events"]] == [f"{DAG_ID}.r1.t"]
+    refused = CliRunner().invoke(deferral_main, ["assets", "list", "--events", "1000"])
+    assert refused.exit_code == 2 and "--events" in refused.output
