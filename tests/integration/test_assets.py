@@ -128,6 +128,9 @@ def test_a_dag_scheduled_on_a_and_b_runs_only_once_both_were_updated(
     assert len(runs_of(sessions, "either")) == 2  # a2 and b1 together: one run
     make_runs(sessions, bag)  # a's second event waits for another b
     assert len(runs_of(sessions, "both")) == 1
+    with sessions() as session:  # the schedule the web UI and `dags list` show
+        shown = session.scalar(select(Dag.schedule).where(Dag.dag_id == "both"))
+    assert shown == "s3://bucket/a & b"
 
 
 def test_a_watcher_event_is_recorded_once_per_key_and_an_oversized_extra_is_noted(
