@@ -1,4 +1,5 @@
-"""A RedisStreamTrigger watcher through real processes: 1,000 XADDs make 1,000 asset events and
+"""Assets through real processes: a producer's outlet makes one consumer run per success, whose
+task reads its triggering_asset_events; a RedisStreamTrigger watcher: 1,000 XADDs make 1,000 asset events and
 1,000 asset-triggered runs, none twice, across a kill -9 of the triggerer running the watcher
 (a peer takes its lease over; entries read but not acknowledged are read again and deduplicated);
 every entry ends acknowledged."""
@@ -13,7 +14,14 @@ import redis
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from deferral.models import AssetEventRow, AssetWatcherRow, DagRun, DagRunAssetEvent
+from deferral.models import (
+    AssetEventRow,
+    AssetWatcherRow,
+    DagRun,
+    DagRunAssetEvent,
+    TaskInstance,
+    XCom,
+)
 from tests.e2e.conftest import Services
 from tests.helpers import wait_for
 from tests.servers import REDIS_URL
@@ -84,3 +92,48 @@ def test_a_stream_watcher_makes_one_run_per_entry_across_a_kill_9(
 def _count_holder(sessions: sessionmaker[Session], statement: Any) -> Any:
     with sessions() as session:
         return session.scalar(statement)
+
+
+PRODUCER = """
+from deferral import DAG
+from deferral.assets import Asset
+from deferral.operators import PythonOperator
+
+orders = Asset("e2e_orders")
+
+
+def sources(triggering_asset_events):
+    return [e.source_run_id for e in triggering_asset_events[orders]]
+
+
+with DAG("e2e_producer"):
+    PythonOperator(task_id="write", python_callable=lambda: 1, outlets=[orders])
+
+with DAG("e2e_consumer", schedule=[orders]):
+    PythonOperator(task_id="read", python_callable=sources)
+"""
+
+
+def test_a_producer_task_with_an_outlet_triggers_the_consumer_once_per_success(
+    services: Services, sessions: sessionmaker[Session], write_dag: Any
+) -> None:
+    write_dag("e2e_assets", PRODUCER)
+    services.start("scheduler")
+    services.start("worker")
+    for run_id in ("p1", "p2", "p3"):
+        assert services.run("dags", "trigger", "e2e_producer", "--run-id", run_id).returncode == 0
+    consumer_done = (
+        select(func.count())
+        .select_from(DagRun)
+        .where(DagRun.dag_id == "e2e_consumer", DagRun.state == "success")
+    )
+    wait_for(lambda: _count(sessions, consumer_done) == 3, timeout=180, what="3 consumer runs")
+    with sessions() as session:
+        values = session.scalars(
+            select(XCom.value)
+            .join(TaskInstance, TaskInstance.id == XCom.task_instance_id)
+            .where(TaskInstance.dag_id == "e2e_consumer", XCom.key == "return_value")
+        ).all()
+    assert sorted(v[0] for v in values) == ["p1", "p2", "p3"]
+    all_runs = select(func.count()).select_from(DagRun).where(DagRun.dag_id == "e2e_consumer")
+    assert _count(sessions, all_runs) == 3
