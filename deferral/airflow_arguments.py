@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from deferral.assets import check_outlets
 from deferral.utils.email import check_email_argument
 
 
@@ -78,7 +79,6 @@ TASK_INERT: Mapping[str, Inert] = {
     "executor": Inert(_none, "deferral has one executor: its workers"),
     "executor_config": Inert(_empty, "deferral has one executor: its workers"),
     "inlets": Inert(_empty, f"lineage and datasets are {_NOT_YET}"),
-    "outlets": Inert(_empty, f"lineage and datasets are {_NOT_YET}"),
     "multiple_outputs": Inert(_false, "multiple_outputs is only for TaskFlow tasks here"),
     "start_from_trigger": Inert(_false, f"starting a task in the triggerer is {_NOT_YET}"),
     "end_from_trigger": Inert(_false, f"ending a task in the triggerer is {_NOT_YET}"),
@@ -109,7 +109,11 @@ EMAIL_ARGUMENTS = ("email", "email_on_failure", "email_on_retry")
 
 # Every Airflow task argument BaseOperator accepts besides its own: default_args apply to them
 # as to its own (Airflow's BaseOperator takes them all), so they are checked on every task.
-TASK_ARGUMENTS = frozenset({*TASK_KEPT, *TASK_INERT, *TASK_DATES, *EMAIL_ARGUMENTS})
+# Honoured: the assets a task updates when it succeeds (``deferral.assets``).
+ASSET_ARGUMENTS = frozenset({"outlets"})
+TASK_ARGUMENTS = frozenset(
+    {*TASK_KEPT, *TASK_INERT, *TASK_DATES, *EMAIL_ARGUMENTS, *ASSET_ARGUMENTS}
+)
 
 
 class RefusedArgument(ValueError):
@@ -145,6 +149,8 @@ def check_task_arguments(
             if error:
                 raise RefusedArgument(f"{where}: {error}")
             kept[name] = value
+        elif name in ASSET_ARGUMENTS:
+            kept[name] = check_outlets(where, value)
         elif name in TASK_INERT:
             rule = TASK_INERT[name]
             if not rule.does_nothing(value):

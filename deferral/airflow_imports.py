@@ -64,6 +64,7 @@ _SDK = {
     **_names("deferral.hooks.base", "BaseHook"),
     **_names("deferral.triggers.base", "BaseTrigger", "TriggerEvent"),
     **_names("deferral.trigger_rules", "TriggerRule"),
+    **_names("deferral.assets", "Asset", "AssetAll", "AssetAny", "AssetWatcher"),
 }
 
 _MODELS = {
@@ -114,7 +115,12 @@ ALIASES: dict[str, Alias] = {
     "airflow.hooks.base": Alias("deferral.hooks.base"),
     "airflow.macros": Alias("deferral.macros"),
     "airflow.triggers": Alias(),
-    "airflow.triggers.base": Alias("deferral.triggers.base"),
+    "airflow.triggers.base": Alias(
+        "deferral.triggers.base", names=_names("deferral.triggers.event", "BaseEventTrigger")
+    ),
+    "airflow.datasets": Alias(
+        names=_names("deferral.assets", "Dataset", "DatasetAll", "DatasetAny")
+    ),
     "airflow.triggers.temporal": Alias("deferral.triggers.temporal"),
     "airflow.triggers.file": Alias("deferral.triggers.file"),
     "airflow.triggers.external_task": Alias("deferral.triggers.external_task"),

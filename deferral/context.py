@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
 from types import ModuleType
@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, NotRequired, Protocol, TypedDict
 
 from deferral import macros
 from deferral.callback_tokens import CallbackHandle
+from deferral.asset_events import LazyTriggeringEvents
 from deferral.connections import ConnectionAccessor
 from deferral.variables import VariableAccessor
 
@@ -131,6 +132,7 @@ class Context(TypedDict):
     macros: ModuleType
     # This attempt's callback token and URL (CallbackTrigger), made on first use.
     callback: CallbackHandle
+    triggering_asset_events: Mapping[Any, Any]
     # Deprecated in Airflow 2 but in many DAGs: the logical date, the run after, the day around.
     execution_date: dt.datetime
     next_execution_date: dt.datetime
@@ -207,6 +209,8 @@ def build_context(task: BaseOperator, dag_run: DagRunInfo, ti: RuntimeTaskInstan
         "conn": _CONNECTIONS,
         "macros": macros,
         "callback": CallbackHandle(ti.id, ti.try_number),
+        # Read on first use: only asset-triggered runs have any.
+        "triggering_asset_events": LazyTriggeringEvents(run.dag_id, run.run_id),
     }
 
 

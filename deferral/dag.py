@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from deferral.airflow_arguments import RefusedArgument, check_dag_arguments, refused_default_args
+from deferral.assets import AssetTriggeredTimetable, BaseAsset, asset_condition, is_asset_schedule
 from deferral.callbacks import CallbackArg, check_callbacks
 from deferral.config import default_timezone
 from deferral.models.param import ParamValidationError, split_params
@@ -208,8 +209,18 @@ class DAG:
             if self.start_date and self.start_date.tzinfo
             else default_timezone()
         )
+        # Assets (deferral.assets): runs made by asset events, not by the clock.
+        self.asset_condition: BaseAsset | None = (
+            asset_condition(f"DAG {dag_id!r}", self.schedule)
+            if is_asset_schedule(self.schedule)
+            else None
+        )
         try:
-            self.timetable: Timetable = create_timetable(self.schedule, self.timezone)
+            self.timetable: Timetable = (
+                AssetTriggeredTimetable(self.asset_condition)
+                if self.asset_condition is not None
+                else create_timetable(self.schedule, self.timezone)
+            )
         except InvalidSchedule as exc:
             raise DagDefinitionError(f"DAG {dag_id!r}: {exc}") from None
         self.catchup = catchup

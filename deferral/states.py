@@ -46,6 +46,7 @@ class DagRunType(StrEnum):
     MANUAL = "manual"
     SCHEDULED = "scheduled"
     BACKFILL = "backfill"
+    ASSET_TRIGGERED = "asset_triggered"
 
     def run_id(self, logical_date: dt.datetime) -> str:
         """Airflow's run ids: ``scheduled__2024-01-01T00:00:00+00:00``."""

@@ -98,7 +98,11 @@ def sync_dags(session: Session, dagbag: DagBag, now: dt.datetime) -> None:
             "dag_id": dag_id,
             "fileloc": dag.fileloc,
             "is_paused": bool(dag.is_paused_upon_creation),
-            "schedule": dag.timetable.summary if dag.timetable.can_be_scheduled else None,
+            "schedule": (
+                dag.timetable.summary
+                if dag.timetable.can_be_scheduled or dag.asset_condition is not None
+                else None
+            ),
             "max_active_tasks": dag.max_active_tasks,
             "max_active_runs": dag.max_active_runs,
             "tags": list(dag.tags),

@@ -70,7 +70,7 @@ from deferral.serialization import SerializationError
 from deferral.states import DagRunState, TaskState
 from deferral.tasklogs import SOURCE_TRIGGERER, NewLine
 from deferral.transitions import FiredEvent
-from scheduler import dagruns, dags, decide, runstate, waiting
+from scheduler import assets, dagruns, dags, decide, runstate, waiting
 from scheduler.reconcile import Reconciler
 from scheduler.waiting import new_task_instance
 
@@ -247,6 +247,7 @@ class SchedulerService:
         with self.sessions.begin() as session:
             dagruns.sync_dags(session, self.dagbag, dt.datetime.now(dt.UTC))
             back = dags.sync(session, self.dagbag)
+            assets.sync_assets(session, self.dagbag.dags, self.cipher)
             transitions.mark_runs(session, dags.runs_of(session, back))
 
     def schedule_runs(self) -> None:
@@ -254,6 +255,7 @@ class SchedulerService:
         now = dt.datetime.now(dt.UTC)
         with self.sessions.begin() as session:
             dagruns.create_due_runs(session, self.dagbag.dags, now)
+            assets.create_runs(session, self.dagbag.dags, now)
             timed_out = dagruns.fail_timed_out_runs(session, self.dagbag.dags, now)
             runs = (
                 session.scalars(

@@ -80,6 +80,7 @@ from triggerer.events import (
 from triggerer.leases import LeaseKeeper
 from triggerer.tasklog import TaskLogHandler, current_ids
 from triggerer.watchdog import LoopWatchdog
+from triggerer.watchers import WatcherRunner
 
 log = logging.getLogger("deferral.triggerer")
 
@@ -289,6 +290,7 @@ class TriggererService:
                 tasks.start_soon(self._publisher)
                 tasks.start_soon(self.timers.run, self._timer_fired)
                 tasks.start_soon(self._write_task_logs)
+                tasks.start_soon(self._watchers().run)
                 watchdog: LoopWatchdog[RunningTrigger | str] = LoopWatchdog(
                     self.settings.triggerer_stall_threshold_sec,
                     self._stall_culprit,
@@ -314,6 +316,15 @@ class TriggererService:
                 except (RedisError, SQLAlchemyError) as exc:
                     log.warning("could not record the stop: %s", exc)
                 self.broker.close()
+
+    def _watchers(self) -> WatcherRunner:
+        return WatcherRunner(
+            self.sessions,
+            self.cipher,
+            self.name,
+            self.settings.trigger_modules,
+            self.settings.heartbeat_sec,
+        )
 
     def _lease_keeper(
         self,

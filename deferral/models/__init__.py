@@ -500,3 +500,87 @@ class SignalWait(Base):
     created_at: Mapped[dt.datetime] = mapped_column(
         Timestamp, server_default=func.clock_timestamp()
     )
+class AssetModel(Base):
+    """An asset some parsed DAG names (in a schedule or an outlet), as last parsed."""
+
+    __tablename__ = "asset"
+
+    name: Mapped[str] = mapped_column(String(1000), primary_key=True)
+    uri: Mapped[str] = mapped_column(String(1000))
+    group: Mapped[str] = mapped_column(String(1000), server_default=text("'asset'"))
+    updated_at: Mapped[dt.datetime] = _created()
+
+
+class AssetEventRow(Base):
+    """An update of an asset: by a task that succeeded with it in its outlets (source_*), or by
+    a watcher's event (``watcher``, deduplicated by ``dedup_key`` per asset)."""
+
+    __tablename__ = "asset_event"
+    __table_args__ = (
+        UniqueConstraint("asset_name", "dedup_key"),
+        Index(None, "asset_name", "id"),
+
+    asset_name: Mapped[str] = mapped_column(String(1000))
+    extra: Mapped[dict[str, Any]] = mapped_column(JSONB, server_default=text("'{}'::jsonb"))
+    source_dag_id: Mapped[str | None] = mapped_column(String(250))
+    source_run_id: Mapped[str | None] = mapped_column(String(250))
+    source_task_id: Mapped[str | None] = mapped_column(String(250))
+    source_map_index: Mapped[int] = mapped_column(Integer, server_default=text("-1"))
+    watcher: Mapped[str | None] = mapped_column(String(1000))
+    dedup_key: Mapped[str | None] = mapped_column(String(250))
+    timestamp: Mapped[dt.datetime] = _created()
+
+
+class DagScheduleAsset(Base):
+    """A DAG whose schedule names an asset (as last parsed): its events queue for the DAG."""
+
+    __tablename__ = "dag_schedule_asset"
+
+    dag_id: Mapped[str] = mapped_column(String(250), primary_key=True)
+    asset_name: Mapped[str] = mapped_column(String(1000), primary_key=True, index=True)
+
+
+class TaskOutletAsset(Base):
+    """A task with an asset in its ``outlets`` (as last parsed)."""
+
+    __tablename__ = "task_outlet_asset"
+
+    dag_id: Mapped[str] = mapped_column(String(250), primary_key=True)
+    task_id: Mapped[str] = mapped_column(String(250), primary_key=True)
+    asset_name: Mapped[str] = mapped_column(String(1000), primary_key=True)
+
+
+class AssetDagRunQueue(Base):
+    """An asset event not yet consumed by a run of a DAG scheduled on its asset."""
+
+    __tablename__ = "asset_dag_run_queue"
+
+    target_dag_id: Mapped[str] = mapped_column(String(250), primary_key=True)
+    asset_event_id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    asset_name: Mapped[str] = mapped_column(String(1000))
+
+
+class DagRunAssetEvent(Base):
+    """The asset events a run consumed: its ``triggering_asset_events``."""
+
+    __tablename__ = "dag_run_asset_event"
+
+    dag_run_id: Mapped[int] = mapped_column(
+        ForeignKey("dag_run.id", ondelete="CASCADE"), primary_key=True
+    asset_event_id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+
+
+class AssetWatcherRow(Base):
+    """An ``AssetWatcher`` of an asset in a parsed DAG's schedule: the event trigger (classpath
+    and sealed kwargs) a triggerer runs while it holds the lease and the DAG is active."""
+
+    __tablename__ = "asset_watcher"
+    __table_args__ = (UniqueConstraint("dag_id", "asset_name", "name"),)
+
+    dag_id: Mapped[str] = mapped_column(String(250))
+    asset_name: Mapped[str] = mapped_column(String(1000))
+    name: Mapped[str] = mapped_column(String(1000))
+    classpath: Mapped[str] = mapped_column(String(1000))
+    kwargs: Mapped[str] = mapped_column(Text)  # Fernet token of the serialized kwargs
+    triggerer_id: Mapped[str | None] = mapped_column(String(250))
+    lease_expires_at: Mapped[dt.datetime | None] = mapped_column(Timestamp)

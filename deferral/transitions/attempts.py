@@ -14,6 +14,7 @@ from sqlalchemy.orm import Session
 
 from deferral.models import TaskReschedule
 from deferral.states import TaskState
+from deferral.transitions.asset_events import OUTLET_EVENTS_OF_MOVED
 from deferral.transitions.core import MARK_RUNS_OF_MOVED, TI, _expire_loaded, _move
 
 
@@ -168,6 +169,7 @@ _SUCCEED_SQL = text(
         SELECT id, 'return_value', value FROM moved WHERE value IS NOT NULL
         ON CONFLICT (task_instance_id, key) DO UPDATE SET value = excluded.value
     ),"""
+    + OUTLET_EVENTS_OF_MOVED
     + MARK_RUNS_OF_MOVED
     + """
     SELECT id FROM moved

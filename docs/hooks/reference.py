@@ -206,6 +206,10 @@ def airflow_arguments_page() -> str:
             for name in airflow_arguments.EMAIL_ARGUMENTS
         ),
         *(
+            (name, "task", "honoured: an asset event per asset when the task succeeds", "")
+            for name in sorted(airflow_arguments.ASSET_ARGUMENTS)
+        ),
+        *(
             (name, "task", "honoured when equal to the DAG's", airflow_arguments.TASK_DATES_REASON)
             for name in airflow_arguments.TASK_DATES
         ),

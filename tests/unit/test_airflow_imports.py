@@ -112,7 +112,7 @@ def test_airflow_3_sdk_and_standard_provider_names(
         ),
         ("from airflow.utils.state import State", "airflow.utils.state"),
         ("import airflow.providers.amazon.aws.hooks.s3", "airflow.providers.amazon"),
-        ("from airflow.datasets import Dataset", "airflow.datasets"),
+        ("from airflow.datasets import DatasetAlias", "airflow.datasets.DatasetAlias"),
         ("from airflow.models import DagRun", "airflow.models.DagRun"),
     ],
 )
@@ -210,3 +210,18 @@ def test_a_bad_folder_settings_file_is_named_and_the_dags_still_load(
     assert dag_id in bag.dags  # a plain DAG file is not harmed
     settings = str(bag.folder / ".deferral.toml")
     assert bag.import_errors[settings].startswith(f"{settings}: {said}")
+
+
+def test_assets_and_datasets_load_under_both_airflows_names(
+    load: Callable[..., tuple[DagBag, str]],
+) -> None:
+    bag, _ = load(
+        "from airflow.sdk import DAG, Asset, AssetWatcher\n"
+        "from airflow.datasets import Dataset\n"
+        "from airflow.triggers.base import BaseEventTrigger\n"
+        "from airflow.operators.empty import EmptyOperator\n"
+        "with DAG('on_assets', schedule=Asset('a') | Dataset('b')):\n"
+        "    EmptyOperator(task_id='t', outlets=[Asset('c')])\n"
+    )
+    assert bag.import_errors == {}
+    assert bag.dags["on_assets"].timetable.summary == "a | b"

@@ -1,0 +1,63 @@
+"""Asset events: recorded when a task with outlets succeeds (in the success's own statement)
+and when a watcher's event trigger fires (once per dedup key), each queued for the DAGs
+scheduled on its asset."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from sqlalchemy import text
+from sqlalchemy.orm import Session
+
+from deferral.assets import MAX_EVENT_EXTRA_BYTES
+
+# CTEs for the success statement (``moved``: the task instances that succeeded): an asset event
+# per outlet of each, queued for every DAG scheduled on the asset. Empty tables cost one probe.
+OUTLET_EVENTS_OF_MOVED = """
+    outlet_events AS (
+        INSERT INTO asset_event (asset_name, source_dag_id, source_run_id, source_task_id,
+                                 source_map_index)
+        SELECT o.asset_name, ti.dag_id, ti.run_id, ti.task_id, ti.map_index
+        FROM task_instance AS ti
+        JOIN task_outlet_asset AS o ON o.dag_id = ti.dag_id AND o.task_id = ti.task_id
+        WHERE ti.id IN (SELECT id FROM moved)
+        ORDER BY ti.id, o.asset_name
+        RETURNING id, asset_name
+    ), outlet_queued AS (
+        INSERT INTO asset_dag_run_queue (target_dag_id, asset_event_id, asset_name)
+        SELECT s.dag_id, e.id, e.asset_name
+        FROM outlet_events AS e JOIN dag_schedule_asset AS s ON s.asset_name = e.asset_name
+    ),"""
+
+_WATCHER_EVENT_SQL = text(
+    """
+    WITH event AS (
+        INSERT INTO asset_event (asset_name, watcher, dedup_key, extra)
+        VALUES (:asset_name, :watcher, :dedup_key, CAST(:extra AS jsonb))
+        ON CONFLICT (asset_name, dedup_key) DO NOTHING
+        RETURNING id, asset_name
+    ), queued AS (
+        INSERT INTO asset_dag_run_queue (target_dag_id, asset_event_id, asset_name)
+        SELECT s.dag_id, e.id, e.asset_name
+        FROM event AS e JOIN dag_schedule_asset AS s ON s.asset_name = e.asset_name
+    )
+    SELECT id FROM event
+    """
+)
+
+
+def record_watcher_event(
+    session: Session, asset_name: str, watcher: str, dedup_key: str, extra: Mapping[str, Any]
+) -> int | None:
+    """Record a watcher's event and queue it for the DAGs scheduled on the asset; None if an
+    event with this key was recorded for the asset before (a redelivery). An extra too big is
+    replaced by a note saying so (the event itself is kept)."""
+    body = json.dumps(extra, default=str)
+    if len(body) > MAX_EVENT_EXTRA_BYTES:
+        body = json.dumps({"error": f"extra of {len(body)} bytes is over {MAX_EVENT_EXTRA_BYTES}"})
+    return session.scalar(
+        _WATCHER_EVENT_SQL,
+        {"asset_name": asset_name, "watcher": watcher, "dedup_key": dedup_key, "extra": body},
+    )

@@ -1,0 +1,121 @@
+"""After each parse: what the asset tables say of the parsed DAGs (the assets they name, which
+DAGs are scheduled on which assets, which tasks update which, the watchers to run); and the
+asset-triggered runs, made from the events queued for each DAG."""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+from collections.abc import Mapping
+
+from sqlalchemy import delete, tuple_
+from sqlalchemy.dialects.postgresql import insert
+from sqlalchemy.orm import Session
+
+from deferral.assets import Asset, BaseAsset, watchers_of
+from deferral.crypto import Cipher
+from deferral.dag import DAG
+from deferral.models import AssetModel, AssetWatcherRow, DagScheduleAsset, TaskOutletAsset
+from deferral.transitions.assets import create_asset_runs
+
+log = logging.getLogger("deferral.scheduler")
+
+# Asset-triggered runs one DAG gets per call (more wait for the next loop).
+RUNS_PER_DAG_PER_CALL = 100
+
+
+def sync_assets(session: Session, dags: Mapping[str, DAG], cipher: Cipher) -> None:
+    """Record the assets, schedules, outlets and watchers of the parsed ``dags`` (rows of DAGs
+    no longer parsed are kept until they are: a file broken for a moment keeps its watchers'
+    rows, which run only while the DAG is active)."""
+    assets: dict[str, Asset] = {}
+    schedules: set[tuple[str, ...]] = set()
+    outlets: set[tuple[str, ...]] = set()
+    watchers: list[dict[str, str]] = []
+    for dag_id, dag in sorted(dags.items()):
+        condition = dag.asset_condition
+        for asset in condition.iter_assets() if condition is not None else ():
+            assets.setdefault(asset.name, asset)
+            schedules.add((dag_id, asset.name))
+        for task in dag.tasks:
+            for asset in getattr(task, "outlets", None) or ():
+                assets.setdefault(asset.name, asset)
+                outlets.add((dag_id, task.task_id, asset.name))
+        for asset, watcher in watchers_of(condition):
+            classpath, kwargs = watcher.trigger.serialize()
+            watchers.append(
+                {
+                    "dag_id": dag_id,
+                    "asset_name": asset.name,
+                    "name": watcher.name,
+                    "classpath": classpath,
+                    "kwargs": cipher.seal(
+                        {"classpath": classpath, "kwargs": kwargs}, "watcher kwargs"
+                    ),
+                }
+            )
+    parsed = sorted(dags)
+    if assets:
+        rows = [{"name": a.name, "uri": a.uri, "group": a.group} for a in assets.values()]
+        statement = insert(AssetModel).values(sorted(rows, key=lambda r: r["name"]))
+        session.execute(
+            statement.on_conflict_do_update(
+                index_elements=[AssetModel.name],
+                set_={"uri": statement.excluded.uri, "group": statement.excluded.group},
+            )
+        )
+    _replace(session, DagScheduleAsset, parsed, schedules, ("dag_id", "asset_name"))
+    _replace(session, TaskOutletAsset, parsed, outlets, ("dag_id", "task_id", "asset_name"))
+    keep = {(w["dag_id"], w["asset_name"], w["name"]) for w in watchers}
+    session.execute(
+        delete(AssetWatcherRow).where(
+            AssetWatcherRow.dag_id.in_(parsed),
+            tuple_(AssetWatcherRow.dag_id, AssetWatcherRow.asset_name, AssetWatcherRow.name).not_in(
+                sorted(keep) or [("", "", "")]
+            ),
+        )
+    )
+    if watchers:
+        statement = insert(AssetWatcherRow).values(watchers)
+        # A watcher whose trigger changed keeps its lease: its triggerer restarts it.
+        session.execute(
+            statement.on_conflict_do_update(
+                index_elements=["dag_id", "asset_name", "name"],
+                set_={
+                    "classpath": statement.excluded.classpath,
+                    "kwargs": statement.excluded.kwargs,
+                },
+            )
+        )
+
+
+def _replace(
+    session: Session,
+    model: type[DagScheduleAsset] | type[TaskOutletAsset],
+    parsed: list[str],
+    rows: set[tuple[str, ...]],
+    columns: tuple[str, ...],
+) -> None:
+    """The rows of ``model`` for the parsed DAGs become ``rows``."""
+    keys = tuple_(*(getattr(model, c) for c in columns))
+    session.execute(
+        delete(model).where(
+            model.dag_id.in_(parsed), keys.not_in(sorted(rows) or [("",) * len(columns)])
+        )
+    )
+    if rows:
+        session.execute(
+            insert(model)
+            .values([dict(zip(columns, row, strict=True)) for row in sorted(rows)])
+            .on_conflict_do_nothing()
+        )
+
+
+def create_runs(session: Session, dags: Mapping[str, DAG], now: dt.datetime) -> None:
+    conditions: dict[str, BaseAsset] = {
+        dag_id: dag.asset_condition
+        for dag_id, dag in dags.items()
+        if dag.asset_condition is not None
+    }
+    for dag_id, run_id in create_asset_runs(session, conditions, now, RUNS_PER_DAG_PER_CALL):
+        log.info("created run %s of DAG %s from asset events", run_id, dag_id)

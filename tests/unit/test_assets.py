@@ -1,0 +1,115 @@
+"""Assets as authored: conditions with & and |, what a run consumes, and each bad input refused
+in one line naming it."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+import pytest
+
+from deferral import DAG
+from deferral.assets import (
+    Asset,
+    AssetAll,
+    AssetAny,
+    AssetError,
+    AssetWatcher,
+    Dataset,
+    event_from_trigger,
+    plan_runs,
+)
+from deferral.operators import EmptyOperator
+from deferral.triggers.base import TriggerEvent
+from deferral.triggers.event import (
+    DirectoryWatchTrigger,
+    HttpPollTrigger,
+    RedisStreamTrigger,
+)
+from deferral.triggers.temporal import DateTimeTrigger
+
+A, B, C = Asset("a"), Asset("b"), Asset("c")
+
+
+def test_a_name_alone_is_its_uri_and_the_other_way_round_and_dataset_is_an_alias() -> None:
+    assert (Asset("x").name, Asset("x").uri) == ("x", "x")
+    assert Asset(uri="s3://b/k").name == "s3://b/k"
+    assert Dataset("x") == Asset("x")
+
+
+def test_conditions_combine_with_and_and_or() -> None:
+    condition = A & (B | C)
+    assert isinstance(condition, AssetAll) and isinstance(condition.objects[1], AssetAny)
+    assert condition.summary() == "a & (b | c)"
+    assert not condition.evaluate({"a"})
+    assert condition.evaluate({"a", "c"})
+    assert (A & B & C).summary() == "a & b & c"
+
+
+def test_each_event_of_a_single_asset_makes_one_run_and_and_waits_for_both() -> None:
+    assert plan_runs(A, {"a": [3, 1, 2]}, 10) == [[1], [2], [3]]
+    assert plan_runs(A, {"a": [1, 2, 3]}, 2) == [[1], [2]]
+    assert plan_runs(A & B, {"a": [1, 2]}, 10) == []
+    assert plan_runs(A & B, {"a": [1, 2], "b": [5]}, 10) == [[1, 5]]
+
+
+def test_a_dag_scheduled_on_assets_has_its_condition_as_its_schedule() -> None:
+    dag = DAG("on_assets", schedule=[A, B])
+    assert dag.asset_condition is not None and dag.timetable.summary == "a & b"
+    assert not dag.timetable.can_be_scheduled
+
+
+@pytest.mark.parametrize(
+    ("build", "message"),
+    [
+        (lambda: Asset(), "Asset() needs a name or a uri"),
+        (lambda: Asset(""), "asset name must be a non-empty string"),
+        (lambda: Asset("x" * 1001), "is longer than 1000 characters"),
+        (lambda: Asset("bad\nname"), "holds control characters"),
+        (lambda: Asset(uri="airflow://x"), "the scheme 'airflow' is reserved"),
+        (lambda: Asset(uri="s3://a b"), "holds a space"),
+        (lambda: Asset(7), "asset name must be a non-empty string"),  # type: ignore[arg-type]
+        (
+            lambda: AssetWatcher("w", DateTimeTrigger(dt.datetime.now(dt.UTC))),
+            "DateTimeTrigger is not an event trigger",
+        ),
+        (lambda: Asset("a", watchers=["w"]), "watchers must be AssetWatcher"),  # type: ignore[list-item]
+        (lambda: AssetAll(A, "b"), "AssetAll takes assets or conditions, got str"),  # type: ignore[arg-type]
+        (lambda: DAG("d", schedule=[Asset(f"a{i}") for i in range(101)]), "at most 100"),
+        (lambda: DAG("d", schedule=Asset("a", uri="x") | Asset("a", uri="y")), "two uris"),
+        (lambda: RedisStreamTrigger("http://x", "s", "g"), "must be a redis://"),
+        (lambda: DirectoryWatchTrigger("relative"), "must be an absolute path"),
+        (lambda: HttpPollTrigger("ftp://x"), "url must be an http://"),
+    ],
+)
+def test_bad_input_is_refused_in_one_line_naming_it(build: Any, message: str) -> None:
+    with pytest.raises((AssetError, ValueError)) as refused:
+        build()
+    assert message in str(refused.value)
+    assert "\n" not in str(refused.value)
+
+
+def test_outlets_take_assets_only() -> None:
+    with DAG("d"), pytest.raises(AssetError, match=r"task 't': outlets must be Asset, got str"):
+        EmptyOperator(task_id="t", outlets=["a"])
+    with DAG("d2"):
+        task = EmptyOperator(task_id="t", outlets=[A])
+    assert task.outlets == [A]  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(
+    "payload", ["not a dict", {"no": "key"}, {"key": ""}, {"key": "k" * 251}, {"key": 7}]
+)
+def test_an_event_without_a_bounded_string_key_is_refused(payload: Any) -> None:
+    with pytest.raises(ValueError, match="key"):
+        event_from_trigger(TriggerEvent(payload))
+
+
+def test_an_event_keeps_its_extra_beside_its_key() -> None:
+    assert event_from_trigger(TriggerEvent({"key": "k", "n": 1})) == ("k", {"n": 1})
+
+
+def test_an_oversized_stream_entry_is_recorded_as_a_note() -> None:
+    trigger = RedisStreamTrigger("redis://x", "s", "g")
+    payload = trigger._payload(b"1-0", {b"big": b"x" * 70_000})
+    assert payload["key"] == "s:1-0" and "over" in payload["fields"]["error"]

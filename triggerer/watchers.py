@@ -1,0 +1,201 @@
+"""Asset watchers: the event triggers of ``AssetWatcher`` (rows of ``asset_watcher``, written by
+the schedulers from the DAGs they parse), run by whichever triggerer holds each one's lease.
+
+Every heartbeat a triggerer claims, in one statement, the watchers whose DAG is active (not
+paused, its file loads) that are unheld, held by it, or whose lease ran out (2.1 heartbeats: a
+triggerer killed with -9 loses them to its peers then), and renews its own. A watcher it runs
+that it no longer holds (the DAG was paused, a peer took it) is cancelled. Each event of a
+watcher is committed as an asset event (once per dedup key: a redelivered event, or one two
+triggerers both saw during a takeover, makes one) before ``acknowledge`` tells the source."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+import anyio
+from anyio.abc import TaskGroup
+from sqlalchemy import text
+from sqlalchemy.orm import Session, sessionmaker
+
+from deferral.assets import event_from_trigger
+from deferral.crypto import Cipher, DecryptionError
+from deferral.serialization import SerializationError, from_jsonable
+from deferral.transitions.asset_events import record_watcher_event
+from deferral.triggers.base import TriggerEvent
+from deferral.triggers.event import BaseEventTrigger
+from triggerer.decode import load_trigger_class
+
+log = logging.getLogger("deferral.triggerer")
+
+# A lease outlives two missed heartbeats (as the trigger entries' takeover threshold).
+LEASE_HEARTBEATS = 2.1
+# Watchers one triggerer holds at most.
+MAX_WATCHERS = 1000
+# After a watcher's trigger fails, this many heartbeats pass before it runs again.
+RESTART_HEARTBEATS = 1
+
+_CLAIM_SQL = text(
+    """
+    UPDATE asset_watcher AS w
+    SET triggerer_id = :me, lease_expires_at = now() + make_interval(secs => :lease)
+    WHERE w.id IN (
+        SELECT w2.id FROM asset_watcher AS w2 JOIN dag AS d ON d.dag_id = w2.dag_id
+        WHERE d.is_active AND NOT d.is_paused AND d.missing_since IS NULL
+            AND (w2.triggerer_id = :me OR w2.triggerer_id IS NULL OR w2.lease_expires_at < now())
+        ORDER BY w2.triggerer_id = :me DESC NULLS LAST, w2.id
+        LIMIT :limit
+        FOR UPDATE OF w2 SKIP LOCKED
+    )
+    RETURNING w.id, w.asset_name, w.name, w.kwargs
+    """
+)
+
+_RELEASE_SQL = text(
+    "UPDATE asset_watcher SET triggerer_id = NULL, lease_expires_at = NULL WHERE triggerer_id = :me"
+)
+
+
+@dataclass(frozen=True)
+class Claimed:
+    id: int
+    asset_name: str
+    name: str
+    token: str
+
+
+def open_watcher(token: str, cipher: Cipher, prefixes: Sequence[str]) -> BaseEventTrigger:
+    """The event trigger of a watcher row, from its authenticated token only; ValueError naming
+    what is wrong (forged token, class outside DEFERRAL_TRIGGER_MODULES, not an event trigger)."""
+    try:
+        spec = cipher.open(token)
+        classpath, kwargs = spec["classpath"], from_jsonable(spec["kwargs"])
+    except (DecryptionError, SerializationError, KeyError, TypeError) as exc:
+        raise ValueError(f"watcher token refused: {exc}") from None
+    cls = load_trigger_class(classpath, prefixes)
+    if not issubclass(cls, BaseEventTrigger):
+        raise ValueError(f"{classpath} is not an event trigger (BaseEventTrigger)")
+    return cls(**kwargs)
+
+
+class WatcherRunner:
+    def __init__(
+        self,
+        sessions: sessionmaker[Session],
+        cipher: Cipher,
+        name: str,
+        prefixes: Sequence[str],
+        heartbeat_sec: float,
+    ) -> None:
+        self.sessions = sessions
+        self.cipher = cipher
+        self.name = name
+        self.prefixes = prefixes
+        self.heartbeat_sec = heartbeat_sec
+        # watcher id -> (what its token holds, scope that cancels it)
+        self.running: dict[int, tuple[Any, anyio.CancelScope]] = {}
+        self.recorded = 0  # events recorded here (new ones), for tests and logs
+
+    def _claim(self) -> list[Claimed]:
+        with self.sessions.begin() as session:
+            rows = session.execute(
+                _CLAIM_SQL,
+                {
+                    "me": self.name,
+                    "lease": self.heartbeat_sec * LEASE_HEARTBEATS,
+                    "limit": MAX_WATCHERS,
+                },
+            ).all()
+        return [Claimed(*row) for row in rows]
+
+    def _release(self) -> None:
+        with self.sessions.begin() as session:
+            session.execute(_RELEASE_SQL, {"me": self.name})
+
+    async def run(self) -> None:
+        try:
+            async with anyio.create_task_group() as tasks:
+                while True:
+                    try:
+                        claimed = await anyio.to_thread.run_sync(self._claim)
+                    except Exception as exc:  # a beat that fails is tried at the next one
+                        log.warning("claiming asset watchers failed: %s", exc)
+                    else:
+                        self._apply(tasks, claimed)
+                    await anyio.sleep(self.heartbeat_sec)
+        finally:
+            with anyio.CancelScope(shield=True):
+                try:
+                    await anyio.to_thread.run_sync(self._release)
+                except Exception as exc:
+                    log.warning("could not release the asset watchers: %s", exc)
+
+    def _spec(self, token: str) -> Any:
+        """What a token holds (sealed again at every parse, so tokens differ, specs not)."""
+        try:
+            return self.cipher.open(token)
+        except (DecryptionError, SerializationError):
+            return token
+
+    def _apply(self, tasks: TaskGroup, claimed: list[Claimed]) -> None:
+        wanted = {c.id: (c, self._spec(c.token)) for c in claimed}
+        for watcher_id, (spec, scope) in list(self.running.items()):
+            if watcher_id not in wanted or wanted[watcher_id][1] != spec:
+                scope.cancel()
+                del self.running[watcher_id]
+        for c, spec in wanted.values():
+            if c.id not in self.running:
+                scope = anyio.CancelScope()
+                self.running[c.id] = (spec, scope)
+                tasks.start_soon(self._watch, c, scope)
+
+    async def _watch(self, claimed: Claimed, scope: anyio.CancelScope) -> None:
+        where = f"asset watcher {claimed.name!r} of asset {claimed.asset_name!r}"
+        with scope:
+            try:
+                trigger = open_watcher(claimed.token, self.cipher, self.prefixes)
+            except Exception as exc:
+                log.error("%s cannot run: %s", where, exc)
+                await anyio.sleep_forever()  # until its row changes or its DAG leaves
+            log.info("%s started on triggerer %s", where, self.name)
+            while True:
+                try:
+                    await self._events(trigger, claimed, where)
+                    log.warning("%s ended; running it again", where)
+                except Exception as exc:
+                    log.error("%s failed: %s: %s", where, type(exc).__name__, exc)
+                finally:
+                    with anyio.CancelScope(shield=True):
+                        await _quietly(trigger.cleanup)
+                await anyio.sleep(self.heartbeat_sec * RESTART_HEARTBEATS)
+
+    async def _events(self, trigger: BaseEventTrigger, claimed: Claimed, where: str) -> None:
+        events: Any = trigger.run()
+        async for event in events:
+            if not isinstance(event, TriggerEvent):
+                log.error("%s yielded %s, not a TriggerEvent: skipped", where, type(event).__name__)
+                continue
+            try:
+                key, extra = event_from_trigger(event)
+            except ValueError as exc:
+                log.error("%s: event skipped: %s", where, exc)
+                continue
+            record = partial(self._record, claimed, key, extra)
+            await anyio.to_thread.run_sync(record, abandon_on_cancel=False)
+            await trigger.acknowledge(event)
+
+    def _record(self, claimed: Claimed, key: str, extra: dict[str, Any]) -> None:
+        with self.sessions.begin() as session:
+            got = record_watcher_event(session, claimed.asset_name, claimed.name, key, extra)
+        if got is not None:
+            self.recorded += 1
+
+
+async def _quietly(func: Any) -> None:
+    try:
+        await func()
+    except Exception as exc:
+        log.warning("asset watcher cleanup raised %s: %s", type(exc).__name__, exc)
