@@ -623,6 +623,7 @@ class SchedulerService:
                 resumed = transitions.resume_many(session, [e for _, e in parsed], self.cipher)
                 applied = [(d, e, r) for (d, e), r in zip(parsed, resumed, strict=True)]
             resumed_ids = [r.task_instance_id for _, _, r in applied if r.task_instance_id]
+            resumed_ids += [other for _, _, r in applied for other in r.others]
             staged = self._dispatch_resumed(session, resumed_ids)
             # The triggerer's lines about what fired, in this transaction: before anything the
             # resumed attempts write (a duplicate's lines were stored with the first).
@@ -711,6 +712,12 @@ class SchedulerService:
         metrics.DEFERRAL_TIMEOUTS.inc(len(expired))
         if expired:
             log.info("deferral timed out for task instance(s) %s", expired)
+        # Shared triggers whose last waiter left (timed out, cleared, marked), in a transaction
+        # of their own.
+        with self.sessions.begin() as session:
+            dropped = transitions.drop_unwaited(session)
+        if dropped:
+            log.info("shared trigger(s) %s dropped: their last waiter left", dropped)
 
     def wake_due(self) -> None:
         with self.sessions.begin() as session:

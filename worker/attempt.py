@@ -172,6 +172,7 @@ def _deferral(task: BaseOperator, deferred: TaskDeferred, deadline: dt.datetime 
         method_name=deferred.method_name,
         next_kwargs=checked_next,
         trigger_timeout=decide.trigger_timeout(dt.datetime.now(dt.UTC), deferred.timeout, deadline),
+        shared=type(deferred.trigger).shared is True,
     )
 
 

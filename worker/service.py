@@ -598,15 +598,16 @@ class WorkerService:
             record.deferral_of(running.attempt, outcome, self.cipher)
             for running, outcome in deferrals
         ]
-        moved = transitions.defer_many(session, specs)
+        joined: set[int] = set()
+        moved = transitions.defer_many(session, specs, joined)
         messages = []
         for running, outcome in deferrals:
             ti_id = running.attempt.task_instance_id
             trigger_id = moved.get(ti_id)
             said = f"deferred to trigger {trigger_id} ({outcome.classpath})"
             self._say(running, outcome, trigger_id is not None, said, lines)
-            if trigger_id is None:
-                continue
+            if trigger_id is None or ti_id in joined:
+                continue  # (a shared trigger already made has its entry)
             message = trigger_message(
                 self.cipher,
                 trigger_id=trigger_id,

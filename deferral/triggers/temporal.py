@@ -17,7 +17,10 @@ _MAX_SLEEP_SEC = 60.0
 
 
 class DateTimeTrigger(BaseTrigger):
-    """Fires once ``moment`` (tz-aware) has passed; the event payload is ``moment``."""
+    """Fires once ``moment`` (tz-aware) has passed; the event payload is ``moment``. Shared:
+    tasks waiting on the same moment wait on one trigger."""
+
+    shared = True
 
     def __init__(self, moment: dt.datetime) -> None:
         super().__init__()
@@ -49,7 +52,9 @@ class DateTimeTrigger(BaseTrigger):
 
 class TimeDeltaTrigger(DateTimeTrigger):
     """Fires ``delta`` after it was created. It serializes as a DateTimeTrigger at the absolute
-    moment, so a triggerer restart or a move to another triggerer never restarts the wait."""
+    moment, so a triggerer restart or a move to another triggerer never restarts the wait; and
+    it is shared as that moment is: two tasks share it only when their moments are equal to the
+    microsecond (a delta is counted from when each task deferred; nothing is rounded)."""
 
     def __init__(self, delta: dt.timedelta) -> None:
         if not isinstance(delta, dt.timedelta):
