@@ -15,7 +15,7 @@ from deferral.crypto import Cipher
 from deferral.models import Trigger
 from deferral.states import FAIL_METHOD, TaskState
 from deferral.tasklogs import NewLine
-from deferral.transitions import shared
+from deferral.transitions import from_trigger, shared
 from deferral.transitions.attempts import Attempt
 from deferral.transitions.core import _expire_loaded, _move
 
@@ -168,6 +168,8 @@ class FiredEvent:
     log: tuple[NewLine, ...] = ()
     # The payload sealed as the triggerer sent it, stored as it is (else sealed here).
     sealed_payload: str | None = None
+    # A task-end event's kind (end_from_trigger): its tasks end, with payload["xcoms"].
+    ends: str | None = None
 
 
 @dataclass(frozen=True)
@@ -308,6 +310,12 @@ def resume_many(session: Session, events: Sequence[FiredEvent], cipher: Cipher) 
             outcomes[first[key]] = Resumed("stale")
             continue
         event = events[first[key]]
+        if event.ends is not None:  # the tasks end here, no worker resumes them
+            ids = sorted(row.id for row in rows)
+            xcoms = event.payload["xcoms"]
+            from_trigger.end_from_trigger(session, ids, event.trigger_id, event.ends, xcoms)
+            outcomes[first[key]] = Resumed("ended", ids[0], tuple(ids[1:]))
+            continue
         for row in rows:
             resumed_at = _resumed_at(event, row.next_method, row.next_kwargs, cipher)
             values = (row.id, *resumed_at, event.trigger_id)
