@@ -70,7 +70,7 @@ from deferral.states import DagRunState, TaskState
 from deferral.tasklogs import SOURCE_TRIGGERER, NewLine
 from deferral.transitions import FiredEvent
 from deferral.triggers.task_end import check_end_xcoms
-from scheduler import dagruns, dags, decide, runstate, trigger_starts, waiting
+from scheduler import dagruns, dags, decide, end_callbacks, runstate, trigger_starts, waiting
 from scheduler.reconcile import Reconciler
 from scheduler.waiting import new_task_instance
 
@@ -609,6 +609,8 @@ class SchedulerService:
             log.info("%d event(s): %s; %d task(s) queued", len(applied), said, len(staged))
         metrics.DISPATCHES.inc(len(staged))
         outbox.flush(self.sessions, self.broker, staged)
+        ended = [ti for _, _, r in applied if r.outcome == "ended" for ti in r.ids()]
+        end_callbacks.call_back_ended(self.sessions, self.callbacks, self._dag, ended)
         self.consumer.retire([d.entry for d, _, _ in applied])
         for delivery, error in poisoned:
             self.consumer.dead_letter(delivery, error)

@@ -182,6 +182,11 @@ class Resumed:
     # The other tasks it resumed: those waiting on the same shared trigger.
     others: tuple[int, ...] = ()
 
+    def ids(self) -> list[int]:
+        """Every task it resumed (or ended)."""
+        first = [] if self.task_instance_id is None else [self.task_instance_id]
+        return first + list(self.others)
+
 
 def resume(session: Session, event: FiredEvent, cipher: Cipher) -> Resumed:
     """:func:`resume_many` for one event."""

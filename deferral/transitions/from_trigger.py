@@ -10,11 +10,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import delete, func, select
-from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.orm import Session
 
-from deferral import serialization
-from deferral.models import Trigger, XCom
+from deferral import serialization, xcom
+from deferral.models import Trigger
 from deferral.states import TaskState
 from deferral.transitions.attempts import _END_OF_ATTEMPT, has_tries_left
 from deferral.transitions.core import TI, _move
@@ -89,18 +88,7 @@ def end_from_trigger(
         moved = failed
     else:
         moved = _move(session, ti_ids, TaskState.DEFERRED, state, reason, **ended)
-    if moved and xcoms:
-        values = [
-            {"task_instance_id": ti, "key": key, "value": serialization.to_jsonable(value)}
-            for ti in moved
-            for key, value in xcoms.items()
-        ]
-        upsert = pg_insert(XCom).values(values)
-        session.execute(
-            upsert.on_conflict_do_update(
-                index_elements=[XCom.task_instance_id, XCom.key],
-                set_={"value": upsert.excluded.value},
-            )
-        )
+    items = [(ti, key, serialization.to_jsonable(v)) for ti in moved for key, v in xcoms.items()]
+    xcom.upsert_many(session, items)
     session.execute(delete(Trigger).where(Trigger.id == trigger_id))
     return failed

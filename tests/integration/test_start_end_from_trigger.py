@@ -30,6 +30,7 @@ from deferral.triggers import (
     TriggerEvent,
 )
 from scheduler.service import SchedulerService
+from tests.helpers import wait_for
 from tests.servers import REDIS_URL
 from triggerer.decode import decode_entry
 from triggerer.events import first_event
@@ -60,6 +61,8 @@ class EndingTrigger(BaseTrigger):
 
 
 DAG_SOURCE = """
+import pathlib
+
 from deferral import DAG
 from deferral.models import BaseOperator
 from deferral.triggers import StartTriggerArgs
@@ -84,8 +87,24 @@ class StartsInTriggerer(BaseOperator):
         return event
 
 
+def called(name):
+    def callback(context):
+        with open(pathlib.Path({marks!r}) / name, "w") as out:
+            out.write(f"{{context['ti'].task_id}} try {{context['try_number']}}")
+    return callback
+
+
 with DAG("{dag_id}") as dag:
-    StartsInTriggerer(task_id="t", outcome="{outcome}", pool="small", retries={retries})
+    StartsInTriggerer(
+        task_id="t",
+        outcome="{outcome}",
+        pool="small",
+        retries={retries},
+        on_success_callback=called("success"),
+        on_failure_callback=called("failed"),
+        on_retry_callback=called("up_for_retry"),
+        on_skipped_callback=called("skipped"),
+    )
 """
 
 
@@ -128,9 +147,14 @@ def test_a_task_starts_in_the_triggerer_with_no_free_slot_and_ends_there(
     outcome: str,
     retries: int,
     ended: str,
+    tmp_path: Path,
 ) -> None:
     dag_id = f"sft_{uuid.uuid4().hex[:8]}"
-    source = DAG_SOURCE.format(here=HERE, dag_id=dag_id, outcome=outcome, retries=retries)
+    marks = tmp_path / "called"
+    marks.mkdir()
+    source = DAG_SOURCE.format(
+        here=HERE, dag_id=dag_id, outcome=outcome, retries=retries, marks=str(marks)
+    )
     write_dag(dag_id, source)
     with sessions.begin() as session:
         session.merge(Pool(name="small", slots=0, include_deferred=False))
@@ -165,3 +189,10 @@ def test_a_task_starts_in_the_triggerer_with_no_free_slot_and_ends_there(
     if outcome == "resume":
         assert ti.next_method == "execute_complete"
         assert cipher.open(ti.next_kwargs or "") == {"n": 1}
+        return
+    # The task's callback of the state it ended in ran (in the scheduler), once.
+    mark = marks / ended
+    assert wait_for(mark.exists, what=f"the {ended} callback")
+    assert mark.read_text() == "t try 1"
+    service.callbacks.shutdown(wait=True)
+    assert [p.name for p in marks.iterdir()] == [ended]
