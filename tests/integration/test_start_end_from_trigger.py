@@ -16,12 +16,14 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
+from broker import streams
 from broker.client import Broker
 from broker.streams import GROUP_TRIGGERERS
 from deferral import transitions
 from deferral.config import Settings
 from deferral.crypto import Cipher
 from deferral.models import Pool, TaskInstance, TaskStateChange, XCom
+from deferral.states import FAIL_METHOD
 from deferral.triggers import (
     BaseTrigger,
     TaskFailedEvent,
@@ -31,6 +33,7 @@ from deferral.triggers import (
 )
 from scheduler.service import SchedulerService
 from tests.helpers import wait_for
+from tests.integration.factories import deferred_task
 from tests.servers import REDIS_URL
 from triggerer.decode import decode_entry
 from triggerer.events import first_event
@@ -196,3 +199,26 @@ def test_a_task_starts_in_the_triggerer_with_no_free_slot_and_ends_there(
     assert mark.read_text() == "t try 1"
     service.callbacks.shutdown(wait=True)
     assert [p.name for p in marks.iterdir()] == [ended]
+
+
+def test_a_task_end_event_with_a_bad_payload_fails_its_task_saying_why(
+    settings: Settings, sessions: sessionmaker[Session], cipher: Cipher, broker: Broker
+) -> None:
+    ti_id, trigger_id = deferred_task(sessions, cipher)
+    service = SchedulerService(settings, name="s")
+    service.attach(Broker.from_url(REDIS_URL, settings.stream_prefix))
+    service.consumer.start()
+    message = streams.event_message(
+        cipher, trigger_id, f"{trigger_id}:bad", "task_success", '"not xcoms"', "t1"
+    )
+    broker.publish(broker.keys.events, message)
+    while service.apply_events(block_ms=None):
+        pass
+    with sessions() as session:
+        ti = session.get(TaskInstance, ti_id)
+        assert ti is not None and ti.next_method == FAIL_METHOD
+        said = cipher.open(ti.next_kwargs or "")
+    assert said["message"] == (
+        f"trigger {trigger_id} sent a bad task-end event: a task-end event's payload must be"
+        " {'xcoms': {key: value}}"
+    )
