@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime as dt
 
+import anyio
 import pytest
 
 from deferral.triggers import (
@@ -76,3 +77,16 @@ def test_time_triggers_are_shared_and_a_time_delta_shares_its_absolute_moment() 
     delta = TimeDeltaTrigger(dt.timedelta(hours=1))
     # It serializes as the DateTimeTrigger at its moment: equal to one only at that moment.
     assert delta.serialize() == DateTimeTrigger(delta.moment).serialize()
+
+
+def test_a_date_time_trigger_that_ends_its_task_yields_a_success_event() -> None:
+    moment = dt.datetime(2020, 1, 1, tzinfo=dt.UTC)
+    ending = DateTimeTrigger(moment, end_from_trigger=True)
+    assert ending.serialize()[1] == {"moment": moment, "end_from_trigger": True}
+    assert ending.fires_at() is None  # run() runs: the shared timer only fires plain events
+    assert DateTimeTrigger(moment).serialize()[1] == {"moment": moment}
+
+    async def first() -> TriggerEvent:
+        return await anext(aiter(ending.run()))
+
+    assert isinstance(anyio.run(first), TaskSuccessEvent)
