@@ -7,24 +7,29 @@ from __future__ import annotations
 import datetime as dt
 import threading
 
+import anyio
 from cryptography.fernet import Fernet
 from sqlalchemy import func, select, text
 from sqlalchemy.orm import Session, sessionmaker
 
+from broker import outbox
 from broker.client import Broker
-from deferral import transitions
+from deferral import metrics, transitions
 from deferral.config import Settings
 from deferral.crypto import Cipher
 from deferral.models import TaskInstance, TaskStateChange, Trigger
+from deferral.serialization import check_kwargs
 from deferral.states import FAIL_METHOD, TaskState
 from deferral.triggers import DateTimeTrigger
 from deferral.triggers.base import classpath_of
 from tests.helpers import wait_for
 from tests.integration.factories import WORKER, running_task
+from tests.servers import REDIS_URL
 from triggerer.events import event_message
 from triggerer.service import TriggererService
 from worker import record
 from worker.outcomes import Deferred
+from worker.service import Running, WorkerService
 
 MOMENT = dt.datetime(2030, 1, 1, tzinfo=dt.UTC)
 
@@ -33,7 +38,7 @@ def _deferred(moment: dt.datetime = MOMENT, timeout: dt.datetime | None = None) 
     classpath = classpath_of(DateTimeTrigger)
     return Deferred(
         classpath=classpath,
-        trigger_kwargs={"moment": moment.isoformat()},
+        trigger_kwargs=check_kwargs({"moment": moment}),
         method_name="resume",
         next_kwargs={},
         trigger_timeout=timeout,
@@ -209,3 +214,39 @@ def test_a_waiter_joining_while_the_trigger_fires_waits_on_a_new_one(
     ((late, late_joined),) = joined
     assert late[ti_ids[2]] != trigger_id and late_joined == set()  # made anew, published
     assert _states(sessions, ti_ids)[ti_ids[2]] == "deferred"
+
+
+def test_the_worker_publishes_one_entry_and_the_triggerer_holds_one_trigger(
+    settings: Settings,
+    sessions: sessionmaker[Session],
+    cipher: Cipher,
+    broker: Broker,
+    worker: WorkerService,
+) -> None:
+    ti_ids = _waiters(sessions, 50)
+    outcome = _deferred(moment=dt.datetime.now(dt.UTC) + dt.timedelta(days=1))
+    batch = [
+        (Running(None, transitions.Attempt(ti, 1, WORKER), f"d.r{i}.t"), outcome)  # type: ignore[arg-type]
+        for i, ti in enumerate(ti_ids)
+    ]
+    with sessions.begin() as session:
+        staged = worker._defer_many(session, batch[:30], [])
+    with sessions.begin() as session:
+        staged += worker._defer_many(session, batch[30:], [])
+    outbox.flush(sessions, broker, staged)
+    assert broker.redis.xlen(broker.keys.triggers) == 1
+    assert set(_states(sessions, ti_ids).values()) == {"deferred"}
+
+    triggerer = TriggererService(settings, capacity=100, name="t1")
+    triggerer.attach(Broker.from_url(REDIS_URL, settings.stream_prefix))
+    triggerer.consumer.start()
+
+    async def one_read() -> None:
+        async with anyio.create_task_group() as tasks:
+            await triggerer._start_all(tasks, triggerer.consumer.poll(100, None))
+            tasks.cancel_scope.cancel()
+
+    anyio.run(one_read)
+    assert len(triggerer.held) == 1
+    (gauge,) = metrics.TRIGGERS_RUNNING.collect()
+    assert [sample.value for sample in gauge.samples] == [1]  # deferral_triggers_running
