@@ -337,6 +337,11 @@ class Stack:
                 or 0
             )
 
+    def trigger_rows(self) -> int:
+        """How many trigger rows there are (tasks on one shared trigger share one)."""
+        with self.sessions() as session:
+            return int(session.scalar(text("SELECT count(*) FROM trigger")) or 0)
+
     def states(self) -> dict[str, int]:
         """How many task instances are in each state."""
         with self.sessions() as session:

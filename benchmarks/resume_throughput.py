@@ -35,6 +35,7 @@ from harness import (
     percentile,
     report,
     resumed_by_trigger,
+    rss_kib,
     wait_for,
 )
 
@@ -125,7 +126,10 @@ def main() -> None:
                 rows.start()
             stack.trigger("bench_throughput", [f"r{i}" for i in range(runs)])
             print(f"{n} tasks in {runs} run(s); moment in {lead:.0f} s", flush=True)
-            wait_until_held(stack, n, moment)
+            triggers = wait_until_held(stack, n, moment)
+            triggerer_rss = [
+                rss_kib(stack.procs[name].pid) for name in names if "triggerer" in name
+            ]
             cpu.stop()
             deferring = cpu.lines(n, "deferral")
         wait_for(lambda: time.time() >= moment.timestamp(), timeout=lead, what="the moment")
@@ -172,6 +176,8 @@ def main() -> None:
         ],
         notes=[
             f"deferrals took {deferral_window:.1f} s (first picked up -> last deferred)",
+            f"the {n} tasks waited on {triggers} trigger row(s) (shared triggers); triggerer"
+            f" RSS at the moment {', '.join(f'{kib / 1024:.0f} MiB' for kib in triggerer_rss)}",
             *(f"deferring: {line}" for line in deferring),
             *(f"resuming: {line}" for line in resuming),
             *row_lines,
@@ -195,13 +201,15 @@ def start_services(stack: Stack, args: argparse.Namespace, capacity: int) -> lis
     return names
 
 
-def wait_until_held(stack: Stack, n: int, moment: dt.datetime) -> None:
-    """Until all n tasks deferred and their triggers are held; the moment must not pass first."""
+def wait_until_held(stack: Stack, n: int, moment: dt.datetime) -> int:
+    """Until all n tasks deferred and their triggers are held; the moment must not pass first.
+    Returns how many triggers they wait on (1: DateTimeTrigger is shared)."""
     wait_for(
         lambda: (
             (
                 stack.reached("deferred", "bench_throughput") >= n
-                and stack.pending_triggers().count >= n
+                # One entry per trigger row: the n tasks share one DateTimeTrigger.
+                and stack.pending_triggers().count >= stack.trigger_rows() > 0
             )
             or time.time() > moment.timestamp()
         ),
@@ -213,6 +221,7 @@ def wait_until_held(stack: Stack, n: int, moment: dt.datetime) -> None:
     if slack <= 0:
         raise SystemExit("not every trigger was held by the moment: raise --lead")
     print(f"all deferred and held {slack:.1f} s before the moment", flush=True)
+    return stack.trigger_rows()
 
 
 if __name__ == "__main__":

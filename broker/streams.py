@@ -19,6 +19,7 @@ from typing import TypeVar
 import msgspec
 
 from deferral.crypto import Cipher, DecryptionError
+from deferral.triggers.task_end import END_KINDS
 
 GROUP_TRIGGERERS = "triggerers"
 GROUP_SCHEDULERS = "schedulers"
@@ -30,7 +31,8 @@ DEFAULT_QUEUE = "default"
 
 EVENT_KIND_EVENT = "event"
 EVENT_KIND_FAILURE = "failure"
-EVENT_KINDS = (EVENT_KIND_EVENT, EVENT_KIND_FAILURE)
+# A task-end event (end_from_trigger) is an event of its own kind: its task ends in that state.
+EVENT_KINDS = (EVENT_KIND_EVENT, EVENT_KIND_FAILURE, *END_KINDS.values())
 
 # An events entry that only asks a scheduler to look at the runs marked in Postgres now (a
 # worker recorded a task's end, so downstream tasks may be ready), instead of after its blocking
@@ -308,6 +310,7 @@ class Event:
     triggerer: str
     log: CarriedLog | None = None
     sealed_payload: str = ""  # the payload as the entry carries it (a Fernet token)
+    ends: str = ""  # the kind of a task-end event; '' for any other
 
 
 def event_message(
@@ -383,6 +386,7 @@ def read_event(cipher: Cipher, fields: Mapping[bytes, bytes]) -> Event:
         message.triggerer,
         log,
         message.payload,
+        message.kind if message.kind in END_KINDS.values() else "",
     )
 
 

@@ -80,8 +80,16 @@ TASK_INERT: Mapping[str, Inert] = {
     "executor_config": Inert(_empty, "deferral has one executor: its workers"),
     "inlets": Inert(_empty, f"lineage and datasets are {_NOT_YET}"),
     "multiple_outputs": Inert(_false, "multiple_outputs is only for TaskFlow tasks here"),
-    "start_from_trigger": Inert(_false, f"starting a task in the triggerer is {_NOT_YET}"),
-    "end_from_trigger": Inert(_false, f"ending a task in the triggerer is {_NOT_YET}"),
+    "start_from_trigger": Inert(
+        _false,
+        "set start_from_trigger = True and start_trigger_args on the operator (class or "
+        "__init__), as Airflow 2.10 does; not a BaseOperator argument",
+    ),
+    "end_from_trigger": Inert(
+        _false,
+        "a trigger ends its task by yielding TaskSuccessEvent / TaskFailedEvent / "
+        "TaskSkippedEvent (DateTimeTrigger(end_from_trigger=True)); not a BaseOperator argument",
+    ),
     "trigger_kwargs": Inert(_empty, f"trigger_kwargs is {_NOT_YET}"),
     "fs_conn_id": Inert(
         _equals("fs_default"), "FileSensor paths are absolute; no filesystem connections"

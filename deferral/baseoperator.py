@@ -28,6 +28,7 @@ from deferral.timezone import make_aware, standard_timedelta
 from deferral.trigger_rules import TriggerRule
 from deferral.triggers.base import BaseTrigger
 from deferral.triggers.signal import SignalTrigger
+from deferral.triggers.task_end import StartTriggerArgs, start_trigger
 from deferral.utils.task_group import TaskGroup
 from deferral.xcom_arg import XComArg, find_runtime_args
 
@@ -218,6 +219,10 @@ class BaseOperator(DependencyMixin, metaclass=_OperatorMeta):
     is_setup: bool = False
     is_teardown: bool = False
     on_failure_fail_dagrun: bool = False
+    # Airflow 2.10's start_from_trigger: once scheduled, the task is deferred to the trigger of
+    # start_trigger_args (a StartTriggerArgs) without a worker running execute().
+    start_from_trigger: bool = False
+    start_trigger_args: StartTriggerArgs | None = None
 
     def __init__(
         self,
@@ -454,6 +459,16 @@ class BaseOperator(DependencyMixin, metaclass=_OperatorMeta):
             method_name=method_name,
             kwargs=kwargs,
             timeout=timeout,
+        )
+
+    def defer_to_start_trigger(self, args: StartTriggerArgs) -> NoReturn:
+        """Defer to ``start_trigger_args`` from a worker: what a try of a start_from_trigger
+        task that the scheduler did not defer (a retry woken when due) does first."""
+        self.defer(
+            trigger=start_trigger(args),
+            method_name=args.next_method,
+            kwargs=args.next_kwargs,
+            timeout=args.timeout,
         )
 
     def on_kill(self) -> None:

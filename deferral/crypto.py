@@ -40,6 +40,14 @@ class Cipher:
         digest = hmac.new(self._mac_keys[0], data, hashlib.sha256).digest()
         return base64.urlsafe_b64encode(digest).rstrip(b"=").decode("ascii")
 
+    def keyed_digest(self, data: bytes, context: bytes) -> str:
+        """A digest of ``data`` under a key derived from the first key for ``context`` (a
+        different key per use: it never equals a stream entry's ``sign``); base64url, 43 chars.
+        Equal data gives equal digests, and without the key nobody can confirm a guess of it."""
+        key = hmac.new(self._mac_keys[0], context, hashlib.sha256).digest()
+        digest = hmac.new(key, data, hashlib.sha256).digest()
+        return base64.urlsafe_b64encode(digest).rstrip(b"=").decode("ascii")
+
     def verify(self, data: bytes, mac: str) -> bool:
         """Whether ``mac`` authenticates ``data`` under any of the keys (rotation)."""
         for key in self._mac_keys:

@@ -70,7 +70,17 @@ from deferral.serialization import SerializationError
 from deferral.states import DagRunState, TaskState
 from deferral.tasklogs import SOURCE_TRIGGERER, NewLine
 from deferral.transitions import FiredEvent
-from scheduler import assets, dagruns, dags, decide, runstate, waiting
+from deferral.triggers.task_end import check_end_xcoms
+from scheduler import (
+    assets,
+    dagruns,
+    dags,
+    decide,
+    end_callbacks,
+    runstate,
+    trigger_starts,
+    waiting,
+)
 from scheduler.reconcile import Reconciler
 from scheduler.waiting import new_task_instance
 
@@ -159,6 +169,9 @@ class SchedulerService:
         self.callbacks = ThreadPoolExecutor(max_workers=2, thread_name_prefix="dag-callbacks")
         self._finished: list[tuple[DAG, DagRun, bool, str]] = []
         self._scheduled: list[int] = []  # task instances the current evaluation pass scheduled
+        # Trigger entries of the tasks it started in the triggerer (a run whose evaluation is
+        # rolled back leaves an entry whose trigger no task waits on: its triggerer drops it).
+        self._started_staged: list[outbox.Staged] = []
         # Run id -> the DAG object the run was last found to have every task of.
         self._checked: dict[int, DAG] = {}
         # What the current evaluation pass found, remembered only once it commits: a pass (or
@@ -325,6 +338,7 @@ class SchedulerService:
             # success (scheduler/DECISIONS.md 12).
             probed = runstate.probes(session, [(run.dag_id, run.run_id) for run in runs])
             self._finished, self._scheduled, self._checked_now = [], [], {}
+            self._started_staged = []
             for run in runs:
                 dag = self._dag(run.dag_id)
                 probes = probed.get((run.dag_id, run.run_id), decide.RunProbes(False, False, False))
@@ -351,7 +365,7 @@ class SchedulerService:
                     runstate.mark_next_runs(session, dag, run)
             # Tasks that became ready are queued in this transaction, as resumed tasks are (the
             # same decision: pools, priorities, max_active_tasks), not by a later dispatch pass.
-            staged = self._dispatch_resumed(session, self._scheduled)
+            staged = self._dispatch_resumed(session, self._scheduled) + self._started_staged
         for run_pk, checked in self._checked_now.items():
             self._remember_checked(run_pk, checked)
         self._call_back(self._finished)
@@ -388,7 +402,12 @@ class SchedulerService:
         if probes.waiting or probes.retries_undue or moved:
             advanced = waiting.advance_run(session, run, dag, self.settings.max_map_length)
             moved += advanced.moved
-            self._scheduled += advanced.scheduled
+            # start_from_trigger tasks go to the triggerer now, not to the pools' queue.
+            started, staged = trigger_starts.start_in_triggerer(
+                session, dag, advanced.scheduled, self.cipher, self.keys.triggers
+            )
+            self._started_staged += staged
+            self._scheduled += [ti for ti in advanced.scheduled if ti not in started]
         outcome = None
         if moved or not probes.unfinished:
             unfinished, leaf_failed = runstate.outcome_probes(session, dag, run.dag_id, run.run_id)
@@ -605,6 +624,8 @@ class SchedulerService:
             log.info("%d event(s): %s; %d task(s) queued", len(applied), said, len(staged))
         metrics.DISPATCHES.inc(len(staged))
         outbox.flush(self.sessions, self.broker, staged)
+        ended = [ti for _, _, r in applied if r.outcome == "ended" for ti in r.ids()]
+        end_callbacks.call_back_ended(self.sessions, self.callbacks, self._dag, ended)
         self.consumer.retire([d.entry for d, _, _ in applied])
         for delivery, error in poisoned:
             self.consumer.dead_letter(delivery, error)
@@ -629,6 +650,7 @@ class SchedulerService:
                 resumed = transitions.resume_many(session, [e for _, e in parsed], self.cipher)
                 applied = [(d, e, r) for (d, e), r in zip(parsed, resumed, strict=True)]
             resumed_ids = [r.task_instance_id for _, _, r in applied if r.task_instance_id]
+            resumed_ids += [other for _, _, r in applied for other in r.others]
             staged = self._dispatch_resumed(session, resumed_ids)
             # The triggerer's lines about what fired, in this transaction: before anything the
             # resumed attempts write (a duplicate's lines were stored with the first).
@@ -679,6 +701,12 @@ class SchedulerService:
             # The task must not wait forever on an event nobody can read: fail it, saying why.
             message = f"trigger {event.trigger_id} sent an unreadable event: {exc}"
             return FiredEvent(event.dedup_key, event.trigger_id, True, {"message": message})
+        if event.ends:
+            try:
+                check_end_xcoms(payload)
+            except ValueError as exc:
+                message = f"trigger {event.trigger_id} sent a bad task-end event: {exc}"
+                return FiredEvent(event.dedup_key, event.trigger_id, True, {"message": message})
         return FiredEvent(
             event.dedup_key,
             event.trigger_id,
@@ -686,6 +714,7 @@ class SchedulerService:
             payload,
             _carried_lines(event.log),
             event.sealed_payload or None,  # stored as it is: it was just read, so it opens
+            ends=event.ends or None,
         )
 
     def _renew(self) -> None:
@@ -717,6 +746,12 @@ class SchedulerService:
         metrics.DEFERRAL_TIMEOUTS.inc(len(expired))
         if expired:
             log.info("deferral timed out for task instance(s) %s", expired)
+        # Shared triggers whose last waiter left (timed out, cleared, marked), in a transaction
+        # of their own.
+        with self.sessions.begin() as session:
+            dropped = transitions.drop_unwaited(session)
+        if dropped:
+            log.info("shared trigger(s) %s dropped: their last waiter left", dropped)
 
     def wake_due(self) -> None:
         with self.sessions.begin() as session:

@@ -24,6 +24,7 @@ from deferral.process import LogExtra
 from deferral.secrets_masker import mask_with_kwargs
 from deferral.serialization import SerializationError
 from deferral.triggers.base import BaseTrigger, TriggerEvent
+from deferral.triggers.task_end import end_kind
 
 log = logging.getLogger("deferral.triggerer")
 
@@ -75,15 +76,18 @@ def failure_outcome(
     return _outcome(cipher, trigger_id, EVENT_KIND_FAILURE, payload, triggerer, failure)
 
 
-def event_outcome(cipher: Cipher, trigger_id: int, payload: Any, triggerer: str) -> Outcome:
-    """The event, or a failure naming the type if the payload cannot be carried."""
+def event_outcome(
+    cipher: Cipher, trigger_id: int, payload: Any, triggerer: str, kind: str = EVENT_KIND_EVENT
+) -> Outcome:
+    """The event (of ``kind``: a task-end event has its own), or a failure naming the type if
+    the payload cannot be carried."""
     try:
         payload_json = serialization.dumps(payload, "event payload")
     except SerializationError as exc:
         return failure_outcome(
             cipher, trigger_id, f"trigger {trigger_id} fired an event: {exc}", "", triggerer
         )
-    return _outcome(cipher, trigger_id, EVENT_KIND_EVENT, payload_json, triggerer)
+    return _outcome(cipher, trigger_id, kind, payload_json, triggerer)
 
 
 def failure_message(
@@ -143,7 +147,8 @@ async def first_event(
         else:
             try:
                 async for event in cast(AsyncGenerator[TriggerEvent, None], events):
-                    outcome = event_outcome(cipher, trigger_id, event.payload, triggerer)
+                    kind = end_kind(event) or EVENT_KIND_EVENT
+                    outcome = event_outcome(cipher, trigger_id, event.payload, triggerer, kind)
                     break
             finally:
                 await events.aclose()

@@ -24,7 +24,7 @@ import signal
 import socket
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -906,6 +906,11 @@ class TriggererService:
                 )
             )
             gone = {t: i for t, i in zip(trigger_ids, ti_ids, strict=True) if t not in wanted}
+            if gone:
+                # A shared trigger is wanted while any task waits on it, not only the one it
+                # was started for: asked of the few that look gone, not of every trigger held.
+                waited = self._waited_on(session, gone)
+                gone = {t: i for t, i in gone.items() if t not in waited}
             if not gone:
                 return {}
             left_deferred = (
@@ -933,6 +938,19 @@ class TriggererService:
             if reason is not None:
                 reasons[trigger_id] = reason
         return reasons
+
+    @staticmethod
+    def _waited_on(session: Session, trigger_ids: Collection[int]) -> set[int]:
+        """Those of ``trigger_ids`` some deferred task still waits on."""
+        return set(
+            session.scalars(
+                text(
+                    "SELECT DISTINCT trigger_id FROM task_instance WHERE state = 'deferred'"
+                    " AND trigger_id = ANY(CAST(:triggers AS bigint[]))"
+                ),
+                {"triggers": _array(list(trigger_ids))},
+            )
+        )
 
     async def _hand_off(self) -> None:
         """On the way out, make our entries look long idle so that peers take them at once

@@ -141,6 +141,8 @@ def _call(
     context: Context,
 ) -> Any:
     if request.next_method is None:
+        if task.start_from_trigger and task.start_trigger_args is not None:
+            task.defer_to_start_trigger(task.start_trigger_args)
         return task.execute(context)
     return task.resume_execution(request.next_method, next_kwargs, context)
 
@@ -172,6 +174,7 @@ def _deferral(task: BaseOperator, deferred: TaskDeferred, deadline: dt.datetime 
         method_name=deferred.method_name,
         next_kwargs=checked_next,
         trigger_timeout=decide.trigger_timeout(dt.datetime.now(dt.UTC), deferred.timeout, deadline),
+        shared=type(deferred.trigger).shared is True,
     )
 
 

@@ -69,6 +69,8 @@ class Deferred(msgspec.Struct, frozen=True, tag=True):
     method_name: str
     next_kwargs: dict[str, Any]
     trigger_timeout: dt.datetime | None
+    # The trigger's class opts in to sharing (BaseTrigger.shared).
+    shared: bool = False
 
 
 class Rescheduled(msgspec.Struct, frozen=True, tag=True):

@@ -75,6 +75,11 @@ def deferral_of(attempt: Attempt, outcome: Deferred, cipher: Cipher) -> transiti
         next_method=outcome.method_name,
         next_kwargs_token=cipher.encrypt(serialization.encode(outcome.next_kwargs)),
         trigger_timeout=outcome.trigger_timeout,
+        share_key=(
+            transitions.share_key(cipher, outcome.classpath, outcome.trigger_kwargs)
+            if outcome.shared
+            else None
+        ),
     )
 
 

@@ -616,15 +616,16 @@ class WorkerService:
             )
             is not None
         }
-        moved = signals.defer_with_waits(session, self.cipher, specs, waits)
+        joined: set[int] = set()
+        moved = signals.defer_with_waits(session, self.cipher, specs, waits, joined)
         messages = []
         for running, outcome in deferrals:
             ti_id = running.attempt.task_instance_id
             trigger_id = moved.get(ti_id)
             said = f"deferred to trigger {trigger_id} ({outcome.classpath})"
             self._say(running, outcome, trigger_id is not None, said, lines)
-            if trigger_id is None or ti_id in waits:
-                continue
+            if trigger_id is None or ti_id in waits or ti_id in joined:
+                continue  # a signal wait has no entry; a shared trigger already made has its own
             message = trigger_message(
                 self.cipher,
                 trigger_id=trigger_id,

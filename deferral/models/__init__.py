@@ -145,6 +145,9 @@ class Trigger(Base):
     kwargs: Mapped[str] = mapped_column(Text)  # Fernet token of the serialized kwargs
     created_date: Mapped[dt.datetime] = _created()
     triggerer_id: Mapped[str | None] = mapped_column(String(250))
+    # Set on a shared trigger only: a keyed digest of its classpath and kwargs (never the kwargs
+    # themselves), unique, so that equal deferrals wait on this one row (transitions.shared).
+    share_key: Mapped[str | None] = mapped_column(String(64), unique=True, index=True)
 
 
 class TaskInstance(Base):

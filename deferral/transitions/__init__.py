@@ -8,7 +8,7 @@ commit with it (an outbox row, a trigger row) go in one ``Session.begin()`` bloc
 The decisions of *which* rows to move (trigger rules, retry due, run finished) are pure functions
 elsewhere; this module only applies them.
 
-Split by actor: core, runs, scheduling, attempts, deferrals, user_actions;
+Split by actor: core, runs, scheduling, attempts, deferrals, shared, user_actions;
 every name is available from this package as before."""
 
 from __future__ import annotations
@@ -61,6 +61,8 @@ from deferral.transitions.scheduling import schedule as schedule
 from deferral.transitions.scheduling import set_retry_due as set_retry_due
 from deferral.transitions.scheduling import skip_tasks as skip_tasks
 from deferral.transitions.scheduling import wake_due as wake_due
+from deferral.transitions.shared import drop_unwaited as drop_unwaited
+from deferral.transitions.shared import share_key as share_key
 from deferral.transitions.user_actions import USER_SETTABLE_FROM as USER_SETTABLE_FROM
 from deferral.transitions.user_actions import clear as clear
 from deferral.transitions.user_actions import mark as mark

@@ -15,6 +15,7 @@ from deferral.crypto import Cipher
 from deferral.models import Trigger
 from deferral.states import FAIL_METHOD, TaskState
 from deferral.tasklogs import NewLine
+from deferral.transitions import from_trigger, shared
 from deferral.transitions.attempts import Attempt
 from deferral.transitions.core import _expire_loaded, _move
 
@@ -48,6 +49,8 @@ class Deferral:
     next_method: str
     next_kwargs_token: str
     trigger_timeout: dt.datetime | None
+    # Of a shared trigger (its class says ``shared = True``): the key equal ones meet on.
+    share_key: str | None = None
 
 
 def defer(
@@ -122,12 +125,28 @@ _DEFER_SQL = text(
 )
 
 
-def defer_many(session: Session, deferrals: Sequence[Deferral]) -> dict[int, int]:
+def defer_many(
+    session: Session, deferrals: Sequence[Deferral], joined: set[int] | None = None
+) -> dict[int, int]:
     """running -> deferred for a batch, each with a new trigger row, in one statement; returns
-    task instance id -> trigger id for those that moved."""
+    task instance id -> trigger id for those that moved. A shared deferral (with a share key)
+    joins the row of its key instead, if there is one, and its task id goes into ``joined``."""
+    sharing = [d for d in deferrals if d.share_key is not None]
+    done: dict[int, int] = {}
+    if sharing:
+        params = {**_defer_params(sharing), "share_keys": [d.share_key for d in sharing]}
+        done = shared.defer_shared(session, params, set() if joined is None else joined)
+    deferrals = [d for d in deferrals if d.share_key is None]
     if not deferrals:
-        return {}
-    params = {
+        return done
+    params = _defer_params(deferrals)
+    moved = {ti_id: trigger_id for ti_id, trigger_id in session.execute(_DEFER_SQL, params)}
+    _expire_loaded(session, moved)
+    return done | moved
+
+
+def _defer_params(deferrals: Sequence[Deferral]) -> dict[str, list[Any]]:
+    return {
         "ids": [d.attempt.task_instance_id for d in deferrals],
         "tries": [d.attempt.try_number for d in deferrals],
         "workers": [d.attempt.worker for d in deferrals],
@@ -137,9 +156,6 @@ def defer_many(session: Session, deferrals: Sequence[Deferral]) -> dict[int, int
         "classpaths": [d.classpath for d in deferrals],
         "kwargs": [d.kwargs_token for d in deferrals],
     }
-    done = {ti_id: trigger_id for ti_id, trigger_id in session.execute(_DEFER_SQL, params)}
-    _expire_loaded(session, done)
-    return done
 
 
 @dataclass(frozen=True)
@@ -152,6 +168,8 @@ class FiredEvent:
     log: tuple[NewLine, ...] = ()
     # The payload sealed as the triggerer sent it, stored as it is (else sealed here).
     sealed_payload: str | None = None
+    # A task-end event's kind (end_from_trigger): its tasks end, with payload["xcoms"].
+    ends: str | None = None
 
 
 @dataclass(frozen=True)
@@ -161,6 +179,13 @@ class Resumed:
 
     outcome: str
     task_instance_id: int | None = None
+    # The other tasks it resumed: those waiting on the same shared trigger.
+    others: tuple[int, ...] = ()
+
+    def ids(self) -> list[int]:
+        """Every task it resumed (or ended)."""
+        first = [] if self.task_instance_id is None else [self.task_instance_id]
+        return first + list(self.others)
 
 
 def resume(session: Session, event: FiredEvent, cipher: Cipher) -> Resumed:
@@ -242,7 +267,9 @@ _CLAIM_EVENTS_SQL = text(
         RETURNING dedup_key, task_instance_id
     )
     SELECT claimed.dedup_key, waiting.id, waiting.next_method, waiting.next_kwargs
-    FROM claimed LEFT JOIN waiting ON waiting.id = claimed.task_instance_id
+    FROM claimed LEFT JOIN waiting ON waiting.trigger_id = (
+        SELECT trigger_id FROM waiting AS w WHERE w.id = claimed.task_instance_id
+    )
     """
 )
 
@@ -283,32 +310,38 @@ def resume_many(session: Session, events: Sequence[FiredEvent], cipher: Cipher) 
     for index, event in enumerate(events):
         first.setdefault(event.dedup_key, index)
     keys = list(first)
-    claimed = {
-        row.dedup_key: row
-        for row in session.execute(
-            _CLAIM_EVENTS_SQL,
-            {
-                "dedup_keys": keys,
-                "trigger_ids": [events[first[k]].trigger_id for k in keys],
-                "dedup_window": DEDUP_WINDOW,
-            },
-        )
-    }
+    trigger_ids = [events[first[k]].trigger_id for k in keys]
+    shared.lock_shared(session, trigger_ids)
+    # Every task waiting on an applied event's trigger (several for a shared one), by key.
+    claimed: dict[str, list[Any]] = {}
+    for row in session.execute(
+        _CLAIM_EVENTS_SQL,
+        {"dedup_keys": keys, "trigger_ids": trigger_ids, "dedup_window": DEDUP_WINDOW},
+    ):
+        claimed.setdefault(row.dedup_key, []).append(row)
     moves: dict[str, list[Any]] = {
         name: []
         for name in ("ids", "next_methods", "next_kwargs", "next_events", "reasons", "trigger_ids")
     }
     for key in sorted(claimed, key=first.__getitem__):
-        row = claimed[key]
-        if row.id is None:  # claimed as stale
+        rows = claimed[key]
+        if rows[0].id is None:  # claimed as stale
             outcomes[first[key]] = Resumed("stale")
             continue
         event = events[first[key]]
-        resumed_at = _resumed_at(event, row.next_method, row.next_kwargs, cipher)
-        values = (row.id, *resumed_at, event.trigger_id)
-        for name, value in zip(moves, values, strict=True):
-            moves[name].append(value)
-        outcomes[first[key]] = Resumed("applied", row.id)
+        if event.ends is not None:  # the tasks end here, no worker resumes them
+            ids = sorted(row.id for row in rows)
+            xcoms = event.payload["xcoms"]
+            from_trigger.end_from_trigger(session, ids, event.trigger_id, event.ends, xcoms)
+            outcomes[first[key]] = Resumed("ended", ids[0], tuple(ids[1:]))
+            continue
+        for row in rows:
+            resumed_at = _resumed_at(event, row.next_method, row.next_kwargs, cipher)
+            values = (row.id, *resumed_at, event.trigger_id)
+            for name, value in zip(moves, values, strict=True):
+                moves[name].append(value)
+        ids = sorted(row.id for row in rows)
+        outcomes[first[key]] = Resumed("applied", ids[0], tuple(ids[1:]))
     if moves["ids"]:
         session.execute(_RESUME_SQL, moves)
     return outcomes
@@ -333,7 +366,7 @@ _EXPIRE_SQL = """
         INSERT INTO task_state_change (task_instance_id, from_state, to_state, reason)
         SELECT id, 'deferred', 'scheduled', :reason FROM expired
     ), dropped AS (
-        DELETE FROM trigger WHERE id IN (SELECT trigger_id FROM expired)
+        DELETE FROM trigger WHERE id IN (SELECT trigger_id FROM expired) AND share_key IS NULL
     )
     SELECT id FROM expired
     """

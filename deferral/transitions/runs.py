@@ -281,7 +281,10 @@ def _end_unfinished(
         )
     triggers = [row.trigger_id for row in rows if row.id in set(moved) and row.trigger_id]
     if triggers:
-        session.execute(delete(Trigger).where(Trigger.id.in_(triggers)))
+        # A shared trigger stays for its other waiters (drop_unwaited goes after the last).
+        session.execute(
+            delete(Trigger).where(Trigger.id.in_(triggers), Trigger.share_key.is_(None))
+        )
     return moved
 
 

@@ -36,7 +36,10 @@ def _by_user(
         **values,
     )
     if moved and trigger_id is not None:
-        session.execute(delete(Trigger).where(Trigger.id == trigger_id))
+        # A shared trigger stays for its other waiters (drop_unwaited goes after the last).
+        session.execute(
+            delete(Trigger).where(Trigger.id == trigger_id, Trigger.share_key.is_(None))
+        )
     return bool(moved)
 
 

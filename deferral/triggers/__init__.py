@@ -2,6 +2,12 @@ from deferral.triggers.base import BaseTrigger, TriggerEvent
 from deferral.triggers.file import FileTrigger
 from deferral.triggers.http import HttpTrigger
 from deferral.triggers.signal import CallbackTrigger, SignalTrigger
+from deferral.triggers.task_end import (
+    StartTriggerArgs,
+    TaskFailedEvent,
+    TaskSkippedEvent,
+    TaskSuccessEvent,
+)
 from deferral.triggers.temporal import DateTimeTrigger, TimeDeltaTrigger
 
 __all__ = [
@@ -11,6 +17,10 @@ __all__ = [
     "FileTrigger",
     "HttpTrigger",
     "SignalTrigger",
+    "StartTriggerArgs",
+    "TaskFailedEvent",
+    "TaskSkippedEvent",
+    "TaskSuccessEvent",
     "TimeDeltaTrigger",
     "TriggerEvent",
 ]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import abc
 import datetime as dt
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, ClassVar
 
 
 class TriggerEvent:
@@ -33,6 +33,11 @@ class BaseTrigger(abc.ABC):
     more than once (events are delivered at least once), so ``serialize`` must be deterministic
     and ``run`` free of side effects that break when it runs twice.
     """
+
+    # True: tasks deferring on equal instances (same classpath and kwargs) share one running
+    # trigger, whose event resumes each of them. Only for a trigger whose event means the same
+    # to every waiter and whose run() does nothing on any one task's behalf.
+    shared: ClassVar[bool] = False
 
     def __init__(self, **kwargs: Any) -> None:
         self.trigger_id: int | None = None

@@ -10,6 +10,7 @@ import anyio
 
 from deferral.timezone import standard_datetime
 from deferral.triggers.base import BaseTrigger, TriggerEvent, classpath_of
+from deferral.triggers.task_end import TaskSuccessEvent
 
 # Sleep in bounded steps and re-read the wall clock, so a suspended host or a clock step does
 # not stretch the wait by the full remaining time.
@@ -17,10 +18,15 @@ _MAX_SLEEP_SEC = 60.0
 
 
 class DateTimeTrigger(BaseTrigger):
-    """Fires once ``moment`` (tz-aware) has passed; the event payload is ``moment``."""
+    """Fires once ``moment`` (tz-aware) has passed; the event payload is ``moment``. Shared:
+    tasks waiting on the same moment wait on one trigger."""
 
-    def __init__(self, moment: dt.datetime) -> None:
+    shared = True
+
+    def __init__(self, moment: dt.datetime, *, end_from_trigger: bool = False) -> None:
         super().__init__()
+        # As Airflow 2.10's: the task succeeds at the moment, in the triggerer (TaskSuccessEvent).
+        self.end_from_trigger = bool(end_from_trigger)
         if not isinstance(moment, dt.datetime):
             raise TypeError(f"moment must be a datetime, got {type(moment).__name__}")
         if moment.tzinfo is None or moment.utcoffset() is None:
@@ -28,7 +34,10 @@ class DateTimeTrigger(BaseTrigger):
         self.moment = standard_datetime(moment)
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
-        return classpath_of(DateTimeTrigger), {"moment": self.moment}
+        kwargs: dict[str, Any] = {"moment": self.moment}
+        if self.end_from_trigger:  # (left out otherwise: what was serialized before stays equal)
+            kwargs["end_from_trigger"] = True
+        return classpath_of(DateTimeTrigger), kwargs
 
     def fires_at(self) -> dt.datetime | None:
         # Only while this class's own run(), cleanup() and on_kill() are what would run: a
@@ -39,19 +48,21 @@ class DateTimeTrigger(BaseTrigger):
             and cls.cleanup is BaseTrigger.cleanup
             and cls.on_kill is BaseTrigger.on_kill
         )
-        return self.moment if own else None
+        return self.moment if own and not self.end_from_trigger else None
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         while (left := (self.moment - dt.datetime.now(dt.UTC)).total_seconds()) > 0:
             await anyio.sleep(min(left, _MAX_SLEEP_SEC))
-        yield TriggerEvent(self.moment)
+        yield TaskSuccessEvent() if self.end_from_trigger else TriggerEvent(self.moment)
 
 
 class TimeDeltaTrigger(DateTimeTrigger):
     """Fires ``delta`` after it was created. It serializes as a DateTimeTrigger at the absolute
-    moment, so a triggerer restart or a move to another triggerer never restarts the wait."""
+    moment, so a triggerer restart or a move to another triggerer never restarts the wait; and
+    it is shared as that moment is: two tasks share it only when their moments are equal to the
+    microsecond (a delta is counted from when each task deferred; nothing is rounded)."""
 
-    def __init__(self, delta: dt.timedelta) -> None:
+    def __init__(self, delta: dt.timedelta, *, end_from_trigger: bool = False) -> None:
         if not isinstance(delta, dt.timedelta):
             raise TypeError(f"delta must be a timedelta, got {type(delta).__name__}")
-        super().__init__(dt.datetime.now(dt.UTC) + delta)
+        super().__init__(dt.datetime.now(dt.UTC) + delta, end_from_trigger=end_from_trigger)
