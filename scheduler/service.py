@@ -42,6 +42,7 @@ from broker.streams import (
 )
 from deferral import (
     faults,
+    hitl,
     liveness,
     metrics,
     partitions,
@@ -75,6 +76,7 @@ from scheduler import (
     assets,
     dagruns,
     dags,
+    deadlines,
     decide,
     end_callbacks,
     runstate,
@@ -187,6 +189,8 @@ class SchedulerService:
             Every(beat, self.heartbeat),
             Every(beat / 4, self._take_over),
             Every(EXPIRE_EVERY_SEC, self.expire_deferrals),
+            Every(EXPIRE_EVERY_SEC, self.expire_input_requests),
+            Every(EXPIRE_EVERY_SEC, self.record_deadline_misses),
             Every(WAKE_EVERY_SEC, self.wake_due),
             Every(RELAY_EVERY_SEC, self.relay_outbox),
             Every(RECONCILE_EVERY_SEC, self.reconcile),
@@ -752,6 +756,23 @@ class SchedulerService:
             dropped = transitions.drop_unwaited(session)
         if dropped:
             log.info("shared trigger(s) %s dropped: their last waiter left", dropped)
+
+    def expire_input_requests(self) -> None:
+        """Tasks awaiting input whose response timeout passed: their defaults, or a failure."""
+        with self.sessions.begin() as session:
+            expired = hitl.expire(session, self.cipher)
+        metrics.HITL_TIMEOUTS.inc(len(expired))
+        if expired:
+            log.info("response timeout passed for task instance(s) %s", expired)
+
+    def record_deadline_misses(self) -> None:
+        """Runs past a DeadlineAlert's deadline: recorded once, their callbacks run off the loop."""
+        with self.sessions.begin() as session:
+            missed = deadlines.record_misses(session, self.dagbag.dags, dt.datetime.now(dt.UTC))
+        metrics.DEADLINE_MISSES.inc(len(missed))
+        if missed:
+            log.warning("deadline missed by %s", [m.context["run_id"] for m in missed])
+            self.callbacks.submit(deadlines.call_back, self.sessions, missed)
 
     def wake_due(self) -> None:
         with self.sessions.begin() as session:

@@ -14,6 +14,8 @@ every name is available from this package as before."""
 from __future__ import annotations
 
 from deferral.transitions.attempts import Attempt as Attempt
+from deferral.transitions.awaiting_input import await_input as await_input
+from deferral.transitions.awaiting_input import resume_awaiting_input as resume_awaiting_input
 from deferral.transitions.attempts import Started as Started
 from deferral.transitions.attempts import fail as fail
 from deferral.transitions.attempts import fail_poisoned as fail_poisoned
