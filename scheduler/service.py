@@ -21,7 +21,7 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
-from sqlalchemy import Integer, String, column, func, select, text, tuple_, values
+from sqlalchemy import func, select, text, tuple_
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
@@ -68,7 +68,7 @@ from deferral.faults import is_transient
 from deferral.models import DagRun, Scheduler, TaskInstance
 from deferral.process import Every, freeze_startup_objects, log_ids
 from deferral.serialization import SerializationError
-from deferral.states import DagRunState, TaskState
+from deferral.states import DagRunState
 from deferral.tasklogs import SOURCE_TRIGGERER, NewLine
 from deferral.transitions import FiredEvent
 from deferral.triggers.task_end import check_end_xcoms
@@ -136,6 +136,36 @@ _RESUMED_READY_SQL = text(
 # 0.16 ms with 10,000 running runs): a loop with nothing to start, evaluate or queue then costs
 # this one round trip instead of three transactions (4.4 ms), the time an event arriving
 # meanwhile waited for.
+# The dispatch pass's statements (:meth:`SchedulerService._dispatch`), plain SQL of a fixed
+# shape: built with the ORM (a VALUES list of the pools' room, NOT IN lists that grow with the
+# pass) each was compiled again every time, most of the scheduler's CPU while slots free up.
+_ANY_SCHEDULED_SQL = text("SELECT id FROM task_instance WHERE state = 'scheduled' LIMIT 1")
+_ACTIVE_SQL = text(
+    """
+    SELECT dag_id, run_id, count(*) AS active FROM task_instance
+    WHERE state IN ('queued', 'running') GROUP BY dag_id, run_id
+    """
+)
+# Up to :limit scheduled tasks, highest priority first, of pools with room for them, leaving
+# out the full runs and the tasks already chosen.
+_DISPATCHABLE_SQL = text(
+    """
+    SELECT ti.id, ti.dag_id, ti.run_id, ti.pool, ti.pool_slots, ti.priority_weight
+    FROM task_instance AS ti
+    JOIN unnest(CAST(:pools AS text[]), CAST(:frees AS integer[])) AS room (pool, free)
+        ON room.pool = ti.pool AND ti.pool_slots <= room.free
+    WHERE ti.state = 'scheduled'
+        AND ti.id <> ALL(CAST(:chosen AS bigint[]))
+        AND NOT EXISTS (
+            SELECT 1 FROM unnest(CAST(:full_dags AS text[]), CAST(:full_runs AS text[]))
+                AS f (dag_id, run_id)
+            WHERE f.dag_id = ti.dag_id AND f.run_id = ti.run_id
+        )
+    ORDER BY ti.priority_weight DESC, ti.id
+    LIMIT :limit
+    FOR UPDATE OF ti SKIP LOCKED
+    """
+)
 _DEFERRED_BY_CLASS_SQL = text(
     """
     SELECT t.classpath, count(*) FROM task_instance ti JOIN trigger t ON t.id = ti.trigger_id
@@ -179,6 +209,8 @@ class SchedulerService:
         # What the current evaluation pass found, remembered only once it commits: a pass (or
         # a run's savepoint) rolled back also undid the task instances it added.
         self._checked_now: dict[int, DAG] = {}
+        # Outbox rows published and not yet marked: marked in the next transaction.
+        self.unmarked = outbox.Unmarked()
         self.broker: Broker
         self.consumer: StreamConsumer
         self.reconciler: Reconciler
@@ -198,6 +230,7 @@ class SchedulerService:
             Every(PRUNE_EVERY_SEC, self.prune),
             Every(PARTITIONS_EVERY_SEC, self.make_partitions),
             Every(SCHEDULE_RUNS_EVERY_SEC, self.schedule_runs),
+            Every(outbox.MARK_ALONE_SEC, lambda: self.unmarked.mark_alone(self.sessions)),
         ]
 
     def run(self, stop: threading.Event) -> None:
@@ -211,6 +244,7 @@ class SchedulerService:
         log.info("scheduler %s started", self.name)
         run_until_stopped(stop, self.step, recover=self.consumer.start)
         try:
+            self.unmarked.mark_alone(self.sessions)
             self.heartbeat(liveness.STOPPED)
         except SQLAlchemyError as exc:
             log.warning("could not record the scheduler as stopped: %s", exc)
@@ -328,6 +362,7 @@ class SchedulerService:
     def evaluate_marked_runs(self) -> None:
         """Decide what may move on in each run marked since its last evaluation."""
         with self.sessions.begin() as session:
+            self.unmarked.mark(session)
             runs = session.scalars(
                 select(DagRun)
                 .where(DagRun.evaluate_after <= func.now(), DagRun.state == DagRunState.RUNNING)
@@ -374,7 +409,7 @@ class SchedulerService:
             self._remember_checked(run_pk, checked)
         self._call_back(self._finished)
         metrics.DISPATCHES.inc(len(staged))
-        outbox.flush(self.sessions, self.broker, staged)
+        self.unmarked.publish(self.broker, staged)
 
     def _call_back(self, finished: Sequence[tuple[DAG, DagRun, bool, str]]) -> None:
         """Run the DAG callbacks of runs that finished (and committed), off the loop: they are
@@ -440,9 +475,10 @@ class SchedulerService:
         """Queue scheduled tasks (of any run) that pools and run budgets let through; returns
         how many."""
         with self.sessions.begin() as session:
+            self.unmarked.mark(session)
             staged = self._dispatch(session)
         metrics.DISPATCHES.inc(len(staged))
-        outbox.flush(self.sessions, self.broker, staged)
+        self.unmarked.publish(self.broker, staged)
         return len(staged)
 
     def _dispatch(self, session: Session) -> list[outbox.Staged]:
@@ -453,18 +489,10 @@ class SchedulerService:
         As Airflow does, what cannot go is left out of the query rather than read and skipped
         (:meth:`_dispatchable`), and no more tasks are read than the pools have slots: a backlog
         of scheduled tasks behind full pools costs a loop nothing but a count."""
-        waiting = select(TI.id).where(TI.state == TaskState.SCHEDULED).limit(1)
-        if session.scalar(waiting) is None:
+        if session.scalar(_ANY_SCHEDULED_SQL) is None:
             return []
         pool_free = pools.free_slots(session)
-        active = {
-            (dag_id, run_id): count
-            for dag_id, run_id, count in session.execute(
-                select(TI.dag_id, TI.run_id, func.count())
-                .where(TI.state.in_([TaskState.QUEUED, TaskState.RUNNING]))
-                .group_by(TI.dag_id, TI.run_id)
-            )
-        }
+        active = {(row.dag_id, row.run_id): row.active for row in session.execute(_ACTIVE_SQL)}
         budget = {
             run: decide.dispatch_budget(self._max_active_tasks(run[0]), count)
             for run, count in active.items()
@@ -548,26 +576,19 @@ class SchedulerService:
         """Up to ``limit`` scheduled tasks, highest priority first, leaving out what cannot go:
         tasks of pools without ``room`` for them, of ``full`` runs, and those already
         ``chosen``; so the first one read can always go."""
-        fits = values(column("pool", String), column("free", Integer), name="room").data(
-            sorted(room.items())
-        )
-        query = (
-            select(TI.id, TI.dag_id, TI.run_id, TI.pool, TI.pool_slots, TI.priority_weight)
-            .join(fits, (fits.c.pool == TI.pool) & (TI.pool_slots <= fits.c.free))
-            .where(TI.state == TaskState.SCHEDULED)
-            .order_by(TI.priority_weight.desc(), TI.id)
-            .limit(limit)
-            .with_for_update(of=TI, skip_locked=True)
-        )
-        if full:
-            query = query.where(tuple_(TI.dag_id, TI.run_id).not_in(full))
-        if chosen:
-            query = query.where(TI.id.not_in(chosen))
+        params = {
+            "pools": sorted(room),
+            "frees": [room[name] for name in sorted(room)],
+            "full_dags": [run[0] for run in full],
+            "full_runs": [run[1] for run in full],
+            "chosen": list(chosen),
+            "limit": limit,
+        }
         return [
             decide.Ready(
                 row.id, (row.dag_id, row.run_id), row.pool, row.pool_slots, row.priority_weight
             )
-            for row in session.execute(query)
+            for row in session.execute(_DISPATCHABLE_SQL, params)
         ]
 
     def _max_active_tasks(self, dag_id: str) -> int:
@@ -627,7 +648,7 @@ class SchedulerService:
             said = ", ".join(f"{count} {outcome}" for outcome, count in sorted(outcomes.items()))
             log.info("%d event(s): %s; %d task(s) queued", len(applied), said, len(staged))
         metrics.DISPATCHES.inc(len(staged))
-        outbox.flush(self.sessions, self.broker, staged)
+        self.unmarked.publish(self.broker, staged)
         ended = [ti for _, _, r in applied if r.outcome == "ended" for ti in r.ids()]
         end_callbacks.call_back_ended(self.sessions, self.callbacks, self._dag, ended)
         self.consumer.retire([d.entry for d, _, _ in applied])
@@ -647,6 +668,7 @@ class SchedulerService:
         one)."""
         poisoned: list[tuple[Delivery, str]] = []
         with self.sessions.begin() as session:
+            self.unmarked.mark(session)
             faults.inject("scheduler.apply_events")
             if one_by_one:
                 applied, poisoned = self._apply_one_by_one(session, parsed)

@@ -92,6 +92,8 @@ def _move(
 def _expire_loaded(session: Session, ids: Iterable[int]) -> None:
     """Core statements bypass the ORM: rows of these ids already loaded in the session are
     reloaded on their next access."""
+    if not session.identity_map:  # the plain-SQL paths load no objects: nothing to look up
+        return
     for ti_id in ids:
         loaded = session.identity_map.get(identity_key(TI, ti_id))
         if loaded is not None:
