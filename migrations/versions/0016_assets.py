@@ -3,7 +3,7 @@ per asset by key), which DAGs are scheduled on them and which tasks update them,
 queued for each consuming DAG and those each run consumed, and the watchers' leases
 
 Revision ID: 0016
-Revises: 0013
+Revises: 0015
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from alembic import op
 from sqlalchemy.dialects import postgresql
 
 revision = "0016"
-down_revision = "0013"
+down_revision = "0015"
 branch_labels = None
 depends_on = None
 

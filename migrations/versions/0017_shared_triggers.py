@@ -2,7 +2,7 @@
 tasks deferring on equal shared triggers wait on one trigger row (and one running trigger)
 
 Revision ID: 0017
-Revises: 0013
+Revises: 0016
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision = "0017"
-down_revision = "0013"
+down_revision = "0016"
 branch_labels = None
 depends_on = None
 

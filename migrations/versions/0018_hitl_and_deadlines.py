@@ -2,7 +2,7 @@
 had not finished by their DeadlineAlert's deadline
 
 Revision ID: 0018
-Revises: 0013
+Revises: 0017
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ TIMESTAMP = sa.DateTime(timezone=True)
 NOW = sa.func.now()
 
 revision = "0018"
-down_revision = "0013"
+down_revision = "0017"
 branch_labels = None
 depends_on = None
 

@@ -2,7 +2,7 @@
 so that doctor and tasks explain name the triggers no live triggerer serves
 
 Revision ID: 0019
-Revises: 0013
+Revises: 0018
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision = "0019"
-down_revision = "0013"
+down_revision = "0018"
 branch_labels = None
 depends_on = None
 
