@@ -11,8 +11,8 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any, NotRequired, Protocol, TypedDict
 
 from deferral import macros
-from deferral.callback_tokens import CallbackHandle
 from deferral.asset_events import LazyTriggeringEvents
+from deferral.callback_tokens import CallbackHandle
 from deferral.connections import ConnectionAccessor
 from deferral.variables import VariableAccessor
 

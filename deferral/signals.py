@@ -257,10 +257,10 @@ def defer_with_waits(
     waits: Mapping[int, Wait],
     joined: set[int] | None = None,
 ) -> dict[int, int]:
-    """``transitions.defer_many`` (``joined`` as there) for a batch of which some (task instance id -> wait) wait on
-    signals: their keys locked first (a send takes the same lock, then the waiters' rows), then
-    their waits recorded and matched against the lookback. Returns task instance id -> trigger
-    id for those that moved."""
+    """``transitions.defer_many`` (``joined`` as there) for a batch of which some (task instance
+    id -> wait) wait on signals: their keys locked first (a send takes the same lock, then the
+    waiters' rows), then their waits recorded and matched against the lookback. Returns task
+    instance id -> trigger id for those that moved."""
     lock_keys(session, [wait.key for wait in waits.values()])
     moved = transitions.defer_many(session, deferrals, joined)
     register_waits(session, cipher, {moved[t]: wait for t, wait in waits.items() if t in moved})

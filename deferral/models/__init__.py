@@ -554,6 +554,8 @@ class SignalWait(Base):
     created_at: Mapped[dt.datetime] = mapped_column(
         Timestamp, server_default=func.clock_timestamp()
     )
+
+
 class AssetModel(Base):
     """An asset some parsed DAG names (in a schedule or an outlet), as last parsed."""
 
@@ -573,7 +575,9 @@ class AssetEventRow(Base):
     __table_args__ = (
         UniqueConstraint("asset_name", "dedup_key"),
         Index(None, "asset_name", "id"),
+    )
 
+    id: Mapped[int] = _id()
     asset_name: Mapped[str] = mapped_column(String(1000))
     extra: Mapped[dict[str, Any]] = mapped_column(JSONB, server_default=text("'{}'::jsonb"))
     source_dag_id: Mapped[str | None] = mapped_column(String(250))
@@ -621,6 +625,7 @@ class DagRunAssetEvent(Base):
 
     dag_run_id: Mapped[int] = mapped_column(
         ForeignKey("dag_run.id", ondelete="CASCADE"), primary_key=True
+    )
     asset_event_id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
 
 
@@ -631,6 +636,7 @@ class AssetWatcherRow(Base):
     __tablename__ = "asset_watcher"
     __table_args__ = (UniqueConstraint("dag_id", "asset_name", "name"),)
 
+    id: Mapped[int] = _id()
     dag_id: Mapped[str] = mapped_column(String(250))
     asset_name: Mapped[str] = mapped_column(String(1000))
     name: Mapped[str] = mapped_column(String(1000))

@@ -14,8 +14,6 @@ every name is available from this package as before."""
 from __future__ import annotations
 
 from deferral.transitions.attempts import Attempt as Attempt
-from deferral.transitions.awaiting_input import await_input as await_input
-from deferral.transitions.awaiting_input import resume_awaiting_input as resume_awaiting_input
 from deferral.transitions.attempts import Started as Started
 from deferral.transitions.attempts import fail as fail
 from deferral.transitions.attempts import fail_poisoned as fail_poisoned
@@ -26,6 +24,8 @@ from deferral.transitions.attempts import skip as skip
 from deferral.transitions.attempts import start_many as start_many
 from deferral.transitions.attempts import succeed as succeed
 from deferral.transitions.attempts import succeed_many as succeed_many
+from deferral.transitions.awaiting_input import await_input as await_input
+from deferral.transitions.awaiting_input import resume_awaiting_input as resume_awaiting_input
 from deferral.transitions.core import MARKS_RUN as MARKS_RUN
 from deferral.transitions.core import TI as TI
 from deferral.transitions.core import mark_runs as mark_runs
