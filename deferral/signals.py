@@ -53,9 +53,12 @@ _ANSWERABLE = ("running", "deferred")
 # clock_timestamp() would make it a scan of the whole table on every send).
 PRUNE_PER_SEND = 100
 
+# The keys' locks in the order of their lock ids (two keys may share one: no cycle either way);
+# a volatile function in the select list is evaluated after the sort.
 _LOCK_SQL = text(
-    "SELECT pg_advisory_xact_lock(hashtextextended('deferral.signal:' || k, 0))"
-    " FROM unnest(CAST(:keys AS text[])) AS k ORDER BY k"
+    "SELECT pg_advisory_xact_lock(h) FROM ("
+    " SELECT DISTINCT hashtextextended('deferral.signal:' || k, 0) AS h"
+    " FROM unnest(CAST(:keys AS text[])) AS k) AS ids ORDER BY h"
 )
 
 _SEND_SQL = text(
@@ -125,8 +128,9 @@ def seal_payload(cipher: Cipher, payload: Any) -> str:
 
 
 def lock_keys(session: Session, keys: Iterable[str]) -> None:
-    """Hold the keys' signal locks until the transaction ends (in key order: no deadlock)."""
-    distinct = sorted(set(keys))
+    """Hold the keys' signal locks until the transaction ends (in lock id order: no
+    deadlock)."""
+    distinct = list(set(keys))
     if distinct:
         session.execute(_LOCK_SQL, {"keys": distinct})
 

@@ -464,3 +464,25 @@ def test_signals_older_than_the_retention_are_pruned_by_later_sends(
     with sessions() as session:
         kept = set(session.scalars(select(Signal.id)))
     assert kept == {recent.id, new.id}
+
+
+def test_without_lookback_only_later_signals_count_and_a_timeout_ends_the_wait(
+    settings: Settings, sessions: sessionmaker[Session], cipher: Cipher
+) -> None:
+    late, timed_out = _running(sessions, 2)
+    signals.send("k", "before")  # a moment before the wait: not seen without a lookback
+    _wait(sessions, cipher, [(late, "k"), (timed_out, "t")])
+    assert _events(sessions, cipher, [late]) == {}
+    with sessions.begin() as session:
+        session.execute(
+            text(
+                "UPDATE task_instance SET trigger_timeout = now() - interval '1 s' WHERE id = :id"
+            ),
+            {"id": timed_out},
+        )
+        assert transitions.expire_deferrals(session, cipher) == [timed_out]
+    assert signals.send("t", "too late").resumed == ()
+    assert signals.send("k", "after").resumed == (late,)
+    assert _events(sessions, cipher, [late]) == {late: "after"}
+    with sessions() as session:
+        assert session.scalar(select(func.count()).select_from(SignalWait)) == 0
