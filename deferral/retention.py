@@ -10,6 +10,11 @@ process is never pruned whatever the age asked). What a running run needs (its t
 its dedup keys) stays. Each batch is its own short transaction, so pruning never holds locks for
 long; a run's rows go before the run, each table in its own batches, so no single delete
 cascades over a whole history.
+
+The history tables (``task_state_change``, ``task_log``, ``resume_event``) are partitioned by
+day: their days older than the cutoff are dropped as whole partitions, with no row deleted, once
+what unfinished runs need of them has moved to the default partition (``deferral.partitions``);
+only the default partition's rows are deleted one by one.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from dataclasses import dataclass
 from sqlalchemy import text
 from sqlalchemy.orm import Session, sessionmaker
 
+from deferral import partitions
 from deferral.states import AUTOMATED_RUN_TYPES
 
 # A process row is pruned only once its heartbeat is at least this old, whatever the age asked:
@@ -64,9 +70,12 @@ _STATEMENTS = {
             WHERE published_at IS NOT NULL AND published_at < now() - :age
             LIMIT :batch)
     """,
+    # The history tables are partitioned by day: their old partitions are dropped whole
+    # (deferral.partitions) and only the rows of the partitions that are not one day's
+    # ({partition}: the default one, the one 0014 made of the table as it was) are deleted here.
     "resume_event": """
-        DELETE FROM resume_event WHERE dedup_key IN (
-            SELECT re.dedup_key FROM resume_event re
+        DELETE FROM {partition} WHERE dedup_key IN (
+            SELECT re.dedup_key FROM {partition} re
             WHERE re.received_at < now() - :age
               AND NOT EXISTS (
                 SELECT 1 FROM task_instance ti
@@ -75,15 +84,15 @@ _STATEMENTS = {
             LIMIT :batch)
     """,
     "task_state_change": f"""
-        DELETE FROM task_state_change WHERE id IN (
-            SELECT tsc.id FROM task_state_change tsc
+        DELETE FROM {{partition}} WHERE id IN (
+            SELECT tsc.id FROM {{partition}} tsc
             JOIN task_instance ti ON ti.id = tsc.task_instance_id
             {_FINISHED_RUN_BEFORE_CUTOFF}
             LIMIT :batch)
     """,
     "task_log": f"""
-        DELETE FROM task_log WHERE id IN (
-            SELECT tl.id FROM task_log tl
+        DELETE FROM {{partition}} WHERE id IN (
+            SELECT tl.id FROM {{partition}} tl
             JOIN task_instance ti ON ti.id = tl.task_instance_id
             {_FINISHED_RUN_BEFORE_CUTOFF}
             LIMIT :batch)
@@ -144,6 +153,7 @@ class Pruned:
     scheduler: int
     worker: int
     triggerer: int
+    partitions: int = 0  # of the history tables, dropped whole
 
     @property
     def total(self) -> int:
@@ -156,25 +166,52 @@ class Pruned:
             f" {self.task_state_change} state change(s), {self.task_log} task log line(s),"
             f" {self.dag_run} run(s) with {self.task_instance} task instance(s) and"
             f" {self.xcom} XCom(s), {self.scheduler + self.worker + self.triggerer} stopped"
-            " process row(s)"
+            f" process row(s), {self.partitions} history partition(s) dropped"
         )
+
+
+def _delete(
+    sessions: sessionmaker[Session], statement: str, older_than: dt.timedelta, batch_size: int
+) -> int:
+    """Run the batch delete ``statement`` until it deletes less than a batch; returns the rows
+    deleted."""
+    total = 0
+    while True:
+        with sessions.begin() as session:
+            result = session.execute(
+                text(statement), {"age": older_than, "batch": batch_size, "floor": PROCESS_FLOOR}
+            )
+            deleted = int(result.rowcount)  # type: ignore[attr-defined]
+        total += deleted
+        if deleted < batch_size:
+            return total
 
 
 def prune(
     sessions: sessionmaker[Session], older_than: dt.timedelta, batch_size: int = 5000
 ) -> Pruned:
-    """Delete what is older than ``older_than`` (by the database's clock), batch by batch."""
+    """Drop the history partitions and delete the rows older than ``older_than`` (by the
+    database's clock), batch by batch. The cutoff is taken back to the start of its UTC day, the
+    history tables' partition boundary, so that a run goes with its history's partitions (a
+    deleted run's task instances would otherwise cascade into a partition kept)."""
+    with sessions() as session:
+        older_than = session.scalar(
+            text("SELECT now() - date_trunc('day', now() - :age, 'UTC')"), {"age": older_than}
+        )
+    assert older_than is not None
+    dropped = partitions.drop_older(sessions, older_than)
     counts: dict[str, int] = {}
     for table, statement in _STATEMENTS.items():
         counts[table] = 0
-        while True:
-            with sessions.begin() as session:
-                result = session.execute(
-                    text(statement),
-                    {"age": older_than, "batch": batch_size, "floor": PROCESS_FLOOR},
-                )
-                deleted = result.rowcount  # type: ignore[attr-defined]
-            counts[table] += deleted
-            if deleted < batch_size:
-                break
-    return Pruned(**counts)
+        if table not in dropped.rows:
+            counts[table] = _delete(sessions, statement, older_than, batch_size)
+            continue
+        with sessions() as session:
+            catch_alls = partitions.catch_alls(session, table)
+        for partition in catch_alls:
+            counts[table] += _delete(
+                sessions, statement.format(partition=partition), older_than, batch_size
+            )
+    for table, rows in dropped.rows.items():
+        counts[table] += rows
+    return Pruned(**counts, partitions=dropped.partitions)

@@ -44,6 +44,7 @@ from deferral import (
     faults,
     liveness,
     metrics,
+    partitions,
     pools,
     retention,
     serialization,
@@ -90,6 +91,8 @@ DAGBAG_REFRESH_SEC = 10.0
 RECONCILE_EVERY_SEC = 2.0
 BROKEN_DAGS_EVERY_SEC = 5.0
 PRUNE_EVERY_SEC = 3600.0
+# The history tables' partitions of the next days are made this often (deferral.partitions).
+PARTITIONS_EVERY_SEC = 3600.0
 DEFAULT_MAX_ACTIVE_TASKS = 16
 SCHEDULE_RUNS_EVERY_SEC = 1.0
 RECOLLECT_MISSING_SEC = 1.0
@@ -176,6 +179,7 @@ class SchedulerService:
             Every(RECONCILE_EVERY_SEC, self.reconcile),
             Every(BROKEN_DAGS_EVERY_SEC, self.fail_broken_runs),
             Every(PRUNE_EVERY_SEC, self.prune),
+            Every(PARTITIONS_EVERY_SEC, self.make_partitions),
             Every(SCHEDULE_RUNS_EVERY_SEC, self.schedule_runs),
         ]
 
@@ -730,6 +734,11 @@ class SchedulerService:
         pruned = retention.prune(self.sessions, self.settings.prune_older_than)
         if pruned.total:
             log.info("%s", pruned.describe())
+
+    def make_partitions(self) -> None:
+        made = partitions.make_ahead(self.sessions)
+        if made:
+            log.info("made history partition(s) %s", ", ".join(made))
 
 
 def _carried_lines(log: CarriedLog | None) -> tuple[NewLine, ...]:

@@ -42,6 +42,14 @@ def _id() -> Mapped[int]:
     return mapped_column(BigInteger, Identity(), primary_key=True)
 
 
+def _partitioned_id(table: str) -> Mapped[int]:
+    """The id of a partitioned table (deferral.partitions), from a sequence: PostgreSQL before
+    17 has no identity column on a partitioned table. Its primary key adds the partition key."""
+    return mapped_column(
+        BigInteger, server_default=text(f"nextval('{table}_id_seq'::regclass)"), primary_key=True
+    )
+
+
 def _created() -> Mapped[dt.datetime]:
     return mapped_column(Timestamp, server_default=func.now())
 
@@ -252,13 +260,15 @@ class Scheduler(Base):
 
 class ResumeEvent(Base):
     __tablename__ = "resume_event"
+    # Partitioned by day (deferral.partitions): the key includes the partition key.
+    __table_args__ = ({"postgresql_partition_by": "RANGE (received_at)"},)
 
     dedup_key: Mapped[str] = mapped_column(String(250), primary_key=True)
     trigger_id: Mapped[int] = mapped_column(BigInteger, index=True)
     task_instance_id: Mapped[int | None] = mapped_column(BigInteger)
     outcome: Mapped[str] = mapped_column(String(20))
     received_at: Mapped[dt.datetime] = mapped_column(
-        Timestamp, server_default=func.now(), index=True
+        Timestamp, server_default=func.now(), index=True, primary_key=True
     )
 
 
@@ -283,14 +293,17 @@ class Outbox(Base):
 
 class TaskStateChange(Base):
     __tablename__ = "task_state_change"
+    __table_args__ = ({"postgresql_partition_by": "RANGE (at)"},)
 
-    id: Mapped[int] = _id()
+    id: Mapped[int] = _partitioned_id("task_state_change")
     task_instance_id: Mapped[int] = mapped_column(
         ForeignKey("task_instance.id", ondelete="CASCADE"), index=True
     )
     from_state: Mapped[str] = mapped_column(String(20))
     to_state: Mapped[str] = mapped_column(String(20))
-    at: Mapped[dt.datetime] = mapped_column(Timestamp, server_default=func.clock_timestamp())
+    at: Mapped[dt.datetime] = mapped_column(
+        Timestamp, server_default=func.clock_timestamp(), primary_key=True
+    )
     reason: Mapped[str | None] = mapped_column(Text)
 
 
@@ -380,15 +393,19 @@ class TaskLog(Base):
     the triggerer wrote about it, and the marker where the try's log was cut."""
 
     __tablename__ = "task_log"
-    __table_args__ = (Index(None, "task_instance_id", "try_number", "id"),)
+    __table_args__ = (
+        Index(None, "task_instance_id", "try_number", "id"),
+        {"postgresql_partition_by": "RANGE (at)"},
+    )
 
-    id: Mapped[int] = _id()
+    id: Mapped[int] = _partitioned_id("task_log")
     task_instance_id: Mapped[int] = mapped_column(
         ForeignKey("task_instance.id", ondelete="CASCADE")
     )
     try_number: Mapped[int] = mapped_column(Integer)
-    # When the writer saw the line (its own clock); lines are shown in id order.
-    at: Mapped[dt.datetime] = mapped_column(Timestamp)
+    # When the writer saw the line (its own clock); lines are shown in id order. The partition
+    # key (deferral.partitions).
+    at: Mapped[dt.datetime] = mapped_column(Timestamp, primary_key=True)
     source: Mapped[str] = mapped_column(String(20))
     text: Mapped[str] = mapped_column(Text)
 

@@ -201,6 +201,12 @@ def _resumed_at(
 TIMED_OUT_KWARGS = {"error": "timeout"}
 
 
+# How far back a dedup key is looked for (resume_event is partitioned by day: a look back
+# bounded on both sides reads only the last day's partitions, not the default one nor those
+# made ahead). An older duplicate finds its trigger gone and is claimed as stale: a task resumes
+# at most once whatever the window, as only a task deferred on the event's trigger resumes.
+DEDUP_WINDOW = dt.timedelta(days=1)
+
 # Lock the tasks deferred on the events' triggers, then claim each event's dedup key (a key seen
 # before claims nothing: a duplicate) with its outcome already decided: applied by the first
 # event of a trigger whose task waits, stale for the others. The key is claimed before the task
@@ -226,6 +232,10 @@ _CLAIM_EVENTS_SQL = text(
         SELECT fired.dedup_key, fired.trigger_id,
                CASE WHEN appliers.id IS NULL THEN 'stale' ELSE 'applied' END, appliers.id
         FROM fired LEFT JOIN appliers ON appliers.dedup_key = fired.dedup_key
+        WHERE NOT EXISTS (
+            SELECT 1 FROM resume_event seen
+            WHERE seen.dedup_key = fired.dedup_key
+              AND seen.received_at BETWEEN now() - CAST(:dedup_window AS interval) AND now())
         ORDER BY fired.n
         ON CONFLICT DO NOTHING
         RETURNING dedup_key, task_instance_id
@@ -276,7 +286,11 @@ def resume_many(session: Session, events: Sequence[FiredEvent], cipher: Cipher) 
         row.dedup_key: row
         for row in session.execute(
             _CLAIM_EVENTS_SQL,
-            {"dedup_keys": keys, "trigger_ids": [events[first[k]].trigger_id for k in keys]},
+            {
+                "dedup_keys": keys,
+                "trigger_ids": [events[first[k]].trigger_id for k in keys],
+                "dedup_window": DEDUP_WINDOW,
+            },
         )
     }
     moves: dict[str, list[Any]] = {

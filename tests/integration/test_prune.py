@@ -97,8 +97,8 @@ def test_prune_keeps_what_running_runs_need(
     assert result.exit_code == 0, result.output
     assert result.output.strip() == (
         "pruned 1 outbox row(s), 2 resume event(s), 1 state change(s), 2 task log line(s),"
-        " 1 run(s) with 1 task instance(s) and 0 XCom(s), 0 stopped process row(s)"
-        " older than 7d"
+        " 1 run(s) with 1 task instance(s) and 0 XCom(s), 0 stopped process row(s),"
+        " 0 history partition(s) dropped older than 7d"
     )
     # The finished run's history went; the running run's stayed.
     assert _count(sessions, TaskStateChange, TaskStateChange.task_instance_id == done) == 0
