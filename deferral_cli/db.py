@@ -78,5 +78,9 @@ def prune(older_than: str, batch_size: int) -> None:
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--older-than") from None
     settings = settings_or_exit()
-    pruned = retention.prune(make_sessionmaker(make_engine(settings.database_url)), age, batch_size)
+    engine = make_engine(settings.database_url)
+    try:
+        pruned = retention.prune(make_sessionmaker(engine), age, batch_size)
+    finally:
+        engine.dispose()
     click.echo(f"{pruned.describe()} older than {older_than}")
