@@ -71,8 +71,10 @@ def prune(older_than: str, batch_size: int) -> None:
     finished runs, then those runs with their task instances, XComs, rendered fields and
     reschedules (but each DAG's latest scheduled or backfill run, which its schedule follows),
     and the rows of schedulers, workers and triggerers that stopped heartbeating (never one
-    that beat in the last 10 minutes). The scheduler does the same every hour
-    (DEFERRAL_PRUNE_OLDER_THAN)."""
+    that beat in the last 10 minutes). The history tables' partitions of the days before the
+    cutoff (taken back to the start of its UTC day) are dropped whole, once what unfinished
+    runs need of them has moved to the default partition. The scheduler does the same every
+    hour (DEFERRAL_PRUNE_OLDER_THAN)."""
     try:
         age = parse_duration(older_than)
     except ValueError as exc:

@@ -136,6 +136,7 @@ def test_a_run_defers_resumes_and_finishes_through_pgbouncer_in_transaction_mode
         ("tasks", "explain", "e2e_pgbouncer", "latest", "after"),
         ("xcom", "list", "e2e_pgbouncer", "latest"),
         ("triggerers", "list"),
+        ("db", "prune", "--older-than", "1d"),  # the history's partitions, row paths and all
         ("health", "--service", "scheduler", "--name", _name_of(services, "scheduler")),
     ):
         answered = services.run(*args)
