@@ -5,6 +5,7 @@ converts a database holding data and downgrades."""
 from __future__ import annotations
 
 import datetime as dt
+import re
 from collections.abc import Iterator
 
 from alembic import command
@@ -15,7 +16,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from deferral import migrate, partitions, transitions
 from deferral.config import Settings
 from deferral.models import DagRun
-from deferral.transitions import NewTaskInstance
+from deferral.transitions import NewTaskInstance, deferrals
 from deferral_cli import main as deferral_main
 from tests.conftest import fresh_database
 from tests.helpers import wait_for
@@ -142,19 +143,18 @@ def test_prune_drops_old_days_whole_and_keeps_what_unfinished_runs_need(
     recent = _run(sessions, "recent", noon[:3], ended=noon[2])
     running = _run(sessions, "running", noon, ended=None)
     deletes_before = _deleted(sessions, (*HISTORY, "task_instance"))
-    # The hot path's dedup look-up reads only the last day's partitions (those ahead and the
-    # default one, small, too).
+    # The resume path's dedup look-up reads only the last day's partitions: not the older
+    # ones, nor the default one, nor those made ahead.
     with sessions() as session:
         plan = "\n".join(
             session.scalars(
-                text(
-                    "EXPLAIN (ANALYZE, COSTS OFF) SELECT 1 FROM resume_event"
-                    " WHERE dedup_key = 'k' AND received_at > now() - interval '1 day'"
-                )
+                text(f"EXPLAIN (ANALYZE, COSTS OFF) {deferrals._CLAIM_EVENTS_SQL.text}"),
+                {"dedup_keys": ["k"], "trigger_ids": [1], "dedup_window": deferrals.DEDUP_WINDOW},
             )
         )
-    assert partitions.day_partition("resume_event", noon[2].date()) in plan
-    assert partitions.day_partition("resume_event", noon[0].date()) not in plan
+        session.rollback()
+    scanned = set(re.findall(r" on (resume_event_\w+)", plan))
+    assert scanned == {partitions.day_partition("resume_event", d.date()) for d in noon[2:]}
 
     result = CliRunner().invoke(deferral_main, ["db", "prune", "--older-than", "1d"])
 
@@ -258,3 +258,25 @@ def test_migration_converts_a_database_holding_data_and_downgrades(settings: Set
         engine.dispose()
     finally:
         databases.close()
+
+
+def test_a_day_made_late_takes_over_its_rows_from_the_default_partition(
+    settings: Settings, sessions: sessionmaker[Session]
+) -> None:
+    with sessions() as session:
+        last = max(end for _, end in partitions.partitions(session, "task_log").values())
+    ti_id = _run(sessions, "ahead", [last + dt.timedelta(hours=1)], ended=None)
+    with sessions() as session:
+        in_default = session.scalar(text("SELECT count(*) FROM task_log_default"))
+    assert in_default == 1  # a writer's clock past the days made
+
+    days = (last.date() - dt.datetime.now(dt.UTC).date()).days
+    partitions.make_ahead(sessions, days=days)
+
+    with sessions() as session:
+        assert session.scalar(text("SELECT count(*) FROM task_log_default")) == 0
+        moved = session.scalar(
+            text(f"SELECT count(*) FROM {partitions.day_partition('task_log', last.date())}")
+        )
+    assert moved == 1
+    assert _history(sessions, ti_id) == dict.fromkeys(HISTORY, 1)
