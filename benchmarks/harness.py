@@ -482,8 +482,15 @@ class RowMeter:
                     " FROM pg_stat_database WHERE datname = current_database()"
                 )
             ).one()
+            # A partition's rows count as its table's (the history tables are partitioned).
             tables = session.execute(
-                text("SELECT relname, n_tup_ins, n_tup_upd, n_tup_del FROM pg_stat_user_tables")
+                text(
+                    "SELECT coalesce(p.relname, s.relname), sum(s.n_tup_ins), sum(s.n_tup_upd),"
+                    " sum(s.n_tup_del) FROM pg_stat_user_tables s"
+                    " LEFT JOIN pg_inherits i ON i.inhrelid = s.relid"
+                    " LEFT JOIN pg_class p ON p.oid = i.inhparent"
+                    " GROUP BY 1"
+                )
             ).all()
         return RowCounts(
             commits=int(commits),
