@@ -18,6 +18,7 @@ from deferral.config import Settings
 from deferral.models import DagRun
 from deferral.transitions import NewTaskInstance, deferrals
 from deferral_cli import main as deferral_main
+from scheduler.service import SchedulerService
 from tests.conftest import fresh_database
 from tests.helpers import wait_for
 
@@ -280,3 +281,22 @@ def test_a_day_made_late_takes_over_its_rows_from_the_default_partition(
         )
     assert moved == 1
     assert _history(sessions, ti_id) == dict.fromkeys(HISTORY, 1)
+
+
+def test_the_scheduler_makes_the_days_ahead_in_its_loop(
+    settings: Settings, sessions: sessionmaker[Session]
+) -> None:
+    with sessions.begin() as session:
+        day = _today(session).date() + dt.timedelta(days=partitions.AHEAD_DAYS)
+        for table in HISTORY:
+            name = partitions.day_partition(table, day)
+            session.execute(text(f"ALTER TABLE {table} DETACH PARTITION {name}"))
+            session.execute(text(f"DROP TABLE {name}"))
+    service = SchedulerService(settings, name="s")
+    assert [every.interval for every in service.periodic if every.step == service.make_partitions]
+
+    service.make_partitions()
+
+    with sessions() as session:
+        for table in HISTORY:
+            assert partitions.day_partition(table, day) in partitions.partitions(session, table)
