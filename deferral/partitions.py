@@ -22,6 +22,7 @@ import re
 from dataclasses import dataclass
 
 from sqlalchemy import text
+from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
 # Days of partitions made ahead of today: the scheduler makes them every hour, so a scheduler
@@ -118,6 +119,11 @@ def catch_alls(session: Session, table: str) -> list[str]:
     return [f"{table}_default", *sorted(before)]
 
 
+def _lock_timed_out(exc: OperationalError) -> bool:
+    """Whether ``exc`` is a DDL statement that waited ``LOCK_TIMEOUT`` for its lock."""
+    return getattr(exc.orig, "sqlstate", None) == "55P03"  # lock_not_available
+
+
 def _locked(session: Session) -> bool:
     """Take the partitions' advisory lock for this transaction; False if another holds it."""
     session.execute(text(f"SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'"))
@@ -127,7 +133,17 @@ def _locked(session: Session) -> bool:
 def make_ahead(sessions: sessionmaker[Session], days: int = AHEAD_DAYS) -> list[str]:
     """Make the day partitions from today (the database's clock, UTC) to ``days`` days ahead
     that do not exist yet; returns their names. Rows the default partition holds for such a day
-    move into it first. Does nothing while another process holds the lock."""
+    move into it first. Does nothing while another process holds the lock, or when a table's
+    lock could not be had within ``LOCK_TIMEOUT`` (the next pass tries again)."""
+    try:
+        return _make_ahead(sessions, days)
+    except OperationalError as exc:
+        if not _lock_timed_out(exc):
+            raise
+        return []
+
+
+def _make_ahead(sessions: sessionmaker[Session], days: int) -> list[str]:
     made: list[str] = []
     with sessions.begin() as session:
         if not _locked(session):
@@ -188,10 +204,17 @@ def drop_older(sessions: sessionmaker[Session], older_than: dt.timedelta) -> Dro
             ranges = partitions(session, history.table)
         assert cutoff is not None
         for name in sorted(n for n, (_, end) in ranges.items() if end <= cutoff):
-            with sessions.begin() as session:
-                if not _locked(session):
-                    return Dropped(rows, dropped)
-                rows[history.table] += _drop(session, history, name, older_than)
+            try:
+                with sessions.begin() as session:
+                    if not _locked(session):
+                        return Dropped(rows, dropped)
+                    if session.scalar(text("SELECT to_regclass(:name)"), {"name": name}) is None:
+                        continue  # another process dropped it since it was listed
+                    rows[history.table] += _drop(session, history, name, older_than)
+            except OperationalError as exc:
+                if not _lock_timed_out(exc):
+                    raise
+                return Dropped(rows, dropped)  # the next pass tries again
             dropped += 1
     return Dropped(rows, dropped)
 
