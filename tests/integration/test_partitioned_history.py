@@ -221,7 +221,9 @@ def test_migration_converts_a_database_holding_data_and_downgrades(settings: Set
         engine = create_engine(url)
         sessions = sessionmaker(engine)
         long_ago = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
-        ti_id = _run(sessions, "before", [long_ago, long_ago + dt.timedelta(hours=1)], None)
+        # A row stamped by a writer's clock a month ahead, past the days 0014 makes.
+        ahead = dt.datetime.now(dt.UTC) + dt.timedelta(days=30)
+        ti_id = _run(sessions, "before", [long_ago, ahead], None)
 
         command.upgrade(config, "head")
 
@@ -230,6 +232,7 @@ def test_migration_converts_a_database_holding_data_and_downgrades(settings: Set
             for table in HISTORY:
                 ranges = partitions.partitions(session, table)
                 assert [n for n, (low, _) in ranges.items() if low is None], ranges
+                assert session.scalar(text(f"SELECT count(*) FROM {table}_default")) == 1
             # New rows take ids after the old ones and go to today's partition.
             new_id = session.scalar(
                 text(
