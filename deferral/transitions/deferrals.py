@@ -228,9 +228,8 @@ TIMED_OUT_KWARGS = {"error": "timeout"}
 
 # How far back a dedup key is looked for (resume_event is partitioned by day: a look back
 # bounded on both sides reads only the last day's partitions, not the default one nor those
-# made ahead). An older duplicate finds its trigger gone and is
-# claimed as stale: a task resumes at most once whatever the window, as only a task deferred on
-# the event's trigger resumes.
+# made ahead). An older duplicate finds its trigger gone and is claimed as stale: a task resumes
+# at most once whatever the window, as only a task deferred on the event's trigger resumes.
 DEDUP_WINDOW = dt.timedelta(days=1)
 
 # Lock the tasks deferred on the events' triggers, then claim each event's dedup key (a key seen

@@ -16,7 +16,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from deferral import migrate, partitions, transitions
 from deferral.config import Settings
 from deferral.models import DagRun
-from deferral.transitions import NewTaskInstance
+from deferral.transitions import NewTaskInstance, deferrals
 from deferral_cli import main as deferral_main
 from scheduler.service import SchedulerService
 from tests.conftest import fresh_database
@@ -152,8 +152,8 @@ def test_prune_drops_old_days_whole_and_keeps_what_unfinished_runs_need(
     with sessions() as session:
         plan = "\n".join(
             session.scalars(
-                text(f"EXPLAIN (ANALYZE, COSTS OFF) {transitions._CLAIM_EVENTS_SQL.text}"),
-                {"dedup_keys": ["k"], "trigger_ids": [1], "dedup_window": transitions.DEDUP_WINDOW},
+                text(f"EXPLAIN (ANALYZE, COSTS OFF) {deferrals._CLAIM_EVENTS_SQL.text}"),
+                {"dedup_keys": ["k"], "trigger_ids": [1], "dedup_window": deferrals.DEDUP_WINDOW},
             )
         )
         session.rollback()
