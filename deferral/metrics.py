@@ -139,7 +139,8 @@ BLOCKED_LOOP_WARNINGS = Counter(
 EVENTS = Counter(
     "deferral_events",
     "Trigger events read by this scheduler, by outcome: applied (resumed a task), duplicate"
-    " (its dedup key was applied before), stale (its task no longer waits on that trigger).",
+    " (its dedup key was applied before), stale (its task no longer waits on that trigger),"
+    " ended (a task-end event ended its task, end_from_trigger).",
     ["outcome"],
     registry=None,
 )

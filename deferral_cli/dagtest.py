@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 import anyio
 import click
@@ -44,6 +44,7 @@ from deferral.process import settings_or_exit
 from deferral.states import FAIL_METHOD, DagRunState, TaskState
 from deferral.tasklogs import SOURCE_WORKER, NewLine
 from deferral.transitions import Attempt, FiredEvent
+from deferral.triggers.task_end import END_KINDS, check_end_xcoms
 from deferral_cli import embedded as embedded
 from deferral_cli.common import (
     EXIT_FAILED,
@@ -364,12 +365,26 @@ def fire_inline(
             return None
         outcome = fired
     outcome = masked(cipher, outcome, deferred.trigger_kwargs)
+    payload = serialization.loads(outcome.payload)
     return FiredEvent(
         outcome.message.dedup_key,
         trigger_id,
         outcome.failure is not None,
-        serialization.loads(outcome.payload),
+        payload,
+        ends=_ends(outcome.message.kind, payload),
     )
+
+
+def _ends(kind: str, payload: Any) -> str | None:
+    """The kind of a task-end event (end_from_trigger), which ends its task here too; None for
+    another event, or one whose payload the scheduler would refuse (the task then resumes)."""
+    if kind not in END_KINDS.values():
+        return None
+    try:
+        check_end_xcoms(payload)
+    except ValueError:
+        return None
+    return kind
 
 
 # -- the commands ------------------------------------------------------------------------------

@@ -263,12 +263,11 @@ _CLAIM_EVENTS_SQL = text(
               AND seen.received_at BETWEEN now() - CAST(:dedup_window AS interval) AND now())
         ORDER BY fired.n
         ON CONFLICT DO NOTHING
-        RETURNING dedup_key, task_instance_id
+        RETURNING dedup_key, task_instance_id, trigger_id
     )
     SELECT claimed.dedup_key, waiting.id, waiting.next_method, waiting.next_kwargs
-    FROM claimed LEFT JOIN waiting ON waiting.trigger_id = (
-        SELECT trigger_id FROM waiting AS w WHERE w.id = claimed.task_instance_id
-    )
+    FROM claimed LEFT JOIN waiting
+        ON claimed.task_instance_id IS NOT NULL AND waiting.trigger_id = claimed.trigger_id
     """
 )
 

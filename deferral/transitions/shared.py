@@ -76,7 +76,7 @@ _DEFER_SHARED_SQL = text(
         RETURNING ti.id, ti.trigger_id, t.made
     ), recorded AS (
         INSERT INTO task_state_change (task_instance_id, from_state, to_state, reason)
-        SELECT id, 'running', 'deferred', 'deferred to shared trigger ' || trigger_id
+        SELECT id, 'running', 'deferred', 'deferred to trigger ' || trigger_id
         FROM moved ORDER BY id
     )
     SELECT id, trigger_id, made FROM moved ORDER BY id
