@@ -6,7 +6,7 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Mapping, Sequence
 
-from sqlalchemy import delete, insert, select, text
+from sqlalchemy import delete, func, insert, select
 from sqlalchemy.orm import Session
 
 from deferral.assets import BaseAsset, plan_runs
@@ -52,7 +52,7 @@ def create_asset_runs(
     created: list[tuple[str, str]] = []
     for dag_id, max_active_runs in rows:
         active = session.scalar(
-            select(text("count(*)"))
+            select(func.count())
             .select_from(DagRun)
             .where(
                 DagRun.dag_id == dag_id,
@@ -62,12 +62,26 @@ def create_asset_runs(
         room = min(limit, max_active_runs - int(active or 0))
         if room <= 0:
             continue
+        # A run consumes at most one event per asset: the oldest ``room`` of each asset do.
+        ranked = (
+            select(
+                AssetDagRunQueue.asset_name,
+                AssetDagRunQueue.asset_event_id,
+                func.row_number()
+                .over(
+                    partition_by=AssetDagRunQueue.asset_name,
+                    order_by=AssetDagRunQueue.asset_event_id,
+                )
+                .label("rank"),
+            )
+            .where(AssetDagRunQueue.target_dag_id == dag_id)
+            .subquery()
+        )
         queued: dict[str, list[int]] = {}
         for name, event_id in session.execute(
-            select(AssetDagRunQueue.asset_name, AssetDagRunQueue.asset_event_id)
-            .where(AssetDagRunQueue.target_dag_id == dag_id)
-            .order_by(AssetDagRunQueue.asset_event_id)
-            .limit(10_000)
+            select(ranked.c.asset_name, ranked.c.asset_event_id)
+            .where(ranked.c.rank <= room)
+            .order_by(ranked.c.asset_event_id)
         ):
             queued.setdefault(name, []).append(event_id)
         created += _create(session, dag_id, plan_runs(conditions[dag_id], queued, room), now)
