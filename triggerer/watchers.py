@@ -23,7 +23,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from deferral.assets import event_from_trigger
 from deferral.crypto import Cipher, DecryptionError
-from deferral.serialization import SerializationError, from_jsonable
+from deferral.serialization import SerializationError
 from deferral.transitions.asset_events import record_watcher_event
 from deferral.triggers.base import TriggerEvent
 from deferral.triggers.event import BaseEventTrigger
@@ -72,7 +72,7 @@ def open_watcher(token: str, cipher: Cipher, prefixes: Sequence[str]) -> BaseEve
     what is wrong (forged token, class outside DEFERRAL_TRIGGER_MODULES, not an event trigger)."""
     try:
         spec = cipher.open(token)
-        classpath, kwargs = spec["classpath"], from_jsonable(spec["kwargs"])
+        classpath, kwargs = spec["classpath"], dict(spec["kwargs"])
     except (DecryptionError, SerializationError, KeyError, TypeError) as exc:
         raise ValueError(f"watcher token refused: {exc}") from None
     cls = load_trigger_class(classpath, prefixes)

@@ -35,6 +35,14 @@ from deferral.triggers.temporal import DateTimeTrigger
 A, B, C = Asset("a"), Asset("b"), Asset("c")
 
 
+class _Unsealable(DirectoryWatchTrigger):
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        return "deferral.triggers.event.DirectoryWatchTrigger", {"x": object()}
+
+    def __init__(self) -> None:
+        super().__init__("/tmp")
+
+
 def test_a_name_alone_is_its_uri_and_the_other_way_round_and_dataset_is_an_alias() -> None:
     assert (Asset("x").name, Asset("x").uri) == ("x", "x")
     assert Asset(uri="s3://b/k").name == "s3://b/k"
@@ -82,6 +90,7 @@ def test_a_dag_scheduled_on_assets_has_its_condition_as_its_schedule() -> None:
         (lambda: DAG("d", schedule=[Asset(f"a{i}") for i in range(101)]), "at most 100"),
         (lambda: DAG("d", schedule=Asset("a", uri="x") | Asset("a", uri="y")), "two uris"),
         (lambda: RedisStreamTrigger("http://x", "s", "g"), "must be a redis://"),
+        (lambda: AssetWatcher("w", _Unsealable()), "AssetWatcher 'w' kwargs['x']"),
         (lambda: DirectoryWatchTrigger("relative"), "must be an absolute path"),
         (lambda: HttpPollTrigger("ftp://x"), "url must be an http://"),
     ],
