@@ -12,6 +12,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from deferral.serialization import SerializationError, check_kwargs
 from deferral.timetables import NullTimetable
 from deferral.triggers.base import BaseTrigger, TriggerEvent, classpath_of
 from deferral.triggers.event import BaseEventTrigger
@@ -92,6 +93,11 @@ class AssetWatcher:
                 f"AssetWatcher {self.name!r}: {classpath_of(kind)} is not an event trigger "
                 "(a subclass of BaseEventTrigger); only those may watch an asset"
             )
+        # Checked now: the scheduler seals these kwargs for the triggerer.
+        try:
+            check_kwargs(self.trigger.serialize()[1], f"AssetWatcher {self.name!r} kwargs")
+        except SerializationError as exc:
+            raise AssetError(str(exc)) from None
 
 
 class Asset(BaseAsset):

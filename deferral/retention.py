@@ -6,10 +6,11 @@ of runs that finished before it; then those runs themselves, with their task ins
 rendered fields and reschedules, except each DAG's latest scheduled or backfill run (the
 schedule's next run is computed from it); and the rows of schedulers, workers and triggerers
 that stopped heartbeating before the cutoff (never less than ``PROCESS_FLOOR`` ago, so a live
-process is never pruned whatever the age asked). What a running run needs (its tasks' history,
-its dedup keys) stays. Each batch is its own short transaction, so pruning never holds locks for
-long; a run's rows go before the run, each table in its own batches, so no single delete
-cascades over a whole history.
+process is never pruned whatever the age asked); asset events older than the cutoff that no
+DAG still waits for (a watcher's key pruned so may be recorded again). What a running run needs
+(its tasks' history, its dedup keys) stays. Each batch is its own short transaction, so pruning
+never holds locks for long; a run's rows go before the run, each table in its own batches, so no
+single delete cascades over a whole history.
 
 The history tables (``task_state_change``, ``task_log``, ``resume_event``) are partitioned by
 day: their days older than the cutoff are dropped as whole partitions, with no row deleted, once
@@ -126,6 +127,14 @@ _STATEMENTS = {
                 WHERE ti.dag_id = dr.dag_id AND ti.run_id = dr.run_id)
             LIMIT :batch)
     """,
+    # Asset events no DAG still waits for (the runs that consumed them may outlive them).
+    "asset_event": """
+        DELETE FROM asset_event WHERE id IN (
+            SELECT e.id FROM asset_event e
+            WHERE e.timestamp < now() - :age
+              AND NOT EXISTS (SELECT 1 FROM asset_dag_run_queue q WHERE q.asset_event_id = e.id)
+            LIMIT :batch)
+    """,
     **{
         table: f"""
         DELETE FROM {table} WHERE name IN (
@@ -150,6 +159,7 @@ class Pruned:
     task_reschedule: int
     task_instance: int
     dag_run: int
+    asset_event: int
     scheduler: int
     worker: int
     triggerer: int

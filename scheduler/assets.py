@@ -21,7 +21,7 @@ from deferral.transitions.assets import create_asset_runs
 log = logging.getLogger("deferral.scheduler")
 
 # Asset-triggered runs one DAG gets per call (more wait for the next loop).
-RUNS_PER_DAG_PER_CALL = 100
+RUNS_PER_DAG_PER_CALL = 500
 
 
 def sync_assets(session: Session, dags: Mapping[str, DAG], cipher: Cipher) -> None:

@@ -18,12 +18,13 @@ from typing import Any
 
 import anyio
 from anyio.abc import TaskGroup
+from anyio.streams.memory import MemoryObjectSendStream
 from sqlalchemy import text
 from sqlalchemy.orm import Session, sessionmaker
 
 from deferral.assets import event_from_trigger
 from deferral.crypto import Cipher, DecryptionError
-from deferral.serialization import SerializationError, from_jsonable
+from deferral.serialization import SerializationError
 from deferral.transitions.asset_events import record_watcher_event
 from deferral.triggers.base import TriggerEvent
 from deferral.triggers.event import BaseEventTrigger
@@ -35,6 +36,8 @@ log = logging.getLogger("deferral.triggerer")
 LEASE_HEARTBEATS = 2.1
 # Watchers one triggerer holds at most.
 MAX_WATCHERS = 1000
+# Events recorded in one transaction at most.
+EVENT_BATCH = 100
 # After a watcher's trigger fails, this many heartbeats pass before it runs again.
 RESTART_HEARTBEATS = 1
 
@@ -72,7 +75,7 @@ def open_watcher(token: str, cipher: Cipher, prefixes: Sequence[str]) -> BaseEve
     what is wrong (forged token, class outside DEFERRAL_TRIGGER_MODULES, not an event trigger)."""
     try:
         spec = cipher.open(token)
-        classpath, kwargs = spec["classpath"], from_jsonable(spec["kwargs"])
+        classpath, kwargs = spec["classpath"], dict(spec["kwargs"])
     except (DecryptionError, SerializationError, KeyError, TypeError) as exc:
         raise ValueError(f"watcher token refused: {exc}") from None
     cls = load_trigger_class(classpath, prefixes)
@@ -173,25 +176,58 @@ class WatcherRunner:
                 await anyio.sleep(self.heartbeat_sec * RESTART_HEARTBEATS)
 
     async def _events(self, trigger: BaseEventTrigger, claimed: Claimed, where: str) -> None:
-        events: Any = trigger.run()
-        async for event in events:
-            if not isinstance(event, TriggerEvent):
-                log.error("%s yielded %s, not a TriggerEvent: skipped", where, type(event).__name__)
-                continue
-            try:
-                key, extra = event_from_trigger(event)
-            except ValueError as exc:
-                log.error("%s: event skipped: %s", where, exc)
-                continue
-            record = partial(self._record, claimed, key, extra)
-            await anyio.to_thread.run_sync(record, abandon_on_cancel=False)
-            await trigger.acknowledge(event)
+        """Record the trigger's events as they come, those already waiting together in one
+        transaction (at most EVENT_BATCH), then acknowledge them in order."""
+        send, receive = anyio.create_memory_object_stream[TriggerEvent](EVENT_BATCH)
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(self._read, trigger, send, where)
+            async with receive:
+                async for first in receive:
+                    batch = [first]
+                    while len(batch) < EVENT_BATCH:
+                        try:
+                            batch.append(receive.receive_nowait())
+                        except (anyio.WouldBlock, anyio.EndOfStream):
+                            break
+                    keyed = _keyed(batch, where)
+                    record = partial(self._record, claimed, [(k, e) for _, k, e in keyed])
+                    await anyio.to_thread.run_sync(record, abandon_on_cancel=False)
+                    for event, _, _ in keyed:
+                        await trigger.acknowledge(event)
 
-    def _record(self, claimed: Claimed, key: str, extra: dict[str, Any]) -> None:
+    @staticmethod
+    async def _read(
+        trigger: BaseEventTrigger, send: MemoryObjectSendStream[TriggerEvent], where: str
+    ) -> None:
+        events: Any = trigger.run()
+        async with send:
+            async for event in events:
+                if isinstance(event, TriggerEvent):
+                    await send.send(event)
+                else:
+                    log.error("%s yielded %s, not a TriggerEvent: skipped", where, type(event))
+
+    def _record(self, claimed: Claimed, events: list[tuple[str, dict[str, Any]]]) -> None:
         with self.sessions.begin() as session:
-            got = record_watcher_event(session, claimed.asset_name, claimed.name, key, extra)
-        if got is not None:
-            self.recorded += 1
+            got = [
+                record_watcher_event(session, claimed.asset_name, claimed.name, key, extra)
+                for key, extra in events
+            ]
+        self.recorded += sum(1 for event_id in got if event_id is not None)
+
+
+def _keyed(batch: list[TriggerEvent], where: str) -> list[tuple[TriggerEvent, str, dict[str, Any]]]:
+    """The events of a batch with their dedup key and extra; one without a valid key is logged
+    and left out (never acknowledged: its source may deliver it again)."""
+    keyed: list[tuple[TriggerEvent, str, dict[str, Any]]] = []
+    for event in batch:
+        try:
+            key, extra = event_from_trigger(event)
+        except ValueError as exc:
+            log.error("%s: event skipped: %s", where, exc)
+            continue
+        keyed.append((event, key, extra))
+    return keyed
 
 
 async def _quietly(func: Any) -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Mapping, Sequence
 
-from sqlalchemy import delete, insert, select, text
+from sqlalchemy import delete, func, insert, select
 from sqlalchemy.orm import Session
 
 from deferral.assets import BaseAsset, plan_runs
@@ -52,7 +52,7 @@ def create_asset_runs(
     created: list[tuple[str, str]] = []
     for dag_id, max_active_runs in rows:
         active = session.scalar(
-            select(text("count(*)"))
+            select(func.count())
             .select_from(DagRun)
             .where(
                 DagRun.dag_id == dag_id,
@@ -62,12 +62,26 @@ def create_asset_runs(
         room = min(limit, max_active_runs - int(active or 0))
         if room <= 0:
             continue
+        # A run consumes at most one event per asset: the oldest ``room`` of each asset do.
+        ranked = (
+            select(
+                AssetDagRunQueue.asset_name,
+                AssetDagRunQueue.asset_event_id,
+                func.row_number()
+                .over(
+                    partition_by=AssetDagRunQueue.asset_name,
+                    order_by=AssetDagRunQueue.asset_event_id,
+                )
+                .label("rank"),
+            )
+            .where(AssetDagRunQueue.target_dag_id == dag_id)
+            .subquery()
+        )
         queued: dict[str, list[int]] = {}
         for name, event_id in session.execute(
-            select(AssetDagRunQueue.asset_name, AssetDagRunQueue.asset_event_id)
-            .where(AssetDagRunQueue.target_dag_id == dag_id)
-            .order_by(AssetDagRunQueue.asset_event_id)
-            .limit(10_000)
+            select(ranked.c.asset_name, ranked.c.asset_event_id)
+            .where(ranked.c.rank <= room)
+            .order_by(ranked.c.asset_event_id)
         ):
             queued.setdefault(name, []).append(event_id)
         created += _create(session, dag_id, plan_runs(conditions[dag_id], queued, room), now)
@@ -77,24 +91,39 @@ def create_asset_runs(
 def _create(
     session: Session, dag_id: str, plans: Sequence[list[int]], now: dt.datetime
 ) -> list[tuple[str, str]]:
-    created: list[tuple[str, str]] = []
-    for event_ids in plans:
-        logical = _logical_date(session, dag_id, now)
-        run = NewDagRun(dag_id, DagRunType.ASSET_TRIGGERED, logical, logical, logical)
-        if not create_dag_runs_once(session, [run]):
-            continue
-        run_pk = session.scalar(
-            select(DagRun.id).where(DagRun.dag_id == dag_id, DagRun.run_id == run.run_id)
-        )
+    """Create one run per plan (its events' ids) in a few statements: the runs, their links to
+    the events, the queue rows consumed. A run whose logical date is taken is not made, and its
+    events stay queued for the next call."""
+    if not plans:
+        return []
+    first = _logical_date(session, dag_id, now)
+    runs = [
+        NewDagRun(dag_id, DagRunType.ASSET_TRIGGERED, moment, moment, moment)
+        for moment in (first + dt.timedelta(microseconds=n) for n in range(len(plans)))
+    ]
+    made = set(create_dag_runs_once(session, runs))
+    if not made:
+        return []
+    ids = dict(
         session.execute(
-            insert(DagRunAssetEvent),
-            [{"dag_run_id": run_pk, "asset_event_id": i} for i in event_ids],
-        )
-        session.execute(
-            delete(AssetDagRunQueue).where(
-                AssetDagRunQueue.target_dag_id == dag_id,
-                AssetDagRunQueue.asset_event_id.in_(event_ids),
+            select(DagRun.run_id, DagRun.id).where(
+                DagRun.dag_id == dag_id, DagRun.run_id.in_(sorted(made))
             )
+        ).all()
+    )
+    done = [(run, events) for run, events in zip(runs, plans, strict=True) if run.run_id in made]
+    session.execute(
+        insert(DagRunAssetEvent),
+        [
+            {"dag_run_id": ids[run.run_id], "asset_event_id": i}
+            for run, events in done
+            for i in events
+        ],
+    )
+    session.execute(
+        delete(AssetDagRunQueue).where(
+            AssetDagRunQueue.target_dag_id == dag_id,
+            AssetDagRunQueue.asset_event_id.in_([i for _, events in done for i in events]),
         )
-        created.append((dag_id, run.run_id))
-    return created
+    )
+    return [(dag_id, run.run_id) for run, _ in done]

@@ -1,8 +1,8 @@
 """Assets through real processes: a producer's outlet makes one consumer run per success, whose
-task reads its triggering_asset_events; a RedisStreamTrigger watcher: 1,000 XADDs make 1,000 asset events and
-1,000 asset-triggered runs, none twice, across a kill -9 of the triggerer running the watcher
-(a peer takes its lease over; entries read but not acknowledged are read again and deduplicated);
-every entry ends acknowledged."""
+task reads its triggering_asset_events; a RedisStreamTrigger watcher turns 1,000 XADDs into
+1,000 asset events and 1,000 asset-triggered runs, none twice, across a kill -9 of the triggerer
+running it (a peer takes its lease over; entries read but not acknowledged are read again and
+deduplicated); every entry ends acknowledged."""
 
 from __future__ import annotations
 

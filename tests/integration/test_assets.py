@@ -16,7 +16,7 @@ from click.testing import CliRunner
 from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
-from deferral import transitions
+from deferral import retention, transitions
 from deferral.asset_events import triggering_events
 from deferral.config import Settings
 from deferral.crypto import Cipher
@@ -220,3 +220,19 @@ def test_assets_list_shows_consumers_producers_and_recent_events(
     assert [e.split()[-1] for e in orders["recent_events"]] == [f"{DAG_ID}.r1.t"]
     refused = CliRunner().invoke(deferral_main, ["assets", "list", "--events", "1000"])
     assert refused.exit_code == 2 and "--events" in refused.output
+
+
+def test_prune_drops_old_asset_events_no_dag_waits_for(
+    sessions: sessionmaker[Session], bag: DagBag
+) -> None:
+    with sessions.begin() as session:
+        record_watcher_event(session, "orders", "w", "consumed", {})
+    make_runs(sessions, bag)  # "consumer" consumed it
+    with sessions.begin() as session:
+        record_watcher_event(session, "orders", "w", "queued", {})
+        session.execute(update(AssetEventRow).values(timestamp=NOW))
+    pruned = retention.prune(sessions, dt.timedelta(days=1))
+    assert pruned.asset_event == 1
+    with sessions() as session:
+        left = session.scalars(select(AssetEventRow.dedup_key)).all()
+    assert left == ["queued"]  # "consumer" still waits for it

@@ -24,7 +24,7 @@ from deferral import serialization, xcom
 from deferral.config import Settings
 from deferral.crypto import Cipher
 from deferral.db import url_location
-from deferral.models import TaskInstance, Triggerer, Worker
+from deferral.models import AssetModel, TaskInstance, Triggerer, Worker
 from deferral_cli import main as deferral_main
 from scheduler.cli import main as scheduler_main
 from tests.conftest import ADMIN_URL
@@ -91,6 +91,7 @@ LISTINGS = {
     ("streams",),
     ("doctor",),
     ("dead", "list"),
+    ("assets", "list"),
 }
 
 
@@ -126,6 +127,7 @@ def everything(
     with sessions.begin() as session:
         xcom.upsert(session, ti_id, "return_value", serialization.to_jsonable({"n": 1}))
         session.add(Triggerer(name="t1", hostname="h", pid=1, capacity=10, state="running"))
+        session.add(AssetModel(name="orders", uri="s3://bucket/orders"))
         session.add(
             Worker(
                 name=WORKER, hostname="h", pid=2, queue="default", concurrency=4, state="running"

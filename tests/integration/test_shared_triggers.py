@@ -14,6 +14,8 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from broker import outbox
 from broker.client import Broker
+from broker.consumer import Delivery
+from broker.replies import Entry
 from deferral import metrics, transitions
 from deferral.config import Settings
 from deferral.crypto import Cipher
@@ -225,8 +227,16 @@ def test_the_worker_publishes_one_entry_and_the_triggerer_holds_one_trigger(
 ) -> None:
     ti_ids = _waiters(sessions, 50)
     outcome = _deferred(moment=dt.datetime.now(dt.UTC) + dt.timedelta(days=1))
+    # Each as delivered from the worker's queue stream (its trigger goes to that queue's).
     batch = [
-        (Running(None, transitions.Attempt(ti, 1, WORKER), f"d.r{i}.t"), outcome)  # type: ignore[arg-type]
+        (
+            Running(
+                Delivery(Entry(worker.streams[0], f"0-{i + 1}", {}), 1),
+                transitions.Attempt(ti, 1, WORKER),
+                f"d.r{i}.t",
+            ),
+            outcome,
+        )
         for i, ti in enumerate(ti_ids)
     ]
     with sessions.begin() as session:

@@ -4,8 +4,12 @@ in one line naming it."""
 from __future__ import annotations
 
 import datetime as dt
-from typing import Any
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any, ClassVar
 
+import anyio
 import pytest
 
 from deferral import DAG
@@ -29,6 +33,14 @@ from deferral.triggers.event import (
 from deferral.triggers.temporal import DateTimeTrigger
 
 A, B, C = Asset("a"), Asset("b"), Asset("c")
+
+
+class _Unsealable(DirectoryWatchTrigger):
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        return "deferral.triggers.event.DirectoryWatchTrigger", {"x": object()}
+
+    def __init__(self) -> None:
+        super().__init__("/tmp")
 
 
 def test_a_name_alone_is_its_uri_and_the_other_way_round_and_dataset_is_an_alias() -> None:
@@ -78,6 +90,7 @@ def test_a_dag_scheduled_on_assets_has_its_condition_as_its_schedule() -> None:
         (lambda: DAG("d", schedule=[Asset(f"a{i}") for i in range(101)]), "at most 100"),
         (lambda: DAG("d", schedule=Asset("a", uri="x") | Asset("a", uri="y")), "two uris"),
         (lambda: RedisStreamTrigger("http://x", "s", "g"), "must be a redis://"),
+        (lambda: AssetWatcher("w", _Unsealable()), "AssetWatcher 'w' kwargs['x']"),
         (lambda: DirectoryWatchTrigger("relative"), "must be an absolute path"),
         (lambda: HttpPollTrigger("ftp://x"), "url must be an http://"),
     ],
@@ -113,3 +126,49 @@ def test_an_oversized_stream_entry_is_recorded_as_a_note() -> None:
     trigger = RedisStreamTrigger("redis://x", "s", "g")
     payload = trigger._payload(b"1-0", {b"big": b"x" * 70_000})
     assert payload["key"] == "s:1-0" and "over" in payload["fields"]["error"]
+
+
+class _Body(BaseHTTPRequestHandler):
+    bodies: ClassVar[list[bytes]] = []
+
+    def do_GET(self) -> None:
+        body = self.bodies.pop(0) if len(self.bodies) > 1 else self.bodies[0]
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+async def _events(trigger: Any, count: int) -> list[dict[str, Any]]:
+    got: list[dict[str, Any]] = []
+    with anyio.fail_after(10):
+        async for event in trigger.run():
+            got.append(event.payload)
+            if len(got) == count:
+                break
+    return got
+
+
+def test_the_http_poller_fires_once_per_new_body() -> None:
+    _Body.bodies = [b"v1", b"v1", b"v2", b"v2"]
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Body)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/feed"
+        first, second = anyio.run(_events, HttpPollTrigger(url, poll_interval=0.01), 2)
+    finally:
+        server.shutdown()
+    assert first["key"] != second["key"] and first["url"] == url
+    assert _Body.bodies == [b"v2"]  # v1 twice made one event
+
+
+def test_the_directory_watcher_fires_once_per_matching_file(tmp_path: Path) -> None:
+    (tmp_path / "a.csv").write_text("a")
+    (tmp_path / "b.txt").write_text("b")
+    (tmp_path / "c.csv").write_text("c")
+    trigger = DirectoryWatchTrigger(str(tmp_path), "*.csv", poll_interval=0.01)
+    events = anyio.run(_events, trigger, 2)
+    assert [Path(e["path"]).name for e in events] == ["a.csv", "c.csv"]
