@@ -92,6 +92,7 @@ LISTINGS = {
     ("doctor",),
     ("dead", "list"),
     ("assets", "list"),
+    ("signals", "list"),
 }
 
 
