@@ -105,3 +105,21 @@ AirflowFailException = FailTask
 AirflowSensorTimeout = SensorTimeout
 AirflowRescheduleException = RescheduleTask
 AirflowTaskTimeout = TaskExecutionTimeout
+
+
+class TaskAwaitingInput(DeferralException):
+    """Raised by ``HITLOperator.execute``: the task waits in state awaiting_input, holding no
+    worker slot, pool slot or trigger, until someone responds or its response timeout passes.
+    ``request`` is what it asks (a ``deferral.hitl.InputRequest``)."""
+
+    def __init__(self, request: Any) -> None:
+        super().__init__(request)
+        self.request = request
+
+
+class HITLTimeoutError(DeferralException):
+    """No response came before the task's response timeout and it has no default options."""
+
+
+class HITLRejectException(DeferralException):
+    """An ApprovalOperator with ``fail_on_reject=True`` was rejected."""

@@ -166,6 +166,18 @@ DEFERRAL_TIMEOUTS = Counter(
     "Deprecated alias of deferral_trigger_timeouts_total, kept for one release.",
     registry=None,
 )
+DEADLINE_MISSES = Counter(
+    "deferral_deadline_misses",
+    "DAG runs that had not finished by a DeadlineAlert's deadline (each counted once, by the"
+    " scheduler replica that recorded it).",
+    registry=None,
+)
+HITL_TIMEOUTS = Counter(
+    "deferral_hitl_timeouts",
+    "Tasks awaiting input whose response timeout passed (resumed with their default options,"
+    " or failed without any).",
+    registry=None,
+)
 DAG_IMPORT_ERRORS = Gauge(
     "deferral_dag_import_errors",
     "DAG files this scheduler's latest parse of the DAGs folder could not load.",
@@ -185,7 +197,8 @@ RECONCILER_REPAIRS = Counter(
 TASK_ATTEMPTS = Counter(
     "deferral_task_attempts",
     "Task attempts this worker ended, by outcome: success, failed, deferred, rescheduled,"
-    " skipped, or dropped (the attempt's lease was taken over: its outcome did not count).",
+    " skipped, awaiting_input, or dropped (the attempt's lease was taken over: its outcome did"
+    " not count).",
     ["outcome"],
     registry=None,
 )
@@ -239,6 +252,8 @@ _OWN: dict[str, tuple[MetricWrapperBase, ...]] = {
         DISPATCHES,
         TRIGGER_TIMEOUTS,
         DEFERRAL_TIMEOUTS,
+        HITL_TIMEOUTS,
+        DEADLINE_MISSES,
         RECONCILER_REPAIRS,
         DAG_IMPORT_ERRORS,
     ),

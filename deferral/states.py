@@ -12,6 +12,8 @@ class TaskState(StrEnum):
     QUEUED = "queued"
     RUNNING = "running"
     DEFERRED = "deferred"
+    # Waits for a person's response (HITLOperator): no worker, pool slot or trigger held.
+    AWAITING_INPUT = "awaiting_input"
     UP_FOR_RESCHEDULE = "up_for_reschedule"
     UP_FOR_RETRY = "up_for_retry"
     SUCCESS = "success"

@@ -273,6 +273,7 @@ _TRY_GOES_ON = frozenset(
         TaskState.RUNNING,
         TaskState.DEFERRED,
         TaskState.UP_FOR_RESCHEDULE,
+        TaskState.AWAITING_INPUT,
     }
 )
 

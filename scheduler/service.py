@@ -42,6 +42,7 @@ from broker.streams import (
 )
 from deferral import (
     faults,
+    hitl,
     liveness,
     metrics,
     pools,
@@ -171,6 +172,7 @@ class SchedulerService:
             Every(beat, self.heartbeat),
             Every(beat / 4, self._take_over),
             Every(EXPIRE_EVERY_SEC, self.expire_deferrals),
+            Every(EXPIRE_EVERY_SEC, self.expire_input_requests),
             Every(WAKE_EVERY_SEC, self.wake_due),
             Every(RELAY_EVERY_SEC, self.relay_outbox),
             Every(RECONCILE_EVERY_SEC, self.reconcile),
@@ -711,6 +713,14 @@ class SchedulerService:
         metrics.DEFERRAL_TIMEOUTS.inc(len(expired))
         if expired:
             log.info("deferral timed out for task instance(s) %s", expired)
+
+    def expire_input_requests(self) -> None:
+        """Tasks awaiting input whose response timeout passed: their defaults, or a failure."""
+        with self.sessions.begin() as session:
+            expired = hitl.expire(session, self.cipher)
+        metrics.HITL_TIMEOUTS.inc(len(expired))
+        if expired:
+            log.info("response timeout passed for task instance(s) %s", expired)
 
     def wake_due(self) -> None:
         with self.sessions.begin() as session:

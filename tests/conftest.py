@@ -37,6 +37,7 @@ TABLES = (
     "task_state_change, xcom, task_reschedule, resume_event, outbox, dag, import_error, worker, "
     "task_log, task_log_try, "
     "rendered_task_instance_fields, variable, connection, "
+    "hitl_detail, deadline_miss, "
     'task_instance, trigger, triggerer, scheduler, dag_run, "user", web_session'
 )
 

@@ -39,7 +39,7 @@ from deferral.crypto import Cipher
 from deferral.db import make_engine, make_sessionmaker
 from readmodel.errors import server_error
 from readmodel.records import json_value
-from webserver import data, paramform, users
+from webserver import approvals, data, paramform, users
 from webserver.auth import (
     CSRF_FIELD,
     CSRF_HEADER,
@@ -337,10 +337,15 @@ class WebUI:
             if basic is not None and basic.identity is None:
                 return _basic_refused(basic)
             if basic is None:
-                if await run_in_threadpool(self.auth.session_user, request) is None:
+                acting = await run_in_threadpool(self.auth.session_user, request)
+                if acting is None:
                     return _api_error(401, "login required (a session cookie or HTTP Basic auth)")
                 if not self.auth.csrf_valid(request, request.headers.get(CSRF_HEADER)):
                     return _api_error(403, "CSRF token missing or wrong (X-CSRF-Token header)")
+            else:
+                assert basic.identity is not None
+                acting = basic.identity.username
+            request.scope["acting_user"] = acting
             try:
                 body = parse_json((await request.body()).decode(), "the body")
             except UnicodeDecodeError:
@@ -754,6 +759,7 @@ class WebUI:
             Route("/dags/{dag_id}/unpause", a(self.pause_form(False)), methods=["POST"]),
             Route("/dags/{dag_id}/change", a(self.change_form), methods=["POST"]),
             Route("/streams/dead", a(self.dead_letter_form), methods=["POST"]),
+            *approvals.page_routes(self),
             *self.api_routes(),
             Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
         ]
@@ -775,6 +781,7 @@ class WebUI:
             Route(f"{API}/dags/{{dag_id}}/unpause", a(self.api_pause(False)), methods=["POST"]),
             Route(f"{API}/dags/{{dag_id}}/clear", a(self.api_clear), methods=["POST"]),
             Route(f"{API}/dags/{{dag_id}}/mark", a(self.api_mark), methods=["POST"]),
+            *approvals.api_routes(self),
         ]
 
     def close(self) -> None:

@@ -93,6 +93,7 @@ DAG_RESCAN_SEC = 5.0
 _SUMMARY_ORDER = (
     TaskState.RUNNING,
     TaskState.DEFERRED,
+    TaskState.AWAITING_INPUT,
     TaskState.QUEUED,
     TaskState.SCHEDULED,
     TaskState.UP_FOR_RETRY,

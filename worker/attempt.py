@@ -31,9 +31,11 @@ from deferral.exceptions import (
     FailTask,
     RescheduleTask,
     SkipTask,
+    TaskAwaitingInput,
     TaskDeferred,
     TaskExecutionTimeout,
 )
+from deferral.hitl import InputRequest, check_request
 from deferral.mappedoperator import MappedOperator
 from deferral.metastore import metastore
 from deferral.models.xcom import resolve_xcom_backend
@@ -49,6 +51,7 @@ from deferral.xcom import RETURN_VALUE, DatabaseXComs, stored_value
 from worker import decide
 from worker.outcomes import (
     AttemptRequest,
+    AwaitingInput,
     Deferred,
     Failed,
     Outcome,
@@ -172,6 +175,29 @@ def _deferral(task: BaseOperator, deferred: TaskDeferred, deadline: dt.datetime 
         method_name=deferred.method_name,
         next_kwargs=checked_next,
         trigger_timeout=decide.trigger_timeout(dt.datetime.now(dt.UTC), deferred.timeout, deadline),
+    )
+
+
+def _awaiting_input(task: BaseOperator, asked: TaskAwaitingInput) -> Outcome:
+    """The request an HITLOperator raised, checked again (its fields were rendered since the
+    DAG loaded) and carried to the worker, which records it."""
+    request = asked.request
+    where = f"task {task.task_id!r}"
+    if not isinstance(request, InputRequest):
+        return Failed(f"{where} awaits input with {request!r}, not an InputRequest", "", False)
+    try:
+        check_request(request, where)
+        params = serialization.check_kwargs(dict(request.params), "HITL params")
+    except (ValueError, SerializationError) as exc:
+        return Failed(f"{where} cannot await input: {exc}", "", False)
+    return AwaitingInput(
+        subject=request.subject,
+        body=request.body,
+        options=request.options,
+        defaults=request.defaults,
+        multiple=request.multiple,
+        params=params,
+        timeout=request.timeout,
     )
 
 
@@ -306,6 +332,8 @@ def _run(
             result = _call(task, request, next_kwargs, context)
     except TaskDeferred as deferred:
         return _deferral(task, deferred, deadline)
+    except TaskAwaitingInput as asked:
+        return _awaiting_input(task, asked)
     except SkipTask as exc:
         return _after_skip(task, context, exc)
     except RescheduleTask as exc:

@@ -75,7 +75,19 @@ class Rescheduled(msgspec.Struct, frozen=True, tag=True):
     reschedule_date: dt.datetime
 
 
-Outcome = Succeeded | Skipped | Failed | Deferred | Rescheduled
+class AwaitingInput(msgspec.Struct, frozen=True, tag=True):
+    """What an HITLOperator asks (deferral.hitl.InputRequest's fields, checked in the child)."""
+
+    subject: str
+    body: str | None
+    options: tuple[str, ...]
+    defaults: tuple[str, ...] | None
+    multiple: bool
+    params: dict[str, Any]
+    timeout: dt.timedelta | None
+
+
+Outcome = Succeeded | Skipped | Failed | Deferred | Rescheduled | AwaitingInput
 
 _encoder = msgspec.json.Encoder()
 _request_decoder = msgspec.json.Decoder(AttemptRequest)

@@ -8,11 +8,19 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from deferral import serialization, transitions
+from deferral import hitl, serialization, transitions
 from deferral.crypto import Cipher
 from deferral.serialization import SerializationError
 from deferral.transitions import Attempt
-from worker.outcomes import AttemptRequest, Deferred, Failed, Rescheduled, Skipped, Succeeded
+from worker.outcomes import (
+    AttemptRequest,
+    AwaitingInput,
+    Deferred,
+    Failed,
+    Rescheduled,
+    Skipped,
+    Succeeded,
+)
 
 
 def request_of(
@@ -79,10 +87,12 @@ def deferral_of(attempt: Attempt, outcome: Deferred, cipher: Cipher) -> transiti
 
 
 def apply_other(
-    session: Session, attempt: Attempt, outcome: Rescheduled | Skipped | Failed
+    session: Session, attempt: Attempt, outcome: Rescheduled | Skipped | Failed | AwaitingInput
 ) -> tuple[bool, str]:
-    """Record a reschedule, skip or failure; returns whether it moved the task and what to say
-    of it in the try's log."""
+    """Record a reschedule, skip, failure or request for input; returns whether it moved the task
+    and what to say of it in the try's log."""
+    if isinstance(outcome, AwaitingInput):
+        return await_input(session, attempt, outcome), f"awaiting input: {outcome.subject}"
     if isinstance(outcome, Rescheduled):
         moved = transitions.reschedule(session, attempt, outcome.reschedule_date)
         return moved, f"pokes again at {outcome.reschedule_date}"
@@ -97,3 +107,20 @@ def apply_other(
     )
     said = f"failed, now {state}: {outcome.error}\n{outcome.traceback}".rstrip()
     return state is not None, said
+
+
+def await_input(session: Session, attempt: Attempt, outcome: AwaitingInput) -> bool:
+    """running -> awaiting_input, the request stored with it."""
+    if not transitions.await_input(session, attempt):
+        return False
+    request = hitl.InputRequest(
+        subject=outcome.subject,
+        body=outcome.body,
+        options=outcome.options,
+        defaults=outcome.defaults,
+        multiple=outcome.multiple,
+        params=outcome.params,
+        timeout=outcome.timeout,
+    )
+    hitl.record_request(session, attempt.task_instance_id, attempt.try_number, request)
+    return True

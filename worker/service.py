@@ -54,6 +54,7 @@ from worker.children import ChildDied, ChildPool
 from worker.mail import Mail, Mailer
 from worker.outcomes import (
     AttemptRequest,
+    AwaitingInput,
     Deferred,
     Failed,
     Outcome,
@@ -75,6 +76,7 @@ _OUTCOME_LABELS: dict[type, str] = {
     Deferred: "deferred",
     Rescheduled: "rescheduled",
     Skipped: "skipped",
+    AwaitingInput: "awaiting_input",
 }
 
 # Outcomes (deferral_task_attempts labels) whose transition marks the task's run for evaluation.
@@ -550,7 +552,7 @@ class WorkerService:
             self._say(running, success, moved, "succeeded", lines)
         staged = self._defer_many(session, deferrals, lines)
         for running, other in batch:
-            if isinstance(other, Rescheduled | Skipped | Failed):
+            if isinstance(other, Rescheduled | Skipped | Failed | AwaitingInput):
                 self._apply_other(session, running, other, lines)
         self._write_lines(session, lines)
         return staged
@@ -578,7 +580,7 @@ class WorkerService:
         self,
         session: Session,
         running: Running,
-        outcome: Rescheduled | Skipped | Failed,
+        outcome: Rescheduled | Skipped | Failed | AwaitingInput,
         lines: list[NewLine],
     ) -> None:
         moved, said = record.apply_other(session, running.attempt, outcome)

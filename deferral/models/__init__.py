@@ -420,6 +420,57 @@ class User(Base):
     created_at: Mapped[dt.datetime] = _created()
 
 
+class HITLDetail(Base):
+    """What a task awaiting input (``HITLOperator``) asks, and the response once given: one row
+    per task instance, rewritten by each try that asks. ``deferral.hitl`` reads and writes it."""
+
+    __tablename__ = "hitl_detail"
+    __table_args__ = (
+        Index(
+            "ix_hitl_detail_open_timeout",
+            "timeout_at",
+            postgresql_where=text("responded_at IS NULL AND timeout_at IS NOT NULL"),
+        ),
+    )
+
+    task_instance_id: Mapped[int] = mapped_column(
+        ForeignKey("task_instance.id", ondelete="CASCADE"), primary_key=True
+    )
+    try_number: Mapped[int] = mapped_column(Integer)
+    subject: Mapped[str] = mapped_column(Text)
+    body: Mapped[str | None] = mapped_column(Text)
+    options: Mapped[list[str]] = mapped_column(JSONB)
+    defaults: Mapped[list[str] | None] = mapped_column(JSONB)
+    multiple: Mapped[bool] = mapped_column(Boolean, server_default=text("false"))
+    params: Mapped[dict[str, Any]] = mapped_column(JSONB, server_default=text("'{}'::jsonb"))
+    created_at: Mapped[dt.datetime] = _created()
+    # When a response stops being awaited (the task's execution_timeout); None: never.
+    timeout_at: Mapped[dt.datetime | None] = mapped_column(Timestamp)
+    responded_at: Mapped[dt.datetime | None] = mapped_column(Timestamp)
+    # The logged-in user who responded; None with responded_at set: the timeout chose.
+    responded_by: Mapped[str | None] = mapped_column(String(64))
+    chosen_options: Mapped[list[str] | None] = mapped_column(JSONB)
+    params_input: Mapped[dict[str, Any] | None] = mapped_column(JSONB)
+
+
+class DeadlineMiss(Base):
+    """A DAG run that had not finished by its ``DeadlineAlert``'s deadline: one row per run and
+    alert, inserted once (the scheduler replica whose insert wins runs the callback)."""
+
+    __tablename__ = "deadline_miss"
+    __table_args__ = (UniqueConstraint("dag_run_id", "alert_index"),)
+
+    id: Mapped[int] = _id()
+    dag_run_id: Mapped[int] = mapped_column(ForeignKey("dag_run.id", ondelete="CASCADE"))
+    dag_id: Mapped[str] = mapped_column(String(250), index=True)
+    run_id: Mapped[str] = mapped_column(String(250))
+    alert_index: Mapped[int] = mapped_column(Integer, server_default=text("0"))
+    deadline: Mapped[dt.datetime] = mapped_column(Timestamp)
+    missed_at: Mapped[dt.datetime] = _created()
+    # What became of the callback: pending, done, or failed: <one line>.
+    callback_state: Mapped[str] = mapped_column(Text, server_default=text("'pending'"))
+
+
 # Airflow's ``airflow.models`` also exports the authoring classes; they are offered here by
 # name, imported on first use (they import this module's neighbours, not the tables).
 _AUTHORING = {

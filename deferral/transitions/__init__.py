@@ -8,7 +8,7 @@ commit with it (an outbox row, a trigger row) go in one ``Session.begin()`` bloc
 The decisions of *which* rows to move (trigger rules, retry due, run finished) are pure functions
 elsewhere; this module only applies them.
 
-Split by actor: core, runs, scheduling, attempts, deferrals, user_actions;
+Split by actor: core, runs, scheduling, attempts, deferrals, awaiting_input, user_actions;
 every name is available from this package as before."""
 
 from __future__ import annotations
@@ -24,6 +24,8 @@ from deferral.transitions.attempts import skip as skip
 from deferral.transitions.attempts import start_many as start_many
 from deferral.transitions.attempts import succeed as succeed
 from deferral.transitions.attempts import succeed_many as succeed_many
+from deferral.transitions.awaiting_input import await_input as await_input
+from deferral.transitions.awaiting_input import resume_awaiting_input as resume_awaiting_input
 from deferral.transitions.core import MARKS_RUN as MARKS_RUN
 from deferral.transitions.core import TI as TI
 from deferral.transitions.core import mark_runs as mark_runs

@@ -240,6 +240,7 @@ _FAILED_WITH_BROKEN_DAG = (
     TaskState.DEFERRED,
     TaskState.UP_FOR_RETRY,
     TaskState.UP_FOR_RESCHEDULE,
+    TaskState.AWAITING_INPUT,
 )
 
 

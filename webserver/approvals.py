@@ -1,0 +1,133 @@
+"""Required actions (human in the loop): the page listing tasks awaiting input with a form to
+respond, and the API (``GET /api/v1/hitlDetails``, ``POST /api/v1/hitlDetails/{id}``). A response
+needs a logged-in user (a session with its CSRF token, or HTTP Basic for the API), recorded with
+the time; ``deferral.hitl`` checks and applies it."""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, Any
+
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import JSONResponse, RedirectResponse, Response
+from starlette.routing import Route
+
+from deferral import hitl
+from deferral.crypto import Cipher
+from webserver.inputs import BadInput, int_param
+
+if TYPE_CHECKING:
+    from webserver.app import WebUI
+
+API = "/api/v1"
+PAGE = "/required_actions"
+# A form field holding a param's value (JSON, or plain text for a string) is named so.
+PARAM_PREFIX = "param:"
+
+
+def _status(exc: hitl.ResponseError) -> int:
+    if isinstance(exc, hitl.NoSuchTask):
+        return 404
+    return 409 if isinstance(exc, hitl.NotAwaitingInput) else 400
+
+
+def _respond(
+    ui: WebUI, ti_id: int, chosen: list[Any], params: dict[str, Any] | None, user: str
+) -> dict[str, Any]:
+    with ui.sessions.begin() as session:
+        return hitl.respond(session, Cipher(ui.settings.fernet_keys), ti_id, chosen, params, user)
+
+
+def _listed(ui: WebUI, pending: bool, dag_id: str | None, limit: int) -> list[dict[str, Any]]:
+    with ui.sessions() as session:
+        found = hitl.required_actions(session, pending=pending, dag_id=dag_id, limit=limit)
+    return [action.as_json() for action in found]
+
+
+def _param_value(text: str) -> Any:
+    """A form field's value: JSON if it parses (numbers, true/false, lists), else the text."""
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+def page_routes(ui: WebUI) -> list[Route]:
+    async def page(request: Request) -> Response:
+        pending = await run_in_threadpool(_listed, ui, True, None, hitl.MAX_LISTED)
+        answered = [
+            a
+            for a in await run_in_threadpool(_listed, ui, False, None, 50)
+            if a["responded_at"] is not None
+        ]
+        return await ui.page(
+            request, "required_actions.html", {"pending": pending, "answered": answered}
+        )
+
+    async def respond_form(request: Request) -> Response:
+        form = request.scope["form"]
+        ti_id = int_param(str(request.path_params["ti_id"]), "task instance id", low=1)
+        assert ti_id is not None
+        chosen = [v for v in form.getlist("chosen_options") if isinstance(v, str)]
+        params = {
+            key[len(PARAM_PREFIX) :]: _param_value(value)
+            for key, value in form.multi_items()
+            if key.startswith(PARAM_PREFIX) and isinstance(value, str)
+        }
+        user = await run_in_threadpool(ui.auth.session_user, request)
+        assert user is not None
+        try:
+            await run_in_threadpool(_respond, ui, ti_id, chosen, params, user)
+        except hitl.ResponseError as exc:
+            ui.flash(request, "error", str(exc))
+        else:
+            ui.flash(request, "ok", f"responded {', '.join(chosen)} to task instance {ti_id}")
+        return RedirectResponse(PAGE, status_code=303)
+
+    return [
+        Route(PAGE, ui.reader(page)),
+        Route(f"{PAGE}/{{ti_id:int}}/respond", ui.actor(respond_form), methods=["POST"]),
+    ]
+
+
+def api_routes(ui: WebUI) -> list[Route]:
+    async def listing(request: Request) -> Response:
+        query = request.query_params
+        dag_id = query.get("dag_id")
+        if dag_id is not None and len(dag_id) > 250:
+            raise BadInput("dag_id is longer than 250 characters")
+        limit = int_param(query.get("limit"), "limit", low=1, high=hitl.MAX_LISTED) or 100
+        pending = query.get("state", "pending") == "pending"
+        found = await run_in_threadpool(_listed, ui, pending, dag_id, limit)
+        return JSONResponse({"hitl_details": found, "total_entries": len(found)})
+
+    async def respond(request: Request) -> Response:
+        body = request.scope["body"]
+        ti_id = int_param(str(request.path_params["ti_id"]), "task instance id", low=1)
+        assert ti_id is not None
+        chosen, params = body.get("chosen_options"), body.get("params_input")
+        if not isinstance(chosen, list):
+            raise BadInput("chosen_options must be a list of options")
+        if params is not None and not isinstance(params, dict):
+            raise BadInput("params_input must be a JSON object")
+        try:
+            event = await run_in_threadpool(
+                _respond, ui, ti_id, chosen, params, request.scope["acting_user"]
+            )
+        except hitl.ResponseError as exc:
+            return JSONResponse({"error": str(exc)}, status_code=_status(exc))
+        return JSONResponse(
+            {
+                "task_instance_id": ti_id,
+                "chosen_options": event["chosen_options"],
+                "params_input": event["params_input"],
+                "responded_by": event["responded_by_user"],
+                "responded_at": event["responded_at"].isoformat(),
+            }
+        )
+
+    return [
+        Route(f"{API}/hitlDetails", ui.api_reader(listing)),
+        Route(f"{API}/hitlDetails/{{ti_id:int}}", ui.api_actor(respond), methods=["POST"]),
+    ]
