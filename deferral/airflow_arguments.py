@@ -6,6 +6,8 @@ the shipped operators that deferral does not take as its own: the one table the 
 - ``INERT``: Airflow acts on it, deferral does not (yet); accepted only with the value under
   which Airflow does nothing either (e.g. ``sla=None``), and kept; any other value
   is refused when the DAG loads, naming the argument and saying why.
+- ``TASK_DEPRECATED`` / ``DAG_DEPRECATED``: honoured with a DeprecationWarning (``sla`` and
+  ``sla_miss_callback`` map to a deadline alert, ``deferral.deadline``).
 - ``EMAIL_ARGUMENTS``: honoured (email alerts, ``deferral.utils.email``): checked, and kept as
   attributes for the task process that composes the alert.
 
@@ -14,6 +16,8 @@ An argument in none of these is unknown, and refused as such.
 
 from __future__ import annotations
 
+import datetime as dt
+import warnings
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -61,7 +65,6 @@ TASK_KEPT = frozenset(
 )
 
 TASK_INERT: Mapping[str, Inert] = {
-    "sla": Inert(_none, "SLAs are not implemented (Airflow 3 drops them)"),
     "pre_execute": Inert(_none, f"pre_execute hooks are {_NOT_YET}"),
     "post_execute": Inert(_none, f"post_execute hooks are {_NOT_YET}"),
     "retry_exponential_backoff": Inert(_false, f"exponential retry delays are {_NOT_YET}"),
@@ -94,13 +97,21 @@ TASK_DATES = ("start_date", "end_date")
 TASK_DATES_REASON = f"a task's own start_date / end_date, other than its DAG's, is {_NOT_YET}"
 
 DAG_INERT: Mapping[str, Inert] = {
-    "sla_miss_callback": Inert(_none, "SLAs are not implemented (Airflow 3 drops them)"),
     "access_control": Inert(_none, "deferral's web UI has no per-DAG roles"),
     "fail_stop": Inert(_false, f"fail_stop is {_NOT_YET}"),
     "max_consecutive_failed_dag_runs": Inert(
         _equals(0, None), f"pausing after failed runs is {_NOT_YET}"
     ),
 }
+
+# Honoured but deprecated: accepted with a DeprecationWarning saying what they map to.
+SLA_DEPRECATION = (
+    "SLAs are deprecated (Airflow 3 replaces them with deadline alerts): mapped to"
+    " DAG(deadline=DeadlineAlert(DeadlineReference.DAGRUN_QUEUED_AT, the smallest task sla,"
+    " the DAG's sla_miss_callback))"
+)
+TASK_DEPRECATED: Mapping[str, str] = {"sla": SLA_DEPRECATION}
+DAG_DEPRECATED: Mapping[str, str] = {"sla_miss_callback": SLA_DEPRECATION}
 
 # ``email``, ``email_on_failure``, ``email_on_retry``: honoured (``deferral.utils.email``): an
 # alert goes to the addresses when a try fails into a retry or for good, unless its flag is
@@ -109,7 +120,9 @@ EMAIL_ARGUMENTS = ("email", "email_on_failure", "email_on_retry")
 
 # Every Airflow task argument BaseOperator accepts besides its own: default_args apply to them
 # as to its own (Airflow's BaseOperator takes them all), so they are checked on every task.
-TASK_ARGUMENTS = frozenset({*TASK_KEPT, *TASK_INERT, *TASK_DATES, *EMAIL_ARGUMENTS})
+TASK_ARGUMENTS = frozenset(
+    {*TASK_KEPT, *TASK_INERT, *TASK_DATES, *EMAIL_ARGUMENTS, *TASK_DEPRECATED}
+)
 
 
 class RefusedArgument(ValueError):
@@ -149,6 +162,12 @@ def check_task_arguments(
             rule = TASK_INERT[name]
             if not rule.does_nothing(value):
                 raise RefusedArgument(f"{where}: {refusal(name, value, rule.reason)}")
+            kept[name] = value
+        elif name in TASK_DEPRECATED:
+            if value is not None:
+                if not isinstance(value, dt.timedelta):
+                    raise RefusedArgument(f"{where}: {name} must be a timedelta, not {value!r}")
+                warnings.warn(f"{where}: {name}: {TASK_DEPRECATED[name]}", DeprecationWarning, 4)
             kept[name] = value
         elif name in TASK_DATES:
             if value is not None and value != dag_dates.get(name):

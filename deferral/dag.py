@@ -9,14 +9,20 @@ import re
 import subprocess
 import sys
 import warnings
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from deferral.airflow_arguments import RefusedArgument, check_dag_arguments, refused_default_args
+from deferral.airflow_arguments import (
+    SLA_DEPRECATION,
+    RefusedArgument,
+    check_dag_arguments,
+    refused_default_args,
+)
 from deferral.callbacks import CallbackArg, check_callbacks
 from deferral.config import default_timezone
+from deferral.deadline import DeadlineAlert, deadline_alerts, sla_alert
 from deferral.models.param import ParamValidationError, split_params
 from deferral.states import DagRunState
 from deferral.timetables import (
@@ -171,6 +177,8 @@ class DAG:
         concurrency: int | None = None,
         full_filepath: str | None = None,
         timetable: Timetable | None = None,
+        deadline: DeadlineAlert | Sequence[DeadlineAlert] | None = None,
+        sla_miss_callback: Callable[..., Any] | None = None,
         **airflow_arguments: Any,
     ) -> None:
         self.dag_id = check_id("dag_id", dag_id)
@@ -233,6 +241,13 @@ class DAG:
         self.on_success_callback = check_callbacks(at, "on_success_callback", on_success_callback)
         self.on_failure_callback = check_callbacks(at, "on_failure_callback", on_failure_callback)
         self.auto_register = auto_register
+        try:
+            self.deadline = deadline_alerts(deadline, at)
+        except (TypeError, ValueError) as exc:
+            raise DagDefinitionError(str(exc)) from None
+        if sla_miss_callback is not None:
+            warnings.warn(f"{at}: sla_miss_callback: {SLA_DEPRECATION}", DeprecationWarning, 2)
+        self.sla_miss_callback = sla_miss_callback
         # Templating (deferral.templating): where template files are, and the environment.
         if isinstance(template_searchpath, str):
             template_searchpath = [template_searchpath]
@@ -467,6 +482,16 @@ class DAG:
             passed.add(current)
             current = min(self.task_dict[current].upstream_task_ids & unvisited)
         return current
+
+    def deadline_alerts(self) -> list[DeadlineAlert]:
+        """The DAG's deadline alerts, with the one its tasks' ``sla`` maps to (Airflow 2)."""
+        slas = [
+            sla
+            for task in self.task_dict.values()
+            if isinstance(sla := getattr(task, "sla", None), dt.timedelta)
+        ]
+        mapped = [sla_alert(slas, self.sla_miss_callback)] if slas else []
+        return [*self.deadline, *mapped]
 
     def downstream_of(self, task_id: str) -> set[str]:
         """Every task reachable downstream of ``task_id``."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from deferral.process import command_group
 from deferral_cli import (
+    approvals,
     connections,
     dags,
     dagtest,
@@ -48,6 +49,7 @@ main.add_command(runs.runs)
 main.add_command(tasks.tasks)
 tasks.tasks.add_command(dagtest.tasks_test)
 main.add_command(xcom.xcom)
+main.add_command(approvals.approvals)
 main.add_command(triggers.triggers)
 main.add_command(triggers.triggerers)
 main.add_command(triggers.workers)

@@ -70,7 +70,7 @@ from deferral.serialization import SerializationError
 from deferral.states import DagRunState, TaskState
 from deferral.tasklogs import SOURCE_TRIGGERER, NewLine
 from deferral.transitions import FiredEvent
-from scheduler import dagruns, dags, decide, runstate, waiting
+from scheduler import dagruns, dags, deadlines, decide, runstate, waiting
 from scheduler.reconcile import Reconciler
 from scheduler.waiting import new_task_instance
 
@@ -173,6 +173,7 @@ class SchedulerService:
             Every(beat / 4, self._take_over),
             Every(EXPIRE_EVERY_SEC, self.expire_deferrals),
             Every(EXPIRE_EVERY_SEC, self.expire_input_requests),
+            Every(EXPIRE_EVERY_SEC, self.record_deadline_misses),
             Every(WAKE_EVERY_SEC, self.wake_due),
             Every(RELAY_EVERY_SEC, self.relay_outbox),
             Every(RECONCILE_EVERY_SEC, self.reconcile),
@@ -721,6 +722,15 @@ class SchedulerService:
         metrics.HITL_TIMEOUTS.inc(len(expired))
         if expired:
             log.info("response timeout passed for task instance(s) %s", expired)
+
+    def record_deadline_misses(self) -> None:
+        """Runs past a DeadlineAlert's deadline: recorded once, their callbacks run off the loop."""
+        with self.sessions.begin() as session:
+            missed = deadlines.record_misses(session, self.dagbag.dags, dt.datetime.now(dt.UTC))
+        metrics.DEADLINE_MISSES.inc(len(missed))
+        if missed:
+            log.warning("deadline missed by %s", [m.context["run_id"] for m in missed])
+            self.callbacks.submit(deadlines.call_back, self.sessions, missed)
 
     def wake_due(self) -> None:
         with self.sessions.begin() as session:

@@ -210,6 +210,14 @@ def airflow_arguments_page() -> str:
             for name in airflow_arguments.TASK_DATES
         ),
         *(
+            (name, on, "honoured, with a DeprecationWarning", why)
+            for on, table in (
+                ("task", airflow_arguments.TASK_DEPRECATED),
+                ("DAG", airflow_arguments.DAG_DEPRECATED),
+            )
+            for name, why in sorted(table.items())
+        ),
+        *(
             (name, "task", "accepted only with Airflow's no-op value", inert.reason)
             for name, inert in sorted(airflow_arguments.TASK_INERT.items())
         ),

@@ -99,12 +99,12 @@ def test_default_args_without_tasks_and_in_groups_are_checked(
 
             dag = DAG(
                 "no_tasks",
-                default_args={"sla": 60},
+                default_args={"run_as_user": "nobody"},
             )
             """
         )
     )
-    assert "DAG 'no_tasks': default_args: sla=60 is not supported by deferral" in error
+    assert "DAG 'no_tasks': default_args: run_as_user='nobody' is not supported" in error
     assert error.endswith("(line 4)")  # the DAG's line
 
 
@@ -179,7 +179,6 @@ def test_default_args_reach_mapped_and_taskflow_tasks() -> None:
 @pytest.mark.parametrize(
     ("name", "value"),
     [
-        ("sla", dt.timedelta(hours=1)),
         ("retry_exponential_backoff", True),
         ("weight_rule", "downstream"),
         ("run_as_user", "nobody"),
@@ -260,7 +259,7 @@ def test_concurrency_is_max_active_tasks() -> None:
 
 @pytest.mark.parametrize(
     ("name", "value"),
-    [("fail_stop", True), ("sla_miss_callback", print), ("access_control", {"role": {"can_read"}})],
+    [("fail_stop", True), ("access_control", {"role": {"can_read"}})],
 )
 def test_dag_argument_airflow_acts_on_is_refused_by_name(name: str, value: Any) -> None:
     with pytest.raises(DagDefinitionError, match=f"DAG 'd': {name}=.* is not supported"):

@@ -120,7 +120,8 @@ def test_the_airflow_arguments_reference_lists_every_argument(reference: ModuleT
     from deferral import airflow_arguments
 
     page = reference.airflow_arguments_page()
-    for name in (*airflow_arguments.TASK_ARGUMENTS, *airflow_arguments.DAG_INERT):
+    dag_arguments = (*airflow_arguments.DAG_INERT, *airflow_arguments.DAG_DEPRECATED)
+    for name in (*airflow_arguments.TASK_ARGUMENTS, *dag_arguments):
         assert f"| `{name}` |" in page
 
 
