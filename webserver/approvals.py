@@ -1,13 +1,15 @@
 """Required actions (human in the loop): the page listing tasks awaiting input with a form to
 respond, and the API (``GET /api/v1/hitlDetails``, ``POST /api/v1/hitlDetails/{id}``). A response
 needs a logged-in user (a session with its CSRF token, or HTTP Basic for the API), recorded with
-the time; ``deferral.hitl`` checks and applies it."""
+the time; ``deferral.hitl`` checks and applies it. Also the deadline misses (``deadline_miss``):
+``/deadline_misses`` and ``GET /api/v1/deadlineMisses``."""
 
 from __future__ import annotations
 
 import json
 from typing import TYPE_CHECKING, Any
 
+from sqlalchemy import select
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import JSONResponse, RedirectResponse, Response
@@ -15,6 +17,7 @@ from starlette.routing import Route
 
 from deferral import hitl
 from deferral.crypto import Cipher
+from deferral.models import DeadlineMiss
 from webserver.inputs import BadInput, int_param
 
 if TYPE_CHECKING:
@@ -22,6 +25,8 @@ if TYPE_CHECKING:
 
 API = "/api/v1"
 PAGE = "/required_actions"
+MISSES = "/deadline_misses"
+MAX_MISSES_LISTED = 500
 # A form field holding a param's value (JSON, or plain text for a string) is named so.
 PARAM_PREFIX = "param:"
 
@@ -43,6 +48,24 @@ def _listed(ui: WebUI, pending: bool, dag_id: str | None, limit: int) -> list[di
     with ui.sessions() as session:
         found = hitl.required_actions(session, pending=pending, dag_id=dag_id, limit=limit)
     return [action.as_json() for action in found]
+
+
+def _misses(ui: WebUI, dag_id: str | None, limit: int) -> list[dict[str, Any]]:
+    query = select(DeadlineMiss).order_by(DeadlineMiss.id.desc()).limit(limit)
+    if dag_id is not None:
+        query = query.where(DeadlineMiss.dag_id == dag_id)
+    with ui.sessions() as session:
+        return [
+            {
+                "dag_id": m.dag_id,
+                "run_id": m.run_id,
+                "alert_index": m.alert_index,
+                "deadline": m.deadline.isoformat(),
+                "missed_at": m.missed_at.isoformat(),
+                "callback_state": m.callback_state,
+            }
+            for m in session.scalars(query)
+        ]
 
 
 def _param_value(text: str) -> Any:
@@ -85,8 +108,13 @@ def page_routes(ui: WebUI) -> list[Route]:
             ui.flash(request, "ok", f"responded {', '.join(chosen)} to task instance {ti_id}")
         return RedirectResponse(PAGE, status_code=303)
 
+    async def misses_page(request: Request) -> Response:
+        found = await run_in_threadpool(_misses, ui, None, MAX_MISSES_LISTED)
+        return await ui.page(request, "deadline_misses.html", {"misses": found})
+
     return [
         Route(PAGE, ui.reader(page)),
+        Route(MISSES, ui.reader(misses_page)),
         Route(f"{PAGE}/{{ti_id:int}}/respond", ui.actor(respond_form), methods=["POST"]),
     ]
 
@@ -127,7 +155,16 @@ def api_routes(ui: WebUI) -> list[Route]:
             }
         )
 
+    async def misses(request: Request) -> Response:
+        dag_id = request.query_params.get("dag_id")
+        if dag_id is not None and len(dag_id) > 250:
+            raise BadInput("dag_id is longer than 250 characters")
+        limit = int_param(request.query_params.get("limit"), "limit", low=1, high=MAX_MISSES_LISTED)
+        found = await run_in_threadpool(_misses, ui, dag_id, limit or 100)
+        return JSONResponse({"deadline_misses": found, "total_entries": len(found)})
+
     return [
+        Route(f"{API}/deadlineMisses", ui.api_reader(misses)),
         Route(f"{API}/hitlDetails", ui.api_reader(listing)),
         Route(f"{API}/hitlDetails/{{ti_id:int}}", ui.api_actor(respond), methods=["POST"]),
     ]

@@ -306,3 +306,8 @@ def test_a_missed_deadline_runs_its_callback_exactly_once_with_two_schedulers(
     assert calls.read_text().splitlines() == ["late"]
     logs = env.stack.services.log("scheduler") + env.stack.services.log("scheduler2")
     assert logs.count("deadline missed by ['late']") == 1
+    status, listed = env.api("/api/v1/deadlineMisses?dag_id=deadline_missed")
+    assert status == 200 and [m["run_id"] for m in listed["deadline_misses"]] == ["late"]
+    env.driver.get(env.base + "/deadline_misses")  # logged in by the first test
+    row = env.driver.find_element(By.CSS_SELECTOR, '.deadline-miss[data-run="late"]')
+    assert "deadline_missed" in row.text and "done" in row.text
