@@ -62,6 +62,7 @@ from worker.attempt import execute_attempt
 from worker.capture import run_attempt_here
 from worker.outcomes import (
     AttemptRequest,
+    AwaitingInput,
     Deferred,
     Failed,
     Outcome,
@@ -483,7 +484,12 @@ def tasks_test(
             click.echo(outcome.traceback.rstrip(), err=True)
         click.echo(f"{label}: failed: {outcome.error}")
         sys.exit(EXIT_FAILED)
-    said = {Succeeded: "success", Skipped: "skipped", Rescheduled: "would poke again later"}
+    said = {
+        Succeeded: "success",
+        Skipped: "skipped",
+        Rescheduled: "would poke again later",
+        AwaitingInput: "would await input (respond with `deferral approvals respond`)",
+    }
     click.echo(f"{label}: {said[type(outcome)]}")
 
 
