@@ -26,7 +26,13 @@ def approvals() -> None:
 @approvals.command("list")
 @click.option("--all", "show_all", is_flag=True, help="Also requests already responded to.")
 @click.option("--dag-id", default=None, help="Only this DAG's tasks.")
-@click.option("--limit", type=click.IntRange(1, hitl.MAX_LISTED), default=100, show_default=True)
+@click.option(
+    "--limit",
+    type=click.IntRange(1, hitl.MAX_LISTED),
+    default=100,
+    show_default=True,
+    help="At most this many, newest first.",
+)
 @output_options
 def approvals_list(show_all: bool, dag_id: str | None, limit: int, output: str) -> None:
     """List tasks awaiting input, newest first: id (to respond with), task, subject, options,
