@@ -131,6 +131,8 @@ ALIASES: dict[str, Alias] = {
     "airflow.utils.weekday": Alias("deferral.utils.weekday"),
     # Airflow 3
     "airflow.sdk": Alias(names=_SDK),
+    "airflow.sdk.definitions": Alias(),
+    "airflow.sdk.definitions.deadline": Alias("deferral.deadline"),
     "airflow.providers": Alias(),
     "airflow.providers.standard": Alias(),
     "airflow.providers.standard.operators": Alias(),
@@ -142,6 +144,10 @@ ALIASES: dict[str, Alias] = {
     "airflow.providers.standard.operators.weekday": Alias("deferral.operators.weekday"),
     "airflow.providers.standard.operators.trigger_dagrun": Alias(
         "deferral.operators.trigger_dagrun"
+    ),
+    "airflow.providers.standard.operators.hitl": Alias("deferral.operators.hitl"),
+    "airflow.providers.standard.exceptions": Alias(
+        names=_names("deferral.exceptions", "HITLTimeoutError", "HITLRejectException")
     ),
     "airflow.providers.standard.sensors": Alias(),
     "airflow.providers.standard.sensors.bash": Alias("deferral.sensors.bash"),

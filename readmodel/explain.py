@@ -96,6 +96,11 @@ def explain(
             lines.append(_running_worker(session, settings, ti.worker, now))
     elif state is TaskState.DEFERRED:
         lines += _explain_deferred(session, settings, ti, now)
+    elif state is TaskState.AWAITING_INPUT:
+        lines.append(
+            "  awaiting a person's input (holds no worker or pool slot): respond on the web UI's"
+            f" Required actions page or with `deferral approvals respond {ti.id} OPTION`"
+        )
     elif state is TaskState.UP_FOR_RESCHEDULE:
         due = session.scalars(
             select(TaskReschedule.reschedule_date)

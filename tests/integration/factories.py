@@ -8,7 +8,7 @@ from typing import Any
 from sqlalchemy import ColumnElement, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from deferral import serialization, transitions
+from deferral import hitl, serialization, transitions
 from deferral.crypto import Cipher
 from deferral.models import DagRun, TaskInstance
 from deferral.transitions import Attempt, NewTaskInstance
@@ -34,6 +34,21 @@ def running_task(sessions: sessionmaker[Session], task_id: str = "t", run_id: st
         transitions.schedule(session, [ti_id])
         transitions.dispatch(session, [ti_id])
         assert transitions.start_many(session, [(ti_id, 1)], "host", WORKER)
+    return ti_id
+
+
+def awaiting_input_task(
+    sessions: sessionmaker[Session],
+    task_id: str = "t",
+    run_id: str = "r1",
+    defaults: tuple[str, ...] | None = None,
+) -> int:
+    """A running task awaiting input (options yes / no, ``defaults``); returns its id."""
+    ti_id = running_task(sessions, task_id, run_id)
+    with sessions.begin() as session:
+        assert transitions.await_input(session, Attempt(ti_id, 1, WORKER))
+        request = hitl.InputRequest("ok?", None, ("yes", "no"), defaults, False, {}, None)
+        hitl.record_request(session, ti_id, 1, request)
     return ti_id
 
 

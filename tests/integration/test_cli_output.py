@@ -30,7 +30,13 @@ from scheduler.cli import main as scheduler_main
 from tests.conftest import ADMIN_URL
 from tests.integration.cli_tree import command_at, walk
 from tests.integration.conftest import CLI_DAG_SOURCE
-from tests.integration.factories import DAG_ID, WORKER, deferred_task, running_task
+from tests.integration.factories import (
+    DAG_ID,
+    WORKER,
+    awaiting_input_task,
+    deferred_task,
+    running_task,
+)
 from triggerer.cli import main as triggerer_main
 from webserver import users
 from worker.cli import main as worker_main
@@ -71,6 +77,7 @@ def test_every_command_takes_h_for_help_and_every_group_version(
 
 
 LISTINGS = {
+    ("approvals", "list"),
     ("dags", "list"),
     ("runs", "list"),
     ("tasks", "list"),
@@ -115,6 +122,7 @@ def everything(
     write_dag(f"listed_{uuid.uuid4().hex[:8]}", CLI_DAG_SOURCE.format(dag_id="listed"))
     deferred_task(sessions, cipher, task_id="waits", run_id="r1")
     ti_id = running_task(sessions, task_id="pushes", run_id="r2")
+    awaiting_input_task(sessions, task_id="asks", run_id="r3")
     with sessions.begin() as session:
         xcom.upsert(session, ti_id, "return_value", serialization.to_jsonable({"n": 1}))
         session.add(Triggerer(name="t1", hostname="h", pid=1, capacity=10, state="running"))

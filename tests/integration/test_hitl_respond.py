@@ -11,31 +11,11 @@ import pytest
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session, sessionmaker
 
-from deferral import hitl, transitions
+from deferral import hitl
 from deferral.crypto import Cipher
-from deferral.models import DagRun, HITLDetail, TaskInstance
+from deferral.models import HITLDetail, TaskInstance
 from deferral.states import TaskState
-from deferral.transitions import Attempt, NewTaskInstance
-
-
-def _awaiting(
-    sessions: sessionmaker[Session], run_id: str, defaults: tuple[str, ...] | None = None
-) -> int:
-    """A task instance of a new run, awaiting input (options yes / no)."""
-    with sessions.begin() as session:
-        transitions.create_dag_run(session, "h", run_id, dt.datetime.now(dt.UTC), {})
-        run = session.scalars(select(DagRun).where(DagRun.run_id == run_id)).one()
-        transitions.start_dag_run(
-            session, run, [NewTaskInstance("ask", 0, "default_pool", 1, "default", 1)]
-        )
-        ti_id = session.scalars(select(TaskInstance.id).where(TaskInstance.run_id == run_id)).one()
-        transitions.schedule(session, [ti_id])
-        transitions.dispatch(session, [ti_id])
-        transitions.start_many(session, [(ti_id, 1)], "h", "w")
-        assert transitions.await_input(session, Attempt(ti_id, 1, "w"))
-        request = hitl.InputRequest("ok?", None, ("yes", "no"), defaults, False, {}, None)
-        hitl.record_request(session, ti_id, 1, request)
-    return ti_id
+from tests.integration.factories import awaiting_input_task
 
 
 def _state(sessions: sessionmaker[Session], ti_id: int) -> str:
@@ -48,14 +28,16 @@ def _state(sessions: sessionmaker[Session], ti_id: int) -> str:
 def test_one_response_applies_and_a_second_is_refused(
     sessions: sessionmaker[Session], cipher: Cipher
 ) -> None:
-    ti_id = _awaiting(sessions, "r1")
+    ti_id = awaiting_input_task(sessions, "ask", "r1")
     with sessions.begin() as session:
         event = hitl.respond(session, cipher, ti_id, ["no"], None, "alice")
     assert event["chosen_options"] == ["no"] and event["responded_by_user"] == "alice"
     assert _state(sessions, ti_id) == TaskState.SCHEDULED
     with sessions.begin() as session, pytest.raises(hitl.NotAwaitingInput) as caught:
         hitl.respond(session, cipher, ti_id, ["yes"], None, "bob")
-    assert str(caught.value).startswith("task h.r1.ask was already responded to by alice at")
+    assert str(caught.value).startswith(
+        "task factory_dag.r1.ask was already responded to by alice at"
+    )
     with sessions() as session:
         detail = session.get(HITLDetail, ti_id)
         ti = session.get(TaskInstance, ti_id)
@@ -68,7 +50,7 @@ def test_one_response_applies_and_a_second_is_refused(
 def test_responses_to_tasks_not_awaiting_input_are_refused(
     sessions: sessionmaker[Session], cipher: Cipher
 ) -> None:
-    ti_id = _awaiting(sessions, "r2")
+    ti_id = awaiting_input_task(sessions, "ask", "r2")
     with sessions.begin() as session:
         session.execute(
             update(TaskInstance).where(TaskInstance.id == ti_id).values(state="success")
@@ -78,15 +60,17 @@ def test_responses_to_tasks_not_awaiting_input_are_refused(
     with sessions.begin() as session, pytest.raises(hitl.NoSuchTask, match="does not exist"):
         hitl.respond(session, cipher, ti_id + 1000, ["yes"], None, "alice")
     with sessions.begin() as session, pytest.raises(hitl.ResponseError, match="unknown option"):
-        hitl.respond(session, cipher, _awaiting(sessions, "r3"), ["maybe"], None, "alice")
+        hitl.respond(
+            session, cipher, awaiting_input_task(sessions, "ask", "r3"), ["maybe"], None, "alice"
+        )
     assert _state(sessions, ti_id) == TaskState.SUCCESS
 
 
 def test_the_timeout_applies_the_defaults_once_across_replicas(
     sessions: sessionmaker[Session], cipher: Cipher
 ) -> None:
-    with_default = _awaiting(sessions, "t1", defaults=("no",))
-    without = _awaiting(sessions, "t2")
+    with_default = awaiting_input_task(sessions, "ask", "t1", ("no",))
+    without = awaiting_input_task(sessions, "ask", "t2")
     with sessions.begin() as session:
         session.execute(
             update(HITLDetail).values(timeout_at=dt.datetime.now(dt.UTC) - dt.timedelta(seconds=1))

@@ -3,6 +3,7 @@ imports them (deferral.airflow_imports), and only then."""
 
 from __future__ import annotations
 
+import datetime as dt
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -12,6 +13,7 @@ import pytest
 from deferral import airflow_imports
 from deferral.dagbag import DagBag
 from deferral.operators.bash import BashOperator
+from deferral.operators.hitl import ApprovalOperator
 from deferral.sensors.base import BaseSensorOperator
 from deferral.sensors.time_sensor import TimeSensorAsync
 from tests.unit.dag_source import isolated_imports, load_source  # noqa: F401 (a fixture)
@@ -101,6 +103,38 @@ def test_airflow_3_sdk_and_standard_provider_names(
     dag = bag.dags[dag_id]
     assert isinstance(dag.get_task("wait"), TimeSensorAsync)
     assert dag.get_task("b").upstream_task_ids == {"hello"}
+
+
+AIRFLOW_31_HITL_DAG = """\
+import datetime as dt
+
+from airflow.sdk import DAG
+from airflow.sdk.definitions.deadline import AsyncCallback, DeadlineAlert, DeadlineReference
+from airflow.providers.standard.operators.hitl import ApprovalOperator
+
+
+async def alert(**kwargs):
+    pass
+
+
+with DAG(
+    "{dag_id}",
+    deadline=DeadlineAlert(
+        reference=DeadlineReference.DAGRUN_QUEUED_AT,
+        interval=dt.timedelta(minutes=15),
+        callback=AsyncCallback(alert),
+    ),
+):
+    ApprovalOperator(task_id="approve", subject="Ship it?")
+"""
+
+
+def test_airflow_31_hitl_and_deadline_names(load: Callable[..., tuple[DagBag, str]]) -> None:
+    bag, dag_id = load(AIRFLOW_31_HITL_DAG)
+    assert bag.import_errors == {}
+    dag = bag.dags[dag_id]
+    assert isinstance(dag.get_task("approve"), ApprovalOperator)
+    assert [a.interval for a in dag.deadline_alerts()] == [dt.timedelta(minutes=15)]
 
 
 @pytest.mark.parametrize(
