@@ -33,7 +33,7 @@ import msgspec
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from deferral import actions, liveness, migrate, serialization, tasklogs, transitions
+from deferral import actions, hitl, liveness, migrate, serialization, tasklogs, transitions
 from deferral.callbacks import REASON_SUCCESS, REASON_TASK_FAILURE, run_dag_callbacks
 from deferral.config import Settings, is_configured
 from deferral.context import DagRunInfo
@@ -223,7 +223,14 @@ class LocalRun(InThisProcess):
         return outcome, None
 
     def _wait_for_due(self) -> None:
-        """Nothing can run now: sleep until the next retry or reschedule is due."""
+        """Nothing can run now: sleep until the next retry or reschedule is due, or, while a
+        task awaits input, until someone responds (`deferral approvals respond`, the web UI) or
+        its response timeout passes (applied here, as a scheduler would)."""
+        with self.sessions.begin() as session:
+            if self._ids(session, TaskState.AWAITING_INPUT):
+                hitl.expire(session, self.cipher)
+                time.sleep(WAIT_STEP_SEC)
+                return
         with self.sessions() as session:
             due_at, now = session.execute(
                 select(func.min(TI.due_at), func.now()).where(

@@ -388,3 +388,34 @@ def test_an_unmodified_airflow_file_runs_when_its_folder_says_airflow_imports(
         "say": "success",
         "other": "skipped",
     }
+
+
+HITL_DAG = """
+import datetime as dt
+
+from deferral import DAG
+from deferral.operators.empty import EmptyOperator
+from deferral.operators.hitl import HITLOperator
+
+with DAG("hitl_local"):
+    HITLOperator(
+        task_id="ask",
+        subject="Pick",
+        options=["a", "b"],
+        defaults="a",
+        execution_timeout=dt.timedelta(seconds=1),
+    ) >> EmptyOperator(task_id="after")
+"""
+
+
+def test_dags_test_waits_for_input_until_its_timeout_takes_the_default(
+    service_env: dict[str, str],
+    sessions: sessionmaker[Session],
+    write_dag: Callable[[str, str], Path],
+) -> None:
+    write_dag("hitl_local", HITL_DAG)
+    done = deferral(service_env, "dags", "test", "hitl_local")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "ask: running -> awaiting_input (awaiting input)" in done.stdout
+    assert "ask: awaiting_input -> scheduled (response timeout passed)" in done.stdout
+    assert states(sessions, "hitl_local") == {"ask": "success", "after": "success"}
