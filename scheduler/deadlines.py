@@ -27,6 +27,9 @@ log = logging.getLogger("deferral.scheduler.deadlines")
 
 # Unfinished runs looked at per check (the oldest first); the rest wait for the next check.
 MAX_RUNS_PER_CHECK = 5_000
+# Finished runs looked at again for this long: one that ended past its deadline between two
+# checks (a second apart) is recorded too.
+FINISHED_LOOKBACK = dt.timedelta(seconds=30)
 # What is kept of a callback's error in deadline_miss.callback_state.
 MAX_ERROR_CHARS = 500
 
@@ -41,16 +44,27 @@ class Missed:
 
 
 def record_misses(session: Session, dags: Mapping[str, DAG], now: dt.datetime) -> list[Missed]:
-    """Insert a deadline_miss row for each unfinished run of ``dags`` past one of its DAG's
-    deadlines and not yet recorded; returns those this call inserted."""
+    """Insert a deadline_miss row for each run of ``dags`` unfinished past one of its DAG's
+    deadlines (or that finished after it) and not yet recorded; returns those this call
+    inserted."""
     alerts = {dag_id: found for dag_id, dag in dags.items() if (found := dag.deadline_alerts())}
     if not alerts:
         return []
     runs = session.execute(
-        select(DagRun.id, DagRun.dag_id, DagRun.run_id, DagRun.created_at, DagRun.logical_date)
+        select(
+            DagRun.id,
+            DagRun.dag_id,
+            DagRun.run_id,
+            DagRun.created_at,
+            DagRun.logical_date,
+            DagRun.end_date,
+        )
         .where(
             DagRun.dag_id.in_(alerts),
-            DagRun.state.in_([DagRunState.QUEUED, DagRunState.RUNNING]),
+            # Unfinished, or finished since the last checks: a run that ended late between two
+            # checks missed its deadline too.
+            DagRun.state.in_([DagRunState.QUEUED, DagRunState.RUNNING])
+            | (DagRun.end_date > now - FINISHED_LOOKBACK),
         )
         .order_by(DagRun.id)
         .limit(MAX_RUNS_PER_CHECK)
@@ -59,7 +73,7 @@ def record_misses(session: Session, dags: Mapping[str, DAG], now: dt.datetime) -
     for run in runs:
         for index, alert in enumerate(alerts[run.dag_id]):
             deadline = alert.deadline(run.created_at, run.logical_date)
-            if deadline > now:
+            if deadline > (now if run.end_date is None else min(run.end_date, now)):
                 continue
             miss_id = session.scalar(
                 pg_insert(DeadlineMiss)
