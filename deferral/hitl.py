@@ -142,9 +142,9 @@ def check_response(
         raise ResponseError("an option is chosen twice")
     if not detail.multiple and len(chosen) > 1:
         raise ResponseError("only one option may be chosen (multiple is False)")
-    given = dict(params_input or {})
     if not isinstance(params_input, Mapping | None):
         raise ResponseError("params_input must be a JSON object")
+    given = dict(params_input or {})
     if len(_json(given, "params_input")) > MAX_PARAMS_BYTES:
         raise ResponseError(f"params_input larger than {MAX_PARAMS_BYTES} bytes as JSON")
     unknown = sorted(set(given) - set(detail.params))
@@ -256,7 +256,10 @@ def expire(session: Session, cipher: Cipher, limit: int = 1_000) -> list[int]:
     resumed = []
     for ti, detail in due:
         defaults = None if detail.defaults is None else list(detail.defaults)
-        params = _params_values(detail.params, {}) if defaults is not None else {}
+        try:
+            params = _params_values(detail.params, {}) if defaults is not None else {}
+        except ResponseError:  # a param without a valid default: the defaults cannot apply
+            defaults, params = None, {}
         _apply(session, cipher, ti, detail, defaults, params, None)
         resumed.append(ti.id)
     return resumed

@@ -80,6 +80,7 @@ def _detail(multiple: bool = False, params: dict[str, Any] | None = None) -> HIT
         (["a", "b"], None, "only one option may be chosen"),
         (["a"] * 101, None, "101 chosen options, at most 100"),
         (["a"], {"nope": 1}, "unknown param 'nope'"),
+        (["a"], [["n", 1]], "params_input must be a JSON object"),
         (["a"], {"n": "x" * MAX_PARAMS_BYTES}, "params_input larger than"),
     ],
 )
