@@ -341,5 +341,5 @@ def required_actions(
             params_input=detail.params_input,
             state=ti.state,
         )
-        for ti, detail in session.execute(query).tuples()
+        for ti, detail in session.execute(query).all()
     ]
