@@ -46,6 +46,8 @@ ARGUMENTS = {
     "username": "ann",
     "dead_id": "1-0",
     "dead_ids": "1-0",
+    "task_instance_id": "1",
+    "options": "Approve",
 }
 # Options a command needs beyond its required arguments.
 OPTIONS: dict[tuple[str, ...], list[str]] = {
