@@ -20,7 +20,7 @@ from sqlalchemy.engine import URL, make_url
 from sqlalchemy.orm import Session, sessionmaker
 
 from broker.client import Broker
-from deferral import serialization, xcom
+from deferral import serialization, signals, xcom
 from deferral.config import Settings
 from deferral.crypto import Cipher
 from deferral.db import url_location
@@ -119,8 +119,8 @@ def everything(
     write_dag: Callable[[str, str], Path],
 ) -> int:
     """One of every thing a listing shows: a DAG, a deferred task and its trigger, a running task
-    with XComs, a triggerer, a worker, a variable, a connection, a dead letter; returns the
-    running task's id."""
+    with XComs, a triggerer, a worker, a variable, a connection, a dead letter, an asset, a
+    signal; returns the running task's id."""
     write_dag(f"listed_{uuid.uuid4().hex[:8]}", CLI_DAG_SOURCE.format(dag_id="listed"))
     deferred_task(sessions, cipher, task_id="waits", run_id="r1")
     ti_id = running_task(sessions, task_id="pushes", run_id="r2")
@@ -129,6 +129,7 @@ def everything(
         xcom.upsert(session, ti_id, "return_value", serialization.to_jsonable({"n": 1}))
         session.add(Triggerer(name="t1", hostname="h", pid=1, capacity=10, state="running"))
         session.add(AssetModel(name="orders", uri="s3://bucket/orders"))
+        signals.send_in(session, cipher, "orders-paid", {"order": 1})
         session.add(
             Worker(
                 name=WORKER, hostname="h", pid=2, queue="default", concurrency=4, state="running"
