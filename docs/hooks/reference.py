@@ -16,6 +16,7 @@ import scheduler.cli
 import triggerer.cli
 import worker.cli
 from deferral import airflow_arguments, config, metrics
+from deferral.process import CONTEXT_SETTINGS
 from deferral_cli import main as deferral_main
 
 CONSOLE_SCRIPTS: dict[str, click.Command] = {
@@ -92,7 +93,9 @@ def _cell(text: str) -> str:
 
 
 def _usage(path: str, command: click.Command) -> str:
-    context = click.Context(command, info_name=path)
+    # The programs' context settings (-h as well as --help): click caches a command's help option
+    # from the first context it sees, so a bare context here would drop -h from later invocations.
+    context = click.Context(command, info_name=path, **CONTEXT_SETTINGS)
     return " ".join(command.collect_usage_pieces(context))
 
 
