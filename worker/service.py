@@ -130,7 +130,7 @@ class WorkerService:
         self.cipher = Cipher(settings.fernet_keys)
         self.engine = make_engine(settings.database_url)
         self.sessions = make_sessionmaker(self.engine)
-        self.keys = StreamKeys(settings.stream_prefix)
+        self.keys = StreamKeys.for_redis(settings.stream_prefix, settings.redis_url)
         self.stream = self.keys.queue(queue)
         # Keyed by task instance id.
         self.pool: ChildPool[int] = ChildPool(
