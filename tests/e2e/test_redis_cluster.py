@@ -1,0 +1,109 @@
+"""The services on a real Redis Cluster of 3 primaries and 3 replicas on loopback ports
+(``redis-server --cluster-enabled yes``, ``redis-cli --cluster create --cluster-replicas 1``),
+started for this module and stopped after it.
+
+The end-to-end defer -> trigger -> resume test, the kill -9 takeover test and the Redis-wipe
+repair test run here unchanged (this module's ``redis_url`` fixture overrides the session's);
+then 500 deferred tasks finish exactly once although the primary holding the triggers and events
+streams is killed (kill -9) mid-run and its replica promoted. No service may log ``CROSSSLOT``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session, sessionmaker
+
+from broker.client import Broker
+from deferral.models import TaskInstance, TaskStateChange
+from tests.e2e.conftest import Services
+from tests.e2e.test_defer_resume import (
+    test_task_defers_frees_its_slot_and_resumes_on_a_fresh_instance as test_defer_resume_on_cluster,
+)
+from tests.e2e.test_redis_wipe_under_churn import DAG as GATED_DAG
+from tests.e2e.test_redis_wipe_under_churn import _counts
+from tests.e2e.test_redis_wipe_under_churn import (
+    test_every_key_wiped_under_churn as test_wipe_repair_on_cluster,
+)
+from tests.e2e.test_triggerer_leases import (
+    test_a_killed_triggerers_trigger_is_taken_over_and_fires_once as test_takeover_on_cluster,
+)
+from tests.helpers import wait_for
+from tests.redis_topologies import LocalCluster, redis_binaries_found
+
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.skipif(not redis_binaries_found(), reason="redis-server/redis-cli not found"),
+]
+
+__all__ = [
+    "test_defer_resume_on_cluster",
+    "test_takeover_on_cluster",
+    "test_wipe_repair_on_cluster",
+]
+
+N = 500
+
+
+@pytest.fixture(scope="module")
+def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    cluster = LocalCluster(tmp_path_factory.mktemp("cluster")).start()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture(scope="module")
+def redis_url(redis_cluster: LocalCluster) -> str:
+    return redis_cluster.url
+
+
+@pytest.fixture(autouse=True)
+def _no_crossslot(services: Services) -> Iterator[None]:
+    """After each test here: no service logged a CROSSSLOT error (a script or command whose
+    keys are in different slots)."""
+    yield
+    for name in services.procs:
+        assert "CROSSSLOT" not in services.log(name), name
+
+
+def test_a_primary_killed_mid_run_loses_no_task_and_runs_none_twice(
+    redis_cluster: LocalCluster,
+    services: Services,
+    write_dag: Any,
+    sessions: sessionmaker[Session],
+    broker: Broker,
+    tmp_path: Path,
+) -> None:
+    gate = tmp_path / "gate"
+    write_dag(
+        "e2e_cluster_dag", GATED_DAG.replace("e2e_wipe", "e2e_cluster").format(gate=str(gate), n=N)
+    )
+    for name in ("scheduler", "worker", "triggerer"):
+        services.start(name, *(("--concurrency", "4") if name == "worker" else ()))
+    assert services.run("dags", "trigger", "e2e_cluster").returncode == 0
+    wait_for(
+        lambda: _counts(sessions).get("deferred", 0) >= N // 2, timeout=300, what="half deferred"
+    )
+
+    # The primary of the triggers and events streams dies mid-run (replication is
+    # asynchronous: its last writes may be lost with it); its replica takes over.
+    victim = int(broker.redis.get_node_from_key(broker.keys.triggers).port)  # type: ignore[attr-defined]
+    redis_cluster.kill_primary(victim)
+    gate.write_text("open")
+
+    wait_for(lambda: _counts(sessions) == {"success": N}, timeout=600, what=f"all {N} to succeed")
+    with sessions() as session:
+        successes = session.execute(
+            select(func.count())
+            .select_from(TaskStateChange)
+            .join(TaskInstance, TaskStateChange.task_instance_id == TaskInstance.id)
+            .where(TaskStateChange.to_state == "success")
+        ).scalar_one()
+    assert successes == N
+    assert victim not in redis_cluster.primaries()
