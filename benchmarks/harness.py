@@ -110,9 +110,15 @@ class Stack:
     """A fresh database and stream prefix, and the service processes started on them."""
 
     def __init__(
-        self, *, heartbeat_sec: float = 5.0, keep: bool = False, max_map_length: int = 1024
+        self,
+        *,
+        heartbeat_sec: float = 5.0,
+        keep: bool = False,
+        max_map_length: int = 1024,
+        redis_url: str = REDIS_URL,
     ) -> None:
         self.name = f"deferral_bench_{uuid.uuid4().hex[:8]}"
+        self.redis_url = redis_url
         self.keep = keep
         self.home = Path(tempfile.mkdtemp(prefix=f"{self.name}-"))
         self.dags = self.home / "dags"
@@ -122,7 +128,7 @@ class Stack:
         self.url = make_url(ADMIN_URL).set(database=self.name).render_as_string(False)
         env = {
             "DEFERRAL_DATABASE_URL": self.url,
-            "DEFERRAL_REDIS_URL": REDIS_URL,
+            "DEFERRAL_REDIS_URL": redis_url,
             "DEFERRAL_FERNET_KEY": Fernet.generate_key().decode(),
             "DEFERRAL_DAGS_FOLDER": str(self.dags),
             "DEFERRAL_STREAM_PREFIX": self.name,
@@ -143,7 +149,7 @@ class Stack:
             conn.execute(text(f'CREATE DATABASE "{self.name}"'))
         migrate.upgrade(self.url)
         self.sessions = make_sessionmaker(make_engine(self.url, pool_size=2))
-        self.broker = Broker.from_url(REDIS_URL, self.name)
+        self.broker = Broker.from_url(self.redis_url, self.name)
         return self
 
     def vacuum_analyze(self) -> None:
@@ -548,7 +554,7 @@ class EventsWatch:
         self.seen: dict[int, dt.datetime] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._read, name="events-watch", daemon=True)
-        self._broker = Broker.from_url(REDIS_URL, stack.name)  # its own connections
+        self._broker = Broker.from_url(stack.redis_url, stack.name)  # its own connections
         # XREAD's raw reply, shaped like XREADGROUP's, which the broker's parser reads.
         self._broker.redis.response_callbacks.pop("XREAD", None)
         self._last = "0-0"
