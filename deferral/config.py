@@ -551,7 +551,14 @@ SETTINGS: tuple[SettingDoc, ...] = (
         "`transaction` when a PgBouncer in transaction pooling mode sits before PostgreSQL.",
         "core",
     ),
-    SettingDoc("REDIS_URL", None, "Redis URL whose streams carry the work (required).", "core"),
+    SettingDoc(
+        "REDIS_URL",
+        None,
+        "Redis URL whose streams carry the work (required): redis://, rediss:// or unix:// for "
+        "one Redis, redis+cluster://host:port[,host:port...] for a Redis Cluster, "
+        "redis+sentinel://host:port[,host:port...]/service_name for Sentinel.",
+        "core",
+    ),
     SettingDoc(
         "FERNET_KEY",
         None,
