@@ -31,6 +31,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from cryptography.fernet import Fernet
+from redis.cluster import RedisCluster
 from redis.exceptions import ResponseError
 from sqlalchemy import create_engine, func, select, text
 from sqlalchemy.engine import make_url
@@ -450,6 +451,50 @@ class CpuMeter:
             f"CPU seconds: {parts} (total {total:.1f}: {total * 1000 / max(per, 1):.2f} ms per"
             f" {what}; Redis and other databases not counted)"
         ]
+
+
+class RedisMeter:
+    """CPU seconds and commands of each Redis primary between :meth:`start` and :meth:`stop`
+    (``INFO``: used_cpu_sys + used_cpu_user, total_commands_processed): what one deferral costs
+    Redis, node by node. Everything the server did counts: on a shared Redis, other clients'
+    work too (a cluster started for the run has only the stack's)."""
+
+    def __init__(self, stack: Stack) -> None:
+        self.stack = stack
+        self.before: dict[str, tuple[float, int]] = {}
+        self.used: dict[str, tuple[float, int]] = {}
+
+    def _sample(self) -> dict[str, tuple[float, int]]:
+        client = self.stack.broker.redis
+        if isinstance(client, RedisCluster):
+            infos = client.info(target_nodes=RedisCluster.PRIMARIES)
+        else:
+            infos = {"redis": client.info()}
+        return {
+            str(node): (
+                float(info["used_cpu_sys"]) + float(info["used_cpu_user"]),
+                int(info["total_commands_processed"]),
+            )
+            for node, info in infos.items()
+        }
+
+    def start(self) -> None:
+        self.before = self._sample()
+
+    def stop(self) -> None:
+        after = self._sample()
+        self.used = {
+            node: (cpu - self.before.get(node, (cpu, n))[0], n - self.before.get(node, (cpu, n))[1])
+            for node, (cpu, n) in after.items()
+        }
+
+    def lines(self, per: int, what: str) -> list[str]:
+        per = max(per, 1)
+        parts = ", ".join(
+            f"{node} {cpu * 1000 / per:.3f} ms / {n / per:.1f} commands"
+            for node, (cpu, n) in sorted(self.used.items())
+        )
+        return [f"Redis per {what}: {parts}"]
 
 
 @dataclass(frozen=True)

@@ -35,6 +35,7 @@ from harness import (
     CpuMeter,
     Figure,
     Profiles,
+    RedisMeter,
     RowMeter,
     Stack,
     median,
@@ -141,17 +142,20 @@ def run(args: argparse.Namespace, redis_url: str) -> None:
         moment = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=lead)
         (stack.dags / "moment.txt").write_text(moment.isoformat())
         cpu = CpuMeter(stack)
+        redis_cpu = RedisMeter(stack)
         rows = RowMeter(stack) if args.rows else None
         profiled = names if args.profile else []
         with Profiles(stack, profiled, label="deferring", cpu_only=args.cpu) as deferring_profile:
             cpu.start()
+            redis_cpu.start()
             if rows:
                 rows.start()
             stack.trigger("bench_throughput", [f"r{i}" for i in range(runs)])
             print(f"{n} tasks in {runs} run(s); moment in {lead:.0f} s", flush=True)
             wait_until_held(stack, n, moment)
             cpu.stop()
-            deferring = cpu.lines(n, "deferral")
+            redis_cpu.stop()
+            deferring = cpu.lines(n, "deferral") + redis_cpu.lines(n, "deferral")
         wait_for(lambda: time.time() >= moment.timestamp(), timeout=lead, what="the moment")
         row_lines: list[str] = []
         if rows:  # the deferrals' counters were reported while the triggers waited
@@ -160,6 +164,7 @@ def run(args: argparse.Namespace, redis_url: str) -> None:
             rows.start()
         with Profiles(stack, profiled, label="resuming", cpu_only=args.cpu) as resuming_profile:
             cpu.start()
+            redis_cpu.start()
             wait_for(
                 lambda: stack.states().get("success", 0) >= n,
                 timeout=900,
@@ -167,7 +172,8 @@ def run(args: argparse.Namespace, redis_url: str) -> None:
                 what=f"{n} tasks to succeed",
             )
             cpu.stop()
-            resuming = cpu.lines(n, "resumed task")
+            redis_cpu.stop()
+            resuming = cpu.lines(n, "resumed task") + redis_cpu.lines(n, "resumed task")
         if rows:
             rows.stop()
             row_lines += [f"resuming: {line}" for line in rows.lines(n, "task")]
