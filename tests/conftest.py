@@ -209,6 +209,7 @@ def pytest_report_header(config: Any) -> str:
 # ending the run alone (``--no-loadscope-reorder`` in pyproject.toml keeps this order). A module
 # missing here runs in its usual (file) place: after these, e2e, then integration, then unit.
 SLOWEST_FIRST = (
+    "tests/e2e/test_redis_cluster.py",
     "tests/e2e/test_hostile_entries.py",
     "tests/e2e/test_compose_stack.py",
     "tests/e2e/test_standalone.py",

@@ -8,6 +8,8 @@ Both give the ``DEFERRAL_REDIS_URL`` that selects them and can kill -9 a primary
 
 from __future__ import annotations
 
+import os
+import random
 import shutil
 import signal
 import socket
@@ -24,9 +26,10 @@ def redis_binaries_found() -> bool:
 
 
 def free_ports(count: int, *, bus: bool = False) -> list[int]:
-    """``count`` loopback ports free now (with port + 10000 free too when ``bus``)."""
+    """``count`` loopback ports free now (with port + 10000 free too when ``bus``), looked for
+    from a point of this process's own, so that two test lanes rarely race for one port."""
     ports: list[int] = []
-    probe = 20000
+    probe = 20000 + random.Random(os.getpid()).randrange(0, 20000, 100)
     while len(ports) < count:
         probe += 7
         candidates = [probe, probe + 10000] if bus else [probe]
