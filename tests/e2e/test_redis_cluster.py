@@ -19,6 +19,8 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from broker.client import Broker
+from broker.streams import GROUP_WORKERS
+from deferral.crypto import Cipher
 from deferral.models import TaskInstance, TaskStateChange
 from tests.e2e.conftest import Services
 from tests.e2e.test_defer_resume import (
@@ -107,3 +109,30 @@ def test_a_primary_killed_mid_run_loses_no_task_and_runs_none_twice(
         ).scalar_one()
     assert successes == N
     assert victim not in redis_cluster.primaries()
+
+
+def test_dead_letters_and_redrives_split_around_the_dead_letter_slot(
+    broker: Broker, cipher: Cipher
+) -> None:
+    """On a cluster ``deferral:dead`` has a slot of its own: a dead letter is written, then its
+    entry retired; a re-drive publishes once, refuses while the work is in flight, and deletes
+    the dead letter."""
+    queue = broker.keys.queue("default")
+    broker.ensure_group(queue, GROUP_WORKERS)
+    fields = {"task_instance_id": "7", "try_number": "1", "task": "d.r.t", "mac": "m"}
+    broker.publish_many([(queue, fields), (broker.keys.triggers, {"trigger_id": "5"})])
+    [entry] = broker.read(GROUP_WORKERS, "w1", {queue: ">"}, count=1)
+    broker.dead_letter(entry, GROUP_WORKERS, "bad entry", cipher=cipher, consumer="w1")
+    assert broker.present(queue, ["7"]) == {"7": False}
+    assert broker.pending(queue, GROUP_WORKERS).count == 0
+    [dead] = broker.newest(broker.keys.dead)
+
+    first = broker.redrive_dead(dead.id, queue, fields)
+    assert first.status == 1 and broker.present(queue, ["7"]) == {"7": True}
+    assert broker.redrive_dead(dead.id, queue, fields).status == 0  # deleted with the re-drive
+    [again] = broker.read(GROUP_WORKERS, "w1", {queue: ">"}, count=1)
+    broker.dead_letter(again, GROUP_WORKERS, "bad entry", cipher=cipher, consumer="w1")
+    [second] = broker.newest(broker.keys.dead)
+    broker.publish(queue, fields)  # the reconciler's republish: the work is in flight
+    refused = broker.redrive_dead(second.id, queue, fields)
+    assert refused.status == -1 and broker.newest(broker.keys.dead)[0].id == second.id
