@@ -136,3 +136,12 @@ def test_dead_letters_and_redrives_split_around_the_dead_letter_slot(
     broker.publish(queue, fields)  # the reconciler's republish: the work is in flight
     refused = broker.redrive_dead(second.id, queue, fields)
     assert refused.status == -1 and broker.newest(broker.keys.dead)[0].id == second.id
+
+
+def test_the_cli_reaches_the_cluster(services: Services, broker: Broker) -> None:
+    """``deferral health`` pings the cluster and ``deferral streams`` lists its streams."""
+    broker.ensure_group(broker.keys.triggers, "triggerers")
+    health = services.run("health")
+    assert health.returncode == 0 and "redis: answers at cluster 127.0.0.1:" in health.stdout
+    streams = services.run("streams")
+    assert streams.returncode == 0 and broker.keys.triggers in streams.stdout, streams
