@@ -6,6 +6,7 @@ import pytest
 from redis.crc import key_slot
 
 from broker.streams import StreamKeys
+from broker.topology import location
 from deferral.config import ConfigError
 from deferral.redis_urls import is_cluster_url, parse
 from tests.unit.test_config import base_env, load
@@ -67,3 +68,10 @@ def test_on_a_cluster_every_script_touches_one_slot() -> None:
     assert key_slot(gpu.encode()) == key_slot(keys.inflight(gpu).encode())
     assert keys.index_field(gpu, {"task_instance_id": "7"}) == "7"
     assert key_slot(gpu.encode()) != key_slot(keys.queue("default").encode())
+
+
+def test_messages_name_where_redis_is_without_credentials() -> None:
+    assert location("redis+cluster://:secret@h1:7000,h2:7001") == "cluster h1:7000,h2:7001"
+    where = location("redis+sentinel://u:secret@s1:26379/svc")
+    assert where == "sentinel s1:26379 service svc" and "secret" not in where
+    assert location("redis://:secret@h:6379/0") == "h:6379"
