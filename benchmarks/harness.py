@@ -31,6 +31,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from cryptography.fernet import Fernet
+from redis.cluster import RedisCluster
 from redis.exceptions import ResponseError
 from sqlalchemy import create_engine, func, select, text
 from sqlalchemy.engine import make_url
@@ -110,9 +111,15 @@ class Stack:
     """A fresh database and stream prefix, and the service processes started on them."""
 
     def __init__(
-        self, *, heartbeat_sec: float = 5.0, keep: bool = False, max_map_length: int = 1024
+        self,
+        *,
+        heartbeat_sec: float = 5.0,
+        keep: bool = False,
+        max_map_length: int = 1024,
+        redis_url: str = REDIS_URL,
     ) -> None:
         self.name = f"deferral_bench_{uuid.uuid4().hex[:8]}"
+        self.redis_url = redis_url
         self.keep = keep
         self.home = Path(tempfile.mkdtemp(prefix=f"{self.name}-"))
         self.dags = self.home / "dags"
@@ -122,7 +129,7 @@ class Stack:
         self.url = make_url(ADMIN_URL).set(database=self.name).render_as_string(False)
         env = {
             "DEFERRAL_DATABASE_URL": self.url,
-            "DEFERRAL_REDIS_URL": REDIS_URL,
+            "DEFERRAL_REDIS_URL": redis_url,
             "DEFERRAL_FERNET_KEY": Fernet.generate_key().decode(),
             "DEFERRAL_DAGS_FOLDER": str(self.dags),
             "DEFERRAL_STREAM_PREFIX": self.name,
@@ -143,7 +150,7 @@ class Stack:
             conn.execute(text(f'CREATE DATABASE "{self.name}"'))
         migrate.upgrade(self.url)
         self.sessions = make_sessionmaker(make_engine(self.url, pool_size=2))
-        self.broker = Broker.from_url(REDIS_URL, self.name)
+        self.broker = Broker.from_url(self.redis_url, self.name)
         return self
 
     def vacuum_analyze(self) -> None:
@@ -451,6 +458,50 @@ class CpuMeter:
         ]
 
 
+class RedisMeter:
+    """CPU seconds and commands of each Redis primary between :meth:`start` and :meth:`stop`
+    (``INFO``: used_cpu_sys + used_cpu_user, total_commands_processed): what one deferral costs
+    Redis, node by node. Everything the server did counts: on a shared Redis, other clients'
+    work too (a cluster started for the run has only the stack's)."""
+
+    def __init__(self, stack: Stack) -> None:
+        self.stack = stack
+        self.before: dict[str, tuple[float, int]] = {}
+        self.used: dict[str, tuple[float, int]] = {}
+
+    def _sample(self) -> dict[str, tuple[float, int]]:
+        client = self.stack.broker.redis
+        if isinstance(client, RedisCluster):
+            infos = client.info(target_nodes=RedisCluster.PRIMARIES)
+        else:
+            infos = {"redis": client.info()}
+        return {
+            str(node): (
+                float(info["used_cpu_sys"]) + float(info["used_cpu_user"]),
+                int(info["total_commands_processed"]),
+            )
+            for node, info in infos.items()
+        }
+
+    def start(self) -> None:
+        self.before = self._sample()
+
+    def stop(self) -> None:
+        after = self._sample()
+        self.used = {
+            node: (cpu - self.before.get(node, (cpu, n))[0], n - self.before.get(node, (cpu, n))[1])
+            for node, (cpu, n) in after.items()
+        }
+
+    def lines(self, per: int, what: str) -> list[str]:
+        per = max(per, 1)
+        parts = ", ".join(
+            f"{node} {cpu * 1000 / per:.3f} ms / {n / per:.1f} commands"
+            for node, (cpu, n) in sorted(self.used.items())
+        )
+        return [f"Redis per {what}: {parts}"]
+
+
 @dataclass(frozen=True)
 class RowCounts:
     """PostgreSQL's counters of the stack's database at one moment: rows written (in total and
@@ -560,7 +611,7 @@ class EventsWatch:
         self.seen: dict[int, dt.datetime] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._read, name="events-watch", daemon=True)
-        self._broker = Broker.from_url(REDIS_URL, stack.name)  # its own connections
+        self._broker = Broker.from_url(stack.redis_url, stack.name)  # its own connections
         # XREAD's raw reply, shaped like XREADGROUP's, which the broker's parser reads.
         self._broker.redis.response_callbacks.pop("XREAD", None)
         self._last = "0-0"

@@ -4,6 +4,7 @@ they are all resumed and finished once the moment comes.
     .venv/bin/python benchmarks/resume_throughput.py --n 10000
     .venv/bin/python benchmarks/resume_throughput.py --n 10000 --tasks-per-run 10000
     .venv/bin/python benchmarks/resume_throughput.py --n 10000 --tasks-per-run 10000 --mapped
+    .venv/bin/python benchmarks/resume_throughput.py --n 10000 --redis-cluster
 
 Starts schedulers, workers and triggerers (``consume`` console scripts) on a fresh database and
 stream prefix, triggers runs of a DAG whose tasks each defer on a ``DateTimeTrigger`` at the same
@@ -17,18 +18,24 @@ moment, and reads every figure from ``task_state_change`` (Postgres's clock):
 
 The moment is ``--lead`` seconds after the services have started (by default long enough for the
 deferrals at a few hundred per second); the benchmark says so if some trigger was not held yet.
+``--redis-cluster`` runs it on a Redis Cluster of 3 primaries and 3 replicas on loopback ports,
+started for the run (``tests/redis_topologies.py``) instead of the test Redis.
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime as dt
+import tempfile
 import time
+from contextlib import ExitStack
+from pathlib import Path
 
 from harness import (
     CpuMeter,
     Figure,
     Profiles,
+    RedisMeter,
     RowMeter,
     Stack,
     median,
@@ -38,6 +45,9 @@ from harness import (
     rss_kib,
     wait_for,
 )
+
+from tests.redis_topologies import LocalCluster
+from tests.servers import REDIS_URL
 
 OPERATOR = """
 import datetime as dt
@@ -103,13 +113,28 @@ def main() -> None:
     parser.add_argument(
         "--rows", action="store_true", help="rows written, commits and WAL bytes per task"
     )
+    parser.add_argument(
+        "--redis-cluster",
+        action="store_true",
+        help="on a local Redis Cluster of 3 primaries and 3 replicas started for the run",
+    )
     args = parser.parse_args()
+    with ExitStack() as servers:
+        redis_url = REDIS_URL
+        if args.redis_cluster:
+            cluster = LocalCluster(Path(servers.enter_context(tempfile.TemporaryDirectory())))
+            servers.callback(cluster.stop)
+            redis_url = cluster.start().url
+        run(args, redis_url)
+
+
+def run(args: argparse.Namespace, redis_url: str) -> None:
     per_run = min(args.tasks_per_run, args.n)
     runs = -(-args.n // per_run)
     n = runs * per_run
     lead = args.lead if args.lead is not None else 30.0 + n / 250
 
-    with Stack(keep=args.keep_logs, max_map_length=per_run) as stack:
+    with Stack(keep=args.keep_logs, max_map_length=per_run, redis_url=redis_url) as stack:
         if args.pool_slots is not None:
             stack.set_pool_slots("default_pool", args.pool_slots)
         source = MAPPED_DAG if args.mapped else DAG
@@ -118,10 +143,12 @@ def main() -> None:
         moment = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=lead)
         (stack.dags / "moment.txt").write_text(moment.isoformat())
         cpu = CpuMeter(stack)
+        redis_cpu = RedisMeter(stack)
         rows = RowMeter(stack) if args.rows else None
         profiled = names if args.profile else []
         with Profiles(stack, profiled, label="deferring", cpu_only=args.cpu) as deferring_profile:
             cpu.start()
+            redis_cpu.start()
             if rows:
                 rows.start()
             stack.trigger("bench_throughput", [f"r{i}" for i in range(runs)])
@@ -131,7 +158,8 @@ def main() -> None:
                 rss_kib(stack.procs[name].pid) for name in names if "triggerer" in name
             ]
             cpu.stop()
-            deferring = cpu.lines(n, "deferral")
+            redis_cpu.stop()
+            deferring = cpu.lines(n, "deferral") + redis_cpu.lines(n, "deferral")
         wait_for(lambda: time.time() >= moment.timestamp(), timeout=lead, what="the moment")
         row_lines: list[str] = []
         if rows:  # the deferrals' counters were reported while the triggers waited
@@ -140,6 +168,7 @@ def main() -> None:
             rows.start()
         with Profiles(stack, profiled, label="resuming", cpu_only=args.cpu) as resuming_profile:
             cpu.start()
+            redis_cpu.start()
             wait_for(
                 lambda: stack.states().get("success", 0) >= n,
                 timeout=900,
@@ -147,7 +176,8 @@ def main() -> None:
                 what=f"{n} tasks to succeed",
             )
             cpu.stop()
-            resuming = cpu.lines(n, "resumed task")
+            redis_cpu.stop()
+            resuming = cpu.lines(n, "resumed task") + redis_cpu.lines(n, "resumed task")
         if rows:
             rows.stop()
             row_lines += [f"resuming: {line}" for line in rows.lines(n, "task")]
@@ -165,7 +195,8 @@ def main() -> None:
         f"resume_throughput: {n} tasks deferred on one moment ({runs} run(s) of {per_run}"
         f"{', one task mapped' if args.mapped else ''};"
         f" {args.schedulers} scheduler(s), {args.workers} worker(s) x {args.concurrency} slots,"
-        f" {args.triggerers} triggerer(s))",
+        f" {args.triggerers} triggerer(s)"
+        f"{'; Redis Cluster of 3 primaries and 3 replicas' if args.redis_cluster else ''})",
         [
             Figure("deferrals per second", n / deferral_window, "/s", 1000, at_most=False),
             Figure("fire -> SCHEDULED p50", median(scheduled) * 1000, "ms"),

@@ -19,7 +19,7 @@ import msgspec
 import redis
 from redis.exceptions import RedisError, ResponseError
 
-from broker import replies, scripts
+from broker import replies, scripts, topology
 from broker.replies import Entry
 from broker.streams import (
     MAX_DEAD_ERROR,
@@ -154,8 +154,7 @@ class Broker:
     """Stream operations on one Redis, under one key prefix."""
 
     def __init__(self, client: redis.Redis, keys: StreamKeys) -> None:
-        for command in replies.RAW_COMMANDS:
-            client.response_callbacks.pop(command, None)
+        topology.raw_replies(client, replies.RAW_COMMANDS)
         self.redis = client
         self.keys = keys
         self._publish = client.register_script(scripts.PUBLISH)
@@ -170,19 +169,15 @@ class Broker:
 
     @classmethod
     def from_url(cls, url: str, prefix: str, *, max_connections: int = 64) -> Broker:
-        """Connect and check the server version (raises RedisError while Redis is down)."""
-        # A blocking pool: threads that find every connection busy wait for one instead of
-        # failing with "Too many connections".
-        pool = redis.BlockingConnectionPool.from_url(
-            url, max_connections=max_connections, timeout=None, **_client_options()
-        )
-        client = redis.Redis(connection_pool=pool)
+        """Connect and check the server version (raises RedisError while Redis is down). ``url``
+        may name a Redis Cluster or Sentinel (:mod:`broker.topology`)."""
+        client = topology.client(url, _client_options(), max_connections=max_connections)
         try:
             check_version(client.info("server"))
         except BaseException:
             client.close()
             raise
-        return cls(client, StreamKeys(prefix))
+        return cls(client, StreamKeys.for_redis(prefix, url))
 
     def close(self) -> None:
         self.redis.close()
@@ -220,10 +215,11 @@ class Broker:
             for stream, fields in items:
                 field = self._field_of(stream, fields)
                 if field:
-                    self._publish(
-                        keys=[stream, self.keys.inflight(stream)],
-                        args=[field, *_flat(fields)],
-                        client=pipe,
+                    self._piped(
+                        pipe,
+                        self._publish,
+                        [stream, self.keys.inflight(stream)],
+                        [field, *_flat(fields)],
                     )
                 else:
                     pipe.execute_command("XADD", stream, "*", *_flat(fields))
@@ -236,7 +232,7 @@ class Broker:
         due = {
             s
             for s in streams
-            if (s.startswith(self.keys.queue("")) or s.startswith(self.keys.triggers + ":"))
+            if (self.keys.is_queue(s) or (self.keys.is_triggers(s) and s != self.keys.triggers))
             and now - self._queues_named.get(s, -QUEUE_REGISTRY_EVERY_SEC)
             >= QUEUE_REGISTRY_EVERY_SEC
         }
@@ -307,12 +303,23 @@ class Broker:
             return
         with self.redis.pipeline(transaction=False) as pipe:
             for entry, to_stream, fields in items:
-                self._hand_on(
-                    keys=self._hand_on_keys(entry, to_stream),
-                    args=self._hand_on_args(entry, group, to_stream, fields),
-                    client=pipe,
+                self._piped(
+                    pipe,
+                    self._hand_on,
+                    self._hand_on_keys(entry, to_stream),
+                    self._hand_on_args(entry, group, to_stream, fields),
                 )
             pipe.execute()
+
+    def _piped(self, pipe: Any, script: Any, keys: Sequence[str], args: Sequence[str]) -> None:
+        """Queue ``script`` on ``pipe``. redis-py loads a pipeline's scripts first on one Redis;
+        a cluster pipeline does not (a node that never saw a script, or a promoted replica,
+        would answer NOSCRIPT, and a non-transactional pipeline cannot be replayed without
+        publishing twice), so there the script's text goes with the call (EVAL)."""
+        if self.keys.hash_tagged:
+            pipe.execute_command("EVAL", script.script, len(keys), *keys, *args)
+        else:
+            script(keys=keys, args=args, client=pipe)
 
     def _hand_on_keys(self, entry: Entry, to_stream: str) -> list[str]:
         keys = self.keys
@@ -338,7 +345,17 @@ class Broker:
         """Move a bad entry to the dead-letter stream (trimmed to about ``maxlen`` entries) and
         retire it, atomically."""
         message = dead_letter_message(cipher, entry, error, deliveries, consumer)
-        self.hand_on(entry, group, self.keys.dead, to_fields(message), maxlen=maxlen)
+        if not self.keys.hash_tagged:
+            self.hand_on(entry, group, self.keys.dead, to_fields(message), maxlen=maxlen)
+            return
+        # On a Redis Cluster deferral:dead is in a slot of its own, so no one call can write it
+        # and retire the entry: the dead letter is written first, then the entry retired. A
+        # crash between leaves the entry pending and it is dead-lettered again (two dead
+        # letters, of which a re-drive publishes at most one), never lost.
+        self.redis.execute_command(
+            "XADD", self.keys.dead, "MAXLEN", "~", maxlen, "*", *_flat(to_fields(message))
+        )
+        self.retire(group, [entry])
 
     # -- leases ----------------------------------------------------------------------------------
 
@@ -545,10 +562,17 @@ class Broker:
         field = self._field_of(to_stream, fields)
         if not field:
             raise ValueError(f"an entry for {to_stream} names no work: it cannot be re-driven")
-        keys = [self.keys.dead, to_stream, self.keys.inflight(to_stream)]
+        apart = self.keys.hash_tagged  # deferral:dead is in a slot of its own
+        keys = [to_stream if apart else self.keys.dead, to_stream, self.keys.inflight(to_stream)]
         for other in also_not_in:
             keys += [self.keys.inflight(other), other]
-        status, entry_id = self._redrive_dead(keys=keys, args=[dead_id, field, *_flat(fields)])
+        if apart and self.entry(self.keys.dead, dead_id) is None:
+            return Redriven(0, "")
+        status, entry_id = self._redrive_dead(
+            keys=keys, args=["" if apart else dead_id, field, *_flat(fields)]
+        )
+        if apart and int(status) == 1 and not self.drop_dead([dead_id])[dead_id]:
+            log.warning("dead letter %s was re-driven twice at once", dead_id)
         return Redriven(int(status), replies.text(entry_id))
 
     def drop_dead(self, dead_ids: Sequence[str]) -> dict[str, bool]:
@@ -606,12 +630,8 @@ class Broker:
 
 
 def redis_location(url: str) -> str:
-    """host:port of a Redis URL, without credentials, for messages."""
-    pool = redis.ConnectionPool.from_url(url)
-    kwargs = pool.connection_kwargs
-    if "path" in kwargs:
-        return str(kwargs["path"])
-    return f"{kwargs.get('host', 'localhost')}:{kwargs.get('port', 6379)}"
+    """Where a Redis URL points, without credentials, for messages."""
+    return topology.location(url)
 
 
 def connect_when_up(url: str, prefix: str, stop: threading.Event) -> Broker | None:

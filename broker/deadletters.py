@@ -198,7 +198,7 @@ def work_of(broker: Broker, cipher: Cipher, sealed: DeadEntry) -> Work:
         if sealed.stream == keys.events:
             event = read_event(cipher, _bytes(sealed.fields))
             return EventWork(event.trigger_id, event.dedup_key)
-        if sealed.stream.startswith(keys.queue("")) and len(sealed.stream) > len(keys.queue("")):
+        if keys.is_queue(sealed.stream) and len(sealed.stream) > len(keys.queue("")):
             attempt = read_queue_entry(cipher, _bytes(sealed.fields))
             return QueueWork(attempt.task_instance_id, attempt.try_number)
     except (MalformedEntry, ForgedEntry) as exc:

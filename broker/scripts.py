@@ -21,9 +21,11 @@ return id
 # either (a trigger's event); ARGV[1] the dead letter's id, ARGV[2] the index field, ARGV[3..]
 # field value pairs. Re-drives a dead letter once: {0, ''} if it is gone (retried or dropped
 # already), {-1, held} if an entry for the same work is in flight, else the entry is published
-# as PUBLISH does (index written), the dead letter deleted, and {1, new id} returned.
+# as PUBLISH does (index written), the dead letter deleted, and {1, new id} returned. On a Redis
+# Cluster the dead-letter stream is in a slot of its own: ARGV[1] is then '' (KEYS[1] any key of
+# the target's slot) and the caller checks and deletes the dead letter around the call.
 REDRIVE_DEAD = """
-if #redis.call('XRANGE', KEYS[1], ARGV[1], ARGV[1]) == 0 then
+if ARGV[1] ~= '' and #redis.call('XRANGE', KEYS[1], ARGV[1], ARGV[1]) == 0 then
   return {0, ''}
 end
 local checks = {KEYS[3], KEYS[2]}
@@ -39,7 +41,9 @@ for i = 1, #checks, 2 do
 end
 local id = redis.call('XADD', KEYS[2], '*', unpack(ARGV, 3))
 redis.call('HSET', KEYS[3], ARGV[2], id)
-redis.call('XDEL', KEYS[1], ARGV[1])
+if ARGV[1] ~= '' then
+  redis.call('XDEL', KEYS[1], ARGV[1])
+end
 return {1, id}
 """
 

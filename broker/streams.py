@@ -19,6 +19,7 @@ from typing import TypeVar
 import msgspec
 
 from deferral.crypto import Cipher, DecryptionError
+from deferral.redis_urls import is_cluster_url
 from deferral.triggers.task_end import END_KINDS
 
 GROUP_TRIGGERERS = "triggerers"
@@ -60,17 +61,32 @@ class StreamKeys:
     (trigger id, task instance id) to the entry's id. It is written and cleared in the same Lua
     calls that add and retire entries, so it always says which entry currently carries a piece of
     work; the scheduler's reconciler compares it with Postgres and republishes what is missing.
+
+    ``hash_tagged`` (on a Redis Cluster) puts every key a Lua call touches together in one slot:
+    the triggers and events streams and their indexes share the tag ``{shard:00}`` (a trigger's
+    event is handed on from one to the other atomically), and each queue stream and its index
+    the tag ``{queue:<name>}``. On one Redis the key names stay the plain ones
+    (``deferral:triggers``, ``deferral:inflight:triggers``). See broker/DECISIONS.md.
     """
 
-    def __init__(self, prefix: str = "deferral") -> None:
+    def __init__(self, prefix: str = "deferral", *, hash_tagged: bool = False) -> None:
         self.prefix = prefix
-        self.triggers = f"{prefix}:triggers"
-        self.events = f"{prefix}:events"
+        self.hash_tagged = hash_tagged
+        shard = f"{prefix}:{{shard:00}}:" if hash_tagged else f"{prefix}:"
+        self.triggers = f"{shard}triggers"
+        self.events = f"{shard}events"
         self.dead = f"{prefix}:dead"
         # A set naming every queue stream, so that listing them never scans the keyspace.
         self.queues = f"{prefix}:queues"
 
+    @classmethod
+    def for_redis(cls, prefix: str, redis_url: str) -> StreamKeys:
+        """The keys of ``prefix`` on the Redis ``redis_url`` names (hash-tagged on a cluster)."""
+        return cls(prefix, hash_tagged=is_cluster_url(redis_url))
+
     def queue(self, name: str) -> str:
+        if self.hash_tagged:
+            return f"{self.prefix}:{{queue:{name}}}"
         return f"{self.prefix}:queue:{name}"
 
     def triggers_for(self, queue: str) -> str:
@@ -81,15 +97,22 @@ class StreamKeys:
         """Whether ``stream`` is a triggers stream (of any queue)."""
         return stream == self.triggers or stream.startswith(self.triggers + ":")
 
+    def is_queue(self, stream: str) -> bool:
+        """Whether ``stream`` is a queue stream of this prefix."""
+        start = f"{self.prefix}:{{queue:" if self.hash_tagged else f"{self.prefix}:queue:"
+        return stream.startswith(start)
+
     def inflight(self, stream: str) -> str:
-        """The in-flight index of ``stream``."""
+        """The in-flight index of ``stream`` (in its slot when hash-tagged)."""
+        if self.hash_tagged:
+            return f"{stream}:inflight"
         return f"{self.prefix}:inflight:{stream.removeprefix(self.prefix + ':')}"
 
     def index_field(self, stream: str, fields: Mapping[str, str]) -> str:
         """The index field of an entry: what the entry is about ('' for an unindexed stream)."""
         if stream == self.events or self.is_triggers(stream):
             return fields.get("trigger_id", "")
-        if stream.startswith(self.prefix + ":queue:"):
+        if self.is_queue(stream):
             return fields.get("task_instance_id", "")
         return ""
 

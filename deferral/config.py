@@ -21,6 +21,7 @@ from cryptography.fernet import Fernet
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 
+from deferral import redis_urls
 from deferral.secrets_masker import mask_secret
 
 ENV_PREFIX = "DEFERRAL_"
@@ -81,8 +82,9 @@ def _database_url(raw: str) -> str:
 
 
 def _redis_url(raw: str) -> str:
-    if not raw.startswith(("redis://", "rediss://", "unix://")):
-        raise ValueError("expected redis://, rediss:// or unix://")
+    if not raw.startswith(redis_urls.URL_STARTS):
+        raise ValueError("expected " + ", ".join(redis_urls.URL_STARTS))
+    redis_urls.parse(raw)  # a cluster or sentinel URL's hosts and service
     return raw
 
 
@@ -565,7 +567,14 @@ SETTINGS: tuple[SettingDoc, ...] = (
         "`transaction` when a PgBouncer in transaction pooling mode sits before PostgreSQL.",
         "core",
     ),
-    SettingDoc("REDIS_URL", None, "Redis URL whose streams carry the work (required).", "core"),
+    SettingDoc(
+        "REDIS_URL",
+        None,
+        "Redis URL whose streams carry the work (required): redis://, rediss:// or unix:// for "
+        "one Redis, redis+cluster://host:port[,host:port...] for a Redis Cluster, "
+        "redis+sentinel://host:port[,host:port...]/service_name for Sentinel.",
+        "core",
+    ),
     SettingDoc(
         "FERNET_KEY",
         None,

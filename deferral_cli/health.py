@@ -7,12 +7,12 @@ import urllib.error
 import urllib.request
 
 import click
-import redis
-from redis.exceptions import RedisError
+from redis.exceptions import RedisClusterException, RedisError
 from sqlalchemy import func, select
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.pool import NullPool
 
+from broker import topology
 from broker.client import redis_location
 from deferral.config import ConfigError, Settings, load_settings, webserver_host, webserver_port
 from deferral.db import location, make_engine, make_sessionmaker
@@ -97,15 +97,16 @@ def _postgres_checks(
 
 def _redis_check(settings: Settings, timeout: float) -> Check:
     where = redis_location(settings.redis_url)
-    client = redis.Redis.from_url(
-        settings.redis_url, socket_connect_timeout=timeout, socket_timeout=timeout
-    )
-    try:
+    options = {"socket_connect_timeout": timeout, "socket_timeout": timeout}
+    client = None
+    try:  # a cluster client asks its nodes for the slot map as it is made
+        client = topology.client(settings.redis_url, options, max_connections=2)
         client.ping()
-    except RedisError as exc:
+    except (RedisError, RedisClusterException) as exc:
         return _unanswered("redis", where, exc, settings)
     finally:
-        client.close()
+        if client is not None:
+            client.close()
     return health_checks.server("redis", where, None)
 
 

@@ -80,7 +80,7 @@ def explain(
     elif state is TaskState.SCHEDULED:
         lines += _explain_scheduled(session, dag, ti)
     elif state is TaskState.QUEUED:
-        stream = StreamKeys(settings.stream_prefix).queue(ti.queue)
+        stream = StreamKeys.for_redis(settings.stream_prefix, settings.redis_url).queue(ti.queue)
         lines.append(
             f"  queued since {when(ti.queued_at)} ({_relative(now, ti.queued_at)}):"
             f" waits for a worker reading {stream} (`worker consume --queue {ti.queue}`)"

@@ -189,7 +189,7 @@ class SchedulerService:
         self.cipher = Cipher(settings.fernet_keys)
         self.engine = make_engine(settings.database_url)
         self.sessions = make_sessionmaker(self.engine)
-        self.keys = StreamKeys(settings.stream_prefix)
+        self.keys = StreamKeys.for_redis(settings.stream_prefix, settings.redis_url)
         self.dagbag = DagBag(settings.dags_folder)
         self._collected_at = 0.0  # monotonic time of the last collect for a missing DAG
         # When the DAGs folder was last read (any collect): a run's DAG is missing for sure only

@@ -24,6 +24,7 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.orm import Session, sessionmaker
 
+from broker import topology
 from broker.client import Broker
 from deferral import migrate
 from deferral.config import Settings, load_settings
@@ -61,7 +62,7 @@ def new_stream_prefix() -> str:
 
 def delete_stream_keys(redis_url: str, prefix: str) -> None:
     """Delete every key under ``prefix``."""
-    client = redis.Redis.from_url(redis_url)
+    client = topology.client(redis_url, {}, max_connections=4)  # a cluster: on every primary
     try:
         keys = list(client.scan_iter(match=f"{prefix}:*", count=1000))
         if keys:
@@ -134,19 +135,26 @@ def cipher(fernet_key: str) -> Cipher:
     return Cipher([fernet_key])
 
 
+@pytest.fixture(scope="session")
+def redis_url() -> str:
+    """The Redis the tests' brokers and services use; a module overrides it to run its tests
+    on another topology (tests/e2e/test_redis_cluster.py: a Redis Cluster)."""
+    return REDIS_URL
+
+
 @pytest.fixture
-def stream_prefix() -> Iterator[str]:
+def stream_prefix(redis_url: str) -> Iterator[str]:
     """The test's own stream prefix; every key under it is deleted afterwards (after the
     services and brokers of the test have stopped: they all depend on this fixture)."""
     prefix = new_stream_prefix()
     yield prefix
-    delete_stream_keys(REDIS_URL, prefix)
+    delete_stream_keys(redis_url, prefix)
 
 
 @pytest.fixture
-def broker(stream_prefix: str) -> Iterator[Broker]:
+def broker(stream_prefix: str, redis_url: str) -> Iterator[Broker]:
     """A broker on the test's prefix (whose keys ``stream_prefix`` deletes afterwards)."""
-    broker = Broker.from_url(REDIS_URL, stream_prefix)
+    broker = Broker.from_url(redis_url, stream_prefix)
     yield broker
     broker.close()
 
@@ -160,12 +168,12 @@ def dags_folder(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def service_env(
-    database_url: str, fernet_key: str, stream_prefix: str, dags_folder: Path
+    database_url: str, fernet_key: str, stream_prefix: str, dags_folder: Path, redis_url: str
 ) -> dict[str, str]:
     """DEFERRAL_* variables pointing at the test database, Redis prefix and DAGs folder."""
     return {
         "DEFERRAL_DATABASE_URL": database_url,
-        "DEFERRAL_REDIS_URL": REDIS_URL,
+        "DEFERRAL_REDIS_URL": redis_url,
         "DEFERRAL_FERNET_KEY": fernet_key,
         "DEFERRAL_DAGS_FOLDER": str(dags_folder),
         "DEFERRAL_STREAM_PREFIX": stream_prefix,
@@ -205,6 +213,7 @@ def pytest_report_header(config: Any) -> str:
 # ending the run alone (``--no-loadscope-reorder`` in pyproject.toml keeps this order). A module
 # missing here runs in its usual (file) place: after these, e2e, then integration, then unit.
 SLOWEST_FIRST = (
+    "tests/e2e/test_redis_cluster.py",
     "tests/e2e/test_hostile_entries.py",
     "tests/e2e/test_compose_stack.py",
     "tests/e2e/test_standalone.py",

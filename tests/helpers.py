@@ -8,6 +8,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
+from deferral import redis_urls
+
 T = TypeVar("T")
 
 
@@ -42,3 +44,13 @@ def metrics_answer(host: str, port: int) -> bool:
             return bool(reply.status == 200)
     except OSError:
         return False
+
+
+def redis_cli_target(url: str) -> list[str]:
+    """redis-cli's arguments for the Redis ``url`` names: ``-u url``, or for a Redis Cluster
+    ``-c -h host -p port`` of its first node (``-c`` follows the cluster's redirections)."""
+    where = redis_urls.parse(url)
+    if where.kind != "cluster":
+        return ["-u", url]
+    host, port = where.hosts[0]
+    return ["-c", "-h", host, "-p", str(port)]

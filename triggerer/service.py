@@ -220,7 +220,7 @@ class TriggererService:
         self.cipher = Cipher(settings.fernet_keys)
         self.engine = make_engine(settings.database_url, pool_size=2)
         self.sessions = make_sessionmaker(self.engine)
-        self.keys = StreamKeys(settings.stream_prefix)
+        self.keys = StreamKeys.for_redis(settings.stream_prefix, settings.redis_url)
         # Triggers may live in DAGs-folder modules (still only under DEFERRAL_TRIGGER_MODULES).
         put_on_sys_path(settings.dags_folder)
         self.held: dict[int, Held] = {}

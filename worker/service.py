@@ -133,7 +133,7 @@ class WorkerService:
         self.cipher = Cipher(settings.fernet_keys)
         self.engine = make_engine(settings.database_url)
         self.sessions = make_sessionmaker(self.engine)
-        self.keys = StreamKeys(settings.stream_prefix)
+        self.keys = StreamKeys.for_redis(settings.stream_prefix, settings.redis_url)
         self.streams = [self.keys.queue(queue) for queue in self.queues]
         # A deferred task's trigger goes to the triggers stream of the queue it ran from.
         self.triggers_of = {self.keys.queue(q): self.keys.triggers_for(q) for q in self.queues}

@@ -18,7 +18,7 @@ from deferral.crypto import Cipher
 from deferral.models import DagRun, ResumeEvent, TaskInstance, TaskStateChange, Trigger
 from deferral.xcom import DatabaseXComs
 from tests.e2e.conftest import Services, command
-from tests.helpers import wait_for
+from tests.helpers import redis_cli_target, wait_for
 from triggerer.events import event_message
 
 pytestmark = pytest.mark.e2e
@@ -144,8 +144,7 @@ def test_task_defers_frees_its_slot_and_resumes_on_a_fresh_instance(
     shown = subprocess.run(
         [
             redis_cli,
-            "-u",
-            service_env["DEFERRAL_REDIS_URL"],
+            *redis_cli_target(service_env["DEFERRAL_REDIS_URL"]),
             "XRANGE",
             broker.keys.triggers,
             "-",

@@ -1,0 +1,147 @@
+"""The services on a real Redis Cluster of 3 primaries and 3 replicas on loopback ports
+(``redis-server --cluster-enabled yes``, ``redis-cli --cluster create --cluster-replicas 1``),
+started for this module and stopped after it.
+
+The end-to-end defer -> trigger -> resume test, the kill -9 takeover test and the Redis-wipe
+repair test run here unchanged (this module's ``redis_url`` fixture overrides the session's);
+then 500 deferred tasks finish exactly once although the primary holding the triggers and events
+streams is killed (kill -9) mid-run and its replica promoted. No service may log ``CROSSSLOT``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session, sessionmaker
+
+from broker.client import Broker
+from broker.streams import GROUP_WORKERS
+from deferral.crypto import Cipher
+from deferral.models import TaskInstance, TaskStateChange
+from tests.e2e.conftest import Services
+from tests.e2e.test_defer_resume import (
+    test_task_defers_frees_its_slot_and_resumes_on_a_fresh_instance as test_defer_resume_on_cluster,
+)
+from tests.e2e.test_redis_wipe_under_churn import DAG as GATED_DAG
+from tests.e2e.test_redis_wipe_under_churn import _counts
+from tests.e2e.test_redis_wipe_under_churn import (
+    test_every_key_wiped_under_churn as test_wipe_repair_on_cluster,
+)
+from tests.e2e.test_triggerer_leases import (
+    test_a_killed_triggerers_trigger_is_taken_over_and_fires_once as test_takeover_on_cluster,
+)
+from tests.helpers import wait_for
+from tests.redis_topologies import LocalCluster, redis_binaries_found
+
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.skipif(not redis_binaries_found(), reason="redis-server/redis-cli not found"),
+]
+
+__all__ = [
+    "test_defer_resume_on_cluster",
+    "test_takeover_on_cluster",
+    "test_wipe_repair_on_cluster",
+]
+
+N = 500
+
+
+@pytest.fixture(scope="module")
+def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    cluster = LocalCluster(tmp_path_factory.mktemp("cluster")).start()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture(scope="module")
+def redis_url(redis_cluster: LocalCluster) -> str:
+    return redis_cluster.url
+
+
+@pytest.fixture(autouse=True)
+def _no_crossslot(services: Services) -> Iterator[None]:
+    """After each test here: no service logged a CROSSSLOT error (a script or command whose
+    keys are in different slots)."""
+    yield
+    for name in services.procs:
+        assert "CROSSSLOT" not in services.log(name), name
+
+
+def test_a_primary_killed_mid_run_loses_no_task_and_runs_none_twice(
+    redis_cluster: LocalCluster,
+    services: Services,
+    write_dag: Any,
+    sessions: sessionmaker[Session],
+    broker: Broker,
+    tmp_path: Path,
+) -> None:
+    gate = tmp_path / "gate"
+    write_dag(
+        "e2e_cluster_dag", GATED_DAG.replace("e2e_wipe", "e2e_cluster").format(gate=str(gate), n=N)
+    )
+    for name in ("scheduler", "worker", "triggerer"):
+        services.start(name, *(("--concurrency", "4") if name == "worker" else ()))
+    assert services.run("dags", "trigger", "e2e_cluster").returncode == 0
+    wait_for(
+        lambda: _counts(sessions).get("deferred", 0) >= N // 2, timeout=300, what="half deferred"
+    )
+
+    # The primary of the triggers and events streams dies mid-run (replication is
+    # asynchronous: its last writes may be lost with it); its replica takes over.
+    victim = int(broker.redis.get_node_from_key(broker.keys.triggers).port)  # type: ignore[attr-defined]
+    redis_cluster.kill_primary(victim)
+    gate.write_text("open")
+
+    wait_for(lambda: _counts(sessions) == {"success": N}, timeout=600, what=f"all {N} to succeed")
+    with sessions() as session:
+        successes = session.execute(
+            select(func.count())
+            .select_from(TaskStateChange)
+            .join(TaskInstance, TaskStateChange.task_instance_id == TaskInstance.id)
+            .where(TaskStateChange.to_state == "success")
+        ).scalar_one()
+    assert successes == N
+    assert victim not in redis_cluster.primaries()
+
+
+def test_dead_letters_and_redrives_split_around_the_dead_letter_slot(
+    broker: Broker, cipher: Cipher
+) -> None:
+    """On a cluster ``deferral:dead`` has a slot of its own: a dead letter is written, then its
+    entry retired; a re-drive publishes once, refuses while the work is in flight, and deletes
+    the dead letter."""
+    queue = broker.keys.queue("default")
+    broker.ensure_group(queue, GROUP_WORKERS)
+    fields = {"task_instance_id": "7", "try_number": "1", "task": "d.r.t", "mac": "m"}
+    broker.publish_many([(queue, fields), (broker.keys.triggers, {"trigger_id": "5"})])
+    [entry] = broker.read(GROUP_WORKERS, "w1", {queue: ">"}, count=1)
+    broker.dead_letter(entry, GROUP_WORKERS, "bad entry", cipher=cipher, consumer="w1")
+    assert broker.present(queue, ["7"]) == {"7": False}
+    assert broker.pending(queue, GROUP_WORKERS).count == 0
+    [dead] = broker.newest(broker.keys.dead)
+
+    first = broker.redrive_dead(dead.id, queue, fields)
+    assert first.status == 1 and broker.present(queue, ["7"]) == {"7": True}
+    assert broker.redrive_dead(dead.id, queue, fields).status == 0  # deleted with the re-drive
+    [again] = broker.read(GROUP_WORKERS, "w1", {queue: ">"}, count=1)
+    broker.dead_letter(again, GROUP_WORKERS, "bad entry", cipher=cipher, consumer="w1")
+    [second] = broker.newest(broker.keys.dead)
+    broker.publish(queue, fields)  # the reconciler's republish: the work is in flight
+    refused = broker.redrive_dead(second.id, queue, fields)
+    assert refused.status == -1 and broker.newest(broker.keys.dead)[0].id == second.id
+
+
+def test_the_cli_reaches_the_cluster(services: Services, broker: Broker) -> None:
+    """``deferral health`` pings the cluster and ``deferral streams`` lists its streams."""
+    broker.ensure_group(broker.keys.triggers, "triggerers")
+    health = services.run("health")
+    assert health.returncode == 0 and "redis: answers at cluster 127.0.0.1:" in health.stdout
+    streams = services.run("streams")
+    assert streams.returncode == 0 and broker.keys.triggers in streams.stdout, streams

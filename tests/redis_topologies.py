@@ -1,0 +1,231 @@
+"""Real Redis Cluster and Sentinel topologies on loopback ports, started and stopped by tests
+(``redis-server``/``redis-cli`` from the PATH; nothing downloaded).
+
+:class:`LocalCluster` is 3 primaries and 3 replicas made with ``redis-cli --cluster create
+--cluster-replicas 1``; :class:`LocalSentinel` one primary, one replica and three sentinels.
+Both give the ``DEFERRAL_REDIS_URL`` that selects them and can kill -9 a primary.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import signal
+import socket
+import subprocess
+from pathlib import Path
+
+import redis
+
+from tests.helpers import wait_for
+
+
+def redis_binaries_found() -> bool:
+    return shutil.which("redis-server") is not None and shutil.which("redis-cli") is not None
+
+
+def free_ports(count: int, *, bus: bool = False) -> list[int]:
+    """``count`` loopback ports free now (with port + 10000 free too when ``bus``), looked for
+    from a point of this process's own, so that two test lanes rarely race for one port."""
+    ports: list[int] = []
+    probe = 20000 + random.Random(os.getpid()).randrange(0, 20000, 100)
+    while len(ports) < count:
+        probe += 7
+        candidates = [probe, probe + 10000] if bus else [probe]
+        if all(_free(p) for p in candidates):
+            ports.append(probe)
+    return ports
+
+
+def _free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+class _Servers:
+    def __init__(self, workdir: Path) -> None:
+        self.workdir = workdir
+        self.procs: dict[int, subprocess.Popen[bytes]] = {}
+
+    def start(self, port: int, *config: str, conf: Path | None = None) -> None:
+        folder = self.workdir / str(port)
+        folder.mkdir(parents=True, exist_ok=True)
+        argv = [
+            "redis-server",
+            *([str(conf)] if conf else []),
+            "--port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--dir",
+            str(folder),
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--protected-mode",
+            "no",
+            *config,
+        ]
+        log = (folder / "server.log").open("ab")
+        self.procs[port] = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+        wait_for(lambda: _answers(port), timeout=30, what=f"redis on {port}")
+
+    def kill(self, port: int) -> None:
+        """kill -9 the server on ``port``."""
+        proc = self.procs[port]
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+
+    def stop(self) -> None:
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                proc.terminate()
+        for proc in self.procs.values():
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+def _answers(port: int) -> bool:
+    client = redis.Redis(port=port, socket_timeout=2)
+    try:
+        return bool(client.ping())
+    except redis.RedisError:
+        return False
+    finally:
+        client.close()
+
+
+def _role(port: int) -> str:
+    client = redis.Redis(port=port, socket_timeout=2)
+    try:
+        return str(client.info("replication").get("role"))
+    except redis.RedisError:
+        return "down"
+    finally:
+        client.close()
+
+
+class LocalCluster:
+    """3 primaries, 3 replicas (``--cluster-enabled yes``), failover after 1 s unreachable."""
+
+    def __init__(self, workdir: Path) -> None:
+        self.servers = _Servers(workdir)
+        self.ports = free_ports(6, bus=True)
+
+    @property
+    def url(self) -> str:
+        return "redis+cluster://" + ",".join(f"127.0.0.1:{p}" for p in self.ports)
+
+    def start(self) -> LocalCluster:
+        for port in self.ports:
+            self.servers.start(
+                port,
+                "--cluster-enabled",
+                "yes",
+                "--cluster-config-file",
+                "nodes.conf",
+                "--cluster-node-timeout",
+                "1000",
+            )
+        subprocess.run(
+            [
+                "redis-cli",
+                "--cluster",
+                "create",
+                *(f"127.0.0.1:{p}" for p in self.ports),
+                "--cluster-replicas",
+                "1",
+                "--cluster-yes",
+            ],
+            check=True,
+            capture_output=True,
+            timeout=120,
+        )
+        wait_for(self._ok, timeout=120, what="the cluster to be ok")
+        return self
+
+    def _ok(self) -> bool:
+        client = redis.Redis(port=self.ports[0], socket_timeout=2)
+        try:
+            info = client.cluster("info")
+        except redis.RedisError:
+            return False
+        finally:
+            client.close()
+        return str(info.get("cluster_state")) == "ok" and len(self.primaries()) == 3
+
+    def primaries(self) -> list[int]:
+        return [
+            p for p in self.ports if self.servers.procs[p].poll() is None and _role(p) == "master"
+        ]
+
+    def kill_primary(self, port: int) -> None:
+        """kill -9 the primary on ``port`` and wait until its replica is promoted."""
+        self.servers.kill(port)
+        wait_for(self._ok, timeout=120, what="a replica to be promoted")
+
+    def keys(self, pattern: str) -> dict[int, list[str]]:
+        """``redis-cli --scan --pattern`` on each primary: its keys."""
+        found = {}
+        for port in self.primaries():
+            out = subprocess.run(
+                ["redis-cli", "-c", "-p", str(port), "--scan", "--pattern", pattern],
+                check=True,
+                capture_output=True,
+                text=True,
+                timeout=60,
+            ).stdout
+            found[port] = out.split()
+        return found
+
+    def stop(self) -> None:
+        self.servers.stop()
+
+
+class LocalSentinel:
+    """One primary, one replica, three sentinels (quorum 2) watching service ``deferral``."""
+
+    SERVICE = "deferral"
+
+    def __init__(self, workdir: Path) -> None:
+        self.workdir = workdir
+        self.servers = _Servers(workdir)
+        self.primary, self.replica, *self.sentinels = free_ports(5)
+
+    @property
+    def url(self) -> str:
+        hosts = ",".join(f"127.0.0.1:{p}" for p in self.sentinels)
+        return f"redis+sentinel://{hosts}/{self.SERVICE}"
+
+    def start(self) -> LocalSentinel:
+        self.servers.start(self.primary)
+        self.servers.start(self.replica, "--replicaof", "127.0.0.1", str(self.primary))
+        for port in self.sentinels:
+            conf = self.workdir / f"sentinel-{port}.conf"
+            conf.write_text(
+                "protected-mode no\n"
+                f"sentinel monitor {self.SERVICE} 127.0.0.1 {self.primary} 2\n"
+                f"sentinel down-after-milliseconds {self.SERVICE} 1000\n"
+                f"sentinel failover-timeout {self.SERVICE} 5000\n"
+            )
+            self.servers.start(port, "--sentinel", conf=conf)
+        return self
+
+    def promoted(self) -> bool:
+        return _role(self.replica) == "master"
+
+    def kill_primary(self) -> None:
+        self.servers.kill(self.primary)
+        wait_for(self.promoted, timeout=120, what="sentinels to promote the replica")
+
+    def stop(self) -> None:
+        self.servers.stop()
