@@ -118,11 +118,12 @@ MARK_ALONE_SEC = 1.0
 
 
 class Unmarked:
-    """A busy process's published rows, marked by a statement in its next transaction instead
-    of a transaction of their own (a commit less per batch: a worker's deferrals, a scheduler's
-    dispatch). Rows whose marking transaction rolls back or whose process dies stay unmarked and
-    are relayed again: published twice, which is harmless. :meth:`mark_alone` marks what no
-    transaction took in, well before :func:`relay` would take them (``RELAY_AFTER``)."""
+    """A busy process's published rows, marked by a statement in a later transaction of its
+    (one off the latency path of a single task) instead of a transaction of their own (a
+    commit less per batch: a worker's deferrals, a scheduler's dispatch). Rows whose marking
+    transaction rolls back or whose process dies stay unmarked and are relayed again: published
+    twice, which is harmless. :meth:`mark_alone` marks what no transaction took in, well before
+    :func:`relay` would take them (``RELAY_AFTER``)."""
 
     def __init__(self) -> None:
         self.ids: list[int] = []

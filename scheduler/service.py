@@ -191,7 +191,8 @@ class SchedulerService:
         # What the current evaluation pass found, remembered only once it commits: a pass (or
         # a run's savepoint) rolled back also undid the task instances it added.
         self._checked_now: dict[int, DAG] = {}
-        # Outbox rows published and not yet marked: marked in the next transaction.
+        # Outbox rows published and not yet marked: marked by the next evaluation or dispatch
+        # pass (not by an event's apply: that transaction is on the path of every resume).
         self.unmarked = outbox.Unmarked()
         self.broker: Broker
         self.consumer: StreamConsumer
@@ -637,7 +638,6 @@ class SchedulerService:
         one)."""
         poisoned: list[tuple[Delivery, str]] = []
         with self.sessions.begin() as session:
-            self.unmarked.mark(session)
             faults.inject("scheduler.apply_events")
             if one_by_one:
                 applied, poisoned = self._apply_one_by_one(session, parsed)

@@ -145,7 +145,8 @@ class WorkerService:
         self.tally: Counter[str] = Counter()
         self.mails: list[Mail] = []
         self.mailer = Mailer(smtp)
-        # Outbox rows published and not yet marked: marked in the next transaction.
+        # Outbox rows published and not yet marked: marked by the next recording of outcomes
+        # (not by a start: that transaction is on the path of every attempt's latency).
         self.unmarked = outbox.Unmarked()
         self.broker: Broker
         self.consumer: StreamConsumer
@@ -361,7 +362,6 @@ class WorkerService:
             checked.append((delivery, item))
         self.unstarted = [delivery for delivery, _ in checked]
         with self.sessions.begin() as session:
-            self.unmarked.mark(session)
             started = transitions.start_many(
                 session,
                 [(item.task_instance_id, item.try_number) for _, item in checked],
