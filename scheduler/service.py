@@ -191,9 +191,6 @@ class SchedulerService:
         # What the current evaluation pass found, remembered only once it commits: a pass (or
         # a run's savepoint) rolled back also undid the task instances it added.
         self._checked_now: dict[int, DAG] = {}
-        # Outbox rows published and not yet marked: marked by the next evaluation or dispatch
-        # pass (not by an event's apply: that transaction is on the path of every resume).
-        self.unmarked = outbox.Unmarked()
         self.broker: Broker
         self.consumer: StreamConsumer
         self.reconciler: Reconciler
@@ -210,7 +207,6 @@ class SchedulerService:
             Every(BROKEN_DAGS_EVERY_SEC, self.fail_broken_runs),
             Every(PRUNE_EVERY_SEC, self.prune),
             Every(SCHEDULE_RUNS_EVERY_SEC, self.schedule_runs),
-            Every(outbox.MARK_ALONE_SEC, lambda: self.unmarked.mark_alone(self.sessions)),
         ]
 
     def run(self, stop: threading.Event) -> None:
@@ -224,7 +220,6 @@ class SchedulerService:
         log.info("scheduler %s started", self.name)
         run_until_stopped(stop, self.step, recover=self.consumer.start)
         try:
-            self.unmarked.mark_alone(self.sessions)
             self.heartbeat(liveness.STOPPED)
         except SQLAlchemyError as exc:
             log.warning("could not record the scheduler as stopped: %s", exc)
@@ -340,7 +335,6 @@ class SchedulerService:
     def evaluate_marked_runs(self) -> None:
         """Decide what may move on in each run marked since its last evaluation."""
         with self.sessions.begin() as session:
-            self.unmarked.mark(session)
             runs = session.scalars(
                 select(DagRun)
                 .where(DagRun.evaluate_after <= func.now(), DagRun.state == DagRunState.RUNNING)
@@ -386,7 +380,7 @@ class SchedulerService:
             self._remember_checked(run_pk, checked)
         self._call_back(self._finished)
         metrics.DISPATCHES.inc(len(staged))
-        self.unmarked.publish(self.broker, staged)
+        outbox.flush(self.sessions, self.broker, staged)
 
     def _call_back(self, finished: Sequence[tuple[DAG, DagRun, bool, str]]) -> None:
         """Run the DAG callbacks of runs that finished (and committed), off the loop: they are
@@ -447,10 +441,9 @@ class SchedulerService:
         """Queue scheduled tasks (of any run) that pools and run budgets let through; returns
         how many."""
         with self.sessions.begin() as session:
-            self.unmarked.mark(session)
             staged = self._dispatch(session)
         metrics.DISPATCHES.inc(len(staged))
-        self.unmarked.publish(self.broker, staged)
+        outbox.flush(self.sessions, self.broker, staged)
         return len(staged)
 
     def _dispatch(self, session: Session) -> list[outbox.Staged]:
@@ -620,7 +613,7 @@ class SchedulerService:
             said = ", ".join(f"{count} {outcome}" for outcome, count in sorted(outcomes.items()))
             log.info("%d event(s): %s; %d task(s) queued", len(applied), said, len(staged))
         metrics.DISPATCHES.inc(len(staged))
-        self.unmarked.publish(self.broker, staged)
+        outbox.flush(self.sessions, self.broker, staged)
         self.consumer.retire([d.entry for d, _, _ in applied])
         for delivery, error in poisoned:
             self.consumer.dead_letter(delivery, error)

@@ -145,19 +145,12 @@ class WorkerService:
         self.tally: Counter[str] = Counter()
         self.mails: list[Mail] = []
         self.mailer = Mailer(smtp)
-        # Outbox rows published and not yet marked: marked by the next recording of outcomes
-        # (not by a start: that transaction is on the path of every attempt's latency).
-        self.unmarked = outbox.Unmarked()
         self.broker: Broker
         self.consumer: StreamConsumer
         beat = settings.heartbeat_sec
         # Takeovers are looked for more often than leases are renewed: an entry is claimed soon
         # after it passes the takeover threshold, not up to a heartbeat later.
-        self.periodic = [
-            Every(beat, self._heartbeat),
-            Every(beat / 4, self._take_over),
-            Every(outbox.MARK_ALONE_SEC, lambda: self.unmarked.mark_alone(self.sessions)),
-        ]
+        self.periodic = [Every(beat, self._heartbeat), Every(beat / 4, self._take_over)]
         metrics.ATTEMPTS_RUNNING.set_function(lambda: len(self.running))
         metrics.WORKER_SLOTS_FREE.set_function(lambda: self.concurrency - len(self.running))
 
@@ -184,7 +177,6 @@ class WorkerService:
                 drained.set()
 
         run_until_stopped(drained, drain, recover=self.consumer.start)
-        self.unmarked.mark_alone(self.sessions)
         self._register(liveness.STOPPED)
         self.pool.shutdown()
         self.mailer.close()
@@ -505,7 +497,6 @@ class WorkerService:
         staged: list[outbox.Staged] = []
         try:
             with self.sessions.begin() as session:
-                self.unmarked.mark(session)
                 staged = self._apply_batch(session, batch)
         except Exception as exc:
             if is_transient(exc):
@@ -522,7 +513,7 @@ class WorkerService:
             self.broker.publish(self.keys.events, WAKE)
         for outcome_label, count in self.tally.items():
             metrics.TASK_ATTEMPTS.labels(outcome_label).inc(count)
-        self.unmarked.publish(self.broker, staged)
+        outbox.flush(self.sessions, self.broker, staged)
         self.consumer.retire(
             [r.delivery.entry for r, _ in batch if self.consumer.holds(r.delivery.entry.id)]
         )
