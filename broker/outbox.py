@@ -90,57 +90,13 @@ def entries_of(row: Outbox) -> list[tuple[str, dict[str, str]]]:
     return [(row.stream, fields) for fields in (row.fields, *(row.more_fields or ()))]
 
 
-def publish(broker: Broker, entries: Sequence[Staged]) -> list[int]:
-    """Publish committed outbox entries; returns their rows' ids, to mark published."""
-    if not entries:
-        return []
-    broker.publish_many([(entry.stream, entry.fields) for entry in entries])
-    return sorted({entry.id for entry in entries})
-
-
-def mark_published(session: Session, ids: Sequence[int]) -> None:
-    """Mark rows published, in the caller's transaction."""
-    if ids:
-        session.execute(_PUBLISHED_SQL, {"ids": list(ids)})
-
-
 def flush(sessions: sessionmaker[Session], broker: Broker, entries: Sequence[Staged]) -> None:
     """Publish committed outbox entries, then mark their rows published."""
-    ids = publish(broker, entries)
-    if ids:
-        with sessions.begin() as session:
-            mark_published(session, ids)
-
-
-# How often a process marks the rows it published when no transaction of its took them in: far
-# below the relay's delay (the scheduler's RELAY_AFTER, 10 s).
-MARK_ALONE_SEC = 1.0
-
-
-class Unmarked:
-    """A busy process's published rows, marked by a statement in its next transaction instead
-    of a transaction of their own (a commit less per batch: a worker's deferrals, a scheduler's
-    dispatch). Rows whose marking transaction rolls back or whose process dies stay unmarked and
-    are relayed again: published twice, which is harmless. :meth:`mark_alone` marks what no
-    transaction took in, well before :func:`relay` would take them (``RELAY_AFTER``)."""
-
-    def __init__(self) -> None:
-        self.ids: list[int] = []
-
-    def publish(self, broker: Broker, entries: Sequence[Staged]) -> None:
-        """Publish committed outbox entries; their rows are marked later."""
-        self.ids += publish(broker, entries)
-
-    def mark(self, session: Session) -> None:
-        """Mark the rows published so far, in the caller's transaction (first in it)."""
-        ids, self.ids = self.ids, []
-        mark_published(session, ids)
-
-    def mark_alone(self, sessions: sessionmaker[Session]) -> None:
-        """Mark the rows published so far, in a transaction of their own if there are any."""
-        if self.ids:
-            with sessions.begin() as session:
-                self.mark(session)
+    if not entries:
+        return
+    broker.publish_many([(entry.stream, entry.fields) for entry in entries])
+    with sessions.begin() as session:
+        session.execute(_PUBLISHED_SQL, {"ids": sorted({entry.id for entry in entries})})
 
 
 def relay(

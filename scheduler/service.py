@@ -209,8 +209,6 @@ class SchedulerService:
         # What the current evaluation pass found, remembered only once it commits: a pass (or
         # a run's savepoint) rolled back also undid the task instances it added.
         self._checked_now: dict[int, DAG] = {}
-        # Outbox rows published and not yet marked: marked in the next transaction.
-        self.unmarked = outbox.Unmarked()
         self.broker: Broker
         self.consumer: StreamConsumer
         self.reconciler: Reconciler
@@ -230,7 +228,6 @@ class SchedulerService:
             Every(PRUNE_EVERY_SEC, self.prune),
             Every(PARTITIONS_EVERY_SEC, self.make_partitions),
             Every(SCHEDULE_RUNS_EVERY_SEC, self.schedule_runs),
-            Every(outbox.MARK_ALONE_SEC, lambda: self.unmarked.mark_alone(self.sessions)),
         ]
 
     def run(self, stop: threading.Event) -> None:
@@ -244,7 +241,6 @@ class SchedulerService:
         log.info("scheduler %s started", self.name)
         run_until_stopped(stop, self.step, recover=self.consumer.start)
         try:
-            self.unmarked.mark_alone(self.sessions)
             self.heartbeat(liveness.STOPPED)
         except SQLAlchemyError as exc:
             log.warning("could not record the scheduler as stopped: %s", exc)
@@ -362,7 +358,6 @@ class SchedulerService:
     def evaluate_marked_runs(self) -> None:
         """Decide what may move on in each run marked since its last evaluation."""
         with self.sessions.begin() as session:
-            self.unmarked.mark(session)
             runs = session.scalars(
                 select(DagRun)
                 .where(DagRun.evaluate_after <= func.now(), DagRun.state == DagRunState.RUNNING)
@@ -409,7 +404,7 @@ class SchedulerService:
             self._remember_checked(run_pk, checked)
         self._call_back(self._finished)
         metrics.DISPATCHES.inc(len(staged))
-        self.unmarked.publish(self.broker, staged)
+        outbox.flush(self.sessions, self.broker, staged)
 
     def _call_back(self, finished: Sequence[tuple[DAG, DagRun, bool, str]]) -> None:
         """Run the DAG callbacks of runs that finished (and committed), off the loop: they are
@@ -475,10 +470,9 @@ class SchedulerService:
         """Queue scheduled tasks (of any run) that pools and run budgets let through; returns
         how many."""
         with self.sessions.begin() as session:
-            self.unmarked.mark(session)
             staged = self._dispatch(session)
         metrics.DISPATCHES.inc(len(staged))
-        self.unmarked.publish(self.broker, staged)
+        outbox.flush(self.sessions, self.broker, staged)
         return len(staged)
 
     def _dispatch(self, session: Session) -> list[outbox.Staged]:
@@ -648,7 +642,7 @@ class SchedulerService:
             said = ", ".join(f"{count} {outcome}" for outcome, count in sorted(outcomes.items()))
             log.info("%d event(s): %s; %d task(s) queued", len(applied), said, len(staged))
         metrics.DISPATCHES.inc(len(staged))
-        self.unmarked.publish(self.broker, staged)
+        outbox.flush(self.sessions, self.broker, staged)
         ended = [ti for _, _, r in applied if r.outcome == "ended" for ti in r.ids()]
         end_callbacks.call_back_ended(self.sessions, self.callbacks, self._dag, ended)
         self.consumer.retire([d.entry for d, _, _ in applied])
@@ -668,7 +662,6 @@ class SchedulerService:
         one)."""
         poisoned: list[tuple[Delivery, str]] = []
         with self.sessions.begin() as session:
-            self.unmarked.mark(session)
             faults.inject("scheduler.apply_events")
             if one_by_one:
                 applied, poisoned = self._apply_one_by_one(session, parsed)

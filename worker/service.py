@@ -150,18 +150,12 @@ class WorkerService:
         self.tally: Counter[str] = Counter()
         self.mails: list[Mail] = []
         self.mailer = Mailer(smtp)
-        # Outbox rows published and not yet marked: marked in the next transaction.
-        self.unmarked = outbox.Unmarked()
         self.broker: Broker
         self.consumer: ConsumerSet
         beat = settings.heartbeat_sec
         # Takeovers are looked for more often than leases are renewed: an entry is claimed soon
         # after it passes the takeover threshold, not up to a heartbeat later.
-        self.periodic = [
-            Every(beat, self._heartbeat),
-            Every(beat / 4, self._take_over),
-            Every(outbox.MARK_ALONE_SEC, lambda: self.unmarked.mark_alone(self.sessions)),
-        ]
+        self.periodic = [Every(beat, self._heartbeat), Every(beat / 4, self._take_over)]
         metrics.ATTEMPTS_RUNNING.set_function(lambda: len(self.running))
         metrics.WORKER_SLOTS_FREE.set_function(lambda: self.concurrency - len(self.running))
 
@@ -189,7 +183,6 @@ class WorkerService:
                 drained.set()
 
         run_until_stopped(drained, drain, recover=self.consumer.start)
-        self.unmarked.mark_alone(self.sessions)
         self._register(liveness.STOPPED)
         self.pool.shutdown()
         self.mailer.close()
@@ -370,7 +363,6 @@ class WorkerService:
             checked.append((delivery, item))
         self.unstarted = [delivery for delivery, _ in checked]
         with self.sessions.begin() as session:
-            self.unmarked.mark(session)
             started = transitions.start_many(
                 session,
                 [(item.task_instance_id, item.try_number) for _, item in checked],
@@ -514,7 +506,6 @@ class WorkerService:
         staged: list[outbox.Staged] = []
         try:
             with self.sessions.begin() as session:
-                self.unmarked.mark(session)
                 staged = self._apply_batch(session, batch)
         except Exception as exc:
             if is_transient(exc):
@@ -531,7 +522,7 @@ class WorkerService:
             self.broker.publish(self.keys.events, WAKE)
         for outcome_label, count in self.tally.items():
             metrics.TASK_ATTEMPTS.labels(outcome_label).inc(count)
-        self.unmarked.publish(self.broker, staged)
+        outbox.flush(self.sessions, self.broker, staged)
         self.consumer.retire(
             [r.delivery.entry for r, _ in batch if self.consumer.holds(r.delivery.entry.id)]
         )

@@ -256,9 +256,6 @@ def test_one_change_in_a_run_costs_the_same_in_a_run_of_10_or_10000_tasks(
         service.broker.publish(
             service.keys.events, event_message(cipher, triggers[dag_id], dag_id, "triggerer")
         )
-        # What the loop before published is marked in the next transaction: one statement
-        # whatever the run's size, marked here so both loops start with none.
-        service.unmarked.mark_alone(service.sessions)
         _quiet([service.engine, sessions.kw["bind"]], stats)
         before = _tuples_read(stats)
         now = time.monotonic()
