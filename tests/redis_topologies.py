@@ -14,7 +14,9 @@ import shutil
 import signal
 import socket
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
+from typing import TypeVar
 
 import redis
 
@@ -229,3 +231,15 @@ class LocalSentinel:
 
     def stop(self) -> None:
         self.servers.stop()
+
+
+Topology = TypeVar("Topology", LocalCluster, LocalSentinel)
+
+
+def running(topology: Topology) -> Iterator[Topology]:
+    """``topology`` started for a fixture's lifetime and stopped after it, also when starting it
+    fails half way (the servers already started are killed, not left on their ports)."""
+    try:
+        yield topology.start()
+    finally:
+        topology.stop()

@@ -35,7 +35,7 @@ from tests.e2e.test_triggerer_leases import (
     test_a_killed_triggerers_trigger_is_taken_over_and_fires_once as test_takeover_on_cluster,
 )
 from tests.helpers import wait_for
-from tests.redis_topologies import LocalCluster, redis_binaries_found
+from tests.redis_topologies import LocalCluster, redis_binaries_found, running
 
 pytestmark = [
     pytest.mark.e2e,
@@ -53,11 +53,7 @@ N = 500
 
 @pytest.fixture(scope="module")
 def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    cluster = LocalCluster(tmp_path_factory.mktemp("cluster")).start()
-    try:
-        yield cluster
-    finally:
-        cluster.stop()
+    yield from running(LocalCluster(tmp_path_factory.mktemp("cluster")))
 
 
 @pytest.fixture(scope="module")

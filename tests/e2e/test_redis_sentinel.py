@@ -18,7 +18,7 @@ from tests.e2e.conftest import Services
 from tests.e2e.test_redis_wipe_under_churn import DAG as GATED_DAG
 from tests.e2e.test_redis_wipe_under_churn import _counts
 from tests.helpers import wait_for
-from tests.redis_topologies import LocalSentinel, redis_binaries_found
+from tests.redis_topologies import LocalSentinel, redis_binaries_found, running
 
 pytestmark = [
     pytest.mark.e2e,
@@ -30,11 +30,7 @@ N = 100
 
 @pytest.fixture(scope="module")
 def redis_sentinel(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalSentinel]:
-    sentinel = LocalSentinel(tmp_path_factory.mktemp("sentinel")).start()
-    try:
-        yield sentinel
-    finally:
-        sentinel.stop()
+    yield from running(LocalSentinel(tmp_path_factory.mktemp("sentinel")))
 
 
 @pytest.fixture(scope="module")
