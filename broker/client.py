@@ -296,7 +296,11 @@ class Broker:
         )
 
     def hand_on_many(
-        self, group: str, items: Sequence[tuple[Entry, str, Mapping[str, str]]]
+        self,
+        group: str,
+        items: Sequence[tuple[Entry, str, Mapping[str, str]]],
+        *,
+        maxlen: int = 0,
     ) -> None:
         """:meth:`hand_on` for many entries in one round trip (each still atomic on its own)."""
         if not items:
@@ -307,7 +311,7 @@ class Broker:
                     pipe,
                     self._hand_on,
                     self._hand_on_keys(entry, to_stream),
-                    self._hand_on_args(entry, group, to_stream, fields),
+                    self._hand_on_args(entry, group, to_stream, fields, maxlen),
                 )
             pipe.execute()
 
@@ -344,18 +348,38 @@ class Broker:
     ) -> None:
         """Move a bad entry to the dead-letter stream (trimmed to about ``maxlen`` entries) and
         retire it, atomically."""
-        message = dead_letter_message(cipher, entry, error, deliveries, consumer)
+        letters = [(entry, error, deliveries)]
+        self.dead_letter_many(group, letters, cipher=cipher, consumer=consumer, maxlen=maxlen)
+
+    def dead_letter_many(
+        self,
+        group: str,
+        letters: Sequence[tuple[Entry, str, int]],
+        *,
+        cipher: Cipher,
+        consumer: str,
+        maxlen: int = DEFAULT_DEAD_LETTER_MAXLEN,
+    ) -> None:
+        """:meth:`dead_letter` for many entries (entry, error, deliveries) of one group in one
+        round trip, each still atomic on its own: a flood of junk costs a round trip per read,
+        not per entry."""
+        dead = self.keys.dead
+        moves = [
+            (entry, dead, to_fields(dead_letter_message(cipher, entry, error, count, consumer)))
+            for entry, error, count in letters
+        ]
         if not self.keys.hash_tagged:
-            self.hand_on(entry, group, self.keys.dead, to_fields(message), maxlen=maxlen)
+            self.hand_on_many(group, moves, maxlen=maxlen)
             return
         # On a Redis Cluster deferral:dead is in a slot of its own, so no one call can write it
-        # and retire the entry: the dead letter is written first, then the entry retired. A
-        # crash between leaves the entry pending and it is dead-lettered again (two dead
+        # and retire the entry: the dead letters are written first, then the entries retired. A
+        # crash between leaves an entry pending and it is dead-lettered again (two dead
         # letters, of which a re-drive publishes at most one), never lost.
-        self.redis.execute_command(
-            "XADD", self.keys.dead, "MAXLEN", "~", maxlen, "*", *_flat(to_fields(message))
-        )
-        self.retire(group, [entry])
+        with self.redis.pipeline(transaction=False) as pipe:
+            for _, _, fields in moves:
+                pipe.execute_command("XADD", dead, "MAXLEN", "~", maxlen, "*", *_flat(fields))
+            pipe.execute()
+        self.retire(group, [entry for entry, _, _ in moves])
 
     # -- leases ----------------------------------------------------------------------------------
 

@@ -148,6 +148,7 @@ class StreamConsumer:
         fields) acknowledged: neither reaches the service."""
         now = time.monotonic()
         admitted: list[Delivery] = []
+        oversized: list[tuple[Delivery, str]] = []
         gone: list[Entry] = []
         for delivery in deliveries:
             entry = delivery.entry
@@ -160,9 +161,10 @@ class StreamConsumer:
                     self._unproven.add(entry.id)
             reason = over_limits(entry.fields)
             if reason is not None:
-                self.dead_letter(delivery, reason)
+                oversized.append((delivery, reason))
                 continue
             admitted.append(delivery)
+        self.dead_letter_many(oversized)
         if gone:
             self.retire(gone)
         return admitted
@@ -528,35 +530,41 @@ class StreamConsumer:
         """Set an entry aside in the dead letters; whether that worked. A failure is logged in
         one line and never raised: the entry is released (no longer renewed), so it is taken
         over and set aside again after the takeover delay, and the service goes on."""
-        log.error(
-            "dead-lettering %s entry %s: %s",
-            self.stream,
-            delivery.entry.id,
-            one_line(reason, MAX_DEAD_ERROR),
-        )
+        return self.dead_letter_many([(delivery, reason)])
+
+    def dead_letter_many(self, letters: Sequence[tuple[Delivery, str]]) -> bool:
+        """:meth:`dead_letter` for the entries of a read, in one round trip."""
+        if not letters:
+            return True
+        for delivery, reason in letters:
+            log.error(
+                "dead-lettering %s entry %s: %s",
+                self.stream,
+                delivery.entry.id,
+                one_line(reason, MAX_DEAD_ERROR),
+            )
+        ids = [delivery.entry.id for delivery, _ in letters]
         try:
-            self.broker.dead_letter(
-                delivery.entry,
+            self.broker.dead_letter_many(
                 self.group,
-                reason,
+                [(delivery.entry, reason, delivery.deliveries) for delivery, reason in letters],
                 cipher=self.cipher,
                 consumer=self.name,
-                deliveries=delivery.deliveries,
                 maxlen=self.dead_letter_maxlen,
             )
         except Exception as exc:
             log.error(
-                "could not dead-letter %s entry %s (%s: %s); it is retried after the takeover"
-                " delay",
+                "could not dead-letter %s entr%s %s (%s: %s); retried after the takeover delay",
                 self.stream,
-                delivery.entry.id,
+                "y" if len(ids) == 1 else "ies",
+                ", ".join(ids[:3]) + (f" and {len(ids) - 3} more" if len(ids) > 3 else ""),
                 type(exc).__name__,
                 one_line(str(exc), MAX_DEAD_ERROR),
             )
-            self._drop([delivery.entry.id])
+            self._drop(ids)
             return False
-        self._drop([delivery.entry.id])
-        metrics.DEAD_LETTERS.labels(self.stream).inc()
+        self._drop(ids)
+        metrics.DEAD_LETTERS.labels(self.stream).inc(len(ids))
         return True
 
 

@@ -88,6 +88,10 @@ class ConsumerSet:
     def dead_letter(self, delivery: Delivery, reason: str) -> bool:
         return self._of(delivery.entry).dead_letter(delivery, reason)
 
+    def dead_letter_many(self, letters: Sequence[tuple[Delivery, str]]) -> bool:
+        by_stream = _by_stream(letters, lambda letter: letter[0].entry).items()
+        return all([self.consumers[stream].dead_letter_many(of) for stream, of in by_stream])
+
     def renew(self, via: Broker | None = None) -> list[Lost]:
         return [lost for c in list(self.consumers.values()) for lost in c.renew(via)]
 

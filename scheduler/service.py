@@ -612,7 +612,11 @@ class SchedulerService:
         if not deliveries:
             return 0
         faults.inject("scheduler.events_read")
-        parsed = [(d, event) for d in deliveries if (event := self._parse(d)) is not None]
+        unreadable: list[tuple[Delivery, str]] = []
+        parsed = [
+            (d, event) for d in deliveries if (event := self._parse(d, unreadable)) is not None
+        ]
+        self.consumer.dead_letter_many(unreadable)
         try:
             applied, poisoned, staged = self._apply(parsed, one_by_one=False)
         except Exception as exc:
@@ -646,8 +650,7 @@ class SchedulerService:
         ended = [ti for _, _, r in applied if r.outcome == "ended" for ti in r.ids()]
         end_callbacks.call_back_ended(self.sessions, self.callbacks, self._dag, ended)
         self.consumer.retire([d.entry for d, _, _ in applied])
-        for delivery, error in poisoned:
-            self.consumer.dead_letter(delivery, error)
+        self.consumer.dead_letter_many(poisoned)
         return len(applied)
 
     def _apply(
@@ -698,16 +701,18 @@ class SchedulerService:
                 poisoned.append((delivery, f"cannot apply event: {exc!r}"))
         return applied, poisoned
 
-    def _parse(self, delivery: Delivery) -> FiredEvent | None:
-        """The event an entry carries; a bad entry is dead-lettered and changes nothing."""
+    def _parse(
+        self, delivery: Delivery, unreadable: list[tuple[Delivery, str]]
+    ) -> FiredEvent | None:
+        """The event an entry carries; a bad entry goes to ``unreadable`` with the reason (to
+        be dead-lettered) and changes nothing."""
         try:
             event: Event = read_event(self.cipher, delivery.entry.fields)
         except (MalformedEntry, ForgedEntry) as exc:
-            self.consumer.dead_letter(delivery, f"bad event entry: {exc}")
+            unreadable.append((delivery, f"bad event entry: {exc}"))
             return None
         except Exception as exc:  # unforeseen bad data: it alone is set aside, not the loop
-            reason = f"unreadable event entry: {type(exc).__name__}: {exc}"
-            self.consumer.dead_letter(delivery, reason)
+            unreadable.append((delivery, f"unreadable event entry: {type(exc).__name__}: {exc}"))
             return None
         if self.consumer.exhausted(delivery):
             # It killed every scheduler that read it: resume its task at __fail__ instead.

@@ -187,6 +187,15 @@ class _Timers:
 
 
 @dataclass(frozen=True, slots=True)
+class Rejected:
+    """An entry to dead-letter, why, and the trigger whose task to fail (an authentic entry)."""
+
+    delivery: Delivery
+    reason: str
+    fail_trigger: int | None
+
+
+@dataclass(frozen=True, slots=True)
 class RunningTrigger:
     """Who an asyncio task running a trigger's ``run()`` is: what a stall report names."""
 
@@ -459,9 +468,10 @@ class TriggererService:
 
     async def _start_all(self, tasks: TaskGroup, deliveries: list[Delivery]) -> None:
         started = []
+        rejected: list[Rejected] = []
         for delivery in deliveries:
             try:
-                started.append(await self._start(tasks, delivery))
+                started.append(await self._start(tasks, delivery, rejected))
             except Exception as exc:
                 # One entry never stops the triggerer: say so in one line and let it go (no longer
                 # renewed, it is taken over again after the takeover delay).
@@ -473,9 +483,13 @@ class TriggererService:
                     one_line(str(exc), MAX_DEAD_ERROR),
                 )
                 self.consumer.release([delivery.entry.id])
+        await self._reject(rejected)
         self.owned += [tid for tid in started if tid is not None]
 
-    async def _start(self, tasks: TaskGroup, delivery: Delivery) -> int | None:
+    async def _start(
+        self, tasks: TaskGroup, delivery: Delivery, rejected: list[Rejected]
+    ) -> int | None:
+        """Start the trigger an entry carries; a bad one goes to ``rejected``."""
         entry = delivery.entry
         if not entry.fields:
             await self._sync(self.consumer.retire, [entry])  # deleted while pending
@@ -483,12 +497,13 @@ class TriggererService:
         try:
             decoded = decode_entry(entry, self.cipher, self.settings.trigger_modules)
         except RejectedEntry as exc:
-            await self._reject(delivery, str(exc), exc.trigger_id if exc.authentic else None)
+            fail_trigger = exc.trigger_id if exc.authentic else None
+            rejected.append(Rejected(delivery, str(exc), fail_trigger))
             return None
         trigger_id = decoded.spec.trigger_id
         if self.consumer.exhausted(delivery):
             reason = f"trigger {trigger_id} {self.consumer.exhausted_reason(delivery)}"
-            await self._reject(delivery, reason, trigger_id)
+            rejected.append(Rejected(delivery, reason, trigger_id))
             return None
         running = self.held.get(trigger_id)
         if running is not None:
@@ -529,14 +544,17 @@ class TriggererService:
         tasks.start_soon(self._run_trigger, held, decoded, name=name)
         return trigger_id
 
-    async def _reject(self, delivery: Delivery, reason: str, fail_trigger: int | None) -> None:
-        """Dead-letter an entry; with ``fail_trigger`` (an authentic entry), also fail the task
-        waiting on that trigger, with the reason, rather than leave it deferred."""
-        log.error("%s (entry %s)", reason, delivery.entry.id)
-        await self._sync(self.consumer.dead_letter, delivery, reason)
-        if fail_trigger is not None:
-            failure = failure_message(self.cipher, fail_trigger, reason, "", self.name)
-            await self._sync(self.broker.publish, self.keys.events, failure)
+    async def _reject(self, rejected: Sequence[Rejected]) -> None:
+        """Dead-letter entries (in one round trip: a flood of junk is read 50 at a time); for an
+        authentic one (``fail_trigger``), also fail the task waiting on that trigger, with the
+        reason, rather than leave it deferred."""
+        if not rejected:
+            return
+        await self._sync(self.consumer.dead_letter_many, [(r.delivery, r.reason) for r in rejected])
+        for r in rejected:
+            if r.fail_trigger is not None:
+                failure = failure_message(self.cipher, r.fail_trigger, r.reason, "", self.name)
+                await self._sync(self.broker.publish, self.keys.events, failure)
 
     # -- running triggers ------------------------------------------------------------------------
 

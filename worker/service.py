@@ -347,20 +347,24 @@ class WorkerService:
     def _start(self, deliveries: Sequence[Delivery]) -> None:
         """Start the attempts a batch of entries names, in one transaction."""
         checked: list[tuple[Delivery, QueuedAttempt]] = []
+        unreadable: list[tuple[Delivery, str]] = []
         for delivery in deliveries:
             try:
                 item = read_queue_entry(self.cipher, delivery.entry.fields)
             except (MalformedEntry, ForgedEntry) as exc:
-                self.consumer.dead_letter(delivery, f"bad queue entry: {exc}")
+                unreadable.append((delivery, f"bad queue entry: {exc}"))
                 continue
             except Exception as exc:  # unforeseen bad data: it alone is set aside, not the loop
                 reason = f"unreadable queue entry: {type(exc).__name__}: {exc}"
-                self.consumer.dead_letter(delivery, reason)
+                unreadable.append((delivery, reason))
                 continue
             if self.consumer.exhausted(delivery):
                 self._poisoned(delivery, item)
                 continue
             checked.append((delivery, item))
+        self.consumer.dead_letter_many(unreadable)
+        if not checked:
+            return
         self.unstarted = [delivery for delivery, _ in checked]
         with self.sessions.begin() as session:
             started = transitions.start_many(

@@ -1,5 +1,6 @@
 """Real service processes (``scheduler consume``, ``worker consume``, ``triggerer consume``) run
-from the installed console scripts against the test database and Redis prefix.
+as their console scripts against the test database and Redis prefix, each forked from a process
+of the lane's that has imported them (``tests/e2e/forks.py``).
 
 ``services`` gives each test processes of its own. A module of happy-path tests (none kills,
 stops or reconfigures a service) can share one stack instead: its ``module_stack`` fixture starts
@@ -29,7 +30,7 @@ from deferral.db import make_engine, make_sessionmaker
 from deferral.models import TaskInstance, Trigger
 from deferral.states import TaskState
 from tests.conftest import delete_stream_keys, empty_tables, new_stream_prefix
-from tests.e2e.cli_forks import CliForks
+from tests.e2e.forks import ForkedProcess, Forks
 from tests.helpers import wait_for
 from tests.servers import REDIS_URL
 from triggerer.events import event_message
@@ -40,13 +41,14 @@ BIN = Path(sys.executable).parent
 TEST_WORKER_CONCURRENCY = "2"
 
 
-# The CLI of this lane's tests (one forking process per lane, stopped at the session's end).
-CLI = CliForks()
+# The services and CLI commands of this lane's tests (one forking process per lane, stopped at
+# the session's end).
+CLI = Forks()
 
 
 @pytest.fixture(scope="session", autouse=True)
-def _cli_forks() -> Iterator[None]:
-    CLI.start()  # importing the CLI overlaps the first test's own start
+def _forks() -> Iterator[None]:
+    CLI.start()  # its imports overlap the first test's own start
     yield
     CLI.close()
 
@@ -61,18 +63,24 @@ class Services:
     def __init__(self, env: dict[str, str], logs: Path) -> None:
         self.env = {**os.environ, **env, "PYTHONUNBUFFERED": "1"}
         self.logs = logs
-        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.procs: dict[str, subprocess.Popen[bytes] | ForkedProcess] = {}
 
-    def start(
-        self, name: str, *args: str, env: dict[str, str] | None = None
-    ) -> subprocess.Popen[bytes]:
+    def start(self, name: str, *args: str, env: dict[str, str] | None = None) -> ForkedProcess:
         """Start ``<service> consume [args]``; ``name`` is unique per process (worker2, ...);
         ``env`` adds to the environment of this process only. A name started again appends to
         its log. A worker started without ``--concurrency`` gets TEST_WORKER_CONCURRENCY."""
         service = name.rstrip("0123456789")
         if service == "worker" and not any(a.startswith("--concurrency") for a in args):
             args = ("--concurrency", TEST_WORKER_CONCURRENCY, *args)
-        return self.spawn(name, command(service, "consume", *args), {**self.env, **(env or {})})
+        proc = CLI.spawn(
+            service,
+            ["consume", *args],
+            {**self.env, **(env or {})},
+            None,
+            self.logs / f"{name}.log",
+        )
+        self.procs[name] = proc
+        return proc
 
     def spawn(
         self, name: str, argv: list[str], env: dict[str, str], cwd: Path | None = None
@@ -87,7 +95,7 @@ class Services:
         self, *args: str, timeout: float = 180, env: dict[str, str] | None = None
     ) -> subprocess.CompletedProcess[str]:
         """Run a ``deferral`` CLI command to completion, in a process of its own forked from
-        one with the CLI imported (``tests/e2e/cli_forks.py``); ``env`` adds to its environment.
+        one with the CLI imported (``tests/e2e/forks.py``); ``env`` adds to its environment.
         (The timeout is slack for a loaded machine.)"""
         return CLI.run(list(args), {**self.env, **(env or {})}, timeout)
 

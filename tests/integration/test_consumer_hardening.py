@@ -103,6 +103,33 @@ def test_entries_over_the_limits_are_dead_lettered_before_the_service_sees_them(
     assert int(broker.redis.xlen(stream)) == 2  # both retired with their dead letters
 
 
+def test_the_bad_entries_of_a_read_are_dead_lettered_in_one_round_trip(
+    broker: Broker,
+    cipher: Cipher,
+    sessions: sessionmaker[Session],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    stream = broker.keys.triggers
+    for i in range(40):
+        broker.redis.execute_command("XADD", stream, "*", "junk", str(i))
+    consumer = _consumer(broker, cipher, sessions, "t1")
+    read = consumer.poll(100)
+    assert len(read) == 40
+    round_trips: list[str] = []
+    monkeypatch.setattr(
+        broker.redis, "execute_command", lambda *a, **k: round_trips.append(str(a[0]))
+    )
+    pipeline = broker.redis.pipeline
+    monkeypatch.setattr(
+        broker.redis, "pipeline", lambda **k: round_trips.append("pipeline") or pipeline(**k)
+    )
+    assert consumer.dead_letter_many([(d, "bad trigger entry: junk") for d in read])
+    monkeypatch.undo()
+    assert round_trips == ["pipeline"]
+    assert int(broker.redis.xlen(broker.keys.dead)) == 40 and int(broker.redis.xlen(stream)) == 0
+    assert not any(consumer.holds(d.entry.id) for d in read)
+
+
 def test_a_failure_to_dead_letter_is_logged_and_never_raised(
     broker: Broker,
     cipher: Cipher,
@@ -117,7 +144,7 @@ def test_a_failure_to_dead_letter_is_logged_and_never_raised(
     def broken(*args: object, **kwargs: object) -> None:
         raise RuntimeError("Lua stack overflow")
 
-    monkeypatch.setattr(broker, "dead_letter", broken)
+    monkeypatch.setattr(broker, "dead_letter_many", broken)
     with caplog.at_level(logging.ERROR, "deferral.broker"):
         assert consumer.dead_letter(delivery, "bad entry") is False
     assert "could not dead-letter" in caplog.text and "Lua stack overflow" in caplog.text
