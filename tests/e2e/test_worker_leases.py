@@ -62,10 +62,14 @@ def test_a_killed_workers_attempt_is_retried_elsewhere_and_its_child_dies(
     assert services.run("dags", "trigger", "e2e_worker_lease").returncode == 0
     wait_for(lambda: marks.exists() and marks.read_text(), timeout=60, what="try 1 to start")
     child_pid = int(marks.read_text().split()[1])
+    # The task process's parent: the worker's fork server, which must not outlive it either.
+    fork_server = int(Path(f"/proc/{child_pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    assert fork_server != doomed.pid
 
     doomed.kill()
     doomed.wait()
     wait_for(lambda: not _alive(child_pid), timeout=10, what="the orphaned attempt to die")
+    wait_for(lambda: not _alive(fork_server), timeout=10, what="the fork server to exit")
     services.start("worker2", "--concurrency", "1", "--name", "survivor")
 
     def finished() -> TaskInstance | None:
