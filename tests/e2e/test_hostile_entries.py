@@ -4,7 +4,6 @@ restarted under the same name each time it dies."""
 
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +17,7 @@ from broker.streams import GROUP_SCHEDULERS, GROUP_TRIGGERERS, GROUP_WORKERS
 from deferral.crypto import Cipher
 from deferral.models import TaskInstance, TaskStateChange
 from tests.e2e.conftest import Services, fire_deferred
+from tests.e2e.forks import ForkedProcess
 from tests.e2e.test_core_faults import KILLER_DAG, KILLER_TRIGGER
 from tests.helpers import wait_for
 
@@ -248,7 +248,7 @@ def test_huge_wide_and_a_flood_of_junk_entries_are_dead_lettered_and_nothing_sto
     streams = (broker.keys.triggers, broker.keys.events, queue)
     groups = {broker.keys.triggers: GROUP_TRIGGERERS, broker.keys.events: GROUP_SCHEDULERS}
     groups[queue] = GROUP_WORKERS
-    procs: dict[str, subprocess.Popen[bytes]] = {
+    procs: dict[str, ForkedProcess] = {
         "scheduler": services.start("scheduler"),
         "worker": services.start("worker", "--concurrency", "4"),
         "triggerer": services.start("triggerer"),
