@@ -114,19 +114,15 @@ def test_a_trigger_blocking_the_event_loop_is_named_in_a_warning(
         "dags", "trigger", "e2e_blocking", "--run-id", "r1", "--wait", "--timeout", "60"
     )
     assert done.returncode == 0, done.stdout + done.stderr
-    warning = wait_for(
-        lambda: [
-            line
-            for line in services.log("triggerer").splitlines()
-            if "blocked the event loop" in line
-        ],
-        timeout=60,
-        what="the blocked-loop warning",
-    )
-    found = re.search(
+    # Only the Blocking trigger's warning: on a loaded machine the triggerer's own work may
+    # stall the loop briefly too, and be named (as itself) in a warning of its own.
+    blocked = re.compile(
         r"\(e2e_blocking_triggers\.Blocking\) for e2e_blocking\.r1\.blocks "
-        r"blocked the event loop for ([0-9.]+) s",
-        warning[0],
+        r"blocked the event loop for ([0-9.]+) s"
     )
-    assert found, warning[0]
+    found = wait_for(
+        lambda: blocked.search(services.log("triggerer")),
+        timeout=60,
+        what="the blocked-loop warning naming the trigger",
+    )
     assert float(found.group(1)) >= 0.55  # the block's length, or longer on a loaded machine
