@@ -30,6 +30,7 @@ from deferral import migrate
 from deferral.config import Settings, load_settings
 from deferral.crypto import Cipher
 from deferral.db import make_engine, make_sessionmaker
+from tests.forks import LANE
 from tests.helpers import wait_for
 from tests.servers import ADMIN_URL, REDIS_URL
 
@@ -69,6 +70,14 @@ def delete_stream_keys(redis_url: str, prefix: str) -> None:
             client.delete(*keys)
     finally:
         client.close()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _stop_the_lanes_forks() -> Iterator[None]:
+    """The lane's forking process (tests/forks.py), started by its first use, stops at the
+    session's end."""
+    yield
+    LANE.close()
 
 
 @pytest.fixture(scope="session")

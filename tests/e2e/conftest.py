@@ -1,6 +1,6 @@
 """Real service processes (``scheduler consume``, ``worker consume``, ``triggerer consume``) run
 as their console scripts against the test database and Redis prefix, each forked from a process
-of the lane's that has imported them (``tests/e2e/forks.py``).
+of the lane's that has imported them (``tests/forks.py``).
 
 ``services`` gives each test processes of its own. A module of happy-path tests (none kills,
 stops or reconfigures a service) can share one stack instead: its ``module_stack`` fixture starts
@@ -30,7 +30,7 @@ from deferral.db import make_engine, make_sessionmaker
 from deferral.models import TaskInstance, Trigger
 from deferral.states import TaskState
 from tests.conftest import delete_stream_keys, empty_tables, new_stream_prefix
-from tests.e2e.forks import ForkedProcess, Forks
+from tests.forks import LANE, ForkedProcess
 from tests.helpers import wait_for
 from tests.servers import REDIS_URL
 from triggerer.events import event_message
@@ -41,16 +41,13 @@ BIN = Path(sys.executable).parent
 TEST_WORKER_CONCURRENCY = "2"
 
 
-# The services and CLI commands of this lane's tests (one forking process per lane, stopped at
-# the session's end).
-CLI = Forks()
+# The services and CLI commands of this lane's tests.
+CLI = LANE
 
 
 @pytest.fixture(scope="session", autouse=True)
-def _forks() -> Iterator[None]:
+def _forks() -> None:
     CLI.start()  # its imports overlap the first test's own start
-    yield
-    CLI.close()
 
 
 def command(name: str, *args: str) -> list[str]:
@@ -95,7 +92,7 @@ class Services:
         self, *args: str, timeout: float = 180, env: dict[str, str] | None = None
     ) -> subprocess.CompletedProcess[str]:
         """Run a ``deferral`` CLI command to completion, in a process of its own forked from
-        one with the CLI imported (``tests/e2e/forks.py``); ``env`` adds to its environment.
+        one with the CLI imported (``tests/forks.py``); ``env`` adds to its environment.
         (The timeout is slack for a loaded machine.)"""
         return CLI.run(list(args), {**self.env, **(env or {})}, timeout)
 

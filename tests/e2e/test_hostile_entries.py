@@ -17,8 +17,8 @@ from broker.streams import GROUP_SCHEDULERS, GROUP_TRIGGERERS, GROUP_WORKERS
 from deferral.crypto import Cipher
 from deferral.models import TaskInstance, TaskStateChange
 from tests.e2e.conftest import Services, fire_deferred
-from tests.e2e.forks import ForkedProcess
 from tests.e2e.test_core_faults import KILLER_DAG, KILLER_TRIGGER
+from tests.forks import ForkedProcess
 from tests.helpers import wait_for
 
 pytestmark = pytest.mark.e2e

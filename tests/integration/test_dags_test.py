@@ -19,19 +19,15 @@ from sqlalchemy.orm import Session, sessionmaker
 from deferral import liveness
 from deferral.config import Settings
 from deferral.models import DagRun, Scheduler, TaskInstance, TaskLog, Trigger
+from tests.forks import LANE
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 TIMEOUT_SEC = 180
 
 
 def deferral(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "deferral", *args],
-        env={**os.environ, **env},
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT_SEC,
-    )
+    """``deferral ARGS`` in a process of its own (forked with the CLI imported: tests/forks.py)."""
+    return LANE.run(list(args), {**os.environ, **env}, TIMEOUT_SEC)
 
 
 def states(sessions: sessionmaker[Session], dag_id: str) -> dict[str, str]:

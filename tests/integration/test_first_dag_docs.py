@@ -4,14 +4,13 @@ file the page includes (docs/first_dag/my_first_dag.py), deferral and resumption
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from deferral.models import DagRun, TaskInstance
+from tests.forks import LANE
 
 FIRST_DAG = Path(__file__).resolve().parents[2] / "docs" / "first_dag"
 TIMEOUT_SEC = 180
@@ -22,13 +21,8 @@ def test_the_first_dag_of_the_docs_runs_and_says_what_the_page_says(
 ) -> None:
     page = (FIRST_DAG.parent / "getting-started.md").read_text()
     assert '--8<-- "first_dag/my_first_dag.py"' in page
-    done = subprocess.run(
-        [sys.executable, "-m", "deferral", "dags", "test", "my_first_dag"],
-        env={**os.environ, **service_env, "DEFERRAL_DAGS_FOLDER": str(FIRST_DAG)},
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT_SEC,
-    )
+    env = {**os.environ, **service_env, "DEFERRAL_DAGS_FOLDER": str(FIRST_DAG)}
+    done = LANE.run(["dags", "test", "my_first_dag"], env, TIMEOUT_SEC)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "pause: running -> deferred" in done.stdout
     assert "the answer is 42, woke at" in done.stdout

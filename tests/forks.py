@@ -1,12 +1,13 @@
-"""The end-to-end tests' processes (``deferral`` CLI commands and ``scheduler``/``triggerer``/
-``worker consume``), each forked from one process per lane that has imported them already. Each
-is still a process of its own, started as its console script would be (its argv, environment,
-working directory, stdout and stderr; its own pid, to kill -9 or SIGSTOP; its exit status), and
-nothing of one is left for the next: only the interpreter start and the imports, about a second
-of CPU each on a loaded 2-core machine, are paid once per lane instead of once per process. (The
-README's demo, the compose-as-processes test and the standalone tests start real interpreters.)
+"""The tests' processes (``deferral`` CLI commands, and the end-to-end tests' ``scheduler``,
+``triggerer`` and ``worker consume``), each forked from one process per lane that has imported
+them already. Each is still a process of its own, started as its console script would be (its
+argv, environment, working directory, stdout and stderr; its own pid, to kill -9 or SIGSTOP; its
+exit status), and nothing of one is left for the next: only the interpreter start and the
+imports, about a second of CPU each on a loaded 2-core machine, are paid once per lane instead
+of once per process. (The README's demo, the compose-as-processes test and the standalone tests
+start real interpreters.)
 
-``python -u -m tests.e2e.forks`` is the forking side: it imports the console scripts' modules
+``python -u -m tests.forks`` is the forking side: it imports the console scripts' modules
 once, then reads one request per line on stdin (JSON: an id, the entry point, argv, env, cwd,
 the files for stdout and stderr), forks a child that runs it as the console script does, and
 answers ``pid ID PID`` at once and ``exit PID STATUS`` whenever a child ends. ``Forks`` is the
@@ -132,8 +133,8 @@ def serve() -> None:
 
 
 class Forks:
-    """Starts processes through a ``python -m tests.e2e.forks`` process of its own (started at
-    the first request, stopped by ``close``)."""
+    """Starts processes through a ``python -m tests.forks`` process of its own (started at the
+    first request, stopped by ``close``)."""
 
     def __init__(self) -> None:
         self._server: subprocess.Popen[bytes] | None = None
@@ -147,10 +148,10 @@ class Forks:
         """The forking process, started if it is not running."""
         if self._server is None or self._server.poll() is not None:
             self._server = subprocess.Popen(
-                [sys.executable, "-u", "-m", "tests.e2e.forks"],
+                [sys.executable, "-u", "-m", "tests.forks"],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
-                cwd=Path(__file__).resolve().parents[2],
+                cwd=Path(__file__).resolve().parents[1],
             )
             threading.Thread(target=self._read_answers, args=(self._server,), daemon=True).start()
         return self._server
@@ -270,6 +271,10 @@ class ForkedProcess:
 
     def kill(self) -> None:
         self.send_signal(signal.SIGKILL)
+
+
+# This lane's forking process (tests/conftest.py stops it at the session's end).
+LANE = Forks()
 
 
 def _text(path: Path) -> str:
