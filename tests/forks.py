@@ -211,13 +211,18 @@ class Forks:
         return ForkedProcess(self, pid, [str(BIN / script), *argv])
 
     def run(
-        self, args: list[str], env: dict[str, str], timeout: float, cwd: Path | None = None
+        self,
+        args: list[str],
+        env: dict[str, str],
+        timeout: float,
+        cwd: Path | None = None,
+        script: str = "deferral",
     ) -> subprocess.CompletedProcess[str]:
-        """Like ``subprocess.run([deferral, *args], env=env, cwd=cwd, capture_output=True,
+        """Like ``subprocess.run([script, *args], env=env, cwd=cwd, capture_output=True,
         text=True, timeout=timeout)``."""
         with tempfile.TemporaryDirectory(prefix="deferral-cli-") as home:
             out, err = Path(home) / "stdout", Path(home) / "stderr"
-            proc = self._fork("deferral", args, env, cwd, out, err, append=False)
+            proc = self._fork(script, args, env, cwd, out, err, append=False)
             try:
                 status = proc.wait(timeout)
             except subprocess.TimeoutExpired:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
 from typing import Any
 
 import pytest
@@ -11,7 +10,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from broker.client import Broker
 from deferral.models import TaskInstance, TaskStateChange
-from tests.e2e.conftest import Services, command
+from tests.e2e.conftest import CLI, Services
 from tests.helpers import wait_for
 
 pytestmark = pytest.mark.e2e
@@ -153,16 +152,12 @@ def test_a_missing_setting_stops_each_service_with_one_line_naming_it(
 ) -> None:
     env = {k: v for k, v in services.env.items() if k != "DEFERRAL_FERNET_KEY"}
     for name in ("scheduler", "worker", "triggerer"):
-        done = subprocess.run(
-            command(name, "consume"), env=env, capture_output=True, text=True, timeout=60
-        )
+        done = CLI.run(["consume"], env, timeout=60, script=name)
         assert done.returncode == 2, done.stderr
         assert done.stderr.strip().splitlines() == ["error: DEFERRAL_FERNET_KEY is not set"]
 
     malformed = {**services.env, "DEFERRAL_HEARTBEAT_SEC": "soon"}
-    done = subprocess.run(
-        command("triggerer", "consume"), env=malformed, capture_output=True, text=True, timeout=60
-    )
+    done = CLI.run(["consume"], malformed, timeout=60, script="triggerer")
     assert done.returncode == 2
     assert done.stderr.strip().startswith("error: DEFERRAL_HEARTBEAT_SEC is malformed")
     assert len(done.stderr.strip().splitlines()) == 1

@@ -17,7 +17,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from broker.client import Broker
 from deferral.models import TaskInstance, Trigger
 from deferral_cli.embedded import free_port
-from tests.e2e.conftest import Services, command
+from tests.e2e.conftest import CLI, Services, command
 from tests.helpers import metrics_answer, wait_for
 
 pytestmark = pytest.mark.e2e
@@ -82,6 +82,8 @@ def test_each_service_serves_metrics_that_move_with_a_deferral(
     services.start("triggerer", "--metrics-port", str(ports["triggerer"]))
     before = {}
     for name, port in ports.items():
+        # Once the service is up: its metrics port answers a moment before its gauges are set.
+        services.wait_up(name)
         before[name] = wait_for(functools.partial(_scrape_when_up, port), what=f"{name} /metrics")
     # Once a service reads its stream: the counters of that stream and of each reason at 0 (an
     # alert on their rise sees the first one); build info from the start.
@@ -165,13 +167,8 @@ def test_a_metrics_port_in_use_stops_the_service_with_one_line(services: Service
         taken.listen()
         port = taken.getsockname()[1]
         for service in ("scheduler", "worker", "triggerer"):
-            done = subprocess.run(
-                command(service, "consume", "--metrics-port", str(port)),
-                env=services.env,
-                capture_output=True,
-                text=True,
-                timeout=60,
-            )
+            args = ["consume", "--metrics-port", str(port)]
+            done = CLI.run(args, services.env, timeout=60, script=service)
             assert done.returncode == 2, (service, done.stderr)
             assert done.stderr.strip() == f"error: --metrics-port {port}: Address already in use"
 
