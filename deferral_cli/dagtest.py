@@ -250,15 +250,15 @@ class LocalRun(InThisProcess):
     def _run_attempt(self, ti_id: int, try_number: int) -> None:
         with self.sessions.begin() as session:
             started = transitions.start_many(
-                session, [(ti_id, try_number)], self.hostname, self.name
+                session,
+                [(ti_id, try_number)],
+                self.hostname,
+                self.name,
+                started_by=f"in `deferral dags test` ({self.hostname})",
             )
             if not started:
                 return
             (ti,) = started
-            line = f"try {ti.try_number} started in `deferral dags test` ({self.hostname})"
-            if ti.next_method:
-                line += f", resuming at {ti.next_method}"
-            self._log(session, ti.id, ti.try_number, line)
             next_kwargs = record.resume_kwargs(self.cipher, ti.next_kwargs, ti.next_event)
         self._show_changes()
         label = self._label(ti.task_id, ti.map_index)

@@ -372,6 +372,7 @@ class WorkerService:
                 [(item.task_instance_id, item.try_number) for _, item in checked],
                 self.hostname,
                 self.name,
+                started_by=f"on worker {self.name} ({self.hostname})",
             )
             lines: list[NewLine] = []
             requests = self._requests(started, lines, session)
@@ -412,7 +413,8 @@ class WorkerService:
     ) -> dict[int, AttemptRequest]:
         """The child's request for each started attempt; one that cannot be run (its run is
         gone, its resume kwargs cannot be opened) fails here, with the reason, instead of
-        blocking the queue. Says in ``lines`` which started or failed."""
+        blocking the queue. Says in ``lines`` which failed (the start statement wrote every
+        started try's start line)."""
         requests: dict[int, AttemptRequest] = {}
         for ti in started:
             try:
@@ -432,10 +434,6 @@ class WorkerService:
                     extra=log_ids(task_instance_id=ti.id, try_number=ti.try_number),
                 )
                 continue
-            started_line = f"try {ti.try_number} started on worker {self.name} ({self.hostname})"
-            if ti.next_method:
-                started_line += f", resuming at {ti.next_method}"
-            lines.append(_line(ti.id, ti.try_number, started_line))
             requests[ti.id] = record.request_of(ti, next_kwargs, self.settings.task_log_max_bytes)
         return requests
 

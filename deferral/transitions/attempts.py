@@ -12,6 +12,7 @@ from typing import Any
 from sqlalchemy import ColumnElement, func, select, text, tuple_
 from sqlalchemy.orm import Session
 
+from deferral import tasklogs
 from deferral.models import TaskReschedule
 from deferral.states import TaskState
 from deferral.transitions.asset_events import OUTLET_EVENTS_OF_MOVED
@@ -57,7 +58,10 @@ class Started:
 
 
 # Plain SQL, one statement: it is on every attempt's path (the ORM's building of it cost more
-# than its execution). A new try starts with no XCom left over from an earlier one.
+# than its execution). A new try starts with no XCom left over from an earlier one. The try's
+# start line is written by the same statement, as tasklogs.append writes a worker's lines: the
+# tries' size rows created or locked in key order first, the lines' ids drawn once they are
+# held (the count over ``try_rows`` is computed before the first line is made).
 _START_SQL = text(
     """
     WITH moved AS (
@@ -78,6 +82,20 @@ _START_SQL = text(
         FROM moved ORDER BY id
     ), cleared AS (
         DELETE FROM xcom WHERE task_instance_id IN (SELECT id FROM moved WHERE next_method IS NULL)
+    ), try_rows AS (
+        INSERT INTO task_log_try (task_instance_id, try_number)
+        SELECT id, try_number FROM moved WHERE CAST(:started_by AS text) IS NOT NULL ORDER BY id
+        ON CONFLICT (task_instance_id, try_number) DO UPDATE SET bytes = task_log_try.bytes
+        WHERE false
+        RETURNING 1
+    ), start_lines AS (
+        INSERT INTO task_log (task_instance_id, try_number, at, source, text)
+        SELECT moved.id, moved.try_number, now(), :source,
+               'try ' || moved.try_number || ' started ' || :started_by
+               || COALESCE(', resuming at ' || moved.next_method, '')
+        FROM (SELECT count(*) FROM try_rows) AS locked, moved
+        WHERE CAST(:started_by AS text) IS NOT NULL
+        ORDER BY moved.id
     )
     SELECT moved.*, run.id IS NOT NULL AS run_exists, run.logical_date, run.conf,
            run.data_interval_start, run.data_interval_end, run.run_type
@@ -110,11 +128,17 @@ def preview_start(session: Session, ti_id: int) -> Started | None:
 
 
 def start_many(
-    session: Session, attempts: Sequence[tuple[int, int]], hostname: str, worker: str
+    session: Session,
+    attempts: Sequence[tuple[int, int]],
+    hostname: str,
+    worker: str,
+    started_by: str | None = None,
 ) -> list[Started]:
     """queued -> running for each (task instance id, try number) a queue message names, only at
     that try: a duplicate or stale message moves nothing, so no attempt ever runs twice. One
-    statement for the whole batch, which also reads the attempts' runs."""
+    statement for the whole batch, which also reads the attempts' runs and, given
+    ``started_by`` (who started them, e.g. ``on worker w1 (host)``), writes each try's start
+    line: "try N started <started_by>[, resuming at <method>]"."""
     if not attempts:
         return []
     params = {
@@ -122,6 +146,8 @@ def start_many(
         "tries": [a[1] for a in attempts],
         "hostname": hostname,
         "worker": worker,
+        "started_by": None if started_by is None else tasklogs.clean(started_by),
+        "source": tasklogs.SOURCE_WORKER,
     }
     started = [Started(**row._mapping) for row in session.execute(_START_SQL, params)]
     _expire_loaded(session, [s.id for s in started])
@@ -160,7 +186,7 @@ _SUCCEED_SQL = text(
             AS r (id, try_number, worker, value)
         WHERE ti.id = r.id AND ti.try_number = r.try_number AND ti.worker = r.worker
             AND ti.state = 'running'
-        RETURNING ti.id, ti.dag_id, ti.run_id, r.value
+        RETURNING ti.id, ti.dag_id, ti.run_id, ti.task_id, ti.map_index, r.value
     ), recorded AS (
         INSERT INTO task_state_change (task_instance_id, from_state, to_state, reason)
         SELECT id, 'running', 'success', 'returned' FROM moved ORDER BY id
