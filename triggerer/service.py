@@ -264,6 +264,8 @@ class TriggererService:
                 tasks.start_soon(self._stop_on_signal, tasks.cancel_scope)
                 await self._serve(tasks)
                 tasks.cancel_scope.cancel()
+        except* SystemExit as exits:  # a Redis it cannot use (connect_when_up): its one line
+            raise exits.exceptions[0] from None
         finally:
             root.removeHandler(self.task_log)
         log.info("triggerer %s stopped", self.name)

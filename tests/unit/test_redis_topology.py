@@ -105,7 +105,7 @@ def test_shards_on_one_redis_and_the_setting() -> None:
     assert load(base_env()).stream_shards == 1
     assert load(base_env(DEFERRAL_REDIS_URL="redis+cluster://h:7000")).stream_shards == 16
     assert load(base_env(DEFERRAL_STREAM_SHARDS="4")).stream_shards == 4
-    with pytest.raises(ConfigError, match="DEFERRAL_STREAM_SHARDS is malformed: must be 1..256"):
+    with pytest.raises(ConfigError, match=r"DEFERRAL_STREAM_SHARDS is malformed: must be 1\.\.256"):
         load(base_env(DEFERRAL_STREAM_SHARDS="0"))
 
 
