@@ -117,9 +117,11 @@ class Stack:
         keep: bool = False,
         max_map_length: int = 1024,
         redis_url: str = REDIS_URL,
+        stream_shards: int | None = None,
     ) -> None:
         self.name = f"deferral_bench_{uuid.uuid4().hex[:8]}"
         self.redis_url = redis_url
+        self.stream_shards = stream_shards  # None: the URL's default
         self.keep = keep
         self.home = Path(tempfile.mkdtemp(prefix=f"{self.name}-"))
         self.dags = self.home / "dags"
@@ -136,6 +138,8 @@ class Stack:
             "DEFERRAL_HEARTBEAT_SEC": f"{heartbeat_sec:g}",
             "DEFERRAL_MAX_MAP_LENGTH": str(max_map_length),
         }
+        if stream_shards is not None:
+            env["DEFERRAL_STREAM_SHARDS"] = str(stream_shards)
         self.env = {**os.environ, **env}
         self.services = Services(env, self.logs)
         self._started_at: dict[str, int] = {}  # log offset of each process's latest start
@@ -150,7 +154,7 @@ class Stack:
             conn.execute(text(f'CREATE DATABASE "{self.name}"'))
         migrate.upgrade(self.url)
         self.sessions = make_sessionmaker(make_engine(self.url, pool_size=2))
-        self.broker = Broker.from_url(self.redis_url, self.name)
+        self.broker = Broker.from_url(self.redis_url, self.name, shards=self.stream_shards)
         return self
 
     def vacuum_analyze(self) -> None:
@@ -611,7 +615,8 @@ class EventsWatch:
         self.seen: dict[int, dt.datetime] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._read, name="events-watch", daemon=True)
-        self._broker = Broker.from_url(stack.redis_url, stack.name)  # its own connections
+        # Its own connections; one shard (one Redis): one events stream to watch.
+        self._broker = Broker.from_url(stack.redis_url, stack.name, shards=stack.stream_shards)
         # XREAD's raw reply, shaped like XREADGROUP's, which the broker's parser reads.
         self._broker.redis.response_callbacks.pop("XREAD", None)
         self._last = "0-0"

@@ -5,6 +5,7 @@ they are all resumed and finished once the moment comes.
     .venv/bin/python benchmarks/resume_throughput.py --n 10000 --tasks-per-run 10000
     .venv/bin/python benchmarks/resume_throughput.py --n 10000 --tasks-per-run 10000 --mapped
     .venv/bin/python benchmarks/resume_throughput.py --n 10000 --redis-cluster
+    .venv/bin/python benchmarks/resume_throughput.py --n 10000 --redis-cluster --stream-shards 1
 
 Starts schedulers, workers and triggerers (``consume`` console scripts) on a fresh database and
 stream prefix, triggers runs of a DAG whose tasks each defer on a ``DateTimeTrigger`` at the same
@@ -118,6 +119,11 @@ def main() -> None:
         action="store_true",
         help="on a local Redis Cluster of 3 primaries and 3 replicas started for the run",
     )
+    parser.add_argument(
+        "--stream-shards",
+        type=int,
+        help="DEFERRAL_STREAM_SHARDS (default: the URL's, 1 on one Redis, 16 on a cluster)",
+    )
     args = parser.parse_args()
     with ExitStack() as servers:
         redis_url = REDIS_URL
@@ -134,7 +140,12 @@ def run(args: argparse.Namespace, redis_url: str) -> None:
     n = runs * per_run
     lead = args.lead if args.lead is not None else 30.0 + n / 250
 
-    with Stack(keep=args.keep_logs, max_map_length=per_run, redis_url=redis_url) as stack:
+    with Stack(
+        keep=args.keep_logs,
+        max_map_length=per_run,
+        redis_url=redis_url,
+        stream_shards=args.stream_shards,
+    ) as stack:
         if args.pool_slots is not None:
             stack.set_pool_slots("default_pool", args.pool_slots)
         source = MAPPED_DAG if args.mapped else DAG
@@ -196,7 +207,8 @@ def run(args: argparse.Namespace, redis_url: str) -> None:
         f"{', one task mapped' if args.mapped else ''};"
         f" {args.schedulers} scheduler(s), {args.workers} worker(s) x {args.concurrency} slots,"
         f" {args.triggerers} triggerer(s)"
-        f"{'; Redis Cluster of 3 primaries and 3 replicas' if args.redis_cluster else ''})",
+        f"{'; Redis Cluster of 3 primaries and 3 replicas' if args.redis_cluster else ''};"
+        f" {stack.broker.keys.shards} stream shard(s))",
         [
             Figure("deferrals per second", n / deferral_window, "/s", 1000, at_most=False),
             Figure("fire -> SCHEDULED p50", median(scheduled) * 1000, "ms"),
