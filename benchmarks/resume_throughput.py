@@ -6,6 +6,7 @@ they are all resumed and finished once the moment comes.
     .venv/bin/python benchmarks/resume_throughput.py --n 10000 --tasks-per-run 10000 --mapped
     .venv/bin/python benchmarks/resume_throughput.py --n 10000 --redis-cluster
     .venv/bin/python benchmarks/resume_throughput.py --n 10000 --redis-cluster --stream-shards 1
+    .venv/bin/python benchmarks/resume_throughput.py --n 10000 --redis-cluster --distinct-triggers
 
 Starts schedulers, workers and triggerers (``consume`` console scripts) on a fresh database and
 stream prefix, triggers runs of a DAG whose tasks each defer on a ``DateTimeTrigger`` at the same
@@ -68,6 +69,9 @@ class WaitForMoment(BaseOperator):
 
     def execute(self, context):
         moment = dt.datetime.fromisoformat(MOMENT_FILE.read_text())
+        if {distinct}:  # a trigger of its own, a microsecond apart, instead of one shared by all
+            apart = int(self.task_id.lstrip("t") or 0) + (self.index or 0)
+            moment += dt.timedelta(microseconds=apart)
         self.defer(trigger=DateTimeTrigger(moment), method_name="resume")
 
     def resume(self, context, event):
@@ -120,6 +124,11 @@ def main() -> None:
         help="on a local Redis Cluster of 3 primaries and 3 replicas started for the run",
     )
     parser.add_argument(
+        "--distinct-triggers",
+        action="store_true",
+        help="a trigger per task (moments a microsecond apart), so that they spread over shards",
+    )
+    parser.add_argument(
         "--stream-shards",
         type=int,
         help="DEFERRAL_STREAM_SHARDS (default: the URL's, 1 on one Redis, 16 on a cluster)",
@@ -149,7 +158,10 @@ def run(args: argparse.Namespace, redis_url: str) -> None:
         if args.pool_slots is not None:
             stack.set_pool_slots("default_pool", args.pool_slots)
         source = MAPPED_DAG if args.mapped else DAG
-        stack.write_dag("bench_throughput", source.format(per_run=per_run, runs=runs))
+        stack.write_dag(
+            "bench_throughput",
+            source.format(per_run=per_run, runs=runs, distinct=args.distinct_triggers),
+        )
         names = start_services(stack, args, capacity=-(-n // args.triggerers))
         moment = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=lead)
         (stack.dags / "moment.txt").write_text(moment.isoformat())

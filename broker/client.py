@@ -274,7 +274,10 @@ class Broker:
         due = {
             s
             for s in streams
-            if (self.keys.is_queue(s) or (self.keys.is_triggers(s) and s != self.keys.triggers))
+            if (
+                self.keys.is_queue(s)
+                or (self.keys.is_triggers(s) and self.keys.queue_of_triggers(s) != DEFAULT_QUEUE)
+            )
             and now - self._queues_named.get(s, -QUEUE_REGISTRY_EVERY_SEC)
             >= QUEUE_REGISTRY_EVERY_SEC
         }
