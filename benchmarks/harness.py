@@ -23,6 +23,7 @@ import tempfile
 import threading
 import time
 import uuid
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -298,7 +299,8 @@ class Stack:
                 try_number=1,
                 task=f"bench_seeded.seeded.t{ti_id}",
             )
-            items.append((self.broker.keys.triggers, to_fields(message)))
+            stream = self.broker.keys.trigger_stream("default", trigger_id)
+            items.append((stream, to_fields(message)))
         for start in range(0, len(items), 5000):
             self.broker.publish_many(items[start : start + 5000])
 
@@ -310,11 +312,17 @@ class Stack:
             )
 
     def pending_triggers(self) -> PendingSummary:
-        """Trigger entries delivered to triggerers and not yet retired, per triggerer."""
-        try:
-            return self.broker.pending(self.broker.keys.triggers, GROUP_TRIGGERERS)
-        except ResponseError:
-            return PendingSummary(0, {})  # no stream or group yet
+        """Trigger entries delivered to triggerers and not yet retired, per triggerer (in every
+        shard of the default queue's triggers streams)."""
+        count, per_consumer = 0, Counter[str]()
+        for stream in self.broker.keys.triggers_of("default"):
+            try:
+                pending = self.broker.pending(stream, GROUP_TRIGGERERS)
+            except ResponseError:
+                continue  # no stream or group yet
+            count += pending.count
+            per_consumer.update(pending.per_consumer)
+        return PendingSummary(count, dict(per_consumer))
 
     def reached(self, state: str, dag_id: str) -> int:
         """How many of ``dag_id``'s task instances have been in ``state`` at some point."""
