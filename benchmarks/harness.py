@@ -23,6 +23,7 @@ import tempfile
 import threading
 import time
 import uuid
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -117,9 +118,11 @@ class Stack:
         keep: bool = False,
         max_map_length: int = 1024,
         redis_url: str = REDIS_URL,
+        stream_shards: int | None = None,
     ) -> None:
         self.name = f"deferral_bench_{uuid.uuid4().hex[:8]}"
         self.redis_url = redis_url
+        self.stream_shards = stream_shards  # None: the URL's default
         self.keep = keep
         self.home = Path(tempfile.mkdtemp(prefix=f"{self.name}-"))
         self.dags = self.home / "dags"
@@ -136,6 +139,8 @@ class Stack:
             "DEFERRAL_HEARTBEAT_SEC": f"{heartbeat_sec:g}",
             "DEFERRAL_MAX_MAP_LENGTH": str(max_map_length),
         }
+        if stream_shards is not None:
+            env["DEFERRAL_STREAM_SHARDS"] = str(stream_shards)
         self.env = {**os.environ, **env}
         self.services = Services(env, self.logs)
         self._started_at: dict[str, int] = {}  # log offset of each process's latest start
@@ -150,7 +155,7 @@ class Stack:
             conn.execute(text(f'CREATE DATABASE "{self.name}"'))
         migrate.upgrade(self.url)
         self.sessions = make_sessionmaker(make_engine(self.url, pool_size=2))
-        self.broker = Broker.from_url(self.redis_url, self.name)
+        self.broker = Broker.from_url(self.redis_url, self.name, shards=self.stream_shards)
         return self
 
     def vacuum_analyze(self) -> None:
@@ -294,7 +299,8 @@ class Stack:
                 try_number=1,
                 task=f"bench_seeded.seeded.t{ti_id}",
             )
-            items.append((self.broker.keys.triggers, to_fields(message)))
+            stream = self.broker.keys.trigger_stream("default", trigger_id)
+            items.append((stream, to_fields(message)))
         for start in range(0, len(items), 5000):
             self.broker.publish_many(items[start : start + 5000])
 
@@ -306,11 +312,17 @@ class Stack:
             )
 
     def pending_triggers(self) -> PendingSummary:
-        """Trigger entries delivered to triggerers and not yet retired, per triggerer."""
-        try:
-            return self.broker.pending(self.broker.keys.triggers, GROUP_TRIGGERERS)
-        except ResponseError:
-            return PendingSummary(0, {})  # no stream or group yet
+        """Trigger entries delivered to triggerers and not yet retired, per triggerer (in every
+        shard of the default queue's triggers streams)."""
+        count, per_consumer = 0, Counter[str]()
+        for stream in self.broker.keys.triggers_of("default"):
+            try:
+                pending = self.broker.pending(stream, GROUP_TRIGGERERS)
+            except ResponseError:
+                continue  # no stream or group yet
+            count += pending.count
+            per_consumer.update(pending.per_consumer)
+        return PendingSummary(count, dict(per_consumer))
 
     def reached(self, state: str, dag_id: str) -> int:
         """How many of ``dag_id``'s task instances have been in ``state`` at some point."""
@@ -611,7 +623,8 @@ class EventsWatch:
         self.seen: dict[int, dt.datetime] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._read, name="events-watch", daemon=True)
-        self._broker = Broker.from_url(stack.redis_url, stack.name)  # its own connections
+        # Its own connections; one shard (one Redis): one events stream to watch.
+        self._broker = Broker.from_url(stack.redis_url, stack.name, shards=stack.stream_shards)
         # XREAD's raw reply, shaped like XREADGROUP's, which the broker's parser reads.
         self._broker.redis.response_callbacks.pop("XREAD", None)
         self._last = "0-0"

@@ -5,6 +5,8 @@ they are all resumed and finished once the moment comes.
     .venv/bin/python benchmarks/resume_throughput.py --n 10000 --tasks-per-run 10000
     .venv/bin/python benchmarks/resume_throughput.py --n 10000 --tasks-per-run 10000 --mapped
     .venv/bin/python benchmarks/resume_throughput.py --n 10000 --redis-cluster
+    .venv/bin/python benchmarks/resume_throughput.py --n 10000 --redis-cluster --stream-shards 1
+    .venv/bin/python benchmarks/resume_throughput.py --n 10000 --redis-cluster --distinct-triggers
 
 Starts schedulers, workers and triggerers (``consume`` console scripts) on a fresh database and
 stream prefix, triggers runs of a DAG whose tasks each defer on a ``DateTimeTrigger`` at the same
@@ -67,6 +69,9 @@ class WaitForMoment(BaseOperator):
 
     def execute(self, context):
         moment = dt.datetime.fromisoformat(MOMENT_FILE.read_text())
+        if {distinct}:  # a trigger of its own, a microsecond apart, instead of one shared by all
+            apart = int(self.task_id.lstrip("t") or 0) + (self.index or 0)
+            moment += dt.timedelta(microseconds=apart)
         self.defer(trigger=DateTimeTrigger(moment), method_name="resume")
 
     def resume(self, context, event):
@@ -118,6 +123,16 @@ def main() -> None:
         action="store_true",
         help="on a local Redis Cluster of 3 primaries and 3 replicas started for the run",
     )
+    parser.add_argument(
+        "--distinct-triggers",
+        action="store_true",
+        help="a trigger per task (moments a microsecond apart), so that they spread over shards",
+    )
+    parser.add_argument(
+        "--stream-shards",
+        type=int,
+        help="DEFERRAL_STREAM_SHARDS (default: the URL's, 1 on one Redis, 16 on a cluster)",
+    )
     args = parser.parse_args()
     with ExitStack() as servers:
         redis_url = REDIS_URL
@@ -134,11 +149,19 @@ def run(args: argparse.Namespace, redis_url: str) -> None:
     n = runs * per_run
     lead = args.lead if args.lead is not None else 30.0 + n / 250
 
-    with Stack(keep=args.keep_logs, max_map_length=per_run, redis_url=redis_url) as stack:
+    with Stack(
+        keep=args.keep_logs,
+        max_map_length=per_run,
+        redis_url=redis_url,
+        stream_shards=args.stream_shards,
+    ) as stack:
         if args.pool_slots is not None:
             stack.set_pool_slots("default_pool", args.pool_slots)
         source = MAPPED_DAG if args.mapped else DAG
-        stack.write_dag("bench_throughput", source.format(per_run=per_run, runs=runs))
+        stack.write_dag(
+            "bench_throughput",
+            source.format(per_run=per_run, runs=runs, distinct=args.distinct_triggers),
+        )
         names = start_services(stack, args, capacity=-(-n // args.triggerers))
         moment = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=lead)
         (stack.dags / "moment.txt").write_text(moment.isoformat())
@@ -196,7 +219,8 @@ def run(args: argparse.Namespace, redis_url: str) -> None:
         f"{', one task mapped' if args.mapped else ''};"
         f" {args.schedulers} scheduler(s), {args.workers} worker(s) x {args.concurrency} slots,"
         f" {args.triggerers} triggerer(s)"
-        f"{'; Redis Cluster of 3 primaries and 3 replicas' if args.redis_cluster else ''})",
+        f"{'; Redis Cluster of 3 primaries and 3 replicas' if args.redis_cluster else ''};"
+        f" {stack.broker.keys.shards} stream shard(s))",
         [
             Figure("deferrals per second", n / deferral_window, "/s", 1000, at_most=False),
             Figure("fire -> SCHEDULED p50", median(scheduled) * 1000, "ms"),

@@ -22,6 +22,7 @@ from redis.exceptions import RedisError, ResponseError
 from broker import replies, scripts, topology
 from broker.replies import Entry
 from broker.streams import (
+    DEFAULT_QUEUE,
     MAX_DEAD_ERROR,
     MAX_DEAD_LABEL,
     MAX_KEPT_ENTRY_BYTES,
@@ -52,7 +53,15 @@ PENDING_PAGE = 1_000
 QUEUE_REGISTRY_EVERY_SEC = 60.0
 
 
-class RedisVersionError(RuntimeError):
+class RedisSetupError(RuntimeError):
+    """Redis cannot be used as configured (the message says why and what to do)."""
+
+
+class ShardCountError(RedisSetupError):
+    """DEFERRAL_STREAM_SHARDS differs from the count the prefix was started with."""
+
+
+class RedisVersionError(RedisSetupError):
     pass
 
 
@@ -168,16 +177,49 @@ class Broker:
         self._delete_idle_consumers = client.register_script(scripts.DELETE_IDLE_CONSUMERS)
 
     @classmethod
-    def from_url(cls, url: str, prefix: str, *, max_connections: int = 64) -> Broker:
-        """Connect and check the server version (raises RedisError while Redis is down). ``url``
-        may name a Redis Cluster or Sentinel (:mod:`broker.topology`)."""
+    def from_url(
+        cls,
+        url: str,
+        prefix: str,
+        *,
+        shards: int | None = None,
+        max_connections: int = 64,
+        check_shards: bool = True,
+    ) -> Broker:
+        """Connect and check the server version and the shard count (raises RedisError while
+        Redis is down, ShardCountError if ``prefix`` was started with another count). ``url``
+        may name a Redis Cluster or Sentinel (:mod:`broker.topology`); ``shards`` defaults to
+        the URL's (:func:`deferral.redis_urls.default_stream_shards`)."""
         client = topology.client(url, _client_options(), max_connections=max_connections)
+        broker = cls(client, StreamKeys.for_redis(prefix, url, shards))
         try:
             check_version(client.info("server"))
+            if check_shards:
+                broker.check_shards()
         except BaseException:
             client.close()
             raise
-        return cls(client, StreamKeys.for_redis(prefix, url))
+        return broker
+
+    def recorded_shards(self) -> int | None:
+        """The shard count recorded for this prefix (None before any service started)."""
+        recorded = self.redis.get(self.keys.shard_count)
+        return None if recorded is None else int(recorded)
+
+    def check_shards(self) -> None:
+        """Record this prefix's shard count if none is yet; ShardCountError if another is
+        recorded (a trigger would then be looked for in the wrong shard's streams). SET NX, then
+        GET: Redis 6.2 has no SET NX GET."""
+        if self.redis.set(self.keys.shard_count, self.keys.shards, nx=True):
+            return
+        recorded = self.recorded_shards()
+        if recorded is not None and recorded != self.keys.shards:
+            raise ShardCountError(
+                f"DEFERRAL_STREAM_SHARDS is {self.keys.shards} but the streams of "
+                f"{self.keys.prefix!r} were started with {recorded}: set it to "
+                f"{recorded}, or stop every service and run "
+                f"`deferral reshard-streams --shards {self.keys.shards}`"
+            )
 
     def close(self) -> None:
         self.redis.close()
@@ -232,7 +274,10 @@ class Broker:
         due = {
             s
             for s in streams
-            if (self.keys.is_queue(s) or (self.keys.is_triggers(s) and s != self.keys.triggers))
+            if (
+                self.keys.is_queue(s)
+                or (self.keys.is_triggers(s) and self.keys.queue_of_triggers(s) != DEFAULT_QUEUE)
+            )
             and now - self._queues_named.get(s, -QUEUE_REGISTRY_EVERY_SEC)
             >= QUEUE_REGISTRY_EVERY_SEC
         }
@@ -551,10 +596,20 @@ class Broker:
         (``queue_of``: trigger id -> queue)."""
         by_stream: dict[str, list[str]] = {}
         for trigger_id, queue in queue_of.items():
-            by_stream.setdefault(self.keys.triggers_for(queue), []).append(trigger_id)
+            by_stream.setdefault(self.keys.trigger_stream(queue, trigger_id), []).append(trigger_id)
+        return self._present_by_stream(by_stream)
+
+    def events_present(self, trigger_ids: Sequence[str]) -> dict[str, bool]:
+        """:meth:`present` of trigger ids, each in the events stream of its shard."""
+        by_stream: dict[str, list[str]] = {}
+        for trigger_id in trigger_ids:
+            by_stream.setdefault(self.keys.events_for(trigger_id), []).append(trigger_id)
+        return self._present_by_stream(by_stream)
+
+    def _present_by_stream(self, by_stream: Mapping[str, Sequence[str]]) -> dict[str, bool]:
         found: dict[str, bool] = {}
-        for stream, trigger_ids in by_stream.items():
-            found.update(self.present(stream, trigger_ids))
+        for stream, index_fields in by_stream.items():
+            found.update(self.present(stream, index_fields))
         return found
 
     def newest(self, stream: str, count: int = 1, *, before: str | None = None) -> list[Entry]:
@@ -607,8 +662,9 @@ class Broker:
             deleted = pipe.execute()
         return {i: bool(int(n)) for i, n in zip(dead_ids, deleted, strict=True)}
 
-    def xrange(self, stream: str, count: int | None = None) -> list[Entry]:
-        args: list[Any] = ["XRANGE", stream, "-", "+"]
+    def xrange(self, stream: str, count: int | None = None, *, start: str = "-") -> list[Entry]:
+        """Entries of ``stream`` from ``start`` (an id, ``(id`` for after it), oldest first."""
+        args: list[Any] = ["XRANGE", stream, start, "+"]
         if count is not None:
             args += ["COUNT", count]
         return replies.parse_xrange(stream, self.redis.execute_command(*args))
@@ -617,17 +673,29 @@ class Broker:
         return replies.parse_xpending_summary(self.redis.execute_command("XPENDING", stream, group))
 
     def stream_keys(self) -> list[str]:
-        """The triggers, events and dead streams, then every queue stream named in the registry
-        set (by whoever published to or read a queue): one SMEMBERS of a set as small as the
-        number of queues, never a scan of the keyspace (metrics scrapes call this)."""
-        queues = {replies.text(key) for key in self.redis.smembers(self.keys.queues)}
-        return [self.keys.triggers, self.keys.events, self.keys.dead, *sorted(queues)]
+        """The default queue's triggers streams, the events streams (every shard's) and the dead
+        stream, then every stream named in the registry set (by whoever published to or read a
+        queue): one SMEMBERS of a set as small as the number of queues, never a scan of the
+        keyspace (metrics scrapes call this)."""
+        return [
+            *self.keys.triggers_of(DEFAULT_QUEUE),
+            *self.keys.all_events,
+            self.keys.dead,
+            *self._named_streams(),
+        ]
+
+    def _named_streams(self) -> list[str]:
+        """The registry set's streams but the default queue's triggers streams."""
+        named = {replies.text(key) for key in self.redis.smembers(self.keys.queues)}
+        return sorted(named.difference(self.keys.triggers_of(DEFAULT_QUEUE)))
 
     def trigger_streams(self) -> list[str]:
-        """Every triggers stream: the default queue's, then each one named in the registry set
-        (a trigger queue's stream is named there when first published to or read)."""
-        named = {replies.text(key) for key in self.redis.smembers(self.keys.queues)}
-        return [self.keys.triggers, *sorted(s for s in named if self.keys.is_triggers(s))]
+        """Every triggers stream, each shard's: the default queue's, then those of each queue
+        named in the registry set (a trigger queue's stream is named there when first published
+        to or read)."""
+        named = [s for s in self._named_streams() if self.keys.is_triggers(s)]
+        queues = dict.fromkeys([DEFAULT_QUEUE, *map(self.keys.queue_of_triggers, named)])
+        return [stream for queue in queues for stream in self.keys.triggers_of(queue)]
 
     def stream_stats(self) -> list[StreamInfo]:
         """Length and consumer groups (pending, lag) of each stream that exists."""
@@ -658,12 +726,17 @@ def redis_location(url: str) -> str:
     return topology.location(url)
 
 
-def connect_when_up(url: str, prefix: str, stop: threading.Event) -> Broker | None:
-    """Connect to Redis, waiting (one log line) while it is down; None if ``stop`` is set first."""
+def connect_when_up(
+    url: str, prefix: str, stop: threading.Event, shards: int | None = None
+) -> Broker | None:
+    """Connect to Redis, waiting (one log line) while it is down; None if ``stop`` is set first.
+    A Redis it cannot use (too old, another shard count) ends the process with one line."""
     delay, said = 0.5, False
     while not stop.is_set():
         try:
-            broker = Broker.from_url(url, prefix)
+            broker = Broker.from_url(url, prefix, shards=shards)
+        except RedisSetupError as exc:
+            raise SystemExit(str(exc)) from None
         except RedisError as exc:
             if not said:
                 log.warning(

@@ -195,7 +195,7 @@ def work_of(broker: Broker, cipher: Cipher, sealed: DeadEntry) -> Work:
             if message.trigger_id != str(spec.trigger_id):
                 raise ForgedEntry("its trigger_id is not the one its token names")
             return TriggerWork(spec.trigger_id, spec.task_instance_id, spec.try_number)
-        if sealed.stream == keys.events:
+        if keys.is_events(sealed.stream):
             event = read_event(cipher, _bytes(sealed.fields))
             return EventWork(event.trigger_id, event.dedup_key)
         if keys.is_queue(sealed.stream) and len(sealed.stream) > len(keys.queue("")):
@@ -300,23 +300,30 @@ def retry(broker: Broker, sessions: sessionmaker[Session], cipher: Cipher, dead_
     why = refusal(work, facts)
     if why is not None:
         return Retry(dead_id, Outcome.REFUSED, f"stale: {why}")
-    keys = broker.keys
-    # A trigger's work is in flight as its entry or as its event, whichever stream holds it.
-    others = (
-        [keys.events]
-        if keys.is_triggers(sealed.stream)
-        else broker.trigger_streams()
-        if sealed.stream == keys.events
-        else []
-    )
-    done = broker.redrive_dead(dead_id, sealed.stream, sealed.fields, also_not_in=others)
+    stream, others = _redrive_streams(broker, sealed.stream, work)
+    done = broker.redrive_dead(dead_id, stream, sealed.fields, also_not_in=others)
     if done.status == 0:
         return Retry(dead_id, Outcome.UNKNOWN, f"no dead letter {dead_id} (dropped or retried)")
     if done.status < 0:
         return Retry(
             dead_id, Outcome.REFUSED, f"its work is in flight already (entry {done.entry_id})"
         )
-    return Retry(dead_id, Outcome.RETRIED, f"{sealed.stream} {done.entry_id}")
+    return Retry(dead_id, Outcome.RETRIED, f"{stream} {done.entry_id}")
+
+
+def _redrive_streams(broker: Broker, came_from: str, work: Work) -> tuple[str, list[str]]:
+    """Where an entry from ``came_from`` is re-driven to, and the other streams that may carry
+    its work. A trigger's work is in flight as its entry or as its event, whichever stream of
+    its shard holds it: those are the streams of its trigger id's shard (one slot), whichever
+    the entry came from."""
+    keys = broker.keys
+    if isinstance(work, TriggerWork):
+        stream = keys.trigger_stream(keys.queue_of_triggers(came_from), work.trigger_id)
+        return stream, [keys.events_beside(stream)]
+    if isinstance(work, EventWork):
+        stream = keys.events_for(work.trigger_id)
+        return stream, [s for s in broker.trigger_streams() if keys.events_beside(s) == stream]
+    return came_from, []
 
 
 def drop(broker: Broker, dead_ids: list[str]) -> dict[str, bool]:

@@ -12,6 +12,7 @@ reaches SQL.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TypeVar
@@ -19,7 +20,7 @@ from typing import TypeVar
 import msgspec
 
 from deferral.crypto import Cipher, DecryptionError
-from deferral.redis_urls import is_cluster_url
+from deferral.redis_urls import MAX_STREAM_SHARDS, default_stream_shards, is_cluster_url
 from deferral.triggers.task_end import END_KINDS
 
 GROUP_TRIGGERERS = "triggerers"
@@ -54,6 +55,13 @@ MAX_INT = 2**31 - 1
 MAX_DEDUP_KEY = 250  # resume_event.dedup_key
 
 
+def shard_of(trigger_id: int, shards: int) -> int:
+    """The logical shard (0..shards-1) whose triggers and events streams carry ``trigger_id``.
+    Trigger ids are a sequence, so the remainder spreads them evenly; it must never change for
+    a given count (an entry's stream is found again from its id: the reconciler, re-drives)."""
+    return trigger_id % shards
+
+
 class StreamKeys:
     """Key names under one prefix (``DEFERRAL_STREAM_PREFIX``, default ``deferral``).
 
@@ -62,40 +70,95 @@ class StreamKeys:
     calls that add and retire entries, so it always says which entry currently carries a piece of
     work; the scheduler's reconciler compares it with Postgres and republishes what is missing.
 
-    ``hash_tagged`` (on a Redis Cluster) puts every key a Lua call touches together in one slot:
-    the triggers and events streams and their indexes share the tag ``{shard:00}`` (a trigger's
-    event is handed on from one to the other atomically), and each queue stream and its index
-    the tag ``{queue:<name>}``. On one Redis the key names stay the plain ones
-    (``deferral:triggers``, ``deferral:inflight:triggers``). See broker/DECISIONS.md.
+    The triggers streams (one per task queue) and the events stream are split into ``shards``
+    logical shards (``DEFERRAL_STREAM_SHARDS``), a trigger's chosen by :func:`shard_of`; a
+    shard's streams and indexes share a prefix, and on a Redis Cluster (``hash_tagged``) the hash
+    tag ``{shard:NN}``, so that every Lua call (a trigger's event is handed on from one to the
+    other atomically) touches one slot. Each queue stream and its index share the tag
+    ``{queue:<name>}``. One shard on one Redis keeps the plain names (``deferral:triggers``,
+    ``deferral:inflight:triggers``). See broker/DECISIONS.md.
     """
 
-    def __init__(self, prefix: str = "deferral", *, hash_tagged: bool = False) -> None:
+    def __init__(self, prefix: str = "deferral", *, hash_tagged: bool = False, shards: int = 1):
+        if not 1 <= shards <= MAX_STREAM_SHARDS:
+            raise ValueError(f"shards must be 1..{MAX_STREAM_SHARDS}, not {shards}")
         self.prefix = prefix
         self.hash_tagged = hash_tagged
-        shard = f"{prefix}:{{shard:00}}:" if hash_tagged else f"{prefix}:"
-        self.triggers = f"{shard}triggers"
-        self.events = f"{shard}events"
+        self.shards = shards
+        self._bases = [self._shard_base(n) for n in range(shards)]
+        self.triggers = f"{self._bases[0]}triggers"  # the default queue's, shard 0
+        self.events = f"{self._bases[0]}events"  # shard 0's
+        self.all_events = [f"{base}events" for base in self._bases]
+        self._events = frozenset(self.all_events)
+        self._events_of_triggers = {f"{base}triggers": f"{base}events" for base in self._bases}
+        bases = "|".join(re.escape(f"{base}triggers") for base in self._bases)
+        self._triggers = re.compile(f"(?:{bases})(?::|$)")
         self.dead = f"{prefix}:dead"
         # A set naming every queue stream, so that listing them never scans the keyspace.
         self.queues = f"{prefix}:queues"
+        # The shard count this prefix was started with: fixed once chosen (Broker.check_shards).
+        self.shard_count = f"{prefix}:shards"
+
+    def _shard_base(self, shard: int) -> str:
+        if self.hash_tagged:
+            return f"{self.prefix}:{{shard:{shard:02d}}}:"
+        return f"{self.prefix}:" if self.shards == 1 else f"{self.prefix}:shard:{shard:02d}:"
 
     @classmethod
-    def for_redis(cls, prefix: str, redis_url: str) -> StreamKeys:
-        """The keys of ``prefix`` on the Redis ``redis_url`` names (hash-tagged on a cluster)."""
-        return cls(prefix, hash_tagged=is_cluster_url(redis_url))
+    def for_redis(cls, prefix: str, redis_url: str, shards: int | None = None) -> StreamKeys:
+        """The keys of ``prefix`` on the Redis ``redis_url`` names (hash-tagged on a cluster),
+        in ``shards`` shards (default: :func:`default_stream_shards` of the URL)."""
+        count = default_stream_shards(redis_url) if shards is None else shards
+        return cls(prefix, hash_tagged=is_cluster_url(redis_url), shards=count)
 
     def queue(self, name: str) -> str:
         if self.hash_tagged:
             return f"{self.prefix}:{{queue:{name}}}"
         return f"{self.prefix}:queue:{name}"
 
-    def triggers_for(self, queue: str) -> str:
-        """The triggers stream of a task queue: the default queue's is :attr:`triggers`."""
-        return self.triggers if queue == DEFAULT_QUEUE else f"{self.triggers}:{queue}"
+    def shard_of(self, trigger_id: int | str) -> int:
+        return shard_of(int(trigger_id), self.shards)
+
+    def triggers_for(self, queue: str, shard: int = 0) -> str:
+        """The triggers stream of a task queue in ``shard``: the default queue's has no suffix."""
+        stream = f"{self._bases[shard]}triggers"
+        return stream if queue == DEFAULT_QUEUE else f"{stream}:{queue}"
+
+    def triggers_of(self, queue: str) -> list[str]:
+        """Every shard's triggers stream of a task queue (what a triggerer serving it reads)."""
+        return [self.triggers_for(queue, shard) for shard in range(self.shards)]
+
+    def trigger_stream(self, queue: str, trigger_id: int | str) -> str:
+        """The triggers stream that carries ``trigger_id`` of a task in ``queue``."""
+        return self.triggers_for(queue, self.shard_of(trigger_id))
+
+    def events_for(self, trigger_id: int | str) -> str:
+        """The events stream of ``trigger_id``'s shard (its triggers entry's slot)."""
+        return self.all_events[self.shard_of(trigger_id)]
+
+    def queue_of_triggers(self, stream: str) -> str:
+        """The task queue whose triggers stream ``stream`` is (see :meth:`is_triggers`)."""
+        return stream[self._triggers_head(stream) :] or DEFAULT_QUEUE
+
+    def events_beside(self, triggers: str) -> str:
+        """The events stream in the shard (the slot) of the triggers stream ``triggers``: where
+        its entries are handed on to, whatever trigger id an entry claims."""
+        head = triggers[: self._triggers_head(triggers)].removesuffix(":")
+        return self._events_of_triggers[head]
+
+    def _triggers_head(self, stream: str) -> int:
+        found = self._triggers.match(stream)
+        if found is None:
+            raise ValueError(f"{stream!r} is not a triggers stream of {self.prefix!r}")
+        return found.end()
 
     def is_triggers(self, stream: str) -> bool:
-        """Whether ``stream`` is a triggers stream (of any queue)."""
-        return stream == self.triggers or stream.startswith(self.triggers + ":")
+        """Whether ``stream`` is a triggers stream (of any queue and shard)."""
+        return self._triggers.match(stream) is not None
+
+    def is_events(self, stream: str) -> bool:
+        """Whether ``stream`` is an events stream (of any shard)."""
+        return stream in self._events
 
     def is_queue(self, stream: str) -> bool:
         """Whether ``stream`` is a queue stream of this prefix."""
@@ -110,7 +173,7 @@ class StreamKeys:
 
     def index_field(self, stream: str, fields: Mapping[str, str]) -> str:
         """The index field of an entry: what the entry is about ('' for an unindexed stream)."""
-        if stream == self.events or self.is_triggers(stream):
+        if stream in self._events or self.is_triggers(stream):
             return fields.get("trigger_id", "")
         if self.is_queue(stream):
             return fields.get("task_instance_id", "")

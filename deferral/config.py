@@ -41,6 +41,8 @@ class Settings:
     fernet_keys: tuple[str, ...]
     dags_folder: Path
     stream_prefix: str
+    # Logical shards of the triggers and events streams (fixed once chosen: broker/DECISIONS.md).
+    stream_shards: int
     heartbeat_sec: float
     triggerer_capacity: int
     trigger_modules: tuple[str, ...]
@@ -118,6 +120,13 @@ def _positive_int(raw: str) -> int:
     value = int(raw)
     if value < 1:
         raise ValueError("must be at least 1")
+    return value
+
+
+def _stream_shards(raw: str) -> int:
+    value = int(raw)
+    if not 1 <= value <= redis_urls.MAX_STREAM_SHARDS:
+        raise ValueError(f"must be 1..{redis_urls.MAX_STREAM_SHARDS}")
     return value
 
 
@@ -284,12 +293,19 @@ def load_settings(
     def get(name: str, parse: Callable[[str], T], default: str | None = None) -> T:
         return _setting(source, name, parse, default)
 
+    database_url = get("DATABASE_URL", _database_url)
+    redis_url = get("REDIS_URL", _redis_url)
     return Settings(
-        database_url=get("DATABASE_URL", _database_url),
-        redis_url=get("REDIS_URL", _redis_url),
+        database_url=database_url,
+        redis_url=redis_url,
         fernet_keys=get("FERNET_KEY", _fernet_keys),
         dags_folder=get("DAGS_FOLDER", Path, default="dags"),
         stream_prefix=get("STREAM_PREFIX", _stream_prefix, default="deferral"),
+        stream_shards=get(
+            "STREAM_SHARDS",
+            _stream_shards,
+            default=str(redis_urls.default_stream_shards(redis_url)),
+        ),
         heartbeat_sec=get("HEARTBEAT_SEC", _positive_float, default="5"),
         triggerer_capacity=get("TRIGGERER_CAPACITY", _positive_int, default="1000"),
         trigger_modules=get("TRIGGER_MODULES", _module_prefixes, default="deferral.triggers"),
@@ -584,6 +600,15 @@ SETTINGS: tuple[SettingDoc, ...] = (
     SettingDoc("DAGS_FOLDER", "dags", "Folder the DAG files are read from.", "core"),
     SettingDoc(
         "STREAM_PREFIX", "deferral", "Prefix of every Redis key this deployment uses.", "core"
+    ),
+    SettingDoc(
+        "STREAM_SHARDS",
+        "1",
+        "Logical shards the triggers and events streams are split into, a trigger's chosen "
+        "from its id; on a Redis Cluster the shards spread over the primaries, and the default "
+        f"there is {redis_urls.CLUSTER_STREAM_SHARDS}. Fixed once chosen: "
+        "`deferral reshard-streams` changes it (docs/operations.md).",
+        "core",
     ),
     SettingDoc(
         "HEARTBEAT_SEC",

@@ -88,3 +88,15 @@ def _host(part: str, *, url_kind: str) -> tuple[str, int]:
 def is_cluster_url(url: str) -> bool:
     """Whether ``url`` names a Redis Cluster (``redis+cluster://host:port[,host:port...]``)."""
     return url.split("://", 1)[0].lower() in CLUSTER_SCHEMES
+
+
+# DEFERRAL_STREAM_SHARDS: how many logical shards the triggers and events streams are split into.
+# One Redis gains nothing from more than one (and keeps the plain key names); a cluster spreads
+# the shards over its primaries, so the default leaves room to grow to 16 of them.
+CLUSTER_STREAM_SHARDS = 16
+MAX_STREAM_SHARDS = 256
+
+
+def default_stream_shards(url: str) -> int:
+    """DEFERRAL_STREAM_SHARDS when it is not set: 16 on a Redis Cluster, else 1."""
+    return CLUSTER_STREAM_SHARDS if is_cluster_url(url) else 1

@@ -14,7 +14,7 @@ from typing import Any
 import click
 
 from broker import deadletters
-from broker.client import Broker, RedisVersionError
+from broker.client import Broker, RedisSetupError
 from broker.streams import one_line
 from deferral import secrets_masker
 from deferral.config import Settings
@@ -46,8 +46,10 @@ def dead() -> None:
 @contextmanager
 def _broker(settings: Settings) -> Iterator[Broker]:
     try:
-        broker = Broker.from_url(settings.redis_url, settings.stream_prefix)
-    except RedisVersionError as exc:
+        broker = Broker.from_url(
+            settings.redis_url, settings.stream_prefix, shards=settings.stream_shards
+        )
+    except RedisSetupError as exc:
         fail(f"Redis: {exc}")
         raise  # unreachable: fail exits
     try:

@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
+import contextlib
 import sys
 
 import click
+from sqlalchemy import select
 
-from broker.client import Broker, RedisVersionError
+from broker.client import Broker, RedisSetupError
+from broker.reshard import reshard
 from deferral import doctor as checklist
+from deferral.liveness import alive_clause
+from deferral.models import Scheduler, Triggerer, Worker
 from deferral.process import settings_or_exit
-from deferral_cli.common import emit, fail, output_options
+from deferral.redis_urls import MAX_STREAM_SHARDS
+from deferral_cli.common import emit, fail, output_options, sessions
 from readmodel.doctor import gather_checks
 from readmodel.streams import stream_records
 
@@ -61,8 +67,10 @@ def streams(output: str) -> None:
     """
     settings = settings_or_exit()
     try:
-        broker = Broker.from_url(settings.redis_url, settings.stream_prefix)
-    except RedisVersionError as exc:
+        broker = Broker.from_url(
+            settings.redis_url, settings.stream_prefix, shards=settings.stream_shards
+        )
+    except RedisSetupError as exc:
         fail(f"Redis: {exc}")
         return
     try:
@@ -70,3 +78,48 @@ def streams(output: str) -> None:
     finally:
         broker.close()
     emit(output, records, empty="no streams")
+
+
+@click.command("reshard-streams")
+@click.option(
+    "--shards",
+    type=click.IntRange(1, MAX_STREAM_SHARDS),
+    required=True,
+    help="The new shard count (set DEFERRAL_STREAM_SHARDS to it before starting services).",
+)
+def reshard_streams(shards: int) -> None:
+    """Change the shard count of the triggers and events streams (DEFERRAL_STREAM_SHARDS), with
+    every scheduler, worker and triggerer stopped.
+
+    Moves each pending trigger and event entry to the stream of its new shard and records the
+    new count; then start the services with DEFERRAL_STREAM_SHARDS set to it. Refuses while any
+    service heartbeats. Prints `moved <n> entries (<m> naming no trigger dropped): <old> -> <new>
+    shards`.
+    """
+    settings = settings_or_exit()
+    with sessions(settings)() as session:
+        alive = [
+            name
+            for model in (Scheduler, Worker, Triggerer)
+            for name in session.scalars(
+                select(model.name).where(alive_clause(model, settings.heartbeat_sec))
+            )
+        ]
+    if alive:
+        fail(f"stop every service first: {', '.join(sorted(alive)[:5])} still heartbeat(s)")
+    url, prefix = settings.redis_url, settings.stream_prefix
+    try:
+        probe = Broker.from_url(url, prefix, shards=shards, check_shards=False)
+    except RedisSetupError as exc:
+        fail(f"Redis: {exc}")
+        return
+    with contextlib.closing(probe):
+        recorded = probe.recorded_shards()
+    old = Broker.from_url(url, prefix, shards=recorded or shards, check_shards=False)
+    new = Broker.from_url(url, prefix, shards=shards, check_shards=False)
+    with contextlib.closing(old), contextlib.closing(new):
+        done = reshard(old, new)
+    click.echo(
+        f"moved {done.moved} entries ({done.dropped} naming no trigger dropped):"
+        f" {recorded or shards} -> {shards} shards"
+    )

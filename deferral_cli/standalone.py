@@ -10,7 +10,7 @@ from pathlib import Path
 
 import click
 
-from broker.client import Broker, RedisVersionError
+from broker.client import Broker, RedisSetupError
 from deferral import migrate
 from deferral.config import webserver_port
 from deferral.process import settings_or_exit
@@ -68,8 +68,10 @@ def standalone(dags_folder: str | None, home: Path, run_dag: str | None, timeout
         migrate.upgrade(settings.database_url)
         # The services would wait for an unreachable Redis; say so now instead.
         try:
-            Broker.from_url(settings.redis_url, settings.stream_prefix).close()
-        except RedisVersionError as exc:
+            Broker.from_url(
+                settings.redis_url, settings.stream_prefix, shards=settings.stream_shards
+            ).close()
+        except RedisSetupError as exc:
             fail(f"Redis: {exc}")
         with embedded.running_services(webserver=run_dag is None) as procs:
             if run_dag is None:

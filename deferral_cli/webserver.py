@@ -8,7 +8,7 @@ import socket
 import click
 from sqlalchemy import func, select
 
-from broker.client import Broker, RedisVersionError
+from broker.client import Broker, RedisSetupError
 from deferral.config import ConfigError, webserver_host, webserver_port, webserver_settings
 from deferral.models import User
 from deferral.process import (
@@ -87,8 +87,10 @@ def webserver_command(
     with sessions(settings)() as session:
         users_count = session.scalar(select(func.count()).select_from(User)) or 0
     try:
-        Broker.from_url(settings.redis_url, settings.stream_prefix).close()
-    except RedisVersionError as exc:
+        Broker.from_url(
+            settings.redis_url, settings.stream_prefix, shards=settings.stream_shards
+        ).close()
+    except RedisSetupError as exc:
         fail(f"Redis: {exc}", EXIT_UNAVAILABLE)
     try:
         sock = listening_socket(host, port)

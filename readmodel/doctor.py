@@ -8,7 +8,7 @@ import datetime as dt
 from sqlalchemy import exists, func, select
 from sqlalchemy.orm import Session
 
-from broker.client import Broker, RedisVersionError
+from broker.client import Broker, RedisSetupError
 from broker.streams import task_label
 from deferral import doctor as checklist
 from deferral import liveness, queues, signals
@@ -32,8 +32,10 @@ def gather_checks(settings: Settings) -> list[checklist.Check]:
     with make_sessionmaker(make_engine(settings.database_url))() as session:
         checks = _database_checks(session, settings)
     try:
-        broker = Broker.from_url(settings.redis_url, settings.stream_prefix)
-    except RedisVersionError as exc:
+        broker = Broker.from_url(
+            settings.redis_url, settings.stream_prefix, shards=settings.stream_shards
+        )
+    except RedisSetupError as exc:
         checks.append(checklist.Check(checklist.Status.FAIL, "redis", str(exc)))
     else:
         try:
@@ -183,5 +185,5 @@ def _not_in_flight(broker: Broker, settings: Settings) -> list[str]:
     labels = {str(row.trigger_id): task_label(*row[1:5]) for row in deferred}
     queue_of = {str(row.trigger_id): row.queue for row in deferred}
     missing = [t for t, here in broker.triggers_present(queue_of).items() if not here]
-    missing = [t for t, here in broker.present(broker.keys.events, missing).items() if not here]
+    missing = [t for t, here in broker.events_present(missing).items() if not here]
     return [labels[t] for t in missing]

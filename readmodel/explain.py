@@ -273,7 +273,15 @@ def _explain_deferred(
             " but its timeout (clear or mark the task)"
         ]
     else:
-        lines = [f"  waits on trigger {trigger.id} ({trigger.classpath})"]
+        keys = StreamKeys.for_redis(
+            settings.stream_prefix, settings.redis_url, settings.stream_shards
+        )
+        lines = [
+            f"  waits on trigger {trigger.id} ({trigger.classpath})",
+            f"  its entry is in {keys.trigger_stream(ti.queue, trigger.id)}, its event will be"
+            f" in {keys.events_for(trigger.id)} (stream shard {keys.shard_of(trigger.id)}"
+            f" of {keys.shards})",
+        ]
         triggerer = session.get(Triggerer, trigger.triggerer_id) if trigger.triggerer_id else None
         if trigger.triggerer_id is None:
             lines.append("  no triggerer has picked the trigger up yet")

@@ -121,11 +121,7 @@ class Reconciler:
         by_trigger = {str(ti.trigger_id): ti for ti in rows}
         queue_of = {t: ti.queue for t, ti in by_trigger.items()}
         missing = [t for t, here in self.broker.triggers_present(queue_of).items() if not here]
-        missing = [
-            t
-            for t, here in self.broker.present(self.broker.keys.events, missing).items()
-            if not here
-        ]
+        missing = [t for t, here in self.broker.events_present(missing).items() if not here]
         if missing:
             self._republish_triggers([by_trigger[t].id for t in missing])
 
@@ -159,7 +155,7 @@ class Reconciler:
                 try_number=ti.try_number,
                 task=task_label(ti.dag_id, ti.run_id, ti.task_id, ti.map_index),
             )
-            stream = self.broker.keys.triggers_for(ti.queue)
+            stream = self.broker.keys.trigger_stream(ti.queue, trigger.id)
             entries.append((stream, msgspec.structs.asdict(message)))
         if entries:
             self.broker.publish_many(entries)

@@ -28,6 +28,7 @@ from sqlalchemy.orm import Session
 from broker import outbox
 from broker.client import Broker, connect_when_up
 from broker.consumer import Delivery, StreamConsumer, run_until_stopped
+from broker.consumers import ConsumerSet
 from broker.owners import PostgresOwners
 from broker.streams import (
     GROUP_SCHEDULERS,
@@ -189,7 +190,9 @@ class SchedulerService:
         self.cipher = Cipher(settings.fernet_keys)
         self.engine = make_engine(settings.database_url)
         self.sessions = make_sessionmaker(self.engine)
-        self.keys = StreamKeys.for_redis(settings.stream_prefix, settings.redis_url)
+        self.keys = StreamKeys.for_redis(
+            settings.stream_prefix, settings.redis_url, settings.stream_shards
+        )
         self.dagbag = DagBag(settings.dags_folder)
         self._collected_at = 0.0  # monotonic time of the last collect for a missing DAG
         # When the DAGs folder was last read (any collect): a run's DAG is missing for sure only
@@ -210,7 +213,7 @@ class SchedulerService:
         # a run's savepoint) rolled back also undid the task instances it added.
         self._checked_now: dict[int, DAG] = {}
         self.broker: Broker
-        self.consumer: StreamConsumer
+        self.consumer: ConsumerSet
         self.reconciler: Reconciler
         beat = settings.heartbeat_sec
         self.periodic = [
@@ -231,7 +234,9 @@ class SchedulerService:
         ]
 
     def run(self, stop: threading.Event) -> None:
-        broker = connect_when_up(self.settings.redis_url, self.settings.stream_prefix, stop)
+        broker = connect_when_up(
+            self.settings.redis_url, self.settings.stream_prefix, stop, self.settings.stream_shards
+        )
         if broker is None or not wait_until_up(self.engine, stop):
             return
         self.attach(broker)
@@ -251,9 +256,18 @@ class SchedulerService:
     def attach(self, broker: Broker) -> None:
         """Use ``broker`` (connected) for the streams."""
         self.broker = broker
-        self.consumer = StreamConsumer(
-            broker,
-            self.keys.events,
+        self.consumer = ConsumerSet(self._consumer_of, self.keys.all_events)
+        self.reconciler = Reconciler(
+            self.sessions, broker, self.cipher, self.settings.heartbeat_sec
+        )
+        metrics.STREAMS.watch(broker.stream_stats)
+        metrics.DEFERRED.watch(self._deferred_by_trigger_class)
+
+    def _consumer_of(self, stream: str) -> StreamConsumer:
+        """The consumer of one events stream (a shard's)."""
+        return StreamConsumer(
+            self.broker,
+            stream,
             GROUP_SCHEDULERS,
             self.name,
             heartbeat_sec=self.settings.heartbeat_sec,
@@ -262,11 +276,6 @@ class SchedulerService:
             dead_letter_maxlen=self.settings.dead_letter_maxlen,
             owners=PostgresOwners(self.sessions, Scheduler),
         )
-        self.reconciler = Reconciler(
-            self.sessions, broker, self.cipher, self.settings.heartbeat_sec
-        )
-        metrics.STREAMS.watch(broker.stream_stats)
-        metrics.DEFERRED.watch(self._deferred_by_trigger_class)
 
     def step(self) -> None:
         for periodic in self.periodic:
@@ -438,7 +447,7 @@ class SchedulerService:
             moved += advanced.moved
             # start_from_trigger tasks go to the triggerer now, not to the pools' queue.
             started, staged = trigger_starts.start_in_triggerer(
-                session, dag, advanced.scheduled, self.cipher, self.keys.triggers
+                session, dag, advanced.scheduled, self.cipher, self.keys
             )
             self._started_staged += staged
             self._scheduled += [ti for ti in advanced.scheduled if ti not in started]

@@ -12,7 +12,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from broker import outbox
-from broker.streams import task_label, trigger_message
+from broker.streams import DEFAULT_QUEUE, StreamKeys, task_label, trigger_message
 from deferral import serialization
 from deferral.crypto import Cipher
 from deferral.dag import DAG
@@ -34,7 +34,7 @@ def starters(dag: DAG) -> frozenset[str]:
 
 
 def start_in_triggerer(
-    session: Session, dag: DAG, scheduled: Sequence[int], cipher: Cipher, triggers_key: str
+    session: Session, dag: DAG, scheduled: Sequence[int], cipher: Cipher, keys: StreamKeys
 ) -> tuple[set[int], list[outbox.Staged]]:
     """Defer those of the ``scheduled`` task instances of ``dag`` whose task starts in the
     triggerer; returns their ids and the outbox rows of their trigger entries. A task whose
@@ -97,5 +97,5 @@ def start_in_triggerer(
             try_number=tries[ti_id],
             task=task_label(dag.dag_id, row.run_id, row.task_id, row.map_index),
         )
-        messages.append((triggers_key, message))
+        messages.append((keys.trigger_stream(DEFAULT_QUEUE, trigger_id), message))
     return set(moved), outbox.stage_many(session, messages)

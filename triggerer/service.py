@@ -229,7 +229,9 @@ class TriggererService:
         self.cipher = Cipher(settings.fernet_keys)
         self.engine = make_engine(settings.database_url, pool_size=2)
         self.sessions = make_sessionmaker(self.engine)
-        self.keys = StreamKeys.for_redis(settings.stream_prefix, settings.redis_url)
+        self.keys = StreamKeys.for_redis(
+            settings.stream_prefix, settings.redis_url, settings.stream_shards
+        )
         # Triggers may live in DAGs-folder modules (still only under DEFERRAL_TRIGGER_MODULES).
         put_on_sys_path(settings.dags_folder)
         self.held: dict[int, Held] = {}
@@ -262,13 +264,19 @@ class TriggererService:
                 tasks.start_soon(self._stop_on_signal, tasks.cancel_scope)
                 await self._serve(tasks)
                 tasks.cancel_scope.cancel()
+        except* SystemExit as exits:  # a Redis it cannot use (connect_when_up): its one line
+            raise exits.exceptions[0] from None
         finally:
             root.removeHandler(self.task_log)
         log.info("triggerer %s stopped", self.name)
 
     async def _serve(self, outer: TaskGroup) -> None:
         broker = await anyio.to_thread.run_sync(
-            connect_when_up, self.settings.redis_url, self.settings.stream_prefix, self.stopping
+            connect_when_up,
+            self.settings.redis_url,
+            self.settings.stream_prefix,
+            self.stopping,
+            self.settings.stream_shards,
         )
         if broker is None or not await anyio.to_thread.run_sync(
             wait_until_up, self.engine, self.stopping
@@ -278,7 +286,11 @@ class TriggererService:
         await self._until_done(self.consumer.start)
         await self._until_done(self._register, liveness.RUNNING)
         lease_broker = await anyio.to_thread.run_sync(
-            connect_when_up, self.settings.redis_url, self.settings.stream_prefix, self.stopping
+            connect_when_up,
+            self.settings.redis_url,
+            self.settings.stream_prefix,
+            self.stopping,
+            self.settings.stream_shards,
         )
         if lease_broker is None:
             return
@@ -379,7 +391,7 @@ class TriggererService:
         """The triggers streams served: those of ``--queues``, else every one there is."""
         if self.queues is None:
             return self.broker.trigger_streams()
-        return [self.keys.triggers_for(queue) for queue in self.queues]
+        return [stream for queue in self.queues for stream in self.keys.triggers_of(queue)]
 
     def _look_around(self) -> None:
         """Count the other live triggerers (a lone one reads at full speed) and, serving every
@@ -554,7 +566,8 @@ class TriggererService:
         for r in rejected:
             if r.fail_trigger is not None:
                 failure = failure_message(self.cipher, r.fail_trigger, r.reason, "", self.name)
-                await self._sync(self.broker.publish, self.keys.events, failure)
+                stream = self.keys.events_for(r.fail_trigger)
+                await self._sync(self.broker.publish, stream, failure)
 
     # -- running triggers ------------------------------------------------------------------------
 
@@ -675,7 +688,8 @@ class TriggererService:
             batch = await self._carry_task_logs(self.outgoing.items[:PUBLISH_BATCH])
             self.outgoing.items[: len(batch)] = batch
             items = [
-                (held.entry, self.keys.events, to_fields(message)) for _, held, message in batch
+                (held.entry, self.keys.events_beside(held.entry.stream), to_fields(message))
+                for _, held, message in batch
             ]
             try:
                 await self._sync(self.consumer.hand_on_many, items)

@@ -248,7 +248,11 @@ class WebUI:
 
     def broker(self) -> Broker:
         if self._broker is None:
-            self._broker = Broker.from_url(self.settings.redis_url, self.settings.stream_prefix)
+            self._broker = Broker.from_url(
+                self.settings.redis_url,
+                self.settings.stream_prefix,
+                shards=self.settings.stream_shards,
+            )
         return self._broker
 
     # -- responses ---------------------------------------------------------------------------

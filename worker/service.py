@@ -133,10 +133,12 @@ class WorkerService:
         self.cipher = Cipher(settings.fernet_keys)
         self.engine = make_engine(settings.database_url)
         self.sessions = make_sessionmaker(self.engine)
-        self.keys = StreamKeys.for_redis(settings.stream_prefix, settings.redis_url)
+        self.keys = StreamKeys.for_redis(
+            settings.stream_prefix, settings.redis_url, settings.stream_shards
+        )
         self.streams = [self.keys.queue(queue) for queue in self.queues]
-        # A deferred task's trigger goes to the triggers stream of the queue it ran from.
-        self.triggers_of = {self.keys.queue(q): self.keys.triggers_for(q) for q in self.queues}
+        # A deferred task's trigger goes to a triggers stream of the queue it ran from.
+        self.queue_of = {self.keys.queue(q): q for q in self.queues}
         # Keyed by task instance id.
         self.pool: ChildPool[int] = ChildPool(
             run_attempt, warm_up, max_attempts=settings.worker_task_process_max_attempts
@@ -162,7 +164,9 @@ class WorkerService:
     # -- the loop --------------------------------------------------------------------------------
 
     def run(self, stop: threading.Event) -> None:
-        broker = connect_when_up(self.settings.redis_url, self.settings.stream_prefix, stop)
+        broker = connect_when_up(
+            self.settings.redis_url, self.settings.stream_prefix, stop, self.settings.stream_shards
+        )
         if broker is None or not wait_until_up(self.engine, stop):
             return
         self.attach(broker)
@@ -639,5 +643,6 @@ class WorkerService:
                 try_number=running.attempt.try_number,
                 task=running.label,
             )
-            messages.append((self.triggers_of[running.delivery.entry.stream], message))
+            queue = self.queue_of[running.delivery.entry.stream]
+            messages.append((self.keys.trigger_stream(queue, trigger_id), message))
         return outbox.stage_many(session, messages)

@@ -99,8 +99,8 @@ def _assert_streams_drained(broker: Broker) -> None:
     """Every stream under the prefix holds no entry and no group has anything pending."""
     keys = broker.keys
     for stream, group in [
-        (keys.triggers, GROUP_TRIGGERERS),
-        (keys.events, GROUP_SCHEDULERS),
+        *((triggers, GROUP_TRIGGERERS) for triggers in keys.triggers_of("default")),
+        *((events, GROUP_SCHEDULERS) for events in keys.all_events),
         (keys.queue("default"), GROUP_WORKERS),
     ]:
         assert broker.pending(stream, group).count == 0, stream
@@ -138,7 +138,8 @@ def test_task_defers_frees_its_slot_and_resumes_on_a_fresh_instance(
         timeout=60,
         what="the first task to defer",
     )
-    entries = wait_for(lambda: broker.xrange(broker.keys.triggers), what="the trigger entry")
+    stream = broker.keys.trigger_stream("default", first.trigger_id)  # its shard's
+    entries = wait_for(lambda: broker.xrange(stream), what="the trigger entry")
     redis_cli = shutil.which("redis-cli")
     assert redis_cli, "redis-cli is needed (Debian package redis-tools)"
     shown = subprocess.run(
@@ -146,7 +147,7 @@ def test_task_defers_frees_its_slot_and_resumes_on_a_fresh_instance(
             redis_cli,
             *redis_cli_target(service_env["DEFERRAL_REDIS_URL"]),
             "XRANGE",
-            broker.keys.triggers,
+            stream,
             "-",
             "+",
         ],

@@ -4,8 +4,10 @@ started for this module and stopped after it.
 
 The end-to-end defer -> trigger -> resume test, the kill -9 takeover test and the Redis-wipe
 repair test run here unchanged (this module's ``redis_url`` fixture overrides the session's);
-then 500 deferred tasks finish exactly once although the primary holding the triggers and events
-streams is killed (kill -9) mid-run and its replica promoted. No service may log ``CROSSSLOT``.
+then 500 deferred tasks finish exactly once although the primary holding shard 0 of the triggers
+and events streams is killed (kill -9) mid-run and its replica promoted. The streams are in
+DEFERRAL_STREAM_SHARDS = 16 shards (a cluster's default), found on every primary afterwards. No
+service may log ``CROSSSLOT``.
 """
 
 from __future__ import annotations
@@ -18,8 +20,9 @@ import pytest
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from broker.client import Broker
-from broker.streams import GROUP_WORKERS
+from broker.client import Broker, ShardCountError
+from broker.reshard import Resharded, reshard
+from broker.streams import GROUP_WORKERS, WAKE
 from deferral.crypto import Cipher
 from deferral.models import TaskInstance, TaskStateChange
 from tests.e2e.conftest import Services
@@ -105,6 +108,11 @@ def test_a_primary_killed_mid_run_loses_no_task_and_runs_none_twice(
         ).scalar_one()
     assert successes == N
     assert victim not in redis_cluster.primaries()
+    # 16 shards spread the trigger and event streams (left with their groups) over every primary.
+    found = redis_cluster.keys(f"{broker.keys.prefix}*")
+    assert len(found) == 3
+    for port, keys in found.items():
+        assert any(":{shard:" in key for key in keys), (port, keys)
 
 
 def test_dead_letters_and_redrives_split_around_the_dead_letter_slot(
@@ -141,3 +149,37 @@ def test_the_cli_reaches_the_cluster(services: Services, broker: Broker) -> None
     assert health.returncode == 0 and "redis: answers at cluster 127.0.0.1:" in health.stdout
     streams = services.run("streams")
     assert streams.returncode == 0 and broker.keys.triggers in streams.stdout, streams
+
+
+def test_a_reshard_moves_every_entry_to_its_shard_in_one_slot_each(
+    redis_cluster: LocalCluster, broker: Broker
+) -> None:
+    """``reshard`` from 16 shards to 4 (a prefix of its own: the services' keeps 16): each
+    trigger and event entry lands in its trigger id's new shard, wake entries are dropped,
+    and the new count is recorded; the old count is then refused."""
+    prefix = f"{broker.keys.prefix}-reshard"
+    old = Broker.from_url(redis_cluster.url, prefix, shards=16)
+    new = Broker.from_url(redis_cluster.url, prefix, shards=4, check_shards=False)
+    try:
+        trigger_ids = range(1, 41)
+        old.publish_many(
+            [(old.keys.trigger_stream("gpu", t), {"trigger_id": str(t)}) for t in trigger_ids]
+            + [(old.keys.events_for(t), {"trigger_id": str(t)}) for t in trigger_ids]
+            + [(old.keys.events, WAKE)]
+        )
+        # Those whose shard number is the same under 4 (t % 16 < 4: 11 of 40 in each kind of
+        # stream) stay where they are.
+        assert reshard(old, new) == Resharded(moved=80 - 2 * 11, dropped=1)
+        for shard in range(4):
+            want = {str(t) for t in trigger_ids if t % 4 == shard}
+            for stream in (new.keys.triggers_for("gpu", shard), new.keys.all_events[shard]):
+                entries = new.xrange(stream)
+                assert {e.fields[b"trigger_id"].decode() for e in entries} == want, stream
+                assert all(new.present(stream, sorted(want)).values())
+        assert not any(old.redis.exists(s) for s in old.keys.triggers_of("gpu")[4:])
+        assert new.recorded_shards() == 4
+        with pytest.raises(ShardCountError, match=r"DEFERRAL_STREAM_SHARDS is 16 .* with 4"):
+            Broker.from_url(redis_cluster.url, prefix, shards=16)
+    finally:
+        old.close()
+        new.close()

@@ -106,7 +106,13 @@ def test_every_key_wiped_under_churn(
         what="the reconciler to republish",
     )
     wait_for(
-        lambda: broker.redis.hlen(broker.keys.inflight(broker.keys.triggers)) == N,
+        lambda: (
+            sum(
+                int(broker.redis.hlen(broker.keys.inflight(stream)))
+                for stream in broker.keys.triggers_of("default")
+            )
+            == N
+        ),
         timeout=120,
         what=f"all {N} triggers back in their stream",
     )

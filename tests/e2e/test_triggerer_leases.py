@@ -89,14 +89,27 @@ with DAG("e2e_lease") as dag:
 
 
 def _owners(broker: Broker) -> dict[str, tuple[str, int]]:
-    """Pending trigger entries: id -> (owner, idle ms); none before the group exists."""
-    try:
-        reply = broker.redis.execute_command(
-            "XPENDING", broker.keys.triggers, GROUP_TRIGGERERS, "-", "+", 100
-        )
-    except ResponseError:  # NOGROUP: no triggerer has started yet
-        return {}
-    return {i.decode(): (owner.decode(), int(idle)) for i, owner, idle, _ in reply}
+    """Pending trigger entries of every shard: id -> (owner, idle ms)."""
+    return {i: held for pending in _pending(broker).values() for i, held in pending.items()}
+
+
+def _pending(broker: Broker) -> dict[str, dict[str, tuple[str, int]]]:
+    """Pending trigger entries by shard's stream: id -> (owner, idle ms); none before the
+    group exists."""
+    found = {}
+    for stream in broker.keys.triggers_of("default"):
+        try:
+            reply = broker.redis.execute_command(
+                "XPENDING", stream, GROUP_TRIGGERERS, "-", "+", 100
+            )
+        except ResponseError:  # NOGROUP: no triggerer has started yet
+            continue
+        found[stream] = {i.decode(): (owner.decode(), int(idle)) for i, owner, idle, _ in reply}
+    return found
+
+
+def _trigger_entries(broker: Broker) -> int:
+    return sum(int(broker.redis.xlen(s)) for s in broker.keys.triggers_of("default"))
 
 
 def _state(sessions: sessionmaker[Session]) -> str | None:
@@ -151,6 +164,7 @@ def test_a_killed_triggerers_trigger_is_taken_over_and_fires_once(
     _start_gated(services, write_dag, gate)
     doomed = services.start("triggerer", "--name", "doomed", "--heartbeat", "0.5")
     entry_id = _deferred_on(services, broker, "doomed")
+    stream = next(s for s, pending in _pending(broker).items() if entry_id in pending)
     doomed.kill()  # SIGKILL: no cleanup, no hand-off
     doomed.wait()
     services.start("triggerer2", "--name", "survivor", "--heartbeat", "0.5")
@@ -162,9 +176,9 @@ def test_a_killed_triggerers_trigger_is_taken_over_and_fires_once(
     )
     gate.touch()
     wait_for(lambda: _state(sessions) == "success", timeout=60, what="the task to succeed")
-    assert f"took over 1 entr(ies) of {broker.keys.triggers}" in services.log("triggerer2")
+    assert f"took over 1 entr(ies) of {stream}" in services.log("triggerer2")
     assert _resumes(sessions) == 1
-    assert _owners(broker) == {} and broker.redis.xlen(broker.keys.triggers) == 0
+    assert _owners(broker) == {} and _trigger_entries(broker) == 0
 
 
 def test_live_triggerers_renew_their_leases_so_nothing_is_taken_over(
@@ -279,5 +293,5 @@ def test_a_timed_out_deferral_fails_its_task_and_the_triggerer_drops_the_trigger
         timeout=10,
         what="the triggerer to drop the trigger",
     )
-    wait_for(lambda: broker.redis.xlen(broker.keys.triggers) == 0, what="the entry to go")
+    wait_for(lambda: _trigger_entries(broker) == 0, what="the entry to go")
     assert _owners(broker) == {}

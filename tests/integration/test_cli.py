@@ -559,6 +559,10 @@ def test_explain_a_deferred_task_names_its_trigger_triggerer_and_resume_method(
     assert f"  waits on trigger {trigger_id} (deferral.triggers.temporal.DateTimeTrigger)" in lines
     assert "  run by triggerer tr-1 on h (running), heartbeat " in text and ": alive" in text
     assert "  resumes at next_method resume" in lines
+    shard = (
+        f"{settings.stream_prefix}:triggers, its event will be in {settings.stream_prefix}:events"
+    )
+    assert f"  its entry is in {shard} (stream shard 0 of 1)" in lines
     assert "s left" in text  # about 3600 s
     assert "not in the DAGs folder" in text  # the factory DAG has no file
 

@@ -54,6 +54,7 @@ OPTIONS: dict[tuple[str, ...], list[str]] = {
     ("tasks", "mark"): ["--state", "success"],
     ("dags", "backfill"): ["-s", "2024-01-01", "-e", "2024-01-02"],
     ("connections", "add"): ["--conn-uri", "postgres://u:p@h:5432/db"],
+    ("reshard-streams",): ["--shards", "1"],
 }
 # Commands that need no PostgreSQL / no Redis at all.
 WITHOUT_POSTGRES = {("streams",), ("dead", "list")}
@@ -62,7 +63,7 @@ NOTHING_IN_REDIS = {("dead", "show"), ("dead", "retry"), ("dead", "drop")}
 # A container healthcheck: a server that does not answer makes it unhealthy (exit 1), one line
 # per check; Docker reserves exit 2.
 HEALTHCHECK = ("health",)
-NEEDS_REDIS = {("streams",), ("doctor",), ("standalone",), ("webserver",)} | {
+NEEDS_REDIS = {("streams",), ("doctor",), ("standalone",), ("webserver",), ("reshard-streams",)} | {
     ("dead", command) for command in ("list", "show", "retry", "drop")
 }
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from redis.crc import key_slot
 
-from broker.streams import StreamKeys
+from broker.streams import StreamKeys, shard_of
 from broker.topology import location
 from deferral.config import ConfigError
 from deferral.redis_urls import is_cluster_url, parse
@@ -68,6 +68,45 @@ def test_on_a_cluster_every_script_touches_one_slot() -> None:
     assert key_slot(gpu.encode()) == key_slot(keys.inflight(gpu).encode())
     assert keys.index_field(gpu, {"task_instance_id": "7"}) == "7"
     assert key_slot(gpu.encode()) != key_slot(keys.queue("default").encode())
+
+
+@pytest.mark.parametrize(
+    ("trigger_id", "shards", "shard"),
+    [(1, 1, 0), (12345, 1, 0), (1, 16, 1), (16, 16, 0), (17, 16, 1), (31, 16, 15), (2**62, 7, 4)],
+)
+def test_a_triggers_shard_is_its_id_modulo_the_count(trigger_id: int, shards: int, shard: int):
+    assert shard_of(trigger_id, shards) == shard
+
+
+def test_sharded_keys_put_each_shard_in_one_slot_and_the_shards_apart() -> None:
+    keys = StreamKeys.for_redis("deferral", "redis+cluster://h:7000")
+    assert keys.shards == 16 and keys.triggers == "deferral:{shard:00}:triggers"
+    assert keys.trigger_stream("gpu", 35) == "deferral:{shard:03}:triggers:gpu"
+    assert keys.events_for(35) == "deferral:{shard:03}:events"
+    for trigger_id in range(1, 40):
+        triggers = keys.trigger_stream("gpu", trigger_id)
+        events = keys.events_for(trigger_id)
+        assert keys.events_beside(triggers) == events and keys.queue_of_triggers(triggers) == "gpu"
+        together = {triggers, events, keys.inflight(triggers), keys.inflight(events)}
+        assert len({key_slot(k.encode()) for k in together}) == 1
+        assert keys.index_field(events, {"trigger_id": "9"}) == "9"
+    assert len({key_slot(s.encode()) for s in keys.all_events}) == 16
+    assert keys.triggers_of("default")[15] == "deferral:{shard:15}:triggers"
+    assert not keys.is_triggers("deferral:{shard:16}:triggers") and not keys.is_triggers(
+        "deferral:{shard:01}:events"
+    )
+
+
+def test_shards_on_one_redis_and_the_setting() -> None:
+    keys = StreamKeys.for_redis("deferral", "redis://h:6379/0", 4)
+    assert keys.triggers_of("default") == [f"deferral:shard:0{n}:triggers" for n in range(4)]
+    assert keys.inflight(keys.events_for(6)) == "deferral:inflight:shard:02:events"
+    assert keys.queue_of_triggers(keys.trigger_stream("default", 3)) == "default"
+    assert load(base_env()).stream_shards == 1
+    assert load(base_env(DEFERRAL_REDIS_URL="redis+cluster://h:7000")).stream_shards == 16
+    assert load(base_env(DEFERRAL_STREAM_SHARDS="4")).stream_shards == 4
+    with pytest.raises(ConfigError, match=r"DEFERRAL_STREAM_SHARDS is malformed: must be 1\.\.256"):
+        load(base_env(DEFERRAL_STREAM_SHARDS="0"))
 
 
 def test_messages_name_where_redis_is_without_credentials() -> None:
