@@ -63,9 +63,7 @@ class ConsumerSet:
         consumers = self._in_turn()
         if len(consumers) == 1:
             return consumers[0].poll(count, block_ms)
-        got: list[Delivery] = []
-        for consumer in consumers:
-            got += consumer.poll(count - len(got))
+        got = _gather(consumers, count, lambda consumer, n: consumer.poll(n))
         if got or not block_ms:
             return got
         # Nothing anywhere: wait on one stream, a share of the time (the next call waits on the
@@ -73,11 +71,7 @@ class ConsumerSet:
         return consumers[0].poll(count, max(1, block_ms // len(consumers)))
 
     def claim(self, count: int) -> list[Delivery]:
-        claimed: list[Delivery] = []
-        for consumer in self._in_turn():
-            if len(claimed) < count:
-                claimed += consumer.claim(count - len(claimed))
-        return claimed
+        return _gather(self._in_turn(), count, lambda consumer, n: consumer.claim(n))
 
     def exhausted(self, delivery: Delivery) -> bool:
         return self._of(delivery.entry).exhausted(delivery)
@@ -112,6 +106,28 @@ class ConsumerSet:
 
 
 T = TypeVar("T")
+
+
+def _gather(
+    consumers: Sequence[StreamConsumer],
+    count: int,
+    take: Callable[[StreamConsumer, int], list[Delivery]],
+) -> list[Delivery]:
+    """Up to ``count`` deliveries, taken from the consumers in turn. When one fails (its Redis
+    node is down) after others gave entries, those are returned, not dropped with the error:
+    their consumers hold and renew them, so dropped they would never run (seen when a cluster
+    primary died mid-read). The failing stream raises again at the next call."""
+    got: list[Delivery] = []
+    for consumer in consumers:
+        if len(got) >= count:
+            break
+        try:
+            got += take(consumer, count - len(got))
+        except Exception:
+            if not got:
+                raise
+            break
+    return got
 
 
 def _by_stream(items: Sequence[T], entry_of: Callable[[T], Entry]) -> dict[str, list[T]]:

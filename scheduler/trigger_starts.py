@@ -12,7 +12,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from broker import outbox
-from broker.streams import DEFAULT_QUEUE, StreamKeys, task_label, trigger_message
+from broker.streams import StreamKeys, task_label, trigger_message
 from deferral import serialization
 from deferral.crypto import Cipher
 from deferral.dag import DAG
@@ -44,7 +44,13 @@ def start_in_triggerer(
     if not tasks or not scheduled:
         return set(), []
     rows = session.execute(
-        select(TaskInstance.id, TaskInstance.run_id, TaskInstance.task_id, TaskInstance.map_index)
+        select(
+            TaskInstance.id,
+            TaskInstance.run_id,
+            TaskInstance.task_id,
+            TaskInstance.map_index,
+            TaskInstance.queue,
+        )
         .where(TaskInstance.id.in_(scheduled), TaskInstance.task_id.in_(tasks))
         .order_by(TaskInstance.id)
     ).all()
@@ -97,5 +103,7 @@ def start_in_triggerer(
             try_number=tries[ti_id],
             task=task_label(dag.dag_id, row.run_id, row.task_id, row.map_index),
         )
-        messages.append((keys.trigger_stream(DEFAULT_QUEUE, trigger_id), message))
+        # A trigger goes to its task's queue, as a deferring task's does (and as the
+        # reconciler looks for it).
+        messages.append((keys.trigger_stream(row.queue, trigger_id), message))
     return set(moved), outbox.stage_many(session, messages)

@@ -201,6 +201,35 @@ def test_a_task_starts_in_the_triggerer_with_no_free_slot_and_ends_there(
     assert [p.name for p in marks.iterdir()] == [ended]
 
 
+def test_a_task_that_starts_in_the_triggerer_sends_its_trigger_to_its_queue(
+    settings: Settings,
+    sessions: sessionmaker[Session],
+    broker: Broker,
+    write_dag: Callable[[str, str], Path],
+    tmp_path: Path,
+) -> None:
+    dag_id = f"sft_{uuid.uuid4().hex[:8]}"
+    source = DAG_SOURCE.format(
+        here=HERE, dag_id=dag_id, outcome="success", retries=0, marks=str(tmp_path)
+    )
+    write_dag(dag_id, source.replace('pool="small",', 'pool="small",\n        queue="gpu",'))
+    with sessions.begin() as session:
+        session.merge(Pool(name="small", slots=0, include_deferred=False))
+        transitions.create_dag_run(session, dag_id, "r1", dt.datetime.now(dt.UTC), {})
+    service = SchedulerService(settings, name="s")
+    service.attach(Broker.from_url(REDIS_URL, settings.stream_prefix))
+    service.consumer.start()
+
+    service.start_queued_runs()
+    service.evaluate_marked_runs()
+    service.dispatch_scheduled()
+    with sessions() as session:
+        trigger_id = session.scalars(select(TaskInstance.trigger_id)).one()
+    assert trigger_id is not None
+    assert broker.redis.xlen(broker.keys.trigger_stream("gpu", trigger_id)) == 1
+    assert broker.redis.xlen(broker.keys.triggers) == 0
+
+
 def test_a_task_end_event_with_a_bad_payload_fails_its_task_saying_why(
     settings: Settings, sessions: sessionmaker[Session], cipher: Cipher, broker: Broker
 ) -> None:

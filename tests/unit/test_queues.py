@@ -3,6 +3,7 @@ the triggers stream of each queue, and one consumer over several streams."""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 
 import pytest
@@ -136,6 +137,26 @@ def test_a_consumer_set_reads_its_streams_in_turn_and_routes_each_entry_to_its_o
     assert all(fakes[d.entry.stream].retired.count(d.entry.id) == 1 for d in first)
     rest = both.poll(10, 1000)
     assert len(rest) == 2 and all(block is None for _, block in fakes["a"].polls)
+
+
+class DownConsumer(FakeConsumer):
+    """A stream whose Redis node is down."""
+
+    def poll(self, count: int, block_ms: int | None = None) -> list[Delivery]:
+        raise ConnectionError("Error 111 connecting: Connection refused")
+
+
+def test_entries_read_before_another_stream_fails_are_returned_not_dropped() -> None:
+    # Dropped with the error, they would be held and renewed by their consumer, never run.
+    fakes = {"a": FakeConsumer("a", ready=2), "b": DownConsumer("b"), "c": FakeConsumer("c", 2)}
+    every = _set(fakes)
+    got: list[Delivery] = []
+    for _ in range(3):  # each stream first once
+        with contextlib.suppress(ConnectionError):
+            got += every.poll(10, 1000)
+    assert sorted(d.entry.stream for d in got) == ["a", "a", "c", "c"]
+    with pytest.raises(ConnectionError):  # nothing else to return: the failure is said
+        every.poll(10, 1000)
 
 
 def test_a_consumer_set_with_nothing_to_read_waits_on_one_stream_a_share_of_the_time() -> None:
