@@ -131,6 +131,23 @@ def _fire_the_trigger(settings: Settings, cipher: Cipher, broker: Broker) -> Non
     broker.publish(broker.keys.events, outcome.message)
 
 
+def _run_and_dispatch(
+    settings: Settings, sessions: sessionmaker[Session], dag_id: str
+) -> SchedulerService:
+    """A run of ``dag_id`` (its task's pool has no free slot), scheduled and dispatched by a
+    scheduler's passes; that scheduler."""
+    with sessions.begin() as session:
+        session.merge(Pool(name="small", slots=0, include_deferred=False))
+        transitions.create_dag_run(session, dag_id, "r1", dt.datetime.now(dt.UTC), {})
+    service = SchedulerService(settings, name="s")
+    service.attach(Broker.from_url(REDIS_URL, settings.stream_prefix))
+    service.consumer.start()
+    service.start_queued_runs()
+    service.evaluate_marked_runs()
+    service.dispatch_scheduled()
+    return service
+
+
 @pytest.mark.parametrize(
     ("outcome", "retries", "ended"),
     [
@@ -159,16 +176,7 @@ def test_a_task_starts_in_the_triggerer_with_no_free_slot_and_ends_there(
         here=HERE, dag_id=dag_id, outcome=outcome, retries=retries, marks=str(marks)
     )
     write_dag(dag_id, source)
-    with sessions.begin() as session:
-        session.merge(Pool(name="small", slots=0, include_deferred=False))
-        transitions.create_dag_run(session, dag_id, "r1", dt.datetime.now(dt.UTC), {})
-    service = SchedulerService(settings, name="s")
-    service.attach(Broker.from_url(REDIS_URL, settings.stream_prefix))
-    service.consumer.start()
-
-    service.start_queued_runs()
-    service.evaluate_marked_runs()
-    service.dispatch_scheduled()
+    service = _run_and_dispatch(settings, sessions, dag_id)
     assert _changes(sessions) == [("none", "scheduled"), ("scheduled", "deferred")]
     assert broker.redis.xlen(broker.keys.queue("default")) == 0
 
@@ -213,16 +221,7 @@ def test_a_task_that_starts_in_the_triggerer_sends_its_trigger_to_its_queue(
         here=HERE, dag_id=dag_id, outcome="success", retries=0, marks=str(tmp_path)
     )
     write_dag(dag_id, source.replace('pool="small",', 'pool="small",\n        queue="gpu",'))
-    with sessions.begin() as session:
-        session.merge(Pool(name="small", slots=0, include_deferred=False))
-        transitions.create_dag_run(session, dag_id, "r1", dt.datetime.now(dt.UTC), {})
-    service = SchedulerService(settings, name="s")
-    service.attach(Broker.from_url(REDIS_URL, settings.stream_prefix))
-    service.consumer.start()
-
-    service.start_queued_runs()
-    service.evaluate_marked_runs()
-    service.dispatch_scheduled()
+    _run_and_dispatch(settings, sessions, dag_id)
     with sessions() as session:
         trigger_id = session.scalars(select(TaskInstance.trigger_id)).one()
     assert trigger_id is not None
