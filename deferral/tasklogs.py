@@ -19,6 +19,7 @@ from typing import NamedTuple
 
 import psycopg
 from sqlalchemy import select, text
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 
 from deferral.models import TaskLog, TaskLogTry
@@ -182,9 +183,15 @@ def _copy_lines(session: Session, rows: Sequence[NewLine]) -> None:
     multi-row INSERT (measured 6,500 lines/s with INSERT)."""
     connection = session.connection().connection.driver_connection
     assert isinstance(connection, psycopg.Connection)
-    with connection.cursor() as cursor, cursor.copy(_COPY_LINES) as copy:
-        for row in rows:
-            copy.write_row(row)
+    try:
+        with connection.cursor() as cursor, cursor.copy(_COPY_LINES) as copy:
+            for row in rows:
+                copy.write_row(row)
+    except psycopg.Error as exc:
+        # Raised as SQLAlchemy raises its statements' errors, so that callers judge it as they
+        # judge any other (faults.is_transient): a deadlock with a user action's update of the
+        # task instance, raised bare, stopped a triggerer (its log writer retries transients).
+        raise DBAPIError.instance(_COPY_LINES, None, exc, psycopg.Error) from exc
 
 
 # Lines no bound applies to (the worker's own), in one statement: the tries' size rows are

@@ -5,12 +5,14 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
+import psycopg
 import pytest
 from sqlalchemy import event, text
-from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
 from deferral import tasklogs
+from deferral.faults import is_transient
 from deferral.secrets_masker import mask_secret
 from deferral.tasklogs import NewLine
 from tests.integration.factories import running_task
@@ -175,3 +177,18 @@ def test_appending_locks_the_tries_row_but_writes_it_only_when_its_size_changes(
             text("SELECT bytes FROM task_log_try WHERE task_instance_id = :ti"), {"ti": ti_id}
         ).scalar_one()
         assert bytes_used == 4
+
+
+def test_a_copy_of_lines_that_fails_raises_as_statements_do_and_a_lock_wait_is_transient(
+    sessions: sessionmaker[Session],
+) -> None:
+    # COPY runs on the driver's connection: its errors were raised bare (psycopg's), so a
+    # deadlock with a user action escaped the triggerer's retry of transient errors.
+    ti_id = running_task(sessions)
+    with sessions() as holder, sessions() as session:
+        holder.execute(text("SELECT 1 FROM task_instance WHERE id = :i FOR UPDATE"), {"i": ti_id})
+        session.execute(text("SET LOCAL lock_timeout = '200ms'"))
+        with pytest.raises(DBAPIError) as raised:
+            tasklogs._copy_lines(session, [_line(ti_id, "waits on the task instance's lock")])
+    assert isinstance(raised.value.orig, psycopg.errors.LockNotAvailable)
+    assert is_transient(raised.value)
