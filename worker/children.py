@@ -5,26 +5,31 @@ and answers are bytes (``worker.outcomes`` encodes them), not pickles. The worke
 pipes at once, and can SIGKILL the child of one attempt (its lease was lost, it must not go on)
 without touching the others; a killed or crashed child is replaced by a fresh one on demand.
 
-Children are forked from the worker's fork server (multiprocessing's ``forkserver``): a process
-spawned fresh, not forked from the worker, so nothing of the worker leaks in, which has imported
-what tasks need once, so a child starts in milliseconds instead of a second of imports. Each child
-closes its copy of the server's "alive" pipe, so the server exits when the worker does, and asks
-Linux to kill it when the server dies (PR_SET_PDEATHSIG): an attempt never outlives its worker.
+Children come from the pool's fork server: a process forked from the worker when the pool is
+made, at the worker's start, before it has a thread, a connection or a signal handler, so it
+holds the worker's imports (the task runtime) and nothing else of it; it forks each child, so a
+child starts in milliseconds. (multiprocessing's ``forkserver`` execs a fresh interpreter that
+imports it all again: a second and a half of CPU per worker start.) The server reports each
+child's exit status on a pipe of its own, and asks Linux to kill it when the worker dies, as each
+child does when the server dies (PR_SET_PDEATHSIG): an attempt never outlives its worker.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
-import multiprocessing
-import multiprocessing.forkserver
 import os
+import select
 import selectors
 import signal
+import socket
+import struct
+import sys
+import traceback
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
-from multiprocessing.connection import Connection
-from multiprocessing.process import BaseProcess
+from multiprocessing.connection import Connection, Pipe
 from typing import Generic, TypeVar
 
 from deferral.process import die_with_parent
@@ -35,31 +40,23 @@ K = TypeVar("K", bound=Hashable)
 
 
 READY = b"ready"
-
-# What the fork server imports once for every child: the entry point, the pool, and the attempt
-# code with the whole authoring API and ORM it needs.
-PRELOAD = ["worker.cli", "worker.children", "worker.attempt", "worker.capture"]
+_PID = struct.Struct("q")
+_STATUS = struct.Struct("i")
 
 
-def _let_the_fork_server_go() -> None:
-    """Close this child's copy of the write end of the fork server's "alive" pipe. Every client
-    of the server holds one, and the server runs until all are closed: with the children holding
-    theirs, a killed worker left the server, and so the children (whose parent it is), running.
-    (multiprocessing keeps the fd in a private attribute; without it there is nothing to close.)"""
-    server = multiprocessing.forkserver._forkserver
-    fd = getattr(server, "_forkserver_alive_fd", None)
-    if fd is not None:
-        os.close(fd)
-        server._forkserver_alive_fd = None  # type: ignore[attr-defined]
+class ForkServerGone(SystemExit):
+    """The fork server died (someone killed it): the worker exits (status 1) so that its
+    supervisor starts it again with a fresh one; its children died with the server, and their
+    attempts are failed into their retries like those of a killed worker. (A SystemExit: the
+    service loop, which retries errors, must not retry this one.)"""
+
+    def __init__(self, pid: int) -> None:
+        super().__init__(f"the worker's task process server (pid {pid}) died; exiting")
 
 
 def _child_main(
     conn: Connection, run: Callable[[bytes], bytes], warm: Callable[[], None] | None
 ) -> None:
-    # Ctrl-C is the worker's: it lets running attempts finish before it exits.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    _let_the_fork_server_go()
-    die_with_parent()
     if warm is not None:
         warm()
     conn.send_bytes(READY)
@@ -71,9 +68,165 @@ def _child_main(
         conn.send_bytes(run(request))
 
 
+def _exit_status(main: Callable[[], None]) -> int:
+    """Run a forked child's ``main``; its exit status as the interpreter would give it."""
+    try:
+        main()
+        return 0
+    except SystemExit as exc:
+        code = exc.code
+        return code if isinstance(code, int) else (0 if code is None else 1)
+    except BaseException:
+        traceback.print_exc()
+        return 1
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+
+
+class _ForkServer:
+    """The worker's side of the fork server (see the module docstring)."""
+
+    def __init__(self, child_main: Callable[[Connection], None]) -> None:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        pid = os.fork()
+        if pid == 0:
+            ours.close()
+            os._exit(_exit_status(lambda: _serve(theirs, child_main)))
+        theirs.close()
+        self.pid = pid
+        self._sock = ours
+
+    def fork(self) -> tuple[TaskProcess, Connection]:
+        """A new child, and the worker's end of its pipe."""
+        parent_end, child_end = Pipe()
+        status_r, status_w = os.pipe()
+        try:
+            socket.send_fds(self._sock, [b"f"], [child_end.fileno(), status_w])
+            answer = b""
+            while len(answer) < _PID.size:
+                more = self._sock.recv(_PID.size - len(answer))
+                if not more:
+                    raise ConnectionError("the fork server closed its socket")
+                answer += more
+        except OSError:
+            os.close(status_r)
+            parent_end.close()
+            raise ForkServerGone(self.pid) from None
+        finally:
+            child_end.close()
+            os.close(status_w)
+        (pid,) = _PID.unpack(answer)
+        return TaskProcess(pid, status_r), parent_end
+
+    def close(self) -> None:
+        """Let the server go (it exits when its socket closes) and reap it."""
+        self._sock.close()
+        for _ in range(50):
+            with contextlib.suppress(ChildProcessError):
+                if os.waitpid(self.pid, os.WNOHANG)[0] == 0:
+                    select.select([], [], [], 0.1)
+                    continue
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.pid, signal.SIGKILL)
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(self.pid, 0)
+
+
+def _serve(sock: socket.socket, child_main: Callable[[Connection], None]) -> None:
+    """The fork server: fork a child for each request (the fd of its end of the pipe, and the
+    write end of its status pipe), answer its pid, and write its exit status once it ends.
+    Returns when the worker's end of ``sock`` closes."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the worker's to handle
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    die_with_parent()
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_w, False)
+    signal.set_wakeup_fd(wake_w)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    statuses: dict[int, int] = {}  # child pid -> write end of its status pipe
+    while True:
+        ready, _, _ = select.select([sock.fileno(), wake_r], [], [])
+        if wake_r in ready:
+            os.read(wake_r, 4096)
+            _report_exits(statuses)
+        if sock.fileno() not in ready:
+            continue
+        message, fds, _, _ = socket.recv_fds(sock, 1, 2)
+        if not message:
+            return
+        conn_fd, status_w = fds
+        pid = os.fork()
+        if pid == 0:
+            signal.set_wakeup_fd(-1)
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+            for fd in (sock.fileno(), wake_r, wake_w, status_w, *statuses.values()):
+                os.close(fd)
+            die_with_parent()
+            os._exit(_exit_status(functools.partial(child_main, Connection(conn_fd))))
+        os.close(conn_fd)
+        statuses[pid] = status_w
+        sock.sendall(_PID.pack(pid))
+
+
+def _report_exits(statuses: dict[int, int]) -> None:
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        status_w = statuses.pop(pid, None)
+        if status_w is not None:
+            with contextlib.suppress(OSError):
+                os.write(status_w, _STATUS.pack(os.waitstatus_to_exitcode(status)))
+            os.close(status_w)
+
+
+class TaskProcess:
+    """A child forked by the fork server, as the worker sees it: its pid, and its exit status
+    read from its status pipe (``sentinel``, readable once it ended)."""
+
+    def __init__(self, pid: int, sentinel: int) -> None:
+        self.pid = pid
+        self.sentinel = sentinel
+        self._exitcode: int | None = None
+
+    def join(self, timeout: float | None = None) -> None:
+        """Wait up to ``timeout`` seconds for it to end."""
+        if self._exitcode is not None or self.sentinel < 0:
+            return
+        if select.select([self.sentinel], [], [], timeout)[0]:
+            data = os.read(self.sentinel, _STATUS.size)
+            # Nothing written: the server died, and the child with it (PR_SET_PDEATHSIG).
+            self._exitcode = _STATUS.unpack(data)[0] if len(data) == _STATUS.size else -9
+
+    @property
+    def exitcode(self) -> int | None:
+        self.join(0)
+        return self._exitcode
+
+    def is_alive(self) -> bool:
+        return self.exitcode is None
+
+    def kill(self) -> None:
+        """SIGKILL it, unless it has ended (its pid may be another process's by now)."""
+        if self.is_alive():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, signal.SIGKILL)
+
+    def close(self) -> None:
+        if self.sentinel >= 0:
+            os.close(self.sentinel)
+            self.sentinel = -1
+
+
 @dataclass
 class _Child:
-    process: BaseProcess
+    process: TaskProcess
     conn: Connection
     ready: bool = False
     attempts: int = 0  # requests answered
@@ -106,8 +259,7 @@ class ChildPool(Generic[K]):
         self._run = run
         self._warm = warm
         self._max_attempts = max_attempts
-        self._context = multiprocessing.get_context("forkserver")
-        self._context.set_forkserver_preload(PRELOAD)
+        self._server = _ForkServer(lambda conn: _child_main(conn, run, warm))
         self._idle: list[_Child] = []
         self._busy: dict[K, _Child] = {}
         # The pipes and exit sentinels of the busy children, registered while they are busy:
@@ -131,13 +283,8 @@ class ChildPool(Generic[K]):
             self._await_ready(child, timeout)
 
     def _spawn(self, wait: bool = True) -> _Child:
-        parent_end, child_end = self._context.Pipe()
-        process = self._context.Process(
-            target=_child_main, args=(child_end, self._run, self._warm), daemon=True
-        )
-        process.start()
-        child_end.close()
-        child = _Child(process, parent_end)
+        process, conn = self._server.fork()
+        child = _Child(process, conn)
         if wait:
             self._await_ready(child, timeout=120.0)
         return child
@@ -205,9 +352,10 @@ class ChildPool(Generic[K]):
         return ended
 
     def _recycle(self, child: _Child) -> None:
-        """Replace a child that ran its share of attempts: it exits once its pipe closes (and
-        is reaped when a later child starts); the fresh one warms up meanwhile."""
+        """Replace a child that ran its share of attempts: it exits once its pipe closes (the
+        server reaps it); the fresh one warms up meanwhile."""
         child.conn.close()
+        child.process.close()
         self._idle.append(self._spawn(wait=False))
 
     def kill(self, key: K) -> bool:
@@ -215,9 +363,7 @@ class ChildPool(Generic[K]):
         child = self._take_busy(key)
         if child is None:
             return False
-        if child.process.pid is not None:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(child.process.pid, signal.SIGKILL)
+        child.process.kill()
         child.process.join(timeout=5)
         self._discard(child)
         return True
@@ -227,6 +373,7 @@ class ChildPool(Generic[K]):
         if child.process.is_alive():
             child.process.kill()
             child.process.join(timeout=5)
+        child.process.close()
 
     def shutdown(self) -> None:
         for key in list(self._busy):
@@ -235,7 +382,8 @@ class ChildPool(Generic[K]):
             child.conn.close()  # the child's recv() ends: it exits
         for child in self._idle:
             child.process.join(timeout=5)
-            if child.process.is_alive():
-                child.process.kill()
+            child.process.kill()
+            child.process.close()
         self._idle.clear()
         self._busy_fds.close()
+        self._server.close()

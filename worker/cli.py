@@ -61,7 +61,8 @@ def consume(
     setup_logging(log_format)
     settings = settings_or_exit()
     smtp = loaded_or_exit(smtp_settings)
-    serve_metrics_or_exit("worker", metrics_port, metrics_host)
+    # Made first: its task processes' fork server is forked from this process before it has a
+    # thread (the metrics server's) or a signal handler (worker/DECISIONS.md rule 1).
     service = WorkerService(
         settings,
         queues=queues,
@@ -69,4 +70,5 @@ def consume(
         name=name or default_consumer_name(),
         smtp=smtp,
     )
+    serve_metrics_or_exit("worker", metrics_port, metrics_host)
     service.run(stop_on_signals())

@@ -54,14 +54,19 @@ def _queued(sessions: sessionmaker[Session]) -> int:
         return ti.id
 
 
+@pytest.fixture
+def warehouse_connection(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Set before the worker starts: its task processes have the environment it started with."""
+    monkeypatch.setenv("DEFERRAL_CONN_WAREHOUSE", "postgresql://loader:Tr0ub4dor-3@db:5432/dw")
+
+
 def test_what_an_attempt_writes_is_in_its_log_in_order_with_secrets_masked(
+    warehouse_connection: None,
     worker: WorkerService,
     sessions: sessionmaker[Session],
     broker: Broker,
     write_dag: Callable[[str, str], Path],
-    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setenv("DEFERRAL_CONN_WAREHOUSE", "postgresql://loader:Tr0ub4dor-3@db:5432/dw")
     write_dag("output_dag", DAG_SOURCE)
     ti_id = _queued(sessions)
     broker.publish(

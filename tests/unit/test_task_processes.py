@@ -1,12 +1,16 @@
-"""worker.children.ChildPool with real spawned processes: one request at a time per child, a
+"""worker.children.ChildPool with real forked processes: one request at a time per child, a
 child replaced after its share of attempts or when it dies."""
 
 from __future__ import annotations
 
 import os
+import signal
 import time
+from pathlib import Path
 
-from worker.children import ChildDied, ChildPool
+import pytest
+
+from worker.children import ChildDied, ChildPool, ForkServerGone
 
 
 def _pid(request: bytes) -> bytes:
@@ -72,5 +76,37 @@ def test_killing_one_busy_task_process_leaves_the_others_running() -> None:
         assert pool.kill(1) and pool.busy == 0
         assert pool.collect(timeout=0.2) == []  # a killed attempt reports nothing
         assert _run_one(pool, 2) != str(hung).encode()
+    finally:
+        pool.shutdown()
+
+
+def test_task_processes_come_from_one_fork_server_that_exits_with_the_pool() -> None:
+    pool: ChildPool[int] = ChildPool(_pid)
+    pool.prestart(2)
+    server = pool._server.pid
+    children = [int(_run_one(pool, n)) for n in range(2)]
+    try:
+        for child in children:  # forked by the server, not by this process
+            assert (
+                int(Path(f"/proc/{child}/stat").read_text().rsplit(")", 1)[1].split()[1]) == server
+            )
+    finally:
+        pool.shutdown()
+    with pytest.raises(ChildProcessError):  # exited and reaped
+        os.waitpid(server, os.WNOHANG)
+
+
+def test_a_killed_fork_server_takes_its_task_processes_and_stops_the_worker() -> None:
+    pool: ChildPool[int] = ChildPool(_sleep_then_pid)
+    try:
+        pool.prestart(1)
+        pool.submit(1, b"hang")
+        os.kill(pool._server.pid, signal.SIGKILL)
+        ended: list[tuple[int, bytes | ChildDied]] = []
+        while not ended:
+            ended = pool.collect(timeout=60)
+        assert ended == [(1, ChildDied(-signal.SIGKILL))]  # the child died with its server
+        with pytest.raises(ForkServerGone, match=r"task process server \(pid \d+\) died"):
+            pool.submit(2, b"run")
     finally:
         pool.shutdown()
