@@ -23,7 +23,15 @@ pytestmark = pytest.mark.e2e
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
-def test_standalone_runs_the_example_on_embedded_servers(tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The first test's working directory, empty when it starts (the README's demo, from
+    nothing); the second keeps its servers in the ``.deferral`` the first made there, instead of
+    paying for a second ``initdb`` (it starts them twice on one home either way)."""
+    return tmp_path_factory.mktemp("standalone")
+
+
+def test_standalone_runs_the_example_on_embedded_servers(workdir: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("DEFERRAL_")}
     done = subprocess.run(
         command(
@@ -36,7 +44,7 @@ def test_standalone_runs_the_example_on_embedded_servers(tmp_path: Path) -> None
             "--timeout",
             "120",
         ),
-        cwd=tmp_path,
+        cwd=workdir,
         env=env,
         capture_output=True,
         text=True,
@@ -48,8 +56,8 @@ def test_standalone_runs_the_example_on_embedded_servers(tmp_path: Path) -> None
     assert "running -> deferred (deferred to trigger" in done.stdout
     assert "  report: success (try 1)" in done.stdout
     # Embedded servers: the data and the key live in the working directory.
-    assert (tmp_path / ".deferral" / "pgdata").is_dir()
-    assert (tmp_path / ".deferral" / "fernet.key").is_file()
+    assert (workdir / ".deferral" / "pgdata").is_dir()
+    assert (workdir / ".deferral" / "fernet.key").is_file()
 
 
 def _start(
@@ -101,10 +109,10 @@ def _stop(proc: subprocess.Popen[str]) -> None:
 
 
 def test_standalone_prints_what_another_terminal_needs_and_keeps_its_ports(
-    tmp_path: Path,
+    tmp_path: Path, workdir: Path
 ) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("DEFERRAL_")}
-    home, elsewhere = tmp_path / "home", tmp_path / "elsewhere"
+    home, elsewhere = workdir / ".deferral", tmp_path / "elsewhere"
     elsewhere.mkdir()
     proc, exports, said = _start(home, tmp_path, env)
     try:
