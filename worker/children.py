@@ -142,6 +142,12 @@ def _serve(sock: socket.socket, child_main: Callable[[Connection], None]) -> Non
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the worker's to handle
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     die_with_parent()
+    # Logging as in a fresh interpreter: the worker's handler on stderr would add its own
+    # formatted copy of every line a task logs to the output the attempt captures.
+    root = logging.getLogger()
+    for handler in root.handlers[:]:
+        root.removeHandler(handler)
+    root.setLevel(logging.WARNING)
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)
     signal.set_wakeup_fd(wake_w)

@@ -12,6 +12,7 @@ from starlette.testclient import TestClient
 
 from broker.client import Broker
 from deferral.config import Settings
+from deferral.dagbag import process_dagbag
 from tests.servers import REDIS_URL
 from webserver import users
 from webserver.app import create_app
@@ -22,6 +23,9 @@ from worker.service import WorkerService
 def worker(settings: Settings) -> Iterator[WorkerService]:
     """An in-process worker named "survivor" (two slots) on the default queue; tests drive its
     steps themselves."""
+    # Its task processes are forked from this process (worker/children.py): not with the bag
+    # of an earlier test's DAGs folder.
+    process_dagbag.cache_clear()
     service = WorkerService(settings, queues=("default",), concurrency=2, name="survivor")
     service.attach(Broker.from_url(REDIS_URL, settings.stream_prefix))
     service.consumer.start()
