@@ -568,6 +568,10 @@ class StreamConsumer:
         return True
 
 
+# While an outage lasts, how often its current error is logged again.
+OUTAGE_REPEAT_SEC = 60.0
+
+
 class Backoff:
     """Exponential delays for retrying after transient errors."""
 
@@ -590,24 +594,39 @@ def run_until_stopped(
     recover: Callable[[], object],
     *,
     once: bool = False,
+    clock: Callable[[], float] = time.monotonic,
 ) -> bool:
     """Run a service's ``step`` until ``stop`` is set (or, with ``once``, until it has succeeded
     once; returns whether it did). A transient error (Redis or Postgres unreachable, a deadlock)
-    backs off, calls ``recover`` (e.g. recreate a lost group) and goes on, saying so once per
-    outage; any other error is logged with its traceback and backed off too: one bad loop must
-    not stop the service."""
+    backs off, calls ``recover`` (e.g. recreate a lost group) and goes on, saying so when the
+    outage starts and again, with the error of the moment, every ``OUTAGE_REPEAT_SEC`` it lasts
+    (an operator must see what a long outage is stuck on, not its first second only); any other
+    error is logged with its traceback and backed off too: one bad loop must not stop the
+    service."""
     backoff = Backoff()
-    failing = False
+    failing_since: float | None = None
+    said_at = 0.0
     while not stop.is_set():
         try:
             step()
         except Exception as exc:
+            now = clock()
             if is_transient(exc):
-                if not failing:
+                if failing_since is None:
                     log.warning("servers unavailable (%s: %s); retrying", type(exc).__name__, exc)
+                    said_at = now
+                elif now - said_at >= OUTAGE_REPEAT_SEC:
+                    log.warning(
+                        "servers still unavailable after %.0f s (%s: %s); retrying",
+                        now - failing_since,
+                        type(exc).__name__,
+                        exc,
+                    )
+                    said_at = now
             else:
                 log.exception("unexpected error in the service loop; retrying")
-            failing = True
+            if failing_since is None:
+                failing_since = now
             stop.wait(backoff.next())
             try:
                 recover()
@@ -615,9 +634,9 @@ def run_until_stopped(
                 if not is_transient(again):
                     log.exception("recovering failed")
             continue
-        if failing:
+        if failing_since is not None:
             log.info("servers available again")
-            failing = False
+            failing_since = None
         backoff.reset()
         if once:
             return True

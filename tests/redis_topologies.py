@@ -72,6 +72,11 @@ class _Servers:
             "no",
             "--protected-mode",
             "no",
+            # A replica's first sync starts at once, not after the default 5 s wait for more
+            # replicas: a primary killed in those seconds would leave a replica that may not
+            # take over ("disconnected from master for longer than allowed").
+            "--repl-diskless-sync-delay",
+            "0",
             *config,
         ]
         log = (folder / "server.log").open("ab")
@@ -116,6 +121,16 @@ def _role(port: int) -> str:
         client.close()
 
 
+def _link_up(port: int) -> bool:
+    client = redis.Redis(port=port, socket_timeout=2)
+    try:
+        return str(client.info("replication").get("master_link_status")) == "up"
+    except redis.RedisError:
+        return False
+    finally:
+        client.close()
+
+
 class LocalCluster:
     """3 primaries, 3 replicas (``--cluster-enabled yes``), failover after 1 s unreachable."""
 
@@ -153,10 +168,18 @@ class LocalCluster:
             timeout=120,
         )
         wait_for(self._ok, timeout=120, what="the cluster to be ok")
+        wait_for(self._replicas_synced, timeout=120, what="every replica to sync")
         return self
 
+    def _replicas_synced(self) -> bool:
+        """Each replica has its primary's data (only a synced replica can be promoted)."""
+        replicas = [p for p in self.ports if _role(p) == "slave"]
+        return len(replicas) == 3 and all(_link_up(p) for p in replicas)
+
     def _ok(self) -> bool:
-        client = redis.Redis(port=self.ports[0], socket_timeout=2)
+        """The cluster says ok to a node still running, and three primaries run."""
+        live = [p for p in self.ports if self.servers.procs[p].poll() is None]
+        client = redis.Redis(port=live[0], socket_timeout=2)
         try:
             info = client.cluster("info")
         except redis.RedisError:
@@ -211,6 +234,7 @@ class LocalSentinel:
     def start(self) -> LocalSentinel:
         self.servers.start(self.primary)
         self.servers.start(self.replica, "--replicaof", "127.0.0.1", str(self.primary))
+        wait_for(lambda: _link_up(self.replica), timeout=120, what="the replica to sync")
         for port in self.sentinels:
             conf = self.workdir / f"sentinel-{port}.conf"
             conf.write_text(

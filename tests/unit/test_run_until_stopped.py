@@ -72,3 +72,27 @@ def test_backoff_doubles_up_to_its_cap_and_resets() -> None:
     assert [backoff.next() for _ in range(5)] == [1, 2, 4, 5, 5]
     backoff.reset()
     assert backoff.next() == 1
+
+
+def test_a_long_outage_is_said_again_with_its_current_error(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    stop = Clock()
+    now = [0.0]
+    errors = [RedisConnectionError("refused")] * 2 + [RedisConnectionError("cluster is down")] * 5
+
+    def step() -> None:
+        now[0] += 25.0
+        if errors:
+            raise errors.pop(0)
+        stop.set()
+
+    caplog.set_level("INFO", logger="deferral.broker")
+    run_until_stopped(stop, step, recover=lambda: None, clock=lambda: now[0])
+    said = [r.getMessage() for r in caplog.records]
+    assert said == [
+        "servers unavailable (ConnectionError: refused); retrying",
+        "servers still unavailable after 75 s (ConnectionError: cluster is down); retrying",
+        "servers still unavailable after 150 s (ConnectionError: cluster is down); retrying",
+        "servers available again",
+    ]
