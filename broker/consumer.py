@@ -621,6 +621,7 @@ def run_until_stopped(
                         now - failing_since,
                         type(exc).__name__,
                         exc,
+                        exc_info=True,  # where the loop is stuck
                     )
                     said_at = now
             else:
