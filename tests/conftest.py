@@ -217,10 +217,9 @@ def pytest_report_header(config: Any) -> str:
     )
 
 
-# The modules that take longest (by --durations of full runs), slowest first, started first so
-# that with -n 2 the other lane fills the time with the many short ones instead of one of them
-# ending the run alone (``--no-loadscope-reorder`` in pyproject.toml keeps this order). A module
-# missing here runs in its usual (file) place: after these, e2e, then integration, then unit.
+# The end-to-end modules that take longest (by --durations of full runs), slowest first, started
+# first so that no long one ends the run alone (``--no-loadscope-reorder`` in pyproject.toml
+# keeps the order made here). An end-to-end module missing here comes after these, in file order.
 SLOWEST_FIRST = (
     "tests/e2e/test_redis_cluster.py",
     "tests/e2e/test_hostile_entries.py",
@@ -229,6 +228,7 @@ SLOWEST_FIRST = (
     "tests/e2e/test_dead_letters.py",
     "tests/e2e/test_triggerer_isolation.py",
     "tests/e2e/test_core_faults.py",
+    "tests/e2e/test_webui_browser.py",
     "tests/e2e/test_triggerer_leases.py",
     "tests/e2e/test_secrets_masked.py",
     "tests/e2e/test_user_actions.py",
@@ -244,10 +244,27 @@ SLOWEST_FIRST = (
 )
 
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Run the slowest modules first, each module's tests still together and in file order."""
+def module_order(modules: list[str]) -> list[str]:
+    """The order in which the lanes take ``modules``: end-to-end modules (mostly waiting on
+    services: about 0.65 of a core each) interleaved with the integration and unit ones (a core
+    each), each kind spread evenly over the run, so that a lane's wait is another lane's CPU
+    time instead of both lanes waiting at the start and both computing at the end."""
     rank = {path: i for i, path in enumerate(SLOWEST_FIRST)}
-    items.sort(key=lambda item: rank.get(item.nodeid.split("::", 1)[0], len(rank)))
+    e2e = sorted(
+        (m for m in modules if m.startswith("tests/e2e/")), key=lambda m: rank.get(m, len(rank))
+    )
+    rest = [m for m in modules if not m.startswith("tests/e2e/")]
+    place = {m: i / max(len(e2e), 1) for i, m in enumerate(e2e)}
+    place.update({m: (i + 0.5) / max(len(rest), 1) for i, m in enumerate(rest)})
+    return sorted(modules, key=lambda m: place[m])
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Order the modules (``module_order``), each module's tests still together and in file
+    order."""
+    modules = list(dict.fromkeys(item.nodeid.split("::", 1)[0] for item in items))
+    index = {m: i for i, m in enumerate(module_order(modules))}
+    items.sort(key=lambda item: index[item.nodeid.split("::", 1)[0]])
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
