@@ -94,11 +94,13 @@ def fresh_database(prefix: str) -> Iterator[str]:
     with admin.connect() as conn:
         conn.execute(text(f'CREATE DATABASE "{name}"'))
     url = make_url(ADMIN_URL).set(database=name).render_as_string(hide_password=False)
-    migrate.upgrade(url)
-    yield url
-    with admin.connect() as conn:
-        conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-    admin.dispose()
+    try:
+        migrate.upgrade(url)
+        yield url
+    finally:  # closing the generator at its yield must drop the database too
+        with admin.connect() as conn:
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
 
 
 # Of TABLES, those holding a row or whose id sequence has been used (a rolled-back insert
