@@ -111,24 +111,23 @@ def _answers(port: int) -> bool:
         client.close()
 
 
-def _role(port: int) -> str:
+def _replication(port: int) -> dict[str, object]:
+    """``INFO replication`` of the server on ``port``; empty when it does not answer."""
     client = redis.Redis(port=port, socket_timeout=2)
     try:
-        return str(client.info("replication").get("role"))
+        return dict(client.info("replication"))
     except redis.RedisError:
-        return "down"
+        return {}
     finally:
         client.close()
+
+
+def _role(port: int) -> str:
+    return str(_replication(port).get("role", "down"))
 
 
 def _link_up(port: int) -> bool:
-    client = redis.Redis(port=port, socket_timeout=2)
-    try:
-        return str(client.info("replication").get("master_link_status")) == "up"
-    except redis.RedisError:
-        return False
-    finally:
-        client.close()
+    return _replication(port).get("master_link_status") == "up"
 
 
 class LocalCluster:
@@ -173,8 +172,8 @@ class LocalCluster:
 
     def _replicas_synced(self) -> bool:
         """Each replica has its primary's data (only a synced replica can be promoted)."""
-        replicas = [p for p in self.ports if _role(p) == "slave"]
-        return len(replicas) == 3 and all(_link_up(p) for p in replicas)
+        replicas = [info for info in map(_replication, self.ports) if info.get("role") == "slave"]
+        return len(replicas) == 3 and all(i.get("master_link_status") == "up" for i in replicas)
 
     def _ok(self) -> bool:
         """The cluster says ok to a node still running, and three primaries run."""
