@@ -8,6 +8,8 @@ from typing import Any
 
 import redis
 from redis.cluster import ClusterNode, RedisCluster
+from redis.crc import key_slot
+from redis.exceptions import RedisClusterException
 from redis.sentinel import Sentinel
 
 from deferral.redis_urls import parse
@@ -35,12 +37,32 @@ def raw_replies(client: Any, commands: Iterable[str]) -> None:
     nodes.create_redis_node = create_raw  # type: ignore[method-assign]
 
 
+class _Cluster(RedisCluster):
+    """A cluster client that finds XREADGROUP's slot in the command itself.
+
+    redis-py asks its default node (``COMMAND GETKEYS``) where the keys of a command with
+    movable keys are, and does so before its retry loop: once that node is gone (a killed
+    primary), every read fails until the process restarts, while other commands recover. Read
+    from the arguments, the slot costs no round trip and no node."""
+
+    def determine_slot(self, *args: Any) -> int | None:
+        if str(args[0]).upper() != "XREADGROUP":
+            return super().determine_slot(*args)
+        # XREADGROUP GROUP <group> <consumer> [COUNT n] [BLOCK ms] [NOACK] STREAMS <keys> <ids>
+        start = next(i for i in range(4, len(args)) if str(args[i]).upper() == "STREAMS") + 1
+        streams = args[start:]
+        slots = {key_slot(self.encoder.encode(key)) for key in streams[: len(streams) // 2]}
+        if len(slots) != 1:
+            raise RedisClusterException(f"XREADGROUP over streams in {len(slots)} slots")
+        return slots.pop()
+
+
 def client(url: str, options: dict[str, Any], *, max_connections: int) -> Any:
     """The redis-py client for ``url`` (a ``redis.Redis`` or a ``RedisCluster``)."""
     where = parse(url)
     auth: dict[str, Any] = {"username": where.username, "password": where.password}
     if where.kind == "cluster":
-        return RedisCluster(
+        return _Cluster(
             startup_nodes=[ClusterNode(h, p) for h, p in where.hosts],
             max_connections=max_connections,
             ssl=where.tls,

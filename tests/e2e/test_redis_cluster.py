@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from redis.exceptions import RedisError
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -94,9 +95,28 @@ def test_a_primary_killed_mid_run_loses_no_task_and_runs_none_twice(
 
     # The primary of the triggers and events streams dies mid-run (replication is
     # asynchronous: its last writes may be lost with it); its replica takes over.
-    victim = int(broker.redis.get_node_from_key(broker.keys.triggers).port)  # type: ignore[attr-defined]
+    cluster: Any = broker.redis
+    victim_node = cluster.get_node_from_key(broker.keys.triggers)
+    victim = int(victim_node.port)
+    # This client's default node (the one redis-py asks about commands) is the victim.
+    assert cluster.set_default_node(victim_node)
     redis_cluster.kill_primary(victim)
     gate.write_text("open")
+
+    # A read of a stream on a live primary works again once the cluster has settled, although
+    # the client's default node died (redis-py asked that node for XREADGROUP's keys, outside its
+    # retry, so the worker's reads failed until it was restarted).
+    queue = broker.keys.queue("default")
+    assert int(cluster.get_node_from_key(queue).port) != victim
+
+    def reads() -> bool:
+        try:
+            broker.read(GROUP_WORKERS, "default-node-probe", {queue: "0"}, count=1)
+        except RedisError:
+            return False
+        return True
+
+    wait_for(reads, timeout=60, what="a read after the default node died")
 
     wait_for(lambda: _counts(sessions) == {"success": N}, timeout=600, what=f"all {N} to succeed")
     with sessions() as session:
