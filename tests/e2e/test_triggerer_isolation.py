@@ -141,9 +141,9 @@ class Defers(BaseOperator):
         if self.kind == "sleeper":
             trigger = Sleeper(gate={gate!r}, seconds={seconds})
         elif self.kind == "ticker":
-            trigger = Ticker(until=time.time() + 45)
+            trigger = Ticker(until=time.time() + {due})
         else:
-            trigger = TimeDeltaTrigger(dt.timedelta(seconds=45))
+            trigger = TimeDeltaTrigger(dt.timedelta(seconds={due}))
         self.defer(trigger=trigger, method_name="resume")
 
     def resume(self, context, event):
@@ -159,6 +159,10 @@ with DAG("e2e_stall") as dag:
 """
 
 STALL_TASKS = 6
+# When the tickers and waits are due, after their deferral: after the block has begun (the test
+# checks that each fired after it), and before it ends, so that the block alone sets how long the
+# test takes; they fire as soon as it ends.
+DUE_SEC = 25
 
 
 def _pending(broker: Broker) -> dict[str, tuple[str, int]]:
@@ -213,7 +217,7 @@ def test_a_trigger_blocking_the_loop_for_many_heartbeats_costs_no_lease_and_runs
 ) -> None:
     gate = tmp_path / "gate"
     write_dag("e2e_isolation_triggers", TRIGGERS)
-    write_dag("e2e_stall_dag", STALL_DAG.format(gate=str(gate), seconds=BLOCK_SEC))
+    write_dag("e2e_stall_dag", STALL_DAG.format(gate=str(gate), seconds=BLOCK_SEC, due=DUE_SEC))
     services.env["DEFERRAL_TRIGGER_MODULES"] = "deferral.triggers,e2e_isolation_triggers"
     services.start("scheduler")
     services.start("worker", "--concurrency", "4")
@@ -272,10 +276,12 @@ def test_a_trigger_blocking_the_loop_for_many_heartbeats_costs_no_lease_and_runs
     assert len(started) == len(fired) == STALL_TASKS
     assert set(started.values()) == set(fired.values()) == {1}, (started, fired)
     assert set(_resumes_per_task(sessions).values()) == {1}
+    # Every other trigger was held through the block: each fired after the stall was reported.
+    report = blocked[blocked.index(stalled) :]
+    assert _per_trigger(r"trigger (\d+) for \S+ fired:", report) == fired, blocked[-3000:]
 
     # The stall names the trigger (class, id, task) and the line that blocks.
-    report = blocked[blocked.index(stalled) :]
-    stack = report.split("\n2026-")[0]  # up to the next log line
+    stack = re.split(r"\n\d{4}-\d\d-\d\d", report)[0]  # up to the next log line
     assert f'e2e_isolation_triggers.py", line {SLEEP_LINE}, in run' in stack, stack
     assert "time.sleep(self.seconds)" in stack
     held_for = re.search(
