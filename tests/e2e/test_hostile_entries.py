@@ -17,7 +17,7 @@ from broker.streams import GROUP_SCHEDULERS, GROUP_TRIGGERERS, GROUP_WORKERS
 from deferral.crypto import Cipher
 from deferral.models import TaskInstance, TaskStateChange
 from tests.e2e.conftest import Services, fire_deferred
-from tests.e2e.test_core_faults import KILLER_DAG, KILLER_TRIGGER
+from tests.e2e.test_core_faults import KILLER_DAG, KILLER_TRIGGER, fire_healthy_once_poisoned
 from tests.forks import ForkedProcess
 from tests.helpers import wait_for
 
@@ -70,12 +70,7 @@ def test_a_poison_trigger_among_fifty_on_a_triggerer_restarted_under_its_name(
     cipher: Cipher,
 ) -> None:
     write_dag("e2e_killer_trigger", KILLER_TRIGGER)
-    # The healthy triggers wait an hour: the test fires each one once the poison is dead-lettered
-    # (fire_deferred), so they are held through every death of the triggerer, however slow the
-    # machine, and nobody waits out a guessed time.
-    dag = KILLER_DAG.format(
-        dag_id="e2e_poison_among_fifty", wait_sec=3600, healthy=HEALTHY, width=2
-    )
+    dag = KILLER_DAG.format(dag_id="e2e_poison_among_fifty", healthy=HEALTHY, width=2)
     write_dag("e2e_poison_fifty_dag", dag)
     services.env["DEFERRAL_TRIGGER_MODULES"] = "deferral.triggers,e2e_killer_trigger"
     services.env["DEFERRAL_MAX_DELIVERIES"] = "3"
@@ -97,10 +92,9 @@ def test_a_poison_trigger_among_fifty_on_a_triggerer_restarted_under_its_name(
             restarts += 1
             triggerer = services.start("triggerer", "--name", "only-triggerer")
         states = _states(sessions)
-        if states.get("poisoned") == "failed":
-            for task_id in sorted({t for t, s in states.items() if s == "deferred"} - fired):
-                fire_deferred(sessions, broker, cipher, "e2e_poison_among_fifty", task_id)
-                fired.add(task_id)
+        fire_healthy_once_poisoned(
+            sessions, broker, cipher, "e2e_poison_among_fifty", states, fired
+        )
         return len(states) == HEALTHY + 1 and all(
             s in ("success", "failed") for s in states.values()
         )
