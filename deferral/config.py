@@ -54,6 +54,8 @@ class Settings:
     dead_letter_maxlen: int
     # How long a running run's DAG may fail to import before its unfinished tasks are failed.
     dag_import_grace_sec: float
+    # How often the scheduler reads the DAGs folder again (changed and new files).
+    dag_refresh_sec: float
     # Age after which the scheduler prunes finished history (None: never).
     prune_older_than: dt.timedelta | None
     # Syntax of .deferralignore files: "regexp" or "glob" (Airflow's core.dag_ignore_file_syntax).
@@ -314,6 +316,7 @@ def load_settings(
         max_deliveries=get("MAX_DELIVERIES", _positive_int, default="5"),
         dead_letter_maxlen=get("DEAD_LETTER_MAXLEN", _positive_int, default="100000"),
         dag_import_grace_sec=get("DAG_IMPORT_GRACE_SEC", _non_negative_float, default="300"),
+        dag_refresh_sec=get("DAG_REFRESH_SEC", _positive_float, default="10"),
         prune_older_than=get("PRUNE_OLDER_THAN", _retention, default="7d"),
         dag_ignore_file_syntax=get("DAG_IGNORE_FILE_SYNTAX", _ignore_syntax, default="regexp"),
         max_map_length=get("MAX_MAP_LENGTH", _positive_int, default=str(DEFAULT_MAX_MAP_LENGTH)),
@@ -637,6 +640,13 @@ SETTINGS: tuple[SettingDoc, ...] = (
         "DAG_IMPORT_GRACE_SEC",
         "300",
         "How long a running run's DAG may fail to import before its unfinished tasks fail.",
+        "core",
+    ),
+    SettingDoc(
+        "DAG_REFRESH_SEC",
+        "10",
+        "How often the scheduler reads the DAGs folder again for changed, new and removed"
+        " files (a run of a DAG it has not seen yet makes it look at once).",
         "core",
     ),
     SettingDoc(

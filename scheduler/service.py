@@ -100,8 +100,9 @@ EXPIRE_EVERY_SEC = 1.0
 WAKE_EVERY_SEC = 0.5
 RELAY_EVERY_SEC = 5.0
 RELAY_AFTER = dt.timedelta(seconds=10)
-DAGBAG_REFRESH_SEC = 10.0
 RECONCILE_EVERY_SEC = 2.0
+# Runs of DAGs that stopped loading are looked at this often, or twice per grace period if
+# that is shorter (a run fails within 1.5 x its grace).
 BROKEN_DAGS_EVERY_SEC = 5.0
 PRUNE_EVERY_SEC = 3600.0
 # The history tables' partitions of the next days are made this often (deferral.partitions).
@@ -216,8 +217,9 @@ class SchedulerService:
         self.consumer: ConsumerSet
         self.reconciler: Reconciler
         beat = settings.heartbeat_sec
+        broken_every = min(BROKEN_DAGS_EVERY_SEC, max(settings.dag_import_grace_sec / 2, 0.5))
         self.periodic = [
-            Every(DAGBAG_REFRESH_SEC, self.refresh_dags),
+            Every(settings.dag_refresh_sec, self.refresh_dags),
             Every(beat, self._renew),
             Every(beat, self.heartbeat),
             Every(beat / 4, self._take_over),
@@ -227,7 +229,7 @@ class SchedulerService:
             Every(WAKE_EVERY_SEC, self.wake_due),
             Every(RELAY_EVERY_SEC, self.relay_outbox),
             Every(RECONCILE_EVERY_SEC, self.reconcile),
-            Every(BROKEN_DAGS_EVERY_SEC, self.fail_broken_runs),
+            Every(broken_every, self.fail_broken_runs),
             Every(PRUNE_EVERY_SEC, self.prune),
             Every(PARTITIONS_EVERY_SEC, self.make_partitions),
             Every(SCHEDULE_RUNS_EVERY_SEC, self.schedule_runs),

@@ -407,7 +407,8 @@ def test_a_run_whose_dag_stops_importing_fails_after_the_grace_period(
     services: Services, write_dag: Any, sessions: sessionmaker[Session]
 ) -> None:
     path = write_dag("e2e_breaks_dag", BREAKING_DAG)
-    services.env["DEFERRAL_DAG_IMPORT_GRACE_SEC"] = "5"
+    services.env["DEFERRAL_DAG_IMPORT_GRACE_SEC"] = "3"
+    services.env["DEFERRAL_DAG_REFRESH_SEC"] = "1"
     services.start("scheduler")
     services.start("worker")
     services.start("triggerer")

@@ -89,6 +89,8 @@ def test_missing_toml_file_is_fine(tmp_path: Path) -> None:
         ("DEFERRAL_HEARTBEAT_SEC", "-1", "greater than 0"),
         ("DEFERRAL_HEARTBEAT_SEC", "abc", "malformed"),
         ("DEFERRAL_HEARTBEAT_SEC", "nan", "greater than 0"),
+        ("DEFERRAL_DAG_REFRESH_SEC", "0", "greater than 0"),
+        ("DEFERRAL_DAG_REFRESH_SEC", "soon", "malformed"),
         ("DEFERRAL_TRIGGERER_CAPACITY", "0", "at least 1"),
         ("DEFERRAL_TRIGGERER_CAPACITY", "-5", "at least 1"),
         ("DEFERRAL_TRIGGERER_CAPACITY", "2.5", "malformed"),
@@ -294,6 +296,7 @@ def test_core_at_scale_defaults() -> None:
     settings = load(base_env())
     assert settings.max_deliveries == 5
     assert settings.dag_import_grace_sec == 300.0
+    assert settings.dag_refresh_sec == 10.0
     assert settings.prune_older_than == dt.timedelta(days=7)
     assert settings.default_timezone.key == "UTC"
 
