@@ -1,10 +1,13 @@
-"""A task's end wakes a scheduler (issue 13, task-to-task latency): the worker that records a
-success, failure or skip adds a wake entry to the events stream after its commit, and a
-scheduler that reads one retires it and evaluates the marked runs in the loop that follows,
-instead of after its blocking read for events times out."""
+"""A recorded outcome wakes a scheduler (issue 13, task-to-task latency and throughput): the
+worker that records a success, failure or skip (the run is marked), or a deferral, reschedule or
+wait for input (a pool slot is free), adds a wake entry to the events stream after its commit,
+and a scheduler that reads one retires it, then evaluates the marked runs and queues what the
+free slots allow in the loop that follows, instead of after its blocking read for events times
+out."""
 
 from __future__ import annotations
 
+import datetime as dt
 import time
 
 import pytest
@@ -21,7 +24,7 @@ from deferral.transitions import Attempt
 from scheduler.service import SchedulerService
 from tests.integration.factories import WORKER, running_task
 from tests.servers import REDIS_URL
-from worker.outcomes import Succeeded
+from worker.outcomes import Rescheduled, Succeeded
 from worker.service import Running, WorkerService
 
 
@@ -43,6 +46,16 @@ def test_a_recorded_success_wakes_a_scheduler_and_a_dropped_one_does_not(
     ti_id = running_task(sessions, run_id="r1")
     worker._record([(_running(worker, ti_id, "0-2"), Succeeded(None))])
     (entry,) = worker.broker.xrange(events)
+    assert is_wake(entry.fields)
+
+
+def test_a_recorded_reschedule_frees_a_slot_and_wakes_a_scheduler(
+    worker: WorkerService, sessions: sessionmaker[Session]
+) -> None:
+    ti_id = running_task(sessions, run_id="r2")
+    later = dt.datetime.now(dt.UTC) + dt.timedelta(minutes=1)
+    worker._record([(_running(worker, ti_id, "0-3"), Rescheduled(later))])
+    (entry,) = worker.broker.xrange(worker.keys.events)
     assert is_wake(entry.fields)
 
 
