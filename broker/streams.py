@@ -36,10 +36,10 @@ EVENT_KIND_FAILURE = "failure"
 # A task-end event (end_from_trigger) is an event of its own kind: its task ends in that state.
 EVENT_KINDS = (EVENT_KIND_EVENT, EVENT_KIND_FAILURE, *END_KINDS.values())
 
-# An events entry that only asks a scheduler to look at the runs marked in Postgres now (a
-# worker recorded a task's end, so downstream tasks may be ready), instead of after its blocking
-# read times out. It is not signed and names nothing: what a scheduler then does is read from
-# Postgres, so a forged one costs a scheduler loop and changes no state.
+# An events entry that only asks a scheduler to look at Postgres now (a worker recorded an
+# outcome: a task's end marked its run, and any outcome freed a pool slot), instead of after its
+# blocking read times out. It is not signed and names nothing: what a scheduler then does is read
+# from Postgres, so a forged one costs a scheduler loop and changes no state.
 WAKE_FIELD = "wake"
 WAKE: dict[str, str] = {WAKE_FIELD: "marked runs"}
 

@@ -612,8 +612,9 @@ class SchedulerService:
         # would otherwise stay held and renewed here, never applied.
         self.unapplied = list(deliveries)
         if wakes:
-            # A worker recorded a task's end: the loop that follows evaluates the marked runs
-            # at once (what to do is read from Postgres; the entry carries nothing more).
+            # A worker recorded outcomes: the loop that follows evaluates the marked runs and
+            # queues into the freed slots at once (what to do is read from Postgres; the entry
+            # carries nothing more).
             try:
                 self.consumer.retire(wakes)
             except Exception:
