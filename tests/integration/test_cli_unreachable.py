@@ -98,7 +98,7 @@ def _arguments(path: tuple[str, ...], files: Path) -> list[str]:
 
 
 @pytest.fixture
-def files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+def files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, stream_prefix: str) -> Path:
     """A DAGs folder holding the DAG the arguments name, and a working directory of its own."""
     dags = tmp_path / "dags"
     dags.mkdir()
@@ -108,7 +108,8 @@ def files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
         monkeypatch.delenv(key)
     monkeypatch.setenv("DEFERRAL_DAGS_FOLDER", str(dags))
     monkeypatch.setenv("DEFERRAL_FERNET_KEY", Fernet.generate_key().decode())
-    monkeypatch.setenv("DEFERRAL_STREAM_PREFIX", f"unreachable_{os.getpid()}")
+    # The run's own prefix, whose keys (the shard count a command records) are deleted after.
+    monkeypatch.setenv("DEFERRAL_STREAM_PREFIX", stream_prefix)
     return tmp_path
 
 
