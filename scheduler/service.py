@@ -102,7 +102,7 @@ RELAY_EVERY_SEC = 5.0
 RELAY_AFTER = dt.timedelta(seconds=10)
 RECONCILE_EVERY_SEC = 2.0
 # Runs of DAGs that stopped loading are looked at this often, or twice per grace period if
-# that is shorter (a run fails within 1.5 x its grace).
+# that is shorter (at most every 0.5 s): a run fails at most 5 s, or half its grace, after it.
 BROKEN_DAGS_EVERY_SEC = 5.0
 PRUNE_EVERY_SEC = 3600.0
 # The history tables' partitions of the next days are made this often (deferral.partitions).
