@@ -252,6 +252,11 @@ class Broker:
         """:meth:`publish` for many entries in one round trip."""
         if not items:
             return
+        if len(items) == 1:
+            # A pipeline with a script first asks SCRIPT EXISTS (a round trip more); one call
+            # is EVALSHA alone. One resumed task's entry is on the fire -> SUCCESS path.
+            self.publish(*items[0])
+            return
         self._name_queues([stream for stream, _ in items])
         with self.redis.pipeline(transaction=False) as pipe:
             for stream, fields in items:
@@ -349,6 +354,10 @@ class Broker:
     ) -> None:
         """:meth:`hand_on` for many entries in one round trip (each still atomic on its own)."""
         if not items:
+            return
+        if len(items) == 1:  # EVALSHA alone, without the pipeline's SCRIPT EXISTS
+            entry, to_stream, fields = items[0]
+            self.hand_on(entry, group, to_stream, fields, maxlen=maxlen)
             return
         with self.redis.pipeline(transaction=False) as pipe:
             for entry, to_stream, fields in items:

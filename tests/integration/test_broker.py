@@ -167,6 +167,22 @@ def test_publish_many_several_streams(broker: Broker) -> None:
     broker.publish_many([])  # nothing, no error
 
 
+def _no_pipeline(*args: object, **kwargs: object) -> None:
+    raise AssertionError("a pipeline asks SCRIPT EXISTS first: a round trip more")
+
+
+def test_one_entry_is_published_and_handed_on_without_a_pipeline(
+    broker: Broker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    keys = broker.keys
+    monkeypatch.setattr(broker.redis, "pipeline", _no_pipeline)
+    broker.publish_many([(keys.triggers, {"trigger_id": "7", "token": "t"})])
+    (entry,) = _read_all(broker, keys.triggers)
+    broker.hand_on_many(GROUP, [(entry, keys.events, {"trigger_id": "7"})])
+    assert broker.present(keys.triggers, ["7"]) == {"7": False}
+    assert broker.present(keys.events, ["7"]) == {"7": True}
+
+
 def test_present_needs_the_entry_itself(broker: Broker) -> None:
     stream = broker.keys.triggers
     entry_id = broker.publish(stream, {"trigger_id": "5"})
