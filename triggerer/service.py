@@ -518,7 +518,9 @@ class TriggererService:
             rejected.append(Rejected(delivery, reason, trigger_id))
             return None
         running = self.held.get(trigger_id)
-        if running is not None:
+        # A cancelled trigger still unwinding is not running: swapped in there, the newer entry
+        # would stay held and renewed here once it ends, and never run (seen after a key wipe).
+        if running is not None and not running.cancelled:
             if running.entry.id != entry.id:
                 # A newer entry for a trigger running here (a republish): hold the newer one,
                 # whose lease the peers see, and retire the older -- by the publisher, which

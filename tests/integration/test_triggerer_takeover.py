@@ -14,7 +14,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from broker.client import Broker, LeaseStatus
 from broker.consumer import Lost
 from broker.replies import Entry
-from broker.streams import GROUP_TRIGGERERS, to_fields, trigger_message
+from broker.streams import GROUP_TRIGGERERS, TriggerMessage, to_fields, trigger_message
 from deferral.config import Settings
 from deferral.crypto import Cipher
 from deferral.models import Triggerer
@@ -26,35 +26,39 @@ from triggerer.service import READ_BATCH, Held, TriggererService
 DEAD_HELD = 2 * READ_BATCH + 50
 
 
+def _timer_message(cipher: Cipher, trigger_id: int) -> TriggerMessage:
+    """The entry of a trigger that fires in a day, for task instance ``trigger_id``."""
+    return trigger_message(
+        cipher,
+        trigger_id=trigger_id,
+        classpath=classpath_of(DateTimeTrigger),
+        kwargs=check_kwargs({"moment": dt.datetime.now(dt.UTC) + dt.timedelta(days=1)}),
+        task_instance_id=trigger_id,
+        try_number=1,
+        task=f"d.r.t{trigger_id}",
+    )
+
+
 def _dead_peer_held(broker: Broker, cipher: Cipher, count: int) -> None:
     """``count`` trigger entries read by a consumer that then died (long idle)."""
     stream = broker.keys.triggers
     broker.ensure_group(stream, GROUP_TRIGGERERS)
-    moment = dt.datetime.now(dt.UTC) + dt.timedelta(days=1)
     broker.publish_many(
-        [
-            (
-                stream,
-                to_fields(
-                    trigger_message(
-                        cipher,
-                        trigger_id=i,
-                        classpath=classpath_of(DateTimeTrigger),
-                        kwargs=check_kwargs({"moment": moment}),
-                        task_instance_id=i,
-                        try_number=1,
-                        task=f"d.r.t{i}",
-                    )
-                ),
-            )
-            for i in range(1, count + 1)
-        ]
+        [(stream, to_fields(_timer_message(cipher, i))) for i in range(1, count + 1)]
     )
     entries = broker.read(GROUP_TRIGGERERS, "dead", {stream: ">"}, count=count)
     ids = [e.id for e in entries]
     # Held a while (renewed as survivors: none of them killed it), then it died.
     broker.renew(stream, GROUP_TRIGGERERS, "dead", ids, survivors=ids)
     broker.hand_off(stream, GROUP_TRIGGERERS, "dead", ids, idle_ms=600_000)
+
+
+def _reading_service(settings: Settings, broker: Broker) -> TriggererService:
+    broker.ensure_group(broker.keys.triggers, GROUP_TRIGGERERS)
+    service = TriggererService(settings, capacity=10, name="t1")
+    service.attach(broker)
+    service.consumer.start()
+    return service
 
 
 def _register_dead_peer(sessions: sessionmaker[Session]) -> None:
@@ -149,20 +153,8 @@ def test_a_republished_entry_stays_held_when_retiring_the_older_one_fails(
     would take it over and run the trigger too), and the older entry is retired once Redis
     answers again."""
     stream = broker.keys.triggers
-    broker.ensure_group(stream, GROUP_TRIGGERERS)
-    moment = dt.datetime.now(dt.UTC) + dt.timedelta(days=1)
-    message = trigger_message(
-        cipher,
-        trigger_id=1,
-        classpath=classpath_of(DateTimeTrigger),
-        kwargs=check_kwargs({"moment": moment}),
-        task_instance_id=1,
-        try_number=1,
-        task="d.r.t1",
-    )
-    service = TriggererService(settings, capacity=10, name="t1")
-    service.attach(broker)
-    service.consumer.start()
+    service = _reading_service(settings, broker)
+    message = _timer_message(cipher, 1)
     older = broker.publish(stream, message)
     newer = broker.publish(stream, message)  # the reconciler's republish
     retire = service.consumer.retire
@@ -184,3 +176,31 @@ def test_a_republished_entry_stays_held_when_retiring_the_older_one_fails(
     anyio.run(service._flush_outgoing)
     assert not service.consumer.holds(older)
     assert [e.id for e in broker.xrange(stream)] == [newer]
+
+
+def test_a_republished_entry_read_while_its_cancelled_trigger_unwinds_is_run(
+    settings: Settings, broker: Broker, cipher: Cipher
+) -> None:
+    """The trigger was cancelled (reassigned: its old entry vanished and a newer one exists) but
+    its task has not ended yet when this triggerer reads the newer entry. The newer entry starts
+    the trigger anew: swapped into the ending one, it would stay held and renewed here, and
+    never run."""
+    stream = broker.keys.triggers
+    service = _reading_service(settings, broker)
+    newer = broker.publish(stream, _timer_message(cipher, 7))
+    ending: list[Held] = []
+
+    async def read() -> None:
+        held = Held(7, Entry(stream, "1-1", {}), anyio.CancelScope(), "d.r.t7", 7, 1)
+        held.cancelled, held.cancel_reason = True, "reassigned"
+        service.held[7] = held
+        ending.append(held)
+        async with anyio.create_task_group() as tasks:
+            await service._start_all(tasks, service.consumer.poll(1))
+            tasks.cancel_scope.cancel()
+
+    anyio.run(read)
+    started = service.held[7]
+    assert started is not ending[0] and started.entry.id == newer and not started.cancelled
+    service._release(7, ending[0])  # the ending task's last step leaves the new one alone
+    assert service.held[7] is started
