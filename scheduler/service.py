@@ -292,8 +292,10 @@ class SchedulerService:
             self.evaluate_marked_runs()
         busy = work.queued_runs or work.marked_runs or work.scheduled_tasks
         queued = self.dispatch_scheduled() if busy else 0
-        # Wait for events only when this loop queued nothing: else slots may be freeing up.
-        self.apply_events(block_ms=None if queued else EVENT_BLOCK_MS)
+        # Wait for events only when this loop queued nothing: else slots may be freeing up. The
+        # wait ends when housekeeping is due, not on a grid set by the last wake-up.
+        due_ms = min(periodic.due_in() for periodic in self.periodic) * 1000
+        self.apply_events(block_ms=None if queued else max(1, min(EVENT_BLOCK_MS, round(due_ms))))
         # Stamped once a step reached PostgreSQL and Redis: the containers' healthcheck.
         metrics.LOOP_ITERATION.set_to_current_time()
 
