@@ -641,6 +641,9 @@ class SchedulerService:
             applied, poisoned, staged = self._apply(parsed, one_by_one=True)
         self.unapplied = []
         committed = time.time()
+        # Published before anything else: the queued tasks' workers wait for these entries.
+        metrics.DISPATCHES.inc(len(staged))
+        outbox.flush(self.sessions, self.broker, staged)
         outcomes: Counter[str] = Counter()
         for delivery, event, result in applied:
             # Every resume is in task_state_change; a line each only for what did not resume.
@@ -659,8 +662,6 @@ class SchedulerService:
         if applied:
             said = ", ".join(f"{count} {outcome}" for outcome, count in sorted(outcomes.items()))
             log.info("%d event(s): %s; %d task(s) queued", len(applied), said, len(staged))
-        metrics.DISPATCHES.inc(len(staged))
-        outbox.flush(self.sessions, self.broker, staged)
         ended = [ti for _, _, r in applied if r.outcome == "ended" for ti in r.ids()]
         end_callbacks.call_back_ended(self.sessions, self.callbacks, self._dag, ended)
         self.consumer.retire([d.entry for d, _, _ in applied])
