@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 from sqlalchemy import text
-from sqlalchemy.exc import ProgrammingError
+from sqlalchemy.exc import OperationalError, ProgrammingError
 
 from deferral.db import make_engine, make_sessionmaker
 
@@ -33,3 +33,18 @@ def test_a_failed_transaction_still_rolls_back(database_url: str) -> None:
             session.execute(text("SELECT * FROM no_such_table"))
         session.rollback()
         assert session.scalar(text("SELECT 41 + 1")) == 42
+
+
+def test_a_rollback_on_a_lost_connection_raises_and_the_pool_replaces_it(database_url: str) -> None:
+    # ROLLBACK through libpq fails on a dead connection: psycopg's own rollback must then raise,
+    # so that SQLAlchemy drops the connection instead of handing it out again.
+    engine = make_engine(database_url, pool_size=1)
+    sessions = make_sessionmaker(engine)
+    admin = make_engine(database_url, pool_size=1)
+    with pytest.raises(OperationalError) as raised, sessions() as session:
+        lost = session.scalar(text("SELECT pg_backend_pid()"))
+        with admin.begin() as conn:
+            conn.execute(text("SELECT pg_terminate_backend(:pid)"), {"pid": lost})
+    assert raised.value.connection_invalidated
+    with sessions() as session:
+        assert session.scalar(text("SELECT pg_backend_pid()")) != lost
