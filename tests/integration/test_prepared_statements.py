@@ -1,5 +1,6 @@
-"""A service's hot statements stay prepared across the read-only sessions between them: psycopg
-forgets its prepared statements on every rollback, and a session that only reads ends in one."""
+"""A service's hot statements stay prepared across the read-only sessions between them (psycopg
+forgets its prepared statements on every rollback, and a session that only reads ends in one),
+are prepared from their second run, and stay on the connection a loop keeps taking."""
 
 from __future__ import annotations
 
@@ -22,6 +23,25 @@ def test_a_statement_run_between_rolled_back_sessions_is_prepared(database_url: 
             session.execute(HOT, {"n": n})
         with sessions() as session:  # reads only, then rolls back on close
             session.execute(text("SELECT 1"))
+    with sessions() as session:
+        assert session.scalar(PREPARED) == 1
+
+
+def test_a_statement_is_prepared_at_its_second_run_on_the_connection_just_returned(
+    database_url: str,
+) -> None:
+    sessions = make_sessionmaker(make_engine(database_url, pool_size=3))
+    # Three connections open at once, then one session after another: each takes the
+    # connection returned last (first in, first out spread them over all three).
+    with sessions() as a, sessions() as b, sessions() as c:
+        for session in (a, b, c):
+            session.execute(text("SELECT 1"))
+    pids = set()
+    for n in range(2):
+        with sessions.begin() as session:
+            pids.add(session.scalar(text("SELECT pg_backend_pid()")))
+            session.execute(HOT, {"n": n})
+    assert len(pids) == 1
     with sessions() as session:
         assert session.scalar(PREPARED) == 1
 
