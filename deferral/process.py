@@ -14,7 +14,7 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 import click
@@ -116,6 +116,13 @@ class Every:
     def due_in(self) -> float:
         """Seconds until the step is due (0 if it is)."""
         return max(0.0, self.due - time.monotonic())
+
+
+def wait_ms_until_due(periodic: Sequence[Every], longest_ms: int) -> int:
+    """How long a loop may block for work before its next housekeeping step falls due: at least
+    1 ms (a block of 0 would mean for ever to Redis), at most ``longest_ms``."""
+    due_ms = min((step.due_in() for step in periodic), default=longest_ms / 1000) * 1000
+    return max(1, min(longest_ms, round(due_ms)))
 
 
 def freeze_startup_objects() -> None:

@@ -67,7 +67,7 @@ from deferral.dagbag import DagBag, DagNotFound
 from deferral.db import make_engine, make_sessionmaker, wait_until_up
 from deferral.faults import is_transient
 from deferral.models import DagRun, Scheduler, TaskInstance
-from deferral.process import Every, freeze_startup_objects, log_ids
+from deferral.process import Every, freeze_startup_objects, log_ids, wait_ms_until_due
 from deferral.serialization import SerializationError
 from deferral.states import DagRunState
 from deferral.tasklogs import SOURCE_TRIGGERER, NewLine
@@ -294,8 +294,9 @@ class SchedulerService:
         queued = self.dispatch_scheduled() if busy else 0
         # Wait for events only when this loop queued nothing: else slots may be freeing up. The
         # wait ends when housekeeping is due, not on a grid set by the last wake-up.
-        due_ms = min(periodic.due_in() for periodic in self.periodic) * 1000
-        self.apply_events(block_ms=None if queued else max(1, min(EVENT_BLOCK_MS, round(due_ms))))
+        self.apply_events(
+            block_ms=None if queued else wait_ms_until_due(self.periodic, EVENT_BLOCK_MS)
+        )
         # Stamped once a step reached PostgreSQL and Redis: the containers' healthcheck.
         metrics.LOOP_ITERATION.set_to_current_time()
 

@@ -46,3 +46,18 @@ def test_due_in_counts_down_to_zero(monkeypatch: pytest.MonkeyPatch) -> None:
     assert 0.8 <= every.due_in() <= 1.0
     clock.now += 5
     assert every.due_in() == 0.0
+
+
+def test_a_loop_blocks_for_work_until_its_next_step_falls_due(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    clock = Clock()
+    monkeypatch.setattr(process.time, "monotonic", clock)
+    heartbeat, takeover = Every(5.0, lambda: None), Every(1.25, lambda: None)
+    heartbeat.due, takeover.due = clock.now + 4.0, clock.now + 0.3004
+    assert process.wait_ms_until_due([heartbeat, takeover], 1000) == 300
+    takeover.due = clock.now + 2.0
+    assert process.wait_ms_until_due([heartbeat, takeover], 1000) == 1000  # at most the longest
+    takeover.due = clock.now - 1.0  # overdue: the shortest block Redis takes, not 0 (for ever)
+    assert process.wait_ms_until_due([heartbeat, takeover], 1000) == 1
+    assert process.wait_ms_until_due([], 100) == 100
