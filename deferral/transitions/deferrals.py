@@ -204,22 +204,21 @@ def resume_point(
     return next_method, {**next_kwargs, "event": event.payload}
 
 
-def _resumed_at(
-    event: FiredEvent, next_method: str | None, next_kwargs: str | None, cipher: Cipher
-) -> tuple[str | None, str | None, str | None, str]:
-    """(next_method, sealed next_kwargs, sealed next_event, reason) of a task resumed by
-    ``event``, given what it deferred with. The kwargs it deferred with are kept as they were
-    sealed and the event goes beside them, so nothing is opened and sealed again here."""
-    if event.failed:
-        kwargs = {"error": "trigger_failure", **event.payload}
-        return (
-            FAIL_METHOD,
-            cipher.seal(kwargs, "next_kwargs"),
-            None,
-            f"{RESUMED_BY_TRIGGER}{event.trigger_id} failed",
-        )
-    sealed_event = event.sealed_payload or cipher.seal(event.payload, "event")
-    return (next_method, next_kwargs, sealed_event, f"{RESUMED_BY_TRIGGER}{event.trigger_id} fired")
+def _sealed_event(event: FiredEvent, cipher: Cipher) -> str | None:
+    """The sealed payload a task resumed by ``event`` finds beside the kwargs it deferred with,
+    which stay as they were sealed (nothing is opened and sealed again here); None for an event
+    that does not resume at the deferral's method (a failure, a task end)."""
+    if event.failed or event.ends is not None:
+        return None
+    return event.sealed_payload or cipher.seal(event.payload, "event")
+
+
+def _resumed_by_failure(event: FiredEvent, cipher: Cipher) -> tuple[str, str, None, str]:
+    """(next_method, sealed next_kwargs, next_event, reason) of a task whose trigger failed:
+    ``__fail__`` with the failure."""
+    kwargs = {"error": "trigger_failure", **event.payload}
+    reason = f"{RESUMED_BY_TRIGGER}{event.trigger_id} failed"
+    return FAIL_METHOD, cipher.seal(kwargs, "next_kwargs"), None, reason
 
 
 # The kwargs a task whose deferral timed out resumes at ``__fail__`` with.
@@ -235,14 +234,19 @@ DEDUP_WINDOW = dt.timedelta(days=1)
 # Lock the tasks deferred on the events' triggers, then claim each event's dedup key (a key seen
 # before claims nothing: a duplicate) with its outcome already decided: applied by the first
 # event of a trigger whose task waits, stale for the others. The key is claimed before the task
-# is touched (by _RESUME_SQL, only for the keys claimed as applied), and written once: no second
-# write to say it applied. Plain SQL, as for every statement on the resume path: it runs once
-# per batch of events, and building it with the ORM cost more than executing it.
+# is touched, and written once: no second write to say it applied. An applied event that
+# resumes its tasks at their method (``event`` given: its sealed payload) resumes them here,
+# their change recorded and their trigger dropped; a failure or a task end is left to the
+# statements after (the rows say who waits). One statement on every resume's path (a second
+# one cost a round trip and a plan, ~0.4 ms of idle_runs' fire -> SCHEDULED). Plain SQL, as for
+# every statement on the resume path: it runs once per batch of events, and building it with
+# the ORM cost more than executing it.
 _CLAIM_EVENTS_SQL = text(
     """
     WITH fired AS (
-        SELECT * FROM unnest(CAST(:dedup_keys AS text[]), CAST(:trigger_ids AS bigint[]))
-            WITH ORDINALITY AS f (dedup_key, trigger_id, n)
+        SELECT * FROM unnest(CAST(:dedup_keys AS text[]), CAST(:trigger_ids AS bigint[]),
+                             CAST(:events AS text[]), CAST(:reasons AS text[]))
+            WITH ORDINALITY AS f (dedup_key, trigger_id, event, reason, n)
     ), waiting AS (
         SELECT id, trigger_id, next_method, next_kwargs FROM task_instance
         WHERE state = 'deferred' AND trigger_id IN (SELECT trigger_id FROM fired)
@@ -264,6 +268,19 @@ _CLAIM_EVENTS_SQL = text(
         ORDER BY fired.n
         ON CONFLICT DO NOTHING
         RETURNING dedup_key, task_instance_id, trigger_id
+    ), resumed AS (
+        UPDATE task_instance AS ti
+        SET state = 'scheduled', trigger_id = NULL, trigger_timeout = NULL,
+            next_event = fired.event, updated_at = now()
+        FROM claimed JOIN fired ON fired.dedup_key = claimed.dedup_key
+        WHERE claimed.task_instance_id IS NOT NULL AND fired.event IS NOT NULL
+            AND ti.trigger_id = claimed.trigger_id AND ti.id IN (SELECT id FROM waiting)
+        RETURNING ti.id, fired.reason, claimed.trigger_id
+    ), recorded AS (
+        INSERT INTO task_state_change (task_instance_id, from_state, to_state, reason)
+        SELECT id, 'deferred', 'scheduled', reason FROM resumed ORDER BY id
+    ), dropped AS (
+        DELETE FROM trigger WHERE id IN (SELECT trigger_id FROM resumed)
     )
     SELECT claimed.dedup_key, waiting.id, waiting.next_method, waiting.next_kwargs
     FROM claimed LEFT JOIN waiting
@@ -272,8 +289,8 @@ _CLAIM_EVENTS_SQL = text(
 )
 
 
-# deferred -> scheduled for the locked tasks, their change recorded, their triggers dropped:
-# one statement.
+# deferred -> scheduled at ``__fail__`` for the locked tasks of failed triggers, their change
+# recorded, their triggers dropped: one statement.
 _RESUME_SQL = text(
     """
     WITH resumed AS (
@@ -298,7 +315,9 @@ _RESUME_SQL = text(
 
 def resume_many(session: Session, events: Sequence[FiredEvent], cipher: Cipher) -> list[Resumed]:
     """deferred -> scheduled for the tasks waiting on the events' triggers, at most once per
-    dedup key, in two statements whatever the batch size. Returns what each event did:
+    dedup key, in one statement whatever the batch size once the shared triggers are locked
+    (the tasks of failed triggers take a second, and each task end its own). Returns what
+    each event did:
     applied, duplicate (key seen before) or stale (its task was cleared, timed out, or resumed
     by an earlier event)."""
     if not events:
@@ -309,13 +328,18 @@ def resume_many(session: Session, events: Sequence[FiredEvent], cipher: Cipher) 
         first.setdefault(event.dedup_key, index)
     keys = list(first)
     trigger_ids = [events[first[k]].trigger_id for k in keys]
+    sealed = [_sealed_event(events[first[k]], cipher) for k in keys]
     shared.lock_shared(session, trigger_ids)
     # Every task waiting on an applied event's trigger (several for a shared one), by key.
     claimed: dict[str, list[Any]] = {}
-    for row in session.execute(
-        _CLAIM_EVENTS_SQL,
-        {"dedup_keys": keys, "trigger_ids": trigger_ids, "dedup_window": DEDUP_WINDOW},
-    ):
+    params = {
+        "dedup_keys": keys,
+        "trigger_ids": trigger_ids,
+        "events": sealed,
+        "reasons": [f"{RESUMED_BY_TRIGGER}{trigger_id} fired" for trigger_id in trigger_ids],
+        "dedup_window": DEDUP_WINDOW,
+    }
+    for row in session.execute(_CLAIM_EVENTS_SQL, params):
         claimed.setdefault(row.dedup_key, []).append(row)
     moves: dict[str, list[Any]] = {
         name: []
@@ -327,18 +351,17 @@ def resume_many(session: Session, events: Sequence[FiredEvent], cipher: Cipher) 
             outcomes[first[key]] = Resumed("stale")
             continue
         event = events[first[key]]
+        ids = sorted(row.id for row in rows)
         if event.ends is not None:  # the tasks end here, no worker resumes them
-            ids = sorted(row.id for row in rows)
             xcoms = event.payload["xcoms"]
             from_trigger.end_from_trigger(session, ids, event.trigger_id, event.ends, xcoms)
             outcomes[first[key]] = Resumed("ended", ids[0], tuple(ids[1:]))
             continue
-        for row in rows:
-            resumed_at = _resumed_at(event, row.next_method, row.next_kwargs, cipher)
-            values = (row.id, *resumed_at, event.trigger_id)
-            for name, value in zip(moves, values, strict=True):
-                moves[name].append(value)
-        ids = sorted(row.id for row in rows)
+        if event.failed:
+            for row in rows:
+                values = (row.id, *_resumed_by_failure(event, cipher), event.trigger_id)
+                for name, value in zip(moves, values, strict=True):
+                    moves[name].append(value)
         outcomes[first[key]] = Resumed("applied", ids[0], tuple(ids[1:]))
     if moves["ids"]:
         session.execute(_RESUME_SQL, moves)

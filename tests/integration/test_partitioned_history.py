@@ -153,7 +153,13 @@ def test_prune_drops_old_days_whole_and_keeps_what_unfinished_runs_need(
         plan = "\n".join(
             session.scalars(
                 text(f"EXPLAIN (ANALYZE, COSTS OFF) {deferrals._CLAIM_EVENTS_SQL.text}"),
-                {"dedup_keys": ["k"], "trigger_ids": [1], "dedup_window": deferrals.DEDUP_WINDOW},
+                {
+                    "dedup_keys": ["k"],
+                    "trigger_ids": [1],
+                    "events": [None],
+                    "reasons": [None],
+                    "dedup_window": deferrals.DEDUP_WINDOW,
+                },
             )
         )
         session.rollback()

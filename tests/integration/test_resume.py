@@ -206,14 +206,14 @@ def test_a_batch_applies_together_and_a_poisoned_row_goes_alone_to_the_dead_lett
 ) -> None:
     good = [deferred_task(sessions, cipher, task_id=f"g{i}", run_id=f"r{i}") for i in range(5)]
     bad_ti, bad_trigger = deferred_task(sessions, cipher, task_id="bad", run_id="rbad")
-    resumed_at = deferrals._resumed_at
+    sealed_event = deferrals._sealed_event
 
     def poisoned(event: transitions.FiredEvent, *args: Any) -> Any:
         if event.trigger_id == bad_trigger:  # a row whose data cannot be applied
             raise ValueError(f"row of trigger {bad_trigger} cannot be applied")
-        return resumed_at(event, *args)
+        return sealed_event(event, *args)
 
-    monkeypatch.setattr(deferrals, "_resumed_at", poisoned)
+    monkeypatch.setattr(deferrals, "_sealed_event", poisoned)
     service = _scheduler(settings, broker)
     for _, trigger_id in good[:3]:
         broker.publish(broker.keys.events, event_message(cipher, trigger_id, "ok", "t"))
