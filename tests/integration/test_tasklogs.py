@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import threading
 from typing import Any
 
 import psycopg
@@ -15,6 +16,7 @@ from deferral import tasklogs
 from deferral.faults import is_transient
 from deferral.secrets_masker import mask_secret
 from deferral.tasklogs import NewLine
+from tests.helpers import wait_for
 from tests.integration.factories import running_task
 
 NOW = dt.datetime(2024, 5, 1, 12, tzinfo=dt.UTC)
@@ -177,6 +179,92 @@ def test_appending_locks_the_tries_row_but_writes_it_only_when_its_size_changes(
             text("SELECT bytes FROM task_log_try WHERE task_instance_id = :ti"), {"ti": ti_id}
         ).scalar_one()
         assert bytes_used == 4
+
+
+def _count_statements(session: Session) -> list[str]:
+    statements: list[str] = []
+
+    def count(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        statements.append(statement)
+
+    event.listen(session.connection(), "before_cursor_execute", count)
+    return statements
+
+
+def _size(sessions: sessionmaker[Session], ti_id: int) -> tuple[int, bool]:
+    with sessions() as session:
+        row = session.execute(
+            text("SELECT bytes, cut FROM task_log_try WHERE task_instance_id = :ti"), {"ti": ti_id}
+        ).one()
+    return row.bytes, row.cut
+
+
+def test_a_few_lines_of_one_started_try_take_two_statements(
+    sessions: sessionmaker[Session],
+) -> None:
+    ti_id = running_task(sessions)
+    with sessions.begin() as session:  # the worker's start line makes the try's size row
+        tasklogs.append(session, [_line(ti_id, "started", source="worker")], 100)
+    with sessions.begin() as session:
+        statements = _count_statements(session)
+        tasklogs.append(session, [_line(ti_id, "fired", source="triggerer"), _line(ti_id, "")], 100)
+    assert len(statements) == 2
+    assert _size(sessions, ti_id) == (5, False)
+    # The try's first lines (no size row yet) and several tries take the longer way, as do
+    # more lines than one INSERT takes (COPY).
+    many = [_line(ti_id, f"line {i:02d}", try_number=2) for i in range(tasklogs._INSERTED_AT_MOST)]
+    many += [_line(ti_id, "of try 3", try_number=3)]
+    with sessions.begin() as session:
+        tasklogs.append(session, [*many, _line(ti_id, "over the bound", try_number=2)], 7 * 50)
+    with sessions() as session:
+        second = [line.text for line in tasklogs.read_lines(session, ti_id, 2)]
+        third = [line.text for line in tasklogs.read_lines(session, ti_id, 3)]
+    assert second == [f"line {i:02d}" for i in range(50)] + [tasklogs.cut_marker(350)]
+    assert third == ["of try 3"]
+
+
+def test_a_writer_that_waited_for_a_tries_row_sees_the_size_its_holder_committed(
+    sessions: sessionmaker[Session],
+) -> None:
+    ti_id = running_task(sessions)
+    with sessions.begin() as session:
+        tasklogs.append(session, [_line(ti_id, "12345")], max_bytes=10)
+    appended = threading.Event()
+
+    def append_six_bytes() -> None:
+        with sessions.begin() as session:
+            tasklogs.append(session, [_line(ti_id, "678901")], max_bytes=10)
+        appended.set()
+
+    with sessions.begin() as holder:
+        holder.execute(
+            text("SELECT 1 FROM task_log_try WHERE task_instance_id = :ti FOR UPDATE"),
+            {"ti": ti_id},
+        )
+        writer = threading.Thread(target=append_six_bytes)
+        writer.start()
+        wait_for(lambda: _lock_waiters(sessions) == 1, timeout=30, what="the writer to wait")
+        # The holder's own lines: 4 more bytes, committed while the writer waits.
+        tasklogs.append(holder, [_line(ti_id, "abcd")], max_bytes=10)
+    writer.join(timeout=30)
+    assert appended.is_set()
+    with sessions() as session:
+        texts = [line.text for line in tasklogs.read_lines(session, ti_id, 1)]
+    # 5 + 4 bytes committed before it read the size: its 6 would pass 10, so the try is cut.
+    assert texts == ["12345", "abcd", tasklogs.cut_marker(10)]
+    assert _size(sessions, ti_id) == (9, True)
+
+
+def _lock_waiters(sessions: sessionmaker[Session]) -> int:
+    with sessions() as session:
+        return int(
+            session.scalar(
+                text(
+                    "SELECT count(*) FROM pg_stat_activity"
+                    " WHERE datname = current_database() AND wait_event_type = 'Lock'"
+                )
+            )
+        )
 
 
 def test_a_copy_of_lines_that_fails_raises_as_statements_do_and_a_lock_wait_is_transient(
