@@ -122,6 +122,9 @@ class Held:
     # The try that deferred on it (0: unknown, an older entry), whose log the lines go to.
     try_number: int
     moment: dt.datetime | None = None
+    # A timer's event, built as it is held: at its moment it is only logged and published
+    # (sealing and signing it there took ~0.25 ms of moment -> event readable).
+    event: Outcome | None = None
     cancel_reason: str = "shutdown"
     # Cancelled because its task no longer waits on it: retire the entry too.
     retire: bool = False
@@ -541,6 +544,8 @@ class TriggererService:
             spec.try_number,
             moment=moment,
         )
+        if moment is not None:
+            held.event = event_outcome(self.cipher, trigger_id, moment, self.name)
         self.held[trigger_id] = held
         log.info(
             "trigger %d (%s) for %s started on triggerer %s",
@@ -622,7 +627,8 @@ class TriggererService:
         if held.cancelled or self.held.get(trigger_id) is not held:
             return
         assert held.moment is not None
-        self._send(held, event_outcome(self.cipher, trigger_id, held.moment, self.name))
+        event = held.event or event_outcome(self.cipher, trigger_id, held.moment, self.name)
+        self._send(held, event)
 
     def _failure(self, trigger_id: int, what: str, exc: BaseException) -> Outcome:
         return raised_outcome(self.cipher, self.name, trigger_id, what, exc)

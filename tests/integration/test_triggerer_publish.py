@@ -4,6 +4,7 @@ the resumed attempt's."""
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
 
 import anyio
@@ -11,11 +12,13 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from broker.client import Broker
 from broker.streams import GROUP_TRIGGERERS, read_event, trigger_message
-from deferral import tasklogs
+from deferral import serialization, tasklogs
 from deferral.config import Settings
 from deferral.crypto import Cipher
 from deferral.process import log_ids
 from deferral.serialization import check_kwargs
+from deferral.triggers import DateTimeTrigger
+from deferral.triggers.base import classpath_of
 from tests.integration.factories import deferred_task
 from triggerer.events import event_outcome
 from triggerer.service import Held, TriggererService
@@ -66,3 +69,41 @@ def test_a_fired_triggers_lines_travel_with_its_event(
     assert [line.text for line in service.task_log.take()] == [
         "INFO deferral.triggerer: for another try"
     ]
+
+
+def test_a_timers_event_is_built_when_it_is_held_and_published_as_built(
+    settings: Settings, broker: Broker, cipher: Cipher, sessions: sessionmaker[Session]
+) -> None:
+    ti_id, trigger_id = deferred_task(sessions, cipher)
+    stream = broker.keys.triggers
+    broker.ensure_group(stream, GROUP_TRIGGERERS)
+    moment = dt.datetime.now(dt.UTC) + dt.timedelta(days=1)
+    spec = trigger_message(
+        cipher,
+        trigger_id=trigger_id,
+        classpath=classpath_of(DateTimeTrigger),
+        kwargs=check_kwargs({"moment": moment}),
+        task_instance_id=ti_id,
+        try_number=1,
+        task="d.r.t",
+    )
+    broker.publish(stream, spec)
+    service = TriggererService(settings, capacity=10, name="t1")
+    service.attach(broker)
+    service.consumer.start()
+
+    async def hold_then_fire() -> None:
+        async with anyio.create_task_group() as tasks:
+            await service._start_all(tasks, service.consumer.poll(1))
+            tasks.cancel_scope.cancel()
+        held = service.held[trigger_id]
+        assert held.event is not None  # built at hold time, a day before its moment
+        service._timer_fired(held)  # as the timer does at the moment
+        await service._flush_outgoing()
+
+    anyio.run(hold_then_fire)
+    built = event_outcome(cipher, trigger_id, moment, "t1").message
+    [(_, flat)] = broker.redis.xrange(broker.keys.events)
+    event = read_event(cipher, dict(zip(flat[::2], flat[1::2], strict=True)))
+    assert event.dedup_key == built.dedup_key  # the same event as one built at the moment
+    assert serialization.loads(event.payload.encode()) == moment
