@@ -1,4 +1,5 @@
-"""Polling with deadlines: tests wait for a condition, never for a fixed time."""
+"""Polling with deadlines: tests wait for a condition, never for a fixed time (and what they
+poll for)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,9 @@ import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
+
+from sqlalchemy import text
+from sqlalchemy.orm import Session, sessionmaker
 
 from deferral import redis_urls
 
@@ -54,3 +58,16 @@ def redis_cli_target(url: str) -> list[str]:
         return ["-u", url]
     host, port = where.hosts[0]
     return ["-c", "-h", host, "-p", str(port)]
+
+
+def lock_waiters(sessions: sessionmaker[Session]) -> int:
+    """How many sessions of the test database wait for a lock now."""
+    with sessions() as session:
+        return int(
+            session.scalar(
+                text(
+                    "SELECT count(*) FROM pg_stat_activity"
+                    " WHERE datname = current_database() AND wait_event_type = 'Lock'"
+                )
+            )
+        )

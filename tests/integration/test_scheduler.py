@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import os
+import threading
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -23,6 +24,7 @@ from scheduler import decide as scheduler_decide
 from scheduler import service as scheduler_service
 from scheduler import waiting as scheduler_waiting
 from scheduler.service import SchedulerService
+from tests.helpers import lock_waiters, wait_for
 from tests.servers import REDIS_URL
 
 WriteDag = Callable[[str, str], Path]
@@ -328,6 +330,48 @@ def test_pools_limit_dispatch_and_deferred_tasks_free_their_slot_by_default(
     _step(service)
     expected_t1 = "scheduled" if include_deferred else "queued"
     assert _states(sessions) == {"t0": "deferred", "t1": expected_t1, "t2": "scheduled"}
+
+
+@pytest.mark.parametrize("path", ["dispatch", "resume"])
+def test_two_schedulers_dispatching_into_one_pool_at_once_do_not_overfill_it(
+    settings: Settings,
+    sessions: sessionmaker[Session],
+    write_dag: WriteDag,
+    dag_id: str,
+    path: str,
+) -> None:
+    """The second waits for the pool's lock while the first queues into its last slot; once
+    it has the lock it must count what the first queued (a count read in the statement that
+    waited missed it: both queued a task into the 1-slot pool)."""
+    body = "\n".join(f'    EmptyOperator(task_id="t{i}", pool="small")' for i in range(2))
+    write_dag(dag_id, _dag_file(dag_id, body))
+    _set_pool(sessions, slots=0, include_deferred=False)
+    first, second = _scheduler(settings), _scheduler(settings)
+    _trigger(sessions, dag_id)
+    _step(first)
+    assert _states(sessions) == {"t0": "scheduled", "t1": "scheduled"}
+    _set_pool(sessions, slots=1, include_deferred=False)
+    with sessions() as session:
+        ids = {t: i for t, i in session.execute(select(TaskInstance.task_id, TaskInstance.id))}
+
+    def dispatch(service: SchedulerService, session: Session, task_id: str) -> None:
+        if path == "dispatch":
+            service._dispatch(session)
+        else:
+            service._dispatch_resumed(session, [ids[task_id]])
+
+    def second_dispatches() -> None:
+        with sessions.begin() as session:
+            dispatch(second, session, "t1")
+
+    with sessions.begin() as session:
+        dispatch(first, session, "t0")
+        waiter = threading.Thread(target=second_dispatches)
+        waiter.start()
+        wait_for(lambda: lock_waiters(sessions) == 1, timeout=30, what="the second to wait")
+    waiter.join(timeout=30)
+    assert not waiter.is_alive()
+    assert sorted(_states(sessions).values()) == ["queued", "scheduled"]
 
 
 def test_a_run_at_max_active_tasks_does_not_hold_back_other_runs_tasks(

@@ -16,7 +16,7 @@ from deferral import tasklogs
 from deferral.faults import is_transient
 from deferral.secrets_masker import mask_secret
 from deferral.tasklogs import NewLine
-from tests.helpers import wait_for
+from tests.helpers import lock_waiters, wait_for
 from tests.integration.factories import running_task
 
 NOW = dt.datetime(2024, 5, 1, 12, tzinfo=dt.UTC)
@@ -243,7 +243,7 @@ def test_a_writer_that_waited_for_a_tries_row_sees_the_size_its_holder_committed
         )
         writer = threading.Thread(target=append_six_bytes)
         writer.start()
-        wait_for(lambda: _lock_waiters(sessions) == 1, timeout=30, what="the writer to wait")
+        wait_for(lambda: lock_waiters(sessions) == 1, timeout=30, what="the writer to wait")
         # The holder's own lines: 4 more bytes, committed while the writer waits.
         tasklogs.append(holder, [_line(ti_id, "abcd")], max_bytes=10)
     writer.join(timeout=30)
@@ -253,18 +253,6 @@ def test_a_writer_that_waited_for_a_tries_row_sees_the_size_its_holder_committed
     # 5 + 4 bytes committed before it read the size: its 6 would pass 10, so the try is cut.
     assert texts == ["12345", "abcd", tasklogs.cut_marker(10)]
     assert _size(sessions, ti_id) == (9, True)
-
-
-def _lock_waiters(sessions: sessionmaker[Session]) -> int:
-    with sessions() as session:
-        return int(
-            session.scalar(
-                text(
-                    "SELECT count(*) FROM pg_stat_activity"
-                    " WHERE datname = current_database() AND wait_event_type = 'Lock'"
-                )
-            )
-        )
 
 
 def test_a_copy_of_lines_that_fails_raises_as_statements_do_and_a_lock_wait_is_transient(
