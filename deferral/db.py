@@ -85,10 +85,10 @@ def _rollback_keeping_prepared(dbapi_connection: Any) -> None:
     and forgets how often each ran (a guard against a statement whose result a rolled-back DDL
     changed; PostgreSQL re-plans a statement whose tables changed, and the schema changes only
     by migrations, run with the services stopped). Every read-only session ends in a rollback,
-    and the services open several a second, so their hot statements never reached psycopg's
-    fifth run: each was parsed and planned anew (3.7 ms of a 10 ms resume transaction). ROLLBACK
-    goes through libpq, whose state psycopg's connection reads; one that fails is left to
-    psycopg's own rollback, which raises the error."""
+    and the services open several a second, so their hot statements never reached the run at
+    which psycopg prepares them: each was parsed and planned anew (3.7 ms of a 10 ms resume
+    transaction). ROLLBACK goes through libpq, whose state psycopg's connection reads; one that
+    fails is left to psycopg's own rollback, which raises the error."""
     pgconn = dbapi_connection.pgconn
     if pgconn.transaction_status == pq.TransactionStatus.IDLE:
         return

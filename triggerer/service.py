@@ -626,9 +626,8 @@ class TriggererService:
         trigger_id = held.trigger_id
         if held.cancelled or self.held.get(trigger_id) is not held:
             return
-        assert held.moment is not None
-        event = held.event or event_outcome(self.cipher, trigger_id, held.moment, self.name)
-        self._send(held, event)
+        assert held.event is not None  # built when the timer was held (_start)
+        self._send(held, held.event)
 
     def _failure(self, trigger_id: int, what: str, exc: BaseException) -> Outcome:
         return raised_outcome(self.cipher, self.name, trigger_id, what, exc)
