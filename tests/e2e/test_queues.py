@@ -13,14 +13,14 @@ import pytest
 from sqlalchemy import select, text
 from sqlalchemy.orm import Session, sessionmaker
 
-from broker.streams import GROUP_TRIGGERERS, to_fields, trigger_message
+from broker.streams import GROUP_TRIGGERERS, to_fields
 from deferral.crypto import Cipher
 from deferral.models import DagRun, TaskInstance, Trigger, Triggerer
-from deferral.serialization import check_kwargs
 from deferral.triggers import DateTimeTrigger
 from deferral.triggers.base import classpath_of
 from tests.e2e.conftest import Services, Stack, fire_deferred, shared_stack_fixtures
 from tests.helpers import wait_for
+from tests.integration.factories import timer_message
 
 pytestmark = pytest.mark.e2e
 
@@ -223,15 +223,7 @@ def _seed_triggers(
         (
             stream,
             to_fields(
-                trigger_message(
-                    cipher,
-                    trigger_id=trigger_id,
-                    classpath=classpath_of(DateTimeTrigger),
-                    kwargs=check_kwargs({"moment": moment}),
-                    task_instance_id=ti_id,
-                    try_number=1,
-                    task=f"e2e_even.seeded.t{trigger_id}",
-                )
+                timer_message(cipher, trigger_id, moment, ti_id, f"e2e_even.seeded.t{trigger_id}")
             ),
         )
         for ti_id, trigger_id in rows

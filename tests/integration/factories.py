@@ -1,4 +1,5 @@
-"""Rows in the states tests start from, built through the real transitions."""
+"""Rows in the states tests start from, built through the real transitions, and the stream
+entries that name them."""
 
 from __future__ import annotations
 
@@ -8,10 +9,14 @@ from typing import Any
 from sqlalchemy import ColumnElement, select
 from sqlalchemy.orm import Session, sessionmaker
 
+from broker.streams import TriggerMessage, trigger_message
 from deferral import hitl, serialization, transitions
 from deferral.crypto import Cipher
 from deferral.models import DagRun, TaskInstance
+from deferral.serialization import check_kwargs
 from deferral.transitions import Attempt, NewTaskInstance
+from deferral.triggers import DateTimeTrigger
+from deferral.triggers.base import classpath_of
 
 DAG_ID = "factory_dag"
 WORKER = "worker-1"  # the worker the attempts of these rows run on
@@ -100,3 +105,19 @@ def finish_queued(
             assert transitions.succeed(session, attempt, stored)
         else:
             assert transitions.fail(session, attempt, "boom", allow_retry=False)
+
+
+def timer_message(
+    cipher: Cipher, trigger_id: int, moment: dt.datetime, task_instance_id: int, task: str
+) -> TriggerMessage:
+    """The triggers-stream entry of a ``DateTimeTrigger`` at ``moment``, deferred by try 1 of
+    ``task_instance_id`` (named ``task``)."""
+    return trigger_message(
+        cipher,
+        trigger_id=trigger_id,
+        classpath=classpath_of(DateTimeTrigger),
+        kwargs=check_kwargs({"moment": moment}),
+        task_instance_id=task_instance_id,
+        try_number=1,
+        task=task,
+    )

@@ -17,9 +17,7 @@ from deferral.config import Settings
 from deferral.crypto import Cipher
 from deferral.process import log_ids
 from deferral.serialization import check_kwargs
-from deferral.triggers import DateTimeTrigger
-from deferral.triggers.base import classpath_of
-from tests.integration.factories import deferred_task
+from tests.integration.factories import deferred_task, timer_message
 from triggerer.events import event_outcome
 from triggerer.service import Held, TriggererService
 
@@ -78,16 +76,7 @@ def test_a_timers_event_is_built_when_it_is_held_and_published_as_built(
     stream = broker.keys.triggers
     broker.ensure_group(stream, GROUP_TRIGGERERS)
     moment = dt.datetime.now(dt.UTC) + dt.timedelta(days=1)
-    spec = trigger_message(
-        cipher,
-        trigger_id=trigger_id,
-        classpath=classpath_of(DateTimeTrigger),
-        kwargs=check_kwargs({"moment": moment}),
-        task_instance_id=ti_id,
-        try_number=1,
-        task="d.r.t",
-    )
-    broker.publish(stream, spec)
+    broker.publish(stream, timer_message(cipher, trigger_id, moment, ti_id, "d.r.t"))
     service = TriggererService(settings, capacity=10, name="t1")
     service.attach(broker)
     service.consumer.start()

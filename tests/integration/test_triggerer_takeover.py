@@ -14,13 +14,11 @@ from sqlalchemy.orm import Session, sessionmaker
 from broker.client import Broker, LeaseStatus
 from broker.consumer import Lost
 from broker.replies import Entry
-from broker.streams import GROUP_TRIGGERERS, TriggerMessage, to_fields, trigger_message
+from broker.streams import GROUP_TRIGGERERS, TriggerMessage, to_fields
 from deferral.config import Settings
 from deferral.crypto import Cipher
 from deferral.models import Triggerer
-from deferral.serialization import check_kwargs
-from deferral.triggers import DateTimeTrigger
-from deferral.triggers.base import classpath_of
+from tests.integration.factories import timer_message
 from triggerer.service import READ_BATCH, Held, TriggererService
 
 DEAD_HELD = 2 * READ_BATCH + 50
@@ -28,15 +26,8 @@ DEAD_HELD = 2 * READ_BATCH + 50
 
 def _timer_message(cipher: Cipher, trigger_id: int) -> TriggerMessage:
     """The entry of a trigger that fires in a day, for task instance ``trigger_id``."""
-    return trigger_message(
-        cipher,
-        trigger_id=trigger_id,
-        classpath=classpath_of(DateTimeTrigger),
-        kwargs=check_kwargs({"moment": dt.datetime.now(dt.UTC) + dt.timedelta(days=1)}),
-        task_instance_id=trigger_id,
-        try_number=1,
-        task=f"d.r.t{trigger_id}",
-    )
+    moment = dt.datetime.now(dt.UTC) + dt.timedelta(days=1)
+    return timer_message(cipher, trigger_id, moment, trigger_id, f"d.r.t{trigger_id}")
 
 
 def _dead_peer_held(broker: Broker, cipher: Cipher, count: int) -> None:
