@@ -23,9 +23,9 @@ from pathlib import Path
 from scratch import scratch_deployment
 from sqlalchemy import select
 
-from deferral import transitions
-from deferral.db import make_engine, make_sessionmaker
-from deferral.models import DagRun, TaskInstance, TaskStateChange
+from deferral.store import transitions
+from deferral.store.db import make_engine, make_sessionmaker
+from deferral.store.tables import DagRun, TaskInstance, TaskStateChange
 from deferral_cli.embedded import running_services
 
 DAG = """

@@ -25,7 +25,7 @@ import time
 from harness import Figure, Profiles, Stack, median, report, wait_for
 from sqlalchemy import func, select
 
-from deferral.models import Trigger
+from deferral.store.tables import Trigger
 
 
 def running_on(stack: Stack, name: str) -> int:

@@ -41,11 +41,11 @@ from sqlalchemy.orm import Session, sessionmaker
 from broker.client import Broker
 from broker.replies import PendingSummary, parse_xreadgroup
 from broker.streams import GROUP_TRIGGERERS, to_fields, trigger_message
-from deferral import migrate, transitions
-from deferral.crypto import Cipher
-from deferral.db import make_engine, make_sessionmaker
-from deferral.models import TaskInstance, TaskStateChange
-from deferral.serialization import check_kwargs
+from deferral.runtime.crypto import Cipher
+from deferral.runtime.serialization import check_kwargs
+from deferral.store import migrate, transitions
+from deferral.store.db import make_engine, make_sessionmaker
+from deferral.store.tables import TaskInstance, TaskStateChange
 from deferral.triggers import DateTimeTrigger
 from deferral.triggers.base import classpath_of
 from tests.e2e.conftest import BIN, Services, command

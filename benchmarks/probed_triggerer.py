@@ -15,7 +15,7 @@ from pathlib import Path
 
 import anyio
 
-from deferral.process import settings_or_exit, setup_logging
+from deferral.runtime.process import settings_or_exit, setup_logging
 from triggerer.service import TriggererService
 
 PROBE_SEC = 0.01

@@ -16,7 +16,7 @@ from cryptography.fernet import Fernet
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
-from deferral import migrate
+from deferral.store import migrate
 
 ADMIN_URL = os.environ.get(
     "DEFERRAL_TEST_ADMIN_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"

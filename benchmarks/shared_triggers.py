@@ -26,9 +26,9 @@ from harness import Figure, Stack, median, percentile, report, resumed_by_trigge
 from sqlalchemy import text
 
 from broker.streams import to_fields, trigger_message
-from deferral import transitions
-from deferral.crypto import Cipher
-from deferral.serialization import check_kwargs
+from deferral.runtime.crypto import Cipher
+from deferral.runtime.serialization import check_kwargs
+from deferral.store import transitions
 from deferral.triggers import DateTimeTrigger
 from deferral.triggers.base import classpath_of
 from worker import record

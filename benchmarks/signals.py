@@ -36,11 +36,13 @@ from pathlib import Path
 from scratch import scratch_deployment
 from sqlalchemy import func, select, text
 
-from deferral import serialization, signals, transitions
-from deferral.db import make_engine, make_sessionmaker
-from deferral.metastore import metastore
-from deferral.models import DagRun, TaskInstance
-from deferral.transitions import Attempt, NewTaskInstance
+from deferral import signals
+from deferral.runtime import serialization
+from deferral.store import transitions
+from deferral.store.db import make_engine, make_sessionmaker
+from deferral.store.metastore import metastore
+from deferral.store.tables import DagRun, TaskInstance
+from deferral.store.transitions import Attempt, NewTaskInstance
 from deferral.triggers import SignalTrigger
 
 WORKER = "bench-worker"

@@ -24,12 +24,12 @@ from collections.abc import Sequence
 from sqlalchemy import create_engine, func, select, text
 from sqlalchemy.engine import make_url
 
-from deferral import migrate, tasklogs, transitions
-from deferral.config import DEFAULT_TASK_LOG_MAX_BYTES
-from deferral.db import make_engine, make_sessionmaker
-from deferral.models import DagRun, TaskInstance, TaskLog
-from deferral.tasklogs import NewLine
-from deferral.transitions import NewTaskInstance
+from deferral.runtime.config import DEFAULT_TASK_LOG_MAX_BYTES
+from deferral.store import migrate, tasklogs, transitions
+from deferral.store.db import make_engine, make_sessionmaker
+from deferral.store.tables import DagRun, TaskInstance, TaskLog
+from deferral.store.tasklogs import NewLine
+from deferral.store.transitions import NewTaskInstance
 from worker.capture import TaskOutput
 
 ADMIN_URL = os.environ.get(

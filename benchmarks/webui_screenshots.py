@@ -27,10 +27,10 @@ from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from sqlalchemy import select
 
-from deferral import actions
-from deferral.dagbag import DagBag
-from deferral.db import make_engine, make_sessionmaker
-from deferral.models import TaskInstance
+from deferral.loading.dagbag import DagBag
+from deferral.store import actions
+from deferral.store.db import make_engine, make_sessionmaker
+from deferral.store.tables import TaskInstance
 from deferral_cli import health_checks
 from deferral_cli.embedded import free_port, running_services, wait_for_webserver
 from webserver import users

@@ -34,7 +34,7 @@ from broker.streams import (
     one_line,
     to_fields,
 )
-from deferral.crypto import Cipher
+from deferral.runtime.crypto import Cipher
 
 log = logging.getLogger("deferral.broker")
 
@@ -189,7 +189,7 @@ class Broker:
         """Connect and check the server version and the shard count (raises RedisError while
         Redis is down, ShardCountError if ``prefix`` was started with another count). ``url``
         may name a Redis Cluster or Sentinel (:mod:`broker.topology`); ``shards`` defaults to
-        the URL's (:func:`deferral.redis_urls.default_stream_shards`)."""
+        the URL's (:func:`deferral.runtime.redis_urls.default_stream_shards`)."""
         client = topology.client(url, _client_options(), max_connections=max_connections)
         broker = cls(client, StreamKeys.for_redis(prefix, url, shards))
         try:

@@ -42,9 +42,9 @@ from broker.deliveries import (
 from broker.lease import Lease
 from broker.replies import Entry, Pending
 from broker.streams import MAX_DEAD_ERROR, one_line
-from deferral import metrics
-from deferral.crypto import Cipher
-from deferral.faults import is_transient
+from deferral.runtime import metrics
+from deferral.runtime.crypto import Cipher
+from deferral.runtime.faults import is_transient
 
 log = logging.getLogger("deferral.broker")
 

@@ -36,10 +36,10 @@ from broker.streams import (
     read_event,
     read_queue_entry,
 )
-from deferral.crypto import Cipher, DecryptionError
-from deferral.models import ResumeEvent, TaskInstance, Trigger
-from deferral.secrets_masker import redact
+from deferral.runtime.crypto import Cipher, DecryptionError
+from deferral.runtime.secrets_masker import redact
 from deferral.states import TaskState
+from deferral.store.tables import ResumeEvent, TaskInstance, Trigger
 
 # An auto-generated stream id: milliseconds-sequence, each a 64-bit unsigned integer.
 _DEAD_ID = re.compile(r"\d{1,20}-\d{1,20}")

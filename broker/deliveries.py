@@ -17,7 +17,7 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from deferral.liveness import stale_after_sec
+from deferral.store.liveness import stale_after_sec
 
 # No message of ours has more than 8 fields; an event's payload or a trigger's sealed kwargs may
 # be large, but not megabytes. Anything beyond is dead-lettered unread.

@@ -20,7 +20,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from broker.client import Broker
 from broker.streams import Message, to_fields
-from deferral.models import Outbox
+from deferral.store.tables import Outbox
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from broker.deliveries import OwnerRecord
-from deferral import liveness
+from deferral.store import liveness
 
 # Names looked up per query: a group's consumers, or the owners of one page of pending entries.
 LOOKUP_BATCH = 1_000

@@ -19,8 +19,8 @@ from typing import TypeVar
 
 import msgspec
 
-from deferral.crypto import Cipher, DecryptionError
-from deferral.redis_urls import MAX_STREAM_SHARDS, default_stream_shards, is_cluster_url
+from deferral.runtime.crypto import Cipher, DecryptionError
+from deferral.runtime.redis_urls import MAX_STREAM_SHARDS, default_stream_shards, is_cluster_url
 from deferral.triggers.task_end import END_KINDS
 
 GROUP_TRIGGERERS = "triggerers"

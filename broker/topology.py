@@ -1,5 +1,5 @@
 """The redis-py client for a ``DEFERRAL_REDIS_URL`` (what the URL names:
-:mod:`deferral.redis_urls`)."""
+:mod:`deferral.runtime.redis_urls`)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from redis.crc import key_slot
 from redis.exceptions import RedisClusterException
 from redis.sentinel import Sentinel
 
-from deferral.redis_urls import parse
+from deferral.runtime.redis_urls import parse
 
 
 def raw_replies(client: Any, commands: Iterable[str]) -> None:

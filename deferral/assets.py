@@ -3,7 +3,7 @@ DAG's ``schedule`` waits for, combined with ``&`` (all) and ``|`` (any), and the
 event triggers record asset events from outside.
 
 Everything here is authoring and pure evaluation; the tables are ``deferral.models`` and the
-writes ``deferral.transitions.assets``."""
+writes ``deferral.store.transitions.assets``."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from deferral.serialization import SerializationError, check_kwargs
+from deferral.runtime.serialization import SerializationError, check_kwargs
 from deferral.timetables import NullTimetable
 from deferral.triggers.base import BaseTrigger, TriggerEvent, classpath_of
 from deferral.triggers.event import BaseEventTrigger

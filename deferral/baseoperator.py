@@ -11,16 +11,16 @@ from abc import ABCMeta
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, NoReturn
 
-from deferral import setup_teardown
-from deferral.airflow_arguments import (
+from deferral.authoring import setup_teardown
+from deferral.authoring.airflow_arguments import (
     TASK_ARGUMENTS,
     TASK_DATES,
     RefusedArgument,
     check_task_arguments,
 )
-from deferral.callbacks import CallbackArg, check_callbacks
+from deferral.authoring.callbacks import CallbackArg, check_callbacks
+from deferral.authoring.dependencies import DependencyMixin, is_node_list, relate
 from deferral.dag import DAG, DagDefinitionError, check_id
-from deferral.dependencies import DependencyMixin, is_node_list, relate
 from deferral.exceptions import TaskDeferred, deferral_failure
 from deferral.models.param import ParamValidationError, split_params
 from deferral.states import FAIL_METHOD
@@ -35,8 +35,8 @@ from deferral.xcom_arg import XComArg, find_runtime_args
 if TYPE_CHECKING:
     import jinja2
 
+    from deferral.authoring.mappedoperator import OperatorPartial
     from deferral.context import Context
-    from deferral.mappedoperator import OperatorPartial
 
 
 class _NotSet:
@@ -197,7 +197,8 @@ _IMMUTABLE_TYPES = frozenset(
 class BaseOperator(DependencyMixin, metaclass=_OperatorMeta):
     """Subclass and implement ``execute(context)``; call ``self.defer(...)`` to wait cheaply."""
 
-    # Attributes rendered as Jinja templates before each attempt (deferral.templating; XComArgs
+    # Attributes rendered as Jinja templates before each attempt (deferral.authoring.templating;
+    # XComArgs
     # in them are pulled then), and the endings of values that name a template file rather than
     # hold a template.
     template_fields: Sequence[str] = ()
@@ -215,7 +216,8 @@ class BaseOperator(DependencyMixin, metaclass=_OperatorMeta):
     on_skipped_callback: CallbackArg
     # A MappedOperator (``partial().expand()``) runs once per map index.
     is_mapped: ClassVar[bool] = False
-    # Setup and teardown tasks (deferral.setup_teardown): set by as_setup() / as_teardown().
+    # Setup and teardown tasks (deferral.authoring.setup_teardown): set by as_setup() /
+    # as_teardown().
     is_setup: bool = False
     is_teardown: bool = False
     on_failure_fail_dagrun: bool = False
@@ -357,7 +359,7 @@ class BaseOperator(DependencyMixin, metaclass=_OperatorMeta):
 
     def _airflow_arguments(self, task_id: str, given: dict[str, Any]) -> None:
         """Keep Airflow's descriptive arguments and those given a value under which Airflow does
-        nothing either; refuse, naming it, any other (``deferral.airflow_arguments``)."""
+        nothing either; refuse, naming it, any other (``deferral.authoring.airflow_arguments``)."""
         dag_dates = {
             "start_date": self.dag.start_date if self.dag else None,
             "end_date": self.dag.end_date if self.dag else None,
@@ -384,7 +386,8 @@ class BaseOperator(DependencyMixin, metaclass=_OperatorMeta):
     def __repr__(self) -> str:
         return f"<Task({type(self).__name__}): {self.task_id}>"
 
-    # -- setup and teardown (deferral.setup_teardown) ---------------------------------------------
+    # -- setup and teardown (deferral.authoring.setup_teardown)
+    # ---------------------------------------------
 
     def as_setup(self) -> BaseOperator:
         """Mark this task a setup task; returns it."""
@@ -411,8 +414,8 @@ class BaseOperator(DependencyMixin, metaclass=_OperatorMeta):
     def partial(cls, **kwargs: Any) -> OperatorPartial:
         """Dynamic task mapping, as Airflow: ``Op.partial(task_id=..., **shared)`` followed by
         ``.expand(arg=[...])`` or ``.expand_kwargs([{...}, ...])`` adds a task that runs once
-        per value (see deferral.mappedoperator)."""
-        from deferral.mappedoperator import OperatorPartial
+        per value (see deferral.authoring.mappedoperator)."""
+        from deferral.authoring.mappedoperator import OperatorPartial
 
         return OperatorPartial(cls, kwargs)
 
@@ -497,7 +500,7 @@ class BaseOperator(DependencyMixin, metaclass=_OperatorMeta):
 
     def get_template_env(self) -> jinja2.Environment:
         """The sandboxed Jinja environment of this task's DAG."""
-        from deferral.templating import template_env
+        from deferral.authoring.templating import template_env
 
         return template_env(self.dag)
 
@@ -506,7 +509,7 @@ class BaseOperator(DependencyMixin, metaclass=_OperatorMeta):
     ) -> None:
         """Render every attribute named in ``template_fields`` in place (the worker does it on
         each attempt's fresh copy before ``execute``)."""
-        from deferral.templating import render_template_fields
+        from deferral.authoring.templating import render_template_fields
 
         render_template_fields(self, context, jinja_env)
 
@@ -514,7 +517,7 @@ class BaseOperator(DependencyMixin, metaclass=_OperatorMeta):
         self, content: Any, context: Context, jinja_env: jinja2.Environment | None = None
     ) -> Any:
         """``content`` rendered in ``context``: a string as a template, collections item by item."""
-        from deferral.templating import render_template
+        from deferral.authoring.templating import render_template
 
         return render_template(self, content, context, jinja_env)
 

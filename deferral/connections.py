@@ -21,10 +21,10 @@ from sqlalchemy import delete, select
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session
 
-from deferral.crypto import Cipher, DecryptionError
-from deferral.metastore import metastore
-from deferral.models import StoredConnection
-from deferral.secrets_masker import MASK, SecretsMasker, mask_secret
+from deferral.runtime.crypto import Cipher, DecryptionError
+from deferral.runtime.secrets_masker import MASK, SecretsMasker, mask_secret
+from deferral.store.metastore import metastore
+from deferral.store.tables import StoredConnection
 
 log = logging.getLogger("deferral.connections")
 

@@ -11,15 +11,15 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any, NotRequired, Protocol, TypedDict
 
 from deferral import macros
-from deferral.asset_events import LazyTriggeringEvents
-from deferral.callback_tokens import CallbackHandle
 from deferral.connections import ConnectionAccessor
+from deferral.store.asset_events import LazyTriggeringEvents
+from deferral.store.callback_tokens import CallbackHandle
 from deferral.variables import VariableAccessor
 
 if TYPE_CHECKING:
     from deferral.baseoperator import BaseOperator
     from deferral.dag import DAG
-    from deferral.models import DagRun
+    from deferral.store.tables import DagRun
 
 
 class XComBackend(Protocol):

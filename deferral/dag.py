@@ -14,17 +14,17 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from deferral.airflow_arguments import (
+from deferral.assets import AssetTriggeredTimetable, BaseAsset, asset_condition, is_asset_schedule
+from deferral.authoring.airflow_arguments import (
     SLA_DEPRECATION,
     RefusedArgument,
     check_dag_arguments,
     refused_default_args,
 )
-from deferral.assets import AssetTriggeredTimetable, BaseAsset, asset_condition, is_asset_schedule
-from deferral.callbacks import CallbackArg, check_callbacks
-from deferral.config import default_timezone
+from deferral.authoring.callbacks import CallbackArg, check_callbacks
 from deferral.deadline import DeadlineAlert, deadline_alerts, sla_alert
 from deferral.models.param import ParamValidationError, split_params
+from deferral.runtime.config import default_timezone
 from deferral.states import DagRunState
 from deferral.timetables import (
     CONTINUOUS,
@@ -259,7 +259,7 @@ class DAG:
         if sla_miss_callback is not None:
             warnings.warn(f"{at}: sla_miss_callback: {SLA_DEPRECATION}", DeprecationWarning, 2)
         self.sla_miss_callback = sla_miss_callback
-        # Templating (deferral.templating): where template files are, and the environment.
+        # Templating (deferral.authoring.templating): where template files are, and the environment.
         if isinstance(template_searchpath, str):
             template_searchpath = [template_searchpath]
         self.template_searchpath: list[str] = list(template_searchpath or [])
@@ -548,7 +548,7 @@ class DAG:
         return DagRunState.SUCCESS if exit_status == 0 else DagRunState.FAILED
 
     def validate(self) -> None:
-        from deferral import setup_teardown
+        from deferral.authoring import setup_teardown
 
         for _ in self.topological_order():
             pass

@@ -110,7 +110,7 @@ AirflowTaskTimeout = TaskExecutionTimeout
 class TaskAwaitingInput(DeferralException):
     """Raised by ``HITLOperator.execute``: the task waits in state awaiting_input, holding no
     worker slot, pool slot or trigger, until someone responds or its response timeout passes.
-    ``request`` is what it asks (a ``deferral.hitl.InputRequest``)."""
+    ``request`` is what it asks (a ``deferral.store.hitl.InputRequest``)."""
 
     def __init__(self, request: Any) -> None:
         super().__init__(request)

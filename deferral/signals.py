@@ -19,18 +19,19 @@ from typing import Any
 from sqlalchemy import ColumnElement, ColumnExpressionArgument, select, text
 from sqlalchemy.orm import Session
 
-from deferral import serialization, transitions
-from deferral.callback_tokens import (
+from deferral.runtime import serialization
+from deferral.runtime.crypto import Cipher
+from deferral.runtime.serialization import SerializationError
+from deferral.store import transitions
+from deferral.store.callback_tokens import (
     CALLBACK_KEY_PREFIX,
     TOKEN_LIFETIME,
     Claim,
     TokenRefused,
     parse_token,
 )
-from deferral.crypto import Cipher
-from deferral.metastore import metastore
-from deferral.models import SignalWait
-from deferral.serialization import SerializationError
+from deferral.store.metastore import metastore
+from deferral.store.tables import SignalWait
 from deferral.triggers.signal import (
     CALLBACK_TRIGGER,
     SIGNAL_RETENTION,

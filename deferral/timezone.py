@@ -18,7 +18,7 @@ from zoneinfo import ZoneInfo
 
 from dateutil.relativedelta import relativedelta
 
-from deferral.config import default_timezone
+from deferral.runtime.config import default_timezone
 
 
 def standard_datetime(value: dt.datetime) -> dt.datetime:

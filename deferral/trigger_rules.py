@@ -22,7 +22,8 @@ class TriggerRule(StrEnum):
     NONE_FAILED_MIN_ONE_SUCCESS = "none_failed_min_one_success"
     NONE_SKIPPED = "none_skipped"
     ALWAYS = "always"
-    # A teardown's (deferral.setup_teardown): all upstream done, and a setup among them succeeded.
+    # A teardown's (deferral.authoring.setup_teardown): all upstream done, and a setup among them
+    # succeeded.
     ALL_DONE_SETUP_SUCCESS = "all_done_setup_success"
 
 
@@ -45,7 +46,8 @@ def upstream_states(upstream_task_ids: Iterable[str], states: RunStates) -> list
 
 
 def setups_gate(setup_states: Iterable[str]) -> TaskState | None:
-    """What a work task's indirect setups (``deferral.setup_teardown``) say, before its trigger
+    """What a work task's indirect setups (``deferral.authoring.setup_teardown``) say, before its
+    trigger
     rule: UPSTREAM_FAILED if one failed, SKIPPED if one was skipped, None until every one
     succeeded, then SCHEDULED (the trigger rule decides)."""
     states = {TaskState(s) for s in setup_states}

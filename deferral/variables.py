@@ -17,10 +17,10 @@ from sqlalchemy import delete, select
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session
 
-from deferral.crypto import Cipher, DecryptionError
-from deferral.metastore import metastore
-from deferral.models import StoredVariable
-from deferral.secrets_masker import mask_secret
+from deferral.runtime.crypto import Cipher, DecryptionError
+from deferral.runtime.secrets_masker import mask_secret
+from deferral.store.metastore import metastore
+from deferral.store.tables import StoredVariable
 
 log = logging.getLogger("deferral.variables")
 

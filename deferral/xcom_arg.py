@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
-from deferral.dependencies import DependencyMixin
+from deferral.authoring.dependencies import DependencyMixin
 
 if TYPE_CHECKING:
     from deferral.baseoperator import BaseOperator

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from deferral.process import command_group
+from deferral.runtime.process import command_group
 from deferral_cli import (
     approvals,
     assets,

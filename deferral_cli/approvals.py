@@ -9,9 +9,9 @@ from typing import Any
 
 import click
 
-from deferral import hitl
-from deferral.crypto import Cipher
-from deferral.process import command_group, settings_or_exit
+from deferral.runtime.crypto import Cipher
+from deferral.runtime.process import command_group, settings_or_exit
+from deferral.store import hitl
 from deferral_cli.common import Record, emit, fail, output_options, sessions
 
 # The longest user name recorded (hitl_detail.responded_by).

@@ -9,7 +9,8 @@ import click
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from deferral.models import (
+from deferral.runtime.process import command_group, settings_or_exit
+from deferral.store.tables import (
     AssetDagRunQueue,
     AssetEventRow,
     AssetModel,
@@ -17,7 +18,6 @@ from deferral.models import (
     DagScheduleAsset,
     TaskOutletAsset,
 )
-from deferral.process import command_group, settings_or_exit
 from deferral_cli.common import Record, emit, output_options, sessions
 
 MAX_EVENTS_SHOWN = 100

@@ -20,13 +20,13 @@ from sqlalchemy import select
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session, sessionmaker
 
-from deferral.config import ConfigError, Settings, load_settings
-from deferral.controls import escape
 from deferral.dag import DAG
-from deferral.dagbag import DagBag, DagNotFound
-from deferral.db import make_engine, make_sessionmaker
-from deferral.models import Dag, DagRun
-from deferral.process import settings_or_exit
+from deferral.loading.dagbag import DagBag, DagNotFound
+from deferral.runtime.config import ConfigError, Settings, load_settings
+from deferral.runtime.controls import escape
+from deferral.runtime.process import settings_or_exit
+from deferral.store.db import make_engine, make_sessionmaker
+from deferral.store.tables import Dag, DagRun
 from deferral.timezone import make_aware
 
 # What the read model gives every command (named again here, where the commands look for them).

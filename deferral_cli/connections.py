@@ -19,10 +19,10 @@ from deferral.connections import (
     from_environment,
     read_stored,
 )
-from deferral.metastore import metastore
-from deferral.models import StoredConnection
-from deferral.process import command_group, settings_or_exit
-from deferral.secrets_masker import MASK
+from deferral.runtime.process import command_group, settings_or_exit
+from deferral.runtime.secrets_masker import MASK
+from deferral.store.metastore import metastore
+from deferral.store.tables import StoredConnection
 from deferral_cli.common import emit, fail, output_options
 
 

@@ -10,11 +10,12 @@ from typing import Any
 import click
 from sqlalchemy import select
 
-from deferral import actions, controls
-from deferral.config import Settings
-from deferral.models import Dag
-from deferral.process import command_group, settings_or_exit
+from deferral.runtime import controls
+from deferral.runtime.config import Settings
+from deferral.runtime.process import command_group, settings_or_exit
 from deferral.states import DagRunState
+from deferral.store import actions
+from deferral.store.tables import Dag
 from deferral_cli.common import (
     EXIT_FAILED,
     EXIT_INTERRUPTED,

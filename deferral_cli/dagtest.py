@@ -33,17 +33,18 @@ import msgspec
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from deferral import actions, hitl, liveness, migrate, serialization, tasklogs, transitions
-from deferral.callbacks import REASON_SUCCESS, REASON_TASK_FAILURE, run_dag_callbacks
-from deferral.config import Settings, is_configured
+from deferral.authoring.callbacks import REASON_SUCCESS, REASON_TASK_FAILURE, run_dag_callbacks
 from deferral.context import DagRunInfo
-from deferral.crypto import Cipher
 from deferral.dag import DAG
-from deferral.models import DagRun, Scheduler, TaskInstance, TaskStateChange
-from deferral.process import settings_or_exit
+from deferral.runtime import serialization
+from deferral.runtime.config import Settings, is_configured
+from deferral.runtime.crypto import Cipher
+from deferral.runtime.process import settings_or_exit
 from deferral.states import FAIL_METHOD, DagRunState, TaskState
-from deferral.tasklogs import SOURCE_WORKER, NewLine
-from deferral.transitions import Attempt, FiredEvent
+from deferral.store import actions, hitl, liveness, migrate, tasklogs, transitions
+from deferral.store.tables import DagRun, Scheduler, TaskInstance, TaskStateChange
+from deferral.store.tasklogs import SOURCE_WORKER, NewLine
+from deferral.store.transitions import Attempt, FiredEvent
 from deferral.triggers.task_end import END_KINDS, check_end_xcoms
 from deferral_cli import embedded as embedded
 from deferral_cli.common import (

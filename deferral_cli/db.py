@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import click
 
-from deferral import migrate, retention
-from deferral.config import parse_duration
-from deferral.db import make_engine, make_sessionmaker
-from deferral.process import command_group, settings_or_exit
+from deferral.runtime.config import parse_duration
+from deferral.runtime.process import command_group, settings_or_exit
+from deferral.store import migrate, retention
+from deferral.store.db import make_engine, make_sessionmaker
 from deferral_cli.common import fail
 
 

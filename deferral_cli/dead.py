@@ -16,10 +16,10 @@ import click
 from broker import deadletters
 from broker.client import Broker, RedisSetupError
 from broker.streams import one_line
-from deferral import secrets_masker
-from deferral.config import Settings
-from deferral.crypto import Cipher
-from deferral.process import command_group, settings_or_exit
+from deferral.runtime import secrets_masker
+from deferral.runtime.config import Settings
+from deferral.runtime.crypto import Cipher
+from deferral.runtime.process import command_group, settings_or_exit
 from deferral_cli.common import (
     EXIT_FAILED,
     Record,

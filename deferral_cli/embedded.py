@@ -33,7 +33,7 @@ from cryptography.fernet import Fernet
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
-from deferral.private_files import write_private
+from deferral.runtime.private_files import write_private
 from webserver.users import ADMIN_PASSWORD_ENV
 
 LOCAL_DATABASE_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/deferral_demo"

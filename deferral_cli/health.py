@@ -14,9 +14,15 @@ from sqlalchemy.pool import NullPool
 
 from broker import topology
 from broker.client import redis_location
-from deferral.config import ConfigError, Settings, load_settings, webserver_host, webserver_port
-from deferral.db import location, make_engine, make_sessionmaker
-from deferral.doctor import Check, Status, exit_code
+from deferral.runtime.config import (
+    ConfigError,
+    Settings,
+    load_settings,
+    webserver_host,
+    webserver_port,
+)
+from deferral.store.db import location, make_engine, make_sessionmaker
+from deferral.store.doctor import Check, Status, exit_code
 from deferral_cli import health_checks
 from deferral_cli.common import server_error
 

@@ -3,7 +3,8 @@ worker or triggerer, whether it heartbeats (for the web UI: whether its health p
 as pure decisions on what the command gathered.
 
 A container healthcheck runs it next to the process it checks: Postgres and Redis must answer,
-and the process's own row must be alive by :func:`deferral.liveness.is_alive`, the one rule for
+and the process's own row must be alive by :func:`deferral.store.liveness.is_alive`, the one rule
+for
 that. A process that is up but stuck stops heartbeating, so it turns unhealthy too.
 """
 
@@ -12,9 +13,9 @@ from __future__ import annotations
 import datetime as dt
 from dataclasses import dataclass
 
-from deferral import liveness
-from deferral.doctor import Check, Status
-from deferral.models import Scheduler, Triggerer, Worker
+from deferral.store import liveness
+from deferral.store.doctor import Check, Status
+from deferral.store.tables import Scheduler, Triggerer, Worker
 
 # The process kinds that heartbeat a row of their own, by the name `--service` takes.
 PROCESSES: dict[str, liveness.Process] = {

@@ -10,11 +10,11 @@ from sqlalchemy import select
 
 from broker.client import Broker, RedisSetupError
 from broker.reshard import reshard
-from deferral import doctor as checklist
-from deferral.liveness import alive_clause
-from deferral.models import Scheduler, Triggerer, Worker
-from deferral.process import settings_or_exit
-from deferral.redis_urls import MAX_STREAM_SHARDS
+from deferral.runtime.process import settings_or_exit
+from deferral.runtime.redis_urls import MAX_STREAM_SHARDS
+from deferral.store import doctor as checklist
+from deferral.store.liveness import alive_clause
+from deferral.store.tables import Scheduler, Triggerer, Worker
 from deferral_cli.common import emit, fail, output_options, sessions
 from readmodel.doctor import gather_checks
 from readmodel.streams import stream_records

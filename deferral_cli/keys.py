@@ -9,9 +9,9 @@ import click
 from sqlalchemy import ColumnElement, select, true, update
 from sqlalchemy.orm import Session, sessionmaker
 
-from deferral.crypto import Cipher, DecryptionError
-from deferral.models import StoredConnection, StoredVariable, TaskInstance, Trigger
-from deferral.process import settings_or_exit
+from deferral.runtime.crypto import Cipher, DecryptionError
+from deferral.runtime.process import settings_or_exit
+from deferral.store.tables import StoredConnection, StoredVariable, TaskInstance, Trigger
 from deferral_cli.common import sessions
 
 # Tables with Fernet-sealed columns (each has an integer id to batch by).

@@ -9,9 +9,9 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from broker.streams import task_label
-from deferral.models import TaskInstance
-from deferral.process import settings_or_exit, utc_timestamp
-from deferral.tasklogs import LogLine, read_lines, tries_with_logs, try_is_over
+from deferral.runtime.process import settings_or_exit, utc_timestamp
+from deferral.store.tables import TaskInstance
+from deferral.store.tasklogs import LogLine, read_lines, tries_with_logs, try_is_over
 from deferral_cli.common import fail, find_run, run_id_argument, sessions
 
 # How often --follow looks for new lines.

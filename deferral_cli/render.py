@@ -12,16 +12,20 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from broker.streams import task_label
+from deferral.authoring.mappedoperator import MappedOperator
+from deferral.authoring.templating import (
+    TemplateRenderError,
+    render_template_fields,
+    rendered_fields,
+)
 from deferral.baseoperator import BaseOperator
-from deferral.config import Settings
 from deferral.context import DagRunInfo, RuntimeTaskInstance, make_context
 from deferral.dag import DagDefinitionError
 from deferral.exceptions import MappingError
-from deferral.mappedoperator import MappedOperator
-from deferral.models import DagRun, RenderedTaskInstanceFields, TaskInstance
-from deferral.process import settings_or_exit
-from deferral.templating import TemplateRenderError, render_template_fields, rendered_fields
-from deferral.xcom import DatabaseXComs
+from deferral.runtime.config import Settings
+from deferral.runtime.process import settings_or_exit
+from deferral.store.tables import DagRun, RenderedTaskInstanceFields, TaskInstance
+from deferral.store.xcom import DatabaseXComs
 from deferral_cli.common import fail, find_run, run_id_argument, sessions, when
 from readmodel.explain import find_dag
 

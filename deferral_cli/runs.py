@@ -6,11 +6,11 @@ import click
 from sqlalchemy import exists, select
 from sqlalchemy.orm import Session
 
-from deferral.actions import ti_label
-from deferral.config import Settings
-from deferral.models import Dag, DagRun, TaskInstance, TaskStateChange
-from deferral.process import command_group, settings_or_exit
+from deferral.runtime.config import Settings
+from deferral.runtime.process import command_group, settings_or_exit
 from deferral.states import DagRunState
+from deferral.store.actions import ti_label
+from deferral.store.tables import Dag, DagRun, TaskInstance, TaskStateChange
 from deferral_cli.common import (
     dagbag,
     emit,

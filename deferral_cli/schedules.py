@@ -10,13 +10,13 @@ import click
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from deferral import actions, transitions
-from deferral.models import Dag, DagRun
-from deferral.process import settings_or_exit
-from deferral.schedules import next_run
+from deferral.authoring.schedules import next_run
+from deferral.runtime.process import settings_or_exit
 from deferral.states import DagRunType
+from deferral.store import actions, transitions
+from deferral.store.tables import Dag, DagRun
+from deferral.store.transitions import NewDagRun
 from deferral.timetables import DagRunInfo, infos_between
-from deferral.transitions import NewDagRun
 from deferral_cli.common import DateTimeParam, fail, load_dag, sessions, when
 
 # Backfill runs are inserted this many per statement.

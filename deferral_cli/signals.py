@@ -8,8 +8,8 @@ from typing import Any
 import click
 
 from deferral import signals
-from deferral.metastore import metastore
-from deferral.process import command_group, settings_or_exit
+from deferral.runtime.process import command_group, settings_or_exit
+from deferral.store.metastore import metastore
 from deferral_cli.common import emit, fail, output_options
 
 

@@ -11,10 +11,10 @@ from pathlib import Path
 import click
 
 from broker.client import Broker, RedisSetupError
-from deferral import migrate
-from deferral.config import webserver_port
-from deferral.process import settings_or_exit
+from deferral.runtime.config import webserver_port
+from deferral.runtime.process import settings_or_exit
 from deferral.states import DagRunState
+from deferral.store import migrate
 from deferral_cli import embedded as embedded
 from deferral_cli import health_checks
 from deferral_cli.common import EXIT_FAILED, EXIT_TIMED_OUT, fail, sessions

@@ -7,11 +7,11 @@ import click
 from sqlalchemy import exists, select
 
 from broker.streams import task_label
-from deferral import actions
-from deferral.dagbag import DagNotFound
-from deferral.models import DagRun, TaskInstance
-from deferral.process import command_group, settings_or_exit
+from deferral.loading.dagbag import DagNotFound
+from deferral.runtime.process import command_group, settings_or_exit
 from deferral.states import TaskState
+from deferral.store import actions
+from deferral.store.tables import DagRun, TaskInstance
 from deferral_cli.common import (
     Record,
     dagbag,

@@ -10,8 +10,8 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from broker.streams import task_label
-from deferral.models import TaskInstance, Trigger, Triggerer, Worker
-from deferral.process import command_group, settings_or_exit
+from deferral.runtime.process import command_group, settings_or_exit
+from deferral.store.tables import TaskInstance, Trigger, Triggerer, Worker
 from deferral_cli.common import Record, emit, output_options, sessions
 from readmodel.records import process_records, triggerer_own, worker_own
 

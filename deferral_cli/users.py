@@ -7,8 +7,8 @@ import sys
 import click
 from sqlalchemy import select
 
-from deferral.models import User
-from deferral.process import command_group, settings_or_exit
+from deferral.runtime.process import command_group, settings_or_exit
+from deferral.store.tables import User
 from deferral_cli.common import emit, fail, output_options, sessions
 from webserver import users as accounts
 

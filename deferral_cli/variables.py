@@ -9,10 +9,10 @@ from typing import Any
 import click
 from sqlalchemy import select
 
-from deferral.metastore import metastore
-from deferral.models import StoredVariable
-from deferral.private_files import write_private
-from deferral.process import command_group, settings_or_exit
+from deferral.runtime.private_files import write_private
+from deferral.runtime.process import command_group, settings_or_exit
+from deferral.store.metastore import metastore
+from deferral.store.tables import StoredVariable
 from deferral.variables import (
     NO_DEFAULT,
     Variable,

@@ -17,10 +17,10 @@ from typing import Protocol, TextIO
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from deferral.actions import ti_label
-from deferral.controls import escape_all
-from deferral.models import DagRun, TaskInstance, TaskStateChange
+from deferral.runtime.controls import escape_all
 from deferral.states import FINISHED_STATES, DagRunState, TaskState
+from deferral.store.actions import ti_label
+from deferral.store.tables import DagRun, TaskInstance, TaskStateChange
 
 FINISHED_RUN_STATES = frozenset({DagRunState.SUCCESS, DagRunState.FAILED})
 POLL_INTERVAL_SEC = 0.5

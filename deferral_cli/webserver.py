@@ -9,9 +9,8 @@ import click
 from sqlalchemy import func, select
 
 from broker.client import Broker, RedisSetupError
-from deferral.config import ConfigError, webserver_host, webserver_port, webserver_settings
-from deferral.models import User
-from deferral.process import (
+from deferral.runtime.config import ConfigError, webserver_host, webserver_port, webserver_settings
+from deferral.runtime.process import (
     log_format_option,
     metrics_host_option,
     metrics_port_option,
@@ -19,6 +18,7 @@ from deferral.process import (
     settings_or_exit,
     setup_logging,
 )
+from deferral.store.tables import User
 from deferral_cli.common import EXIT_UNAVAILABLE, fail, sessions
 from webserver import users
 
@@ -100,7 +100,7 @@ def webserver_command(
     # Imported here: `deferral --help` and every other command stay free of the web stack.
     import uvicorn
 
-    from deferral import metrics
+    from deferral.runtime import metrics
     from webserver.app import create_app
     from webserver.auth import is_loopback
 

@@ -1,5 +1,5 @@
 """``deferral xcom list|get``: the values tasks pushed, as JSON, with every known secret masked
-(as in the web UI: :func:`deferral.stored_secrets.shown_xcom`)."""
+(as in the web UI: :func:`deferral.store.stored_secrets.shown_xcom`)."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ import click
 from sqlalchemy import select
 
 from broker.streams import task_label
-from deferral.crypto import Cipher
-from deferral.models import TaskInstance, XCom
-from deferral.process import command_group, settings_or_exit
-from deferral.stored_secrets import known_secrets, shown_xcom
+from deferral.runtime.crypto import Cipher
+from deferral.runtime.process import command_group, settings_or_exit
+from deferral.store.stored_secrets import known_secrets, shown_xcom
+from deferral.store.tables import TaskInstance, XCom
 from deferral_cli.common import (
     Record,
     emit,

@@ -3,7 +3,7 @@ from __future__ import annotations
 from alembic import context
 from sqlalchemy import create_engine
 
-from deferral.models import Base
+from deferral.store.tables import Base
 
 config = context.config
 target_metadata = Base.metadata

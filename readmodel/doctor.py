@@ -1,5 +1,5 @@
 """The numbers behind ``deferral doctor`` and the web UI's Doctor page, gathered from PostgreSQL and
-Redis; the checks themselves are in deferral.doctor."""
+Redis; the checks themselves are in deferral.store.doctor."""
 
 from __future__ import annotations
 
@@ -10,11 +10,13 @@ from sqlalchemy.orm import Session
 
 from broker.client import Broker, RedisSetupError
 from broker.streams import task_label
-from deferral import doctor as checklist
-from deferral import liveness, queues, signals
-from deferral.config import Settings
-from deferral.db import make_engine, make_sessionmaker
-from deferral.models import (
+from deferral import signals
+from deferral.runtime.config import Settings
+from deferral.states import DagRunState, TaskState
+from deferral.store import doctor as checklist
+from deferral.store import liveness, queues
+from deferral.store.db import make_engine, make_sessionmaker
+from deferral.store.tables import (
     Dag,
     DagImportError,
     DagRun,
@@ -23,7 +25,6 @@ from deferral.models import (
     Trigger,
     Triggerer,
 )
-from deferral.states import DagRunState, TaskState
 
 
 def gather_checks(settings: Settings) -> list[checklist.Check]:

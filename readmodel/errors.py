@@ -11,9 +11,9 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError
 
 from broker.client import redis_location
-from deferral.config import Settings
-from deferral.db import url_location
-from deferral.faults import is_transient
+from deferral.runtime.config import Settings
+from deferral.runtime.faults import is_transient
+from deferral.store.db import url_location
 
 # Exit statuses every command shares (click itself exits 2 on a usage error).
 EXIT_FAILED = 1

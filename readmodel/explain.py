@@ -9,14 +9,15 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from broker.streams import StreamKeys, task_label
-from deferral import doctor as checklist
-from deferral import liveness, pools, queues
+from deferral.authoring.mappedoperator import MappedOperator
 from deferral.baseoperator import BaseOperator
-from deferral.config import Settings
 from deferral.dag import DAG
-from deferral.dagbag import DagBag, DagNotFound
-from deferral.mappedoperator import MappedOperator
-from deferral.models import (
+from deferral.loading.dagbag import DagBag, DagNotFound
+from deferral.runtime.config import Settings
+from deferral.states import FAIL_METHOD, FINISHED_STATES, DagRunState, TaskState
+from deferral.store import doctor as checklist
+from deferral.store import liveness, pools, queues
+from deferral.store.tables import (
     DagRun,
     Pool,
     TaskInstance,
@@ -26,7 +27,6 @@ from deferral.models import (
     Triggerer,
     Worker,
 )
-from deferral.states import FAIL_METHOD, FINISHED_STATES, DagRunState, TaskState
 from deferral.trigger_rules import TriggerRule, evaluate, upstream_states
 from readmodel.records import when
 

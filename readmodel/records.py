@@ -10,8 +10,8 @@ from typing import Any, TypeVar
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from deferral import liveness
-from deferral.models import DagRun, TaskInstance, Triggerer, Worker
+from deferral.store import liveness
+from deferral.store.tables import DagRun, TaskInstance, Triggerer, Worker
 
 Record = Mapping[str, Any]
 Process = TypeVar("Process", Triggerer, Worker)
@@ -98,7 +98,8 @@ def _identity(process: Triggerer | Worker) -> dict[str, Any]:
 
 
 def _liveness(process: Triggerer | Worker, now: dt.datetime, heartbeat_sec: float) -> Record:
-    """The heartbeat, its age, and whether the process is alive by :mod:`deferral.liveness`."""
+    """The heartbeat, its age, and whether the process is alive by
+    :mod:`deferral.store.liveness`."""
     return {
         "latest_heartbeat": process.latest_heartbeat,
         "heartbeat_age_sec": round(liveness.heartbeat_age_sec(process.latest_heartbeat, now), 1),

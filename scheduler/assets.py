@@ -13,10 +13,10 @@ from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session
 
 from deferral.assets import Asset, BaseAsset, watchers_of
-from deferral.crypto import Cipher
 from deferral.dag import DAG
-from deferral.models import AssetModel, AssetWatcherRow, DagScheduleAsset, TaskOutletAsset
-from deferral.transitions.assets import create_asset_runs
+from deferral.runtime.crypto import Cipher
+from deferral.store.tables import AssetModel, AssetWatcherRow, DagScheduleAsset, TaskOutletAsset
+from deferral.store.transitions.assets import create_asset_runs
 
 log = logging.getLogger("deferral.scheduler")
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from deferral.process import (
+from deferral.runtime.process import (
     command_group,
     default_consumer_name,
     log_format_option,

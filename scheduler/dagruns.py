@@ -19,14 +19,14 @@ from sqlalchemy import Select, func, or_, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.orm import Session
 
-from deferral import transitions
+from deferral.authoring.schedules import latest_automated_intervals
 from deferral.dag import DAG
-from deferral.dagbag import DagBag
-from deferral.models import Dag, DagRun
-from deferral.schedules import latest_automated_intervals
+from deferral.loading.dagbag import DagBag
 from deferral.states import DagRunState, DagRunType
+from deferral.store import transitions
+from deferral.store.tables import Dag, DagRun
+from deferral.store.transitions import NewDagRun
 from deferral.timetables import DagRunInfo, DataInterval
-from deferral.transitions import NewDagRun
 
 log = logging.getLogger("deferral.scheduler")
 

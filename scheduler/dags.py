@@ -16,10 +16,11 @@ from sqlalchemy import delete, func, select
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session
 
-from deferral import metrics, transitions
-from deferral.dagbag import DagBag
-from deferral.models import Dag, DagImportError, DagRun, TaskInstance
+from deferral.loading.dagbag import DagBag
+from deferral.runtime import metrics
 from deferral.states import DagRunState, TaskState
+from deferral.store import transitions
+from deferral.store.tables import Dag, DagImportError, DagRun, TaskInstance
 
 log = logging.getLogger("deferral.scheduler")
 

@@ -20,8 +20,8 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from deferral.dag import DAG
 from deferral.deadline import DeadlineAlert, run_callback
-from deferral.models import DagRun, DeadlineMiss
 from deferral.states import DagRunState
+from deferral.store.tables import DagRun, DeadlineMiss
 
 log = logging.getLogger("deferral.scheduler.deadlines")
 

@@ -9,7 +9,8 @@ from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from typing import NamedTuple, Protocol
 
-from deferral import setup_teardown, trigger_rules
+from deferral import trigger_rules
+from deferral.authoring import setup_teardown
 from deferral.baseoperator import BaseOperator
 from deferral.dag import DAG
 from deferral.states import FAILED_STATES, FINISHED_STATES, DagRunState, TaskState
@@ -78,7 +79,8 @@ def waiting_task_decisions(
     task; undecided tasks are left out. For a mapped task, ``mapped`` has the last word (its
     expansion may wait, skip or fail it). Decisions cascade within one call: a task marked
     upstream_failed makes its own downstream decidable at once. A work task's indirect setups
-    (``deferral.setup_teardown``) are judged before its trigger rule. A task in ``held`` (its
+    (``deferral.authoring.setup_teardown``) are judged before its trigger rule. A task in ``held``
+    (its
     previous run's task is not done: :func:`past_depends_met`) is not scheduled; its trigger
     rule still fails it, and skips it unless ``wait_for_past_depends_before_skipping``."""
     current = {task_id: dict(by_index) for task_id, by_index in states.items()}

@@ -11,12 +11,12 @@ from concurrent.futures import Executor
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from deferral.callbacks import run_callbacks
+from deferral.authoring.callbacks import run_callbacks
 from deferral.context import DagRunInfo, RuntimeTaskInstance, build_context
 from deferral.dag import DAG
-from deferral.models import DagRun, TaskInstance
 from deferral.states import TaskState
-from deferral.xcom import DatabaseXComs
+from deferral.store.tables import DagRun, TaskInstance
+from deferral.store.xcom import DatabaseXComs
 
 _CALLBACK_OF = {
     TaskState.SUCCESS: "on_success_callback",

@@ -6,7 +6,7 @@ when n is 0, or failed, naming the argument, when its input cannot be mapped or 
 when it may run again: map indexes its input no longer has are removed, new ones created.
 
 :class:`Expansions` decides (pure, given the shapes read by :func:`read_shapes`); :func:`carry_out`
-applies a decision through ``deferral.transitions``.
+applies a decision through ``deferral.store.transitions``.
 """
 
 from __future__ import annotations
@@ -18,16 +18,16 @@ from typing import Any
 from sqlalchemy import and_, case, func, select, tuple_
 from sqlalchemy.orm import Session
 
-from deferral import transitions
+from deferral.authoring.expandinput import Shape, XComRef
+from deferral.authoring.mappedoperator import MappedOperator
 from deferral.baseoperator import BaseOperator
 from deferral.dag import DAG
 from deferral.exceptions import MappingError
-from deferral.expandinput import Shape, XComRef
-from deferral.mappedoperator import MappedOperator
-from deferral.models import DagRun, TaskInstance, XCom
-from deferral.serialization import TAG
+from deferral.runtime.serialization import TAG
 from deferral.states import FINISHED_STATES, TaskState
-from deferral.transitions import NewTaskInstance
+from deferral.store import transitions
+from deferral.store.tables import DagRun, TaskInstance, XCom
+from deferral.store.transitions import NewTaskInstance
 from deferral.trigger_rules import RunStates
 from scheduler.decide import RunTask
 
@@ -106,7 +106,7 @@ class Expansions:
 
 
 def shape_of_stored(kind: str, tag: str | None, length: int | None, scalar: Any) -> Shape:
-    """The shape of a stored XCom value (tagged JSON, see deferral.serialization) from what
+    """The shape of a stored XCom value (tagged JSON, see deferral.runtime.serialization) from what
     SQL says of it: its JSON type, its type tag, its length, and its value if a scalar."""
     if kind == "array":
         return Shape("list", length)

@@ -28,11 +28,13 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from broker.client import Broker
 from broker.streams import queue_message, task_label, trigger_message
-from deferral import liveness, metrics, signals, transitions
-from deferral.crypto import Cipher, DecryptionError
-from deferral.models import TaskInstance, Trigger, Worker
-from deferral.process import log_ids
-from deferral.transitions import Attempt
+from deferral import signals
+from deferral.runtime import metrics
+from deferral.runtime.crypto import Cipher, DecryptionError
+from deferral.runtime.process import log_ids
+from deferral.store import liveness, transitions
+from deferral.store.tables import TaskInstance, Trigger, Worker
+from deferral.store.transitions import Attempt
 
 log = logging.getLogger("deferral.scheduler")
 

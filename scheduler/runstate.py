@@ -17,11 +17,11 @@ from collections.abc import Iterable, Sequence
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
-from deferral import setup_teardown
+from deferral.authoring import setup_teardown
+from deferral.authoring.mappedoperator import MappedOperator
 from deferral.dag import DAG
-from deferral.mappedoperator import MappedOperator
-from deferral.models import DagRun
 from deferral.states import TaskState
+from deferral.store.tables import DagRun
 from scheduler import decide
 
 # Spelled as the partial index's predicate, so that the planner always uses it.

@@ -41,37 +41,27 @@ from broker.streams import (
     queue_message,
     read_event,
 )
-from deferral import (
-    faults,
-    hitl,
-    liveness,
-    metrics,
-    partitions,
-    pools,
-    retention,
-    serialization,
-    tasklogs,
-    transitions,
-)
-from deferral.callbacks import (
+from deferral.authoring.callbacks import (
     REASON_SUCCESS,
     REASON_TASK_FAILURE,
     REASON_TIMED_OUT,
     run_dag_callbacks,
 )
-from deferral.config import Settings
 from deferral.context import DagRunInfo
-from deferral.crypto import Cipher
 from deferral.dag import DAG
-from deferral.dagbag import DagBag, DagNotFound
-from deferral.db import make_engine, make_sessionmaker, wait_until_up
-from deferral.faults import is_transient
-from deferral.models import DagRun, Scheduler, TaskInstance
-from deferral.process import Every, freeze_startup_objects, log_ids, wait_ms_until_due
-from deferral.serialization import SerializationError
+from deferral.loading.dagbag import DagBag, DagNotFound
+from deferral.runtime import faults, metrics, serialization
+from deferral.runtime.config import Settings
+from deferral.runtime.crypto import Cipher
+from deferral.runtime.faults import is_transient
+from deferral.runtime.process import Every, freeze_startup_objects, log_ids, wait_ms_until_due
+from deferral.runtime.serialization import SerializationError
 from deferral.states import DagRunState
-from deferral.tasklogs import SOURCE_TRIGGERER, NewLine
-from deferral.transitions import FiredEvent
+from deferral.store import hitl, liveness, partitions, pools, retention, tasklogs, transitions
+from deferral.store.db import make_engine, make_sessionmaker, wait_until_up
+from deferral.store.tables import DagRun, Scheduler, TaskInstance
+from deferral.store.tasklogs import SOURCE_TRIGGERER, NewLine
+from deferral.store.transitions import FiredEvent
 from deferral.triggers.task_end import check_end_xcoms
 from scheduler import (
     assets,
@@ -105,7 +95,7 @@ RECONCILE_EVERY_SEC = 2.0
 # that is shorter (at most every 0.5 s): a run fails at most 5 s, or half its grace, after it.
 BROKEN_DAGS_EVERY_SEC = 5.0
 PRUNE_EVERY_SEC = 3600.0
-# The history tables' partitions of the next days are made this often (deferral.partitions).
+# The history tables' partitions of the next days are made this often (deferral.store.partitions).
 PARTITIONS_EVERY_SEC = 3600.0
 DEFAULT_MAX_ACTIVE_TASKS = 16
 SCHEDULE_RUNS_EVERY_SEC = 1.0

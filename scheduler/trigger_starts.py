@@ -13,11 +13,11 @@ from sqlalchemy.orm import Session
 
 from broker import outbox
 from broker.streams import StreamKeys, task_label, trigger_message
-from deferral import serialization
-from deferral.crypto import Cipher
 from deferral.dag import DAG
-from deferral.models import TaskInstance
-from deferral.transitions.from_trigger import TriggerStart, start_from_trigger
+from deferral.runtime import serialization
+from deferral.runtime.crypto import Cipher
+from deferral.store.tables import TaskInstance
+from deferral.store.transitions.from_trigger import TriggerStart, start_from_trigger
 from deferral.triggers.task_end import start_trigger
 
 log = logging.getLogger("deferral.scheduler")

@@ -1,7 +1,7 @@
 """What the scheduler does with a run's waiting task instances (state none) when it evaluates
 the run: the trigger rules' decisions (``decide.waiting_task_decisions``, over every map index
 of mapped upstream tasks), mapped tasks expanded on the way (``scheduler.mapping``), all applied
-through ``deferral.transitions``."""
+through ``deferral.store.transitions``."""
 
 from __future__ import annotations
 
@@ -12,14 +12,14 @@ from dataclasses import dataclass, field
 
 from sqlalchemy.orm import Session
 
-from deferral import transitions
+from deferral.authoring.mappedoperator import MappedOperator
 from deferral.baseoperator import BaseOperator
 from deferral.dag import DAG
-from deferral.mappedoperator import MappedOperator
-from deferral.models import DagRun
-from deferral.policies import apply_task_instance_mutation_hook
+from deferral.loading.policies import apply_task_instance_mutation_hook
 from deferral.states import TaskState
-from deferral.transitions import NewTaskInstance
+from deferral.store import transitions
+from deferral.store.tables import DagRun
+from deferral.store.transitions import NewTaskInstance
 from scheduler import decide, mapping, runstate
 from scheduler.mapping import Move, NewTaskInstanceOf
 

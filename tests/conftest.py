@@ -26,10 +26,10 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from broker import topology
 from broker.client import Broker
-from deferral import migrate
-from deferral.config import Settings, load_settings
-from deferral.crypto import Cipher
-from deferral.db import make_engine, make_sessionmaker
+from deferral.runtime.config import Settings, load_settings
+from deferral.runtime.crypto import Cipher
+from deferral.store import migrate
+from deferral.store.db import make_engine, make_sessionmaker
 from tests.forks import LANE
 from tests.helpers import wait_for
 from tests.servers import ADMIN_URL, REDIS_URL

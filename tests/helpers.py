@@ -12,7 +12,7 @@ from typing import TypeVar
 from sqlalchemy import text
 from sqlalchemy.orm import Session, sessionmaker
 
-from deferral import redis_urls
+from deferral.runtime import redis_urls
 
 T = TypeVar("T")
 

@@ -7,7 +7,7 @@ import dataclasses
 import anyio
 import click
 
-from deferral.process import (
+from deferral.runtime.process import (
     command_group,
     default_consumer_name,
     log_format_option,

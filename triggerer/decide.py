@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from deferral.states import TaskState
-from deferral.transitions import RESUMED_BY_TRIGGER, TIMED_OUT
+from deferral.store.transitions import RESUMED_BY_TRIGGER, TIMED_OUT
 
 USER_ACTION = "user_action"
 TIMEOUT = "timeout"

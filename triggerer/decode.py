@@ -15,8 +15,8 @@ import msgspec
 
 from broker.replies import Entry
 from broker.streams import MalformedEntry, TriggerMessage, TriggerSpec, from_fields
-from deferral.crypto import Cipher, DecryptionError
-from deferral.serialization import SerializationError, from_jsonable
+from deferral.runtime.crypto import Cipher, DecryptionError
+from deferral.runtime.serialization import SerializationError, from_jsonable
 from deferral.triggers.base import BaseTrigger
 
 

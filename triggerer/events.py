@@ -18,11 +18,11 @@ import msgspec
 
 from broker import streams
 from broker.streams import EVENT_KIND_EVENT, EVENT_KIND_FAILURE, EventMessage
-from deferral import serialization
-from deferral.crypto import Cipher
-from deferral.process import LogExtra
-from deferral.secrets_masker import mask_with_kwargs
-from deferral.serialization import SerializationError
+from deferral.runtime import serialization
+from deferral.runtime.crypto import Cipher
+from deferral.runtime.process import LogExtra
+from deferral.runtime.secrets_masker import mask_with_kwargs
+from deferral.runtime.serialization import SerializationError
 from deferral.triggers.base import BaseTrigger, TriggerEvent
 from deferral.triggers.task_end import end_kind
 

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from broker.client import Broker
 from broker.consumer import Lost
 from broker.consumers import ConsumerSet
-from deferral.faults import is_transient
+from deferral.runtime.faults import is_transient
 
 log = logging.getLogger("deferral.triggerer")
 

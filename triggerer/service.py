@@ -54,18 +54,19 @@ from broker.streams import (
     to_fields,
     with_log,
 )
-from deferral import liveness, metrics, serialization, tasklogs
-from deferral.config import Settings
-from deferral.crypto import Cipher
-from deferral.dagbag import put_on_sys_path
-from deferral.db import make_engine, make_sessionmaker, wait_until_up
-from deferral.faults import is_transient
-from deferral.models import TaskInstance, TaskStateChange, Triggerer
-from deferral.process import LOG_IDS_ATTR, LogExtra, freeze_startup_objects, log_ids
-from deferral.queues import recorded
-from deferral.secrets_masker import redact
+from deferral.loading.dagbag import put_on_sys_path
+from deferral.runtime import metrics, serialization
+from deferral.runtime.config import Settings
+from deferral.runtime.crypto import Cipher
+from deferral.runtime.faults import is_transient
+from deferral.runtime.process import LOG_IDS_ATTR, LogExtra, freeze_startup_objects, log_ids
+from deferral.runtime.secrets_masker import redact
 from deferral.states import TaskState
-from deferral.tasklogs import NewLine
+from deferral.store import liveness, tasklogs
+from deferral.store.db import make_engine, make_sessionmaker, wait_until_up
+from deferral.store.queues import recorded
+from deferral.store.tables import TaskInstance, TaskStateChange, Triggerer
+from deferral.store.tasklogs import NewLine
 from deferral.triggers.base import BaseTrigger
 from triggerer import decide, tasklog
 from triggerer.decode import Decoded, RejectedEntry, decode_entry

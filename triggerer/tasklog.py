@@ -19,8 +19,8 @@ from typing import Any
 import msgspec
 
 from broker.streams import MAX_CARRIED_LOG, CarriedLog
-from deferral.process import LOG_IDS_ATTR
-from deferral.tasklogs import LOG_FORMAT, SOURCE_TRIGGERER, NewLine, clean
+from deferral.runtime.process import LOG_IDS_ATTR
+from deferral.store.tasklogs import LOG_FORMAT, SOURCE_TRIGGERER, NewLine, clean
 
 # The ids of the trigger whose code runs in the current asyncio task (set in its task only).
 current_ids: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar(

@@ -23,9 +23,9 @@ from sqlalchemy import text
 from sqlalchemy.orm import Session, sessionmaker
 
 from deferral.assets import event_from_trigger
-from deferral.crypto import Cipher, DecryptionError
-from deferral.serialization import SerializationError
-from deferral.transitions.asset_events import record_watcher_event
+from deferral.runtime.crypto import Cipher, DecryptionError
+from deferral.runtime.serialization import SerializationError
+from deferral.store.transitions.asset_events import record_watcher_event
 from deferral.triggers.base import TriggerEvent
 from deferral.triggers.event import BaseEventTrigger
 from triggerer.decode import load_trigger_class

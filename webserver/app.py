@@ -1,5 +1,5 @@
 """The ASGI application: pages (Jinja2, autoescaped), the JSON API under ``/api/v1/``, and the
-user actions, which take the ``deferral`` command's own paths (``deferral.actions``).
+user actions, which take the ``deferral`` command's own paths (``deferral.store.actions``).
 
 Database and Redis calls are blocking, so they run in Starlette's thread pool; one DagBag per
 process serves the DAGs (``data.DagSource``).
@@ -34,11 +34,13 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from broker import deadletters
 from broker.client import Broker
 from broker.streams import WAKE
-from deferral import actions, secrets_masker, signals
-from deferral.callback_tokens import TokenRefused, read_token
-from deferral.config import Settings, WebserverSettings, webserver_settings
-from deferral.crypto import Cipher
-from deferral.db import make_engine, make_sessionmaker
+from deferral import signals
+from deferral.runtime import secrets_masker
+from deferral.runtime.config import Settings, WebserverSettings, webserver_settings
+from deferral.runtime.crypto import Cipher
+from deferral.store import actions
+from deferral.store.callback_tokens import TokenRefused, read_token
+from deferral.store.db import make_engine, make_sessionmaker
 from readmodel.errors import server_error
 from readmodel.records import json_value
 from webserver import approvals, data, paramform, users

@@ -1,7 +1,8 @@
 """Required actions (human in the loop): the page listing tasks awaiting input with a form to
 respond, and the API (``GET /api/v1/hitlDetails``, ``POST /api/v1/hitlDetails/{id}``). A response
 needs a logged-in user (a session with its CSRF token, or HTTP Basic for the API), recorded with
-the time; ``deferral.hitl`` checks and applies it. Also the deadline misses (``deadline_miss``):
+the time; ``deferral.store.hitl`` checks and applies it. Also the deadline misses
+(``deadline_miss``):
 ``/deadline_misses`` and ``GET /api/v1/deadlineMisses``."""
 
 from __future__ import annotations
@@ -15,9 +16,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, RedirectResponse, Response
 from starlette.routing import Route
 
-from deferral import hitl
-from deferral.crypto import Cipher
-from deferral.models import DeadlineMiss
+from deferral.runtime.crypto import Cipher
+from deferral.store import hitl
+from deferral.store.tables import DeadlineMiss
 from webserver.inputs import BadInput, int_param
 
 if TYPE_CHECKING:

@@ -39,8 +39,8 @@ from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 
-from deferral.config import Settings
-from deferral.models import WebSession
+from deferral.runtime.config import Settings
+from deferral.store.tables import WebSession
 from webserver import users
 from webserver.inputs import loggable_name
 from webserver.throttle import LoginThrottle

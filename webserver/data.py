@@ -19,14 +19,18 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session, load_only
 
 from broker.client import Broker
-from deferral import doctor as checklist
-from deferral import liveness, tasklogs
-from deferral.actions import ti_label
-from deferral.config import Settings
-from deferral.crypto import Cipher
+from deferral.authoring.schedules import latest_automated_intervals
 from deferral.dag import DAG, DagDefinitionError
-from deferral.dagbag import DagBag, DagNotFound
-from deferral.models import (
+from deferral.loading.dagbag import DagBag, DagNotFound
+from deferral.runtime.config import Settings
+from deferral.runtime.crypto import Cipher
+from deferral.runtime.secrets_masker import redact
+from deferral.states import FINISHED_STATES, TaskState
+from deferral.store import doctor as checklist
+from deferral.store import liveness, tasklogs
+from deferral.store.actions import ti_label
+from deferral.store.stored_secrets import known_secrets, shown_xcom
+from deferral.store.tables import (
     Dag,
     DagRun,
     RenderedTaskInstanceFields,
@@ -37,10 +41,6 @@ from deferral.models import (
     Worker,
     XCom,
 )
-from deferral.schedules import latest_automated_intervals
-from deferral.secrets_masker import redact
-from deferral.states import FINISHED_STATES, TaskState
-from deferral.stored_secrets import known_secrets, shown_xcom
 from readmodel.doctor import gather_checks
 from readmodel.explain import explain
 from readmodel.records import (

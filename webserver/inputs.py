@@ -9,7 +9,7 @@ import json
 import re
 from typing import Any
 
-from deferral import controls
+from deferral.runtime import controls
 
 # The columns that hold DAG, run and task ids are VARCHAR(250).
 MAX_ID_CHARS = 250

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from deferral.models.param import Param
-from deferral.secrets_masker import MASK, redact
+from deferral.runtime.secrets_masker import MASK, redact
 from webserver.inputs import BadInput
 
 FIELD_PREFIX = "param:"

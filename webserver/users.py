@@ -19,8 +19,8 @@ from sqlalchemy import delete, select
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session
 
-from deferral.config import secret
-from deferral.models import User, WebSession
+from deferral.runtime.config import secret
+from deferral.store.tables import User, WebSession
 
 ADMIN_PASSWORD_ENV = "DEFERRAL_WEBSERVER_ADMIN_PASSWORD"
 # The user name the environment's password logs in as.

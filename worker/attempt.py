@@ -21,12 +21,11 @@ from typing import Any
 
 import msgspec
 
-from deferral import serialization
+from deferral.authoring.callbacks import run_callbacks
+from deferral.authoring.mappedoperator import MappedOperator
+from deferral.authoring.templating import render_and_record
 from deferral.baseoperator import BaseOperator
-from deferral.callbacks import run_callbacks
-from deferral.config import ConfigError, smtp_settings
 from deferral.context import Context, DagRunInfo, RuntimeTaskInstance, make_context
-from deferral.dagbag import process_dagbag
 from deferral.exceptions import (
     FailTask,
     RescheduleTask,
@@ -35,19 +34,20 @@ from deferral.exceptions import (
     TaskDeferred,
     TaskExecutionTimeout,
 )
-from deferral.hitl import InputRequest, check_request
-from deferral.mappedoperator import MappedOperator
-from deferral.metastore import metastore
+from deferral.loading.dagbag import process_dagbag
 from deferral.models.xcom import resolve_xcom_backend
-from deferral.process import freeze_startup_objects
-from deferral.secrets_masker import redact
-from deferral.serialization import SerializationError, from_jsonable
+from deferral.runtime import serialization
+from deferral.runtime.config import ConfigError, smtp_settings
+from deferral.runtime.process import freeze_startup_objects
+from deferral.runtime.secrets_masker import redact
+from deferral.runtime.serialization import SerializationError, from_jsonable
 from deferral.states import FAIL_METHOD
-from deferral.templating import render_and_record
-from deferral.transitions import has_tries_left
+from deferral.store.hitl import InputRequest, check_request
+from deferral.store.metastore import metastore
+from deferral.store.transitions import has_tries_left
+from deferral.store.xcom import RETURN_VALUE, DatabaseXComs, stored_value
 from deferral.triggers.base import BaseTrigger
 from deferral.utils.email import failure_alert
-from deferral.xcom import RETURN_VALUE, DatabaseXComs, stored_value
 from worker import decide
 from worker.outcomes import (
     AttemptRequest,

@@ -33,9 +33,9 @@ from contextlib import contextmanager
 from functools import cache
 from typing import NamedTuple, TextIO
 
-from deferral import tasklogs
-from deferral.metastore import metastore
-from deferral.tasklogs import LOG_FORMAT, SOURCE_TASK, NewLine
+from deferral.store import tasklogs
+from deferral.store.metastore import metastore
+from deferral.store.tasklogs import LOG_FORMAT, SOURCE_TASK, NewLine
 from worker import outcomes
 from worker.attempt import execute_attempt
 

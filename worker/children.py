@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection, Pipe
 from typing import Generic, TypeVar
 
-from deferral.process import die_with_parent
+from deferral.runtime.process import die_with_parent
 
 log = logging.getLogger("deferral.worker")
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import click
 
-from deferral.config import smtp_settings
-from deferral.process import (
+from deferral.runtime.config import smtp_settings
+from deferral.runtime.process import (
     command_group,
     default_consumer_name,
     loaded_or_exit,

@@ -11,9 +11,9 @@ import queue
 import threading
 from dataclasses import dataclass
 
-from deferral.config import SmtpSettings
-from deferral.process import LogExtra
-from deferral.secrets_masker import redact
+from deferral.runtime.config import SmtpSettings
+from deferral.runtime.process import LogExtra
+from deferral.runtime.secrets_masker import redact
 from deferral.utils.email import EmailAlert, send_email
 
 log = logging.getLogger("deferral.worker.mail")

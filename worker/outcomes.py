@@ -15,7 +15,7 @@ from typing import Any
 
 import msgspec
 
-from deferral.config import DEFAULT_TASK_LOG_MAX_BYTES
+from deferral.runtime.config import DEFAULT_TASK_LOG_MAX_BYTES
 from deferral.utils.email import EmailAlert
 
 
@@ -78,7 +78,8 @@ class Rescheduled(msgspec.Struct, frozen=True, tag=True):
 
 
 class AwaitingInput(msgspec.Struct, frozen=True, tag=True):
-    """What an HITLOperator asks (deferral.hitl.InputRequest's fields, checked in the child)."""
+    """What an HITLOperator asks (deferral.store.hitl.InputRequest's fields, checked in the
+    child)."""
 
     subject: str
     body: str | None

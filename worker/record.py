@@ -1,4 +1,5 @@
-"""Recording what attempts ended with, through ``deferral.transitions``: the worker's batches and
+"""Recording what attempts ended with, through ``deferral.store.transitions``: the worker's batches
+and
 the in-process runs of ``deferral dags test`` write outcomes the same way."""
 
 from __future__ import annotations
@@ -8,10 +9,11 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from deferral import hitl, serialization, transitions
-from deferral.crypto import Cipher
-from deferral.serialization import SerializationError
-from deferral.transitions import Attempt
+from deferral.runtime import serialization
+from deferral.runtime.crypto import Cipher
+from deferral.runtime.serialization import SerializationError
+from deferral.store import hitl, transitions
+from deferral.store.transitions import Attempt
 from worker.outcomes import (
     AttemptRequest,
     AwaitingInput,

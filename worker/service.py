@@ -37,17 +37,25 @@ from broker.streams import (
     task_label,
     trigger_message,
 )
-from deferral import liveness, metrics, signals, tasklogs, transitions
-from deferral.config import Settings, SmtpSettings
-from deferral.crypto import Cipher, DecryptionError
-from deferral.db import make_engine, make_sessionmaker, wait_until_up
-from deferral.faults import is_transient
-from deferral.models import TaskInstance, Worker
-from deferral.process import Every, LogExtra, freeze_startup_objects, log_ids, wait_ms_until_due
-from deferral.serialization import SerializationError
+from deferral import signals
+from deferral.runtime import metrics
+from deferral.runtime.config import Settings, SmtpSettings
+from deferral.runtime.crypto import Cipher, DecryptionError
+from deferral.runtime.faults import is_transient
+from deferral.runtime.process import (
+    Every,
+    LogExtra,
+    freeze_startup_objects,
+    log_ids,
+    wait_ms_until_due,
+)
+from deferral.runtime.serialization import SerializationError
 from deferral.states import TaskState
-from deferral.tasklogs import SOURCE_WORKER, NewLine
-from deferral.transitions import Attempt
+from deferral.store import liveness, tasklogs, transitions
+from deferral.store.db import make_engine, make_sessionmaker, wait_until_up
+from deferral.store.tables import TaskInstance, Worker
+from deferral.store.tasklogs import SOURCE_WORKER, NewLine
+from deferral.store.transitions import Attempt
 from worker import record
 from worker.attempt import warm_up
 from worker.capture import run_attempt

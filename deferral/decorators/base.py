@@ -9,11 +9,15 @@ import typing
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from deferral.authoring.expandinput import (
+    DictOfListsExpandInput,
+    ExpandInput,
+    ListOfDictsExpandInput,
+)
+from deferral.authoring.mappedoperator import MappedOperator, check_expand, check_expand_kwargs
 from deferral.baseoperator import BaseOperator
 from deferral.context import Context
 from deferral.dag import DAG, DagDefinitionError
-from deferral.expandinput import DictOfListsExpandInput, ExpandInput, ListOfDictsExpandInput
-from deferral.mappedoperator import MappedOperator, check_expand, check_expand_kwargs
 from deferral.utils.task_group import TaskGroup
 from deferral.xcom_arg import XComArg
 

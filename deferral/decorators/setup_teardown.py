@@ -1,5 +1,6 @@
 """``@setup`` and ``@teardown``: a function (or a ``@task`` variant) whose task is a setup or a
-teardown task (``deferral.setup_teardown``), as Airflow's ``airflow.decorators`` gives them."""
+teardown task (``deferral.authoring.setup_teardown``), as Airflow's ``airflow.decorators`` gives
+them."""
 
 from __future__ import annotations
 

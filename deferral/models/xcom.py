@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
-from deferral.config import ConfigError, xcom_backend
+from deferral.runtime.config import ConfigError, xcom_backend
 
 
 @dataclass(frozen=True)

@@ -20,9 +20,9 @@ from typing import Any, NoReturn
 from deferral.baseoperator import BaseOperator
 from deferral.context import Context
 from deferral.exceptions import HITLRejectException, HITLTimeoutError, TaskAwaitingInput
-from deferral.hitl import InputRequest, check_request
 from deferral.models.param import ParamsDict
 from deferral.operators.branch import branch_skips
+from deferral.store.hitl import InputRequest, check_request
 
 
 class HITLOperator(BaseOperator):

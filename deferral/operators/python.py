@@ -18,12 +18,12 @@ from pathlib import Path
 from typing import Any
 
 from deferral.baseoperator import BaseOperator
-from deferral.config import venv_cache_path
 from deferral.context import Context, get_current_context
 from deferral.dag import DagDefinitionError
 from deferral.exceptions import SkipTask
 from deferral.operators.bash import context_environment, run_process, skip_codes, stop_process_group
 from deferral.operators.branch import branch_skips
+from deferral.runtime.config import venv_cache_path
 from deferral.utils.python_virtualenv import (
     VirtualenvError,
     VirtualenvSpec,

@@ -12,16 +12,16 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from deferral import actions
 from deferral.baseoperator import BaseOperator
-from deferral.config import default_deferrable
 from deferral.context import Context
 from deferral.dag import DagDefinitionError
-from deferral.dagbag import process_dagbag
 from deferral.exceptions import DeferralException, SkipTask
-from deferral.metastore import metastore
-from deferral.models import DagRun
+from deferral.loading.dagbag import process_dagbag
+from deferral.runtime.config import default_deferrable
 from deferral.states import DagRunState, DagRunType
+from deferral.store import actions
+from deferral.store.metastore import metastore
+from deferral.store.tables import DagRun
 from deferral.triggers.external_task import DagStateTrigger
 from deferral.utils.sensor_helper import date_argument, parse_logical_date, run_of
 

@@ -15,7 +15,6 @@ from collections.abc import Callable
 from typing import Any, NoReturn
 
 from deferral.baseoperator import BaseOperator
-from deferral.config import default_deferrable
 from deferral.context import Context
 from deferral.dag import DagDefinitionError
 from deferral.exceptions import (
@@ -28,6 +27,7 @@ from deferral.exceptions import (
     TaskDeferralTimeout,
     TaskExecutionTimeout,
 )
+from deferral.runtime.config import default_deferrable
 from deferral.triggers import DateTimeTrigger
 from deferral.triggers.base import BaseTrigger
 

@@ -11,13 +11,13 @@ from typing import Any, NoReturn
 
 from deferral.context import Context
 from deferral.dag import DAG, DagDefinitionError
-from deferral.dagbag import DagNotFound, process_dagbag
 from deferral.exceptions import DeferralException, SkipTask
-from deferral.metastore import metastore
+from deferral.loading.dagbag import DagNotFound, process_dagbag
 from deferral.operators.empty import EmptyOperator
 from deferral.operators.python import call_with_context
 from deferral.sensors.base import BaseSensorOperator
 from deferral.states import DagRunState, TaskState
+from deferral.store.metastore import metastore
 from deferral.triggers.external_task import WorkflowTrigger
 from deferral.utils.sensor_helper import (
     ExternalStatus,

@@ -1,6 +1,6 @@
 """``Label`` on edges, under Airflow's path ``airflow.utils.edgemodifier``."""
 
-from deferral.dependencies import EdgeModifier
+from deferral.authoring.dependencies import EdgeModifier
 
 
 class Label(EdgeModifier):

@@ -19,7 +19,7 @@ from email.message import EmailMessage
 from pathlib import Path
 from typing import Any
 
-from deferral.config import SmtpSettings, smtp_settings
+from deferral.runtime.config import SmtpSettings, smtp_settings
 
 __all__ = ["EmailAlert", "failure_alert", "get_email_address_list", "send_email"]
 

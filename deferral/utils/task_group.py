@@ -7,8 +7,8 @@ import re
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from deferral.authoring.dependencies import DependencyMixin
 from deferral.dag import DAG, DagDefinitionError
-from deferral.dependencies import DependencyMixin
 
 if TYPE_CHECKING:
     from deferral.baseoperator import BaseOperator

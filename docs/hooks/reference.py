@@ -1,6 +1,6 @@
 """The Reference pages, generated from the code at every build so they cannot drift: every
 command and option of the console scripts (walking their click groups), every setting
-(``deferral.config.SETTINGS``) and every metric (``deferral.metrics``' definitions).
+(``deferral.runtime.config.SETTINGS``) and every metric (``deferral.runtime.metrics``' definitions).
 ``tests/unit/test_docs.py`` checks that each item has help text."""
 
 from __future__ import annotations
@@ -15,8 +15,9 @@ import click
 import scheduler.cli
 import triggerer.cli
 import worker.cli
-from deferral import airflow_arguments, config, metrics
-from deferral.process import CONTEXT_SETTINGS
+from deferral.authoring import airflow_arguments
+from deferral.runtime import config, metrics
+from deferral.runtime.process import CONTEXT_SETTINGS
 from deferral_cli import main as deferral_main
 
 CONSOLE_SCRIPTS: dict[str, click.Command] = {
@@ -139,8 +140,9 @@ def settings_page() -> str:
     lines = [
         "# Settings",
         "",
-        "Every `DEFERRAL_*` environment variable, generated from `deferral.config.SETTINGS`."
-        " Many may also be given in a `deferral.toml` file (see Configuration under"
+        "Every `DEFERRAL_*` environment variable, generated from"
+        " `deferral.runtime.config.SETTINGS`. Many may also be given in a `deferral.toml` file"
+        " (see Configuration under"
         " [Operations](../operations.md)); the environment wins. Secrets ("
         + ", ".join(f"`{name}`" for name in config.SECRET_SETTINGS)
         + ")"
@@ -181,8 +183,9 @@ def metrics_page() -> str:
     lines = [
         "# Metrics",
         "",
-        "Every Prometheus metric, generated from `deferral.metrics`. Each process serves its"
-        " own at `--metrics-port` (`/metrics`), beside the standard `process_*` metrics.",
+        "Every Prometheus metric, generated from `deferral.runtime.metrics`. Each process"
+        " serves its own at `--metrics-port` (`/metrics`), beside the standard `process_*`"
+        " metrics.",
         "",
         "| Metric | Type | Labels | Served by | Meaning |",
         "|---|---|---|---|---|",
@@ -236,7 +239,7 @@ def airflow_arguments_page() -> str:
     lines = [
         "# Airflow arguments",
         "",
-        "Generated from `deferral.airflow_arguments`: Airflow 2.10 arguments of `DAG`,"
+        "Generated from `deferral.authoring.airflow_arguments`: Airflow 2.10 arguments of `DAG`,"
         " `BaseOperator` and the shipped operators that deferral does not implement as its own."
         " Any other value of a no-op argument is refused when the DAG loads, naming the argument"
         " and the reason; an argument in neither table nor deferral's own is refused as unknown.",

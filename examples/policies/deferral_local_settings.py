@@ -10,7 +10,7 @@ import re
 
 from deferral import DAG, BaseOperator
 from deferral.exceptions import ClusterPolicySkipDag, ClusterPolicyViolation
-from deferral.policies import MutableTaskInstance
+from deferral.loading.policies import MutableTaskInstance
 
 DAG_ID = re.compile(r"[a-z][a-z0-9_]*")
 

@@ -1,5 +1,5 @@
 """task_state_change, task_log, resume_event: range-partitioned by day, so that retention drops
-whole partitions instead of deleting rows (deferral.partitions)
+whole partitions instead of deleting rows (deferral.store.partitions)
 
 The table as it was becomes one partition, ``<table>_beforeYYYYMMDD``, holding everything before
 tomorrow (UTC): no row is copied, PostgreSQL only checks the range and builds the new indexes.
@@ -23,7 +23,7 @@ down_revision = "0013"
 branch_labels = None
 depends_on = None
 
-AHEAD_DAYS = 3  # deferral.partitions.AHEAD_DAYS when this was written
+AHEAD_DAYS = 3  # deferral.store.partitions.AHEAD_DAYS when this was written
 
 # table: (partition key, the primary key's other column, whether ids come from a sequence,
 # indexes (name, columns), the foreign key to task_instance or None)
@@ -110,7 +110,8 @@ def downgrade() -> None:
     for table, (key, column, indexes, fk) in TABLES.items():
         flat = f"{table}_flat"
         op.execute(f"CREATE TABLE {flat} (LIKE {table} INCLUDING DEFAULTS)")
-        # A dedup key claimed twice (deferral.partitions: it is unique per day) keeps its first.
+        # A dedup key claimed twice (deferral.store.partitions: it is unique per day) keeps its
+        # first.
         op.execute(
             f"INSERT INTO {flat} SELECT DISTINCT ON ({column}) * FROM {table}"
             f" ORDER BY {column}, {key}"

@@ -25,10 +25,10 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from broker.client import Broker
-from deferral.crypto import Cipher
-from deferral.db import make_engine, make_sessionmaker
-from deferral.models import TaskInstance, Trigger
+from deferral.runtime.crypto import Cipher
 from deferral.states import TaskState
+from deferral.store.db import make_engine, make_sessionmaker
+from deferral.store.tables import TaskInstance, Trigger
 from tests.conftest import delete_stream_keys, empty_tables, new_stream_prefix
 from tests.forks import LANE, ForkedProcess
 from tests.helpers import wait_for

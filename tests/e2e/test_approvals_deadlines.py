@@ -23,8 +23,8 @@ from selenium.webdriver.remote.webdriver import WebDriver
 from sqlalchemy import insert, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from deferral.models import DeadlineMiss, HITLDetail, Pool, TaskInstance, XCom
 from deferral.states import TaskState
+from deferral.store.tables import DeadlineMiss, HITLDetail, Pool, TaskInstance, XCom
 from deferral_cli.embedded import free_port
 from tests.e2e.conftest import Stack, command
 from tests.helpers import wait_for

@@ -14,7 +14,7 @@ import redis
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from deferral.models import (
+from deferral.store.tables import (
     AssetEventRow,
     AssetWatcherRow,
     DagRun,

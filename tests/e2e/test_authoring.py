@@ -10,9 +10,9 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from deferral import tasklogs
-from deferral.models import DagRun, TaskInstance, TaskStateChange
-from deferral.xcom import DatabaseXComs
+from deferral.store import tasklogs
+from deferral.store.tables import DagRun, TaskInstance, TaskStateChange
+from deferral.store.xcom import DatabaseXComs
 from tests.e2e.conftest import Services, shared_stack_fixtures
 from tests.helpers import process_alive, wait_for
 

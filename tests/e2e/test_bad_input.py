@@ -9,7 +9,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from broker.client import Broker
-from deferral.models import TaskInstance, TaskStateChange
+from deferral.store.tables import TaskInstance, TaskStateChange
 from tests.e2e.conftest import CLI, Services
 from tests.helpers import wait_for
 

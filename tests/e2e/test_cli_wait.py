@@ -19,7 +19,7 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from deferral.models import DagRun, TaskInstance
+from deferral.store.tables import DagRun, TaskInstance
 from tests.e2e.conftest import Services, command, shared_stack_fixtures
 from tests.helpers import wait_for
 

@@ -26,7 +26,7 @@ from sqlalchemy import select
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, sessionmaker
 
-from deferral.models import DagRun, TaskInstance, TaskStateChange
+from deferral.store.tables import DagRun, TaskInstance, TaskStateChange
 from deferral_cli.embedded import free_port
 from tests.compose_stack import COMPOSE_FILE, model, scratch_project
 from tests.e2e.conftest import CLI, Services, command

@@ -16,8 +16,8 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from broker.client import Broker
-from deferral.crypto import Cipher
-from deferral.models import DagRun, ResumeEvent, TaskInstance, TaskStateChange, XCom
+from deferral.runtime.crypto import Cipher
+from deferral.store.tables import DagRun, ResumeEvent, TaskInstance, TaskStateChange, XCom
 from deferral_cli.embedded import redis_server_binary
 from tests.e2e.conftest import Services, fire_deferred
 from tests.helpers import process_alive, wait_for

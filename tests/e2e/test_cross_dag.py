@@ -16,7 +16,7 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from deferral.models import DagRun, TaskInstance, TaskStateChange, XCom
+from deferral.store.tables import DagRun, TaskInstance, TaskStateChange, XCom
 from tests.e2e.conftest import shared_stack_fixtures
 from tests.helpers import wait_for
 

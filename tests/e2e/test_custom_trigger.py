@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from sqlalchemy.orm import Session, sessionmaker
 
-from deferral.xcom import DatabaseXComs
+from deferral.store.xcom import DatabaseXComs
 from tests.e2e.conftest import Services
 from tests.helpers import wait_for
 

@@ -13,8 +13,8 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from deferral import serialization
-from deferral.models import TaskInstance, TaskStateChange, XCom
+from deferral.runtime import serialization
+from deferral.store.tables import TaskInstance, TaskStateChange, XCom
 from tests.e2e.conftest import Services
 from tests.helpers import wait_for
 

@@ -17,9 +17,9 @@ from sqlalchemy.orm import Session, sessionmaker
 from broker.client import Broker
 from broker.consumer import StreamConsumer
 from broker.streams import GROUP_TRIGGERERS, DeadLetterMessage, to_fields
-from deferral.crypto import Cipher
-from deferral.models import ResumeEvent, TaskInstance
+from deferral.runtime.crypto import Cipher
 from deferral.states import TaskState
+from deferral.store.tables import ResumeEvent, TaskInstance
 from tests.e2e.conftest import Services
 from tests.helpers import wait_for
 

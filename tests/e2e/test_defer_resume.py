@@ -14,9 +14,9 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from broker.client import Broker
 from broker.streams import GROUP_SCHEDULERS, GROUP_TRIGGERERS, GROUP_WORKERS
-from deferral.crypto import Cipher
-from deferral.models import DagRun, ResumeEvent, TaskInstance, TaskStateChange, Trigger
-from deferral.xcom import DatabaseXComs
+from deferral.runtime.crypto import Cipher
+from deferral.store.tables import DagRun, ResumeEvent, TaskInstance, TaskStateChange, Trigger
+from deferral.store.xcom import DatabaseXComs
 from tests.e2e.conftest import Services, command
 from tests.helpers import redis_cli_target, wait_for
 from triggerer.events import event_message

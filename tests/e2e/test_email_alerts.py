@@ -11,8 +11,8 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from deferral import tasklogs
-from deferral.models import TaskInstance
+from deferral.store import tasklogs
+from deferral.store.tables import TaskInstance
 from tests.e2e.conftest import Services
 from tests.helpers import wait_for
 from tests.smtp import SMTP_PASSWORD, smtp_server

@@ -14,8 +14,8 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from broker.client import Broker
 from broker.streams import GROUP_SCHEDULERS, GROUP_TRIGGERERS, GROUP_WORKERS
-from deferral.crypto import Cipher
-from deferral.models import TaskInstance, TaskStateChange
+from deferral.runtime.crypto import Cipher
+from deferral.store.tables import TaskInstance, TaskStateChange
 from tests.e2e.conftest import Services, fire_deferred
 from tests.e2e.test_core_faults import KILLER_DAG, KILLER_TRIGGER, fire_healthy_once_poisoned
 from tests.forks import ForkedProcess

@@ -11,8 +11,8 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from deferral import transitions
-from deferral.models import DagRun
+from deferral.store import transitions
+from deferral.store.tables import DagRun
 from tests.e2e.conftest import Services
 from tests.helpers import wait_for
 

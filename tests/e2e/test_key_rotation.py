@@ -19,8 +19,8 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from broker.client import Broker
-from deferral.crypto import Cipher, DecryptionError
-from deferral.models import TaskInstance, Trigger
+from deferral.runtime.crypto import Cipher, DecryptionError
+from deferral.store.tables import TaskInstance, Trigger
 from tests.e2e.conftest import Services
 from tests.helpers import wait_for
 

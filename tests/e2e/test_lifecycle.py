@@ -8,7 +8,7 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from deferral.models import Triggerer
+from deferral.store.tables import Triggerer
 from tests.e2e.conftest import Services
 from tests.helpers import wait_for
 

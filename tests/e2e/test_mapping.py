@@ -14,9 +14,9 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from deferral.crypto import Cipher
-from deferral.models import DagRun, TaskInstance, TaskStateChange
-from deferral.xcom import DatabaseXComs
+from deferral.runtime.crypto import Cipher
+from deferral.store.tables import DagRun, TaskInstance, TaskStateChange
+from deferral.store.xcom import DatabaseXComs
 from tests.e2e.conftest import Services, Stack, command, fire_deferred, shared_stack_fixtures
 from tests.helpers import wait_for
 

@@ -15,7 +15,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from broker.client import Broker
-from deferral.models import TaskInstance, Trigger
+from deferral.store.tables import TaskInstance, Trigger
 from deferral_cli.embedded import free_port
 from tests.e2e.conftest import CLI, Services, command
 from tests.helpers import metrics_answer, wait_for

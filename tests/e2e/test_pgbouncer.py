@@ -19,7 +19,7 @@ from sqlalchemy import Engine, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError
 
-from deferral.db import make_engine
+from deferral.store.db import make_engine
 from deferral_cli.embedded import free_port
 from tests.e2e.conftest import Services
 from tests.helpers import wait_for

@@ -14,8 +14,8 @@ from sqlalchemy import select, text
 from sqlalchemy.orm import Session, sessionmaker
 
 from broker.streams import GROUP_TRIGGERERS, to_fields
-from deferral.crypto import Cipher
-from deferral.models import DagRun, TaskInstance, Trigger, Triggerer
+from deferral.runtime.crypto import Cipher
+from deferral.store.tables import DagRun, TaskInstance, Trigger, Triggerer
 from deferral.triggers import DateTimeTrigger
 from deferral.triggers.base import classpath_of
 from tests.e2e.conftest import Services, Stack, fire_deferred, shared_stack_fixtures

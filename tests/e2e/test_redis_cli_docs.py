@@ -16,7 +16,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from broker.client import Broker
-from deferral.models import TaskInstance
+from deferral.store.tables import TaskInstance
 from tests.e2e.conftest import Services
 from tests.helpers import wait_for
 from tests.redis_cli_docs import DOCUMENTED_PREFIX, differences, examples

@@ -24,8 +24,8 @@ from sqlalchemy.orm import Session, sessionmaker
 from broker.client import Broker, ShardCountError
 from broker.reshard import Resharded, reshard
 from broker.streams import GROUP_WORKERS, WAKE
-from deferral.crypto import Cipher
-from deferral.models import TaskInstance, TaskStateChange
+from deferral.runtime.crypto import Cipher
+from deferral.store.tables import TaskInstance, TaskStateChange
 from tests.e2e.conftest import Services
 from tests.e2e.test_defer_resume import (
     test_task_defers_frees_its_slot_and_resumes_on_a_fresh_instance as test_defer_resume_on_cluster,

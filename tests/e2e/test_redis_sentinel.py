@@ -13,7 +13,7 @@ import pytest
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from deferral.models import TaskStateChange
+from deferral.store.tables import TaskStateChange
 from tests.e2e.conftest import Services
 from tests.e2e.test_redis_wipe_under_churn import DAG as GATED_DAG
 from tests.e2e.test_redis_wipe_under_churn import _counts

@@ -15,7 +15,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from broker.client import Broker
-from deferral.models import TaskInstance, TaskStateChange
+from deferral.store.tables import TaskInstance, TaskStateChange
 from tests.e2e.conftest import Services
 from tests.helpers import wait_for
 

@@ -9,7 +9,7 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from deferral.models import TaskInstance, TaskReschedule, TaskStateChange
+from deferral.store.tables import TaskInstance, TaskReschedule, TaskStateChange
 from tests.e2e.conftest import Services
 from tests.helpers import wait_for
 

@@ -14,7 +14,7 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from deferral.models import DagRun, TaskInstance
+from deferral.store.tables import DagRun, TaskInstance
 from tests.e2e.conftest import Services
 from tests.helpers import wait_for
 

@@ -18,7 +18,7 @@ import redis
 from starlette.testclient import TestClient
 
 from broker.client import Broker
-from deferral.config import Settings
+from deferral.runtime.config import Settings
 from tests.e2e.conftest import Services
 from tests.helpers import wait_for
 from webserver.app import create_app

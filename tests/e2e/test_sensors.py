@@ -11,7 +11,7 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from deferral.models import TaskInstance, TaskStateChange
+from deferral.store.tables import TaskInstance, TaskStateChange
 from tests.e2e.conftest import Services
 from tests.helpers import wait_for
 

@@ -12,11 +12,11 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from deferral import signals
-from deferral.callback_tokens import read_token
-from deferral.crypto import Cipher
-from deferral.metastore import metastore
-from deferral.models import TaskInstance
-from deferral.xcom import DatabaseXComs
+from deferral.runtime.crypto import Cipher
+from deferral.store.callback_tokens import read_token
+from deferral.store.metastore import metastore
+from deferral.store.tables import TaskInstance
+from deferral.store.xcom import DatabaseXComs
 from tests.e2e.conftest import Services, shared_stack_fixtures
 from tests.helpers import wait_for
 

@@ -13,8 +13,8 @@ import pytest
 from sqlalchemy import select, text
 from sqlalchemy.orm import Session, sessionmaker
 
-from deferral.models import DagRun, TaskInstance, TaskStateChange
-from deferral.xcom import DatabaseXComs
+from deferral.store.tables import DagRun, TaskInstance, TaskStateChange
+from deferral.store.xcom import DatabaseXComs
 from tests.e2e.conftest import Services
 from tests.helpers import wait_for
 

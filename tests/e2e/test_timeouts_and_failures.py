@@ -9,8 +9,8 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from deferral import tasklogs
-from deferral.models import TaskInstance, TaskStateChange
+from deferral.store import tasklogs
+from deferral.store.tables import TaskInstance, TaskStateChange
 from tests.e2e.conftest import Services
 from tests.helpers import wait_for
 

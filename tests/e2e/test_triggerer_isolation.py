@@ -23,8 +23,8 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from broker.client import Broker
 from broker.streams import GROUP_TRIGGERERS
-from deferral.models import TaskInstance, TaskStateChange
-from deferral.xcom import DatabaseXComs
+from deferral.store.tables import TaskInstance, TaskStateChange
+from deferral.store.xcom import DatabaseXComs
 from deferral_cli.embedded import free_port
 from tests.e2e.conftest import Services
 from tests.e2e.test_metrics import scrape, value

@@ -14,7 +14,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from broker.client import Broker
 from broker.streams import GROUP_TRIGGERERS
-from deferral.models import TaskInstance, TaskStateChange, Triggerer
+from deferral.store.tables import TaskInstance, TaskStateChange, Triggerer
 from tests.e2e.conftest import Services
 from tests.helpers import wait_for
 

@@ -29,10 +29,10 @@ from sqlalchemy import insert
 from sqlalchemy.orm import Session, sessionmaker
 
 from broker.client import Broker
-from deferral import transitions
-from deferral.crypto import Cipher
-from deferral.models import TaskInstance
+from deferral.runtime.crypto import Cipher
 from deferral.states import TaskState
+from deferral.store import transitions
+from deferral.store.tables import TaskInstance
 from deferral_cli.embedded import free_port
 from tests.e2e.conftest import Stack, command, fire_deferred
 from tests.helpers import wait_for

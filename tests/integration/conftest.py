@@ -11,8 +11,8 @@ from sqlalchemy.orm import Session, sessionmaker
 from starlette.testclient import TestClient
 
 from broker.client import Broker
-from deferral.config import Settings
-from deferral.dagbag import process_dagbag
+from deferral.loading.dagbag import process_dagbag
+from deferral.runtime.config import Settings
 from tests.servers import REDIS_URL
 from webserver import users
 from webserver.app import create_app

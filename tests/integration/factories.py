@@ -10,11 +10,12 @@ from sqlalchemy import ColumnElement, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from broker.streams import TriggerMessage, trigger_message
-from deferral import hitl, serialization, transitions
-from deferral.crypto import Cipher
-from deferral.models import DagRun, TaskInstance
-from deferral.serialization import check_kwargs
-from deferral.transitions import Attempt, NewTaskInstance
+from deferral.runtime import serialization
+from deferral.runtime.crypto import Cipher
+from deferral.runtime.serialization import check_kwargs
+from deferral.store import hitl, transitions
+from deferral.store.tables import DagRun, TaskInstance
+from deferral.store.transitions import Attempt, NewTaskInstance
 from deferral.triggers import DateTimeTrigger
 from deferral.triggers.base import classpath_of
 

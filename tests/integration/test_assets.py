@@ -16,14 +16,14 @@ from click.testing import CliRunner
 from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
-from deferral import retention, transitions
-from deferral.asset_events import triggering_events
-from deferral.config import Settings
-from deferral.crypto import Cipher
-from deferral.dagbag import DagBag
-from deferral.models import AssetEventRow, AssetWatcherRow, Dag, DagRun
-from deferral.transitions import Attempt
-from deferral.transitions.asset_events import record_watcher_event
+from deferral.loading.dagbag import DagBag
+from deferral.runtime.config import Settings
+from deferral.runtime.crypto import Cipher
+from deferral.store import retention, transitions
+from deferral.store.asset_events import triggering_events
+from deferral.store.tables import AssetEventRow, AssetWatcherRow, Dag, DagRun
+from deferral.store.transitions import Attempt
+from deferral.store.transitions.asset_events import record_watcher_event
 from deferral_cli import main as deferral_main
 from scheduler import assets, dagruns, dags
 from tests.integration.factories import DAG_ID, WORKER, running_task

@@ -8,9 +8,9 @@ import datetime as dt
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from deferral import transitions
-from deferral.models import TaskInstance, TaskStateChange, Trigger, XCom
-from deferral.transitions import Attempt, Deferral
+from deferral.store import transitions
+from deferral.store.tables import TaskInstance, TaskStateChange, Trigger, XCom
+from deferral.store.transitions import Attempt, Deferral
 from tests.integration.factories import WORKER, running_task
 
 

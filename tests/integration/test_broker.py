@@ -16,7 +16,7 @@ from broker.client import (
 )
 from broker.replies import Entry
 from broker.streams import DeadEntry, QueueMessage, to_fields
-from deferral.crypto import Cipher
+from deferral.runtime.crypto import Cipher
 
 GROUP = "g"
 

@@ -17,12 +17,20 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from broker.client import Broker
 from broker.streams import GROUP_TRIGGERERS, GROUP_WORKERS
-from deferral import transitions
-from deferral.config import Settings
-from deferral.crypto import Cipher, DecryptionError
-from deferral.models import Dag, DagImportError, DagRun, Outbox, TaskInstance, Trigger, Triggerer
+from deferral.runtime.config import Settings
+from deferral.runtime.crypto import Cipher, DecryptionError
 from deferral.states import TaskState
-from deferral.transitions import Attempt, NewTaskInstance
+from deferral.store import transitions
+from deferral.store.tables import (
+    Dag,
+    DagImportError,
+    DagRun,
+    Outbox,
+    TaskInstance,
+    Trigger,
+    Triggerer,
+)
+from deferral.store.transitions import Attempt, NewTaskInstance
 from deferral_cli import main as deferral_main
 from tests.conftest import ADMIN_URL
 from tests.integration.factories import DAG_ID, WORKER, deferred_task, running_task

@@ -15,10 +15,12 @@ from click.testing import CliRunner
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from deferral import serialization, tasklogs, variables, xcom
-from deferral.config import Settings
-from deferral.crypto import Cipher
-from deferral.models import DagRun
+from deferral import variables
+from deferral.runtime import serialization
+from deferral.runtime.config import Settings
+from deferral.runtime.crypto import Cipher
+from deferral.store import tasklogs, xcom
+from deferral.store.tables import DagRun
 from deferral_cli import main as deferral_main
 from tests.integration.factories import DAG_ID, running_task
 

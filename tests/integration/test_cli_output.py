@@ -20,11 +20,13 @@ from sqlalchemy.engine import URL, make_url
 from sqlalchemy.orm import Session, sessionmaker
 
 from broker.client import Broker
-from deferral import serialization, signals, xcom
-from deferral.config import Settings
-from deferral.crypto import Cipher
-from deferral.db import url_location
-from deferral.models import AssetModel, TaskInstance, Triggerer, Worker
+from deferral import signals
+from deferral.runtime import serialization
+from deferral.runtime.config import Settings
+from deferral.runtime.crypto import Cipher
+from deferral.store import xcom
+from deferral.store.db import url_location
+from deferral.store.tables import AssetModel, TaskInstance, Triggerer, Worker
 from deferral_cli import main as deferral_main
 from scheduler.cli import main as scheduler_main
 from tests.conftest import ADMIN_URL

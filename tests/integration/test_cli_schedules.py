@@ -13,9 +13,9 @@ from click.testing import CliRunner, Result
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from deferral.config import Settings
-from deferral.dagbag import DagBag
-from deferral.models import Dag, DagRun
+from deferral.loading.dagbag import DagBag
+from deferral.runtime.config import Settings
+from deferral.store.tables import Dag, DagRun
 from deferral_cli import main as deferral_main
 from scheduler import dagruns
 

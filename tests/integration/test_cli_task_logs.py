@@ -13,11 +13,11 @@ from click.testing import CliRunner
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session, sessionmaker
 
-from deferral import tasklogs, transitions
-from deferral.config import Settings
-from deferral.models import DagRun, TaskInstance
-from deferral.tasklogs import NewLine
-from deferral.transitions import Attempt, NewTaskInstance
+from deferral.runtime.config import Settings
+from deferral.store import tasklogs, transitions
+from deferral.store.tables import DagRun, TaskInstance
+from deferral.store.tasklogs import NewLine
+from deferral.store.transitions import Attempt, NewTaskInstance
 from deferral_cli import main as deferral_main
 from tests.e2e.conftest import command
 from tests.helpers import wait_for

@@ -14,9 +14,9 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from deferral import Variable
-from deferral.config import Settings
-from deferral.models import DagRun, TaskInstance
-from deferral.templating import record_rendered_fields
+from deferral.authoring.templating import record_rendered_fields
+from deferral.runtime.config import Settings
+from deferral.store.tables import DagRun, TaskInstance
 from deferral_cli import main as deferral_main
 from tests.integration.factories import DAG_ID, running_task
 

@@ -10,8 +10,8 @@ from click.testing import CliRunner, Result
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from deferral.config import Settings
-from deferral.models import User
+from deferral.runtime.config import Settings
+from deferral.store.tables import User
 from deferral_cli import main as deferral_main
 from webserver import users
 

@@ -18,8 +18,8 @@ from broker import consumer as consumer_module
 from broker.client import Broker, LeaseStatus
 from broker.consumer import StreamConsumer
 from broker.owners import PostgresOwners
-from deferral.crypto import Cipher
-from deferral.models import Triggerer
+from deferral.runtime.crypto import Cipher
+from deferral.store.tables import Triggerer
 from tests.helpers import wait_for
 
 GROUP = "g"

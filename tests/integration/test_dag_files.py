@@ -19,10 +19,10 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from broker.client import Broker
-from deferral import transitions
-from deferral.config import Settings
-from deferral.models import TaskInstance
-from deferral.policies import LOCAL_SETTINGS_MODULE, load_policies
+from deferral.loading.policies import LOCAL_SETTINGS_MODULE, load_policies
+from deferral.runtime.config import Settings
+from deferral.store import transitions
+from deferral.store.tables import TaskInstance
 from deferral_cli import main as deferral_main
 from scheduler.service import SchedulerService
 

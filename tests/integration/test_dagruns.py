@@ -16,13 +16,20 @@ from sqlalchemy import select, text
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.orm import Session, sessionmaker
 
-from deferral import transitions
-from deferral.config import Settings
-from deferral.crypto import Cipher
-from deferral.dagbag import DagBag
-from deferral.models import Dag, DagImportError, DagRun, TaskInstance, TaskStateChange, Trigger
+from deferral.loading.dagbag import DagBag
+from deferral.runtime.config import Settings
+from deferral.runtime.crypto import Cipher
 from deferral.states import DagRunState, DagRunType, TaskState
-from deferral.transitions import Attempt, NewDagRun, NewTaskInstance
+from deferral.store import transitions
+from deferral.store.tables import (
+    Dag,
+    DagImportError,
+    DagRun,
+    TaskInstance,
+    TaskStateChange,
+    Trigger,
+)
+from deferral.store.transitions import Attempt, NewDagRun, NewTaskInstance
 from scheduler import dagruns, dags
 
 WriteDag = Callable[[str, str], Path]

@@ -16,9 +16,9 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from deferral import liveness
-from deferral.config import Settings
-from deferral.models import DagRun, Scheduler, TaskInstance, TaskLog, Trigger
+from deferral.runtime.config import Settings
+from deferral.store import liveness
+from deferral.store.tables import DagRun, Scheduler, TaskInstance, TaskLog, Trigger
 from tests.forks import LANE
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"

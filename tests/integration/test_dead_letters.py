@@ -31,11 +31,11 @@ from broker.streams import (
     to_fields,
     trigger_message,
 )
-from deferral import transitions
-from deferral.config import Settings
-from deferral.crypto import Cipher
-from deferral.models import DagRun, ResumeEvent, TaskInstance
+from deferral.runtime.config import Settings
+from deferral.runtime.crypto import Cipher
 from deferral.states import TaskState
+from deferral.store import transitions
+from deferral.store.tables import DagRun, ResumeEvent, TaskInstance
 from deferral_cli import main as deferral_main
 from tests.integration.factories import DAG_ID, deferred_task
 

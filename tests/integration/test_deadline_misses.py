@@ -9,9 +9,10 @@ import datetime as dt
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session, sessionmaker
 
-from deferral import DAG, transitions
+from deferral import DAG
 from deferral.deadline import DeadlineAlert, DeadlineReference
-from deferral.models import DagRun, DeadlineMiss
+from deferral.store import transitions
+from deferral.store.tables import DagRun, DeadlineMiss
 from scheduler import deadlines
 
 NOW = dt.datetime.now(dt.UTC)

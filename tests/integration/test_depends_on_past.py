@@ -11,9 +11,9 @@ import pytest
 from sqlalchemy import delete, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from deferral import actions, transitions
-from deferral.config import Settings
-from deferral.models import DagRun, TaskInstance
+from deferral.runtime.config import Settings
+from deferral.store import actions, transitions
+from deferral.store.tables import DagRun, TaskInstance
 from scheduler.service import SchedulerService
 from tests.integration.factories import finish_queued
 from tests.integration.test_scheduler import WriteDag, _scheduler, _step

@@ -11,7 +11,7 @@ from sqlalchemy import text
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import OperationalError
 
-from deferral.db import make_engine
+from deferral.store.db import make_engine
 
 
 def test_a_statement_that_hangs_is_cancelled_after_the_timeout(database_url: str) -> None:

@@ -11,10 +11,10 @@ from click.testing import CliRunner
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from deferral import transitions
-from deferral.config import Settings
-from deferral.models import DagRun
-from deferral.transitions import NewTaskInstance
+from deferral.runtime.config import Settings
+from deferral.store import transitions
+from deferral.store.tables import DagRun
+from deferral.store.transitions import NewTaskInstance
 from deferral_cli import main as deferral_main
 
 DAG_SOURCE = '''

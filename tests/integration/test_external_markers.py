@@ -15,13 +15,14 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.testclient import TestClient
 
-from deferral import DAG, actions
-from deferral.config import Settings
-from deferral.dagbag import DagBag
-from deferral.models import TaskInstance
+from deferral import DAG
+from deferral.loading.dagbag import DagBag
 from deferral.operators import EmptyOperator
+from deferral.runtime.config import Settings
 from deferral.sensors.external_task import ExternalTaskMarker
 from deferral.states import TaskState
+from deferral.store import actions
+from deferral.store.tables import TaskInstance
 from tests.integration.conftest import WEB_ADMIN_PASSWORD as ADMIN_PASSWORD
 from tests.integration.test_webserver import basic
 

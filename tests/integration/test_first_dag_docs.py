@@ -9,7 +9,7 @@ from pathlib import Path
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from deferral.models import DagRun, TaskInstance
+from deferral.store.tables import DagRun, TaskInstance
 from tests.forks import LANE
 
 FIRST_DAG = Path(__file__).resolve().parents[2] / "docs" / "first_dag"

@@ -12,9 +12,9 @@ from click.testing import CliRunner
 from sqlalchemy import func, update
 from sqlalchemy.orm import Session, sessionmaker
 
-from deferral import liveness
-from deferral.config import Settings
-from deferral.models import Triggerer, Worker
+from deferral.runtime.config import Settings
+from deferral.store import liveness
+from deferral.store.tables import Triggerer, Worker
 from deferral_cli import main as deferral_main
 from scheduler.service import SchedulerService
 from tests.helpers import wait_for

@@ -11,10 +11,10 @@ import pytest
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session, sessionmaker
 
-from deferral import hitl
-from deferral.crypto import Cipher
-from deferral.models import HITLDetail, TaskInstance
+from deferral.runtime.crypto import Cipher
 from deferral.states import TaskState
+from deferral.store import hitl
+from deferral.store.tables import HITLDetail, TaskInstance
 from tests.integration.factories import awaiting_input_task
 
 

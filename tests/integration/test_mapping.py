@@ -18,10 +18,10 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from broker.client import Broker
-from deferral import transitions
-from deferral.config import Settings
-from deferral.models import DagRun, TaskInstance, TaskStateChange
-from deferral.transitions import NewTaskInstance
+from deferral.runtime.config import Settings
+from deferral.store import transitions
+from deferral.store.tables import DagRun, TaskInstance, TaskStateChange
+from deferral.store.transitions import NewTaskInstance
 from deferral_cli import main as deferral_main
 from scheduler.service import SchedulerService
 from tests.integration.factories import finish_queued

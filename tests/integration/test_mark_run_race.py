@@ -8,9 +8,9 @@ import threading
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from deferral import transitions
-from deferral.models import DagRun, TaskInstance
-from deferral.transitions import Attempt
+from deferral.store import transitions
+from deferral.store.tables import DagRun, TaskInstance
+from deferral.store.transitions import Attempt
 from tests.integration.factories import WORKER, running_task
 
 

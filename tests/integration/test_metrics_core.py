@@ -12,8 +12,8 @@ import pytest
 from broker.client import Broker
 from broker.consumer import StreamConsumer
 from broker.streams import QueueMessage, to_fields
-from deferral import metrics
-from deferral.crypto import Cipher
+from deferral.runtime import metrics
+from deferral.runtime.crypto import Cipher
 from deferral_cli.embedded import free_port
 from tests.helpers import metrics_answer
 

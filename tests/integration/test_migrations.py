@@ -6,8 +6,8 @@ from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from sqlalchemy import create_engine, text
 
-from deferral import migrate, partitions
-from deferral.models import Base
+from deferral.store import migrate, partitions
+from deferral.store.tables import Base
 
 
 def test_migrated_schema_has_no_drift_from_models(database_url: str) -> None:

@@ -12,7 +12,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from broker import outbox
 from broker.client import Broker
 from broker.streams import QueueMessage, to_fields
-from deferral.models import Outbox
+from deferral.store.tables import Outbox
 
 NOW = dt.timedelta(seconds=-1)  # "older than" cut-off in the future: every row is old enough
 

@@ -13,10 +13,10 @@ from click.testing import CliRunner
 from sqlalchemy import create_engine, text, update
 from sqlalchemy.orm import Session, sessionmaker
 
-from deferral import migrate, partitions, transitions
-from deferral.config import Settings
-from deferral.models import DagRun
-from deferral.transitions import NewTaskInstance, deferrals
+from deferral.runtime.config import Settings
+from deferral.store import migrate, partitions, transitions
+from deferral.store.tables import DagRun
+from deferral.store.transitions import NewTaskInstance, deferrals
 from deferral_cli import main as deferral_main
 from scheduler.service import SchedulerService
 from tests.conftest import fresh_database

@@ -8,7 +8,7 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.exc import OperationalError, ProgrammingError
 
-from deferral.db import make_engine, make_sessionmaker
+from deferral.store.db import make_engine, make_sessionmaker
 
 HOT = text("SELECT 1 AS hot_statement_marker WHERE CAST(:n AS integer) >= 0")
 PREPARED = text(

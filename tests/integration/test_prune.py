@@ -8,9 +8,10 @@ from click.testing import CliRunner
 from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
-from deferral import tasklogs, transitions, xcom
-from deferral.config import Settings
-from deferral.models import (
+from deferral.runtime.config import Settings
+from deferral.states import DagRunState
+from deferral.store import tasklogs, transitions, xcom
+from deferral.store.tables import (
     DagRun,
     Outbox,
     RenderedTaskInstanceFields,
@@ -25,9 +26,8 @@ from deferral.models import (
     Worker,
     XCom,
 )
-from deferral.states import DagRunState
-from deferral.tasklogs import NewLine
-from deferral.transitions import NewTaskInstance
+from deferral.store.tasklogs import NewLine
+from deferral.store.transitions import NewTaskInstance
 from deferral_cli import main as deferral_main
 
 LONG_AGO = dt.datetime.now(dt.UTC) - dt.timedelta(days=30)

@@ -13,12 +13,12 @@ from sqlalchemy.orm import Session, sessionmaker
 from broker import streams
 from broker.client import Broker
 from broker.streams import GROUP_SCHEDULERS, DeadLetterMessage, from_fields, open_dead_letter
-from deferral import tasklogs, transitions
-from deferral.config import Settings
-from deferral.crypto import Cipher
-from deferral.models import ResumeEvent, TaskInstance, TaskStateChange, Trigger
+from deferral.runtime.config import Settings
+from deferral.runtime.crypto import Cipher
 from deferral.states import FAIL_METHOD, TaskState
-from deferral.transitions import deferrals
+from deferral.store import tasklogs, transitions
+from deferral.store.tables import ResumeEvent, TaskInstance, TaskStateChange, Trigger
+from deferral.store.transitions import deferrals
 from scheduler.service import DEFAULT_MAX_ACTIVE_TASKS, SchedulerService
 from tests.integration.factories import deferred_task, running_task
 from tests.servers import REDIS_URL

@@ -16,10 +16,10 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from broker.client import Broker
 from broker.streams import QueueMessage, from_fields
-from deferral import transitions
-from deferral.config import Settings
-from deferral.models import DagRun, Outbox, Pool, TaskInstance
-from deferral.transitions import Attempt
+from deferral.runtime.config import Settings
+from deferral.store import transitions
+from deferral.store.tables import DagRun, Outbox, Pool, TaskInstance
+from deferral.store.transitions import Attempt
 from scheduler import decide as scheduler_decide
 from scheduler import service as scheduler_service
 from scheduler import waiting as scheduler_waiting

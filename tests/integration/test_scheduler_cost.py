@@ -17,10 +17,10 @@ from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.pool import NullPool
 
 from broker.client import Broker
-from deferral.config import Settings, load_settings
-from deferral.crypto import Cipher
-from deferral.db import make_engine, make_sessionmaker
-from deferral.models import TaskInstance
+from deferral.runtime.config import Settings, load_settings
+from deferral.runtime.crypto import Cipher
+from deferral.store.db import make_engine, make_sessionmaker
+from deferral.store.tables import TaskInstance
 from scheduler import service as scheduler_service
 from scheduler.service import SchedulerService
 from tests.conftest import fresh_database

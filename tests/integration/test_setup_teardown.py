@@ -11,9 +11,9 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from deferral import actions
-from deferral.config import Settings
-from deferral.models import DagRun, TaskInstance
+from deferral.runtime.config import Settings
+from deferral.store import actions
+from deferral.store.tables import DagRun, TaskInstance
 from tests.integration.test_depends_on_past import _finish, _steps, _trigger
 from tests.integration.test_scheduler import WriteDag, _scheduler
 

@@ -16,12 +16,13 @@ from broker import outbox
 from broker.client import Broker
 from broker.consumer import Delivery
 from broker.replies import Entry
-from deferral import metrics, transitions
-from deferral.config import Settings
-from deferral.crypto import Cipher
-from deferral.models import TaskInstance, TaskStateChange, Trigger
-from deferral.serialization import check_kwargs
+from deferral.runtime import metrics
+from deferral.runtime.config import Settings
+from deferral.runtime.crypto import Cipher
+from deferral.runtime.serialization import check_kwargs
 from deferral.states import FAIL_METHOD, TaskState
+from deferral.store import transitions
+from deferral.store.tables import TaskInstance, TaskStateChange, Trigger
 from deferral.triggers import DateTimeTrigger
 from deferral.triggers.base import classpath_of
 from tests.helpers import wait_for

@@ -18,14 +18,16 @@ from sqlalchemy import func, select, text
 from sqlalchemy.orm import Session, sessionmaker
 
 from broker.client import Broker
-from deferral import serialization, signals, transitions
-from deferral.callback_tokens import make_token
-from deferral.config import Settings
-from deferral.crypto import Cipher
+from deferral import signals
 from deferral.exceptions import TaskDeferralError, deferral_failure
-from deferral.models import DagRun, Signal, SignalWait, TaskInstance, TaskStateChange
+from deferral.runtime import serialization
+from deferral.runtime.config import Settings
+from deferral.runtime.crypto import Cipher
 from deferral.states import FAIL_METHOD, TaskState
-from deferral.transitions import Attempt, NewTaskInstance
+from deferral.store import transitions
+from deferral.store.callback_tokens import make_token
+from deferral.store.tables import DagRun, Signal, SignalWait, TaskInstance, TaskStateChange
+from deferral.store.transitions import Attempt, NewTaskInstance
 from deferral.triggers.base import BaseTrigger
 from deferral.triggers.signal import CallbackTrigger, SignalError, SignalTrigger
 from deferral_cli import main as deferral_main

@@ -10,10 +10,10 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from broker.consumer import Delivery
 from broker.replies import Entry
-from deferral import transitions
-from deferral.models import DagRun, TaskInstance, TaskStateChange
 from deferral.states import TaskState
-from deferral.transitions import Attempt, NewTaskInstance
+from deferral.store import transitions
+from deferral.store.tables import DagRun, TaskInstance, TaskStateChange
+from deferral.store.transitions import Attempt, NewTaskInstance
 from worker.outcomes import Succeeded
 from worker.service import Running, WorkerService
 

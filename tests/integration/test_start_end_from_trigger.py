@@ -19,11 +19,11 @@ from sqlalchemy.orm import Session, sessionmaker
 from broker import streams
 from broker.client import Broker
 from broker.streams import GROUP_TRIGGERERS
-from deferral import transitions
-from deferral.config import Settings
-from deferral.crypto import Cipher
-from deferral.models import Pool, TaskInstance, TaskStateChange, XCom
+from deferral.runtime.config import Settings
+from deferral.runtime.crypto import Cipher
 from deferral.states import FAIL_METHOD
+from deferral.store import transitions
+from deferral.store.tables import Pool, TaskInstance, TaskStateChange, XCom
 from deferral.triggers import (
     BaseTrigger,
     TaskFailedEvent,

@@ -9,7 +9,7 @@ import pytest
 
 from broker.client import Broker
 from broker.streams import GROUP_WORKERS, queue_message, to_fields
-from deferral.crypto import Cipher
+from deferral.runtime.crypto import Cipher
 
 
 def test_stream_stats_name_every_queue_without_scanning(

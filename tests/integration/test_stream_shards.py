@@ -14,9 +14,9 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from broker.client import Broker, ShardCountError
 from broker.streams import WAKE
-from deferral.config import Settings
-from deferral.liveness import RUNNING, heartbeat
-from deferral.models import Scheduler
+from deferral.runtime.config import Settings
+from deferral.store.liveness import RUNNING, heartbeat
+from deferral.store.tables import Scheduler
 from deferral_cli import main as deferral_main
 
 

@@ -13,9 +13,9 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from broker.client import Broker
 from broker.streams import queue_message
-from deferral import tasklogs, transitions
-from deferral.models import DagRun, TaskInstance
-from deferral.transitions import NewTaskInstance
+from deferral.store import tasklogs, transitions
+from deferral.store.tables import DagRun, TaskInstance
+from deferral.store.transitions import NewTaskInstance
 from tests.helpers import wait_for
 from worker.service import WorkerService
 

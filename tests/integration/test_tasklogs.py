@@ -12,10 +12,10 @@ from sqlalchemy import event, text
 from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
-from deferral import tasklogs
-from deferral.faults import is_transient
-from deferral.secrets_masker import mask_secret
-from deferral.tasklogs import NewLine
+from deferral.runtime.faults import is_transient
+from deferral.runtime.secrets_masker import mask_secret
+from deferral.store import tasklogs
+from deferral.store.tasklogs import NewLine
 from tests.helpers import lock_waiters, wait_for
 from tests.integration.factories import running_task
 

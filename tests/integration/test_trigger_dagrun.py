@@ -14,11 +14,12 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from deferral import DAG, actions
-from deferral.config import Settings
-from deferral.dagbag import DagNotFound, process_dagbag
-from deferral.models import DagRun
+from deferral import DAG
+from deferral.loading.dagbag import DagNotFound, process_dagbag
 from deferral.operators.trigger_dagrun import TriggerDagRunOperator
+from deferral.runtime.config import Settings
+from deferral.store import actions
+from deferral.store.tables import DagRun
 from tests.unit.test_operators import make_context
 
 TARGET = """

@@ -10,10 +10,10 @@ from sqlalchemy.orm import Session, sessionmaker
 from broker import deadletters
 from broker.client import Broker
 from broker.streams import GROUP_TRIGGERERS, trigger_message
-from deferral import liveness
-from deferral.config import Settings
-from deferral.crypto import Cipher
-from deferral.models import Worker
+from deferral.runtime.config import Settings
+from deferral.runtime.crypto import Cipher
+from deferral.store import liveness
+from deferral.store.tables import Worker
 from readmodel.doctor import _not_in_flight
 from readmodel.explain import _queue_workers
 from scheduler.reconcile import Reconciler

@@ -17,12 +17,13 @@ from sqlalchemy.orm import Session, sessionmaker
 from broker.client import Broker
 from broker.replies import Entry
 from broker.streams import GROUP_TRIGGERERS, TriggerSpec, read_event, trigger_message
-from deferral import serialization, tasklogs
-from deferral.config import Settings
-from deferral.crypto import Cipher
-from deferral.models import Trigger
-from deferral.serialization import check_kwargs
-from deferral.tasklogs import SOURCE_TRIGGERER, NewLine
+from deferral.runtime import serialization
+from deferral.runtime.config import Settings
+from deferral.runtime.crypto import Cipher
+from deferral.runtime.serialization import check_kwargs
+from deferral.store import tasklogs
+from deferral.store.tables import Trigger
+from deferral.store.tasklogs import SOURCE_TRIGGERER, NewLine
 from deferral.triggers import BaseTrigger, TriggerEvent
 from tests.integration.factories import deferred_task
 from triggerer.decode import Decoded

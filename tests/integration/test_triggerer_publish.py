@@ -12,11 +12,12 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from broker.client import Broker
 from broker.streams import GROUP_TRIGGERERS, read_event, trigger_message
-from deferral import serialization, tasklogs
-from deferral.config import Settings
-from deferral.crypto import Cipher
-from deferral.process import log_ids
-from deferral.serialization import check_kwargs
+from deferral.runtime import serialization
+from deferral.runtime.config import Settings
+from deferral.runtime.crypto import Cipher
+from deferral.runtime.process import log_ids
+from deferral.runtime.serialization import check_kwargs
+from deferral.store import tasklogs
 from tests.integration.factories import deferred_task, timer_message
 from triggerer.events import event_outcome
 from triggerer.service import Held, TriggererService

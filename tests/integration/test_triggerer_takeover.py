@@ -15,9 +15,9 @@ from broker.client import Broker, LeaseStatus
 from broker.consumer import Lost
 from broker.replies import Entry
 from broker.streams import GROUP_TRIGGERERS, TriggerMessage, to_fields
-from deferral.config import Settings
-from deferral.crypto import Cipher
-from deferral.models import Triggerer
+from deferral.runtime.config import Settings
+from deferral.runtime.crypto import Cipher
+from deferral.store.tables import Triggerer
 from tests.integration.factories import timer_message
 from triggerer.service import READ_BATCH, Held, TriggererService
 

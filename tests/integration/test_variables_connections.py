@@ -10,7 +10,7 @@ from sqlalchemy import select, text
 from sqlalchemy.orm import Session, sessionmaker
 
 from deferral import Connection, Variable
-from deferral.config import Settings
+from deferral.authoring.templating import record_rendered_fields
 from deferral.connections import (
     ConnectionExists,
     ConnectionNotFound,
@@ -18,10 +18,10 @@ from deferral.connections import (
     add_stored,
     read_stored,
 )
-from deferral.crypto import Cipher
 from deferral.hooks.base import BaseHook
-from deferral.models import RenderedTaskInstanceFields
-from deferral.templating import record_rendered_fields
+from deferral.runtime.config import Settings
+from deferral.runtime.crypto import Cipher
+from deferral.store.tables import RenderedTaskInstanceFields
 from deferral.variables import VariableError
 from deferral_cli import main as deferral_main
 from tests.integration.factories import running_task

@@ -18,9 +18,9 @@ from broker.client import Broker
 from broker.consumer import Delivery
 from broker.replies import Entry
 from broker.streams import GROUP_SCHEDULERS, WAKE, is_wake
-from deferral import transitions
-from deferral.config import Settings
-from deferral.transitions import Attempt
+from deferral.runtime.config import Settings
+from deferral.store import transitions
+from deferral.store.transitions import Attempt
 from scheduler.service import SchedulerService
 from tests.integration.factories import WORKER, running_task
 from tests.servers import REDIS_URL

@@ -19,11 +19,19 @@ from sqlalchemy.orm import Session, sessionmaker
 from starlette.testclient import TestClient
 
 from broker.client import Broker
-from deferral import metrics, tasklogs, transitions
-from deferral.config import Settings
-from deferral.crypto import Cipher
-from deferral.models import Dag, DagRun, StoredConnection, TaskInstance, TaskStateChange, Trigger
+from deferral.runtime import metrics
+from deferral.runtime.config import Settings
+from deferral.runtime.crypto import Cipher
 from deferral.states import DagRunState, TaskState
+from deferral.store import tasklogs, transitions
+from deferral.store.tables import (
+    Dag,
+    DagRun,
+    StoredConnection,
+    TaskInstance,
+    TaskStateChange,
+    Trigger,
+)
 from deferral_cli.embedded import free_port
 from tests.integration.conftest import CLI_DAG_SOURCE, WEB_ADMIN_PASSWORD, WEB_DAG, web_client
 from tests.integration.factories import DAG_ID, deferred_task, running_task

@@ -7,8 +7,8 @@ from __future__ import annotations
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.testclient import TestClient
 
-from deferral.models import HITLDetail, TaskInstance
 from deferral.states import TaskState
+from deferral.store.tables import HITLDetail, TaskInstance
 from tests.integration.factories import awaiting_input_task
 from tests.integration.test_webserver import ADMIN_PASSWORD, basic, csrf_of, log_in
 

@@ -16,8 +16,8 @@ from sqlalchemy.orm import Session, sessionmaker
 from starlette.testclient import TestClient
 
 from broker.client import Broker
-from deferral.config import Settings
-from deferral.models import DagRun
+from deferral.runtime.config import Settings
+from deferral.store.tables import DagRun
 from tests.integration.conftest import web_client
 from webserver import data
 

@@ -11,7 +11,7 @@ from starlette.testclient import TestClient
 
 from broker.client import Broker
 from broker.streams import GROUP_TRIGGERERS
-from deferral.crypto import Cipher
+from deferral.runtime.crypto import Cipher
 from tests.integration.factories import deferred_task
 from tests.integration.test_dead_letters import dead_letter_via_consumer, publish_trigger
 from tests.integration.test_webserver import csrf_of, log_in

@@ -15,8 +15,8 @@ from sqlalchemy.orm import Session, sessionmaker
 from starlette.testclient import TestClient
 
 from broker.client import Broker
-from deferral.config import Settings
-from deferral.models import WebSession
+from deferral.runtime.config import Settings
+from deferral.store.tables import WebSession
 from tests.integration.conftest import web_client
 from tests.integration.test_cli_users import run
 from tests.integration.test_webserver import (

@@ -11,9 +11,9 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from broker.client import Broker
 from broker.streams import queue_message
-from deferral import transitions
-from deferral.models import DagRun, TaskInstance, TaskStateChange
-from deferral.transitions import NewTaskInstance
+from deferral.store import transitions
+from deferral.store.tables import DagRun, TaskInstance, TaskStateChange
+from deferral.store.transitions import NewTaskInstance
 from worker.service import WorkerService
 
 

@@ -9,10 +9,10 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from broker.client import Broker
 from broker.streams import GROUP_WORKERS, queue_message
-from deferral import tasklogs, transitions
-from deferral.config import Settings
-from deferral.models import TaskInstance, TaskStateChange, Worker
-from deferral.transitions import Attempt
+from deferral.runtime.config import Settings
+from deferral.store import tasklogs, transitions
+from deferral.store.tables import TaskInstance, TaskStateChange, Worker
+from deferral.store.transitions import Attempt
 from tests.integration.factories import DAG_ID, WORKER, running_task
 from tests.servers import REDIS_URL
 from worker.service import WorkerService

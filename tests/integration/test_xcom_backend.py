@@ -15,10 +15,10 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from deferral.config import ConfigError
-from deferral.models import XCom
 from deferral.models.xcom import BaseXCom, StoredXCom, resolve_xcom_backend
-from deferral.xcom import DatabaseXComs
+from deferral.runtime.config import ConfigError
+from deferral.store.tables import XCom
+from deferral.store.xcom import DatabaseXComs
 from tests.integration.factories import DAG_ID, running_task
 
 BACKEND = """

@@ -13,11 +13,13 @@ from sqlalchemy.orm import Session, sessionmaker
 from starlette.testclient import TestClient
 
 from broker.client import Broker
-from deferral import serialization, variables, xcom
-from deferral.config import Settings
-from deferral.crypto import Cipher
-from deferral.models import StoredConnection
-from deferral.stored_secrets import known_secrets, shown_xcom
+from deferral import variables
+from deferral.runtime import serialization
+from deferral.runtime.config import Settings
+from deferral.runtime.crypto import Cipher
+from deferral.store import xcom
+from deferral.store.stored_secrets import known_secrets, shown_xcom
+from deferral.store.tables import StoredConnection
 from deferral_cli import main as deferral_main
 from tests.integration.factories import DAG_ID, running_task
 from webserver.app import create_app

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from cryptography.fernet import Fernet
 
-from deferral import templating
-from deferral.dagbag import process_dagbag
+from deferral.authoring import templating
+from deferral.loading.dagbag import process_dagbag
 from worker import attempt
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from deferral.dagbag import DagBag
+from deferral.loading.dagbag import DagBag
 
 MODULE_PREFIX = "dag_source_t_"
 

@@ -1,5 +1,5 @@
 """Every argument Airflow 2.10 accepts on DAG, BaseOperator and the shipped operators is honoured
-or refused by name (deferral.airflow_arguments); default_args apply as in Airflow."""
+or refused by name (deferral.authoring.airflow_arguments); default_args apply as in Airflow."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 
 from deferral import DAG, task
-from deferral.airflow_arguments import DAG_INERT, TASK_INERT, TASK_KEPT
+from deferral.authoring.airflow_arguments import DAG_INERT, TASK_INERT, TASK_KEPT
 from deferral.dag import DagDefinitionError
-from deferral.dagbag import DagBag
+from deferral.loading.dagbag import DagBag
 from deferral.operators import BashOperator, EmptyOperator, PythonOperator
 from deferral.sensors import BaseSensorOperator, FileSensor, TimeDeltaSensor
 from deferral.utils.task_group import TaskGroup

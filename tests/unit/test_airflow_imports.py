@@ -1,5 +1,5 @@
 """DEFERRAL_AIRFLOW_IMPORTS: DAG files that import from ``airflow`` load unchanged while the DagBag
-imports them (deferral.airflow_imports), and only then."""
+imports them (deferral.loading.airflow_imports), and only then."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from deferral import airflow_imports
-from deferral.dagbag import DagBag
+from deferral.loading import airflow_imports
+from deferral.loading.dagbag import DagBag
 from deferral.operators.bash import BashOperator
 from deferral.operators.hitl import ApprovalOperator
 from deferral.sensors.base import BaseSensorOperator

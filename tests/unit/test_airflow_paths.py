@@ -84,7 +84,7 @@ AIRFLOW_PATHS = {
 def test_airflow_exception_names_are_deferral_s_own_classes() -> None:
     """A file whose imports were only renamed raises the same classes the hook maps to."""
     from deferral import exceptions
-    from deferral.airflow_imports import _EXCEPTIONS
+    from deferral.loading.airflow_imports import _EXCEPTIONS
 
     for name, target in _EXCEPTIONS.items():
         module, _, attr = target.partition(":")

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from deferral import serialization
+from deferral.runtime import serialization
 from tests.helpers import process_alive as alive
 from tests.helpers import wait_for
 from worker import attempt

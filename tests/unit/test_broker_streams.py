@@ -28,7 +28,7 @@ from broker.streams import (
     to_fields,
     with_log,
 )
-from deferral.crypto import Cipher
+from deferral.runtime.crypto import Cipher
 
 KEY = Fernet.generate_key().decode()
 CIPHER = Cipher([KEY])

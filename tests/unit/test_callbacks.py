@@ -1,4 +1,4 @@
-"""deferral.callbacks: checking, running, and DAG callbacks."""
+"""deferral.authoring.callbacks: checking, running, and DAG callbacks."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from deferral import DAG
-from deferral.callbacks import (
+from deferral.authoring.callbacks import (
     REASON_SUCCESS,
     REASON_TASK_FAILURE,
     run_callbacks,
@@ -86,7 +86,7 @@ def test_run_callbacks_calls_each_in_order_and_one_that_raises_does_not_stop_the
     def second(context: Any) -> None:
         calls.append(f"second {context['x']}")
 
-    with caplog.at_level(logging.ERROR, logger="deferral.callbacks"):
+    with caplog.at_level(logging.ERROR, logger="deferral.authoring.callbacks"):
         errors = run_callbacks([first, second], {"x": 1}, what="task 't' on_failure_callback")
     assert calls == ["first 1", "second 1"]
     assert errors == [

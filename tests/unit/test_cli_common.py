@@ -16,7 +16,7 @@ from click.testing import CliRunner
 from cryptography.fernet import Fernet
 from sqlalchemy.exc import IntegrityError, OperationalError, ProgrammingError
 
-from deferral.config import Settings, load_settings
+from deferral.runtime.config import Settings, load_settings
 from deferral_cli.common import (
     EXIT_FAILED,
     EXIT_UNAVAILABLE,

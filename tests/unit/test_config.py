@@ -1,4 +1,4 @@
-"""deferral.config: every missing or malformed setting is one ConfigError naming it."""
+"""deferral.runtime.config: every missing or malformed setting is one ConfigError naming it."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from sqlalchemy.engine import make_url
 
-from deferral import config
-from deferral.config import ConfigError, Settings, load_settings
+from deferral.runtime import config
+from deferral.runtime.config import ConfigError, Settings, load_settings
 
 # Fixed keys: they appear in test ids, which must be the same in every pytest-xdist worker.
 KEY1 = base64.urlsafe_b64encode(bytes(range(32))).decode()

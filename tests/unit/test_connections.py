@@ -10,7 +10,7 @@ import pytest
 from deferral import Connection
 from deferral.connections import ConnectionAccessor, InvalidConnection, from_environment
 from deferral.hooks.base import BaseHook
-from deferral.secrets_masker import redact
+from deferral.runtime.secrets_masker import redact
 
 
 @pytest.fixture(autouse=True)

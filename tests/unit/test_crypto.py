@@ -1,4 +1,5 @@
-"""deferral.crypto: Fernet sealing with key rotation; every bad token is a DecryptionError."""
+"""deferral.runtime.crypto: Fernet sealing with key rotation; every bad token is a
+DecryptionError."""
 
 from __future__ import annotations
 
@@ -9,8 +10,8 @@ from typing import Any
 import pytest
 from cryptography.fernet import Fernet
 
-from deferral.crypto import Cipher, DecryptionError
-from deferral.serialization import SerializationError
+from deferral.runtime.crypto import Cipher, DecryptionError
+from deferral.runtime.serialization import SerializationError
 
 OLD = Fernet.generate_key().decode()
 NEW = Fernet.generate_key().decode()

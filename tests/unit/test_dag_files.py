@@ -20,10 +20,9 @@ from pathlib import Path
 
 import pytest
 
-from deferral.dagbag import DagBag, dag_sources
 from deferral.exceptions import ClusterPolicyError
-from deferral.operators import EmptyOperator
-from deferral.policies import (
+from deferral.loading.dagbag import DagBag, dag_sources
+from deferral.loading.policies import (
     LOCAL_SETTINGS_MODULE,
     ClusterPolicies,
     MutableTaskInstance,
@@ -31,7 +30,8 @@ from deferral.policies import (
     load_policies,
     mutate_task_instance,
 )
-from deferral.transitions import NewTaskInstance
+from deferral.operators import EmptyOperator
+from deferral.store.transitions import NewTaskInstance
 from deferral.trigger_rules import TriggerRule
 from deferral.triggers.base import classpath_of
 
@@ -137,7 +137,7 @@ def test_comments_blank_lines_and_bad_regexps(
     (folder / ".deferralignore").write_text(
         "# whole-line comment\n\n  \nalpha   # trailing comment\n([unclosed\nbeta\n"
     )
-    with caplog.at_level(logging.WARNING, logger="deferral.dagbag"):
+    with caplog.at_level(logging.WARNING, logger="deferral.loading.dagbag"):
         assert found(folder) == {"gamma"}
     assert "([unclosed" in caplog.text
 
@@ -147,7 +147,7 @@ def test_an_unreadable_ignore_file_is_logged_and_does_not_stop_the_scan(
 ) -> None:
     write_dag(folder, "still_loaded")
     (folder / ".deferralignore").write_bytes(b"\xff\xfe not utf-8 \x80")
-    with caplog.at_level(logging.WARNING, logger="deferral.dagbag"):
+    with caplog.at_level(logging.WARNING, logger="deferral.loading.dagbag"):
         assert found(folder) == {"still_loaded"}
     assert "cannot be read" in caplog.text
 
@@ -279,7 +279,7 @@ def test_a_zipped_trigger_is_importable_in_a_process_that_never_loaded_the_dags(
     make_zip(folder / "team.zip", packaged(names))
     script = (
         "import importlib, pathlib, sys\n"
-        "from deferral.dagbag import put_on_sys_path\n"
+        "from deferral.loading.dagbag import put_on_sys_path\n"
         "put_on_sys_path(pathlib.Path(sys.argv[1]))\n"
         "module = importlib.import_module(sys.argv[2])\n"
         "print(module.Ready.__module__, module.__file__)\n"
@@ -535,7 +535,7 @@ def test_the_scheduler_entry_point_keeps_the_values_when_the_hook_fails(
     rerouted = apply_task_instance_mutation_hook(NEW, dag_id="d", run_id="r", task=task)
     assert rerouted.queue == "rerouted"
     boom = NewTaskInstance(**{**NEW.__dict__, "task_id": "boom"})
-    with caplog.at_level(logging.ERROR, logger="deferral.policies"):
+    with caplog.at_level(logging.ERROR, logger="deferral.loading.policies"):
         kept = apply_task_instance_mutation_hook(boom, dag_id="d", run_id="r", task=task)
     assert kept == boom
     assert "task_instance_mutation_hook raised ValueError on task instance d.r.boom" in caplog.text

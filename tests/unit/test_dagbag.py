@@ -1,4 +1,4 @@
-"""deferral.dagbag: finding DAGs in a folder of Python files.
+"""deferral.loading.dagbag: finding DAGs in a folder of Python files.
 
 Module names are cached in sys.modules, so every file written here has a unique name.
 """
@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from deferral.dag import DAG
-from deferral.dagbag import DagBag, DagNotFound
+from deferral.loading.dagbag import DagBag, DagNotFound
 
 WriteDag = Callable[..., tuple[Path, str]]
 

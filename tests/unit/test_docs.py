@@ -15,7 +15,7 @@ import click
 import pytest
 from cryptography.fernet import Fernet
 
-from deferral import config, metrics
+from deferral.runtime import config, metrics
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = (
@@ -77,7 +77,7 @@ def _setting_names_in_code() -> set[str]:
     for package in PACKAGES:
         for path in (ROOT / package).rglob("*.py"):
             names |= set(re.findall(r"\bDEFERRAL_([A-Z0-9_]+)", path.read_text()))
-    source = (ROOT / "deferral/config.py").read_text()
+    source = (ROOT / "deferral/runtime/config.py").read_text()
     names |= set(
         re.findall(r'(?:get|_setting\(source,|_one_setting)\(?\s*"([A-Z][A-Z0-9_]+)"', source)
     )
@@ -117,7 +117,7 @@ def test_the_metrics_reference_lists_exactly_what_the_processes_serve(
 
 
 def test_the_airflow_arguments_reference_lists_every_argument(reference: ModuleType) -> None:
-    from deferral import airflow_arguments
+    from deferral.authoring import airflow_arguments
 
     page = reference.airflow_arguments_page()
     dag_arguments = (*airflow_arguments.DAG_INERT, *airflow_arguments.DAG_DEPRECATED)

@@ -1,11 +1,11 @@
-"""deferral.doctor: the stuck-deferred-task checklist's decisions, from counts and ages."""
+"""deferral.store.doctor: the stuck-deferred-task checklist's decisions, from counts and ages."""
 
 from __future__ import annotations
 
 import pytest
 
-from deferral import doctor
-from deferral.doctor import Check, Status
+from deferral.store import doctor
+from deferral.store.doctor import Check, Status
 
 
 def test_a_line_is_status_two_spaces_check_colon_detail() -> None:

@@ -10,11 +10,11 @@ from typing import Any
 import pytest
 
 from deferral import DAG
-from deferral.config import ConfigError, SmtpSettings, smtp_settings
 from deferral.dag import DagDefinitionError
 from deferral.operators.email import EmailOperator
 from deferral.operators.empty import EmptyOperator
-from deferral.secrets_masker import redact
+from deferral.runtime.config import ConfigError, SmtpSettings, smtp_settings
+from deferral.runtime.secrets_masker import redact
 from deferral.utils.email import (
     EmailAlert,
     EmailNotConfigured,

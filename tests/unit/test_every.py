@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from deferral import process
-from deferral.process import Every
+from deferral.runtime import process
+from deferral.runtime.process import Every
 
 
 class Clock:

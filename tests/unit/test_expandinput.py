@@ -1,4 +1,5 @@
-"""deferral.expandinput: how many task instances a mapped task's input makes, and which values
+"""deferral.authoring.expandinput: how many task instances a mapped task's input makes, and which
+values
 each map index gets (pure)."""
 
 from __future__ import annotations
@@ -9,9 +10,7 @@ from typing import Any
 import pytest
 
 from deferral import DAG
-from deferral.context import DagRunInfo, RuntimeTaskInstance, make_context
-from deferral.exceptions import MappingError
-from deferral.expandinput import (
+from deferral.authoring.expandinput import (
     NOTHING_PUSHED,
     DictOfListsExpandInput,
     ListOfDictsExpandInput,
@@ -19,6 +18,8 @@ from deferral.expandinput import (
     is_mappable_literal,
     positions,
 )
+from deferral.context import DagRunInfo, RuntimeTaskInstance, make_context
+from deferral.exceptions import MappingError
 from deferral.operators import EmptyOperator
 from deferral.xcom_arg import XComArg
 

@@ -1,4 +1,4 @@
-"""deferral.faults: transient errors are told from data errors by type and SQLSTATE."""
+"""deferral.runtime.faults: transient errors are told from data errors by type and SQLSTATE."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import pytest
 import redis.exceptions
 from sqlalchemy.exc import DataError, IntegrityError, OperationalError, ProgrammingError
 
-from deferral import faults
-from deferral.faults import is_transient
+from deferral.runtime import faults
+from deferral.runtime.faults import is_transient
 
 
 def _db(kind: type, orig: BaseException) -> BaseException:

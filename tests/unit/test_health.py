@@ -6,7 +6,7 @@ import datetime as dt
 
 import pytest
 
-from deferral.doctor import Status
+from deferral.store.doctor import Status
 from deferral_cli import health_checks
 
 NOW = dt.datetime(2024, 5, 1, 12, 0, 0, tzinfo=dt.UTC)

@@ -19,7 +19,10 @@ from deferral.deadline import (
     run_callback,
 )
 from deferral.exceptions import HITLTimeoutError, TaskAwaitingInput
-from deferral.hitl import (
+from deferral.models.param import Param
+from deferral.operators.empty import EmptyOperator
+from deferral.operators.hitl import ApprovalOperator, HITLBranchOperator, HITLOperator
+from deferral.store.hitl import (
     MAX_OPTIONS,
     MAX_PARAMS_BYTES,
     InputRequest,
@@ -27,10 +30,7 @@ from deferral.hitl import (
     check_request,
     check_response,
 )
-from deferral.models import HITLDetail
-from deferral.models.param import Param
-from deferral.operators.empty import EmptyOperator
-from deferral.operators.hitl import ApprovalOperator, HITLBranchOperator, HITLOperator
+from deferral.store.tables import HITLDetail
 
 T0 = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
 

@@ -6,7 +6,7 @@ import datetime as dt
 
 import pytest
 
-from deferral import liveness
+from deferral.store import liveness
 
 NOW = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
 

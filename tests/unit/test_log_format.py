@@ -9,7 +9,13 @@ import sys
 
 import pytest
 
-from deferral.process import JsonFormatter, TextFormatter, log_ids, setup_logging, utc_timestamp
+from deferral.runtime.process import (
+    JsonFormatter,
+    TextFormatter,
+    log_ids,
+    setup_logging,
+    utc_timestamp,
+)
 
 
 def _record(**extra: object) -> logging.LogRecord:

@@ -11,14 +11,14 @@ from typing import Any
 import pytest
 
 from deferral import DAG, TaskGroup, task
+from deferral.authoring.mappedoperator import MappedOperator, operator_arguments
+from deferral.authoring.templating import render_template_fields
 from deferral.baseoperator import BaseOperator
 from deferral.context import Context, DagRunInfo, RuntimeTaskInstance, make_context
 from deferral.dag import DagDefinitionError
 from deferral.exceptions import MappingError
-from deferral.mappedoperator import MappedOperator, operator_arguments
 from deferral.operators import BashOperator, EmptyOperator, PythonOperator
 from deferral.sensors import TimeDeltaSensor
-from deferral.templating import render_template_fields
 from deferral.xcom_arg import XComArg
 
 NOW = dt.datetime(2024, 3, 1, tzinfo=dt.UTC)

@@ -13,8 +13,8 @@ import anyio
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
-from deferral import metrics
-from deferral.metrics import StreamsCollector
+from deferral.runtime import metrics
+from deferral.runtime.metrics import StreamsCollector
 from triggerer.watchdog import LoopWatchdog
 
 OPERATIONS = Path(__file__).resolve().parents[2] / "docs" / "operations.md"

@@ -11,8 +11,9 @@ import pendulum
 import pytest
 from dateutil.relativedelta import relativedelta
 
-from deferral import DAG, serialization
+from deferral import DAG
 from deferral.operators import EmptyOperator
+from deferral.runtime import serialization
 from deferral.sensors import DateTimeSensor, TimeDeltaSensor
 from deferral.timetables import DagRunInfo
 from deferral.timezone import calendar_delta, make_aware, standard_datetime, standard_timedelta

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from deferral.private_files import write_private
+from deferral.runtime.private_files import write_private
 from deferral_cli import embedded as standalone
 
 

@@ -13,8 +13,8 @@ from broker.consumer import Delivery, Lost
 from broker.consumers import ConsumerSet
 from broker.replies import Entry
 from broker.streams import StreamKeys
-from deferral.doctor import Status
-from deferral.queues import (
+from deferral.store.doctor import Status
+from deferral.store.queues import (
     MAX_QUEUES_TEXT,
     Waiting,
     parse_queues,

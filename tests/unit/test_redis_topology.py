@@ -7,8 +7,8 @@ from redis.crc import key_slot
 
 from broker.streams import StreamKeys, shard_of
 from broker.topology import location
-from deferral.config import ConfigError
-from deferral.redis_urls import is_cluster_url, parse
+from deferral.runtime.config import ConfigError
+from deferral.runtime.redis_urls import is_cluster_url, parse
 from tests.unit.test_config import base_env, load
 
 

@@ -7,8 +7,8 @@ from typing import Any
 import pytest
 
 from deferral import DAG, task
-from deferral.expandinput import NOTHING_PUSHED, Shape
-from deferral.mappedoperator import MappedOperator
+from deferral.authoring.expandinput import NOTHING_PUSHED, Shape
+from deferral.authoring.mappedoperator import MappedOperator
 from deferral.operators import BashOperator, EmptyOperator, PythonOperator
 from deferral.states import DagRunState, TaskState
 from deferral.trigger_rules import upstream_states

@@ -1,10 +1,11 @@
-"""deferral.secrets_masker: Airflow's sensitive names, and redaction of registered secrets."""
+"""deferral.runtime.secrets_masker: Airflow's sensitive names, and redaction of registered
+secrets."""
 
 from __future__ import annotations
 
 import pytest
 
-from deferral.secrets_masker import (
+from deferral.runtime.secrets_masker import (
     MASK,
     SecretsMasker,
     mask_with_kwargs,

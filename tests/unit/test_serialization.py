@@ -1,4 +1,5 @@
-"""deferral.serialization: exact round trips of the tagged JSON form, and refusals that name the
+"""deferral.runtime.serialization: exact round trips of the tagged JSON form, and refusals that
+name the
 key path and the type of the value at fault."""
 
 from __future__ import annotations
@@ -10,8 +11,8 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from deferral import serialization
-from deferral.serialization import TAG, SerializationError
+from deferral.runtime import serialization
+from deferral.runtime.serialization import TAG, SerializationError
 
 
 def roundtrip(value: Any) -> Any:

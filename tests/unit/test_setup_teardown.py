@@ -8,11 +8,11 @@ import pendulum
 import pytest
 
 from deferral import DAG
+from deferral.authoring.setup_teardown import clearing_with, graph
 from deferral.dag import DagDefinitionError
 from deferral.decorators import setup, task, task_group, teardown
 from deferral.operators import EmptyOperator
 from deferral.operators.bash import BashOperator
-from deferral.setup_teardown import clearing_with, graph
 from deferral.states import DagRunState, TaskState
 from deferral.trigger_rules import TriggerRule, evaluate, setups_gate
 from deferral.utils.task_group import TaskGroup

@@ -11,7 +11,7 @@ import sys
 import threading
 from collections.abc import Sequence
 
-from deferral.tasklogs import NewLine
+from deferral.store.tasklogs import NewLine
 from tests.helpers import wait_for
 from worker.capture import TaskOutput
 

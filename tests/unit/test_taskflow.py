@@ -11,12 +11,16 @@ import pytest
 
 import deferral.decorators
 from deferral import DAG, TaskGroup, XComArg, chain, dag, task
+from deferral.authoring.templating import (
+    TemplateRenderError,
+    render_template,
+    render_template_fields,
+)
 from deferral.context import Context, DagRunInfo, RuntimeTaskInstance
 from deferral.dag import DagDefinitionError
 from deferral.decorators.python import DecoratedPythonOperator
 from deferral.operators import EmptyOperator, PythonOperator
 from deferral.sensors import PokeReturnValue
-from deferral.templating import TemplateRenderError, render_template, render_template_fields
 from deferral.xcom_arg import DagParam, find_runtime_args
 
 LOGICAL = dt.datetime(2024, 5, 1, tzinfo=dt.UTC)

@@ -6,7 +6,7 @@ import datetime as dt
 
 import pytest
 
-from deferral.tasklogs import NewLine, TrySize, cut_marker, try_is_over, within_bound
+from deferral.store.tasklogs import NewLine, TrySize, cut_marker, try_is_over, within_bound
 
 NOW = dt.datetime(2024, 5, 1, tzinfo=dt.UTC)
 

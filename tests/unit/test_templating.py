@@ -1,4 +1,4 @@
-"""deferral.templating: template_fields rendered in a context with Airflow's variables, in
+"""deferral.authoring.templating: template_fields rendered in a context with Airflow's variables, in
 Jinja's sandbox, with StrictUndefined; what they rendered to, as recorded (secrets masked)."""
 
 from __future__ import annotations
@@ -13,17 +13,17 @@ import jinja2
 import pytest
 
 from deferral import DAG, BaseOperator
-from deferral.context import Context, DagRunInfo, RuntimeTaskInstance, make_context
-from deferral.dag import DagDefinitionError
-from deferral.exceptions import FailTask
-from deferral.operators import PythonOperator
-from deferral.sensors import DateTimeSensor, FileSensor
-from deferral.templating import (
+from deferral.authoring.templating import (
     MAX_RECORDED_LENGTH,
     TemplateRenderError,
     render_template_fields,
     rendered_fields,
 )
+from deferral.context import Context, DagRunInfo, RuntimeTaskInstance, make_context
+from deferral.dag import DagDefinitionError
+from deferral.exceptions import FailTask
+from deferral.operators import PythonOperator
+from deferral.sensors import DateTimeSensor, FileSensor
 
 LOGICAL = dt.datetime(2024, 3, 5, 6, 7, 8, tzinfo=dt.UTC)
 START = dt.datetime(2024, 3, 4, tzinfo=dt.UTC)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from deferral.transitions import TIMED_OUT
+from deferral.store.transitions import TIMED_OUT
 from triggerer.decide import SUPERSEDED, TIMEOUT, USER_ACTION, cancel_reason
 
 

@@ -14,8 +14,8 @@ from cryptography.fernet import Fernet
 
 from broker.replies import Entry
 from broker.streams import TriggerMessage, TriggerSpec, to_fields
-from deferral import serialization
-from deferral.crypto import Cipher
+from deferral.runtime import serialization
+from deferral.runtime.crypto import Cipher
 from deferral.triggers import BaseTrigger, DateTimeTrigger, FileTrigger, TriggerEvent
 from triggerer import decode
 from triggerer.decode import Decoded, RejectedEntry, decode_entry, load_trigger_class

@@ -9,8 +9,8 @@ import pytest
 from cryptography.fernet import Fernet
 
 from broker.streams import EVENT_KIND_EVENT, EVENT_KIND_FAILURE, EventMessage, read_event, to_fields
-from deferral import serialization
-from deferral.crypto import Cipher
+from deferral.runtime import serialization
+from deferral.runtime.crypto import Cipher
 from triggerer.events import (
     dedup_key,
     event_message,

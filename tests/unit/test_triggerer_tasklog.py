@@ -9,9 +9,9 @@ import logging
 import anyio
 
 from broker.streams import CarriedLog
-from deferral.process import LOG_IDS_ATTR, log_ids
-from deferral.secrets_masker import mask_secret
-from deferral.tasklogs import SOURCE_TRIGGERER, NewLine
+from deferral.runtime.process import LOG_IDS_ATTR, log_ids
+from deferral.runtime.secrets_masker import mask_secret
+from deferral.store.tasklogs import SOURCE_TRIGGERER, NewLine
 from triggerer.tasklog import TaskLogHandler, current_ids, split_for_events
 
 log = logging.getLogger("test.triggerer.tasklog")

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from cryptography.fernet import Fernet
 
-from deferral.crypto import Cipher
+from deferral.runtime.crypto import Cipher
 from deferral.triggers.event import DirectoryWatchTrigger
 from deferral.triggers.temporal import DateTimeTrigger
 from triggerer.watchers import open_watcher

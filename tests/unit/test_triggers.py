@@ -11,7 +11,7 @@ from zoneinfo import ZoneInfo
 import anyio
 import pytest
 
-from deferral import serialization
+from deferral.runtime import serialization
 from deferral.triggers import (
     BaseTrigger,
     DateTimeTrigger,

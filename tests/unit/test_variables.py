@@ -9,7 +9,7 @@ import pickle
 import pytest
 
 from deferral import Variable
-from deferral.secrets_masker import redact
+from deferral.runtime.secrets_masker import redact
 from deferral.variables import VariableAccessor, VariableError
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from cryptography.fernet import Fernet
 
-from deferral.config import Settings, load_settings
+from deferral.runtime.config import Settings, load_settings
 from webserver.app import _duration, _safe_next, dag_url, ti_url
 from webserver.auth import is_loopback, session_key
 from webserver.data import expiry_urgency

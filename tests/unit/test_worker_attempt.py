@@ -15,8 +15,8 @@ from typing import Any
 import msgspec
 import pytest
 
-from deferral import serialization
-from deferral.dagbag import process_dagbag
+from deferral.loading.dagbag import process_dagbag
+from deferral.runtime import serialization
 from worker.attempt import execute_attempt
 from worker.outcomes import AttemptRequest, Deferred, Failed, Skipped, Succeeded
 

@@ -1,0 +1,356 @@
+"""What a user does to DAGs and tasks: trigger a run, pause or unpause a DAG, clear or mark
+tasks. The ``deferral`` command and the web UI both call these, so a click and a command take
+the same path; each raises :class:`ActionError` with one line naming what is at fault.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy import select
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session, sessionmaker
+
+from deferral.authoring.setup_teardown import clearing_with
+from deferral.baseoperator import BaseOperator
+from deferral.dag import DAG, DagDefinitionError
+from deferral.runtime import controls
+from deferral.states import DagRunType, TaskState
+from deferral.store import transitions
+from deferral.store.tables import Dag, DagRun, TaskInstance
+from deferral.timetables import UserTimetableError
+from deferral.utils.sensor_helper import parse_logical_date, run_of
+
+if TYPE_CHECKING:
+    from deferral.sensors.external_task import ExternalTaskMarker
+
+# The states a user may mark a task with.
+MARKABLE_STATES = (TaskState.SUCCESS, TaskState.FAILED, TaskState.SKIPPED)
+
+
+class ActionError(Exception):
+    """The action was refused; the message is one line naming the thing at fault.
+    ``not_found``: because something named does not exist."""
+
+    def __init__(self, message: str, *, not_found: bool = False) -> None:
+        super().__init__(message)
+        self.not_found = not_found
+
+
+def ti_label(task_id: str, map_index: int) -> str:
+    """A task instance within its run: ``task``, or ``task[2]`` for map index 2 of a mapped
+    task."""
+    return task_id if map_index < 0 else f"{task_id}[{map_index}]"
+
+
+def parse_conf(raw: str | None) -> dict[str, Any]:
+    """A run's conf from its JSON text (empty: ``{}``); ValueError saying what is wrong."""
+    if raw is None or not raw.strip():
+        return {}
+    try:
+        conf = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"not valid JSON ({exc.msg} at {exc.pos})") from None
+    if not isinstance(conf, dict):
+        raise ValueError("must be a JSON object")
+    for key in conf:
+        controls.check_id(key, "key")  # keys name params (and become ids in templates, logs)
+    if controls.nul_inside(conf):
+        raise ValueError("holds a NUL character (\\u0000), which PostgreSQL cannot store")
+    return conf
+
+
+@dataclass(frozen=True)
+class Triggered:
+    run_id: str
+    # The DAG is paused: the run waits until it is unpaused.
+    paused: bool
+
+
+def trigger_run(
+    sessions: sessionmaker[Session],
+    dag: DAG,
+    conf: dict[str, Any],
+    run_id: str | None = None,
+    *,
+    logical_date: dt.datetime | None = None,
+) -> Triggered:
+    """Create a manual run of ``dag`` at ``logical_date`` (tz-aware; default now), its run id
+    ``manual__<logical date>`` unless given; its ``Param``s must accept what ``conf`` gives
+    them (else their defaults), as Airflow checks at trigger."""
+    check_conf_against_params(dag, conf)
+    logical_date = logical_date or dt.datetime.now(dt.UTC)
+    if run_id is not None:
+        try:
+            controls.check_id(run_id, "run id")
+        except ValueError as exc:
+            raise ActionError(str(exc)) from None
+    run_id = run_id or DagRunType.MANUAL.run_id(logical_date)
+    # As Airflow: the interval the schedule would give a run at this moment.
+    try:
+        interval = dag.infer_manual_data_interval(logical_date)
+    except UserTimetableError as exc:
+        raise ActionError(f"DAG {dag.dag_id!r}: {exc}") from None
+    exists = f"DAG {dag.dag_id!r} already has a run {run_id!r} or one at {logical_date.isoformat()}"
+    try:
+        with sessions.begin() as session:
+            transitions.create_dag_run(
+                session,
+                dag.dag_id,
+                run_id,
+                logical_date,
+                conf,
+                run_type=DagRunType.MANUAL,
+                data_interval=(interval.start, interval.end),
+            )
+            row = session.get(Dag, dag.dag_id)
+    except IntegrityError:
+        raise ActionError(exists) from None
+    return Triggered(run_id, row is not None and row.is_paused)
+
+
+def check_conf_against_params(dag: DAG, conf: dict[str, Any]) -> None:
+    from deferral.models.param import NOTSET, ParamValidationError
+
+    for name, param in dag.param_specs.items():
+        try:
+            param.resolve(conf.get(name, NOTSET), name=name)
+        except ParamValidationError as exc:
+            raise ActionError(f"DAG {dag.dag_id!r}: {exc}") from None
+
+
+def set_paused(sessions: sessionmaker[Session], dag: DAG, paused: bool) -> None:
+    """Pause or unpause ``dag`` (its row is created if no scheduler wrote it yet)."""
+    with sessions.begin() as session:
+        # The scheduler fills in the rest of a row it has not written yet, and keeps is_paused.
+        insert = pg_insert(Dag).values(
+            dag_id=dag.dag_id,
+            fileloc=dag.fileloc,
+            is_paused=paused,
+            max_active_tasks=dag.max_active_tasks,
+            max_active_runs=dag.max_active_runs,
+        )
+        session.execute(
+            insert.on_conflict_do_update(index_elements=[Dag.dag_id], set_={"is_paused": paused})
+        )
+
+
+@dataclass(frozen=True)
+class UserChanges:
+    """What a clear or mark did: (label, new state) of each task instance it moved, and the
+    labels (with their state) of those it left alone because they were queued or running."""
+
+    changed: list[tuple[str, str]]
+    refused: list[str]
+
+
+# change(session, task instance, its task in the DAG or None) -> whether it moved.
+Change = Callable[[Session, TaskInstance, BaseOperator | None], bool]
+# A DAG of the folder by its id; raises DagNotFound.
+FindDag = Callable[[str], DAG]
+
+
+def change_tasks(
+    sessions: sessionmaker[Session],
+    dag: DAG,
+    run_id: str,
+    task_id: str,
+    change: Change,
+    *,
+    downstream: bool = False,
+    map_indexes: Sequence[int] = (),
+    find_dag: FindDag | None = None,
+) -> UserChanges:
+    """Apply ``change`` to the task ``task_id`` of one run (its map indexes ``map_indexes``,
+    else all) and, with ``downstream``, to every task downstream of it (all map indexes); a
+    clear also to the setups and teardowns they bring (``setup_teardown.clearing_with``); a
+    finished run reopens. A clear with ``downstream`` also clears the tasks ExternalTaskMarkers
+    name (and theirs downstream), in the runs of the DAGs ``find_dag`` (default: the DAGs
+    folder's) gives; their labels are ``dag_id:task``."""
+    try:
+        task_ids = [dag.get_task(task_id).task_id]
+    except DagDefinitionError as exc:
+        raise ActionError(str(exc), not_found=True) from None
+    if change is clear_change:
+        # Clearing (not marking) a work task clears the setups it needs and their teardowns,
+        # as Airflow's clear does: the work must find what its setup made.
+        task_ids = [
+            task_id,
+            *sorted(clearing_with(dag, task_ids, downstream=downstream) - {task_id}),
+        ]
+    elif downstream:
+        task_ids += sorted(dag.downstream_of(task_id))
+    # Clearing downstream follows ExternalTaskMarkers into the runs they name, as Airflow's
+    # recursive clear; every run to clear is found before any is cleared.
+    marked = []
+    if downstream and change is clear_change:
+        marked = _marked_runs(sessions, dag, run_id, task_ids, find_dag or _dag_of_folder)
+    done = _change_run_tasks(sessions, dag, run_id, task_ids, change, task_id, map_indexes)
+    for other, other_run_id, other_task_ids in marked:
+        more = _change_run_tasks(sessions, other, other_run_id, other_task_ids, change, None, ())
+        done.changed.extend((f"{other.dag_id}:{label}", state) for label, state in more.changed)
+        done.refused.extend(f"{other.dag_id}:{label}" for label in more.refused)
+    return done
+
+
+def _dag_of_folder(dag_id: str) -> DAG:
+    from deferral.loading.dagbag import process_dagbag
+
+    return process_dagbag().get_dag(dag_id)
+
+
+def _marked_runs(
+    sessions: sessionmaker[Session],
+    dag: DAG,
+    run_id: str,
+    task_ids: Sequence[str],
+    find_dag: FindDag,
+    depth: int = 0,
+    limit: int | None = None,
+) -> list[tuple[DAG, str, list[str]]]:
+    """(DAG, run id, task ids) of every external task an ExternalTaskMarker among ``task_ids``
+    names, with its downstream tasks, followed through markers there; at most the first
+    marker's ``recursion_depth`` DAGs deep (more is refused: a cycle, or too much to clear)."""
+    from deferral.loading.dagbag import DagNotFound
+    from deferral.sensors.external_task import ExternalTaskMarker
+
+    found: list[tuple[DAG, str, list[str]]] = []
+    for marker in (dag.task_dict.get(task_id) for task_id in task_ids):
+        if not isinstance(marker, ExternalTaskMarker):
+            continue
+        limit = marker.recursion_depth if limit is None else limit
+        if depth >= limit:
+            raise ActionError(
+                f"maximum recursion depth {limit} reached for ExternalTaskMarker "
+                f"{marker.task_id!r} of DAG {dag.dag_id!r}: too many tasks to clear, or DAGs "
+                "whose markers form a cycle"
+            )
+        try:
+            other = find_dag(marker.external_dag_id)
+        except DagNotFound as exc:
+            raise ActionError(f"ExternalTaskMarker {marker.task_id!r}: {exc}") from None
+        if marker.external_task_id not in other.task_dict:
+            raise ActionError(
+                f"ExternalTaskMarker {marker.task_id!r}: DAG {other.dag_id!r} has no task "
+                f"{marker.external_task_id!r}"
+            )
+        logical_date = _marker_date(sessions, dag, run_id, marker)
+        with sessions() as session:
+            other_run = run_of(session, other.dag_id, run_id=None, logical_date=logical_date)
+        if other_run is None:
+            continue  # no run there at that date: nothing to clear
+        other_ids = [marker.external_task_id, *sorted(other.downstream_of(marker.external_task_id))]
+        found.append((other, other_run.run_id, other_ids))
+        found += _marked_runs(
+            sessions, other, other_run.run_id, other_ids, find_dag, depth + 1, limit
+        )
+    return found
+
+
+def _marker_date(
+    sessions: sessionmaker[Session], dag: DAG, run_id: str, marker: ExternalTaskMarker
+) -> dt.datetime:
+    """The marker's ``logical_date`` rendered in the context of its run."""
+    from deferral.authoring.templating import render_template
+    from deferral.context import DagRunInfo, RuntimeTaskInstance, build_context
+    from deferral.store.xcom import DatabaseXComs
+
+    with sessions() as session:
+        run = run_of(session, dag.dag_id, run_id=run_id, logical_date=None)
+    assert run is not None
+    info = DagRunInfo(
+        dag.dag_id,
+        run.run_id,
+        run.logical_date,
+        run.conf,
+        run.data_interval_start,
+        run.data_interval_end,
+        run.run_type,
+    )
+    ti = RuntimeTaskInstance(
+        0, dag.dag_id, run.run_id, marker.task_id, -1, 0, DatabaseXComs(sessions), run.logical_date
+    )
+    where = f"ExternalTaskMarker {marker.task_id!r} logical_date"
+    rendered = render_template(marker, marker.logical_date, build_context(marker, info, ti))
+    try:
+        return parse_logical_date(rendered if isinstance(rendered, dt.datetime) else str(rendered))
+    except ValueError as exc:
+        raise ActionError(f"{where}: {exc}") from None
+
+
+def clear_run(sessions: sessionmaker[Session], dag: DAG, run_id: str) -> UserChanges:
+    """Run every task of one run again (Airflow's ``dag.clear`` of a run, as
+    ``TriggerDagRunOperator(reset_dag_run=True)`` does); the run reopens."""
+    task_ids = sorted(dag.task_dict)
+    return _change_run_tasks(sessions, dag, run_id, task_ids, clear_change, None, ())
+
+
+def _change_run_tasks(
+    sessions: sessionmaker[Session],
+    dag: DAG,
+    run_id: str,
+    task_ids: Sequence[str],
+    change: Change,
+    task_id: str | None,
+    map_indexes: Sequence[int],
+) -> UserChanges:
+    """Apply ``change`` to the task instances of ``task_ids`` in one run (of ``task_id``, only
+    its map indexes ``map_indexes`` if given); the run reopens."""
+    with sessions.begin() as session:
+        run = session.scalars(
+            select(DagRun).where(DagRun.dag_id == dag.dag_id, DagRun.run_id == run_id)
+        ).one_or_none()
+        if run is None:
+            raise ActionError(f"DAG {dag.dag_id!r} has no run {run_id!r}", not_found=True)
+        tis = session.scalars(
+            select(TaskInstance)
+            .where(
+                TaskInstance.dag_id == dag.dag_id,
+                TaskInstance.run_id == run_id,
+                TaskInstance.task_id.in_(task_ids),
+            )
+            .order_by(TaskInstance.id)
+            .with_for_update()
+        ).all()
+        if map_indexes:
+            tis = [t for t in tis if t.task_id != task_id or t.map_index in map_indexes]
+            found = {t.map_index for t in tis if t.task_id == task_id}
+            missing = sorted(set(map_indexes) - found)
+            if missing:
+                raise ActionError(
+                    f"task {task_id!r} of run {run_id!r} has no map index {missing[0]}",
+                    not_found=True,
+                )
+        changed: list[tuple[str, str]] = []
+        refused: list[str] = []
+        for ti in tis:
+            label = ti_label(ti.task_id, ti.map_index)
+            if change(session, ti, dag.task_dict.get(ti.task_id)):
+                changed.append((label, ti.state))
+            else:
+                refused.append(f"{label} ({ti.state})")
+        transitions.reopen_dag_run(session, run)
+    return UserChanges(changed, refused)
+
+
+def clear_change(session: Session, ti: TaskInstance, task: BaseOperator | None) -> bool:
+    """Run the task instance again, as a new try with its task's retries."""
+    return transitions.clear(session, ti, retries=task.retries if task else 0)
+
+
+def mark_change(to_state: str) -> Change:
+    """Set a task instance's state to ``to_state`` (one of MARKABLE_STATES)."""
+    if to_state not in MARKABLE_STATES:
+        allowed = ", ".join(MARKABLE_STATES)
+        raise ActionError(f"a task can be marked {allowed}, not {to_state!r}")
+    state = TaskState(to_state)
+
+    def mark(session: Session, ti: TaskInstance, task: BaseOperator | None) -> bool:
+        return transitions.mark(session, ti, state)
+
+    return mark

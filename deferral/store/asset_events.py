@@ -1,0 +1,76 @@
+"""Reading asset events: a run's ``triggering_asset_events`` (for its tasks' context) and the
+recent events of each asset (for the CLI and the web UI)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from deferral.assets import Asset, AssetEvent, TriggeringAssetEvents
+from deferral.store.metastore import metastore
+from deferral.store.tables import AssetEventRow, AssetModel, DagRun, DagRunAssetEvent
+
+# Events one run's context carries per asset at most (the rest are counted, not loaded).
+MAX_EVENTS_PER_ASSET = 1000
+
+
+def _event(row: AssetEventRow, asset: Asset) -> AssetEvent:
+    return AssetEvent(
+        id=row.id,
+        asset=asset,
+        extra=dict(row.extra or {}),
+        timestamp=row.timestamp,
+        source_dag_id=row.source_dag_id,
+        source_run_id=row.source_run_id,
+        source_task_id=row.source_task_id,
+        source_map_index=row.source_map_index,
+        watcher=row.watcher,
+    )
+
+
+def triggering_events(session: Session, dag_id: str, run_id: str) -> TriggeringAssetEvents:
+    """The asset events the run consumed, by asset name, oldest first."""
+    rows = session.execute(
+        select(AssetEventRow, AssetModel.uri)
+        .join(DagRunAssetEvent, DagRunAssetEvent.asset_event_id == AssetEventRow.id)
+        .join(DagRun, DagRun.id == DagRunAssetEvent.dag_run_id)
+        .outerjoin(AssetModel, AssetModel.name == AssetEventRow.asset_name)
+        .where(DagRun.dag_id == dag_id, DagRun.run_id == run_id)
+        .order_by(AssetEventRow.id)
+    ).all()
+    events: dict[str, list[AssetEvent]] = {}
+    for row, uri in rows:
+        got = events.setdefault(row.asset_name, [])
+        if len(got) < MAX_EVENTS_PER_ASSET:
+            got.append(_event(row, Asset(name=row.asset_name, uri=uri or row.asset_name)))
+    return TriggeringAssetEvents(events)
+
+
+class LazyTriggeringEvents(Mapping[Any, list[AssetEvent]]):
+    """``context["triggering_asset_events"]``, read from PostgreSQL on first use only."""
+
+    def __init__(self, dag_id: str, run_id: str) -> None:
+        self.dag_id = dag_id
+        self.run_id = run_id
+        self._loaded: TriggeringAssetEvents | None = None
+
+    def _events(self) -> TriggeringAssetEvents:
+        if self._loaded is None:
+            with metastore().sessions() as session:
+                self._loaded = triggering_events(session, self.dag_id, self.run_id)
+        return self._loaded
+
+    def __getitem__(self, key: object) -> list[AssetEvent]:
+        return self._events()[key]
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._events()
+
+    def __iter__(self) -> Any:
+        return iter(self._events())
+
+    def __len__(self) -> int:
+        return len(self._events())
