@@ -21,7 +21,7 @@ import msgspec
 
 from deferral.runtime.crypto import Cipher, DecryptionError
 from deferral.runtime.redis_urls import MAX_STREAM_SHARDS, default_stream_shards, is_cluster_url
-from deferral.triggers.task_end import END_KINDS
+from deferral.states import END_KINDS
 
 GROUP_TRIGGERERS = "triggerers"
 GROUP_SCHEDULERS = "schedulers"

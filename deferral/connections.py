@@ -23,8 +23,7 @@ from sqlalchemy.orm import Session
 
 from deferral.runtime.crypto import Cipher, DecryptionError
 from deferral.runtime.secrets_masker import MASK, SecretsMasker, mask_secret
-from deferral.store.metastore import metastore
-from deferral.store.tables import StoredConnection
+from deferral.store.seam import StoredConnection, metastore
 
 log = logging.getLogger("deferral.connections")
 

@@ -11,15 +11,16 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any, NotRequired, Protocol, TypedDict
 
 from deferral import macros
+from deferral.authoring.current import get_current_context as get_current_context
+from deferral.authoring.current import set_current_context
 from deferral.connections import ConnectionAccessor
-from deferral.store.asset_events import LazyTriggeringEvents
-from deferral.store.callback_tokens import CallbackHandle
+from deferral.store.seam import CallbackHandle, LazyTriggeringEvents
 from deferral.variables import VariableAccessor
 
 if TYPE_CHECKING:
     from deferral.baseoperator import BaseOperator
     from deferral.dag import DAG
-    from deferral.store.tables import DagRun
+    from deferral.store.seam import DagRun
 
 
 class XComBackend(Protocol):
@@ -158,25 +159,10 @@ def with_data_interval(dag_run: DagRunInfo) -> DagRunInfo:
     )
 
 
-# The context of the attempt this task process runs: a task process runs one attempt, and the
-# context it makes for it is the one ``get_current_context`` gives task code.
-_current_context: Context | None = None
-
-
-def get_current_context() -> Context:
-    """The running task's context, from anywhere in its code (Airflow's
-    ``get_current_context``); raises RuntimeError outside a task."""
-    if _current_context is None:
-        raise RuntimeError("get_current_context(): no task is running in this process")
-    return _current_context
-
-
 def make_context(task: BaseOperator, dag_run: DagRunInfo, ti: RuntimeTaskInstance) -> Context:
     """The context of one attempt of ``task``; dates are in UTC, as in Airflow. It becomes the
     process's current context (``get_current_context``)."""
-    global _current_context
-    _current_context = build_context(task, dag_run, ti)
-    return _current_context
+    return set_current_context(build_context(task, dag_run, ti))
 
 
 # Stateless: one of each serves every context of the process.

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from deferral.assets import AssetTriggeredTimetable, BaseAsset, asset_condition, is_asset_schedule
+from deferral.authoring import setup_teardown
 from deferral.authoring.airflow_arguments import (
     SLA_DEPRECATION,
     RefusedArgument,
@@ -23,6 +24,7 @@ from deferral.authoring.airflow_arguments import (
 )
 from deferral.authoring.callbacks import CallbackArg, check_callbacks
 from deferral.deadline import DeadlineAlert, deadline_alerts, sla_alert
+from deferral.exceptions import DagDefinitionError
 from deferral.models.param import ParamValidationError, split_params
 from deferral.runtime.config import default_timezone
 from deferral.states import DagRunState
@@ -40,6 +42,7 @@ from deferral.timetables import (
     next_info,
 )
 from deferral.timezone import calendar_delta, make_aware, standard_timedelta
+from deferral.xcom_arg import DagParam
 
 log = logging.getLogger("deferral")
 
@@ -48,18 +51,8 @@ if TYPE_CHECKING:
 
     from deferral.baseoperator import BaseOperator
     from deferral.utils.task_group import TaskGroup
-    from deferral.xcom_arg import DagParam
 
 _ID_PATTERN = re.compile(r"^[A-Za-z0-9_.\-]{1,250}$")
-
-
-class DagDefinitionError(ValueError):
-    """A DAG or task is declared wrongly; the message names which. ``line``: the DAG file's line
-    that declared it, when the error is found after the file ran (the DagBag shows it)."""
-
-    def __init__(self, message: str, *, line: int | None = None) -> None:
-        super().__init__(message)
-        self.line = line
 
 
 def check_id(kind: str, value: object) -> str:
@@ -446,8 +439,6 @@ class DAG:
     def param(self, name: str, default: Any) -> DagParam:
         """A reference to the run's ``params[name]``, resolved when a task runs; ``default``
         becomes the DAG's param default (what a @dag function's parameters are)."""
-        from deferral.xcom_arg import DagParam
-
         self.params[name] = default
         return DagParam(self.dag_id, name)
 
@@ -548,8 +539,6 @@ class DAG:
         return DagRunState.SUCCESS if exit_status == 0 else DagRunState.FAILED
 
     def validate(self) -> None:
-        from deferral.authoring import setup_teardown
-
         for _ in self.topological_order():
             pass
         self._check_default_args()
@@ -559,11 +548,9 @@ class DAG:
         """Refuse a default_args key Airflow would act on that deferral does not implement
         (``retry_exponential_backoff=True``, ``sla``...) when no task of the DAG takes it as its own
         argument (each task already refused it if it reached one)."""
-        from deferral.baseoperator import operator_signature
-
         taken: set[str] = set()
         for task in self.task_dict.values():
-            taken |= operator_signature(getattr(task, "operator_class", type(task)))[0]
+            taken |= getattr(task, "operator_class", type(task)).argument_names()[0]
         for where, defaults in [
             ("default_args", self.default_args),
             *(

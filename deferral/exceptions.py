@@ -123,3 +123,25 @@ class HITLTimeoutError(DeferralException):
 
 class HITLRejectException(DeferralException):
     """An ApprovalOperator with ``fail_on_reject=True`` was rejected."""
+
+
+class DagDefinitionError(ValueError):
+    """A DAG or task is declared wrongly; the message names which. ``line``: the DAG file's line
+    that declared it, when the error is found after the file ran (the DagBag shows it)."""
+
+    def __init__(self, message: str, *, line: int | None = None) -> None:
+        super().__init__(message)
+        self.line = line
+
+
+class ActionError(Exception):
+    """The action was refused; the message is one line naming the thing at fault.
+    ``not_found``: because something named does not exist."""
+
+    def __init__(self, message: str, *, not_found: bool = False) -> None:
+        super().__init__(message)
+        self.not_found = not_found
+
+
+class DagNotFound(LookupError):
+    """No DAG of that id in the DAGs folder."""

@@ -22,16 +22,16 @@ from sqlalchemy.orm import Session
 from deferral.runtime import serialization
 from deferral.runtime.crypto import Cipher
 from deferral.runtime.serialization import SerializationError
-from deferral.store import transitions
-from deferral.store.callback_tokens import (
+from deferral.store.seam import (
     CALLBACK_KEY_PREFIX,
     TOKEN_LIFETIME,
     Claim,
+    SignalWait,
     TokenRefused,
+    metastore,
     parse_token,
+    transitions,
 )
-from deferral.store.metastore import metastore
-from deferral.store.tables import SignalWait
 from deferral.triggers.signal import (
     CALLBACK_TRIGGER,
     SIGNAL_RETENTION,

@@ -62,3 +62,13 @@ AUTOMATED_RUN_TYPES = frozenset({DagRunType.SCHEDULED, DagRunType.BACKFILL})
 # next_method value the scheduler sets when a deferral ends without its trigger firing: the
 # worker then raises TaskDeferralTimeout / TaskDeferralError inside the task instead of resuming.
 FAIL_METHOD = "__fail__"
+
+
+# The event kinds (``deferral:events`` field ``kind``) of the three task-end events: the state
+# a trigger's task-end event ends its task in. Vocabulary of every layer (the broker checks the
+# field, the store applies it, triggers yield it), so it lives with the states.
+END_KINDS = {
+    TaskState.SUCCESS: "task_success",
+    TaskState.FAILED: "task_failed",
+    TaskState.SKIPPED: "task_skipped",
+}

@@ -19,8 +19,7 @@ from sqlalchemy.orm import Session
 
 from deferral.runtime.crypto import Cipher, DecryptionError
 from deferral.runtime.secrets_masker import mask_secret
-from deferral.store.metastore import metastore
-from deferral.store.tables import StoredVariable
+from deferral.store.seam import StoredVariable, metastore
 
 log = logging.getLogger("deferral.variables")
 

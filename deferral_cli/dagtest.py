@@ -40,12 +40,12 @@ from deferral.runtime import serialization
 from deferral.runtime.config import Settings, is_configured
 from deferral.runtime.crypto import Cipher
 from deferral.runtime.process import settings_or_exit
-from deferral.states import FAIL_METHOD, DagRunState, TaskState
+from deferral.states import END_KINDS, FAIL_METHOD, DagRunState, TaskState
 from deferral.store import actions, hitl, liveness, migrate, tasklogs, transitions
 from deferral.store.tables import DagRun, Scheduler, TaskInstance, TaskStateChange
 from deferral.store.tasklogs import SOURCE_WORKER, NewLine
 from deferral.store.transitions import Attempt, FiredEvent
-from deferral.triggers.task_end import END_KINDS, check_end_xcoms
+from deferral.triggers.task_end import check_end_xcoms
 from deferral_cli import embedded as embedded
 from deferral_cli.common import (
     EXIT_FAILED,

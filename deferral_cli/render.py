@@ -20,8 +20,7 @@ from deferral.authoring.templating import (
 )
 from deferral.baseoperator import BaseOperator
 from deferral.context import DagRunInfo, RuntimeTaskInstance, make_context
-from deferral.dag import DagDefinitionError
-from deferral.exceptions import MappingError
+from deferral.exceptions import DagDefinitionError, MappingError
 from deferral.runtime.config import Settings
 from deferral.runtime.process import settings_or_exit
 from deferral.store.tables import DagRun, RenderedTaskInstanceFields, TaskInstance

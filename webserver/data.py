@@ -20,7 +20,8 @@ from sqlalchemy.orm import Session, load_only
 
 from broker.client import Broker
 from deferral.authoring.schedules import latest_automated_intervals
-from deferral.dag import DAG, DagDefinitionError
+from deferral.dag import DAG
+from deferral.exceptions import DagDefinitionError
 from deferral.loading.dagbag import DagBag, DagNotFound
 from deferral.runtime.config import Settings
 from deferral.runtime.crypto import Cipher

@@ -34,6 +34,7 @@ from deferral.exceptions import (
     TaskDeferred,
     TaskExecutionTimeout,
 )
+from deferral.loading import task_runtime
 from deferral.loading.dagbag import process_dagbag
 from deferral.models.xcom import resolve_xcom_backend
 from deferral.runtime import serialization
@@ -283,6 +284,7 @@ def _after_skip(task: BaseOperator, context: Context | None, exc: SkipTask) -> S
 def execute_attempt(request: AttemptRequest) -> Outcome:
     """Entry point in the child process. What it says of an error leaves with secrets masked:
     only this process knows the secrets its task read, and the worker records and logs it."""
+    task_runtime.install()
     return _masked(_execute(request))
 
 

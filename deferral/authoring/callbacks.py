@@ -33,7 +33,7 @@ def check_callbacks(owner: str, name: str, value: CallbackArg) -> CallbackArg:
         return value
     if isinstance(value, list | tuple) and all(callable(item) for item in value):
         return value
-    from deferral.dag import DagDefinitionError
+    from deferral.exceptions import DagDefinitionError
 
     raise DagDefinitionError(
         f"{owner}: {name} must be a callable or a list of callables, got {value!r}"

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from deferral.dag import DagDefinitionError
+from deferral.exceptions import DagDefinitionError
 
 if TYPE_CHECKING:
     from deferral.baseoperator import BaseOperator

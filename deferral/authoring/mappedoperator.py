@@ -27,9 +27,9 @@ from deferral.authoring.expandinput import (
     a_type,
     is_mappable_literal,
 )
-from deferral.baseoperator import TASK_SETTINGS, BaseOperator
-from deferral.dag import DAG, DagDefinitionError
-from deferral.exceptions import MappingError
+from deferral.authoring.operator import TASK_SETTINGS, BaseOperator
+from deferral.dag import DAG
+from deferral.exceptions import DagDefinitionError, MappingError
 from deferral.runtime.config import max_map_length
 from deferral.utils.task_group import TaskGroup
 from deferral.xcom_arg import PulledValue, RuntimeArg, XComArg, find_runtime_args
@@ -304,3 +304,6 @@ class MappedOperator(BaseOperator):
         operator.upstream_task_ids = self.upstream_task_ids
         operator.downstream_task_ids = self.downstream_task_ids
         return operator
+
+
+BaseOperator._partial_of = OperatorPartial

@@ -20,11 +20,12 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from deferral.authoring.dependencies import relate, tasks_of
-from deferral.dag import DAG, DagDefinitionError
+from deferral.exceptions import DagDefinitionError
 from deferral.trigger_rules import TriggerRule
 
 if TYPE_CHECKING:
     from deferral.baseoperator import BaseOperator
+    from deferral.dag import DAG
 
 
 def mark_setup(task: BaseOperator) -> None:

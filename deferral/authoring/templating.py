@@ -30,8 +30,7 @@ from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session
 
 from deferral.runtime.secrets_masker import redact
-from deferral.store.metastore import metastore
-from deferral.store.tables import RenderedTaskInstanceFields
+from deferral.store.seam import RenderedTaskInstanceFields, metastore
 from deferral.variables import VariableNotFound
 from deferral.xcom_arg import RuntimeArg
 

@@ -17,7 +17,8 @@ from deferral.authoring.expandinput import (
 from deferral.authoring.mappedoperator import MappedOperator, check_expand, check_expand_kwargs
 from deferral.baseoperator import BaseOperator
 from deferral.context import Context
-from deferral.dag import DAG, DagDefinitionError
+from deferral.dag import DAG
+from deferral.exceptions import DagDefinitionError
 from deferral.utils.task_group import TaskGroup
 from deferral.xcom_arg import XComArg
 

@@ -7,7 +7,8 @@ import inspect
 from collections.abc import Callable
 from typing import Any
 
-from deferral.dag import DAG, DagDefinitionError
+from deferral.dag import DAG
+from deferral.exceptions import DagDefinitionError
 
 
 def dag(dag_id: Any = None, **dag_kwargs: Any) -> Any:

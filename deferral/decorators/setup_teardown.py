@@ -8,9 +8,9 @@ import types
 from collections.abc import Callable
 from typing import Any
 
-from deferral.dag import DagDefinitionError
 from deferral.decorators.base import TaskDecorator
 from deferral.decorators.python import task
+from deferral.exceptions import DagDefinitionError
 
 
 def _task_decorator(kind: str, function: Any) -> TaskDecorator:

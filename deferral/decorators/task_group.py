@@ -7,7 +7,7 @@ import inspect
 from collections.abc import Callable
 from typing import Any
 
-from deferral.dag import DagDefinitionError
+from deferral.exceptions import DagDefinitionError
 from deferral.utils.task_group import TaskGroup
 
 

@@ -37,8 +37,14 @@ from typing import Any
 
 import pathspec
 
-from deferral.dag import DAG, DagDefinitionError, collecting_dags
-from deferral.exceptions import ClusterPolicyError, ClusterPolicySkipDag, ClusterPolicyViolation
+from deferral.dag import DAG, collecting_dags
+from deferral.exceptions import (
+    ClusterPolicyError,
+    ClusterPolicySkipDag,
+    ClusterPolicyViolation,
+    DagDefinitionError,
+    DagNotFound,
+)
 from deferral.loading import airflow_imports
 from deferral.loading.policies import (
     LOCAL_SETTINGS_MODULE,
@@ -57,10 +63,6 @@ IGNORE_FILE = ".deferralignore"
 FOLDER_SETTINGS_FILE = ".deferral.toml"
 FOLDER_SETTINGS: dict[str, type] = {"airflow_imports": bool}
 _COMMENT = re.compile(r"\s*#.*")
-
-
-class DagNotFound(LookupError):
-    pass
 
 
 # -- .deferralignore ------------------------------------------------------------------------------

@@ -26,8 +26,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from deferral.dag import DagDefinitionError, check_id
-from deferral.exceptions import ClusterPolicyError, ClusterPolicySkipDag, ClusterPolicyViolation
+from deferral.dag import check_id
+from deferral.exceptions import (
+    ClusterPolicyError,
+    ClusterPolicySkipDag,
+    ClusterPolicyViolation,
+    DagDefinitionError,
+)
 from deferral.trigger_rules import TriggerRule
 
 if TYPE_CHECKING:

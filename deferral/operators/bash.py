@@ -17,8 +17,7 @@ from typing import Any
 
 from deferral.baseoperator import BaseOperator
 from deferral.context import Context
-from deferral.dag import DagDefinitionError
-from deferral.exceptions import DeferralException, SkipTask
+from deferral.exceptions import DagDefinitionError, DeferralException, SkipTask
 from deferral.xcom_arg import RuntimeArg
 
 # How long the command's processes get to stop after SIGTERM before SIGKILL.

@@ -8,7 +8,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from deferral.context import Context
-from deferral.dag import DagDefinitionError
+from deferral.exceptions import DagDefinitionError
 from deferral.operators.branch import BaseBranchOperator
 
 Bound = dt.datetime | dt.time | None

@@ -8,7 +8,7 @@ from typing import Any
 
 from deferral.baseoperator import BaseOperator
 from deferral.context import Context
-from deferral.dag import DagDefinitionError
+from deferral.exceptions import DagDefinitionError
 from deferral.utils.email import CONN_IDS, check_email_argument, conn_id_refusal, send_email
 
 

@@ -22,7 +22,7 @@ from deferral.context import Context
 from deferral.exceptions import HITLRejectException, HITLTimeoutError, TaskAwaitingInput
 from deferral.models.param import ParamsDict
 from deferral.operators.branch import branch_skips
-from deferral.store.hitl import InputRequest, check_request
+from deferral.store.seam import InputRequest, check_request
 
 
 class HITLOperator(BaseOperator):

@@ -19,8 +19,7 @@ from typing import Any
 
 from deferral.baseoperator import BaseOperator
 from deferral.context import Context, get_current_context
-from deferral.dag import DagDefinitionError
-from deferral.exceptions import SkipTask
+from deferral.exceptions import DagDefinitionError, SkipTask
 from deferral.operators.bash import context_environment, run_process, skip_codes, stop_process_group
 from deferral.operators.branch import branch_skips
 from deferral.runtime.config import venv_cache_path

@@ -14,14 +14,10 @@ from typing import Any
 
 from deferral.baseoperator import BaseOperator
 from deferral.context import Context
-from deferral.dag import DagDefinitionError
-from deferral.exceptions import DeferralException, SkipTask
-from deferral.loading.dagbag import process_dagbag
+from deferral.exceptions import ActionError, DagDefinitionError, DeferralException, SkipTask
 from deferral.runtime.config import default_deferrable
 from deferral.states import DagRunState, DagRunType
-from deferral.store import actions
-from deferral.store.metastore import metastore
-from deferral.store.tables import DagRun
+from deferral.store.seam import DagRun, metastore, task_runtime
 from deferral.triggers.external_task import DagStateTrigger
 from deferral.utils.sensor_helper import date_argument, parse_logical_date, run_of
 
@@ -128,19 +124,20 @@ class TriggerDagRunOperator(BaseOperator):
     def execute(self, context: Context) -> None:
         logical_date = self._logical_date()
         run_id = str(self.trigger_run_id or DagRunType.MANUAL.run_id(logical_date))
-        dag = process_dagbag().get_dag(str(self.trigger_dag_id))
+        runtime = task_runtime()
+        dag = runtime.get_dag(str(self.trigger_dag_id))
         sessions = metastore().sessions
         try:
-            actions.trigger_run(sessions, dag, self._conf(), run_id, logical_date=logical_date)
+            runtime.trigger_run(dag, self._conf(), run_id, logical_date=logical_date)
             triggered_at = logical_date
-        except actions.ActionError as refused:
+        except ActionError as refused:
             with sessions() as session:
                 existing = run_of(session, dag.dag_id, run_id=run_id, logical_date=logical_date)
             if existing is None:
                 raise
             if self.reset_dag_run:
                 print(f"clearing the run {existing.run_id!r} of DAG {dag.dag_id!r}", flush=True)
-                actions.clear_run(sessions, dag, existing.run_id)
+                runtime.clear_run(dag, existing.run_id)
             elif self.skip_when_already_exists:
                 raise SkipTask(f"{refused} (skip_when_already_exists)") from None
             else:

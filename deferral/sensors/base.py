@@ -16,8 +16,8 @@ from typing import Any, NoReturn
 
 from deferral.baseoperator import BaseOperator
 from deferral.context import Context
-from deferral.dag import DagDefinitionError
 from deferral.exceptions import (
+    DagDefinitionError,
     DeferralException,
     FailTask,
     RescheduleTask,

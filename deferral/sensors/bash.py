@@ -8,8 +8,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from deferral.context import Context
-from deferral.dag import DagDefinitionError
-from deferral.exceptions import FailTask
+from deferral.exceptions import DagDefinitionError, FailTask
 from deferral.operators.bash import check_bash_arguments, context_environment, run_bash
 from deferral.sensors.base import BaseSensorOperator
 

@@ -7,8 +7,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from deferral.context import Context
-from deferral.dag import DagDefinitionError
-from deferral.exceptions import FailTask
+from deferral.exceptions import DagDefinitionError, FailTask
 from deferral.sensors.base import MomentSensor
 from deferral.timezone import make_aware
 

@@ -10,14 +10,13 @@ from collections.abc import Collection, Sequence
 from typing import Any, NoReturn
 
 from deferral.context import Context
-from deferral.dag import DAG, DagDefinitionError
-from deferral.exceptions import DeferralException, SkipTask
-from deferral.loading.dagbag import DagNotFound, process_dagbag
+from deferral.dag import DAG
+from deferral.exceptions import DagDefinitionError, DagNotFound, DeferralException, SkipTask
 from deferral.operators.empty import EmptyOperator
 from deferral.operators.python import call_with_context
 from deferral.sensors.base import BaseSensorOperator
 from deferral.states import DagRunState, TaskState
-from deferral.store.metastore import metastore
+from deferral.store.seam import metastore, task_runtime
 from deferral.triggers.external_task import WorkflowTrigger
 from deferral.utils.sensor_helper import (
     ExternalStatus,
@@ -143,7 +142,7 @@ class ExternalTaskSensor(BaseSensorOperator):
 
     def _external_dag(self) -> DAG | None:
         try:
-            return process_dagbag().get_dag(str(self.external_dag_id))
+            return task_runtime().get_dag(str(self.external_dag_id))
         except DagNotFound:
             if self.check_existence:
                 raise DeferralException(

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from deferral.context import Context
-from deferral.dag import DagDefinitionError
+from deferral.exceptions import DagDefinitionError
 from deferral.sensors.base import BaseSensorOperator
 from deferral.triggers import FileTrigger
 from deferral.triggers.file import find_file

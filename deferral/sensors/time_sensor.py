@@ -7,7 +7,7 @@ import datetime as dt
 from typing import Any
 
 from deferral.context import Context
-from deferral.dag import DagDefinitionError
+from deferral.exceptions import DagDefinitionError
 from deferral.sensors.base import MomentSensor
 
 

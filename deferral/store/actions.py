@@ -18,7 +18,8 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from deferral.authoring.setup_teardown import clearing_with
 from deferral.baseoperator import BaseOperator
-from deferral.dag import DAG, DagDefinitionError
+from deferral.dag import DAG
+from deferral.exceptions import ActionError, DagDefinitionError
 from deferral.runtime import controls
 from deferral.states import DagRunType, TaskState
 from deferral.store import transitions
@@ -31,15 +32,6 @@ if TYPE_CHECKING:
 
 # The states a user may mark a task with.
 MARKABLE_STATES = (TaskState.SUCCESS, TaskState.FAILED, TaskState.SKIPPED)
-
-
-class ActionError(Exception):
-    """The action was refused; the message is one line naming the thing at fault.
-    ``not_found``: because something named does not exist."""
-
-    def __init__(self, message: str, *, not_found: bool = False) -> None:
-        super().__init__(message)
-        self.not_found = not_found
 
 
 def ti_label(task_id: str, map_index: int) -> str:

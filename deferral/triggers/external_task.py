@@ -12,7 +12,7 @@ from typing import Any
 
 import anyio
 
-from deferral.store.metastore import metastore
+from deferral.store.seam import metastore
 from deferral.triggers.base import BaseTrigger, TriggerEvent, classpath_of
 from deferral.utils.sensor_helper import ExternalStatus, external_status, read_states
 

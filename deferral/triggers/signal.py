@@ -6,6 +6,7 @@ import datetime as dt
 from collections.abc import AsyncIterator
 from typing import Any
 
+from deferral.authoring.current import get_current_context
 from deferral.triggers.base import BaseTrigger, TriggerEvent, classpath_of
 
 MAX_KEY_LENGTH = 200
@@ -82,8 +83,6 @@ class CallbackTrigger(_RowTrigger):
     def __init__(self, token: str | None = None) -> None:
         super().__init__()
         if token is None:
-            from deferral.context import get_current_context
-
             token = get_current_context()["callback"].token
         if not isinstance(token, str):
             raise SignalError(f"callback token must be a string, got {type(token).__name__}")

@@ -10,15 +10,9 @@ import importlib
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from deferral.states import TaskState
+from deferral.states import END_KINDS, TaskState
 from deferral.triggers.base import BaseTrigger, TriggerEvent
 
-# The event kinds (``deferral:events`` field ``kind``) of the three task-end events.
-END_KINDS = {
-    TaskState.SUCCESS: "task_success",
-    TaskState.FAILED: "task_failed",
-    TaskState.SKIPPED: "task_skipped",
-}
 # Bounds on what a task-end event may carry (it becomes XCom rows).
 MAX_END_XCOMS = 100
 MAX_XCOM_KEY = 512

@@ -13,8 +13,8 @@ from enum import StrEnum
 from sqlalchemy import and_, or_, select
 from sqlalchemy.orm import Session
 
-from deferral.dag import DagDefinitionError
-from deferral.store.tables import DagRun, TaskInstance
+from deferral.exceptions import DagDefinitionError
+from deferral.store.seam import DagRun, TaskInstance
 from deferral.timezone import make_aware
 
 # The states of one (logical date, task id) key: a task's task instances (one per map index),

@@ -8,7 +8,8 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from deferral.authoring.dependencies import DependencyMixin
-from deferral.dag import DAG, DagDefinitionError
+from deferral.dag import DAG
+from deferral.exceptions import DagDefinitionError
 
 if TYPE_CHECKING:
     from deferral.baseoperator import BaseOperator

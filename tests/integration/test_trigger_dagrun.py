@@ -15,6 +15,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from deferral import DAG
+from deferral.loading import task_runtime
 from deferral.loading.dagbag import DagNotFound, process_dagbag
 from deferral.operators.trigger_dagrun import TriggerDagRunOperator
 from deferral.runtime.config import Settings
@@ -37,6 +38,7 @@ def target(settings: Settings, write_dag: Callable[[str, str], Path]) -> Iterato
     dag_id = f"target_{uuid.uuid4().hex[:8]}"
     write_dag(dag_id, TARGET.format(dag_id=dag_id))
     process_dagbag.cache_clear()
+    task_runtime.install()  # as a worker's task process does
     yield dag_id
     process_dagbag.cache_clear()
 

@@ -12,7 +12,7 @@ import pytest
 
 from deferral import DAG, task
 from deferral.authoring.airflow_arguments import DAG_INERT, TASK_INERT, TASK_KEPT
-from deferral.dag import DagDefinitionError
+from deferral.exceptions import DagDefinitionError
 from deferral.loading.dagbag import DagBag
 from deferral.operators import BashOperator, EmptyOperator, PythonOperator
 from deferral.sensors import BaseSensorOperator, FileSensor, TimeDeltaSensor

@@ -12,8 +12,7 @@ import pytest
 from deferral import DAG
 from deferral.context import get_current_context
 from deferral.context import make_context as real_context
-from deferral.dag import DagDefinitionError
-from deferral.exceptions import FailTask, TaskDeferred
+from deferral.exceptions import DagDefinitionError, FailTask, TaskDeferred
 from deferral.models.param import Param, ParamsDict, ParamValidationError
 from deferral.operators import EmptyOperator
 from deferral.sensors import PokeReturnValue

@@ -11,8 +11,7 @@ import pytest
 
 from deferral import DAG
 from deferral.context import Context, DagRunInfo, RuntimeTaskInstance
-from deferral.dag import DagDefinitionError
-from deferral.exceptions import SkipTask, TaskExecutionTimeout
+from deferral.exceptions import DagDefinitionError, SkipTask, TaskExecutionTimeout
 from deferral.operators import BashOperator
 from deferral.operators.bash import BashCommandError
 from tests.helpers import process_alive as alive

@@ -10,7 +10,7 @@ import pytest
 
 from deferral import DAG, TaskGroup
 from deferral.context import Context, DagRunInfo, RuntimeTaskInstance
-from deferral.dag import DagDefinitionError
+from deferral.exceptions import DagDefinitionError
 from deferral.operators import (
     BaseBranchOperator,
     BranchPythonOperator,

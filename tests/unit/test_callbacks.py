@@ -16,7 +16,7 @@ from deferral.authoring.callbacks import (
     run_dag_callbacks,
 )
 from deferral.context import DagRunInfo, RuntimeTaskInstance
-from deferral.dag import DagDefinitionError
+from deferral.exceptions import DagDefinitionError
 from deferral.operators import EmptyOperator
 
 LOGICAL = dt.datetime(2024, 5, 1, tzinfo=dt.UTC)

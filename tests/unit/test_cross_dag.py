@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from deferral import DAG
-from deferral.dag import DagDefinitionError
+from deferral.exceptions import DagDefinitionError
 from deferral.operators.trigger_dagrun import TriggerDagRunOperator
 from deferral.sensors.external_task import ExternalTaskMarker, ExternalTaskSensor
 from deferral.triggers.external_task import DagStateTrigger, WorkflowTrigger

@@ -12,7 +12,7 @@ import logging
 import pytest
 
 from deferral import DAG
-from deferral.dag import DagDefinitionError
+from deferral.exceptions import DagDefinitionError
 from deferral.timetables import infos_between
 from deferral.timetables.base import DagRunInfo, DataInterval, TimeRestriction, Timetable
 

@@ -9,8 +9,7 @@ from typing import Any
 import pytest
 
 from deferral import DAG, BaseOperator, chain, cross_downstream
-from deferral.dag import DagDefinitionError
-from deferral.exceptions import TaskDeferred
+from deferral.exceptions import DagDefinitionError, TaskDeferred
 from deferral.operators import EmptyOperator, PythonOperator
 from deferral.trigger_rules import TriggerRule
 from deferral.triggers import DateTimeTrigger, TimeDeltaTrigger

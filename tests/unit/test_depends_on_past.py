@@ -9,7 +9,7 @@ import datetime as dt
 import pytest
 
 from deferral import DAG
-from deferral.dag import DagDefinitionError
+from deferral.exceptions import DagDefinitionError
 from deferral.operators import EmptyOperator
 from deferral.states import TaskState
 from scheduler.decide import (

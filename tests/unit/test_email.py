@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from deferral import DAG
-from deferral.dag import DagDefinitionError
+from deferral.exceptions import DagDefinitionError
 from deferral.operators.email import EmailOperator
 from deferral.operators.empty import EmptyOperator
 from deferral.runtime.config import ConfigError, SmtpSettings, smtp_settings

@@ -10,7 +10,6 @@ from typing import Any
 import pytest
 
 from deferral import DAG
-from deferral.dag import DagDefinitionError
 from deferral.deadline import (
     AsyncCallback,
     DeadlineAlert,
@@ -18,7 +17,7 @@ from deferral.deadline import (
     SyncCallback,
     run_callback,
 )
-from deferral.exceptions import HITLTimeoutError, TaskAwaitingInput
+from deferral.exceptions import DagDefinitionError, HITLTimeoutError, TaskAwaitingInput
 from deferral.models.param import Param
 from deferral.operators.empty import EmptyOperator
 from deferral.operators.hitl import ApprovalOperator, HITLBranchOperator, HITLOperator

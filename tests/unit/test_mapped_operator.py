@@ -15,8 +15,7 @@ from deferral.authoring.mappedoperator import MappedOperator, operator_arguments
 from deferral.authoring.templating import render_template_fields
 from deferral.baseoperator import BaseOperator
 from deferral.context import Context, DagRunInfo, RuntimeTaskInstance, make_context
-from deferral.dag import DagDefinitionError
-from deferral.exceptions import MappingError
+from deferral.exceptions import DagDefinitionError, MappingError
 from deferral.operators import BashOperator, EmptyOperator, PythonOperator
 from deferral.sensors import TimeDeltaSensor
 from deferral.xcom_arg import XComArg

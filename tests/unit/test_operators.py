@@ -11,8 +11,13 @@ import pytest
 
 from deferral import DAG
 from deferral.context import Context, DagRunInfo, RuntimeTaskInstance
-from deferral.dag import DagDefinitionError
-from deferral.exceptions import RescheduleTask, SensorTimeout, SkipTask, TaskDeferred
+from deferral.exceptions import (
+    DagDefinitionError,
+    RescheduleTask,
+    SensorTimeout,
+    SkipTask,
+    TaskDeferred,
+)
 from deferral.operators import EmptyOperator, PythonOperator
 from deferral.sensors import (
     BaseSensorOperator,

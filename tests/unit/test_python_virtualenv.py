@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from deferral import DAG
-from deferral.dag import DagDefinitionError
+from deferral.exceptions import DagDefinitionError
 from deferral.operators.python import (
     ExternalPythonOperator,
     PythonVirtualenvOperator,

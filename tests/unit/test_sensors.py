@@ -15,8 +15,8 @@ import pytest
 from deferral import DAG
 from deferral.baseoperator import BaseOperator
 from deferral.context import Context
-from deferral.dag import DagDefinitionError
 from deferral.exceptions import (
+    DagDefinitionError,
     FailTask,
     RescheduleTask,
     SensorTimeout,

@@ -9,8 +9,8 @@ import pytest
 
 from deferral import DAG
 from deferral.authoring.setup_teardown import clearing_with, graph
-from deferral.dag import DagDefinitionError
 from deferral.decorators import setup, task, task_group, teardown
+from deferral.exceptions import DagDefinitionError
 from deferral.operators import EmptyOperator
 from deferral.operators.bash import BashOperator
 from deferral.states import DagRunState, TaskState

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from deferral import DAG, TaskGroup, task, task_group
-from deferral.dag import DagDefinitionError
+from deferral.exceptions import DagDefinitionError
 from deferral.operators import EmptyOperator
 from deferral.utils.task_group import TaskGroup as TaskGroupFromUtils
 

@@ -17,8 +17,8 @@ from deferral.authoring.templating import (
     render_template_fields,
 )
 from deferral.context import Context, DagRunInfo, RuntimeTaskInstance
-from deferral.dag import DagDefinitionError
 from deferral.decorators.python import DecoratedPythonOperator
+from deferral.exceptions import DagDefinitionError
 from deferral.operators import EmptyOperator, PythonOperator
 from deferral.sensors import PokeReturnValue
 from deferral.xcom_arg import DagParam, find_runtime_args

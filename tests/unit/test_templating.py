@@ -20,8 +20,7 @@ from deferral.authoring.templating import (
     rendered_fields,
 )
 from deferral.context import Context, DagRunInfo, RuntimeTaskInstance, make_context
-from deferral.dag import DagDefinitionError
-from deferral.exceptions import FailTask
+from deferral.exceptions import DagDefinitionError, FailTask
 from deferral.operators import PythonOperator
 from deferral.sensors import DateTimeSensor, FileSensor
 

@@ -9,7 +9,7 @@ import pytest
 from dateutil.relativedelta import relativedelta
 
 from deferral import DAG
-from deferral.dag import DagDefinitionError
+from deferral.exceptions import DagDefinitionError
 from deferral.timetables import (
     ContinuousTimetable,
     CronDataIntervalTimetable,

@@ -13,12 +13,11 @@ from sqlalchemy import delete, func, select
 from sqlalchemy.orm import Session
 
 from deferral.runtime import serialization
-from deferral.states import TaskState
+from deferral.states import END_KINDS, TaskState
 from deferral.store import xcom
 from deferral.store.tables import Trigger
 from deferral.store.transitions.attempts import _END_OF_ATTEMPT, has_tries_left
 from deferral.store.transitions.core import TI, _move
-from deferral.triggers.task_end import END_KINDS
 
 STARTED_IN_TRIGGERER = "started in the triggerer: deferred to trigger "
 ENDED_BY_TRIGGER = "ended by trigger "  # "ended by trigger <id>: success"
