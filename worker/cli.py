@@ -71,4 +71,4 @@ def consume(
         smtp=smtp,
     )
     serve_metrics_or_exit("worker", metrics_port, metrics_host)
-    service.run(stop_on_signals())
+    service.run(stop_on_signals(f"worker {service.name}"))

@@ -148,12 +148,14 @@ def default_consumer_name() -> str:
     return f"{socket.gethostname()}-{os.getpid()}"
 
 
-def stop_on_signals() -> threading.Event:
-    """An event set by SIGTERM or SIGINT, for loops that finish their step and stop."""
+def stop_on_signals(process: str) -> threading.Event:
+    """An event set by SIGTERM or SIGINT, for loops that finish their step and stop; the log
+    line names ``process`` (e.g. ``worker host-42``), since several share one terminal."""
     stop = threading.Event()
 
     def handler(signum: int, frame: object) -> None:
-        logging.getLogger("deferral").info("received %s, stopping", signal.Signals(signum).name)
+        name = signal.Signals(signum).name
+        logging.getLogger("deferral").info("%s: received %s, stopping", process, name)
         stop.set()
 
     signal.signal(signal.SIGTERM, handler)

@@ -13,6 +13,7 @@ import threading
 import time
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -61,7 +62,7 @@ def test_standalone_runs_the_example_on_embedded_servers(workdir: Path) -> None:
 
 
 def _start(
-    home: Path, cwd: Path, env: dict[str, str]
+    home: Path, cwd: Path, env: dict[str, str], stderr: Any = subprocess.DEVNULL
 ) -> tuple[subprocess.Popen[str], list[str], list[str]]:
     """Start `deferral standalone` (no --run); its `export` lines and all it printed, once it
     says it runs."""
@@ -70,7 +71,7 @@ def _start(
         cwd=cwd,
         env=env,
         stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
+        stderr=stderr,
         text=True,
     )
     stdout = proc.stdout
@@ -154,3 +155,64 @@ def test_standalone_prints_what_another_terminal_needs_and_keeps_its_ports(
     again, exports_again, _ = _start(home, tmp_path, env)
     _stop(again)
     assert exports_again == exports  # the same servers at the same places
+
+
+def _processes_naming(text: str) -> list[str]:
+    """Command lines of the live processes that mention ``text``."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        if text in cmdline and proc.name != str(os.getpid()):
+            found.append(cmdline)
+    return found
+
+
+def test_one_stack_per_home_and_a_dead_service_stops_the_stack(
+    tmp_path: Path, workdir: Path
+) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DEFERRAL_")}
+    home = workdir / ".deferral"
+    errors = tmp_path / "stderr"
+    with errors.open("w") as stderr:
+        proc, _, said = _start(home, tmp_path, env, stderr)
+    try:
+        # The first line says what was started and where its data lives.
+        assert said[0].startswith("# deferral standalone: embedded PostgreSQL (data in ")
+        assert "embedded Redis on 127.0.0.1:" in said[0]
+        second = subprocess.run(
+            command("deferral", "standalone", "--home", str(home), "--dags-folder", str(EXAMPLES)),
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert second.returncode == 1
+        assert f"another deferral standalone (pid {proc.pid}) runs on {home}" in second.stderr
+        assert "XDG_RUNTIME_DIR" not in second.stderr
+        # A service that dies takes the stack down, saying which.
+        scheduler = subprocess.run(
+            ["pgrep", "-P", str(proc.pid), "-f", "scheduler consume"],
+            capture_output=True,
+            text=True,
+        ).stdout.split()
+        assert len(scheduler) == 1, scheduler
+        os.kill(int(scheduler[0]), signal.SIGKILL)
+        assert proc.wait(timeout=120) == 1
+        assert "error: the scheduler service exited (exit code -9); stopped the others" in (
+            errors.read_text()
+        )
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    # Nothing of the stack is left: its Redis and its PostgreSQL stopped with it.
+    servers = (f"--port {(home / 'redis.port').read_text().strip()} ", str(home / "pgdata"))
+    deadline = time.monotonic() + 60
+    while (left := [line for text in servers for line in _processes_naming(text)]) and (
+        time.monotonic() < deadline
+    ):
+        time.sleep(0.2)
+    assert left == []

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import os
 import socket
 from pathlib import Path
 
+import pytest
+
+from deferral_cli import embedded
 from deferral_cli.embedded import environment_lines, mask_password, stable_port
 
 
@@ -95,3 +99,48 @@ def test_a_preferred_port_is_taken_first_when_free(tmp_path: Path) -> None:
         taken = busy.getsockname()[1]
         other = stable_port(tmp_path / "other.port", print, preferred=taken)
     assert other != taken
+
+
+def test_a_home_holds_one_stack_and_the_second_is_told_the_first_pid(tmp_path: Path) -> None:
+    taken = rf"\(pid {os.getpid()}\) runs on {tmp_path}"
+    with (
+        embedded.holding_home(tmp_path),
+        pytest.raises(embedded.HomeInUse, match=taken),
+        embedded.holding_home(tmp_path),
+    ):
+        pass
+    with embedded.holding_home(tmp_path):  # released at the end of the first
+        pass
+
+
+def test_a_port_whose_last_server_left_it_in_time_wait_is_free(tmp_path: Path) -> None:
+    server = socket.socket()
+    server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+    port = server.getsockname()[1]
+    client = socket.create_connection(("127.0.0.1", port))
+    accepted, _ = server.accept()
+    accepted.close()  # the server's side closes first: its port lingers in TIME-WAIT
+    server.close()
+    client.close()
+    assert embedded._port_is_free(port)
+    (tmp_path / "redis.port").write_text(f"{port}\n")
+    assert embedded.stable_port(tmp_path / "redis.port", print) == port
+    with socket.socket() as listening:
+        listening.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listening.bind(("127.0.0.1", port))
+        listening.listen()
+        assert not embedded._port_is_free(port)
+
+
+def test_the_first_line_names_each_server_started_and_where_its_data_lives() -> None:
+    filled = embedded.Filled(
+        Path("/h/fernet.key"),
+        servers=("embedded PostgreSQL (data in /h/pgdata)", "embedded Redis on 127.0.0.1:5"),
+    )
+    assert filled.summary() == (
+        "embedded PostgreSQL (data in /h/pgdata); embedded Redis on 127.0.0.1:5; "
+        "Fernet key in /h/fernet.key"
+    )
+    assert embedded.Filled(None).summary() == "the servers given by DEFERRAL_* settings"
