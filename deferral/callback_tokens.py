@@ -29,12 +29,14 @@ MAX_TOKEN_LENGTH = 256
 CALLBACK_KEY_PREFIX = "callback/"
 _DOMAIN = b"deferral callback token v1\x00"
 # What make_token makes (<ti>.<try>.<expires>.<nonce>.<mac>, the MAC 43 base64url characters),
-# wherever it stands: alone, at the end of a URL, inside JSON or a sentence.
+# wherever it stands: alone, at the end of a URL, inside JSON or a sentence; and the part of it
+# text is searched for first (see mask_shape).
 TOKEN_SHAPE = (
-    r"(?<![A-Za-z0-9_-])\d{1,19}\.\d{1,19}\.\d{1,19}\.[A-Za-z0-9_-]{1,64}\.[A-Za-z0-9_-]{43}"
-    r"(?![A-Za-z0-9_-])"
+    r"(?<![A-Za-z0-9_-])[0-9]{1,19}\.[0-9]{1,19}\.[0-9]{1,19}\.[A-Za-z0-9_-]{1,64}"
+    r"\.[A-Za-z0-9_-]{43}(?![A-Za-z0-9_-])"
 )
-mask_shape(TOKEN_SHAPE)
+TOKEN_ANCHOR = r"\.[A-Za-z0-9_-]{43}"
+mask_shape(TOKEN_SHAPE, TOKEN_ANCHOR)
 
 
 class TokenRefused(Exception):

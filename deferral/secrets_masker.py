@@ -54,18 +54,23 @@ def should_hide_value_for_key(name: object) -> bool:
     return any(field in lowered for field in SENSITIVE_FIELDS)
 
 
-# Shapes every masker masks (see the module's docstring), as one pattern.
-_shapes: list[str] = []
-_shape_replacer: re.Pattern[str] | None = None
+# Shapes every masker masks (see the module's docstring): pattern -> (its anchor, itself).
+_shapes: dict[str, tuple[re.Pattern[str], re.Pattern[str]]] = {}
 
 
-def mask_shape(pattern: str) -> None:
+def mask_shape(pattern: str, anchor: str) -> None:
     """Mask every match of the regular expression ``pattern`` from now on, in every masker of
-    this process (``mask_with_kwargs``' too)."""
-    global _shape_replacer
-    if pattern not in _shapes:
-        _shapes.append(pattern)
-        _shape_replacer = re.compile("|".join(f"(?:{shape})" for shape in _shapes))
+    this process (``mask_with_kwargs``' too). ``anchor`` is a pattern every match contains,
+    starting with a literal character: text is searched for it first, which is ~20 times
+    quicker than for the shape (the regex engine skips to a literal), and most text has none."""
+    _shapes.setdefault(pattern, (re.compile(anchor), re.compile(pattern)))
+
+
+def _mask_shapes(text: str) -> str:
+    for anchor, shape in _shapes.values():
+        if anchor.search(text):
+            text = shape.sub(MASK, text)
+    return text
 
 
 class SecretsMasker:
@@ -101,8 +106,7 @@ class SecretsMasker:
         if isinstance(value, str):
             if value in self._short:
                 return MASK
-            masked = self._replacer.sub(MASK, value) if self._replacer else value
-            return _shape_replacer.sub(MASK, masked) if _shape_replacer else masked
+            return _mask_shapes(self._replacer.sub(MASK, value) if self._replacer else value)
         if isinstance(value, Mapping):
             return {key: self.redact(item, key) for key, item in value.items()}
         if isinstance(value, (list, tuple, set, frozenset)):
