@@ -85,7 +85,7 @@ def put_waiting(url: str, count: int) -> list[str]:
             keys.append(key)
             classpath, kwargs = SignalTrigger(key).serialize()
             jsonable = serialization.check_kwargs(kwargs)
-            wait = signals.wait_of(classpath, jsonable, ti_id)
+            wait = signals.wait_of(classpath, jsonable, ti_id, 1)
             assert wait is not None
             waits[ti_id] = wait
             specs.append(

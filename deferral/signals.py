@@ -215,13 +215,21 @@ def failure_message(payload: Any) -> str:
     return f"callback reported failure: {text_[:1000]}"
 
 
-def wait_of(classpath: str, kwargs: Mapping[str, Any], task_instance_id: int) -> Wait | None:
-    """The wait a deferral of ``task_instance_id`` to ``classpath(**kwargs)`` is, if it waits
-    on a signal or on its own callback token; None for other triggers (and for arguments that
-    are not a valid SignalTrigger's or CallbackTrigger's: the triggerer fails those)."""
+def wait_of(
+    classpath: str, kwargs: Mapping[str, Any], task_instance_id: int, try_number: int
+) -> Wait | None:
+    """The wait a deferral of try ``try_number`` of ``task_instance_id`` to
+    ``classpath(**kwargs)`` is, if it waits on a signal or on a callback token of that very try;
+    None for other triggers (and for arguments that are not a valid SignalTrigger's or
+    CallbackTrigger's, or a token of another task or try: the triggerer fails those). A token
+    kept from an earlier try would otherwise find that try's answer (kept for its wait) and
+    resume this one with it."""
     if classpath == CALLBACK_TRIGGER:
         claim = parse_token(kwargs.get("token"))
-        if claim is None or claim.task_instance_id != task_instance_id:
+        if claim is None or (claim.task_instance_id, claim.try_number) != (
+            task_instance_id,
+            try_number,
+        ):
             return None
         return Wait(claim.key, TOKEN_LIFETIME)  # a callback may come before the deferral
     if classpath != SIGNAL_TRIGGER:

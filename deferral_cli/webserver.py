@@ -101,6 +101,7 @@ def webserver_command(
     import uvicorn
 
     from deferral.runtime import metrics
+    from webserver.access_log import mask_access_log
     from webserver.app import create_app
     from webserver.auth import is_loopback
 
@@ -115,5 +116,6 @@ def webserver_command(
     app = create_app(settings, host=host)
     where = f"[{host}]" if ":" in host else host
     log.info("web UI at http://%s:%d/", where, port)
+    mask_access_log()  # a callback's path holds its token
     config = uvicorn.Config(app, log_config=None, server_header=False, access_log=True)
     uvicorn.Server(config).run(sockets=[sock])

@@ -44,6 +44,7 @@ from deferral.store.db import make_engine, make_sessionmaker
 from readmodel.errors import server_error
 from readmodel.records import json_value
 from webserver import approvals, data, paramform, users
+from webserver.access_log import CALLBACK_PATH
 from webserver.auth import (
     CSRF_FIELD,
     CSRF_HEADER,
@@ -837,7 +838,7 @@ class WebUI:
             Route(f"{API}/dags/{{dag_id}}/clear", a(self.api_clear), methods=["POST"]),
             Route(f"{API}/dags/{{dag_id}}/mark", a(self.api_mark), methods=["POST"]),
             Route(f"{API}/signals/{{key}}", a(self.api_signal), methods=["POST"]),
-            Route(f"{API}/callbacks/{{token}}", self.api_callback, methods=["POST"]),
+            Route(f"{CALLBACK_PATH}{{token}}", self.api_callback, methods=["POST"]),
             *approvals.api_routes(self),
         ]
 

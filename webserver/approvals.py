@@ -7,7 +7,8 @@ the time; ``deferral.store.hitl`` checks and applies it. Also the deadline misse
 
 from __future__ import annotations
 
-import json
+from collections.abc import Mapping
+from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import select
@@ -19,6 +20,7 @@ from starlette.routing import Route
 from deferral.runtime.crypto import Cipher
 from deferral.store import hitl
 from deferral.store.tables import DeadlineMiss
+from webserver import paramform
 from webserver.inputs import BadInput, int_param
 
 if TYPE_CHECKING:
@@ -28,8 +30,6 @@ API = "/api/v1"
 PAGE = "/required_actions"
 MISSES = "/deadline_misses"
 MAX_MISSES_LISTED = 500
-# A form field holding a param's value (JSON, or plain text for a string) is named so.
-PARAM_PREFIX = "param:"
 
 
 def _status(exc: hitl.ResponseError) -> int:
@@ -45,10 +45,43 @@ def _respond(
         return hitl.respond(session, Cipher(ui.settings.fernet_keys), ti_id, chosen, params, user)
 
 
-def _listed(ui: WebUI, pending: bool, dag_id: str | None, limit: int) -> list[dict[str, Any]]:
+def _param_fields(params: Mapping[str, Any]) -> list[paramform.ParamField]:
+    """The form's fields for the params a task asked for: the trigger form's, masked defaults
+    included."""
+    defaults = {name: spec.get("value") for name, spec in params.items()}
+    return paramform.fields(defaults, hitl.params_of(params))
+
+
+def _respond_to_form(
+    ui: WebUI, ti_id: int, chosen: list[Any], form: Mapping[str, Any], user: str
+) -> dict[str, Any]:
+    """Respond with the form's param fields read as the trigger form's are: each parsed as its
+    kind, one left at its masked default (or empty) left out, so its default applies."""
+    with ui.sessions() as session:
+        asked = hitl.required_actions(session, task_instance_id=ti_id, limit=1)
+    fields = _param_fields(asked[0].params) if asked else []
+    return _respond(ui, ti_id, chosen, paramform.conf_from_form(fields, form), user)
+
+
+def _shown(action: hitl.RequiredAction, form: bool = False) -> dict[str, Any]:
+    """A request as pages and the API show it: a secret-looking param's default and answer
+    masked, as the trigger form masks a DAG's; with ``form``, the fields to respond with."""
+    shown = action.as_json()
+    defaults = paramform.shown_values({n: spec.get("value") for n, spec in action.params.items()})
+    shown["params"] = {n: {**spec, "value": defaults[n]} for n, spec in action.params.items()}
+    if action.params_input is not None:
+        shown["params_input"] = paramform.shown_values(action.params_input)
+    if form:
+        shown["param_fields"] = [asdict(f) for f in _param_fields(action.params)]
+    return shown
+
+
+def _listed(
+    ui: WebUI, pending: bool, dag_id: str | None, limit: int, form: bool = False
+) -> list[dict[str, Any]]:
     with ui.sessions() as session:
         found = hitl.required_actions(session, pending=pending, dag_id=dag_id, limit=limit)
-    return [action.as_json() for action in found]
+    return [_shown(action, form) for action in found]
 
 
 def _misses(ui: WebUI, dag_id: str | None, limit: int) -> list[dict[str, Any]]:
@@ -69,17 +102,9 @@ def _misses(ui: WebUI, dag_id: str | None, limit: int) -> list[dict[str, Any]]:
         ]
 
 
-def _param_value(text: str) -> Any:
-    """A form field's value: JSON if it parses (numbers, true/false, lists), else the text."""
-    try:
-        return json.loads(text)
-    except ValueError:
-        return text
-
-
 def page_routes(ui: WebUI) -> list[Route]:
     async def page(request: Request) -> Response:
-        pending = await run_in_threadpool(_listed, ui, True, None, hitl.MAX_LISTED)
+        pending = await run_in_threadpool(_listed, ui, True, None, hitl.MAX_LISTED, True)
         answered = [
             a
             for a in await run_in_threadpool(_listed, ui, False, None, 50)
@@ -94,16 +119,11 @@ def page_routes(ui: WebUI) -> list[Route]:
         ti_id = int_param(str(request.path_params["ti_id"]), "task instance id", low=1)
         assert ti_id is not None
         chosen = [v for v in form.getlist("chosen_options") if isinstance(v, str)]
-        params = {
-            key[len(PARAM_PREFIX) :]: _param_value(value)
-            for key, value in form.multi_items()
-            if key.startswith(PARAM_PREFIX) and isinstance(value, str)
-        }
         user = await run_in_threadpool(ui.auth.session_user, request)
         assert user is not None
         try:
-            await run_in_threadpool(_respond, ui, ti_id, chosen, params, user)
-        except hitl.ResponseError as exc:
+            await run_in_threadpool(_respond_to_form, ui, ti_id, chosen, form, user)
+        except (hitl.ResponseError, BadInput) as exc:
             ui.flash(request, "error", str(exc))
         else:
             ui.flash(request, "ok", f"responded {', '.join(chosen)} to task instance {ti_id}")
@@ -150,7 +170,7 @@ def api_routes(ui: WebUI) -> list[Route]:
             {
                 "task_instance_id": ti_id,
                 "chosen_options": event["chosen_options"],
-                "params_input": event["params_input"],
+                "params_input": paramform.shown_values(event["params_input"]),
                 "responded_by": event["responded_by_user"],
                 "responded_at": event["responded_at"].isoformat(),
             }

@@ -38,9 +38,16 @@ class ParamField:
     required: bool = False  # no default: the run's conf must give it
 
 
+def shown_values(values: Mapping[str, Any]) -> dict[str, Any]:
+    """Params' values (by name) as shown anywhere: a secret-looking name's value (``password``,
+    ``api_key``, ...) masked whole, secrets this process knows masked inside the others."""
+    shown: dict[str, Any] = redact(dict(values))
+    return shown
+
+
 def fields(values: Mapping[str, Any], specs: Mapping[str, Param]) -> list[ParamField]:
-    """One field per param, in the DAG's order."""
-    shown = redact(dict(values))
+    """One field per param, in the DAG's (or the task's) order."""
+    shown = shown_values(values)
     made = []
     for name, value in values.items():
         spec = specs.get(name)

@@ -633,7 +633,10 @@ class WorkerService:
             for running, outcome in deferrals
             if (
                 wait := signals.wait_of(
-                    outcome.classpath, outcome.trigger_kwargs, running.attempt.task_instance_id
+                    outcome.classpath,
+                    outcome.trigger_kwargs,
+                    running.attempt.task_instance_id,
+                    running.attempt.try_number,
                 )
             )
             is not None

@@ -10,6 +10,11 @@ was parsed is still masked in the tries that process runs later.
 As in Airflow 2.10, a secret shorter than ``MIN_MASKED_LENGTH`` is not searched for inside other
 text (a one-letter password would mask that letter everywhere); a value that is exactly such a
 secret is still masked.
+
+A secret made by deferral with a shape of its own (a callback token) is registered once as that
+shape (``mask_shape``) and masked by every masker of every process: the process showing it (the
+web server, the CLI) never saw it made, and one entry per secret made would grow for ever in a
+task process that runs thousands of attempts.
 """
 
 from __future__ import annotations
@@ -49,6 +54,25 @@ def should_hide_value_for_key(name: object) -> bool:
     return any(field in lowered for field in SENSITIVE_FIELDS)
 
 
+# Shapes every masker masks (see the module's docstring): pattern -> (its anchor, itself).
+_shapes: dict[str, tuple[re.Pattern[str], re.Pattern[str]]] = {}
+
+
+def mask_shape(pattern: str, anchor: str) -> None:
+    """Mask every match of the regular expression ``pattern`` from now on, in every masker of
+    this process (``mask_with_kwargs``' too). ``anchor`` is a pattern every match contains,
+    starting with a literal character: text is searched for it first, which is ~20 times
+    quicker than for the shape (the regex engine skips to a literal), and most text has none."""
+    _shapes.setdefault(pattern, (re.compile(anchor), re.compile(pattern)))
+
+
+def _mask_shapes(text: str) -> str:
+    for anchor, shape in _shapes.values():
+        if anchor.search(text):
+            text = shape.sub(MASK, text)
+    return text
+
+
 class SecretsMasker:
     def __init__(self) -> None:
         self._secrets: set[str] = set()
@@ -82,7 +106,7 @@ class SecretsMasker:
         if isinstance(value, str):
             if value in self._short:
                 return MASK
-            return self._replacer.sub(MASK, value) if self._replacer else value
+            return _mask_shapes(self._replacer.sub(MASK, value) if self._replacer else value)
         if isinstance(value, Mapping):
             return {key: self.redact(item, key) for key, item in value.items()}
         if isinstance(value, (list, tuple, set, frozenset)):

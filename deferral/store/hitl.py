@@ -19,6 +19,7 @@ from sqlalchemy import select
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.orm import Session
 
+from deferral.models.param import Param, ParamValidationError
 from deferral.runtime.crypto import Cipher
 from deferral.states import TaskState
 from deferral.store import transitions
@@ -153,13 +154,18 @@ def check_response(
     return chosen, _params_values(detail.params, given)
 
 
+def params_of(specs: Mapping[str, Any]) -> dict[str, Param]:
+    """The ``Param`` of each param a task asked for (as stored: ``Param.dump()``)."""
+    return {
+        name: Param(spec.get("value"), spec.get("description"), **(spec.get("schema") or {}))
+        for name, spec in specs.items()
+    }
+
+
 def _params_values(specs: Mapping[str, Any], given: Mapping[str, Any]) -> dict[str, Any]:
     """Each param's value (given, else its default), checked against its schema."""
-    from deferral.models.param import Param, ParamValidationError
-
     values: dict[str, Any] = {}
-    for name, spec in specs.items():
-        param = Param(spec.get("value"), spec.get("description"), **(spec.get("schema") or {}))
+    for name, param in params_of(specs).items():
         try:
             values[name] = param.resolve(given.get(name, param.value), name)
         except ParamValidationError as exc:

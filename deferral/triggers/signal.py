@@ -54,7 +54,7 @@ class _RowTrigger(BaseTrigger):
         # the worker refused): failing says so rather than waiting for ever.
         raise SignalError(
             f"{type(self).__name__} waits are resumed by signals and callbacks, not run in a"
-            " triggerer (a subclass, or a callback token of another task?)"
+            " triggerer (a subclass, or a callback token of another task or try?)"
         )
         yield TriggerEvent(None)  # pragma: no cover - makes this an async generator
 

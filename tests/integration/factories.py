@@ -48,12 +48,14 @@ def awaiting_input_task(
     task_id: str = "t",
     run_id: str = "r1",
     defaults: tuple[str, ...] | None = None,
+    params: dict[str, Any] | None = None,
 ) -> int:
-    """A running task awaiting input (options yes / no, ``defaults``); returns its id."""
+    """A running task awaiting input (options yes / no, ``defaults``, ``params`` as stored:
+    ``ParamsDict.dump()``); returns its id."""
     ti_id = running_task(sessions, task_id, run_id)
     with sessions.begin() as session:
         assert transitions.await_input(session, Attempt(ti_id, 1, WORKER))
-        request = hitl.InputRequest("ok?", None, ("yes", "no"), defaults, False, {}, None)
+        request = hitl.InputRequest("ok?", None, ("yes", "no"), defaults, False, params or {}, None)
         hitl.record_request(session, ti_id, 1, request)
     return ti_id
 

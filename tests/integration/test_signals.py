@@ -71,19 +71,22 @@ def _wait(
 
 
 def _defer(
-    sessions: sessionmaker[Session], cipher: Cipher, deferrals: Sequence[tuple[int, BaseTrigger]]
+    sessions: sessionmaker[Session],
+    cipher: Cipher,
+    deferrals: Sequence[tuple[int, BaseTrigger]],
+    try_number: int = 1,
 ) -> None:
     """Defer the running tasks (id, trigger) through the worker's deferral path."""
     specs, found = [], {}
     for ti_id, trigger in deferrals:
         classpath, kwargs = trigger.serialize()
         jsonable = serialization.check_kwargs(kwargs)
-        wait = signals.wait_of(classpath, jsonable, ti_id)
+        wait = signals.wait_of(classpath, jsonable, ti_id, try_number)
         assert wait is not None
         found[ti_id] = wait
         specs.append(
             transitions.Deferral(
-                attempt=Attempt(ti_id, 1, WORKER),
+                attempt=Attempt(ti_id, try_number, WORKER),
                 classpath=classpath,
                 kwargs_token=cipher.encrypt(serialization.encode(jsonable)),
                 next_method="resume",
@@ -300,14 +303,16 @@ def test_bad_trigger_arguments_are_refused_where_the_dag_builds_them() -> None:
         SignalTrigger("k", lookback=5)  # type: ignore[arg-type]
     with pytest.raises(SignalError, match="lookback 8 days, 0:00:00 is out of range"):
         SignalTrigger("k", lookback=dt.timedelta(days=8))
-    assert signals.wait_of(SignalTrigger("k").serialize()[0], {"key": "a b"}, 1) is None
+    assert signals.wait_of(SignalTrigger("k").serialize()[0], {"key": "a b"}, 1, 1) is None
 
 
 # -- callback tokens ----------------------------------------------------------------------------
 
 
-def _token(cipher: Cipher, ti_id: int, age: dt.timedelta = dt.timedelta(0)) -> str:
-    return make_token(cipher, ti_id, 1, dt.datetime.now(dt.UTC) - age)
+def _token(
+    cipher: Cipher, ti_id: int, age: dt.timedelta = dt.timedelta(0), try_number: int = 1
+) -> str:
+    return make_token(cipher, ti_id, try_number, dt.datetime.now(dt.UTC) - age)
 
 
 def _signals(sessions: sessionmaker[Session]) -> int:
@@ -419,11 +424,53 @@ def test_callback_before_the_deferral_is_kept_for_it(
     assert _events(sessions, cipher, [ti_id]) == {ti_id: 7}
 
 
-def test_callback_token_of_another_task_is_no_wait(cipher: Cipher) -> None:
+def test_callback_token_of_another_task_or_try_is_no_wait(cipher: Cipher) -> None:
     token = _token(cipher, 5)
     classpath, kwargs = CallbackTrigger(token).serialize()
-    assert signals.wait_of(classpath, kwargs, 5) is not None
-    assert signals.wait_of(classpath, kwargs, 6) is None
+    assert signals.wait_of(classpath, kwargs, 5, 1) is not None
+    assert signals.wait_of(classpath, kwargs, 6, 1) is None
+    assert signals.wait_of(classpath, kwargs, 5, 2) is None
+
+
+def _run_again(sessions: sessionmaker[Session], ti_id: int) -> None:
+    """End the running try of ``ti_id``, clear it and start its next try on WORKER."""
+    with sessions.begin() as session:
+        assert transitions.fail(session, Attempt(ti_id, 1, WORKER), "boom", allow_retry=False)
+        ti = session.get(TaskInstance, ti_id)
+        assert ti is not None and transitions.clear(session, ti, retries=0)
+        transitions.schedule(session, [ti_id])
+        transitions.dispatch(session, [ti_id])
+        assert transitions.start_many(session, [(ti_id, 2)], "host", WORKER)
+
+
+def test_a_token_of_an_earlier_try_neither_answers_nor_resumes_a_later_one(
+    settings: Settings, sessions: sessionmaker[Session], cipher: Cipher
+) -> None:
+    """Whoever holds try 1's token (its answer kept, or unused) cannot resume try 2: the answer
+    is refused, and try 2 waiting on that token is no wait (the triggerer fails it), so the
+    answer kept for try 1 never reaches it. Try 2's own token still works."""
+    (ti_id,) = _running(sessions, 1)
+    answered_early, unused = _token(cipher, ti_id), _token(cipher, ti_id)
+    with web_client(settings, "0.0.0.0") as client:
+        early = client.post(
+            f"/api/v1/callbacks/{answered_early}", json={"status": "success", "payload": "try 1"}
+        )
+        assert early.status_code == 200 and early.json() == {"resumed": 0}  # kept for try 1
+        _run_again(sessions, ti_id)
+        classpath, kwargs = CallbackTrigger(answered_early).serialize()
+        assert signals.wait_of(classpath, kwargs, ti_id, 2) is None
+        genuine = _token(cipher, ti_id, try_number=2)
+        _defer(sessions, cipher, [(ti_id, CallbackTrigger(genuine))], try_number=2)
+        assert _events(sessions, cipher, [ti_id]) == {}
+        for earlier in (unused, answered_early):
+            refused = client.post(f"/api/v1/callbacks/{earlier}", json={"status": "success"})
+            assert refused.status_code == 409, refused.text
+        assert _events(sessions, cipher, [ti_id]) == {}
+        answer = client.post(
+            f"/api/v1/callbacks/{genuine}", json={"status": "success", "payload": "try 2"}
+        )
+        assert answer.status_code == 200 and answer.json() == {"resumed": 1}
+    assert _events(sessions, cipher, [ti_id]) == {ti_id: "try 2"}
 
 
 def test_reconciler_and_doctor_leave_signal_waits_out_of_the_streams(

@@ -7,6 +7,8 @@ from __future__ import annotations
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.testclient import TestClient
 
+from deferral.models.param import Param
+from deferral.runtime.crypto import Cipher
 from deferral.states import TaskState
 from deferral.store.tables import HITLDetail, TaskInstance
 from tests.integration.factories import awaiting_input_task
@@ -73,3 +75,107 @@ def test_the_api_needs_credentials_and_refuses_bad_responses_in_one_line(
     assert [(d["task_instance_id"], d["chosen_options"]) for d in listed["hitl_details"]] == [
         (ti_id, ["yes"])
     ]
+
+
+# -- secret-looking params ---------------------------------------------------------------------
+
+PASSWORD = "hunter2-canary-7c1d"
+API_KEY = "k3y-canary-0b9e"
+PARAMS = {
+    "password": Param(PASSWORD, "the database's").dump(),
+    "api_key": Param(API_KEY, type="string").dump(),
+    "region": Param("eu-west", type="string").dump(),
+    "retries": Param(3, type="integer").dump(),
+}
+
+
+def test_secret_looking_param_defaults_are_masked_in_the_api_and_the_form(
+    local: TestClient, sessions: sessionmaker[Session], cipher: Cipher
+) -> None:
+    """As the trigger form masks a DAG's: anonymous readers (loopback) see `***` for a
+    secret-looking param's default, the form shows it masked, and a masked field posted as it
+    was means the default, not the text `***`."""
+    ti_id = awaiting_input_task(sessions, "asks", "r3", params=PARAMS)
+    listed = local.get("/api/v1/hitlDetails")
+    page = local.get("/required_actions")
+    for answer in (listed, page):
+        assert answer.status_code == 200
+        assert PASSWORD not in answer.text and API_KEY not in answer.text
+    (shown,) = listed.json()["hitl_details"]
+    assert {name: spec["value"] for name, spec in shown["params"].items()} == {
+        "password": "***",
+        "api_key": "***",
+        "region": "eu-west",
+        "retries": 3,
+    }
+    assert shown["params"]["password"]["description"] == "the database's"
+
+    log_in(local)
+    form = local.get("/required_actions").text
+    assert PASSWORD not in form and API_KEY not in form
+    assert 'name="param:password" type="text" value="***"' in form
+    assert 'name="param:region" type="text" value="eu-west"' in form
+    token = csrf_of(local, "/required_actions")
+    posted = {
+        "chosen_options": "yes",
+        "csrf_token": token,
+        "param:password": "***",  # left as shown
+        "param:api_key": "a-new-key-given",
+        "param:region": "eu-west",
+        "param:retries": "5",
+    }
+    assert local.post(f"/required_actions/{ti_id}/respond", data=posted).status_code == 303
+    assert _detail(sessions, ti_id)[0] == TaskState.SCHEDULED
+    with sessions() as session:
+        ti = session.get(TaskInstance, ti_id)
+        assert ti is not None and ti.next_event is not None
+        event = cipher.open(ti.next_event)
+    assert event["params_input"] == {
+        "password": PASSWORD,  # the default, not "***"
+        "api_key": "a-new-key-given",
+        "region": "eu-west",
+        "retries": 5,
+    }
+    answered = local.get("/api/v1/hitlDetails?state=all").json()["hitl_details"][0]
+    assert answered["params_input"] == {
+        "password": "***",
+        "api_key": "***",
+        "region": "eu-west",
+        "retries": 5,
+    }
+    later = local.get("/api/v1/hitlDetails?state=all").text + local.get("/required_actions").text
+    assert PASSWORD not in later and "a-new-key-given" not in later
+
+
+def test_the_apis_answer_masks_the_secret_looking_params_it_applied(
+    local: TestClient, sessions: sessionmaker[Session]
+) -> None:
+    ti_id = awaiting_input_task(sessions, "asks", "r4", params=PARAMS)
+    answer = local.post(
+        f"/api/v1/hitlDetails/{ti_id}",
+        json={"chosen_options": ["yes"], "params_input": {"region": "us"}},
+        headers=basic("admin", ADMIN_PASSWORD),
+    )
+    assert answer.status_code == 200 and PASSWORD not in answer.text
+    assert answer.json()["params_input"] == {
+        "password": "***",
+        "api_key": "***",
+        "region": "us",
+        "retries": 3,
+    }
+
+
+def test_a_form_value_that_is_not_its_params_kind_is_refused_in_one_line(
+    local: TestClient, sessions: sessionmaker[Session]
+) -> None:
+    ti_id = awaiting_input_task(sessions, "asks", "r5", params=PARAMS)
+    log_in(local)
+    token = csrf_of(local, "/required_actions")
+    posted = {"chosen_options": "yes", "csrf_token": token, "param:retries": "many"}
+    done = local.post(f"/required_actions/{ti_id}/respond", data=posted)
+    assert done.status_code == 303
+    assert (
+        "param &#39;retries&#39;: &#39;many&#39; is not a valid integer"
+        in local.get("/required_actions").text
+    )
+    assert _detail(sessions, ti_id)[0] == TaskState.AWAITING_INPUT
