@@ -45,7 +45,7 @@ from deferral.exceptions import (
     DagDefinitionError,
     DagNotFound,
 )
-from deferral.loading import airflow_imports
+from deferral.loading import airflow_extra, airflow_imports
 from deferral.loading.policies import (
     LOCAL_SETTINGS_MODULE,
     ClusterPolicies,
@@ -316,7 +316,8 @@ def _one_line_error(exc: BaseException, path: Path) -> str:
         line = in_file[-1].lineno if in_file else getattr(exc, "line", None)
     first = message.strip().splitlines()[0] if message.strip() else ""
     where = f" (line {line})" if line is not None else ""
-    return f"{type(exc).__name__}: {first}{where}"
+    extra = airflow_extra.hint(exc)
+    return f"{type(exc).__name__}: {first}{where}" + (f": {extra}" if extra else "")
 
 
 @dataclass
