@@ -409,7 +409,8 @@ class WebUI:
 
     def _dags_overview(self, request: Request) -> dict[str, Any]:
         tags = data.wanted_tags(request.query_params.getlist("tags"))
-        return self._read(data.dags_overview, self.dags, tags)
+        search = request.query_params.get("search", "")[: data.MAX_SEARCH_LENGTH]
+        return self._read(data.dags_overview, self.dags, tags, search)
 
     def _read(self, read: Callable[..., dict[str, Any]], *args: Any) -> dict[str, Any]:
         with self.sessions() as session:

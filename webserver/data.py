@@ -86,6 +86,8 @@ DEAD_LETTER_FIELDS = (
 )
 # A page shows at most this many lines of a try's log (the API pages through all of them).
 LOG_LINES_SHOWN = 5000
+# What a DAG search may hold (a search is a substring of an id, at most 250 characters).
+MAX_SEARCH_LENGTH = 250
 # The DAGs folder is scanned again at most this often (a file's DAGs are re-imported only when
 # its mtime changed).
 DAG_RESCAN_SEC = 5.0
@@ -170,10 +172,13 @@ def wanted_tags(given: Sequence[str]) -> list[str]:
     return sorted({tag.strip() for value in given for tag in value.split(",") if tag.strip()})
 
 
-def dags_overview(session: Session, source: DagSource, tags: Sequence[str] = ()) -> Record:
+def dags_overview(
+    session: Session, source: DagSource, tags: Sequence[str] = (), search: str = ""
+) -> Record:
     """Every DAG (in the folder, or only in the database) with its tags, schedule, next run,
     paused, tasks, its latest runs' states; only those with one of ``tags`` if given (as
-    ``deferral dags list --tags``); and the files that fail to import."""
+    ``deferral dags list --tags``) and whose id or display name holds ``search`` (any case);
+    and the files that fail to import."""
     dags, import_errors = source.bag()
     rows = {row.dag_id: row for row in session.scalars(select(Dag))}
     dag_ids = sorted(set(dags) | {d for d, row in rows.items() if row.is_active})
@@ -184,6 +189,13 @@ def dags_overview(session: Session, source: DagSource, tags: Sequence[str] = ())
 
     if tags:
         dag_ids = [dag_id for dag_id in dag_ids if set(tags) & set(tags_of(dag_id))]
+    if wanted := search.strip().casefold():
+        dag_ids = [
+            dag_id
+            for dag_id in dag_ids
+            if wanted in dag_id.casefold()
+            or wanted in (_display_name(dags.get(dag_id)) or "").casefold()
+        ]
     now = _db_now(session)
     latest = latest_automated_intervals(session, [d for d in dag_ids if d in dags])
     recent = _recent_runs(session, dag_ids, RECENT_RUNS)
@@ -208,7 +220,7 @@ def dags_overview(session: Session, source: DagSource, tags: Sequence[str] = ())
             }
         )
     errors = [{"file": path, "error": error} for path, error in sorted(import_errors.items())]
-    return {"dags": records, "import_errors": errors, "tags": list(tags)}
+    return {"dags": records, "import_errors": errors, "tags": list(tags), "search": search}
 
 
 def _is_paused(dag: DAG | None, row: Dag | None) -> bool:

@@ -733,3 +733,30 @@ def test_display_names_and_owner_links_show_where_airflow_shows_them(
     )
     assert ">Extract orders</text>" in page  # the graph's box
     assert ">Nightly load</a>" in local.get("/dags").text
+
+
+def test_the_dag_list_searches_and_triggers_with_the_defaults(
+    local: TestClient,
+    sessions: sessionmaker[Session],
+    write_dag: Callable[[str, str], Path],
+) -> None:
+    write_dag("search_orders", "from deferral import DAG\ndag = DAG('search_orders')\n")
+    write_dag(
+        "search_other",
+        "from deferral import DAG\ndag = DAG('search_other', dag_display_name='Nightly ORDERS')\n",
+    )
+    write_dag("search_unrelated", "from deferral import DAG\ndag = DAG('search_unrelated')\n")
+    found = local.get("/api/v1/dags", params={"search": "orders"}).json()
+    assert {dag["dag_id"] for dag in found["dags"]} == {"search_orders", "search_other"}
+    page = local.get("/dags", params={"search": "ORDERS"})
+    assert 'value="ORDERS"' in page.text and "search_unrelated" not in page.text
+    assert "No DAG matches that search." in local.get("/dags?search=zzz-none").text
+    # Each listed DAG has a trigger button: a run with the params' defaults, then its page.
+    log_in(local)
+    listed = local.get("/dags", params={"search": "search_orders"}).text
+    assert 'action="/dags/search_orders/trigger"' in listed
+    answer = local.post("/dags/search_orders/trigger", data={"csrf_token": csrf_of(local, "/dags")})
+    assert answer.status_code == 303 and answer.headers["location"].startswith(
+        "/dags/search_orders?run_id=manual__"
+    )
+    assert [run.run_type for run in runs_of(sessions, "search_orders")] == ["manual"]

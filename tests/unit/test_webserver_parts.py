@@ -7,12 +7,14 @@ import base64
 import datetime as dt
 import itertools
 import random
+import re
 from pathlib import Path
 
 import pytest
 from cryptography.fernet import Fernet
 
 from deferral.runtime.config import Settings, load_settings
+from deferral.states import TaskState
 from webserver.app import _duration, _safe_next, dag_url, ti_url
 from webserver.auth import is_loopback, session_key
 from webserver.data import expiry_urgency
@@ -181,3 +183,23 @@ def test_the_session_key_is_derived_from_the_first_fernet_key_and_is_not_it() ->
     key = session_key(settings(f"{first},{second}"))
     assert key == session_key(settings(first)) != session_key(settings(second))
     assert key != base64.urlsafe_b64decode(first) and len(key) == 32
+
+
+def test_the_legend_and_the_graph_colour_every_task_state() -> None:
+    web = Path(__file__).resolve().parents[2] / "webserver"
+    legend = re.search(
+        r'class="legend">\{% for s in \[([^\]]*)\]', (web / "templates/dag.html").read_text()
+    )
+    assert legend is not None
+    assert [s.strip(' "') for s in legend.group(1).split(",")] == [
+        "none", "scheduled", "queued", "running", "deferred", "awaiting_input",
+        "up_for_reschedule", "up_for_retry", "success", "failed", "upstream_failed", "skipped",
+        "removed",
+    ]  # fmt: skip
+    css = (web / "static/deferral.css").read_text()
+    for state in TaskState:
+        assert f".s-{state} {{" in css, state
+        if state != TaskState.NONE:  # a box with no state is drawn white
+            assert f"svg.graph .g-{state} rect {{" in css, state
+    # Glyphs from the text fonts: an emoji needs a font the machine may not have.
+    assert not re.search("[\U0001f300-\U0001faff\u2700-\u270d\u270f-\u27bf]", css)
