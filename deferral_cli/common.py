@@ -45,6 +45,14 @@ EXIT_TIMED_OUT = 3
 EXIT_INTERRUPTED = 130
 
 
+def stamp(at: dt.datetime, *, microseconds: bool = False) -> str:
+    """A moment as the command shows it: this machine's local time, with the date and the zone,
+    as its log lines read (their time is local too)."""
+    local = at.astimezone()
+    clock = local.strftime("%H:%M:%S.%f" if microseconds else "%H:%M:%S")
+    return f"{local:%Y-%m-%d} {clock} {local:%Z}"
+
+
 def fail(message: str, code: int = EXIT_FAILED) -> None:
     click.echo(f"error: {message}", err=True)
     sys.exit(code)

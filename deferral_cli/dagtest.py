@@ -54,6 +54,7 @@ from deferral_cli.common import (
     fail,
     load_dag,
     sessions,
+    stamp,
 )
 from scheduler import decide, runstate, waiting
 from triggerer.decode import load_trigger_class
@@ -333,7 +334,7 @@ class LocalRun(InThisProcess):
             ).all()
         for change, task_id, map_index in changes:
             reason = f" ({change.reason})" if change.reason else ""
-            at = change.at.astimezone(dt.UTC).strftime("%H:%M:%S")
+            at = stamp(change.at)
             label = self._label(task_id, map_index)
             self.out.write(f"[{at}] {label}: {change.from_state} -> {change.to_state}{reason}\n")
             self.shown.last_change = change.id

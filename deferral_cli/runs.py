@@ -19,6 +19,7 @@ from deferral_cli.common import (
     output_options,
     run_id_argument,
     sessions,
+    stamp,
 )
 from readmodel.records import run_record
 
@@ -99,6 +100,7 @@ def show_run(settings: Settings, dag_id: str, run_id: str, history: bool) -> Non
             )
             for change in changes:
                 click.echo(
-                    f"    {change.at:%H:%M:%S.%f} {change.from_state} -> {change.to_state}"
+                    f"    {stamp(change.at, microseconds=True)} {change.from_state} -> "
+                    f"{change.to_state}"
                     f" ({change.reason})"
                 )

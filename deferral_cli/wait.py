@@ -21,6 +21,7 @@ from deferral.runtime.controls import escape_all
 from deferral.states import FINISHED_STATES, DagRunState, TaskState
 from deferral.store.actions import ti_label
 from deferral.store.tables import DagRun, TaskInstance, TaskStateChange
+from deferral_cli.common import stamp
 
 FINISHED_RUN_STATES = frozenset({DagRunState.SUCCESS, DagRunState.FAILED})
 POLL_INTERVAL_SEC = 0.5
@@ -111,9 +112,9 @@ class PlainLines:
         self.last: RunStatus | None = None
 
     def show(self, status: RunStatus, elapsed_sec: float) -> None:
-        stamp = self.now().strftime("%H:%M:%S")
+        at = stamp(self.now())
         for line in changes(self.last, status):
-            self.out.write(f"{stamp} {line}\n")
+            self.out.write(f"{at} {line}\n")
         self.out.flush()
         self.last = status
 

@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import datetime as dt
 import io
+import time
+from collections.abc import Iterator
+
+import pytest
 
 from deferral_cli.wait import LiveBlock, PlainLines, RunStatus, TaskStatus, block, changes
 
@@ -40,20 +44,32 @@ def test_block_aligns_the_tasks_under_the_run() -> None:
     assert block("d r1", QUEUED, 0) == ["d r1: queued (0s)"]
 
 
+@pytest.fixture
+def paris_time(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """This process's local time zone is Paris's for the test."""
+    monkeypatch.setenv("TZ", "Europe/Paris")
+    time.tzset()
+    yield
+    monkeypatch.undo()
+    time.tzset()
+
+
+@pytest.mark.usefixtures("paris_time")
 def test_plain_lines_print_only_changes_with_the_time() -> None:
+    # Local time, with the date and the zone, as log lines read.
     out = io.StringIO()
     lines = PlainLines(out, lambda: dt.datetime(2024, 5, 1, 9, 30, 5, tzinfo=dt.UTC))
     for status in (QUEUED, QUEUED, STARTED, DEFERRED, DEFERRED, DONE):
         lines.show(status, 1.0)
     assert out.getvalue().splitlines() == [
-        "09:30:05 run: queued",
-        "09:30:05 run: running",
-        "09:30:05 wait: scheduled (try 1)",
-        "09:30:05 m[0]: none (try 0)",
-        "09:30:05 wait: deferred (try 1)",
-        "09:30:05 run: success",
-        "09:30:05 wait: success (try 2)",
-        "09:30:05 m[0]: success (try 1)",
+        "2024-05-01 11:30:05 CEST run: queued",
+        "2024-05-01 11:30:05 CEST run: running",
+        "2024-05-01 11:30:05 CEST wait: scheduled (try 1)",
+        "2024-05-01 11:30:05 CEST m[0]: none (try 0)",
+        "2024-05-01 11:30:05 CEST wait: deferred (try 1)",
+        "2024-05-01 11:30:05 CEST run: success",
+        "2024-05-01 11:30:05 CEST wait: success (try 2)",
+        "2024-05-01 11:30:05 CEST m[0]: success (try 1)",
     ]
     assert "\x1b" not in out.getvalue()
 
