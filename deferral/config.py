@@ -29,6 +29,9 @@ TOML_FILE = "deferral.toml"
 
 T = TypeVar("T")
 
+# A flood on a watched stream waits in the stream, not as thousands of queued runs.
+DEFAULT_ASSET_WATCHER_MAX_QUEUED = 500
+
 
 class ConfigError(Exception):
     """A setting is missing or malformed; the message names it."""
@@ -70,6 +73,8 @@ class Settings:
     worker_task_process_max_attempts: int = 10_000
     # New triggers entries one triggerer reads per loop at most (replicas share a backlog).
     triggerer_claim_per_loop: int = 50
+    # Events of one asset watcher that may wait for their runs before it stops reading its source.
+    asset_watcher_max_queued: int = DEFAULT_ASSET_WATCHER_MAX_QUEUED
 
 
 def _database_url(raw: str) -> str:
@@ -330,6 +335,11 @@ def load_settings(
             "WORKER_TASK_PROCESS_MAX_ATTEMPTS", _positive_int, default="10000"
         ),
         triggerer_claim_per_loop=get("TRIGGERER_CLAIM_PER_LOOP", _positive_int, default="50"),
+        asset_watcher_max_queued=get(
+            "ASSET_WATCHER_MAX_QUEUED",
+            _positive_int,
+            default=str(DEFAULT_ASSET_WATCHER_MAX_QUEUED),
+        ),
     )
 
 
@@ -695,6 +705,14 @@ SETTINGS: tuple[SettingDoc, ...] = (
         "TRIGGERER_CLAIM_PER_LOOP",
         "50",
         "New triggers one triggerer takes per loop at most, so replicas share a backlog.",
+        "core",
+    ),
+    SettingDoc(
+        "ASSET_WATCHER_MAX_QUEUED",
+        str(DEFAULT_ASSET_WATCHER_MAX_QUEUED),
+        "Events of one asset watcher that may wait for their runs (queued for a DAG, or in a run"
+        " not started yet): at the bound the watcher stops reading its source, logs it once and"
+        " counts `deferral_asset_watcher_bound_reached_total`, and reads on as runs start.",
         "core",
     ),
     SettingDoc(
