@@ -16,7 +16,7 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
-from deferral import controls, transitions
+from deferral import controls, storable, transitions
 from deferral.baseoperator import BaseOperator
 from deferral.dag import DAG, DagDefinitionError
 from deferral.models import Dag, DagRun, TaskInstance
@@ -51,6 +51,7 @@ def parse_conf(raw: str | None) -> dict[str, Any]:
     """A run's conf from its JSON text (empty: ``{}``); ValueError saying what is wrong."""
     if raw is None or not raw.strip():
         return {}
+    storable.check(raw, "the text")  # argv's bytes that are not UTF-8 arrive as surrogates
     try:
         conf = json.loads(raw)
     except json.JSONDecodeError as exc:
@@ -59,9 +60,7 @@ def parse_conf(raw: str | None) -> dict[str, Any]:
         raise ValueError("must be a JSON object")
     for key in conf:
         controls.check_id(key, "key")  # keys name params (and become ids in templates, logs)
-    if controls.nul_inside(conf):
-        raise ValueError("holds a NUL character (\\u0000), which PostgreSQL cannot store")
-    return conf
+    return storable.check(conf)
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ from typing import Any
 from sqlalchemy import ColumnElement, ColumnExpressionArgument, select, text
 from sqlalchemy.orm import Session
 
-from deferral import serialization, transitions
+from deferral import serialization, storable, transitions
 from deferral.callback_tokens import (
     CALLBACK_KEY_PREFIX,
     TOKEN_LIFETIME,
@@ -117,8 +117,9 @@ def seal_payload(cipher: Cipher, payload: Any) -> str:
     """The payload sealed as a resumed task's event is; SignalError if it is not JSON-able or
     larger than MAX_PAYLOAD_BYTES."""
     try:
+        storable.check(payload, "signal payload")
         data = serialization.dumps(payload, "signal payload")
-    except SerializationError as exc:
+    except (SerializationError, storable.UnstorableText) as exc:
         raise SignalError(str(exc)) from None
     if len(data) > MAX_PAYLOAD_BYTES:
         raise SignalError(

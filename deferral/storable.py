@@ -20,6 +20,7 @@ import re
 from typing import Any
 
 _UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 # Paths in messages are cut to this many characters (a key may be long).
 _SHOWN_PATH_CHARS = 80
 
@@ -36,6 +37,12 @@ def _escaped(match: re.Match[str]) -> str:
 def storable_text(text: str) -> str:
     """``text`` with each NUL and lone surrogate written as ``\\x00`` / ``\\udXXX``."""
     return _UNSTORABLE.sub(_escaped, text)
+
+
+def has_lone_surrogate(text: str) -> bool:
+    """Whether ``text`` holds a lone surrogate (bytes that were not UTF-8, decoded with
+    ``surrogateescape`` as Python does argv, or a JSON ``\\ud800`` escape)."""
+    return _LONE_SURROGATE.search(text) is not None
 
 
 def storable(value: Any) -> Any:
@@ -71,16 +78,17 @@ def _first(value: Any, path: str) -> tuple[str, str] | None:
     return None
 
 
-def check(value: Any, what: str) -> Any:
+def check(value: Any, what: str = "") -> Any:
     """``value`` if no string or key in it holds a NUL or a lone surrogate; else UnstorableText
-    naming ``what``, the place in it (``conf.a[2]``) and the character."""
+    naming ``what``, the place in it (``conf.a[2]``) and the character (``what`` may be left
+    out where the caller names the value itself and ``value`` is a dict or list)."""
     found = _first(value, "")
     if found is None:
         return value
     where, char = found
     if len(where) > _SHOWN_PATH_CHARS:
         where = where[:_SHOWN_PATH_CHARS] + "…"
-    place = f"{what}: {where}" if where else what
+    place = f"{what}: {where}" if what and where else what or where
     if char == "\\x00":
         raise UnstorableText(f"{place} must not contain control characters (\\x00)")
     raise UnstorableText(f"{place} holds a lone surrogate ({char}), which is not Unicode text")

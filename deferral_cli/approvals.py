@@ -9,7 +9,7 @@ from typing import Any
 
 import click
 
-from deferral import hitl
+from deferral import hitl, storable
 from deferral.crypto import Cipher
 from deferral.process import command_group, settings_or_exit
 from deferral_cli.common import Record, emit, fail, output_options, sessions
@@ -71,6 +71,10 @@ def _params(text: str | None) -> dict[str, Any] | None:
         fail(f"--params is not JSON: {exc}")
     if not isinstance(value, dict):
         fail("--params must be a JSON object")
+    try:
+        storable.check(value, "--params")
+    except storable.UnstorableText as exc:
+        fail(str(exc))
     return value
 
 

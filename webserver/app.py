@@ -21,6 +21,7 @@ import jinja2
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
+from starlette.datastructures import FormData
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.middleware.sessions import SessionMiddleware
@@ -34,7 +35,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from broker import deadletters
 from broker.client import Broker
 from broker.streams import WAKE
-from deferral import actions, secrets_masker, signals
+from deferral import actions, controls, secrets_masker, signals, storable
 from deferral.callback_tokens import TokenRefused, read_token
 from deferral.config import Settings, WebserverSettings, webserver_settings
 from deferral.crypto import Cipher
@@ -58,6 +59,7 @@ from webserver.inputs import (
     MAX_JSON_DEPTH,
     BadInput,
     check_id,
+    check_urlencoded,
     int_param,
     json_depth,
     parse_json,
@@ -308,7 +310,10 @@ class WebUI:
         """A form action: a logged-in user and the session's CSRF token."""
 
         async def guarded(request: Request) -> Response:
-            form = await request.form()
+            try:
+                form = await _checked_form(request)
+            except BadInput as exc:
+                return await self.error_page(request, 400, str(exc))
             if not self.auth.csrf_valid(request, form.get(CSRF_FIELD)):
                 return await self.error_page(
                     request, 403, "the form is out of date (CSRF token missing or wrong): reload"
@@ -377,6 +382,7 @@ class WebUI:
     async def _guarded_call(self, handler: Handler, request: Request, *, api: bool) -> Response:
         """Run ``handler``, turning what it refuses into the answer a user can read."""
         try:
+            check_urlencoded(request.scope["query_string"], "the query string")
             if "dag_id" in request.path_params:
                 check_id("dag_id", request.path_params["dag_id"])
             return await handler(request)
@@ -488,7 +494,10 @@ class WebUI:
         )
 
     async def login(self, request: Request) -> Response:
-        form = await request.form()
+        try:
+            form = await _checked_form(request)
+        except BadInput as exc:
+            return await self.error_page(request, 400, str(exc))
         next_url = _safe_next(form.get("next"))
         if not self.auth.csrf_valid(request, form.get(CSRF_FIELD)):
             return await self.error_page(
@@ -842,6 +851,21 @@ class WebUI:
     def close(self) -> None:
         if self._broker is not None:
             self._broker.close()
+
+
+async def _checked_form(request: Request) -> FormData:
+    """The request's form, refused (BadInput) if a field is not UTF-8 or holds a NUL or a lone
+    surrogate."""
+    if request.headers.get("content-type", "").startswith("application/x-www-form-urlencoded"):
+        check_urlencoded(await request.body(), "the form")
+    form = await request.form()
+    for name, value in form.multi_items():
+        if isinstance(value, str):
+            try:
+                storable.check(value, f"the form's {controls.escape_all(name[:64])}")
+            except storable.UnstorableText as exc:
+                raise BadInput(str(exc)) from None
+    return form
 
 
 def _text(value: object) -> str:
