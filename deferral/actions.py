@@ -28,6 +28,8 @@ from deferral.utils.sensor_helper import parse_logical_date, run_of
 if TYPE_CHECKING:
     from deferral.sensors.external_task import ExternalTaskMarker
 
+# Most bytes of a run's conf as JSON text (a run keeps its conf as long as the run is kept).
+MAX_CONF_BYTES = 64 * 1024
 # The states a user may mark a task with.
 MARKABLE_STATES = (TaskState.SUCCESS, TaskState.FAILED, TaskState.SKIPPED)
 
@@ -51,6 +53,9 @@ def parse_conf(raw: str | None) -> dict[str, Any]:
     """A run's conf from its JSON text (empty: ``{}``); ValueError saying what is wrong."""
     if raw is None or not raw.strip():
         return {}
+    size = len(raw.encode("utf-8", "surrogatepass"))
+    if size > MAX_CONF_BYTES:
+        raise ValueError(f"must be at most {MAX_CONF_BYTES} bytes of JSON, not {size}")
     storable.check(raw, "the text")  # argv's bytes that are not UTF-8 arrive as surrogates
     try:
         conf = json.loads(raw)

@@ -479,6 +479,12 @@ class WebserverSettings:
     # Host names (with or without port) a server on a non-loopback address answers to, besides
     # the loopback names and its own address; empty: any.
     allowed_hosts: tuple[str, ...]
+    # Rate limits (the `limits` library's notation, "50/second;1000/minute") of each user's API
+    # signal sends (and each callback token's answers), and of each user's triggered runs.
+    signal_rate: str = "50/second;1000/minute"
+    run_rate: str = "10/second;120/minute"
+    # Signals one web user's sends keep stored at most (a send beyond drops that user's oldest).
+    signals_kept_per_user: int = 1000
 
 
 def _session_lifetime(raw: str) -> dt.timedelta:
@@ -486,6 +492,18 @@ def _session_lifetime(raw: str) -> dt.timedelta:
     if lifetime.total_seconds() < 60:
         raise ValueError("must be at least 60 seconds")
     return lifetime
+
+
+def _rates(raw: str) -> str:
+    from limits import parse_many
+
+    try:
+        parse_many(raw)
+    except ValueError:
+        raise ValueError(
+            f"{raw!r} is not a rate limit such as 50/second or 10/second;600/minute"
+        ) from None
+    return raw.strip()
 
 
 def _host_names(raw: str) -> tuple[str, ...]:
@@ -504,6 +522,13 @@ def webserver_settings(environ: Mapping[str, str] | None = None) -> WebserverSet
         session_lifetime=get("WEBSERVER_SESSION_LIFETIME", _session_lifetime, "12h"),
         secure_cookies=get("WEBSERVER_SECURE_COOKIES", _bool, "false"),
         allowed_hosts=get("WEBSERVER_ALLOWED_HOSTS", _host_names, ","),
+        signal_rate=get("WEBSERVER_SIGNAL_RATE", _rates, WebserverSettings.signal_rate),
+        run_rate=get("WEBSERVER_RUN_RATE", _rates, WebserverSettings.run_rate),
+        signals_kept_per_user=get(
+            "WEBSERVER_SIGNALS_KEPT_PER_USER",
+            _positive_int,
+            str(WebserverSettings.signals_kept_per_user),
+        ),
     )
 
 
@@ -740,6 +765,26 @@ SETTINGS: tuple[SettingDoc, ...] = (
         "WEBSERVER_ALLOWED_HOSTS",
         None,
         "Comma-separated host names the web UI answers (none: any).",
+        "web UI",
+    ),
+    SettingDoc(
+        "WEBSERVER_SIGNAL_RATE",
+        WebserverSettings.signal_rate,
+        "Most signals one web user sends through the API (and answers one callback token"
+        " takes), as `N/second`, `N/minute`... separated by `;`: past it, 429 with Retry-After.",
+        "web UI",
+    ),
+    SettingDoc(
+        "WEBSERVER_RUN_RATE",
+        WebserverSettings.run_rate,
+        "Most runs one web user triggers (API and trigger form), in the same notation: past it,"
+        " 429 with Retry-After.",
+        "web UI",
+    ),
+    SettingDoc(
+        "WEBSERVER_SIGNALS_KEPT_PER_USER",
+        str(WebserverSettings.signals_kept_per_user),
+        "Signals one web user's sends keep stored at most: a send beyond drops that user's oldest.",
         "web UI",
     ),
     SettingDoc(
