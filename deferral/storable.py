@@ -47,13 +47,15 @@ def has_lone_surrogate(text: str) -> bool:
 
 def storable(value: Any) -> Any:
     """A JSON-like ``value`` (dicts, lists, tuples, strings, scalars) with every string and key
-    made :func:`storable_text`; other values are returned as they are."""
+    made :func:`storable_text` (tuples stay tuples); other values are returned as they are."""
     if isinstance(value, str):
         return storable_text(value)
     if isinstance(value, dict):
         return {storable(k): storable(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
+    if isinstance(value, list):
         return [storable(item) for item in value]
+    if isinstance(value, tuple):
+        return tuple(storable(item) for item in value)
     return value
 
 

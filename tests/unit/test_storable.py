@@ -13,7 +13,7 @@ from deferral.storable import UnstorableText, check, storable, storable_text
 def test_nul_and_lone_surrogates_are_escaped_and_the_rest_kept() -> None:
     assert storable_text("a\x00b\ud800c\udfff😀") == "a\\x00b\\ud800c\\udfff😀"
     value = {"k\x00": ["\ud800", 1, None, {"x": ("y\x00",)}], "n": 1.5}
-    assert storable(value) == {"k\\x00": ["\\ud800", 1, None, {"x": ["y\\x00"]}], "n": 1.5}
+    assert storable(value) == {"k\\x00": ["\\ud800", 1, None, {"x": ("y\\x00",)}], "n": 1.5}
     assert storable_text("\ud800\x00").encode("utf-8") == b"\\ud800\\x00"
 
 
