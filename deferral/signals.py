@@ -19,7 +19,7 @@ from typing import Any
 from sqlalchemy import ColumnElement, ColumnExpressionArgument, select, text
 from sqlalchemy.orm import Session
 
-from deferral.runtime import serialization
+from deferral.runtime import serialization, storable
 from deferral.runtime.crypto import Cipher
 from deferral.runtime.serialization import SerializationError
 from deferral.store.seam import (
@@ -62,14 +62,21 @@ _LOCK_SQL = text(
     " FROM unnest(CAST(:keys AS text[])) AS k) AS ids ORDER BY h"
 )
 
+# A sender's (web user's) signals beyond the newest ``kept`` - 1 go as it sends one more; the
+# statement's snapshot does not see the row it inserts. No sender (NULL): nothing matches.
 _SEND_SQL = text(
     """
     WITH sent AS (
-        INSERT INTO signal (key, payload) VALUES (:key, :payload) RETURNING id
+        INSERT INTO signal (key, payload, sent_by) VALUES (:key, :payload, :sent_by) RETURNING id
     ), pruned AS (
         DELETE FROM signal WHERE id IN (
             SELECT id FROM signal WHERE sent_at < now() - :retention
             ORDER BY sent_at LIMIT :prune
+        )
+    ), over_quota AS (
+        DELETE FROM signal WHERE id IN (
+            SELECT id FROM signal WHERE sent_by = :sent_by
+            ORDER BY id DESC OFFSET :kept - 1
         )
     )
     SELECT sent.id, ARRAY(SELECT trigger_id FROM signal_wait WHERE key = :key) AS waiting
@@ -118,8 +125,9 @@ def seal_payload(cipher: Cipher, payload: Any) -> str:
     """The payload sealed as a resumed task's event is; SignalError if it is not JSON-able or
     larger than MAX_PAYLOAD_BYTES."""
     try:
+        storable.check(payload, "signal payload")
         data = serialization.dumps(payload, "signal payload")
-    except SerializationError as exc:
+    except (SerializationError, storable.UnstorableText) as exc:
         raise SignalError(str(exc)) from None
     if len(data) > MAX_PAYLOAD_BYTES:
         raise SignalError(
@@ -160,23 +168,44 @@ def _resumed(
     )
 
 
-def _record(session: Session, cipher: Cipher, key: str, sealed: str) -> SentSignal:
+@dataclass(frozen=True)
+class Sender:
+    """Who sends through the web API, and how many of their signals are kept at most (their
+    oldest go as they send more: storage stays bounded whatever one user sends)."""
+
+    name: str
+    kept: int
+
+
+def _record(
+    session: Session, cipher: Cipher, key: str, sealed: str, sender: Sender | None = None
+) -> SentSignal:
     """Record a signal on ``key`` (whose lock is held) and resume every task waiting on it."""
     row = session.execute(
         _SEND_SQL,
-        {"key": key, "payload": sealed, "retention": SIGNAL_RETENTION, "prune": PRUNE_PER_SEND},
+        {
+            "key": key,
+            "payload": sealed,
+            "retention": SIGNAL_RETENTION,
+            "prune": PRUNE_PER_SEND,
+            "sent_by": None if sender is None else sender.name,
+            "kept": 1 if sender is None else sender.kept,
+        },
     ).one()
     events = [_signal_event(cipher, row.id, trigger_id, key, sealed) for trigger_id in row.waiting]
     return SentSignal(row.id, key, _resumed(session, cipher, events))
 
 
-def send_in(session: Session, cipher: Cipher, key: str, payload: Any) -> SentSignal:
+def send_in(
+    session: Session, cipher: Cipher, key: str, payload: Any, sender: Sender | None = None
+) -> SentSignal:
     """Record a signal on ``key`` and resume every task waiting on it, in ``session``'s
-    transaction (the key's lock is held until it ends)."""
+    transaction (the key's lock is held until it ends); ``sender``: a web user, whose quota of
+    kept signals applies."""
     check_signal_key(key)
     sealed = seal_payload(cipher, payload)
     lock_keys(session, [key])
-    return _record(session, cipher, key, sealed)
+    return _record(session, cipher, key, sealed, sender)
 
 
 _USED_SQL = text("SELECT EXISTS (SELECT FROM signal WHERE key = :key)")

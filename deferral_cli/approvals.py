@@ -9,6 +9,7 @@ from typing import Any
 
 import click
 
+from deferral.runtime import storable
 from deferral.runtime.crypto import Cipher
 from deferral.runtime.process import command_group, settings_or_exit
 from deferral.store import hitl
@@ -71,6 +72,10 @@ def _params(text: str | None) -> dict[str, Any] | None:
         fail(f"--params is not JSON: {exc}")
     if not isinstance(value, dict):
         fail("--params must be a JSON object")
+    try:
+        storable.check(value, "--params")
+    except storable.UnstorableText as exc:
+        fail(str(exc))
     return value
 
 

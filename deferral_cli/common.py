@@ -22,8 +22,9 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from deferral.dag import DAG
 from deferral.loading.dagbag import DagBag, DagNotFound
+from deferral.runtime import storable
 from deferral.runtime.config import ConfigError, Settings, load_settings
-from deferral.runtime.controls import escape
+from deferral.runtime.controls import escape, escape_all
 from deferral.runtime.process import settings_or_exit
 from deferral.store.db import make_engine, make_sessionmaker
 from deferral.store.tables import Dag, DagRun
@@ -41,6 +42,8 @@ from readmodel.records import when as when
 
 # Exit statuses every command shares (click itself exits 2 on a usage error).
 EXIT_TIMED_OUT = 3
+# As click exits on a usage error.
+EXIT_USAGE = 2
 # As a shell reports a command stopped by Ctrl-C (128 + SIGINT).
 EXIT_INTERRUPTED = 130
 
@@ -65,6 +68,15 @@ class DeferralGroup(click.Group):
     """The ``deferral`` command group: whatever command runs, an unreachable (or transiently
     failing) PostgreSQL or Redis ends it with one line naming the server, exit 2, and a database
     without the schema with one line saying to run ``deferral db upgrade``; never a traceback."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        # Python hands bytes of argv that are not UTF-8 over as lone surrogates: no command
+        # could print, store or compare them.
+        for position, arg in enumerate(args, start=1):
+            if storable.has_lone_surrogate(arg):
+                shown = escape_all(storable.storable_text(arg))[:80]
+                fail(f"argument {position} ('{shown}') is not UTF-8 text", EXIT_USAGE)
+        return super().parse_args(ctx, args)
 
     def invoke(self, ctx: click.Context) -> Any:
         try:

@@ -23,6 +23,7 @@ from deferral.runtime.crypto import Cipher
 from deferral.runtime.process import LogExtra
 from deferral.runtime.secrets_masker import mask_with_kwargs
 from deferral.runtime.serialization import SerializationError
+from deferral.runtime.storable import storable
 from deferral.triggers.base import BaseTrigger, TriggerEvent
 from deferral.triggers.task_end import end_kind
 
@@ -68,11 +69,20 @@ def _outcome(
     return Outcome(message, payload, failure)
 
 
+def _payload_json(payload: Any) -> bytes:
+    """The payload's JSON; a lone surrogate in it (no UTF-8 spells one) is carried escaped, as a
+    watcher's event stores it (``deferral.runtime.storable``): the trigger's event still arrives."""
+    try:
+        return serialization.dumps(payload, "event payload")
+    except UnicodeEncodeError:
+        return serialization.dumps(storable(payload), "event payload")
+
+
 def failure_outcome(
     cipher: Cipher, trigger_id: int, message: str, trace: str, triggerer: str
 ) -> Outcome:
     failure = Failure(message, trace)
-    payload = serialization.dumps({"message": message, "traceback": trace})
+    payload = _payload_json({"message": message, "traceback": trace})
     return _outcome(cipher, trigger_id, EVENT_KIND_FAILURE, payload, triggerer, failure)
 
 
@@ -82,7 +92,7 @@ def event_outcome(
     """The event (of ``kind``: a task-end event has its own), or a failure naming the type if
     the payload cannot be carried."""
     try:
-        payload_json = serialization.dumps(payload, "event payload")
+        payload_json = _payload_json(payload)
     except SerializationError as exc:
         return failure_outcome(
             cipher, trigger_id, f"trigger {trigger_id} fired an event: {exc}", "", triggerer
@@ -113,7 +123,7 @@ def masked(cipher: Cipher, outcome: Outcome, trigger_kwargs: Any) -> Outcome:
         return outcome
     failure = None if outcome.failure is None else Failure(shown["message"], shown["traceback"])
     message = outcome.message
-    payload_json = serialization.dumps(shown, "event payload")
+    payload_json = _payload_json(shown)
     return _outcome(
         cipher, int(message.trigger_id), message.kind, payload_json, message.triggerer, failure
     )

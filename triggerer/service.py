@@ -349,6 +349,7 @@ class TriggererService:
             self.name,
             self.settings.trigger_modules,
             self.settings.heartbeat_sec,
+            self.settings.asset_watcher_max_queued,
         )
 
     def _lease_keeper(

@@ -20,12 +20,16 @@ import anyio
 from anyio.abc import TaskGroup
 from anyio.streams.memory import MemoryObjectSendStream
 from sqlalchemy import text
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session, sessionmaker
 
 from deferral.assets import event_from_trigger
+from deferral.runtime.config import DEFAULT_ASSET_WATCHER_MAX_QUEUED
 from deferral.runtime.crypto import Cipher, DecryptionError
+from deferral.runtime.faults import is_transient
+from deferral.runtime.metrics import ASSET_WATCHER_BOUND_REACHED
 from deferral.runtime.serialization import SerializationError
-from deferral.store.transitions.asset_events import record_watcher_event
+from deferral.store.transitions.asset_events import record_watcher_event, watcher_events_waiting
 from deferral.triggers.base import TriggerEvent
 from deferral.triggers.event import BaseEventTrigger
 from triggerer.decode import load_trigger_class
@@ -92,12 +96,15 @@ class WatcherRunner:
         name: str,
         prefixes: Sequence[str],
         heartbeat_sec: float,
+        max_queued: int = DEFAULT_ASSET_WATCHER_MAX_QUEUED,
     ) -> None:
         self.sessions = sessions
         self.cipher = cipher
         self.name = name
         self.prefixes = prefixes
         self.heartbeat_sec = heartbeat_sec
+        # Events of one watcher that may wait for their runs (DEFERRAL_ASSET_WATCHER_MAX_QUEUED).
+        self.max_queued = max_queued
         # watcher id -> (what its token holds, scope that cancels it)
         self.running: dict[int, tuple[Any, anyio.CancelScope]] = {}
         self.recorded = 0  # events recorded here (new ones), for tests and logs
@@ -164,36 +171,65 @@ class WatcherRunner:
                 log.error("%s cannot run: %s", where, exc)
                 await anyio.sleep_forever()  # until its row changes or its DAG leaves
             log.info("%s started on triggerer %s", where, self.name)
-            while True:
-                try:
-                    await self._events(trigger, claimed, where)
-                    log.warning("%s ended; running it again", where)
-                except Exception as exc:
-                    log.error("%s failed: %s: %s", where, type(exc).__name__, exc)
-                finally:
-                    with anyio.CancelScope(shield=True):
-                        await _quietly(trigger.cleanup)
-                await anyio.sleep(self.heartbeat_sec * RESTART_HEARTBEATS)
+            await self._watch_trigger(trigger, claimed, where)
+
+    async def _watch_trigger(self, trigger: BaseEventTrigger, claimed: Claimed, where: str) -> None:
+        """Run the watcher's trigger for ever, again a heartbeat after it ends or fails (its
+        failure logged as what went wrong, not as the task group that carried it)."""
+        while True:
+            try:
+                await self._events(trigger, claimed, where)
+                log.warning("%s ended; running it again", where)
+            except Exception as exc:
+                log.error("%s failed: %s", where, cause_of(exc))
+            finally:
+                with anyio.CancelScope(shield=True):
+                    await _quietly(trigger.cleanup)
+            await anyio.sleep(self.heartbeat_sec * RESTART_HEARTBEATS)
 
     async def _events(self, trigger: BaseEventTrigger, claimed: Claimed, where: str) -> None:
         """Record the trigger's events as they come, those already waiting together in one
-        transaction (at most EVENT_BATCH), then acknowledge them in order."""
+        transaction (at most EVENT_BATCH, and no more than the watcher's bound leaves room
+        for), then acknowledge them in order. At the bound, the events read stay unrecorded
+        and unacknowledged and the reader stops at its buffer, until runs start."""
         send, receive = anyio.create_memory_object_stream[TriggerEvent](EVENT_BATCH)
+        at_bound = False
         async with anyio.create_task_group() as tasks:
             tasks.start_soon(self._read, trigger, send, where)
             async with receive:
-                async for first in receive:
-                    batch = [first]
-                    while len(batch) < EVENT_BATCH:
+                held: list[TriggerEvent] = []
+                while True:
+                    if not held:
                         try:
-                            batch.append(receive.receive_nowait())
+                            held.append(await receive.receive())
+                        except anyio.EndOfStream:
+                            return
+                    while len(held) < EVENT_BATCH:
+                        try:
+                            held.append(receive.receive_nowait())
                         except (anyio.WouldBlock, anyio.EndOfStream):
                             break
-                    keyed = _keyed(batch, where)
-                    record = partial(self._record, claimed, [(k, e) for _, k, e in keyed])
-                    await anyio.to_thread.run_sync(record, abandon_on_cancel=False)
-                    for event, _, _ in keyed:
+                    keyed = _keyed(held, where)
+                    record = partial(self._record, claimed, [(k, e) for _, k, e in keyed], where)
+                    taken = await anyio.to_thread.run_sync(record, abandon_on_cancel=False)
+                    if not keyed or taken:
+                        at_bound = False
+                    elif not at_bound:
+                        at_bound = True
+                        ASSET_WATCHER_BOUND_REACHED.inc()
+                        log.warning(
+                            "%s: %d of its events wait for their runs"
+                            " (DEFERRAL_ASSET_WATCHER_MAX_QUEUED): reading paused until runs"
+                            " start",
+                            where,
+                            self.max_queued,
+                        )
+                    for event, _, _ in keyed[:taken]:
                         await trigger.acknowledge(event)
+                    # Events left out by _keyed are never acknowledged (see there).
+                    held = [event for event, _, _ in keyed[taken:]]
+                    if held:
+                        await anyio.sleep(self.heartbeat_sec)
 
     @staticmethod
     async def _read(
@@ -207,13 +243,68 @@ class WatcherRunner:
                 else:
                     log.error("%s yielded %s, not a TriggerEvent: skipped", where, type(event))
 
-    def _record(self, claimed: Claimed, events: list[tuple[str, dict[str, Any]]]) -> None:
-        with self.sessions.begin() as session:
-            got = [
-                record_watcher_event(session, claimed.asset_name, claimed.name, key, extra)
-                for key, extra in events
-            ]
+    def _record(
+        self, claimed: Claimed, events: list[tuple[str, dict[str, Any]]], where: str
+    ) -> int:
+        """Record the first of ``events`` the watcher's bound leaves room for, in one
+        transaction; how many were taken. If that transaction fails for a reason of the data
+        (not the servers), each event is recorded in a transaction of its own, and an event that
+        still fails is recorded as a failure: an event with its key whose extra names the cause.
+        """
+        taken: list[tuple[str, dict[str, Any]]] | None = None
+        try:
+            with self.sessions.begin() as session:
+                room = self.max_queued - watcher_events_waiting(
+                    session, claimed.asset_name, claimed.name, self.max_queued
+                )
+                taken = events[: max(room, 0)]
+                got = [self._record_one(session, claimed, key, extra) for key, extra in taken]
+        except Exception as exc:
+            if is_transient(exc) or taken is None:
+                raise
+            log.warning(
+                "%s: a batch of %d events failed (%s); recording them one by one",
+                where,
+                len(taken),
+                cause_of(exc),
+            )
+            got = [self._record_alone(claimed, key, extra, where) for key, extra in taken]
         self.recorded += sum(1 for event_id in got if event_id is not None)
+        return len(taken)
+
+    @staticmethod
+    def _record_one(
+        session: Session, claimed: Claimed, key: str, extra: dict[str, Any]
+    ) -> int | None:
+        return record_watcher_event(session, claimed.asset_name, claimed.name, key, extra)
+
+    def _record_alone(
+        self, claimed: Claimed, key: str, extra: dict[str, Any], where: str
+    ) -> int | None:
+        try:
+            with self.sessions.begin() as session:
+                return self._record_one(session, claimed, key, extra)
+        except Exception as exc:
+            if is_transient(exc):
+                raise
+            cause = cause_of(exc)
+        log.error(
+            "%s: entry %s could not be recorded (%s): recorded as a failure", where, key, cause
+        )
+        failure = {"error": f"the entry could not be recorded: {cause}"}
+        with self.sessions.begin() as session:
+            return self._record_one(session, claimed, key, failure)
+
+
+def cause_of(exc: BaseException) -> str:
+    """What went wrong, in one line: the errors inside an exception group (not its wrapper), a
+    database error's own first line (not the statement and its parameters)."""
+    if isinstance(exc, BaseExceptionGroup):
+        return "; ".join(cause_of(inner) for inner in exc.exceptions)
+    if isinstance(exc, DBAPIError) and exc.orig is not None:
+        exc = exc.orig
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
 
 
 def _keyed(batch: list[TriggerEvent], where: str) -> list[tuple[TriggerEvent, str, dict[str, Any]]]:

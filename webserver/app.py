@@ -21,6 +21,7 @@ import jinja2
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
+from starlette.datastructures import FormData
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.middleware.sessions import SessionMiddleware
@@ -35,11 +36,11 @@ from broker import deadletters
 from broker.client import Broker
 from broker.streams import WAKE
 from deferral import signals
-from deferral.runtime import secrets_masker
+from deferral.runtime import controls, secrets_masker, storable
 from deferral.runtime.config import Settings, WebserverSettings, webserver_settings
 from deferral.runtime.crypto import Cipher
 from deferral.store import actions
-from deferral.store.callback_tokens import TokenRefused, read_token
+from deferral.store.callback_tokens import Claim, TokenRefused, read_token
 from deferral.store.db import make_engine, make_sessionmaker
 from readmodel.errors import server_error
 from readmodel.records import json_value
@@ -61,10 +62,12 @@ from webserver.inputs import (
     MAX_JSON_DEPTH,
     BadInput,
     check_id,
+    check_urlencoded,
     int_param,
     json_depth,
     parse_json,
 )
+from webserver.ratelimits import RUNS, SIGNALS, Refusal, WriteLimits
 from webserver.requestmetrics import RequestMetrics
 
 log = logging.getLogger("deferral.webserver")
@@ -243,6 +246,8 @@ class WebUI:
             environ=environ,
         )
         self.templates = _templates()
+        self.web = web
+        self.limits = WriteLimits(web)
         self._broker: Broker | None = None
         # What must never show, whatever a page prints: the Fernet keys, the admin password.
         for secret in (*settings.fernet_keys, users.admin_password(environ)):
@@ -311,7 +316,10 @@ class WebUI:
         """A form action: a logged-in user and the session's CSRF token."""
 
         async def guarded(request: Request) -> Response:
-            form = await request.form()
+            try:
+                form = await _checked_form(request)
+            except BadInput as exc:
+                return await self.error_page(request, 400, str(exc))
             if not self.auth.csrf_valid(request, form.get(CSRF_FIELD)):
                 return await self.error_page(
                     request, 403, "the form is out of date (CSRF token missing or wrong): reload"
@@ -321,6 +329,7 @@ class WebUI:
                 back = _safe_next(form.get("next"), _safe_next(request.headers.get("referer")))
                 return RedirectResponse(f"/login?{urlencode({'next': back})}", status_code=303)
             request.scope["form"] = form
+            request.scope["acting_user"] = user
             return await self._guarded_call(handler, request, api=False)
 
         return guarded
@@ -380,6 +389,7 @@ class WebUI:
     async def _guarded_call(self, handler: Handler, request: Request, *, api: bool) -> Response:
         """Run ``handler``, turning what it refuses into the answer a user can read."""
         try:
+            check_urlencoded(request.scope["query_string"], "the query string")
             if "dag_id" in request.path_params:
                 check_id("dag_id", request.path_params["dag_id"])
             return await handler(request)
@@ -492,7 +502,10 @@ class WebUI:
         )
 
     async def login(self, request: Request) -> Response:
-        form = await request.form()
+        try:
+            form = await _checked_form(request)
+        except BadInput as exc:
+            return await self.error_page(request, 400, str(exc))
         next_url = _safe_next(form.get("next"))
         if not self.auth.csrf_valid(request, form.get(CSRF_FIELD)):
             return await self.error_page(
@@ -582,6 +595,10 @@ class WebUI:
     async def trigger_form(self, request: Request) -> Response:
         form = request.scope["form"]
         dag_id = request.path_params["dag_id"]
+        refused = self.limits.take(RUNS, f"user:{request.scope['acting_user']}")
+        if refused is not None:
+            page = await self.error_page(request, 429, _refusal_line(refused))
+            return _retry_after(page, refused.retry_after_sec)
         conf, run_id = form.get("conf"), form.get("run_id")
         try:
             triggered = await run_in_threadpool(
@@ -713,6 +730,9 @@ class WebUI:
             raise BadInput("conf must be a JSON object")
         if run_id is not None and not isinstance(run_id, str):
             raise BadInput("run_id must be a string")
+        refused = self.limits.take(RUNS, f"user:{request.scope['acting_user']}")
+        if refused is not None:
+            return _too_many(refused)
         dag_id = request.path_params["dag_id"]
         triggered = await run_in_threadpool(self._trigger, dag_id, json.dumps(conf), run_id)
         return _api(
@@ -750,15 +770,23 @@ class WebUI:
 
     async def api_signal(self, request: Request) -> Response:
         payload = request.scope["body"].get("payload")
-        sent = await run_in_threadpool(self._send_signal, request.path_params["key"], payload)
+        acting = request.scope["acting_user"]
+        refused = self.limits.take(SIGNALS, f"user:{acting}")
+        if refused is not None:
+            return _too_many(refused)
+        sender = signals.Sender(acting, self.web.signals_kept_per_user)
+        sent = await run_in_threadpool(
+            self._send_signal, request.path_params["key"], payload, sender
+        )
         return _api(
             {"signal_id": sent.id, "key": sent.key, "resumed": len(sent.resumed)}, status_code=201
         )
 
-    def _send_signal(self, key: str, payload: Any) -> signals.SentSignal:
+    def _send_signal(self, key: str, payload: Any, sender: signals.Sender) -> signals.SentSignal:
         try:
             with self.sessions.begin() as session:
-                sent = signals.send_in(session, Cipher(self.settings.fernet_keys), key, payload)
+                cipher = Cipher(self.settings.fernet_keys)
+                sent = signals.send_in(session, cipher, key, payload, sender)
         except signals.SignalError as exc:
             raise BadInput(str(exc)) from None
         if sent.resumed:  # the scheduler queues them now, not when its wait for events ends
@@ -777,18 +805,22 @@ class WebUI:
             )
         if not isinstance(answer, dict):
             return _api_error(400, "the body must be a JSON object")
-        token = request.path_params["token"]
+        cipher = Cipher(self.settings.fernet_keys)
         try:
+            claim = read_token(cipher, request.path_params["token"], dt.datetime.now(dt.UTC))
+            refused = self.limits.take(SIGNALS, f"token:{claim.key}")
+            if refused is not None:
+                return _too_many(refused)
             sent = await run_in_threadpool(
-                self._answer_callback, token, answer.get("status"), answer.get("payload")
+                self._answer_callback, cipher, claim, answer.get("status"), answer.get("payload")
             )
         except TokenRefused as exc:
             return _api_error(exc.status, str(exc))
         return _api({"resumed": len(sent.resumed)})
 
-    def _answer_callback(self, token: str, status: Any, payload: Any) -> signals.SentSignal:
-        cipher = Cipher(self.settings.fernet_keys)
-        claim = read_token(cipher, token, dt.datetime.now(dt.UTC))
+    def _answer_callback(
+        self, cipher: Cipher, claim: Claim, status: Any, payload: Any
+    ) -> signals.SentSignal:
         with self.sessions.begin() as session:
             sent = signals.answer_callback(session, cipher, claim, status, payload)
         if sent.resumed:
@@ -848,6 +880,21 @@ class WebUI:
             self._broker.close()
 
 
+async def _checked_form(request: Request) -> FormData:
+    """The request's form, refused (BadInput) if a field is not UTF-8 or holds a NUL or a lone
+    surrogate."""
+    if request.headers.get("content-type", "").startswith("application/x-www-form-urlencoded"):
+        check_urlencoded(await request.body(), "the form")
+    form = await request.form()
+    for name, value in form.multi_items():
+        if isinstance(value, str):
+            try:
+                storable.check(value, f"the form's {controls.escape_all(name[:64])}")
+            except storable.UnstorableText as exc:
+                raise BadInput(str(exc)) from None
+    return form
+
+
 def _text(value: object) -> str:
     return value if isinstance(value, str) else ""
 
@@ -868,8 +915,21 @@ def _api_error(status_code: int, message: str) -> Response:
 
 def _with_retry_after(response: Response, verdict: Verdict) -> Response:
     if verdict.retry_after_sec > 0:
-        response.headers["retry-after"] = str(max(1, round(verdict.retry_after_sec)))
+        return _retry_after(response, max(1, round(verdict.retry_after_sec)))
     return response
+
+
+def _retry_after(response: Response, seconds: int) -> Response:
+    response.headers["retry-after"] = str(seconds)
+    return response
+
+
+def _refusal_line(refused: Refusal) -> str:
+    return f"{refused.message}; try again in {refused.retry_after_sec} s"
+
+
+def _too_many(refused: Refusal) -> Response:
+    return _retry_after(_api_error(429, _refusal_line(refused)), refused.retry_after_sec)
 
 
 def _basic_refused(verdict: Verdict) -> Response:

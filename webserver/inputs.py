@@ -8,8 +8,9 @@ from __future__ import annotations
 import json
 import re
 from typing import Any
+from urllib.parse import unquote_plus, unquote_to_bytes
 
-from deferral.runtime import controls
+from deferral.runtime import controls, storable
 
 # The columns that hold DAG, run and task ids are VARCHAR(250).
 MAX_ID_CHARS = 250
@@ -74,9 +75,30 @@ def parse_json(text: str, what: str) -> Any:
     if json_depth(text) > MAX_JSON_DEPTH:
         raise BadInput(f"{what} nests deeper than {MAX_JSON_DEPTH} levels")
     try:
-        return json.loads(text)
+        value = json.loads(text)
     except ValueError:
         raise BadInput(f"{what} is not valid JSON") from None
+    try:
+        return storable.check(value, what)
+    except storable.UnstorableText as exc:
+        raise BadInput(str(exc)) from None
+
+
+def check_urlencoded(raw: bytes, what: str) -> None:
+    """Refuse (BadInput naming ``what`` and the field) a query string or form body whose
+    percent-decoded fields are not UTF-8 (a lone surrogate's bytes among them) or hold a NUL:
+    Starlette would turn the first into U+FFFD silently and pass the second on."""
+    for field in raw.split(b"&"):
+        name, _, value = field.partition(b"=")
+        shown = controls.escape_all(unquote_plus(name.decode("latin-1"))[:LOGGED_NAME_CHARS])
+        for part in (name, value):
+            decoded = unquote_to_bytes(part.replace(b"+", b" "))
+            try:
+                text = decoded.decode("utf-8")
+            except UnicodeDecodeError:
+                raise BadInput(f"{what}'s {shown} is not UTF-8") from None
+            if "\x00" in text:
+                raise BadInput(f"{what}'s {shown} must not contain control characters (\\x00)")
 
 
 def loggable_name(value: object) -> str:

@@ -29,6 +29,9 @@ TOML_FILE = "deferral.toml"
 
 T = TypeVar("T")
 
+# A flood on a watched stream waits in the stream, not as thousands of queued runs.
+DEFAULT_ASSET_WATCHER_MAX_QUEUED = 500
+
 
 class ConfigError(Exception):
     """A setting is missing or malformed; the message names it."""
@@ -71,6 +74,8 @@ class Settings:
     worker_task_process_max_attempts: int = 10_000
     # New triggers entries one triggerer reads per loop at most (replicas share a backlog).
     triggerer_claim_per_loop: int = 50
+    # Events of one asset watcher that may wait for their runs before it stops reading its source.
+    asset_watcher_max_queued: int = DEFAULT_ASSET_WATCHER_MAX_QUEUED
 
 
 def _database_url(raw: str) -> str:
@@ -331,6 +336,11 @@ def load_settings(
             "WORKER_TASK_PROCESS_MAX_ATTEMPTS", _positive_int, default="10000"
         ),
         triggerer_claim_per_loop=get("TRIGGERER_CLAIM_PER_LOOP", _positive_int, default="50"),
+        asset_watcher_max_queued=get(
+            "ASSET_WATCHER_MAX_QUEUED",
+            _positive_int,
+            default=str(DEFAULT_ASSET_WATCHER_MAX_QUEUED),
+        ),
     )
 
 
@@ -470,6 +480,12 @@ class WebserverSettings:
     # Host names (with or without port) a server on a non-loopback address answers to, besides
     # the loopback names and its own address; empty: any.
     allowed_hosts: tuple[str, ...]
+    # Rate limits (the `limits` library's notation, "50/second;1000/minute") of each user's API
+    # signal sends (and each callback token's answers), and of each user's triggered runs.
+    signal_rate: str = "50/second;1000/minute"
+    run_rate: str = "10/second;120/minute"
+    # Signals one web user's sends keep stored at most (a send beyond drops that user's oldest).
+    signals_kept_per_user: int = 1000
 
 
 def _session_lifetime(raw: str) -> dt.timedelta:
@@ -477,6 +493,18 @@ def _session_lifetime(raw: str) -> dt.timedelta:
     if lifetime.total_seconds() < 60:
         raise ValueError("must be at least 60 seconds")
     return lifetime
+
+
+def _rates(raw: str) -> str:
+    from limits import parse_many
+
+    try:
+        parse_many(raw)
+    except ValueError:
+        raise ValueError(
+            f"{raw!r} is not a rate limit such as 50/second or 10/second;600/minute"
+        ) from None
+    return raw.strip()
 
 
 def _host_names(raw: str) -> tuple[str, ...]:
@@ -495,6 +523,13 @@ def webserver_settings(environ: Mapping[str, str] | None = None) -> WebserverSet
         session_lifetime=get("WEBSERVER_SESSION_LIFETIME", _session_lifetime, "12h"),
         secure_cookies=get("WEBSERVER_SECURE_COOKIES", _bool, "false"),
         allowed_hosts=get("WEBSERVER_ALLOWED_HOSTS", _host_names, ","),
+        signal_rate=get("WEBSERVER_SIGNAL_RATE", _rates, WebserverSettings.signal_rate),
+        run_rate=get("WEBSERVER_RUN_RATE", _rates, WebserverSettings.run_rate),
+        signals_kept_per_user=get(
+            "WEBSERVER_SIGNALS_KEPT_PER_USER",
+            _positive_int,
+            str(WebserverSettings.signals_kept_per_user),
+        ),
     )
 
 
@@ -699,6 +734,14 @@ SETTINGS: tuple[SettingDoc, ...] = (
         "core",
     ),
     SettingDoc(
+        "ASSET_WATCHER_MAX_QUEUED",
+        str(DEFAULT_ASSET_WATCHER_MAX_QUEUED),
+        "Events of one asset watcher that may wait for their runs (queued for a DAG, or in a run"
+        " not started yet): at the bound the watcher stops reading its source, logs it once and"
+        " counts `deferral_asset_watcher_bound_reached_total`, and reads on as runs start.",
+        "core",
+    ),
+    SettingDoc(
         "AIRFLOW_IMPORTS", "false", "Whether DAG files may import from `airflow`.", "dag files"
     ),
     SettingDoc(
@@ -723,6 +766,26 @@ SETTINGS: tuple[SettingDoc, ...] = (
         "WEBSERVER_ALLOWED_HOSTS",
         None,
         "Comma-separated host names the web UI answers (none: any).",
+        "web UI",
+    ),
+    SettingDoc(
+        "WEBSERVER_SIGNAL_RATE",
+        WebserverSettings.signal_rate,
+        "Most signals one web user sends through the API (and answers one callback token"
+        " takes), as `N/second`, `N/minute`... separated by `;`: past it, 429 with Retry-After.",
+        "web UI",
+    ),
+    SettingDoc(
+        "WEBSERVER_RUN_RATE",
+        WebserverSettings.run_rate,
+        "Most runs one web user triggers (API and trigger form), in the same notation: past it,"
+        " 429 with Retry-After.",
+        "web UI",
+    ),
+    SettingDoc(
+        "WEBSERVER_SIGNALS_KEPT_PER_USER",
+        str(WebserverSettings.signals_kept_per_user),
+        "Signals one web user's sends keep stored at most: a send beyond drops that user's oldest.",
         "web UI",
     ),
     SettingDoc(

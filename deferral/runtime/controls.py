@@ -9,7 +9,6 @@ what is on screen). Ids refuse them (:func:`check_id`); logs and the CLI escape 
 from __future__ import annotations
 
 import re
-from typing import Any
 
 # Besides C0 (\x00-\x0a are added below): DEL, C1 controls (0x9b is a one-byte CSI), the line
 # and paragraph separators some readers break lines at, and the invisible marks that reorder
@@ -49,15 +48,3 @@ def check_id(value: str, what: str) -> str:
     if found is not None:
         raise ValueError(f"{what} '{escape_all(value)}' holds the control character {found}")
     return value
-
-
-def nul_inside(value: Any) -> bool:
-    """Whether a JSON-like value holds a NUL in any string or key (PostgreSQL's jsonb and text
-    refuse it)."""
-    if isinstance(value, str):
-        return "\x00" in value
-    if isinstance(value, dict):
-        return any(nul_inside(key) or nul_inside(item) for key, item in value.items())
-    if isinstance(value, list | tuple):
-        return any(nul_inside(item) for item in value)
-    return False

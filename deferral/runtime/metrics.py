@@ -133,6 +133,12 @@ BLOCKED_LOOP_WARNINGS = Counter(
     "Deprecated alias of deferral_triggerer_loop_stalls_total, kept for one release.",
     registry=None,
 )
+ASSET_WATCHER_BOUND_REACHED = Counter(
+    "deferral_asset_watcher_bound_reached",
+    "Times an asset watcher stopped reading its source because DEFERRAL_ASSET_WATCHER_MAX_QUEUED"
+    " of its events waited for their runs (each logged once; it reads on as runs start).",
+    registry=None,
+)
 
 # -- scheduler ----------------------------------------------------------------------------------
 
@@ -246,6 +252,7 @@ _OWN: dict[str, tuple[MetricWrapperBase, ...]] = {
         LOOP_LAG,
         LOOP_STALLS,
         BLOCKED_LOOP_WARNINGS,
+        ASSET_WATCHER_BOUND_REACHED,
     ),
     SCHEDULER: (
         EVENTS,

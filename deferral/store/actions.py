@@ -20,7 +20,7 @@ from deferral.authoring.setup_teardown import clearing_with
 from deferral.baseoperator import BaseOperator
 from deferral.dag import DAG
 from deferral.exceptions import ActionError, DagDefinitionError
-from deferral.runtime import controls
+from deferral.runtime import controls, storable
 from deferral.states import DagRunType, TaskState
 from deferral.store import transitions
 from deferral.store.tables import Dag, DagRun, TaskInstance
@@ -30,6 +30,8 @@ from deferral.utils.sensor_helper import parse_logical_date, run_of
 if TYPE_CHECKING:
     from deferral.sensors.external_task import ExternalTaskMarker
 
+# Most bytes of a run's conf as JSON text (a run keeps its conf as long as the run is kept).
+MAX_CONF_BYTES = 64 * 1024
 # The states a user may mark a task with.
 MARKABLE_STATES = (TaskState.SUCCESS, TaskState.FAILED, TaskState.SKIPPED)
 
@@ -44,6 +46,10 @@ def parse_conf(raw: str | None) -> dict[str, Any]:
     """A run's conf from its JSON text (empty: ``{}``); ValueError saying what is wrong."""
     if raw is None or not raw.strip():
         return {}
+    size = len(raw.encode("utf-8", "surrogatepass"))
+    if size > MAX_CONF_BYTES:
+        raise ValueError(f"must be at most {MAX_CONF_BYTES} bytes of JSON, not {size}")
+    storable.check(raw, "the text")  # argv's bytes that are not UTF-8 arrive as surrogates
     try:
         conf = json.loads(raw)
     except json.JSONDecodeError as exc:
@@ -52,9 +58,7 @@ def parse_conf(raw: str | None) -> dict[str, Any]:
         raise ValueError("must be a JSON object")
     for key in conf:
         controls.check_id(key, "key")  # keys name params (and become ids in templates, logs)
-    if controls.nul_inside(conf):
-        raise ValueError("holds a NUL character (\\u0000), which PostgreSQL cannot store")
-    return conf
+    return storable.check(conf)
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,7 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.orm import Session
 
 from deferral.models.param import Param, ParamValidationError
+from deferral.runtime import storable
 from deferral.runtime.crypto import Cipher
 from deferral.states import TaskState
 from deferral.store import transitions
@@ -136,6 +137,10 @@ def check_response(
     if len(chosen_options) > MAX_OPTIONS:
         raise ResponseError(f"{len(chosen_options)} chosen options, at most {MAX_OPTIONS}")
     chosen = [str(option)[: MAX_OPTION_CHARS + 1] for option in chosen_options]
+    try:
+        storable.check({"chosen_options": chosen, "params_input": params_input}, "the response")
+    except storable.UnstorableText as exc:
+        raise ResponseError(str(exc)) from None
     for option in chosen:
         if option not in detail.options:
             raise ResponseError(f"unknown option {option!r}: expected one of {detail.options}")

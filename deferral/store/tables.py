@@ -513,7 +513,12 @@ class Signal(Base):
     with a lookback can match one sent before it."""
 
     __tablename__ = "signal"
-    __table_args__ = (Index("ix_signal_key_sent_at", "key", "sent_at"),)
+    __table_args__ = (
+        Index("ix_signal_key_sent_at", "key", "sent_at"),
+        Index(
+            "ix_signal_sent_by_id", "sent_by", "id", postgresql_where=text("sent_by IS NOT NULL")
+        ),
+    )
 
     id: Mapped[int] = _id()
     key: Mapped[str] = mapped_column(Text)
@@ -521,6 +526,8 @@ class Signal(Base):
     sent_at: Mapped[dt.datetime] = mapped_column(
         Timestamp, server_default=func.clock_timestamp(), index=True
     )
+    # The web user whose send stored it (NULL: the library or the CLI), for the per-user quota.
+    sent_by: Mapped[str | None] = mapped_column(String(64))
 
 
 class SignalWait(Base):

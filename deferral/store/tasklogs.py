@@ -23,6 +23,7 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 
 from deferral.runtime.secrets_masker import redact
+from deferral.runtime.storable import storable_text
 from deferral.states import TaskState
 from deferral.store.tables import TaskLog, TaskLogTry
 
@@ -131,9 +132,8 @@ def within_bound(
 
 def clean(line: str) -> str:
     """What may be stored of a line: secrets masked, and what PostgreSQL text cannot hold (NUL,
-    lone surrogates) replaced."""
-    masked = str(redact(line))
-    return masked.replace("\x00", "\\x00").encode("utf-8", "replace").decode("utf-8")
+    lone surrogates) escaped (``deferral.runtime.storable``)."""
+    return storable_text(str(redact(line)))
 
 
 # Creates (or locks) the size row of each try, in the order given, for tries whose task

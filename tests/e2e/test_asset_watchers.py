@@ -6,6 +6,7 @@ deduplicated); every entry ends acknowledged."""
 
 from __future__ import annotations
 
+import time
 import uuid
 from typing import Any
 
@@ -22,7 +23,9 @@ from deferral.store.tables import (
     TaskInstance,
     XCom,
 )
+from deferral_cli.embedded import free_port
 from tests.e2e.conftest import Services
+from tests.e2e.test_metrics import scrape, value
 from tests.helpers import wait_for
 from tests.servers import REDIS_URL
 
@@ -137,3 +140,106 @@ def test_a_producer_task_with_an_outlet_triggers_the_consumer_once_per_success(
     assert sorted(v[0] for v in values) == ["p1", "p2", "p3"]
     all_runs = select(func.count()).select_from(DagRun).where(DagRun.dag_id == "e2e_consumer")
     assert _count(sessions, all_runs) == 3
+
+
+HOSTILE_DAG = """
+from deferral import DAG
+from deferral.assets import Asset, AssetWatcher
+from deferral.operators import EmptyOperator
+from deferral.triggers.event import RedisStreamTrigger
+
+source = RedisStreamTrigger({url!r}, {stream!r}, "deferral", block_ms=200)
+watched = Asset({asset!r}, watchers=[AssetWatcher("redis", source)])
+
+with DAG({dag_id!r}, schedule=[watched], max_active_runs={runs}) as dag:
+    {tasks}
+"""
+
+
+def _hostile_dag(stream: str, dag_id: str, runs: int, tasks: str = "pass") -> str:
+    return HOSTILE_DAG.format(
+        url=REDIS_URL, stream=stream, asset=f"{dag_id}_asset", dag_id=dag_id, runs=runs, tasks=tasks
+    )
+
+
+def test_nul_and_bytes_that_are_not_utf8_on_a_watched_stream_are_recorded_and_so_is_the_rest(
+    services: Services, sessions: sessionmaker[Session], write_dag: Any, stream_prefix: str
+) -> None:
+    stream = f"{stream_prefix}:hostile:{uuid.uuid4().hex[:6]}"
+    write_dag("e2e_hostile_stream", _hostile_dag(stream, "e2e_hostile_stream", 5000))
+    client = redis.Redis.from_url(REDIS_URL)
+    services.start("scheduler")
+    services.start("triggerer", "--name", "watching", "--heartbeat", "0.5")
+    held = select(AssetWatcherRow.triggerer_id)
+    wait_for(lambda: _count_holder(sessions, held) == "watching", timeout=120, what="the lease")
+    hostile: list[dict[Any, Any]] = [
+        {"n": b"a\x00b"},
+        {b"k\x00": b"v"},
+        {"n": b"\xed\xa0\x80"},  # a lone surrogate as WTF-8 bytes: not UTF-8
+        {"n": b"\xff\xfe\x00"},
+    ]
+    for fields in hostile:
+        client.xadd(stream, fields)
+    for n in range(20):
+        client.xadd(stream, {"n": str(n)})
+    events = select(func.count()).select_from(AssetEventRow)
+    wait_for(lambda: _count(sessions, events) >= 24, timeout=120, what="every entry recorded")
+    with sessions() as session:
+        fields = [e["fields"] for e in session.scalars(select(AssetEventRow.extra))]
+    assert {"n": "a\\x00b"} in fields and {"k\\x00": "v"} in fields
+    assert {"n": "\ufffd\ufffd\ufffd"} in fields and {"n": "\ufffd\ufffd\\x00"} in fields
+    assert sorted(int(f["n"]) for f in fields if f.get("n", "").isdigit()) == list(range(20))
+    wait_for(
+        lambda: client.xpending(stream, "deferral")["pending"] == 0,
+        timeout=60,
+        what="every entry acknowledged",
+    )
+    log = services.log("triggerer")
+    assert "ExceptionGroup" not in log and "could not be recorded" not in log
+
+
+FLOOD = 1000
+BOUND = 100
+
+
+def test_a_flood_of_1000_entries_stops_at_the_watchers_bound_with_the_metric_raised(
+    services: Services, sessions: sessionmaker[Session], write_dag: Any, stream_prefix: str
+) -> None:
+    stream = f"{stream_prefix}:flood:{uuid.uuid4().hex[:6]}"
+    # One run at a time and no worker: its run never ends, the other events wait for theirs.
+    write_dag("e2e_flooded", _hostile_dag(stream, "e2e_flooded", 1, 'EmptyOperator(task_id="t")'))
+    client = redis.Redis.from_url(REDIS_URL)
+    port = free_port()
+    services.start("scheduler")
+    services.start(
+        "triggerer",
+        "--name",
+        "flooded",
+        "--heartbeat",
+        "0.5",
+        "--metrics-port",
+        str(port),
+        env={"DEFERRAL_ASSET_WATCHER_MAX_QUEUED": str(BOUND)},
+    )
+    held = select(AssetWatcherRow.triggerer_id)
+    wait_for(lambda: _count_holder(sessions, held) == "flooded", timeout=120, what="the lease")
+    for n in range(FLOOD):
+        client.xadd(stream, {"n": str(n)})
+    metric = "deferral_asset_watcher_bound_reached_total"
+    wait_for(lambda: value(scrape(port), metric) >= 1, timeout=120, what="the bound reached")
+    events = select(func.count()).select_from(AssetEventRow)
+    recorded = _count(sessions, events)
+    # The bound counts events waiting for a run; the one run that started holds one more.
+    assert BOUND <= recorded <= BOUND + 1, recorded
+    deadline = time.monotonic() + 3  # six heartbeats at the bound: nothing more comes in
+    while time.monotonic() < deadline:
+        assert _count(sessions, events) == recorded
+        time.sleep(0.25)
+    assert value(scrape(port), metric) == 1
+    runs = select(func.count()).select_from(DagRun).where(DagRun.dag_id == "e2e_flooded")
+    assert _count(sessions, runs) == 1
+    paused = [line for line in services.log("triggerer").splitlines() if "reading paused" in line]
+    assert len(paused) == 1 and f"{BOUND} of its events wait for their runs" in paused[0]
+    # What was not recorded waits in the stream, unacknowledged.
+    assert client.xlen(stream) == FLOOD
+    assert client.xpending(stream, "deferral")["pending"] <= FLOOD - recorded

@@ -184,3 +184,14 @@ def test_a_failure_is_masked_too() -> None:
 def test_an_event_without_secrets_is_left_as_it_is() -> None:
     outcome = event_outcome(CIPHER, 5, {"status": 200}, "t")
     assert masked(CIPHER, outcome, KWARGS) is outcome
+
+
+def test_a_lone_surrogate_in_an_event_or_a_failure_is_carried_escaped() -> None:
+    event = event_outcome(CIPHER, 5, {"text": "bad \ud800", "pair": ("\udfff",)}, "triggerer-a")
+    assert event.failure is None
+    assert serialization.loads(event.payload) == {"text": "bad \\ud800", "pair": ("\\udfff",)}
+    failure = failure_outcome(CIPHER, 5, "raised \udc80", "Traceback \udc80", "triggerer-a")
+    assert serialization.loads(failure.payload) == {
+        "message": "raised \\udc80",
+        "traceback": "Traceback \\udc80",
+    }

@@ -9,6 +9,7 @@ from webserver.inputs import (
     MAX_JSON_DEPTH,
     BadInput,
     check_id,
+    check_urlencoded,
     int_param,
     json_depth,
     loggable_name,
@@ -107,3 +108,33 @@ def test_host_allowed() -> None:
     assert host_allowed("10.1.2.3:8080", bind="10.1.2.3", loopback_bind=False, allowed_hosts=["x"])
     assert not host_allowed("y", bind="0.0.0.0", loopback_bind=False, allowed_hosts=["x"])
     assert host_allowed("anything", bind="0.0.0.0", loopback_bind=False, allowed_hosts=())
+
+
+@pytest.mark.parametrize(
+    ("raw", "said"),
+    [
+        (b"a=1&b=%ED%A0%80", "the query string's b is not UTF-8"),
+        (b"a=%FF", "the query string's a is not UTF-8"),
+        (b"%FF=1", "the query string's \ufffd is not UTF-8"),
+        (b"x%00=1", "the query string's x\\x00 must not contain control characters (\\x00)"),
+        (b"a=b+%00", "the query string's a must not contain control characters (\\x00)"),
+    ],
+)
+def test_query_fields_not_utf8_or_with_nul_are_refused_naming_the_field(
+    raw: bytes, said: str
+) -> None:
+    with pytest.raises(BadInput) as refused:
+        check_urlencoded(raw, "the query string")
+    assert str(refused.value) == said
+
+
+def test_utf8_query_fields_pass() -> None:
+    check_urlencoded(b"ok=%E2%9C%93&n=+a&empty=&flag", "the query string")
+
+
+def test_json_with_nul_or_a_lone_surrogate_is_refused_naming_where() -> None:
+    with pytest.raises(BadInput, match=r"^the body: a\[1\] holds a lone surrogate \(\\ud800\)"):
+        parse_json('{"a": [1, "\\ud800"]}', "the body")
+    with pytest.raises(BadInput, match=r"^the body: a must not contain control characters"):
+        parse_json('{"a": "\\u0000"}', "the body")
+    assert parse_json('{"a": "\\ud83d\\ude00"}', "the body") == {"a": "\U0001f600"}

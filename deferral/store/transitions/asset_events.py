@@ -12,6 +12,7 @@ from sqlalchemy import text
 from sqlalchemy.orm import Session
 
 from deferral.assets import MAX_EVENT_EXTRA_BYTES
+from deferral.runtime.storable import storable, storable_text
 
 # CTEs for the success statement (``moved``: the task instances that succeeded, with their
 # dag_id, run_id, task_id and map_index): an asset event per outlet of each, queued for every
@@ -54,12 +55,46 @@ def record_watcher_event(
     session: Session, asset_name: str, watcher: str, dedup_key: str, extra: Mapping[str, Any]
 ) -> int | None:
     """Record a watcher's event and queue it for the DAGs scheduled on the asset; None if an
-    event with this key was recorded for the asset before (a redelivery). An extra too big is
-    replaced by a note saying so (the event itself is kept)."""
-    body = json.dumps(extra, default=str)
+    event with this key was recorded for the asset before (a redelivery). A NUL or lone
+    surrogate in the key or the extra is stored escaped (``deferral.runtime.storable``); an extra
+    too big
+    is replaced by a note saying so (the event itself is kept)."""
+    body = json.dumps(storable(extra), default=lambda value: storable_text(str(value)))
     if len(body) > MAX_EVENT_EXTRA_BYTES:
         body = json.dumps({"error": f"extra of {len(body)} bytes is over {MAX_EVENT_EXTRA_BYTES}"})
     return session.scalar(
         _WATCHER_EVENT_SQL,
-        {"asset_name": asset_name, "watcher": watcher, "dedup_key": dedup_key, "extra": body},
+        {
+            "asset_name": asset_name,
+            "watcher": watcher,
+            "dedup_key": storable_text(dedup_key),
+            "extra": body,
+        },
+    )
+
+
+# Events of a watcher that wait for a run: queued for a DAG scheduled on the asset, or in a run
+# that has not started yet (counted once, up to the bound).
+_WAITING_SQL = text(
+    """
+    SELECT count(*) FROM (
+        SELECT q.asset_event_id FROM asset_dag_run_queue AS q
+        JOIN asset_event AS e ON e.id = q.asset_event_id
+        WHERE q.asset_name = :asset_name AND e.watcher = :watcher
+        UNION
+        SELECT l.asset_event_id FROM dag_run AS r
+        JOIN dag_run_asset_event AS l ON l.dag_run_id = r.id
+        JOIN asset_event AS e ON e.id = l.asset_event_id
+        WHERE r.state = 'queued' AND e.asset_name = :asset_name AND e.watcher = :watcher
+        LIMIT :bound
+    ) AS waiting
+    """
+)
+
+
+def watcher_events_waiting(session: Session, asset_name: str, watcher: str, bound: int) -> int:
+    """How many of the watcher's events wait for their runs, counted up to ``bound``."""
+    return int(
+        session.scalar(_WAITING_SQL, {"asset_name": asset_name, "watcher": watcher, "bound": bound})
+        or 0
     )
