@@ -32,7 +32,8 @@ def _tokens(count: int) -> list[str]:
     return [make_token(CIPHER, 10**i, i % 3 + 1, now) for i in range(count)]
 
 
-@pytest.mark.parametrize("token", _tokens(12))
+# Ids by position: the tokens are random, and every xdist lane must collect the same ids.
+@pytest.mark.parametrize("token", _tokens(12), ids=[f"token{i}" for i in range(12)])
 def test_a_token_is_masked_wherever_it_stands_by_every_masker(token: str) -> None:
     places = [
         token,
