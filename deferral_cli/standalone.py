@@ -66,7 +66,6 @@ def standalone(dags_folder: str | None, home: Path, run_dag: str | None, timeout
         click.echo(f"note: {message}", err=True)
 
     with _holding_or_exit(home), embedded.environment(dags_folder, home, say) as filled:
-        click.echo(f"# deferral standalone: {filled.summary()}")
         settings = settings_or_exit()
         migrate.upgrade(settings.database_url)
         # The services would wait for an unreachable Redis; say so now instead.
@@ -76,6 +75,8 @@ def standalone(dags_folder: str | None, home: Path, run_dag: str | None, timeout
             ).close()
         except RedisSetupError as exc:
             fail(f"Redis: {exc}")
+        # Said once both servers answer: a server that does not is the one line shown instead.
+        click.echo(f"# deferral standalone: {filled.summary()}")
         with embedded.running_services(webserver=run_dag is None) as procs:
             if run_dag is None:
                 # Held from before "services running" is said: a SIGTERM sent on reading it

@@ -75,8 +75,8 @@ def running(services: Services, write_dag: Callable[[str, str], Path]) -> Servic
 
 
 def _plain(lines: str) -> list[str]:
-    """The lines of --wait's plain form, without their time of day."""
-    return [line.split(" ", 1)[1] for line in lines.splitlines() if line[:2].isdigit()]
+    """The lines of --wait's plain form, without their date, time of day and zone."""
+    return [line.split(" ", 3)[3] for line in lines.splitlines() if line[:2].isdigit()]
 
 
 def _trigger_and_wait(
@@ -165,7 +165,7 @@ def test_ctrl_c_stops_waiting_with_130_and_the_run_goes_on(
         assert proc.stdout is not None
         assert proc.stdout.readline() == "triggered e2e_wait_long r3\n"
         # The first state line: the waiting has begun.
-        assert proc.stdout.readline().split(" ", 1)[1].startswith("run: ")
+        assert proc.stdout.readline().split(" ", 3)[3].startswith("run: ")
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=60)
     finally:
