@@ -29,6 +29,7 @@ from deferral.store.tables import (
 )
 from deferral.trigger_rules import TriggerRule, evaluate, upstream_states
 from readmodel.records import when
+from readmodel.waits import how_to_resume, row_wait_of, signal_key
 
 
 def find_dag(settings: Settings, dag_id: str) -> tuple[DAG | None, str]:
@@ -267,10 +268,18 @@ def _explain_deferred(
 ) -> list[str]:
     """State deferred: its trigger, the triggerer running it, the resume method and timeout."""
     trigger = session.get(Trigger, ti.trigger_id) if ti.trigger_id is not None else None
+    row_wait = row_wait_of(trigger.classpath) if trigger is not None else None
     if trigger is None:
         lines = [
             f"  waits on trigger {ti.trigger_id}, whose row is missing: nothing will resume it"
             " but its timeout (clear or mark the task)"
+        ]
+    elif row_wait is not None:
+        key = signal_key(session, trigger.id) if row_wait == "signal" else None
+        lines = [
+            f"  waits on trigger {trigger.id} ({trigger.classpath}), kept as a row: no triggerer"
+            " runs it",
+            f"  resumed by {how_to_resume(row_wait, key)}",
         ]
     else:
         keys = StreamKeys.for_redis(

@@ -53,6 +53,7 @@ from readmodel.records import (
     worker_own,
 )
 from readmodel.streams import stream_records
+from readmodel.waits import how_to_resume, row_wait_of, signal_key
 from webserver.layout import layout
 from webserver.paramform import fields
 
@@ -727,9 +728,18 @@ def _deferral(
         if trigger is not None and trigger.triggerer_id
         else None
     )
+    row_wait = row_wait_of(trigger.classpath if trigger is not None else None)
     return {
         "trigger_id": ti.trigger_id,
         "classpath": trigger.classpath if trigger is not None else None,
+        "row_wait": row_wait,
+        "resumed_by": (
+            None
+            if row_wait is None
+            else how_to_resume(
+                row_wait, signal_key(session, ti.trigger_id) if row_wait == "signal" else None
+            )
+        ),
         "triggerer": trigger.triggerer_id if trigger is not None else None,
         "triggerer_alive": triggerer is not None
         and liveness.is_alive(
@@ -826,6 +836,7 @@ def deferred_now(session: Session, settings: Settings) -> Record:
             key,
             {
                 "classpath": row.classpath,
+                "row_wait": row_wait_of(row.classpath),
                 "triggerer": row.triggerer_id,
                 "triggerer_alive": row.triggerer_id in alive,
                 "tasks": [],

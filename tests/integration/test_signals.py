@@ -32,6 +32,7 @@ from deferral.triggers.base import BaseTrigger
 from deferral.triggers.signal import CallbackTrigger, SignalError, SignalTrigger
 from deferral_cli import main as deferral_main
 from readmodel.doctor import _not_in_flight
+from readmodel.explain import explain
 from scheduler.reconcile import Reconciler
 from tests.integration.conftest import WEB_ADMIN_PASSWORD, web_client
 
@@ -535,3 +536,30 @@ def test_without_lookback_only_later_signals_count_and_a_timeout_ends_the_wait(
     assert _events(sessions, cipher, [late]) == {late: "after"}
     with sessions() as session:
         assert session.scalar(select(func.count()).select_from(SignalWait)) == 0
+
+
+def test_a_signal_wait_is_shown_as_such_not_as_an_unpicked_trigger(
+    settings: Settings, sessions: sessionmaker[Session], cipher: Cipher
+) -> None:
+    on_signal, on_callback = _running(sessions, 2)
+    _wait(sessions, cipher, [(on_signal, "orders:42")])
+    _defer(sessions, cipher, [(on_callback, CallbackTrigger(_token(cipher, on_callback)))])
+    with sessions() as session:
+        run = session.scalars(select(DagRun)).one()
+        lines = {
+            ti_id: explain(session, settings, None, run, session.get_one(TaskInstance, ti_id))
+            for ti_id in (on_signal, on_callback)
+        }
+    assert "  resumed by a signal sent to key 'orders:42'" in "\n".join(lines[on_signal])
+    assert "resumed by a POST of its answer to its callback URL" in "\n".join(lines[on_callback])
+    assert not any("picked" in line for line in lines[on_signal] + lines[on_callback])
+
+    with web_client(settings, "127.0.0.1") as client:
+        page = client.get(
+            "/dags/signals_dag/task_instance?run_id=r1&task_id=t0", headers=_basic()
+        ).text
+        assert 'id="resumed-by"' in page and "deferral signals send orders:42" in page
+        assert "not picked up yet" not in page
+        deferred = client.get("/deferred", headers=_basic()).text
+        assert "a signal resumes them" in deferred and "a callback resumes them" in deferred
+        assert "no triggerer yet" not in deferred
