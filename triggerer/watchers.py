@@ -11,6 +11,7 @@ triggerers both saw during a takeover, makes one) before ``acknowledge`` tells t
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -42,6 +43,8 @@ LEASE_HEARTBEATS = 2.1
 MAX_WATCHERS = 1000
 # Events recorded in one transaction at most.
 EVENT_BATCH = 100
+# A watcher held at its bound says so in the log at most this often.
+BOUND_WARNING_EVERY_SEC = 60.0
 # After a watcher's trigger fails, this many heartbeats pass before it runs again.
 RESTART_HEARTBEATS = 1
 
@@ -194,6 +197,7 @@ class WatcherRunner:
         and unacknowledged and the reader stops at its buffer, until runs start."""
         send, receive = anyio.create_memory_object_stream[TriggerEvent](EVENT_BATCH)
         at_bound = False
+        warned_at: float | None = None
         async with anyio.create_task_group() as tasks:
             tasks.start_soon(self._read, trigger, send, where)
             async with receive:
@@ -217,13 +221,18 @@ class WatcherRunner:
                     elif not at_bound:
                         at_bound = True
                         ASSET_WATCHER_BOUND_REACHED.inc()
-                        log.warning(
-                            "%s: %d of its events wait for their runs"
-                            " (DEFERRAL_ASSET_WATCHER_MAX_QUEUED): reading paused until runs"
-                            " start",
-                            where,
-                            self.max_queued,
-                        )
+                        # Each run that starts frees one place and the bound is reached again:
+                        # the metric counts every time, the log says so once a minute at most.
+                        now = time.monotonic()
+                        if warned_at is None or now - warned_at >= BOUND_WARNING_EVERY_SEC:
+                            warned_at = now
+                            log.warning(
+                                "%s: %d of its events wait for their runs"
+                                " (DEFERRAL_ASSET_WATCHER_MAX_QUEUED): reading paused until runs"
+                                " start",
+                                where,
+                                self.max_queued,
+                            )
                     for event, _, _ in keyed[:taken]:
                         await trigger.acknowledge(event)
                     # Events left out by _keyed are never acknowledged (see there).
