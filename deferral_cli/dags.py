@@ -27,8 +27,8 @@ from deferral_cli.common import (
     load_dag,
     output_options,
     sessions,
-    unescaped,
 )
+from deferral_cli.group import Lazy, LazyGroup, unescaped
 from deferral_cli.wait import (
     Display,
     LiveBlock,
@@ -38,8 +38,37 @@ from deferral_cli.wait import (
     wait_for_run,
 )
 
+# The subcommands defined in modules of their own, imported when invoked.
+DAGS_ELSEWHERE = {
+    "backfill": Lazy(
+        "deferral_cli.schedules:dags_backfill",
+        "Create a backfill run of DAG_ID for every schedule interval whose logical date falls"
+        " between START_DATE and END_DATE (both included).",
+    ),
+    "next-run": Lazy(
+        "deferral_cli.schedules:dags_next_run",
+        "Show the next run the scheduler will create for DAG_ID: its logical date, its data"
+        " interval, and the moment after which it is created.",
+    ),
+    "pause": Lazy(
+        "deferral_cli.schedules:dags_pause",
+        "Pause DAG_ID: the scheduler creates no run and starts no queued run of it (backfill"
+        " runs excepted) until it is unpaused.",
+    ),
+    "test": Lazy(
+        "deferral_cli.dagtest:dags_test",
+        "Run DAG_ID once, in this process, with no service running: its tasks in dependency"
+        " order, deferrals included (their triggers run here), each task's state changes and"
+        " log lines shown as they come.",
+    ),
+    "unpause": Lazy(
+        "deferral_cli.schedules:dags_unpause",
+        "Unpause DAG_ID: its schedule resumes (with catchup=False, from the latest interval).",
+    ),
+}
 
-@command_group()
+
+@command_group(cls=LazyGroup, lazy=DAGS_ELSEWHERE)
 def dags() -> None:
     """DAGs in the DAGs folder."""
 

@@ -66,6 +66,18 @@ def mask_shape(pattern: str, anchor: str) -> None:
     _shapes.setdefault(pattern, (re.compile(anchor), re.compile(pattern)))
 
 
+# What deferral.store.callback_tokens.make_token makes (<ti>.<try>.<expires>.<nonce>.<mac>, the
+# MAC 43 base64url characters), wherever it stands: alone, at the end of a URL, inside JSON or a
+# sentence; and the part of it text is searched for first. Registered here, with the maskers
+# themselves, so a process masks it whatever else it imported.
+CALLBACK_TOKEN_SHAPE = (
+    r"(?<![A-Za-z0-9_-])[0-9]{1,19}\.[0-9]{1,19}\.[0-9]{1,19}\.[A-Za-z0-9_-]{1,64}"
+    r"\.[A-Za-z0-9_-]{43}(?![A-Za-z0-9_-])"
+)
+CALLBACK_TOKEN_ANCHOR = r"\.[A-Za-z0-9_-]{43}"
+mask_shape(CALLBACK_TOKEN_SHAPE, CALLBACK_TOKEN_ANCHOR)
+
+
 def _mask_shapes(text: str) -> str:
     for anchor, shape in _shapes.values():
         if anchor.search(text):
