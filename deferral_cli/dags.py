@@ -14,7 +14,6 @@ from deferral.runtime import controls
 from deferral.runtime.config import Settings
 from deferral.runtime.process import command_group, settings_or_exit
 from deferral.states import DagRunState
-from deferral.store import actions
 from deferral.store.tables import Dag
 from deferral_cli.common import (
     EXIT_FAILED,
@@ -116,6 +115,8 @@ def trigger(
     run_id: str | None,
     logical_date: dt.datetime | None = None,
 ) -> str:
+    from deferral.store import actions  # with the DAG machinery, which `dags list` may not need
+
     dag = load_dag(settings, dag_id)
     try:
         triggered = actions.trigger_run(
@@ -165,6 +166,8 @@ def dags_trigger(
     timeout: float | None,
 ) -> None:
     """Start a run of DAG_ID."""
+    from deferral.store import actions  # with the DAG machinery, which `dags list` may not need
+
     try:
         conf = actions.parse_conf(conf_json)
     except ValueError as exc:
