@@ -70,12 +70,13 @@ IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 def documents() -> list[Path]:
-    """The docs pages, the README, CONTRIBUTING and every DECISIONS.md (tracked or not)."""
+    """The docs pages, the READMEs, CONTRIBUTING and every DECISIONS.md (tracked or not)."""
     pages = sorted((REPO / "docs").glob("*.md"))
     decisions = sorted(
         path for package in PACKAGES if (path := REPO / package / "DECISIONS.md").exists()
     )
-    extra = [REPO / name for name in ("README.md", "CONTRIBUTING.md") if (REPO / name).exists()]
+    named = ("README.md", "CONTRIBUTING.md", "benchmarks/README.md")
+    extra = [REPO / name for name in named if (REPO / name).exists()]
     return [*pages, *extra, *decisions]
 
 
