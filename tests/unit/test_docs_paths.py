@@ -14,21 +14,12 @@ from pathlib import Path
 
 import pytest
 
+from tests.unit.test_layers import PROJECT
+
 REPO = Path(__file__).resolve().parents[2]
 
-# Python packages of this repository: a backticked dotted name under one of them is a module path.
-PACKAGES = (
-    "deferral",
-    "deferral_cli",
-    "deferral_healthcheck",
-    "broker",
-    "readmodel",
-    "scheduler",
-    "triggerer",
-    "worker",
-    "webserver",
-    "migrations",
-)
+# A backticked dotted name under one of the repository's packages is a module path.
+PACKAGES = tuple(sorted(PROJECT))
 # What a backticked file name ends with.
 FILE_SUFFIXES = (
     ".py",
