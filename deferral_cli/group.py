@@ -27,7 +27,7 @@ from deferral.runtime.controls import escape, escape_all
 class Lazy:
     """A subcommand of a :class:`LazyGroup`: where it is defined (``module:attribute``) and the
     one line ``--help`` lists it with (its docstring's first sentence, which
-    tests/unit/test_cli_lazy.py checks)."""
+    tests/unit/test_lazy_imports.py checks)."""
 
     target: str
     summary: str
