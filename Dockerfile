@@ -16,7 +16,12 @@ RUN useradd --create-home --uid 50000 --user-group deferral
 # (docker/Dockerfile.extend).
 COPY constraints.txt /opt/deferral/constraints.txt
 COPY . /opt/deferral/src
-RUN pip install -c /opt/deferral/constraints.txt /opt/deferral/src && rm -rf /opt/deferral/src
+# The version `deferral --version` and deferral_build_info report comes from git (setuptools-scm),
+# and the build context has no git data: pass it, as
+# `--build-arg DEFERRAL_VERSION=$(python -m setuptools_scm)`; without it the image says 0.0.
+ARG DEFERRAL_VERSION=
+RUN SETUPTOOLS_SCM_PRETEND_VERSION_FOR_DEFERRAL="$DEFERRAL_VERSION" \
+    pip install -c /opt/deferral/constraints.txt /opt/deferral/src && rm -rf /opt/deferral/src
 
 USER deferral
 WORKDIR /home/deferral

@@ -96,11 +96,36 @@ class Figure:
         return text_
 
 
+def calibration(seconds: float = 1.0) -> str:
+    """How fast this machine is right now, to read the figures beside: commits a second of one
+    client on the test server (each assigns a transaction id, so its commit is flushed as a
+    one-row insert's is), and a pure-Python loop's iterations a second."""
+    engine = create_engine(ADMIN_URL, pool_size=1)
+    with engine.connect() as conn:
+        commits, deadline = 0, time.perf_counter() + seconds
+        while time.perf_counter() < deadline:
+            conn.execute(text("SELECT pg_current_xact_id()"))
+            conn.commit()
+            commits += 1
+    engine.dispose()
+    loops, total, deadline = 0, 0, time.perf_counter() + seconds
+    while time.perf_counter() < deadline:
+        for i in range(10_000):
+            total += i
+        loops += 10_000
+    return (
+        f"calibration: {commits / seconds:,.0f} single-row commits/s (one client),"
+        f" {loops / seconds / 1e6:,.1f} M Python loop iterations/s"
+    )
+
+
 def report(title: str, figures: Iterable[Figure], notes: Iterable[str] = ()) -> bool:
-    """Print the figures with their targets and the load average; return whether all were met."""
+    """Print the figures with their targets, the load average and the calibration line; return
+    whether all were met."""
     figures = list(figures)
     print(f"\n{title}")
     print(f"  measured at {dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC, {load_average()}")
+    print(f"  {calibration()}")
     for note in notes:
         print(f"  {note}")
     for figure in figures:

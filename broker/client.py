@@ -39,9 +39,9 @@ from deferral.runtime.crypto import Cipher
 log = logging.getLogger("deferral.broker")
 
 MIN_REDIS_VERSION = (6, 2, 2)
-# Ids per renewal / hand-off / presence call. A Lua call holds Redis for its whole run, and a
-# renewal or presence check costs about 10 µs per id: a thousand held every client (an event on its
-# way, a scheduler's read) for 10 ms; 250 bound that to under 3 ms at a round trip per 250.
+# Ids per renewal / hand-off / presence call. A Lua call holds Redis for its whole run, and its
+# cost grows with its ids: a thousand at once held every other client (an event on its way, a
+# scheduler's read) too long; 250 bound that at the price of a round trip per 250.
 BATCH = 250
 # deferral:dead is trimmed to about this many entries (DEFERRAL_DEAD_LETTER_MAXLEN).
 DEFAULT_DEAD_LETTER_MAXLEN = 100_000

@@ -1,8 +1,8 @@
 """Helpers the ``deferral`` commands share: errors, sessions, the DAG bag, listings.
 
-Two rules hold for every command, here and only here: a server that cannot be reached ends the
-command with one line naming it (:class:`DeferralGroup`, exit 2), and every listing prints its
-records as a table or as JSON alike (:func:`output_options`, :func:`emit`).
+Two rules hold for every command, each in one place: a server that cannot be reached ends the
+command with one line naming it (:class:`deferral_cli.group.DeferralGroup`, exit 2), and every
+listing prints its records as a table or as JSON alike (:func:`output_options`, :func:`emit`).
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import datetime as dt
 import functools
 import json
 import sys
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from typing import Any, TextIO
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import click
 from sqlalchemy import select
@@ -22,9 +22,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from deferral.dag import DAG
 from deferral.loading.dagbag import DagBag, DagNotFound
-from deferral.runtime import storable
-from deferral.runtime.config import ConfigError, Settings, load_settings
-from deferral.runtime.controls import escape, escape_all
+from deferral.runtime.config import Settings
 from deferral.runtime.process import settings_or_exit
 from deferral.store.db import make_engine, make_sessionmaker
 from deferral.store.tables import Dag, DagRun
@@ -61,107 +59,9 @@ def fail(message: str, code: int = EXIT_FAILED) -> None:
     sys.exit(code)
 
 
-# -- servers that cannot be reached ------------------------------------------------------------
-
-
-class DeferralGroup(click.Group):
-    """The ``deferral`` command group: whatever command runs, an unreachable (or transiently
-    failing) PostgreSQL or Redis ends it with one line naming the server, exit 2, and a database
-    without the schema with one line saying to run ``deferral db upgrade``; never a traceback."""
-
-    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
-        # Python hands bytes of argv that are not UTF-8 over as lone surrogates: no command
-        # could print, store or compare them.
-        for position, arg in enumerate(args, start=1):
-            if storable.has_lone_surrogate(arg):
-                shown = escape_all(storable.storable_text(arg))[:80]
-                fail(f"argument {position} ('{shown}') is not UTF-8 text", EXIT_USAGE)
-        return super().parse_args(ctx, args)
-
-    def invoke(self, ctx: click.Context) -> Any:
-        try:
-            with terminal_safe_output():
-                return super().invoke(ctx)
-        except Exception as exc:
-            said = server_error(exc, _settings_or_none())
-            if said is None:
-                raise
-            line, code = said
-            click.echo(f"error: {line}", err=True)
-            ctx.exit(code)
-
-
-def _settings_or_none() -> Settings | None:
-    try:
-        return load_settings()
-    except ConfigError:
-        return None
-
-
 # -- listings ----------------------------------------------------------------------------------
 
 OUTPUT_FORMATS = ("table", "json")
-
-
-# -- what is printed ----------------------------------------------------------------------------
-
-
-class TerminalSafe:
-    """A text stream that writes what it is given with control characters escaped (newline and
-    tab kept): ids, log lines, XCom values and errors come from users, and an ESC sequence among
-    them must not drive the terminal of whoever runs the command. A writer that draws with its
-    own control sequences (``dags trigger --wait``'s live block) writes to ``unescaped``."""
-
-    def __init__(self, stream: TextIO) -> None:
-        self.unescaped = stream
-
-    def write(self, text: str) -> int:
-        if not isinstance(text, str):  # as a text stream does: click then finds no binary writer
-            raise TypeError(f"write() argument must be str, not {type(text).__name__}")
-        self.unescaped.write(escape(text))
-        return len(text)
-
-    def writelines(self, lines: Iterable[str]) -> None:
-        for line in lines:
-            self.write(line)
-
-    def flush(self) -> None:
-        self.unescaped.flush()
-
-    @property
-    def closed(self) -> bool:
-        return bool(getattr(self.unescaped, "closed", False))
-
-    def isatty(self) -> bool:
-        return self.unescaped.isatty()
-
-    def fileno(self) -> int:
-        return self.unescaped.fileno()
-
-    @property
-    def encoding(self) -> str:
-        return getattr(self.unescaped, "encoding", None) or "utf-8"
-
-    @property
-    def errors(self) -> str | None:
-        return getattr(self.unescaped, "errors", None)
-
-
-def unescaped(stream: TextIO) -> TextIO:
-    """The stream under a :class:`TerminalSafe` (for writers that escape what they write)."""
-    return stream.unescaped if isinstance(stream, TerminalSafe) else stream
-
-
-@contextlib.contextmanager
-def terminal_safe_output() -> Iterator[None]:
-    """Everything a command prints to stdout and stderr, escaped (see :class:`TerminalSafe`)."""
-    saved = sys.stdout, sys.stderr
-    sys.stdout = TerminalSafe(saved[0])
-    sys.stderr = TerminalSafe(saved[1])
-    try:
-        yield
-    finally:
-        sys.stdout, sys.stderr = saved
 
 
 def output_options(func: Callable[..., Any]) -> Callable[..., Any]:

@@ -14,7 +14,6 @@ from deferral.runtime import controls
 from deferral.runtime.config import Settings
 from deferral.runtime.process import command_group, settings_or_exit
 from deferral.states import DagRunState
-from deferral.store import actions
 from deferral.store.tables import Dag
 from deferral_cli.common import (
     EXIT_FAILED,
@@ -27,8 +26,8 @@ from deferral_cli.common import (
     load_dag,
     output_options,
     sessions,
-    unescaped,
 )
+from deferral_cli.group import Lazy, LazyGroup, unescaped
 from deferral_cli.wait import (
     Display,
     LiveBlock,
@@ -38,8 +37,37 @@ from deferral_cli.wait import (
     wait_for_run,
 )
 
+# The subcommands defined in modules of their own, imported when invoked.
+DAGS_ELSEWHERE = {
+    "backfill": Lazy(
+        "deferral_cli.schedules:dags_backfill",
+        "Create a backfill run of DAG_ID for every schedule interval whose logical date falls"
+        " between START_DATE and END_DATE (both included).",
+    ),
+    "next-run": Lazy(
+        "deferral_cli.schedules:dags_next_run",
+        "Show the next run the scheduler will create for DAG_ID: its logical date, its data"
+        " interval, and the moment after which it is created.",
+    ),
+    "pause": Lazy(
+        "deferral_cli.schedules:dags_pause",
+        "Pause DAG_ID: the scheduler creates no run and starts no queued run of it (backfill"
+        " runs excepted) until it is unpaused.",
+    ),
+    "test": Lazy(
+        "deferral_cli.dagtest:dags_test",
+        "Run DAG_ID once, in this process, with no service running: its tasks in dependency"
+        " order, deferrals included (their triggers run here), each task's state changes and"
+        " log lines shown as they come.",
+    ),
+    "unpause": Lazy(
+        "deferral_cli.schedules:dags_unpause",
+        "Unpause DAG_ID: its schedule resumes (with catchup=False, from the latest interval).",
+    ),
+}
 
-@command_group()
+
+@command_group(cls=LazyGroup, lazy=DAGS_ELSEWHERE)
 def dags() -> None:
     """DAGs in the DAGs folder."""
 
@@ -87,6 +115,8 @@ def trigger(
     run_id: str | None,
     logical_date: dt.datetime | None = None,
 ) -> str:
+    from deferral.store import actions  # with the DAG machinery, which `dags list` may not need
+
     dag = load_dag(settings, dag_id)
     try:
         triggered = actions.trigger_run(
@@ -136,6 +166,8 @@ def dags_trigger(
     timeout: float | None,
 ) -> None:
     """Start a run of DAG_ID."""
+    from deferral.store import actions  # with the DAG machinery, which `dags list` may not need
+
     try:
         conf = actions.parse_conf(conf_json)
     except ValueError as exc:

@@ -50,12 +50,12 @@ from deferral_cli import embedded as embedded
 from deferral_cli.common import (
     EXIT_FAILED,
     DateTimeParam,
-    TerminalSafe,
     fail,
     load_dag,
     sessions,
     stamp,
 )
+from deferral_cli.group import TerminalSafe
 from scheduler import decide, runstate, waiting
 from triggerer.decode import load_trigger_class
 from triggerer.events import Outcome as TriggerOutcome

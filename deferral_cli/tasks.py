@@ -23,18 +23,36 @@ from deferral_cli.common import (
     sessions,
     task_instances,
 )
-from deferral_cli.logs import tasks_logs
-from deferral_cli.render import tasks_render
+from deferral_cli.group import Lazy, LazyGroup
 from readmodel.explain import explain, find_dag
 
+# The subcommands defined in modules of their own, imported when invoked.
+TASKS_ELSEWHERE = {
+    "logs": Lazy(
+        "deferral_cli.logs:tasks_logs",
+        "Show the log of TASK_ID's latest try in a run (or of --try N), in order: what the task"
+        " wrote (stdout, stderr, logging; secrets masked), the worker's lines about its attempts"
+        " and the triggerer's about its deferrals.",
+    ),
+    "render": Lazy(
+        "deferral_cli.render:tasks_render",
+        "Show what TASK_ID's template fields rendered to in a run (secrets masked): as recorded"
+        " by its latest try (or --try N); a task that has not run yet is rendered now, with the"
+        " Variables, Connections and XComs of this moment.",
+    ),
+    "test": Lazy(
+        "deferral_cli.dagtest:tasks_test",
+        "Run TASK_ID once, in this process, ignoring its dependencies and recording no state,"
+        " as Airflow's `tasks test`: in the run of DAG_ID at LOGICAL_DATE (or the run RUN_ID)"
+        " if it exists (the task's XCom pulls read it; its pushes are written there, its state"
+        " is left as it is), else in a run made for it and deleted afterwards.",
+    ),
+}
 
-@command_group()
+
+@command_group(cls=LazyGroup, lazy=TASKS_ELSEWHERE)
 def tasks() -> None:
     """Task instances."""
-
-
-tasks.add_command(tasks_render)
-tasks.add_command(tasks_logs)
 
 
 @tasks.command("list")

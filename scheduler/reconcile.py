@@ -91,8 +91,8 @@ class Reconciler:
         self, session: Session, columns: Sequence[Any], state: str, after: int, *where: object
     ) -> list[Row[Any]]:
         """The next page of ``state`` task instances after id ``after``: only ``columns`` (and
-        the id), as rows, not ORM objects (loading a thousand of those took 35 of a pass's 44
-        ms, all of it time the scheduler applied no event)."""
+        the id), as rows, not ORM objects (loading those was most of a reconciler pass, all of
+        it time the scheduler applied no event)."""
         return list(
             session.execute(
                 select(TI.id, *columns)

@@ -106,7 +106,7 @@ CHECKED_RUNS_KEPT = 100_000
 # number of queued and running tasks of each of their runs, counted once per run, then the
 # names of their pools, locked (counted by the next statement: pools.free_slots). Kinds of rows
 # rather than a join: the planner cannot estimate the locked rows, and a join of the first two
-# recounted every run for every task (9 s for 2,000 tasks of 2,000 runs).
+# recounted every run for every task (seconds with thousands of each).
 _RESUMED_READY_SQL = text(
     """
     WITH ready AS MATERIALIZED (
@@ -129,10 +129,9 @@ _RESUMED_READY_SQL = text(
     """
 )
 
-# Which of a loop's passes have anything to do, in one indexed statement (three index probes,
-# 0.16 ms with 10,000 running runs): a loop with nothing to start, evaluate or queue then costs
-# this one round trip instead of three transactions (4.4 ms), the time an event arriving
-# meanwhile waited for.
+# Which of a loop's passes have anything to do, in one indexed statement (three index probes):
+# a loop with nothing to start, evaluate or queue then costs this one round trip instead of
+# three transactions, the time an event arriving meanwhile waited for.
 # The dispatch pass's statements (:meth:`SchedulerService._dispatch`), plain SQL of a fixed
 # shape: built with the ORM (a VALUES list of the pools' room, NOT IN lists that grow with the
 # pass) each was compiled again every time, most of the scheduler's CPU while slots free up.

@@ -124,7 +124,7 @@ class Held:
     try_number: int
     moment: dt.datetime | None = None
     # A timer's event, built as it is held: at its moment it is only logged and published
-    # (sealing and signing it there took ~0.25 ms of moment -> event readable).
+    # (sealing and signing it there delayed moment -> event readable).
     event: Outcome | None = None
     cancel_reason: str = "shutdown"
     # Cancelled because its task no longer waits on it: retire the entry too.
@@ -878,8 +878,8 @@ class TriggererService:
 
     async def take_over(self, tasks: TaskGroup) -> None:
         """One look: claim batch after batch while batches come back full and capacity is left,
-        so a dead peer's thousand entries move in one look, not a batch per look (4.3 s instead
-        of 1.1 to 2.35 s after a kill -9 at heartbeat 1 s)."""
+        so a dead peer's thousand entries move in one look, not a batch per look (several
+        looks doubled failover.py's time to running again)."""
         while (free := self.capacity - len(self.held)) > 0:
             wanted = min(free, READ_BATCH)
             claimed = await self._sync(self.consumer.claim, wanted)
@@ -920,7 +920,7 @@ class TriggererService:
             return
         # Two lists of ints, not a tuple per trigger: a hundred thousand new tuples living
         # across the await would be promoted and set off a full garbage collection each beat,
-        # which held the event loop for 0.25 s (with 100,000 time triggers held).
+        # which held the event loop (triggerer_density.py's lag).
         trigger_ids = list(self.held)
         ti_ids = [h.task_instance_id for h in self.held.values()]
         unwanted = await anyio.to_thread.run_sync(self._unwanted, trigger_ids, ti_ids)
@@ -941,8 +941,8 @@ class TriggererService:
                         " JOIN task_instance ti ON ti.id = held.ti_id"
                         " WHERE ti.state = 'deferred' AND ti.trigger_id = held.trigger_id"
                     ),
-                    # As array literals: psycopg dumps a list one element at a time in Python
-                    # (16 ms of held GIL for 10,000 ids each beat; the join takes 1 ms).
+                    # As array literals: psycopg dumps a list one element at a time in Python,
+                    # holding the GIL far longer than the join itself takes.
                     {"triggers": _array(trigger_ids), "tis": _array(ti_ids)},
                 )
             )

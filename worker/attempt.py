@@ -21,6 +21,9 @@ from typing import Any
 
 import msgspec
 
+# DAG files import the TaskFlow decorators: loaded with the task runtime, so that every task
+# process forked from the worker has them (as when `import deferral` loaded them everywhere).
+import deferral.decorators  # noqa: F401
 from deferral.authoring.callbacks import run_callbacks
 from deferral.authoring.mappedoperator import MappedOperator
 from deferral.authoring.templating import render_and_record

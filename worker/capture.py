@@ -43,8 +43,8 @@ log = logging.getLogger("deferral.worker.capture")
 
 FLUSH_INTERVAL_SEC = 0.5
 # The reader takes what the pipe holds this often, not at every write: waking per line would
-# contend with the task for the GIL (measured: a task printing 200,000 lines took 5 s instead
-# of 1 s). The pipe is enlarged so that the task does not wait in between.
+# contend with the task for the GIL (task_output.py measures it). The pipe is enlarged so that
+# the task does not wait in between.
 READ_PAUSE_SEC = 0.02
 PIPE_BYTES = 1024 * 1024
 BATCH_LINES = 1000

@@ -261,7 +261,7 @@ class WorkerService:
             # Block on Redis only when no attempt runs: else the children's results wait too.
             # The block ends when housekeeping falls due, so that it runs while nothing does and
             # not right after an entry woke the loop, between an attempt's start and its outcome
-            # (a heartbeat there held a quarter of idle_runs' resumes up by ~1.5 ms).
+            # (where a heartbeat held up a quarter of idle_runs' resumes).
             block_ms = None if self.running else wait_ms_until_due(self.periodic, IDLE_BLOCK_MS)
             read = self.consumer.poll(free, block_ms=block_ms)
             if read:
@@ -536,9 +536,9 @@ class WorkerService:
         if any(count for label, count in self.tally.items() if label != "dropped"):
             # A task that ended marked its run, and any recorded outcome freed its pool slot
             # and its DAG's active-task budget: a scheduler looks now, not when its wait for
-            # events ends. (Downstream tasks of a success start ~100 ms sooner; and with a pool
-            # of 128 and 32 worker slots, the queued tasks last ~100 ms at 1,000 deferrals a
-            # second, so a scheduler that waited that long for events let the workers idle.)
+            # events ends. (Downstream tasks of a success start sooner; and a pool's queued tasks
+            # drain about as fast as a scheduler's wait for events, so a scheduler that waited
+            # that long let the workers idle.)
             self.broker.publish(self.keys.events, WAKE)
         for outcome_label, count in self.tally.items():
             metrics.TASK_ATTEMPTS.labels(outcome_label).inc(count)

@@ -15,14 +15,15 @@ import zoneinfo
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from cryptography.fernet import Fernet
-from sqlalchemy.engine import make_url
-from sqlalchemy.exc import ArgumentError
 
 from deferral.runtime import redis_urls
 from deferral.runtime.secrets_masker import mask_secret
+
+if TYPE_CHECKING:
+    from sqlalchemy.engine import URL
 
 ENV_PREFIX = "DEFERRAL_"
 TOML_FILE = "deferral.toml"
@@ -78,11 +79,23 @@ class Settings:
     asset_watcher_max_queued: int = DEFAULT_ASSET_WATCHER_MAX_QUEUED
 
 
-def _database_url(raw: str) -> str:
+def _parsed_url(raw: str) -> URL | None:
+    """``raw`` as SQLAlchemy reads a database URL; None if it is not one."""
+    # Imported when settings are read: a command that reads none (`--version`, `--help`)
+    # starts without SQLAlchemy.
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
     try:
-        url = make_url(raw)
-    except ArgumentError as exc:
-        raise ValueError("not a database URL") from exc
+        return make_url(raw)
+    except ArgumentError:
+        return None
+
+
+def _database_url(raw: str) -> str:
+    url = _parsed_url(raw)
+    if url is None:
+        raise ValueError("not a database URL")
     if url.get_backend_name() != "postgresql":
         raise ValueError(f"expected a postgresql URL, got {url.get_backend_name()!r}")
     if url.drivername != "postgresql+psycopg":
@@ -267,15 +280,10 @@ def _sources(environ: Mapping[str, str] | None, toml_path: Path | None) -> dict[
             source[key] = value
     password = source.pop(ENV_PREFIX + "DATABASE_PASSWORD", None)
     url = source.get(ENV_PREFIX + "DATABASE_URL")
-    if password and url:
-        try:
-            with_password = make_url(url).set(password=password)
-        except ArgumentError:
-            pass  # the URL's own check names it
-        else:
-            source[ENV_PREFIX + "DATABASE_URL"] = with_password.render_as_string(
-                hide_password=False
-            )
+    parsed = _parsed_url(url) if password and url else None
+    if parsed is not None:  # a URL that is none is named by its own check
+        with_password = parsed.set(password=password)
+        source[ENV_PREFIX + "DATABASE_URL"] = with_password.render_as_string(hide_password=False)
     return source
 
 

@@ -102,7 +102,7 @@ class Every:
 
     The spread keeps housekeeping off the moments work arrives: a step run when a deferral woke
     the loop would otherwise be due again exactly when a trigger of whole seconds fires, and
-    hold up its event (seen in a third of idle_runs' resumes, ~4 ms each)."""
+    hold up its event (as it did in idle_runs' resumes: benchmarks/README.md)."""
 
     def __init__(self, interval: float, step: Callable[[], object]) -> None:
         self.interval, self.step, self.due = interval, step, 0.0

@@ -3,11 +3,11 @@
 ``CallbackTrigger()`` with it. The token names the task instance, its try, its expiry and a
 random nonce, signed with an HMAC keyed from the Fernet keys; it is the only credential.
 
-Whoever holds a token can answer for the task, so it is never shown: every process masks the
-token's shape (``secrets_masker.mask_shape``, registered when this module is imported, which
-``import deferral`` does), so a token in a rendered field, a log line, an XCom or a page reads as
-``***`` while the task itself gets the real value. The answer is bound to the token's try: the
-wait of a later try, and the answer to a try that has ended, refuse it."""
+Whoever holds a token can answer for the task, so it is never shown: every masker of every
+process masks the token's shape (``secrets_masker.CALLBACK_TOKEN_SHAPE``), so a token in a
+rendered field, a log line, an XCom or a page reads as ``***`` while the task itself gets the
+real value. The answer is bound to the token's try: the wait of a later try, and the answer to a
+try that has ended, refuse it."""
 
 from __future__ import annotations
 
@@ -18,7 +18,6 @@ from functools import cached_property
 
 from deferral.runtime.config import callback_base_url
 from deferral.runtime.crypto import Cipher
-from deferral.runtime.secrets_masker import mask_shape
 from deferral.triggers.signal import SIGNAL_RETENTION
 
 # A token lives no longer than a signal is kept: its use stays on record while it is valid,
@@ -28,15 +27,6 @@ MAX_TOKEN_LENGTH = 256
 # Keys of callback waits: '/' is not allowed in a signal key, so no signal can reach them.
 CALLBACK_KEY_PREFIX = "callback/"
 _DOMAIN = b"deferral callback token v1\x00"
-# What make_token makes (<ti>.<try>.<expires>.<nonce>.<mac>, the MAC 43 base64url characters),
-# wherever it stands: alone, at the end of a URL, inside JSON or a sentence; and the part of it
-# text is searched for first (see mask_shape).
-TOKEN_SHAPE = (
-    r"(?<![A-Za-z0-9_-])[0-9]{1,19}\.[0-9]{1,19}\.[0-9]{1,19}\.[A-Za-z0-9_-]{1,64}"
-    r"\.[A-Za-z0-9_-]{43}(?![A-Za-z0-9_-])"
-)
-TOKEN_ANCHOR = r"\.[A-Za-z0-9_-]{43}"
-mask_shape(TOKEN_SHAPE, TOKEN_ANCHOR)
 
 
 class TokenRefused(Exception):

@@ -42,8 +42,8 @@ def make_engine(
     else:
         # Prepared at its second run, not its sixth (psycopg's default): the hot statements of a
         # just-started service are parsed and planned from scratch only once, not for its first
-        # five resumes on each connection (idle_runs' first dozen probes took 10-14 ms, the
-        # rest 8-10). A statement run once (most of a CLI command's) is never prepared.
+        # five resumes on each connection (idle_runs' first probes were the slowest then). A
+        # statement run once (most of a CLI command's) is never prepared.
         connect_args["prepare_threshold"] = 1
     pooled = "poolclass" not in options  # a NullPool takes no pool settings
     if pooled:
@@ -86,9 +86,9 @@ def _rollback_keeping_prepared(dbapi_connection: Any) -> None:
     changed; PostgreSQL re-plans a statement whose tables changed, and the schema changes only
     by migrations, run with the services stopped). Every read-only session ends in a rollback,
     and the services open several a second, so their hot statements never reached the run at
-    which psycopg prepares them: each was parsed and planned anew (3.7 ms of a 10 ms resume
-    transaction). ROLLBACK goes through libpq, whose state psycopg's connection reads; one that
-    fails is left to psycopg's own rollback, which raises the error."""
+    which psycopg prepares them: each was parsed and planned anew (a third of a resume
+    transaction's time). ROLLBACK goes through libpq, whose state psycopg's connection reads;
+    one that fails is left to psycopg's own rollback, which raises the error."""
     pgconn = dbapi_connection.pgconn
     if pgconn.transaction_status == pq.TransactionStatus.IDLE:
         return

@@ -41,9 +41,10 @@ def walk_commands(name: str, command: click.Command) -> Iterator[tuple[str, clic
     """``command`` and every command under it, by full path (``deferral dags trigger``)."""
     yield name, command
     if isinstance(command, click.Group):
-        for sub_name in sorted(command.commands):
-            sub = command.commands[sub_name]
-            if not sub.hidden:
+        context = click.Context(command)
+        for sub_name in command.list_commands(context):
+            sub = command.get_command(context, sub_name)  # imports a lazy command
+            if sub is not None and not sub.hidden:
                 yield from walk_commands(f"{name} {sub_name}", sub)
 
 

@@ -14,8 +14,15 @@ def walk(
     """Every command and group under ``command`` (itself first), with its path of names."""
     yield path, command
     if isinstance(command, click.Group):
-        for name, sub in sorted(command.commands.items()):
-            yield from walk(sub, (*path, name))
+        for name in command.list_commands(click.Context(command)):
+            yield from walk(subcommand(command, name), (*path, name))
+
+
+def subcommand(group: click.Group, name: str) -> click.Command:
+    """``group``'s subcommand ``name``, imported if the group imports its commands lazily."""
+    command = group.get_command(click.Context(group), name)
+    assert command is not None, name
+    return command
 
 
 def leaves(root: click.Group) -> list[tuple[str, ...]]:
@@ -27,5 +34,5 @@ def command_at(root: click.Group, path: tuple[str, ...]) -> click.Command:
     command: click.Command = root
     for name in path:
         assert isinstance(command, click.Group), path
-        command = command.commands[name]
+        command = subcommand(command, name)
     return command

@@ -1,6 +1,6 @@
 """A triggerer's look for a dead peer's entries takes all of them it has room for, not one read
-batch per look (which made a kill -9 of a triggerer holding 1,000 triggers cost 4.3 s at
-heartbeat 1 s)."""
+batch per look (which made failover.py's kill -9 take twice as long to recover: see
+benchmarks/README.md, "Figures behind code choices")."""
 
 from __future__ import annotations
 

@@ -24,8 +24,8 @@ from deferral_cli.common import (
     emit,
     output_options,
     server_error,
-    terminal_safe_output,
 )
+from deferral_cli.group import terminal_safe_output
 
 REFUSED = (
     'connection failed: connection to server at "10.0.0.7", port 5433 failed: Connection refused\n'

@@ -238,7 +238,7 @@ DEDUP_WINDOW = dt.timedelta(days=1)
 # resumes its tasks at their method (``event`` given: its sealed payload) resumes them here,
 # their change recorded and their trigger dropped; a failure or a task end is left to the
 # statements after (the rows say who waits). One statement on every resume's path (a second
-# one cost a round trip and a plan, ~0.4 ms of idle_runs' fire -> SCHEDULED). Plain SQL, as for
+# one cost a round trip and a plan on idle_runs' fire -> SCHEDULED). Plain SQL, as for
 # every statement on the resume path: it runs once per batch of events, and building it with
 # the ORM cost more than executing it.
 _CLAIM_EVENTS_SQL = text(
