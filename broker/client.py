@@ -34,7 +34,7 @@ from broker.streams import (
     one_line,
     to_fields,
 )
-from deferral.runtime.crypto import Cipher
+from deferral.runtime.crypto import Cipher, Purpose
 
 log = logging.getLogger("deferral.broker")
 
@@ -93,7 +93,7 @@ def dead_letter_message(
             k.decode(errors="replace"): v.decode(errors="replace") for k, v in entry.fields.items()
         }
         original = DeadEntry(entry.stream, entry.id, fields, reason, deliveries)
-        sealed = cipher.encrypt(msgspec.json.encode(original))
+        sealed = cipher.encrypt(Purpose.DEAD_LETTER, msgspec.json.encode(original))
     else:
         reason = one_line(
             f"entry of {len(entry.fields)} fields and {size} bytes not kept: {reason}",

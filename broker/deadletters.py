@@ -36,7 +36,7 @@ from broker.streams import (
     read_event,
     read_queue_entry,
 )
-from deferral.runtime.crypto import Cipher, DecryptionError
+from deferral.runtime.crypto import Cipher, DecryptionError, Purpose
 from deferral.runtime.secrets_masker import redact
 from deferral.states import TaskState
 from deferral.store.tables import ResumeEvent, TaskInstance, Trigger
@@ -187,7 +187,9 @@ def work_of(broker: Broker, cipher: Cipher, sealed: DeadEntry) -> Work:
         if keys.is_triggers(sealed.stream):
             message = from_fields(TriggerMessage, _bytes(sealed.fields))
             try:
-                spec = msgspec.json.decode(cipher.decrypt(message.token), type=TriggerSpec)
+                spec = msgspec.json.decode(
+                    cipher.decrypt(Purpose.TRIGGER_SPEC, message.token), type=TriggerSpec
+                )
             except DecryptionError:
                 raise ForgedEntry("its token failed authentication") from None
             except (msgspec.ValidationError, msgspec.DecodeError) as exc:
@@ -343,7 +345,9 @@ def revealed(cipher: Cipher, sealed: DeadEntry) -> dict[str, Any]:
             continue
         if name == "token":
             try:
-                spec = msgspec.json.decode(cipher.decrypt(value), type=TriggerSpec)
+                spec = msgspec.json.decode(
+                    cipher.decrypt(Purpose.TRIGGER_SPEC, value), type=TriggerSpec
+                )
                 shown["kwargs"] = spec.kwargs
                 shown["task_instance_id"] = spec.task_instance_id
                 shown["try_number"] = spec.try_number

@@ -15,7 +15,7 @@ import msgspec
 
 from broker.replies import Entry
 from broker.streams import MalformedEntry, TriggerMessage, TriggerSpec, from_fields
-from deferral.runtime.crypto import Cipher, DecryptionError
+from deferral.runtime.crypto import Cipher, DecryptionError, Purpose
 from deferral.runtime.serialization import SerializationError, from_jsonable
 from deferral.triggers.base import BaseTrigger
 
@@ -78,7 +78,9 @@ def _decode(entry: Entry, cipher: Cipher, prefixes: Sequence[str]) -> Decoded:
     trigger_id = _clear_trigger_id(entry)
     try:
         message = from_fields(TriggerMessage, entry.fields)
-        spec = msgspec.json.decode(cipher.decrypt(message.token), type=TriggerSpec)
+        spec = msgspec.json.decode(
+            cipher.decrypt(Purpose.TRIGGER_SPEC, message.token), type=TriggerSpec
+        )
     except (MalformedEntry, DecryptionError, msgspec.DecodeError) as exc:
         raise RejectedEntry(f"rejected trigger entry: {exc}", trigger_id) from None
     if message.trigger_id != str(spec.trigger_id) or message.classpath != spec.classpath:

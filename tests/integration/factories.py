@@ -11,7 +11,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from broker.streams import TriggerMessage, trigger_message
 from deferral.runtime import serialization
-from deferral.runtime.crypto import Cipher
+from deferral.runtime.crypto import Cipher, Purpose
 from deferral.runtime.serialization import check_kwargs
 from deferral.store import hitl, transitions
 from deferral.store.tables import DagRun, TaskInstance
@@ -75,14 +75,14 @@ def deferred_task(
         trigger_id = transitions.create_trigger(
             session,
             "deferral.triggers.temporal.DateTimeTrigger",
-            cipher.seal({"moment": dt.datetime.now(dt.UTC)}),
+            cipher.seal(Purpose.TRIGGER_KWARGS, {"moment": dt.datetime.now(dt.UTC)}),
         )
         assert transitions.defer(
             session,
             Attempt(ti_id, 1, WORKER),
             trigger_id=trigger_id,
             next_method="resume",
-            next_kwargs_token=cipher.seal(next_kwargs or {}),
+            next_kwargs_token=cipher.seal(Purpose.RESUME_KWARGS, next_kwargs or {}),
             trigger_timeout=trigger_timeout,
         )
     return ti_id, trigger_id

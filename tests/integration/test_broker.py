@@ -16,7 +16,7 @@ from broker.client import (
 )
 from broker.replies import Entry
 from broker.streams import DeadEntry, QueueMessage, to_fields
-from deferral.runtime.crypto import Cipher
+from deferral.runtime.crypto import Cipher, Purpose
 
 GROUP = "g"
 
@@ -275,7 +275,7 @@ def test_dead_letter_keeps_where_why_and_how_often_in_clear_and_the_entry_sealed
         b"task": b"d.r.t",
         b"consumer": b"c1",
     }
-    original = msgspec.json.decode(cipher.decrypt(sealed), type=DeadEntry)
+    original = msgspec.json.decode(cipher.decrypt(Purpose.DEAD_LETTER, sealed), type=DeadEntry)
     assert original == DeadEntry(
         source,
         entry.id,

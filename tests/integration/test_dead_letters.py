@@ -32,7 +32,7 @@ from broker.streams import (
     trigger_message,
 )
 from deferral.runtime.config import Settings
-from deferral.runtime.crypto import Cipher
+from deferral.runtime.crypto import Cipher, Purpose
 from deferral.states import TaskState
 from deferral.store import transitions
 from deferral.store.tables import DagRun, ResumeEvent, TaskInstance
@@ -288,7 +288,7 @@ def test_retry_refuses_forged_dead_letters(
             "1",
             "t",
             "c",
-            foreign.encrypt(msgspec.json.encode(forged_entry)),
+            foreign.encrypt(Purpose.DEAD_LETTER, msgspec.json.encode(forged_entry)),
         ),
         "garbage": DeadLetterMessage("elsewhere", "1-1", "x", "1", "t", "c", "not-a-token"),
         "copied": DeadLetterMessage(

@@ -18,7 +18,7 @@ from broker.consumer import Delivery
 from broker.replies import Entry
 from deferral.runtime import metrics
 from deferral.runtime.config import Settings
-from deferral.runtime.crypto import Cipher
+from deferral.runtime.crypto import Cipher, Purpose
 from deferral.runtime.serialization import check_kwargs
 from deferral.states import FAIL_METHOD, TaskState
 from deferral.store import transitions
@@ -154,7 +154,9 @@ def test_the_share_key_is_keyed_and_kwargs_order_does_not_matter(fernet_key: str
     assert key == transitions.share_key(one, path, {"b": 2, "a": 1})
     assert key != transitions.share_key(other, path, {"a": 1, "b": 2})
     assert key != transitions.share_key(one, path, {"a": 1, "b": 3})
-    assert key != one.sign(b"")  # a key of its own, not the stream entries' MAC
+    assert key != one.sign(
+        Purpose.STREAM_ENTRY, b""
+    )  # a key of its own, not the stream entries' MAC
 
 
 def test_a_waiter_that_leaves_does_not_cancel_the_others_and_the_last_one_drops_it(
