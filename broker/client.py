@@ -32,6 +32,7 @@ from broker.streams import (
     Message,
     StreamKeys,
     one_line,
+    signed_dead_letter,
     to_fields,
 )
 from deferral.runtime.crypto import Cipher, Purpose
@@ -100,7 +101,7 @@ def dead_letter_message(
             MAX_DEAD_ERROR,
         )
     label = entry.fields.get(b"task", b"")[: MAX_DEAD_LABEL * 4].decode(errors="replace")
-    return DeadLetterMessage(
+    message = DeadLetterMessage(
         source_stream=entry.stream,
         source_id=entry.id,
         error=reason,
@@ -109,6 +110,7 @@ def dead_letter_message(
         consumer=one_line(consumer, MAX_DEAD_LABEL),
         sealed=sealed,
     )
+    return signed_dead_letter(cipher, message)
 
 
 def _batches(items: Sequence[str]) -> list[Sequence[str]]:

@@ -236,7 +236,9 @@ class DeadLetterMessage(Message, frozen=True):
     """``deferral:dead``: an entry a consumer set aside. In clear: where it came from, one bounded
     line of why, how often it was delivered, the task it named and who set it aside. The original
     entry is in ``sealed`` (a Fernet token of a :class:`DeadEntry`; '' when it was too large to
-    keep), so neither a payload nor a traceback is ever in clear."""
+    keep), so neither a payload nor a traceback is ever in clear. ``mac`` authenticates every
+    other field (a dead letter's own MAC key): a letter a Redis writer added is told apart, even
+    one that kept no entry ('' in letters written before it existed)."""
 
     source_stream: str
     source_id: str
@@ -245,6 +247,7 @@ class DeadLetterMessage(Message, frozen=True):
     task: str
     consumer: str
     sealed: str
+    mac: str = ""
 
 
 class DeadEntry(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -332,9 +335,28 @@ def positive_id(text: str, name: str, maximum: int = MAX_BIGINT) -> int:
 # -- dead letters ---------------------------------------------------------------------------
 
 
+def _dead_letter_part(message: DeadLetterMessage) -> bytes:
+    return _signed_part(tuple(v for k, v in msgspec.structs.asdict(message).items() if k != "mac"))
+
+
+def signed_dead_letter(cipher: Cipher, message: DeadLetterMessage) -> DeadLetterMessage:
+    """``message`` with the MAC of its other fields."""
+    mac = cipher.sign(Purpose.DEAD_LETTER, _dead_letter_part(message))
+    return msgspec.structs.replace(message, mac=mac)
+
+
+def dead_letter_verified(cipher: Cipher, message: DeadLetterMessage) -> bool:
+    """Whether a deferral process wrote this dead letter as it reads (its MAC holds)."""
+    return bool(message.mac) and cipher.verify(
+        Purpose.DEAD_LETTER, _dead_letter_part(message), message.mac
+    )
+
+
 def open_dead_letter(cipher: Cipher, message: DeadLetterMessage) -> DeadEntry:
     """The original entry sealed in a dead letter; ForgedEntry if the key does not open it, and
     MalformedEntry if it kept none (too large) or holds something else."""
+    if not dead_letter_verified(cipher, message):
+        raise ForgedEntry("the dead letter failed authentication (its MAC does not hold)")
     if not message.sealed:
         raise MalformedEntry("the dead letter kept no entry (it was too large)")
     try:

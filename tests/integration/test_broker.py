@@ -15,7 +15,14 @@ from broker.client import (
     check_version,
 )
 from broker.replies import Entry
-from broker.streams import DeadEntry, QueueMessage, to_fields
+from broker.streams import (
+    DeadEntry,
+    DeadLetterMessage,
+    QueueMessage,
+    dead_letter_verified,
+    from_fields,
+    to_fields,
+)
 from deferral.runtime.crypto import Cipher, Purpose
 
 GROUP = "g"
@@ -266,7 +273,9 @@ def test_dead_letter_keeps_where_why_and_how_often_in_clear_and_the_entry_sealed
     assert broker.pending(source, GROUP).count == 0
     assert broker.present(source, ["1"]) == {"1": False}
     (dead,) = broker.xrange(keys.dead)
+    assert dead_letter_verified(cipher, from_fields(DeadLetterMessage, dead.fields))
     sealed = dead.fields.pop(b"sealed")
+    assert len(dead.fields.pop(b"mac")) == 43  # authenticates every other field
     assert dead.fields == {
         b"source_stream": source.encode(),
         b"source_id": entry.id.encode(),

@@ -26,7 +26,7 @@ from deferral.store.tables import TaskInstance, TaskStateChange, Trigger
 from deferral.triggers import DateTimeTrigger
 from deferral.triggers.base import classpath_of
 from tests.helpers import wait_for
-from tests.integration.factories import WORKER, running_task
+from tests.integration.factories import DAG_ID, WORKER, running_task
 from tests.servers import REDIS_URL
 from triggerer.events import event_message
 from triggerer.service import TriggererService
@@ -236,7 +236,7 @@ def test_the_worker_publishes_one_entry_and_the_triggerer_holds_one_trigger(
             Running(
                 Delivery(Entry(worker.streams[0], f"0-{i + 1}", {}), 1),
                 transitions.Attempt(ti, 1, WORKER),
-                f"d.r{i}.t",
+                f"{DAG_ID}.r{i}.t",
             ),
             outcome,
         )
