@@ -12,6 +12,7 @@ from pathlib import Path
 import anyio
 import msgspec
 import pytest
+from cryptography.fernet import Fernet
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.testclient import TestClient
@@ -96,12 +97,16 @@ def test_a_signal_payload_crafted_as_a_trigger_spec_runs_nothing_and_is_dead_let
     assert msgspec.json.decode(plain, type=TriggerSpec) == spec  # the plaintext is the spec
     entry = {"trigger_id": str(trigger_id), "classpath": FILE_TRIGGER, "task": TASK}
     _xadd(broker, broker.keys.triggers, {**entry, "token": sealed})
+    # The same payload sent before purposes existed: sealed with the configured key itself.
+    legacy = Fernet(settings.fernet_keys[0]).encrypt(plain).decode()
+    _xadd(broker, broker.keys.triggers, {**entry, "token": legacy})
 
     service = _one_read(settings, broker)
 
     assert service.held == {}
-    [error] = _dead_errors(broker)
-    assert "token failed authentication as a trigger spec" in error
+    errors = _dead_errors(broker)
+    assert len(errors) == 2
+    assert all("token failed authentication as a trigger spec" in e for e in errors)
     assert _state(sessions, ti_id) == ("deferred", trigger_id)  # failed by nothing unproven
     assert broker.redis.xlen(broker.keys.events) == 0
     with pytest.raises(DecryptionError, match="as a dead letter"):
