@@ -14,6 +14,7 @@ import msgspec
 import pytest
 from cryptography.fernet import Fernet
 from sqlalchemy import select
+from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.testclient import TestClient
 
@@ -54,6 +55,21 @@ def _signal_payload(sessions: sessionmaker[Session], cipher: Cipher, payload: ob
         sent = signals.send_in(session, cipher, f"k{id(payload)}", payload)
     with sessions() as session:
         return session.scalars(select(Signal.payload).where(Signal.id == sent.id)).one()
+
+
+def _entry(cipher: Cipher, ti_id: int, trigger_id: int, **changes: object) -> TriggerMessage:
+    """The entry try 1 of ``ti_id`` deferring on a past ``DateTimeTrigger`` publishes, sealed
+    with the key, with ``changes`` to its spec."""
+    spec: dict[str, object] = {
+        "trigger_id": trigger_id,
+        "classpath": "deferral.triggers.temporal.DateTimeTrigger",
+        "kwargs": {"moment": "2020-01-01T00:00:00+00:00"},
+        "task_instance_id": ti_id,
+        "try_number": 1,
+        "task": TASK,
+        **changes,
+    }
+    return trigger_message(cipher, **spec)  # type: ignore[arg-type]
 
 
 def _one_read(settings: Settings, broker: Broker) -> TriggererService:
@@ -120,22 +136,10 @@ def test_a_sealed_spec_the_trigger_row_does_not_confirm_is_dead_lettered_naming_
     decides. Each mismatch fails its own check; the task is failed by none of them."""
     ti_id, trigger_id = deferred_task(sessions, cipher)
 
-    def entry(**changes: object) -> TriggerMessage:
-        spec: dict[str, object] = {
-            "trigger_id": trigger_id,
-            "classpath": "deferral.triggers.temporal.DateTimeTrigger",
-            "kwargs": {"moment": "2020-01-01T00:00:00+00:00"},
-            "task_instance_id": ti_id,
-            "try_number": 1,
-            "task": TASK,
-            **changes,
-        }
-        return trigger_message(cipher, **spec)  # type: ignore[arg-type]
-
     for message in (
-        entry(classpath=FILE_TRIGGER, kwargs={"filepath": "/"}),
-        entry(task=f"{DAG_ID}.r1.other"),
-        entry(try_number=2),
+        _entry(cipher, ti_id, trigger_id, classpath=FILE_TRIGGER, kwargs={"filepath": "/"}),
+        _entry(cipher, ti_id, trigger_id, task=f"{DAG_ID}.r1.other"),
+        _entry(cipher, ti_id, trigger_id, try_number=2),
     ):
         broker.publish(broker.keys.triggers, message)
 
@@ -194,3 +198,46 @@ def test_forged_dead_letters_are_unverified_everywhere_and_never_retried(
     page = local.get("/streams").text
     assert page.count('class="dead-unverified"') == 2
     assert page.count('class="dead-verified"') == 1
+
+
+def test_a_spec_nobody_waits_on_is_retired_unrun_and_not_dead_lettered(
+    settings: Settings, sessions: sessionmaker[Session], cipher: Cipher, broker: Broker
+) -> None:
+    """An authentic entry whose task moved on while it sat in the stream (timed out, cleared):
+    stale, not forged, so no dead letter to alarm anyone; and it runs nothing."""
+    ti_id, trigger_id = deferred_task(sessions, cipher)
+    message = _entry(cipher, ti_id, trigger_id)
+    broker.publish(broker.keys.triggers, message)
+    with sessions.begin() as session:
+        session.get_one(TaskInstance, ti_id).state = "success"
+
+    service = _one_read(settings, broker)
+
+    assert service.held == {}
+    assert _dead_errors(broker) == []
+    assert broker.xrange(broker.keys.triggers) == []  # retired
+    assert broker.redis.xlen(broker.keys.events) == 0
+
+
+def test_when_postgresql_cannot_check_a_batch_none_of_it_starts(
+    monkeypatch: pytest.MonkeyPatch,
+    settings: Settings,
+    sessions: sessionmaker[Session],
+    cipher: Cipher,
+    broker: Broker,
+) -> None:
+    ti_id, trigger_id = deferred_task(sessions, cipher)
+    message = _entry(cipher, ti_id, trigger_id)
+    entry_id = broker.publish(broker.keys.triggers, message)
+
+    def unreachable(self: TriggererService, specs: object) -> None:
+        raise OperationalError("SELECT", {}, Exception("connection refused"))
+
+    monkeypatch.setattr(TriggererService, "_trigger_rows", unreachable)
+    service = _one_read(settings, broker)
+
+    assert service.held == {}
+    assert not service.consumer.holds(entry_id)  # let go: taken over again later
+    assert [e.id for e in broker.xrange(broker.keys.triggers)] == [entry_id]
+    assert _dead_errors(broker) == []
+    assert _state(sessions, ti_id) == ("deferred", trigger_id)
