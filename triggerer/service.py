@@ -489,8 +489,7 @@ class TriggererService:
         started = []
         rejected: list[Rejected] = []
         opened = await self._open_all(deliveries, rejected)
-        verdicts = await self._check_all(opened)
-        for (delivery, spec), verdict in zip(opened, verdicts, strict=True):
+        for delivery, spec, verdict in await self._check_all(opened):
             try:
                 started.append(await self._start(tasks, delivery, spec, verdict, rejected))
             except Exception as exc:
@@ -523,12 +522,18 @@ class TriggererService:
             except RejectedEntry as exc:
                 rejected.append(Rejected(delivery, str(exc), None))
         if emptied:
-            await self._sync(self.consumer.retire, emptied)
+            try:
+                await self._sync(self.consumer.retire, emptied)
+            except Exception as exc:  # retired at a later read; nothing else waits on it
+                log.warning("could not retire %d emptied entries: %s", len(emptied), exc)
         return opened
 
-    async def _check_all(self, opened: list[tuple[Delivery, TriggerSpec]]) -> list[SpecVerdict]:
-        """Each spec checked against its trigger row in PostgreSQL, in one statement. If that
-        fails, none is started: their entries are let go, taken over again later."""
+    async def _check_all(
+        self, opened: list[tuple[Delivery, TriggerSpec]]
+    ) -> list[tuple[Delivery, TriggerSpec, SpecVerdict]]:
+        """Each spec with its check against its trigger row in PostgreSQL, made in one
+        statement. If that fails, none is returned: their entries are let go, taken over again
+        later."""
         if not opened:
             return []
         try:
@@ -542,9 +547,11 @@ class TriggererService:
                 one_line(str(exc), MAX_DEAD_ERROR),
             )
             self.consumer.release([delivery.entry.id for delivery, _ in opened])
-            opened.clear()
             return []
-        return [spec_check(spec, row) for (_, spec), row in zip(opened, rows, strict=True)]
+        return [
+            (delivery, spec, spec_check(spec, row))
+            for (delivery, spec), row in zip(opened, rows, strict=True)
+        ]
 
     def _trigger_rows(self, specs: list[TriggerSpec]) -> list[TriggerRow]:
         with self.sessions() as session:
