@@ -314,7 +314,8 @@ class Stack:
                 )
             )
         items = []
-        for trigger_id, ti_id, at in zip(trigger_ids, ti_ids, moments, strict=True):
+        seeded = zip(trigger_ids, ti_ids, moments, strict=True)
+        for n, (trigger_id, ti_id, at) in enumerate(seeded, 1):
             message = trigger_message(
                 cipher,
                 trigger_id=trigger_id,
@@ -322,7 +323,7 @@ class Stack:
                 kwargs=check_kwargs({"moment": at}),
                 task_instance_id=ti_id,
                 try_number=1,
-                task=f"bench_seeded.seeded.t{ti_id}",
+                task=f"bench_seeded.seeded.t{n}",  # as the checks against PostgreSQL want
             )
             stream = self.broker.keys.trigger_stream("default", trigger_id)
             items.append((stream, to_fields(message)))

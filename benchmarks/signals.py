@@ -38,6 +38,7 @@ from sqlalchemy import func, select, text
 
 from deferral import signals
 from deferral.runtime import serialization
+from deferral.runtime.crypto import Purpose
 from deferral.store import transitions
 from deferral.store.db import make_engine, make_sessionmaker
 from deferral.store.metastore import metastore
@@ -92,9 +93,9 @@ def put_waiting(url: str, count: int) -> list[str]:
                 transitions.Deferral(
                     Attempt(ti_id, 1, WORKER),
                     classpath,
-                    cipher.encrypt(serialization.encode(jsonable)),
+                    cipher.encrypt(Purpose.TRIGGER_KWARGS, serialization.encode(jsonable)),
                     "resume",
-                    cipher.seal({}),
+                    cipher.seal(Purpose.RESUME_KWARGS, {}),
                     None,
                 )
             )

@@ -32,9 +32,10 @@ from broker.streams import (
     Message,
     StreamKeys,
     one_line,
+    signed_dead_letter,
     to_fields,
 )
-from deferral.runtime.crypto import Cipher
+from deferral.runtime.crypto import Cipher, Purpose
 
 log = logging.getLogger("deferral.broker")
 
@@ -93,14 +94,14 @@ def dead_letter_message(
             k.decode(errors="replace"): v.decode(errors="replace") for k, v in entry.fields.items()
         }
         original = DeadEntry(entry.stream, entry.id, fields, reason, deliveries)
-        sealed = cipher.encrypt(msgspec.json.encode(original))
+        sealed = cipher.encrypt(Purpose.DEAD_LETTER, msgspec.json.encode(original))
     else:
         reason = one_line(
             f"entry of {len(entry.fields)} fields and {size} bytes not kept: {reason}",
             MAX_DEAD_ERROR,
         )
     label = entry.fields.get(b"task", b"")[: MAX_DEAD_LABEL * 4].decode(errors="replace")
-    return DeadLetterMessage(
+    message = DeadLetterMessage(
         source_stream=entry.stream,
         source_id=entry.id,
         error=reason,
@@ -109,6 +110,7 @@ def dead_letter_message(
         consumer=one_line(consumer, MAX_DEAD_LABEL),
         sealed=sealed,
     )
+    return signed_dead_letter(cipher, message)
 
 
 def _batches(items: Sequence[str]) -> list[Sequence[str]]:

@@ -1,12 +1,14 @@
 """Dead letters, the operator's side: read them, open one, re-drive or drop them.
 
-A dead letter's clear fields (:class:`broker.streams.DeadLetterMessage`) are for reading only;
-a re-drive trusts nothing but the sealed :class:`broker.streams.DeadEntry` the Fernet key opens,
-and the original entry's own authentication (its token or MAC) inside it. The work it names must
-still be wanted (PostgreSQL says so, :func:`refusal` decides) and not already in flight (the
-in-flight indexes say so, checked in the same Lua call that publishes it and deletes the dead
-letter): a retried entry can therefore never run beside a live one, and a dead letter is
-re-driven at most once.
+A dead letter's clear fields (:class:`broker.streams.DeadLetterMessage`) are for reading only,
+marked verified when its MAC holds (a letter a Redis writer added is shown unverified, even one
+that kept no entry); a re-drive trusts nothing but a verified letter's sealed
+:class:`broker.streams.DeadEntry`, opened as a dead letter, and the original entry's own
+authentication (its token or MAC) inside it. The work it names must still be wanted and be what
+PostgreSQL holds (a trigger's classpath, task and try: :mod:`broker.trigger_rows`;
+:func:`refusal` decides) and not already in flight (the in-flight indexes say so, checked in the
+same Lua call that publishes it and deletes the dead letter): a retried entry can therefore
+never run beside a live one, and a dead letter is re-driven at most once.
 """
 
 from __future__ import annotations
@@ -30,16 +32,18 @@ from broker.streams import (
     MalformedEntry,
     TriggerMessage,
     TriggerSpec,
+    dead_letter_verified,
     from_fields,
     one_line,
     open_dead_letter,
     read_event,
     read_queue_entry,
 )
-from deferral.runtime.crypto import Cipher, DecryptionError
+from broker.trigger_rows import TriggerRow, spec_check, trigger_rows
+from deferral.runtime.crypto import Cipher, DecryptionError, Purpose
 from deferral.runtime.secrets_masker import redact
 from deferral.states import TaskState
-from deferral.store.tables import ResumeEvent, TaskInstance, Trigger
+from deferral.store.tables import ResumeEvent, TaskInstance
 
 # An auto-generated stream id: milliseconds-sequence, each a 64-bit unsigned integer.
 _DEAD_ID = re.compile(r"\d{1,20}-\d{1,20}")
@@ -69,9 +73,17 @@ class DeadLetter:
     consumer: str
     error: str
     sealed: bool  # whether the original entry was kept
+    verified: bool  # written by a deferral process (its MAC holds); the rest is unproven
 
 
-def read_dead_letter(entry: Entry) -> DeadLetter:
+def _verified(cipher: Cipher, entry: Entry) -> bool:
+    try:
+        return dead_letter_verified(cipher, from_fields(DeadLetterMessage, entry.fields))
+    except MalformedEntry:
+        return False
+
+
+def read_dead_letter(cipher: Cipher, entry: Entry) -> DeadLetter:
     def field(name: str, limit: int = 500) -> str:
         return one_line(entry.fields.get(name.encode(), b"").decode(errors="replace"), limit)
 
@@ -86,6 +98,7 @@ def read_dead_letter(entry: Entry) -> DeadLetter:
         consumer=field("consumer", 250),
         error=field("error"),
         sealed=bool(entry.fields.get(b"sealed")),
+        verified=_verified(cipher, entry),
     )
 
 
@@ -94,18 +107,18 @@ def _stream_matches(wanted: str, prefix: str, stream: str) -> bool:
 
 
 def newest_dead_letters(
-    broker: Broker, *, limit: int, stream: str | None = None
+    broker: Broker, cipher: Cipher, *, limit: int, stream: str | None = None
 ) -> list[DeadLetter]:
     """Up to ``limit`` dead letters, newest first; with ``stream`` (a key, or the part after
     the prefix: ``triggers``, ``queue:default``) only those that came from it."""
     if stream is None:
-        return [read_dead_letter(e) for e in broker.newest(broker.keys.dead, limit)]
+        return [read_dead_letter(cipher, e) for e in broker.newest(broker.keys.dead, limit)]
     found: list[DeadLetter] = []
     before: str | None = None
     while len(found) < limit:
         page = broker.newest(broker.keys.dead, LIST_PAGE, before=before)
         for entry in page:
-            letter = read_dead_letter(entry)
+            letter = read_dead_letter(cipher, entry)
             if _stream_matches(stream, broker.keys.prefix, letter.source_stream):
                 found.append(letter)
                 if len(found) == limit:
@@ -114,11 +127,6 @@ def newest_dead_letters(
             break
         before = page[-1].id
     return found
-
-
-def dead_letter(broker: Broker, dead_id: str) -> DeadLetter | None:
-    entry = broker.entry(broker.keys.dead, dead_id)
-    return None if entry is None else read_dead_letter(entry)
 
 
 class Unopenable(ValueError):
@@ -132,6 +140,11 @@ def open_sealed(broker: Broker, cipher: Cipher, entry: Entry) -> DeadEntry:
         message = from_fields(DeadLetterMessage, entry.fields)
     except MalformedEntry as exc:
         raise Unopenable(f"not a dead letter deferral wrote ({exc})") from None
+    if not dead_letter_verified(cipher, message):
+        raise Unopenable(
+            "unverified: its MAC does not hold (not written by deferral, or with a key no longer"
+            " configured)"
+        )
     if not message.sealed:
         raise Unopenable("the dead letter kept no entry (it was too large)")
     try:
@@ -155,9 +168,15 @@ def open_sealed(broker: Broker, cipher: Cipher, entry: Entry) -> DeadEntry:
 
 @dataclass(frozen=True)
 class TriggerWork:
-    trigger_id: int
-    task_instance_id: int
-    try_number: int  # 0: the entry predates tokens carrying it
+    spec: TriggerSpec
+
+    @property
+    def trigger_id(self) -> int:
+        return self.spec.trigger_id
+
+    @property
+    def task_instance_id(self) -> int:
+        return self.spec.task_instance_id
 
 
 @dataclass(frozen=True)
@@ -187,14 +206,16 @@ def work_of(broker: Broker, cipher: Cipher, sealed: DeadEntry) -> Work:
         if keys.is_triggers(sealed.stream):
             message = from_fields(TriggerMessage, _bytes(sealed.fields))
             try:
-                spec = msgspec.json.decode(cipher.decrypt(message.token), type=TriggerSpec)
+                spec = msgspec.json.decode(
+                    cipher.decrypt(Purpose.TRIGGER_SPEC, message.token), type=TriggerSpec
+                )
             except DecryptionError:
                 raise ForgedEntry("its token failed authentication") from None
             except (msgspec.ValidationError, msgspec.DecodeError) as exc:
                 raise MalformedEntry(f"its token holds no trigger ({exc})") from None
             if message.trigger_id != str(spec.trigger_id):
                 raise ForgedEntry("its trigger_id is not the one its token names")
-            return TriggerWork(spec.trigger_id, spec.task_instance_id, spec.try_number)
+            return TriggerWork(spec)
         if keys.is_events(sealed.stream):
             event = read_event(cipher, _bytes(sealed.fields))
             return EventWork(event.trigger_id, event.dedup_key)
@@ -221,7 +242,7 @@ class TaskFacts:
 @dataclass(frozen=True)
 class Facts:
     task: TaskFacts | None
-    trigger_exists: bool = False  # trigger entries
+    trigger: TriggerRow | None = None  # trigger entries: the rows their spec names
     event_applied: bool = False  # events: a resume_event row holds the dedup key
 
 
@@ -234,13 +255,15 @@ def refusal(work: Work, facts: Facts) -> str | None:
             return f"no task waits on trigger {work.trigger_id}"
         if task.state != TaskState.DEFERRED or task.trigger_id != work.trigger_id:
             return f"its task is {task.state}, no longer deferred on trigger {work.trigger_id}"
-        if isinstance(work, TriggerWork) and not facts.trigger_exists:
+        if isinstance(work, EventWork):
+            return (
+                f"event {one_line(work.dedup_key, 80)} was applied already"
+                if facts.event_applied
+                else None
+            )
+        if facts.trigger is None or facts.trigger.classpath is None:
             return f"trigger {work.trigger_id} no longer exists"
-        if isinstance(work, EventWork) and facts.event_applied:
-            return f"event {one_line(work.dedup_key, 80)} was applied already"
-        if isinstance(work, TriggerWork) and work.try_number not in (0, task.try_number):
-            return f"its task deferred in try {work.try_number}, and is at try {task.try_number}"
-        return None
+        return spec_check(work.spec, facts.trigger).stale
     if task is None:
         return f"task instance {work.task_instance_id} no longer exists"
     if task.state != TaskState.QUEUED or task.try_number != work.try_number:
@@ -249,6 +272,14 @@ def refusal(work: Work, facts: Facts) -> str | None:
             f" {work.try_number}"
         )
     return None
+
+
+def mismatch(work: Work, facts: Facts) -> str | None:
+    """The check a trigger entry's spec fails against the rows PostgreSQL holds (classpath,
+    task, try), or None: re-driven, it would run something no deferral asked for."""
+    if not isinstance(work, TriggerWork) or facts.trigger is None:
+        return None
+    return spec_check(work.spec, facts.trigger).refused
 
 
 def gather_facts(session: Session, work: Work) -> Facts:
@@ -263,8 +294,8 @@ def gather_facts(session: Session, work: Work) -> Facts:
     row = session.execute(select(*columns).where(ti.id == work.task_instance_id)).one_or_none()
     task = None if row is None else TaskFacts(*row)
     if isinstance(work, TriggerWork):
-        found = session.scalar(select(exists().where(Trigger.id == work.trigger_id)))
-        return Facts(task, trigger_exists=bool(found))
+        [trigger] = trigger_rows(session, [work.spec])
+        return Facts(task, trigger)
     return Facts(task)
 
 
@@ -297,6 +328,9 @@ def retry(broker: Broker, sessions: sessionmaker[Session], cipher: Cipher, dead_
         return Retry(dead_id, Outcome.REFUSED, str(exc))
     with sessions() as session:
         facts = gather_facts(session, work)
+    wrong = mismatch(work, facts)
+    if wrong is not None:
+        return Retry(dead_id, Outcome.REFUSED, f"not what PostgreSQL holds: {wrong}")
     why = refusal(work, facts)
     if why is not None:
         return Retry(dead_id, Outcome.REFUSED, f"stale: {why}")
@@ -343,7 +377,9 @@ def revealed(cipher: Cipher, sealed: DeadEntry) -> dict[str, Any]:
             continue
         if name == "token":
             try:
-                spec = msgspec.json.decode(cipher.decrypt(value), type=TriggerSpec)
+                spec = msgspec.json.decode(
+                    cipher.decrypt(Purpose.TRIGGER_SPEC, value), type=TriggerSpec
+                )
                 shown["kwargs"] = spec.kwargs
                 shown["task_instance_id"] = spec.task_instance_id
                 shown["try_number"] = spec.try_number

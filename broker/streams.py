@@ -19,7 +19,7 @@ from typing import TypeVar
 
 import msgspec
 
-from deferral.runtime.crypto import Cipher, DecryptionError
+from deferral.runtime.crypto import Cipher, DecryptionError, Purpose
 from deferral.runtime.redis_urls import MAX_STREAM_SHARDS, default_stream_shards, is_cluster_url
 from deferral.states import END_KINDS
 
@@ -236,7 +236,9 @@ class DeadLetterMessage(Message, frozen=True):
     """``deferral:dead``: an entry a consumer set aside. In clear: where it came from, one bounded
     line of why, how often it was delivered, the task it named and who set it aside. The original
     entry is in ``sealed`` (a Fernet token of a :class:`DeadEntry`; '' when it was too large to
-    keep), so neither a payload nor a traceback is ever in clear."""
+    keep), so neither a payload nor a traceback is ever in clear. ``mac`` authenticates every
+    other field (a dead letter's own MAC key): a letter a Redis writer added is told apart, even
+    one that kept no entry ('' in letters written before it existed)."""
 
     source_stream: str
     source_id: str
@@ -245,6 +247,7 @@ class DeadLetterMessage(Message, frozen=True):
     task: str
     consumer: str
     sealed: str
+    mac: str = ""
 
 
 class DeadEntry(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -308,14 +311,14 @@ def _signed_part(values: tuple[str, ...]) -> bytes:
 
 
 def _sign(cipher: Cipher, *values: str) -> str:
-    return cipher.sign(_signed_part(values))
+    return cipher.sign(Purpose.STREAM_ENTRY, _signed_part(values))
 
 
 def _authenticate(cipher: Cipher, message: EventMessage | QueueMessage) -> None:
     values = tuple(
         v for k, v in msgspec.structs.asdict(message).items() if k != "mac" and (k != "log" or v)
     )
-    if not cipher.verify(_signed_part(values), message.mac):
+    if not cipher.verify(Purpose.STREAM_ENTRY, _signed_part(values), message.mac):
         raise ForgedEntry(f"{type(message).__name__} failed authentication (forged or corrupted)")
 
 
@@ -332,13 +335,32 @@ def positive_id(text: str, name: str, maximum: int = MAX_BIGINT) -> int:
 # -- dead letters ---------------------------------------------------------------------------
 
 
+def _dead_letter_part(message: DeadLetterMessage) -> bytes:
+    return _signed_part(tuple(v for k, v in msgspec.structs.asdict(message).items() if k != "mac"))
+
+
+def signed_dead_letter(cipher: Cipher, message: DeadLetterMessage) -> DeadLetterMessage:
+    """``message`` with the MAC of its other fields."""
+    mac = cipher.sign(Purpose.DEAD_LETTER, _dead_letter_part(message))
+    return msgspec.structs.replace(message, mac=mac)
+
+
+def dead_letter_verified(cipher: Cipher, message: DeadLetterMessage) -> bool:
+    """Whether a deferral process wrote this dead letter as it reads (its MAC holds)."""
+    return bool(message.mac) and cipher.verify(
+        Purpose.DEAD_LETTER, _dead_letter_part(message), message.mac
+    )
+
+
 def open_dead_letter(cipher: Cipher, message: DeadLetterMessage) -> DeadEntry:
     """The original entry sealed in a dead letter; ForgedEntry if the key does not open it, and
     MalformedEntry if it kept none (too large) or holds something else."""
+    if not dead_letter_verified(cipher, message):
+        raise ForgedEntry("the dead letter failed authentication (its MAC does not hold)")
     if not message.sealed:
         raise MalformedEntry("the dead letter kept no entry (it was too large)")
     try:
-        plain = cipher.decrypt(message.sealed)
+        plain = cipher.decrypt(Purpose.DEAD_LETTER, message.sealed)
     except DecryptionError:
         raise ForgedEntry("the dead letter's sealed entry failed authentication") from None
     try:
@@ -362,7 +384,7 @@ def trigger_message(
 ) -> TriggerMessage:
     """A triggers-stream entry: readable fields, and the whole spec sealed in the token."""
     spec = TriggerSpec(trigger_id, classpath, kwargs, task_instance_id, task, try_number)
-    token = cipher.encrypt(msgspec.json.encode(spec))
+    token = cipher.encrypt(Purpose.TRIGGER_SPEC, msgspec.json.encode(spec))
     return TriggerMessage(trigger_id=str(trigger_id), classpath=classpath, task=task, token=token)
 
 
@@ -403,7 +425,7 @@ def event_message(
     cipher: Cipher, trigger_id: int, dedup_key: str, kind: str, payload: str, triggerer: str
 ) -> EventMessage:
     """An events-stream entry: ``payload`` (JSON) sealed, every field signed."""
-    sealed = cipher.encrypt(payload.encode())
+    sealed = cipher.encrypt(Purpose.EVENT, payload.encode())
     mac = _sign(cipher, str(trigger_id), dedup_key, kind, sealed, triggerer)
     return EventMessage(str(trigger_id), dedup_key, kind, sealed, triggerer, mac)
 
@@ -414,17 +436,17 @@ def with_log(cipher: Cipher, message: EventMessage, log: CarriedLog) -> EventMes
     carried = msgspec.json.encode(log)
     if len(carried) > MAX_CARRIED_LOG:
         raise MalformedEntry(f"a carried log of {len(carried)} characters is too long")
-    sealed = cipher.encrypt(carried)
+    sealed = cipher.encrypt(Purpose.CARRIED_LOG, carried)
     m = message
     mac = _sign(cipher, m.trigger_id, m.dedup_key, m.kind, m.payload, m.triggerer, sealed)
     return msgspec.structs.replace(message, mac=mac, log=sealed)
 
 
-def _open(cipher: Cipher, sealed: str, name: str) -> bytes:
+def _open(cipher: Cipher, purpose: Purpose, sealed: str, name: str) -> bytes:
     """A sealed field's text; ForgedEntry if no key opens it (the MAC held, so it was sealed
     with a key that signs but does not open: a misconfiguration, or a forgery)."""
     try:
-        return cipher.decrypt(sealed)
+        return cipher.decrypt(purpose, sealed)
     except DecryptionError:
         raise ForgedEntry(
             f"{name} failed authentication (forged, corrupted or unknown key)"
@@ -458,8 +480,12 @@ def read_event(cipher: Cipher, fields: Mapping[bytes, bytes]) -> Event:
     if len(message.log) > MAX_SEALED_LOG:
         raise MalformedEntry(f"log is longer than {MAX_SEALED_LOG} characters")
     _authenticate(cipher, message)
-    payload = _open(cipher, message.payload, "payload")
-    log = _carried_log(_open(cipher, message.log, "log")) if message.log else None
+    payload = _open(cipher, Purpose.EVENT, message.payload, "payload")
+    log = (
+        _carried_log(_open(cipher, Purpose.CARRIED_LOG, message.log, "log"))
+        if message.log
+        else None
+    )
     try:
         payload_text = payload.decode()
     except UnicodeDecodeError:

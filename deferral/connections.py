@@ -21,7 +21,7 @@ from sqlalchemy import delete, select
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session
 
-from deferral.runtime.crypto import Cipher, DecryptionError
+from deferral.runtime.crypto import Cipher, DecryptionError, Purpose
 from deferral.runtime.secrets_masker import MASK, SecretsMasker, mask_secret
 from deferral.store.seam import StoredConnection, metastore
 
@@ -321,7 +321,7 @@ def _open(cipher: Cipher, conn_id: str, column: str, token: str | None) -> str |
     if token is None:
         return None
     try:
-        return cipher.decrypt(token).decode()
+        return cipher.decrypt(Purpose.STORED_SECRET, token).decode()
     except DecryptionError:
         raise InvalidConnection(
             f"connection {conn_id!r}: its {column} cannot be decrypted with DEFERRAL_FERNET_KEY "
@@ -365,9 +365,13 @@ def add_stored(session: Session, cipher: Cipher, conn: Connection) -> None:
             host=conn.host,
             schema=conn.schema,
             login=conn.login,
-            password=None if conn.password is None else cipher.encrypt(conn.password.encode()),
+            password=None
+            if conn.password is None
+            else cipher.encrypt(Purpose.STORED_SECRET, conn.password.encode()),
             port=conn.port,
-            extra=None if conn.extra is None else cipher.encrypt(conn.extra.encode()),
+            extra=None
+            if conn.extra is None
+            else cipher.encrypt(Purpose.STORED_SECRET, conn.extra.encode()),
         )
         .on_conflict_do_nothing(index_elements=[StoredConnection.conn_id])
         .returning(StoredConnection.id)

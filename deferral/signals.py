@@ -20,7 +20,7 @@ from sqlalchemy import ColumnElement, ColumnExpressionArgument, select, text
 from sqlalchemy.orm import Session
 
 from deferral.runtime import serialization, storable
-from deferral.runtime.crypto import Cipher
+from deferral.runtime.crypto import Cipher, Purpose
 from deferral.runtime.serialization import SerializationError
 from deferral.store.seam import (
     CALLBACK_KEY_PREFIX,
@@ -133,7 +133,7 @@ def seal_payload(cipher: Cipher, payload: Any) -> str:
         raise SignalError(
             f"signal payload is {len(data)} bytes of JSON, more than {MAX_PAYLOAD_BYTES}"
         )
-    return cipher.encrypt(data)
+    return cipher.encrypt(Purpose.SIGNAL_PAYLOAD, data)
 
 
 def lock_keys(session: Session, keys: Iterable[str]) -> None:
@@ -144,18 +144,37 @@ def lock_keys(session: Session, keys: Iterable[str]) -> None:
         session.execute(_LOCK_SQL, {"keys": distinct})
 
 
+@dataclass(frozen=True)
+class _Fired:
+    """What a signal resumes its waiters with: for a callback its answer, otherwise the payload
+    sealed again as an event (a signal payload's token never serves as another purpose's: its
+    plaintext is the sender's choice)."""
+
+    answer: Any
+    event_token: str
+
+
+def _fired(cipher: Cipher, key: str, sealed: str) -> _Fired:
+    plain = cipher.decrypt(Purpose.SIGNAL_PAYLOAD, sealed)
+    if key.startswith(CALLBACK_KEY_PREFIX):
+        return _Fired(serialization.loads(plain), "")
+    return _Fired(None, cipher.encrypt(Purpose.EVENT, plain))
+
+
 def _signal_event(
-    cipher: Cipher, signal_id: int, trigger_id: int, key: str, sealed: str
+    signal_id: int, trigger_id: int, key: str, fired: _Fired
 ) -> transitions.FiredEvent:
     """The event signal ``signal_id`` on ``key`` fires for the wait of trigger ``trigger_id``:
     the payload as sent, or for a callback its payload, or its failure."""
     dedup_key = f"signal:{signal_id}:{trigger_id}"
     if key.startswith(CALLBACK_KEY_PREFIX):
-        answer = cipher.open(sealed)
+        answer = fired.answer
         failed = answer["status"] == FAILURE
         payload = {"message": failure_message(answer["payload"])} if failed else answer["payload"]
         return transitions.FiredEvent(dedup_key, trigger_id, failed, payload)
-    return transitions.FiredEvent(dedup_key, trigger_id, False, None, sealed_payload=sealed)
+    return transitions.FiredEvent(
+        dedup_key, trigger_id, False, None, sealed_payload=fired.event_token
+    )
 
 
 def _resumed(
@@ -192,7 +211,10 @@ def _record(
             "kept": 1 if sender is None else sender.kept,
         },
     ).one()
-    events = [_signal_event(cipher, row.id, trigger_id, key, sealed) for trigger_id in row.waiting]
+    events = []
+    if row.waiting:
+        fired = _fired(cipher, key, sealed)
+        events = [_signal_event(row.id, trigger_id, key, fired) for trigger_id in row.waiting]
     return SentSignal(row.id, key, _resumed(session, cipher, events))
 
 
@@ -287,7 +309,10 @@ def register_waits(session: Session, cipher: Cipher, waits: Mapping[int, Wait]) 
         },
     ).all()
     events = [
-        _signal_event(cipher, m.id, m.trigger_id, keys[m.trigger_id], m.payload) for m in matches
+        _signal_event(
+            m.id, m.trigger_id, keys[m.trigger_id], _fired(cipher, keys[m.trigger_id], m.payload)
+        )
+        for m in matches
     ]
     return _resumed(session, cipher, events)
 

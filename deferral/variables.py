@@ -17,7 +17,7 @@ from sqlalchemy import delete, select
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session
 
-from deferral.runtime.crypto import Cipher, DecryptionError
+from deferral.runtime.crypto import Cipher, DecryptionError, Purpose
 from deferral.runtime.secrets_masker import mask_secret
 from deferral.store.seam import StoredVariable, metastore
 
@@ -94,7 +94,7 @@ def _plain(cipher: Cipher, row: StoredVariable) -> str | None:
     if row.val is None or not row.is_encrypted:
         return row.val
     try:
-        return cipher.decrypt(row.val).decode()
+        return cipher.decrypt(Purpose.STORED_SECRET, row.val).decode()
     except DecryptionError:
         raise VariableError(
             f"variable {row.key!r} cannot be decrypted with DEFERRAL_FERNET_KEY "
@@ -108,7 +108,7 @@ def write_stored(
     """Insert or replace ``key``; a description of None keeps the one stored."""
     values: dict[str, Any] = {
         "key": key,
-        "val": cipher.encrypt(text.encode()),
+        "val": cipher.encrypt(Purpose.STORED_SECRET, text.encode()),
         "is_encrypted": True,
     }
     if description is not None:

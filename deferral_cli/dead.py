@@ -67,6 +67,7 @@ def dead_letter_record(letter: deadletters.DeadLetter) -> Record:
         "task": letter.task or None,
         "deliveries": letter.deliveries,
         "reason": letter.error,
+        "verified": letter.verified,
     }
 
 
@@ -106,11 +107,14 @@ def _one_id(ctx: click.Context, param: click.Parameter, value: str) -> str:
 )
 @output_options
 def list_command(stream: str | None, limit: int, output: str) -> None:
-    """Dead letters, newest first: id, when, source stream, task, deliveries and reason (one
-    escaped line, cut in the table; whole in JSON)."""
+    """Dead letters, newest first: id, when, source stream, task, deliveries, reason (one
+    escaped line, cut in the table; whole in JSON) and whether it is verified (written by a
+    deferral process: a letter anyone with Redis access added shows false, and none of its
+    fields is proven)."""
     settings = settings_or_exit()
+    cipher = Cipher(settings.fernet_keys)
     with _broker(settings) as broker:
-        letters = deadletters.newest_dead_letters(broker, limit=limit, stream=stream)
+        letters = deadletters.newest_dead_letters(broker, cipher, limit=limit, stream=stream)
     emit(
         output,
         [dead_letter_record(letter) for letter in letters],
@@ -127,8 +131,9 @@ def list_command(stream: str | None, limit: int, output: str) -> None:
     help="Open the sealed original entry with the Fernet key (secrets in it stay masked).",
 )
 def show(dead_id: str, reveal: bool) -> None:
-    """One dead letter: why, how often it was delivered and to whom, its task and where it came
-    from. The original entry stays sealed unless --reveal."""
+    """One dead letter: why, how often it was delivered and to whom, its task, where it came
+    from and whether it is verified (written by a deferral process). The original entry stays
+    sealed unless --reveal; an unverified letter's is never opened."""
     settings = settings_or_exit()
     cipher = Cipher(settings.fernet_keys)
     for key in settings.fernet_keys:
@@ -138,13 +143,15 @@ def show(dead_id: str, reveal: bool) -> None:
         if entry is None:
             fail(f"no dead letter {dead_id}")
             return
-        letter = deadletters.read_dead_letter(entry)
+        letter = deadletters.read_dead_letter(cipher, entry)
         record: dict[str, Any] = {
             **dead_letter_record(letter),
             "source_id": letter.source_id or None,
             "consumer": letter.consumer or None,
         }
-        if not letter.sealed:
+        if not letter.verified:
+            record["payload"] = "unverified: not proven to be written by deferral, not opened"
+        elif not letter.sealed:
             record["payload"] = "not kept (the entry was too large)"
         elif not reveal:
             record["payload"] = "sealed (--reveal opens it with the Fernet key)"
@@ -166,10 +173,12 @@ def show(dead_id: str, reveal: bool) -> None:
 def retry(dead_ids: list[str]) -> None:
     """Re-drive dead letters to the stream they came from, each at most once.
 
-    Only what the sealed entry says is trusted (a forged dead letter, or one whose key is gone,
-    changes nothing), and only work still wanted is re-driven: a trigger whose task still defers
-    on it, an event not yet applied, an attempt still queued at that try; and none while an
-    entry for the same work is in flight. Prints a line per ID; exit 1 if any was not retried.
+    Only a verified dead letter's sealed entry is trusted (a forged or unverified dead letter,
+    or one whose key is gone, changes nothing), only what PostgreSQL confirms (a trigger's
+    classpath, task and try), and only work still wanted is re-driven: a trigger whose task
+    still defers on it, an event not yet applied, an attempt still queued at that try; and none
+    while an entry for the same work is in flight. Prints a line per ID; exit 1 if any was not
+    retried.
     """
     settings = settings_or_exit()
     cipher = Cipher(settings.fernet_keys)

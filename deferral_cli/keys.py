@@ -9,13 +9,20 @@ import click
 from sqlalchemy import ColumnElement, select, true, update
 from sqlalchemy.orm import Session, sessionmaker
 
-from deferral.runtime.crypto import Cipher, DecryptionError
+from deferral.runtime.crypto import Cipher, DecryptionError, Purpose
 from deferral.runtime.process import settings_or_exit
-from deferral.store.tables import StoredConnection, StoredVariable, TaskInstance, Trigger
+from deferral.store.tables import (
+    AssetWatcherRow,
+    Signal,
+    StoredConnection,
+    StoredVariable,
+    TaskInstance,
+    Trigger,
+)
 from deferral_cli.common import sessions
 
 # Tables with Fernet-sealed columns (each has an integer id to batch by).
-Sealed = Trigger | TaskInstance | StoredVariable | StoredConnection
+Sealed = Trigger | TaskInstance | StoredVariable | StoredConnection | Signal | AssetWatcherRow
 
 
 @click.command("rotate-fernet-key")
@@ -30,8 +37,11 @@ def rotate_fernet_key(batch_size: int) -> None:
     """Re-encrypt stored kwargs and secrets with the first key of DEFERRAL_FERNET_KEY.
 
     Every trigger.kwargs, task_instance.next_kwargs and next_event, variable.val (when
-    encrypted), connection.password and connection.extra is decrypted with whichever configured
-    key sealed it and encrypted again with the first key, in batches of --batch-size rows.
+    encrypted), connection.password and connection.extra, signal.payload and
+    asset_watcher.kwargs is decrypted with whichever configured key sealed it and encrypted
+    again with the first key (the key derived from it for what the column holds; a value sealed
+    before keys were derived per purpose is sealed under its purpose's key too), in batches of
+    --batch-size rows.
 
     \b
     To replace a key:
@@ -52,17 +62,19 @@ def rotate_fernet_key(batch_size: int) -> None:
     cipher = Cipher(settings.fernet_keys)
     factory = sessions(settings)
     unreadable = 0
-    columns: list[tuple[type[Sealed], str, ColumnElement[bool] | None]] = [
-        (Trigger, "kwargs", None),
-        (TaskInstance, "next_kwargs", None),
-        (TaskInstance, "next_event", None),
-        (StoredVariable, "val", StoredVariable.is_encrypted.is_(True)),
-        (StoredConnection, "password", None),
-        (StoredConnection, "extra", None),
+    columns: list[tuple[type[Sealed], str, Purpose, ColumnElement[bool] | None]] = [
+        (Trigger, "kwargs", Purpose.TRIGGER_KWARGS, None),
+        (TaskInstance, "next_kwargs", Purpose.RESUME_KWARGS, None),
+        (TaskInstance, "next_event", Purpose.EVENT, None),
+        (StoredVariable, "val", Purpose.STORED_SECRET, StoredVariable.is_encrypted.is_(True)),
+        (StoredConnection, "password", Purpose.STORED_SECRET, None),
+        (StoredConnection, "extra", Purpose.STORED_SECRET, None),
+        (Signal, "payload", Purpose.SIGNAL_PAYLOAD, None),
+        (AssetWatcherRow, "kwargs", Purpose.WATCHER_SPEC, None),
     ]
-    for model, column, only in columns:
+    for model, column, purpose, only in columns:
         table = model.__tablename__
-        rotated, bad = _rotate_column(factory, cipher, model, column, batch_size, only)
+        rotated, bad = _rotate_column(factory, cipher, model, column, purpose, batch_size, only)
         left = f", {len(bad)} left as they were (unreadable)" if bad else ""
         click.echo(f"{table}.{column}: {rotated} row(s) rotated{left}")
         for row_id in bad:
@@ -79,6 +91,7 @@ def _rotate_column(
     cipher: Cipher,
     model: type[Sealed],
     column: str,
+    purpose: Purpose,
     batch_size: int,
     only: ColumnElement[bool] | None = None,
 ) -> tuple[int, list[int]]:
@@ -103,7 +116,7 @@ def _rotate_column(
             changes: list[dict[str, Any]] = []
             for row_id, token in rows:
                 try:
-                    changes.append({"id": row_id, column: cipher.rotate(token)})
+                    changes.append({"id": row_id, column: cipher.rotate(purpose, token)})
                 except DecryptionError:  # no key decrypts it, or not a token at all
                     unreadable.append(row_id)
             if changes:

@@ -14,7 +14,7 @@ from sqlalchemy.orm import Session
 
 from deferral.assets import Asset, BaseAsset, watchers_of
 from deferral.dag import DAG
-from deferral.runtime.crypto import Cipher
+from deferral.runtime.crypto import Cipher, Purpose
 from deferral.store.tables import AssetModel, AssetWatcherRow, DagScheduleAsset, TaskOutletAsset
 from deferral.store.transitions.assets import create_asset_runs
 
@@ -50,7 +50,9 @@ def sync_assets(session: Session, dags: Mapping[str, DAG], cipher: Cipher) -> No
                     "name": watcher.name,
                     "classpath": classpath,
                     "kwargs": cipher.seal(
-                        {"classpath": classpath, "kwargs": kwargs}, "watcher kwargs"
+                        Purpose.WATCHER_SPEC,
+                        {"classpath": classpath, "kwargs": kwargs},
+                        "watcher kwargs",
                     ),
                 }
             )

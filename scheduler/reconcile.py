@@ -30,7 +30,7 @@ from broker.client import Broker
 from broker.streams import queue_message, task_label, trigger_message
 from deferral import signals
 from deferral.runtime import metrics
-from deferral.runtime.crypto import Cipher, DecryptionError
+from deferral.runtime.crypto import Cipher, DecryptionError, Purpose
 from deferral.runtime.process import log_ids
 from deferral.store import liveness, transitions
 from deferral.store.tables import TaskInstance, Trigger, Worker
@@ -138,7 +138,9 @@ class Reconciler:
         entries = []
         for ti, trigger in rows:
             try:
-                kwargs = msgspec.json.decode(self.cipher.decrypt(trigger.kwargs))
+                kwargs = msgspec.json.decode(
+                    self.cipher.decrypt(Purpose.TRIGGER_KWARGS, trigger.kwargs)
+                )
             except (DecryptionError, msgspec.DecodeError):
                 if trigger.id not in self.repairs.unreadable:
                     if len(self.repairs.unreadable) >= MAX_REMEMBERED:

@@ -15,7 +15,7 @@ from broker import outbox
 from broker.streams import StreamKeys, task_label, trigger_message
 from deferral.dag import DAG
 from deferral.runtime import serialization
-from deferral.runtime.crypto import Cipher
+from deferral.runtime.crypto import Cipher, Purpose
 from deferral.store.tables import TaskInstance
 from deferral.store.transitions.from_trigger import TriggerStart, start_from_trigger
 from deferral.triggers.task_end import start_trigger
@@ -77,9 +77,9 @@ def start_in_triggerer(
             TriggerStart(
                 row.id,
                 classpath,
-                cipher.encrypt(serialization.encode(kwargs)),
+                cipher.encrypt(Purpose.TRIGGER_KWARGS, serialization.encode(kwargs)),
                 args.next_method,
-                cipher.encrypt(serialization.encode(next_kwargs)),
+                cipher.encrypt(Purpose.RESUME_KWARGS, serialization.encode(next_kwargs)),
                 None if args.timeout is None else now + args.timeout,
             )
         )

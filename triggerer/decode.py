@@ -8,16 +8,19 @@ prefix, and the class must be a BaseTrigger subclass. Each refusal names its rea
 from __future__ import annotations
 
 import importlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 import msgspec
 
 from broker.replies import Entry
 from broker.streams import MalformedEntry, TriggerMessage, TriggerSpec, from_fields
-from deferral.runtime.crypto import Cipher, DecryptionError
+from deferral.runtime.crypto import Cipher, DecryptionError, Purpose
 from deferral.runtime.serialization import SerializationError, from_jsonable
 from deferral.triggers.base import BaseTrigger
+
+T = TypeVar("T")
 
 
 class RejectedEntry(ValueError):
@@ -60,12 +63,11 @@ def load_trigger_class(classpath: str, prefixes: Sequence[str]) -> type[BaseTrig
     return cls
 
 
-def decode_entry(entry: Entry, cipher: Cipher, prefixes: Sequence[str]) -> Decoded:
-    """The trigger an entry asks for, or RejectedEntry saying why not. Whatever goes wrong with
-    one entry is a rejection: an entry must never be able to crash the triggerer, or it would
-    crash every triggerer that takes it over in turn."""
+def _rejecting(entry: Entry, step: Callable[[], T]) -> T:
+    """``step()``, whatever goes wrong a rejection: an entry must never be able to crash the
+    triggerer, or it would crash every triggerer that takes it over in turn."""
     try:
-        return _decode(entry, cipher, prefixes)
+        return step()
     except RejectedEntry:
         raise
     except Exception as exc:
@@ -74,15 +76,39 @@ def decode_entry(entry: Entry, cipher: Cipher, prefixes: Sequence[str]) -> Decod
         ) from None
 
 
-def _decode(entry: Entry, cipher: Cipher, prefixes: Sequence[str]) -> Decoded:
+def open_spec(entry: Entry, cipher: Cipher) -> TriggerSpec:
+    """The spec an entry's token holds, authenticated as a trigger spec and agreeing with the
+    entry's clear fields; RejectedEntry saying why not. Nothing is imported or built yet: the
+    triggerer first checks the spec against PostgreSQL (:func:`broker.trigger_rows.spec_check`)."""
+    return _rejecting(entry, lambda: _open(entry, cipher))
+
+
+def instantiate(entry: Entry, spec: TriggerSpec, prefixes: Sequence[str]) -> Decoded:
+    """The trigger a checked spec asks for; RejectedEntry (authentic) saying why not."""
+    return _rejecting(entry, lambda: _instantiate(spec, prefixes))
+
+
+def decode_entry(entry: Entry, cipher: Cipher, prefixes: Sequence[str]) -> Decoded:
+    """:func:`open_spec` then :func:`instantiate`, with no check against PostgreSQL in between
+    (the service puts one there)."""
+    return instantiate(entry, open_spec(entry, cipher), prefixes)
+
+
+def _open(entry: Entry, cipher: Cipher) -> TriggerSpec:
     trigger_id = _clear_trigger_id(entry)
     try:
         message = from_fields(TriggerMessage, entry.fields)
-        spec = msgspec.json.decode(cipher.decrypt(message.token), type=TriggerSpec)
+        spec = msgspec.json.decode(
+            cipher.decrypt(Purpose.TRIGGER_SPEC, message.token), type=TriggerSpec
+        )
     except (MalformedEntry, DecryptionError, msgspec.DecodeError) as exc:
         raise RejectedEntry(f"rejected trigger entry: {exc}", trigger_id) from None
     if message.trigger_id != str(spec.trigger_id) or message.classpath != spec.classpath:
         raise RejectedEntry("rejected trigger entry: fields disagree with its token", trigger_id)
+    return spec
+
+
+def _instantiate(spec: TriggerSpec, prefixes: Sequence[str]) -> Decoded:
     try:
         cls = load_trigger_class(spec.classpath, prefixes)
         kwargs = from_jsonable(spec.kwargs)

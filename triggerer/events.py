@@ -19,7 +19,7 @@ import msgspec
 from broker import streams
 from broker.streams import EVENT_KIND_EVENT, EVENT_KIND_FAILURE, EventMessage
 from deferral.runtime import serialization
-from deferral.runtime.crypto import Cipher
+from deferral.runtime.crypto import Cipher, Purpose
 from deferral.runtime.process import LogExtra
 from deferral.runtime.secrets_masker import mask_with_kwargs
 from deferral.runtime.serialization import SerializationError
@@ -51,7 +51,7 @@ def dedup_key(cipher: Cipher, trigger_id: int, kind: str, payload_json: bytes) -
     and fires the same event resumes its task once. Keyed (an HMAC under the first Fernet key,
     as every triggerer has it): a plain digest beside the sealed payload would let anyone who
     can read the stream confirm a guess of the payload."""
-    digest = cipher.sign(kind.encode() + b"\0" + payload_json)
+    digest = cipher.sign(Purpose.STREAM_ENTRY, kind.encode() + b"\0" + payload_json)
     return f"{trigger_id}:{digest}"
 
 

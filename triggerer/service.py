@@ -50,10 +50,12 @@ from broker.streams import (
     MAX_DEAD_ERROR,
     EventMessage,
     StreamKeys,
+    TriggerSpec,
     one_line,
     to_fields,
     with_log,
 )
+from broker.trigger_rows import SpecVerdict, TriggerRow, spec_check, trigger_rows
 from deferral.loading.dagbag import put_on_sys_path
 from deferral.runtime import metrics, serialization
 from deferral.runtime.config import Settings
@@ -69,7 +71,7 @@ from deferral.store.tables import TaskInstance, TaskStateChange, Triggerer
 from deferral.store.tasklogs import NewLine
 from deferral.triggers.base import BaseTrigger
 from triggerer import decide, tasklog
-from triggerer.decode import Decoded, RejectedEntry, decode_entry
+from triggerer.decode import Decoded, RejectedEntry, instantiate, open_spec
 from triggerer.events import (
     Outcome,
     event_outcome,
@@ -486,9 +488,10 @@ class TriggererService:
     async def _start_all(self, tasks: TaskGroup, deliveries: list[Delivery]) -> None:
         started = []
         rejected: list[Rejected] = []
-        for delivery in deliveries:
+        opened = await self._open_all(deliveries, rejected)
+        for delivery, spec, verdict in await self._check_all(opened):
             try:
-                started.append(await self._start(tasks, delivery, rejected))
+                started.append(await self._start(tasks, delivery, spec, verdict, rejected))
             except Exception as exc:
                 # One entry never stops the triggerer: say so in one line and let it go (no longer
                 # renewed, it is taken over again after the takeover delay).
@@ -503,21 +506,77 @@ class TriggererService:
         await self._reject(rejected)
         self.owned += [tid for tid in started if tid is not None]
 
-    async def _start(
-        self, tasks: TaskGroup, delivery: Delivery, rejected: list[Rejected]
-    ) -> int | None:
-        """Start the trigger an entry carries; a bad one goes to ``rejected``."""
-        entry = delivery.entry
-        if not entry.fields:
-            await self._sync(self.consumer.retire, [entry])  # deleted while pending
-            return None
+    async def _open_all(
+        self, deliveries: list[Delivery], rejected: list[Rejected]
+    ) -> list[tuple[Delivery, TriggerSpec]]:
+        """The authenticated specs of the entries read; an entry whose token does not open as
+        a trigger spec goes to ``rejected`` (failing no task: nothing proves it ours)."""
+        opened = []
+        emptied = []
+        for delivery in deliveries:
+            if not delivery.entry.fields:
+                emptied.append(delivery.entry)  # deleted while pending
+                continue
+            try:
+                opened.append((delivery, open_spec(delivery.entry, self.cipher)))
+            except RejectedEntry as exc:
+                rejected.append(Rejected(delivery, str(exc), None))
+        if emptied:
+            try:
+                await self._sync(self.consumer.retire, emptied)
+            except Exception as exc:  # retired at a later read; nothing else waits on it
+                log.warning("could not retire %d emptied entries: %s", len(emptied), exc)
+        return opened
+
+    async def _check_all(
+        self, opened: list[tuple[Delivery, TriggerSpec]]
+    ) -> list[tuple[Delivery, TriggerSpec, SpecVerdict]]:
+        """Each spec with its check against its trigger row in PostgreSQL, made in one
+        statement. If that fails, none is returned: their entries are let go, taken over again
+        later."""
+        if not opened:
+            return []
         try:
-            decoded = decode_entry(entry, self.cipher, self.settings.trigger_modules)
-        except RejectedEntry as exc:
-            fail_trigger = exc.trigger_id if exc.authentic else None
-            rejected.append(Rejected(delivery, str(exc), fail_trigger))
+            rows = await self._sync(self._trigger_rows, [spec for _, spec in opened])
+        except Exception as exc:
+            log.warning(
+                "could not check %d trigger entries against PostgreSQL: %s: %s; they are taken"
+                " over again later",
+                len(opened),
+                type(exc).__name__,
+                one_line(str(exc), MAX_DEAD_ERROR),
+            )
+            self.consumer.release([delivery.entry.id for delivery, _ in opened])
+            return []
+        return [
+            (delivery, spec, spec_check(spec, row))
+            for (delivery, spec), row in zip(opened, rows, strict=True)
+        ]
+
+    def _trigger_rows(self, specs: list[TriggerSpec]) -> list[TriggerRow]:
+        with self.sessions() as session:
+            return trigger_rows(session, specs)
+
+    async def _start(
+        self,
+        tasks: TaskGroup,
+        delivery: Delivery,
+        spec: TriggerSpec,
+        verdict: SpecVerdict,
+        rejected: list[Rejected],
+    ) -> int | None:
+        """Start the trigger of an authenticated spec that passed its checks (``verdict``); a
+        bad one goes to ``rejected``."""
+        entry = delivery.entry
+        if verdict.refused is not None:
+            reason = f"trigger {spec.trigger_id} refused: {verdict.refused}"
+            rejected.append(Rejected(delivery, reason, None))
             return None
-        trigger_id = decoded.spec.trigger_id
+        if verdict.stale is not None:
+            log.info("not starting %s entry %s: %s", entry.stream, entry.id, verdict.stale)
+            await self._sync(self.consumer.retire, [entry])
+            return None
+        trigger_id = spec.trigger_id
         if self.consumer.exhausted(delivery):
             reason = f"trigger {trigger_id} {self.consumer.exhausted_reason(delivery)}"
             rejected.append(Rejected(delivery, reason, trigger_id))
@@ -535,7 +594,11 @@ class TriggererService:
                 self.outgoing.retiring.append(older)
                 self.outgoing.ready.set()
             return None
-        spec = decoded.spec
+        try:
+            decoded = instantiate(entry, spec, self.settings.trigger_modules)
+        except RejectedEntry as exc:
+            rejected.append(Rejected(delivery, str(exc), exc.trigger_id if exc.authentic else None))
+            return None
         moment = decoded.trigger.fires_at()
         held = Held(
             trigger_id,

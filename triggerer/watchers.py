@@ -26,7 +26,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from deferral.assets import event_from_trigger
 from deferral.runtime.config import DEFAULT_ASSET_WATCHER_MAX_QUEUED
-from deferral.runtime.crypto import Cipher, DecryptionError
+from deferral.runtime.crypto import Cipher, DecryptionError, Purpose
 from deferral.runtime.faults import is_transient
 from deferral.runtime.metrics import ASSET_WATCHER_BOUND_REACHED
 from deferral.runtime.serialization import SerializationError
@@ -81,7 +81,7 @@ def open_watcher(token: str, cipher: Cipher, prefixes: Sequence[str]) -> BaseEve
     """The event trigger of a watcher row, from its authenticated token only; ValueError naming
     what is wrong (forged token, class outside DEFERRAL_TRIGGER_MODULES, not an event trigger)."""
     try:
-        spec = cipher.open(token)
+        spec = cipher.open(Purpose.WATCHER_SPEC, token)
         classpath, kwargs = spec["classpath"], dict(spec["kwargs"])
     except (DecryptionError, SerializationError, KeyError, TypeError) as exc:
         raise ValueError(f"watcher token refused: {exc}") from None
@@ -149,7 +149,7 @@ class WatcherRunner:
     def _spec(self, token: str) -> Any:
         """What a token holds (sealed again at every parse, so tokens differ, specs not)."""
         try:
-            return self.cipher.open(token)
+            return self.cipher.open(Purpose.WATCHER_SPEC, token)
         except (DecryptionError, SerializationError):
             return token
 

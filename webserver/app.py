@@ -485,8 +485,13 @@ class WebUI:
         found = await run_in_threadpool(self._read, data.processes, self.settings)
         return await self.page(request, "triggerers.html", found)
 
+    def _streams(self) -> dict[str, Any]:
+        return data.streams(self.broker(), Cipher(self.settings.fernet_keys))
+
     async def streams_page(self, request: Request) -> Response:
-        found = await run_in_threadpool(lambda: data.streams(self.broker()))
+        found = await run_in_threadpool(
+            lambda: data.streams(self.broker(), Cipher(self.settings.fernet_keys))
+        )
         return await self.page(request, "streams.html", found)
 
     async def doctor_page(self, request: Request) -> Response:
@@ -717,7 +722,11 @@ class WebUI:
         return _api(await run_in_threadpool(self._read, data.processes, self.settings))
 
     async def api_streams(self, request: Request) -> Response:
-        return _api(await run_in_threadpool(lambda: data.streams(self.broker())))
+        return _api(
+            await run_in_threadpool(
+                lambda: data.streams(self.broker(), Cipher(self.settings.fernet_keys))
+            )
+        )
 
     async def api_doctor(self, request: Request) -> Response:
         return _api(await run_in_threadpool(data.doctor, self.settings))

@@ -18,6 +18,7 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, load_only
 
+from broker import deadletters
 from broker.client import Broker
 from deferral.authoring.schedules import latest_automated_intervals
 from deferral.dag import DAG
@@ -877,9 +878,10 @@ def processes(session: Session, settings: Settings) -> Record:
     }
 
 
-def streams(broker: Broker) -> Record:
+def streams(broker: Broker, cipher: Cipher) -> Record:
     """Each stream's length, groups, pending entries and lag (as `deferral streams`), and the
-    newest dead letters: where they came from and why, never their token or payload."""
+    newest dead letters: where they came from and why, never their token or payload, and
+    whether each is verified (written by a deferral process)."""
     dead = [
         {
             "id": entry.id,
@@ -888,6 +890,7 @@ def streams(broker: Broker) -> Record:
                 for name in DEAD_LETTER_FIELDS
                 if name.encode() in entry.fields
             },
+            "verified": deadletters.read_dead_letter(cipher, entry).verified,
         }
         for entry in broker.newest(broker.keys.dead, DEAD_LETTERS_SHOWN)
     ]

@@ -10,7 +10,7 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from deferral.runtime import serialization
-from deferral.runtime.crypto import Cipher
+from deferral.runtime.crypto import Cipher, Purpose
 from deferral.runtime.serialization import SerializationError
 from deferral.store import hitl, transitions
 from deferral.store.transitions import Attempt
@@ -58,11 +58,18 @@ def resume_kwargs(
     sealed event its trigger fired, carried beside them, as ``event``. None: not a resume."""
     if next_kwargs is None and next_event is None:
         return None
-    kwargs = serialization.decode(cipher.decrypt(next_kwargs)) if next_kwargs else {}
+    kwargs = (
+        serialization.decode(cipher.decrypt(Purpose.RESUME_KWARGS, next_kwargs))
+        if next_kwargs
+        else {}
+    )
     if not isinstance(kwargs, dict):
         raise SerializationError(f"resume kwargs are a {type(kwargs).__name__}, not a mapping")
     if next_event:
-        kwargs = {**kwargs, "event": serialization.decode(cipher.decrypt(next_event))}
+        kwargs = {
+            **kwargs,
+            "event": serialization.decode(cipher.decrypt(Purpose.EVENT, next_event)),
+        }
     return kwargs
 
 
@@ -81,9 +88,13 @@ def deferral_of(attempt: Attempt, outcome: Deferred, cipher: Cipher) -> transiti
     return transitions.Deferral(
         attempt=attempt,
         classpath=outcome.classpath,
-        kwargs_token=cipher.encrypt(serialization.encode(outcome.trigger_kwargs)),
+        kwargs_token=cipher.encrypt(
+            Purpose.TRIGGER_KWARGS, serialization.encode(outcome.trigger_kwargs)
+        ),
         next_method=outcome.method_name,
-        next_kwargs_token=cipher.encrypt(serialization.encode(outcome.next_kwargs)),
+        next_kwargs_token=cipher.encrypt(
+            Purpose.RESUME_KWARGS, serialization.encode(outcome.next_kwargs)
+        ),
         trigger_timeout=outcome.trigger_timeout,
         share_key=(
             transitions.share_key(cipher, outcome.classpath, outcome.trigger_kwargs)

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from functools import cached_property
 
 from deferral.runtime.config import callback_base_url
-from deferral.runtime.crypto import Cipher
+from deferral.runtime.crypto import Cipher, Purpose
 from deferral.triggers.signal import SIGNAL_RETENTION
 
 # A token lives no longer than a signal is kept: its use stays on record while it is valid,
@@ -64,7 +64,7 @@ def make_token(cipher: Cipher, task_instance_id: int, try_number: int, now: dt.d
         secrets.token_urlsafe(12),
     )
     body = _body(claim)
-    return f"{body}.{cipher.sign(_DOMAIN + body.encode())}"
+    return f"{body}.{cipher.sign(Purpose.CALLBACK_TOKEN, _DOMAIN + body.encode())}"
 
 
 def parse_token(token: object) -> Claim | None:
@@ -84,7 +84,9 @@ def read_token(cipher: Cipher, token: str, now: dt.datetime) -> Claim:
     """The verified claim of ``token``; TokenRefused 404 if it is forged or no token, 410 if
     it expired. The signature is compared in constant time."""
     claim = parse_token(token)
-    if claim is None or not cipher.verify(_DOMAIN + _body(claim).encode(), token.rsplit(".")[-1]):
+    if claim is None or not cipher.verify(
+        Purpose.CALLBACK_TOKEN, _DOMAIN + _body(claim).encode(), token.rsplit(".")[-1]
+    ):
         raise TokenRefused(404, "unknown callback token")
     if claim.expires_at < now.timestamp():
         expired = dt.datetime.fromtimestamp(claim.expires_at, dt.UTC).isoformat()

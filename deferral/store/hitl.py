@@ -21,7 +21,7 @@ from sqlalchemy.orm import Session
 
 from deferral.models.param import Param, ParamValidationError
 from deferral.runtime import storable
-from deferral.runtime.crypto import Cipher
+from deferral.runtime.crypto import Cipher, Purpose
 from deferral.states import TaskState
 from deferral.store import transitions
 from deferral.store.tables import HITLDetail, TaskInstance
@@ -238,8 +238,8 @@ def _apply(
         ti.id,
         ti.try_number,
         next_method=RESUME_METHOD,
-        next_kwargs_token=cipher.seal({}, "next_kwargs"),
-        next_event_token=cipher.seal(event, "event"),
+        next_kwargs_token=cipher.seal(Purpose.RESUME_KWARGS, {}, "next_kwargs"),
+        next_event_token=cipher.seal(Purpose.EVENT, event, "event"),
         reason=reason,
     )
     if not moved:  # cannot happen under the lock; never record a response that did not apply

@@ -25,7 +25,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from broker.client import Broker
-from deferral.runtime.crypto import Cipher
+from deferral.runtime.crypto import Cipher, Purpose
 from deferral.states import TaskState
 from deferral.store.db import make_engine, make_sessionmaker
 from deferral.store.tables import TaskInstance, Trigger
@@ -167,7 +167,7 @@ def fire_deferred(
         assert trigger_id is not None, f"{dag_id}.{task_id} is not deferred"
         trigger = session.get(Trigger, trigger_id)
         assert trigger is not None
-        moment = cipher.open(trigger.kwargs)["moment"]
+        moment = cipher.open(Purpose.TRIGGER_KWARGS, trigger.kwargs)["moment"]
     broker.publish(broker.keys.events, event_message(cipher, trigger_id, moment, "test"))
 
 

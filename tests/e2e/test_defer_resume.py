@@ -14,7 +14,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from broker.client import Broker
 from broker.streams import GROUP_SCHEDULERS, GROUP_TRIGGERERS, GROUP_WORKERS
-from deferral.runtime.crypto import Cipher
+from deferral.runtime.crypto import Cipher, Purpose
 from deferral.store.tables import DagRun, ResumeEvent, TaskInstance, TaskStateChange, Trigger
 from deferral.store.xcom import DatabaseXComs
 from tests.e2e.conftest import Services, command
@@ -158,7 +158,7 @@ def test_task_defers_frees_its_slot_and_resumes_on_a_fresh_instance(
     with sessions() as session:
         trigger = session.get(Trigger, first.trigger_id)
         assert trigger is not None
-        moment = cipher.open(trigger.kwargs)["moment"]
+        moment = cipher.open(Purpose.TRIGGER_KWARGS, trigger.kwargs)["moment"]
     for field in ("trigger_id", "classpath", "task", "token"):
         assert field in shown
     assert "deferral.triggers.temporal.DateTimeTrigger" in shown
@@ -167,7 +167,9 @@ def test_task_defers_frees_its_slot_and_resumes_on_a_fresh_instance(
     assert len(entries) == 1 and entries[0].fields[b"trigger_id"] == str(first.trigger_id).encode()
     assert trigger.kwargs.startswith("gAAAAA") and first.next_kwargs
     assert first.next_kwargs.startswith("gAAAAA") and SECRET not in first.next_kwargs
-    assert cipher.open(first.next_kwargs)["api_key"] == SECRET  # ...yet it is really in there
+    assert (
+        cipher.open(Purpose.RESUME_KWARGS, first.next_kwargs)["api_key"] == SECRET
+    )  # ...yet it is really in there
 
     out, _ = waiter.communicate(timeout=90)
     assert waiter.returncode == 0, out
@@ -255,7 +257,7 @@ def test_duplicate_fired_events_resume_the_task_once(
     with sessions() as session:
         trigger = session.get(Trigger, waiting.trigger_id)
         assert trigger is not None and waiting.trigger_id is not None
-        moment = cipher.open(trigger.kwargs)["moment"]
+        moment = cipher.open(Purpose.TRIGGER_KWARGS, trigger.kwargs)["moment"]
     # Exactly the event the trigger will fire, published early and twice.
     duplicate = event_message(cipher, waiting.trigger_id, moment, "test")
     broker.publish(broker.keys.events, duplicate)

@@ -19,7 +19,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from broker.client import Broker
-from deferral.runtime.crypto import Cipher, DecryptionError
+from deferral.runtime.crypto import Cipher, DecryptionError, Purpose
 from deferral.store.tables import TaskInstance, Trigger
 from tests.e2e.conftest import Services
 from tests.helpers import wait_for
@@ -89,7 +89,7 @@ def _deferred_under_old_key(
         timeout=90,
         what="the task to defer and its trigger to run",
     )
-    Cipher([old]).decrypt(_trigger_token(broker))  # sealed with OLD
+    Cipher([old]).decrypt(Purpose.TRIGGER_SPEC, _trigger_token(broker))  # sealed with OLD
 
 
 def _rotate(services: Services, keys: str) -> str:
@@ -127,7 +127,7 @@ def test_rotation_with_the_streams_republished_drops_the_old_key_without_a_dead_
     assert "trigger.kwargs: 1 row(s) rotated" in _rotate(services, f"{new},{old}")
     with sessions() as session:
         sealed = session.scalars(select(Trigger.kwargs)).one()
-    Cipher([new]).decrypt(sealed)
+    Cipher([new]).decrypt(Purpose.TRIGGER_KWARGS, sealed)
     # 3. The triggers stream rebuilt from Postgres: the entry is sealed with NEW.
     broker.redis.delete(broker.keys.triggers, broker.keys.inflight(broker.keys.triggers))
     token = wait_for(
@@ -135,9 +135,9 @@ def test_rotation_with_the_streams_republished_drops_the_old_key_without_a_dead_
         timeout=60,
         what="the reconciler to republish the trigger",
     )
-    Cipher([new]).decrypt(token)
+    Cipher([new]).decrypt(Purpose.TRIGGER_SPEC, token)
     with pytest.raises(DecryptionError):
-        Cipher([old]).decrypt(token)
+        Cipher([old]).decrypt(Purpose.TRIGGER_SPEC, token)
     # 4. OLD dropped, the trigger still waiting.
     assert _state(sessions) == "deferred"
     assert broker.redis.xlen(broker.keys.dead) == 0

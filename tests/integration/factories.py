@@ -6,12 +6,12 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
-from sqlalchemy import ColumnElement, select
+from sqlalchemy import ColumnElement, select, text
 from sqlalchemy.orm import Session, sessionmaker
 
 from broker.streams import TriggerMessage, trigger_message
 from deferral.runtime import serialization
-from deferral.runtime.crypto import Cipher
+from deferral.runtime.crypto import Cipher, Purpose
 from deferral.runtime.serialization import check_kwargs
 from deferral.store import hitl, transitions
 from deferral.store.tables import DagRun, TaskInstance
@@ -75,14 +75,14 @@ def deferred_task(
         trigger_id = transitions.create_trigger(
             session,
             "deferral.triggers.temporal.DateTimeTrigger",
-            cipher.seal({"moment": dt.datetime.now(dt.UTC)}),
+            cipher.seal(Purpose.TRIGGER_KWARGS, {"moment": dt.datetime.now(dt.UTC)}),
         )
         assert transitions.defer(
             session,
             Attempt(ti_id, 1, WORKER),
             trigger_id=trigger_id,
             next_method="resume",
-            next_kwargs_token=cipher.seal(next_kwargs or {}),
+            next_kwargs_token=cipher.seal(Purpose.RESUME_KWARGS, next_kwargs or {}),
             trigger_timeout=trigger_timeout,
         )
     return ti_id, trigger_id
@@ -124,3 +124,45 @@ def timer_message(
         try_number=1,
         task=task,
     )
+
+
+def deferred_timers(
+    sessions: sessionmaker[Session], cipher: Cipher, count: int, moment: dt.datetime
+) -> list[TriggerMessage]:
+    """``count`` task instances of one running run (``timers``), each deferred in try 1 on a
+    ``DateTimeTrigger`` at ``moment``, written set-based (a thousand take a moment), and their
+    triggers-stream entries."""
+    with sessions.begin() as session:
+        session.execute(
+            text(
+                "INSERT INTO dag_run (dag_id, run_id, logical_date, state, start_date)"
+                " VALUES (:dag, 'timers', now(), 'running', now())"
+            ),
+            {"dag": DAG_ID},
+        )
+        trigger_ids = list(
+            session.scalars(
+                text(
+                    "INSERT INTO trigger (classpath, kwargs)"
+                    " SELECT :classpath, '' FROM generate_series(1, :n) RETURNING id"
+                ),
+                {"classpath": classpath_of(DateTimeTrigger), "n": count},
+            )
+        )
+        ti_ids = list(
+            session.scalars(
+                text(
+                    "INSERT INTO task_instance (dag_id, run_id, task_id, state, try_number,"
+                    " trigger_id, next_method, start_date, first_started_at)"
+                    " SELECT :dag, 'timers', 't' || t.ord, 'deferred', 1, t.id, 'resume',"
+                    " now(), now()"
+                    " FROM unnest(CAST(:ids AS bigint[])) WITH ORDINALITY AS t(id, ord)"
+                    " ORDER BY t.ord RETURNING id"
+                ),
+                {"dag": DAG_ID, "ids": trigger_ids},
+            )
+        )
+    return [
+        timer_message(cipher, trigger_id, moment, ti_id, f"{DAG_ID}.timers.t{n}")
+        for n, (trigger_id, ti_id) in enumerate(zip(trigger_ids, ti_ids, strict=True), 1)
+    ]

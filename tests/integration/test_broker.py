@@ -15,8 +15,15 @@ from broker.client import (
     check_version,
 )
 from broker.replies import Entry
-from broker.streams import DeadEntry, QueueMessage, to_fields
-from deferral.runtime.crypto import Cipher
+from broker.streams import (
+    DeadEntry,
+    DeadLetterMessage,
+    QueueMessage,
+    dead_letter_verified,
+    from_fields,
+    to_fields,
+)
+from deferral.runtime.crypto import Cipher, Purpose
 
 GROUP = "g"
 
@@ -266,7 +273,9 @@ def test_dead_letter_keeps_where_why_and_how_often_in_clear_and_the_entry_sealed
     assert broker.pending(source, GROUP).count == 0
     assert broker.present(source, ["1"]) == {"1": False}
     (dead,) = broker.xrange(keys.dead)
+    assert dead_letter_verified(cipher, from_fields(DeadLetterMessage, dead.fields))
     sealed = dead.fields.pop(b"sealed")
+    assert len(dead.fields.pop(b"mac")) == 43  # authenticates every other field
     assert dead.fields == {
         b"source_stream": source.encode(),
         b"source_id": entry.id.encode(),
@@ -275,7 +284,7 @@ def test_dead_letter_keeps_where_why_and_how_often_in_clear_and_the_entry_sealed
         b"task": b"d.r.t",
         b"consumer": b"c1",
     }
-    original = msgspec.json.decode(cipher.decrypt(sealed), type=DeadEntry)
+    original = msgspec.json.decode(cipher.decrypt(Purpose.DEAD_LETTER, sealed), type=DeadEntry)
     assert original == DeadEntry(
         source,
         entry.id,

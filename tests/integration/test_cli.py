@@ -10,15 +10,16 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from cryptography.fernet import Fernet
+from cryptography.fernet import Fernet, InvalidToken
 from sqlalchemy import create_engine, select, text, update
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, sessionmaker
 
 from broker.client import Broker
 from broker.streams import GROUP_TRIGGERERS, GROUP_WORKERS
+from deferral.runtime import serialization
 from deferral.runtime.config import Settings
-from deferral.runtime.crypto import Cipher, DecryptionError
+from deferral.runtime.crypto import Cipher, DecryptionError, Purpose
 from deferral.states import TaskState
 from deferral.store import transitions
 from deferral.store.tables import (
@@ -411,7 +412,9 @@ def test_doctor_warns_on_orphaned_triggers_and_fails_on_tasks_without_one(
     settings: Settings, sessions: sessionmaker[Session], cipher: Cipher, broker: Broker
 ) -> None:
     with sessions.begin() as session:
-        orphan = transitions.create_trigger(session, "x.Trigger", cipher.seal({}))
+        orphan = transitions.create_trigger(
+            session, "x.Trigger", cipher.seal(Purpose.TRIGGER_KWARGS, {})
+        )
 
     code, checks = _doctor()
     assert code == 0
@@ -679,6 +682,10 @@ def test_explain_refuses_an_unknown_dag_run_or_task_in_one_line(
 # -- rotate-fernet-key -----------------------------------------------------------------------------
 
 
+# What each of _sealed's columns is sealed for.
+_PURPOSES = (Purpose.TRIGGER_KWARGS, Purpose.RESUME_KWARGS, Purpose.EVENT)
+
+
 def _sealed(sessions: sessionmaker[Session]) -> tuple[dict[int, str], ...]:
     """Every trigger.kwargs, task_instance.next_kwargs and next_event token, by row id."""
     with sessions() as session:
@@ -698,13 +705,21 @@ def test_rotate_fernet_key_reseals_every_row_with_the_first_key(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     for n in range(3):
-        ti_id, _ = deferred_task(
+        ti_id, trigger_id = deferred_task(
             sessions, cipher, run_id=f"r{n}", next_kwargs={"n": n, "secret": "s3"}
         )
     with sessions.begin() as session:  # one of them resumed by its trigger's event
-        session.get_one(TaskInstance, ti_id).next_event = cipher.seal({"fired": True})
+        session.get_one(TaskInstance, ti_id).next_event = cipher.seal(
+            Purpose.EVENT, {"fired": True}
+        )
+        # ...and its trigger's kwargs sealed as before keys were derived per purpose.
+        legacy = Fernet(fernet_key).encrypt(serialization.dumps({"old": "style"}, "kwargs"))
+        session.get_one(Trigger, trigger_id).kwargs = legacy.decode()
     before = _sealed(sessions)
-    opened = [{i: cipher.open(t) for i, t in column.items()} for column in before]
+    opened = [
+        {i: cipher.open(purpose, t) for i, t in column.items()}
+        for purpose, column in zip(_PURPOSES, before, strict=True)
+    ]
 
     new_key = Fernet.generate_key().decode()
     monkeypatch.setenv("DEFERRAL_FERNET_KEY", f"{new_key},{fernet_key}")
@@ -717,15 +732,23 @@ def test_rotate_fernet_key_reseals_every_row_with_the_first_key(
         "variable.val: 0 row(s) rotated",
         "connection.password: 0 row(s) rotated",
         "connection.extra: 0 row(s) rotated",
+        "signal.payload: 0 row(s) rotated",
+        "asset_watcher.kwargs: 0 row(s) rotated",
     ]
 
     after = _sealed(sessions)
     new_only, old_only = Cipher([new_key]), Cipher([fernet_key])
-    assert [{i: new_only.open(t) for i, t in column.items()} for column in after] == opened
-    for column in after:
+    assert [
+        {i: new_only.open(purpose, t) for i, t in column.items()}
+        for purpose, column in zip(_PURPOSES, after, strict=True)
+    ] == opened
+    assert {"old": "style"} in opened[0].values()
+    for purpose, column in zip(_PURPOSES, after, strict=True):
         for token in column.values():
             with pytest.raises(DecryptionError):
-                old_only.open(token)
+                old_only.open(purpose, token)
+            with pytest.raises(InvalidToken):  # sealed under the purpose's key, not NEW itself
+                Fernet(new_key).decrypt(token)
 
 
 def test_rotate_fernet_key_reports_rows_no_key_decrypts_and_rotates_the_rest(
@@ -739,8 +762,12 @@ def test_rotate_fernet_key_reports_rows_no_key_decrypts_and_rotates_the_rest(
     ti_bad, trigger_bad = deferred_task(sessions, cipher, run_id="r2")
     unknown = Cipher([Fernet.generate_key().decode()])
     with sessions.begin() as session:
-        session.get_one(Trigger, trigger_bad).kwargs = unknown.seal({"lost": True})
-        session.get_one(TaskInstance, ti_bad).next_kwargs = unknown.seal({"lost": True})
+        session.get_one(Trigger, trigger_bad).kwargs = unknown.seal(
+            Purpose.TRIGGER_KWARGS, {"lost": True}
+        )
+        session.get_one(TaskInstance, ti_bad).next_kwargs = unknown.seal(
+            Purpose.RESUME_KWARGS, {"lost": True}
+        )
     before = _sealed(sessions)
 
     new_key = Fernet.generate_key().decode()
@@ -755,6 +782,8 @@ def test_rotate_fernet_key_reports_rows_no_key_decrypts_and_rotates_the_rest(
 
     kwargs, next_kwargs, _ = _sealed(sessions)
     new_only = Cipher([new_key])
-    assert new_only.open(kwargs[trigger_ok]) == cipher.open(before[0][trigger_ok])
-    assert new_only.open(next_kwargs[ti_ok]) == {"a": 1}
+    assert new_only.open(Purpose.TRIGGER_KWARGS, kwargs[trigger_ok]) == cipher.open(
+        Purpose.TRIGGER_KWARGS, before[0][trigger_ok]
+    )
+    assert new_only.open(Purpose.RESUME_KWARGS, next_kwargs[ti_ok]) == {"a": 1}
     assert (kwargs[trigger_bad], next_kwargs[ti_bad]) == (before[0][trigger_bad], before[1][ti_bad])

@@ -18,7 +18,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from deferral.loading.dagbag import DagBag
 from deferral.runtime.config import Settings
-from deferral.runtime.crypto import Cipher
+from deferral.runtime.crypto import Cipher, Purpose
 from deferral.states import DagRunState, DagRunType, TaskState
 from deferral.store import transitions
 from deferral.store.tables import (
@@ -421,13 +421,15 @@ def test_a_run_past_dagrun_timeout_fails_and_its_unfinished_tasks_are_skipped(
         transitions.dispatch(session, [a, b])
         assert len(transitions.start_many(session, [(a, 1), (b, 1)], "host", "w")) == 2
         transitions.succeed(session, Attempt(a, 1, "w"), None)
-        trigger_id = transitions.create_trigger(session, "x.Trigger", cipher.seal({}))
+        trigger_id = transitions.create_trigger(
+            session, "x.Trigger", cipher.seal(Purpose.TRIGGER_KWARGS, {})
+        )
         transitions.defer(
             session,
             Attempt(b, 1, "w"),
             trigger_id=trigger_id,
             next_method="resume",
-            next_kwargs_token=cipher.seal({}),
+            next_kwargs_token=cipher.seal(Purpose.RESUME_KWARGS, {}),
             trigger_timeout=None,
         )
 

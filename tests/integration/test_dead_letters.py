@@ -28,11 +28,12 @@ from broker.streams import (
     DeadLetterMessage,
     event_message,
     queue_message,
+    signed_dead_letter,
     to_fields,
     trigger_message,
 )
 from deferral.runtime.config import Settings
-from deferral.runtime.crypto import Cipher
+from deferral.runtime.crypto import Cipher, Purpose
 from deferral.states import TaskState
 from deferral.store import transitions
 from deferral.store.tables import DagRun, ResumeEvent, TaskInstance
@@ -112,7 +113,16 @@ def test_list_shows_the_dead_letter_newest_first_and_filters_by_stream(
     )
     records = json.loads(run("dead", "list", "--json").stdout)
     assert [r["id"] for r in records] == [newer, dead_id]
-    assert list(records[1]) == ["id", "added_at", "stream", "task", "deliveries", "reason"]
+    assert list(records[1]) == [
+        "id",
+        "added_at",
+        "stream",
+        "task",
+        "deliveries",
+        "reason",
+        "verified",
+    ]
+    assert [r["verified"] for r in records] == [True, True]
     assert records[1]["stream"] == broker.keys.triggers
     assert records[1]["task"] == f"{DAG_ID}.r1.t"
     assert records[1]["deliveries"] == 1
@@ -132,6 +142,7 @@ def test_list_shows_the_dead_letter_newest_first_and_filters_by_stream(
         "TASK",
         "DELIVERIES",
         "REASON",
+        "VERIFIED",
     ]
     assert CANARY not in table.stdout and SECRET not in table.stdout
 
@@ -276,7 +287,7 @@ def test_retry_refuses_forged_dead_letters(
 ) -> None:
     dead_id, _, _ = dead_trigger
     (real,) = broker.xrange(broker.keys.dead)
-    genuine = deadletters.read_dead_letter(real)
+    genuine = deadletters.read_dead_letter(cipher, real)
     # Sealed with a key we do not hold, naming a stream of the attacker's choice.
     foreign = Cipher([Fernet.generate_key().decode()])
     forged_entry = DeadEntry("elsewhere", "1-1", {"trigger_id": "1"}, "x", 1)
@@ -288,7 +299,7 @@ def test_retry_refuses_forged_dead_letters(
             "1",
             "t",
             "c",
-            foreign.encrypt(msgspec.json.encode(forged_entry)),
+            foreign.encrypt(Purpose.DEAD_LETTER, msgspec.json.encode(forged_entry)),
         ),
         "garbage": DeadLetterMessage("elsewhere", "1-1", "x", "1", "t", "c", "not-a-token"),
         "copied": DeadLetterMessage(
@@ -297,16 +308,27 @@ def test_retry_refuses_forged_dead_letters(
         "no sealed entry": DeadLetterMessage(
             broker.keys.triggers, genuine.source_id, "x", "1", "t", "c", ""
         ),
+        # As a process holding the key would write them: the sealed entry is checked still.
+        "signed, copied": signed_dead_letter(
+            cipher,
+            DeadLetterMessage(
+                broker.keys.triggers, "2-2", "x", "1", "t", "c", real.fields[b"sealed"].decode()
+            ),
+        ),
+        "signed, no sealed entry": signed_dead_letter(
+            cipher,
+            DeadLetterMessage(broker.keys.triggers, genuine.source_id, "x", "1", "t", "c", ""),
+        ),
     }
     ids = {name: _forge(broker, message) for name, message in forged.items()}
     outcomes = {name: deadletters.retry(broker, sessions, cipher, i) for name, i in ids.items()}
     assert {n: o.outcome for n, o in outcomes.items()} == dict.fromkeys(
         forged, deadletters.Outcome.REFUSED
     )
-    assert "failed authentication" in outcomes["unknown key"].detail
-    assert "failed authentication" in outcomes["garbage"].detail
-    assert "not the one its clear fields name" in outcomes["copied"].detail
-    assert "kept no entry" in outcomes["no sealed entry"].detail
+    for name in ("unknown key", "garbage", "copied", "no sealed entry"):
+        assert outcomes[name].detail.startswith("unverified: its MAC does not hold"), name
+    assert "not the one its clear fields name" in outcomes["signed, copied"].detail
+    assert "kept no entry" in outcomes["signed, no sealed entry"].detail
     cli = run("dead", "retry", ids["garbage"])
     assert cli.exit_code == 1 and cli.stderr.count("\n") == 1
     assert in_stream(broker, broker.keys.triggers) == []

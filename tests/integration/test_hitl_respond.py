@@ -11,7 +11,7 @@ import pytest
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session, sessionmaker
 
-from deferral.runtime.crypto import Cipher
+from deferral.runtime.crypto import Cipher, Purpose
 from deferral.states import TaskState
 from deferral.store import hitl
 from deferral.store.tables import HITLDetail, TaskInstance
@@ -44,7 +44,7 @@ def test_one_response_applies_and_a_second_is_refused(
         assert detail is not None and ti is not None
         assert (detail.responded_by, detail.chosen_options) == ("alice", ["no"])
         assert ti.next_method == "execute_complete"
-        assert cipher.open(ti.next_event)["chosen_options"] == ["no"]
+        assert cipher.open(Purpose.EVENT, ti.next_event)["chosen_options"] == ["no"]
 
 
 def test_responses_to_tasks_not_awaiting_input_are_refused(
@@ -91,7 +91,10 @@ def test_the_timeout_applies_the_defaults_once_across_replicas(
     assert sorted(expired) == sorted([with_default, without])
     with sessions() as session:
         by_id = {d.task_instance_id: d for d in session.scalars(select(HITLDetail))}
-        events = {ti.id: cipher.open(ti.next_event) for ti in session.scalars(select(TaskInstance))}
+        events = {
+            ti.id: cipher.open(Purpose.EVENT, ti.next_event)
+            for ti in session.scalars(select(TaskInstance))
+        }
     assert by_id[with_default].chosen_options == ["no"] and by_id[with_default].responded_by is None
     assert events[with_default]["timedout"] is True
     assert events[without]["chosen_options"] is None  # execute_complete raises HITLTimeoutError

@@ -14,7 +14,7 @@ from broker import streams
 from broker.client import Broker
 from broker.streams import GROUP_SCHEDULERS, DeadLetterMessage, from_fields, open_dead_letter
 from deferral.runtime.config import Settings
-from deferral.runtime.crypto import Cipher
+from deferral.runtime.crypto import Cipher, Purpose
 from deferral.states import FAIL_METHOD, TaskState
 from deferral.store import tasklogs, transitions
 from deferral.store.tables import ResumeEvent, TaskInstance, TaskStateChange, Trigger
@@ -76,9 +76,9 @@ def test_same_event_published_twice_resumes_once(
     assert ti.next_method == "resume"
     assert ti.next_kwargs is not None
     # The kwargs as the task deferred with them, the event beside them as the triggerer sealed it.
-    assert cipher.open(ti.next_kwargs) == {"attempt": 7}
+    assert cipher.open(Purpose.RESUME_KWARGS, ti.next_kwargs) == {"attempt": 7}
     assert ti.next_event == message.payload
-    assert cipher.open(ti.next_event) == {"status": "done"}
+    assert cipher.open(Purpose.EVENT, ti.next_event) == {"status": "done"}
     with sessions() as session:
         events = session.scalars(select(ResumeEvent)).all()
         assert session.get(Trigger, trigger_id) is None
@@ -124,7 +124,7 @@ def test_event_for_a_task_no_longer_deferred_is_recorded_stale(
         outcomes = sorted(session.scalars(select(ResumeEvent.outcome)))
     assert outcomes == ["applied", "stale"]
     assert _transitions(sessions, ti_id).count(("deferred", "scheduled")) == 1
-    assert cipher.open(_ti(sessions, ti_id).next_event or "") == 1
+    assert cipher.open(Purpose.EVENT, _ti(sessions, ti_id).next_event or "") == 1
 
 
 def test_failure_event_resumes_at_fail_with_the_reason(
@@ -140,7 +140,7 @@ def test_failure_event_resumes_at_fail_with_the_reason(
 
     ti = _ti(sessions, ti_id)
     assert ti.state == TaskState.QUEUED and ti.next_method == FAIL_METHOD
-    kwargs = cipher.open(ti.next_kwargs or "")
+    kwargs = cipher.open(Purpose.RESUME_KWARGS, ti.next_kwargs or "")
     assert kwargs["error"] == "trigger_failure"
     assert kwargs["message"] == "trigger raised KeyError"
 
@@ -159,7 +159,7 @@ def test_unreadable_payload_fails_the_task_and_malformed_entry_is_dead_lettered(
 
     ti = _ti(sessions, ti_id)
     assert ti.next_method == FAIL_METHOD
-    assert "unreadable event" in cipher.open(ti.next_kwargs or "")["message"]
+    assert "unreadable event" in cipher.open(Purpose.RESUME_KWARGS, ti.next_kwargs or "")["message"]
     # The good event after the bad ones was applied all the same.
     assert _ti(sessions, other_ti).next_method == "resume"
     dead = broker.xrange(broker.keys.dead)
@@ -183,7 +183,7 @@ def test_expired_deferrals_are_failed_in_bulk_and_their_triggers_dropped(
 
     ti = _ti(sessions, expired_ti)
     assert ti.state == TaskState.SCHEDULED and ti.next_method == FAIL_METHOD
-    assert cipher.open(ti.next_kwargs or "") == {"error": "timeout"}
+    assert cipher.open(Purpose.RESUME_KWARGS, ti.next_kwargs or "") == {"error": "timeout"}
     assert _transitions(sessions, expired_ti)[-1] == ("deferred", "scheduled")
     assert _ti(sessions, waiting_ti).state == TaskState.DEFERRED
     with sessions() as session:
@@ -299,4 +299,4 @@ def test_two_events_of_one_trigger_in_one_batch_the_first_applies_and_each_key_i
             ).order_by(ResumeEvent.dedup_key)
         ).all()
     assert [tuple(r) for r in rows] == [("key-1", "applied", ti_id), ("key-2", "stale", None)]
-    assert cipher.open(_ti(sessions, ti_id).next_event or "") == 1
+    assert cipher.open(Purpose.EVENT, _ti(sessions, ti_id).next_event or "") == 1

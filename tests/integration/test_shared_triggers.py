@@ -18,7 +18,7 @@ from broker.consumer import Delivery
 from broker.replies import Entry
 from deferral.runtime import metrics
 from deferral.runtime.config import Settings
-from deferral.runtime.crypto import Cipher
+from deferral.runtime.crypto import Cipher, Purpose
 from deferral.runtime.serialization import check_kwargs
 from deferral.states import FAIL_METHOD, TaskState
 from deferral.store import transitions
@@ -26,7 +26,7 @@ from deferral.store.tables import TaskInstance, TaskStateChange, Trigger
 from deferral.triggers import DateTimeTrigger
 from deferral.triggers.base import classpath_of
 from tests.helpers import wait_for
-from tests.integration.factories import WORKER, running_task
+from tests.integration.factories import DAG_ID, WORKER, running_task
 from tests.servers import REDIS_URL
 from triggerer.events import event_message
 from triggerer.service import TriggererService
@@ -154,7 +154,9 @@ def test_the_share_key_is_keyed_and_kwargs_order_does_not_matter(fernet_key: str
     assert key == transitions.share_key(one, path, {"b": 2, "a": 1})
     assert key != transitions.share_key(other, path, {"a": 1, "b": 2})
     assert key != transitions.share_key(one, path, {"a": 1, "b": 3})
-    assert key != one.sign(b"")  # a key of its own, not the stream entries' MAC
+    assert key != one.sign(
+        Purpose.STREAM_ENTRY, b""
+    )  # a key of its own, not the stream entries' MAC
 
 
 def test_a_waiter_that_leaves_does_not_cancel_the_others_and_the_last_one_drops_it(
@@ -234,7 +236,7 @@ def test_the_worker_publishes_one_entry_and_the_triggerer_holds_one_trigger(
             Running(
                 Delivery(Entry(worker.streams[0], f"0-{i + 1}", {}), 1),
                 transitions.Attempt(ti, 1, WORKER),
-                f"d.r{i}.t",
+                f"{DAG_ID}.r{i}.t",
             ),
             outcome,
         )

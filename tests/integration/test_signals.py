@@ -22,7 +22,7 @@ from deferral import signals
 from deferral.exceptions import TaskDeferralError, deferral_failure
 from deferral.runtime import serialization
 from deferral.runtime.config import Settings
-from deferral.runtime.crypto import Cipher
+from deferral.runtime.crypto import Cipher, Purpose
 from deferral.states import FAIL_METHOD, TaskState
 from deferral.store import transitions
 from deferral.store.callback_tokens import make_token
@@ -89,9 +89,9 @@ def _defer(
             transitions.Deferral(
                 attempt=Attempt(ti_id, try_number, WORKER),
                 classpath=classpath,
-                kwargs_token=cipher.encrypt(serialization.encode(jsonable)),
+                kwargs_token=cipher.encrypt(Purpose.TRIGGER_KWARGS, serialization.encode(jsonable)),
                 next_method="resume",
-                next_kwargs_token=cipher.seal({}),
+                next_kwargs_token=cipher.seal(Purpose.RESUME_KWARGS, {}),
                 trigger_timeout=None,
             )
         )
@@ -108,7 +108,7 @@ def _events(sessions: sessionmaker[Session], cipher: Cipher, ids: Sequence[int])
                 TaskInstance.id.in_(ids), TaskInstance.state == TaskState.SCHEDULED
             )
         )
-        return {r.id: cipher.open(r.next_event) for r in rows}
+        return {r.id: cipher.open(Purpose.EVENT, r.next_event) for r in rows}
 
 
 def _resumes(sessions: sessionmaker[Session], ids: Sequence[int]) -> dict[int, int]:
@@ -407,7 +407,7 @@ def test_failure_status_fails_the_task_with_the_payloads_message(
         ti = session.get(TaskInstance, ti_id)
         assert ti is not None and ti.state == TaskState.SCHEDULED
         assert ti.next_method == FAIL_METHOD and ti.next_kwargs is not None
-        kwargs = cipher.open(ti.next_kwargs)
+        kwargs = cipher.open(Purpose.RESUME_KWARGS, ti.next_kwargs)
     assert kwargs["message"] == "callback reported failure: card declined"
     with pytest.raises(TaskDeferralError, match=r"^callback reported failure: card declined$"):
         raise deferral_failure(kwargs)
@@ -482,14 +482,16 @@ def test_reconciler_and_doctor_leave_signal_waits_out_of_the_streams(
     # A deferred task on an ordinary trigger that no stream holds: the one to republish.
     with sessions.begin() as session:
         trigger_id = transitions.create_trigger(
-            session, "deferral.triggers.temporal.DateTimeTrigger", cipher.seal({"moment": None})
+            session,
+            "deferral.triggers.temporal.DateTimeTrigger",
+            cipher.seal(Purpose.TRIGGER_KWARGS, {"moment": None}),
         )
         assert transitions.defer(
             session,
             Attempt(plain, 1, WORKER),
             trigger_id=trigger_id,
             next_method="resume",
-            next_kwargs_token=cipher.seal({}),
+            next_kwargs_token=cipher.seal(Purpose.RESUME_KWARGS, {}),
             trigger_timeout=None,
         )
         session.execute(text("UPDATE task_instance SET updated_at = now() - interval '1 hour'"))

@@ -20,7 +20,7 @@ from broker import streams
 from broker.client import Broker
 from broker.streams import GROUP_TRIGGERERS
 from deferral.runtime.config import Settings
-from deferral.runtime.crypto import Cipher
+from deferral.runtime.crypto import Cipher, Purpose
 from deferral.states import FAIL_METHOD
 from deferral.store import transitions
 from deferral.store.tables import Pool, TaskInstance, TaskStateChange, XCom
@@ -199,7 +199,7 @@ def test_a_task_starts_in_the_triggerer_with_no_free_slot_and_ends_there(
         assert xcoms == {"rows": 3}
     if outcome == "resume":
         assert ti.next_method == "execute_complete"
-        assert cipher.open(ti.next_kwargs or "") == {"n": 1}
+        assert cipher.open(Purpose.RESUME_KWARGS, ti.next_kwargs or "") == {"n": 1}
         return
     # The task's callback of the state it ended in ran (in the scheduler), once.
     mark = marks / ended
@@ -245,7 +245,7 @@ def test_a_task_end_event_with_a_bad_payload_fails_its_task_saying_why(
     with sessions() as session:
         ti = session.get(TaskInstance, ti_id)
         assert ti is not None and ti.next_method == FAIL_METHOD
-        said = cipher.open(ti.next_kwargs or "")
+        said = cipher.open(Purpose.RESUME_KWARGS, ti.next_kwargs or "")
     assert said["message"] == (
         f"trigger {trigger_id} sent a bad task-end event: a task-end event's payload must be"
         " {'xcoms': {key: value}}"

@@ -18,7 +18,7 @@ from deferral.runtime.crypto import Cipher
 from deferral.runtime.process import log_ids
 from deferral.runtime.serialization import check_kwargs
 from deferral.store import tasklogs
-from tests.integration.factories import deferred_task, timer_message
+from tests.integration.factories import DAG_ID, deferred_task, timer_message
 from triggerer.events import event_outcome
 from triggerer.service import Held, TriggererService
 
@@ -77,7 +77,7 @@ def test_a_timers_event_is_built_when_it_is_held_and_published_as_built(
     stream = broker.keys.triggers
     broker.ensure_group(stream, GROUP_TRIGGERERS)
     moment = dt.datetime.now(dt.UTC) + dt.timedelta(days=1)
-    broker.publish(stream, timer_message(cipher, trigger_id, moment, ti_id, "d.r.t"))
+    broker.publish(stream, timer_message(cipher, trigger_id, moment, ti_id, f"{DAG_ID}.r1.t"))
     service = TriggererService(settings, capacity=10, name="t1")
     service.attach(broker)
     service.consumer.start()

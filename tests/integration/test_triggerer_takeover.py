@@ -18,25 +18,27 @@ from broker.streams import GROUP_TRIGGERERS, TriggerMessage, to_fields
 from deferral.runtime.config import Settings
 from deferral.runtime.crypto import Cipher
 from deferral.store.tables import Triggerer
-from tests.integration.factories import timer_message
+from tests.integration.factories import deferred_timers
 from triggerer.service import READ_BATCH, Held, TriggererService
 
 DEAD_HELD = 2 * READ_BATCH + 50
 
 
-def _timer_message(cipher: Cipher, trigger_id: int) -> TriggerMessage:
-    """The entry of a trigger that fires in a day, for task instance ``trigger_id``."""
+def _timer_messages(
+    sessions: sessionmaker[Session], cipher: Cipher, count: int
+) -> list[TriggerMessage]:
+    """The entries of ``count`` deferred tasks' triggers that fire in a day."""
     moment = dt.datetime.now(dt.UTC) + dt.timedelta(days=1)
-    return timer_message(cipher, trigger_id, moment, trigger_id, f"d.r.t{trigger_id}")
+    return deferred_timers(sessions, cipher, count, moment)
 
 
-def _dead_peer_held(broker: Broker, cipher: Cipher, count: int) -> None:
+def _dead_peer_held(
+    broker: Broker, sessions: sessionmaker[Session], cipher: Cipher, count: int
+) -> None:
     """``count`` trigger entries read by a consumer that then died (long idle)."""
     stream = broker.keys.triggers
     broker.ensure_group(stream, GROUP_TRIGGERERS)
-    broker.publish_many(
-        [(stream, to_fields(_timer_message(cipher, i))) for i in range(1, count + 1)]
-    )
+    broker.publish_many([(stream, to_fields(m)) for m in _timer_messages(sessions, cipher, count)])
     entries = broker.read(GROUP_TRIGGERERS, "dead", {stream: ">"}, count=count)
     ids = [e.id for e in entries]
     # Held a while (renewed as survivors: none of them killed it), then it died.
@@ -79,7 +81,7 @@ def _one_look(service: TriggererService) -> None:
 def test_one_look_takes_every_entry_of_a_dead_triggerer(
     settings: Settings, broker: Broker, cipher: Cipher, sessions: sessionmaker[Session]
 ) -> None:
-    _dead_peer_held(broker, cipher, DEAD_HELD)
+    _dead_peer_held(broker, sessions, cipher, DEAD_HELD)
     _register_dead_peer(sessions)
     service = TriggererService(settings, capacity=1000, name="alive")
     service.attach(broker)
@@ -95,7 +97,7 @@ def test_one_look_takes_every_entry_of_a_dead_triggerer(
 def test_one_look_takes_no_more_than_the_capacity_left(
     settings: Settings, broker: Broker, cipher: Cipher, sessions: sessionmaker[Session]
 ) -> None:
-    _dead_peer_held(broker, cipher, DEAD_HELD)
+    _dead_peer_held(broker, sessions, cipher, DEAD_HELD)
     _register_dead_peer(sessions)
     service = TriggererService(settings, capacity=READ_BATCH + 10, name="alive")
     service.attach(broker)
@@ -138,14 +140,19 @@ def test_a_republished_entry_read_while_the_lost_one_is_checked_keeps_the_trigge
 
 
 def test_a_republished_entry_stays_held_when_retiring_the_older_one_fails(
-    settings: Settings, broker: Broker, cipher: Cipher, monkeypatch: pytest.MonkeyPatch
+    settings: Settings,
+    broker: Broker,
+    cipher: Cipher,
+    sessions: sessionmaker[Session],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The trigger runs on with the newer entry: it must stay renewed here (released, a peer
     would take it over and run the trigger too), and the older entry is retired once Redis
     answers again."""
     stream = broker.keys.triggers
     service = _reading_service(settings, broker)
-    message = _timer_message(cipher, 1)
+    [message] = _timer_messages(sessions, cipher, 1)
+    trigger_id = int(message.trigger_id)
     older = broker.publish(stream, message)
     newer = broker.publish(stream, message)  # the reconciler's republish
     retire = service.consumer.retire
@@ -161,7 +168,7 @@ def test_a_republished_entry_stays_held_when_retiring_the_older_one_fails(
 
     monkeypatch.setattr(service.consumer, "retire", failing)
     anyio.run(read_both)
-    assert service.held[1].entry.id == newer
+    assert service.held[trigger_id].entry.id == newer
     assert service.consumer.holds(newer)
     monkeypatch.setattr(service.consumer, "retire", retire)
     anyio.run(service._flush_outgoing)
@@ -170,7 +177,7 @@ def test_a_republished_entry_stays_held_when_retiring_the_older_one_fails(
 
 
 def test_a_republished_entry_read_while_its_cancelled_trigger_unwinds_is_run(
-    settings: Settings, broker: Broker, cipher: Cipher
+    settings: Settings, broker: Broker, cipher: Cipher, sessions: sessionmaker[Session]
 ) -> None:
     """The trigger was cancelled (reassigned: its old entry vanished and a newer one exists) but
     its task has not ended yet when this triggerer reads the newer entry. The newer entry starts
@@ -178,20 +185,22 @@ def test_a_republished_entry_read_while_its_cancelled_trigger_unwinds_is_run(
     never run."""
     stream = broker.keys.triggers
     service = _reading_service(settings, broker)
-    newer = broker.publish(stream, _timer_message(cipher, 7))
+    [message] = _timer_messages(sessions, cipher, 1)
+    newer = broker.publish(stream, message)
     ending: list[Held] = []
+    tid = int(message.trigger_id)
 
     async def read() -> None:
-        held = Held(7, Entry(stream, "1-1", {}), anyio.CancelScope(), "d.r.t7", 7, 1)
+        held = Held(tid, Entry(stream, "1-1", {}), anyio.CancelScope(), message.task, 1, 1)
         held.cancelled, held.cancel_reason = True, "reassigned"
-        service.held[7] = held
+        service.held[tid] = held
         ending.append(held)
         async with anyio.create_task_group() as tasks:
             await service._start_all(tasks, service.consumer.poll(1))
             tasks.cancel_scope.cancel()
 
     anyio.run(read)
-    started = service.held[7]
+    started = service.held[tid]
     assert started is not ending[0] and started.entry.id == newer and not started.cancelled
-    service._release(7, ending[0])  # the ending task's last step leaves the new one alone
-    assert service.held[7] is started
+    service._release(tid, ending[0])  # the ending task's last step leaves the new one alone
+    assert service.held[tid] is started

@@ -20,7 +20,7 @@ from deferral.connections import (
 )
 from deferral.hooks.base import BaseHook
 from deferral.runtime.config import Settings
-from deferral.runtime.crypto import Cipher
+from deferral.runtime.crypto import Cipher, Purpose
 from deferral.store.tables import RenderedTaskInstanceFields
 from deferral.variables import VariableError
 from deferral_cli import main as deferral_main
@@ -44,7 +44,7 @@ def test_a_variable_is_ciphertext_in_postgres_and_reads_back(
         sessions, "SELECT val, is_encrypted, description FROM variable WHERE key = 'db_password'"
     )
     assert isinstance(val, str) and "hunter2" not in val
-    assert cipher.decrypt(val) == b"hunter2-in-table"
+    assert cipher.decrypt(Purpose.STORED_SECRET, val) == b"hunter2-in-table"
     assert (encrypted, description) == (True, "for the warehouse")
     assert Variable.get("db_password") == "hunter2-in-table"
     assert Variable.get("limits", deserialize_json=True) == {"max": 3, "names": ["a"]}
@@ -126,7 +126,7 @@ def test_a_connection_password_and_extra_are_ciphertext_in_postgres(
     assert (login, host) == ("etl", "db.example.com")
     assert isinstance(password, str) and "pw-in-postgres" not in password
     assert isinstance(extra, str) and "sslmode" not in extra and "t0ken" not in extra
-    assert cipher.decrypt(password) == b"pw-in-postgres"
+    assert cipher.decrypt(Purpose.STORED_SECRET, password) == b"pw-in-postgres"
 
     found = BaseHook.get_connection("warehouse")
     assert (found.password, found.port, found.schema, found.description) == (
@@ -187,7 +187,7 @@ def test_rotate_fernet_key_reseals_variables_and_connections(
     monkeypatch.setenv("DEFERRAL_FERNET_KEY", f"{new_key},{fernet_key}")
     result = CliRunner().invoke(deferral_main, ["rotate-fernet-key"])
     assert result.exit_code == 0, result.output
-    assert result.output.splitlines()[-3:] == [
+    assert result.output.splitlines()[-5:-2] == [
         "variable.val: 1 row(s) rotated",
         "connection.password: 1 row(s) rotated",
         "connection.extra: 1 row(s) rotated",

@@ -21,7 +21,7 @@ from starlette.testclient import TestClient
 from broker.client import Broker
 from deferral.runtime import metrics
 from deferral.runtime.config import Settings
-from deferral.runtime.crypto import Cipher
+from deferral.runtime.crypto import Cipher, Purpose
 from deferral.states import DagRunState, TaskState
 from deferral.store import tasklogs, transitions
 from deferral.store.tables import (
@@ -491,10 +491,12 @@ def test_no_secret_in_any_page_or_api_answer(
     with sessions.begin() as session:
         trigger_row = session.get(Trigger, trigger_id)
         assert trigger_row is not None
-        trigger_row.kwargs = cipher.seal({"api_key": trigger_secret})
+        trigger_row.kwargs = cipher.seal(Purpose.TRIGGER_KWARGS, {"api_key": trigger_secret})
         session.add(
             StoredConnection(
-                conn_id="db", conn_type="postgres", password=cipher.encrypt(conn_secret.encode())
+                conn_id="db",
+                conn_type="postgres",
+                password=cipher.encrypt(Purpose.STORED_SECRET, conn_secret.encode()),
             )
         )
         transitions.create_dag_run(

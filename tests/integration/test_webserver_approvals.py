@@ -8,7 +8,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from starlette.testclient import TestClient
 
 from deferral.models.param import Param
-from deferral.runtime.crypto import Cipher
+from deferral.runtime.crypto import Cipher, Purpose
 from deferral.states import TaskState
 from deferral.store.tables import HITLDetail, TaskInstance
 from tests.integration.factories import awaiting_input_task
@@ -129,7 +129,7 @@ def test_secret_looking_param_defaults_are_masked_in_the_api_and_the_form(
     with sessions() as session:
         ti = session.get(TaskInstance, ti_id)
         assert ti is not None and ti.next_event is not None
-        event = cipher.open(ti.next_event)
+        event = cipher.open(Purpose.EVENT, ti.next_event)
     assert event["params_input"] == {
         "password": PASSWORD,  # the default, not "***"
         "api_key": "a-new-key-given",

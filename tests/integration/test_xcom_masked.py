@@ -16,7 +16,7 @@ from broker.client import Broker
 from deferral import variables
 from deferral.runtime import serialization
 from deferral.runtime.config import Settings
-from deferral.runtime.crypto import Cipher
+from deferral.runtime.crypto import Cipher, Purpose
 from deferral.store import xcom
 from deferral.store.stored_secrets import known_secrets, shown_xcom
 from deferral.store.tables import StoredConnection
@@ -44,7 +44,7 @@ def pushed(
             StoredConnection(
                 conn_id="warehouse",
                 conn_type="postgres",
-                password=cipher.encrypt(CONN_PASSWORD.encode()),
+                password=cipher.encrypt(Purpose.STORED_SECRET, CONN_PASSWORD.encode()),
             )
         )
         variables.write_stored(session, cipher, "api_secret", VAR_SECRET)

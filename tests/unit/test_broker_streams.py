@@ -28,7 +28,7 @@ from broker.streams import (
     to_fields,
     with_log,
 )
-from deferral.runtime.crypto import Cipher
+from deferral.runtime.crypto import Cipher, Purpose
 
 KEY = Fernet.generate_key().decode()
 CIPHER = Cipher([KEY])
@@ -254,7 +254,9 @@ def test_an_event_carries_its_tries_log_lines_signed() -> None:
 
     fields = to_fields(message)
     assert "second" not in fields["log"]  # sealed
-    fields["log"] = CIPHER.encrypt(b'[41,2,[[1.5,"forged"]]]')  # sealed, but not signed
+    fields["log"] = CIPHER.encrypt(
+        Purpose.CARRIED_LOG, b'[41,2,[[1.5,"forged"]]]'
+    )  # sealed, but not signed
     with pytest.raises(ForgedEntry):
         read_event(CIPHER, wire(fields))
 
@@ -298,7 +300,7 @@ def test_an_event_written_before_logs_travelled_still_reads() -> None:
 def test_a_bad_carried_log_is_malformed_naming_it(log: str, fragment: str) -> None:
     message = event_message(CIPHER, 7, "7:abc", "event", "1", "t")
     with pytest.raises(MalformedEntry, match=fragment):
-        read_event(CIPHER, _signed(message, log=CIPHER.encrypt(log.encode())))
+        read_event(CIPHER, _signed(message, log=CIPHER.encrypt(Purpose.CARRIED_LOG, log.encode())))
 
 
 def test_an_oversized_sealed_log_is_refused_before_anything_is_opened() -> None:

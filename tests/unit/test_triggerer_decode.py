@@ -15,7 +15,7 @@ from cryptography.fernet import Fernet
 from broker.replies import Entry
 from broker.streams import TriggerMessage, TriggerSpec, to_fields
 from deferral.runtime import serialization
-from deferral.runtime.crypto import Cipher
+from deferral.runtime.crypto import Cipher, Purpose
 from deferral.triggers import BaseTrigger, DateTimeTrigger, FileTrigger, TriggerEvent
 from triggerer import decode
 from triggerer.decode import Decoded, RejectedEntry, decode_entry, load_trigger_class
@@ -69,7 +69,9 @@ def make_entry(
         trigger_id=str(trigger_id) if clear_trigger_id is None else clear_trigger_id,
         classpath=classpath if clear_classpath is None else clear_classpath,
         task="dag.run.task",
-        token=cipher.encrypt(msgspec.json.encode(spec)) if token is None else token,
+        token=cipher.encrypt(Purpose.TRIGGER_SPEC, msgspec.json.encode(spec))
+        if token is None
+        else token,
     )
     fields = {k.encode(): v.encode() for k, v in to_fields(message).items()}
     if drop is not None:
@@ -137,7 +139,7 @@ def test_token_from_another_key_is_rejected() -> None:
 
 
 def test_corrupted_token_is_rejected() -> None:
-    token = CIPHER.encrypt(b"{}")
+    token = CIPHER.encrypt(Purpose.TRIGGER_SPEC, b"{}")
     raw = bytearray(base64.urlsafe_b64decode(token))
     raw[40] ^= 0xFF
     corrupted = base64.urlsafe_b64encode(bytes(raw)).decode()
@@ -157,13 +159,13 @@ def test_non_ascii_token_is_rejected() -> None:
 
 
 def test_authentic_token_that_is_not_a_trigger_spec_is_rejected() -> None:
-    error = rejected(make_entry(token=CIPHER.encrypt(b'{"hello": "world"}')))
+    error = rejected(make_entry(token=CIPHER.encrypt(Purpose.TRIGGER_SPEC, b'{"hello": "world"}')))
     assert "rejected trigger entry" in str(error)
     assert error.trigger_id == 5
 
 
 def test_authentic_token_that_is_not_json_is_rejected() -> None:
-    error = rejected(make_entry(token=CIPHER.encrypt(b"\x00\x01not json")))
+    error = rejected(make_entry(token=CIPHER.encrypt(Purpose.TRIGGER_SPEC, b"\x00\x01not json")))
     assert error.trigger_id == 5
 
 
@@ -274,7 +276,9 @@ def test_malformed_kwargs_tag_is_rejected() -> None:
         "task_instance_id": 1,
         "task": "d.r.t",
     }
-    error = rejected(make_entry(token=CIPHER.encrypt(msgspec.json.encode(spec))))
+    error = rejected(
+        make_entry(token=CIPHER.encrypt(Purpose.TRIGGER_SPEC, msgspec.json.encode(spec)))
+    )
     assert "rejected trigger 5" in str(error)
     assert "alien" in str(error)
 

@@ -10,7 +10,7 @@ from cryptography.fernet import Fernet
 
 from broker.streams import EVENT_KIND_EVENT, EVENT_KIND_FAILURE, EventMessage, read_event, to_fields
 from deferral.runtime import serialization
-from deferral.runtime.crypto import Cipher
+from deferral.runtime.crypto import Cipher, Purpose
 from triggerer.events import (
     dedup_key,
     event_message,
@@ -31,7 +31,7 @@ def test_event_message_fields() -> None:
     assert message.kind == EVENT_KIND_EVENT
     assert message.triggerer == "triggerer-a"
     assert outcome.payload == '{"n":3,"status":"done"}'
-    assert CIPHER.decrypt(message.payload) == b'{"n":3,"status":"done"}'  # sealed
+    assert CIPHER.decrypt(Purpose.EVENT, message.payload) == b'{"n":3,"status":"done"}'  # sealed
     assert message.dedup_key.startswith("5:")
     assert message.dedup_key == dedup_key(CIPHER, 5, "event", outcome.payload.encode())
 

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from cryptography.fernet import Fernet
 
-from deferral.runtime.crypto import Cipher
+from deferral.runtime.crypto import Cipher, Purpose
 from deferral.triggers.event import DirectoryWatchTrigger
 from deferral.triggers.temporal import DateTimeTrigger
 from triggerer.watchers import open_watcher
@@ -21,7 +21,7 @@ MODULES = ["deferral.triggers"]
 
 def seal(trigger: Any) -> str:
     classpath, kwargs = trigger.serialize()
-    return CIPHER.seal({"classpath": classpath, "kwargs": kwargs})
+    return CIPHER.seal(Purpose.WATCHER_SPEC, {"classpath": classpath, "kwargs": kwargs})
 
 
 def test_a_sealed_event_trigger_is_rebuilt() -> None:

@@ -11,7 +11,7 @@ from typing import Any
 from sqlalchemy import delete, text
 from sqlalchemy.orm import Session
 
-from deferral.runtime.crypto import Cipher
+from deferral.runtime.crypto import Cipher, Purpose
 from deferral.states import FAIL_METHOD, TaskState
 from deferral.store.tables import Trigger
 from deferral.store.tasklogs import NewLine
@@ -210,7 +210,7 @@ def _sealed_event(event: FiredEvent, cipher: Cipher) -> str | None:
     that does not resume at the deferral's method (a failure, a task end)."""
     if event.failed or event.ends is not None:
         return None
-    return event.sealed_payload or cipher.seal(event.payload, "event")
+    return event.sealed_payload or cipher.seal(Purpose.EVENT, event.payload, "event")
 
 
 def _resumed_by_failure(event: FiredEvent, cipher: Cipher) -> tuple[str, str, None, str]:
@@ -218,7 +218,7 @@ def _resumed_by_failure(event: FiredEvent, cipher: Cipher) -> tuple[str, str, No
     ``__fail__`` with the failure."""
     kwargs = {"error": "trigger_failure", **event.payload}
     reason = f"{RESUMED_BY_TRIGGER}{event.trigger_id} failed"
-    return FAIL_METHOD, cipher.seal(kwargs, "next_kwargs"), None, reason
+    return FAIL_METHOD, cipher.seal(Purpose.RESUME_KWARGS, kwargs, "next_kwargs"), None, reason
 
 
 # The kwargs a task whose deferral timed out resumes at ``__fail__`` with.
@@ -405,7 +405,7 @@ def expire_deferrals(
     """deferred -> scheduled at ``__fail__`` for every task (``among`` these ids, if given)
     whose trigger_timeout passed, in one statement; the worker then raises TaskDeferralTimeout
     inside the task."""
-    token = cipher.seal(TIMED_OUT_KWARGS, "next_kwargs")
+    token = cipher.seal(Purpose.RESUME_KWARGS, TIMED_OUT_KWARGS, "next_kwargs")
     params = {"fail_method": FAIL_METHOD, "fail_kwargs": token, "limit": limit, "reason": TIMED_OUT}
     if among is None:
         return list(session.scalars(_EXPIRE_ALL_SQL, params))
