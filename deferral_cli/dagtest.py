@@ -1,15 +1,17 @@
-"""``deferral dags test`` and ``deferral tasks test``: one process runs a run's tasks, as Airflow's
+"""``deferral dags test`` and ``deferral tasks test``: one command runs a run's tasks, as Airflow's
 ``airflow dags test`` does, with no scheduler, worker or triggerer.
 
 The run is recorded in Postgres like any other and goes through the same transitions: the
 scheduler's evaluation (``scheduler.waiting.advance_run``: trigger rules, mapping, retries) picks
-what may run, each attempt runs in this process as in a worker child (``worker.capture``: its
-output stored in the try's log and shown here), its outcome is recorded as a worker records it
-(``worker.record``), and a deferral's trigger runs in an in-process event loop
-(``triggerer.events.first_event``) whose first event resumes the task at its method. Tasks run
-one at a time, in dependency order (priority first among those ready). Nothing goes through
-Redis: no service sees this run's work, so none may be running against the same database (a
-scheduler would evaluate and dispatch the run too).
+what may run, each attempt runs in a task process of the command's own as in a worker
+(``worker.children``, ``worker.capture``: its output stored in the try's log and shown here),
+its outcome is recorded as a worker records it (``worker.record``), and the triggers of deferred
+tasks run in one event loop of this process (``triggerer.events.first_event``) whose first events
+resume the tasks at their methods. What is ready runs at once: up to ``--concurrency`` attempts
+(priority first), every trigger. A wait kept as a row (a signal, a callback, a request for input)
+is answered by another process, and the command says how. Nothing goes through Redis: no service
+sees this run's work, so none may be running against the same database (a scheduler would
+evaluate and dispatch the run too).
 """
 
 from __future__ import annotations

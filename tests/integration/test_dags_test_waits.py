@@ -1,0 +1,228 @@
+"""`deferral dags test` as a process of its own against the test database: what can run at once
+runs at once, a signal wait and a request for input are answered from another process with the
+command it prints, and SIGTERM stops it (exit 143) leaving no process of its behind."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+
+import psutil
+import pytest
+from sqlalchemy import select
+from sqlalchemy.orm import Session, sessionmaker
+
+from deferral.store.tables import TaskInstance, TaskStateChange
+from tests.forks import LANE, ForkedProcess
+from tests.helpers import wait_for
+
+TIMEOUT_SEC = 120
+
+
+def start_dags_test(env: dict[str, str], output: Path, *args: str) -> ForkedProcess:
+    """``deferral dags test ARGS`` started in a process of its own, its output in ``output``."""
+    return LANE.spawn("deferral", ["dags", "test", *args], {**os.environ, **env}, None, output)
+
+
+def printed_command(output: Path, words: str) -> str:
+    """The first line of ``output`` that runs ``deferral WORDS``, once printed."""
+    pattern = re.compile(rf"^(?:DEFERRAL_\S+ )*deferral {words}\b.*$", re.MULTILINE)
+    found = wait_for(
+        lambda: pattern.search(output.read_text()), timeout=TIMEOUT_SEC, what=f"`{words}` line"
+    )
+    return found.group(0)
+
+
+def answer(command: str, service_env: dict[str, str], *more: str) -> None:
+    """Run a printed command in a shell with none of the test's DEFERRAL_* settings but the
+    Fernet key (set in the environment, so a secret the command names and does not show): the
+    line itself must give the others."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DEFERRAL_")}
+    env["PATH"] = f"{Path(sys.executable).parent}:{env.get('PATH', '')}"
+    env["DEFERRAL_FERNET_KEY"] = service_env["DEFERRAL_FERNET_KEY"]
+    done = subprocess.run(
+        ["bash", "-c", " ".join([command, *more])],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_SEC,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+AT_ONCE = """
+import datetime as dt
+import time
+
+from deferral import DAG
+from deferral.decorators import task
+from deferral.sensors.time_delta import TimeDeltaSensorAsync
+
+with DAG("{dag_id}", schedule=None):
+    for n in range(4):
+        TimeDeltaSensorAsync(task_id=f"nap{{n}}", delta=dt.timedelta(seconds=3))
+
+    @task
+    def busy(n):
+        time.sleep(2)
+
+    busy.override(task_id="busy0")(0)
+    busy.override(task_id="busy1")(1)
+"""
+
+
+def changes(sessions: sessionmaker[Session], dag_id: str) -> dict[tuple[str, str], object]:
+    """(task, to_state) -> when, for each of the DAG's task state changes."""
+    with sessions() as session:
+        rows = session.execute(
+            select(TaskInstance.task_id, TaskStateChange.to_state, TaskStateChange.at)
+            .join(TaskInstance, TaskInstance.id == TaskStateChange.task_instance_id)
+            .where(TaskInstance.dag_id == dag_id)
+        ).all()
+    return {(task_id, to_state): at for task_id, to_state, at in rows}
+
+
+def test_independent_sensors_and_tasks_run_at_once(
+    service_env: dict[str, str],
+    sessions: sessionmaker[Session],
+    write_dag: Callable[[str, str], Path],
+    tmp_path: Path,
+) -> None:
+    name = f"at_once_{uuid.uuid4().hex[:8]}"
+    write_dag(name, AT_ONCE.format(dag_id=name))
+    output = tmp_path / "out"
+    proc = start_dags_test(service_env, output, name)
+    assert proc.wait(TIMEOUT_SEC) == 0, output.read_text()
+    at = changes(sessions, name)
+    naps = [f"nap{n}" for n in range(4)]
+    # Every sensor deferred before any one's trigger fired: their waits overlapped.
+    assert max(at[nap, "deferred"] for nap in naps) < min(at[nap, "scheduled"] for nap in naps)
+    for nap in naps:
+        assert (nap, "scheduled") in at  # deferred -> scheduled by its trigger's event
+    # Both sleeping tasks were running before either ended.
+    busy = ("busy0", "busy1")
+    assert max(at[b, "running"] for b in busy) < min(at[b, "success"] for b in busy)
+    assert "busy0: running -> success" in output.read_text()
+
+
+SIGNALLED = """
+import datetime as dt
+
+from deferral import DAG, BaseOperator
+from deferral.decorators import task
+
+
+class WaitForPayment(BaseOperator):
+    def execute(self, context):
+        self.wait_for_signal(
+            "{key}", lookback=dt.timedelta(minutes=10), timeout=dt.timedelta(hours=1)
+        )
+
+    def execute_complete(self, context, event):
+        return event
+
+
+with DAG("{dag_id}", schedule=None):
+    @task
+    def report(paid):
+        print("paid", paid["amount"])
+
+    report(WaitForPayment(task_id="wait").output)
+"""
+
+
+def test_a_signal_wait_is_answered_from_another_process_with_the_printed_command(
+    service_env: dict[str, str],
+    sessions: sessionmaker[Session],
+    write_dag: Callable[[str, str], Path],
+    tmp_path: Path,
+) -> None:
+    name = f"signalled_{uuid.uuid4().hex[:8]}"
+    key = f"payment-{uuid.uuid4().hex[:8]}"
+    write_dag(name, SIGNALLED.format(dag_id=name, key=key))
+    output = tmp_path / "out"
+    proc = start_dags_test(service_env, output, name)
+    command = printed_command(output, "signals send")
+    assert command.endswith(f"deferral signals send {key}")
+    said = output.read_text()
+    assert f"# wait waits for a signal on '{key}'" in said
+    assert "DEFERRAL_FERNET_KEY: as set in this terminal (a secret: not shown)" in said
+    assert service_env["DEFERRAL_FERNET_KEY"] not in said
+    answer(command, service_env, "--payload", "'{\"amount\": 42}'")
+    assert proc.wait(TIMEOUT_SEC) == 0, output.read_text()
+    out = output.read_text()
+    assert "SignalError" not in out
+    assert "report | paid 42" in out
+    assert out.count("deferral signals send") == 1  # said once
+
+
+ASKED = """
+from deferral import DAG
+from deferral.decorators import task
+from deferral.operators.hitl import HITLOperator
+
+with DAG("{dag_id}", schedule=None):
+    @task
+    def chosen(answer):
+        print("chose", answer["chosen_options"])
+
+    chosen(HITLOperator(task_id="ask", subject="Ship it?", options=["yes", "no"]).output)
+"""
+
+
+def test_a_request_for_input_is_answered_from_another_process_with_the_printed_command(
+    service_env: dict[str, str],
+    write_dag: Callable[[str, str], Path],
+    tmp_path: Path,
+) -> None:
+    name = f"asked_{uuid.uuid4().hex[:8]}"
+    write_dag(name, ASKED.format(dag_id=name))
+    output = tmp_path / "out"
+    proc = start_dags_test(service_env, output, name)
+    command = printed_command(output, "approvals respond")
+    assert command.endswith(" yes")  # the first option, as an example
+    assert "# ask awaits input: 'Ship it?' (options: yes, no)" in output.read_text()
+    answer(command.removesuffix(" yes"), service_env, "no")
+    assert proc.wait(TIMEOUT_SEC) == 0, output.read_text()
+    out = output.read_text()
+    assert "ask: awaiting_input -> scheduled (responded by" in out
+    assert "chosen | chose ['no']" in out
+
+
+def test_sigterm_stops_it_with_143_and_leaves_no_process(
+    service_env: dict[str, str],
+    write_dag: Callable[[str, str], Path],
+    tmp_path: Path,
+) -> None:
+    name = f"stopped_{uuid.uuid4().hex[:8]}"
+    write_dag(name, SIGNALLED.format(dag_id=name, key="never-sent"))
+    output = tmp_path / "out"
+    proc = start_dags_test(service_env, output, name)
+    printed_command(output, "signals send")
+    # Its task processes (and their fork server) are up by now: they ran the first attempt.
+    descendants = psutil.Process(proc.pid).children(recursive=True)
+    assert descendants
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(TIMEOUT_SEC) == 143, output.read_text()
+    out = output.read_text()
+    assert re.search(r"^stopped by SIGTERM; run \S+ of DAG \S+ is left as it is$", out, re.M)
+    assert "Aborted!" not in out
+    _, alive = psutil.wait_procs(descendants, timeout=30)
+    assert alive == []
+
+
+@pytest.mark.parametrize("concurrency", ["0", "x"])
+def test_a_bad_concurrency_is_one_line(service_env: dict[str, str], concurrency: str) -> None:
+    done = LANE.run(
+        ["dags", "test", "any", "--concurrency", concurrency],
+        {**os.environ, **service_env},
+        TIMEOUT_SEC,
+    )
+    assert done.returncode == 2
+    assert "--concurrency" in done.stderr
