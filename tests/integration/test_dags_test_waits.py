@@ -30,6 +30,22 @@ def start_dags_test(env: dict[str, str], output: Path, *args: str) -> ForkedProc
     return LANE.spawn("deferral", ["dags", "test", *args], {**os.environ, **env}, None, output)
 
 
+@pytest.fixture
+def dags_test(
+    service_env: dict[str, str], write_dag: Callable[[str, str], Path], tmp_path: Path
+) -> Callable[..., tuple[ForkedProcess, Path, str]]:
+    """Write the DAG ``source`` (formatted with a fresh ``dag_id`` and ``fields``) and start
+    ``deferral dags test`` on it; returns the process, its output file and the DAG id."""
+
+    def start(source: str, **fields: str) -> tuple[ForkedProcess, Path, str]:
+        name = f"dag_{uuid.uuid4().hex[:8]}"
+        write_dag(name, source.format(dag_id=name, **fields))
+        output = tmp_path / f"{name}.out"
+        return start_dags_test(service_env, output, name), output, name
+
+    return start
+
+
 def printed_command(output: Path, words: str) -> str:
     """The first line of ``output`` that runs ``deferral WORDS``, once printed."""
     pattern = re.compile(rf"^(?:DEFERRAL_\S+ )*deferral {words}\b.*$", re.MULTILINE)
@@ -89,15 +105,9 @@ def changes(sessions: sessionmaker[Session], dag_id: str) -> dict[tuple[str, str
 
 
 def test_independent_sensors_and_tasks_run_at_once(
-    service_env: dict[str, str],
-    sessions: sessionmaker[Session],
-    write_dag: Callable[[str, str], Path],
-    tmp_path: Path,
+    sessions: sessionmaker[Session], dags_test: Callable[..., tuple[ForkedProcess, Path, str]]
 ) -> None:
-    name = f"at_once_{uuid.uuid4().hex[:8]}"
-    write_dag(name, AT_ONCE.format(dag_id=name))
-    output = tmp_path / "out"
-    proc = start_dags_test(service_env, output, name)
+    proc, output, name = dags_test(AT_ONCE)
     assert proc.wait(TIMEOUT_SEC) == 0, output.read_text()
     at = changes(sessions, name)
     naps = [f"nap{n}" for n in range(4)]
@@ -138,16 +148,10 @@ with DAG("{dag_id}", schedule=None):
 
 
 def test_a_signal_wait_is_answered_from_another_process_with_the_printed_command(
-    service_env: dict[str, str],
-    sessions: sessionmaker[Session],
-    write_dag: Callable[[str, str], Path],
-    tmp_path: Path,
+    service_env: dict[str, str], dags_test: Callable[..., tuple[ForkedProcess, Path, str]]
 ) -> None:
-    name = f"signalled_{uuid.uuid4().hex[:8]}"
     key = f"payment-{uuid.uuid4().hex[:8]}"
-    write_dag(name, SIGNALLED.format(dag_id=name, key=key))
-    output = tmp_path / "out"
-    proc = start_dags_test(service_env, output, name)
+    proc, output, _ = dags_test(SIGNALLED, key=key)
     command = printed_command(output, "signals send")
     assert command.endswith(f"deferral signals send {key}")
     said = output.read_text()
@@ -177,14 +181,9 @@ with DAG("{dag_id}", schedule=None):
 
 
 def test_a_request_for_input_is_answered_from_another_process_with_the_printed_command(
-    service_env: dict[str, str],
-    write_dag: Callable[[str, str], Path],
-    tmp_path: Path,
+    service_env: dict[str, str], dags_test: Callable[..., tuple[ForkedProcess, Path, str]]
 ) -> None:
-    name = f"asked_{uuid.uuid4().hex[:8]}"
-    write_dag(name, ASKED.format(dag_id=name))
-    output = tmp_path / "out"
-    proc = start_dags_test(service_env, output, name)
+    proc, output, _ = dags_test(ASKED)
     command = printed_command(output, "approvals respond")
     assert command.endswith(" yes")  # the first option, as an example
     assert "# ask awaits input: 'Ship it?' (options: yes, no)" in output.read_text()
@@ -196,14 +195,9 @@ def test_a_request_for_input_is_answered_from_another_process_with_the_printed_c
 
 
 def test_sigterm_stops_it_with_143_and_leaves_no_process(
-    service_env: dict[str, str],
-    write_dag: Callable[[str, str], Path],
-    tmp_path: Path,
+    dags_test: Callable[..., tuple[ForkedProcess, Path, str]],
 ) -> None:
-    name = f"stopped_{uuid.uuid4().hex[:8]}"
-    write_dag(name, SIGNALLED.format(dag_id=name, key="never-sent"))
-    output = tmp_path / "out"
-    proc = start_dags_test(service_env, output, name)
+    proc, output, _ = dags_test(SIGNALLED, key="never-sent")
     printed_command(output, "signals send")
     # Its task processes (and their fork server) are up by now: they ran the first attempt.
     descendants = psutil.Process(proc.pid).children(recursive=True)
