@@ -772,6 +772,9 @@ def _test_dag(
         out = terminal()
         with task_processes(out) as tasks:
             dag = load_dag(settings, dag_id)
+            # Started together and warmed meanwhile (each loads the DAGs folder), not one by one
+            # as the first attempts come.
+            tasks.prestart(min(concurrency, len(dag.tasks)))
             made = sessions(settings)
             try:
                 refuse_if_services_run(made, settings)
