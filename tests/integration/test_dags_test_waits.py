@@ -5,6 +5,7 @@ command it prints, and SIGTERM stops it (exit 143) leaving no process of its beh
 from __future__ import annotations
 
 import os
+import pty
 import re
 import signal
 import subprocess
@@ -19,6 +20,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from deferral.store.tables import TaskInstance, TaskStateChange
+from tests.e2e.conftest import command
 from tests.forks import LANE, ForkedProcess
 from tests.helpers import wait_for
 
@@ -220,3 +222,37 @@ def test_a_bad_concurrency_is_one_line(service_env: dict[str, str], concurrency:
     )
     assert done.returncode == 2
     assert "--concurrency" in done.stderr
+
+
+def test_on_a_terminal_a_request_for_input_is_asked_there(
+    service_env: dict[str, str], write_dag: Callable[[str, str], Path], tmp_path: Path
+) -> None:
+    name = f"dag_{uuid.uuid4().hex[:8]}"
+    write_dag(name, ASKED.format(dag_id=name))
+    output = tmp_path / "out"
+    leader, follower = pty.openpty()
+    with output.open("w") as out:
+        proc = subprocess.Popen(
+            command("deferral", "dags", "test", name),
+            env={**os.environ, **service_env},
+            stdin=follower,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    os.close(follower)
+    try:
+        wait_for(
+            lambda: "ask: respond here (yes / no; several: a,b): " in output.read_text(),
+            timeout=TIMEOUT_SEC,
+            what="the prompt",
+        )
+        os.write(leader, b"maybe\n")  # not an option: said, and asked again
+        wait_for(lambda: output.read_text().count("ask: respond here") == 2, what="asked again")
+        os.write(leader, b"no\n")
+        assert proc.wait(TIMEOUT_SEC) == 0, output.read_text()
+    finally:
+        proc.kill()
+        os.close(leader)
+    out_text = output.read_text()
+    assert "maybe" in out_text.split("ask: respond here")[1]  # the one-line refusal
+    assert "chosen | chose ['no']" in out_text
