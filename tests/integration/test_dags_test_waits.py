@@ -213,6 +213,19 @@ def test_sigterm_stops_it_with_143_and_leaves_no_process(
     assert alive == []
 
 
+def test_tasks_test_says_a_signal_wait_needs_dags_test(
+    service_env: dict[str, str], write_dag: Callable[[str, str], Path]
+) -> None:
+    name = f"dag_{uuid.uuid4().hex[:8]}"
+    write_dag(name, SIGNALLED.format(dag_id=name, key="k"))
+    done = LANE.run(["tasks", "test", name, "wait"], {**os.environ, **service_env}, TIMEOUT_SEC)
+    assert (done.returncode, done.stderr.strip().splitlines()[-1]) == (
+        1,
+        "error: wait waits for a signal or a callback, which `tasks test` (recording no state)"
+        " cannot receive; use `deferral dags test`",
+    )
+
+
 @pytest.mark.parametrize("concurrency", ["0", "x"])
 def test_a_bad_concurrency_is_one_line(service_env: dict[str, str], concurrency: str) -> None:
     done = LANE.run(
