@@ -7,9 +7,9 @@ from __future__ import annotations
 import os
 import pty
 import re
+import shlex
 import signal
 import subprocess
-import sys
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -57,21 +57,19 @@ def printed_command(output: Path, words: str) -> str:
     return found.group(0)
 
 
-def answer(command: str, service_env: dict[str, str], *more: str) -> None:
-    """Run a printed command in a shell with none of the test's DEFERRAL_* settings but the
-    Fernet key (set in the environment, so a secret the command names and does not show): the
-    line itself must give the others."""
+def answer(line: str, fernet_key: str, *more: str) -> str:
+    """Run a printed line as a shell would (its ``NAME=value`` words are the command's only
+    DEFERRAL_* settings, but for the Fernet key, set in the environment: a secret the line names
+    and does not show); its output."""
+    words = shlex.split(line)
+    settings = dict(word.split("=", 1) for word in words if re.match(r"^DEFERRAL_\w+=", word))
+    argv = [word for word in words if not re.match(r"^DEFERRAL_\w+=", word)]
+    assert argv[0] == "deferral"
     env = {k: v for k, v in os.environ.items() if not k.startswith("DEFERRAL_")}
-    env["PATH"] = f"{Path(sys.executable).parent}:{env.get('PATH', '')}"
-    env["DEFERRAL_FERNET_KEY"] = service_env["DEFERRAL_FERNET_KEY"]
-    done = subprocess.run(
-        ["bash", "-c", " ".join([command, *more])],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT_SEC,
-    )
+    env = {**env, **settings, "DEFERRAL_FERNET_KEY": fernet_key}
+    done = LANE.run([*argv[1:], *more], env, TIMEOUT_SEC)
     assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout
 
 
 AT_ONCE = """
@@ -128,12 +126,17 @@ import datetime as dt
 
 from deferral import DAG, BaseOperator
 from deferral.decorators import task
+from deferral.operators.hitl import HITLOperator
 
 
 class WaitForPayment(BaseOperator):
+    def __init__(self, key, **kwargs):
+        super().__init__(**kwargs)
+        self.key = key
+
     def execute(self, context):
         self.wait_for_signal(
-            "{key}", lookback=dt.timedelta(minutes=10), timeout=dt.timedelta(hours=1)
+            self.key, lookback=dt.timedelta(minutes=10), timeout=dt.timedelta(hours=1)
         )
 
     def execute_complete(self, context, event):
@@ -145,27 +148,50 @@ with DAG("{dag_id}", schedule=None):
     def report(paid):
         print("paid", paid["amount"])
 
-    report(WaitForPayment(task_id="wait").output)
+    @task
+    def chosen(answer):
+        print("chose", answer["chosen_options"])
+
+    report(WaitForPayment(task_id="wait", key="{key}").output)
+    chosen(HITLOperator(task_id="ask", subject="Ship it?", options=["yes", "no"]).output)
+    WaitForPayment(task_id="never", key="never-sent")
 """
 
 
-def test_a_signal_wait_is_answered_from_another_process_with_the_printed_command(
+def test_waits_are_answered_from_another_process_and_sigterm_leaves_no_process(
     service_env: dict[str, str], dags_test: Callable[..., tuple[ForkedProcess, Path, str]]
 ) -> None:
     key = f"payment-{uuid.uuid4().hex[:8]}"
     proc, output, _ = dags_test(SIGNALLED, key=key)
-    command = printed_command(output, "signals send")
-    assert command.endswith(f"deferral signals send {key}")
-    said = output.read_text()
-    assert f"# wait waits for a signal on '{key}'" in said
-    assert "DEFERRAL_FERNET_KEY: as set in this terminal (a secret: not shown)" in said
-    assert service_env["DEFERRAL_FERNET_KEY"] not in said
-    answer(command, service_env, "--payload", "'{\"amount\": 42}'")
-    assert proc.wait(TIMEOUT_SEC) == 0, output.read_text()
+    fernet_key = service_env["DEFERRAL_FERNET_KEY"]
+    try:
+        send = printed_command(output, f"signals send {key}")
+        respond = printed_command(output, "approvals respond")
+        said = output.read_text()
+        assert f"# wait waits for a signal on '{key}'" in said
+        assert "# ask awaits input: 'Ship it?' (options: yes, no)" in said
+        assert "DEFERRAL_FERNET_KEY: as set in this terminal (a secret: not shown)" in said
+        assert fernet_key not in said
+        assert respond.endswith(" yes")  # the first option, as an example
+        answer(send, fernet_key, "--payload", '{"amount": 42}')
+        answer(respond.removesuffix(" yes"), fernet_key, "no")
+        wait_for(lambda: "chosen | chose ['no']" in output.read_text(), what="the response")
+        wait_for(lambda: "report | paid 42" in output.read_text(), what="the signal")
+        # Its task processes (and their fork server) are up: they ran the attempts.
+        descendants = psutil.Process(proc.pid).children(recursive=True)
+        assert descendants
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(TIMEOUT_SEC) == 143, output.read_text()
+    finally:
+        proc.kill()
     out = output.read_text()
     assert "SignalError" not in out
-    assert "report | paid 42" in out
-    assert out.count("deferral signals send") == 1  # said once
+    assert "ask: awaiting_input -> scheduled (responded by" in out
+    assert out.count(f"deferral signals send {key}") == 1  # said once
+    assert re.search(r"^stopped by SIGTERM; run \S+ of DAG \S+ is left as it is$", out, re.M)
+    assert "Aborted!" not in out
+    _, alive = psutil.wait_procs(descendants, timeout=30)
+    assert alive == []
 
 
 ASKED = """
@@ -180,37 +206,6 @@ with DAG("{dag_id}", schedule=None):
 
     chosen(HITLOperator(task_id="ask", subject="Ship it?", options=["yes", "no"]).output)
 """
-
-
-def test_a_request_for_input_is_answered_from_another_process_with_the_printed_command(
-    service_env: dict[str, str], dags_test: Callable[..., tuple[ForkedProcess, Path, str]]
-) -> None:
-    proc, output, _ = dags_test(ASKED)
-    command = printed_command(output, "approvals respond")
-    assert command.endswith(" yes")  # the first option, as an example
-    assert "# ask awaits input: 'Ship it?' (options: yes, no)" in output.read_text()
-    answer(command.removesuffix(" yes"), service_env, "no")
-    assert proc.wait(TIMEOUT_SEC) == 0, output.read_text()
-    out = output.read_text()
-    assert "ask: awaiting_input -> scheduled (responded by" in out
-    assert "chosen | chose ['no']" in out
-
-
-def test_sigterm_stops_it_with_143_and_leaves_no_process(
-    dags_test: Callable[..., tuple[ForkedProcess, Path, str]],
-) -> None:
-    proc, output, _ = dags_test(SIGNALLED, key="never-sent")
-    printed_command(output, "signals send")
-    # Its task processes (and their fork server) are up by now: they ran the first attempt.
-    descendants = psutil.Process(proc.pid).children(recursive=True)
-    assert descendants
-    proc.send_signal(signal.SIGTERM)
-    assert proc.wait(TIMEOUT_SEC) == 143, output.read_text()
-    out = output.read_text()
-    assert re.search(r"^stopped by SIGTERM; run \S+ of DAG \S+ is left as it is$", out, re.M)
-    assert "Aborted!" not in out
-    _, alive = psutil.wait_procs(descendants, timeout=30)
-    assert alive == []
 
 
 def test_tasks_test_says_a_signal_wait_needs_dags_test(
