@@ -517,8 +517,8 @@ class DAG:
         bottom of a DAG file (``if __name__ == "__main__": dag.test()``). The run is
         ``deferral dags test`` on this DAG's file, in a process of its own (the runner uses the
         services' code, which this package does not import): its tasks in dependency order,
-        deferrals included, their state changes and log lines shown. Returns the run's final
-        state."""
+        what is ready at once, deferrals included, their state changes and log lines shown.
+        Returns the run's final state."""
         if unsupported:
             names = ", ".join(sorted(unsupported))
             raise TypeError(f"DAG.test() does not take {names} (deferral's dags test does not)")

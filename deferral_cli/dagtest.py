@@ -1,25 +1,35 @@
-"""``deferral dags test`` and ``deferral tasks test``: one process runs a run's tasks, as Airflow's
+"""``deferral dags test`` and ``deferral tasks test``: one command runs a run's tasks, as Airflow's
 ``airflow dags test`` does, with no scheduler, worker or triggerer.
 
 The run is recorded in Postgres like any other and goes through the same transitions: the
 scheduler's evaluation (``scheduler.waiting.advance_run``: trigger rules, mapping, retries) picks
-what may run, each attempt runs in this process as in a worker child (``worker.capture``: its
-output stored in the try's log and shown here), its outcome is recorded as a worker records it
-(``worker.record``), and a deferral's trigger runs in an in-process event loop
-(``triggerer.events.first_event``) whose first event resumes the task at its method. Tasks run
-one at a time, in dependency order (priority first among those ready). Nothing goes through
-Redis: no service sees this run's work, so none may be running against the same database (a
-scheduler would evaluate and dispatch the run too).
+what may run, each attempt runs in a task process of the command's own as in a worker
+(``worker.children``, ``worker.capture``: its output stored in the try's log and shown here),
+its outcome is recorded as a worker records it (``worker.record``), and the triggers of deferred
+tasks run in one event loop of this process (``triggerer.events.first_event``) whose first events
+resume the tasks at their methods. What is ready runs at once: up to ``--concurrency`` attempts
+(priority first), every trigger. A wait kept as a row (a signal, a callback, a request for input)
+is answered by another process, and the command says how. Nothing goes through Redis: no service
+sees this run's work, so none may be running against the same database (a scheduler would
+evaluate and dispatch the run too).
 """
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import contextlib
 import datetime as dt
+import functools
+import getpass
 import logging
 import os
+import queue
+import shlex
+import signal
 import socket
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -33,6 +43,7 @@ import msgspec
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
+from deferral import signals
 from deferral.authoring.callbacks import REASON_SUCCESS, REASON_TASK_FAILURE, run_dag_callbacks
 from deferral.context import DagRunInfo
 from deferral.dag import DAG
@@ -45,6 +56,7 @@ from deferral.store import actions, hitl, liveness, migrate, tasklogs, transitio
 from deferral.store.tables import DagRun, Scheduler, TaskInstance, TaskStateChange
 from deferral.store.tasklogs import SOURCE_WORKER, NewLine
 from deferral.store.transitions import Attempt, FiredEvent
+from deferral.triggers.signal import CALLBACK_TRIGGER, SIGNAL_TRIGGER
 from deferral.triggers.task_end import check_end_xcoms
 from deferral_cli import embedded as embedded
 from deferral_cli.common import (
@@ -58,11 +70,11 @@ from deferral_cli.common import (
 from deferral_cli.group import TerminalSafe
 from scheduler import decide, runstate, waiting
 from triggerer.decode import load_trigger_class
-from triggerer.events import Outcome as TriggerOutcome
 from triggerer.events import first_event, masked, raised_outcome
 from worker import record
-from worker.attempt import execute_attempt
-from worker.capture import run_attempt_here
+from worker.attempt import execute_attempt, warm_up
+from worker.capture import attempt_runner
+from worker.children import ChildDied, ChildPool
 from worker.outcomes import (
     AttemptRequest,
     AwaitingInput,
@@ -72,13 +84,22 @@ from worker.outcomes import (
     Rescheduled,
     Skipped,
     Succeeded,
+    decode_outcome,
+    encode,
 )
 
 TI = TaskInstance
 # The run id of a run made for `tasks test` (deleted afterwards), before its logical date.
 TEST_RUN_PREFIX = "tasks_test__"
-# Longest sleep while only retries and reschedules are left, so a due one starts soon after.
-WAIT_STEP_SEC = 1.0
+# Task attempts run at once by default: a worker's slots (`worker --concurrency`).
+DEFAULT_CONCURRENCY = 16
+# How long the run waits for an attempt's end or a trigger's event before looking again.
+POLL_SEC = 0.1
+# How often the run is evaluated when nothing this process did changed it: a signal or a
+# response from another process, a retry or poke that came due, a timeout that passed.
+EVALUATE_EVERY_SEC = 0.5
+STOP_TIMEOUT_SEC = 5.0
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
 class ServicesRunning(Exception):
@@ -151,10 +172,31 @@ class InThisProcess:
 
 class LocalRun(InThisProcess):
     """Runs the tasks of one DAG run (already created, queued or running) in this process,
-    saying what happens on ``out``."""
+    saying what happens on ``out``: the attempts whose turn it is at once, up to
+    ``concurrency``, each in a task process of ``tasks``; the triggers of deferred tasks at once,
+    in an event loop of this process; waits kept as rows (signals, callbacks, requests for
+    input) until another process answers them, saying once each how."""
 
     out: TextIO | TerminalSafe
     shown: Shown
+    triggers: TriggerLoop
+
+    def __init__(
+        self,
+        settings: Settings,
+        sessions: sessionmaker[Session],
+        dag: DAG,
+        run_id: str,
+        tasks: ChildPool[int],
+        concurrency: int,
+        answering: Answering,
+    ) -> None:
+        super().__init__(settings, sessions, dag, run_id)
+        self.tasks = tasks
+        self.concurrency = concurrency
+        self.answering = answering
+        self.running: dict[int, Attempt] = {}
+        self.labels: dict[int, str] = {}
 
     # -- the run ---------------------------------------------------------------------------------
 
@@ -162,15 +204,19 @@ class LocalRun(InThisProcess):
         """Run the run's tasks until it ends; returns its final state."""
         self.out, self.shown = out, Shown()
         self._start()
-        while True:
-            outcome, ready = self._evaluate()
-            self._show_changes()
-            if outcome is not None:
-                return outcome
-            if ready:
-                self._run_attempt(*ready)
-                continue
-            self._wait_for_due()
+        with TriggerLoop(self.settings, self.cipher, self.name) as self.triggers:
+            evaluate_at = 0.0
+            while True:
+                if time.monotonic() >= evaluate_at:
+                    outcome, queued = self._evaluate()
+                    self._show_changes()
+                    if outcome is not None:
+                        return outcome
+                    for ti_id, try_number in queued[: self.concurrency - len(self.running)]:
+                        self._start_attempt(ti_id, try_number)
+                    evaluate_at = time.monotonic() + EVALUATE_EVERY_SEC
+                if self._collect():
+                    evaluate_at = 0.0  # something ended here: what it unblocks runs now
 
     def _start(self) -> None:
         start_run(self.sessions, self.dag, self.run_id)
@@ -187,15 +233,21 @@ class LocalRun(InThisProcess):
             )
         )
 
-    def _evaluate(self) -> tuple[DagRunState | None, tuple[int, int] | None]:
-        """One evaluation, as the scheduler's: due retries and reschedules woken, waiting tasks
-        decided, the run finished (and its DAG callbacks run) if nothing is left. Returns the
-        run's outcome, or the (task instance, try) to run next, queued."""
+    def _evaluate(self) -> tuple[DagRunState | None, list[tuple[int, int]]]:
+        """One evaluation, as the scheduler's: due retries and reschedules woken, deferrals and
+        requests for input past their timeouts ended, waiting tasks decided, the run finished
+        (and its DAG callbacks run) if nothing is left. Returns the run's outcome, or the
+        (task instance, try) of the queued attempts, highest priority first."""
         with self.sessions.begin() as session:
             run = self._run_row(session)
             due = self._ids(session, TaskState.UP_FOR_RETRY, TaskState.UP_FOR_RESCHEDULE)
             if due:
                 transitions.wake_due(session, among=due)
+            deferred = self._ids(session, TaskState.DEFERRED)
+            if deferred:
+                transitions.expire_deferrals(session, self.cipher, among=deferred)
+            if self._ids(session, TaskState.AWAITING_INPUT):
+                hitl.expire(session, self.cipher)
             waiting.advance_run(session, run, self.dag, self.settings.max_map_length)
             unfinished, leaf_failed = runstate.outcome_probes(
                 session, self.dag, run.dag_id, run.run_id
@@ -205,51 +257,72 @@ class LocalRun(InThisProcess):
                 transitions.finish_dag_run(session, run, outcome)
                 ended = DagRunInfo.of(run)
             else:
-                # Queued first: one this process queued and did not start (it was stopped).
                 transitions.dispatch(session, self._ids(session, TaskState.SCHEDULED))
-                queued = session.execute(
-                    select(TI.id, TI.try_number)
-                    .where(
-                        TI.dag_id == self.dag.dag_id,
-                        TI.run_id == self.run_id,
-                        TI.state == TaskState.QUEUED,
+                queued = [
+                    (row.id, row.try_number)
+                    for row in session.execute(
+                        select(TI.id, TI.try_number)
+                        .where(
+                            TI.dag_id == self.dag.dag_id,
+                            TI.run_id == self.run_id,
+                            TI.state == TaskState.QUEUED,
+                        )
+                        .order_by(TI.priority_weight.desc(), TI.id)
                     )
-                    .order_by(TI.priority_weight.desc(), TI.id)
-                    .limit(1)
-                ).one_or_none()
+                ]
+                waits = self._waits(session)
         if outcome is None:
-            return None, None if queued is None else (queued.id, queued.try_number)
+            self.triggers.keep_only(waits.triggers)
+            if not (queued or self.running or waits.any):
+                raise RuntimeError(
+                    f"run {self.run_id} of DAG {self.dag.dag_id} has unfinished tasks that"
+                    " nothing can move on (see `deferral tasks explain`)"
+                )
+            return None, queued
         # As the scheduler does once the run's end is committed (here, in this process).
         success = outcome == DagRunState.SUCCESS
         reason = REASON_SUCCESS if success else REASON_TASK_FAILURE
         run_dag_callbacks(self.dag, ended, success=success, reason=reason)
-        return outcome, None
+        return outcome, []
 
-    def _wait_for_due(self) -> None:
-        """Nothing can run now: sleep until the next retry or reschedule is due, or, while a
-        task awaits input, until someone responds (`deferral approvals respond`, the web UI) or
-        its response timeout passes (applied here, as a scheduler would)."""
-        with self.sessions.begin() as session:
-            if self._ids(session, TaskState.AWAITING_INPUT):
-                hitl.expire(session, self.cipher)
-                time.sleep(WAIT_STEP_SEC)
-                return
-        with self.sessions() as session:
-            due_at, now = session.execute(
-                select(func.min(TI.due_at), func.now()).where(
-                    TI.dag_id == self.dag.dag_id, TI.run_id == self.run_id
-                )
-            ).one()
-        if due_at is None:
-            raise RuntimeError(
-                f"run {self.run_id} of DAG {self.dag.dag_id} has unfinished tasks that nothing"
-                " can move on (see `deferral tasks explain`)"
+    def _waits(self, session: Session) -> Waits:
+        """What the run's unfinished tasks that cannot run now wait for."""
+        deferred = select(TI.trigger_id).where(
+            TI.dag_id == self.dag.dag_id,
+            TI.run_id == self.run_id,
+            TI.state == TaskState.DEFERRED,
+            TI.trigger_id.is_not(None),
+        )
+        triggers = {trigger_id for trigger_id in session.scalars(deferred) if trigger_id}
+        due_at = session.scalar(
+            select(func.min(TI.due_at)).where(
+                TI.dag_id == self.dag.dag_id, TI.run_id == self.run_id
             )
-        time.sleep(min(WAIT_STEP_SEC, max(0.0, (due_at - now).total_seconds())))
+        )
+        awaiting = bool(self._ids(session, TaskState.AWAITING_INPUT))
+        return Waits(triggers, bool(triggers) or awaiting or due_at is not None)
+
+    def _collect(self) -> bool:
+        """Record the attempts that ended and apply the triggers' events that came, waiting a
+        moment for one; whether there was any."""
+        ended = self.tasks.collect(POLL_SEC) if self.running else []
+        for ti_id, result in ended:
+            attempt = self.running.pop(ti_id)
+            outcome = (
+                Failed(result.describe(), "", allow_retry=True)
+                if isinstance(result, ChildDied)
+                else decode_outcome(result)
+            )
+            self._record(attempt, outcome)
+        fired = self.triggers.take(timeout=0 if ended or self.running else POLL_SEC)
+        for event in fired:
+            with self.sessions.begin() as session:
+                transitions.resume(session, event, self.cipher)
+        return bool(ended or fired)
 
     # -- one attempt -----------------------------------------------------------------------------
 
-    def _run_attempt(self, ti_id: int, try_number: int) -> None:
+    def _start_attempt(self, ti_id: int, try_number: int) -> None:
         with self.sessions.begin() as session:
             started = transitions.start_many(
                 session,
@@ -263,46 +336,77 @@ class LocalRun(InThisProcess):
             (ti,) = started
             next_kwargs = record.resume_kwargs(self.cipher, ti.next_kwargs, ti.next_event)
         self._show_changes()
-        label = self._label(ti.task_id, ti.map_index)
         request = record.request_of(ti, next_kwargs, self.settings.task_log_max_bytes)
-        outcome = run_attempt_here(request, echo=self._echo(label))
-        attempt = Attempt(ti.id, ti.try_number, self.name)
-        trigger_id = self._record(attempt, outcome)
-        if isinstance(outcome, Deferred) and trigger_id is not None:
-            self._show_changes()
-            self._run_trigger(ti.id, trigger_id, outcome)
+        self.running[ti.id] = Attempt(ti.id, ti.try_number, self.name)
+        self.labels[ti.id] = self._label(ti.task_id, ti.map_index)
+        self.tasks.submit(ti.id, encode(request))
 
-    def _record(self, attempt: Attempt, outcome: Outcome) -> int | None:
-        """Record the outcome as a worker does; returns the trigger id of a deferral."""
-        trigger_id = None
+    def _record(self, attempt: Attempt, outcome: Outcome) -> None:
+        """Record the outcome as a worker does; start a deferral's trigger, or say how to
+        answer what the task now waits for."""
+        label = self.labels[attempt.task_instance_id]
+        ti_id = attempt.task_instance_id
+        answer: Callable[[], None] | None = None
         with self.sessions.begin() as session:
             if isinstance(outcome, Succeeded):
                 record.succeed_all(session, [(attempt, outcome)])
                 said = "succeeded"
             elif isinstance(outcome, Deferred):
-                deferral = record.deferral_of(attempt, outcome, self.cipher)
-                trigger_id = transitions.defer_many(session, [deferral]).get(
-                    attempt.task_instance_id
+                wait = signals.wait_of(
+                    outcome.classpath, outcome.trigger_kwargs, ti_id, attempt.try_number
                 )
+                moved = signals.defer_with_waits(
+                    session,
+                    self.cipher,
+                    [record.deferral_of(attempt, outcome, self.cipher)],
+                    {} if wait is None else {ti_id: wait},
+                )
+                trigger_id = moved.get(ti_id)
                 said = f"deferred to trigger {trigger_id} ({outcome.classpath})"
+                if trigger_id is not None and wait is None:
+                    self.triggers.start(trigger_id, outcome)
+                elif trigger_id is not None and wait is not None:
+                    answer = functools.partial(self._say_how_to_signal, label, wait.key, outcome)
             else:
-                _, said = record.apply_other(session, attempt, outcome)
+                moved_other, said = record.apply_other(session, attempt, outcome)
                 if isinstance(outcome, Failed) and outcome.traceback:
                     self.out.write(outcome.traceback.rstrip() + "\n")
-            self._log(session, attempt.task_instance_id, attempt.try_number, said)
-        return trigger_id
-
-    def _run_trigger(self, ti_id: int, trigger_id: int, deferred: Deferred) -> None:
-        """Run the trigger here until its first event (or its timeout), and resume the task
-        with it, as the scheduler applies a triggerer's event."""
-        fired = fire_inline(self.settings, self.cipher, self.name, trigger_id, deferred)
-        with self.sessions.begin() as session:
-            if fired is None:
-                transitions.expire_deferrals(session, self.cipher, among=[ti_id])
-            else:
-                transitions.resume(session, fired, self.cipher)
+                if isinstance(outcome, AwaitingInput) and moved_other:
+                    answer = functools.partial(self._say_how_to_respond, label, ti_id, outcome)
+            self._log(session, ti_id, attempt.try_number, said)
+        self._show_changes()
+        if answer is not None:
+            answer()
 
     # -- what is shown -------------------------------------------------------------------------
+
+    def _say_how_to_signal(self, label: str, key: str, deferred: Deferred) -> None:
+        """Say once how another shell resumes a task waiting on a signal or a callback."""
+        if deferred.classpath == CALLBACK_TRIGGER:
+            self.out.write(
+                f"# {label} waits for a POST of its answer to its callback URL"
+                " (/api/v1/callbacks/<token>): a web server on this database takes it:\n"
+            )
+            self.out.write(self.answering.command("webserver") + "\n")
+            return
+        self.out.write(
+            f"# {label} waits for a signal on {key!r}; send it from another shell"
+            " (add --payload JSON to resume it with a value):\n"
+        )
+        self.out.write(self.answering.command("signals", "send", key) + "\n")
+
+    def _say_how_to_respond(self, label: str, ti_id: int, asked: AwaitingInput) -> None:
+        """Say once how another shell responds to a task awaiting input (and ask here too
+        when this command reads a terminal)."""
+        options = ", ".join(asked.options)
+        self.out.write(
+            f"# {label} awaits input: {asked.subject!r} (options: {options}); respond from"
+            " another shell with one of them:\n"
+        )
+        example = asked.options[0] if asked.options else "OPTION"
+        self.out.write(self.answering.command("approvals", "respond", str(ti_id), example) + "\n")
+        if self.answering.prompter is not None:
+            self.answering.prompter.ask(ti_id, label, list(asked.options))
 
     def _log(self, session: Session, ti_id: int, try_number: int, text: str) -> None:
         line = NewLine(ti_id, try_number, dt.datetime.now(dt.UTC), SOURCE_WORKER, text)
@@ -311,13 +415,6 @@ class LocalRun(InThisProcess):
     @staticmethod
     def _label(task_id: str, map_index: int) -> str:
         return task_id if map_index < 0 else f"{task_id}[{map_index}]"
-
-    def _echo(self, label: str) -> Callable[[Sequence[NewLine]], None]:
-        def echo(lines: Sequence[NewLine]) -> None:
-            for line in lines:
-                self.out.write(f"{label} | {line.text}\n")
-
-        return echo
 
     def _show_changes(self) -> None:
         """Print the run's task state changes not shown yet, with their reasons."""
@@ -340,12 +437,137 @@ class LocalRun(InThisProcess):
             self.shown.last_change = change.id
 
 
-def fire_inline(
+@dataclass(frozen=True)
+class Waits:
+    """What a run's tasks that cannot run now wait for: the triggers of its deferred tasks,
+    and whether anything at all (a trigger, a signal, a response, a due retry or poke) will
+    move one on."""
+
+    triggers: set[int]
+    any: bool
+
+
+class Prompter:
+    """Asks in this terminal for the responses of tasks awaiting input, one task at a time, on
+    a thread of its own (the run goes on meanwhile); a response is recorded as `deferral
+    approvals respond` records it, by the operating-system user."""
+
+    def __init__(self, sessions: sessionmaker[Session], cipher: Cipher) -> None:
+        self.sessions = sessions
+        self.cipher = cipher
+        self.asked: queue.SimpleQueue[tuple[int, str, list[str]]] = queue.SimpleQueue()
+        threading.Thread(target=self._ask_each, name="approvals", daemon=True).start()
+
+    def ask(self, ti_id: int, label: str, options: list[str]) -> None:
+        self.asked.put((ti_id, label, options))
+
+    def _ask_each(self) -> None:
+        while True:
+            ti_id, label, options = self.asked.get()
+            while not self._asked_once(ti_id, label, options):
+                pass
+
+    def _asked_once(self, ti_id: int, label: str, options: list[str]) -> bool:
+        """Ask once; whether the task needs no more asking (answered, here or elsewhere)."""
+        try:
+            line = input(f"{label}: respond here ({' / '.join(options)}; several: a,b): ")
+        except EOFError:
+            return True
+        chosen = [option.strip() for option in line.split(",") if option.strip()]
+        if not chosen:
+            return False
+        try:
+            with self.sessions.begin() as session:
+                hitl.respond(session, self.cipher, ti_id, chosen, None, getpass.getuser())
+        except hitl.NotAwaitingInput:
+            return True
+        except hitl.ResponseError as exc:
+            click.echo(f"{label}: {exc}")
+            return False
+        return True
+
+
+@dataclass(frozen=True)
+class Answering:
+    """How the lines saying how to answer a wait give another shell this run's database: the
+    settings' ``NAME=value`` words (``embedded.command_prefix``); and the in-terminal prompt
+    for requests for input, when this command reads a terminal."""
+
+    prefix: str
+    prompter: Prompter | None = None
+
+    def command(self, *words: str) -> str:
+        quoted = " ".join(shlex.quote(word) for word in ("deferral", *words))
+        return f"{self.prefix} {quoted}" if self.prefix else quoted
+
+
+class TriggerLoop:
+    """The triggers of a run's deferred tasks, running at once in one event loop on a thread of
+    this process, as a triggerer runs them; each one's first event (or failure) is handed over
+    through :meth:`take`. A task's deferral timeout is the run's evaluation's
+    (``transitions.expire_deferrals``), which then stops its trigger (:meth:`keep_only`)."""
+
+    def __init__(self, settings: Settings, cipher: Cipher, name: str) -> None:
+        self.settings = settings
+        self.cipher = cipher
+        self.name = name
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name="triggers", daemon=True)
+        self.running: dict[int, concurrent.futures.Future[None]] = {}
+        self.fired: queue.SimpleQueue[FiredEvent] = queue.SimpleQueue()
+
+    def __enter__(self) -> TriggerLoop:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        """Cancel every trigger still running (their ``finally`` blocks run) and stop."""
+        with contextlib.suppress(Exception):
+            asyncio.run_coroutine_threadsafe(_cancel_all(), self.loop).result(STOP_TIMEOUT_SEC)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(STOP_TIMEOUT_SEC)
+        if not self.thread.is_alive():
+            self.loop.close()
+
+    def start(self, trigger_id: int, deferred: Deferred) -> None:
+        """Run trigger ``trigger_id`` (once, however many tasks share it)."""
+        if trigger_id not in self.running:
+            self.running[trigger_id] = asyncio.run_coroutine_threadsafe(
+                self._fire(trigger_id, deferred), self.loop
+            )
+
+    async def _fire(self, trigger_id: int, deferred: Deferred) -> None:
+        self.fired.put(await fire(self.settings, self.cipher, self.name, trigger_id, deferred))
+
+    def keep_only(self, trigger_ids: set[int]) -> None:
+        """Stop the triggers no task waits on any longer (their deferral timed out)."""
+        for trigger_id in set(self.running) - trigger_ids:
+            self.running.pop(trigger_id).cancel()
+
+    def take(self, timeout: float) -> list[FiredEvent]:
+        """The events fired since the last call, waiting up to ``timeout`` for the first."""
+        taken: list[FiredEvent] = []
+        with contextlib.suppress(queue.Empty):
+            first = self.fired.get(timeout=timeout) if timeout > 0 else self.fired.get_nowait()
+            taken.append(first)
+            while True:
+                taken.append(self.fired.get_nowait())
+        return taken
+
+
+async def _cancel_all() -> None:
+    current = asyncio.current_task()
+    tasks = [task for task in asyncio.all_tasks() if task is not current]
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def fire(
     settings: Settings, cipher: Cipher, name: str, trigger_id: int, deferred: Deferred
-) -> FiredEvent | None:
-    """Run a deferral's trigger in an event loop of this process to its first event (or
-    failure), as a triggerer would (its payload masked as a triggerer masks it); None if the
-    deferral's timeout passed first."""
+) -> FiredEvent:
+    """Run a deferral's trigger to its first event (or failure), as a triggerer would (its
+    payload masked as a triggerer masks it)."""
     try:
         cls = load_trigger_class(deferred.classpath, settings.trigger_modules)
         trigger = cls(**serialization.from_jsonable(deferred.trigger_kwargs))
@@ -353,19 +575,7 @@ def fire_inline(
     except Exception as exc:
         outcome = raised_outcome(cipher, name, trigger_id, "could not be built:", exc)
     else:
-        left = None
-        if deferred.trigger_timeout is not None:
-            left = (deferred.trigger_timeout - dt.datetime.now(dt.UTC)).total_seconds()
-
-        async def within_timeout() -> TriggerOutcome | None:
-            with anyio.move_on_after(left):
-                return await first_event(cipher, name, trigger, trigger_id, {})
-            return None
-
-        fired = anyio.run(within_timeout)
-        if fired is None:
-            return None
-        outcome = fired
+        outcome = await first_event(cipher, name, trigger, trigger_id, {})
     outcome = masked(cipher, outcome, deferred.trigger_kwargs)
     payload = serialization.loads(outcome.payload)
     return FiredEvent(
@@ -375,6 +585,23 @@ def fire_inline(
         payload,
         ends=_ends(outcome.message.kind, payload),
     )
+
+
+def fire_inline(
+    settings: Settings, cipher: Cipher, name: str, trigger_id: int, deferred: Deferred
+) -> FiredEvent | None:
+    """:func:`fire` in an event loop of its own, within the deferral's timeout; None if the
+    timeout passed first."""
+    left = None
+    if deferred.trigger_timeout is not None:
+        left = (deferred.trigger_timeout - dt.datetime.now(dt.UTC)).total_seconds()
+
+    async def within_timeout() -> FiredEvent | None:
+        with anyio.move_on_after(left):
+            return await fire(settings, cipher, name, trigger_id, deferred)
+        return None
+
+    return anyio.run(within_timeout)
 
 
 def _ends(kind: str, payload: Any) -> str | None:
@@ -393,25 +620,79 @@ def _ends(kind: str, payload: Any) -> str | None:
 
 
 @contextmanager
-def test_settings(subdir: Path | None, home: Path) -> Iterator[Settings]:
+def test_settings(subdir: Path | None, home: Path) -> Iterator[tuple[Settings, Path | None]]:
     """The settings to test with: the configured database, or with none configured an
     embedded PostgreSQL (and Redis, which settings require) under ``home``, as
-    ``deferral standalone`` starts them, its schema brought up to date."""
+    ``deferral standalone`` starts them, its schema brought up to date; and the file of the
+    Fernet key, when it was filled in from one."""
     if subdir is not None:
         folder = subdir.resolve()
         os.environ["DEFERRAL_DAGS_FOLDER"] = str(folder if folder.is_dir() else folder.parent)
     if is_configured("DATABASE_URL"):
-        yield settings_or_exit()
+        yield settings_or_exit(), None
         return
 
     def say(message: str) -> None:
         click.echo(f"note: {message}", err=True)
 
     say(f"DEFERRAL_DATABASE_URL is not set: using an embedded PostgreSQL in {home}")
-    with embedded.servers(home, say):
+    with embedded.servers(home, say) as filled:
         settings = settings_or_exit()
         migrate.upgrade(settings.database_url)
-        yield settings
+        yield settings, filled.key_file
+
+
+class Stopped(Exception):
+    """SIGINT (Ctrl-C) or SIGTERM reached the command."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+@contextmanager
+def stopped_by_signals() -> Iterator[None]:
+    """SIGINT and SIGTERM raise Stopped in the main thread, once: the unwinding that follows
+    (task processes, triggers and embedded servers stopped) is not interrupted by another."""
+    stopped: list[int] = []
+
+    def stop(signum: int, frame: object) -> None:
+        for sig in STOP_SIGNALS:
+            signal.signal(sig, signal.SIG_IGN)
+        stopped.append(signum)
+        raise Stopped(signum)
+
+    previous = {sig: signal.signal(sig, stop) for sig in STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        if not stopped:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+
+@contextmanager
+def task_processes(out: TextIO | TerminalSafe) -> Iterator[ChildPool[int]]:
+    """The task processes of ``dags test``: a worker's (``worker.children``), each attempt's
+    output stored in its try's log and shown on ``out`` as it comes. Made before this process
+    opens a database connection (the fork server copies the process) and with the stop
+    signals ignored, which its processes keep: this process stops them."""
+    label = LocalRun._label
+
+    def echo(request: AttemptRequest, lines: Sequence[NewLine]) -> None:
+        shown = label(request.task_id, request.map_index)
+        out.write("".join(f"{shown} | {line.text}\n" for line in lines))
+
+    saved = {sig: signal.signal(sig, signal.SIG_IGN) for sig in STOP_SIGNALS}
+    try:
+        pool: ChildPool[int] = ChildPool(attempt_runner(echo), warm_up)
+    finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
+    try:
+        yield pool
+    finally:
+        pool.shutdown()
 
 
 _SUBDIR = click.option(
@@ -435,38 +716,83 @@ _LOGICAL_DATE = click.argument("logical_date", required=False, type=DateTimePara
 @click.argument("dag_id")
 @_LOGICAL_DATE
 @click.option("-c", "--conf", "conf_json", default=None, help="Run configuration, a JSON object.")
+@click.option(
+    "--concurrency",
+    type=click.IntRange(min=1),
+    default=DEFAULT_CONCURRENCY,
+    show_default=True,
+    help="Task attempts run at once, each in a task process of its own (a worker's slots);"
+    " deferred tasks' triggers all run at once whatever it is.",
+)
 @_SUBDIR
 @_HOME
 def dags_test(
     dag_id: str,
     logical_date: dt.datetime | None,
     conf_json: str | None,
+    concurrency: int,
     subdir: Path | None,
     home: Path,
 ) -> None:
-    """Run DAG_ID once, in this process, with no service running: its tasks in dependency
-    order, deferrals included (their triggers run here), each task's state changes and log
-    lines shown as they come. The run is recorded in the database (at LOGICAL_DATE, default
-    now) like any other; with no DEFERRAL_DATABASE_URL, in an embedded PostgreSQL kept in HOME.
-    Exit 0 if the run succeeded, 1 if it failed.
+    """Run DAG_ID once, with no service running: the tasks whose upstreams are done run at
+    once (up to --concurrency), deferrals included (their triggers run in this process), each
+    task's state changes and log lines shown as they come. A task waiting on a signal, a
+    callback or a response is said once, with the command that answers it from another shell.
+    The run is recorded in the database (at LOGICAL_DATE, default now) like any other; with no
+    DEFERRAL_DATABASE_URL, in an embedded PostgreSQL kept in HOME. Exit 0 if the run succeeded,
+    1 if it failed, 130 on Ctrl-C and 143 on SIGTERM (the run is left as it is).
     """
     try:
         conf = actions.parse_conf(conf_json)
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--conf") from None
-    with test_settings(subdir, home) as settings:
-        dag = load_dag(settings, dag_id)
-        made = sessions(settings)
-        try:
-            refuse_if_services_run(made, settings)
-            run_id = actions.trigger_run(made, dag, conf, None, logical_date=logical_date).run_id
-        except (ServicesRunning, actions.ActionError) as exc:
-            fail(str(exc))
-            return
-        click.echo(f"testing {dag_id} {run_id}")
-        state = LocalRun(settings, made, dag, run_id).run(terminal())
-    click.echo(f"run {run_id}: {state}")
+    started: list[str] = []
+    try:
+        with stopped_by_signals():
+            state = _test_dag(dag_id, logical_date, conf, concurrency, subdir, home, started)
+    except Stopped as stop:
+        left = f"; run {started[0]} of DAG {dag_id} is left as it is" if started else ""
+        click.echo(f"stopped by {stop}{left}", err=True)
+        sys.exit(128 + stop.signum)
+    click.echo(f"run {started[0]}: {state}")
     sys.exit(0 if state == DagRunState.SUCCESS else EXIT_FAILED)
+
+
+def _test_dag(
+    dag_id: str,
+    logical_date: dt.datetime | None,
+    conf: dict[str, Any],
+    concurrency: int,
+    subdir: Path | None,
+    home: Path,
+    started: list[str],
+) -> DagRunState:
+    """Run the test of ``dags test``, putting the run's id in ``started`` once it is made."""
+    with test_settings(subdir, home) as (settings, key_file):
+        out = terminal()
+        with task_processes(out) as tasks:
+            dag = load_dag(settings, dag_id)
+            # Started together and warmed meanwhile (each loads the DAGs folder), not one by one
+            # as the first attempts come.
+            tasks.prestart(min(concurrency, len(dag.tasks)))
+            made = sessions(settings)
+            try:
+                refuse_if_services_run(made, settings)
+                run = actions.trigger_run(made, dag, conf, None, logical_date=logical_date)
+            except (ServicesRunning, actions.ActionError) as exc:
+                fail(str(exc))
+                raise  # unreachable: fail exits
+            started.append(run.run_id)
+            out.write(f"testing {dag_id} {run.run_id}\n")
+            prefix, notes = embedded.command_prefix(os.environ, key_file)
+            for note in notes:
+                out.write(f"# to answer a wait from another shell: {note}\n")
+            interactive = sys.stdin is not None and sys.stdin.isatty()
+            prompter = Prompter(made, Cipher(settings.fernet_keys)) if interactive else None
+            local = LocalRun(
+                settings, made, dag, run.run_id, tasks, concurrency, Answering(prefix, prompter)
+            )
+            return local.run(out)
 
 
 @click.command("test")
@@ -490,7 +816,7 @@ def tasks_test(
     it is), else in a run made for it and deleted afterwards. A deferral's trigger runs here and
     the task resumes with its event. Exit 0 if the task succeeded or skipped, 1 if it failed.
     """
-    with test_settings(subdir, home) as settings:
+    with test_settings(subdir, home) as (settings, _):
         dag = load_dag(settings, dag_id)
         if task_id not in dag.task_dict:
             fail(f"DAG {dag_id!r} has no task {task_id!r}")
@@ -571,6 +897,12 @@ class TaskTest(InThisProcess):
                 outcome = execute_attempt(request)
                 if not isinstance(outcome, Deferred):
                     return outcome
+                if outcome.classpath in (SIGNAL_TRIGGER, CALLBACK_TRIGGER):
+                    # Answered through the task's recorded wait, which this test does not make.
+                    fail(
+                        f"{self.task_id} waits for a signal or a callback, which `tasks test`"
+                        " (recording no state) cannot receive; use `deferral dags test`"
+                    )
                 click.echo(
                     f"{self.task_id}: deferred to {outcome.classpath}; its trigger runs here"
                 )

