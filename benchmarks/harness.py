@@ -361,6 +361,14 @@ class Stack:
         with self.sessions() as session:
             return int(session.scalar(text("SELECT count(*) FROM trigger")) or 0)
 
+    def published_trigger_rows(self) -> int:
+        """How many trigger rows have had their entry published (far timers waiting as rows,
+        deferral.store.far_timers, have not)."""
+        with self.sessions() as session:
+            return int(
+                session.scalar(text("SELECT count(*) FROM trigger WHERE far_moment IS NULL")) or 0
+            )
+
     def states(self) -> dict[str, int]:
         """How many task instances are in each state."""
         with self.sessions() as session:

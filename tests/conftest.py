@@ -32,7 +32,7 @@ from deferral.store import migrate
 from deferral.store.db import make_engine, make_sessionmaker
 from tests.forks import LANE
 from tests.helpers import wait_for
-from tests.servers import ADMIN_URL, REDIS_URL
+from tests.servers import ADMIN_URL, REDIS_URL, TEST_FAR_TIMER_HORIZON_SEC
 
 # Tables cleared before each database test; pool keeps its seeded default_pool row.
 TABLES = (
@@ -189,6 +189,9 @@ def service_env(
         "DEFERRAL_DAGS_FOLDER": str(dags_folder),
         "DEFERRAL_STREAM_PREFIX": stream_prefix,
         "DEFERRAL_HEARTBEAT_SEC": "1",
+        # A test deferring an hour ahead means a trigger held by a triggerer: far timers
+        # (deferral.store.far_timers) are tested with a horizon of their own.
+        "DEFERRAL_FAR_TIMER_HORIZON_SEC": TEST_FAR_TIMER_HORIZON_SEC,
     }
 
 

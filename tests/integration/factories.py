@@ -4,11 +4,14 @@ entries that name them."""
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Sequence
 from typing import Any
 
 from sqlalchemy import ColumnElement, select
 from sqlalchemy.orm import Session, sessionmaker
 
+from broker.consumer import Delivery
+from broker.replies import Entry
 from broker.streams import TriggerMessage, trigger_message
 from deferral.runtime import serialization
 from deferral.runtime.crypto import Cipher
@@ -18,6 +21,8 @@ from deferral.store.tables import DagRun, TaskInstance
 from deferral.store.transitions import Attempt, NewTaskInstance
 from deferral.triggers import DateTimeTrigger
 from deferral.triggers.base import classpath_of
+from worker.outcomes import Outcome
+from worker.service import Running, WorkerService
 
 DAG_ID = "factory_dag"
 WORKER = "worker-1"  # the worker the attempts of these rows run on
@@ -124,3 +129,22 @@ def timer_message(
         try_number=1,
         task=task,
     )
+
+
+def worker_batch(
+    worker: WorkerService, outcomes: Sequence[tuple[int, Outcome]]
+) -> list[tuple[Running, Outcome]]:
+    """Outcomes of attempts on ``worker`` (task instance id, outcome), each as delivered from
+    its queue stream (a deferral's trigger goes to that queue's triggers stream), as the
+    worker records a batch of them."""
+    return [
+        (
+            Running(
+                Delivery(Entry(worker.streams[0], f"0-{i + 1}", {}), 1),
+                transitions.Attempt(ti, 1, WORKER),
+                f"d.r{i}.t",
+            ),
+            outcome,
+        )
+        for i, (ti, outcome) in enumerate(outcomes)
+    ]
