@@ -119,7 +119,9 @@ class Stack:
         max_map_length: int = 1024,
         redis_url: str = REDIS_URL,
         stream_shards: int | None = None,
+        extra_env: dict[str, str] | None = None,
     ) -> None:
+        """``extra_env``: more DEFERRAL_* settings for every service started."""
         self.name = f"deferral_bench_{uuid.uuid4().hex[:8]}"
         self.redis_url = redis_url
         self.stream_shards = stream_shards  # None: the URL's default
@@ -141,6 +143,7 @@ class Stack:
         }
         if stream_shards is not None:
             env["DEFERRAL_STREAM_SHARDS"] = str(stream_shards)
+        env.update(extra_env or {})
         self.env = {**os.environ, **env}
         self.services = Services(env, self.logs)
         self._started_at: dict[str, int] = {}  # log offset of each process's latest start
@@ -660,6 +663,60 @@ class EventsWatch:
                 trigger_id = entry.fields.get(b"trigger_id")
                 if trigger_id is not None:  # a worker's wake entry names no trigger
                     self.seen.setdefault(int(trigger_id), now)
+
+
+def calibration(stack: Stack, seconds: float = 1.0) -> str:
+    """How fast this machine is right now, to read the figures beside: single-row commits per
+    second with one client on the stack's database, and a pure-Python loop's rate."""
+    engine = make_engine(stack.url, pool_size=1)
+    with engine.connect() as conn:
+        conn.execute(text("CREATE TEMP TABLE calibration (x int)"))
+        conn.commit()
+        commits, end = 0, time.perf_counter() + seconds
+        while time.perf_counter() < end:
+            conn.execute(text("INSERT INTO calibration VALUES (1)"))
+            conn.commit()
+            commits += 1
+    engine.dispose()
+    loops, end = 0, time.perf_counter() + seconds / 2
+    while time.perf_counter() < end:
+        for _ in range(10_000):
+            loops += 1
+    rate = loops / (seconds / 2)
+    return (
+        f"calibration: {commits / seconds:,.0f} single-row commits/s (one client),"
+        f" {rate / 1e6:.1f} M pure-Python loop steps/s; {load_average()}"
+    )
+
+
+def redis_bytes(stack: Stack) -> int:
+    """Bytes Redis holds for the stack's keys (``MEMORY USAGE`` of each key under its prefix,
+    every element sampled): what its streams and in-flight indexes cost, whatever other clients
+    of a shared Redis hold."""
+    client = stack.broker.redis
+    total = 0
+    for key in client.scan_iter(match=f"{stack.name}:*", count=1000):
+        total += int(client.execute_command("MEMORY", "USAGE", key, "SAMPLES", "0") or 0)
+    return total
+
+
+def postgres_bytes(stack: Stack) -> dict[str, int]:
+    """Bytes of each table of the stack's database with its indexes and TOAST (a partitioned
+    table's partitions counted as it), and ``database`` for the whole database."""
+    with stack.sessions() as session:
+        sizes = dict(
+            session.execute(
+                text(
+                    "SELECT coalesce(parent.relname, c.relname), sum(pg_total_relation_size(c.oid))"
+                    " FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
+                    " LEFT JOIN pg_inherits i ON i.inhrelid = c.oid"
+                    " LEFT JOIN pg_class parent ON parent.oid = i.inhparent"
+                    " WHERE n.nspname = 'public' AND c.relkind = 'r' GROUP BY 1"
+                )
+            ).all()
+        )
+        sizes["database"] = session.scalar(text("SELECT pg_database_size(current_database())"))
+    return {name: int(size) for name, size in sizes.items()}
 
 
 def _exit_on_signal(signum: int, frame: object) -> None:
