@@ -12,6 +12,7 @@ never collects them (its ``testpaths`` is ``tests``).
 
 from __future__ import annotations
 
+import argparse
 import datetime as dt
 import os
 import shutil
@@ -106,6 +107,13 @@ def report(title: str, figures: Iterable[Figure], notes: Iterable[str] = ()) -> 
     for figure in figures:
         print(figure.line())
     return all(f.met is not False for f in figures)
+
+
+def add_service_arguments(parser: argparse.ArgumentParser, concurrency: int) -> None:
+    """The options every latency benchmark takes: its workers, their slots, keeping the logs."""
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--concurrency", type=int, default=concurrency, help="slots per worker")
+    parser.add_argument("--keep-logs", action="store_true")
 
 
 class Stack:

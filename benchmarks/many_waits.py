@@ -35,6 +35,7 @@ from harness import (
     Figure,
     RowMeter,
     Stack,
+    add_service_arguments,
     calibration,
     median,
     percentile,
@@ -205,9 +206,7 @@ def main() -> None:
     parser.add_argument("--fire-spread", type=float, default=120.0, help="s the fires spread over")
     parser.add_argument("--samples", type=int, default=10, help="probe runs per phase")
     parser.add_argument("--idle", type=float, default=30.0, help="s of CPU measured while idle")
-    parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--concurrency", type=int, default=16, help="slots per worker")
-    parser.add_argument("--keep-logs", action="store_true")
+    add_service_arguments(parser, concurrency=16)
     args = parser.parse_args()
     per_run = min(args.per_run, args.n)
     args.per_run = per_run
