@@ -27,6 +27,7 @@ from deferral.store.tables import TaskInstance, TaskStateChange, Trigger
 from deferral.triggers import DateTimeTrigger, FileTrigger, TimeDeltaTrigger
 from deferral.triggers.base import classpath_of
 from readmodel.doctor import _not_in_flight
+from readmodel.explain import _explain_deferred
 from scheduler import far_timers as horizon_pass
 from scheduler.reconcile import Reconciler
 from tests.conftest import delete_stream_keys
@@ -151,6 +152,11 @@ def test_a_far_timer_waits_as_a_row_until_near_then_is_published_and_resumed_onc
     assert [entry.fields["trigger_id"] for entry in staged] == [str(near_trigger.id)]
     assert _entries(broker) == [near_trigger.id]  # nothing in Redis for the far timer
     assert _pending(broker) == 0
+    with sessions() as session:
+        said = _explain_deferred(
+            session, settings, session.get_one(TaskInstance, far), dt.datetime.now(dt.UTC)
+        )
+    assert said[1].startswith("  a far timer, waiting as a row until ")
 
     # Redis loses everything: the reconciler republishes the near trigger, not the far one, and
     # the doctor does not count the far one as lost.
