@@ -17,7 +17,16 @@ import argparse
 import datetime as dt
 from collections import defaultdict
 
-from harness import Change, Figure, Stack, median, percentile, report, wait_for
+from harness import (
+    Change,
+    Figure,
+    Stack,
+    add_service_arguments,
+    median,
+    percentile,
+    report,
+    wait_for,
+)
 from idle_runs import PROBE_OPERATOR, run_one_after_another, start_probe_services
 from sqlalchemy import text
 
@@ -85,9 +94,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--samples", type=int, default=30, help="chain runs")
     parser.add_argument("--delay", type=float, default=1.0, help="seconds wait defers")
-    parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--concurrency", type=int, default=8, help="slots per worker")
-    parser.add_argument("--keep-logs", action="store_true")
+    add_service_arguments(parser, concurrency=8)
     args = parser.parse_args()
 
     with Stack(keep=args.keep_logs) as stack:

@@ -19,8 +19,8 @@ import argparse
 import subprocess
 import time
 
-from harness import Figure, Stack, report, wait_for
-from sqlalchemy import create_engine, text
+from harness import Figure, Stack, calibration, report, wait_for
+from sqlalchemy import text
 
 from tests.e2e.conftest import command
 
@@ -111,23 +111,6 @@ with DAG(
 """
 
 
-def calibration(database_url: str) -> str:
-    """Single-row commits per second with one client, and a pure-Python loop's rate."""
-    engine = create_engine(database_url, isolation_level="AUTOCOMMIT")
-    with engine.connect() as conn:
-        conn.execute(text("CREATE TEMP TABLE calibration (n int)"))
-        commits, until = 0, time.perf_counter() + 1.0
-        while time.perf_counter() < until:
-            conn.execute(text("INSERT INTO calibration VALUES (1)"))
-            commits += 1
-    engine.dispose()
-    loops, started = 0, time.perf_counter()
-    for i in range(3_000_000):
-        loops += i & 1
-    rate = 3_000_000 / (time.perf_counter() - started)
-    return f"calibration: {commits:,} single-row commits/s (one client), {rate / 1e6:.1f} M loops/s"
-
-
 def run_span(stack: Stack, run_type: str) -> float:
     """Seconds from the start to the end of the DAG's run whose id starts with ``run_type``."""
     with stack.sessions() as session:
@@ -149,7 +132,7 @@ def main() -> None:
     with Stack() as stack:
         stack.write_dag(DAG_ID, EXAMPLE_SENSORS)
         (stack.dags / ".deferral.toml").write_text("airflow_imports = true\n")
-        print(calibration(stack.url))
+        print(calibration())
 
         started = time.monotonic()
         tested = subprocess.run(

@@ -12,6 +12,7 @@ never collects them (its ``testpaths`` is ``tests``).
 
 from __future__ import annotations
 
+import argparse
 import datetime as dt
 import os
 import shutil
@@ -133,6 +134,13 @@ def report(title: str, figures: Iterable[Figure], notes: Iterable[str] = ()) -> 
     return all(f.met is not False for f in figures)
 
 
+def add_service_arguments(parser: argparse.ArgumentParser, concurrency: int) -> None:
+    """The options every latency benchmark takes: its workers, their slots, keeping the logs."""
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--concurrency", type=int, default=concurrency, help="slots per worker")
+    parser.add_argument("--keep-logs", action="store_true")
+
+
 class Stack:
     """A fresh database and stream prefix, and the service processes started on them."""
 
@@ -144,7 +152,9 @@ class Stack:
         max_map_length: int = 1024,
         redis_url: str = REDIS_URL,
         stream_shards: int | None = None,
+        extra_env: dict[str, str] | None = None,
     ) -> None:
+        """``extra_env``: more DEFERRAL_* settings for every service started."""
         self.name = f"deferral_bench_{uuid.uuid4().hex[:8]}"
         self.redis_url = redis_url
         self.stream_shards = stream_shards  # None: the URL's default
@@ -166,6 +176,7 @@ class Stack:
         }
         if stream_shards is not None:
             env["DEFERRAL_STREAM_SHARDS"] = str(stream_shards)
+        env.update(extra_env or {})
         self.env = {**os.environ, **env}
         self.services = Services(env, self.logs)
         self._started_at: dict[str, int] = {}  # log offset of each process's latest start
@@ -386,6 +397,14 @@ class Stack:
         """How many trigger rows there are (tasks on one shared trigger share one)."""
         with self.sessions() as session:
             return int(session.scalar(text("SELECT count(*) FROM trigger")) or 0)
+
+    def published_trigger_rows(self) -> int:
+        """How many trigger rows have had their entry published (far timers waiting as rows,
+        deferral.store.far_timers, have not)."""
+        with self.sessions() as session:
+            return int(
+                session.scalar(text("SELECT count(*) FROM trigger WHERE far_moment IS NULL")) or 0
+            )
 
     def states(self) -> dict[str, int]:
         """How many task instances are in each state."""
@@ -678,6 +697,36 @@ class EventsWatch:
                 trigger_id = entry.fields.get(b"trigger_id")
                 if trigger_id is not None:  # a worker's wake entry names no trigger
                     self.seen.setdefault(int(trigger_id), now)
+
+
+def redis_bytes(stack: Stack) -> int:
+    """Bytes Redis holds for the stack's keys (``MEMORY USAGE`` of each key under its prefix,
+    every element sampled): what its streams and in-flight indexes cost, whatever other clients
+    of a shared Redis hold."""
+    client = stack.broker.redis
+    total = 0
+    for key in client.scan_iter(match=f"{stack.name}:*", count=1000):
+        total += int(client.execute_command("MEMORY", "USAGE", key, "SAMPLES", "0") or 0)
+    return total
+
+
+def postgres_bytes(stack: Stack) -> dict[str, int]:
+    """Bytes of each table of the stack's database with its indexes and TOAST (a partitioned
+    table's partitions counted as it), and ``database`` for the whole database."""
+    with stack.sessions() as session:
+        sizes = dict(
+            session.execute(
+                text(
+                    "SELECT coalesce(parent.relname, c.relname), sum(pg_total_relation_size(c.oid))"
+                    " FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
+                    " LEFT JOIN pg_inherits i ON i.inhrelid = c.oid"
+                    " LEFT JOIN pg_class parent ON parent.oid = i.inhparent"
+                    " WHERE n.nspname = 'public' AND c.relkind = 'r' GROUP BY 1"
+                )
+            ).all()
+        )
+        sizes["database"] = session.scalar(text("SELECT pg_database_size(current_database())"))
+    return {name: int(size) for name, size in sizes.items()}
 
 
 def _exit_on_signal(signum: int, frame: object) -> None:

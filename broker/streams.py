@@ -22,6 +22,7 @@ import msgspec
 from deferral.runtime.crypto import Cipher, DecryptionError, Purpose
 from deferral.runtime.redis_urls import MAX_STREAM_SHARDS, default_stream_shards, is_cluster_url
 from deferral.states import END_KINDS
+from deferral.store.far_timers import TriggerWaiter
 
 GROUP_TRIGGERERS = "triggerers"
 GROUP_SCHEDULERS = "schedulers"
@@ -386,6 +387,25 @@ def trigger_message(
     spec = TriggerSpec(trigger_id, classpath, kwargs, task_instance_id, task, try_number)
     token = cipher.encrypt(Purpose.TRIGGER_SPEC, msgspec.json.encode(spec))
     return TriggerMessage(trigger_id=str(trigger_id), classpath=classpath, task=task, token=token)
+
+
+def waiter_entry(
+    cipher: Cipher, keys: StreamKeys, waiter: TriggerWaiter
+) -> tuple[str, dict[str, str]]:
+    """The triggers-stream entry (stream, fields) of a committed trigger row naming a task that
+    waits on it: its kwargs opened from the row and sealed anew with the task in the token.
+    Raises DecryptionError or msgspec.DecodeError when the row's kwargs no longer open."""
+    message = trigger_message(
+        cipher,
+        trigger_id=waiter.trigger_id,
+        classpath=waiter.classpath,
+        kwargs=msgspec.json.decode(cipher.decrypt(Purpose.TRIGGER_KWARGS, waiter.kwargs_token)),
+        task_instance_id=waiter.task_instance_id,
+        try_number=waiter.try_number,
+        task=task_label(waiter.dag_id, waiter.run_id, waiter.task_id, waiter.map_index),
+    )
+    stream = keys.trigger_stream(waiter.queue, waiter.trigger_id)
+    return stream, msgspec.structs.asdict(message)
 
 
 # -- events ---------------------------------------------------------------------------------

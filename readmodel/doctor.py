@@ -14,7 +14,7 @@ from deferral import signals
 from deferral.runtime.config import Settings
 from deferral.states import DagRunState, TaskState
 from deferral.store import doctor as checklist
-from deferral.store import liveness, queues
+from deferral.store import far_timers, liveness, queues
 from deferral.store.db import make_engine, make_sessionmaker
 from deferral.store.tables import (
     Dag,
@@ -53,6 +53,15 @@ def _database_checks(session: Session, settings: Settings) -> list[checklist.Che
     now: dt.datetime = session.scalars(select(func.now())).one()
     stale_after = liveness.stale_after_sec(settings.heartbeat_sec)
     deferred = session.scalar(select(func.count()).select_from(ti).where(deferred_state)) or 0
+    # Far timers not yet published take no triggerer's capacity until their moment is near.
+    far = (
+        session.scalar(
+            select(func.count())
+            .select_from(ti)
+            .where(deferred_state, ~far_timers.published(ti.trigger_id))
+        )
+        or 0
+    )
 
     alive: list[Triggerer] = []
     stale: list[tuple[str, float]] = []
@@ -111,7 +120,7 @@ def _database_checks(session: Session, settings: Settings) -> list[checklist.Che
 
     return [
         checklist.triggerer_alive(deferred, [t.name for t in alive], stale, stale_after),
-        checklist.capacity(deferred, sum(t.capacity for t in alive), len(alive)),
+        checklist.capacity(deferred - far, sum(t.capacity for t in alive), len(alive)),
         queues.queues_served(_unserved_waiting(session, [t.queues for t in alive])),
         checklist.expired_timeouts(expired, _age_seconds(now, oldest_timeout)),
         checklist.orphaned_triggers(list(orphans), [task_label(*row) for row in stranded]),
@@ -181,6 +190,7 @@ def _not_in_flight(broker: Broker, settings: Settings) -> list[str]:
                 ti.trigger_id.is_not(None),
                 ti.updated_at < func.now() - _JUST_DEFERRED,
                 signals.not_a_wait(ti.trigger_id),  # a send resumes those, no stream entry
+                far_timers.published(ti.trigger_id),  # a far timer is published when near
             )
         ).all()
     labels = {str(row.trigger_id): task_label(*row[1:5]) for row in deferred}

@@ -281,39 +281,16 @@ def _explain_deferred(
             " runs it",
             f"  resumed by {how_to_resume(row_wait, key)}",
         ]
-    else:
-        keys = StreamKeys.for_redis(
-            settings.stream_prefix, settings.redis_url, settings.stream_shards
-        )
+    elif trigger.far_moment is not None:
+        publish_at = trigger.far_moment - dt.timedelta(seconds=settings.far_timer_horizon_sec)
         lines = [
             f"  waits on trigger {trigger.id} ({trigger.classpath})",
-            f"  its entry is in {keys.trigger_stream(ti.queue, trigger.id)}, its event will be"
-            f" in {keys.events_for(trigger.id)} (stream shard {keys.shard_of(trigger.id)}"
-            f" of {keys.shards})",
+            f"  a far timer, waiting as a row until {when(trigger.far_moment)}: no triggerer"
+            f" holds it; a scheduler publishes it from {when(publish_at)}"
+            " (DEFERRAL_FAR_TIMER_HORIZON_SEC before its moment)",
         ]
-        triggerer = session.get(Triggerer, trigger.triggerer_id) if trigger.triggerer_id else None
-        if trigger.triggerer_id is None:
-            lines.append("  no triggerer has picked the trigger up yet")
-        if triggerer is None or not liveness.is_alive(
-            triggerer.state, triggerer.latest_heartbeat, now, settings.heartbeat_sec
-        ):
-            served = queues.served_by_live_triggerers(session, settings.heartbeat_sec)
-            if queues.unserved(ti.queue, served):
-                lines.append(
-                    f"  no live triggerer serves its queue {ti.queue!r}: start"
-                    f" `triggerer consume --queues {ti.queue}` (or one without --queues)"
-                )
-        elif triggerer is None:
-            lines.append(f"  run by triggerer {trigger.triggerer_id}, which is not registered")
-        else:
-            age = liveness.heartbeat_age_sec(triggerer.latest_heartbeat, now)
-            alive = liveness.is_alive(
-                triggerer.state, triggerer.latest_heartbeat, now, settings.heartbeat_sec
-            )
-            lines.append(
-                f"  run by triggerer {triggerer.name} on {triggerer.hostname} ({triggerer.state}),"
-                f" heartbeat {age:.1f}s ago: {'alive' if alive else 'stale'}"
-            )
+    else:
+        lines = _held(session, settings, ti, trigger, now)
     lines.append(f"  resumes at next_method {ti.next_method}")
     if ti.trigger_timeout is None:
         lines.append("  trigger_timeout: none (waits until the trigger fires)")
@@ -331,6 +308,43 @@ def _explain_deferred(
                 f"  trigger_timeout {when(ti.trigger_timeout)}: passed {-left:.0f}s ago;"
                 " a running scheduler would have failed it (is `scheduler consume` running?)"
             )
+    return lines
+
+
+def _held(
+    session: Session, settings: Settings, ti: TaskInstance, trigger: Trigger, now: dt.datetime
+) -> list[str]:
+    """A published trigger: its streams, and the triggerer running it (or why none does)."""
+    keys = StreamKeys.for_redis(settings.stream_prefix, settings.redis_url, settings.stream_shards)
+    lines = [
+        f"  waits on trigger {trigger.id} ({trigger.classpath})",
+        f"  its entry is in {keys.trigger_stream(ti.queue, trigger.id)}, its event will be"
+        f" in {keys.events_for(trigger.id)} (stream shard {keys.shard_of(trigger.id)}"
+        f" of {keys.shards})",
+    ]
+    triggerer = session.get(Triggerer, trigger.triggerer_id) if trigger.triggerer_id else None
+    if trigger.triggerer_id is None:
+        lines.append("  no triggerer has picked the trigger up yet")
+    if triggerer is None or not liveness.is_alive(
+        triggerer.state, triggerer.latest_heartbeat, now, settings.heartbeat_sec
+    ):
+        served = queues.served_by_live_triggerers(session, settings.heartbeat_sec)
+        if queues.unserved(ti.queue, served):
+            lines.append(
+                f"  no live triggerer serves its queue {ti.queue!r}: start"
+                f" `triggerer consume --queues {ti.queue}` (or one without --queues)"
+            )
+    elif triggerer is None:
+        lines.append(f"  run by triggerer {trigger.triggerer_id}, which is not registered")
+    else:
+        age = liveness.heartbeat_age_sec(triggerer.latest_heartbeat, now)
+        alive = liveness.is_alive(
+            triggerer.state, triggerer.latest_heartbeat, now, settings.heartbeat_sec
+        )
+        lines.append(
+            f"  run by triggerer {triggerer.name} on {triggerer.hostname} ({triggerer.state}),"
+            f" heartbeat {age:.1f}s ago: {'alive' if alive else 'stale'}"
+        )
     return lines
 
 

@@ -2,7 +2,8 @@
 streams, a page at a time, and what is missing is published again.
 
 - A deferred task's trigger must be in ``deferral:triggers`` (waiting or held by a triggerer) or
-  its event in ``deferral:events`` (fired, not yet applied).
+  its event in ``deferral:events`` (fired, not yet applied), unless it is a far timer not yet
+  published (``deferral.store.far_timers``): that one is in no stream until its moment is near.
 - A queued task's attempt must be in its queue stream.
 - A running attempt's worker must be alive, or its queue entry still pending (then the workers'
   takeover deals with it); else the attempt is failed into a retry.
@@ -27,12 +28,13 @@ from sqlalchemy import Row, func, select, text
 from sqlalchemy.orm import Session, sessionmaker
 
 from broker.client import Broker
-from broker.streams import queue_message, task_label, trigger_message
+from broker.streams import queue_message, task_label, waiter_entry
 from deferral import signals
 from deferral.runtime import metrics
-from deferral.runtime.crypto import Cipher, DecryptionError, Purpose
+from deferral.runtime.crypto import Cipher, DecryptionError
 from deferral.runtime.process import log_ids
-from deferral.store import liveness, transitions
+from deferral.store import far_timers, liveness, transitions
+from deferral.store.far_timers import TriggerWaiter
 from deferral.store.tables import TaskInstance, Trigger, Worker
 from deferral.store.transitions import Attempt
 
@@ -110,16 +112,11 @@ class Reconciler:
 
     def _deferred(self) -> None:
         with self.sessions() as session:
-            rows = self._page(
-                session,
-                [TI.trigger_id, TI.queue],
-                "deferred",
-                self.cursor.deferred,
-                TI.updated_at < func.now() - SETTLE,
-                TI.trigger_id.is_not(None),
-                signals.not_a_wait(TI.trigger_id),  # a send resumes those, no stream entry
-            )
-        self.cursor.deferred = self._advance(rows)
+            # A page of deferred tasks whatever they wait on, filtered only then: a million far
+            # timers (no entry to check) cost a pass one page, not a scan of them all.
+            page = self._page(session, [], "deferred", self.cursor.deferred)
+            rows = self._expecting_entries(session, [ti.id for ti in page]) if page else []
+        self.cursor.deferred = self._advance(page)
         by_trigger = {str(ti.trigger_id): ti for ti in rows}
         queue_of = {t: ti.queue for t, ti in by_trigger.items()}
         missing = [t for t, here in self.broker.triggers_present(queue_of).items() if not here]
@@ -127,40 +124,55 @@ class Reconciler:
         if missing:
             self._republish_triggers([by_trigger[t].id for t in missing])
 
+    def _expecting_entries(self, session: Session, ti_ids: list[int]) -> list[Row[Any]]:
+        """Those of the deferred ``ti_ids`` whose trigger must be in a stream by now."""
+        return list(
+            session.execute(
+                select(TI.id, TI.trigger_id, TI.queue)
+                .where(
+                    TI.id.in_(ti_ids),
+                    TI.updated_at < func.now() - SETTLE,
+                    TI.trigger_id.is_not(None),
+                    signals.not_a_wait(TI.trigger_id),  # a send resumes those, no stream entry
+                    far_timers.published(TI.trigger_id),  # a far timer is published when near
+                )
+                .order_by(TI.id)
+            )
+        )
+
     def _republish_triggers(self, ti_ids: list[int]) -> None:
         with self.sessions() as session:
             # Read again: only tasks still deferred on the same trigger need it.
             rows = session.execute(
-                select(TI, Trigger)
+                select(
+                    Trigger.id.label("trigger_id"),
+                    Trigger.classpath,
+                    Trigger.kwargs.label("kwargs_token"),
+                    TI.id.label("task_instance_id"),
+                    *ATTEMPT_COLUMNS,
+                )
                 .join(Trigger, Trigger.id == TI.trigger_id)
-                .where(TI.id.in_(ti_ids), text("task_instance.state = 'deferred'"))
+                .where(
+                    TI.id.in_(ti_ids),
+                    text("task_instance.state = 'deferred'"),
+                    Trigger.far_moment.is_(None),
+                )
             ).all()
         entries = []
-        for ti, trigger in rows:
+        for row in rows:
             try:
-                kwargs = msgspec.json.decode(
-                    self.cipher.decrypt(Purpose.TRIGGER_KWARGS, trigger.kwargs)
+                entries.append(
+                    waiter_entry(self.cipher, self.broker.keys, TriggerWaiter(**row._mapping))
                 )
             except (DecryptionError, msgspec.DecodeError):
-                if trigger.id not in self.repairs.unreadable:
+                trigger_id = row.trigger_id
+                if trigger_id not in self.repairs.unreadable:
                     if len(self.repairs.unreadable) >= MAX_REMEMBERED:
                         self.repairs.unreadable.clear()
-                    self.repairs.unreadable.add(trigger.id)
+                    self.repairs.unreadable.add(trigger_id)
                     log.error(
-                        "cannot republish trigger %d: its kwargs no longer decrypt", trigger.id
+                        "cannot republish trigger %d: its kwargs no longer decrypt", trigger_id
                     )
-                continue
-            message = trigger_message(
-                self.cipher,
-                trigger_id=trigger.id,
-                classpath=trigger.classpath,
-                kwargs=kwargs,
-                task_instance_id=ti.id,
-                try_number=ti.try_number,
-                task=task_label(ti.dag_id, ti.run_id, ti.task_id, ti.map_index),
-            )
-            stream = self.broker.keys.trigger_stream(ti.queue, trigger.id)
-            entries.append((stream, msgspec.structs.asdict(message)))
         if entries:
             self.broker.publish_many(entries)
             metrics.RECONCILER_REPAIRS.labels("triggers").inc(len(entries))

@@ -70,6 +70,7 @@ from scheduler import (
     deadlines,
     decide,
     end_callbacks,
+    far_timers,
     runstate,
     trigger_starts,
     waiting,
@@ -91,6 +92,8 @@ WAKE_EVERY_SEC = 0.5
 RELAY_EVERY_SEC = 5.0
 RELAY_AFTER = dt.timedelta(seconds=10)
 RECONCILE_EVERY_SEC = 2.0
+# Far timers come due within the horizon (minutes): a second's delay is nothing to them.
+FAR_TIMERS_EVERY_SEC = 1.0
 # Runs of DAGs that stopped loading are looked at this often, or twice per grace period if
 # that is shorter (at most every 0.5 s): a run fails at most 5 s, or half its grace, after it.
 BROKEN_DAGS_EVERY_SEC = 5.0
@@ -223,6 +226,7 @@ class SchedulerService:
             Every(WAKE_EVERY_SEC, self.wake_due),
             Every(RELAY_EVERY_SEC, self.relay_outbox),
             Every(RECONCILE_EVERY_SEC, self.reconcile),
+            Every(FAR_TIMERS_EVERY_SEC, self.publish_far_timers),
             Every(broken_every, self.fail_broken_runs),
             Every(PRUNE_EVERY_SEC, self.prune),
             Every(PARTITIONS_EVERY_SEC, self.make_partitions),
@@ -812,6 +816,10 @@ class SchedulerService:
 
     def reconcile(self) -> None:
         self.reconciler.reconcile()
+
+    def publish_far_timers(self) -> None:
+        horizon = dt.timedelta(seconds=self.settings.far_timer_horizon_sec)
+        far_timers.publish_all_due(self.sessions, self.broker, self.cipher, horizon)
 
     def relay_outbox(self) -> None:
         relayed = outbox.relay(self.sessions, self.broker, RELAY_AFTER)

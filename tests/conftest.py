@@ -14,6 +14,7 @@ import contextlib
 import datetime as dt
 import hashlib
 import os
+import re
 import sys
 import uuid
 from collections.abc import Callable, Iterator
@@ -35,7 +36,7 @@ from deferral.store import migrate
 from deferral.store.db import make_engine, make_sessionmaker
 from tests.forks import LANE
 from tests.helpers import wait_for
-from tests.servers import ADMIN_URL, REDIS_URL
+from tests.servers import ADMIN_URL, REDIS_URL, TEST_FAR_TIMER_HORIZON_SEC
 
 # Tables cleared before each database test; pool keeps its seeded default_pool row.
 TABLES = (
@@ -125,11 +126,14 @@ def _templates_locked(conn: Connection) -> Iterator[None]:
 def _migrated_template(admin: Engine) -> str:
     """The name of a database migrated to head by this checkout's migrations, today (a
     migration may create date-dependent partitions): built under a temporary name and renamed
-    when complete, so a build that dies leaves no template; older templates are dropped."""
-    digest = hashlib.sha256(dt.date.today().isoformat().encode())
+    when complete, so a build that dies leaves no template. Templates of earlier days are
+    dropped; today's of other checkouts (other migrations) are left to them."""
+    today = dt.date.today()
+    digest = hashlib.sha256()
     for path in sorted(_MIGRATIONS.rglob("*.py")):
         digest.update(path.relative_to(_MIGRATIONS).as_posix().encode() + path.read_bytes())
-    template = f"{_TEMPLATE_PREFIX}{digest.hexdigest()[:16]}"
+    dated = f"{_TEMPLATE_PREFIX}{today:%Y%m%d}_"
+    template = f"{dated}{digest.hexdigest()[:16]}"
     with admin.connect() as conn, _templates_locked(conn):
         existing = set(
             conn.scalars(
@@ -137,7 +141,13 @@ def _migrated_template(admin: Engine) -> str:
                 {"like": f"{_TEMPLATE_PREFIX}%"},
             )
         )
-        for stale in existing - {template}:
+        earlier = [
+            name
+            for name in existing
+            if re.fullmatch(rf"{_TEMPLATE_PREFIX}(\d{{8}})_[0-9a-f]{{16}}(_[0-9a-f]{{6}})?", name)
+            and name[len(_TEMPLATE_PREFIX) : len(_TEMPLATE_PREFIX) + 8] < f"{today:%Y%m%d}"
+        ]
+        for stale in earlier:
             conn.execute(text(f'DROP DATABASE IF EXISTS "{stale}" WITH (FORCE)'))
         if template not in existing:
             building = f"{template}_{uuid.uuid4().hex[:6]}"[:63]
@@ -241,6 +251,9 @@ def service_env(
         "DEFERRAL_DAGS_FOLDER": str(dags_folder),
         "DEFERRAL_STREAM_PREFIX": stream_prefix,
         "DEFERRAL_HEARTBEAT_SEC": "1",
+        # A test deferring an hour ahead means a trigger held by a triggerer: far timers
+        # (deferral.store.far_timers) are tested with a horizon of their own.
+        "DEFERRAL_FAR_TIMER_HORIZON_SEC": TEST_FAR_TIMER_HORIZON_SEC,
     }
 
 

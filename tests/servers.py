@@ -65,3 +65,7 @@ def _redis_url() -> str:
 
 ADMIN_URL = _admin_url()
 REDIS_URL = _redis_url()
+
+# The far-timer horizon of the services tests start (DEFERRAL_FAR_TIMER_HORIZON_SEC): two days,
+# so that a task deferring an hour or a day ahead is held by a triggerer as the test means.
+TEST_FAR_TIMER_HORIZON_SEC = str(2 * 24 * 3600)

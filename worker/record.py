@@ -4,6 +4,7 @@ the in-process runs of ``deferral dags test`` write outcomes the same way."""
 
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import Sequence
 from typing import Any
 
@@ -12,7 +13,7 @@ from sqlalchemy.orm import Session
 from deferral.runtime import serialization
 from deferral.runtime.crypto import Cipher, Purpose
 from deferral.runtime.serialization import SerializationError
-from deferral.store import hitl, transitions
+from deferral.store import far_timers, hitl, transitions
 from deferral.store.transitions import Attempt
 from worker.outcomes import (
     AttemptRequest,
@@ -83,8 +84,18 @@ def succeed_all(session: Session, successes: Sequence[tuple[Attempt, Succeeded]]
     return succeeded
 
 
-def deferral_of(attempt: Attempt, outcome: Deferred, cipher: Cipher) -> transitions.Deferral:
-    """The trigger row and resume point a deferral writes, its kwargs sealed."""
+def deferral_of(
+    attempt: Attempt, outcome: Deferred, cipher: Cipher, horizon: dt.timedelta | None = None
+) -> transitions.Deferral:
+    """The trigger row and resume point a deferral writes, its kwargs sealed; a time trigger
+    due beyond ``horizon`` from now waits as a row (None: every trigger is published now)."""
+    far_moment = (
+        None
+        if horizon is None
+        else far_timers.far_moment(
+            outcome.classpath, outcome.trigger_kwargs, dt.datetime.now(dt.UTC), horizon
+        )
+    )
     return transitions.Deferral(
         attempt=attempt,
         classpath=outcome.classpath,
@@ -101,6 +112,7 @@ def deferral_of(attempt: Attempt, outcome: Deferred, cipher: Cipher) -> transiti
             if outcome.shared
             else None
         ),
+        far_moment=far_moment,
     )
 
 

@@ -623,8 +623,9 @@ class WorkerService:
     ) -> list[outbox.Staged]:
         """Write the deferrals' trigger rows and move their tasks, then stage their trigger
         entries; returns the outbox rows of those that moved."""
+        horizon = dt.timedelta(seconds=self.settings.far_timer_horizon_sec)
         specs = [
-            record.deferral_of(running.attempt, outcome, self.cipher)
+            record.deferral_of(running.attempt, outcome, self.cipher, horizon)
             for running, outcome in deferrals
         ]
         # Signal waits are rows, not triggers run in a triggerer: no trigger entry for them.
@@ -644,13 +645,17 @@ class WorkerService:
         joined: set[int] = set()
         moved = signals.defer_with_waits(session, self.cipher, specs, waits, joined)
         messages = []
-        for running, outcome in deferrals:
+        for (running, outcome), spec in zip(deferrals, specs, strict=True):
             ti_id = running.attempt.task_instance_id
             trigger_id = moved.get(ti_id)
             said = f"deferred to trigger {trigger_id} ({outcome.classpath})"
+            if spec.far_moment is not None:
+                said += f"; a far timer, published {horizon} before its moment"
             self._say(running, outcome, trigger_id is not None, said, lines)
             if trigger_id is None or ti_id in waits or ti_id in joined:
                 continue  # a signal wait has no entry; a shared trigger already made has its own
+            if spec.far_moment is not None:
+                continue  # a far timer waits as a row: the scheduler publishes it when near
             message = trigger_message(
                 self.cipher,
                 trigger_id=trigger_id,

@@ -77,6 +77,9 @@ class Settings:
     triggerer_claim_per_loop: int = 50
     # Events of one asset watcher that may wait for their runs before it stops reading its source.
     asset_watcher_max_queued: int = DEFAULT_ASSET_WATCHER_MAX_QUEUED
+    # A time trigger due further ahead than this when its task defers waits as a row, its entry
+    # published only once its moment comes this near (deferral.store.far_timers).
+    far_timer_horizon_sec: float = 600.0
 
 
 def _parsed_url(raw: str) -> URL | None:
@@ -349,6 +352,7 @@ def load_settings(
             _positive_int,
             default=str(DEFAULT_ASSET_WATCHER_MAX_QUEUED),
         ),
+        far_timer_horizon_sec=get("FAR_TIMER_HORIZON_SEC", _positive_float, default="600"),
     )
 
 
@@ -747,6 +751,15 @@ SETTINGS: tuple[SettingDoc, ...] = (
         "Events of one asset watcher that may wait for their runs (queued for a DAG, or in a run"
         " not started yet): at the bound the watcher stops reading its source, logs it once and"
         " counts `deferral_asset_watcher_bound_reached_total`, and reads on as runs start.",
+        "core",
+    ),
+    SettingDoc(
+        "FAR_TIMER_HORIZON_SEC",
+        "600",
+        "A time trigger (`DateTimeTrigger`, `TimeDeltaTrigger`) due further ahead than this when"
+        " its task defers waits as a row in PostgreSQL: no triggerer holds it and Redis keeps"
+        " nothing for it until the scheduler publishes it, once its moment is this near. Keep it"
+        " equal on every scheduler and worker.",
         "core",
     ),
     SettingDoc(

@@ -139,6 +139,12 @@ class DagRun(Base):
 
 class Trigger(Base):
     __tablename__ = "trigger"
+    __table_args__ = (
+        # The horizon pass reads the earliest unpublished far timers (deferral.store.far_timers).
+        Index(
+            "ix_trigger_far_moment", "far_moment", postgresql_where=text("far_moment IS NOT NULL")
+        ),
+    )
 
     id: Mapped[int] = _id()
     classpath: Mapped[str] = mapped_column(String(1000))
@@ -148,6 +154,9 @@ class Trigger(Base):
     # Set on a shared trigger only: a keyed digest of its classpath and kwargs (never the kwargs
     # themselves), unique, so that equal deferrals wait on this one row (transitions.shared).
     share_key: Mapped[str | None] = mapped_column(String(64), unique=True, index=True)
+    # Set only while a far time trigger waits as a row, its entry not yet published: its moment
+    # (deferral.store.far_timers). NULL for every trigger whose entry has been published.
+    far_moment: Mapped[dt.datetime | None] = mapped_column(Timestamp)
 
 
 class TaskInstance(Base):

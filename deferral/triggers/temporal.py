@@ -57,12 +57,33 @@ class DateTimeTrigger(BaseTrigger):
 
 
 class TimeDeltaTrigger(DateTimeTrigger):
-    """Fires ``delta`` after it was created. It serializes as a DateTimeTrigger at the absolute
-    moment, so a triggerer restart or a move to another triggerer never restarts the wait; and
-    it is shared as that moment is: two tasks share it only when their moments are equal to the
-    microsecond (a delta is counted from when each task deferred; nothing is rounded)."""
+    """Fires ``delta`` after it was created. It serializes the absolute moment (under its own
+    classpath, so it shows as the class the task deferred on), so a triggerer restart or a move
+    to another triggerer never restarts the wait: rebuilt from its kwargs it takes ``moment``
+    instead of ``delta``. It is shared as that moment is: two tasks share it only when their
+    moments are equal to the microsecond (a delta is counted from when each task deferred;
+    nothing is rounded)."""
 
-    def __init__(self, delta: dt.timedelta, *, end_from_trigger: bool = False) -> None:
-        if not isinstance(delta, dt.timedelta):
-            raise TypeError(f"delta must be a timedelta, got {type(delta).__name__}")
-        super().__init__(dt.datetime.now(dt.UTC) + delta, end_from_trigger=end_from_trigger)
+    def __init__(
+        self,
+        delta: dt.timedelta | None = None,
+        *,
+        moment: dt.datetime | None = None,
+        end_from_trigger: bool = False,
+    ) -> None:
+        if moment is None:
+            if not isinstance(delta, dt.timedelta):
+                raise TypeError(f"delta must be a timedelta, got {type(delta).__name__}")
+            moment = dt.datetime.now(dt.UTC) + delta
+        elif delta is not None:
+            raise TypeError("give either delta or moment (the serialized form), not both")
+        super().__init__(moment, end_from_trigger=end_from_trigger)
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        _, kwargs = super().serialize()
+        return classpath_of(TimeDeltaTrigger), kwargs
+
+
+# The classes whose trigger only waits for the moment in its kwargs (``moment``): a deferral on
+# one whose moment is far ahead waits as a row until it comes near (deferral.store.far_timers).
+TIME_TRIGGER_CLASSPATHS = frozenset({classpath_of(DateTimeTrigger), classpath_of(TimeDeltaTrigger)})

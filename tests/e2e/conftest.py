@@ -32,7 +32,7 @@ from deferral.store.tables import TaskInstance, Trigger
 from tests.conftest import delete_stream_keys, empty_tables, new_stream_prefix
 from tests.forks import LANE, ForkedProcess
 from tests.helpers import wait_for
-from tests.servers import REDIS_URL
+from tests.servers import REDIS_URL, TEST_FAR_TIMER_HORIZON_SEC
 from triggerer.events import event_message
 
 BIN = Path(sys.executable).parent
@@ -203,6 +203,9 @@ def module_stack(
         "DEFERRAL_DAGS_FOLDER": str(dags),
         "DEFERRAL_STREAM_PREFIX": prefix,
         "DEFERRAL_HEARTBEAT_SEC": "1",
+        # A test deferring an hour ahead means a trigger held by a triggerer: far timers
+        # (deferral.store.far_timers) are tested with a horizon of their own.
+        "DEFERRAL_FAR_TIMER_HORIZON_SEC": TEST_FAR_TIMER_HORIZON_SEC,
     }
     running = Services(env, logs)
     broker = Broker.from_url(REDIS_URL, prefix)

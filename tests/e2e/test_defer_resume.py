@@ -161,7 +161,7 @@ def test_task_defers_frees_its_slot_and_resumes_on_a_fresh_instance(
         moment = cipher.open(Purpose.TRIGGER_KWARGS, trigger.kwargs)["moment"]
     for field in ("trigger_id", "classpath", "task", "token"):
         assert field in shown
-    assert "deferral.triggers.temporal.DateTimeTrigger" in shown
+    assert "deferral.triggers.temporal.TimeDeltaTrigger" in shown
     assert f"e2e_defer.{first.run_id}.first" in shown
     assert SECRET not in shown and moment.isoformat() not in shown
     assert len(entries) == 1 and entries[0].fields[b"trigger_id"] == str(first.trigger_id).encode()

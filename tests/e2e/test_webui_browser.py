@@ -181,7 +181,7 @@ def test_the_grid_shows_the_task_deferred_while_it_waits_then_succeeded(
     # Deferred now: the task under its trigger's class and the triggerer running it.
     ui.open("/deferred")
     group = ui.find(".deferred-group")
-    assert "deferral.triggers.temporal.DateTimeTrigger" in group.text
+    assert "deferral.triggers.temporal.TimeDeltaTrigger" in group.text
     assert ui.find('.deferred-task[data-task="wait"]')
     ui.driver.back()
     fire_deferred(ui.sessions, ui.broker, cipher, DAG_ID, "wait")  # the wait ends now

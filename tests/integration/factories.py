@@ -4,11 +4,14 @@ entries that name them."""
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Sequence
 from typing import Any
 
 from sqlalchemy import ColumnElement, select, text
 from sqlalchemy.orm import Session, sessionmaker
 
+from broker.consumer import Delivery
+from broker.replies import Entry
 from broker.streams import TriggerMessage, trigger_message
 from deferral.runtime import serialization
 from deferral.runtime.crypto import Cipher, Purpose
@@ -18,6 +21,8 @@ from deferral.store.tables import DagRun, TaskInstance
 from deferral.store.transitions import Attempt, NewTaskInstance
 from deferral.triggers import DateTimeTrigger
 from deferral.triggers.base import classpath_of
+from worker.outcomes import Outcome
+from worker.service import Running, WorkerService
 
 DAG_ID = "factory_dag"
 WORKER = "worker-1"  # the worker the attempts of these rows run on
@@ -165,4 +170,23 @@ def deferred_timers(
     return [
         timer_message(cipher, trigger_id, moment, ti_id, f"{DAG_ID}.timers.t{n}")
         for n, (trigger_id, ti_id) in enumerate(zip(trigger_ids, ti_ids, strict=True), 1)
+    ]
+
+
+def worker_batch(
+    worker: WorkerService, outcomes: Sequence[tuple[int, Outcome]]
+) -> list[tuple[Running, Outcome]]:
+    """Outcomes of attempts on ``worker`` (task instance id, outcome), each as delivered from
+    its queue stream (a deferral's trigger goes to that queue's triggers stream), as the
+    worker records a batch of them."""
+    return [
+        (
+            Running(
+                Delivery(Entry(worker.streams[0], f"0-{i + 1}", {}), 1),
+                transitions.Attempt(ti, 1, WORKER),
+                f"{DAG_ID}.r{i}.t",
+            ),
+            outcome,
+        )
+        for i, (ti, outcome) in enumerate(outcomes)
     ]

@@ -237,7 +237,7 @@ def test_tasks_test_runs_one_task_and_records_no_state(
     # No run at that date: one is made for the test, the deferral runs here, and it is gone.
     done = deferral(env, "tasks", "test", "example_deferrable", "wait", "2024-02-01")
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "wait: deferred to deferral.triggers.temporal.DateTimeTrigger" in done.stdout
+    assert "wait: deferred to deferral.triggers.temporal.TimeDeltaTrigger" in done.stdout
     assert "trigger fired at" in done.stdout
     assert done.stdout.rstrip().endswith("wait: success")
     with sessions() as session:

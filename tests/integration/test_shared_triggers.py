@@ -14,8 +14,6 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from broker import outbox
 from broker.client import Broker
-from broker.consumer import Delivery
-from broker.replies import Entry
 from deferral.runtime import metrics
 from deferral.runtime.config import Settings
 from deferral.runtime.crypto import Cipher, Purpose
@@ -26,13 +24,13 @@ from deferral.store.tables import TaskInstance, TaskStateChange, Trigger
 from deferral.triggers import DateTimeTrigger
 from deferral.triggers.base import classpath_of
 from tests.helpers import wait_for
-from tests.integration.factories import DAG_ID, WORKER, running_task
+from tests.integration.factories import WORKER, running_task, worker_batch
 from tests.servers import REDIS_URL
 from triggerer.events import event_message
 from triggerer.service import TriggererService
 from worker import record
 from worker.outcomes import Deferred
-from worker.service import Running, WorkerService
+from worker.service import WorkerService
 
 MOMENT = dt.datetime(2030, 1, 1, tzinfo=dt.UTC)
 
@@ -230,18 +228,7 @@ def test_the_worker_publishes_one_entry_and_the_triggerer_holds_one_trigger(
 ) -> None:
     ti_ids = _waiters(sessions, 50)
     outcome = _deferred(moment=dt.datetime.now(dt.UTC) + dt.timedelta(days=1))
-    # Each as delivered from the worker's queue stream (its trigger goes to that queue's).
-    batch = [
-        (
-            Running(
-                Delivery(Entry(worker.streams[0], f"0-{i + 1}", {}), 1),
-                transitions.Attempt(ti, 1, WORKER),
-                f"{DAG_ID}.r{i}.t",
-            ),
-            outcome,
-        )
-        for i, ti in enumerate(ti_ids)
-    ]
+    batch = worker_batch(worker, [(ti, outcome) for ti in ti_ids])
     with sessions.begin() as session:
         staged = worker._defer_many(session, batch[:30], [])
     with sessions.begin() as session:

@@ -72,11 +72,13 @@ def test_a_start_trigger_that_names_no_trigger_class_is_refused(
     assert said in str(raised.value) and trigger_cls in str(raised.value)
 
 
-def test_time_triggers_are_shared_and_a_time_delta_shares_its_absolute_moment() -> None:
+def test_time_triggers_are_shared_and_a_time_delta_shares_at_its_absolute_moment() -> None:
     assert DateTimeTrigger.shared and TimeDeltaTrigger.shared
     delta = TimeDeltaTrigger(dt.timedelta(hours=1))
-    # It serializes as the DateTimeTrigger at its moment: equal to one only at that moment.
-    assert delta.serialize() == DateTimeTrigger(delta.moment).serialize()
+    # It serializes its absolute moment, under its own class (issue 35): two share it only at
+    # the same moment.
+    assert delta.serialize()[1] == DateTimeTrigger(delta.moment).serialize()[1]
+    assert delta.serialize() == TimeDeltaTrigger(moment=delta.moment).serialize()
 
 
 def test_a_date_time_trigger_that_ends_its_task_yields_a_success_event() -> None:

@@ -80,12 +80,12 @@ def test_datetime_trigger_refuses_naive_datetime() -> None:
 # -- TimeDeltaTrigger ------------------------------------------------------------------------------
 
 
-def test_time_delta_trigger_serializes_as_datetime_trigger_at_absolute_moment() -> None:
+def test_time_delta_trigger_serializes_its_own_class_at_the_absolute_moment() -> None:
     before = dt.datetime.now(dt.UTC)
     trigger = TimeDeltaTrigger(dt.timedelta(hours=1))
     after = dt.datetime.now(dt.UTC)
     classpath, kwargs = trigger.serialize()
-    assert classpath == "deferral.triggers.temporal.DateTimeTrigger"
+    assert classpath == "deferral.triggers.temporal.TimeDeltaTrigger"
     assert set(kwargs) == {"moment"}
     moment = kwargs["moment"]
     assert isinstance(moment, dt.datetime)
@@ -99,8 +99,16 @@ def test_time_delta_trigger_serialize_is_deterministic_and_rebuild_keeps_moment(
     assert trigger.serialize() == first
     assert serialization.dumps(first[1]) == serialization.dumps(trigger.serialize()[1])
     again = rebuild(trigger)
-    assert type(again) is DateTimeTrigger
+    assert type(again) is TimeDeltaTrigger
     assert again.serialize() == first
+    assert again.fires_at() == trigger.moment  # still a plain timer in the triggerer
+
+
+def test_time_delta_trigger_takes_a_delta_or_a_moment_not_both() -> None:
+    moment = dt.datetime(2030, 1, 1, tzinfo=dt.UTC)
+    assert TimeDeltaTrigger(moment=moment).moment == moment
+    with pytest.raises(TypeError, match="either delta or moment"):
+        TimeDeltaTrigger(dt.timedelta(1), moment=moment)
 
 
 def test_time_delta_trigger_negative_delta_fires_at_once() -> None:

@@ -51,6 +51,9 @@ class Deferral:
     trigger_timeout: dt.datetime | None
     # Of a shared trigger (its class says ``shared = True``): the key equal ones meet on.
     share_key: str | None = None
+    # Of a time trigger due beyond the horizon: its moment; its entry is published only once
+    # the moment comes within the horizon (deferral.store.far_timers).
+    far_moment: dt.datetime | None = None
 
 
 def defer(
@@ -91,9 +94,9 @@ _DEFER_SQL = text(
             CAST(:ids AS bigint[]), CAST(:tries AS integer[]), CAST(:workers AS text[]),
             CAST(:next_methods AS text[]), CAST(:next_kwargs AS text[]),
             CAST(:timeouts AS timestamptz[]), CAST(:classpaths AS text[]),
-            CAST(:kwargs AS text[])
+            CAST(:kwargs AS text[]), CAST(:far_moments AS timestamptz[])
         ) AS d (id, try_number, worker, next_method, next_kwargs, trigger_timeout, classpath,
-                kwargs)
+                kwargs, far_moment)
     ), held AS (
         SELECT ti.id FROM task_instance AS ti
         JOIN deferral AS d ON ti.id = d.id AND ti.try_number = d.try_number
@@ -105,8 +108,8 @@ _DEFER_SQL = text(
         SELECT d.*, nextval(pg_get_serial_sequence('trigger', 'id')) AS trigger_id
         FROM deferral AS d JOIN held ON held.id = d.id
     ), triggers AS (
-        INSERT INTO trigger (id, classpath, kwargs)
-        SELECT trigger_id, classpath, kwargs FROM planned
+        INSERT INTO trigger (id, classpath, kwargs, far_moment)
+        SELECT trigger_id, classpath, kwargs, far_moment FROM planned
     ), moved AS (
         UPDATE task_instance AS ti
         SET state = 'deferred', trigger_id = p.trigger_id, next_method = p.next_method,
@@ -155,6 +158,7 @@ def _defer_params(deferrals: Sequence[Deferral]) -> dict[str, list[Any]]:
         "timeouts": [d.trigger_timeout for d in deferrals],
         "classpaths": [d.classpath for d in deferrals],
         "kwargs": [d.kwargs_token for d in deferrals],
+        "far_moments": [d.far_moment for d in deferrals],
     }
 
 

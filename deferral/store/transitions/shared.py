@@ -50,9 +50,10 @@ _DEFER_SHARED_SQL = text(
             CAST(:next_kwargs AS text[]),
             CAST(:timeouts AS timestamptz[]),
             CAST(:classpaths AS text[]),
-            CAST(:kwargs AS text[])
+            CAST(:kwargs AS text[]),
+            CAST(:far_moments AS timestamptz[])
         ) AS d (share_key, id, try_number, worker, next_method, next_kwargs, trigger_timeout,
-                classpath, kwargs)
+                classpath, kwargs, far_moment)
     ), planned AS (
         -- The attempts that still hold their task instance, locked in id order.
         SELECT d.* FROM task_instance AS ti, deferral AS d
@@ -61,8 +62,8 @@ _DEFER_SHARED_SQL = text(
         ORDER BY ti.id
         FOR UPDATE OF ti
     ), triggers AS (
-        INSERT INTO trigger (classpath, kwargs, share_key)
-        SELECT DISTINCT ON (share_key) classpath, kwargs, share_key FROM planned
+        INSERT INTO trigger (classpath, kwargs, share_key, far_moment)
+        SELECT DISTINCT ON (share_key) classpath, kwargs, share_key, far_moment FROM planned
         ORDER BY share_key
         ON CONFLICT (share_key) DO UPDATE SET share_key = EXCLUDED.share_key
         RETURNING id, share_key, xmax = 0 AS made
