@@ -21,7 +21,7 @@ from sqlalchemy.orm import Session
 
 from deferral.authoring.schedules import latest_automated_intervals
 from deferral.dag import DAG
-from deferral.loading.dagbag import DagBag
+from deferral.loading.dagbag import FolderContents
 from deferral.states import DagRunState, DagRunType
 from deferral.store import transitions
 from deferral.store.tables import Dag, DagRun
@@ -84,7 +84,7 @@ def timed_out(start_date: dt.datetime, timeout: dt.timedelta, now: dt.datetime) 
 # -- after each parse: what the dag rows say about schedules ------------------------------------
 
 
-def sync_dags(session: Session, dagbag: DagBag, now: dt.datetime) -> None:
+def sync_dags(session: Session, dagbag: FolderContents, now: dt.datetime) -> None:
     """Record each parsed DAG's schedule in its ``dag`` row: schedule, max_active_runs, tags and
     its next run; a row made now is paused if the DAG says ``is_paused_upon_creation=True``. DAGs no
     file defines any more are deactivated (missing since now, "no longer defined in <file>").

@@ -16,7 +16,7 @@ from sqlalchemy import delete, func, select
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session
 
-from deferral.loading.dagbag import DagBag
+from deferral.loading.dagbag import FolderContents
 from deferral.runtime import metrics
 from deferral.states import DagRunState, TaskState
 from deferral.store import transitions
@@ -25,7 +25,7 @@ from deferral.store.tables import Dag, DagImportError, DagRun, TaskInstance
 log = logging.getLogger("deferral.scheduler")
 
 
-def sync(session: Session, dagbag: DagBag) -> list[str]:
+def sync(session: Session, dagbag: FolderContents) -> list[str]:
     """Record what the last parse found; return the ids of DAGs that load again after having
     been missing (their runs need a look)."""
     now = func.now()

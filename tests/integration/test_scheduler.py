@@ -243,7 +243,7 @@ def _run_then_task_added(
     )
     stat = path.stat()
     os.utime(path, (stat.st_atime, stat.st_mtime + 5))
-    service.dagbag.collect()
+    service.refresh_dags()
     _finish(sessions, "a")
     return service
 
