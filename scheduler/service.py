@@ -296,6 +296,9 @@ class SchedulerService:
         # schedules tasks): one with work runs every pass after it.
         if work.queued_runs:
             self.start_queued_runs()
+            # A read taken over while starting them is recorded before their tasks can queue:
+            # a task process finds its DAG's file in the dag row.
+            self.record_parsed_dags()
         if work.queued_runs or work.marked_runs:
             self.evaluate_marked_runs()
         busy = work.queued_runs or work.marked_runs or work.scheduled_tasks

@@ -652,7 +652,8 @@ def process_dagbag() -> DagBag:
     """This process's bag of the DAGs folder (``DEFERRAL_DAGS_FOLDER``): the one a task process
     runs its tasks from, and where an operator naming another DAG (TriggerDagRunOperator,
     ExternalTaskSensor) finds it, so that no DAG file is imported twice in one process."""
-    return DagBag(load_settings().dags_folder)
+    settings = load_settings()
+    return DagBag(settings.dags_folder, import_timeout=settings.dagbag_import_timeout)
 
 
 def _local_settings_origin() -> str:

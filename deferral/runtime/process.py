@@ -264,15 +264,20 @@ def command_group(
 @contextlib.contextmanager
 def raising_after(seconds: float, error: Callable[[], BaseException]) -> Iterator[None]:
     """Raise ``error()`` in the code the block runs once ``seconds`` have passed (a SIGALRM, so
-    the main thread's only; the previous handler is back on the way out)."""
+    the main thread's only). An alarm set outside (a task's execution_timeout around a DAG
+    load) is set again on the way out, for what was left of it, with its handler."""
 
     def on_alarm(signum: int, frame: FrameType | None) -> None:
         raise error()
 
     previous = signal.signal(signal.SIGALRM, on_alarm)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
+    began = time.monotonic()
+    outer_left, _ = signal.setitimer(signal.ITIMER_REAL, seconds)
     try:
         yield
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
+        if outer_left > 0:
+            left = outer_left - (time.monotonic() - began)
+            signal.setitimer(signal.ITIMER_REAL, max(left, 1e-6))

@@ -14,6 +14,7 @@ import pytest
 from deferral.loading import parsing
 from deferral.loading.dagbag import DAG_MODULE_PREFIX, DagBag
 from deferral.loading.parsing import FolderParser
+from deferral.runtime.process import raising_after
 
 GOOD = """
 from deferral import DAG
@@ -97,3 +98,18 @@ def test_a_background_read_hands_its_result_over_once(tmp_path: Path) -> None:
     parsed = parser.wait(30)
     assert parsed is not None and set(parsed.dags) == {"in_background"}
     assert parser.take() is None
+
+
+def test_an_import_timeout_inside_a_task_timeout_leaves_the_task_timeout_armed() -> None:
+    """A task that loads another DAG (TriggerDagRunOperator) within its execution_timeout."""
+
+    class TaskTimeout(Exception):
+        pass
+
+    with pytest.raises(TaskTimeout), raising_after(0.4, TaskTimeout):
+        with raising_after(30, RuntimeError):
+            pass  # a DAG file imported in time
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            time.sleep(0.01)
+    assert time.monotonic() < deadline
