@@ -367,7 +367,8 @@ class SchedulerService:
         dag = self.dags.get(dag_id)
         if dag is None and time.monotonic() - self._collected_at >= RECOLLECT_MISSING_SEC:
             self.parser.start()
-            finished = self.parser.wait(self.settings.heartbeat_sec * MISSING_DAG_WAIT_BEATS)
+            self.parser.wait(self.settings.heartbeat_sec * MISSING_DAG_WAIT_BEATS)
+            finished = self.parser.take()
             self._collected_at = time.monotonic()
             if finished is not None:
                 self._adopt(finished)

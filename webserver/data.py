@@ -147,7 +147,7 @@ class DagSource:
                 if folder.is_dir():
                     self._folder_error = None
                     self._parser.start()
-                    self._parsed = self._parser.wait(PARSE_WAIT_SEC) or self._parsed
+                    self._parser.wait(PARSE_WAIT_SEC)
                 else:
                     self._folder_error = f"DAGs folder {folder} does not exist"
             finished = self._parser.take()

@@ -293,8 +293,32 @@ def _dag_module_spec(folder: Path, name: str) -> importlib.machinery.ModuleSpec 
                     _put_zip_on_sys_path(source, folder)
                     return _zipped_dag_module_spec(source, inner, name)
         elif dag_module_name(folder, source) == name:
-            return importlib.util.spec_from_file_location(name, source)
+            return _dag_file_spec(folder, source, name)
     return None
+
+
+class _DagFileLoader(importlib.machinery.SourceFileLoader):
+    """Runs a DAG file under its DAG module name, its relative imports relative to the package
+    its folder is (if it is one), as when it was imported by its dotted path."""
+
+    def __init__(self, name: str, path: str, package: str) -> None:
+        super().__init__(name, path)
+        self.package = package
+
+    def exec_module(self, module: ModuleType) -> None:
+        module.__package__ = self.package
+        super().exec_module(module)
+
+
+def _dag_file_spec(folder: Path, path: Path, name: str) -> importlib.machinery.ModuleSpec:
+    parent = path.parent
+    is_package = parent != folder and (parent / "__init__.py").exists()
+    package = ".".join(parent.relative_to(folder).parts) if is_package else ""
+    spec = importlib.util.spec_from_file_location(
+        name, path, loader=_DagFileLoader(name, str(path), package)
+    )
+    assert spec is not None
+    return spec
 
 
 class _ZippedDagModuleLoader(importlib.abc.Loader):
@@ -594,10 +618,9 @@ class DagBag:
             spec = (
                 _zipped_dag_module_spec(path, inner, name)
                 if path.suffix == ".zip"
-                else importlib.util.spec_from_file_location(name, path)
+                else _dag_file_spec(self.folder, path, name)
             )
             try:
-                assert spec is not None
                 with (
                     collecting_dags() as collected,
                     airflow_paths(),

@@ -83,10 +83,10 @@ class FolderParser:
         result, self._result = self._result, None
         return result
 
-    def wait(self, timeout: float) -> Parsed | None:
-        """``take``, after waiting up to ``timeout`` seconds for the parse under way."""
-        self._done.wait(timeout)
-        return self.take()
+    def wait(self, timeout: float) -> bool:
+        """Whether a finished background parse awaits ``take``, after waiting up to
+        ``timeout`` seconds for the one under way."""
+        return self._done.wait(timeout)
 
     def close(self) -> None:
         """Kill a parse child still at work (this process is stopping)."""

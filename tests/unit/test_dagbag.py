@@ -483,6 +483,34 @@ def test_helper_modules_of_the_folder_import_by_their_dotted_path(
     assert sys.modules[f"{package}.naming"].__file__ == str(folder / package / "naming.py")
 
 
+def test_a_dag_file_in_a_package_folder_imports_relatively(folder: Path, write: WriteDag) -> None:
+    package = unique("team")
+    (folder / package).mkdir()
+    (folder / package / "__init__.py").write_text("")
+    (folder / package / "naming.py").write_text("TASK_ID = 'relative'\n")
+    write(
+        "relative",
+        """
+        from deferral import DAG
+        from deferral.operators import EmptyOperator
+        from .naming import TASK_ID
+
+        with DAG("relative") as dag:
+            EmptyOperator(task_id=TASK_ID)
+        """,
+        sub=package,
+    )
+    bag = DagBag(folder).collect()
+    assert bag.import_errors == {}
+    dag = bag.dags["relative"]
+    assert list(dag.task_dict) == ["relative"]
+    # As the triggerer imports a class of it: by its DAG module name.
+    assert dag.fileloc is not None
+    name = dag_module_name(folder.resolve(), Path(dag.fileloc))
+    del sys.modules[name]
+    assert importlib.import_module(name).TASK_ID == "relative"
+
+
 def test_a_class_of_a_dag_file_is_importable_by_its_classpath(
     folder: Path, write: WriteDag
 ) -> None:

@@ -95,7 +95,8 @@ def test_a_background_read_hands_its_result_over_once(tmp_path: Path) -> None:
     parser = FolderParser(DagBag(folder), timeout=5)
     assert parser.take() is None
     parser.start()
-    parsed = parser.wait(30)
+    assert parser.wait(30)
+    parsed = parser.take()
     assert parsed is not None and set(parsed.dags) == {"in_background"}
     assert parser.take() is None
 
