@@ -459,13 +459,19 @@ def test_dag_files_named_like_our_packages_or_the_standard_library_replace_nothi
     assert json.dumps([1]) == "[1]"
 
 
+def _package(folder: Path, stem: str, naming: str) -> str:
+    """A package folder of ``folder`` holding module ``naming`` (its source); its name."""
+    package = unique(stem)
+    (folder / package).mkdir()
+    (folder / package / "__init__.py").write_text("")
+    (folder / package / "naming.py").write_text(naming)
+    return package
+
+
 def test_helper_modules_of_the_folder_import_by_their_dotted_path(
     folder: Path, write: WriteDag
 ) -> None:
-    package = unique("helpers")
-    (folder / package).mkdir()
-    (folder / package / "__init__.py").write_text("")
-    (folder / package / "naming.py").write_text("def task_id():\n    return 'named'\n")
+    package = _package(folder, "helpers", "def task_id():\n    return 'named'\n")
     write(
         "uses_helper",
         f"""
@@ -484,10 +490,7 @@ def test_helper_modules_of_the_folder_import_by_their_dotted_path(
 
 
 def test_a_dag_file_in_a_package_folder_imports_relatively(folder: Path, write: WriteDag) -> None:
-    package = unique("team")
-    (folder / package).mkdir()
-    (folder / package / "__init__.py").write_text("")
-    (folder / package / "naming.py").write_text("TASK_ID = 'relative'\n")
+    package = _package(folder, "team", "TASK_ID = 'relative'\n")
     write(
         "relative",
         """
