@@ -36,6 +36,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from deferral.authoring.callbacks import REASON_SUCCESS, REASON_TASK_FAILURE, run_dag_callbacks
 from deferral.context import DagRunInfo
 from deferral.dag import DAG
+from deferral.loading.dagbag import process_dagbag
 from deferral.runtime import serialization
 from deferral.runtime.config import Settings, is_configured
 from deferral.runtime.crypto import Cipher
@@ -455,7 +456,8 @@ def dags_test(
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--conf") from None
     with test_settings(subdir, home) as settings:
-        dag = load_dag(settings, dag_id)
+        # Into the bag the task runs from (execute_attempt): its file is imported once.
+        dag = load_dag(settings, dag_id, subdir, process_dagbag())
         made = sessions(settings)
         try:
             refuse_if_services_run(made, settings)
@@ -491,7 +493,8 @@ def tasks_test(
     the task resumes with its event. Exit 0 if the task succeeded or skipped, 1 if it failed.
     """
     with test_settings(subdir, home) as settings:
-        dag = load_dag(settings, dag_id)
+        # Into the bag the task runs from (execute_attempt): its file is imported once.
+        dag = load_dag(settings, dag_id, subdir, process_dagbag())
         if task_id not in dag.task_dict:
             fail(f"DAG {dag_id!r} has no task {task_id!r}")
         made = sessions(settings)
