@@ -58,17 +58,20 @@ class FolderParser:
         self._done = threading.Event()
         self._result: Parsed | None = None
         self._child: int | None = None
+        self._closed = False  # the process is stopping: no more parse children
+        self._forking = threading.Lock()
 
     def parse(self) -> Parsed:
         started_at = dt.datetime.now(dt.UTC)
         with self._lock:
             failed = self._probe(self.bag.stale_sources()) if self.timeout else {}
-            self.bag.collect(known=failed)
+            if not self._closed:  # stopping: what the child did not vouch for stays unread
+                self.bag.collect(known=failed)
             return Parsed(started_at, dict(self.bag.dags), dict(self.bag.import_errors))
 
     def start(self) -> None:
         """Begin a parse in the background, unless one is under way."""
-        if self._thread is not None and self._thread.is_alive():
+        if self._closed or (self._thread is not None and self._thread.is_alive()):
             return
         self._done.clear()
         self._thread = threading.Thread(target=self._parse_in_background, daemon=True)
@@ -89,8 +92,10 @@ class FolderParser:
         return self._done.wait(timeout)
 
     def close(self) -> None:
-        """Kill a parse child still at work (this process is stopping)."""
-        child = self._child
+        """Kill a parse child still at work, and fork no other (this process is stopping)."""
+        with self._forking:
+            self._closed = True
+            child = self._child
         if child is not None:
             _kill(child)
 
@@ -107,7 +112,7 @@ class FolderParser:
         past the timeout included; a child killed on a file goes on in a new one after it."""
         failed: dict[str, tuple[float, str]] = {}
         left = list(paths)
-        while left:
+        while left and not self._closed:
             done, stuck = self._probe_in_child(left)
             for name, (mtime, error) in done.items():
                 if error is not None:
@@ -125,20 +130,24 @@ class FolderParser:
     ) -> tuple[dict[str, tuple[float, str | None]], tuple[Path, str] | None]:
         """What a new parse child said of ``paths``, and the file it stopped on (killed past
         the timeout, or exited) with the reason, if it did not finish them."""
-        read_end, write_end = os.pipe()
-        pid = os.fork()
-        if pid == 0:  # pragma: no cover (the child ends with os._exit)
-            os.close(read_end)
-            _probe_and_exit(self.bag, self.timeout, paths, write_end)
-        os.close(write_end)
-        self._child = pid
+        with self._forking:  # close() either sees this child or keeps it from being forked
+            if self._closed:
+                return {}, None
+            read_end, write_end = os.pipe()
+            pid = os.fork()
+            if pid == 0:  # pragma: no cover (the child ends with os._exit)
+                os.close(read_end)
+                _probe_and_exit(self.bag, self.timeout, paths, write_end)
+            os.close(write_end)
+            self._child = pid
         done: dict[str, tuple[float, str | None]] = {}
         current: Path | None = None
         try:
             for message in _messages(read_end, self.timeout + KILL_GRACE_SEC):
                 if message is None:  # no word within the file's time: it never finishes
                     _kill(pid)
-                    assert current is not None
+                    if current is None:  # stuck before any file: the policy module, say
+                        raise RuntimeError(f"the parse child did not start on {paths[0]}")
                     return done, (current, timeout_message(self.timeout))
                 if message[0] == "start":
                     current = Path(message[1])

@@ -114,3 +114,14 @@ def test_an_import_timeout_inside_a_task_timeout_leaves_the_task_timeout_armed()
         while time.monotonic() < deadline:
             time.sleep(0.01)
     assert time.monotonic() < deadline
+
+
+def test_a_closed_parser_forks_no_child_and_imports_nothing(tmp_path: Path) -> None:
+    """A stopping process: a read under way ends without importing what is left."""
+    folder = _folder(
+        tmp_path, {"a_sleeps.py": SLEEPS_FOR_EVER, "b_good.py": GOOD.format(dag_id="b")}
+    )
+    parser = FolderParser(DagBag(folder), timeout=30)
+    parser.close()
+    parsed = parser.parse()
+    assert (parsed.dags, parsed.import_errors) == ({}, {})
