@@ -328,8 +328,8 @@ class SchedulerService:
         if parsed is None:
             return
         with self.sessions.begin() as session:
-            dagruns.sync_dags(session, parsed, dt.datetime.now(dt.UTC))
-            back = dags.sync(session, parsed)
+            dagruns.sync_dags(session, parsed, dt.datetime.now(dt.UTC), parsed.pending)
+            back = dags.sync(session, parsed, parsed.pending)
             assets.sync_assets(session, parsed.dags, self.cipher)
             transitions.mark_runs(session, dags.runs_of(session, back))
 
@@ -337,7 +337,8 @@ class SchedulerService:
         """Evaluate runs with ``parsed``'s DAGs from now on (recorded by the next step: this
         may be called inside a transaction that holds DAG rows)."""
         self.dags = parsed.dags
-        self._folder_read_at = max(self._folder_read_at, parsed.started_at)
+        if not parsed.pending:  # an interim read has not looked at every file yet
+            self._folder_read_at = max(self._folder_read_at, parsed.started_at)
         self._unrecorded = parsed
 
     def schedule_runs(self) -> None:

@@ -463,14 +463,23 @@ class DagBag:
         # Whether DAG files may import from ``airflow``, as decided at the last collect.
         self._airflow_imports = False
 
-    def collect(self, known: Mapping[str, tuple[float, str]] | None = None) -> DagBag:
+    def collect(
+        self, known: Mapping[str, tuple[float, str]] | None = None, pending: Sequence[Path] = ()
+    ) -> DagBag:
         """(Re)load the folder; a file or archive whose mtime changed is re-imported, except
-        one ``known`` (path -> (mtime, error)) to fail at that mtime: it is not imported."""
+        one ``known`` (path -> (mtime, error)) to fail at that mtime: it is not imported, and
+        one ``pending``: it keeps what it gave before (nothing if it is new)."""
         start = self._start()
         if start is None:
             return self
         policies, errors, claimed = start
-        self._loaded = {path: self._load(path, policies, known or {}) for path in claimed}
+        loaded: dict[Path, _Loaded] = {}
+        for path in claimed:
+            if path not in pending:
+                loaded[path] = self._load(path, policies, known or {})
+            elif path in self._loaded:
+                loaded[path] = self._loaded[path]
+        self._loaded = loaded
         self._gather(errors)
         return self
 

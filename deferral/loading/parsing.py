@@ -20,7 +20,7 @@ import select
 import signal
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,16 +33,23 @@ log = logging.getLogger("deferral.loading.parsing")
 
 # What a child killed for a file that ignored its alarm has on top of the timeout to answer.
 KILL_GRACE_SEC = 5.0
+# A file the child has been on this long makes a background read hand over what it has so far
+# (an interim read: the files still to come keep what the last read gave), so one slow file
+# does not hold back the DAGs of every file after it for the whole timeout.
+INTERIM_AFTER_SEC = 1.0
 
 
 @dataclass(frozen=True)
 class Parsed:
     """One read of the folder: the DAGs by id and the import errors by file, as of
-    ``started_at`` (a run created before it whose DAG is not there is missing for sure)."""
+    ``started_at`` (a run created before it whose DAG is not there is missing for sure, unless
+    the read is interim). ``pending``: the files an interim read has not read yet (their DAGs
+    are the last read's, if it had them)."""
 
     started_at: dt.datetime
     dags: dict[str, DAG]
     import_errors: dict[str, str]
+    pending: frozenset[str] = frozenset()
 
 
 class FolderParser:
@@ -57,17 +64,43 @@ class FolderParser:
         self._thread: threading.Thread | None = None
         self._done = threading.Event()
         self._result: Parsed | None = None
-        self._child: int | None = None
+        self._children: set[int] = set()
         self._closed = False  # the process is stopping: no more parse children
         self._forking = threading.Lock()
 
     def parse(self) -> Parsed:
+        return self._parse(interim=False)
+
+    def _parse(self, *, interim: bool) -> Parsed:
+        """A read of the folder; with ``interim``, a read held up by a slow file hands over
+        interim reads meanwhile (``take``)."""
         started_at = dt.datetime.now(dt.UTC)
         with self._lock:
-            failed = self._probe(self.bag.stale_sources()) if self.timeout else {}
-            if not self._closed:  # stopping: what the child did not vouch for stays unread
-                self.bag.collect(known=failed)
-            return Parsed(started_at, dict(self.bag.dags), dict(self.bag.import_errors))
+            failed: dict[str, tuple[float, str]] = {}
+
+            def hand_over(slow: Path) -> None:
+                pending = [slow, *(path for path in stale if str(path) not in probe.read)]
+                self._result = self._read(started_at, failed, pending)
+                self._done.set()
+
+            stale = self.bag.stale_sources()
+            probe = _Probe(set(), failed, hand_over if interim else None)
+            if self.timeout:
+                self._probe(stale, probe)
+            if self._closed:  # stopping: what the child did not vouch for stays unread
+                return self._read(started_at, failed, self.bag.stale_sources())
+            return self._read(started_at, failed, ())
+
+    def _read(
+        self, started_at: dt.datetime, failed: dict[str, tuple[float, str]], pending: Sequence[Path]
+    ) -> Parsed:
+        self.bag.collect(known=failed, pending=pending)
+        return Parsed(
+            started_at,
+            dict(self.bag.dags),
+            dict(self.bag.import_errors),
+            frozenset(str(path) for path in pending),
+        )
 
     def start(self) -> None:
         """Begin a parse in the background, unless one is under way."""
@@ -95,73 +128,96 @@ class FolderParser:
         """Kill a parse child still at work, and fork no other (this process is stopping)."""
         with self._forking:
             self._closed = True
-            child = self._child
-        if child is not None:
+            children = list(self._children)
+        for child in children:
             _kill(child)
 
     def _parse_in_background(self) -> None:
         try:
-            self._result = self.parse()
+            self._result = self._parse(interim=True)
         except Exception:
             log.exception("reading the DAGs folder %s failed", self.bag.folder)
             self._result = None
         self._done.set()
 
-    def _probe(self, paths: Sequence[Path]) -> dict[str, tuple[float, str]]:
-        """(mtime, error) of each of ``paths`` that fails to import in a parse child, a file
-        past the timeout included; a child killed on a file goes on in a new one after it."""
-        failed: dict[str, tuple[float, str]] = {}
-        left = list(paths)
+    def _probe(self, paths: Sequence[Path], probe: _Probe) -> None:
+        """Read ``paths`` in parse children into ``probe``: a child killed on a file goes on in
+        a new one after it."""
+        left = [path for path in paths if str(path) not in probe.read]
         while left and not self._closed:
-            done, stuck = self._probe_in_child(left)
-            for name, (mtime, error) in done.items():
-                if error is not None:
-                    failed[name] = (mtime, error)
+            stuck = self._probe_in_child(left, probe)
             if stuck is None:
                 break
             path, reason = stuck
+            probe.read.add(str(path))
             with contextlib.suppress(OSError):
-                failed[str(path)] = (path.stat().st_mtime, reason)
-            left = left[left.index(path) + 1 :]
-        return failed
+                probe.failed[str(path)] = (path.stat().st_mtime, reason)
+            left = [later for later in left[left.index(path) + 1 :] if str(later) not in probe.read]
 
-    def _probe_in_child(
-        self, paths: Sequence[Path]
-    ) -> tuple[dict[str, tuple[float, str | None]], tuple[Path, str] | None]:
-        """What a new parse child said of ``paths``, and the file it stopped on (killed past
-        the timeout, or exited) with the reason, if it did not finish them."""
+    def _probe_in_child(self, paths: Sequence[Path], probe: _Probe) -> tuple[Path, str] | None:
+        """Read ``paths`` in a new parse child into ``probe``; the file it stopped on (killed
+        past the timeout, or exited) with the reason, if it did not finish them. A file slow to
+        import (INTERIM_AFTER_SEC) is left to this child while the files after it are read by
+        others meanwhile, and a background read hands over what it has then."""
         with self._forking:  # close() either sees this child or keeps it from being forked
             if self._closed:
-                return {}, None
+                return None
             read_end, write_end = os.pipe()
             pid = os.fork()
             if pid == 0:  # pragma: no cover (the child ends with os._exit)
                 os.close(read_end)
                 _probe_and_exit(self.bag, self.timeout, paths, write_end)
             os.close(write_end)
-            self._child = pid
-        done: dict[str, tuple[float, str | None]] = {}
+            self._children.add(pid)
         current: Path | None = None
+        slow: Path | None = None  # the file this child was left alone with
+        patience = self.timeout + KILL_GRACE_SEC
         try:
-            for message in _messages(read_end, self.timeout + KILL_GRACE_SEC):
+            for message in _messages(read_end, patience, INTERIM_AFTER_SEC):
+                if message == _SLOW:
+                    if current is not None and slow is None:
+                        slow = current
+                        self._probe(paths[paths.index(slow) + 1 :], probe)
+                        probe.slow(slow)
+                    continue
                 if message is None:  # no word within the file's time: it never finishes
                     _kill(pid)
                     if current is None:  # stuck before any file: the policy module, say
                         raise RuntimeError(f"the parse child did not start on {paths[0]}")
-                    return done, (current, timeout_message(self.timeout))
+                    return current, timeout_message(self.timeout)
                 if message[0] == "start":
                     current = Path(message[1])
-                else:
-                    _, path, mtime, error = message
-                    done[path] = (mtime, error)
-                    current = None
+                    continue
+                _, path, mtime, error = message
+                probe.read.add(path)
+                if error is not None:
+                    probe.failed[path] = (mtime, error)
+                current = None
+                if slow is not None:  # what came after it was read meanwhile
+                    _kill(pid)
+                    return None
         finally:
             os.close(read_end)
             status = _reap(pid)
-            self._child = None
+            self._children.discard(pid)
         if current is not None:
-            return done, (current, f"the parse child exited ({status}) importing the file")
-        return done, None
+            return current, f"the parse child exited ({status}) importing the file"
+        return None
+
+
+@dataclass
+class _Probe:
+    """What the parse children of one read found: the files read, those that failed (mtime,
+    error), and what to do once when a file is slow (a background read's interim read)."""
+
+    read: set[str]
+    failed: dict[str, tuple[float, str]]
+    on_slow: Callable[[Path], None] | None
+
+    def slow(self, path: Path) -> None:
+        on_slow, self.on_slow = self.on_slow, None
+        if on_slow is not None:
+            on_slow(path)
 
 
 def _probe_and_exit(bag: DagBag, timeout: float, paths: Sequence[Path], fd: int) -> None:
@@ -187,21 +243,32 @@ def _probe_and_exit(bag: DagBag, timeout: float, paths: Sequence[Path], fd: int)
         os._exit(0)
 
 
-def _messages(fd: int, patience: float) -> Iterator[list[Any] | None]:
-    """The child's JSON lines as they come; None when none came for ``patience`` seconds."""
+# Said by _messages when a line is slow to come.
+_SLOW: list[Any] = ["slow"]
+
+
+def _messages(fd: int, patience: float, slow_after: float) -> Iterator[list[Any] | None]:
+    """The child's JSON lines as they come; _SLOW once when one has not come for
+    ``slow_after`` seconds; None (the end) when none came for ``patience`` seconds."""
     pending = b""
     while True:
-        deadline = time.monotonic() + patience
+        began = time.monotonic()
+        slow_said = False
         while b"\n" not in pending:
-            left = deadline - time.monotonic()
-            ready, _, _ = select.select([fd], [], [], max(left, 0))
-            if not ready:
+            waited = time.monotonic() - began
+            if not slow_said and waited >= slow_after:
+                slow_said = True
+                yield _SLOW
+            wait = (patience if slow_said else min(patience, slow_after)) - waited
+            ready, _, _ = select.select([fd], [], [], max(wait, 0))
+            if ready:
+                chunk = os.read(fd, 65536)
+                if not chunk:
+                    return
+                pending += chunk
+            elif slow_said or slow_after >= patience:
                 yield None
                 return
-            chunk = os.read(fd, 65536)
-            if not chunk:
-                return
-            pending += chunk
         line, pending = pending.split(b"\n", 1)
         yield json.loads(line)
 

@@ -17,7 +17,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from deferral.store import transitions
-from deferral.store.tables import DagImportError, DagRun, Scheduler
+from deferral.store.tables import Dag, DagImportError, DagRun, Scheduler
 from tests.e2e.conftest import Services
 from tests.helpers import wait_for
 
@@ -55,6 +55,11 @@ USES_JSON = "import json\nassert hasattr(json, 'dumps'), json\n" + NAMED
 HOSTILE_NAMES = ("deferral", "broker", "worker", "scheduler", "triggerer", "webserver", "json")
 
 
+def _recorded(sessions: sessionmaker[Session]) -> set[str]:
+    with sessions() as session:
+        return set(session.scalars(select(Dag.dag_id).where(Dag.is_active)))
+
+
 def _heartbeat_age(sessions: sessionmaker[Session]) -> float:
     with sessions() as session:
         age = session.scalar(
@@ -66,8 +71,6 @@ def _heartbeat_age(sessions: sessionmaker[Session]) -> float:
 def test_no_dag_file_stops_or_shadows_a_service(
     services: Services, dags_folder: Path, sessions: sessionmaker[Session]
 ) -> None:
-    sleeper = dags_folder / "a_sleeps_for_ever.py"
-    sleeper.write_text(SLEEPS_FOR_EVER)
     dag_ids = [f"named_{name}" for name in HOSTILE_NAMES] + ["uses_json"]
     for name in HOSTILE_NAMES:
         (dags_folder / f"{name}.py").write_text(NAMED.format(dag_id=f"named_{name}"))
@@ -77,28 +80,34 @@ def test_no_dag_file_stops_or_shadows_a_service(
     scheduler = services.start("scheduler")
     services.start("worker")
     services.start("triggerer")
+    wait_for(lambda: _recorded(sessions) == set(dag_ids), timeout=120, what="the DAGs recorded")
+
+    # A file whose import never finishes comes while the scheduler runs (sorted first, before
+    # every other file of the folder).
+    sleeper = dags_folder / "a_sleeps_for_ever.py"
+    sleeper.write_text(SLEEPS_FOR_EVER)
     with sessions.begin() as session:
         for dag_id in dag_ids:
             transitions.create_dag_run(session, dag_id, "r1", dt.datetime.now(dt.UTC), {})
-
     ages: list[float] = []
 
     def all_done() -> Any:
         ages.append(_heartbeat_age(sessions))
         with sessions() as session:
             states = dict(session.execute(select(DagRun.dag_id, DagRun.state)).all())
-        return all(states.get(dag_id) in ("success", "failed") for dag_id in dag_ids) and states
+            errors = dict(
+                session.execute(select(DagImportError.filename, DagImportError.error)).all()
+            )
+        finished = all(states.get(dag_id) in ("success", "failed") for dag_id in dag_ids)
+        return finished and errors and (states, errors)
 
-    states = wait_for(all_done, timeout=120, interval=0.2, what="every run to finish")
+    states, errors = wait_for(all_done, timeout=120, interval=0.2, what="every run to finish")
     assert states == dict.fromkeys(dag_ids, "success")
-    with sessions() as session:
-        errors = dict(session.execute(select(DagImportError.filename, DagImportError.error)).all())
     assert errors == {
         str(sleeper.resolve()): f"DagImportTimeout: importing the file took longer than "
         f"{TIMEOUT_SEC} s (DEFERRAL_DAGBAG_IMPORT_TIMEOUT) (line 3)"
     }
-    # Scheduling went on while the file was imported: the heartbeat kept its period (sampled
-    # once the scheduler had written its first one).
+    # Scheduling went on while the file was imported: the heartbeat kept its period.
     assert max(ages) < 2.0, ages
 
     # Changed, the file is imported again; a SIGTERM meanwhile stops the scheduler at once.

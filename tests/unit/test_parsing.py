@@ -125,3 +125,31 @@ def test_a_closed_parser_forks_no_child_and_imports_nothing(tmp_path: Path) -> N
     parser.close()
     parsed = parser.parse()
     assert (parsed.dags, parsed.import_errors) == ({}, {})
+
+
+def test_a_slow_file_holds_back_no_other_file_of_a_background_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The files after it are read by another child meanwhile, and handed over at once (an
+    interim read); the slow file's outcome follows in the final read."""
+    monkeypatch.setattr(parsing, "INTERIM_AFTER_SEC", 0.3)
+    folder = _folder(
+        tmp_path,
+        {
+            "a_sleeps.py": SLEEPS_FOR_EVER,
+            "b_good.py": GOOD.format(dag_id="b"),
+            "c_good.py": GOOD.format(dag_id="c"),
+        },
+    )
+    parser = FolderParser(DagBag(folder), timeout=3)
+    parser.start()
+    assert parser.wait(30)
+    interim = parser.take()
+    assert interim is not None
+    assert (set(interim.dags), interim.import_errors) == ({"b", "c"}, {})
+    assert interim.pending == {str(folder / "a_sleeps.py")}
+    assert parser.wait(30)
+    final = parser.take()
+    assert final is not None
+    assert (set(final.dags), final.pending) == ({"b", "c"}, frozenset())
+    assert list(final.import_errors) == [str(folder / "a_sleeps.py")]
