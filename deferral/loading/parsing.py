@@ -6,7 +6,9 @@ imports each new or changed file first, each within ``DEFERRAL_DAGBAG_IMPORT_TIM
 SIGALRM in the child, as Airflow's DagBag does; a child that does not answer by then is killed).
 This process then imports, in a thread of its own, only the files that finished in time, so
 that it holds the DAG objects it evaluates runs with; what failed in the child is its import
-error without being imported again here. The caller's loop reads the last finished parse.
+error without being imported again here. The caller's loop reads the last finished parse. A
+file slow to import is left to its child while others read the files after it, and the read
+hands over what it has meanwhile (an interim read), so one slow file holds back no other.
 """
 
 from __future__ import annotations
@@ -64,6 +66,7 @@ class FolderParser:
         self._thread: threading.Thread | None = None
         self._done = threading.Event()
         self._result: Parsed | None = None
+        self._handing = threading.Lock()  # a read handed over is never lost to a take
         self._children: set[int] = set()
         self._closed = False  # the process is stopping: no more parse children
         self._forking = threading.Lock()
@@ -80,8 +83,7 @@ class FolderParser:
 
             def hand_over(slow: Path) -> None:
                 pending = [slow, *(path for path in stale if str(path) not in probe.read)]
-                self._result = self._read(started_at, failed, pending)
-                self._done.set()
+                self._hand_over(self._read(started_at, failed, pending))
 
             stale = self.bag.stale_sources()
             probe = _Probe(set(), failed, hand_over if interim else None)
@@ -113,11 +115,12 @@ class FolderParser:
 
     def take(self) -> Parsed | None:
         """The background parse that finished since the last take, if one did."""
-        if not self._done.is_set():
-            return None
-        self._done.clear()
-        result, self._result = self._result, None
-        return result
+        with self._handing:
+            if not self._done.is_set():
+                return None
+            self._done.clear()
+            result, self._result = self._result, None
+            return result
 
     def wait(self, timeout: float) -> bool:
         """Whether a finished background parse awaits ``take``, after waiting up to
@@ -134,11 +137,15 @@ class FolderParser:
 
     def _parse_in_background(self) -> None:
         try:
-            self._result = self._parse(interim=True)
+            self._hand_over(self._parse(interim=True))
         except Exception:
             log.exception("reading the DAGs folder %s failed", self.bag.folder)
-            self._result = None
-        self._done.set()
+            self._hand_over(None)
+
+    def _hand_over(self, parsed: Parsed | None) -> None:
+        with self._handing:
+            self._result = parsed
+            self._done.set()
 
     def _probe(self, paths: Sequence[Path], probe: _Probe) -> None:
         """Read ``paths`` in parse children into ``probe``: a child killed on a file goes on in
