@@ -141,7 +141,7 @@ def test_a_slow_file_holds_back_no_other_file_of_a_background_read(
             "c_good.py": GOOD.format(dag_id="c"),
         },
     )
-    parser = FolderParser(DagBag(folder), timeout=3)
+    parser = FolderParser(DagBag(folder), timeout=1.5)
     parser.start()
     assert parser.wait(30)
     interim = parser.take()

@@ -469,7 +469,7 @@ def test_an_attempt_imports_only_its_dags_file(
     dags_env: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The file the scheduler parsed the DAG from (the dag row's fileloc), and no other file
-    of the folder: one that never finishes importing stops no task of another DAG."""
+    of the folder (one that never finished importing would stop the task)."""
     dag_file = next(path for path in dags_env.glob("attempt_dag_*.py"))
     marker = dags_env.parent / "imported"
     (dags_env / "a_other.py").write_text(f"open({str(marker)!r}, 'w').close()\n")
