@@ -367,8 +367,9 @@ class SchedulerService:
         read a share of a heartbeat at most; a slower one is taken over by a later step."""
         dag = self.dags.get(dag_id)
         if dag is None and time.monotonic() - self._collected_at >= RECOLLECT_MISSING_SEC:
-            self.parser.start()
-            self.parser.wait(self.settings.heartbeat_sec * MISSING_DAG_WAIT_BEATS)
+            # Waited for only when asked for now: a read under way may be a slow file's.
+            if self.parser.start():
+                self.parser.wait(self.settings.heartbeat_sec * MISSING_DAG_WAIT_BEATS)
             finished = self.parser.take()
             self._collected_at = time.monotonic()
             if finished is not None:

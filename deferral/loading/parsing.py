@@ -104,14 +104,15 @@ class FolderParser:
             frozenset(str(path) for path in pending),
         )
 
-    def start(self) -> None:
-        """Begin a parse in the background, unless one is under way."""
+    def start(self) -> bool:
+        """Begin a parse in the background, unless one is under way; whether this began one."""
         if self._closed or (self._thread is not None and self._thread.is_alive()):
-            return
+            return False
         self._done.clear()
         self._thread = threading.Thread(target=self._parse_in_background, daemon=True)
         self._thread.name = "dag-parse"
         self._thread.start()
+        return True
 
     def take(self) -> Parsed | None:
         """The background parse that finished since the last take, if one did."""

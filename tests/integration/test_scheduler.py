@@ -82,8 +82,10 @@ def _finish(sessions: sessionmaker[Session], task_id: str, *, ok: bool = True) -
 
 
 def _scheduler(settings: Settings) -> SchedulerService:
+    """A scheduler that has read the DAGs folder (a running one reads it off its loop)."""
     service = SchedulerService(settings, name="s")
     service.attach(Broker.from_url(REDIS_URL, settings.stream_prefix))
+    service.refresh_dags()
     return service
 
 
