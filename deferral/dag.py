@@ -526,7 +526,8 @@ class DAG:
         fileloc = self.fileloc or getattr(main, "__file__", None)
         if fileloc is None:
             raise RuntimeError(f"DAG.test(): the file that defines DAG {self.dag_id!r} is unknown")
-        command = [sys.executable, "-m", "deferral", "dags", "test", self.dag_id]
+        # -P: the DAG file's folder, where this often runs, may hold a deferral.py.
+        command = [sys.executable, "-P", "-m", "deferral", "dags", "test", self.dag_id]
         when = logical_date or execution_date
         if when is not None:
             command.append(make_aware(when).isoformat())

@@ -13,6 +13,7 @@ import functools
 import json
 import sys
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import click
@@ -140,24 +141,39 @@ def sessions(settings: Settings) -> sessionmaker[Session]:
 
 
 def dagbag(settings: Settings) -> DagBag:
+    """The DAGs folder read by this command, each file within DEFERRAL_DAGBAG_IMPORT_TIMEOUT
+    (a file that never finishes is an import error, not a command that hangs)."""
     try:
-        return DagBag(settings.dags_folder).collect()
+        return _bag(settings).collect()
     except DagNotFound as exc:
         fail(str(exc))
         raise  # unreachable: fail exits
 
 
-def load_dag(settings: Settings, dag_id: str) -> DAG:
-    """The DAG from the DAGs folder; exits with one line naming it if there is none, and the
-    file it was last loaded from if that file now fails to import."""
-    bag = dagbag(settings)
-    try:
-        return bag.get_dag(dag_id)
-    except DagNotFound as exc:
-        fileloc = None
-        # Unreachable, the database only takes the hint away: the DAG is not found either way.
+def _bag(settings: Settings) -> DagBag:
+    return DagBag(settings.dags_folder, import_timeout=settings.dagbag_import_timeout)
+
+
+def load_dag(
+    settings: Settings, dag_id: str, source: Path | None = None, bag: DagBag | None = None
+) -> DAG:
+    """The DAG from the DAGs folder (into ``bag``, by default one of this command's): only the
+    file ``source`` when it is one (`dags test --subdir file.py`), else the file a scheduler
+    last parsed it from, when one did (the rest of the folder is not imported), else the folder;
+    exits with one line naming it if there is none, and the file it was last loaded from if that
+    file now fails to import."""
+    fileloc = str(source.resolve()) if source is not None and source.is_file() else None
+    if fileloc is None:
+        # Unreachable, the database only takes the hint away: the folder is read instead.
         with contextlib.suppress(DBAPIError), sessions(settings)() as session:
             fileloc = session.scalar(select(Dag.fileloc).where(Dag.dag_id == dag_id))
+    bag = bag or _bag(settings)
+    try:
+        if fileloc is not None:
+            with contextlib.suppress(DagNotFound):
+                return bag.get_dag(dag_id, fileloc)
+        return bag.collect().get_dag(dag_id)
+    except DagNotFound as exc:
         fail(not_found_message(str(exc), dag_id, fileloc, bag.import_errors))
         raise  # unreachable: fail exits
 

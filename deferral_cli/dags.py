@@ -56,9 +56,9 @@ DAGS_ELSEWHERE = {
     ),
     "test": Lazy(
         "deferral_cli.dagtest:dags_test",
-        "Run DAG_ID once, in this process, with no service running: its tasks in dependency"
-        " order, deferrals included (their triggers run here), each task's state changes and"
-        " log lines shown as they come.",
+        "Run DAG_ID once, with no service running: the tasks whose upstreams are done run at"
+        " once (up to --concurrency), deferrals included (their triggers run in this process),"
+        " each task's state changes and log lines shown as they come.",
     ),
     "unpause": Lazy(
         "deferral_cli.schedules:dags_unpause",

@@ -47,6 +47,7 @@ from deferral import signals
 from deferral.authoring.callbacks import REASON_SUCCESS, REASON_TASK_FAILURE, run_dag_callbacks
 from deferral.context import DagRunInfo
 from deferral.dag import DAG
+from deferral.loading.dagbag import process_dagbag
 from deferral.runtime import serialization
 from deferral.runtime.config import Settings, is_configured
 from deferral.runtime.crypto import Cipher
@@ -770,10 +771,12 @@ def _test_dag(
     """Run the test of ``dags test``, putting the run's id in ``started`` once it is made."""
     with test_settings(subdir, home) as (settings, key_file):
         out = terminal()
+        # Into the bag of this process, before its task processes are forked from it: they find
+        # the DAG there and import nothing more (with --subdir FILE, no other file of its
+        # folder is ever imported).
+        dag = load_dag(settings, dag_id, subdir, process_dagbag())
         with task_processes(out) as tasks:
-            dag = load_dag(settings, dag_id)
-            # Started together and warmed meanwhile (each loads the DAGs folder), not one by one
-            # as the first attempts come.
+            # Started together, not one by one as the first attempts come.
             tasks.prestart(min(concurrency, len(dag.tasks)))
             made = sessions(settings)
             try:
@@ -817,7 +820,8 @@ def tasks_test(
     the task resumes with its event. Exit 0 if the task succeeded or skipped, 1 if it failed.
     """
     with test_settings(subdir, home) as (settings, _):
-        dag = load_dag(settings, dag_id)
+        # Into the bag the task runs from (execute_attempt): its file is imported once.
+        dag = load_dag(settings, dag_id, subdir, process_dagbag())
         if task_id not in dag.task_dict:
             fail(f"DAG {dag_id!r} has no task {task_id!r}")
         made = sessions(settings)

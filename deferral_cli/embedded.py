@@ -358,9 +358,11 @@ def running_services(*, webserver: bool = False) -> Iterator[list[subprocess.Pop
     DEFERRAL_WEBSERVER_PORT) as child processes; SIGTERM them on the way out. Each runs in a
     session of its own, so that a Ctrl-C in the terminal reaches only this process, which stops
     them in order (and the servers after them)."""
-    commands = [[sys.executable, "-m", name, "consume", *args] for name, *args in SERVICES]
+    # -P: the current directory (often the DAGs folder, which may hold a scheduler.py or a
+    # json.py) is not put first on sys.path, so every service imports our packages.
+    commands = [[sys.executable, "-P", "-m", name, "consume", *args] for name, *args in SERVICES]
     if webserver:
-        commands.append([sys.executable, "-m", "deferral", "webserver"])
+        commands.append([sys.executable, "-P", "-m", "deferral", "webserver"])
     procs = [subprocess.Popen(command, start_new_session=True) for command in commands]
     try:
         yield procs
@@ -391,7 +393,7 @@ def wait_for_webserver(url: str, proc: subprocess.Popen[bytes]) -> bool:
 def service_name(proc: subprocess.Popen[bytes]) -> str:
     """Which service a :func:`running_services` process runs (``scheduler``, ``webserver``)."""
     args = [str(arg) for arg in proc.args] if isinstance(proc.args, list) else []
-    module = args[2] if len(args) > 2 and args[1] == "-m" else "?"
+    module = args[args.index("-m") + 1] if "-m" in args[:-1] else "?"
     return "webserver" if module == "deferral" else module
 
 

@@ -35,7 +35,8 @@ from readmodel.waits import how_to_resume, row_wait_of, signal_key
 def find_dag(settings: Settings, dag_id: str) -> tuple[DAG | None, str]:
     """The DAG from the DAGs folder, or None and why not."""
     try:
-        return DagBag(settings.dags_folder).collect().get_dag(dag_id), ""
+        bag = DagBag(settings.dags_folder, import_timeout=settings.dagbag_import_timeout)
+        return bag.collect().get_dag(dag_id), ""
     except DagNotFound as exc:
         return None, str(exc)
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 from sqlalchemy import Select, func, or_, select, update
@@ -21,7 +21,7 @@ from sqlalchemy.orm import Session
 
 from deferral.authoring.schedules import latest_automated_intervals
 from deferral.dag import DAG
-from deferral.loading.dagbag import DagBag
+from deferral.loading.dagbag import FolderContents
 from deferral.states import DagRunState, DagRunType
 from deferral.store import transitions
 from deferral.store.tables import Dag, DagRun
@@ -84,10 +84,13 @@ def timed_out(start_date: dt.datetime, timeout: dt.timedelta, now: dt.datetime) 
 # -- after each parse: what the dag rows say about schedules ------------------------------------
 
 
-def sync_dags(session: Session, dagbag: DagBag, now: dt.datetime) -> None:
+def sync_dags(
+    session: Session, dagbag: FolderContents, now: dt.datetime, pending: Collection[str] = ()
+) -> None:
     """Record each parsed DAG's schedule in its ``dag`` row: schedule, max_active_runs, tags and
     its next run; a row made now is paused if the DAG says ``is_paused_upon_creation=True``. DAGs no
-    file defines any more are deactivated (missing since now, "no longer defined in <file>").
+    file defines any more are deactivated (missing since now, "no longer defined in <file>"),
+    but for those of the files ``pending`` (an interim read has not read them yet).
 
     Runs before ``scheduler.dags.sync`` (which keeps the rows' other columns, ``import_error``,
     and the missing DAGs whose file fails to import), so that it is the one to create rows."""
@@ -125,7 +128,10 @@ def sync_dags(session: Session, dagbag: DagBag, now: dt.datetime) -> None:
         .where(
             Dag.dag_id.not_in(sorted(dags)),
             Dag.is_active,
-            or_(Dag.fileloc.is_(None), Dag.fileloc.not_in(list(dagbag.import_errors))),
+            or_(
+                Dag.fileloc.is_(None),
+                Dag.fileloc.not_in([*dagbag.import_errors, *pending]),
+            ),
         )
         .values(
             is_active=False,

@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+from collections.abc import Collection
 
 from sqlalchemy import delete, func, select
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session
 
-from deferral.loading.dagbag import DagBag
+from deferral.loading.dagbag import FolderContents
 from deferral.runtime import metrics
 from deferral.states import DagRunState, TaskState
 from deferral.store import transitions
@@ -25,9 +26,10 @@ from deferral.store.tables import Dag, DagImportError, DagRun, TaskInstance
 log = logging.getLogger("deferral.scheduler")
 
 
-def sync(session: Session, dagbag: DagBag) -> list[str]:
-    """Record what the last parse found; return the ids of DAGs that load again after having
-    been missing (their runs need a look)."""
+def sync(session: Session, dagbag: FolderContents, pending: Collection[str] = ()) -> list[str]:
+    """Record what the last parse found (the DAGs and import errors of the files ``pending``,
+    which an interim read has not read yet, are left as they are); return the ids of DAGs
+    that load again after having been missing (their runs need a look)."""
     now = func.now()
     loaded = dagbag.dags
     if loaded:
@@ -62,6 +64,8 @@ def sync(session: Session, dagbag: DagBag) -> list[str]:
     errors = dagbag.import_errors
     metrics.DAG_IMPORT_ERRORS.set(len(errors))
     for dag in session.scalars(select(Dag).where(Dag.is_active, Dag.dag_id.not_in(list(loaded)))):
+        if dag.fileloc in pending:
+            continue
         reason = errors.get(dag.fileloc or "") or f"no longer defined in {dag.fileloc}"
         if dag.missing_since is None:
             dag.missing_since = now
@@ -74,7 +78,9 @@ def sync(session: Session, dagbag: DagBag) -> list[str]:
                 index_elements=[DagImportError.filename], set_={"error": error, "last_seen": now}
             )
         )
-    session.execute(delete(DagImportError).where(DagImportError.filename.not_in(list(errors))))
+    session.execute(
+        delete(DagImportError).where(DagImportError.filename.not_in([*errors, *pending]))
+    )
     return back
 
 

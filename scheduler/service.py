@@ -49,7 +49,8 @@ from deferral.authoring.callbacks import (
 )
 from deferral.context import DagRunInfo
 from deferral.dag import DAG
-from deferral.loading.dagbag import DagBag, DagNotFound
+from deferral.loading.dagbag import DagBag
+from deferral.loading.parsing import FolderParser, Parsed
 from deferral.runtime import faults, metrics, serialization
 from deferral.runtime.config import Settings
 from deferral.runtime.crypto import Cipher
@@ -103,6 +104,9 @@ PARTITIONS_EVERY_SEC = 3600.0
 DEFAULT_MAX_ACTIVE_TASKS = 16
 SCHEDULE_RUNS_EVERY_SEC = 1.0
 RECOLLECT_MISSING_SEC = 1.0
+# The longest a loop waits for the folder read a missing DAG started, as a share of a heartbeat
+# (a file written and triggered at once starts in that loop; a slow folder holds no heartbeat).
+MISSING_DAG_WAIT_BEATS = 0.4
 CHECKED_RUNS_KEPT = 100_000
 
 # The resumed tasks still scheduled (locked; one another scheduler holds is skipped), then the
@@ -192,7 +196,14 @@ class SchedulerService:
             settings.stream_prefix, settings.redis_url, settings.stream_shards
         )
         self.dagbag = DagBag(settings.dags_folder)
-        self._collected_at = 0.0  # monotonic time of the last collect for a missing DAG
+        # Reads the folder off the loop: a file whose import never finishes costs an import
+        # error after DEFERRAL_DAGBAG_IMPORT_TIMEOUT, never a heartbeat (DECISIONS.md).
+        self.parser = FolderParser(self.dagbag, settings.dagbag_import_timeout)
+        # The DAGs of the last read the loop took over; `_unrecorded`: one taken but not yet
+        # written to the dag and import_error tables.
+        self.dags: dict[str, DAG] = {}
+        self._unrecorded: Parsed | None = None
+        self._collected_at = 0.0  # monotonic time of the last read asked for a missing DAG
         # When the DAGs folder was last read (any collect): a run's DAG is missing for sure only
         # if the folder was read after the run was created.
         self._folder_read_at = dt.datetime.min.replace(tzinfo=dt.UTC)
@@ -216,7 +227,7 @@ class SchedulerService:
         beat = settings.heartbeat_sec
         broken_every = min(BROKEN_DAGS_EVERY_SEC, max(settings.dag_import_grace_sec / 2, 0.5))
         self.periodic = [
-            Every(settings.dag_refresh_sec, self.refresh_dags),
+            Every(settings.dag_refresh_sec, self.parser.start),
             Every(beat, self._renew),
             Every(beat, self.heartbeat),
             Every(beat / 4, self._take_over),
@@ -245,6 +256,7 @@ class SchedulerService:
         freeze_startup_objects()
         log.info("scheduler %s started", self.name)
         run_until_stopped(stop, self.step, recover=self.consumer.start)
+        self.parser.close()
         try:
             self.heartbeat(liveness.STOPPED)
         except SQLAlchemyError as exc:
@@ -278,6 +290,7 @@ class SchedulerService:
         )
 
     def step(self) -> None:
+        self.record_parsed_dags()
         for periodic in self.periodic:
             periodic()
         with self.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
@@ -286,6 +299,9 @@ class SchedulerService:
         # schedules tasks): one with work runs every pass after it.
         if work.queued_runs:
             self.start_queued_runs()
+            # A read taken over while starting them is recorded before their tasks can queue:
+            # a task process finds its DAG's file in the dag row.
+            self.record_parsed_dags()
         if work.queued_runs or work.marked_runs:
             self.evaluate_marked_runs()
         busy = work.queued_runs or work.marked_runs or work.scheduled_tasks
@@ -301,21 +317,40 @@ class SchedulerService:
     # -- DAGs ------------------------------------------------------------------------------------
 
     def refresh_dags(self) -> None:
-        self._folder_read_at = dt.datetime.now(dt.UTC)
-        self.dagbag.collect()
+        """Read the folder now, in this thread, and record what it holds."""
+        self._adopt(self.parser.parse())
+        self.record_parsed_dags()
+
+    def record_parsed_dags(self) -> None:
+        """Take over a read of the folder finished in the background, and write what the last
+        one taken over found to the dag, import_error and asset tables."""
+        finished = self.parser.take()
+        if finished is not None:
+            self._adopt(finished)
+        parsed, self._unrecorded = self._unrecorded, None
+        if parsed is None:
+            return
         with self.sessions.begin() as session:
-            dagruns.sync_dags(session, self.dagbag, dt.datetime.now(dt.UTC))
-            back = dags.sync(session, self.dagbag)
-            assets.sync_assets(session, self.dagbag.dags, self.cipher)
+            dagruns.sync_dags(session, parsed, dt.datetime.now(dt.UTC), parsed.pending)
+            back = dags.sync(session, parsed, parsed.pending)
+            assets.sync_assets(session, parsed.dags, self.cipher)
             transitions.mark_runs(session, dags.runs_of(session, back))
+
+    def _adopt(self, parsed: Parsed) -> None:
+        """Evaluate runs with ``parsed``'s DAGs from now on (recorded by the next step: this
+        may be called inside a transaction that holds DAG rows)."""
+        self.dags = parsed.dags
+        if not parsed.pending:  # an interim read has not looked at every file yet
+            self._folder_read_at = max(self._folder_read_at, parsed.started_at)
+        self._unrecorded = parsed
 
     def schedule_runs(self) -> None:
         """Create the scheduled runs that are due; fail runs past their dagrun_timeout."""
         now = dt.datetime.now(dt.UTC)
         with self.sessions.begin() as session:
-            dagruns.create_due_runs(session, self.dagbag.dags, now)
-            assets.create_runs(session, self.dagbag.dags, now)
-            timed_out = dagruns.fail_timed_out_runs(session, self.dagbag.dags, now)
+            dagruns.create_due_runs(session, self.dags, now)
+            assets.create_runs(session, self.dags, now)
+            timed_out = dagruns.fail_timed_out_runs(session, self.dags, now)
             runs = (
                 session.scalars(
                     select(DagRun).where(tuple_(DagRun.dag_id, DagRun.run_id).in_(timed_out))
@@ -329,17 +364,20 @@ class SchedulerService:
         self._call_back(finished)
 
     def _dag(self, dag_id: str) -> DAG | None:
-        """The DAG as last collected; one not there makes the folder be read again, at most
-        once a second (a new file is found at once, yet a run of a DAG that no longer loads
-        does not cost a folder scan per call: the dispatch pass asks per run)."""
-        dag = self.dagbag.dags.get(dag_id)
+        """The DAG as last read; one not there makes the folder be read again, at most once a
+        second (a new file is found at once, yet a run of a DAG that no longer loads does not
+        cost a folder scan per call: the dispatch pass asks per run). The loop waits for that
+        read a share of a heartbeat at most; a slower one is taken over by a later step."""
+        dag = self.dags.get(dag_id)
         if dag is None and time.monotonic() - self._collected_at >= RECOLLECT_MISSING_SEC:
+            # Waited for only when asked for now: a read under way may be a slow file's.
+            if self.parser.start():
+                self.parser.wait(self.settings.heartbeat_sec * MISSING_DAG_WAIT_BEATS)
+            finished = self.parser.take()
             self._collected_at = time.monotonic()
-            self._folder_read_at = dt.datetime.now(dt.UTC)
-            try:
-                dag = self.dagbag.get_dag(dag_id)
-            except DagNotFound:
-                return None
+            if finished is not None:
+                self._adopt(finished)
+                dag = self.dags.get(dag_id)
         return dag
 
     def fail_broken_runs(self) -> None:
@@ -804,7 +842,7 @@ class SchedulerService:
     def record_deadline_misses(self) -> None:
         """Runs past a DeadlineAlert's deadline: recorded once, their callbacks run off the loop."""
         with self.sessions.begin() as session:
-            missed = deadlines.record_misses(session, self.dagbag.dags, dt.datetime.now(dt.UTC))
+            missed = deadlines.record_misses(session, self.dags, dt.datetime.now(dt.UTC))
         metrics.DEADLINE_MISSES.inc(len(missed))
         if missed:
             log.warning("deadline missed by %s", [m.context["run_id"] for m in missed])

@@ -236,7 +236,7 @@ class WebUI:
     ) -> None:
         self.settings = settings
         self.sessions: sessionmaker[Session] = make_sessionmaker(make_engine(settings.database_url))
-        self.dags = data.DagSource(settings.dags_folder)
+        self.dags = data.DagSource(settings.dags_folder, settings.dagbag_import_timeout)
         self.auth = Auth(
             self.sessions,
             session_key(settings),

@@ -23,7 +23,8 @@ from broker.client import Broker
 from deferral.authoring.schedules import latest_automated_intervals
 from deferral.dag import DAG
 from deferral.exceptions import DagDefinitionError
-from deferral.loading.dagbag import DagBag, DagNotFound
+from deferral.loading.dagbag import DagBag
+from deferral.loading.parsing import FolderParser, Parsed
 from deferral.runtime.config import Settings
 from deferral.runtime.crypto import Cipher
 from deferral.runtime.secrets_masker import redact
@@ -93,6 +94,8 @@ MAX_SEARCH_LENGTH = 250
 # The DAGs folder is scanned again at most this often (a file's DAGs are re-imported only when
 # its mtime changed).
 DAG_RESCAN_SEC = 5.0
+# The longest a page waits for a read of the DAGs folder it started.
+PARSE_WAIT_SEC = 5.0
 
 # How a cell of several map indexes is shown: the first of these states that one of them is in.
 _SUMMARY_ORDER = (
@@ -121,13 +124,16 @@ class NotFound(LookupError):
 
 
 class DagSource:
-    """The DAGs folder as this process sees it, rescanned at most every DAG_RESCAN_SEC (one
-    scan at a time: a DagBag is not thread-safe)."""
+    """The DAGs folder as this process sees it, read again at most every DAG_RESCAN_SEC through
+    a ``FolderParser`` (a parse child imports each changed file first, within the import
+    timeout, and a thread of its own then loads it): a page waits for that read at most
+    PARSE_WAIT_SEC, then shows the last one, so no DAG file can hang the web UI."""
 
-    def __init__(self, folder: Any) -> None:
-        self._bag = DagBag(folder)
+    def __init__(self, folder: Any, import_timeout: float) -> None:
+        self._parser = FolderParser(DagBag(folder), import_timeout)
         self._lock = threading.Lock()
         self._scanned_at: float | None = None
+        self._parsed: Parsed | None = None
         self._folder_error: str | None = None
         # Each DAG's task order, kept while the DagBag keeps the same DAG object (sorting
         # thousands of tasks at every refresh of a page would cost more than its queries).
@@ -138,16 +144,21 @@ class DagSource:
         with self._lock:
             now = time.monotonic()
             if self._scanned_at is None or now - self._scanned_at >= DAG_RESCAN_SEC:
-                try:
-                    self._bag.collect()
-                    self._folder_error = None
-                except DagNotFound as exc:
-                    self._folder_error = str(exc)
                 self._scanned_at = now
-            errors = dict(self._bag.import_errors)
+                folder = self._parser.bag.folder
+                if folder.is_dir():
+                    self._folder_error = None
+                    self._parser.start()
+                    self._parser.wait(PARSE_WAIT_SEC)
+                else:
+                    self._folder_error = f"DAGs folder {folder} does not exist"
+            finished = self._parser.take()
+            self._parsed = finished or self._parsed
+            dags = dict(self._parsed.dags) if self._parsed is not None else {}
+            errors = dict(self._parsed.import_errors) if self._parsed is not None else {}
             if self._folder_error is not None:
-                errors[str(self._bag.folder)] = self._folder_error
-            return dict(self._bag.dags), errors
+                errors[str(self._parser.bag.folder)] = self._folder_error
+            return dags, errors
 
     def dag(self, dag_id: str) -> DAG | None:
         return self.bag()[0].get(dag_id)

@@ -10,13 +10,11 @@ import contextlib
 import copy
 import datetime as dt
 import logging
-import signal
 import socket
 import traceback
 from collections.abc import Iterator
 from contextlib import contextmanager
 from functools import cache
-from types import FrameType
 from typing import Any
 
 import msgspec
@@ -38,11 +36,10 @@ from deferral.exceptions import (
     TaskExecutionTimeout,
 )
 from deferral.loading import task_runtime
-from deferral.loading.dagbag import process_dagbag
 from deferral.models.xcom import resolve_xcom_backend
 from deferral.runtime import serialization
 from deferral.runtime.config import ConfigError, smtp_settings
-from deferral.runtime.process import freeze_startup_objects
+from deferral.runtime.process import freeze_startup_objects, raising_after
 from deferral.runtime.secrets_masker import redact
 from deferral.runtime.serialization import SerializationError, from_jsonable
 from deferral.states import FAIL_METHOD
@@ -74,16 +71,13 @@ def _xcoms() -> DatabaseXComs:
 
 
 def warm_up() -> None:
-    """Run once in each new task process before it takes attempts: load the DAGs folder, so the
-    first attempt does not spend its execution_timeout importing."""
+    """Run once in each new task process before it takes attempts. (The DAGs folder is not
+    loaded here: each attempt imports only its own DAG's file, once per process.)"""
     # Attempts log at INFO (capture.TaskOutput); set here once, not per attempt.
     logging.getLogger().setLevel(logging.INFO)
     # Registers the SMTP password with this process's masker (the worker checked the settings).
     with contextlib.suppress(ConfigError):
         smtp_settings()
-    # A folder that fails to load is reported by the attempt that needs it, with its error.
-    with contextlib.suppress(Exception):
-        process_dagbag().collect()
     freeze_startup_objects()
 
 
@@ -106,16 +100,9 @@ def _time_limit(deadline: dt.datetime | None) -> Iterator[None]:
     if left <= 0:
         raise TaskExecutionTimeout("execution_timeout passed before the task resumed")
 
-    def on_alarm(signum: int, frame: FrameType | None) -> None:
-        raise TaskExecutionTimeout(f"execution_timeout passed (deadline {deadline.isoformat()})")
-
-    previous = signal.signal(signal.SIGALRM, on_alarm)
-    signal.setitimer(signal.ITIMER_REAL, left)
-    try:
+    message = f"execution_timeout passed (deadline {deadline.isoformat()})"
+    with raising_after(left, lambda: TaskExecutionTimeout(message)):
         yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
 
 
 def _context(request: AttemptRequest, task: BaseOperator) -> Context:
@@ -297,7 +284,7 @@ def _execute(request: AttemptRequest) -> Outcome:
     except SerializationError as exc:
         return Failed(f"cannot run: resume kwargs: {exc}", "", allow_retry=False)
     try:
-        dag = process_dagbag().get_dag(request.dag_id)
+        dag = task_runtime.folder_dag(request.dag_id)
         task = copy.deepcopy(dag.get_task(request.task_id))
     except Exception as exc:
         return _failed(exc, allow_retry=True)

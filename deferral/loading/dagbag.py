@@ -2,9 +2,13 @@
 top-level ``.py`` files define DAGs, minus what ``.deferralignore`` files leave out; cluster
 policies (``deferral.loading.policies``) run on each DAG as it loads.
 
-The folder goes on ``sys.path`` and each file is imported under its dotted path, and each zip
-goes on ``sys.path`` too, so classes a DAG file defines (operators, triggers) have a classpath
-every process can import.
+Each DAG file, and each top-level module of a zip, is imported under a name of its own
+(``dag_module_name``: a prefix no package uses, a digest of its path in the folder, its stem),
+so that a DAG file called ``json.py`` or ``scheduler.py`` replaces no module of the process that
+reads it; a finder resolves those names in every process, so classes a DAG file defines
+(operators, triggers) have a classpath every process can import. The folder and its zips go at
+the *end* of ``sys.path``: helper modules of the folder are importable by their dotted path,
+after the standard library and the installed packages.
 
 A file's DAGs are its module globals holding a DAG, and, as in Airflow, every DAG used as a
 context manager while the file was imported (``with DAG(...):`` unassigned, ``my_dag()`` of a
@@ -16,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import hashlib
 import importlib
 import importlib.abc
 import importlib.machinery
@@ -29,11 +34,11 @@ import tomllib
 import traceback
 import zipfile
 import zipimport
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import Any, Protocol
 
 import pathspec
 
@@ -54,6 +59,7 @@ from deferral.loading.policies import (
 )
 from deferral.runtime.config import airflow_imports as airflow_imports_on
 from deferral.runtime.config import dag_ignore_file_syntax, load_settings
+from deferral.runtime.process import raising_after
 
 log = logging.getLogger("deferral.loading.dagbag")
 
@@ -63,6 +69,9 @@ IGNORE_FILE = ".deferralignore"
 FOLDER_SETTINGS_FILE = ".deferral.toml"
 FOLDER_SETTINGS: dict[str, type] = {"airflow_imports": bool}
 _COMMENT = re.compile(r"\s*#.*")
+# The first part of a DAG module's name: no installed package, standard module or helper module
+# of a DAGs folder is called so.
+DAG_MODULE_PREFIX = "deferral_dagfile_"
 
 
 # -- .deferralignore ------------------------------------------------------------------------------
@@ -210,30 +219,41 @@ def dag_sources(folder: Path, syntax: str | None = None) -> list[Path]:
 
 def put_on_sys_path(folder: Path) -> None:
     """Make modules of the DAGs folder importable by their dotted path, and top-level modules
-    of its zip archives by their name (operators and triggers defined there get a classpath
-    every process can import, the triggerer included, even for an archive added later)."""
+    of its zip archives by their name, after everything else on ``sys.path`` (a helper module
+    named like a standard or installed module never replaces it); and DAG modules by their
+    ``dag_module_name`` (operators and triggers defined there get a classpath every process can
+    import, the triggerer included, even for an archive added later)."""
     entry = str(folder.resolve())
     if entry not in sys.path:
-        sys.path.insert(0, entry)
-    if not any(
-        isinstance(f, _ZippedModuleFinder) and f.folder == Path(entry) for f in sys.meta_path
-    ):
-        sys.meta_path.append(_ZippedModuleFinder(Path(entry)))
+        sys.path.append(entry)
+    if not any(isinstance(f, _DagFolderFinder) and f.folder == Path(entry) for f in sys.meta_path):
+        sys.meta_path.append(_DagFolderFinder(Path(entry)))
 
 
 def _put_zip_on_sys_path(archive: Path, folder: Path) -> None:
-    """Right after the DAGs folder, so that the archive's modules come before installed ones
-    as the folder's own files do."""
+    """Right after the DAGs folder, so that the archive's modules come after the folder's own
+    files and after the installed ones."""
     entry = str(archive)
     if entry not in sys.path:
         at = sys.path.index(str(folder)) + 1 if str(folder) in sys.path else len(sys.path)
         sys.path.insert(at, entry)
 
 
-class _ZippedModuleFinder(importlib.abc.MetaPathFinder):
-    """Consulted only when no other finder knows a top-level module: looks for it in the DAGs
-    folder's zip archives and puts the archive that has it on sys.path. It never raises: a
-    finder that did would break imports that have nothing to do with DAGs."""
+def dag_module_name(folder: Path, path: Path, inner: str | None = None) -> str:
+    """The module name DAG file ``path`` (or top-level module ``inner`` of zip ``path``) is
+    imported under, the same in every process reading ``folder``: a prefix no other module
+    has, a digest of its place in the folder, and its stem for the eye (Airflow's way)."""
+    place = path.relative_to(folder).as_posix() + (f"/{inner}.py" if inner else "")
+    digest = hashlib.sha1(place.encode(), usedforsecurity=False).hexdigest()[:16]
+    stem = re.sub(r"\W", "_", inner if inner is not None else path.stem)
+    return f"{DAG_MODULE_PREFIX}{digest}_{stem}"
+
+
+class _DagFolderFinder(importlib.abc.MetaPathFinder):
+    """Consulted only when no other finder knows a top-level module: a DAG module's name
+    (``dag_module_name``) is its file's, and another name is looked for in the DAGs folder's zip
+    archives (the archive that has it goes on sys.path). It never raises: a finder that did
+    would break imports that have nothing to do with DAGs."""
 
     def __init__(self, folder: Path) -> None:
         self.folder = folder
@@ -246,6 +266,8 @@ class _ZippedModuleFinder(importlib.abc.MetaPathFinder):
             return None
         self._searching.active = True  # what the search itself imports is not searched for
         try:
+            if fullname.startswith(DAG_MODULE_PREFIX):
+                return _dag_module_spec(self.folder, fullname)
             for archive in dag_sources(self.folder):
                 if archive.suffix != ".zip" or str(archive) in sys.path:
                     continue
@@ -260,6 +282,65 @@ class _ZippedModuleFinder(importlib.abc.MetaPathFinder):
         finally:
             self._searching.active = False
         return None
+
+
+def _dag_module_spec(folder: Path, name: str) -> importlib.machinery.ModuleSpec | None:
+    """The spec of the DAG module called ``name`` in ``folder``, if one is."""
+    for source in dag_sources(folder):
+        if source.suffix == ".zip":
+            for inner in _zip_module_names(source):
+                if dag_module_name(folder, source, inner) == name:
+                    _put_zip_on_sys_path(source, folder)
+                    return _zipped_dag_module_spec(source, inner, name)
+        elif dag_module_name(folder, source) == name:
+            return _dag_file_spec(folder, source, name)
+    return None
+
+
+class _DagFileLoader(importlib.machinery.SourceFileLoader):
+    """Runs a DAG file under its DAG module name, its relative imports relative to the package
+    its folder is (if it is one), as when it was imported by its dotted path."""
+
+    def __init__(self, name: str, path: str, package: str) -> None:
+        super().__init__(name, path)
+        self.package = package
+
+    def exec_module(self, module: ModuleType) -> None:
+        module.__package__ = self.package
+        super().exec_module(module)
+
+
+def _dag_file_spec(folder: Path, path: Path, name: str) -> importlib.machinery.ModuleSpec:
+    parent = path.parent
+    is_package = parent != folder and (parent / "__init__.py").exists()
+    package = ".".join(parent.relative_to(folder).parts) if is_package else ""
+    spec = importlib.util.spec_from_file_location(
+        name, path, loader=_DagFileLoader(name, str(path), package)
+    )
+    assert spec is not None
+    return spec
+
+
+class _ZippedDagModuleLoader(importlib.abc.Loader):
+    """Runs top-level module ``inner`` of a zip under a DAG module's name (``zipimporter`` runs
+    a module only under the name it has in the archive)."""
+
+    def __init__(self, archive: Path, inner: str) -> None:
+        self.archive = archive
+        self.inner = inner
+
+    def exec_module(self, module: ModuleType) -> None:
+        importer = zipimport.zipimporter(str(self.archive))
+        importer.invalidate_caches()  # the archive may have changed since it was last read
+        code = importer.get_code(self.inner)
+        module.__file__ = str(self.archive / f"{self.inner}.py")
+        exec(code, vars(module))
+
+
+def _zipped_dag_module_spec(archive: Path, inner: str, name: str) -> importlib.machinery.ModuleSpec:
+    return importlib.machinery.ModuleSpec(
+        name, _ZippedDagModuleLoader(archive, inner), origin=str(archive / f"{inner}.py")
+    )
 
 
 def _zip_spec(archive: Path, name: str) -> importlib.machinery.ModuleSpec | None:
@@ -287,23 +368,19 @@ def _forget_modules_of(archive: Path) -> None:
             del sys.modules[name]
 
 
-def _import_from_zip(archive: Path, name: str) -> ModuleType:
-    """Top-level module ``name`` from this very archive, whatever else is on sys.path."""
-    spec = _zip_spec(archive, name)
-    if spec is None or spec.loader is None:
-        raise ImportError(f"cannot import {name!r} from {archive}")
+def _import_as(spec: importlib.machinery.ModuleSpec) -> ModuleType:
+    """The module of ``spec``, run afresh under its name."""
+    assert spec.loader is not None
     module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
+    # Not importlib.reload: a reload keeps the globals the new source no longer defines, so a
+    # DAG removed from its file would stay found.
+    sys.modules[spec.name] = module
     try:
         spec.loader.exec_module(module)
     except BaseException:
-        del sys.modules[name]
+        sys.modules.pop(spec.name, None)
         raise
     return module
-
-
-def _module_name(folder: Path, path: Path) -> str:
-    return ".".join(path.relative_to(folder).with_suffix("").parts)
 
 
 def _one_line_error(exc: BaseException, path: Path) -> str:
@@ -318,6 +395,39 @@ def _one_line_error(exc: BaseException, path: Path) -> str:
     where = f" (line {line})" if line is not None else ""
     extra = airflow_extra.hint(exc)
     return f"{type(exc).__name__}: {first}{where}" + (f": {extra}" if extra else "")
+
+
+class FolderContents(Protocol):
+    """What a read of the DAGs folder found: a DagBag, or a scheduler's finished parse."""
+
+    @property
+    def dags(self) -> Mapping[str, DAG]: ...
+
+    @property
+    def import_errors(self) -> Mapping[str, str]: ...
+
+
+class DagImportTimeout(Exception):
+    """A DAG file took longer than ``DEFERRAL_DAGBAG_IMPORT_TIMEOUT`` to import."""
+
+
+def timeout_message(timeout: float) -> str:
+    return (
+        f"DagImportTimeout: importing the file took longer than {timeout:g} s "
+        "(DEFERRAL_DAGBAG_IMPORT_TIMEOUT)"
+    )
+
+
+@contextlib.contextmanager
+def _time_limit(timeout: float | None) -> Iterator[None]:
+    """Raise DagImportTimeout in the import after ``timeout`` seconds (a SIGALRM: only in the
+    main thread, as Airflow's DagBag does; elsewhere the caller bounds the import)."""
+    if not timeout or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    message = timeout_message(timeout).removeprefix("DagImportTimeout: ")
+    with raising_after(timeout, lambda: DagImportTimeout(message)):
+        yield
 
 
 @dataclass
@@ -337,11 +447,14 @@ class DagBag:
         *,
         ignore_syntax: str | None = None,
         policies: ClusterPolicies | None = None,
+        import_timeout: float | None = None,
     ) -> None:
         self.folder = folder.resolve()
         self.ignore_syntax = ignore_syntax
         # None: the deferral_local_settings module, read when the folder is on sys.path.
         self.policies = policies
+        # Seconds a file may take to import, where the bag imports in the main thread.
+        self.import_timeout = import_timeout
         self.dags: dict[str, DAG] = {}
         self.import_errors: dict[str, str] = {}
         self._loaded: dict[Path, _Loaded] = {}
@@ -350,8 +463,66 @@ class DagBag:
         # Whether DAG files may import from ``airflow``, as decided at the last collect.
         self._airflow_imports = False
 
-    def collect(self) -> DagBag:
-        """(Re)load the folder; a file or archive whose mtime changed is re-imported."""
+    def collect(
+        self, known: Mapping[str, tuple[float, str]] | None = None, pending: Sequence[Path] = ()
+    ) -> DagBag:
+        """(Re)load the folder; a file or archive whose mtime changed is re-imported, except
+        one ``known`` (path -> (mtime, error)) to fail at that mtime: it is not imported, and
+        one ``pending``: it keeps what it gave before (nothing if it is new)."""
+        start = self._start()
+        if start is None:
+            return self
+        policies, errors, claimed = start
+        loaded: dict[Path, _Loaded] = {}
+        for path in claimed:
+            if path not in pending:
+                loaded[path] = self._load(path, policies, known or {})
+            elif path in self._loaded:
+                loaded[path] = self._loaded[path]
+        self._loaded = loaded
+        self._gather(errors)
+        return self
+
+    def collect_file(self, path: Path) -> DagBag:
+        """Load (again, if its mtime changed) only DAG file or archive ``path``, keeping what
+        the bag had of the others: a process that runs one DAG's tasks imports one file."""
+        start = self._start()
+        if start is None:
+            return self
+        policies, errors, claimed = start
+        if path not in claimed:
+            errors[str(path)] = errors.get(str(path), f"not a DAG file of {self.folder}")
+        else:
+            self._loaded[path] = self._load(path, policies, {})
+        self._gather(errors)
+        return self
+
+    def stale_sources(self) -> list[Path]:
+        """The DAG files and archives the next collect would import (new or changed)."""
+        sources = dag_sources(self.folder, self.ignore_syntax) if self.folder.is_dir() else []
+        return [path for path in sources if not self._cached(path, self._loaded.get(path))]
+
+    def probe(
+        self, paths: Sequence[Path], starting: Callable[[Path], None]
+    ) -> Iterator[tuple[Path, float, str | None]]:
+        """Import each of ``paths`` as a collect would, within ``import_timeout``, calling
+        ``starting`` before each: (path, its mtime, its error or None). For a parse child,
+        whose DAG objects are thrown away."""
+        start = self._start()
+        if start is None:
+            return
+        policies, _, claimed = start
+        for path in paths:
+            if path not in claimed:
+                continue
+            starting(path)
+            with contextlib.suppress(OSError):
+                loaded = self._load(path, policies, {})
+                yield path, loaded.mtime, loaded.error
+
+    def _start(self) -> tuple[ClusterPolicies, dict[str, str], list[Path]] | None:
+        """The policies, the errors so far and the sources to load; None when the policy
+        module fails to import (then nothing loads)."""
         if not self.folder.is_dir():
             raise DagNotFound(f"DAGs folder {self.folder} does not exist")
         put_on_sys_path(self.folder)
@@ -362,7 +533,7 @@ class DagBag:
             # Fail closed: DAGs loaded without the cluster's policies could break its rules.
             where = _local_settings_origin()
             self.dags, self.import_errors = {}, {where: _one_line_error(exc, Path(where))}
-            return self
+            return None
         errors: dict[str, str] = {}
         try:
             folder_settings = read_folder_settings(self.folder)
@@ -372,8 +543,15 @@ class DagBag:
             folder_settings = {}
         self._airflow_imports = airflow_imports_on(folder_settings.get("airflow_imports", False))
         claimed = self._claim_module_names(dag_sources(self.folder, self.ignore_syntax), errors)
-        self._dag_modules = {name for path in claimed for name in self._module_names(path)}
-        self._loaded = {path: self._load(path, policies) for path in claimed}
+        self._dag_modules = {
+            name
+            for path in claimed
+            for inner in self._module_names(path)
+            for name in (inner, self._dag_module_name(path, inner))
+        }
+        return policies, errors, claimed
+
+    def _gather(self, errors: dict[str, str]) -> None:
         dags: dict[str, DAG] = {}
         for path, loaded in self._loaded.items():
             if loaded.error:
@@ -386,12 +564,10 @@ class DagBag:
                     continue
                 dags[dag.dag_id] = dag
         self.dags, self.import_errors = dags, errors
-        return self
 
     def _claim_module_names(self, sources: Sequence[Path], errors: dict[str, str]) -> list[Path]:
         """The sources whose module names no other source took first, files before archives
-        as on sys.path: one name must import one file in every process, or a classpath would
-        run different code in the worker and in the triggerer."""
+        as on sys.path: a helper import of one name must import one file in every process."""
         owner: dict[str, Path] = {}
         claimed: list[Path] = []
         for path in sorted(sources, key=lambda p: (p.suffix == ".zip", p)):
@@ -409,34 +585,57 @@ class DagBag:
         return sorted(claimed)
 
     def _module_names(self, path: Path) -> list[str]:
+        """The dotted names ``path``'s modules are importable by as helpers."""
         if path.suffix == ".zip":
             return _zip_module_names(path)
-        return [_module_name(self.folder, path)]
+        return [".".join(path.relative_to(self.folder).with_suffix("").parts)]
 
-    def _load(self, path: Path, policies: ClusterPolicies) -> _Loaded:
+    def _dag_module_name(self, path: Path, inner: str) -> str:
+        return dag_module_name(self.folder, path, inner if path.suffix == ".zip" else None)
+
+    def _cached(self, path: Path, cached: _Loaded | None) -> bool:
+        try:
+            mtime = path.stat().st_mtime
+        except OSError:
+            return False
+        return cached is not None and (cached.mtime, cached.airflow_imports) == (
+            mtime,
+            self._airflow_imports,
+        )
+
+    def _load(
+        self, path: Path, policies: ClusterPolicies, known: Mapping[str, tuple[float, str]]
+    ) -> _Loaded:
         """What ``path`` defines, read again only when its mtime changed (so policies run once
         on the DAG objects this bag serves)."""
         mtime = path.stat().st_mtime
         cached = self._loaded.get(path)
-        if cached is not None and (cached.mtime, cached.airflow_imports) == (
-            mtime,
-            self._airflow_imports,
-        ):
+        if cached is not None and self._cached(path, cached):
             return cached
         loaded = _Loaded(mtime, self._airflow_imports)
+        failed = known.get(str(path))
+        if failed is not None and failed[0] == mtime:
+            loaded.error = failed[1]
+            return loaded
         if path.suffix == ".zip":
             _put_zip_on_sys_path(path, self.folder)
             _forget_modules_of(path)
         airflow_paths = airflow_imports.active if self._airflow_imports else contextlib.nullcontext
-        for name in self._module_names(path):
-            fileloc = path / f"{name}.py" if path.suffix == ".zip" else path
+        for inner in self._module_names(path):
+            fileloc = path / f"{inner}.py" if path.suffix == ".zip" else path
+            name = self._dag_module_name(path, inner)
+            spec = (
+                _zipped_dag_module_spec(path, inner, name)
+                if path.suffix == ".zip"
+                else _dag_file_spec(self.folder, path, name)
+            )
             try:
-                with collecting_dags() as collected, airflow_paths():
-                    module = (
-                        _import_from_zip(path, name)
-                        if path.suffix == ".zip"
-                        else self._import(path)
-                    )
+                with (
+                    collecting_dags() as collected,
+                    airflow_paths(),
+                    _time_limit(self.import_timeout),
+                ):
+                    module = _import_as(spec)
             except Exception as exc:
                 loaded.error = _one_line_error(exc, fileloc)
                 continue
@@ -460,23 +659,24 @@ class DagBag:
             return
         loaded.dags.append(dag)
 
-    def _import(self, path: Path) -> ModuleType:
-        """The module of a DAG file, imported afresh."""
-        name = _module_name(self.folder, path)
-        # Not importlib.reload: a reload keeps the globals the new source no longer defines, so a
-        # DAG removed from its file would stay found. (A module of that name from another folder
-        # goes too: it is not ours to reuse.)
-        sys.modules.pop(name, None)
-        return importlib.import_module(name)
-
-    def get_dag(self, dag_id: str) -> DAG:
+    def get_dag(self, dag_id: str, fileloc: str | None = None) -> DAG:
+        """DAG ``dag_id``; when the bag lacks it, the folder is read again, or only ``fileloc``
+        (the file the DAG was last parsed from) when given."""
         dag = self.dags.get(dag_id)
         if dag is None:
-            self.collect()
+            if fileloc is not None and Path(fileloc).is_relative_to(self.folder):
+                self.collect_file(_source_of(Path(fileloc)))
+            else:
+                self.collect()
             dag = self.dags.get(dag_id)
         if dag is None:
             raise DagNotFound(f"DAG {dag_id!r} not found in {self.folder}")
         return dag
+
+
+def _source_of(fileloc: Path) -> Path:
+    """The DAG file or archive of a DAG's ``fileloc`` (a zipped DAG's names the module inside)."""
+    return fileloc.parent if fileloc.parent.suffix == ".zip" else fileloc
 
 
 @functools.cache
@@ -484,7 +684,8 @@ def process_dagbag() -> DagBag:
     """This process's bag of the DAGs folder (``DEFERRAL_DAGS_FOLDER``): the one a task process
     runs its tasks from, and where an operator naming another DAG (TriggerDagRunOperator,
     ExternalTaskSensor) finds it, so that no DAG file is imported twice in one process."""
-    return DagBag(load_settings().dags_folder)
+    settings = load_settings()
+    return DagBag(settings.dags_folder, import_timeout=settings.dagbag_import_timeout)
 
 
 def _local_settings_origin() -> str:

@@ -73,6 +73,9 @@ class Settings:
     triggerer_stall_threshold_sec: float = 0.2
     # Attempts a worker's task process runs before a fresh one replaces it (worker/DECISIONS.md).
     worker_task_process_max_attempts: int = 10_000
+    # Seconds one DAG file may take to import before it is an import error (Airflow's
+    # core.dagbag_import_timeout; 0: no limit).
+    dagbag_import_timeout: float = 30.0
     # New triggers entries one triggerer reads per loop at most (replicas share a backlog).
     triggerer_claim_per_loop: int = 50
     # Events of one asset watcher that may wait for their runs before it stops reading its source.
@@ -334,6 +337,7 @@ def load_settings(
         dead_letter_maxlen=get("DEAD_LETTER_MAXLEN", _positive_int, default="100000"),
         dag_import_grace_sec=get("DAG_IMPORT_GRACE_SEC", _non_negative_float, default="300"),
         dag_refresh_sec=get("DAG_REFRESH_SEC", _positive_float, default="10"),
+        dagbag_import_timeout=get("DAGBAG_IMPORT_TIMEOUT", _non_negative_float, default="30"),
         prune_older_than=get("PRUNE_OLDER_THAN", _retention, default="7d"),
         dag_ignore_file_syntax=get("DAG_IGNORE_FILE_SYNTAX", _ignore_syntax, default="regexp"),
         max_map_length=get("MAX_MAP_LENGTH", _positive_int, default=str(DEFAULT_MAX_MAP_LENGTH)),
@@ -695,6 +699,14 @@ SETTINGS: tuple[SettingDoc, ...] = (
         "10",
         "How often the scheduler reads the DAGs folder again for changed, new and removed"
         " files (a run of a DAG it has not seen yet makes it look at once).",
+        "core",
+    ),
+    SettingDoc(
+        "DAGBAG_IMPORT_TIMEOUT",
+        "30",
+        "Seconds one DAG file may take to import before it is an import error naming the"
+        " file and this timeout (the scheduler, the web UI and the CLI go on meanwhile);"
+        " 0: no limit.",
         "core",
     ),
     SettingDoc(

@@ -50,7 +50,7 @@ class Purpose(enum.Enum):
 # replace, or travel under a MAC that covers them (events, carried logs). Never a purpose read
 # from a Redis field nothing authenticates (trigger spec, dead letter): there an old blob whose
 # plaintext a user chose (a signal payload sealed before the upgrade) would pass (deferral
-# DECISIONS 81).
+# DECISIONS 83).
 LEGACY_READABLE = frozenset(
     {
         Purpose.TRIGGER_KWARGS,

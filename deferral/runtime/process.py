@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import datetime as dt
 import gc
@@ -14,7 +15,8 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from types import FrameType
 from typing import Any, TypeVar
 
 import click
@@ -257,3 +259,25 @@ def command_group(
         return click.group(name, context_settings=CONTEXT_SETTINGS, **attrs)(with_version)
 
     return decorate
+
+
+@contextlib.contextmanager
+def raising_after(seconds: float, error: Callable[[], BaseException]) -> Iterator[None]:
+    """Raise ``error()`` in the code the block runs once ``seconds`` have passed (a SIGALRM, so
+    the main thread's only). An alarm set outside (a task's execution_timeout around a DAG
+    load) is set again on the way out, for what was left of it, with its handler."""
+
+    def on_alarm(signum: int, frame: FrameType | None) -> None:
+        raise error()
+
+    previous = signal.signal(signal.SIGALRM, on_alarm)
+    began = time.monotonic()
+    outer_left, _ = signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+        if outer_left > 0:
+            left = outer_left - (time.monotonic() - began)
+            signal.setitimer(signal.ITIMER_REAL, max(left, 1e-6))

@@ -34,3 +34,9 @@ def _open(database_url: str, fernet_keys: tuple[str, ...]) -> Metastore:
     # One kept connection: a task process or a command makes a few short queries in turn.
     engine = make_engine(database_url, pool_size=1)
     return Metastore(make_sessionmaker(engine), Cipher(fernet_keys))
+
+
+def forget_connections() -> None:
+    """In a forked child: open new connections when asked, never use the parent's (a
+    connection shared by two processes mixes their statements)."""
+    _open.cache_clear()

@@ -32,8 +32,15 @@ def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("standalone")
 
 
+# Started from a folder holding files named like our services and the standard library's json
+# (a DAGs folder often does): every service still imports our packages, not these.
+SHADOWS = ("scheduler", "worker", "triggerer", "webserver", "broker", "json")
+
+
 def test_standalone_runs_the_example_on_embedded_servers(workdir: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("DEFERRAL_")}
+    for name in SHADOWS:
+        (workdir / f"{name}.py").write_text(f"raise SystemExit('{name}.py of the cwd ran')\n")
     done = subprocess.run(
         command(
             "deferral",

@@ -56,6 +56,25 @@ def test_dags_list_shows_dags_and_import_errors(
     assert "RuntimeError: boom (line 1)" in result.output
 
 
+def test_commands_go_on_past_a_dag_file_that_never_finishes_importing(
+    settings: Settings,
+    dag_id: str,
+    write_dag: Callable[[str, str], Path],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("DEFERRAL_DAGBAG_IMPORT_TIMEOUT", "0.5")
+    sleeper = write_dag(
+        f"sleeps_{uuid.uuid4().hex[:8]}", "import time\nwhile True:\n    time.sleep(1)\n"
+    )
+    listed = CliRunner().invoke(deferral_main, ["dags", "list"])
+    assert listed.exit_code == 1
+    assert dag_id in listed.output
+    assert sleeper.name in listed.output
+    assert "DagImportTimeout: importing the file took longer than 0.5 s" in listed.output
+    triggered = CliRunner().invoke(deferral_main, ["dags", "trigger", dag_id])
+    assert triggered.exit_code == 0, triggered.output
+
+
 def test_dags_list_shows_tags_and_filters_by_them(
     settings: Settings, write_dag: Callable[[str, str], Path]
 ) -> None:

@@ -99,6 +99,7 @@ def test_the_scheduler_creates_task_instances_as_the_policies_shape_them(
     policed_folder: Path, settings: Settings, sessions: sessionmaker[Session]
 ) -> None:
     service = SchedulerService(settings, name="s")
+    service.refresh_dags()  # a running scheduler reads the folder off its loop
     with sessions.begin() as session:
         transitions.create_dag_run(session, "team_plain", "r1", dt.datetime.now(dt.UTC), {})
     service.start_queued_runs()
@@ -118,6 +119,7 @@ def test_the_policies_shape_the_map_indexes_of_a_mapped_task(
     )
     service = SchedulerService(settings, name="s")
     service.attach(broker)  # the evaluation queues what it schedules
+    service.refresh_dags()
     with sessions.begin() as session:
         transitions.create_dag_run(session, "team_mapped", "r1", dt.datetime.now(dt.UTC), {})
     service.start_queued_runs()

@@ -415,3 +415,20 @@ def test_dags_test_waits_for_input_until_its_timeout_takes_the_default(
     assert "ask: running -> awaiting_input (awaiting input)" in done.stdout
     assert "ask: awaiting_input -> scheduled (response timeout passed)" in done.stdout
     assert states(sessions, "hitl_local") == {"ask": "success", "after": "success"}
+
+
+def test_dags_test_of_one_file_imports_no_other_file_of_its_folder(
+    service_env: dict[str, str], tmp_path: Path
+) -> None:
+    folder = tmp_path / "one_file_folder"
+    folder.mkdir()
+    marker = tmp_path / "imported"
+    (folder / "a_other.py").write_text(f"open({str(marker)!r}, 'w').close()\n")
+    dag_file = folder / "only_this.py"
+    dag_file.write_text(
+        "from deferral import DAG\nfrom deferral.operators import EmptyOperator\n"
+        "with DAG('only_this') as dag:\n    EmptyOperator(task_id='t')\n"
+    )
+    done = deferral(service_env, "dags", "test", "only_this", "--subdir", str(dag_file))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert not marker.exists()

@@ -204,7 +204,7 @@ from deferral import DAG
 from deferral.operators.empty import EmptyOperator
 
 with DAG("{dag_id}", start_date=pendulum.datetime(2023, 12, 1, tz="UTC"), schedule="@daily",
-         catchup=True, is_paused_upon_creation=True):
+         catchup=True):
     EmptyOperator(task_id="a", depends_on_past=True)
 """,
     )

@@ -48,6 +48,7 @@ def dag_id() -> str:
 def _scheduler(settings: Settings) -> SchedulerService:
     service = SchedulerService(settings, name=f"s{uuid.uuid4().hex[:4]}")
     service.attach(Broker.from_url(REDIS_URL, settings.stream_prefix))
+    service.refresh_dags()  # a running scheduler reads the folder off its loop
     return service
 
 

@@ -82,8 +82,10 @@ def _finish(sessions: sessionmaker[Session], task_id: str, *, ok: bool = True) -
 
 
 def _scheduler(settings: Settings) -> SchedulerService:
+    """A scheduler that has read the DAGs folder (a running one reads it off its loop)."""
     service = SchedulerService(settings, name="s")
     service.attach(Broker.from_url(REDIS_URL, settings.stream_prefix))
+    service.refresh_dags()
     return service
 
 
@@ -243,7 +245,7 @@ def _run_then_task_added(
     )
     stat = path.stat()
     os.utime(path, (stat.st_atime, stat.st_mtime + 5))
-    service.dagbag.collect()
+    service.refresh_dags()
     _finish(sessions, "a")
     return service
 

@@ -62,7 +62,10 @@ def _loop_service(settings: Settings) -> SchedulerService:
     service = SchedulerService(settings, name="cost")
     service.attach(Broker.from_url(REDIS_URL, settings.stream_prefix))
     service.consumer.start()
+    service.refresh_dags()  # the DAGs there for its first loop, as a running scheduler has them
     service.step()
+    assert service.parser.wait(60)  # the read of the folder that loop started, recorded
+    service.record_parsed_dags()
     _none_due(service)
     return service
 

@@ -142,6 +142,7 @@ def _run_and_dispatch(
     service = SchedulerService(settings, name="s")
     service.attach(Broker.from_url(REDIS_URL, settings.stream_prefix))
     service.consumer.start()
+    service.refresh_dags()  # a running scheduler reads the folder off its loop
     service.start_queued_runs()
     service.evaluate_marked_runs()
     service.dispatch_scheduled()

@@ -33,9 +33,10 @@ from deferral.store.tables import (
     Trigger,
 )
 from deferral_cli.embedded import free_port
+from tests.helpers import wait_for
 from tests.integration.conftest import CLI_DAG_SOURCE, WEB_ADMIN_PASSWORD, WEB_DAG, web_client
 from tests.integration.factories import DAG_ID, deferred_task, running_task
-from webserver import users
+from webserver import data, users
 from webserver.app import create_app
 
 ADMIN_PASSWORD = WEB_ADMIN_PASSWORD
@@ -762,3 +763,36 @@ def test_the_dag_list_searches_and_triggers_with_the_defaults(
         "/dags/search_orders?run_id=manual__"
     )
     assert [run.run_type for run in runs_of(sessions, "search_orders")] == ["manual"]
+
+
+def test_pages_answer_while_a_dag_file_never_finishes_importing(
+    settings: Settings,
+    sessions: sessionmaker[Session],
+    broker: Broker,
+    web_dag: str,
+    write_dag: Callable[[str, str], Path],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A page waits for a read of the folder PARSE_WAIT_SEC at most, then shows the last one;
+    the file past the timeout ends as an import error and the other DAGs are shown."""
+    monkeypatch.setattr(data, "PARSE_WAIT_SEC", 0.2)
+    monkeypatch.setattr(data, "DAG_RESCAN_SEC", 0.0)
+    sleeper = write_dag("a_sleeps", "import time\nwhile True:\n    time.sleep(1)\n")
+    quick = dataclasses.replace(settings, dagbag_import_timeout=1.0)
+    with web_client(quick, "127.0.0.1") as client:
+        first = client.get("/api/v1/dags")
+        assert first.status_code == 200  # answered while the sleeper's read goes on
+
+        def listed() -> Any:
+            found = client.get("/api/v1/dags").json()
+            ids = {d["dag_id"] for d in found["dags"] if d["loaded"]}
+            return web_dag in ids and found["import_errors"]
+
+        errors = wait_for(listed, timeout=60, what="the folder read past the sleeper")
+    assert errors == [
+        {
+            "file": str(sleeper.resolve()),
+            "error": "DagImportTimeout: importing the file took longer than 1 s "
+            "(DEFERRAL_DAGBAG_IMPORT_TIMEOUT) (line 3)",
+        }
+    ]

@@ -12,6 +12,7 @@ import pytest
 from cryptography.fernet import Fernet
 
 from deferral.authoring import templating
+from deferral.loading import task_runtime
 from deferral.loading.dagbag import process_dagbag
 from worker import attempt
 
@@ -44,6 +45,8 @@ def attempt_dags(
         (folder / f"{module}.py").write_text(textwrap.dedent(source))
         return folder
 
+    # No database here: the DAG is found by reading the folder.
+    monkeypatch.setattr(task_runtime, "parsed_fileloc", lambda dag_id: None)
     process_dagbag.cache_clear()
     attempt._xcoms.cache_clear()
     yield write

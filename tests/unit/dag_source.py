@@ -22,7 +22,7 @@ def isolated_imports(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     monkeypatch.setattr(sys, "path", list(sys.path))
     monkeypatch.setattr(sys, "meta_path", list(sys.meta_path))
     yield
-    for name in [n for n in sys.modules if n.startswith(MODULE_PREFIX)]:
+    for name in [n for n in sys.modules if MODULE_PREFIX in n]:
         del sys.modules[name]
 
 

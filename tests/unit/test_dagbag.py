@@ -5,6 +5,7 @@ Module names are cached in sys.modules, so every file written here has a unique 
 
 from __future__ import annotations
 
+import importlib
 import os
 import re
 import sys
@@ -16,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from deferral.dag import DAG
-from deferral.loading.dagbag import DagBag, DagNotFound
+from deferral.loading.dagbag import DAG_MODULE_PREFIX, DagBag, DagNotFound, dag_module_name
 
 WriteDag = Callable[..., tuple[Path, str]]
 
@@ -31,7 +32,7 @@ def _isolate_import_state(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     yield
     for name in set(sys.modules) - before:
         module = sys.modules.get(name)
-        if module is not None and "dagbag_t_" in name:
+        if module is not None and ("dagbag_t_" in name or name.startswith(DAG_MODULE_PREFIX)):
             del sys.modules[name]
 
 
@@ -416,3 +417,135 @@ def test_dags_a_shared_library_builds_for_a_dag_file_are_that_files(
     bag = DagBag(folder).collect()
     assert set(bag.dags) == {"made_one", "made_two"}
     assert bag.dags["made_one"].fileloc == str(path)
+
+
+# -- DAG module names ----------------------------------------------------------------------------
+
+
+def test_a_dag_module_name_is_its_own_and_the_same_in_every_process(folder: Path) -> None:
+    top, nested = folder / "json.py", folder / "team" / "json.py"
+    name = dag_module_name(folder, top)
+    assert name.startswith(DAG_MODULE_PREFIX) and name.endswith("_json")
+    assert name == dag_module_name(folder, top)  # a digest of the place, not a random one
+    assert dag_module_name(folder, nested) != name
+    assert dag_module_name(folder, folder / "a.zip", "json") != dag_module_name(folder, top)
+    assert dag_module_name(folder, folder / "my-dag.v2.py").isidentifier()
+
+
+# Every name a DAG file used to take from the process that read it: our packages, the
+# standard library's json, and deferral itself (its DAG files import from it).
+HOSTILE_NAMES = ("deferral", "broker", "worker", "scheduler", "triggerer", "webserver", "json")
+
+
+def test_dag_files_named_like_our_packages_or_the_standard_library_replace_nothing(
+    folder: Path,
+) -> None:
+    for stem in HOSTILE_NAMES:
+        (folder / f"{stem}.py").write_text(simple(f"named_{stem}"))
+    # Read after json.py: finds the real json.
+    (folder / "zz_uses_json.py").write_text(
+        "import json\nassert hasattr(json, 'dumps'), json\n" + textwrap.dedent(simple("uses_json"))
+    )
+    bag = DagBag(folder).collect()
+    assert bag.import_errors == {}
+    assert set(bag.dags) == {f"named_{stem}" for stem in HOSTILE_NAMES} | {"uses_json"}
+    for stem in HOSTILE_NAMES:
+        module = sys.modules.get(stem)
+        assert module is None or not str(getattr(module, "__file__", "")).startswith(str(folder)), (
+            stem
+        )
+    import json
+
+    assert json.dumps([1]) == "[1]"
+
+
+def _package(folder: Path, stem: str, naming: str) -> str:
+    """A package folder of ``folder`` holding module ``naming`` (its source); its name."""
+    package = unique(stem)
+    (folder / package).mkdir()
+    (folder / package / "__init__.py").write_text("")
+    (folder / package / "naming.py").write_text(naming)
+    return package
+
+
+def test_helper_modules_of_the_folder_import_by_their_dotted_path(
+    folder: Path, write: WriteDag
+) -> None:
+    package = _package(folder, "helpers", "def task_id():\n    return 'named'\n")
+    write(
+        "uses_helper",
+        f"""
+        from deferral import DAG
+        from deferral.operators import EmptyOperator
+        from {package}.naming import task_id
+
+        with DAG("uses_helper") as dag:
+            EmptyOperator(task_id=task_id())
+        """,
+    )
+    bag = DagBag(folder).collect()
+    assert bag.import_errors == {}
+    assert list(bag.dags["uses_helper"].task_dict) == ["named"]
+    assert sys.modules[f"{package}.naming"].__file__ == str(folder / package / "naming.py")
+
+
+def test_a_dag_file_in_a_package_folder_imports_relatively(folder: Path, write: WriteDag) -> None:
+    package = _package(folder, "team", "TASK_ID = 'relative'\n")
+    write(
+        "relative",
+        """
+        from deferral import DAG
+        from deferral.operators import EmptyOperator
+        from .naming import TASK_ID
+
+        with DAG("relative") as dag:
+            EmptyOperator(task_id=TASK_ID)
+        """,
+        sub=package,
+    )
+    bag = DagBag(folder).collect()
+    assert bag.import_errors == {}
+    dag = bag.dags["relative"]
+    assert list(dag.task_dict) == ["relative"]
+    # As the triggerer imports a class of it: by its DAG module name.
+    assert dag.fileloc is not None
+    name = dag_module_name(folder.resolve(), Path(dag.fileloc))
+    del sys.modules[name]
+    assert importlib.import_module(name).TASK_ID == "relative"
+
+
+def test_a_class_of_a_dag_file_is_importable_by_its_classpath(
+    folder: Path, write: WriteDag
+) -> None:
+    """What the triggerer does with a trigger defined in a DAG file."""
+    path, _ = write(
+        "defines",
+        """
+        from deferral import DAG
+        from deferral.operators import EmptyOperator
+
+        class Mine(EmptyOperator):
+            pass
+
+        with DAG("defines") as dag:
+            Mine(task_id="t")
+        """,
+    )
+    bag = DagBag(folder).collect()
+    name = type(bag.dags["defines"].get_task("t")).__module__
+    assert name == dag_module_name(folder.resolve(), path.resolve())
+    del sys.modules[name]
+    assert importlib.import_module(name).__file__ == str(path.resolve())
+
+
+def test_a_file_past_the_import_timeout_is_an_import_error_naming_it(
+    folder: Path, write: WriteDag
+) -> None:
+    slow, _ = write("sleeps", "import time\nwhile True:\n    time.sleep(0.05)\n")
+    write("good", simple("good_beside_slow"))
+    bag = DagBag(folder, import_timeout=0.3).collect()
+    assert set(bag.dags) == {"good_beside_slow"}
+    assert bag.import_errors == {
+        str(slow.resolve()): "DagImportTimeout: importing the file took longer than 0.3 s "
+        "(DEFERRAL_DAGBAG_IMPORT_TIMEOUT) (line 3)"
+    }

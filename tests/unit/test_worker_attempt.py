@@ -15,6 +15,7 @@ from typing import Any
 import msgspec
 import pytest
 
+from deferral.loading import task_runtime
 from deferral.loading.dagbag import process_dagbag
 from deferral.runtime import serialization
 from worker.attempt import execute_attempt
@@ -462,3 +463,16 @@ def test_no_alarm_left_behind_after_an_attempt() -> None:
     execute_attempt(request("resumable_limited"))
     assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
     assert signal.getsignal(signal.SIGALRM) in (signal.SIG_DFL, signal.default_int_handler, None)
+
+
+def test_an_attempt_imports_only_its_dags_file(
+    dags_env: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The file the scheduler parsed the DAG from (the dag row's fileloc), and no other file
+    of the folder (one that never finished importing would stop the task)."""
+    dag_file = next(path for path in dags_env.glob("attempt_dag_*.py"))
+    marker = dags_env.parent / "imported"
+    (dags_env / "a_other.py").write_text(f"open({str(marker)!r}, 'w').close()\n")
+    monkeypatch.setattr(task_runtime, "parsed_fileloc", lambda dag_id: str(dag_file.resolve()))
+    assert isinstance(execute_attempt(request("returns")), Succeeded)
+    assert not marker.exists()
