@@ -197,11 +197,15 @@ class StreamConsumer:
     def start(self) -> None:
         """Create the group if needed (also after Redis lost it). The first call, before the
         service registers its process, also reads how the previous process of this name ended
-        (its row), which says whether the start evidence of the entries it left is believed."""
+        (its row), which says whether the start evidence of the entries it left is believed,
+        and lists and renews those entries: once this process registers, its name's row looks
+        alive, and a peer taking them over would have to ignore their evidence."""
         self.broker.ensure_group(self.stream, self.group)
         if not self._looked_back:
             self._previous = self._owner_records([self.name]).get(self.name)
             self._looked_back = True
+        while self._replay_cursor is not None:
+            self._replay_page()
 
     @property
     def held(self) -> int:
@@ -416,7 +420,9 @@ class StreamConsumer:
             self.stream, self.group, self.name, start=self._replay_cursor
         )
         self._replay_cursor = f"({page[-1].id}" if len(page) >= PENDING_PAGE else None
-        fresh = [p for p in page if p.id not in self._held]
+        listed = [p.id for p in page if p.id not in self._held]
+        status = self.broker.renew(self.stream, self.group, self.name, listed) if listed else {}
+        fresh = [p for p in page if status.get(p.id) is LeaseStatus.OWNED]
         candidates, counted = self._judged_page(
             fresh, lambda _, started: judge_replay(started, self._previous)
         )
