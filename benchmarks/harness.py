@@ -304,6 +304,24 @@ class Stack:
         for start in range(0, len(items), 5000):
             self.broker.publish_many(items[start : start + 5000])
 
+    def calibration(self) -> str:
+        """How fast this machine is now, to read the figures by: single-row commits per second
+        with one client (about a second of them) and a pure-Python loop's rate."""
+        with self.sessions.begin() as session:
+            session.execute(text("CREATE TABLE IF NOT EXISTS bench_calibration (n int)"))
+        commits, deadline = 0, time.monotonic() + 1.0
+        while time.monotonic() < deadline:
+            with self.sessions.begin() as session:
+                session.execute(text("INSERT INTO bench_calibration VALUES (1)"))
+            commits += 1
+        loops, started = 0, time.perf_counter()
+        while loops < 2_000_000:
+            loops += 1
+        rate = loops / (time.perf_counter() - started)
+        return (
+            f"calibration: {commits} single-row commits/s (one client), {rate / 1e6:.1f} M loops/s"
+        )
+
     def set_pool_slots(self, pool: str, slots: int) -> None:
         with self.sessions.begin() as session:
             session.execute(
