@@ -77,14 +77,14 @@ def main() -> None:
                 stack.signal(victim, signal.SIGKILL)
                 wait_for(
                     lambda peer=peer: stack.pending_triggers().per_consumer.get(peer, 0) >= n,  # type: ignore[misc]
-                    timeout=120,
+                    timeout=max(120, n / 200),
                     interval=0.01,
                     what=f"{peer} to hold every entry",
                 )
                 claimed.append(time.monotonic() - killed)
                 wait_for(
                     lambda peer=peer: running_on(stack, peer) >= n,  # type: ignore[misc]
-                    timeout=120,
+                    timeout=max(120, n / 200),
                     interval=0.01,
                     what=f"{peer} to run every trigger",
                 )

@@ -191,6 +191,10 @@ class StreamConsumer:
         self._replay_ready: list[Pending] = []
         self._replay_suspects: list[Pending] = []
         self._unregistered_seen: dict[str, float] = {}  # entry id -> first seen so held
+        # Where the next takeover look goes on in the pending list (None: from its start): the
+        # entries before it were just taken and renewed, and XPENDING IDLE would scan past them
+        # again at every call of a look (quadratic in a dead peer's hundred thousand).
+        self._takeover_after: str | None = None
         self._next_prune = time.monotonic() + PRUNE_CONSUMERS_EVERY_SEC
         self._lock = threading.Lock()  # the triggerer calls from several threads
 
@@ -459,8 +463,9 @@ class StreamConsumer:
     def claim(self, count: int) -> list[Delivery]:
         """Take over up to ``count`` entries whose owner stopped renewing them.
 
-        The pending list is read in pages (:data:`PENDING_PAGE`, at most
-        :data:`TAKEOVER_PAGES` per call). Each entry's start evidence is judged against its
+        The pending list is read in pages as long as ``count`` (at most :data:`PENDING_PAGE`;
+        at most :data:`TAKEOVER_PAGES` full pages' worth per call), going on where the last
+        call of a look stopped. Each entry's start evidence is judged against its
         holder's row (:func:`judge_takeover`): believed only if that registered process died
         holding it. Entries that are no suspects (and those past the cap) are taken together.
         Only when there are none is a suspect taken, alone, under the group's suspect claim,
@@ -474,14 +479,17 @@ class StreamConsumer:
             return []  # nothing starts here beside a suspect
         free: list[Pending] = []
         suspects: list[Pending] = []
-        after: str | None = None
+        after, self._takeover_after = self._takeover_after, None
         now = time.monotonic()
-        for _ in range(TAKEOVER_PAGES):
+        # Pages as long as the entries wanted (up to PENDING_PAGE): each listed entry is judged
+        # with its holder's row and evidence, so a page ten times the batch costs ten times.
+        page_size = min(PENDING_PAGE, count)
+        for _ in range(TAKEOVER_PAGES * PENDING_PAGE // page_size):
             listed = self.broker.idle_pending(
                 self.stream,
                 self.group,
                 min_idle_ms=self.lease.takeover_after_ms,
-                count=PENDING_PAGE,
+                count=page_size,
                 after=after,
             )
             # Our own entries are the replay's while it lasts (suspects one at a time, their
@@ -498,9 +506,12 @@ class StreamConsumer:
             sorted_out = sort_out(candidates, self.max_deliveries)
             free += [counted[i] for i in sorted_out.free][: count - len(free)]
             suspects += [counted[i] for i in sorted_out.suspects]
-            if len(free) >= count or len(listed) < PENDING_PAGE:
+            if len(free) >= count:
+                self._takeover_after = free[-1].id  # the rest of this page comes next
                 break
-            after = listed[-1].id
+            if len(listed) < page_size:
+                break  # the end: the next look starts again from the start
+            after = self._takeover_after = listed[-1].id
         if len(self._unregistered_seen) > UNREGISTERED_SEEN_MAX:
             self._unregistered_seen.clear()
         if free:
