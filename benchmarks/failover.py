@@ -1,6 +1,8 @@
-"""kill -9 of a triggerer holding N triggers: how long until every one runs again on its peer.
+"""kill -9 of a triggerer holding N triggers: how long until every one runs again on its peer;
+and a triggerer restarted under its name with N entries pending to it: how long until it serves.
 
     .venv/bin/python benchmarks/failover.py --n 1000
+    .venv/bin/python benchmarks/failover.py --n 100000 --repeat 3
 
 Two triggerers (``triggerer consume``, heartbeat ``--heartbeat`` seconds, 1 by default) on a
 fresh database and stream prefix; N deferred tasks waiting on ``DateTimeTrigger``s a day ahead are
@@ -12,6 +14,12 @@ The killed one is started again under its name and becomes the next peer.
 
 The takeover threshold is 2.1 heartbeats after the last renewal, and peers look four times a
 heartbeat, so with H = 1 s the floor is about 1.1 s and the ceiling about 2.35 s plus the work.
+
+Then the restart: the triggerer holding none stops cleanly, the one holding all N is killed
+with SIGKILL, ``trigger.triggerer_id`` is cleared, and the killed one is started again under
+its name, alone: the time from its start until it says it consumes, and until it runs every
+trigger again (all replayed from its own pending list: timers never ran code of their own, so
+none is a suspect and none waits a heartbeat for its turn).
 """
 
 from __future__ import annotations
@@ -23,7 +31,7 @@ import signal
 import time
 
 from harness import Figure, Profiles, Stack, median, report, wait_for
-from sqlalchemy import func, select
+from sqlalchemy import func, select, update
 
 from deferral.store.tables import Trigger
 
@@ -69,14 +77,14 @@ def main() -> None:
                 stack.signal(victim, signal.SIGKILL)
                 wait_for(
                     lambda peer=peer: stack.pending_triggers().per_consumer.get(peer, 0) >= n,  # type: ignore[misc]
-                    timeout=120,
+                    timeout=max(120, n / 200),
                     interval=0.01,
                     what=f"{peer} to hold every entry",
                 )
                 claimed.append(time.monotonic() - killed)
                 wait_for(
                     lambda peer=peer: running_on(stack, peer) >= n,  # type: ignore[misc]
-                    timeout=120,
+                    timeout=max(120, n / 200),
                     interval=0.01,
                     what=f"{peer} to run every trigger",
                 )
@@ -92,14 +100,39 @@ def main() -> None:
                     break  # the next start would need a profiler of its own
         if args.profile:  # before the stack's folder (the raw profiles in it) is removed
             print(profiles.summary())
+        holder, idle = peer, victim
+        stack.signal(idle, signal.SIGTERM)  # holds nothing: nothing to hand off
+        stack.procs[idle].wait(timeout=60)
+        stack.signal(holder, signal.SIGKILL)
+        with stack.sessions.begin() as session:
+            session.execute(update(Trigger).values(triggerer_id=None))
+        restarted = time.monotonic()
+        stack.start(holder, "--capacity", str(n))
+        stack.wait_started(holder)
+        consuming = time.monotonic() - restarted
+        wait_for(
+            lambda: running_on(stack, holder) >= n,
+            timeout=600,
+            interval=0.05,
+            what=f"{holder} to run every trigger again",
+        )
+        serving = time.monotonic() - restarted
+        print(
+            f"restart of {holder} with {n} pending: consuming after {consuming:.2f} s, all"
+            f" running after {serving:.2f} s",
+            flush=True,
+        )
 
+    worst_target = 2.6 if n <= 1000 else 3.0  # issue 30: 100,000 running again within 3 s
     ok = report(
         f"failover: kill -9 of a triggerer holding {n} triggers, heartbeat {beat:g} s,"
         f" {len(running)} kills",
         [
             Figure("kill -> all entries held by the peer, median", median(claimed), "s"),
             Figure("kill -> all triggers running again, median", median(running), "s"),
-            Figure("kill -> all triggers running again, worst", max(running), "s", 2.6),
+            Figure("kill -> all triggers running again, worst", max(running), "s", worst_target),
+            Figure(f"restart with {n} pending -> consuming", consuming, "s"),
+            Figure(f"restart with {n} pending -> all running again", serving, "s", 5.0),
         ],
     )
     raise SystemExit(0 if ok else 1)

@@ -148,6 +148,16 @@ class Claimed:
 
 
 @dataclass(frozen=True)
+class SuspectTaken:
+    """What :meth:`Broker.take_suspect` did: ``claimed`` the entry (its ``deliveries`` those
+    counted against it, this one included), or None with ``busy`` naming the consumer running
+    the stream's suspect ('' when the entry moved or is no suspect any more)."""
+
+    claimed: Claimed | None
+    busy: str
+
+
+@dataclass(frozen=True)
 class GroupInfo:
     name: str
     pending: int  # delivered, not yet acknowledged
@@ -174,6 +184,8 @@ class Broker:
         self._retire = client.register_script(scripts.RETIRE)
         self._hand_on = client.register_script(scripts.HAND_ON)
         self._renew = client.register_script(scripts.RENEW)
+        self._take_suspect = client.register_script(scripts.TAKE_SUSPECT)
+        self._suspect_holder = client.register_script(scripts.SUSPECT_HOLDER)
         self._present = client.register_script(scripts.PRESENT)
         self._reclaim = client.register_script(scripts.RECLAIM)
         self._delete_idle_consumers = client.register_script(scripts.DELETE_IDLE_CONSUMERS)
@@ -326,7 +338,8 @@ class Broker:
         for stream, pairs in by_stream.items():
             for start in range(0, len(pairs), 2 * BATCH):
                 args = [group, *pairs[start : start + 2 * BATCH]]
-                retired += int(self._retire(keys=[stream, self.keys.inflight(stream)], args=args))
+                keys = [stream, self.keys.inflight(stream), self.keys.started(stream)]
+                retired += int(self._retire(keys=keys, args=args))
         return retired
 
     def hand_on(
@@ -382,8 +395,14 @@ class Broker:
             script(keys=keys, args=args, client=pipe)
 
     def _hand_on_keys(self, entry: Entry, to_stream: str) -> list[str]:
-        keys = self.keys
-        return [entry.stream, keys.inflight(entry.stream), to_stream, keys.inflight(to_stream)]
+        keys, source = self.keys, entry.stream
+        return [
+            source,
+            keys.inflight(source),
+            to_stream,
+            keys.inflight(to_stream),
+            keys.started(source),
+        ]
 
     def _hand_on_args(
         self, entry: Entry, group: str, to_stream: str, fields: Mapping[str, str], maxlen: int = 0
@@ -447,18 +466,73 @@ class Broker:
         ids: Sequence[str],
         *,
         survivors: Sequence[str] = (),
+        suspect: str = "",
+        lease_ms: int = 0,
     ) -> dict[str, LeaseStatus]:
-        """Renew the lease on ``ids`` and ``survivors`` (whose delivery count is also reset to 0:
-        they were held a whole heartbeat without killing their consumer); say for each whether it
-        is still ours."""
+        """Renew the lease on ``ids`` and ``survivors`` (whose start evidence is also deleted:
+        they ran a whole heartbeat without killing their consumer) and keep ``suspect`` (the
+        entry id of the suspect claim this consumer holds, if any) for another ``lease_ms``; say
+        for each id whether it is still ours."""
         status: dict[str, LeaseStatus] = {}
-        resets = set(survivors)
-        ordered = [*survivors, *(i for i in ids if i not in resets)]
+        proven = set(survivors)
+        ordered = [*survivors, *(i for i in ids if i not in proven)]
+        keys = [stream, self.keys.started(stream), self.keys.suspect(stream)]
+        claim = f"{suspect} {consumer}" if suspect else ""
         for batch in _batches(ordered):
-            n = sum(1 for i in batch if i in resets)
-            reply = self._renew(keys=[stream], args=[group, consumer, n, *batch])
+            n = sum(1 for i in batch if i in proven)
+            args: list[str | int] = [group, consumer, n, claim, lease_ms, *batch]
+            reply = self._renew(keys=keys, args=args)
             status.update(zip(batch, (LeaseStatus(int(s)) for s in reply), strict=True))
         return status
+
+    def mark_started(self, stream: str, entry_ids: Sequence[str]) -> None:
+        """Write the start evidence of entries about to run (none counted against them yet),
+        before anything of theirs runs: a consumer that dies running them leaves them suspects."""
+        for batch in _batches(entry_ids):
+            self.redis.hset(self.keys.started(stream), mapping=dict.fromkeys(batch, 0))
+
+    def started_counts(self, stream: str, entry_ids: Sequence[str]) -> dict[str, int]:
+        """Entry id -> the deliveries counted against it, for those of ``entry_ids`` with start
+        evidence (started and not yet survived a heartbeat: suspects if their holder died)."""
+        if not entry_ids:
+            return {}
+        values = self.redis.hmget(self.keys.started(stream), list(entry_ids))
+        found = {}
+        for entry_id, value in zip(entry_ids, values, strict=True):
+            if value is not None:
+                try:
+                    found[entry_id] = max(0, int(value))
+                except ValueError:  # not ours: a count nobody wrote means nothing either way
+                    found[entry_id] = 0
+        return found
+
+    def take_suspect(
+        self,
+        stream: str,
+        group: str,
+        consumer: str,
+        suspect: replies.Pending,
+        *,
+        min_idle_ms: int,
+        lease_ms: int,
+    ) -> SuspectTaken:
+        """Take the group's one suspect claim of ``stream`` and the ``suspect`` entry with it
+        (it must still be pending under the consumer it was listed under, idle ``min_idle_ms``
+        at least, and still a suspect); see :data:`scripts.TAKE_SUSPECT`."""
+        keys = [stream, self.keys.started(stream), self.keys.suspect(stream)]
+        args = [group, consumer, suspect.id, suspect.consumer, str(min_idle_ms), str(lease_ms)]
+        reply = self._take_suspect(keys=keys, args=args)
+        status = int(reply[0])
+        if status == 1:
+            entries = replies.parse_xclaim(stream, reply[2])
+            claimed = Claimed(entries[0], suspect.consumer, int(reply[1])) if entries else None
+            return SuspectTaken(claimed, "")
+        return SuspectTaken(None, replies.text(reply[1]) if status == 0 else "")
+
+    def suspect_holder(self, stream: str) -> str:
+        """The consumer running ``stream``'s suspect now, or '' when the claim is free."""
+        keys = [self.keys.started(stream), self.keys.suspect(stream)]
+        return replies.text(self._suspect_holder(keys=keys))
 
     def idle_pending(
         self, stream: str, group: str, *, min_idle_ms: int, count: int, after: str | None = None
@@ -549,16 +623,16 @@ class Broker:
         return found
 
     def reclaim(
-        self, stream: str, group: str, consumer: str, found: Sequence[tuple[str, str, int]]
+        self, stream: str, group: str, consumer: str, found: Sequence[tuple[str, str]]
     ) -> list[str]:
-        """Take back (id, found under, delivery count to set) entries still held by that name;
-        returns the ids taken back."""
+        """Take back (id, found under) entries still held by that name; returns the ids taken
+        back."""
         taken: list[str] = []
         for start in range(0, len(found), BATCH):
             batch = found[start : start + BATCH]
-            args: list[str | int] = [group, consumer]
-            for entry_id, holder, count in batch:
-                args += [entry_id, holder, count]
+            args: list[str] = [group, consumer]
+            for entry_id, holder in batch:
+                args += [entry_id, holder]
             reply = self._reclaim(keys=[stream], args=args)
             taken += [item[0] for item, ok in zip(batch, reply, strict=True) if int(ok)]
         return taken

@@ -7,11 +7,12 @@ A :class:`StreamConsumer` is one consumer-group member of one stream. It
   every heartbeat, resets their idle time with an owner-checked Lua call and reports the entries
   it lost, and whether a peer took them (TAKEN) or they vanished (GONE);
 - takes over entries idle longer than 2.1 x heartbeat (:meth:`claim`), whose owner stopped;
-- counts deliveries: an entry delivered more than ``DEFERRAL_MAX_DELIVERIES`` times without once
-  being held for a whole heartbeat has killed every consumer that took it (:meth:`exhausted`); the
-  service dead-letters it and fails its task instead of running it again. Counts are believed
-  only as far as PostgreSQL's rows of the processes agree (see :mod:`broker.deliveries`), and
-  suspects are taken over or replayed one at a time;
+- isolates suspects: the service's start of an entry is written down first (start evidence),
+  and an entry whose consumer died while it stood is a suspect. Suspects run one at a time in the
+  whole group (a claim per stream in Redis), each in a process that runs nothing else unproven,
+  and an entry that killed ``DEFERRAL_MAX_DELIVERIES`` consumers so (:meth:`exhausted`) is
+  dead-lettered and its task failed instead of running it again. Evidence is believed only as
+  far as PostgreSQL's rows of the processes agree (see :mod:`broker.deliveries`);
 - dead-letters an entry over the size limits before the service sees it, and never lets a
   failure to dead-letter escape;
 - is acknowledged only when the service retires it, after its database commit.
@@ -22,6 +23,7 @@ deadlocks) back off and retry; nothing is dead-lettered or failed for them.
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -31,13 +33,17 @@ from dataclasses import dataclass
 from broker.client import BATCH, DEFAULT_DEAD_LETTER_MAXLEN, PENDING_PAGE, Broker, LeaseStatus
 from broker.deliveries import (
     Candidate,
+    Judged,
     OwnerRecord,
     OwnerRegistry,
-    choose,
+    due_for_proof,
+    id_key,
     judge_replay,
     judge_takeover,
+    may_run_suspect,
     over_limits,
     prunable,
+    sort_out,
 )
 from broker.lease import Lease
 from broker.replies import Entry, Pending
@@ -50,6 +56,8 @@ log = logging.getLogger("deferral.broker")
 
 # Pages of the pending list one takeover look reads at most (each PENDING_PAGE long).
 TAKEOVER_PAGES = 10
+# Suspects one takeover look tries to take, in order, when the first has moved meanwhile.
+SUSPECT_TRIES = 3
 # How often a consumer removes the group's consumers of processes that stopped.
 PRUNE_CONSUMERS_EVERY_SEC = 60.0
 # Entries remembered as held by unregistered names (see judge_takeover); forgotten past this.
@@ -61,16 +69,82 @@ BELIEVED = OwnerRecord(running=True, heartbeat_age_sec=float("inf"))
 @dataclass(frozen=True)
 class Delivery:
     entry: Entry
-    deliveries: int  # times delivered, this one included
+    # Times delivered as far as the cap is concerned, this one included: 1 plus the deliveries
+    # in which it was the one suspect running and its consumer died (see broker.deliveries).
+    deliveries: int
     # Who held it before: a peer that stopped renewing it (takeover), or this consumer's name
     # when an earlier process of that name left it pending (replay); None for a new entry.
     taken_from: str | None = None
+    suspect: bool = False  # run as the group's one suspect of its stream
 
 
 @dataclass(frozen=True)
 class Lost:
     entry_id: str
     status: LeaseStatus  # TAKEN or GONE
+
+
+class Quarantine:
+    """What one process has started that has not yet run a whole heartbeat, over all the streams
+    it consumes, and the suspect it runs (at most one). A process takes a suspect only when it
+    has nothing unproven, and starts nothing else while its suspect is unproven or while it
+    waits to take one (it drains): whatever kills it then is the suspect. Shared by the
+    :class:`StreamConsumer` s of a process (the triggerer calls them from several threads)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._unproven: dict[str, dict[str, float]] = {}  # stream -> entry id -> started at
+        self.suspect: tuple[str, str] | None = None  # (stream, entry id)
+        self._draining: set[str] = set()  # streams whose suspect waits for us to drain
+
+    def started(self, stream: str, entry_ids: Sequence[str], *, suspect: bool = False) -> None:
+        now = time.monotonic()
+        with self._lock:
+            of = self._unproven.setdefault(stream, {})
+            for entry_id in entry_ids:
+                of[entry_id] = now
+            if suspect and entry_ids:
+                self.suspect = (stream, entry_ids[0])
+                self._draining.discard(stream)
+
+    def due(self, stream: str, heartbeat_sec: float) -> list[str]:
+        with self._lock:
+            return due_for_proof(self._unproven.get(stream, {}), time.monotonic(), heartbeat_sec)
+
+    def forget(self, stream: str, entry_ids: Collection[str]) -> None:
+        """Entries proven, or no longer here (retired, released, lost)."""
+        with self._lock:
+            of = self._unproven.get(stream, {})
+            for entry_id in entry_ids:
+                of.pop(entry_id, None)
+            if (
+                self.suspect is not None
+                and self.suspect[0] == stream
+                and self.suspect[1] in entry_ids
+            ):
+                self.suspect = None
+
+    def running(self, stream: str) -> str:
+        """The entry id of the suspect this process runs on ``stream`` ('' for none)."""
+        suspect = self.suspect
+        return suspect[1] if suspect is not None and suspect[0] == stream else ""
+
+    def may_run_suspect(self) -> bool:
+        with self._lock:
+            unproven = sum(len(of) for of in self._unproven.values())
+            return may_run_suspect(self.suspect is not None, unproven)
+
+    def drain_for(self, stream: str, draining: bool) -> None:
+        with self._lock:
+            if draining:
+                self._draining.add(stream)
+            else:
+                self._draining.discard(stream)
+
+    @property
+    def quiet(self) -> bool:
+        """Start nothing new: a suspect runs here, or waits for what runs here to prove itself."""
+        return self.suspect is not None or bool(self._draining)
 
 
 class StreamConsumer:
@@ -86,6 +160,8 @@ class StreamConsumer:
         cipher: Cipher,
         dead_letter_maxlen: int = DEFAULT_DEAD_LETTER_MAXLEN,
         owners: OwnerRegistry | None = None,
+        quarantine: Quarantine | None = None,
+        starts_on_admit: bool = True,
     ) -> None:
         self.broker = broker
         self.cipher = cipher  # seals what goes to the dead letters
@@ -97,32 +173,43 @@ class StreamConsumer:
         self.heartbeat_sec = heartbeat_sec
         self.lease = Lease.of(heartbeat_sec)
         self.max_deliveries = max_deliveries
-        # The processes' rows in PostgreSQL, which say whose delivery counts to believe; without
-        # them (tests of the core alone) Redis's counts are believed.
+        # The processes' rows in PostgreSQL, which say whose start evidence to believe; without
+        # them (tests of the core alone) it is believed.
         self.owners = owners
+        # The process's unproven entries and suspect, over all its streams.
+        self.quarantine = quarantine or Quarantine()
+        # Whether every entry handed to the service starts running at once (worker, scheduler);
+        # the triggerer says which it starts (:meth:`starting`): a timer runs no code of its own.
+        self.starts_on_admit = starts_on_admit
         self._held: dict[str, float] = {}  # entry id -> monotonic time it was delivered
-        # Entries replayed or taken over and not yet held a whole heartbeat here: no suspect is
-        # taken while any is left, so a suspect that kills us takes no unproven entry with it.
-        self._unproven: set[str] = set()
         self._looked_back = False
         self._previous: OwnerRecord | None = None  # this name's row before this process
         self._replaying = True
         self._replay_cursor: str | None = "-"  # the next page of our own pending list
-        # Our pending entries to replay next (their delivery count: the counted one).
+        # Our pending entries to replay next, and the suspects among them (replayed one at a
+        # time, at the end, least counted first), with their judged counts.
         self._replay_ready: list[Pending] = []
-        self._replay_suspects: list[Pending] = []  # replayed one at a time, at the end
+        self._replay_suspects: list[Pending] = []
         self._unregistered_seen: dict[str, float] = {}  # entry id -> first seen so held
+        # Where the next takeover look goes on in the pending list (None: from its start): the
+        # entries before it were just taken and renewed, and XPENDING IDLE would scan past them
+        # again at every call of a look (quadratic in a dead peer's hundred thousand).
+        self._takeover_after: str | None = None
         self._next_prune = time.monotonic() + PRUNE_CONSUMERS_EVERY_SEC
         self._lock = threading.Lock()  # the triggerer calls from several threads
 
     def start(self) -> None:
         """Create the group if needed (also after Redis lost it). The first call, before the
         service registers its process, also reads how the previous process of this name ended
-        (its row), which says whether the delivery counts of the entries it left are believed."""
+        (its row), which says whether the start evidence of the entries it left is believed,
+        and lists and renews those entries: once this process registers, its name's row looks
+        alive, and a peer taking them over would have to ignore their evidence."""
         self.broker.ensure_group(self.stream, self.group)
         if not self._looked_back:
             self._previous = self._owner_records([self.name]).get(self.name)
             self._looked_back = True
+        while self._replay_cursor is not None:
+            self._replay_page()
 
     @property
     def held(self) -> int:
@@ -135,17 +222,18 @@ class StreamConsumer:
         with self._lock:
             for entry_id in ids:
                 self._held.pop(entry_id, None)
-                self._unproven.discard(entry_id)
+        self.quarantine.forget(self.stream, set(ids))
 
     def _owner_records(self, names: Collection[str]) -> Mapping[str, OwnerRecord]:
         if self.owners is None:
             return {name: BELIEVED for name in names}
         return self.owners.owners(names)
 
-    def _admit(self, deliveries: Sequence[Delivery], *, unproven: bool) -> list[Delivery]:
+    def _admit(self, deliveries: Sequence[Delivery]) -> list[Delivery]:
         """Hold the deliveries the service may handle. Before anything reads their fields, an
         entry over the size limits is dead-lettered unread, and one deleted while pending (no
-        fields) acknowledged: neither reaches the service."""
+        fields) acknowledged: neither reaches the service. With ``starts_on_admit`` the start
+        evidence of the others is written before they are handed over."""
         now = time.monotonic()
         admitted: list[Delivery] = []
         oversized: list[tuple[Delivery, str]] = []
@@ -157,8 +245,6 @@ class StreamConsumer:
                 continue
             with self._lock:
                 self._held[entry.id] = now
-                if unproven:
-                    self._unproven.add(entry.id)
             reason = over_limits(entry.fields)
             if reason is not None:
                 oversized.append((delivery, reason))
@@ -167,31 +253,75 @@ class StreamConsumer:
         self.dead_letter_many(oversized)
         if gone:
             self.retire(gone)
+        if self.starts_on_admit:
+            self.starting(admitted)
         return admitted
+
+    def starting(self, deliveries: Sequence[Delivery]) -> None:
+        """Write the start evidence of entries about to run (one round trip), before anything of
+        theirs runs. A suspect's was written when it was taken (with its count)."""
+        ids = [d.entry.id for d in deliveries if not d.suspect]
+        if ids:
+            self.broker.mark_started(self.stream, ids)
+            self.quarantine.started(self.stream, ids)
 
     # -- getting entries -------------------------------------------------------------------------
 
     def poll(self, count: int, block_ms: int | None = None) -> list[Delivery]:
         """Up to ``count`` entries: own pending ones first (left by an earlier process of this
-        name), then new ones (blocking up to ``block_ms`` for them)."""
+        name), then new ones (blocking up to ``block_ms`` for them). None while this process
+        runs a suspect or drains to take one."""
         if count <= 0:
             return []
         if self._replaying:
             replayed = self._replay(count)
             if replayed is not None:
                 if not replayed and block_ms:
-                    # Suspects are replayed one per heartbeat: wait a little, do not spin.
+                    # Suspects are replayed one at a time: wait a little, do not spin.
                     time.sleep(min(block_ms / 1000, self.heartbeat_sec / 4))
                 return replayed
+        if self._suspect_in_play():
+            if block_ms:
+                time.sleep(min(block_ms / 1000, self.heartbeat_sec / 4))
+            return []
         entries = self.broker.read(
             self.group, self.name, {self.stream: ">"}, count=count, block_ms=block_ms
         )
-        return self._admit([Delivery(entry, 1) for entry in entries], unproven=False)
+        return self._admit([Delivery(entry, 1) for entry in entries])
+
+    def _suspect_in_play(self) -> bool:
+        """Whether this process must start nothing new now (its suspect has not yet run a whole
+        heartbeat, or it drains to take one); proves what is due first, which may end that."""
+        if not self.quarantine.quiet:
+            return False
+        self._prove_due()
+        return self.quarantine.quiet
+
+    def _prove_due(self) -> None:
+        """Delete the start evidence of what has run here a whole heartbeat since it started
+        (the lease renewal does so too, but only once a heartbeat: a suspect's claim is freed
+        for the next suspect sooner this way)."""
+        due = [i for i in self.quarantine.due(self.stream, self.heartbeat_sec) if i in self._held]
+        if not due:
+            return
+        status = self.broker.renew(
+            self.stream,
+            self.group,
+            self.name,
+            due,
+            survivors=due,
+            suspect=self.quarantine.running(self.stream),
+            lease_ms=self.lease.takeover_after_ms,
+        )
+        # Entries no longer ours are left to the lease renewal, which reports them lost.
+        self.quarantine.forget(
+            self.stream, {i for i, s in status.items() if s is LeaseStatus.OWNED}
+        )
 
     def _replay(self, count: int) -> list[Delivery] | None:
         """The next of our own pending entries (None once all are replayed). Like a takeover,
-        and before any new entry is read: first every entry whose holder survived it or that is
-        past the cap, then the suspects one at a time (see :func:`choose`)."""
+        and before any new entry is read: first every entry that is no suspect or is past the
+        cap, then the suspects one at a time, each under the group's suspect claim."""
         while not self._replay_ready and self._replay_cursor is not None:
             self._replay_page()
         if self._replay_ready:
@@ -200,26 +330,93 @@ class StreamConsumer:
             return self._claim_own(batch)
         if not self._replay_suspects:
             self._replaying = False
+            self.quarantine.drain_for(self.stream, False)
             return None
-        if not self._suspect_allowed():
+        if self.quarantine.suspect is not None:
+            self._prove_due()
+        if not self.quarantine.may_run_suspect():
+            self.quarantine.drain_for(self.stream, True)
             return []
-        # A copy: the lease renewal (another thread, in the triggerer) may drop the chosen one
-        # from the list meanwhile (a peer took it); the owner-checked claim below tells.
+        # A copy: the lease renewal (another thread, in the triggerer) may drop one from the
+        # list meanwhile (a peer took it); the owner-checked claim below tells.
         with self._lock:
-            suspects = list(self._replay_suspects)
-        candidates = [Candidate(p.id, p.deliveries) for p in suspects]
-        (chosen,) = choose(candidates, self.max_deliveries, suspect_allowed=True)
-        suspect = next(p for p in suspects if p.id == chosen)
+            suspect = self._replay_suspects[0] if self._replay_suspects else None
+        if suspect is None:
+            return []
+        taken = self._take_suspect(suspect, min_idle_ms=0)
+        if taken is None:
+            return []
         with self._lock:
-            self._replay_suspects = [p for p in self._replay_suspects if p.id != chosen]
-        log.info(
-            "%s: replaying suspect entry %s of %s alone (%d earlier deliveries died with it)",
-            self.name,
-            suspect.id,
+            self._replay_suspects = [p for p in self._replay_suspects if p.id != suspect.id]
+        if taken:
+            log.info(
+                "%s: replaying suspect entry %s of %s alone (%d earlier deliveries counted)",
+                self.name,
+                suspect.id,
+                self.stream,
+                suspect.deliveries,
+            )
+            return taken
+        # No suspect any more (its evidence gone) or no longer ours: replayed as any other.
+        return self._claim_own([Pending(suspect.id, self.name, suspect.idle_ms, 0)])
+
+    def _take_suspect(self, suspect: Pending, *, min_idle_ms: int) -> list[Delivery] | None:
+        """Take the group's suspect claim of this stream and ``suspect`` with it: the delivery,
+        [] if the entry moved or is no suspect any more, None while another consumer runs a
+        suspect of this stream."""
+        outcome = self.broker.take_suspect(
             self.stream,
-            suspect.deliveries,
+            self.group,
+            self.name,
+            suspect,
+            min_idle_ms=min_idle_ms,
+            lease_ms=self.lease.takeover_after_ms,
         )
-        return self._claim_own([suspect])
+        if outcome.busy:
+            self.quarantine.drain_for(self.stream, False)
+            return None
+        if outcome.claimed is None:
+            return []
+        claimed = outcome.claimed
+        self.quarantine.started(self.stream, [claimed.entry.id], suspect=True)
+        if claimed.owner != self.name:
+            metrics.LEASE_TAKEOVERS.labels(self.stream).inc()
+            log.info(
+                "%s took over suspect entry %s of %s from %s alone (%d earlier deliveries counted)",
+                self.name,
+                claimed.entry.id,
+                self.stream,
+                claimed.owner,
+                claimed.deliveries - 1,
+            )
+        return self._admit(
+            [Delivery(claimed.entry, claimed.deliveries, claimed.owner, suspect=True)]
+        )
+
+    def _judged_page(
+        self, page: Sequence[Pending], judge: Callable[[Pending, int | None], Judged | None]
+    ) -> tuple[list[Candidate], dict[str, Pending]]:
+        """Judge a page of pending entries with their start evidence: the candidates (entries
+        to leave for now left out) and each one's pending item with its counted deliveries."""
+        started = self.broker.started_counts(self.stream, [p.id for p in page])
+        candidates: list[Candidate] = []
+        counted: dict[str, Pending] = {}
+        distrusted: list[tuple[Pending, str]] = []
+        for pending in page:
+            evidence = started.get(pending.id)
+            judged = judge(pending, evidence)
+            if judged is None or judged.wait:
+                continue
+            if judged.distrusted:
+                distrusted.append(
+                    (Pending(pending.id, pending.consumer, 0, evidence or 0), judged.distrusted)
+                )
+            candidates.append(Candidate(pending.id, judged))
+            counted[pending.id] = Pending(
+                pending.id, pending.consumer, pending.idle_ms, judged.counted
+            )
+        self._say_distrusted(distrusted)
+        return candidates, counted
 
     def _replay_page(self) -> None:
         assert self._replay_cursor is not None
@@ -227,29 +424,24 @@ class StreamConsumer:
             self.stream, self.group, self.name, start=self._replay_cursor
         )
         self._replay_cursor = f"({page[-1].id}" if len(page) >= PENDING_PAGE else None
-        candidates = []
-        counted: list[Pending] = []
-        distrusted: list[tuple[Pending, str]] = []
-        for pending in page:
-            if pending.id in self._held:
-                continue
-            judged = judge_replay(pending.deliveries, self._previous)
-            if judged.distrusted:
-                distrusted.append((pending, judged.distrusted))
-            candidates.append(Candidate(pending.id, judged.counted))
-            counted.append(Pending(pending.id, self.name, pending.idle_ms, judged.counted))
-        self._say_distrusted(distrusted)
-        take = set(choose(candidates, self.max_deliveries, suspect_allowed=False))
+        listed = [p.id for p in page if p.id not in self._held]
+        status = self.broker.renew(self.stream, self.group, self.name, listed) if listed else {}
+        fresh = [p for p in page if status.get(p.id) is LeaseStatus.OWNED]
+        candidates, counted = self._judged_page(
+            fresh, lambda _, started: judge_replay(started, self._previous)
+        )
+        sorted_out = sort_out(candidates, self.max_deliveries)
         with self._lock:
-            self._replay_ready += [p for p in counted if p.id in take]
-            self._replay_suspects += [p for p in counted if p.id not in take]
+            self._replay_ready += [counted[i] for i in sorted_out.free]
+            self._replay_suspects += [counted[i] for i in sorted_out.suspects]
+            self._replay_suspects.sort(key=lambda p: (p.deliveries, id_key(p.id)))
         if candidates:
             log.info(
                 "%s: replaying %d entr(ies) of its own on %s (%d suspect(s) alone, last)",
                 self.name,
                 len(candidates),
                 self.stream,
-                len(candidates) - len(take),
+                len(sorted_out.suspects),
             )
 
     def _claim_own(self, items: Sequence[Pending]) -> list[Delivery]:
@@ -266,78 +458,93 @@ class StreamConsumer:
         gone = [Entry(self.stream, p.id, {}) for p in mine if p.id not in back]
         if gone:
             self.broker.retire(self.group, gone)
-        return self._admit(
-            [Delivery(c.entry, c.deliveries + 1, self.name) for c in claimed], unproven=True
-        )
+        return self._admit([Delivery(c.entry, c.deliveries + 1, self.name) for c in claimed])
 
     def claim(self, count: int) -> list[Delivery]:
         """Take over up to ``count`` entries whose owner stopped renewing them.
 
-        The pending list is read in pages (:data:`PENDING_PAGE`, at most
-        :data:`TAKEOVER_PAGES` per call). Each entry's delivery count is judged against its
+        The pending list is read in pages as long as ``count`` (at most :data:`PENDING_PAGE`;
+        at most :data:`TAKEOVER_PAGES` full pages' worth per call), going on where the last
+        call of a look stopped. Each entry's start evidence is judged against its
         holder's row (:func:`judge_takeover`): believed only if that registered process died
-        holding it. Entries whose holder survived them and entries past the cap are taken
-        together; a suspect (deliveries that died with it) only alone, the least delivered
-        first, once everything taken over before has survived a heartbeat here, so an entry that
-        kills its consumer never drags the ones delivered with it to the dead letters."""
+        holding it. Entries that are no suspects (and those past the cap) are taken together.
+        Only when there are none is a suspect taken, alone, under the group's suspect claim,
+        by a process that runs nothing unproven: one that does stops starting anything new
+        until it does not (it drains), unless another consumer runs a suspect of this stream.
+        A process running a suspect takes nothing, so an entry that kills its consumer never
+        takes others to the dead letters with it."""
         if count <= 0:
             return []
-        suspect_allowed = self._suspect_allowed()
-        picked: list[Pending] = []
-        after: str | None = None
+        if self._suspect_in_play() and self.quarantine.suspect is not None:
+            return []  # nothing starts here beside a suspect
+        free: list[Pending] = []
+        suspects: list[Pending] = []
+        after, self._takeover_after = self._takeover_after, None
         now = time.monotonic()
-        for _ in range(TAKEOVER_PAGES):
+        # Pages as long as the entries wanted (up to PENDING_PAGE): each listed entry is judged
+        # with its holder's row and evidence, so a page ten times the batch costs ten times.
+        page_size = min(PENDING_PAGE, count)
+        for _ in range(TAKEOVER_PAGES * PENDING_PAGE // page_size):
             listed = self.broker.idle_pending(
                 self.stream,
                 self.group,
                 min_idle_ms=self.lease.takeover_after_ms,
-                count=PENDING_PAGE,
+                count=page_size,
                 after=after,
             )
             # Our own entries are the replay's while it lasts (suspects one at a time, their
-            # counts judged by the earlier process's row): taken over here, this name's fresh
-            # row would have their counts ignored and the suspects run together.
+            # evidence judged by the earlier process's row): taken over here, this name's fresh
+            # row would have their evidence ignored and the suspects run together.
             page = [
                 p
                 for p in listed
                 if p.id not in self._held and not (self._replaying and p.consumer == self.name)
             ]
             owners = self._owner_records({p.consumer for p in page}) if page else {}
-            candidates: list[Candidate] = []
-            distrusted: list[tuple[Pending, str]] = []
-            counted: dict[str, Pending] = {}
-            for pending in page:
-                owner = owners.get(pending.consumer)
-                first_seen = now
-                if owner is None:
-                    first_seen = self._unregistered_seen.setdefault(pending.id, now)
-                judged = judge_takeover(
-                    pending.deliveries,
-                    pending.idle_ms,
-                    pending.consumer,
-                    owner,
-                    heartbeat_sec=self.heartbeat_sec,
-                    unregistered_for_sec=now - first_seen,
-                )
-                if judged.wait:
-                    continue
-                if judged.distrusted:
-                    distrusted.append((pending, judged.distrusted))
-                candidates.append(Candidate(pending.id, judged.counted))
-                counted[pending.id] = Pending(
-                    pending.id, pending.consumer, pending.idle_ms, judged.counted
-                )
-            chosen = choose(candidates, self.max_deliveries, suspect_allowed=suspect_allowed)
-            if any(0 < counted[i].deliveries < self.max_deliveries for i in chosen):
-                suspect_allowed = False
-            taken = set(chosen)
-            self._say_distrusted([(p, why) for p, why in distrusted if p.id in taken])
-            picked += [counted[i] for i in chosen][: count - len(picked)]
-            if len(picked) >= count or len(listed) < PENDING_PAGE:
+            judge = functools.partial(self._judge_takeover, owners, now)
+            candidates, counted = self._judged_page(page, judge)
+            sorted_out = sort_out(candidates, self.max_deliveries)
+            free += [counted[i] for i in sorted_out.free][: count - len(free)]
+            suspects += [counted[i] for i in sorted_out.suspects]
+            if len(free) >= count:
+                self._takeover_after = free[-1].id  # the rest of this page comes next
                 break
-            after = listed[-1].id
+            if len(listed) < page_size:
+                break  # the end: the next look starts again from the start
+            after = self._takeover_after = listed[-1].id
         if len(self._unregistered_seen) > UNREGISTERED_SEEN_MAX:
             self._unregistered_seen.clear()
+        if free:
+            self.quarantine.drain_for(self.stream, False)
+            if self.quarantine.quiet:
+                return []
+            return self._take_over(free)
+        if not suspects:
+            self.quarantine.drain_for(self.stream, False)
+            return []
+        return self._take_over_suspect(suspects)
+
+    def _judge_takeover(
+        self,
+        owners: Mapping[str, OwnerRecord],
+        now: float,
+        pending: Pending,
+        started: int | None,
+    ) -> Judged:
+        owner = owners.get(pending.consumer)
+        first_seen = now
+        if owner is None:
+            first_seen = self._unregistered_seen.setdefault(pending.id, now)
+        return judge_takeover(
+            started,
+            pending.idle_ms,
+            pending.consumer,
+            owner,
+            heartbeat_sec=self.heartbeat_sec,
+            unregistered_for_sec=now - first_seen,
+        )
+
+    def _take_over(self, picked: Sequence[Pending]) -> list[Delivery]:
         claimed = self.broker.claim(
             self.stream, self.group, self.name, picked, min_idle_ms=self.lease.takeover_after_ms
         )
@@ -355,23 +562,32 @@ class StreamConsumer:
                 self.stream,
                 ", ".join(owners_named),
             )
-        return self._admit(
-            [Delivery(c.entry, c.deliveries + 1, c.owner) for c in claimed], unproven=True
-        )
+        counted = {p.id: p.deliveries for p in picked}
+        return self._admit([Delivery(c.entry, counted[c.entry.id] + 1, c.owner) for c in claimed])
 
-    def _suspect_allowed(self) -> bool:
-        """Whether every entry replayed or taken over here has survived a heartbeat (or left)."""
-        with self._lock:
-            self._unproven &= self._held.keys()
-            return not self._unproven
+    def _take_over_suspect(self, suspects: Sequence[Pending]) -> list[Delivery]:
+        """The first of ``suspects`` (least counted) that can be taken, if this process may run
+        a suspect now; else it drains, unless another consumer runs this stream's suspect."""
+        if not self.quarantine.may_run_suspect():
+            holder = self.broker.suspect_holder(self.stream)
+            self.quarantine.drain_for(self.stream, holder in ("", self.name))
+            return []
+        for suspect in suspects[:SUSPECT_TRIES]:
+            taken = self._take_suspect(suspect, min_idle_ms=self.lease.takeover_after_ms)
+            if taken is None:
+                return []  # another consumer runs one
+            if taken:
+                self._unregistered_seen.pop(suspect.id, None)
+                return taken
+        return []
 
     def _say_distrusted(self, distrusted: Sequence[tuple[Pending, str]]) -> None:
-        """One line for the delivery counts Redis gave that are not believed."""
+        """One line for the start evidence found in Redis that is not believed."""
         if not distrusted:
             return
         first, why = distrusted[0]
         log.warning(
-            "%s: ignoring the delivery count Redis gives for %d entr(ies) of %s, e.g. %s (count"
+            "%s: ignoring the start evidence Redis gives for %d entr(ies) of %s, e.g. %s (count"
             " %d): %s",
             self.name,
             len(distrusted),
@@ -387,7 +603,8 @@ class StreamConsumer:
 
     def exhausted_reason(self, delivery: Delivery) -> str:
         return (
-            f"delivered {delivery.deliveries} times, and each consumer that took it stopped before"
+            f"delivered {delivery.deliveries} times, and each of the"
+            f" {delivery.deliveries - 1} consumers that ran it alone as a suspect stopped before"
             f" finishing it (DEFERRAL_MAX_DELIVERIES={self.max_deliveries})"
         )
 
@@ -395,14 +612,14 @@ class StreamConsumer:
 
     def renew(self, via: Broker | None = None) -> list[Lost]:
         """Renew the lease on every held entry; return those no longer ours (no longer held).
-        Entries held for a whole heartbeat have their delivery count reset to 0: they did not
-        kill their consumer. An entry found under a name no process is registered under (a
-        forged XCLAIM) is taken back, its count ignored. Own entries still waiting for their turn
-        in a replay are renewed too (peers would otherwise take them over with the count of a
-        restarted name, which looks alive, ignored) and forgotten if they are no longer ours.
-        ``via``: a broker of the caller's own (the triggerer renews from a thread with its own
-        connections, which no other work can hold up)."""
-        now = time.monotonic()
+        Entries that ran here a whole heartbeat since they started lose their start evidence:
+        they did not kill their consumer (a suspect's claim ends with it). An entry found under
+        a name no process is registered under (a forged XCLAIM) is taken back. Own entries
+        still waiting for their turn in a replay are renewed too (peers would otherwise take
+        them over with the evidence of a restarted name, which looks alive, ignored) and
+        forgotten if they are no longer ours. ``via``: a broker of the caller's own (the
+        triggerer renews from a thread with its own connections, which no other work can hold
+        up)."""
         with self._lock:
             held = dict(self._held)
             queued = [
@@ -411,9 +628,15 @@ class StreamConsumer:
         self._prune_now_and_then()
         if not held and not queued:
             return []
-        survivors = [i for i, at in held.items() if now - at >= self.heartbeat_sec]
+        survivors = [i for i in self.quarantine.due(self.stream, self.heartbeat_sec) if i in held]
         status = (via or self.broker).renew(
-            self.stream, self.group, self.name, [*held, *queued], survivors=survivors
+            self.stream,
+            self.group,
+            self.name,
+            [*held, *queued],
+            survivors=survivors,
+            suspect=self.quarantine.running(self.stream),
+            lease_ms=self.lease.takeover_after_ms,
         )
         waiting = {i: status.pop(i) for i in queued}
         if gone := {i for i, state in waiting.items() if state is not LeaseStatus.OWNED}:
@@ -423,7 +646,7 @@ class StreamConsumer:
         taken = [i for i, s in status.items() if s is LeaseStatus.TAKEN]
         if taken and self.owners is not None:
             try:
-                back = self._take_back(taken[:BATCH], set(survivors))
+                back = self._take_back(taken[:BATCH])
             except Exception as exc:
                 # Who holds them cannot be told now (PostgreSQL down): they are lost, as a
                 # peer's takeover is; raising would keep them running here beside their holder
@@ -439,14 +662,13 @@ class StreamConsumer:
                 status[entry_id] = LeaseStatus.OWNED
         lost = [Lost(i, s) for i, s in status.items() if s is not LeaseStatus.OWNED]
         self._drop([item.entry_id for item in lost])
-        with self._lock:
-            self._unproven.difference_update(
-                i for i in survivors if status.get(i) is LeaseStatus.OWNED
-            )
+        self.quarantine.forget(
+            self.stream, {i for i in survivors if status.get(i) is LeaseStatus.OWNED}
+        )
         metrics.LEASE_RENEWALS.labels(self.stream).inc(len(status) - len(lost))
         return lost
 
-    def _take_back(self, taken: Sequence[str], survivors: set[str]) -> list[str]:
+    def _take_back(self, taken: Sequence[str]) -> list[str]:
         """Of entries found pending under another name, take back those under a name that is
         not a registered consumer: no process of ours took them."""
         holders = self.broker.owners_of(self.stream, self.group, taken)
@@ -458,19 +680,18 @@ class StreamConsumer:
             self.stream,
             self.group,
             self.name,
-            [(p.id, p.consumer, 0 if p.id in survivors else 1) for p in forged],
+            [(p.id, p.consumer) for p in forged],
         )
         if back:
             first = forged[0]
             log.warning(
                 "%s: %d held entr(ies) of %s were claimed by a name that is not a registered"
-                " consumer, e.g. %s by %r (delivery count %d): taken back, the count ignored",
+                " consumer, e.g. %s by %r: taken back",
                 self.name,
                 len(back),
                 self.stream,
                 first.id,
                 first.consumer,
-                first.deliveries,
             )
             metrics.FORGED_COUNTS.labels(self.stream).inc(len(back))
         return back

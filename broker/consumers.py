@@ -73,6 +73,10 @@ class ConsumerSet:
     def claim(self, count: int) -> list[Delivery]:
         return _gather(self._in_turn(), count, lambda consumer, n: consumer.claim(n))
 
+    def starting(self, deliveries: Sequence[Delivery]) -> None:
+        for stream, of_stream in _by_stream(deliveries, lambda d: d.entry).items():
+            self.consumers[stream].starting(of_stream)
+
     def exhausted(self, delivery: Delivery) -> bool:
         return self._of(delivery.entry).exhausted(delivery)
 

@@ -1,14 +1,21 @@
 """Pure decisions of the consumer core about what it is given: whether an entry is within the size
-limits, how many of an entry's deliveries count toward ``DEFERRAL_MAX_DELIVERIES``, and which
-pending entries to take now. No I/O here: :mod:`broker.consumer` gathers the facts (XPENDING,
-the consumers' rows in PostgreSQL) and acts on the answers.
+limits, whether a pending entry is a suspect and how many of its deliveries count toward
+``DEFERRAL_MAX_DELIVERIES``, which pending entries to take now, and when a process may run a
+suspect. No I/O here: :mod:`broker.consumer` gathers the facts (XPENDING, the start evidence, the
+consumers' rows in PostgreSQL) and acts on the answers.
 
-Delivery counts. Redis keeps a count per pending entry, but anyone with write access to Redis can
-set it (``XCLAIM … RETRYCOUNT 10``), so it is only believed when PostgreSQL agrees that the
-consumer holding the entry was a registered process that died holding it. Renewal resets the
-count of an entry held a whole heartbeat to 0, so a count is "deliveries since the entry last
-survived a heartbeat": 0 means its last holder ran it safely, 1 or more that each holder died
-within a heartbeat of taking it (a suspect).
+Suspects (broker/DECISIONS.md, rule 31). A consumer writes an entry's *start evidence* before
+anything of the entry runs, and the evidence is deleted once the entry has run a whole heartbeat
+or ended. An entry whose holder died while its evidence stood is a suspect: it may have killed
+its consumer. An entry delivered but never started (a timer waiting in a heap, an entry read by a
+process that died before starting it) has no evidence and is no suspect. Suspects run one at a
+time in the whole group (one claim per stream in Redis), each in a process that runs nothing
+else unproven, and only a delivery in which an entry was that one running suspect counts
+against it: the evidence holds that count.
+
+The evidence, like any value in Redis, can be written by anyone with access, so it is believed
+only when PostgreSQL agrees that the consumer holding the entry was a registered process that
+died holding it.
 """
 
 from __future__ import annotations
@@ -53,15 +60,16 @@ class OwnerRegistry(Protocol):
 
 @dataclass(frozen=True)
 class Judged:
-    """How one pending entry's delivery count is taken."""
+    """How one pending entry is taken."""
 
-    counted: int  # deliveries before the next one that count toward the cap
-    distrusted: str | None = None  # why the count Redis gives was set aside (to be logged)
+    counted: int  # its deliveries counted so far (each as the one suspect running, and fatal)
+    suspect: bool = False  # started, and its holder died before it ran a whole heartbeat
+    distrusted: str | None = None  # why the start evidence was set aside (to be logged)
     wait: bool = False  # leave it for now: its real holder may still take it back
 
 
 def judge_takeover(
-    redis_count: int,
+    started: int | None,
     idle_ms: int,
     owner_name: str,
     owner: OwnerRecord | None,
@@ -69,17 +77,18 @@ def judge_takeover(
     heartbeat_sec: float,
     unregistered_for_sec: float,
 ) -> Judged:
-    """An idle entry a peer stopped renewing. Its count is believed only if its holder is a
-    registered process that may have died holding it: it stopped heartbeating, or its last
-    heartbeat is no later than the entry's last renewal (a live process renews its entries in
-    the same beat). An entry held by a name PostgreSQL does not know is no one's delivery: it is
-    left for two heartbeats (a live holder that lost it to a forged XCLAIM takes it back at its
-    next renewal), then taken with its count ignored."""
+    """An idle entry a peer stopped renewing, with its start evidence (``started``: the
+    deliveries counted against it, None without evidence). The evidence is believed only if its
+    holder is a registered process that may have died holding it: it stopped heartbeating, or
+    its last heartbeat is no later than the entry's last renewal (a live process renews its
+    entries in the same beat). An entry held by a name PostgreSQL does not know is no one's
+    delivery: it is left for two heartbeats (a live holder that lost it to a forged XCLAIM takes
+    it back at its next renewal), then taken with its evidence ignored."""
     if owner is None:
         if unregistered_for_sec < 2 * heartbeat_sec:
             return Judged(0, wait=True)
         reason = f"held by {owner_name!r}, which is not a registered consumer"
-        return Judged(0, reason if redis_count > 0 else None)
+        return Judged(0, distrusted=reason if started is not None else None)
     if not owner.running:
         # Stopped gracefully and handed its entries off: none of them killed it.
         return Judged(0)
@@ -89,45 +98,63 @@ def judge_takeover(
             f"{owner_name!r} heartbeated {owner.heartbeat_age_sec:.1f} s ago, after the entry"
             f" went idle {idle_sec:.1f} s ago: it did not die holding it"
         )
-        return Judged(0, reason if redis_count > 0 else None)
-    return Judged(max(0, redis_count))
+        return Judged(0, distrusted=reason if started is not None else None)
+    if started is None:
+        return Judged(0)
+    return Judged(started, suspect=True)
 
 
-def judge_replay(redis_count: int, previous: OwnerRecord | None) -> Judged:
-    """An entry left pending under this consumer's own name by its previous process. Its count
-    is believed only if that process was registered and did not record a clean stop (then it
-    died holding the entry)."""
+def judge_replay(started: int | None, previous: OwnerRecord | None) -> Judged:
+    """An entry left pending under this consumer's own name by its previous process, with its
+    start evidence. It is a suspect only if that process was registered and did not record a
+    clean stop (then it died holding the entry) while the evidence stood."""
     if previous is None:
         reason = "no earlier process of this name is registered"
-        return Judged(0, reason if redis_count > 0 else None)
-    if not previous.running:
+        return Judged(0, distrusted=reason if started is not None else None)
+    if not previous.running or started is None:
         return Judged(0)
-    return Judged(max(0, redis_count))
+    return Judged(started, suspect=True)
 
 
 @dataclass(frozen=True)
 class Candidate:
     id: str
-    counted: int  # from judge_*
+    judged: Judged
 
 
-def choose(
-    candidates: Sequence[Candidate], max_deliveries: int, *, suspect_allowed: bool
-) -> list[str]:
-    """The ids to take now, in the order given: every entry whose last holder survived it
-    (counted 0) and every entry past the cap (it is dead-lettered without running), plus, when
-    ``suspect_allowed``, the one suspect delivered least (lowest id first). Suspects are run one
-    at a time, each after the last has survived a heartbeat, so only the entry that kills its
-    consumer keeps gaining deliveries."""
-    take = [c.id for c in candidates if c.counted == 0 or c.counted >= max_deliveries]
-    if suspect_allowed:
-        suspects = [c for c in candidates if 0 < c.counted < max_deliveries]
-        if suspects:
-            take.append(min(suspects, key=lambda c: (c.counted, _id_key(c.id))).id)
-    return take
+@dataclass(frozen=True)
+class SortedOut:
+    """Pending entries sorted out: ``free`` may be taken together now, ``suspects`` only one at
+    a time in the whole group, in this order."""
+
+    free: list[str]
+    suspects: list[str]
 
 
-def _id_key(entry_id: str) -> tuple[int, int]:
+def sort_out(candidates: Sequence[Candidate], max_deliveries: int) -> SortedOut:
+    """``free``: every entry that is no suspect, and every suspect past the cap (it is
+    dead-lettered without running), in the order given. ``suspects``: the others, least counted
+    first (lowest id first), so a healthy entry that arrived beside a poison runs before the
+    poison runs again."""
+    free = [c.id for c in candidates if not c.judged.suspect or c.judged.counted >= max_deliveries]
+    suspects = [c for c in candidates if c.judged.suspect and c.judged.counted < max_deliveries]
+    suspects.sort(key=lambda c: (c.judged.counted, id_key(c.id)))
+    return SortedOut(free, [c.id for c in suspects])
+
+
+def may_run_suspect(running_suspect: bool, unproven: int) -> bool:
+    """Whether a process may take a suspect: it runs none already, and everything it started has
+    run a whole heartbeat (else a poison among those would be blamed on the suspect)."""
+    return not running_suspect and unproven == 0
+
+
+def due_for_proof(started_at: Mapping[str, float], now: float, heartbeat_sec: float) -> list[str]:
+    """The entries (id -> when they started, monotonic) that have run a whole heartbeat: their
+    start evidence is deleted (they did not kill their consumer)."""
+    return [i for i, at in started_at.items() if now - at >= heartbeat_sec]
+
+
+def id_key(entry_id: str) -> tuple[int, int]:
     ms, _, seq = entry_id.partition("-")
     try:
         return int(ms), int(seq or 0)

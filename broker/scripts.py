@@ -7,6 +7,9 @@ Every script that adds or retires an entry of a work stream also writes or clear
 in-flight index (``<prefix>:inflight:<stream>``: what the entry is about -> entry id), so the index
 never disagrees with the stream. A retirement clears the index field only if it still names the
 retired entry: a newer entry for the same work (a republish) keeps its place.
+
+Every script that retires an entry also deletes its start evidence (``<prefix>:started:<stream>``,
+broker/DECISIONS.md rule 31): an entry that ended did not kill its consumer.
 """
 
 # KEYS[1] stream, KEYS[2] its in-flight index; ARGV[1] index field, ARGV[2..] field value pairs.
@@ -47,14 +50,16 @@ end
 return {1, id}
 """
 
-# KEYS[1] stream, KEYS[2] its in-flight index; ARGV[1] group; ARGV[2..] pairs of entry id and
-# index field ('' when the entry names nothing). Acknowledge and delete finished entries.
+# KEYS[1] stream, KEYS[2] its in-flight index, KEYS[3] its start evidence; ARGV[1] group;
+# ARGV[2..] pairs of entry id and index field ('' when the entry names nothing). Acknowledge and
+# delete finished entries.
 RETIRE = """
 local retired = 0
 for i = 2, #ARGV, 2 do
   local id, field = ARGV[i], ARGV[i + 1]
   retired = retired + redis.call('XACK', KEYS[1], ARGV[1], id)
   redis.call('XDEL', KEYS[1], id)
+  redis.call('HDEL', KEYS[3], id)
   if field ~= '' and redis.call('HGET', KEYS[2], field) == id then
     redis.call('HDEL', KEYS[2], field)
   end
@@ -62,7 +67,8 @@ end
 return retired
 """
 
-# KEYS[1] source stream, KEYS[2] its index, KEYS[3] target stream, KEYS[4] its index; ARGV[1]
+# KEYS[1] source stream, KEYS[2] its index, KEYS[3] target stream, KEYS[4] its index, KEYS[5] the
+# source's start evidence; ARGV[1]
 # group, ARGV[2] source entry id, ARGV[3] its index field, ARGV[4] the new entry's index field
 # ('' for none, e.g. a dead letter), ARGV[5] the target's approximate MAXLEN ('0': untrimmed; only
 # the dead-letter stream, which no group reads, is trimmed), ARGV[6..] field value pairs (a fixed,
@@ -81,49 +87,96 @@ if ARGV[4] ~= '' then
 end
 redis.call('XACK', KEYS[1], ARGV[1], ARGV[2])
 redis.call('XDEL', KEYS[1], ARGV[2])
+redis.call('HDEL', KEYS[5], ARGV[2])
 if ARGV[3] ~= '' and redis.call('HGET', KEYS[2], ARGV[3]) == ARGV[2] then
   redis.call('HDEL', KEYS[2], ARGV[3])
 end
 return id
 """
 
-# KEYS[1] stream; ARGV[1] group, ARGV[2] consumer, ARGV[3] n, ARGV[4..] entry ids. The lease
-# renewal. For each id: 1 if this consumer owns it (its idle time is reset), 0 if another consumer
-# took it over, -1 if it is in no pending list at all (retired by a peer, or lost with Redis's
-# data). XCLAIM with min-idle 0 and JUSTID resets the idle time without counting a delivery; the
-# first n ids (held for a whole heartbeat: they did not kill their consumer) also get their
-# delivery count reset to 0 (see broker/deliveries.py). Plain XCLAIM ignores ownership and
-# would steal a taken entry back.
+# KEYS[1] stream, KEYS[2] its start evidence, KEYS[3] its suspect claim; ARGV[1] group, ARGV[2]
+# consumer, ARGV[3] n, ARGV[4] the claim this consumer holds ('' for none), ARGV[5] the lease in
+# ms, ARGV[6..] entry ids. The lease renewal. For each id: 1 if this consumer owns it (its idle
+# time is reset), 0 if another consumer took it over, -1 if it is in no pending list at all
+# (retired by a peer, or lost with Redis's data). XCLAIM with min-idle 0 and JUSTID resets the
+# idle time without counting a delivery; the first n ids (started here a whole heartbeat ago:
+# they did not kill their consumer) lose their start evidence, which ends a suspect's claim. A
+# claim still held is kept for another lease. Plain XCLAIM ignores ownership and would steal a
+# taken entry back.
 RENEW = """
-local status, reset, keep = {}, {}, {}
+local status, owned, proven = {}, {}, {}
 local n = tonumber(ARGV[3])
-for i = 4, #ARGV do
+for i = 6, #ARGV do
   local pending = redis.call('XPENDING', KEYS[1], ARGV[1], ARGV[i], ARGV[i], 1)
   if pending[1] == nil then
     status[#status + 1] = -1
   elseif pending[1][2] == ARGV[2] then
     status[#status + 1] = 1
-    if i - 3 <= n then reset[#reset + 1] = ARGV[i] else keep[#keep + 1] = ARGV[i] end
+    owned[#owned + 1] = ARGV[i]
+    if i - 5 <= n then proven[#proven + 1] = ARGV[i] end
   else
     status[#status + 1] = 0
   end
 end
-for _, batch in ipairs({{reset, true}, {keep, false}}) do
-  local ids = batch[1]
-  if #ids > 0 then
-    local args = {'XCLAIM', KEYS[1], ARGV[1], ARGV[2], 0}
-    for _, id in ipairs(ids) do
-      args[#args + 1] = id
-    end
-    if batch[2] then
-      args[#args + 1] = 'RETRYCOUNT'
-      args[#args + 1] = 0
-    end
-    args[#args + 1] = 'JUSTID'
-    redis.call(unpack(args))
+if #owned > 0 then
+  local args = {'XCLAIM', KEYS[1], ARGV[1], ARGV[2], 0}
+  for _, id in ipairs(owned) do
+    args[#args + 1] = id
   end
+  args[#args + 1] = 'JUSTID'
+  redis.call(unpack(args))
+end
+if #proven > 0 then
+  redis.call('HDEL', KEYS[2], unpack(proven))
+end
+if ARGV[4] ~= '' and redis.call('GET', KEYS[3]) == ARGV[4] then
+  redis.call('PEXPIRE', KEYS[3], ARGV[5])
 end
 return status
+"""
+
+# KEYS[1] stream, KEYS[2] its start evidence, KEYS[3] its suspect claim; ARGV[1] group, ARGV[2]
+# consumer, ARGV[3] the suspect's entry id, ARGV[4] the consumer it is pending under, ARGV[5] the
+# idle time it must have at least (ms), ARGV[6] the lease in ms. Takes the group's one suspect
+# claim and the entry with it. The claim is free when there is none, when it names this
+# consumer (a process restarted under the name: the suspect it ran died with its predecessor),
+# or when the entry it names has no start evidence left (it survived or ended). The entry must
+# still be pending under ARGV[4], idle long enough, and still a suspect (start evidence present).
+# Returns {1, deliveries counted with this one, XCLAIM reply}, {0, holder} if another consumer
+# runs a suspect, or {-1} if the entry moved, was renewed or is no suspect any more.
+TAKE_SUSPECT = """
+local held = redis.call('GET', KEYS[3])
+if held then
+  local space = string.find(held, ' ', 1, true)
+  local holder = string.sub(held, space + 1)
+  if holder ~= ARGV[2] and redis.call('HEXISTS', KEYS[2], string.sub(held, 1, space - 1)) == 1 then
+    return {0, holder}
+  end
+end
+local pending = redis.call('XPENDING', KEYS[1], ARGV[1], ARGV[3], ARGV[3], 1)
+if pending[1] == nil or pending[1][2] ~= ARGV[4] or pending[1][3] < tonumber(ARGV[5]) then
+  return {-1}
+end
+if redis.call('HEXISTS', KEYS[2], ARGV[3]) == 0 then
+  return {-1}
+end
+local counted = redis.call('HINCRBY', KEYS[2], ARGV[3], 1)
+redis.call('SET', KEYS[3], ARGV[3] .. ' ' .. ARGV[2], 'PX', ARGV[6])
+return {1, counted, redis.call('XCLAIM', KEYS[1], ARGV[1], ARGV[2], 0, ARGV[3])}
+"""
+
+# KEYS[1] the start evidence, KEYS[2] the suspect claim of a stream. The consumer running the
+# stream's suspect now, or '' when none is (the claim is free, see TAKE_SUSPECT).
+SUSPECT_HOLDER = """
+local held = redis.call('GET', KEYS[2])
+if not held then
+  return ''
+end
+local space = string.find(held, ' ', 1, true)
+if redis.call('HEXISTS', KEYS[1], string.sub(held, 1, space - 1)) == 0 then
+  return ''
+end
+return string.sub(held, space + 1)
 """
 
 # KEYS[1] stream, KEYS[2] its in-flight index; ARGV index fields. For each: 1 if the index names
@@ -141,16 +194,16 @@ end
 return present
 """
 
-# KEYS[1] stream; ARGV[1] group, ARGV[2] this consumer, ARGV[3..] triples of entry id, the
-# consumer it was found under, and the delivery count to set. Takes back entries that a name no
-# process is registered under claimed from us (a forged XCLAIM), only if that name still holds
-# them: a peer that took one over meanwhile keeps it. 1 for each taken back, else 0.
+# KEYS[1] stream; ARGV[1] group, ARGV[2] this consumer, ARGV[3..] pairs of entry id and the
+# consumer it was found under. Takes back entries that a name no process is registered under
+# claimed from us (a forged XCLAIM), only if that name still holds them: a peer that took one
+# over meanwhile keeps it. 1 for each taken back, else 0.
 RECLAIM = """
 local taken = {}
-for i = 3, #ARGV, 3 do
+for i = 3, #ARGV, 2 do
   local pending = redis.call('XPENDING', KEYS[1], ARGV[1], ARGV[i], ARGV[i], 1)
   if pending[1] ~= nil and pending[1][2] == ARGV[i + 1] then
-    redis.call('XCLAIM', KEYS[1], ARGV[1], ARGV[2], 0, ARGV[i], 'RETRYCOUNT', ARGV[i + 2], 'JUSTID')
+    redis.call('XCLAIM', KEYS[1], ARGV[1], ARGV[2], 0, ARGV[i], 'JUSTID')
     taken[#taken + 1] = 1
   else
     taken[#taken + 1] = 0

@@ -168,9 +168,23 @@ class StreamKeys:
 
     def inflight(self, stream: str) -> str:
         """The in-flight index of ``stream`` (in its slot when hash-tagged)."""
+        return self._beside(stream, "inflight")
+
+    def _beside(self, stream: str, kind: str) -> str:
         if self.hash_tagged:
-            return f"{stream}:inflight"
-        return f"{self.prefix}:inflight:{stream.removeprefix(self.prefix + ':')}"
+            return f"{stream}:{kind}"
+        return f"{self.prefix}:{kind}:{stream.removeprefix(self.prefix + ':')}"
+
+    def started(self, stream: str) -> str:
+        """The start evidence of ``stream`` (in its slot): entry id -> the deliveries counted
+        against it, for each entry a consumer started and that has not yet survived a heartbeat
+        (broker/DECISIONS.md, rule 31)."""
+        return self._beside(stream, "started")
+
+    def suspect(self, stream: str) -> str:
+        """The group-wide suspect claim of ``stream`` (in its slot): ``<entry id> <consumer>``
+        of the one suspect entry running, expiring with its holder's lease."""
+        return self._beside(stream, "suspect")
 
     def index_field(self, stream: str, fields: Mapping[str, str]) -> str:
         """The index field of an entry: what the entry is about ('' for an unindexed stream)."""

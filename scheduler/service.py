@@ -27,7 +27,7 @@ from sqlalchemy.orm import Session
 
 from broker import outbox
 from broker.client import Broker, connect_when_up
-from broker.consumer import Delivery, StreamConsumer, run_until_stopped
+from broker.consumer import Delivery, Quarantine, StreamConsumer, run_until_stopped
 from broker.consumers import ConsumerSet
 from broker.owners import PostgresOwners
 from broker.streams import (
@@ -268,6 +268,7 @@ class SchedulerService:
     def attach(self, broker: Broker) -> None:
         """Use ``broker`` (connected) for the streams."""
         self.broker = broker
+        self.quarantine = Quarantine()  # one per process, over all its streams
         self.consumer = ConsumerSet(self._consumer_of, self.keys.all_events)
         self.reconciler = Reconciler(
             self.sessions, broker, self.cipher, self.settings.heartbeat_sec
@@ -287,6 +288,7 @@ class SchedulerService:
             cipher=self.cipher,
             dead_letter_maxlen=self.settings.dead_letter_maxlen,
             owners=PostgresOwners(self.sessions, Scheduler),
+            quarantine=self.quarantine,
         )
 
     def step(self) -> None:

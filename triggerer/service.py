@@ -40,7 +40,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
 from broker.client import Broker, LeaseStatus, connect_when_up
-from broker.consumer import Backoff, Delivery, Lost, StreamConsumer
+from broker.consumer import Backoff, Delivery, Lost, Quarantine, StreamConsumer
 from broker.consumers import ConsumerSet
 from broker.owners import PostgresOwners
 from broker.replies import Entry
@@ -199,6 +199,15 @@ class Rejected:
     delivery: Delivery
     reason: str
     fail_trigger: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class Run:
+    """A trigger whose ``run()`` is to start as a task, once its start evidence is written."""
+
+    delivery: Delivery
+    held: Held
+    decoded: Decoded
 
 
 @dataclass(frozen=True, slots=True)
@@ -392,6 +401,7 @@ class TriggererService:
     def attach(self, broker: Broker) -> None:
         """Use ``broker`` (connected) for the triggers streams of the queues served."""
         self.broker = broker
+        self.quarantine = Quarantine()  # one per process, over all its streams
         self.consumer = ConsumerSet(self._consumer_of, self._streams())
 
     def _streams(self) -> list[str]:
@@ -430,6 +440,8 @@ class TriggererService:
             cipher=self.cipher,
             dead_letter_maxlen=self.settings.dead_letter_maxlen,
             owners=PostgresOwners(self.sessions, Triggerer),
+            quarantine=self.quarantine,
+            starts_on_admit=False,  # a timer runs no code of its own: _start_all says
         )
 
     async def _until_done(self, func: Any, *args: Any) -> None:
@@ -488,23 +500,42 @@ class TriggererService:
     async def _start_all(self, tasks: TaskGroup, deliveries: list[Delivery]) -> None:
         started = []
         rejected: list[Rejected] = []
+        runs: list[Run] = []
         opened = await self._open_all(deliveries, rejected)
         for delivery, spec, verdict in await self._check_all(opened):
             try:
-                started.append(await self._start(tasks, delivery, spec, verdict, rejected))
+                started.append(await self._start(delivery, spec, verdict, rejected, runs))
             except Exception as exc:
-                # One entry never stops the triggerer: say so in one line and let it go (no longer
-                # renewed, it is taken over again after the takeover delay).
-                log.error(
-                    "could not start %s entry %s: %s: %s",
-                    delivery.entry.stream,
-                    delivery.entry.id,
-                    type(exc).__name__,
-                    one_line(str(exc), MAX_DEAD_ERROR),
-                )
-                self.consumer.release([delivery.entry.id])
+                self._not_started(delivery, exc)
         await self._reject(rejected)
+        if runs:
+            # The start evidence goes first: if one of these kills the triggerer, they are the
+            # suspects (broker rule 31); a timer runs no code of its own and is none.
+            try:
+                await self._sync(self.consumer.starting, [run.delivery for run in runs])
+            except Exception as exc:
+                for run in runs:
+                    self._release(run.held.trigger_id, run.held)
+                    self._not_started(run.delivery, exc)
+                runs = []
+        for run in runs:
+            # The task name is what the watchdog reports when this trigger blocks the loop.
+            spec = run.decoded.spec
+            name = f"trigger {spec.trigger_id} ({spec.classpath}) for {spec.task}"
+            tasks.start_soon(self._run_trigger, run.held, run.decoded, name=name)
         self.owned += [tid for tid in started if tid is not None]
+
+    def _not_started(self, delivery: Delivery, exc: Exception) -> None:
+        """One entry never stops the triggerer: say so in one line and let it go (no longer
+        renewed, it is taken over again after the takeover delay)."""
+        log.error(
+            "could not start %s entry %s: %s: %s",
+            delivery.entry.stream,
+            delivery.entry.id,
+            type(exc).__name__,
+            one_line(str(exc), MAX_DEAD_ERROR),
+        )
+        self.consumer.release([delivery.entry.id])
 
     async def _open_all(
         self, deliveries: list[Delivery], rejected: list[Rejected]
@@ -559,14 +590,15 @@ class TriggererService:
 
     async def _start(
         self,
-        tasks: TaskGroup,
         delivery: Delivery,
         spec: TriggerSpec,
         verdict: SpecVerdict,
         rejected: list[Rejected],
+        runs: list[Run],
     ) -> int | None:
-        """Start the trigger of an authenticated spec that passed its checks (``verdict``); a
-        bad one goes to ``rejected``."""
+        """Hold the trigger of an authenticated spec that passed its checks (``verdict``): a
+        timer is started, one that runs goes to ``runs`` (started once their evidence is
+        written), a bad one to ``rejected``."""
         entry = delivery.entry
         if verdict.refused is not None:
             reason = f"trigger {spec.trigger_id} refused: {verdict.refused}"
@@ -623,9 +655,7 @@ class TriggererService:
         if moment is not None:
             self.timers.add(held)
             return trigger_id
-        # The task name is what the watchdog reports when this trigger blocks the loop.
-        name = f"trigger {trigger_id} ({decoded.spec.classpath}) for {decoded.spec.task}"
-        tasks.start_soon(self._run_trigger, held, decoded, name=name)
+        runs.append(Run(delivery, held, decoded))
         return trigger_id
 
     async def _reject(self, rejected: Sequence[Rejected]) -> None:

@@ -23,7 +23,7 @@ from sqlalchemy.orm import Session
 
 from broker import outbox
 from broker.client import Broker, LeaseStatus, connect_when_up
-from broker.consumer import Delivery, Lost, StreamConsumer, run_until_stopped
+from broker.consumer import Delivery, Lost, Quarantine, StreamConsumer, run_until_stopped
 from broker.consumers import ConsumerSet
 from broker.owners import PostgresOwners
 from broker.streams import (
@@ -203,6 +203,7 @@ class WorkerService:
     def attach(self, broker: Broker) -> None:
         """Use ``broker`` (connected) for the queue streams."""
         self.broker = broker
+        self.quarantine = Quarantine()  # one per process, over all its streams
         self.consumer = ConsumerSet(self._consumer_of, self.streams)
 
     def _consumer_of(self, stream: str) -> StreamConsumer:
@@ -216,6 +217,7 @@ class WorkerService:
             cipher=self.cipher,
             dead_letter_maxlen=self.settings.dead_letter_maxlen,
             owners=PostgresOwners(self.sessions, Worker),
+            quarantine=self.quarantine,
         )
 
     def _begin(self) -> None:

@@ -176,7 +176,12 @@ def test_a_killed_triggerers_trigger_is_taken_over_and_fires_once(
     )
     gate.touch()
     wait_for(lambda: _state(sessions) == "success", timeout=60, what="the task to succeed")
-    assert f"took over 1 entr(ies) of {stream}" in services.log("triggerer2")
+    # Taken with the others, or alone as a suspect when the kill came before it ran a heartbeat.
+    said = services.log("triggerer2")
+    assert (
+        f"took over 1 entr(ies) of {stream}" in said
+        or f"took over suspect entry {entry_id} of {stream} from doomed" in said
+    )
     assert _resumes(sessions) == 1
     assert _owners(broker) == {} and _trigger_entries(broker) == 0
 

@@ -24,6 +24,7 @@ from broker.streams import (
     to_fields,
 )
 from deferral.runtime.crypto import Cipher, Purpose
+from tests.helpers import wait_for
 
 GROUP = "g"
 
@@ -397,15 +398,73 @@ def test_renew_says_owned_taken_or_gone(broker: Broker) -> None:
     assert broker.own_pending(stream, GROUP, "peer")[0].id == ids[1]
 
 
-def test_renew_resets_idle_and_for_survivors_the_delivery_count(broker: Broker) -> None:
+def test_renew_resets_idle_and_proves_the_survivors(broker: Broker) -> None:
     stream, ids = _held(broker, 2)
-    for _ in range(3):  # three more deliveries of both (history reads count)
-        broker.read(GROUP, "me", {stream: "0"}, count=10)
-    assert _deliveries(broker, stream, ids[0]) == 4
+    broker.mark_started(stream, ids)
     broker.renew(stream, GROUP, "me", ids, survivors=[ids[0]])
-    assert _deliveries(broker, stream, ids[0]) == 0  # survived: no delivery died with it
-    assert _deliveries(broker, stream, ids[1]) == 4
+    assert broker.started_counts(stream, ids) == {ids[1]: 0}  # the survivor is no suspect
     assert all(p.idle_ms < 1000 for p in broker.own_pending(stream, GROUP, "me"))
+
+
+def test_retiring_or_handing_on_an_entry_deletes_its_start_evidence(broker: Broker) -> None:
+    stream, ids = _held(broker, 3)
+    broker.mark_started(stream, ids)
+    entries = [Entry(stream, i, {b"task_instance_id": b"1"}) for i in ids]
+    broker.retire(GROUP, entries[:1])
+    broker.hand_on(entries[1], GROUP, broker.keys.dead, {"error": "x"})
+    assert broker.started_counts(stream, ids) == {ids[2]: 0}
+
+
+def _pending(broker: Broker, stream: str, entry_id: str) -> replies.Pending:
+    return broker.owners_of(stream, GROUP, [entry_id])[entry_id]
+
+
+def test_one_suspect_claim_per_stream_counts_its_deliveries(broker: Broker) -> None:
+    stream, ids = _held(broker, 3, consumer="dead")
+    broker.mark_started(stream, ids[:2])
+    first = broker.take_suspect(
+        stream, GROUP, "a", _pending(broker, stream, ids[0]), min_idle_ms=0, lease_ms=10_000
+    )
+    assert first.claimed is not None and first.claimed.entry.id == ids[0]
+    assert (first.claimed.owner, first.claimed.deliveries) == ("dead", 1)
+    assert broker.suspect_holder(stream) == "a"
+    # Another consumer waits while the first suspect has not proven itself...
+    busy = broker.take_suspect(
+        stream, GROUP, "b", _pending(broker, stream, ids[1]), min_idle_ms=0, lease_ms=10_000
+    )
+    assert (busy.claimed, busy.busy) == (None, "a")
+    # ... but a process restarted under the holder's name takes it at once (its predecessor
+    # died running the suspect, whose count stays).
+    again = broker.take_suspect(
+        stream, GROUP, "a", _pending(broker, stream, ids[1]), min_idle_ms=0, lease_ms=10_000
+    )
+    assert again.claimed is not None and again.claimed.deliveries == 1
+    # Once the running suspect survived a heartbeat, the claim is free.
+    broker.renew(stream, GROUP, "a", [ids[1]], survivors=[ids[1]], suspect=ids[1], lease_ms=1)
+    assert broker.suspect_holder(stream) == ""
+    # An entry that never started is no suspect; one that moved is not taken.
+    never = broker.take_suspect(
+        stream, GROUP, "b", _pending(broker, stream, ids[2]), min_idle_ms=0, lease_ms=10_000
+    )
+    assert never == client.SuspectTaken(None, "")
+    assert broker.started_counts(stream, ids) == {ids[0]: 1}
+    moved = _pending(broker, stream, ids[0])
+    broker.redis.execute_command("XCLAIM", stream, GROUP, "peer", 0, ids[0], "JUSTID")
+    assert broker.take_suspect(stream, GROUP, "b", moved, min_idle_ms=0, lease_ms=10_000) == (
+        client.SuspectTaken(None, "")
+    )
+
+
+def test_a_suspect_claim_of_a_dead_holder_expires_with_its_lease(broker: Broker) -> None:
+    stream, ids = _held(broker, 2, consumer="dead")
+    broker.mark_started(stream, ids)
+    take = broker.take_suspect
+    assert take(stream, GROUP, "a", _pending(broker, stream, ids[0]), min_idle_ms=0, lease_ms=50)
+    assert broker.suspect_holder(stream) == "a"
+    broker.redis.execute_command("PEXPIRE", broker.keys.suspect(stream), 1)
+    wait_for(lambda: broker.suspect_holder(stream) == "", timeout=5, what="the claim to expire")
+    taken = take(stream, GROUP, "b", _pending(broker, stream, ids[1]), min_idle_ms=0, lease_ms=50)
+    assert taken.claimed is not None and taken.claimed.deliveries == 1
 
 
 def test_renew_many_ids_in_batches(broker: Broker) -> None:
@@ -462,10 +521,8 @@ def test_reclaim_takes_back_only_from_the_name_it_was_found_under(broker: Broker
         ids[0]: ("x", 10),
         ids[1]: ("peer", 10),
     }
-    assert broker.reclaim(stream, GROUP, "me", [(ids[0], "x", 1), (ids[1], "x", 1)]) == [ids[0]]
-    assert {
-        p.id: (p.consumer, p.deliveries) for p in broker.all_own_pending(stream, GROUP, "me")
-    } == {ids[0]: ("me", 1)}
+    assert broker.reclaim(stream, GROUP, "me", [(ids[0], "x"), (ids[1], "x")]) == [ids[0]]
+    assert [p.id for p in broker.all_own_pending(stream, GROUP, "me")] == [ids[0]]
 
 
 def test_delete_idle_consumers_spares_those_with_pending_entries(broker: Broker) -> None:

@@ -14,7 +14,6 @@ from sqlalchemy import delete
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
-from broker import consumer as consumer_module
 from broker.client import Broker, LeaseStatus
 from broker.consumer import StreamConsumer
 from broker.owners import PostgresOwners
@@ -50,6 +49,7 @@ def _consumer(
     name: str,
     *,
     max_deliveries: int = 3,
+    starts_on_admit: bool = True,
 ) -> StreamConsumer:
     consumer = StreamConsumer(
         broker,
@@ -61,6 +61,7 @@ def _consumer(
         cipher=cipher,
         dead_letter_maxlen=50,
         owners=PostgresOwners(sessions, Triggerer),
+        starts_on_admit=starts_on_admit,
     )
     consumer.start()
     return consumer
@@ -68,11 +69,6 @@ def _consumer(
 
 def _publish(broker: Broker, n: int) -> list[str]:
     return [broker.publish(broker.keys.triggers, {"trigger_id": str(i)}) for i in range(n)]
-
-
-def _count(broker: Broker, entry_id: str) -> int:
-    (item,) = broker.owners_of(broker.keys.triggers, GROUP, [entry_id]).values()
-    return item.deliveries
 
 
 def _dead(broker: Broker) -> list[tuple[str, str]]:
@@ -167,20 +163,12 @@ def test_a_held_entry_deleted_under_the_consumer_is_dropped(
 
 
 def _set_holder(broker: Broker, entry_id: str, holder: str, count: int, idle_ms: int) -> None:
-    """What anyone with Redis write access can do: say who holds an entry, how often it was
-    delivered and for how long it has been idle."""
+    """What anyone with Redis write access can do: say who holds an entry, how many deliveries
+    are counted against it (its start evidence) and for how long it has been idle."""
     broker.redis.execute_command(
-        "XCLAIM",
-        broker.keys.triggers,
-        GROUP,
-        holder,
-        0,
-        entry_id,
-        "RETRYCOUNT",
-        count,
-        "IDLE",
-        idle_ms,
+        "XCLAIM", broker.keys.triggers, GROUP, holder, 0, entry_id, "IDLE", idle_ms, "JUSTID"
     )
+    broker.redis.hset(broker.keys.started(broker.keys.triggers), entry_id, count)
 
 
 def _forge(broker: Broker, entry_id: str) -> None:
@@ -210,8 +198,8 @@ def test_a_held_entry_claimed_by_an_unregistered_name_is_taken_back(
         assert consumer.renew() == []
     assert consumer.holds(entry_id)
     (item,) = broker.owners_of(broker.keys.triggers, GROUP, [entry_id]).values()
-    assert (item.consumer, item.deliveries) == ("t1", 1)
-    assert "not a registered consumer" in caplog.text and "delivery count 10" in caplog.text
+    assert item.consumer == "t1"
+    assert "not a registered consumer, e.g. " + entry_id + " by 'x'" in caplog.text
 
 
 def test_a_forged_count_on_an_idle_entry_is_ignored_and_logged(
@@ -230,7 +218,7 @@ def test_a_forged_count_on_an_idle_entry_is_ignored_and_logged(
         claimed = wait_for(lambda: peer.claim(10), timeout=10, what="the takeover")
     assert [(d.entry.id, d.deliveries, d.taken_from) for d in claimed] == [(entry_id, 1, "x")]
     assert not peer.exhausted(claimed[0])
-    assert "ignoring the delivery count" in caplog.text and "(count 10)" in caplog.text
+    assert "ignoring the start evidence" in caplog.text and "(count 10)" in caplog.text
 
 
 def test_a_count_on_a_live_consumers_name_is_ignored(
@@ -242,7 +230,8 @@ def test_a_count_on_a_live_consumers_name_is_ignored(
     _row(sessions, "t2", state="running", age_sec=0)
     peer = _consumer(broker, cipher, sessions, "t2")
     (delivery,) = peer.claim(10)
-    assert delivery.deliveries == 1 and not peer.exhausted(delivery)
+    assert (delivery.deliveries, delivery.suspect) == (1, False)
+    assert not peer.exhausted(delivery)
 
 
 def test_a_dead_registered_consumers_count_is_believed(
@@ -265,66 +254,144 @@ def _survive_a_heartbeat(consumer: StreamConsumer) -> None:
     assert consumer.renew() == []
 
 
+def _evidence(broker: Broker, ids: list[str]) -> dict[str, int]:
+    return broker.started_counts(broker.keys.triggers, ids)
+
+
 def test_a_restart_under_the_same_name_replays_suspects_one_at_a_time(
     broker: Broker, cipher: Cipher, sessions: sessionmaker[Session]
 ) -> None:
-    """Process 1 reads 4 entries and holds two a heartbeat (one is kept past it), then takes
+    """Process 1 starts 4 entries and runs two a heartbeat (one is kept past it), then starts
     two more and dies within the heartbeat. Process 2 replays the two survivors together and
-    only then the others, one per heartbeat, the next after the last survived one."""
+    only then the suspects, one at a time, each once everything it runs has run a heartbeat."""
     ids = _publish(broker, 4)
     _row(sessions, "t1", state="running", age_sec=0)
     first = _consumer(broker, cipher, sessions, "t1")
     first.poll(2)
     _survive_a_heartbeat(first)
-    first.poll(2)  # then it dies, before these two were held a heartbeat
-    assert [_count(broker, i) for i in ids] == [0, 0, 1, 1]
+    first.poll(2)  # then it dies, before these two ran a heartbeat
+    assert _evidence(broker, ids) == {ids[2]: 0, ids[3]: 0}
 
     second = _consumer(broker, cipher, sessions, "t1")  # same name, row still "running"
     replayed = second.poll(10)
-    assert [(d.entry.id, d.deliveries, d.taken_from) for d in replayed] == [
-        (ids[0], 1, "t1"),
-        (ids[1], 1, "t1"),
+    assert [(d.entry.id, d.deliveries, d.suspect) for d in replayed] == [
+        (ids[0], 1, False),
+        (ids[1], 1, False),
     ]
     assert second.poll(10, block_ms=10) == []  # the survivors have not yet proven themselves
     _survive_a_heartbeat(second)
     (suspect,) = second.poll(10)
-    assert (suspect.entry.id, suspect.deliveries) == (ids[2], 2)
+    assert (suspect.entry.id, suspect.deliveries, suspect.suspect) == (ids[2], 1, True)
+    assert broker.suspect_holder(broker.keys.triggers) == "t1"
     assert second.poll(10, block_ms=10) == []
     _survive_a_heartbeat(second)
     (suspect,) = second.poll(10)
-    assert (suspect.entry.id, suspect.deliveries) == (ids[3], 2)
+    assert (suspect.entry.id, suspect.deliveries) == (ids[3], 1)
     _survive_a_heartbeat(second)
     new = _publish(broker, 1)
     assert [d.entry.id for d in second.poll(10)] == new  # replay over: new entries again
-    assert [_count(broker, i) for i in ids] == [0, 0, 0, 0]
+    assert _evidence(broker, ids) == {}
 
 
-def test_a_replayed_entry_past_the_cap_is_handed_over_to_be_dead_lettered(
+def test_an_entry_delivered_but_never_started_is_no_suspect(
+    broker: Broker, cipher: Cipher, sessions: sessionmaker[Session]
+) -> None:
+    """A service that starts what it reads itself (the triggerer: a timer runs no code) writes
+    evidence only for what it starts: the others come back together after a restart."""
+    ids = _publish(broker, 3)
+    _row(sessions, "t1", state="running", age_sec=0)
+    first = _consumer(broker, cipher, sessions, "t1", starts_on_admit=False)
+    read = first.poll(3)
+    first.starting(read[1:2])  # then it dies
+    second = _consumer(broker, cipher, sessions, "t1", starts_on_admit=False)
+    assert [(d.entry.id, d.suspect) for d in second.poll(10)] == [
+        (ids[0], False),
+        (ids[2], False),
+    ]
+    (suspect,) = second.poll(10)  # nothing it started is unproven
+    assert (suspect.entry.id, suspect.suspect) == (ids[1], True)
+
+
+def test_a_suspect_that_kills_every_consumer_is_handed_over_to_be_dead_lettered(
     broker: Broker, cipher: Cipher, sessions: sessionmaker[Session]
 ) -> None:
     _publish(broker, 1)
     _row(sessions, "t1", state="running", age_sec=0)
-    first = _consumer(broker, cipher, sessions, "t1", max_deliveries=2)
-    first.poll(1)
-    for _ in range(2):  # two more processes of this name died with it
-        _consumer(broker, cipher, sessions, "t1", max_deliveries=2).poll(1)
+    _consumer(broker, cipher, sessions, "t1", max_deliveries=2).poll(1)
+    for deliveries in (1, 2):  # two more processes of this name died running it alone
+        (delivery,) = _consumer(broker, cipher, sessions, "t1", max_deliveries=2).poll(1)
+        assert (delivery.deliveries, delivery.suspect) == (deliveries, True)
     last = _consumer(broker, cipher, sessions, "t1", max_deliveries=2)
     (delivery,) = last.poll(1)
-    assert delivery.deliveries == 4 and last.exhausted(delivery)
+    assert (delivery.deliveries, delivery.suspect) == (3, False)
+    assert last.exhausted(delivery)
+    assert "delivered 3 times, and each of the 2 consumers" in last.exhausted_reason(delivery)
 
 
-def test_replayed_counts_of_a_name_that_stopped_cleanly_or_never_ran_are_not_believed(
+def test_replayed_evidence_of_a_name_that_stopped_cleanly_or_never_ran_is_not_believed(
     broker: Broker, cipher: Cipher, sessions: sessionmaker[Session]
 ) -> None:
     ids = _publish(broker, 2)
     broker.ensure_group(broker.keys.triggers, GROUP)
     broker.read(GROUP, "t1", {broker.keys.triggers: ">"}, count=2)
-    for entry_id in ids:
-        broker.redis.execute_command(
-            "XCLAIM", broker.keys.triggers, GROUP, "t1", 0, entry_id, "RETRYCOUNT", 10, "JUSTID"
-        )
+    broker.redis.hset(broker.keys.started(broker.keys.triggers), mapping=dict.fromkeys(ids, 10))
     restarted = _consumer(broker, cipher, sessions, "t1")  # no row: never registered
-    assert [d.deliveries for d in restarted.poll(10)] == [1, 1]
+    assert [(d.deliveries, d.suspect) for d in restarted.poll(10)] == [(1, False), (1, False)]
+
+
+def test_suspects_run_one_at_a_time_in_the_whole_group(
+    broker: Broker, cipher: Cipher, sessions: sessionmaker[Session]
+) -> None:
+    """A takeover by a peer and the replay of the restarted name each find suspects: only one
+    runs at a time, and the peer does not read new entries while it waits to take one."""
+    ids = _publish(broker, 4)
+    for name in ("t1", "t2", "t3"):
+        _row(sessions, name, state="running", age_sec=0)
+    dead = _consumer(broker, cipher, sessions, "t2")
+    dead.poll(2)  # t2 dies running these two: suspects
+    _row(sessions, "t2", state="running", age_sec=60)
+    _consumer(broker, cipher, sessions, "t1").poll(2)  # t1 too, with the other two
+    time.sleep(HB * 2.5)  # t2's entries idle past the takeover threshold
+    restarted = _consumer(broker, cipher, sessions, "t1")
+    (replayed,) = restarted.poll(10)
+    assert (replayed.entry.id, replayed.suspect) == (ids[2], True)
+    assert restarted.renew() == []  # its own suspect waiting for its turn stays with it
+    peer = _consumer(broker, cipher, sessions, "t3")
+    assert peer.claim(10) == []  # t1 runs a suspect: the peer waits
+    newer = _publish(broker, 1)
+    # Nothing unproven there and the claim is t1's: it reads on (and drains before its turn).
+    assert [d.entry.id for d in peer.poll(10)] == newer
+    assert restarted.poll(10, block_ms=10) == []  # the restarted one starts nothing beside it
+    _survive_a_heartbeat(restarted)
+    (taken,) = wait_for(lambda: peer.claim(10), timeout=10, what="the next suspect")
+    assert (taken.entry.id, taken.suspect, taken.taken_from) == (ids[0], True, "t2")
+    assert broker.suspect_holder(broker.keys.triggers) == "t3"
+    assert restarted.poll(10, block_ms=10) == []  # its own last suspect waits its turn
+
+
+def test_a_suspect_taken_by_a_peer_while_it_is_chosen_is_not_replayed(
+    broker: Broker,
+    cipher: Cipher,
+    sessions: sessionmaker[Session],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The triggerer renews from a thread of its own, and peers take over meanwhile: a suspect
+    a peer took while the replay chose it stays with the peer."""
+    (entry_id,) = _publish(broker, 1)
+    _row(sessions, "t1", state="running", age_sec=0)
+    _consumer(broker, cipher, sessions, "t1").poll(1)  # then it dies within the heartbeat
+    restarted = _consumer(broker, cipher, sessions, "t1")
+    take = broker.take_suspect
+
+    def taken_first(*args: Any, **kwargs: Any) -> Any:
+        broker.redis.execute_command(
+            "XCLAIM", broker.keys.triggers, GROUP, "peer", 0, entry_id, "JUSTID"
+        )
+        return take(*args, **kwargs)
+
+    monkeypatch.setattr(broker, "take_suspect", taken_first)
+    assert restarted.poll(10) == []
+    assert broker.owners_of(broker.keys.triggers, GROUP, [entry_id])[entry_id].consumer == "peer"
 
 
 # -- consumers of stopped processes -----------------------------------------------------------
@@ -389,8 +456,8 @@ def test_a_replay_never_takes_back_an_entry_a_peer_took_over_meanwhile(
 def test_suspects_waiting_for_their_turn_stay_with_the_replaying_consumer(
     broker: Broker, cipher: Cipher, sessions: sessionmaker[Session]
 ) -> None:
-    """Its row looks alive (it restarted), so a peer would take them with their counts ignored
-    and run them together: the replaying consumer keeps renewing them instead."""
+    """Its row looks alive (it restarted), so a peer would take them with their evidence
+    ignored and run them together: the replaying consumer keeps renewing them instead."""
     ids = _publish(broker, 3)
     _row(sessions, "t1", state="running", age_sec=0)
     _row(sessions, "t2", state="running", age_sec=0)
@@ -404,7 +471,7 @@ def test_suspects_waiting_for_their_turn_stay_with_the_replaying_consumer(
         assert restarted.renew() == []
         assert peer.claim(10) == []
     (second,) = restarted.poll(10)
-    assert (second.entry.id, second.deliveries) == (ids[1], 2)
+    assert (second.entry.id, second.deliveries, second.suspect) == (ids[1], 1, True)
     assert {p.consumer for p in broker.all_own_pending(broker.keys.triggers, GROUP, "t1")} == {"t1"}
 
 
@@ -413,7 +480,7 @@ def test_a_restarted_consumers_own_takeover_leaves_its_entries_to_the_replay(
 ) -> None:
     """The restarted process looks for takeovers too (a worker's first step does so before its
     first read), when its entries have idled past the threshold: they are replayed, suspects one
-    at a time, not taken over together with their counts ignored (its new row looks alive)."""
+    at a time, not taken over together with their evidence ignored (its new row looks alive)."""
     ids = _publish(broker, 3)
     _row(sessions, "t1", state="running", age_sec=0)
     _consumer(broker, cipher, sessions, "t1").poll(3)  # then it dies within the heartbeat
@@ -422,37 +489,10 @@ def test_a_restarted_consumers_own_takeover_leaves_its_entries_to_the_replay(
     _row(sessions, "t1", state="running", age_sec=0)  # the restarted process registered
     assert restarted.claim(10) == []
     (first,) = restarted.poll(10)
-    assert (first.entry.id, first.deliveries) == (ids[0], 2)
+    assert (first.entry.id, first.deliveries, first.suspect) == (ids[0], 1, True)
     assert restarted.claim(10) == []  # the suspects waiting for their turn stay queued
     assert restarted.poll(10, block_ms=10) == []
     assert [restarted.holds(i) for i in ids] == [True, False, False]
-
-
-def test_a_suspect_dropped_by_a_renewal_while_it_is_chosen_is_not_replayed(
-    broker: Broker,
-    cipher: Cipher,
-    sessions: sessionmaker[Session],
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """The triggerer renews from a thread of its own: a renewal that finds a waiting suspect
-    taken by a peer drops it from the list while the replay is choosing it (this raised
-    StopIteration, a RuntimeError out of the triggerer's read, which stopped the triggerer)."""
-    (entry_id,) = _publish(broker, 1)
-    _row(sessions, "t1", state="running", age_sec=0)
-    _consumer(broker, cipher, sessions, "t1").poll(1)  # then it dies within the heartbeat
-    restarted = _consumer(broker, cipher, sessions, "t1")
-    chosen = consumer_module.choose
-
-    def chosen_then_taken(*args: Any, **kwargs: Any) -> list[str]:
-        ids = chosen(*args, **kwargs)
-        if kwargs.get("suspect_allowed"):  # what the lease thread's renewal does meanwhile
-            _set_holder(broker, entry_id, "peer", 1, 0)
-            assert [lost.entry_id for lost in restarted.renew()] == []
-        return ids
-
-    monkeypatch.setattr(consumer_module, "choose", chosen_then_taken)
-    assert restarted.poll(10) == []
-    assert broker.owners_of(broker.keys.triggers, GROUP, [entry_id])[entry_id].consumer == "peer"
 
 
 def test_an_entry_taken_over_is_reported_lost_while_its_holders_row_cannot_be_read(

@@ -1,5 +1,6 @@
-"""The consumer core's pure decisions: size limits, whose delivery counts are believed, which
-pending entries are taken now, and which consumers are deleted."""
+"""The consumer core's pure decisions: size limits, which pending entries are suspects and whose
+start evidence is believed, which are taken together and which one at a time, when a process may
+run a suspect, when a start is proven, and which consumers are deleted."""
 
 from __future__ import annotations
 
@@ -11,11 +12,14 @@ from broker.deliveries import (
     Candidate,
     Judged,
     OwnerRecord,
-    choose,
+    SortedOut,
+    due_for_proof,
     judge_replay,
     judge_takeover,
+    may_run_suspect,
     over_limits,
     prunable,
+    sort_out,
 )
 
 HB = 1.0  # heartbeat, seconds
@@ -45,17 +49,25 @@ def test_too_many_bytes_names_the_limit() -> None:
 
 
 @pytest.mark.parametrize(
-    ("redis_count", "idle_ms", "owner", "unregistered_for", "expected"),
+    ("started", "idle_ms", "owner", "unregistered_for", "expected"),
     [
-        # A registered process that died holding it (last beat around when it went idle).
-        (3, 29_000, DEAD, 0.0, Judged(3)),
-        (0, 29_000, DEAD, 0.0, Judged(0)),
-        (1, 2_500, OwnerRecord(True, 2.0), 0.0, Judged(1)),
-        # Forged: a name no process is registered under; left two heartbeats, then count ignored.
+        # A registered process that died holding it while its start evidence stood: a suspect.
+        (3, 29_000, DEAD, 0.0, Judged(3, suspect=True)),
+        (0, 29_000, DEAD, 0.0, Judged(0, suspect=True)),
+        (1, 2_500, OwnerRecord(True, 2.0), 0.0, Judged(1, suspect=True)),
+        # Delivered but never started (or it ran a whole heartbeat since): no suspect.
+        (None, 29_000, DEAD, 0.0, Judged(0)),
+        # Forged: a name no process is registered under; left two heartbeats, then ignored.
         (10, 3_600_000, None, 0.0, Judged(0, wait=True)),
         (10, 3_600_000, None, 1.9, Judged(0, wait=True)),
-        (10, 3_600_000, None, 2.0, Judged(0, "held by 'x', which is not a registered consumer")),
-        (0, 3_600_000, None, 5.0, Judged(0)),
+        (
+            10,
+            3_600_000,
+            None,
+            2.0,
+            Judged(0, distrusted="held by 'x', which is not a registered consumer"),
+        ),
+        (None, 3_600_000, None, 5.0, Judged(0)),
         # Forged on a live process's name: it heartbeated long after the entry went idle.
         (
             10,
@@ -64,8 +76,8 @@ def test_too_many_bytes_names_the_limit() -> None:
             0.0,
             Judged(
                 0,
-                "'x' heartbeated 0.5 s ago, after the entry went idle 3600.0 s ago: it did not"
-                " die holding it",
+                distrusted="'x' heartbeated 0.5 s ago, after the entry went idle 3600.0 s ago:"
+                " it did not die holding it",
             ),
         ),
         # A dead process's name, but an idle time that its heartbeats contradict.
@@ -76,7 +88,7 @@ def test_too_many_bytes_names_the_limit() -> None:
             0.0,
             Judged(
                 0,
-                "'x' heartbeated 30.0 s ago, after the entry went"
+                distrusted="'x' heartbeated 30.0 s ago, after the entry went"
                 " idle 3600.0 s ago: it did not die holding it",
             ),
         ),
@@ -85,46 +97,83 @@ def test_too_many_bytes_names_the_limit() -> None:
     ],
 )
 def test_judge_takeover(
-    redis_count: int,
+    started: int | None,
     idle_ms: int,
     owner: OwnerRecord | None,
     unregistered_for: float,
     expected: Judged,
 ) -> None:
     judged = judge_takeover(
-        redis_count, idle_ms, "x", owner, heartbeat_sec=HB, unregistered_for_sec=unregistered_for
+        started, idle_ms, "x", owner, heartbeat_sec=HB, unregistered_for_sec=unregistered_for
     )
     assert judged == expected
 
 
 @pytest.mark.parametrize(
-    ("redis_count", "previous", "expected"),
+    ("started", "previous", "expected"),
     [
-        (2, DEAD, Judged(2)),
-        (2, ALIVE, Judged(2)),  # restarted within the staleness margin: its row still looks alive
+        (2, DEAD, Judged(2, suspect=True)),
+        # Restarted within the staleness margin: its row still looks alive.
+        (2, ALIVE, Judged(2, suspect=True)),
+        (0, ALIVE, Judged(0, suspect=True)),
+        (None, DEAD, Judged(0)),  # delivered to it but never started
         (2, STOPPED, Judged(0)),
-        (10, None, Judged(0, "no earlier process of this name is registered")),
-        (0, None, Judged(0)),
+        (10, None, Judged(0, distrusted="no earlier process of this name is registered")),
+        (None, None, Judged(0)),
     ],
 )
-def test_judge_replay(redis_count: int, previous: OwnerRecord | None, expected: Judged) -> None:
-    assert judge_replay(redis_count, previous) == expected
+def test_judge_replay(started: int | None, previous: OwnerRecord | None, expected: Judged) -> None:
+    assert judge_replay(started, previous) == expected
+
+
+def _suspect(counted: int) -> Judged:
+    return Judged(counted, suspect=True)
 
 
 @pytest.mark.parametrize(
-    ("counted", "suspect_allowed", "expected"),
+    ("judged", "free", "suspects"),
     [
-        # Survivors and entries past the cap (max 3) together, the least delivered suspect alone.
-        ({"1-0": 0, "2-0": 2, "3-0": 1, "4-0": 3, "5-0": 1}, True, ["1-0", "4-0", "3-0"]),
-        ({"1-0": 0, "2-0": 2, "3-0": 1, "4-0": 3}, False, ["1-0", "4-0"]),
-        ({"10-0": 1, "9-0": 1}, True, ["9-0"]),  # ids compared as numbers
-        ({"1-0": 5}, False, ["1-0"]),
-        ({}, True, []),
+        # No suspects and suspects past the cap (max 3) together, in the order given; the
+        # others least counted first, so the healthy ones beside a poison run before it again.
+        (
+            {
+                "1-0": Judged(0),
+                "2-0": _suspect(2),
+                "3-0": _suspect(0),
+                "4-0": _suspect(3),
+                "5-0": _suspect(0),
+                "6-0": Judged(0, distrusted="forged"),
+            },
+            ["1-0", "4-0", "6-0"],
+            ["3-0", "5-0", "2-0"],
+        ),
+        ({"10-0": _suspect(1), "9-0": _suspect(1)}, [], ["9-0", "10-0"]),  # ids as numbers
+        ({"1-0": _suspect(5)}, ["1-0"], []),
+        ({}, [], []),
     ],
 )
-def test_choose(counted: dict[str, int], suspect_allowed: bool, expected: list[str]) -> None:
-    candidates = [Candidate(i, c) for i, c in counted.items()]
-    assert choose(candidates, 3, suspect_allowed=suspect_allowed) == expected
+def test_sort_out(judged: dict[str, Judged], free: list[str], suspects: list[str]) -> None:
+    candidates = [Candidate(i, j) for i, j in judged.items()]
+    assert sort_out(candidates, 3) == SortedOut(free, suspects)
+
+
+@pytest.mark.parametrize(
+    ("running_suspect", "unproven", "expected"),
+    [
+        (False, 0, True),
+        (False, 1, False),  # a poison among what it started would be blamed on the suspect
+        (True, 0, False),  # one suspect per process
+        (True, 3, False),
+    ],
+)
+def test_may_run_suspect(running_suspect: bool, unproven: int, expected: bool) -> None:
+    assert may_run_suspect(running_suspect, unproven) is expected
+
+
+def test_due_for_proof_after_a_whole_heartbeat() -> None:
+    started = {"1-0": 10.0, "2-0": 10.5, "3-0": 11.2}
+    assert due_for_proof(started, 11.5, HB) == ["1-0", "2-0"]
+    assert due_for_proof(started, 10.9, HB) == []
 
 
 def test_prunable_keeps_self_live_and_busy_consumers() -> None:
