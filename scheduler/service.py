@@ -84,6 +84,8 @@ TI = TaskInstance
 EVENT_BATCH = 2000
 EVENT_BLOCK_MS = 100
 RUN_BATCH = 50
+# Queued runs started per transaction: a catch-up or a burst of triggers starts in batches.
+START_BATCH = 500
 DISPATCH_BATCH = 2000
 DISPATCH_PASSES = 8
 EXPIRE_EVERY_SEC = 1.0
@@ -102,30 +104,44 @@ SCHEDULE_RUNS_EVERY_SEC = 1.0
 RECOLLECT_MISSING_SEC = 1.0
 CHECKED_RUNS_KEPT = 100_000
 
-# The resumed tasks still scheduled (locked; one another scheduler holds is skipped), then the
-# number of queued and running tasks of each of their runs, counted once per run, then the
-# names of their pools, locked (counted by the next statement: pools.free_slots). Kinds of rows
-# rather than a join: the planner cannot estimate the locked rows, and a join of the first two
-# recounted every run for every task (9 s for 2,000 tasks of 2,000 runs).
+# The resumed tasks still scheduled (locked; one another scheduler holds is skipped), then their
+# runs, locked in id order (as every statement that marks runs locks them), then the names of
+# their pools, locked. The runs' queued and running tasks and the pools' free slots are counted
+# by the next statements, whose snapshots hold what the locks' last holders queued: counted
+# here, before the locks were had, two schedulers resuming tasks of one run each missed the
+# other's and overran its max_active_tasks. Rows of kinds rather than a join: the planner
+# cannot estimate the locked rows.
 _RESUMED_READY_SQL = text(
     """
     WITH ready AS MATERIALIZED (
         SELECT id, dag_id, run_id, pool, pool_slots, priority_weight FROM task_instance
         WHERE id = ANY(CAST(:ids AS bigint[])) AND state = 'scheduled'
         FOR UPDATE SKIP LOCKED
+    ), runs AS MATERIALIZED (
+        SELECT dag_id, run_id FROM dag_run
+        WHERE (dag_id, run_id) IN (SELECT dag_id, run_id FROM ready)
+        ORDER BY id
+        FOR UPDATE
     ), pools AS ("""
     + pools.LOCK_POOLS_OF_READY
     + """)
-    SELECT id, dag_id, run_id, pool, pool_slots, priority_weight, NULL AS active FROM ready
+    SELECT 'task' AS kind, id, dag_id, run_id, pool, pool_slots, priority_weight FROM ready
     UNION ALL
-    SELECT NULL, t.dag_id, t.run_id, NULL, NULL, NULL, count(*)
-    FROM task_instance AS t
-    JOIN (SELECT DISTINCT dag_id, run_id FROM ready) AS runs
-        ON runs.dag_id = t.dag_id AND runs.run_id = t.run_id
+    SELECT 'run', NULL, dag_id, run_id, NULL, NULL, NULL FROM runs
+    UNION ALL
+    SELECT 'pool', NULL, NULL, NULL, name, NULL, NULL FROM pools
+    """
+)
+
+# The queued and running tasks of each of these runs (locked by the statement before), by
+# ix_task_instance_run_unfinished.
+_RUNS_ACTIVE_SQL = text(
+    """
+    SELECT t.dag_id, t.run_id, count(*) AS active
+    FROM unnest(CAST(:dag_ids AS text[]), CAST(:run_ids AS text[])) AS r (dag_id, run_id)
+    JOIN task_instance AS t ON t.dag_id = r.dag_id AND t.run_id = r.run_id
     WHERE t.state IN ('queued', 'running')
     GROUP BY t.dag_id, t.run_id
-    UNION ALL
-    SELECT NULL, NULL, NULL, name, NULL, NULL, NULL FROM pools
     """
 )
 
@@ -347,15 +363,15 @@ class SchedulerService:
     # -- DAG runs --------------------------------------------------------------------------------
 
     def start_queued_runs(self) -> None:
+        """Start up to START_BATCH queued runs in one transaction, their task instances made
+        and their runs moved in two statements whatever their number (scheduler/DECISIONS.md
+        27)."""
         with self.sessions.begin() as session:
-            for run in dagruns.startable_runs(session, limit=RUN_BATCH):
+            started: list[tuple[DagRun, DAG]] = []
+            for run in dagruns.startable_runs(session, limit=START_BATCH):
                 dag = self._dag(run.dag_id)
                 if dag is not None:
-                    transitions.start_dag_run(
-                        session, run, [new_task_instance(run, t) for t in dag.tasks]
-                    )
-                    self._remember_checked(run.id, dag)
-                    log.info("started run %s of DAG %s", run.run_id, run.dag_id)
+                    started.append((run, dag))
                 elif run.created_at < self._folder_read_at and not dags.grace_left(
                     session, run.dag_id
                 ):
@@ -363,6 +379,17 @@ class SchedulerService:
                     # before `dags trigger` within a second of the last look: the run waits.)
                     log.error("run %s of DAG %r failed: DAG not found", run.run_id, run.dag_id)
                     transitions.finish_dag_run(session, run, DagRunState.FAILED)
+            transitions.start_dag_runs(
+                session,
+                [(run, [new_task_instance(run, t) for t in dag.tasks]) for run, dag in started],
+            )
+        for run, dag in started:
+            self._remember_checked(run.id, dag)
+        if started:
+            said = ", ".join(run.run_id for run, _ in started[:5])
+            more = f" and {len(started) - 5} more" if len(started) > 5 else ""
+            dag_ids = ", ".join(sorted({run.dag_id for run, _ in started}))
+            log.info("started %d run(s) of %s: %s%s", len(started), dag_ids, said, more)
 
     def evaluate_marked_runs(self) -> None:
         """Decide what may move on in each run marked since its last evaluation."""
@@ -527,19 +554,21 @@ class SchedulerService:
         if not ids:
             return []
         ready: list[decide.Ready] = []
-        active: dict[decide.RunKey, int] = {}
         for row in session.execute(_RESUMED_READY_SQL, {"ids": list(ids)}):
-            run = (row.dag_id, row.run_id)
-            if row.dag_id is None:
-                continue  # a pool of theirs, now locked
-            if row.id is None:
-                active[run] = row.active
-            else:
+            # The other kinds of rows are the runs and pools it locked.
+            if row.kind == "task":
+                run = (row.dag_id, row.run_id)
                 ready.append(
                     decide.Ready(row.id, run, row.pool, row.pool_slots, row.priority_weight)
                 )
         if not ready:
             return []
+        runs = sorted({task.run for task in ready})
+        params = {"dag_ids": [r[0] for r in runs], "run_ids": [r[1] for r in runs]}
+        active: dict[decide.RunKey, int] = {
+            (row.dag_id, row.run_id): row.active
+            for row in session.execute(_RUNS_ACTIVE_SQL, params)
+        }
         budget = {
             task.run: decide.dispatch_budget(
                 self._max_active_tasks(task.run[0]), active.get(task.run, 0)
