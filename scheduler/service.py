@@ -224,6 +224,8 @@ class SchedulerService:
         # What the current evaluation pass found, remembered only once it commits: a pass (or
         # a run's savepoint) rolled back also undid the task instances it added.
         self._checked_now: dict[int, DAG] = {}
+        # Where the sweep for unwaited shared triggers goes on (a trigger id; 0: the first).
+        self._unwaited_after = 0
         self.broker: Broker
         self.consumer: ConsumerSet
         self.reconciler: Reconciler
@@ -812,10 +814,10 @@ class SchedulerService:
         metrics.DEFERRAL_TIMEOUTS.inc(len(expired))
         if expired:
             log.info("deferral timed out for task instance(s) %s", expired)
-        # Shared triggers whose last waiter left (timed out, cleared, marked), in a transaction
-        # of their own.
+        # Shared triggers whose last waiter left (timed out, cleared, marked), a page per call
+        # in a transaction of its own.
         with self.sessions.begin() as session:
-            dropped = transitions.drop_unwaited(session)
+            dropped, self._unwaited_after = transitions.drop_unwaited(session, self._unwaited_after)
         if dropped:
             log.info("shared trigger(s) %s dropped: their last waiter left", dropped)
 
