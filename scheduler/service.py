@@ -57,7 +57,16 @@ from deferral.runtime.faults import is_transient
 from deferral.runtime.process import Every, freeze_startup_objects, log_ids, wait_ms_until_due
 from deferral.runtime.serialization import SerializationError
 from deferral.states import DagRunState
-from deferral.store import hitl, liveness, partitions, pools, retention, tasklogs, transitions
+from deferral.store import (
+    hitl,
+    liveness,
+    partitions,
+    pools,
+    retention,
+    statistics,
+    tasklogs,
+    transitions,
+)
 from deferral.store.db import make_engine, make_sessionmaker, wait_until_up
 from deferral.store.tables import DagRun, Scheduler, TaskInstance
 from deferral.store.tasklogs import SOURCE_TRIGGERER, NewLine
@@ -93,12 +102,16 @@ WAKE_EVERY_SEC = 0.5
 RELAY_EVERY_SEC = 5.0
 RELAY_AFTER = dt.timedelta(seconds=10)
 RECONCILE_EVERY_SEC = 2.0
+# Shared trigger rows the unwaited sweep reads per call (going round them all).
+UNWAITED_PAGE = 1000
 # Runs of DAGs that stopped loading are looked at this often, or twice per grace period if
 # that is shorter (at most every 0.5 s): a run fails at most 5 s, or half its grace, after it.
 BROKEN_DAGS_EVERY_SEC = 5.0
 PRUNE_EVERY_SEC = 3600.0
 # The history tables' partitions of the next days are made this often (deferral.store.partitions).
 PARTITIONS_EVERY_SEC = 3600.0
+# The hot tables' planner statistics are checked this often (deferral.store.statistics).
+ANALYZE_EVERY_SEC = 5.0
 DEFAULT_MAX_ACTIVE_TASKS = 16
 SCHEDULE_RUNS_EVERY_SEC = 1.0
 RECOLLECT_MISSING_SEC = 1.0
@@ -245,6 +258,7 @@ class SchedulerService:
             Every(broken_every, self.fail_broken_runs),
             Every(PRUNE_EVERY_SEC, self.prune),
             Every(PARTITIONS_EVERY_SEC, self.make_partitions),
+            Every(ANALYZE_EVERY_SEC, self.analyze_changed_tables),
             Every(SCHEDULE_RUNS_EVERY_SEC, self.schedule_runs),
         ]
 
@@ -817,7 +831,9 @@ class SchedulerService:
         # Shared triggers whose last waiter left (timed out, cleared, marked), a page per call
         # in a transaction of its own.
         with self.sessions.begin() as session:
-            dropped, self._unwaited_after = transitions.drop_unwaited(session, self._unwaited_after)
+            dropped, self._unwaited_after = transitions.drop_unwaited(
+                session, self._unwaited_after, UNWAITED_PAGE
+            )
         if dropped:
             log.info("shared trigger(s) %s dropped: their last waiter left", dropped)
 
@@ -856,6 +872,15 @@ class SchedulerService:
         pruned = retention.prune(self.sessions, self.settings.prune_older_than)
         if pruned.total:
             log.info("%s", pruned.describe())
+
+    def analyze_changed_tables(self) -> None:
+        """ANALYZE a hot table after bulk changes, so that plans follow what the tables hold,
+        and vacuum the run counts after many folds."""
+        analyzed = statistics.analyze_changed(self.sessions)
+        if analyzed:
+            log.info("analyzed %s after bulk changes", analyzed)
+        if statistics.vacuum_counts(self.engine):
+            log.info("vacuumed dag_run_count: its folds left more dead rows than live ones")
 
     def make_partitions(self) -> None:
         made = partitions.make_ahead(self.sessions)

@@ -122,6 +122,13 @@ class DagRun(Base):
             "id",
             postgresql_where=text("state = 'queued'"),
         ),
+        # A DAG's latest scheduled or backfill run, however many manual runs came after it.
+        Index(
+            "ix_dag_run_automated",
+            "dag_id",
+            "logical_date",
+            postgresql_where=text("run_type IN ('backfill', 'scheduled')"),
+        ),
     )
 
     id: Mapped[int] = _id()

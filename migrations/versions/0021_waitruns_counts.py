@@ -1,6 +1,7 @@
 """Many waiting runs: the queued and running runs of each DAG kept as counts as they change
 (``dag_run_count``, written by triggers on ``dag_run``), an index of queued runs per DAG for
-the start pass, and an index of shared triggers by id for the unwaited-trigger sweep
+the start pass, one of automated runs per DAG for its latest, and an index of shared triggers
+by id for the unwaited-trigger sweep
 (scheduler/DECISIONS.md 27)
 
 Revision ID: 0021_waitruns_counts
@@ -72,6 +73,12 @@ def upgrade() -> None:
         postgresql_where=sa.text("state = 'queued'"),
     )
     op.create_index(
+        "ix_dag_run_automated",
+        "dag_run",
+        ["dag_id", "logical_date"],
+        postgresql_where=sa.text("run_type IN ('backfill', 'scheduled')"),
+    )
+    op.create_index(
         "ix_trigger_shared_id",
         "trigger",
         ["id"],
@@ -81,6 +88,7 @@ def upgrade() -> None:
 
 def downgrade() -> None:
     op.drop_index("ix_trigger_shared_id", table_name="trigger")
+    op.drop_index("ix_dag_run_automated", table_name="dag_run")
     op.drop_index("ix_dag_run_queued", table_name="dag_run")
     for name in _TRIGGERS:
         op.execute(f"DROP TRIGGER {name} ON dag_run")
