@@ -108,6 +108,30 @@ def report(title: str, figures: Iterable[Figure], notes: Iterable[str] = ()) -> 
     return all(f.met is not False for f in figures)
 
 
+def calibration(url: str, seconds: float = 1.0) -> str:
+    """What this machine does now, to read the figures beside: single-row commits per second
+    from one client on the database at ``url``, and a pure-Python loop's rate."""
+    engine = make_engine(url, pool_size=1)
+    with engine.connect() as conn:
+        conn.execute(text("CREATE TEMPORARY TABLE calibration (n integer)"))
+        conn.commit()
+        commits, until = 0, time.monotonic() + seconds
+        while time.monotonic() < until:
+            conn.execute(text("INSERT INTO calibration VALUES (1)"))
+            conn.commit()
+            commits += 1
+    engine.dispose()
+    loops, started = 0, time.perf_counter()
+    while time.perf_counter() - started < seconds:
+        for _ in range(10_000):
+            loops += 1
+    rate = loops / (time.perf_counter() - started)
+    return (
+        f"calibration: {commits / seconds:.0f} single-row commits/s (one client),"
+        f" {rate / 1e6:.1f} M pure-Python loop iterations/s"
+    )
+
+
 class Stack:
     """A fresh database and stream prefix, and the service processes started on them."""
 
