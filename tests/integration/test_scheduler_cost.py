@@ -418,3 +418,34 @@ def test_no_pass_reads_the_waiting_runs(
     # The two sweeps read a page each (20 rows, 2 reads each: index and table) where they read
     # 10; a plan may differ between small and big tables by a few rows.
     assert costs[100_000][1] <= costs[10][1] + 200, said
+
+
+def test_queued_runs_start_in_batches_whatever_their_number(
+    settings: Settings, sessions: sessionmaker[Session], write_dag: Callable[[str, str], Any]
+) -> None:
+    """One start pass starts up to START_BATCH queued runs in the same statements as one:
+    5 or 500 queued runs (with 1,000 running), 500 started by one pass, in its statements."""
+    write_dag("waiting", WAITING_DAG)
+    _waiting_runs(sessions, first=1, count=1000)
+    service = _loop_service(settings)
+    counts = {}
+    for queued in (5, scheduler_service.START_BATCH):
+        with sessions.begin() as session:
+            session.execute(
+                text(
+                    "INSERT INTO dag_run (dag_id, run_id, logical_date, state)"
+                    " SELECT 'waiting', 'q' || :queued || '_' || n, now() + n * interval '1 s',"
+                    " 'queued' FROM generate_series(1, :queued) AS n"
+                ),
+                {"queued": queued},
+            )
+        counts[queued] = len(_statements_of(service, service.start_queued_runs))
+        with sessions() as session:
+            left = session.scalar(text("SELECT count(*) FROM dag_run WHERE state = 'queued'"))
+            tasks = session.scalar(
+                text("SELECT count(*) FROM task_instance WHERE run_id LIKE :q"),
+                {"q": f"q{queued}_%"},
+            )
+        assert (left, tasks) == (0, queued)
+    service.broker.close()
+    assert counts[5] == counts[scheduler_service.START_BATCH], counts
