@@ -217,13 +217,20 @@ def create_due_runs(
             setattr(row, name, value)
     created_ids = set(transitions.create_dag_runs_once(session, wanted))
     created = [run for run in wanted if run.run_id in created_ids]
+    # One line per DAG and call: a catch-up creates thousands of runs at once.
+    by_dag: dict[str, list[NewDagRun]] = {}
     for run in created:
+        by_dag.setdefault(run.dag_id, []).append(run)
+    for dag_id, runs in by_dag.items():
+        first, last = runs[0], runs[-1]
         log.info(
-            "created run %s of DAG %s (data interval %s to %s)",
-            run.run_id,
-            run.dag_id,
-            run.data_interval_start.isoformat(),
-            run.data_interval_end.isoformat(),
+            "created %d run(s) of DAG %s, %s to %s (data intervals from %s to %s)",
+            len(runs),
+            dag_id,
+            first.run_id,
+            last.run_id,
+            first.data_interval_start.isoformat(),
+            last.data_interval_end.isoformat(),
         )
     return created
 
