@@ -198,6 +198,15 @@ _DEFERRED_BY_CLASS_SQL = text(
     WHERE ti.state = 'deferred' GROUP BY t.classpath
     """
 )
+# Runs marked for evaluation, counted up to :most (ix_dag_run_evaluate_after): how far the
+# evaluation pass is behind the start pass.
+_MARKED_BACKLOG_SQL = text(
+    """
+    SELECT count(*) FROM (
+        SELECT 1 FROM dag_run WHERE evaluate_after <= now() AND state = 'running' LIMIT :most
+    ) AS marked
+    """
+)
 _LOOP_WORK_SQL = text(
     """
     SELECT EXISTS (SELECT 1 FROM dag_run WHERE state = 'queued') AS queued_runs,
@@ -381,10 +390,12 @@ class SchedulerService:
     def start_queued_runs(self) -> None:
         """Start up to START_BATCH queued runs in one transaction, their task instances made
         and their runs moved in two statements whatever their number (scheduler/DECISIONS.md
-        27)."""
+        27); fewer while started runs wait for their first evaluation, so that a burst flows on
+        to the workers instead of piling up marked."""
         with self.sessions.begin() as session:
+            room = START_BATCH - session.scalar(_MARKED_BACKLOG_SQL, {"most": START_BATCH})
             started: list[tuple[DagRun, DAG]] = []
-            for run in dagruns.startable_runs(session, limit=START_BATCH):
+            for run in dagruns.startable_runs(session, limit=max(room, RUN_BATCH)):
                 dag = self._dag(run.dag_id)
                 if dag is not None:
                     started.append((run, dag))

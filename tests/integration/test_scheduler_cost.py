@@ -424,7 +424,8 @@ def test_queued_runs_start_in_batches_whatever_their_number(
     settings: Settings, sessions: sessionmaker[Session], write_dag: Callable[[str, str], Any]
 ) -> None:
     """One start pass starts up to START_BATCH queued runs in the same statements as one:
-    5 or 500 queued runs (with 1,000 running), 500 started by one pass, in its statements."""
+    5 or 500 queued runs (with 1,000 running), 500 started by one pass, in its statements;
+    fewer while started runs wait for their evaluation."""
     write_dag("waiting", WAITING_DAG)
     _waiting_runs(sessions, first=1, count=1000)
     service = _loop_service(settings)
@@ -440,6 +441,8 @@ def test_queued_runs_start_in_batches_whatever_their_number(
                 {"queued": queued},
             )
         counts[queued] = len(_statements_of(service, service.start_queued_runs))
+        with sessions.begin() as session:  # evaluated, as the loops after it do
+            session.execute(text("UPDATE dag_run SET evaluate_after = NULL"))
         with sessions() as session:
             left = session.scalar(text("SELECT count(*) FROM dag_run WHERE state = 'queued'"))
             tasks = session.scalar(
@@ -447,5 +450,20 @@ def test_queued_runs_start_in_batches_whatever_their_number(
                 {"q": f"q{queued}_%"},
             )
         assert (left, tasks) == (0, queued)
+    with sessions.begin() as session:  # 100 started runs not evaluated yet: 400 start
+        session.execute(
+            text(
+                "INSERT INTO dag_run (dag_id, run_id, logical_date, state, evaluate_after)"
+                " SELECT 'waiting', 'm' || n, now() - n * interval '1 s', 'running', now()"
+                " FROM generate_series(1, 100) AS n;"
+                " INSERT INTO dag_run (dag_id, run_id, logical_date, state)"
+                " SELECT 'waiting', 'l' || n, now() + interval '1 day' + n * interval '1 s',"
+                " 'queued' FROM generate_series(1, 500) AS n"
+            )
+        )
+    service.start_queued_runs()
+    with sessions() as session:
+        left = session.scalar(text("SELECT count(*) FROM dag_run WHERE state = 'queued'"))
     service.broker.close()
     assert counts[5] == counts[scheduler_service.START_BATCH], counts
+    assert left == 100
