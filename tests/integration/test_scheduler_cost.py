@@ -424,10 +424,10 @@ def test_queued_runs_start_in_batches_whatever_their_number(
     settings: Settings, sessions: sessionmaker[Session], write_dag: Callable[[str, str], Any]
 ) -> None:
     """One start pass starts up to START_BATCH queued runs in the same statements as one:
-    5 or 500 queued runs (with 1,000 running), 500 started by one pass, in its statements;
+    5 or 500 queued runs (with 100 running), 500 started by one pass, in its statements;
     fewer while started runs wait for their evaluation."""
     write_dag("waiting", WAITING_DAG)
-    _waiting_runs(sessions, first=1, count=1000)
+    _waiting_runs(sessions, first=1, count=100)
     service = _loop_service(settings)
     counts = {}
     for queued in (5, scheduler_service.START_BATCH):
