@@ -86,6 +86,34 @@ def output_options(func: Callable[..., Any]) -> Callable[..., Any]:
     )(with_json)
 
 
+# Rows a paged listing shows unless told otherwise.
+DEFAULT_PAGE = 100
+
+
+def page_options(func: Callable[..., Any]) -> Callable[..., Any]:
+    """``--limit N`` and ``--after ID`` on a listing paged by id: a list over a million waiting
+    tasks reads its first page, never every row, and counts nothing."""
+    with_after = click.option(
+        "--after",
+        type=int,
+        default=None,
+        help="Start after this id (the one the previous page's last line named).",
+    )(func)
+    return click.option(
+        "--limit",
+        type=click.IntRange(min=1),
+        default=DEFAULT_PAGE,
+        show_default=True,
+        help="At most this many rows.",
+    )(with_after)
+
+
+def say_next_page(last_id: int | None, more: bool) -> None:
+    """Tell (on stderr, so that JSON output stays one array) how to read the next page."""
+    if more and last_id is not None:
+        click.echo(f"more: --after {last_id} for the next page", err=True)
+
+
 def emit(
     output: str,
     records: Sequence[Record],

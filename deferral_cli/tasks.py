@@ -19,7 +19,9 @@ from deferral_cli.common import (
     fail,
     find_run,
     output_options,
+    page_options,
     run_id_argument,
+    say_next_page,
     sessions,
     task_instances,
 )
@@ -63,18 +65,26 @@ def tasks() -> None:
     help="Only task instances in this state.",
 )
 @click.option("--dag-id", default=None, help="Only task instances of this DAG.")
+@page_options
 @output_options
-def tasks_list(state: str | None, dag_id: str | None, output: str) -> None:
-    """List task instances, newest first; deferred ones show their trigger and its timeout."""
+def tasks_list(
+    state: str | None, dag_id: str | None, limit: int, after: int | None, output: str
+) -> None:
+    """List task instances, newest first, a page at a time (``--limit``, ``--after``);
+    deferred ones show their trigger and its timeout."""
     settings = settings_or_exit()
-    query = select(TaskInstance).order_by(TaskInstance.id.desc())
+    query = select(TaskInstance).order_by(TaskInstance.id.desc()).limit(limit + 1)
     if state is not None:
         query = query.where(TaskInstance.state == state)
     if dag_id is not None:
         query = query.where(TaskInstance.dag_id == dag_id)
+    if after is not None:
+        query = query.where(TaskInstance.id < after)
     with sessions(settings)() as session:
-        records = [_task_record(ti) for ti in session.scalars(query)]
-    emit(output, records, empty="no task instances")
+        found = list(session.scalars(query))
+    shown = found[:limit]
+    emit(output, [_task_record(ti) for ti in shown], empty="no task instances")
+    say_next_page(shown[-1].id if shown else None, len(found) > limit)
 
 
 def _task_record(ti: TaskInstance) -> Record:

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
-from sqlalchemy import Select, func, or_, select, update
+from sqlalchemy import Select, func, or_, select, text, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.orm import Session
 
@@ -24,7 +24,7 @@ from deferral.dag import DAG
 from deferral.loading.dagbag import FolderContents
 from deferral.states import DagRunState, DagRunType
 from deferral.store import transitions
-from deferral.store.tables import Dag, DagRun
+from deferral.store.tables import Dag, DagRun, DagRunCount
 from deferral.store.transitions import NewDagRun
 from deferral.timetables import DagRunInfo, DataInterval
 
@@ -59,22 +59,19 @@ def runs_to_create(
 
 
 @dataclass(frozen=True)
-class QueuedRun:
-    id: int
+class QueuedDag:
+    """A DAG with queued runs: its limit (None: no row yet), whether it is paused, and how
+    many of its runs are running."""
+
     dag_id: str
-    max_active_runs: int
+    max_active_runs: int | None
+    paused: bool
+    running: int
 
-
-def runs_to_start(queued: Sequence[QueuedRun], running: Mapping[str, int]) -> list[int]:
-    """Which queued runs (oldest first) may start now: a DAG never has more than its
-    ``max_active_runs`` running, ``running`` being how many each has now."""
-    counts = dict(running)
-    chosen: list[int] = []
-    for run in queued:
-        if counts.get(run.dag_id, 0) < run.max_active_runs:
-            counts[run.dag_id] = counts.get(run.dag_id, 0) + 1
-            chosen.append(run.id)
-    return chosen
+    def room(self) -> int:
+        """How many of its queued runs may start now."""
+        most = DEFAULT_MAX_ACTIVE_RUNS if self.max_active_runs is None else self.max_active_runs
+        return max(0, most - self.running)
 
 
 def timed_out(start_date: dt.datetime, timeout: dt.timedelta, now: dt.datetime) -> bool:
@@ -155,11 +152,13 @@ def _next_run_columns(info: DagRunInfo | None) -> dict[str, dt.datetime | None]:
 
 # -- scheduled runs ------------------------------------------------------------------------------
 
+# A DAG's queued and running runs as their counts say (dag_run_count): a prefilter only, taken
+# before the DAG's row is locked; create_due_runs counts again under the lock.
 _ACTIVE_RUNS = (
-    select(func.count())
+    select(func.coalesce(func.sum(DagRunCount.delta), 0))
     .where(
-        DagRun.dag_id == Dag.dag_id,
-        DagRun.state.in_((DagRunState.QUEUED, DagRunState.RUNNING)),
+        DagRunCount.dag_id == Dag.dag_id,
+        DagRunCount.state.in_((DagRunState.QUEUED, DagRunState.RUNNING)),
     )
     .correlate(Dag)
     .scalar_subquery()
@@ -194,14 +193,22 @@ def create_due_runs(
     due this is one query on an index of ``dag``. Returns the runs it created."""
     rows = session.execute(due_dags_query(now, limit)).all()
     # A DAG this replica has not parsed yet is left to one that has.
-    due = [(row, active) for row, active in rows if row.dag_id in dags]
+    due = [row for row, _ in rows if row.dag_id in dags]
     if not due:
         return []
-    latest = latest_automated_intervals(session, [row.dag_id for row, _ in due])
+    # Counted in a statement after the one that locked the rows: it sees every run the lock's
+    # last holder created or started.
+    counts = fold_counts(session, [row.dag_id for row in due])
+    active_of = {
+        row.dag_id: counts.get((row.dag_id, DagRunState.QUEUED), 0)
+        + counts.get((row.dag_id, DagRunState.RUNNING), 0)
+        for row in due
+    }
+    latest = latest_automated_intervals(session, [row.dag_id for row in due])
     wanted: list[NewDagRun] = []
-    for row, active in due:
+    for row in due:
         dag = dags[row.dag_id]
-        infos, following = runs_to_create(dag, latest.get(row.dag_id), active, now)
+        infos, following = runs_to_create(dag, latest.get(row.dag_id), active_of[row.dag_id], now)
         wanted += [
             NewDagRun(
                 dag_id=dag.dag_id,
@@ -216,77 +223,142 @@ def create_due_runs(
             setattr(row, name, value)
     created_ids = set(transitions.create_dag_runs_once(session, wanted))
     created = [run for run in wanted if run.run_id in created_ids]
+    # One line per DAG and call: a catch-up creates thousands of runs at once.
+    by_dag: dict[str, list[NewDagRun]] = {}
     for run in created:
+        by_dag.setdefault(run.dag_id, []).append(run)
+    for dag_id, runs in by_dag.items():
+        first, last = runs[0], runs[-1]
         log.info(
-            "created run %s of DAG %s (data interval %s to %s)",
-            run.run_id,
-            run.dag_id,
-            run.data_interval_start.isoformat(),
-            run.data_interval_end.isoformat(),
+            "created %d run(s) of DAG %s, %s to %s (data intervals from %s to %s)",
+            len(runs),
+            dag_id,
+            first.run_id,
+            last.run_id,
+            first.data_interval_start.isoformat(),
+            last.data_interval_end.isoformat(),
         )
     return created
+
+
+# The DAGs that have queued runs, by a skip scan of ix_dag_run_queued (one index probe per
+# DAG, not a read of every queued run), with their row's limits and their running runs as
+# their counts say (dag_run_count: summed, not folded, as no lock is held yet).
+_QUEUED_DAGS_SQL = text(
+    """
+    WITH RECURSIVE queued AS (
+        (SELECT dag_id FROM dag_run WHERE state = 'queued' ORDER BY dag_id LIMIT 1)
+        UNION ALL
+        SELECT (SELECT r.dag_id FROM dag_run AS r
+                WHERE r.state = 'queued' AND r.dag_id > queued.dag_id
+                ORDER BY r.dag_id LIMIT 1)
+        FROM queued WHERE queued.dag_id IS NOT NULL
+    )
+    SELECT queued.dag_id, dag.max_active_runs, dag.is_paused,
+           (SELECT coalesce(sum(c.delta), 0) FROM dag_run_count AS c
+            WHERE c.dag_id = queued.dag_id AND c.state = 'running') AS running
+    FROM queued LEFT JOIN dag ON dag.dag_id = queued.dag_id
+    WHERE queued.dag_id IS NOT NULL
+    """
+)
+
+_LOCK_DAGS_SQL = text(
+    "SELECT dag_id FROM dag WHERE dag_id = ANY(CAST(:dag_ids AS text[]))"
+    " ORDER BY dag_id FOR UPDATE SKIP LOCKED"
+)
+
+# The queued and running runs of these DAGs as their counts say, each (DAG, state)'s rows
+# folded into one on the way. Only a holder of the DAGs' row locks may call it: two folds of
+# the same rows at once would each see a part of them. Rows other transactions add meanwhile
+# are not seen by this statement and stay as they are.
+_FOLD_COUNTS_SQL = text(
+    """
+    WITH gone AS (
+        DELETE FROM dag_run_count WHERE dag_id = ANY(CAST(:dag_ids AS text[]))
+        RETURNING dag_id, state, delta
+    ), sums AS (
+        SELECT dag_id, state, CAST(sum(delta) AS integer) AS total FROM gone
+        GROUP BY dag_id, state
+    ), kept AS (
+        INSERT INTO dag_run_count (dag_id, state, delta)
+        SELECT dag_id, state, total FROM sums WHERE total <> 0
+    )
+    SELECT dag_id, state, total FROM sums
+    """
+)
+
+# Each DAG's oldest queued runs, at most its room (backfill runs only, for a paused DAG),
+# then the oldest of those overall; locked, skipping any another replica holds.
+_QUEUED_RUNS_SQL = text(
+    """
+    SELECT run.* FROM unnest(CAST(:dag_ids AS text[]), CAST(:rooms AS integer[]),
+                             CAST(:backfill_only AS boolean[])) AS d (dag_id, room, backfill_only)
+    CROSS JOIN LATERAL (
+        SELECT * FROM dag_run
+        WHERE dag_run.dag_id = d.dag_id AND dag_run.state = 'queued'
+            AND (NOT d.backfill_only OR dag_run.run_type = 'backfill')
+        ORDER BY dag_run.logical_date, dag_run.id
+        LIMIT d.room
+        FOR UPDATE SKIP LOCKED
+    ) AS run
+    ORDER BY run.logical_date, run.id
+    LIMIT :limit
+    """
+)
+
+
+def fold_counts(session: Session, dag_ids: Collection[str]) -> dict[tuple[str, str], int]:
+    """The queued and running runs of ``dag_ids`` (whose rows the caller holds locked), by
+    (dag_id, state), from their counts; folds each one's rows into one."""
+    if not dag_ids:
+        return {}
+    rows = session.execute(_FOLD_COUNTS_SQL, {"dag_ids": sorted(dag_ids)})
+    return {(row.dag_id, row.state): row.total for row in rows}
 
 
 def startable_runs(session: Session, limit: int) -> list[DagRun]:
     """Queued runs that may start now, oldest logical date first, locked (``FOR UPDATE``) for
     the caller to start in this transaction: none of a paused DAG (backfill runs excepted, as
     ``airflow dags backfill`` runs paused DAGs) and never more than a DAG's ``max_active_runs``
-    running. The DAG rows are locked too, so replicas cannot both start a DAG's last slot."""
-    # Running runs counted once per DAG that has queued runs, not once per queued run: a
-    # correlated count per row grew with queued times running runs, seconds a loop at scale.
-    running = (
-        select(DagRun.dag_id, func.count().label("count"))
-        .where(
-            DagRun.state == DagRunState.RUNNING,
-            DagRun.dag_id.in_(select(DagRun.dag_id).where(DagRun.state == DagRunState.QUEUED)),
-        )
-        .group_by(DagRun.dag_id)
-        .subquery("running")
-    )
-    found = session.execute(
-        select(DagRun, Dag.max_active_runs)
-        .outerjoin(Dag, Dag.dag_id == DagRun.dag_id)
-        .outerjoin(running, running.c.dag_id == DagRun.dag_id)
-        .where(
-            DagRun.state == DagRunState.QUEUED,
-            or_(
-                Dag.dag_id.is_(None),
-                Dag.is_paused.is_(False),
-                DagRun.run_type == DagRunType.BACKFILL,
-            ),
-            or_(Dag.dag_id.is_(None), Dag.max_active_runs > func.coalesce(running.c.count, 0)),
-        )
-        .order_by(DagRun.logical_date, DagRun.id)
-        .limit(limit)
-        .with_for_update(of=DagRun, skip_locked=True)
-    ).all()
-    if not found:
-        return []
-    dag_ids = sorted({run.dag_id for run, _ in found})
-    locked = set(
-        session.scalars(
-            select(Dag.dag_id)
-            .where(Dag.dag_id.in_(dag_ids))
-            .order_by(Dag.dag_id)
-            .with_for_update(skip_locked=True)
-        )
-    )
-    # A DAG whose row another replica holds is left to it this time (no row: nothing to hold).
-    candidates = [(r, most) for r, most in found if most is None or r.dag_id in locked]
-    now_running = {
-        dag_id: count
-        for dag_id, count in session.execute(
-            select(DagRun.dag_id, func.count())
-            .where(DagRun.dag_id.in_(dag_ids), DagRun.state == DagRunState.RUNNING)
-            .group_by(DagRun.dag_id)
-        )
-    }
-    queued = [
-        QueuedRun(run.id, run.dag_id, DEFAULT_MAX_ACTIVE_RUNS if most is None else most)
-        for run, most in candidates
+    running. The DAG rows are locked too, so replicas cannot both start a DAG's last slot.
+
+    What it reads grows with the DAGs that have queued runs and with ``limit``, never with the
+    runs queued or running: the running runs are counted by ``dag_run_count``."""
+    queued = session.execute(_QUEUED_DAGS_SQL).all()
+    wanted = [
+        QueuedDag(row.dag_id, row.max_active_runs, bool(row.is_paused), row.running)
+        for row in queued
     ]
-    chosen = set(runs_to_start(queued, now_running))
-    return [run for run, _ in candidates if run.id in chosen]
+    wanted = [dag for dag in wanted if dag.room() > 0]
+    if not wanted:
+        return []
+    with_row = [dag.dag_id for dag in wanted if dag.max_active_runs is not None]
+    locked = set(session.scalars(_LOCK_DAGS_SQL, {"dag_ids": with_row})) if with_row else set()
+    # Counted again in a statement after the lock (one that waited for it would not see what
+    # the lock's holder started); a DAG whose row another replica holds is left to it.
+    counts = fold_counts(session, locked)
+    startable = [
+        QueuedDag(
+            dag.dag_id,
+            dag.max_active_runs,
+            dag.paused,
+            counts.get((dag.dag_id, DagRunState.RUNNING), 0),
+        )
+        if dag.dag_id in locked
+        else dag
+        for dag in wanted
+        if dag.max_active_runs is None or dag.dag_id in locked
+    ]
+    startable = [dag for dag in startable if dag.room() > 0]
+    if not startable:
+        return []
+    params = {
+        "dag_ids": [dag.dag_id for dag in startable],
+        "rooms": [min(dag.room(), limit) for dag in startable],
+        "backfill_only": [dag.paused for dag in startable],
+        "limit": limit,
+    }
+    return list(session.scalars(select(DagRun).from_statement(_QUEUED_RUNS_SQL), params))
 
 
 def fail_timed_out_runs(

@@ -84,9 +84,15 @@ def sync(session: Session, dagbag: FolderContents, pending: Collection[str] = ()
     return back
 
 
+# Runs of a DAG that stopped loading failed per call (a few statements each): a DAG with a
+# hundred thousand waiting runs is failed over many calls, none of which holds the loop long.
+BROKEN_RUNS_PER_CALL = 200
+
+
 def fail_broken_runs(session: Session, grace: dt.timedelta) -> list[tuple[str, str]]:
     """Fail the unfinished tasks of running runs whose DAG has not loaded for longer than
-    ``grace``, and finish those runs once no attempt of theirs is still running."""
+    ``grace``, and finish those runs once no attempt of theirs is still running: at most
+    BROKEN_RUNS_PER_CALL runs of each such DAG per call, the rest at the next ones."""
     broken = session.execute(
         select(Dag.dag_id, Dag.missing_reason).where(Dag.missing_since < func.now() - grace)
     ).all()
@@ -95,6 +101,8 @@ def fail_broken_runs(session: Session, grace: dt.timedelta) -> list[tuple[str, s
         runs = session.scalars(
             select(DagRun)
             .where(DagRun.dag_id == dag_id, DagRun.state == DagRunState.RUNNING)
+            .order_by(DagRun.id)
+            .limit(BROKEN_RUNS_PER_CALL)
             .with_for_update(skip_locked=True)
         ).all()
         for run in runs:

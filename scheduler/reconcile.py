@@ -24,7 +24,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
-from sqlalchemy import Row, func, select, text
+from sqlalchemy import BigInteger, Row, any_, bindparam, func, select, text
+from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.orm import Session, sessionmaker
 
 from broker.client import Broker
@@ -91,54 +92,52 @@ class Reconciler:
 
     def _page(
         self, session: Session, columns: Sequence[Any], state: str, after: int, *where: object
-    ) -> list[Row[Any]]:
-        """The next page of ``state`` task instances after id ``after``: only ``columns`` (and
-        the id), as rows, not ORM objects (loading those was most of a reconciler pass, all of
-        it time the scheduler applied no event)."""
-        return list(
-            session.execute(
-                select(TI.id, *columns)
+    ) -> tuple[list[Row[Any]], int]:
+        """The next page of ``state`` task instances after id ``after``, those of them that
+        match ``where``, as rows of ``columns`` (and the id), not ORM objects (loading those was
+        most of a pass); and where the next page starts (0: from
+        the first again). The page is taken by state and id alone, then filtered: a filter
+        that leaves most rows out (signal waits, rows just changed) never makes the read walk
+        on through every task in the state."""
+        ids = list(
+            session.scalars(
+                select(TI.id)
                 # Spelled as literal SQL so the planner uses ix_task_instance_state_id.
-                .where(text(f"task_instance.state = '{state}'"), TI.id > after, *where)  # type: ignore[arg-type]
+                .where(text(f"task_instance.state = '{state}'"), TI.id > after)
                 .order_by(TI.id)
                 .limit(self.page)
             )
         )
-
-    def _advance(self, rows: list[Row[Any]]) -> int:
-        return int(rows[-1].id) if len(rows) == self.page else 0
+        if not ids:
+            return [], 0
+        rows = session.execute(
+            select(TI.id, *columns)
+            .where(TI.id == any_(bindparam("ids", ids, type_=ARRAY(BigInteger))), *where)  # type: ignore[arg-type]
+            .order_by(TI.id)
+        )
+        return list(rows), ids[-1] if len(ids) == self.page else 0
 
     # -- deferred: their trigger (or its event) must be in a stream ------------------------------
 
     def _deferred(self) -> None:
         with self.sessions() as session:
-            # A page of deferred tasks whatever they wait on, filtered only then: a million far
-            # timers (no entry to check) cost a pass one page, not a scan of them all.
-            page = self._page(session, [], "deferred", self.cursor.deferred)
-            rows = self._expecting_entries(session, [ti.id for ti in page]) if page else []
-        self.cursor.deferred = self._advance(page)
+            rows, next_page = self._page(
+                session,
+                [TI.trigger_id, TI.queue],
+                "deferred",
+                self.cursor.deferred,
+                TI.updated_at < func.now() - SETTLE,
+                TI.trigger_id.is_not(None),
+                signals.not_a_wait(TI.trigger_id),  # a send resumes those, no stream entry
+                far_timers.published(TI.trigger_id),  # a far timer is published when near
+            )
+        self.cursor.deferred = next_page
         by_trigger = {str(ti.trigger_id): ti for ti in rows}
         queue_of = {t: ti.queue for t, ti in by_trigger.items()}
         missing = [t for t, here in self.broker.triggers_present(queue_of).items() if not here]
         missing = [t for t, here in self.broker.events_present(missing).items() if not here]
         if missing:
             self._republish_triggers([by_trigger[t].id for t in missing])
-
-    def _expecting_entries(self, session: Session, ti_ids: list[int]) -> list[Row[Any]]:
-        """Those of the deferred ``ti_ids`` whose trigger must be in a stream by now."""
-        return list(
-            session.execute(
-                select(TI.id, TI.trigger_id, TI.queue)
-                .where(
-                    TI.id.in_(ti_ids),
-                    TI.updated_at < func.now() - SETTLE,
-                    TI.trigger_id.is_not(None),
-                    signals.not_a_wait(TI.trigger_id),  # a send resumes those, no stream entry
-                    far_timers.published(TI.trigger_id),  # a far timer is published when near
-                )
-                .order_by(TI.id)
-            )
-        )
 
     def _republish_triggers(self, ti_ids: list[int]) -> None:
         with self.sessions() as session:
@@ -186,14 +185,14 @@ class Reconciler:
 
     def _queued(self) -> None:
         with self.sessions() as session:
-            rows = self._page(
+            rows, next_page = self._page(
                 session,
                 ATTEMPT_COLUMNS,
                 "queued",
                 self.cursor.queued,
                 TI.queued_at < func.now() - SETTLE,
             )
-        self.cursor.queued = self._advance(rows)
+        self.cursor.queued = next_page
         by_queue: dict[str, list[Row[Any]]] = {}
         for ti in rows:
             by_queue.setdefault(ti.queue, []).append(ti)
@@ -233,7 +232,7 @@ class Reconciler:
             .exists()
         )
         with self.sessions() as session:
-            rows = self._page(
+            rows, next_page = self._page(
                 session,
                 [*ATTEMPT_COLUMNS, TI.worker],
                 "running",
@@ -241,7 +240,7 @@ class Reconciler:
                 TI.updated_at < func.now() - stale,
                 ~alive_worker,
             )
-        self.cursor.running = self._advance(rows)
+        self.cursor.running = next_page
         orphans = []
         for ti in rows:
             stream = self.broker.keys.queue(ti.queue)

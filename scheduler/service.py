@@ -58,7 +58,16 @@ from deferral.runtime.faults import is_transient
 from deferral.runtime.process import Every, freeze_startup_objects, log_ids, wait_ms_until_due
 from deferral.runtime.serialization import SerializationError
 from deferral.states import DagRunState
-from deferral.store import hitl, liveness, partitions, pools, retention, tasklogs, transitions
+from deferral.store import (
+    hitl,
+    liveness,
+    partitions,
+    pools,
+    retention,
+    statistics,
+    tasklogs,
+    transitions,
+)
 from deferral.store.db import make_engine, make_sessionmaker, wait_until_up
 from deferral.store.tables import DagRun, Scheduler, TaskInstance
 from deferral.store.tasklogs import SOURCE_TRIGGERER, NewLine
@@ -86,6 +95,8 @@ TI = TaskInstance
 EVENT_BATCH = 2000
 EVENT_BLOCK_MS = 100
 RUN_BATCH = 50
+# Queued runs started per transaction: a catch-up or a burst of triggers starts in batches.
+START_BATCH = 500
 DISPATCH_BATCH = 2000
 DISPATCH_PASSES = 8
 EXPIRE_EVERY_SEC = 1.0
@@ -95,12 +106,16 @@ RELAY_AFTER = dt.timedelta(seconds=10)
 RECONCILE_EVERY_SEC = 2.0
 # Far timers come due within the horizon (minutes): a second's delay is nothing to them.
 FAR_TIMERS_EVERY_SEC = 1.0
+# Shared trigger rows the unwaited sweep reads per call (going round them all).
+UNWAITED_PAGE = 1000
 # Runs of DAGs that stopped loading are looked at this often, or twice per grace period if
 # that is shorter (at most every 0.5 s): a run fails at most 5 s, or half its grace, after it.
 BROKEN_DAGS_EVERY_SEC = 5.0
 PRUNE_EVERY_SEC = 3600.0
 # The history tables' partitions of the next days are made this often (deferral.store.partitions).
 PARTITIONS_EVERY_SEC = 3600.0
+# The hot tables' planner statistics are checked this often (deferral.store.statistics).
+ANALYZE_EVERY_SEC = 5.0
 DEFAULT_MAX_ACTIVE_TASKS = 16
 SCHEDULE_RUNS_EVERY_SEC = 1.0
 RECOLLECT_MISSING_SEC = 1.0
@@ -109,30 +124,44 @@ RECOLLECT_MISSING_SEC = 1.0
 MISSING_DAG_WAIT_BEATS = 0.4
 CHECKED_RUNS_KEPT = 100_000
 
-# The resumed tasks still scheduled (locked; one another scheduler holds is skipped), then the
-# number of queued and running tasks of each of their runs, counted once per run, then the
-# names of their pools, locked (counted by the next statement: pools.free_slots). Kinds of rows
-# rather than a join: the planner cannot estimate the locked rows, and a join of the first two
-# recounted every run for every task (seconds with thousands of each).
+# The resumed tasks still scheduled (locked; one another scheduler holds is skipped), then their
+# runs, locked in id order (as every statement that marks runs locks them), then the names of
+# their pools, locked. The runs' queued and running tasks and the pools' free slots are counted
+# by the next statements, whose snapshots hold what the locks' last holders queued: counted
+# here, before the locks were had, two schedulers resuming tasks of one run each missed the
+# other's and overran its max_active_tasks. Rows of kinds rather than a join: the planner
+# cannot estimate the locked rows.
 _RESUMED_READY_SQL = text(
     """
     WITH ready AS MATERIALIZED (
         SELECT id, dag_id, run_id, pool, pool_slots, priority_weight FROM task_instance
         WHERE id = ANY(CAST(:ids AS bigint[])) AND state = 'scheduled'
         FOR UPDATE SKIP LOCKED
+    ), runs AS MATERIALIZED (
+        SELECT dag_id, run_id FROM dag_run
+        WHERE (dag_id, run_id) IN (SELECT dag_id, run_id FROM ready)
+        ORDER BY id
+        FOR UPDATE
     ), pools AS ("""
     + pools.LOCK_POOLS_OF_READY
     + """)
-    SELECT id, dag_id, run_id, pool, pool_slots, priority_weight, NULL AS active FROM ready
+    SELECT 'task' AS kind, id, dag_id, run_id, pool, pool_slots, priority_weight FROM ready
     UNION ALL
-    SELECT NULL, t.dag_id, t.run_id, NULL, NULL, NULL, count(*)
-    FROM task_instance AS t
-    JOIN (SELECT DISTINCT dag_id, run_id FROM ready) AS runs
-        ON runs.dag_id = t.dag_id AND runs.run_id = t.run_id
+    SELECT 'run', NULL, dag_id, run_id, NULL, NULL, NULL FROM runs
+    UNION ALL
+    SELECT 'pool', NULL, NULL, NULL, name, NULL, NULL FROM pools
+    """
+)
+
+# The queued and running tasks of each of these runs (locked by the statement before), by
+# ix_task_instance_run_unfinished.
+_RUNS_ACTIVE_SQL = text(
+    """
+    SELECT t.dag_id, t.run_id, count(*) AS active
+    FROM unnest(CAST(:dag_ids AS text[]), CAST(:run_ids AS text[])) AS r (dag_id, run_id)
+    JOIN task_instance AS t ON t.dag_id = r.dag_id AND t.run_id = r.run_id
     WHERE t.state IN ('queued', 'running')
     GROUP BY t.dag_id, t.run_id
-    UNION ALL
-    SELECT NULL, NULL, NULL, name, NULL, NULL, NULL FROM pools
     """
 )
 
@@ -173,6 +202,15 @@ _DEFERRED_BY_CLASS_SQL = text(
     """
     SELECT t.classpath, count(*) FROM task_instance ti JOIN trigger t ON t.id = ti.trigger_id
     WHERE ti.state = 'deferred' GROUP BY t.classpath
+    """
+)
+# Runs marked for evaluation, counted up to :most (ix_dag_run_evaluate_after): how far the
+# evaluation pass is behind the start pass.
+_MARKED_BACKLOG_SQL = text(
+    """
+    SELECT count(*) FROM (
+        SELECT 1 FROM dag_run WHERE evaluate_after <= now() AND state = 'running' LIMIT :most
+    ) AS marked
     """
 )
 _LOOP_WORK_SQL = text(
@@ -221,6 +259,8 @@ class SchedulerService:
         # What the current evaluation pass found, remembered only once it commits: a pass (or
         # a run's savepoint) rolled back also undid the task instances it added.
         self._checked_now: dict[int, DAG] = {}
+        # Where the sweep for unwaited shared triggers goes on (a trigger id; 0: the first).
+        self._unwaited_after = 0
         self.broker: Broker
         self.consumer: ConsumerSet
         self.reconciler: Reconciler
@@ -241,6 +281,7 @@ class SchedulerService:
             Every(broken_every, self.fail_broken_runs),
             Every(PRUNE_EVERY_SEC, self.prune),
             Every(PARTITIONS_EVERY_SEC, self.make_partitions),
+            Every(ANALYZE_EVERY_SEC, self.analyze_changed_tables),
             Every(SCHEDULE_RUNS_EVERY_SEC, self.schedule_runs),
         ]
 
@@ -390,15 +431,17 @@ class SchedulerService:
     # -- DAG runs --------------------------------------------------------------------------------
 
     def start_queued_runs(self) -> None:
+        """Start up to START_BATCH queued runs in one transaction, their task instances made
+        and their runs moved in two statements whatever their number (scheduler/DECISIONS.md
+        27); fewer while started runs wait for their first evaluation, so that a burst flows on
+        to the workers instead of piling up marked."""
         with self.sessions.begin() as session:
-            for run in dagruns.startable_runs(session, limit=RUN_BATCH):
+            room = START_BATCH - session.scalar(_MARKED_BACKLOG_SQL, {"most": START_BATCH})
+            started: list[tuple[DagRun, DAG]] = []
+            for run in dagruns.startable_runs(session, limit=max(room, RUN_BATCH)):
                 dag = self._dag(run.dag_id)
                 if dag is not None:
-                    transitions.start_dag_run(
-                        session, run, [new_task_instance(run, t) for t in dag.tasks]
-                    )
-                    self._remember_checked(run.id, dag)
-                    log.info("started run %s of DAG %s", run.run_id, run.dag_id)
+                    started.append((run, dag))
                 elif run.created_at < self._folder_read_at and not dags.grace_left(
                     session, run.dag_id
                 ):
@@ -406,6 +449,17 @@ class SchedulerService:
                     # before `dags trigger` within a second of the last look: the run waits.)
                     log.error("run %s of DAG %r failed: DAG not found", run.run_id, run.dag_id)
                     transitions.finish_dag_run(session, run, DagRunState.FAILED)
+            transitions.start_dag_runs(
+                session,
+                [(run, [new_task_instance(run, t) for t in dag.tasks]) for run, dag in started],
+            )
+        for run, dag in started:
+            self._remember_checked(run.id, dag)
+        if started:
+            said = ", ".join(run.run_id for run, _ in started[:5])
+            more = f" and {len(started) - 5} more" if len(started) > 5 else ""
+            dag_ids = ", ".join(sorted({run.dag_id for run, _ in started}))
+            log.info("started %d run(s) of %s: %s%s", len(started), dag_ids, said, more)
 
     def evaluate_marked_runs(self) -> None:
         """Decide what may move on in each run marked since its last evaluation."""
@@ -570,19 +624,21 @@ class SchedulerService:
         if not ids:
             return []
         ready: list[decide.Ready] = []
-        active: dict[decide.RunKey, int] = {}
         for row in session.execute(_RESUMED_READY_SQL, {"ids": list(ids)}):
-            run = (row.dag_id, row.run_id)
-            if row.dag_id is None:
-                continue  # a pool of theirs, now locked
-            if row.id is None:
-                active[run] = row.active
-            else:
+            # The other kinds of rows are the runs and pools it locked.
+            if row.kind == "task":
+                run = (row.dag_id, row.run_id)
                 ready.append(
                     decide.Ready(row.id, run, row.pool, row.pool_slots, row.priority_weight)
                 )
         if not ready:
             return []
+        runs = sorted({task.run for task in ready})
+        params = {"dag_ids": [r[0] for r in runs], "run_ids": [r[1] for r in runs]}
+        active: dict[decide.RunKey, int] = {
+            (row.dag_id, row.run_id): row.active
+            for row in session.execute(_RUNS_ACTIVE_SQL, params)
+        }
         budget = {
             task.run: decide.dispatch_budget(
                 self._max_active_tasks(task.run[0]), active.get(task.run, 0)
@@ -826,10 +882,12 @@ class SchedulerService:
         metrics.DEFERRAL_TIMEOUTS.inc(len(expired))
         if expired:
             log.info("deferral timed out for task instance(s) %s", expired)
-        # Shared triggers whose last waiter left (timed out, cleared, marked), in a transaction
-        # of their own.
+        # Shared triggers whose last waiter left (timed out, cleared, marked), a page per call
+        # in a transaction of its own.
         with self.sessions.begin() as session:
-            dropped = transitions.drop_unwaited(session)
+            dropped, self._unwaited_after = transitions.drop_unwaited(
+                session, self._unwaited_after, UNWAITED_PAGE
+            )
         if dropped:
             log.info("shared trigger(s) %s dropped: their last waiter left", dropped)
 
@@ -872,6 +930,15 @@ class SchedulerService:
         pruned = retention.prune(self.sessions, self.settings.prune_older_than)
         if pruned.total:
             log.info("%s", pruned.describe())
+
+    def analyze_changed_tables(self) -> None:
+        """ANALYZE a hot table after bulk changes, so that plans follow what the tables hold,
+        and vacuum the run counts after many folds."""
+        analyzed = statistics.analyze_changed(self.sessions)
+        if analyzed:
+            log.info("analyzed %s after bulk changes", analyzed)
+        if statistics.vacuum_counts(self.engine):
+            log.info("vacuumed dag_run_count: its folds left more dead rows than live ones")
 
     def make_partitions(self) -> None:
         made = partitions.make_ahead(self.sessions)

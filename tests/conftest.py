@@ -45,7 +45,7 @@ TABLES = (
     "task_log, task_log_try, "
     "rendered_task_instance_fields, variable, connection, "
     "hitl_detail, deadline_miss, "
-    'task_instance, trigger, triggerer, scheduler, dag_run, "user", web_session, '
+    'task_instance, trigger, triggerer, scheduler, dag_run, dag_run_count, "user", web_session, '
     "asset, asset_event, dag_schedule_asset, task_outlet_asset, asset_dag_run_queue, "
     "dag_run_asset_event, asset_watcher"
 )

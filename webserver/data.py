@@ -15,7 +15,7 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import asdict
 from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import func, select, text
 from sqlalchemy.orm import Session, load_only
 
 from broker import deadletters
@@ -72,8 +72,11 @@ MAX_GRID_ROWS = 100
 MIN_GRID_ROWS = 10
 # The graph is drawn for DAGs of at most this many tasks (a bigger one is read in its grid).
 MAX_GRAPH_TASKS = 300
-# The Deferred page lists at most this many task instances (the total is always counted).
+# The Deferred page lists at most this many task instances, the first deferred rows by id (the
+# oldest task instances), and counts them up to MAX_DEFERRED_COUNTED: with a million waiting, a
+# count of all and a sort of all by their wait cost the page seconds.
 MAX_DEFERRED_LISTED = 2000
+MAX_DEFERRED_COUNTED = 100_000
 # A deferral is "close to expiry" in the last fifth of its wait, and always in its last 5 min.
 EXPIRY_SOON_FRACTION = 0.2
 EXPIRY_SOON_CAP_SEC = 300.0
@@ -243,24 +246,29 @@ def _is_paused(dag: DAG | None, row: Dag | None) -> bool:
     return bool(dag is not None and dag.is_paused_upon_creation)
 
 
+# Each DAG's latest :limit runs, newest first: one walk of the (dag_id, logical_date) key
+# backwards per DAG (a window over every run of each DAG read 100,000 rows for a DAG with that
+# many runs waiting).
+_RECENT_RUNS_SQL = text(
+    """
+    SELECT d.dag_id, r.run_id, r.state, r.logical_date
+    FROM unnest(CAST(:dag_ids AS text[])) AS d (dag_id)
+    CROSS JOIN LATERAL (
+        SELECT run_id, state, logical_date FROM dag_run
+        WHERE dag_run.dag_id = d.dag_id
+        ORDER BY logical_date DESC, id DESC
+        LIMIT :limit
+    ) AS r
+    """
+)
+
+
 def _recent_runs(session: Session, dag_ids: Sequence[str], limit: int) -> dict[str, list[Record]]:
     """Each DAG's latest ``limit`` runs, newest first."""
     if not dag_ids:
         return {}
-    position = (
-        func.row_number()
-        .over(partition_by=DagRun.dag_id, order_by=(DagRun.logical_date.desc(), DagRun.id.desc()))
-        .label("position")
-    )
-    ranked = (
-        select(DagRun.dag_id, DagRun.run_id, DagRun.state, DagRun.logical_date, position)
-        .where(DagRun.dag_id.in_(dag_ids))
-        .subquery()
-    )
     found: dict[str, list[Record]] = {}
-    for row in session.execute(
-        select(ranked).where(ranked.c.position <= limit).order_by(ranked.c.dag_id, "position")
-    ):
+    for row in session.execute(_RECENT_RUNS_SQL, {"dag_ids": list(dag_ids), "limit": limit}):
         found.setdefault(row.dag_id, []).append(
             {"run_id": row.run_id, "state": row.state, "logical_date": row.logical_date}
         )
@@ -804,8 +812,10 @@ def _rendered(session: Session, ti_id: int) -> list[Record]:
 
 
 def deferred_now(session: Session, settings: Settings) -> Record:
-    """Every deferred task, grouped by trigger class and triggerer, the group waiting longest
-    first and in each group the oldest first; timeouts close to expiry flagged."""
+    """The deferred tasks, at most MAX_DEFERRED_LISTED of them (the oldest task instances, by
+    ix_task_instance_state_id), grouped by trigger class and triggerer, the group waiting
+    longest first and in each group the longest wait first; timeouts close to expiry flagged.
+    They are counted up to MAX_DEFERRED_COUNTED (``total_capped`` says the count stopped)."""
     now = _db_now(session)
     ti = TaskInstance
     since = (
@@ -814,9 +824,10 @@ def deferred_now(session: Session, settings: Settings) -> Record:
         .scalar_subquery()
         .label("since")
     )
-    total = session.scalar(
-        select(func.count()).select_from(ti).where(ti.state == TaskState.DEFERRED)
-    )
+    deferred = text("task_instance.state = 'deferred'")  # as ix_task_instance_state_id spells it
+    counted = select(ti.id).where(deferred).limit(MAX_DEFERRED_COUNTED + 1).subquery()
+    total = session.scalar(select(func.count()).select_from(counted)) or 0
+    page = select(ti.id).where(deferred).order_by(ti.id).limit(MAX_DEFERRED_LISTED).subquery()
     rows = session.execute(
         select(
             ti.dag_id,
@@ -829,10 +840,9 @@ def deferred_now(session: Session, settings: Settings) -> Record:
             Trigger.triggerer_id,
             since,
         )
+        .join(page, page.c.id == ti.id)
         .outerjoin(Trigger, Trigger.id == ti.trigger_id)
-        .where(ti.state == TaskState.DEFERRED)
         .order_by(since.asc().nulls_first(), ti.id)
-        .limit(MAX_DEFERRED_LISTED)
     ).all()
     alive = {
         name
@@ -871,7 +881,8 @@ def deferred_now(session: Session, settings: Settings) -> Record:
         group["oldest_since"] = tasks[0]["since"]
         group["soon"] = sum(1 for t in tasks if t["urgency"] is not None)
     return {
-        "total": total or 0,
+        "total": min(total, MAX_DEFERRED_COUNTED),
+        "total_capped": total > MAX_DEFERRED_COUNTED,
         "listed": len(rows),
         "groups": list(groups.values()),  # rows came oldest first, so do the groups
     }

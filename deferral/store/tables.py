@@ -113,6 +113,22 @@ class DagRun(Base):
             "evaluate_after",
             postgresql_where=text("evaluate_after IS NOT NULL"),
         ),
+        # The start pass walks each DAG's queued runs oldest first, and finds the DAGs that
+        # have any by a skip scan of this index: never a read of every queued run.
+        Index(
+            "ix_dag_run_queued",
+            "dag_id",
+            "logical_date",
+            "id",
+            postgresql_where=text("state = 'queued'"),
+        ),
+        # A DAG's latest scheduled or backfill run, however many manual runs came after it.
+        Index(
+            "ix_dag_run_automated",
+            "dag_id",
+            "logical_date",
+            postgresql_where=text("run_type IN ('backfill', 'scheduled')"),
+        ),
     )
 
     id: Mapped[int] = _id()
@@ -137,6 +153,21 @@ class DagRun(Base):
     scheduling_error: Mapped[str | None] = mapped_column(Text)
 
 
+class DagRunCount(Base):
+    """How many runs of a DAG are queued and running, kept as they change: a row per change
+    (+1 or -1 by state), written by PostgreSQL triggers on ``dag_run`` (migration 0021), summed
+    and folded into one row per (DAG, state) by whoever holds the DAG's row lock
+    (``scheduler.dagruns``). max_active_runs is decided from these sums, never by counting the
+    runs (scheduler/DECISIONS.md 27)."""
+
+    __tablename__ = "dag_run_count"
+
+    id: Mapped[int] = _id()
+    dag_id: Mapped[str] = mapped_column(String(250), index=True)
+    state: Mapped[str] = mapped_column(String(20))
+    delta: Mapped[int] = mapped_column(Integer)
+
+
 class Trigger(Base):
     __tablename__ = "trigger"
     __table_args__ = (
@@ -144,6 +175,8 @@ class Trigger(Base):
         Index(
             "ix_trigger_far_moment", "far_moment", postgresql_where=text("far_moment IS NOT NULL")
         ),
+        # The sweep for shared triggers nobody waits on pages through these by id.
+        Index("ix_trigger_shared_id", "id", postgresql_where=text("share_key IS NOT NULL")),
     )
 
     id: Mapped[int] = _id()

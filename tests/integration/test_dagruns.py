@@ -459,3 +459,31 @@ def test_a_run_past_dagrun_timeout_fails_and_its_unfinished_tasks_are_skipped(
     assert run_states == {"old": DagRunState.FAILED, "young": DagRunState.RUNNING}
     with sessions.begin() as session:  # once only
         assert dagruns.fail_timed_out_runs(session, bag.dags, dt.datetime.now(UTC)) == []
+
+
+# -- fail_broken_runs ----------------------------------------------------------------------------
+
+
+def test_runs_of_a_dag_that_stopped_loading_fail_a_bounded_number_per_call(
+    sessions: sessionmaker[Session], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(dags, "BROKEN_RUNS_PER_CALL", 2)
+    with sessions.begin() as session:
+        session.execute(
+            text(
+                "INSERT INTO dag (dag_id, missing_since, missing_reason)"
+                " VALUES ('broken', now() - interval '1 hour', 'gone')"
+            )
+        )
+        session.execute(
+            text(
+                "INSERT INTO dag_run (dag_id, run_id, logical_date, state)"
+                " SELECT 'broken', 'r' || n, now() - n * interval '1 s', 'running'"
+                " FROM generate_series(1, 3) AS n"
+            )
+        )
+    failed = []
+    for _ in range(2):
+        with sessions.begin() as session:
+            failed.append(len(dags.fail_broken_runs(session, dt.timedelta(minutes=1))))
+    assert failed == [2, 1]

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import select
+from sqlalchemy import select, text
 from sqlalchemy.orm import Session, sessionmaker
 
 from broker.client import Broker
@@ -334,25 +334,21 @@ def test_pools_limit_dispatch_and_deferred_tasks_free_their_slot_by_default(
     assert _states(sessions) == {"t0": "deferred", "t1": expected_t1, "t2": "scheduled"}
 
 
-@pytest.mark.parametrize("path", ["dispatch", "resume"])
-def test_two_schedulers_dispatching_into_one_pool_at_once_do_not_overfill_it(
-    settings: Settings,
-    sessions: sessionmaker[Session],
-    write_dag: WriteDag,
-    dag_id: str,
-    path: str,
-) -> None:
-    """The second waits for the pool's lock while the first queues into its last slot; once
-    it has the lock it must count what the first queued (a count read in the statement that
-    waited missed it: both queued a task into the 1-slot pool)."""
-    body = "\n".join(f'    EmptyOperator(task_id="t{i}", pool="small")' for i in range(2))
-    write_dag(dag_id, _dag_file(dag_id, body))
-    _set_pool(sessions, slots=0, include_deferred=False)
+def _two_schedulers_queue_at_once(
+    settings: Settings, sessions: sessionmaker[Session], path: str, slots: dict[str, int]
+) -> list[str]:
+    """t0 and t1 of a triggered run, scheduled while their pools had no slot, then queued by
+    two schedulers at once after the pools get ``slots``: the first holds its transaction open
+    until the second waits for a lock (or is done without one); the states of both after."""
     first, second = _scheduler(settings), _scheduler(settings)
-    _trigger(sessions, dag_id)
     _step(first)
     assert _states(sessions) == {"t0": "scheduled", "t1": "scheduled"}
-    _set_pool(sessions, slots=1, include_deferred=False)
+    with sessions.begin() as session:
+        for name, count in slots.items():
+            session.execute(
+                text("UPDATE pool SET slots = :slots WHERE name = :name"),
+                {"slots": count, "name": name},
+            )
     with sessions() as session:
         ids = {t: i for t, i in session.execute(select(TaskInstance.task_id, TaskInstance.id))}
 
@@ -370,10 +366,53 @@ def test_two_schedulers_dispatching_into_one_pool_at_once_do_not_overfill_it(
         dispatch(first, session, "t0")
         waiter = threading.Thread(target=second_dispatches)
         waiter.start()
-        wait_for(lambda: lock_waiters(sessions) == 1, timeout=30, what="the second to wait")
+        wait_for(
+            lambda: lock_waiters(sessions) == 1 or not waiter.is_alive(),
+            timeout=30,
+            what="the second to wait for a lock or finish",
+        )
     waiter.join(timeout=30)
     assert not waiter.is_alive()
-    assert sorted(_states(sessions).values()) == ["queued", "scheduled"]
+    return sorted(_states(sessions).values())
+
+
+# The pool case: the second waits for the pool's lock while the first queues into its last
+# slot, and must count what the first queued once it has the lock (a count read in the statement
+# that waited missed it: both queued into the 1-slot pool). The run case: two tasks of a run of
+# max_active_tasks=1, in pools of their own: the second must count what the first queued into
+# the run (counted before any lock, the resume path queued both).
+_AT_ONCE = {
+    "pool": ('    EmptyOperator(task_id="t0", pool="small")', "small", "", {"small": 1}),
+    "run": (
+        '    EmptyOperator(task_id="t0", pool="small")',
+        "other",
+        ", max_active_tasks=1",
+        {"small": 1, "other": 1},
+    ),
+}
+
+
+@pytest.mark.parametrize("limit", ["pool", "run"])
+@pytest.mark.parametrize("path", ["dispatch", "resume"])
+def test_two_schedulers_queueing_at_once_keep_pool_slots_and_max_active_tasks(
+    settings: Settings,
+    sessions: sessionmaker[Session],
+    write_dag: WriteDag,
+    dag_id: str,
+    path: str,
+    limit: str,
+) -> None:
+    first_task, second_pool, dag_args, slots = _AT_ONCE[limit]
+    body = f'{first_task}\n    EmptyOperator(task_id="t1", pool="{second_pool}")'
+    write_dag(dag_id, _dag_file(dag_id, body, dag_args=dag_args))
+    with sessions.begin() as session:
+        for name in slots:
+            session.merge(Pool(name=name, slots=0, include_deferred=False))
+    _trigger(sessions, dag_id)
+    assert _two_schedulers_queue_at_once(settings, sessions, path, slots) == [
+        "queued",
+        "scheduled",
+    ]
 
 
 def test_a_run_at_max_active_tasks_does_not_hold_back_other_runs_tasks(

@@ -19,8 +19,10 @@ from sqlalchemy.pool import NullPool
 from broker.client import Broker
 from deferral.runtime.config import Settings, load_settings
 from deferral.runtime.crypto import Cipher
+from deferral.store import statistics
 from deferral.store.db import make_engine, make_sessionmaker
 from deferral.store.tables import TaskInstance
+from scheduler import dagruns
 from scheduler import service as scheduler_service
 from scheduler.service import SchedulerService
 from tests.conftest import fresh_database
@@ -298,3 +300,173 @@ def test_one_change_in_a_run_costs_the_same_in_a_run_of_10_or_10000_tasks(
     # A plan may differ between a table of 10 and one of 10,000 rows (a sequential scan of a
     # few rows where an index is taken later), never by a read that grows with the run.
     assert big_reads <= small_reads + 20, said
+
+
+# -- no pass reads all waiters (scheduler/DECISIONS.md 27) ---------------------------------------
+
+WAITING_DAG = """
+from deferral import DAG
+from deferral.operators import EmptyOperator
+
+with DAG("waiting", max_active_runs=1_000_000) as dag:
+    EmptyOperator(task_id="wait")
+"""
+
+
+def _waiting_runs(sessions: sessionmaker[Session], first: int, count: int) -> None:
+    """``count`` running runs of DAG ``waiting``, each with its task deferred (an hour ago,
+    a month ahead) on a trigger of its own (every other one shared), as a catch-up leaves
+    them once all are deferred."""
+    with sessions.begin() as session:
+        session.execute(
+            text(
+                """
+                WITH runs AS (
+                    INSERT INTO dag_run (dag_id, run_id, logical_date, state, start_date)
+                    SELECT 'waiting', 'w_' || n, now() - interval '1 year' + n * interval '1 s',
+                           'running', now() - interval '1 hour'
+                    FROM generate_series(:first, :first + :count - 1) AS n
+                    RETURNING run_id
+                ), triggers AS (
+                    INSERT INTO trigger (classpath, kwargs, share_key)
+                    SELECT 'deferral.triggers.temporal.DateTimeTrigger', run_id,
+                           CASE WHEN right(run_id, 1) IN ('0', '2', '4', '6', '8')
+                                THEN md5(run_id) END
+                    FROM runs
+                    RETURNING id, kwargs AS run_id
+                )
+                INSERT INTO task_instance (dag_id, run_id, task_id, state, try_number, trigger_id,
+                                           next_method, trigger_timeout, updated_at)
+                SELECT 'waiting', run_id, 'wait', 'deferred', 1, id, 'resume',
+                       now() + interval '30 days', now() - interval '1 hour'
+                FROM triggers
+                """
+            ),
+            {"first": first, "count": count},
+        )
+
+
+def _one_of_each_pass(service: SchedulerService, sessions: sessionmaker[Session], n: int) -> None:
+    """A queued run of the waiting DAG to start, then one loop with every periodic pass due."""
+    with sessions.begin() as session:
+        session.execute(
+            text(
+                "INSERT INTO dag_run (dag_id, run_id, logical_date, state, evaluate_after)"
+                " VALUES ('waiting', :run_id, now(), 'queued', now())"
+            ),
+            {"run_id": f"new_{n}"},
+        )
+    for periodic in service.periodic:
+        periodic.due = 0.0
+    service.step()
+    _none_due(service)
+    service.step()  # what the first loop's evaluation scheduled is queued by now or here
+
+
+def test_no_pass_reads_the_waiting_runs(
+    own_database: Settings,
+    write_dag: Callable[[str, str], Any],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """One loop with every periodic pass due, starting one queued run and queueing its task,
+    with 10 and with 100,000 runs waiting on deferred tasks: the same statements, and no more
+    rows read by PostgreSQL but for the paged sweeps' pages. The waiting rows are bulk-loaded
+    after the statistics were taken with 10, then analyzed as the scheduler's statistics pass
+    does after bulk changes."""
+    settings = own_database
+    monkeypatch.setattr(scheduler_service, "EVENT_BLOCK_MS", 1)  # no event comes
+    monkeypatch.setattr(scheduler_service, "UNWAITED_PAGE", 20)
+    write_dag("waiting", WAITING_DAG)
+    sessions = make_sessionmaker(make_engine(settings.database_url))
+    _waiting_runs(sessions, first=1, count=10)
+    with sessions.begin() as session:
+        session.execute(text("ANALYZE"))
+    service = _loop_service(settings)
+    service.reconciler.page = 20
+    stats = create_engine(settings.database_url, poolclass=NullPool)
+    costs = {}
+    for size, more in ((10, 0), (100_000, 99_990)):
+        if more:
+            _waiting_runs(sessions, first=11, count=more)
+            # What the first start pass after bulk changes does once (the 99,990 runs' counts
+            # folded), and the scheduler's statistics pass in its next loops.
+            with sessions.begin() as session:
+                session.execute(text("SELECT 1 FROM dag WHERE dag_id = 'waiting' FOR UPDATE"))
+                dagruns.fold_counts(session, ["waiting"])
+            _quiet([service.engine, sessions.kw["bind"]], stats)  # the changes' counts in
+            while statistics.analyze_changed(sessions) is not None:
+                pass
+            assert statistics.vacuum_counts(service.engine)
+        _quiet([service.engine, sessions.kw["bind"]], stats)
+        before = _tuples_read(stats)
+        statements = _statements_of(service, lambda n=size: _one_of_each_pass(service, sessions, n))
+        _quiet([service.engine, sessions.kw["bind"]], stats)
+        costs[size] = (len(statements), _tuples_read(stats) - before)
+        with sessions() as session:
+            state = session.scalar(
+                text("SELECT state FROM task_instance WHERE run_id = :r"), {"r": f"new_{size}"}
+            )
+        assert state == "queued", size  # started, evaluated and queued in those loops
+        with sessions.begin() as session:  # done, as a worker would have it by the next size
+            session.execute(
+                text("UPDATE task_instance SET state = 'success' WHERE run_id LIKE 'new_%'")
+            )
+    stats.dispose()
+    sessions.kw["bind"].dispose()
+    service.engine.dispose()
+    service.broker.close()
+
+    said = f"10 waiting: {costs[10]}, 100,000 waiting: {costs[100_000]} (statements, rows)"
+    assert costs[100_000][0] == costs[10][0], said
+    # The two sweeps read a page each (20 rows, 2 reads each: index and table) where they read
+    # 10; a plan may differ between small and big tables by a few rows.
+    assert costs[100_000][1] <= costs[10][1] + 200, said
+
+
+def test_queued_runs_start_in_batches_whatever_their_number(
+    settings: Settings, sessions: sessionmaker[Session], write_dag: Callable[[str, str], Any]
+) -> None:
+    """One start pass starts up to START_BATCH queued runs in the same statements as one:
+    5 or 500 queued runs (with 100 running), 500 started by one pass, in its statements;
+    fewer while started runs wait for their evaluation."""
+    write_dag("waiting", WAITING_DAG)
+    _waiting_runs(sessions, first=1, count=100)
+    service = _loop_service(settings)
+    counts = {}
+    for queued in (5, scheduler_service.START_BATCH):
+        with sessions.begin() as session:
+            session.execute(
+                text(
+                    "INSERT INTO dag_run (dag_id, run_id, logical_date, state)"
+                    " SELECT 'waiting', 'q' || :queued || '_' || n, now() + n * interval '1 s',"
+                    " 'queued' FROM generate_series(1, :queued) AS n"
+                ),
+                {"queued": queued},
+            )
+        counts[queued] = len(_statements_of(service, service.start_queued_runs))
+        with sessions.begin() as session:  # evaluated, as the loops after it do
+            session.execute(text("UPDATE dag_run SET evaluate_after = NULL"))
+        with sessions() as session:
+            left = session.scalar(text("SELECT count(*) FROM dag_run WHERE state = 'queued'"))
+            tasks = session.scalar(
+                text("SELECT count(*) FROM task_instance WHERE run_id LIKE :q"),
+                {"q": f"q{queued}_%"},
+            )
+        assert (left, tasks) == (0, queued)
+    with sessions.begin() as session:  # 100 started runs not evaluated yet: 400 start
+        session.execute(
+            text(
+                "INSERT INTO dag_run (dag_id, run_id, logical_date, state, evaluate_after)"
+                " SELECT 'waiting', 'm' || n, now() - n * interval '1 s', 'running', now()"
+                " FROM generate_series(1, 100) AS n;"
+                " INSERT INTO dag_run (dag_id, run_id, logical_date, state)"
+                " SELECT 'waiting', 'l' || n, now() + interval '1 day' + n * interval '1 s',"
+                " 'queued' FROM generate_series(1, 500) AS n"
+            )
+        )
+    service.start_queued_runs()
+    with sessions() as session:
+        left = session.scalar(text("SELECT count(*) FROM dag_run WHERE state = 'queued'"))
+    service.broker.close()
+    assert counts[5] == counts[scheduler_service.START_BATCH], counts
+    assert left == 100

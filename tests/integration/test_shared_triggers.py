@@ -175,7 +175,7 @@ def test_a_waiter_that_leaves_does_not_cancel_the_others_and_the_last_one_drops_
     with sessions.begin() as session:
         assert transitions.expire_deferrals(session, cipher, among=ti_ids) == [ti_ids[3]]
     with sessions.begin() as session:
-        assert transitions.drop_unwaited(session) == []
+        assert transitions.drop_unwaited(session) == ([], 0)
     assert _trigger_count(sessions) == 1
     assert triggerer._unwanted([trigger_id], [ti_ids[0]]) == {}
     assert _states(sessions, ti_ids[1:3]) == {ti_ids[1]: "deferred", ti_ids[2]: "deferred"}
@@ -190,7 +190,7 @@ def test_a_waiter_that_leaves_does_not_cancel_the_others_and_the_last_one_drops_
             assert ti is not None and transitions.mark(session, ti, TaskState.SUCCESS)
     assert list(triggerer._unwanted([trigger_id], [ti_ids[0]])) == [trigger_id]
     with sessions.begin() as session:
-        assert transitions.drop_unwaited(session) == [trigger_id]
+        assert transitions.drop_unwaited(session) == ([trigger_id], 0)
     assert _trigger_count(sessions) == 0
 
 
@@ -250,3 +250,36 @@ def test_the_worker_publishes_one_entry_and_the_triggerer_holds_one_trigger(
     assert len(triggerer.held) == 1
     (gauge,) = metrics.TRIGGERS_RUNNING.collect()
     assert [sample.value for sample in gauge.samples] == [1]  # deferral_triggers_running
+
+
+def test_the_unwaited_sweep_reads_a_page_at_a_time_and_goes_round(
+    sessions: sessionmaker[Session],
+) -> None:
+    """Each call reads one page of shared rows: an unwaited row past the first page is dropped
+    by a later call, and the sweep starts again from the first row after the last page."""
+    with sessions.begin() as session:
+        ids = list(
+            session.scalars(
+                text(
+                    "INSERT INTO trigger (classpath, kwargs, share_key)"
+                    " SELECT 'x.Trigger', 'sealed', 'key' || n FROM generate_series(1, 5) AS n"
+                    " RETURNING id"
+                )
+            )
+        )
+    with sessions.begin() as session:
+        session.execute(
+            text(
+                "INSERT INTO task_instance (dag_id, run_id, task_id, state, trigger_id)"
+                " VALUES ('d', 'r', 'waits', 'deferred', :id)"
+            ),
+            {"id": ids[1]},
+        )
+    pages = []
+    after = 0
+    for _ in range(3):
+        with sessions.begin() as session:
+            dropped, after = transitions.drop_unwaited(session, after, page=2)
+        pages.append((dropped, after))
+    assert pages == [([ids[0]], ids[1]), ([ids[2], ids[3]], ids[3]), ([ids[4]], 0)]
+    assert _trigger_count(sessions) == 1  # the waited one

@@ -6,7 +6,7 @@ import datetime as dt
 
 from deferral import DAG
 from deferral.timetables import DataInterval
-from scheduler.dagruns import QueuedRun, runs_to_create, runs_to_start, timed_out
+from scheduler.dagruns import DEFAULT_MAX_ACTIVE_RUNS, QueuedDag, runs_to_create, timed_out
 
 UTC = dt.UTC
 
@@ -35,11 +35,11 @@ def test_runs_to_create_ends_with_the_end_date() -> None:
     assert [i.logical_date for i in due] == [day(1), day(2)] and following is None
 
 
-def test_runs_to_start_fills_each_dag_up_to_its_limit_oldest_first() -> None:
-    queued = [QueuedRun(1, "a", 1), QueuedRun(2, "a", 1), QueuedRun(3, "b", 2)]
-    queued += [QueuedRun(4, "b", 2), QueuedRun(5, "b", 2)]
-    assert runs_to_start(queued, {}) == [1, 3, 4]
-    assert runs_to_start(queued, {"a": 1, "b": 1}) == [3]
+def test_a_dags_room_is_its_limit_less_its_running_runs_never_below_zero() -> None:
+    assert QueuedDag("a", 3, False, running=1).room() == 2
+    assert QueuedDag("a", 3, False, running=3).room() == 0
+    assert QueuedDag("a", 3, False, running=5).room() == 0  # limit lowered below the running
+    assert QueuedDag("a", None, False, running=1).room() == DEFAULT_MAX_ACTIVE_RUNS - 1
 
 
 def test_timed_out_is_strictly_past_the_timeout() -> None:

@@ -56,6 +56,7 @@ from deferral.store.transitions.runs import fail_unfinished as fail_unfinished
 from deferral.store.transitions.runs import finish_dag_run as finish_dag_run
 from deferral.store.transitions.runs import reopen_dag_run as reopen_dag_run
 from deferral.store.transitions.runs import start_dag_run as start_dag_run
+from deferral.store.transitions.runs import start_dag_runs as start_dag_runs
 from deferral.store.transitions.runs import time_out_dag_run as time_out_dag_run
 from deferral.store.transitions.scheduling import dispatch as dispatch
 from deferral.store.transitions.scheduling import never_run as never_run

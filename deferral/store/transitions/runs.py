@@ -8,10 +8,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import Integer, String, bindparam, delete, func, literal, select, update
+from sqlalchemy import Integer, String, bindparam, delete, func, select, update
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.orm import Session
+from sqlalchemy.orm.attributes import set_committed_value
 
 from deferral.states import FINISHED_STATES, DagRunState, DagRunType, TaskState
 from deferral.store.tables import DagRun, TaskStateChange, Trigger
@@ -106,37 +107,64 @@ def start_dag_run(session: Session, run: DagRun, tasks: Sequence[NewTaskInstance
     run.evaluate_after = func.now()
 
 
+def start_dag_runs(
+    session: Session, starts: Sequence[tuple[DagRun, Sequence[NewTaskInstance]]]
+) -> None:
+    """queued -> running for each run (locked by the caller), creating its task instances
+    (state none), marked for evaluation: two statements however many runs start."""
+    if not starts:
+        return
+    _insert_task_instances(
+        session, [(run.dag_id, run.run_id, task) for run, tasks in starts for task in tasks]
+    )
+    session.execute(
+        update(DagRun)
+        .where(DagRun.id.in_([run.id for run, _ in starts]), DagRun.state == DagRunState.QUEUED)
+        .values(state=DagRunState.RUNNING, start_date=func.now(), evaluate_after=func.now()),
+        execution_options={"synchronize_session": False},
+    )
+    for run, _ in starts:
+        set_committed_value(run, "state", DagRunState.RUNNING)
+        session.expire(run, ["start_date", "evaluate_after", "updated_at"])
+
+
 def add_task_instances(
     session: Session, run: DagRun, tasks: Sequence[NewTaskInstance]
 ) -> list[tuple[int, int]]:
     """Create task instances (state none) for the (task, map index) of the run that have none
     yet; returns the (id, map index) of those created."""
+    return _insert_task_instances(session, [(run.dag_id, run.run_id, task) for task in tasks])
+
+
+def _insert_task_instances(
+    session: Session, tasks: Sequence[tuple[str, str, NewTaskInstance]]
+) -> list[tuple[int, int]]:
+    """Create the task instances (state none) of (dag_id, run_id, task) that have none yet;
+    returns the (id, map index) of those created."""
     if not tasks:
         return []
     # One statement of constant shape, the rows as arrays: a VALUES list of a thousand tasks
     # cost the scheduler more to compile than Postgres to insert.
     new = (
         func.unnest(
-            _array("task_id", [t.task_id for t in tasks], String),
-            _array("map_index", [t.map_index for t in tasks], Integer),
-            _array("max_tries", [t.max_tries for t in tasks], Integer),
-            _array("pool", [t.pool for t in tasks], String),
-            _array("pool_slots", [t.pool_slots for t in tasks], Integer),
-            _array("queue", [t.queue for t in tasks], String),
-            _array("priority_weight", [t.priority_weight for t in tasks], Integer),
+            _array("dag_id", [dag_id for dag_id, _, _ in tasks], String),
+            _array("run_id", [run_id for _, run_id, _ in tasks], String),
+            _array("task_id", [t.task_id for _, _, t in tasks], String),
+            _array("map_index", [t.map_index for _, _, t in tasks], Integer),
+            _array("max_tries", [t.max_tries for _, _, t in tasks], Integer),
+            _array("pool", [t.pool for _, _, t in tasks], String),
+            _array("pool_slots", [t.pool_slots for _, _, t in tasks], Integer),
+            _array("queue", [t.queue for _, _, t in tasks], String),
+            _array("priority_weight", [t.priority_weight for _, _, t in tasks], Integer),
         )
-        .table_valued(*_NEW_TI_COLUMNS)
+        .table_valued("dag_id", "run_id", *_NEW_TI_COLUMNS)
         .render_derived("new")
     )
     statement = (
         pg_insert(TI)
         .from_select(
             ["dag_id", "run_id", *_NEW_TI_COLUMNS],
-            select(
-                literal(run.dag_id, String),
-                literal(run.run_id, String),
-                *(new.c[name] for name in _NEW_TI_COLUMNS),
-            ),
+            select(new.c.dag_id, new.c.run_id, *(new.c[name] for name in _NEW_TI_COLUMNS)),
         )
         .on_conflict_do_nothing()
         .returning(TI.id, TI.map_index)

@@ -117,17 +117,27 @@ def lock_shared(session: Session, trigger_ids: Collection[int]) -> None:
     session.execute(_LOCK_SHARED_SQL, {"ids": list(trigger_ids)})
 
 
-# Shared trigger rows no task waits on any more (their waiters were cleared, marked or timed
-# out: those paths leave a shared row alone, as others may still wait on it), locked, skipping
-# any a joiner holds; then deleted in a second statement if still unwaited.
+# A page of the shared trigger rows after id :after (ix_trigger_shared_id), and of those the
+# ones no task waits on any more (their waiters were cleared, marked or timed out: those paths
+# leave a shared row alone, as others may still wait on it), locked, skipping any a joiner
+# holds; then deleted in a second statement if still unwaited. The page's last id, when the page
+# is full, is where the next page starts. A page at a time: the sweep once read every shared
+# row and probed its waiters each second (0.6-1.0 s with 10,000 runs waiting on shared ones).
 _UNWAITED_SQL = text(
     """
-    SELECT t.id FROM trigger AS t
-    WHERE t.share_key IS NOT NULL
-        AND NOT EXISTS (SELECT 1 FROM task_instance AS ti WHERE ti.trigger_id = t.id)
-    ORDER BY t.id
-    LIMIT :limit
-    FOR UPDATE OF t SKIP LOCKED
+    WITH page AS MATERIALIZED (
+        SELECT id FROM trigger WHERE share_key IS NOT NULL AND id > :after
+        ORDER BY id LIMIT :page
+    ), unwaited AS (
+        SELECT t.id FROM trigger AS t
+        WHERE t.id IN (SELECT id FROM page) AND t.share_key IS NOT NULL
+            AND NOT EXISTS (SELECT 1 FROM task_instance AS ti WHERE ti.trigger_id = t.id)
+        ORDER BY t.id
+        FOR UPDATE OF t SKIP LOCKED
+    )
+    SELECT 'unwaited' AS kind, id FROM unwaited
+    UNION ALL
+    SELECT 'last', max(id) FROM page HAVING count(*) = :page
     """
 )
 
@@ -141,10 +151,17 @@ _DROP_UNWAITED_SQL = text(
 )
 
 
-def drop_unwaited(session: Session, limit: int = 10_000) -> list[int]:
-    """Delete the shared trigger rows whose last waiter left; returns their ids. The triggerer
-    running one has already cancelled it (it checks for waiters each beat)."""
-    ids = list(session.scalars(_UNWAITED_SQL, {"limit": limit}))
+def drop_unwaited(session: Session, after: int = 0, page: int = 1000) -> tuple[list[int], int]:
+    """Delete the shared trigger rows whose last waiter left among the ``page`` shared rows
+    after id ``after``; returns their ids and where the next page starts (0: from the first
+    again). The triggerer running one has already cancelled it (it checks for waiters each
+    beat)."""
+    ids, last = [], 0
+    for kind, trigger_id in session.execute(_UNWAITED_SQL, {"after": after, "page": page}):
+        if kind == "last":
+            last = trigger_id
+        else:
+            ids.append(trigger_id)
     if not ids:
-        return []
-    return list(session.scalars(_DROP_UNWAITED_SQL, {"ids": ids}))
+        return [], last
+    return list(session.scalars(_DROP_UNWAITED_SQL, {"ids": ids})), last
