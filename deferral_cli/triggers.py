@@ -13,7 +13,7 @@ from broker.streams import task_label
 from deferral.runtime.process import command_group, settings_or_exit
 from deferral.store.tables import TaskInstance, Trigger, Triggerer, Worker
 from deferral_cli.common import Record, emit, output_options, sessions
-from readmodel.records import process_records, triggerer_own, worker_own
+from readmodel.processes import process_records, triggerer_own, worker_own
 
 
 @command_group()

@@ -1,14 +1,29 @@
-"""Waits kept as rows: what resumes a deferred task that no triggerer runs."""
+"""What waits: every deferred task (the web UI's Deferred page), how long each has waited and
+how close its timeout is, and what resumes a wait kept as a row (no triggerer runs it)."""
 
 from __future__ import annotations
 
-from typing import Literal
+import datetime as dt
+from typing import Any, Literal
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from deferral.store.tables import SignalWait
+from deferral.runtime.config import Settings
+from deferral.states import TaskState
+from deferral.store import liveness
+from deferral.store.actions import ti_label
+from deferral.store.tables import SignalWait, TaskInstance, TaskStateChange, Trigger, Triggerer
 from deferral.triggers.signal import CALLBACK_TRIGGER, SIGNAL_TRIGGER
+from readmodel.records import db_now, seconds_between
+
+Record = dict[str, Any]
+
+# The Deferred page lists at most this many task instances (the total is always counted).
+MAX_DEFERRED_LISTED = 2000
+# A deferral is "close to expiry" in the last fifth of its wait, and always in its last 5 min.
+EXPIRY_SOON_FRACTION = 0.2
+EXPIRY_SOON_CAP_SEC = 300.0
 
 RowWait = Literal["signal", "callback"]
 
@@ -33,3 +48,106 @@ def how_to_resume(wait: RowWait, key: str | None) -> str:
     if wait == "callback":
         return "a POST of its answer to its callback URL (POST /api/v1/callbacks/<token>)"
     return f"a signal sent to key {key!r} (`deferral signals send {key} --payload JSON`)"
+
+
+def wait_record(since: dt.datetime | None, timeout: dt.datetime | None, now: dt.datetime) -> Record:
+    """How long a deferral has waited, how long it has left, and whether that is close."""
+    left = None if timeout is None else round((timeout - now).total_seconds(), 1)
+    return {
+        "since": since,
+        "waited_sec": None if since is None else seconds_between(since, now),
+        "timeout": timeout,
+        "seconds_left": left,
+        "urgency": expiry_urgency(since, timeout, now),
+    }
+
+
+def expiry_urgency(
+    since: dt.datetime | None, timeout: dt.datetime | None, now: dt.datetime
+) -> str | None:
+    """ "expired" past the timeout, "soon" in the last fifth of the wait (at most its last
+    EXPIRY_SOON_CAP_SEC), else None (also without a timeout)."""
+    if timeout is None:
+        return None
+    left = (timeout - now).total_seconds()
+    if left < 0:
+        return "expired"
+    whole = (timeout - since).total_seconds() if since is not None else EXPIRY_SOON_CAP_SEC
+    return "soon" if left <= min(EXPIRY_SOON_CAP_SEC, EXPIRY_SOON_FRACTION * whole) else None
+
+
+# -- what waits now ------------------------------------------------------------------------------
+
+
+def deferred_now(session: Session, settings: Settings) -> Record:
+    """Every deferred task, grouped by trigger class and triggerer, the group waiting longest
+    first and in each group the oldest first; timeouts close to expiry flagged."""
+    now = db_now(session)
+    ti = TaskInstance
+    since = (
+        select(func.max(TaskStateChange.at))
+        .where(TaskStateChange.task_instance_id == ti.id, TaskStateChange.to_state == "deferred")
+        .scalar_subquery()
+        .label("since")
+    )
+    total = session.scalar(
+        select(func.count()).select_from(ti).where(ti.state == TaskState.DEFERRED)
+    )
+    rows = session.execute(
+        select(
+            ti.dag_id,
+            ti.run_id,
+            ti.task_id,
+            ti.map_index,
+            ti.trigger_id,
+            ti.trigger_timeout,
+            Trigger.classpath,
+            Trigger.triggerer_id,
+            since,
+        )
+        .outerjoin(Trigger, Trigger.id == ti.trigger_id)
+        .where(ti.state == TaskState.DEFERRED)
+        .order_by(since.asc().nulls_first(), ti.id)
+        .limit(MAX_DEFERRED_LISTED)
+    ).all()
+    alive = {
+        name
+        for name, state, beat in session.execute(
+            select(Triggerer.name, Triggerer.state, Triggerer.latest_heartbeat)
+        )
+        if liveness.is_alive(state, beat, now, settings.heartbeat_sec)
+    }
+    groups: dict[tuple[str | None, str | None], Record] = {}
+    for row in rows:
+        key = (row.classpath, row.triggerer_id)
+        group = groups.setdefault(
+            key,
+            {
+                "classpath": row.classpath,
+                "row_wait": row_wait_of(row.classpath),
+                "triggerer": row.triggerer_id,
+                "triggerer_alive": row.triggerer_id in alive,
+                "tasks": [],
+            },
+        )
+        group["tasks"].append(
+            {
+                "dag_id": row.dag_id,
+                "run_id": row.run_id,
+                "task_id": row.task_id,
+                "map_index": row.map_index,
+                "label": ti_label(row.task_id, row.map_index),
+                "trigger_id": row.trigger_id,
+                **wait_record(row.since, row.trigger_timeout, now),
+            }
+        )
+    for group in groups.values():
+        tasks = group["tasks"]
+        group["count"] = len(tasks)
+        group["oldest_since"] = tasks[0]["since"]
+        group["soon"] = sum(1 for t in tasks if t["urgency"] is not None)
+    return {
+        "total": total or 0,
+        "listed": len(rows),
+        "groups": list(groups.values()),  # rows came oldest first, so do the groups
+    }

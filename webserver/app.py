@@ -2,7 +2,7 @@
 user actions, which take the ``deferral`` command's own paths (``deferral.store.actions``).
 
 Database and Redis calls are blocking, so they run in Starlette's thread pool; one DagBag per
-process serves the DAGs (``data.DagSource``).
+process serves the DAGs (``readmodel.dags.DagSource``).
 """
 
 from __future__ import annotations
@@ -42,7 +42,9 @@ from deferral.runtime.crypto import Cipher
 from deferral.store import actions
 from deferral.store.callback_tokens import Claim, TokenRefused, read_token
 from deferral.store.db import make_engine, make_sessionmaker
-from readmodel.errors import server_error
+from readmodel import dags, processes, streams, tasks, waits
+from readmodel.doctor import doctor_record
+from readmodel.errors import NotFound, server_error
 from readmodel.records import json_value
 from webserver import approvals, data, paramform, users
 from webserver.access_log import CALLBACK_PATH
@@ -195,7 +197,7 @@ def _templates() -> Jinja2Templates:
         log_url=log_url,
         api=API,
         refresh_ms=REFRESH_MS,
-        max_graph_tasks=data.MAX_GRAPH_TASKS,
+        max_graph_tasks=dags.MAX_GRAPH_TASKS,
         csrf_field=CSRF_FIELD,
     )
     return Jinja2Templates(env=env)
@@ -236,7 +238,7 @@ class WebUI:
     ) -> None:
         self.settings = settings
         self.sessions: sessionmaker[Session] = make_sessionmaker(make_engine(settings.database_url))
-        self.dags = data.DagSource(settings.dags_folder)
+        self.dags = dags.DagSource(settings.dags_folder)
         self.auth = Auth(
             self.sessions,
             session_key(settings),
@@ -393,8 +395,8 @@ class WebUI:
             if "dag_id" in request.path_params:
                 check_id("dag_id", request.path_params["dag_id"])
             return await handler(request)
-        except (data.NotFound, BadInput, actions.ActionError) as exc:
-            not_found = isinstance(exc, data.NotFound) or getattr(exc, "not_found", False)
+        except (NotFound, BadInput, actions.ActionError) as exc:
+            not_found = isinstance(exc, NotFound) or getattr(exc, "not_found", False)
             status = 404 if not_found else 400
             if api:
                 return _api_error(status, str(exc))
@@ -420,7 +422,7 @@ class WebUI:
     def _dags_overview(self, request: Request) -> dict[str, Any]:
         tags = data.wanted_tags(request.query_params.getlist("tags"))
         search = request.query_params.get("search", "")[: data.MAX_SEARCH_LENGTH]
-        return self._read(data.dags_overview, self.dags, tags, search)
+        return self._read(dags.dags_overview, self.dags, tags, search)
 
     def _read(self, read: Callable[..., dict[str, Any]], *args: Any) -> dict[str, Any]:
         with self.sessions() as session:
@@ -430,7 +432,7 @@ class WebUI:
         dag_id = request.path_params["dag_id"]
         runs = int_param(request.query_params.get("runs"), "runs", low=1, high=data.MAX_GRID_RUNS)
         return self._read(
-            data.dag_detail,
+            data.dag_page,
             self.dags,
             dag_id,
             runs or data.GRID_RUNS,
@@ -446,7 +448,7 @@ class WebUI:
     def _task_instance(self, request: Request) -> dict[str, Any]:
         query = request.query_params
         return self._read(
-            data.task_instance_detail,
+            tasks.task_instance_detail,
             self.settings,
             self.dags,
             request.path_params["dag_id"],
@@ -460,15 +462,15 @@ class WebUI:
         query = request.query_params
         try_number = int_param(_required(query, "try_number"), "try_number", low=1)
         return self._read(
-            data.task_log,
+            tasks.task_log,
             request.path_params["dag_id"],
             _required(query, "run_id"),
             _required(query, "task_id"),
             int_param(query.get("map_index"), "map_index", low=-1) or -1,
             try_number,
             int_param(query.get("after_id"), "after_id", low=0, high=MAX_INT64) or 0,
-            int_param(query.get("limit"), "limit", low=1, high=data.LOG_LINES_SHOWN)
-            or data.LOG_LINES_SHOWN,
+            int_param(query.get("limit"), "limit", low=1, high=tasks.LOG_LINES_SHOWN)
+            or tasks.LOG_LINES_SHOWN,
         )
 
     async def task_page(self, request: Request) -> Response:
@@ -478,24 +480,24 @@ class WebUI:
         )
 
     async def deferred_page(self, request: Request) -> Response:
-        found = await run_in_threadpool(self._read, data.deferred_now, self.settings)
+        found = await run_in_threadpool(self._read, waits.deferred_now, self.settings)
         return await self.page(request, "deferred.html", found)
 
     async def triggerers_page(self, request: Request) -> Response:
-        found = await run_in_threadpool(self._read, data.processes, self.settings)
+        found = await run_in_threadpool(self._read, processes.processes, self.settings)
         return await self.page(request, "triggerers.html", found)
 
     def _streams(self) -> dict[str, Any]:
-        return data.streams(self.broker(), Cipher(self.settings.fernet_keys))
+        return streams.streams_overview(self.broker(), Cipher(self.settings.fernet_keys))
 
     async def streams_page(self, request: Request) -> Response:
         found = await run_in_threadpool(
-            lambda: data.streams(self.broker(), Cipher(self.settings.fernet_keys))
+            lambda: streams.streams_overview(self.broker(), Cipher(self.settings.fernet_keys))
         )
         return await self.page(request, "streams.html", found)
 
     async def doctor_page(self, request: Request) -> Response:
-        found = await run_in_threadpool(data.doctor, self.settings)
+        found = await run_in_threadpool(doctor_record, self.settings)
         return await self.page(request, "doctor.html", found)
 
     # -- login -----------------------------------------------------------------------------------
@@ -716,20 +718,20 @@ class WebUI:
         return _api(await run_in_threadpool(self._task_log, request))
 
     async def api_deferred(self, request: Request) -> Response:
-        return _api(await run_in_threadpool(self._read, data.deferred_now, self.settings))
+        return _api(await run_in_threadpool(self._read, waits.deferred_now, self.settings))
 
     async def api_triggerers(self, request: Request) -> Response:
-        return _api(await run_in_threadpool(self._read, data.processes, self.settings))
+        return _api(await run_in_threadpool(self._read, processes.processes, self.settings))
 
     async def api_streams(self, request: Request) -> Response:
         return _api(
             await run_in_threadpool(
-                lambda: data.streams(self.broker(), Cipher(self.settings.fernet_keys))
+                lambda: streams.streams_overview(self.broker(), Cipher(self.settings.fernet_keys))
             )
         )
 
     async def api_doctor(self, request: Request) -> Response:
-        return _api(await run_in_threadpool(data.doctor, self.settings))
+        return _api(await run_in_threadpool(doctor_record, self.settings))
 
     async def api_trigger(self, request: Request) -> Response:
         body = request.scope["body"]
