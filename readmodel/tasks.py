@@ -30,6 +30,7 @@ from deferral.store.tables import (
 from readmodel.dags import DagSource, operator_name
 from readmodel.errors import NotFound
 from readmodel.explain import explain
+from readmodel.pages import Page, decode, page_of
 from readmodel.records import db_now, find_run, run_record, seconds_between, task_instances
 from readmodel.waits import how_to_resume, row_wait_of, signal_key, wait_record
 
@@ -38,8 +39,58 @@ Record = dict[str, Any]
 # A page shows at most this many lines of a try's log (the API pages through all of them).
 LOG_LINES_SHOWN = 5000
 
+# What a listing shows of a task instance (never its resume kwargs or event).
+_LISTED = (
+    TaskInstance.id,
+    TaskInstance.dag_id,
+    TaskInstance.run_id,
+    TaskInstance.task_id,
+    TaskInstance.map_index,
+    TaskInstance.state,
+    TaskInstance.try_number,
+    TaskInstance.trigger_id,
+    TaskInstance.trigger_timeout,
+)
+
 # A try has ended once its task instance is finished or waits for its next try.
 _TRY_ENDED = frozenset({*FINISHED_STATES, TaskState.UP_FOR_RETRY})
+
+
+def task_list(
+    session: Session,
+    *,
+    limit: int,
+    after: str | None = None,
+    state: str | None = None,
+    dag_id: str | None = None,
+) -> Page:
+    """A page of task instances, newest first (by id: an index gives that order, also within a
+    state or a DAG), from just after cursor ``after``; deferred ones with their trigger and its
+    timeout."""
+    query = select(*_LISTED).order_by(TaskInstance.id.desc()).limit(limit + 1)
+    if after is not None:
+        (last_id,) = decode(after, int)
+        query = query.where(TaskInstance.id < last_id)
+    if state is not None:
+        query = query.where(TaskInstance.state == state)
+    if dag_id is not None:
+        query = query.where(TaskInstance.dag_id == dag_id)
+    return page_of(session.execute(query).all(), limit, task_record, lambda row: (row.id,))
+
+
+def task_record(ti: Any) -> Record:
+    """A listing's row of one task instance (a TaskInstance or a row of its listed columns)."""
+    deferred = ti.state == TaskState.DEFERRED
+    return {
+        "dag_id": ti.dag_id,
+        "run_id": ti.run_id,
+        "task_id": ti.task_id,
+        "map_index": ti.map_index,
+        "state": ti.state,
+        "try_number": ti.try_number,
+        "trigger_id": ti.trigger_id if deferred else None,
+        "trigger_timeout": ti.trigger_timeout if deferred else None,
+    }
 
 
 def task_instance_detail(
@@ -182,14 +233,21 @@ def task_log(
     }
 
 
+def state_changes(session: Session, ti_id: int) -> list[TaskStateChange]:
+    """Every recorded state change of a task instance, in order."""
+    return list(
+        session.scalars(
+            select(TaskStateChange)
+            .where(TaskStateChange.task_instance_id == ti_id)
+            .order_by(TaskStateChange.id)
+        )
+    )
+
+
 def _history(session: Session, ti_id: int, now: dt.datetime) -> list[Record]:
     """Each recorded state change and how long the state it entered lasted (the latest, if
     unfinished: until now)."""
-    changes = session.scalars(
-        select(TaskStateChange)
-        .where(TaskStateChange.task_instance_id == ti_id)
-        .order_by(TaskStateChange.id)
-    ).all()
+    changes = state_changes(session, ti_id)
     records = []
     for position, change in enumerate(changes):
         ended = changes[position + 1].at if position + 1 < len(changes) else None

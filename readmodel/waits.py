@@ -6,7 +6,7 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any, Literal
 
-from sqlalchemy import func, select
+from sqlalchemy import Select, func, select, tuple_
 from sqlalchemy.orm import Session
 
 from deferral.runtime.config import Settings
@@ -15,12 +15,16 @@ from deferral.store import liveness
 from deferral.store.actions import ti_label
 from deferral.store.tables import SignalWait, TaskInstance, TaskStateChange, Trigger, Triggerer
 from deferral.triggers.signal import CALLBACK_TRIGGER, SIGNAL_TRIGGER
+from readmodel.pages import decode, encode
 from readmodel.records import db_now, seconds_between
 
 Record = dict[str, Any]
 
-# The Deferred page lists at most this many task instances (the total is always counted).
-MAX_DEFERRED_LISTED = 2000
+# The Deferred page lists this many task instances a page by default, and at most MAX_DEFERRED_PAGE;
+# it counts them up to DEFERRED_COUNTED_AT_MOST (a million waiting are not counted at each look).
+DEFERRED_PAGE = 500
+MAX_DEFERRED_PAGE = 2000
+DEFERRED_COUNTED_AT_MOST = 10_000
 # A deferral is "close to expiry" in the last fifth of its wait, and always in its last 5 min.
 EXPIRY_SOON_FRACTION = 0.2
 EXPIRY_SOON_CAP_SEC = 300.0
@@ -79,37 +83,24 @@ def expiry_urgency(
 # -- what waits now ------------------------------------------------------------------------------
 
 
-def deferred_now(session: Session, settings: Settings) -> Record:
-    """Every deferred task, grouped by trigger class and triggerer, the group waiting longest
-    first and in each group the oldest first; timeouts close to expiry flagged."""
+def deferred_now(
+    session: Session, settings: Settings, *, limit: int = DEFERRED_PAGE, after: str | None = None
+) -> Record:
+    """A page of deferred tasks (from just after cursor ``after``) in the order they deferred,
+    grouped by trigger class and triggerer, the group waiting longest first; timeouts close to
+    expiry flagged. How many are deferred is counted up to DEFERRED_COUNTED_AT_MOST."""
     now = db_now(session)
     ti = TaskInstance
-    since = (
-        select(func.max(TaskStateChange.at))
-        .where(TaskStateChange.task_instance_id == ti.id, TaskStateChange.to_state == "deferred")
-        .scalar_subquery()
-        .label("since")
-    )
-    total = session.scalar(
-        select(func.count()).select_from(ti).where(ti.state == TaskState.DEFERRED)
-    )
-    rows = session.execute(
-        select(
-            ti.dag_id,
-            ti.run_id,
-            ti.task_id,
-            ti.map_index,
-            ti.trigger_id,
-            ti.trigger_timeout,
-            Trigger.classpath,
-            Trigger.triggerer_id,
-            since,
+    rows = session.execute(deferred_page_query(limit, after)).all()
+    counted = session.scalar(
+        select(func.count()).select_from(
+            select(ti.id)
+            .where(ti.state == TaskState.DEFERRED)
+            .limit(DEFERRED_COUNTED_AT_MOST + 1)
+            .subquery()
         )
-        .outerjoin(Trigger, Trigger.id == ti.trigger_id)
-        .where(ti.state == TaskState.DEFERRED)
-        .order_by(since.asc().nulls_first(), ti.id)
-        .limit(MAX_DEFERRED_LISTED)
-    ).all()
+    )
+    shown = rows[:limit]
     alive = {
         name
         for name, state, beat in session.execute(
@@ -118,7 +109,7 @@ def deferred_now(session: Session, settings: Settings) -> Record:
         if liveness.is_alive(state, beat, now, settings.heartbeat_sec)
     }
     groups: dict[tuple[str | None, str | None], Record] = {}
-    for row in rows:
+    for row in shown:
         key = (row.classpath, row.triggerer_id)
         group = groups.setdefault(
             key,
@@ -147,7 +138,47 @@ def deferred_now(session: Session, settings: Settings) -> Record:
         group["oldest_since"] = tasks[0]["since"]
         group["soon"] = sum(1 for t in tasks if t["urgency"] is not None)
     return {
-        "total": total or 0,
-        "listed": len(rows),
+        "total": min(counted or 0, DEFERRED_COUNTED_AT_MOST),
+        "total_capped": (counted or 0) > DEFERRED_COUNTED_AT_MOST,
+        "listed": len(shown),
         "groups": list(groups.values()),  # rows came oldest first, so do the groups
+        "after": after,
+        "next_after": (
+            encode((shown[-1].trigger_id, shown[-1].id)) if len(rows) > limit and shown else None
+        ),
     }
+
+
+def deferred_page_query(limit: int, after: str | None) -> Select[*tuple[Any, ...]]:
+    """The deferred task instances of one page (and one more, if any) in the order they
+    deferred: by trigger, created when a task defers (a task that joined a shared trigger stands
+    with its first waiter), read in the order of ix_task_instance_deferred_order."""
+    ti = TaskInstance
+    since = (
+        select(func.max(TaskStateChange.at))
+        .where(TaskStateChange.task_instance_id == ti.id, TaskStateChange.to_state == "deferred")
+        .scalar_subquery()
+        .label("since")
+    )
+    query = (
+        select(
+            ti.id,
+            ti.dag_id,
+            ti.run_id,
+            ti.task_id,
+            ti.map_index,
+            ti.trigger_id,
+            ti.trigger_timeout,
+            Trigger.classpath,
+            Trigger.triggerer_id,
+            since,
+        )
+        .outerjoin(Trigger, Trigger.id == ti.trigger_id)
+        .where(ti.state == TaskState.DEFERRED)
+        .order_by(ti.trigger_id, ti.id)
+        .limit(limit + 1)
+    )
+    if after is not None:
+        last_trigger, last_id = decode(after, int, int)
+        query = query.where(tuple_(ti.trigger_id, ti.id) > (last_trigger, last_id))
+    return query

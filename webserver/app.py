@@ -45,6 +45,7 @@ from deferral.store.db import make_engine, make_sessionmaker
 from readmodel import dags, processes, streams, tasks, waits
 from readmodel.doctor import doctor_record
 from readmodel.errors import NotFound, server_error
+from readmodel.pages import BadCursor
 from readmodel.records import json_value
 from webserver import approvals, data, paramform, users
 from webserver.access_log import CALLBACK_PATH
@@ -395,7 +396,7 @@ class WebUI:
             if "dag_id" in request.path_params:
                 check_id("dag_id", request.path_params["dag_id"])
             return await handler(request)
-        except (NotFound, BadInput, actions.ActionError) as exc:
+        except (NotFound, BadInput, BadCursor, actions.ActionError) as exc:
             not_found = isinstance(exc, NotFound) or getattr(exc, "not_found", False)
             status = 404 if not_found else 400
             if api:
@@ -479,8 +480,20 @@ class WebUI:
             request, "task.html", {**detail, "markable": [str(s) for s in actions.MARKABLE_STATES]}
         )
 
+    def _deferred(self, request: Request) -> dict[str, Any]:
+        """A page of the deferred tasks: ``?limit=`` of them from just after ``?after=``."""
+        query = request.query_params
+        limit = int_param(query.get("limit"), "limit", low=1, high=waits.MAX_DEFERRED_PAGE)
+        with self.sessions() as session:
+            return waits.deferred_now(
+                session,
+                self.settings,
+                limit=limit or waits.DEFERRED_PAGE,
+                after=query.get("after") or None,
+            )
+
     async def deferred_page(self, request: Request) -> Response:
-        found = await run_in_threadpool(self._read, waits.deferred_now, self.settings)
+        found = await run_in_threadpool(self._deferred, request)
         return await self.page(request, "deferred.html", found)
 
     async def triggerers_page(self, request: Request) -> Response:
@@ -718,7 +731,7 @@ class WebUI:
         return _api(await run_in_threadpool(self._task_log, request))
 
     async def api_deferred(self, request: Request) -> Response:
-        return _api(await run_in_threadpool(self._read, waits.deferred_now, self.settings))
+        return _api(await run_in_threadpool(self._deferred, request))
 
     async def api_triggerers(self, request: Request) -> Response:
         return _api(await run_in_threadpool(self._read, processes.processes, self.settings))
