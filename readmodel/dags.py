@@ -151,10 +151,39 @@ def dags_overview(
 
 
 def _is_paused(dag: DAG | None, row: Dag | None) -> bool:
-    if row is not None:
-        return bool(row.is_paused)
+    return _paused(dag, row.is_paused if row is not None else None)
+
+
+def _paused(dag: DAG | None, recorded: bool | None) -> bool:
+    if recorded is not None:
+        return bool(recorded)
     # Before a scheduler has recorded the DAG, what it will be created with.
     return bool(dag is not None and dag.is_paused_upon_creation)
+
+
+def wanted_tags(given: Sequence[str]) -> list[str]:
+    """The tags a DAG list is filtered by: each one given, or comma-separated ones."""
+    return sorted({tag.strip() for value in given for tag in value.split(",") if tag.strip()})
+
+
+def dag_list(session: Session, dags: Mapping[str, DAG], tags: Collection[str] = ()) -> list[Record]:
+    """The DAGs of the folder as ``deferral dags list`` gives them: schedule, paused (as the
+    DAGs page says it), tasks, file and tags; only those with one of ``tags`` if given."""
+    recorded = {
+        row.dag_id: row.is_paused for row in session.execute(select(Dag.dag_id, Dag.is_paused))
+    }
+    return [
+        {
+            "dag_id": dag_id,
+            "schedule": dag.timetable.summary,
+            "is_paused": _paused(dag, recorded.get(dag_id)),
+            "tasks": len(dag.tasks),
+            "fileloc": str(dag.fileloc),
+            "tags": list(dag.tags),
+        }
+        for dag_id, dag in sorted(dags.items())
+        if not tags or set(tags) & set(dag.tags)
+    ]
 
 
 def _recent_runs(session: Session, dag_ids: Sequence[str], limit: int) -> dict[str, list[Record]]:

@@ -1,10 +1,10 @@
 """What is particular to the web UI's pages of what `readmodel` reads: how big a DAG's grid is,
-the graph's drawing and the trigger form's fields, the parameters a DAGs list is filtered by,
-and how records become JSON. Every record itself comes from `readmodel`."""
+the graph's drawing and the trigger form's fields, and how records become JSON. Every record
+itself comes from `readmodel`."""
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Mapping
 from dataclasses import asdict
 from typing import Any
 
@@ -29,11 +29,6 @@ MAX_GRID_ROWS = 100
 MIN_GRID_ROWS = 10
 # What a DAG search may hold (a search is a substring of an id, at most 250 characters).
 MAX_SEARCH_LENGTH = 250
-
-
-def wanted_tags(given: Sequence[str]) -> list[str]:
-    """The tags a DAG list is filtered by: each ``tags`` parameter, or comma-separated ones."""
-    return sorted({tag.strip() for value in given for tag in value.split(",") if tag.strip()})
 
 
 def grid_rows(runs: int) -> int:

@@ -42,7 +42,7 @@ class Reads:
             return read(session, *args, **kwargs)
 
     def dags_overview(self, request: Request) -> dict[str, Any]:
-        tags = data.wanted_tags(request.query_params.getlist("tags"))
+        tags = dags.wanted_tags(request.query_params.getlist("tags"))
         search = request.query_params.get("search", "")[: data.MAX_SEARCH_LENGTH]
         return self._read(dags.dags_overview, self.ui.dags, tags, search)
 
