@@ -5,18 +5,25 @@ thread pool."""
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from enum import StrEnum
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from starlette.requests import Request
 
 from deferral.runtime.crypto import Cipher
+from deferral.states import DagRunState, TaskState
 from readmodel import dags, processes, streams, tasks, waits
 from readmodel.doctor import doctor_record
+from readmodel.pages import DEFAULT_LIMIT, MAX_LIMIT
+from readmodel.runs import run_list
+from readmodel.triggers import trigger_list
 from webserver import data
 from webserver.inputs import MAX_INT64, BadInput, check_id, int_param
 
 if TYPE_CHECKING:
     from webserver.app import WebUI
+
+Found = TypeVar("Found")
 
 
 def required_id(params: Mapping[str, Any], name: str) -> str:
@@ -33,11 +40,25 @@ def _optional_id(params: Mapping[str, Any], name: str) -> str | None:
     return check_id(name, value) if isinstance(value, str) and value else None
 
 
+def _page_params(query: Mapping[str, str]) -> dict[str, Any]:
+    """``?limit=`` (default DEFAULT_LIMIT) and ``?after=`` (a cursor a previous page gave)."""
+    limit = int_param(query.get("limit"), "limit", low=1, high=MAX_LIMIT)
+    return {"limit": limit or DEFAULT_LIMIT, "after": query.get("after") or None}
+
+
+def _state(query: Mapping[str, str], states: type[StrEnum]) -> str | None:
+    """``?state=``, one of ``states``' values, or None."""
+    state = query.get("state") or None
+    if state is not None and state not in {s.value for s in states}:
+        raise BadInput(f"state must be one of {', '.join(s.value for s in states)}")
+    return state
+
+
 class Reads:
     def __init__(self, ui: WebUI) -> None:
         self.ui = ui
 
-    def _read(self, read: Callable[..., dict[str, Any]], *args: Any, **kwargs: Any) -> Any:
+    def _read(self, read: Callable[..., Found], *args: Any, **kwargs: Any) -> Found:
         with self.ui.sessions() as session:
             return read(session, *args, **kwargs)
 
@@ -97,6 +118,33 @@ class Reads:
             limit=limit or waits.DEFERRED_PAGE,
             after=query.get("after") or None,
         )
+
+    def runs(self, request: Request) -> dict[str, Any]:
+        """A page of runs, newest logical date first (``?dag_id=``, ``?state=``)."""
+        query = request.query_params
+        page = self._read(
+            run_list,
+            **_page_params(query),
+            dag_id=_optional_id(query, "dag_id"),
+            state=_state(query, DagRunState),
+        )
+        return {"runs": page.rows, "next_after": page.after}
+
+    def task_list(self, request: Request) -> dict[str, Any]:
+        """A page of task instances, newest first (``?dag_id=``, ``?state=``)."""
+        query = request.query_params
+        page = self._read(
+            tasks.task_list,
+            **_page_params(query),
+            dag_id=_optional_id(query, "dag_id"),
+            state=_state(query, TaskState),
+        )
+        return {"task_instances": page.rows, "next_after": page.after}
+
+    def triggers(self, request: Request) -> dict[str, Any]:
+        """A page of triggers, oldest first, each with the tasks waiting on it."""
+        page = self._read(trigger_list, **_page_params(request.query_params))
+        return {"triggers": page.rows, "next_after": page.after}
 
     def processes(self, request: Request) -> dict[str, Any]:
         return self._read(processes.processes, self.ui.settings)

@@ -220,3 +220,22 @@ def test_the_first_deferred_page_of_many_reads_about_a_page_of_rows(
     assert [n["Index Name"] for n in on_task_instance] == ["ix_task_instance_deferred_order"]
     assert on_task_instance[0]["Actual Rows"] <= 51
     assert not any(n["Node Type"] == "Seq Scan" for n in nodes)
+
+
+def test_the_api_lists_runs_task_instances_and_triggers_a_page_at_a_time(
+    local: TestClient, sessions: sessionmaker[Session]
+) -> None:
+    _seed_deferred(sessions, 3)
+    first = local.get("/api/v1/task_instances", params={"limit": 2, "state": "deferred"}).json()
+    assert len(first["task_instances"]) == 2 and first["next_after"]
+    rest = local.get("/api/v1/task_instances", params={"after": first["next_after"]}).json()
+    listed = [int(t["task_id"][1:]) for t in first["task_instances"] + rest["task_instances"]]
+    assert listed == sorted(set(listed), reverse=True) and len(listed) == 3
+    assert rest["next_after"] is None
+    triggers = local.get("/api/v1/triggers", params={"limit": 1}).json()
+    assert len(triggers["triggers"]) == 1 and triggers["triggers"][0]["waiting_tasks"]
+    assert local.get("/api/v1/runs").json() == {"runs": [], "next_after": None}
+    bogus = local.get("/api/v1/runs", params={"state": "sleeping"})
+    assert bogus.status_code == 400 and "state must be one of" in bogus.json()["error"]
+    too_many = local.get("/api/v1/triggers", params={"limit": 10**9})
+    assert too_many.status_code == 400 and "limit must be between" in too_many.json()["error"]
