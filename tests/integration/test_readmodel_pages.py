@@ -1,6 +1,7 @@
 """The read model's keyset pages: a first page of N says there is more, the next page follows
 its cursor, rows added while a reader pages neither repeat nor hide rows, a cursor no page gave
-is refused naming it, and the Deferred page's first page reads about N rows of 20,000."""
+is refused naming it, and a first page (the Deferred page's, the CLI's) reads about N rows of
+20,000 through an index."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
-from sqlalchemy import text
+from sqlalchemy import event, text
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.testclient import TestClient
 
@@ -202,8 +203,8 @@ def _plan_nodes(plan: dict[str, Any]) -> list[dict[str, Any]]:
     return [plan, *(node for child in plan.get("Plans", []) for node in _plan_nodes(child))]
 
 
-def test_the_first_deferred_page_of_many_reads_about_a_page_of_rows(
-    sessions: sessionmaker[Session],
+def test_the_first_pages_of_many_read_about_a_page_of_rows(
+    sessions: sessionmaker[Session], settings: Settings
 ) -> None:
     _seed_deferred(sessions, 20_000)
     with sessions() as session:
@@ -215,11 +216,47 @@ def test_the_first_deferred_page_of_many_reads_about_a_page_of_rows(
             .exec_driver_sql(f"EXPLAIN (ANALYZE, FORMAT JSON) {compiled}", compiled.params)
             .all()
         )
-    nodes = _plan_nodes(explained[0]["Plan"])
-    on_task_instance = [n for n in nodes if n.get("Relation Name") == "task_instance"]
-    assert [n["Index Name"] for n in on_task_instance] == ["ix_task_instance_deferred_order"]
-    assert on_task_instance[0]["Actual Rows"] <= 51
-    assert not any(n["Node Type"] == "Seq Scan" for n in nodes)
+        nodes = _plan_nodes(explained[0]["Plan"])
+        on_task_instance = [n for n in nodes if n.get("Relation Name") == "task_instance"]
+        assert [n["Index Name"] for n in on_task_instance] == ["ix_task_instance_deferred_order"]
+        assert on_task_instance[0]["Actual Rows"] <= 51
+        assert not any(n["Node Type"] == "Seq Scan" for n in nodes)
+
+        # The CLI's and the API's lists: every statement of a first page scans an index and
+        # reads at most a page and one row of each table.
+        for read in (
+            lambda: task_list(session, limit=50, state="deferred"),
+            lambda: task_list(session, limit=50, dag_id="paged"),
+            lambda: trigger_list(session, limit=50),
+        ):
+            statements = _statements_of(session, read)
+            assert statements
+            for statement, params in statements:
+                ((plan,),) = (
+                    session.connection()
+                    .exec_driver_sql(f"EXPLAIN (ANALYZE, FORMAT JSON) {statement}", params)
+                    .all()
+                )
+                scans = [n for n in _plan_nodes(plan[0]["Plan"]) if "Relation Name" in n]
+                assert scans and all("Index" in n["Node Type"] for n in scans), statement
+                assert all(n["Actual Rows"] * n["Actual Loops"] <= 51 for n in scans), statement
+
+
+def _statements_of(session: Session, read: Callable[[], Any]) -> list[tuple[str, Any]]:
+    """The SELECTs ``read`` sends, with their parameters."""
+    sent: list[tuple[str, Any]] = []
+
+    def record(conn: Any, cursor: Any, statement: str, params: Any, *_: Any) -> None:
+        if statement.lstrip().upper().startswith("SELECT"):
+            sent.append((statement, params))
+
+    engine = session.get_bind()
+    event.listen(engine, "before_cursor_execute", record)
+    try:
+        read()
+    finally:
+        event.remove(engine, "before_cursor_execute", record)
+    return sent
 
 
 def test_the_api_lists_runs_task_instances_and_triggers_a_page_at_a_time(
