@@ -86,11 +86,13 @@ def output_options(func: Callable[..., Any]) -> Callable[..., Any]:
     )(with_json)
 
 
-def limit_option(what: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """``--limit N``: how many ``what`` a listing's page shows."""
+def limit_option(
+    what: str, most: int | None = MAX_LIMIT
+) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """``--limit N``: how many ``what`` a listing's page shows (at most ``most``)."""
     return click.option(
         "--limit",
-        type=click.IntRange(1, MAX_LIMIT),
+        type=click.IntRange(1, most),
         default=DEFAULT_LIMIT,
         show_default=True,
         help=f"Most {what} listed (a page: --after its cursor lists the next one).",

@@ -41,7 +41,7 @@ def runs() -> None:
     default=None,
     help="Only runs in this state.",
 )
-@limit_option("runs")
+@limit_option("runs", most=None)  # its --limit never had a bound: a contract
 @after_option
 @output_options
 def runs_list(
