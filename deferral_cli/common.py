@@ -33,6 +33,7 @@ from deferral.timezone import make_aware
 from readmodel.errors import EXIT_FAILED as EXIT_FAILED
 from readmodel.errors import EXIT_UNAVAILABLE as EXIT_UNAVAILABLE
 from readmodel.errors import server_error as server_error
+from readmodel.pages import DEFAULT_LIMIT, MAX_LIMIT, BadCursor, Page
 from readmodel.records import Record as Record
 from readmodel.records import find_run as find_run
 from readmodel.records import json_value as json_value
@@ -86,32 +87,42 @@ def output_options(func: Callable[..., Any]) -> Callable[..., Any]:
     )(with_json)
 
 
-# Rows a paged listing shows unless told otherwise.
-DEFAULT_PAGE = 100
-
-
-def page_options(func: Callable[..., Any]) -> Callable[..., Any]:
-    """``--limit N`` and ``--after ID`` on a listing paged by id: a list over a million waiting
-    tasks reads its first page, never every row, and counts nothing."""
-    with_after = click.option(
-        "--after",
-        type=int,
-        default=None,
-        help="Start after this id (the one the previous page's last line named).",
-    )(func)
+def limit_option(
+    what: str, most: int | None = MAX_LIMIT
+) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """``--limit N``: how many ``what`` a listing's page shows (at most ``most``)."""
     return click.option(
         "--limit",
-        type=click.IntRange(min=1),
-        default=DEFAULT_PAGE,
+        type=click.IntRange(1, most),
+        default=DEFAULT_LIMIT,
         show_default=True,
-        help="At most this many rows.",
-    )(with_after)
+        help=f"Most {what} listed (a page: --after its cursor lists the next one).",
+    )
 
 
-def say_next_page(last_id: int | None, more: bool) -> None:
-    """Tell (on stderr, so that JSON output stays one array) how to read the next page."""
-    if more and last_id is not None:
-        click.echo(f"more: --after {last_id} for the next page", err=True)
+after_option = click.option(
+    "--after",
+    metavar="CURSOR",
+    default=None,
+    help="List the page after the one whose cursor this is (printed under a page with more).",
+)
+
+
+@contextlib.contextmanager
+def cursor_checked() -> Any:
+    """A cursor no page gave ends the command as a usage error naming it."""
+    try:
+        yield
+    except BadCursor as exc:
+        raise click.BadParameter(str(exc), param_hint="'--after'") from None
+
+
+def emit_page(output: str, page: Page, *, empty: str) -> None:
+    """A page of a listing as :func:`emit` prints it; when more rows follow, one line on
+    stderr saying how to list them (stdout stays the table or the JSON array)."""
+    emit(output, page.rows, empty=empty)
+    if page.after is not None:
+        click.echo(f"more\u2026 (the next page: --after {page.after})", err=True)
 
 
 def emit(

@@ -8,13 +8,11 @@ import sys
 from typing import Any
 
 import click
-from sqlalchemy import select
 
 from deferral.runtime import controls
 from deferral.runtime.config import Settings
 from deferral.runtime.process import command_group, settings_or_exit
 from deferral.states import DagRunState
-from deferral.store.tables import Dag
 from deferral_cli.common import (
     EXIT_FAILED,
     EXIT_INTERRUPTED,
@@ -36,6 +34,7 @@ from deferral_cli.wait import (
     failure_lines,
     wait_for_run,
 )
+from readmodel.dags import dag_list, wanted_tags
 
 # The subcommands defined in modules of their own, imported when invoked.
 DAGS_ELSEWHERE = {
@@ -85,22 +84,8 @@ def dags_list(output: str, tags: tuple[str, ...]) -> None:
     on stderr, and the command then exits 1."""
     settings = settings_or_exit()
     bag = dagbag(settings)
-    wanted = {tag.strip() for given in tags for tag in given.split(",") if tag.strip()}
     with sessions(settings)() as session:
-        paused = {r.dag_id: r.is_paused for r in session.execute(select(Dag.dag_id, Dag.is_paused))}
-    records = [
-        {
-            "dag_id": dag_id,
-            "schedule": dag.timetable.summary,
-            # Before a scheduler has recorded the DAG, what it will be created with.
-            "is_paused": paused.get(dag_id, bool(dag.is_paused_upon_creation)),
-            "tasks": len(dag.tasks),
-            "fileloc": str(dag.fileloc),
-            "tags": list(dag.tags),
-        }
-        for dag_id, dag in sorted(bag.dags.items())
-        if not wanted or wanted & set(dag.tags)
-    ]
+        records = dag_list(session, bag.dags, wanted_tags(tags))
     emit(output, records, empty="no DAGs", cells={"tags": lambda tags: ",".join(tags)})
     for path, error in sorted(bag.import_errors.items()):
         click.echo(f"error: {path}: {error}", err=True)

@@ -22,13 +22,13 @@ from deferral.runtime.crypto import Cipher
 from deferral.runtime.process import command_group, settings_or_exit
 from deferral_cli.common import (
     EXIT_FAILED,
-    Record,
     cell,
     emit,
     fail,
     output_options,
     sessions,
 )
+from readmodel.deadletters import dead_letter_record
 
 DEFAULT_LIMIT = 50
 MAX_LIMIT = 100_000
@@ -56,19 +56,6 @@ def _broker(settings: Settings) -> Iterator[Broker]:
         yield broker
     finally:
         broker.close()
-
-
-def dead_letter_record(letter: deadletters.DeadLetter) -> Record:
-    """A listing's row of one dead letter (the web UI's Streams page shows the same)."""
-    return {
-        "id": letter.id,
-        "added_at": letter.added_at,
-        "stream": letter.source_stream,
-        "task": letter.task or None,
-        "deliveries": letter.deliveries,
-        "reason": letter.error,
-        "verified": letter.verified,
-    }
 
 
 _REASON_SHOWN = 80

@@ -10,18 +10,22 @@ from deferral.runtime.config import Settings
 from deferral.runtime.process import command_group, settings_or_exit
 from deferral.states import DagRunState
 from deferral.store.actions import ti_label
-from deferral.store.tables import Dag, DagRun, TaskInstance, TaskStateChange
+from deferral.store.tables import Dag, DagRun
 from deferral_cli.common import (
+    after_option,
+    cursor_checked,
     dagbag,
-    emit,
+    emit_page,
     fail,
     find_run,
+    limit_option,
     output_options,
     run_id_argument,
     sessions,
     stamp,
 )
-from readmodel.records import run_record
+from readmodel.runs import run_list, run_task_instances
+from readmodel.tasks import state_changes
 
 
 @command_group()
@@ -37,24 +41,20 @@ def runs() -> None:
     default=None,
     help="Only runs in this state.",
 )
-@click.option(
-    "--limit", type=click.IntRange(min=1), default=100, show_default=True, help="Most runs listed."
-)
+@limit_option("runs", most=None)  # its --limit never had a bound: a contract
+@after_option
 @output_options
-def runs_list(dag_id: str | None, state: str | None, limit: int, output: str) -> None:
-    """List DAG runs (of DAG_ID, if given), newest logical date first."""
+def runs_list(
+    dag_id: str | None, state: str | None, limit: int, after: str | None, output: str
+) -> None:
+    """List DAG runs (of DAG_ID, if given), newest logical date first, a page at a time."""
     settings = settings_or_exit()
-    query = select(DagRun).order_by(DagRun.logical_date.desc(), DagRun.id.desc()).limit(limit)
-    if dag_id is not None:
-        query = query.where(DagRun.dag_id == dag_id)
-    if state is not None:
-        query = query.where(DagRun.state == state)
-    with sessions(settings)() as session:
-        found = session.scalars(query).all()
-        known = dag_id is None or found or _dag_known(session, settings, dag_id)
+    with sessions(settings)() as session, cursor_checked():
+        page = run_list(session, limit=limit, after=after, dag_id=dag_id, state=state)
+        known = dag_id is None or page.rows or _dag_known(session, settings, dag_id)
     if not known:
         fail(f"DAG {dag_id!r} not found")
-    emit(output, [run_record(run) for run in found], empty="no runs")
+    emit_page(output, page, empty="no runs")
 
 
 def _dag_known(session: Session, settings: Settings, dag_id: str) -> bool:
@@ -79,26 +79,13 @@ def show_run(settings: Settings, dag_id: str, run_id: str, history: bool) -> Non
             fail(f"DAG {dag_id!r} has no run {run_id!r}")
             return
         click.echo(f"{run.dag_id} {run.run_id}: {run.state} (logical date {run.logical_date})")
-        tis = session.scalars(
-            select(TaskInstance)
-            .where(TaskInstance.dag_id == dag_id, TaskInstance.run_id == run_id)
-            .order_by(TaskInstance.id)
-        ).all()
-        # A mapped task's map indexes together, in order (map index 0 was its placeholder).
-        order = {ti.task_id: ti.id for ti in reversed(tis)}
-        tis = sorted(tis, key=lambda ti: (order[ti.task_id], ti.map_index))
-        for ti in tis:
+        for ti in run_task_instances(session, dag_id, run_id):
             waiting = f" waiting on trigger {ti.trigger_id}" if ti.trigger_id else ""
             label = ti_label(ti.task_id, ti.map_index)
             click.echo(f"  {label}: {ti.state} (try {ti.try_number}){waiting}")
             if not history:
                 continue
-            changes = session.scalars(
-                select(TaskStateChange)
-                .where(TaskStateChange.task_instance_id == ti.id)
-                .order_by(TaskStateChange.id)
-            )
-            for change in changes:
+            for change in state_changes(session, ti.id):
                 click.echo(
                     f"    {stamp(change.at, microseconds=True)} {change.from_state} -> "
                     f"{change.to_state}"

@@ -11,22 +11,23 @@ from deferral.loading.dagbag import DagNotFound
 from deferral.runtime.process import command_group, settings_or_exit
 from deferral.states import TaskState
 from deferral.store import actions
-from deferral.store.tables import DagRun, TaskInstance
+from deferral.store.tables import DagRun
 from deferral_cli.common import (
-    Record,
+    after_option,
+    cursor_checked,
     dagbag,
-    emit,
+    emit_page,
     fail,
     find_run,
+    limit_option,
     output_options,
-    page_options,
     run_id_argument,
-    say_next_page,
     sessions,
     task_instances,
 )
 from deferral_cli.group import Lazy, LazyGroup
 from readmodel.explain import explain, find_dag
+from readmodel.tasks import task_list
 
 # The subcommands defined in modules of their own, imported when invoked.
 TASKS_ELSEWHERE = {
@@ -65,40 +66,18 @@ def tasks() -> None:
     help="Only task instances in this state.",
 )
 @click.option("--dag-id", default=None, help="Only task instances of this DAG.")
-@page_options
+@limit_option("task instances")
+@after_option
 @output_options
 def tasks_list(
-    state: str | None, dag_id: str | None, limit: int, after: int | None, output: str
+    state: str | None, dag_id: str | None, limit: int, after: str | None, output: str
 ) -> None:
-    """List task instances, newest first, a page at a time (``--limit``, ``--after``);
-    deferred ones show their trigger and its timeout."""
+    """List task instances, newest first, a page at a time; deferred ones show their trigger
+    and its timeout."""
     settings = settings_or_exit()
-    query = select(TaskInstance).order_by(TaskInstance.id.desc()).limit(limit + 1)
-    if state is not None:
-        query = query.where(TaskInstance.state == state)
-    if dag_id is not None:
-        query = query.where(TaskInstance.dag_id == dag_id)
-    if after is not None:
-        query = query.where(TaskInstance.id < after)
-    with sessions(settings)() as session:
-        found = list(session.scalars(query))
-    shown = found[:limit]
-    emit(output, [_task_record(ti) for ti in shown], empty="no task instances")
-    say_next_page(shown[-1].id if shown else None, len(found) > limit)
-
-
-def _task_record(ti: TaskInstance) -> Record:
-    deferred = ti.state == TaskState.DEFERRED
-    return {
-        "dag_id": ti.dag_id,
-        "run_id": ti.run_id,
-        "task_id": ti.task_id,
-        "map_index": ti.map_index,
-        "state": ti.state,
-        "try_number": ti.try_number,
-        "trigger_id": ti.trigger_id if deferred else None,
-        "trigger_timeout": ti.trigger_timeout if deferred else None,
-    }
+    with sessions(settings)() as session, cursor_checked():
+        page = task_list(session, limit=limit, after=after, state=state, dag_id=dag_id)
+    emit_page(output, page, empty="no task instances")
 
 
 _MAP_INDEX = click.option(

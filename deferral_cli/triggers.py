@@ -4,23 +4,22 @@ them and the tasks."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TypeVar, cast
+from typing import TypeVar
 
-from sqlalchemy import select
-from sqlalchemy.orm import Session
-
-from broker.streams import task_label
 from deferral.runtime.process import command_group, settings_or_exit
-from deferral.store.tables import TaskInstance, Trigger, Triggerer, Worker
+from deferral.store.tables import Triggerer, Worker
 from deferral_cli.common import (
     Record,
+    after_option,
+    cursor_checked,
     emit,
+    emit_page,
+    limit_option,
     output_options,
-    page_options,
-    say_next_page,
     sessions,
 )
-from readmodel.records import process_records, triggerer_own, worker_own
+from readmodel.processes import process_records, triggerer_own, worker_own
+from readmodel.triggers import trigger_list
 
 
 @command_group()
@@ -29,55 +28,16 @@ def triggers() -> None:
 
 
 @triggers.command("list")
-@page_options
+@limit_option("triggers")
+@after_option
 @output_options
-def triggers_list(limit: int, after: int | None, output: str) -> None:
-    """List triggers, oldest first, a page at a time (``--limit``, ``--after``): class, the
-    triggerer running it, and the tasks waiting on it."""
+def triggers_list(limit: int, after: str | None, output: str) -> None:
+    """List triggers, oldest first, a page at a time: class, the triggerer running it, and the
+    task waiting on it."""
     settings = settings_or_exit()
-    with sessions(settings)() as session:
-        # Named columns only: the kwargs (ciphertext) never leave the database.
-        found = session.execute(
-            select(Trigger.id, Trigger.classpath, Trigger.triggerer_id, Trigger.created_date)
-            .where(Trigger.id > (after or 0))
-            .order_by(Trigger.id)
-            .limit(limit + 1)
-        ).all()
-        shown = found[:limit]
-        waiting = _waiting_tasks(session, [row.id for row in shown])
-    records = [
-        {
-            "id": row.id,
-            "classpath": row.classpath,
-            "triggerer_id": row.triggerer_id,
-            "created_date": row.created_date,
-            "waiting_tasks": waiting.get(row.id, []),
-        }
-        for row in shown
-    ]
-    emit(output, records, empty="no triggers")
-    say_next_page(shown[-1].id if shown else None, len(found) > limit)
-
-
-def _waiting_tasks(session: Session, trigger_ids: list[int]) -> dict[int, list[str]]:
-    """Trigger id -> labels (dag.run.task[map]) of the task instances waiting on it, for these
-    triggers."""
-    query = (
-        select(
-            TaskInstance.trigger_id,
-            TaskInstance.dag_id,
-            TaskInstance.run_id,
-            TaskInstance.task_id,
-            TaskInstance.map_index,
-        )
-        .where(TaskInstance.trigger_id.in_(trigger_ids))
-        .order_by(TaskInstance.id)
-    )
-    waiting: dict[int, list[str]] = {}
-    for trigger_id, dag_id, run_id, task_id, map_index in session.execute(query):
-        label = task_label(dag_id, run_id, task_id, map_index)
-        waiting.setdefault(cast(int, trigger_id), []).append(label)  # IN: never null
-    return waiting
+    with sessions(settings)() as session, cursor_checked():
+        page = trigger_list(session, limit=limit, after=after)
+    emit_page(output, page, empty="no triggers")
 
 
 @command_group()

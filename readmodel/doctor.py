@@ -27,6 +27,15 @@ from deferral.store.tables import (
 )
 
 
+def doctor_record(settings: Settings) -> dict[str, object]:
+    """The doctor's checks as the web UI shows them, and whether any failed."""
+    checks = gather_checks(settings)
+    return {
+        "status": "fail" if checklist.exit_code(checks) else "ok",
+        "checks": [{"status": c.status, "check": c.name, "detail": c.detail} for c in checks],
+    }
+
+
 def gather_checks(settings: Settings) -> list[checklist.Check]:
     """Every check of the checklist, on the numbers Postgres and Redis give now (the web UI's
     Doctor page shows the same list)."""

@@ -15,6 +15,11 @@ from deferral.runtime.config import Settings
 from deferral.runtime.faults import is_transient
 from deferral.store.db import url_location
 
+
+class NotFound(LookupError):
+    """What a page, an API call or a command names does not exist; the message says what."""
+
+
 # Exit statuses every command shares (click itself exits 2 on a usage error).
 EXIT_FAILED = 1
 EXIT_UNAVAILABLE = 2

@@ -1,20 +1,18 @@
 """What the CLI and the web UI both show of the database: records (plain mappings with typed
-values) of runs, task instances and processes, and how such values become JSON."""
+values) of runs and task instances, and how such values become JSON."""
 
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Callable, Mapping
-from typing import Any, TypeVar
+from collections.abc import Mapping
+from typing import Any
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from deferral.store import liveness
-from deferral.store.tables import DagRun, TaskInstance, Triggerer, Worker
+from deferral.store.tables import DagRun, TaskInstance
 
 Record = Mapping[str, Any]
-Process = TypeVar("Process", Triggerer, Worker)
 
 
 def json_value(value: Any) -> Any:
@@ -29,6 +27,16 @@ def json_value(value: Any) -> Any:
 
 def when(value: dt.datetime | None) -> str:
     return "-" if value is None else value.isoformat(timespec="seconds")
+
+
+def db_now(session: Session) -> dt.datetime:
+    """The database's clock, the one that wrote the rows read: no skew with this host."""
+    now: dt.datetime = session.scalars(select(func.now())).one()
+    return now
+
+
+def seconds_between(start: dt.datetime, end: dt.datetime) -> float:
+    return round(max(0.0, (end - start).total_seconds()), 3)
 
 
 def run_record(run: DagRun) -> Record:
@@ -65,43 +73,3 @@ def task_instances(session: Session, dag_id: str, run_id: str, task_id: str) -> 
             .order_by(TaskInstance.map_index)
         )
     )
-
-
-def process_records(
-    session: Session, model: type[Process], own: Callable[[Process], Record], heartbeat_sec: float
-) -> list[Record]:
-    """A record per process of a kind, by name: who it is, what it has of its ``own``, its
-    heartbeat and whether it is alive."""
-    # The database's clock, the one that wrote the heartbeats: no skew with this host.
-    now = session.scalars(select(func.now())).one()
-    return [
-        {**_identity(process), **own(process), **_liveness(process, now, heartbeat_sec)}
-        for process in session.scalars(select(model).order_by(model.name))
-    ]
-
-
-def triggerer_own(triggerer: Triggerer) -> Record:
-    return {"load": triggerer.load, "capacity": triggerer.capacity}
-
-
-def worker_own(worker: Worker) -> Record:
-    return {"queue": worker.queue, "load": worker.load, "concurrency": worker.concurrency}
-
-
-def _identity(process: Triggerer | Worker) -> dict[str, Any]:
-    return {
-        "name": process.name,
-        "hostname": process.hostname,
-        "pid": process.pid,
-        "state": process.state,
-    }
-
-
-def _liveness(process: Triggerer | Worker, now: dt.datetime, heartbeat_sec: float) -> Record:
-    """The heartbeat, its age, and whether the process is alive by
-    :mod:`deferral.store.liveness`."""
-    return {
-        "latest_heartbeat": process.latest_heartbeat,
-        "heartbeat_age_sec": round(liveness.heartbeat_age_sec(process.latest_heartbeat, now), 1),
-        "health": liveness.health(process.state, process.latest_heartbeat, now, heartbeat_sec),
-    }

@@ -3,8 +3,22 @@ web UI show them."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from broker.client import Broker
+from deferral.runtime.crypto import Cipher
+from readmodel.deadletters import newest_shown
 from readmodel.records import Record
+
+
+def streams_overview(broker: Broker, cipher: Cipher) -> dict[str, Any]:
+    """Each stream's length, groups, pending entries and lag (as `deferral streams`), and the
+    newest dead letters with how many there are."""
+    return {
+        "streams": stream_records(broker),
+        "dead_letters": newest_shown(broker, cipher),
+        "dead_letters_total": int(broker.redis.xlen(broker.keys.dead)),
+    }
 
 
 def stream_records(broker: Broker) -> list[Record]:

@@ -1,14 +1,33 @@
-"""Waits kept as rows: what resumes a deferred task that no triggerer runs."""
+"""What waits: every deferred task (the web UI's Deferred page), how long each has waited and
+how close its timeout is, and what resumes a wait kept as a row (no triggerer runs it)."""
 
 from __future__ import annotations
 
-from typing import Literal
+import datetime as dt
+from typing import Any, Literal
 
-from sqlalchemy import select
+from sqlalchemy import Select, func, select, tuple_
 from sqlalchemy.orm import Session
 
-from deferral.store.tables import SignalWait
+from deferral.runtime.config import Settings
+from deferral.states import TaskState
+from deferral.store import liveness
+from deferral.store.actions import ti_label
+from deferral.store.tables import SignalWait, TaskInstance, TaskStateChange, Trigger, Triggerer
 from deferral.triggers.signal import CALLBACK_TRIGGER, SIGNAL_TRIGGER
+from readmodel.pages import decode, encode
+from readmodel.records import db_now, seconds_between
+
+Record = dict[str, Any]
+
+# The Deferred page lists this many task instances a page by default, and at most MAX_DEFERRED_PAGE;
+# it counts them up to DEFERRED_COUNTED_AT_MOST (a million waiting are not counted at each look).
+DEFERRED_PAGE = 500
+MAX_DEFERRED_PAGE = 2000
+DEFERRED_COUNTED_AT_MOST = 10_000
+# A deferral is "close to expiry" in the last fifth of its wait, and always in its last 5 min.
+EXPIRY_SOON_FRACTION = 0.2
+EXPIRY_SOON_CAP_SEC = 300.0
 
 RowWait = Literal["signal", "callback"]
 
@@ -33,3 +52,133 @@ def how_to_resume(wait: RowWait, key: str | None) -> str:
     if wait == "callback":
         return "a POST of its answer to its callback URL (POST /api/v1/callbacks/<token>)"
     return f"a signal sent to key {key!r} (`deferral signals send {key} --payload JSON`)"
+
+
+def wait_record(since: dt.datetime | None, timeout: dt.datetime | None, now: dt.datetime) -> Record:
+    """How long a deferral has waited, how long it has left, and whether that is close."""
+    left = None if timeout is None else round((timeout - now).total_seconds(), 1)
+    return {
+        "since": since,
+        "waited_sec": None if since is None else seconds_between(since, now),
+        "timeout": timeout,
+        "seconds_left": left,
+        "urgency": expiry_urgency(since, timeout, now),
+    }
+
+
+def expiry_urgency(
+    since: dt.datetime | None, timeout: dt.datetime | None, now: dt.datetime
+) -> str | None:
+    """ "expired" past the timeout, "soon" in the last fifth of the wait (at most its last
+    EXPIRY_SOON_CAP_SEC), else None (also without a timeout)."""
+    if timeout is None:
+        return None
+    left = (timeout - now).total_seconds()
+    if left < 0:
+        return "expired"
+    whole = (timeout - since).total_seconds() if since is not None else EXPIRY_SOON_CAP_SEC
+    return "soon" if left <= min(EXPIRY_SOON_CAP_SEC, EXPIRY_SOON_FRACTION * whole) else None
+
+
+# -- what waits now ------------------------------------------------------------------------------
+
+
+def deferred_now(
+    session: Session, settings: Settings, *, limit: int = DEFERRED_PAGE, after: str | None = None
+) -> Record:
+    """A page of deferred tasks (from just after cursor ``after``) in the order they deferred,
+    grouped by trigger class and triggerer, the group waiting longest first; timeouts close to
+    expiry flagged. How many are deferred is counted up to DEFERRED_COUNTED_AT_MOST."""
+    now = db_now(session)
+    ti = TaskInstance
+    rows = session.execute(deferred_page_query(limit, after)).all()
+    counted = session.scalar(
+        select(func.count()).select_from(
+            select(ti.id)
+            .where(ti.state == TaskState.DEFERRED)
+            .limit(DEFERRED_COUNTED_AT_MOST + 1)
+            .subquery()
+        )
+    )
+    shown = rows[:limit]
+    alive = {
+        name
+        for name, state, beat in session.execute(
+            select(Triggerer.name, Triggerer.state, Triggerer.latest_heartbeat)
+        )
+        if liveness.is_alive(state, beat, now, settings.heartbeat_sec)
+    }
+    groups: dict[tuple[str | None, str | None], Record] = {}
+    for row in shown:
+        key = (row.classpath, row.triggerer_id)
+        group = groups.setdefault(
+            key,
+            {
+                "classpath": row.classpath,
+                "row_wait": row_wait_of(row.classpath),
+                "triggerer": row.triggerer_id,
+                "triggerer_alive": row.triggerer_id in alive,
+                "tasks": [],
+            },
+        )
+        group["tasks"].append(
+            {
+                "dag_id": row.dag_id,
+                "run_id": row.run_id,
+                "task_id": row.task_id,
+                "map_index": row.map_index,
+                "label": ti_label(row.task_id, row.map_index),
+                "trigger_id": row.trigger_id,
+                **wait_record(row.since, row.trigger_timeout, now),
+            }
+        )
+    for group in groups.values():
+        tasks = group["tasks"]
+        group["count"] = len(tasks)
+        group["oldest_since"] = tasks[0]["since"]
+        group["soon"] = sum(1 for t in tasks if t["urgency"] is not None)
+    return {
+        "total": min(counted or 0, DEFERRED_COUNTED_AT_MOST),
+        "total_capped": (counted or 0) > DEFERRED_COUNTED_AT_MOST,
+        "listed": len(shown),
+        "groups": list(groups.values()),  # rows came oldest first, so do the groups
+        "after": after,
+        "next_after": (
+            encode((shown[-1].trigger_id, shown[-1].id)) if len(rows) > limit and shown else None
+        ),
+    }
+
+
+def deferred_page_query(limit: int, after: str | None) -> Select[*tuple[Any, ...]]:
+    """The deferred task instances of one page (and one more, if any) in the order they
+    deferred: by trigger, created when a task defers (a task that joined a shared trigger stands
+    with its first waiter), read in the order of ix_task_instance_deferred_order."""
+    ti = TaskInstance
+    since = (
+        select(func.max(TaskStateChange.at))
+        .where(TaskStateChange.task_instance_id == ti.id, TaskStateChange.to_state == "deferred")
+        .scalar_subquery()
+        .label("since")
+    )
+    query = (
+        select(
+            ti.id,
+            ti.dag_id,
+            ti.run_id,
+            ti.task_id,
+            ti.map_index,
+            ti.trigger_id,
+            ti.trigger_timeout,
+            Trigger.classpath,
+            Trigger.triggerer_id,
+            since,
+        )
+        .outerjoin(Trigger, Trigger.id == ti.trigger_id)
+        .where(ti.state == TaskState.DEFERRED)
+        .order_by(ti.trigger_id, ti.id)
+        .limit(limit + 1)
+    )
+    if after is not None:
+        last_trigger, last_id = decode(after, int, int)
+        query = query.where(tuple_(ti.trigger_id, ti.id) > (last_trigger, last_id))
+    return query

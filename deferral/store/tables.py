@@ -108,6 +108,8 @@ class DagRun(Base):
         UniqueConstraint("dag_id", "logical_date"),
         Index(None, "state"),
         Index(None, "dag_id", "state"),
+        # Runs listed newest logical date first, a page at a time (readmodel.runs).
+        Index("ix_dag_run_logical_date_id", "logical_date", "id"),
         Index(
             "ix_dag_run_evaluate_after",
             "evaluate_after",
@@ -208,6 +210,15 @@ class TaskInstance(Base):
             postgresql_where=text("state IN ('up_for_retry', 'up_for_reschedule')"),
         ),
         Index("ix_task_instance_state_id", "state", "id"),
+        # The read model's pages (readmodel.tasks, readmodel.waits): a DAG's task instances
+        # newest first; deferred ones by the trigger they wait on (created when they deferred).
+        Index("ix_task_instance_dag_id_id", "dag_id", "id"),
+        Index(
+            "ix_task_instance_deferred_order",
+            "trigger_id",
+            "id",
+            postgresql_where=text("state = 'deferred'"),
+        ),
         # Dispatch order (decide.plan_dispatch): read in order, stopped at the pools' room.
         Index(
             "ix_task_instance_scheduled",

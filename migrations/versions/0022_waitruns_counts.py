@@ -4,7 +4,7 @@ the start pass, one of automated runs per DAG for its latest, and an index of sh
 by id for the unwaited-trigger sweep
 (scheduler/DECISIONS.md 27)
 
-Revision ID: 0021_waitruns_counts
+Revision ID: 0022_waitruns_counts
 Revises: 0021_fartimers
 """
 
@@ -13,7 +13,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0021_waitruns_counts"
+revision = "0022_waitruns_counts"
 down_revision = "0021_fartimers"
 branch_labels = None
 depends_on = None

@@ -248,29 +248,6 @@ def test_tasks_list_shows_deferred_tasks_with_their_trigger_newest_first(
     assert other_dag.exit_code == 0 and other_dag.output == "no task instances\n"
 
 
-def test_tasks_and_triggers_list_a_page_at_a_time(
-    settings: Settings, sessions: sessionmaker[Session], cipher: Cipher
-) -> None:
-    """A page, a line (on stderr) saying how to read the next, and the next from there: a list
-    over a million waiting tasks reads its first page only."""
-    made = [deferred_task(sessions, cipher, task_id="t", run_id=f"r{n}") for n in range(3)]
-    (_, trigger_0), (ti_1, trigger_1), (_, trigger_2) = made
-    # command, the id the first page ends at, and the triggers each page shows.
-    pages = {
-        "tasks": (["tasks", "list"], ti_1, [trigger_2, trigger_1], [trigger_0], "trigger_id"),
-        "triggers": (["triggers", "list"], trigger_1, [trigger_0, trigger_1], [trigger_2], "id"),
-    }
-    for what, (command, last, first_page, next_page, key) in pages.items():
-        first = CliRunner().invoke(deferral_main, [*command, "--json", "--limit", "2"])
-        assert first.exit_code == 0, first.output
-        assert first.stderr == f"more: --after {last} for the next page\n", what
-        assert [row[key] for row in json.loads(first.stdout)] == first_page, what
-        after = ["--limit", "2", "--after", str(last)]
-        rest = CliRunner().invoke(deferral_main, [*command, "--json", *after])
-        assert rest.exit_code == 0 and rest.stderr == "", rest.output
-        assert [row[key] for row in json.loads(rest.stdout)] == next_page, what
-
-
 def test_tasks_list_refuses_an_unknown_state_naming_the_option(settings: Settings) -> None:
     result = CliRunner().invoke(deferral_main, ["tasks", "list", "--state", "bogus"])
     assert result.exit_code == 2

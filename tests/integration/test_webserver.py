@@ -33,10 +33,11 @@ from deferral.store.tables import (
     Trigger,
 )
 from deferral_cli.embedded import free_port
+from readmodel import dags as readmodel_dags
 from tests.helpers import wait_for
 from tests.integration.conftest import CLI_DAG_SOURCE, WEB_ADMIN_PASSWORD, WEB_DAG, web_client
 from tests.integration.factories import DAG_ID, deferred_task, running_task
-from webserver import data, users
+from webserver import users
 from webserver.app import create_app
 
 ADMIN_PASSWORD = WEB_ADMIN_PASSWORD
@@ -775,8 +776,8 @@ def test_pages_answer_while_a_dag_file_never_finishes_importing(
 ) -> None:
     """A page waits for a read of the folder PARSE_WAIT_SEC at most, then shows the last one;
     the file past the timeout ends as an import error and the other DAGs are shown."""
-    monkeypatch.setattr(data, "PARSE_WAIT_SEC", 0.2)
-    monkeypatch.setattr(data, "DAG_RESCAN_SEC", 0.0)
+    monkeypatch.setattr(readmodel_dags, "PARSE_WAIT_SEC", 0.2)
+    monkeypatch.setattr(readmodel_dags, "DAG_RESCAN_SEC", 0.0)
     sleeper = write_dag("a_sleeps", "import time\nwhile True:\n    time.sleep(1)\n")
     quick = dataclasses.replace(settings, dagbag_import_timeout=1.0)
     with web_client(quick, "127.0.0.1") as client:

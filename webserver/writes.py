@@ -1,0 +1,107 @@
+"""What the forms and the API change, through the ``deferral`` command's own paths
+(``deferral.store.actions``, ``deferral.signals``). Blocking: called in the thread pool."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from broker.streams import WAKE
+from deferral import signals
+from deferral.runtime.crypto import Cipher
+from deferral.store import actions
+from deferral.store.callback_tokens import Claim
+from webserver import paramform
+from webserver.inputs import MAX_JSON_DEPTH, BadInput, check_id, json_depth
+from webserver.reads import required_id
+
+if TYPE_CHECKING:
+    from webserver.app import WebUI
+
+
+class Writes:
+    def __init__(self, ui: WebUI) -> None:
+        self.ui = ui
+
+    def dag(self, dag_id: str) -> Any:
+        dag = self.ui.dags.dag(dag_id)
+        if dag is None:
+            raise actions.ActionError(
+                f"DAG {dag_id!r} not found in {self.ui.settings.dags_folder}", not_found=True
+            )
+        return dag
+
+    def trigger(
+        self,
+        dag_id: str,
+        conf_text: str | None,
+        run_id: str | None,
+        form: Mapping[str, Any] | None = None,
+    ) -> actions.Triggered:
+        """Trigger a run with ``conf_text``'s conf; with the trigger page's ``form``, what its
+        param fields give first (the conf text's keys win)."""
+        if run_id:
+            check_id("run_id", run_id)
+        if conf_text and json_depth(conf_text) > MAX_JSON_DEPTH:
+            raise BadInput(f"conf nests deeper than {MAX_JSON_DEPTH} levels")
+        try:
+            conf = actions.parse_conf(conf_text)
+        except ValueError as exc:
+            raise BadInput(f"conf: {exc}") from None
+        dag = self.dag(dag_id)
+        if form is not None:
+            conf = {
+                **paramform.conf_from_form(paramform.fields(dag.params, dag.param_specs), form),
+                **conf,
+            }
+        return actions.trigger_run(self.ui.sessions, dag, conf, run_id or None)
+
+    def set_paused(self, dag_id: str, paused: bool) -> None:
+        actions.set_paused(self.ui.sessions, self.dag(dag_id), paused)
+
+    def change(
+        self, dag_id: str, params: Mapping[str, Any], change: actions.Change
+    ) -> actions.UserChanges:
+        map_indexes = params.get("map_indexes", ())
+        if not isinstance(map_indexes, list | tuple) or not all(
+            isinstance(i, int) and not isinstance(i, bool) for i in map_indexes
+        ):
+            raise BadInput("map_indexes must be a list of integers")
+        # A task maps into at most max_map_length instances, numbered from 0.
+        most = self.ui.settings.max_map_length
+        if len(map_indexes) > most or not all(0 <= i < most for i in map_indexes):
+            raise BadInput(f"map_indexes must be at most {most} integers from 0 to {most - 1}")
+        return actions.change_tasks(
+            self.ui.sessions,
+            self.dag(dag_id),
+            required_id(params, "run_id"),
+            required_id(params, "task_id"),
+            change,
+            downstream=bool(params.get("downstream")),
+            map_indexes=map_indexes,
+            find_dag=self.dag,
+        )
+
+    def send_signal(self, key: str, payload: Any, sender: signals.Sender) -> signals.SentSignal:
+        try:
+            with self.ui.sessions.begin() as session:
+                cipher = Cipher(self.ui.settings.fernet_keys)
+                sent = signals.send_in(session, cipher, key, payload, sender)
+        except signals.SignalError as exc:
+            raise BadInput(str(exc)) from None
+        if sent.resumed:  # the scheduler queues them now, not when its wait for events ends
+            self._wake_scheduler()
+        return sent
+
+    def answer_callback(
+        self, cipher: Cipher, claim: Claim, status: Any, payload: Any
+    ) -> signals.SentSignal:
+        with self.ui.sessions.begin() as session:
+            sent = signals.answer_callback(session, cipher, claim, status, payload)
+        if sent.resumed:
+            self._wake_scheduler()
+        return sent
+
+    def _wake_scheduler(self) -> None:
+        broker = self.ui.broker()
+        broker.publish(broker.keys.events, WAKE)
