@@ -13,7 +13,7 @@ import logging
 import signal
 import socket
 import traceback
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from functools import cache
 from types import FrameType
@@ -150,8 +150,31 @@ def _call(
     if request.next_method is None:
         if task.start_from_trigger and task.start_trigger_args is not None:
             task.defer_to_start_trigger(task.start_trigger_args)
-        return task.execute(context)
-    return task.resume_execution(request.next_method, next_kwargs, context)
+        result = task.execute(context)
+    else:
+        result = task.resume_execution(request.next_method, next_kwargs, context)
+    push_outputs(task, result, context["ti"])
+    return result
+
+
+def push_outputs(task: BaseOperator, value: Any, ti: RuntimeTaskInstance) -> None:
+    """``multiple_outputs``: each key of the returned dict as its own XCom, as Airflow (which
+    fails the task when the value is not a dict with str keys)."""
+    if not task.multiple_outputs or not task.do_xcom_push or value is None:
+        return
+    task_id = task.task_id
+    if not isinstance(value, Mapping):
+        raise TypeError(
+            f"task {task_id!r} has multiple_outputs but returned {type(value).__name__}, not a dict"
+        )
+    for key in value:
+        if not isinstance(key, str):
+            raise TypeError(
+                f"task {task_id!r} has multiple_outputs: the keys of the dict it returns must"
+                f" be str, got {key!r} ({type(key).__name__})"
+            )
+    for key, item in value.items():
+        ti.xcom_push(key, item)
 
 
 def _deferral(task: BaseOperator, deferred: TaskDeferred, deadline: dt.datetime | None) -> Outcome:

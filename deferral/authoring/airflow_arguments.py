@@ -82,7 +82,6 @@ TASK_INERT: Mapping[str, Inert] = {
     "executor": Inert(_none, "deferral has one executor: its workers"),
     "executor_config": Inert(_empty, "deferral has one executor: its workers"),
     "inlets": Inert(_empty, f"lineage and datasets are {_NOT_YET}"),
-    "multiple_outputs": Inert(_false, "multiple_outputs is only for TaskFlow tasks here"),
     "start_from_trigger": Inert(
         _false,
         "set start_from_trigger = True and start_trigger_args on the operator (class or "

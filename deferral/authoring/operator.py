@@ -244,6 +244,7 @@ class BaseOperator(DependencyMixin, metaclass=_OperatorMeta):
         params: dict[str, Any] | None = None,
         task_group: TaskGroup | None = None,
         do_xcom_push: bool = NOTSET,
+        multiple_outputs: bool = False,
         on_execute_callback: CallbackArg = NOTSET,
         on_success_callback: CallbackArg = NOTSET,
         on_failure_callback: CallbackArg = NOTSET,
@@ -313,6 +314,8 @@ class BaseOperator(DependencyMixin, metaclass=_OperatorMeta):
         self.queue: str = check_id("queue", resolved["queue"])
         self.priority_weight: int = resolved["priority_weight"]
         self.do_xcom_push: bool = bool(resolved["do_xcom_push"])
+        # As Airflow: a returned dict is also pushed key by key (the worker does it).
+        self.multiple_outputs: bool = bool(multiple_outputs)
         for name in _CALLBACKS:
             setattr(self, name, check_callbacks(f"task {task_id!r}", name, resolved[name]))
         for name in _PAST_FLAGS:

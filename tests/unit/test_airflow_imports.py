@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from deferral.exceptions import FailTask, SkipTask, TaskDeferred
 from deferral.loading import airflow_imports
 from deferral.loading.dagbag import DagBag
 from deferral.operators.bash import BashOperator
@@ -137,6 +138,39 @@ def test_airflow_31_hitl_and_deadline_names(load: Callable[..., tuple[DagBag, st
     assert [a.interval for a in dag.deadline_alerts()] == [dt.timedelta(minutes=15)]
 
 
+AIRFLOW_COMPAT_DAG = """\
+import pendulum
+
+from airflow.providers.common.compat.sdk import AirflowSkipException as CompatSkip, TriggerRule
+from airflow.providers.standard.operators.empty import EmptyOperator
+from airflow.sdk import dag, task
+from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException, TaskDeferred
+
+
+@dag(dag_id="{dag_id}", schedule=None, start_date=pendulum.datetime(2023, 1, 1, tz="UTC"))
+def compat():
+    @task
+    def skip():
+        raise AirflowSkipException("no")
+
+    skip() >> EmptyOperator(task_id="last", trigger_rule=TriggerRule.ALL_DONE)
+
+
+compat()
+compat_names = (CompatSkip, AirflowSkipException, AirflowFailException, TaskDeferred)
+"""
+
+
+def test_common_compat_sdk_and_sdk_exceptions_are_deferrals_names(
+    load: Callable[..., tuple[DagBag, str]],
+) -> None:
+    bag, dag_id = load(AIRFLOW_COMPAT_DAG)
+    assert bag.import_errors == {}
+    assert bag.dags[dag_id].get_task("last").trigger_rule == "all_done"
+    module = next(m for m in sys.modules.values() if hasattr(m, "compat_names"))
+    assert module.compat_names == (SkipTask, SkipTask, FailTask, TaskDeferred)
+
+
 @pytest.mark.parametrize(
     ("line", "missing"),
     [
@@ -148,6 +182,14 @@ def test_airflow_31_hitl_and_deadline_names(load: Callable[..., tuple[DagBag, st
         ("import airflow.providers.amazon.aws.hooks.s3", "airflow.providers.amazon"),
         ("from airflow.datasets import DatasetAlias", "airflow.datasets.DatasetAlias"),
         ("from airflow.models import DagRun", "airflow.models.DagRun"),
+        (
+            "from airflow.providers.common.compat.sdk import ObjectStoragePath",
+            "airflow.providers.common.compat.sdk.ObjectStoragePath",
+        ),
+        (
+            "import airflow.providers.common.compat.openlineage",
+            "airflow.providers.common.compat.openlineage",
+        ),
     ],
 )
 def test_a_name_deferral_lacks_fails_naming_it_and_the_line(
