@@ -301,3 +301,21 @@ def test_assets_and_datasets_load_under_both_airflows_names(
     )
     assert bag.import_errors == {}
     assert bag.dags["on_assets"].timetable.summary == "a | b"
+
+
+def test_airflow_3_file_delete_triggers_watch_assets(
+    load: Callable[..., tuple[DagBag, str]],
+) -> None:
+    bag, _ = load(
+        "from airflow.providers.standard.triggers.file import (\n"
+        "    DirectoryFileDeleteTrigger, FileDeleteTrigger,\n"
+        ")\n"
+        "from airflow.sdk import DAG, Asset, AssetWatcher\n"
+        "inbox = DirectoryFileDeleteTrigger(directory='/tmp/inbox', filename='go')\n"
+        "a = Asset('a', watchers=[AssetWatcher(name='w', trigger=FileDeleteTrigger('/tmp/t'))])\n"
+        "b = Asset('b', watchers=[AssetWatcher(name='w', trigger=inbox)])\n"
+        "with DAG('on_flags', schedule=[a, b]):\n"
+        "    pass\n"
+    )
+    assert bag.import_errors == {}
+    assert bag.dags["on_flags"].timetable.summary == "a & b"
