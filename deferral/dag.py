@@ -41,6 +41,7 @@ from deferral.timetables import (
     manual_interval,
     next_info,
 )
+from deferral.timetables.assets import AssetOrTimeSchedule
 from deferral.timezone import calendar_delta, make_aware, standard_timedelta
 from deferral.xcom_arg import DagParam
 
@@ -216,10 +217,12 @@ class DAG:
             if is_asset_schedule(self.schedule)
             else None
         )
+        if isinstance(self.schedule, AssetOrTimeSchedule):  # by the clock and by assets
+            self.asset_condition = self.schedule.condition
         try:
             self.timetable: Timetable = (
                 AssetTriggeredTimetable(self.asset_condition)
-                if self.asset_condition is not None
+                if is_asset_schedule(self.schedule)
                 else create_timetable(self.schedule, self.timezone)
             )
         except InvalidSchedule as exc:

@@ -136,6 +136,12 @@ ALIASES: dict[str, Alias] = {
     "airflow.triggers.external_task": Alias("deferral.triggers.external_task"),
     "airflow.timetables": Alias(),
     "airflow.timetables.base": Alias("deferral.timetables.base"),
+    "airflow.timetables.trigger": Alias(
+        names=_names("deferral.timetables.trigger", "CronTriggerTimetable")
+    ),
+    "airflow.timetables.assets": Alias(
+        names=_names("deferral.timetables.assets", "AssetOrTimeSchedule")
+    ),
     "airflow.utils": Alias(),
     "airflow.utils.context": Alias(names=_names("deferral.context", "Context")),
     "airflow.utils.dates": Alias("deferral.utils.dates"),

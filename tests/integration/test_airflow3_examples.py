@@ -37,6 +37,11 @@ AIRFLOW_ENDS: dict[str, tuple[str, dict[str, str]]] = {
             "run_this_last": K,  # all_success, an upstream skipped
         },
     ),
+    # example_assets.py: an AssetOrTimeSchedule with a CronTriggerTimetable.
+    "conditional_asset_and_time_based_timetable": (
+        S,
+        {"conditional_asset_and_time_based_timetable": S},
+    ),
     "example_short_circuit_decorator": (
         S,
         {

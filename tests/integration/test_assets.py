@@ -32,6 +32,8 @@ from triggerer.watchers import WatcherRunner
 NOW = dt.datetime(2024, 1, 10, 12, tzinfo=dt.UTC)
 
 PRODUCER_AND_CONSUMERS = f"""
+import datetime as dt
+
 from deferral import DAG
 from deferral.assets import Asset
 from deferral.operators import EmptyOperator
@@ -48,6 +50,17 @@ with DAG("both", schedule=a & b):
     EmptyOperator(task_id="c")
 
 with DAG("either", schedule=a | b, max_active_runs=50):
+    EmptyOperator(task_id="c")
+
+from deferral.timetables.assets import AssetOrTimeSchedule
+from deferral.timetables.trigger import CronTriggerTimetable
+
+weekly = CronTriggerTimetable("0 1 * * 3", timezone="UTC")
+with DAG(
+    "a_or_weekly",
+    schedule=AssetOrTimeSchedule(timetable=weekly, assets=[a]),
+    start_date=dt.datetime(2024, 1, 1, tzinfo=dt.UTC),
+):
     EmptyOperator(task_id="c")
 """
 
@@ -131,6 +144,20 @@ def test_a_dag_scheduled_on_a_and_b_runs_only_once_both_were_updated(
     with sessions() as session:  # the schedule the web UI and `dags list` show
         shown = session.scalar(select(Dag.schedule).where(Dag.dag_id == "both"))
     assert shown == "s3://bucket/a & b"
+
+
+def test_an_asset_or_time_schedule_runs_on_its_asset_and_by_the_clock(
+    sessions: sessionmaker[Session], bag: DagBag
+) -> None:
+    with sessions.begin() as session:
+        record_watcher_event(session, "s3://bucket/a", "test", "a1", {})
+    make_runs(sessions, bag)
+    assert [r.run_type for r in runs_of(sessions, "a_or_weekly")] == ["asset_triggered"]
+    with sessions() as session:
+        row = session.scalars(select(Dag).where(Dag.dag_id == "a_or_weekly")).one()
+    assert row.schedule == "s3://bucket/a or 0 1 * * 3"
+    # The clock's next run: the latest Wednesday 01:00 before NOW (no catchup).
+    assert row.next_dagrun == dt.datetime(2024, 1, 10, 1, tzinfo=dt.UTC)
 
 
 def test_a_watcher_event_is_recorded_once_per_key_and_an_oversized_extra_is_noted(
