@@ -44,7 +44,7 @@ from deferral.runtime import serialization
 from deferral.runtime.config import ConfigError, smtp_settings
 from deferral.runtime.process import freeze_startup_objects
 from deferral.runtime.secrets_masker import redact
-from deferral.runtime.serialization import SerializationError, from_jsonable
+from deferral.runtime.serialization import SerializationError, from_jsonable, to_jsonable
 from deferral.states import FAIL_METHOD
 from deferral.store.hitl import InputRequest, check_request
 from deferral.store.metastore import metastore
@@ -153,6 +153,7 @@ def _call(
         result = task.execute(context)
     else:
         result = task.resume_execution(request.next_method, next_kwargs, context)
+    task.post_execute(context, result)
     push_outputs(task, result, context["ti"])
     return result
 
@@ -259,11 +260,14 @@ def _succeeded(
             if task.do_xcom_push and result is not None
             else None
         )
+        extras = to_jsonable(
+            context["outlet_events"].extras(), f"outlet event extras of task {task.task_id!r}"
+        )
     except SerializationError as exc:
         return _after_failure(task, request, context, exc, Failed(str(exc), "", allow_retry=False))
     what = f"task {task.task_id!r} on_success_callback"
     run_callbacks(task.on_success_callback, context, what=what)
-    return Succeeded(value, tuple(sorted(context["ti"].skip_task_ids)))
+    return Succeeded(value, tuple(sorted(context["ti"].skip_task_ids)), extras)
 
 
 def _after_failure(

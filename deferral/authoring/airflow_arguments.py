@@ -67,7 +67,6 @@ TASK_KEPT = frozenset(
 
 TASK_INERT: Mapping[str, Inert] = {
     "pre_execute": Inert(_none, f"pre_execute hooks are {_NOT_YET}"),
-    "post_execute": Inert(_none, f"post_execute hooks are {_NOT_YET}"),
     "retry_exponential_backoff": Inert(_false, f"exponential retry delays are {_NOT_YET}"),
     "weight_rule": Inert(
         _equals("absolute"),

@@ -65,7 +65,7 @@ _SDK = {
     **_names("deferral.hooks.base", "BaseHook"),
     **_names("deferral.triggers.base", "BaseTrigger", "TriggerEvent"),
     **_names("deferral.trigger_rules", "TriggerRule"),
-    **_names("deferral.assets", "Asset", "AssetAll", "AssetAny", "AssetWatcher"),
+    **_names("deferral.assets", "Asset", "AssetAll", "AssetAny", "AssetWatcher", "Metadata"),
 }
 
 # ``airflow.providers.common.compat.sdk``: the provider's one module re-exporting Airflow 3's

@@ -42,6 +42,12 @@ AIRFLOW_ENDS: dict[str, tuple[str, dict[str, str]]] = {
         S,
         {"conditional_asset_and_time_based_timetable": S},
     ),
+    # example_outlet_event_extra.py: Metadata yielded, a post_execute hook.
+    "asset_with_extra_by_yield": (S, {"asset_with_extra_by_yield": S}),
+    "asset_with_extra_from_classic_operator": (
+        S,
+        {"asset_with_extra_from_classic_operator": S},
+    ),
     "example_short_circuit_decorator": (
         S,
         {

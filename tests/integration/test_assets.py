@@ -28,6 +28,8 @@ from deferral_cli import main as deferral_main
 from scheduler import assets, dagruns, dags
 from tests.integration.factories import DAG_ID, WORKER, running_task
 from triggerer.watchers import WatcherRunner
+from worker import record
+from worker.outcomes import Succeeded
 
 NOW = dt.datetime(2024, 1, 10, 12, tzinfo=dt.UTC)
 
@@ -119,6 +121,28 @@ def test_a_producer_task_with_an_outlet_triggers_the_consumer_once_per_event(
         ]
     assert sources == [["r1"], ["r2"]]
     assert [r.dag_id for r in runs_of(sessions, "both")] == []
+
+
+def test_the_extras_a_task_gave_its_outlet_events_are_recorded_with_its_success(
+    sessions: sessionmaker[Session], bag: DagBag
+) -> None:
+    succeed(sessions, "r1")  # no extras: the event's extra stays empty
+    ti = running_task(sessions, "t", "r2")
+    annotated = Succeeded(None, (), {"orders": {"rows": 3}})
+    with sessions.begin() as session:
+        assert record.succeed_all(session, [(Attempt(ti, 1, WORKER), annotated)]) == {ti}
+    with sessions() as session:
+        extras = session.execute(
+            select(AssetEventRow.source_run_id, AssetEventRow.extra)
+            .where(AssetEventRow.asset_name == "orders")
+            .order_by(AssetEventRow.id)
+        ).all()
+    assert [tuple(row) for row in extras] == [("r1", {}), ("r2", {"rows": 3})]
+    make_runs(sessions, bag)  # the consumer sees it in triggering_asset_events
+    second = runs_of(sessions, "consumer")[-1]
+    with sessions() as session:
+        (event,) = triggering_events(session, "consumer", second.run_id)["orders"]
+    assert event.extra == {"rows": 3}
 
 
 def test_a_dag_scheduled_on_a_and_b_runs_only_once_both_were_updated(
