@@ -251,20 +251,21 @@ def asset_condition(where: str, schedule: BaseAsset | Sequence[BaseAsset]) -> Ba
     return condition
 
 
-def check_outlets(where: str, outlets: object) -> list[Asset]:
-    """A task's ``outlets``: assets only (conditions cannot be updated)."""
+def check_outlets(where: str, outlets: object, what: str = "outlets") -> list[Asset]:
+    """A task's ``outlets`` (or ``inlets``, ``what``): assets only (conditions cannot be
+    updated or read)."""
     if outlets is None:
         return []
     items = [outlets] if isinstance(outlets, BaseAsset) else outlets
     if not isinstance(items, list | tuple):
-        raise AssetError(f"{where}: outlets must be a list of Asset, got {type(outlets).__name__}")
+        raise AssetError(f"{where}: {what} must be a list of Asset, got {type(outlets).__name__}")
     found: list[Asset] = []
     for item in items:
         if not isinstance(item, Asset):
-            raise AssetError(f"{where}: outlets must be Asset, got {type(item).__name__}")
+            raise AssetError(f"{where}: {what} must be Asset, got {type(item).__name__}")
         found.append(item)
     if len(found) > MAX_CONDITION_ASSETS:
-        raise AssetError(f"{where}: {len(found)} outlets, at most {MAX_CONDITION_ASSETS}")
+        raise AssetError(f"{where}: {len(found)} {what}, at most {MAX_CONDITION_ASSETS}")
     return found
 
 

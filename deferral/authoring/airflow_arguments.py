@@ -80,7 +80,6 @@ TASK_INERT: Mapping[str, Inert] = {
     "max_active_tis_per_dagrun": Inert(_none, f"per-task concurrency limits are {_NOT_YET}"),
     "executor": Inert(_none, "deferral has one executor: its workers"),
     "executor_config": Inert(_empty, "deferral has one executor: its workers"),
-    "inlets": Inert(_empty, f"lineage and datasets are {_NOT_YET}"),
     "start_from_trigger": Inert(
         _false,
         "set start_from_trigger = True and start_trigger_args on the operator (class or "
@@ -126,8 +125,9 @@ EMAIL_ARGUMENTS = ("email", "email_on_failure", "email_on_retry")
 
 # Every Airflow task argument BaseOperator accepts besides its own: default_args apply to them
 # as to its own (Airflow's BaseOperator takes them all), so they are checked on every task.
-# Honoured: the assets a task updates when it succeeds (``deferral.assets``).
-ASSET_ARGUMENTS = frozenset({"outlets"})
+# Honoured: the assets a task updates when it succeeds, and those whose events it reads
+# (``context["inlet_events"]``) (``deferral.assets``).
+ASSET_ARGUMENTS = frozenset({"outlets", "inlets"})
 TASK_ARGUMENTS = frozenset(
     {*TASK_KEPT, *TASK_INERT, *TASK_DATES, *EMAIL_ARGUMENTS, *ASSET_ARGUMENTS, *TASK_DEPRECATED}
 )
@@ -167,7 +167,7 @@ def check_task_arguments(
                 raise RefusedArgument(f"{where}: {error}")
             kept[name] = value
         elif name in ASSET_ARGUMENTS:
-            kept[name] = check_outlets(where, value)
+            kept[name] = check_outlets(where, value, name)
         elif name in TASK_INERT:
             rule = TASK_INERT[name]
             if not rule.does_nothing(value):

@@ -16,11 +16,12 @@ from click.testing import CliRunner
 from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
+from deferral.assets import Asset
 from deferral.loading.dagbag import DagBag
 from deferral.runtime.config import Settings
 from deferral.runtime.crypto import Cipher
 from deferral.store import retention, transitions
-from deferral.store.asset_events import triggering_events
+from deferral.store.asset_events import LazyInletEvents, triggering_events
 from deferral.store.tables import AssetEventRow, AssetWatcherRow, Dag, DagRun
 from deferral.store.transitions import Attempt
 from deferral.store.transitions.asset_events import record_watcher_event
@@ -143,6 +144,12 @@ def test_the_extras_a_task_gave_its_outlet_events_are_recorded_with_its_success(
     with sessions() as session:
         (event,) = triggering_events(session, "consumer", second.run_id)["orders"]
     assert event.extra == {"rows": 3}
+    # A task with the asset in its inlets reads its events, oldest first.
+    inlet_events = LazyInletEvents([Asset("orders")])
+    assert [e.extra for e in inlet_events[Asset("orders")]] == [{}, {"rows": 3}]
+    assert inlet_events.for_asset(uri="orders")[-1].source_run_id == "r2"
+    with pytest.raises(KeyError, match="'other' is not an inlet of this task"):
+        inlet_events["other"]
 
 
 def test_a_dag_scheduled_on_a_and_b_runs_only_once_both_were_updated(

@@ -129,6 +129,11 @@ def test_metadata_and_accessors_check_their_input() -> None:
     assert events[report].asset is report and events["report"].extra == {"a": 1, "b": 2}
 
 
+def test_inlets_take_assets_only() -> None:
+    with DAG("d"), pytest.raises(AssetError, match=r"task 't': inlets must be Asset, got str"):
+        EmptyOperator(task_id="t", inlets=["dataset"])
+
+
 def test_post_execute_must_be_callable() -> None:
     with DAG("d"), pytest.raises(DagDefinitionError, match="post_execute must be callable"):
         EmptyOperator(task_id="t", post_execute="not a function")
