@@ -319,3 +319,34 @@ def test_airflow_3_file_delete_triggers_watch_assets(
     )
     assert bag.import_errors == {}
     assert bag.dags["on_flags"].timetable.summary == "a & b"
+
+
+AIRFLOW_EXAMPLES = Path(__file__).resolve().parents[1] / "airflow_examples"
+
+
+def test_airflow_3_example_dags_load_unchanged(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every DAG of the copies of Airflow's own examples (their folder turns the hook on)."""
+    monkeypatch.delenv("DEFERRAL_AIRFLOW_IMPORTS", raising=False)
+    bag = DagBag(AIRFLOW_EXAMPLES).collect()
+    assert bag.import_errors == {}
+    assert sorted(bag.dags) == [
+        "asset_consumes_1",
+        "asset_consumes_1_and_2",
+        "asset_consumes_1_never_scheduled",
+        "asset_consumes_unknown_never_scheduled",
+        "asset_produces_1",
+        "asset_produces_2",
+        "asset_with_extra_by_context",
+        "asset_with_extra_by_yield",
+        "asset_with_extra_from_classic_operator",
+        "conditional_asset_and_time_based_timetable",
+        "consume_1_and_2_with_asset_expressions",
+        "consume_1_or_2_with_asset_expressions",
+        "consume_1_or_both_2_and_3_with_asset_expressions",
+        "example_bash_operator",
+        "example_short_circuit_decorator",
+        "read_asset_event",
+        "read_asset_event_from_classic",
+    ]
+    timetable = bag.dags["conditional_asset_and_time_based_timetable"].timetable
+    assert timetable.summary == "s3://dag1/output_1.txt & s3://dag2/output_1.txt or 0 1 * * 3"
