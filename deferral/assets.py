@@ -7,8 +7,9 @@ writes ``deferral.store.transitions.assets``."""
 
 from __future__ import annotations
 
+import logging
 import re
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Generator, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -16,6 +17,8 @@ from deferral.runtime.serialization import SerializationError, check_kwargs
 from deferral.timetables import NullTimetable
 from deferral.triggers.base import BaseTrigger, TriggerEvent, classpath_of
 from deferral.triggers.event import BaseEventTrigger
+
+log = logging.getLogger("deferral")
 
 # Bounds of what a DAG file or an event may carry.
 MAX_NAME_LEN = 1000
@@ -248,20 +251,21 @@ def asset_condition(where: str, schedule: BaseAsset | Sequence[BaseAsset]) -> Ba
     return condition
 
 
-def check_outlets(where: str, outlets: object) -> list[Asset]:
-    """A task's ``outlets``: assets only (conditions cannot be updated)."""
+def check_outlets(where: str, outlets: object, what: str = "outlets") -> list[Asset]:
+    """A task's ``outlets`` (or ``inlets``, ``what``): assets only (conditions cannot be
+    updated or read)."""
     if outlets is None:
         return []
     items = [outlets] if isinstance(outlets, BaseAsset) else outlets
     if not isinstance(items, list | tuple):
-        raise AssetError(f"{where}: outlets must be a list of Asset, got {type(outlets).__name__}")
+        raise AssetError(f"{where}: {what} must be a list of Asset, got {type(outlets).__name__}")
     found: list[Asset] = []
     for item in items:
         if not isinstance(item, Asset):
-            raise AssetError(f"{where}: outlets must be Asset, got {type(item).__name__}")
+            raise AssetError(f"{where}: {what} must be Asset, got {type(item).__name__}")
         found.append(item)
     if len(found) > MAX_CONDITION_ASSETS:
-        raise AssetError(f"{where}: {len(found)} outlets, at most {MAX_CONDITION_ASSETS}")
+        raise AssetError(f"{where}: {len(found)} {what}, at most {MAX_CONDITION_ASSETS}")
     return found
 
 
@@ -331,6 +335,74 @@ class TriggeringAssetEvents(Mapping[Any, list[AssetEvent]]):
 
     def __len__(self) -> int:
         return len(self.events)
+
+
+@dataclass(frozen=True)
+class Metadata:
+    """Yielded by a task function (Airflow 3's ``airflow.sdk.Metadata``): ``extra`` goes into
+    the event the task records for ``asset``, one of its outlets, when it succeeds."""
+
+    asset: Asset
+    extra: dict[str, Any]
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.asset, Asset):
+            raise AssetError(f"Metadata takes an Asset, got {type(self.asset).__name__}")
+        if not isinstance(self.extra, dict):
+            raise AssetError(f"Metadata extra must be a dict, got {type(self.extra).__name__}")
+
+
+@dataclass
+class OutletEventAccessor:
+    """``context["outlet_events"][asset]``: what the task's event for ``asset`` will carry."""
+
+    asset: Asset
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class OutletEventAccessors(Mapping[Any, OutletEventAccessor]):
+    """``context["outlet_events"]``: the events the task records for its outlets when it
+    succeeds, by outlet (an Asset or its name); setting one's ``extra`` annotates the event."""
+
+    def __init__(self, outlets: Iterable[Asset]) -> None:
+        self._outlets = {asset.name: asset for asset in outlets}
+        self._accessors: dict[str, OutletEventAccessor] = {}
+
+    def __getitem__(self, key: object) -> OutletEventAccessor:
+        name = key.name if isinstance(key, Asset) else key
+        if not isinstance(name, str) or name not in self._outlets:
+            known = ", ".join(sorted(self._outlets)) or "none"
+            raise KeyError(f"{name!r} is not an outlet of this task (outlets: {known})")
+        if name not in self._accessors:
+            self._accessors[name] = OutletEventAccessor(self._outlets[name])
+        return self._accessors[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._outlets)
+
+    def __len__(self) -> int:
+        return len(self._outlets)
+
+    def extras(self) -> dict[str, dict[str, Any]]:
+        """The extras set, by asset name (what the worker records with the success)."""
+        return {name: a.extra for name, a in self._accessors.items() if a.extra}
+
+
+def collect_metadata(
+    yielded: Generator[Any, None, Any], outlet_events: OutletEventAccessors
+) -> Any:
+    """Run a task function that yields: each ``Metadata`` it yields annotates its asset's
+    event (anything else is logged and ignored, as Airflow); returns what the function
+    returns."""
+    while True:
+        try:
+            item = next(yielded)
+        except StopIteration as stop:
+            return stop.value
+        if isinstance(item, Metadata):
+            outlet_events[item.asset].extra.update(item.extra)
+        else:
+            log.warning("ignoring a %s the task yielded: only Metadata is", type(item).__name__)
 
 
 def event_from_trigger(event: TriggerEvent) -> tuple[str, dict[str, Any]]:

@@ -11,10 +11,11 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any, NotRequired, Protocol, TypedDict
 
 from deferral import macros
+from deferral.assets import OutletEventAccessors
 from deferral.authoring.current import get_current_context as get_current_context
 from deferral.authoring.current import set_current_context
 from deferral.connections import ConnectionAccessor
-from deferral.store.seam import CallbackHandle, LazyTriggeringEvents
+from deferral.store.seam import CallbackHandle, LazyInletEvents, LazyTriggeringEvents
 from deferral.variables import VariableAccessor
 
 if TYPE_CHECKING:
@@ -134,6 +135,8 @@ class Context(TypedDict):
     # This attempt's callback token and URL (CallbackTrigger), made on first use.
     callback: CallbackHandle
     triggering_asset_events: Mapping[Any, Any]
+    outlet_events: OutletEventAccessors
+    inlet_events: Mapping[Any, Any]
     # Deprecated in Airflow 2 but in many DAGs: the logical date, the run after, the day around.
     execution_date: dt.datetime
     next_execution_date: dt.datetime
@@ -197,6 +200,8 @@ def build_context(task: BaseOperator, dag_run: DagRunInfo, ti: RuntimeTaskInstan
         "callback": CallbackHandle(ti.id, ti.try_number),
         # Read on first use: only asset-triggered runs have any.
         "triggering_asset_events": LazyTriggeringEvents(run.dag_id, run.run_id),
+        "outlet_events": OutletEventAccessors(getattr(task, "outlets", None) or ()),
+        "inlet_events": LazyInletEvents(getattr(task, "inlets", None) or ()),
     }
 
 

@@ -41,6 +41,7 @@ from deferral.timetables import (
     manual_interval,
     next_info,
 )
+from deferral.timetables.assets import AssetOrTimeSchedule
 from deferral.timezone import calendar_delta, make_aware, standard_timedelta
 from deferral.xcom_arg import DagParam
 
@@ -211,15 +212,16 @@ class DAG:
             else default_timezone()
         )
         # Assets (deferral.assets): runs made by asset events, not by the clock.
-        self.asset_condition: BaseAsset | None = (
-            asset_condition(f"DAG {dag_id!r}", self.schedule)
-            if is_asset_schedule(self.schedule)
-            else None
-        )
+        self.asset_condition: BaseAsset | None = None
+        if isinstance(self.schedule, AssetOrTimeSchedule):  # by the clock and by assets
+            self.asset_condition = self.schedule.condition
+        elif is_asset_schedule(self.schedule):
+            self.asset_condition = asset_condition(f"DAG {dag_id!r}", self.schedule)
         try:
             self.timetable: Timetable = (
                 AssetTriggeredTimetable(self.asset_condition)
                 if self.asset_condition is not None
+                and not isinstance(self.schedule, AssetOrTimeSchedule)
                 else create_timetable(self.schedule, self.timezone)
             )
         except InvalidSchedule as exc:

@@ -12,7 +12,7 @@ import datetime as dt
 import logging
 import socket
 import traceback
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from functools import cache
 from typing import Any
@@ -41,7 +41,7 @@ from deferral.runtime import serialization
 from deferral.runtime.config import ConfigError, smtp_settings
 from deferral.runtime.process import freeze_startup_objects, raising_after
 from deferral.runtime.secrets_masker import redact
-from deferral.runtime.serialization import SerializationError, from_jsonable
+from deferral.runtime.serialization import SerializationError, from_jsonable, to_jsonable
 from deferral.states import FAIL_METHOD
 from deferral.store.hitl import InputRequest, check_request
 from deferral.store.metastore import metastore
@@ -137,8 +137,32 @@ def _call(
     if request.next_method is None:
         if task.start_from_trigger and task.start_trigger_args is not None:
             task.defer_to_start_trigger(task.start_trigger_args)
-        return task.execute(context)
-    return task.resume_execution(request.next_method, next_kwargs, context)
+        result = task.execute(context)
+    else:
+        result = task.resume_execution(request.next_method, next_kwargs, context)
+    task.post_execute(context, result)
+    push_outputs(task, result, context["ti"])
+    return result
+
+
+def push_outputs(task: BaseOperator, value: Any, ti: RuntimeTaskInstance) -> None:
+    """``multiple_outputs``: each key of the returned dict as its own XCom, as Airflow (which
+    fails the task when the value is not a dict with str keys)."""
+    if not task.multiple_outputs or not task.do_xcom_push or value is None:
+        return
+    task_id = task.task_id
+    if not isinstance(value, Mapping):
+        raise TypeError(
+            f"task {task_id!r} has multiple_outputs but returned {type(value).__name__}, not a dict"
+        )
+    for key in value:
+        if not isinstance(key, str):
+            raise TypeError(
+                f"task {task_id!r} has multiple_outputs: the keys of the dict it returns must"
+                f" be str, got {key!r} ({type(key).__name__})"
+            )
+    for key, item in value.items():
+        ti.xcom_push(key, item)
 
 
 def _deferral(task: BaseOperator, deferred: TaskDeferred, deadline: dt.datetime | None) -> Outcome:
@@ -223,11 +247,14 @@ def _succeeded(
             if task.do_xcom_push and result is not None
             else None
         )
+        extras = to_jsonable(
+            context["outlet_events"].extras(), f"outlet event extras of task {task.task_id!r}"
+        )
     except SerializationError as exc:
         return _after_failure(task, request, context, exc, Failed(str(exc), "", allow_retry=False))
     what = f"task {task.task_id!r} on_success_callback"
     run_callbacks(task.on_success_callback, context, what=what)
-    return Succeeded(value, tuple(sorted(context["ti"].skip_task_ids)))
+    return Succeeded(value, tuple(sorted(context["ti"].skip_task_ids)), extras)
 
 
 def _after_failure(

@@ -47,6 +47,9 @@ class Succeeded(msgspec.Struct, frozen=True, tag=True):
     # Tasks of the run the succeeded task chose not to run (a branch, a short circuit): skipped
     # in the transaction that records the success.
     skip_task_ids: tuple[str, ...] = ()
+    # The extra of each outlet's asset event the task annotated (context["outlet_events"],
+    # Metadata), by asset name: recorded in the transaction that records the success.
+    outlet_extras: dict[str, dict[str, Any]] = msgspec.field(default_factory=dict)
 
 
 class Skipped(msgspec.Struct, frozen=True, tag=True):

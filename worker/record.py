@@ -81,6 +81,10 @@ def succeed_all(session: Session, successes: Sequence[tuple[Attempt, Succeeded]]
     for attempt, success in successes:
         if attempt.task_instance_id in succeeded and success.skip_task_ids:
             transitions.skip_tasks(session, attempt.task_instance_id, success.skip_task_ids)
+        if attempt.task_instance_id in succeeded and success.outlet_extras:
+            transitions.annotate_outlet_events(
+                session, attempt.task_instance_id, success.outlet_extras
+            )
     return succeeded
 
 

@@ -67,7 +67,6 @@ TASK_KEPT = frozenset(
 
 TASK_INERT: Mapping[str, Inert] = {
     "pre_execute": Inert(_none, f"pre_execute hooks are {_NOT_YET}"),
-    "post_execute": Inert(_none, f"post_execute hooks are {_NOT_YET}"),
     "retry_exponential_backoff": Inert(_false, f"exponential retry delays are {_NOT_YET}"),
     "weight_rule": Inert(
         _equals("absolute"),
@@ -81,8 +80,6 @@ TASK_INERT: Mapping[str, Inert] = {
     "max_active_tis_per_dagrun": Inert(_none, f"per-task concurrency limits are {_NOT_YET}"),
     "executor": Inert(_none, "deferral has one executor: its workers"),
     "executor_config": Inert(_empty, "deferral has one executor: its workers"),
-    "inlets": Inert(_empty, f"lineage and datasets are {_NOT_YET}"),
-    "multiple_outputs": Inert(_false, "multiple_outputs is only for TaskFlow tasks here"),
     "start_from_trigger": Inert(
         _false,
         "set start_from_trigger = True and start_trigger_args on the operator (class or "
@@ -128,8 +125,9 @@ EMAIL_ARGUMENTS = ("email", "email_on_failure", "email_on_retry")
 
 # Every Airflow task argument BaseOperator accepts besides its own: default_args apply to them
 # as to its own (Airflow's BaseOperator takes them all), so they are checked on every task.
-# Honoured: the assets a task updates when it succeeds (``deferral.assets``).
-ASSET_ARGUMENTS = frozenset({"outlets"})
+# Honoured: the assets a task updates when it succeeds, and those whose events it reads
+# (``context["inlet_events"]``) (``deferral.assets``).
+ASSET_ARGUMENTS = frozenset({"outlets", "inlets"})
 TASK_ARGUMENTS = frozenset(
     {*TASK_KEPT, *TASK_INERT, *TASK_DATES, *EMAIL_ARGUMENTS, *ASSET_ARGUMENTS, *TASK_DEPRECATED}
 )
@@ -169,7 +167,7 @@ def check_task_arguments(
                 raise RefusedArgument(f"{where}: {error}")
             kept[name] = value
         elif name in ASSET_ARGUMENTS:
-            kept[name] = check_outlets(where, value)
+            kept[name] = check_outlets(where, value, name)
         elif name in TASK_INERT:
             rule = TASK_INERT[name]
             if not rule.does_nothing(value):

@@ -244,6 +244,8 @@ class BaseOperator(DependencyMixin, metaclass=_OperatorMeta):
         params: dict[str, Any] | None = None,
         task_group: TaskGroup | None = None,
         do_xcom_push: bool = NOTSET,
+        multiple_outputs: bool = False,
+        post_execute: Callable[[Context, Any], Any] | None = None,
         on_execute_callback: CallbackArg = NOTSET,
         on_success_callback: CallbackArg = NOTSET,
         on_failure_callback: CallbackArg = NOTSET,
@@ -313,6 +315,13 @@ class BaseOperator(DependencyMixin, metaclass=_OperatorMeta):
         self.queue: str = check_id("queue", resolved["queue"])
         self.priority_weight: int = resolved["priority_weight"]
         self.do_xcom_push: bool = bool(resolved["do_xcom_push"])
+        # As Airflow: a returned dict is also pushed key by key (the worker does it).
+        self.multiple_outputs: bool = bool(multiple_outputs)
+        if post_execute is not None and not callable(post_execute):
+            raise DagDefinitionError(
+                f"task {task_id!r}: post_execute must be callable, got {post_execute!r:.60}"
+            )
+        self._post_execute_hook = post_execute
         for name in _CALLBACKS:
             setattr(self, name, check_callbacks(f"task {task_id!r}", name, resolved[name]))
         for name in _PAST_FLAGS:
@@ -445,6 +454,13 @@ class BaseOperator(DependencyMixin, metaclass=_OperatorMeta):
 
     def execute(self, context: Context) -> Any:
         raise NotImplementedError(f"{type(self).__name__} must implement execute()")
+
+    def post_execute(self, context: Context, result: Any = None) -> None:
+        """Run after ``execute`` returns, before the success is recorded (Airflow's): calls the
+        ``post_execute`` argument's hook; a subclass may override it."""
+        hook = getattr(self, "_post_execute_hook", None)  # None on a copy made without __init__
+        if hook is not None:
+            hook(context, result)
 
     def defer(
         self,

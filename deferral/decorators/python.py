@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from deferral.context import Context, RuntimeTaskInstance
+from deferral.context import Context
 from deferral.decorators.base import check_call_arguments, task_decorator
 from deferral.operators.bash import BashOperator
 from deferral.operators.python import (
@@ -24,8 +24,8 @@ from deferral.sensors import BaseSensorOperator, PokeReturnValue
 
 class DecoratedPythonOperator(PythonOperator):
     """What ``@task`` builds: a PythonOperator whose arguments were checked against the
-    function's signature, and whose dict result, with ``multiple_outputs``, is also pushed key
-    by key (each key its own XCom)."""
+    function's signature (``multiple_outputs``, as on any operator: its dict result is also
+    pushed key by key, each key its own XCom)."""
 
     def __init__(
         self,
@@ -37,32 +37,13 @@ class DecoratedPythonOperator(PythonOperator):
         **kwargs: Any,
     ) -> None:
         super().__init__(
-            python_callable=python_callable, op_args=op_args, op_kwargs=op_kwargs, **kwargs
+            python_callable=python_callable,
+            op_args=op_args,
+            op_kwargs=op_kwargs,
+            multiple_outputs=multiple_outputs,
+            **kwargs,
         )
-        self.multiple_outputs = multiple_outputs
         check_call_arguments(self.task_id, python_callable, self.op_args, self.op_kwargs)
-
-    def execute(self, context: Context) -> Any:
-        value = super().execute(context)
-        if self.multiple_outputs and value is not None:
-            push_outputs(self.task_id, value, context["ti"])
-        return value
-
-
-def push_outputs(task_id: str, value: Any, ti: RuntimeTaskInstance) -> None:
-    """Each key of ``value`` as its own XCom."""
-    if not isinstance(value, dict):
-        raise TypeError(
-            f"task {task_id!r} has multiple_outputs but returned {type(value).__name__}, not a dict"
-        )
-    for key in value:
-        if not isinstance(key, str):
-            raise TypeError(
-                f"task {task_id!r} has multiple_outputs: the keys of the dict it returns must"
-                f" be str, got {key!r} ({type(key).__name__})"
-            )
-    for key, item in value.items():
-        ti.xcom_push(key, item)
 
 
 class DecoratedBranchOperator(DecoratedPythonOperator, BranchPythonOperator):

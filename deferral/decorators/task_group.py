@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 import inspect
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NoReturn
 
 from deferral.exceptions import DagDefinitionError
 from deferral.utils.task_group import TaskGroup
@@ -23,6 +23,14 @@ class TaskGroupDecorator:
 
     def override(self, **kwargs: Any) -> TaskGroupDecorator:
         return TaskGroupDecorator(self.function, {**self.group_kwargs, **kwargs})
+
+    def expand(self, **kwargs: Any) -> NoReturn:
+        raise DagDefinitionError(
+            f"task group {self.function.__name__!r}: mapped task groups "
+            "(@task_group ... .expand / .partial().expand) are not supported by deferral"
+        )
+
+    partial = expand  # a partial group is only for mapping
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         options = dict(self.group_kwargs)

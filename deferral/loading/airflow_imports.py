@@ -49,6 +49,7 @@ _EXCEPTIONS = {
     "AirflowRescheduleException": "deferral.exceptions:RescheduleTask",
     "AirflowTaskTimeout": "deferral.exceptions:TaskExecutionTimeout",
     "TaskDeferred": "deferral.exceptions:TaskDeferred",
+    "ParamValidationError": "deferral.models.param:ParamValidationError",
 }
 
 # Airflow 3's task SDK: the authoring names in one module.
@@ -64,7 +65,16 @@ _SDK = {
     **_names("deferral.hooks.base", "BaseHook"),
     **_names("deferral.triggers.base", "BaseTrigger", "TriggerEvent"),
     **_names("deferral.trigger_rules", "TriggerRule"),
-    **_names("deferral.assets", "Asset", "AssetAll", "AssetAny", "AssetWatcher"),
+    **_names("deferral.assets", "Asset", "AssetAll", "AssetAny", "AssetWatcher", "Metadata"),
+}
+
+# ``airflow.providers.common.compat.sdk``: the provider's one module re-exporting Airflow 3's
+# SDK names (and Airflow 2's, renamed) for providers that run on both.
+_COMPAT_SDK = {
+    **_SDK,
+    **_EXCEPTIONS,
+    **_names("deferral.states", "DagRunState"),
+    "TaskInstanceState": "deferral.states:TaskState",
 }
 
 _MODELS = {
@@ -126,6 +136,12 @@ ALIASES: dict[str, Alias] = {
     "airflow.triggers.external_task": Alias("deferral.triggers.external_task"),
     "airflow.timetables": Alias(),
     "airflow.timetables.base": Alias("deferral.timetables.base"),
+    "airflow.timetables.trigger": Alias(
+        names=_names("deferral.timetables.trigger", "CronTriggerTimetable")
+    ),
+    "airflow.timetables.assets": Alias(
+        names=_names("deferral.timetables.assets", "AssetOrTimeSchedule")
+    ),
     "airflow.utils": Alias(),
     "airflow.utils.context": Alias(names=_names("deferral.context", "Context")),
     "airflow.utils.dates": Alias("deferral.utils.dates"),
@@ -137,9 +153,13 @@ ALIASES: dict[str, Alias] = {
     "airflow.utils.weekday": Alias("deferral.utils.weekday"),
     # Airflow 3
     "airflow.sdk": Alias(names=_SDK),
+    "airflow.sdk.exceptions": Alias(names=_EXCEPTIONS),
     "airflow.sdk.definitions": Alias(),
     "airflow.sdk.definitions.deadline": Alias("deferral.deadline"),
     "airflow.providers": Alias(),
+    "airflow.providers.common": Alias(),
+    "airflow.providers.common.compat": Alias(),
+    "airflow.providers.common.compat.sdk": Alias(names=_COMPAT_SDK),
     "airflow.providers.standard": Alias(),
     "airflow.providers.standard.operators": Alias(),
     "airflow.providers.standard.operators.bash": Alias("deferral.operators.bash"),

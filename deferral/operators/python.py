@@ -17,6 +17,7 @@ from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import Any
 
+from deferral.assets import collect_metadata
 from deferral.baseoperator import BaseOperator
 from deferral.context import Context, get_current_context
 from deferral.exceptions import DagDefinitionError, SkipTask
@@ -98,6 +99,8 @@ class PythonOperator(PythonCallableMixin, BaseOperator):
     names (or all of them if it takes ``**kwargs``)."""
 
     def execute(self, context: Context) -> Any:
+        if inspect.isgeneratorfunction(self.python_callable):  # it yields Metadata
+            return collect_metadata(self.call_python_callable(context), context["outlet_events"])
         return self.call_python_callable(context)
 
 

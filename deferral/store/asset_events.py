@@ -1,9 +1,9 @@
-"""Reading asset events: a run's ``triggering_asset_events`` (for its tasks' context) and the
-recent events of each asset (for the CLI and the web UI)."""
+"""Reading asset events: a run's ``triggering_asset_events`` and a task's ``inlet_events`` (for
+its context) and the recent events of each asset (for the CLI and the web UI)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 from sqlalchemy import select
@@ -47,6 +47,49 @@ def triggering_events(session: Session, dag_id: str, run_id: str) -> TriggeringA
         if len(got) < MAX_EVENTS_PER_ASSET:
             got.append(_event(row, Asset(name=row.asset_name, uri=uri or row.asset_name)))
     return TriggeringAssetEvents(events)
+
+
+def events_of(session: Session, asset: Asset) -> list[AssetEvent]:
+    """The latest events of ``asset`` (at most MAX_EVENTS_PER_ASSET), oldest first."""
+    rows = session.scalars(
+        select(AssetEventRow)
+        .where(AssetEventRow.asset_name == asset.name)
+        .order_by(AssetEventRow.id.desc())
+        .limit(MAX_EVENTS_PER_ASSET)
+    ).all()
+    return [_event(row, asset) for row in reversed(rows)]
+
+
+class LazyInletEvents(Mapping[Any, list[AssetEvent]]):
+    """``context["inlet_events"]`` (Airflow 3's): the events of each of the task's ``inlets``
+    (by Asset or name; ``for_asset(name=, uri=)``), oldest first, each read from PostgreSQL on
+    first use only."""
+
+    def __init__(self, inlets: Iterable[Asset]) -> None:
+        self._inlets = {asset.name: asset for asset in inlets}
+        self._loaded: dict[str, list[AssetEvent]] = {}
+
+    def __getitem__(self, key: object) -> list[AssetEvent]:
+        name = key.name if isinstance(key, Asset) else key
+        if not isinstance(name, str) or name not in self._inlets:
+            known = ", ".join(sorted(self._inlets)) or "none"
+            raise KeyError(f"{name!r} is not an inlet of this task (inlets: {known})")
+        if name not in self._loaded:
+            with metastore().sessions() as session:
+                self._loaded[name] = events_of(session, self._inlets[name])
+        return self._loaded[name]
+
+    def for_asset(self, *, name: str | None = None, uri: str | None = None) -> list[AssetEvent]:
+        for asset in self._inlets.values():
+            if (name is None or asset.name == name) and (uri is None or asset.uri == uri):
+                return self[asset]
+        raise KeyError(f"no inlet of this task has name {name!r} and uri {uri!r}")
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._inlets)
+
+    def __len__(self) -> int:
+        return len(self._inlets)
 
 
 class LazyTriggeringEvents(Mapping[Any, list[AssetEvent]]):

@@ -20,7 +20,7 @@ import datetime as dt
 from typing import TYPE_CHECKING, Any, Protocol
 
 from deferral.store import transitions
-from deferral.store.asset_events import LazyTriggeringEvents
+from deferral.store.asset_events import LazyInletEvents, LazyTriggeringEvents
 from deferral.store.callback_tokens import (
     CALLBACK_KEY_PREFIX,
     TOKEN_LIFETIME,
@@ -50,6 +50,7 @@ __all__ = [
     "Claim",
     "DagRun",
     "InputRequest",
+    "LazyInletEvents",
     "LazyTriggeringEvents",
     "RenderedTaskInstanceFields",
     "SignalWait",

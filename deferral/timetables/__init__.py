@@ -135,7 +135,8 @@ _BUILT_IN_MODULE = __name__
 
 def is_built_in(timetable: Timetable) -> bool:
     """One of deferral's own timetables (not a DAG file's)."""
-    return type(timetable).__module__ == _BUILT_IN_MODULE
+    module = type(timetable).__module__
+    return module == _BUILT_IN_MODULE or module.startswith(f"{_BUILT_IN_MODULE}.")
 
 
 def _takes_now(timetable: Timetable) -> bool:

@@ -16,11 +16,12 @@ from click.testing import CliRunner
 from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
+from deferral.assets import Asset
 from deferral.loading.dagbag import DagBag
 from deferral.runtime.config import Settings
 from deferral.runtime.crypto import Cipher
 from deferral.store import retention, transitions
-from deferral.store.asset_events import triggering_events
+from deferral.store.asset_events import LazyInletEvents, triggering_events
 from deferral.store.tables import AssetEventRow, AssetWatcherRow, Dag, DagRun
 from deferral.store.transitions import Attempt
 from deferral.store.transitions.asset_events import record_watcher_event
@@ -28,10 +29,14 @@ from deferral_cli import main as deferral_main
 from scheduler import assets, dagruns, dags
 from tests.integration.factories import DAG_ID, WORKER, running_task
 from triggerer.watchers import WatcherRunner
+from worker import record
+from worker.outcomes import Succeeded
 
 NOW = dt.datetime(2024, 1, 10, 12, tzinfo=dt.UTC)
 
 PRODUCER_AND_CONSUMERS = f"""
+import datetime as dt
+
 from deferral import DAG
 from deferral.assets import Asset
 from deferral.operators import EmptyOperator
@@ -48,6 +53,17 @@ with DAG("both", schedule=a & b):
     EmptyOperator(task_id="c")
 
 with DAG("either", schedule=a | b, max_active_runs=50):
+    EmptyOperator(task_id="c")
+
+from deferral.timetables.assets import AssetOrTimeSchedule
+from deferral.timetables.trigger import CronTriggerTimetable
+
+weekly = CronTriggerTimetable("0 1 * * 3", timezone="UTC")
+with DAG(
+    "a_or_weekly",
+    schedule=AssetOrTimeSchedule(timetable=weekly, assets=[a]),
+    start_date=dt.datetime(2024, 1, 1, tzinfo=dt.UTC),
+):
     EmptyOperator(task_id="c")
 """
 
@@ -108,6 +124,34 @@ def test_a_producer_task_with_an_outlet_triggers_the_consumer_once_per_event(
     assert [r.dag_id for r in runs_of(sessions, "both")] == []
 
 
+def test_the_extras_a_task_gave_its_outlet_events_are_recorded_with_its_success(
+    sessions: sessionmaker[Session], bag: DagBag
+) -> None:
+    succeed(sessions, "r1")  # no extras: the event's extra stays empty
+    ti = running_task(sessions, "t", "r2")
+    annotated = Succeeded(None, (), {"orders": {"rows": 3}})
+    with sessions.begin() as session:
+        assert record.succeed_all(session, [(Attempt(ti, 1, WORKER), annotated)]) == {ti}
+    with sessions() as session:
+        extras = session.execute(
+            select(AssetEventRow.source_run_id, AssetEventRow.extra)
+            .where(AssetEventRow.asset_name == "orders")
+            .order_by(AssetEventRow.id)
+        ).all()
+    assert [tuple(row) for row in extras] == [("r1", {}), ("r2", {"rows": 3})]
+    make_runs(sessions, bag)  # the consumer sees it in triggering_asset_events
+    second = runs_of(sessions, "consumer")[-1]
+    with sessions() as session:
+        (event,) = triggering_events(session, "consumer", second.run_id)["orders"]
+    assert event.extra == {"rows": 3}
+    # A task with the asset in its inlets reads its events, oldest first.
+    inlet_events = LazyInletEvents([Asset("orders")])
+    assert [e.extra for e in inlet_events[Asset("orders")]] == [{}, {"rows": 3}]
+    assert inlet_events.for_asset(uri="orders")[-1].source_run_id == "r2"
+    with pytest.raises(KeyError, match="'other' is not an inlet of this task"):
+        inlet_events["other"]
+
+
 def test_a_dag_scheduled_on_a_and_b_runs_only_once_both_were_updated(
     sessions: sessionmaker[Session], bag: DagBag
 ) -> None:
@@ -131,6 +175,20 @@ def test_a_dag_scheduled_on_a_and_b_runs_only_once_both_were_updated(
     with sessions() as session:  # the schedule the web UI and `dags list` show
         shown = session.scalar(select(Dag.schedule).where(Dag.dag_id == "both"))
     assert shown == "s3://bucket/a & b"
+
+
+def test_an_asset_or_time_schedule_runs_on_its_asset_and_by_the_clock(
+    sessions: sessionmaker[Session], bag: DagBag
+) -> None:
+    with sessions.begin() as session:
+        record_watcher_event(session, "s3://bucket/a", "test", "a1", {})
+    make_runs(sessions, bag)
+    assert [r.run_type for r in runs_of(sessions, "a_or_weekly")] == ["asset_triggered"]
+    with sessions() as session:
+        row = session.scalars(select(Dag).where(Dag.dag_id == "a_or_weekly")).one()
+    assert row.schedule == "s3://bucket/a or 0 1 * * 3"
+    # The clock's next run: the latest Wednesday 01:00 before NOW (no catchup).
+    assert row.next_dagrun == dt.datetime(2024, 1, 10, 1, tzinfo=dt.UTC)
 
 
 def test_a_watcher_event_is_recorded_once_per_key_and_an_oversized_extra_is_noted(

@@ -184,7 +184,6 @@ def test_default_args_reach_mapped_and_taskflow_tasks() -> None:
         ("run_as_user", "nobody"),
         ("max_active_tis_per_dag", 1),
         ("executor_config", {"k8s": {}}),
-        ("inlets", ["dataset"]),
         ("start_date", dt.datetime(2030, 1, 1, tzinfo=dt.UTC)),
     ],
 )

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from deferral.exceptions import FailTask, SkipTask, TaskDeferred
 from deferral.loading import airflow_imports
 from deferral.loading.dagbag import DagBag
 from deferral.operators.bash import BashOperator
@@ -137,6 +138,39 @@ def test_airflow_31_hitl_and_deadline_names(load: Callable[..., tuple[DagBag, st
     assert [a.interval for a in dag.deadline_alerts()] == [dt.timedelta(minutes=15)]
 
 
+AIRFLOW_COMPAT_DAG = """\
+import pendulum
+
+from airflow.providers.common.compat.sdk import AirflowSkipException as CompatSkip, TriggerRule
+from airflow.providers.standard.operators.empty import EmptyOperator
+from airflow.sdk import dag, task
+from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException, TaskDeferred
+
+
+@dag(dag_id="{dag_id}", schedule=None, start_date=pendulum.datetime(2023, 1, 1, tz="UTC"))
+def compat():
+    @task
+    def skip():
+        raise AirflowSkipException("no")
+
+    skip() >> EmptyOperator(task_id="last", trigger_rule=TriggerRule.ALL_DONE)
+
+
+compat()
+compat_names = (CompatSkip, AirflowSkipException, AirflowFailException, TaskDeferred)
+"""
+
+
+def test_common_compat_sdk_and_sdk_exceptions_are_deferrals_names(
+    load: Callable[..., tuple[DagBag, str]],
+) -> None:
+    bag, dag_id = load(AIRFLOW_COMPAT_DAG)
+    assert bag.import_errors == {}
+    assert bag.dags[dag_id].get_task("last").trigger_rule == "all_done"
+    module = next(m for m in sys.modules.values() if hasattr(m, "compat_names"))
+    assert module.compat_names == (SkipTask, SkipTask, FailTask, TaskDeferred)
+
+
 @pytest.mark.parametrize(
     ("line", "missing"),
     [
@@ -148,6 +182,14 @@ def test_airflow_31_hitl_and_deadline_names(load: Callable[..., tuple[DagBag, st
         ("import airflow.providers.amazon.aws.hooks.s3", "airflow.providers.amazon"),
         ("from airflow.datasets import DatasetAlias", "airflow.datasets.DatasetAlias"),
         ("from airflow.models import DagRun", "airflow.models.DagRun"),
+        (
+            "from airflow.providers.common.compat.sdk import ObjectStoragePath",
+            "airflow.providers.common.compat.sdk.ObjectStoragePath",
+        ),
+        (
+            "import airflow.providers.common.compat.openlineage",
+            "airflow.providers.common.compat.openlineage",
+        ),
     ],
 )
 def test_a_name_deferral_lacks_fails_naming_it_and_the_line(
@@ -259,3 +301,52 @@ def test_assets_and_datasets_load_under_both_airflows_names(
     )
     assert bag.import_errors == {}
     assert bag.dags["on_assets"].timetable.summary == "a | b"
+
+
+def test_airflow_3_file_delete_triggers_watch_assets(
+    load: Callable[..., tuple[DagBag, str]],
+) -> None:
+    bag, _ = load(
+        "from airflow.providers.standard.triggers.file import (\n"
+        "    DirectoryFileDeleteTrigger, FileDeleteTrigger,\n"
+        ")\n"
+        "from airflow.sdk import DAG, Asset, AssetWatcher\n"
+        "inbox = DirectoryFileDeleteTrigger(directory='/tmp/inbox', filename='go')\n"
+        "a = Asset('a', watchers=[AssetWatcher(name='w', trigger=FileDeleteTrigger('/tmp/t'))])\n"
+        "b = Asset('b', watchers=[AssetWatcher(name='w', trigger=inbox)])\n"
+        "with DAG('on_flags', schedule=[a, b]):\n"
+        "    pass\n"
+    )
+    assert bag.import_errors == {}
+    assert bag.dags["on_flags"].timetable.summary == "a & b"
+
+
+AIRFLOW_EXAMPLES = Path(__file__).resolve().parents[1] / "airflow_examples"
+
+
+def test_airflow_3_example_dags_load_unchanged(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every DAG of the copies of Airflow's own examples (their folder turns the hook on)."""
+    monkeypatch.delenv("DEFERRAL_AIRFLOW_IMPORTS", raising=False)
+    bag = DagBag(AIRFLOW_EXAMPLES).collect()
+    assert bag.import_errors == {}
+    assert sorted(bag.dags) == [
+        "asset_consumes_1",
+        "asset_consumes_1_and_2",
+        "asset_consumes_1_never_scheduled",
+        "asset_consumes_unknown_never_scheduled",
+        "asset_produces_1",
+        "asset_produces_2",
+        "asset_with_extra_by_context",
+        "asset_with_extra_by_yield",
+        "asset_with_extra_from_classic_operator",
+        "conditional_asset_and_time_based_timetable",
+        "consume_1_and_2_with_asset_expressions",
+        "consume_1_or_2_with_asset_expressions",
+        "consume_1_or_both_2_and_3_with_asset_expressions",
+        "example_bash_operator",
+        "example_short_circuit_decorator",
+        "read_asset_event",
+        "read_asset_event_from_classic",
+    ]
+    timetable = bag.dags["conditional_asset_and_time_based_timetable"].timetable
+    assert timetable.summary == "s3://dag1/output_1.txt & s3://dag2/output_1.txt or 0 1 * * 3"

@@ -4,6 +4,7 @@ in one line naming it."""
 from __future__ import annotations
 
 import datetime as dt
+import os
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -30,6 +31,7 @@ from deferral.triggers.event import (
     HttpPollTrigger,
     RedisStreamTrigger,
 )
+from deferral.triggers.file import DirectoryFileDeleteTrigger, FileDeleteTrigger
 from deferral.triggers.temporal import DateTimeTrigger
 
 A, B, C = Asset("a"), Asset("b"), Asset("c")
@@ -172,3 +174,56 @@ def test_the_directory_watcher_fires_once_per_matching_file(tmp_path: Path) -> N
     trigger = DirectoryWatchTrigger(str(tmp_path), "*.csv", poll_interval=0.01)
     events = anyio.run(_events, trigger, 2)
     assert [Path(e["path"]).name for e in events] == ["a.csv", "c.csv"]
+
+
+def test_a_file_delete_trigger_deletes_its_file_only_once_the_event_is_recorded(
+    tmp_path: Path,
+) -> None:
+    flag = tmp_path / "flag"
+    trigger = DirectoryFileDeleteTrigger(
+        directory=str(tmp_path), filename="flag", poke_interval=0.01
+    )
+    assert trigger.serialize()[1] == {
+        "directory": str(tmp_path),
+        "filename": "flag",
+        "poke_interval": 0.01,
+    }
+
+    async def first_and_ack() -> tuple[dict[str, Any], dict[str, Any]]:
+        flag.write_text("1")
+        first, again = await _events(trigger, 2)  # not acknowledged: the same file, same key
+        await trigger.acknowledge(TriggerEvent(again))
+        return first, again
+
+    first, again = anyio.run(first_and_ack)
+    assert first == again and first["path"] == str(flag)
+    assert not flag.exists()
+    flag.write_text("22")  # a new file is a new event
+    (second,) = anyio.run(_events, FileDeleteTrigger(str(flag), 0.01), 1)
+    assert second["key"] != first["key"]
+
+
+def test_a_file_rewritten_before_its_event_is_recorded_is_kept(tmp_path: Path) -> None:
+    flag = tmp_path / "flag"
+    flag.write_text("1")
+    trigger = FileDeleteTrigger(str(flag), 0.01)
+    (event,) = anyio.run(_events, trigger, 1)
+    os.utime(flag, ns=(0, 0))
+    anyio.run(trigger.acknowledge, TriggerEvent(event))
+    assert flag.exists()
+
+
+@pytest.mark.parametrize(
+    ("build", "message"),
+    [
+        (lambda: FileDeleteTrigger("relative"), "filepath must be an absolute path"),
+        (lambda: FileDeleteTrigger("/tmp/x", 0), "poke_interval must be greater than 0"),
+        (
+            lambda: DirectoryFileDeleteTrigger(directory="/tmp", filename="a/b"),
+            "filename must be a file name",
+        ),
+    ],
+)
+def test_bad_file_delete_triggers_are_refused_naming_the_argument(build: Any, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        build()

@@ -202,3 +202,17 @@ def test_task_group_decorator_returns_the_group_when_the_function_returns_none()
 def test_task_group_decorator_given_a_non_function_is_refused() -> None:
     with pytest.raises(DagDefinitionError, match="@task_group takes a function"):
         task_group("name")
+
+
+@pytest.mark.parametrize("mapping", ["expand", "partial"])
+def test_a_mapped_task_group_is_refused_naming_the_group(mapping: str) -> None:
+    @task_group
+    def per_file(name: str) -> None:
+        EmptyOperator(task_id="t")
+
+    with DAG("mapped_groups"), pytest.raises(DagDefinitionError) as refused:
+        getattr(per_file, mapping)(name=["a", "b"])
+    assert str(refused.value) == (
+        "task group 'per_file': mapped task groups (@task_group ... .expand / .partial().expand)"
+        " are not supported by deferral"
+    )

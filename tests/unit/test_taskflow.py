@@ -20,8 +20,10 @@ from deferral.context import Context, DagRunInfo, RuntimeTaskInstance
 from deferral.decorators.python import DecoratedPythonOperator
 from deferral.exceptions import DagDefinitionError
 from deferral.operators import EmptyOperator, PythonOperator
+from deferral.operators.bash import BashOperator
 from deferral.sensors import PokeReturnValue
 from deferral.xcom_arg import DagParam, find_runtime_args
+from worker.attempt import push_outputs
 
 LOGICAL = dt.datetime(2024, 5, 1, tzinfo=dt.UTC)
 
@@ -68,11 +70,12 @@ def context_for(op: Any, xcoms: MemoryXComs, conf: dict[str, Any] | None = None)
 
 def run(op: Any, xcoms: MemoryXComs, conf: dict[str, Any] | None = None) -> Any:
     """Run a task as the worker does: a deep copy, template fields rendered (XComArgs pulled),
-    then execute."""
+    then execute (and a dict result's keys pushed, with multiple_outputs)."""
     fresh = copy.deepcopy(op)
     context = context_for(fresh, xcoms, conf)
     render_template_fields(fresh, context)
     value = fresh.execute(context)
+    push_outputs(fresh, value, context["ti"])
     xcoms.values[(fresh.task_id, "return_value")] = value
     return value
 
@@ -244,6 +247,29 @@ def test_multiple_outputs_with_a_non_dict_result_fails_naming_the_task() -> None
         run(a.operator, MemoryXComs())
     with pytest.raises(TypeError, match=r"task 'bad_keys' .* must be str, got 1 \(int\)"):
         run(b.operator, MemoryXComs())
+
+
+def test_multiple_outputs_on_a_classic_operator_as_airflow() -> None:
+    """Airflow takes multiple_outputs on any operator: a dict result is pushed key by key; a
+    string (a BashOperator's last line) fails the task."""
+    with DAG("tf"):
+        keyed = PythonOperator(
+            task_id="keyed", python_callable=lambda: {"a": 1}, multiple_outputs=True
+        )
+        line = BashOperator(task_id="line", bash_command="echo hi", multiple_outputs=True)
+        quiet = PythonOperator(
+            task_id="quiet",
+            python_callable=lambda: "x",
+            multiple_outputs=True,
+            do_xcom_push=False,
+        )
+    xcoms = MemoryXComs()
+    assert run(keyed, xcoms) == {"a": 1}
+    assert xcoms.values[("keyed", "a")] == 1
+    with pytest.raises(TypeError, match="task 'line' has multiple_outputs but returned str"):
+        run(line, xcoms)
+    run(quiet, xcoms)  # nothing pushed, nothing checked
+    assert ("quiet", "x") not in xcoms.values
 
 
 def test_multiple_outputs_with_none_pushes_nothing() -> None:

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import datetime as dt
 import zoneinfo
+from typing import Any
 
 import pytest
 from dateutil.relativedelta import relativedelta
 
 from deferral import DAG
+from deferral.assets import Asset
 from deferral.exceptions import DagDefinitionError
 from deferral.timetables import (
     ContinuousTimetable,
@@ -21,6 +23,8 @@ from deferral.timetables import (
     TimeRestriction,
     infos_between,
 )
+from deferral.timetables.assets import AssetOrTimeSchedule
+from deferral.timetables.trigger import CronTriggerTimetable
 
 UTC = dt.UTC
 ZURICH = zoneinfo.ZoneInfo("Europe/Zurich")
@@ -312,3 +316,62 @@ def test_bad_schedule_arguments_name_the_dag_and_the_argument(
     arguments: dict[str, object] = {"schedule": "@daily", "start_date": at(2024, 1, 1), **kwargs}
     with pytest.raises(DagDefinitionError, match=f"DAG 'bad': .*{message}"):
         DAG("bad", **arguments)  # type: ignore[arg-type]
+
+
+# -- Airflow 3: CronTriggerTimetable, AssetOrTimeSchedule ------------------------------------------
+
+
+def test_cron_trigger_runs_at_each_point_with_that_point_as_its_logical_date() -> None:
+    every_wednesday = CronTriggerTimetable("0 1 * * 3", timezone="UTC")
+    dag = DAG("d", schedule=every_wednesday, start_date=at(2024, 1, 1), catchup=True)
+    assert runs(dag, now=at(2024, 1, 17, 12)) == [
+        DagRunInfo.exact(at(2024, 1, 3, 1)),
+        DagRunInfo.exact(at(2024, 1, 10, 1)),
+        DagRunInfo.exact(at(2024, 1, 17, 1)),
+    ]
+    # Without catchup: the latest point passed, then each next one.
+    dag = DAG("d2", schedule=every_wednesday, start_date=at(2024, 1, 1))
+    assert runs(dag, now=at(2024, 1, 17, 12)) == [DagRunInfo.exact(at(2024, 1, 17, 1))]
+    # A manual run covers the instant it is triggered at (or the interval before it).
+    assert every_wednesday.infer_manual_data_interval(run_after=at(2024, 1, 5)) == (
+        DataInterval.exact(at(2024, 1, 5))
+    )
+    hourly = CronTriggerTimetable("@hourly", timezone=ZURICH, interval=dt.timedelta(hours=1))
+    assert hourly.next_dagrun_info(
+        last_automated_data_interval=None,
+        restriction=TimeRestriction(at(2024, 1, 1), None, True),
+        now=at(2024, 1, 1, 5),
+    ) == interval(at(2023, 12, 31, 23), at(2024, 1, 1))
+
+
+def test_asset_or_time_schedule_runs_by_the_clock_and_on_its_assets() -> None:
+    a, b = Asset("a"), Asset("b")
+    schedule = AssetOrTimeSchedule(
+        timetable=CronTriggerTimetable("0 1 * * 3", timezone="UTC"), assets=(a & b)
+    )
+    dag = DAG("d", schedule=schedule, start_date=at(2024, 1, 1), catchup=True)
+    assert dag.asset_condition is not None and dag.asset_condition.summary() == "a & b"
+    assert dag.timetable.summary == "a & b or 0 1 * * 3"
+    assert runs(dag, now=at(2024, 1, 4)) == [DagRunInfo.exact(at(2024, 1, 3, 1))]
+    as_list = AssetOrTimeSchedule(timetable=NullTimetable(), assets=[a, b])
+    assert as_list.condition.summary() == "a & b" and not as_list.can_be_scheduled
+
+
+@pytest.mark.parametrize(
+    ("build", "message"),
+    [
+        (lambda: CronTriggerTimetable("nope", timezone="UTC"), "'nope' is not a cron expression"),
+        (lambda: CronTriggerTimetable("@daily", timezone="Mars/Base"), "is not a time zone"),
+        (
+            lambda: CronTriggerTimetable("@daily", timezone="UTC", interval=dt.timedelta(-1)),
+            "interval must be a timedelta of 0 or more",
+        ),
+        (
+            lambda: AssetOrTimeSchedule(timetable="@daily", assets=[Asset("a")]),
+            "timetable must be a Timetable, got str",
+        ),
+    ],
+)
+def test_bad_airflow_3_timetables_are_refused_naming_the_argument(build: Any, message: str) -> None:
+    with pytest.raises((ValueError, TypeError), match=message):
+        build()

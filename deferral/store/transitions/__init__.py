@@ -13,6 +13,9 @@ every name is available from this package as before."""
 
 from __future__ import annotations
 
+from deferral.store.transitions.asset_events import (
+    annotate_outlet_events as annotate_outlet_events,
+)
 from deferral.store.transitions.attempts import Attempt as Attempt
 from deferral.store.transitions.attempts import Started as Started
 from deferral.store.transitions.attempts import fail as fail

@@ -51,6 +51,41 @@ _WATCHER_EVENT_SQL = text(
 )
 
 
+def _extra_body(extra: Mapping[str, Any]) -> str:
+    """``extra`` as stored: a NUL or lone surrogate escaped (``deferral.runtime.storable``),
+    and one too big replaced by a note saying so."""
+    body = json.dumps(storable(extra), default=lambda value: storable_text(str(value)))
+    if len(body) > MAX_EVENT_EXTRA_BYTES:
+        body = json.dumps({"error": f"extra of {len(body)} bytes is over {MAX_EVENT_EXTRA_BYTES}"})
+    return body
+
+
+# The latest event a task instance recorded for an asset (the one its success just wrote).
+_ANNOTATE_SQL = text(
+    """
+    UPDATE asset_event SET extra = CAST(:extra AS jsonb)
+    WHERE id = (
+        SELECT max(e.id) FROM asset_event AS e JOIN task_instance AS ti
+          ON e.source_dag_id = ti.dag_id AND e.source_run_id = ti.run_id
+         AND e.source_task_id = ti.task_id AND e.source_map_index = ti.map_index
+        WHERE ti.id = :ti_id AND e.asset_name = :asset_name
+    )
+    """
+)
+
+
+def annotate_outlet_events(
+    session: Session, task_instance_id: int, extras: Mapping[str, Mapping[str, Any]]
+) -> None:
+    """Give the outlet events the task instance's success just recorded their ``extras`` (by
+    asset name; in the success's transaction, so no reader sees the event without them)."""
+    for asset_name, extra in sorted(extras.items()):
+        session.execute(
+            _ANNOTATE_SQL,
+            {"ti_id": task_instance_id, "asset_name": asset_name, "extra": _extra_body(extra)},
+        )
+
+
 def record_watcher_event(
     session: Session, asset_name: str, watcher: str, dedup_key: str, extra: Mapping[str, Any]
 ) -> int | None:
@@ -59,9 +94,7 @@ def record_watcher_event(
     surrogate in the key or the extra is stored escaped (``deferral.runtime.storable``); an extra
     too big
     is replaced by a note saying so (the event itself is kept)."""
-    body = json.dumps(storable(extra), default=lambda value: storable_text(str(value)))
-    if len(body) > MAX_EVENT_EXTRA_BYTES:
-        body = json.dumps({"error": f"extra of {len(body)} bytes is over {MAX_EVENT_EXTRA_BYTES}"})
+    body = _extra_body(extra)
     return session.scalar(
         _WATCHER_EVENT_SQL,
         {

@@ -1,0 +1,76 @@
+"""Airflow 3's own example DAGs, as Airflow ships them (tests/airflow_examples: copies of
+apache-airflow's ``airflow/example_dags`` and apache-airflow-providers-standard's
+``example_dags``, unchanged, with their licence header), run with `deferral dags test` under
+the import hook (the folder's .deferral.toml turns it on): each ends with the task states and
+run state `airflow dags test` gives."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from sqlalchemy import select
+from sqlalchemy.orm import Session, sessionmaker
+
+from deferral.store.tables import DagRun, TaskInstance
+from tests.forks import LANE
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "airflow_examples"
+TIMEOUT_SEC = 180
+# A Monday: no example branches on the day it runs.
+LOGICAL_DATE = "2024-05-06T12:00:00+00:00"
+
+S, K, F = "success", "skipped", "failed"
+
+# dag_id -> (Airflow's run state, Airflow's task states), for the DAGs run here (a run each:
+# those whose runs show what the import hook's names do; every copy is checked loading in
+# tests/unit/test_airflow_imports.py).
+AIRFLOW_ENDS: dict[str, tuple[str, dict[str, str]]] = {
+    # example_outlet_event_extra.py: Metadata yielded, a post_execute hook.
+    "asset_with_extra_by_yield": (S, {"asset_with_extra_by_yield": S}),
+    "asset_with_extra_from_classic_operator": (
+        S,
+        {"asset_with_extra_from_classic_operator": S},
+    ),
+    # example_inlet_event_extra.py: inlets and inlet_events. The database has no event of the
+    # asset, so the template's [-1] is undefined (Airflow's StrictUndefined fails it too).
+    "read_asset_event_from_classic": (F, {"read_asset_event_from_classic": F}),
+    "example_short_circuit_decorator": (
+        S,
+        {
+            "condition_is_true": S,
+            "true_1": S,
+            "true_2": S,
+            "condition_is_false": S,
+            "false_1": K,
+            "false_2": K,
+            "task_1": S,
+            "task_2": S,
+            "short_circuit": S,
+            "task_3": S,
+            "task_4": K,  # only its direct downstream (ignore_downstream_trigger_rules=False)
+            "task_5": S,
+            "task_6": K,  # by its trigger rule
+            "task_7": S,  # all_done
+        },
+    ),
+}
+
+
+@pytest.mark.parametrize("dag_id", sorted(AIRFLOW_ENDS))
+def test_airflow_3_example_ends_in_airflows_states(
+    dag_id: str, service_env: dict[str, str], sessions: sessionmaker[Session]
+) -> None:
+    env = {**os.environ, **service_env, "DEFERRAL_DAGS_FOLDER": str(EXAMPLES)}
+    env.pop("DEFERRAL_AIRFLOW_IMPORTS", None)  # the folder's own setting decides
+    done = LANE.run(["dags", "test", dag_id, LOGICAL_DATE], env, TIMEOUT_SEC)
+    run_state, task_states = AIRFLOW_ENDS[dag_id]
+    with sessions() as session:
+        (run,) = session.scalars(select(DagRun).where(DagRun.dag_id == dag_id)).all()
+        got = {
+            ti.task_id if ti.map_index < 0 else f"{ti.task_id}[{ti.map_index}]": ti.state
+            for ti in session.scalars(select(TaskInstance).where(TaskInstance.dag_id == dag_id))
+        }
+    assert (run.state, got) == (run_state, task_states), done.stdout[-3000:] + done.stderr[-2000:]
+    assert done.returncode == (0 if run_state == S else 1)
