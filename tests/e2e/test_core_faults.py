@@ -16,10 +16,9 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from broker.client import Broker
-from deferral.runtime.crypto import Cipher
 from deferral.store.tables import DagRun, ResumeEvent, TaskInstance, TaskStateChange, XCom
 from deferral_cli.embedded import redis_server_binary
-from tests.e2e.conftest import Services, fire_deferred
+from tests.e2e.conftest import Services
 from tests.helpers import process_alive, wait_for
 
 pytestmark = pytest.mark.e2e
@@ -231,120 +230,6 @@ def test_a_worker_whose_lease_was_taken_over_drops_its_outcome_and_its_child(
     with sessions() as session:
         reasons = session.scalars(select(TaskStateChange.reason)).all()
     assert "worker victim stopped heartbeating" in reasons
-
-
-KILLER_TRIGGER = """
-import os
-
-from deferral.triggers import BaseTrigger, TriggerEvent
-
-
-class KillsItsTriggerer(BaseTrigger):
-    def serialize(self):
-        return "e2e_killer_trigger.KillsItsTriggerer", {}
-
-    async def run(self):
-        os.kill(os.getpid(), 9)
-        yield TriggerEvent(None)
-"""
-
-# A DAG of one task deferring on the killer and ``healthy`` ones deferring an hour (also the
-# poison-among-fifty test of test_hostile_entries): the test fires the healthy ones once the
-# poison is dead-lettered (fire_healthy_once_poisoned), so they are held through every death of
-# their triggerer however slow the machine, and nobody waits out a guessed time.
-KILLER_DAG = """
-import datetime as dt
-
-from deferral import DAG, BaseOperator
-from deferral.triggers import TimeDeltaTrigger
-from e2e_killer_trigger import KillsItsTriggerer
-
-
-class Poisoned(BaseOperator):
-    def execute(self, context):
-        self.defer(trigger=KillsItsTriggerer(), method_name="resume")
-
-    def resume(self, context, event):
-        return "unreachable"
-
-
-class Fine(BaseOperator):
-    def execute(self, context):
-        self.defer(trigger=TimeDeltaTrigger(dt.timedelta(hours=1)), method_name="resume")
-
-    def resume(self, context, event):
-        return "fine"
-
-
-with DAG("{dag_id}", max_active_tasks=64) as dag:
-    Poisoned(task_id="poisoned")
-    for i in range({healthy}):
-        Fine(task_id=f"fine{{i:0{width}d}}")
-"""
-
-
-def fire_healthy_once_poisoned(
-    sessions: sessionmaker[Session],
-    broker: Broker,
-    cipher: Cipher,
-    dag_id: str,
-    states: dict[str, str],
-    fired: set[str],
-) -> None:
-    """Once the poisoned task failed (its entry dead-lettered), fire each deferred healthy task
-    of ``states`` (task id -> state) not in ``fired`` yet, and add it there."""
-    if states.get("poisoned") != "failed":
-        return
-    for task_id in sorted({t for t, s in states.items() if s == "deferred"} - fired):
-        fire_deferred(sessions, broker, cipher, dag_id, task_id)
-        fired.add(task_id)
-
-
-def test_a_trigger_that_kills_its_triggerer_goes_to_the_dead_letters(
-    services: Services,
-    write_dag: Any,
-    sessions: sessionmaker[Session],
-    broker: Broker,
-    cipher: Cipher,
-) -> None:
-    write_dag("e2e_killer_trigger", KILLER_TRIGGER)
-    write_dag("e2e_poison_dag", KILLER_DAG.format(dag_id="e2e_poison", healthy=3, width=1))
-    services.env["DEFERRAL_TRIGGER_MODULES"] = "deferral.triggers,e2e_killer_trigger"
-    services.env["DEFERRAL_MAX_DELIVERIES"] = "3"
-    services.start("scheduler")
-    services.start("worker", "--concurrency", "2")
-    triggerers = {name: services.start(name) for name in ("triggerer", "triggerer2")}
-    assert services.run("dags", "trigger", "e2e_poison").returncode == 0
-
-    fired: set[str] = set()
-
-    def settled() -> bool:
-        for name, proc in triggerers.items():
-            if proc.poll() is not None:  # it died: start it again, as a supervisor would
-                triggerers[name] = services.start(name)
-        states = _states(sessions)
-        fire_healthy_once_poisoned(sessions, broker, cipher, "e2e_poison", states, fired)
-        return len(states) == 4 and all(s in ("success", "failed") for s in states.values())
-
-    wait_for(settled, timeout=180, interval=0.2, what="every task to finish")
-    states = _states(sessions)
-    assert states == {
-        "poisoned": "failed",
-        "fine0": "success",
-        "fine1": "success",
-        "fine2": "success",
-    }
-    (dead,) = broker.xrange(broker.keys.dead)
-    assert dead.fields[b"deliveries"] == b"4"
-    assert b"delivered 4 times" in dead.fields[b"error"]
-    assert b"DEFERRAL_MAX_DELIVERIES=3" in dead.fields[b"error"]
-    with sessions() as session:
-        reason = session.scalar(
-            select(TaskStateChange.reason)
-            .join(TaskInstance, TaskInstance.id == TaskStateChange.task_instance_id)
-            .where(TaskInstance.task_id == "poisoned", TaskStateChange.to_state == "failed")
-        )
-    assert reason is not None and "delivered 4 times" in reason
 
 
 def test_services_started_with_redis_down_wait_and_then_work(
