@@ -59,7 +59,7 @@ def _pending_counts(broker: Broker, stream: str, group: str) -> dict[str, int]:
 # -- a poison trigger among fifty healthy ones, on supervised triggerers ---------------------------
 
 HEALTHY = 50
-HEARTBEAT = "1"
+HEARTBEAT = "0.5"
 
 # The poison kills its triggerer most of a heartbeat into its run(), so that the healthy
 # triggers started around it on that triggerer die with it, unproven.
@@ -75,7 +75,7 @@ class Sleeps(BaseTrigger):
         return "e2e_beside_triggers.Sleeps", {}
 
     async def run(self):
-        await asyncio.sleep(1.5)
+        await asyncio.sleep(0.75)
         yield TriggerEvent("slept")
 
 
@@ -84,7 +84,7 @@ class KillsItsTriggerer(BaseTrigger):
         return "e2e_beside_triggers.KillsItsTriggerer", {}
 
     async def run(self):
-        await asyncio.sleep(0.9)
+        await asyncio.sleep(0.45)
         os.kill(os.getpid(), 9)
         yield TriggerEvent(None)
 """
