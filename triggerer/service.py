@@ -95,6 +95,9 @@ READ_BATCH = 100
 # CPU share (at most 500 new triggers a second at the default claim; a raised claim raises it).
 # A triggerer alone reads at full speed.
 CLAIM_LOOP_SEC = 0.1
+# An idle read waits this long for entries. A SIGTERM waits for the read in flight (a thread
+# cannot be interrupted), so this bounds how soon a stopping triggerer hands off and exits.
+READ_BLOCK_MS = 250
 # Events published in one round trip at most.
 PUBLISH_BATCH = 1000
 # How close to a timer's moment the loop polls for it instead of sleeping (a sleep ends up to a
@@ -483,7 +486,7 @@ class TriggererService:
                 # At most the claim per loop: replicas started together share a backlog.
                 wanted = min(free, self.settings.triggerer_claim_per_loop)
                 loop_started = time.monotonic()
-                deliveries = await self._sync(self.consumer.poll, wanted, 1000)
+                deliveries = await self._sync(self.consumer.poll, wanted, READ_BLOCK_MS)
             except Exception as exc:
                 if not is_transient(exc):
                     raise
