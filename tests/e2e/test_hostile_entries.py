@@ -324,7 +324,7 @@ with DAG("{dag_id}") as dag:
     Waits(task_id="wait")
 """
 
-JUNK = 100_000  # small junk entries in all, spread over the three streams
+JUNK = 40_000  # small junk entries in all, spread over the three streams
 DEAD_BOUND = 1_000
 
 
