@@ -78,12 +78,7 @@ def main() -> None:
         print(calibration(), flush=True)
         stack.write_dag("bench_probe", PROBE_DAG.format(delay=1.0))
         start_probe_services(stack, args.workers, args.concurrency, args.runs + 1000)
-        stack.trigger("bench_probe", ["warm-up"])
-        wait_for(
-            lambda: stack.run_state("bench_probe", "warm-up") == "success",
-            timeout=120,
-            what="the warm-up probe",
-        )
+        stack.warm_up("bench_probe")  # first imports and connections
         alone = probe(stack, args.samples, "alone")
 
         started = time.monotonic()

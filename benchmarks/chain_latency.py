@@ -25,7 +25,6 @@ from harness import (
     median,
     percentile,
     report,
-    wait_for,
 )
 from idle_runs import PROBE_OPERATOR, run_one_after_another, start_probe_services
 from sqlalchemy import text
@@ -100,12 +99,7 @@ def main() -> None:
     with Stack(keep=args.keep_logs) as stack:
         stack.write_dag("bench_chain", CHAIN_DAG.format(delay=args.delay))
         start_probe_services(stack, args.workers, args.concurrency, capacity=100)
-        stack.trigger("bench_chain", ["warm-up"])  # first imports and connections
-        wait_for(
-            lambda: stack.run_state("bench_chain", "warm-up") == "success",
-            timeout=120,
-            what="the warm-up chain",
-        )
+        stack.warm_up("bench_chain")  # first imports and connections
         wait_ms, done_ms, steps = chain(stack, args.samples)
         print(steps, flush=True)
 

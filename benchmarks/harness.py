@@ -380,6 +380,16 @@ class Stack:
                 {"dag_id": dag_id, "run_id": run_id},
             )
 
+    def warm_up(self, dag_id: str) -> None:
+        """Run ``dag_id`` once (run id ``warm-up``) to its success: the first imports and
+        connections of every service are paid before anything is timed."""
+        self.trigger(dag_id, ["warm-up"])
+        wait_for(
+            lambda: self.run_state(dag_id, "warm-up") == "success",
+            timeout=120,
+            what=f"the warm-up run of {dag_id}",
+        )
+
     def finished_runs(self, dag_id: str) -> int:
         with self.sessions() as session:
             return int(

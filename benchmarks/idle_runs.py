@@ -188,12 +188,7 @@ def main() -> None:
         stack.write_dag("bench_probe", PROBE_DAG.format(delay=args.delay))
         stack.write_dag("bench_idle", IDLE_DAG.format(idle=args.idle))
         names = start_probe_services(stack, args.workers, args.concurrency, args.idle + 100)
-        stack.trigger("bench_probe", ["warm-up"])  # first imports and connections
-        wait_for(
-            lambda: stack.run_state("bench_probe", "warm-up") == "success",
-            timeout=120,
-            what="the warm-up probe",
-        )
+        stack.warm_up("bench_probe")  # first imports and connections
 
         alone = probe(stack, args.samples, "alone")
         print(f"alone: fire -> SUCCESS p50 {median(alone[1]):.1f} ms", flush=True)

@@ -233,12 +233,7 @@ def main() -> None:
         stack.wait_started(*names)
         triggerer_pid = stack.procs["triggerer1"].pid
         stack.write_dag("bench_probe", PROBE_DAG.format(delay=1.0))
-        stack.trigger("bench_probe", ["warm-up"])
-        wait_for(
-            lambda: stack.run_state("bench_probe", "warm-up") == "success",
-            timeout=120,
-            what="the warm-up probe",
-        )
+        stack.warm_up("bench_probe")  # first imports and connections
         alone = probe(stack, args.samples, "alone")
         rss_before = rss_kib(triggerer_pid)
         sizes_before = postgres_bytes(stack)
