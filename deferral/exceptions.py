@@ -23,12 +23,17 @@ class TaskDeferred(DeferralException):
         method_name: str,
         kwargs: dict[str, Any] | None = None,
         timeout: dt.timedelta | None = None,
+        cancel_on: BaseTrigger | None = None,
+        cancel_state: str = "skipped",
     ) -> None:
         super().__init__(trigger, method_name, kwargs, timeout)
         self.trigger = trigger
         self.method_name = method_name
         self.kwargs = kwargs or {}
         self.timeout = timeout
+        # A SignalTrigger whose signal, if it comes first, ends the task in ``cancel_state``.
+        self.cancel_on = cancel_on
+        self.cancel_state = cancel_state
 
     def __str__(self) -> str:
         return f"deferred to {type(self.trigger).__name__}, resuming at {self.method_name}()"

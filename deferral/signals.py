@@ -11,6 +11,7 @@ between the two.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -28,9 +29,20 @@ from deferral.store.seam import (
     Claim,
     SignalWait,
     TokenRefused,
+    WaitTimer,
     metastore,
     parse_token,
     transitions,
+    waits,
+)
+from deferral.triggers.composite import (
+    ALL_OF,
+    BRANCHES,
+    CALLBACK,
+    COMPOSITES,
+    RUNNING,
+    SIGNAL,
+    branch_kind,
 )
 from deferral.triggers.signal import (
     CALLBACK_TRIGGER,
@@ -39,6 +51,7 @@ from deferral.triggers.signal import (
     SignalError,
     check_lookback,
     check_signal_key,
+    where_predicate,
 )
 
 __all__ = ["MAX_PAYLOAD_BYTES", "SentSignal", "SignalError", "send"]
@@ -79,31 +92,55 @@ _SEND_SQL = text(
             ORDER BY id DESC OFFSET :kept - 1
         )
     )
-    SELECT sent.id, ARRAY(SELECT trigger_id FROM signal_wait WHERE key = :key) AS waiting
-    FROM sent
+    SELECT sent.id, w.trigger_ids, w.branches, w.cancels, w.all_of
+    FROM sent CROSS JOIN LATERAL (
+        SELECT coalesce(array_agg(sw.trigger_id ORDER BY sw.trigger_id, sw.branch), '{}')
+                   AS trigger_ids,
+               array_agg(sw.branch ORDER BY sw.trigger_id, sw.branch) AS branches,
+               array_agg(sw.cancels ORDER BY sw.trigger_id, sw.branch) AS cancels,
+               array_agg(t.classpath = :all_of ORDER BY sw.trigger_id, sw.branch) AS all_of
+        FROM signal_wait AS sw JOIN trigger AS t ON t.id = sw.trigger_id
+        WHERE sw.key = :key AND sw.fired IS NULL
+            AND (sw.match IS NULL OR CAST(:doc AS jsonb) @@ CAST(sw.match AS jsonpath))
+    ) AS w
     """
 )
 
-# The waits, and for each with a lookback the latest signal on its key sent within it.
+# The wait rows, and for each with a lookback the latest signal on its key sent within it (the
+# signals of a filtered one, newest first, at most LOOKBACK_SCAN: its filter is applied next).
 _WAIT_SQL = text(
     """
-    WITH waits AS (
-        INSERT INTO signal_wait (trigger_id, key)
-        SELECT * FROM unnest(CAST(:trigger_ids AS bigint[]), CAST(:keys AS text[]))
-        RETURNING trigger_id, key, created_at
+    WITH rows AS (
+        SELECT * FROM unnest(
+            CAST(:trigger_ids AS bigint[]), CAST(:keys AS text[]), CAST(:branches AS text[]),
+            CAST(:matches AS text[]), CAST(:cancels AS text[]), CAST(:holds AS boolean[]),
+            CAST(:lookbacks AS interval[])
+        ) AS r (trigger_id, key, branch, match, cancels, holds, lookback)
+    ), waits AS (
+        INSERT INTO signal_wait (trigger_id, key, branch, match, cancels, holds)
+        SELECT trigger_id, key, branch, match, cancels, holds FROM rows
+        RETURNING trigger_id, branch, created_at
     )
-    SELECT w.trigger_id, s.id, s.payload
+    SELECT r.trigger_id, r.branch, r.match, s.id, s.payload
     FROM waits AS w
-    JOIN unnest(CAST(:trigger_ids AS bigint[]), CAST(:lookbacks AS interval[]))
-        AS l (trigger_id, lookback) ON l.trigger_id = w.trigger_id
+    JOIN rows AS r ON r.trigger_id = w.trigger_id AND r.branch = w.branch
     CROSS JOIN LATERAL (
-        SELECT id, payload FROM signal
-        WHERE key = w.key AND sent_at >= w.created_at - l.lookback
-        ORDER BY sent_at DESC, id DESC LIMIT 1
+        SELECT id, payload, sent_at FROM signal
+        WHERE key = r.key AND sent_at >= w.created_at - r.lookback
+        ORDER BY sent_at DESC, id DESC
+        LIMIT CASE WHEN r.match IS NULL THEN 1 ELSE :scan END
     ) AS s
-    WHERE l.lookback > interval '0'
+    WHERE r.lookback > interval '0'
+    ORDER BY r.trigger_id, r.branch, s.sent_at DESC, s.id DESC
     """
 )
+# Of the payloads (in order), the first that matches the filter.
+_FIRST_MATCH_SQL = text(
+    "SELECT n FROM unnest(CAST(:docs AS jsonb[])) WITH ORDINALITY AS p (doc, n)"
+    " WHERE doc @@ CAST(:match AS jsonpath) ORDER BY n LIMIT 1"
+)
+# The signals a filtered wait's lookback reads at most (the newest within it).
+LOOKBACK_SCAN = 1000
 
 
 @dataclass(frozen=True)
@@ -115,10 +152,7 @@ class SentSignal:
     resumed: tuple[int, ...]
 
 
-@dataclass(frozen=True)
-class Wait:
-    key: str
-    lookback: dt.timedelta
+Wait = waits.Wait
 
 
 def seal_payload(cipher: Cipher, payload: Any) -> str:
@@ -177,16 +211,6 @@ def _signal_event(
     )
 
 
-def _resumed(
-    session: Session, cipher: Cipher, events: Sequence[transitions.FiredEvent]
-) -> tuple[int, ...]:
-    return tuple(
-        r.task_instance_id
-        for r in transitions.resume_many(session, events, cipher)
-        if r.task_instance_id is not None
-    )
-
-
 @dataclass(frozen=True)
 class Sender:
     """Who sends through the web API, and how many of their signals are kept at most (their
@@ -196,10 +220,32 @@ class Sender:
     kept: int
 
 
+def _apply(
+    session: Session,
+    cipher: Cipher,
+    signal_id: int,
+    key: str,
+    sealed: str,
+    hits: Sequence[waits.Hit],
+) -> tuple[int, ...]:
+    """Resume (or cancel) what signal ``signal_id`` on ``key`` matched."""
+    if not hits:
+        return ()
+    fired = _fired(cipher, key, sealed)
+    pairs = [(hit, _signal_event(signal_id, hit.trigger_id, key, fired)) for hit in hits]
+    return waits.apply(session, cipher, pairs, f"signal {signal_id} on {key}")
+
+
 def _record(
-    session: Session, cipher: Cipher, key: str, sealed: str, sender: Sender | None = None
+    session: Session,
+    cipher: Cipher,
+    key: str,
+    sealed: str,
+    sender: Sender | None = None,
+    doc: bytes | None = None,
 ) -> SentSignal:
-    """Record a signal on ``key`` (whose lock is held) and resume every task waiting on it."""
+    """Record a signal on ``key`` (whose lock is held) and resume every task waiting on it
+    whose filter its payload's JSON ``doc`` matches (None: only unfiltered waits)."""
     row = session.execute(
         _SEND_SQL,
         {
@@ -209,13 +255,17 @@ def _record(
             "prune": PRUNE_PER_SEND,
             "sent_by": None if sender is None else sender.name,
             "kept": 1 if sender is None else sender.kept,
+            "doc": None if doc is None else doc.decode(),
+            "all_of": ALL_OF,
         },
     ).one()
-    events = []
-    if row.waiting:
-        fired = _fired(cipher, key, sealed)
-        events = [_signal_event(row.id, trigger_id, key, fired) for trigger_id in row.waiting]
-    return SentSignal(row.id, key, _resumed(session, cipher, events))
+    hits = [
+        waits.Hit(trigger_id, branch, cancels, bool(all_of))
+        for trigger_id, branch, cancels, all_of in zip(
+            row.trigger_ids, row.branches or (), row.cancels or (), row.all_of or (), strict=True
+        )
+    ]
+    return SentSignal(row.id, key, _apply(session, cipher, row.id, key, sealed, hits))
 
 
 def send_in(
@@ -227,7 +277,7 @@ def send_in(
     check_signal_key(key)
     sealed = seal_payload(cipher, payload)
     lock_keys(session, [key])
-    return _record(session, cipher, key, sealed, sender)
+    return _record(session, cipher, key, sealed, sender, serialization.dumps(payload))
 
 
 _USED_SQL = text("SELECT EXISTS (SELECT FROM signal WHERE key = :key)")
@@ -266,15 +316,17 @@ def failure_message(payload: Any) -> str:
     return f"callback reported failure: {text_[:1000]}"
 
 
-def wait_of(
-    classpath: str, kwargs: Mapping[str, Any], task_instance_id: int, try_number: int
-) -> Wait | None:
-    """The wait a deferral of try ``try_number`` of ``task_instance_id`` to
-    ``classpath(**kwargs)`` is, if it waits on a signal or on a callback token of that very try;
-    None for other triggers (and for arguments that are not a valid SignalTrigger's or
-    CallbackTrigger's, or a token of another task or try: the triggerer fails those). A token
-    kept from an earlier try would otherwise find that try's answer (kept for its wait) and
-    resume this one with it."""
+def _row(
+    classpath: str,
+    kwargs: Mapping[str, Any],
+    task_instance_id: int,
+    try_number: int,
+    branch: str = "",
+) -> waits.WaitRow | None:
+    """The row a signal or callback wait (its kwargs, values restored) is, or None for
+    arguments that are not a valid SignalTrigger's or CallbackTrigger's, or a token of another
+    task or try (the triggerer fails those). A token kept from an earlier try would otherwise
+    find that try's answer (kept for its wait) and resume this one with it."""
     if classpath == CALLBACK_TRIGGER:
         claim = parse_token(kwargs.get("token"))
         if claim is None or (claim.task_instance_id, claim.try_number) != (
@@ -282,62 +334,147 @@ def wait_of(
             try_number,
         ):
             return None
-        return Wait(claim.key, TOKEN_LIFETIME)  # a callback may come before the deferral
-    if classpath != SIGNAL_TRIGGER:
+        # A callback may come before the deferral.
+        return waits.WaitRow(claim.key, TOKEN_LIFETIME, branch)
+    try:
+        return waits.WaitRow(
+            check_signal_key(kwargs.get("key")),
+            check_lookback(kwargs.get("lookback")),
+            branch,
+            where_predicate(kwargs.get("where")),
+        )
+    except SignalError:
         return None
+
+
+def wait_of(
+    classpath: str,
+    kwargs: Mapping[str, Any],
+    task_instance_id: int,
+    try_number: int,
+    cancel_on: Mapping[str, Any] | None = None,
+    cancel_state: str = "skipped",
+) -> Wait | None:
+    """What a deferral of try ``try_number`` of ``task_instance_id`` to ``classpath(**kwargs)``
+    (serialization's JSON form), with ``cancel_on`` (a SignalTrigger's kwargs, checked when the
+    task deferred), holds as rows: a signal or callback wait, the branches of a composite that
+    need no running code and its timer, the cancel-on. None when nothing is (another trigger
+    without cancel-on; a wait whose arguments are not valid, which the triggerer fails)."""
     try:
         plain = serialization.from_jsonable(dict(kwargs))
-        return Wait(check_signal_key(plain.get("key")), check_lookback(plain.get("lookback")))
-    except (SignalError, SerializationError):
+    except SerializationError:
         return None
+    rows: list[waits.WaitRow] = []
+    timer = None
+    holds = True
+    if classpath in COMPOSITES:
+        for name, branch_classpath, branch_kwargs in plain.get(BRANCHES, ()):
+            kind = branch_kind(branch_classpath, branch_kwargs)
+            if kind in (SIGNAL, CALLBACK):
+                row = _row(branch_classpath, branch_kwargs, task_instance_id, try_number, name)
+                if row is None:
+                    return None
+                rows.append(row)
+            holds = holds and kind != RUNNING
+        timer = waits.timer_of(classpath, plain.get(BRANCHES, ()))
+    elif classpath in (SIGNAL_TRIGGER, CALLBACK_TRIGGER):
+        row = _row(classpath, plain, task_instance_id, try_number)
+        if row is None:
+            return None
+        rows.append(row)
+    else:
+        holds = False
+    if cancel_on is not None:
+        cancel = _row(SIGNAL_TRIGGER, serialization.from_jsonable(dict(cancel_on)), 0, 0)
+        if cancel is not None:
+            rows.append(
+                dataclasses.replace(cancel, branch=waits.CANCEL_BRANCH, cancels=cancel_state)
+            )
+    if not rows and timer is None:
+        return None
+    return Wait(tuple(rows), timer, holds, classpath == ALL_OF)
 
 
-def register_waits(session: Session, cipher: Cipher, waits: Mapping[int, Wait]) -> tuple[int, ...]:
+def register_waits(session: Session, cipher: Cipher, waits_: Mapping[int, Wait]) -> tuple[int, ...]:
     """Record the waits (trigger id -> wait) of tasks just deferred in ``session``'s
-    transaction, whose keys :func:`lock_keys` locked; resume at once those whose lookback holds
-    a signal. Returns the task instances resumed."""
-    if not waits:
+    transaction, whose keys :func:`lock_keys` locked; resume (or cancel) at once those whose
+    lookback holds a signal (that matches their filter). Returns the task instances moved."""
+    waits.register_timers(session, waits_)
+    rows = [(i, row, waits_[i].holds) for i in waits_ for row in waits_[i].rows]
+    if not rows:
         return ()
-    ids = list(waits)
-    keys = {i: waits[i].key for i in ids}
     matches = session.execute(
         _WAIT_SQL,
         {
-            "trigger_ids": ids,
-            "keys": [waits[i].key for i in ids],
-            "lookbacks": [waits[i].lookback for i in ids],
+            "trigger_ids": [i for i, _, _ in rows],
+            "keys": [r.key for _, r, _ in rows],
+            "branches": [r.branch for _, r, _ in rows],
+            "matches": [r.match for _, r, _ in rows],
+            "cancels": [r.cancels for _, r, _ in rows],
+            "holds": [h for _, _, h in rows],
+            "lookbacks": [r.lookback for _, r, _ in rows],
+            "scan": LOOKBACK_SCAN,
         },
     ).all()
-    events = [
-        _signal_event(
-            m.id, m.trigger_id, keys[m.trigger_id], _fired(cipher, keys[m.trigger_id], m.payload)
+    found: dict[tuple[int, str], list[Any]] = {}
+    for m in matches:
+        found.setdefault((m.trigger_id, m.branch), []).append(m)
+    by_place = {(i, r.branch): r for i, r, _ in rows}
+    moved: list[int] = []
+    for (trigger_id, branch), candidates in found.items():
+        row = by_place[(trigger_id, branch)]
+        signal = (
+            candidates[0] if row.match is None else _first_match(session, cipher, row, candidates)
         )
-        for m in matches
-    ]
-    return _resumed(session, cipher, events)
+        if signal is None:
+            continue
+        hit = waits.Hit(trigger_id, branch, row.cancels, waits_[trigger_id].all_of)
+        moved += _apply(session, cipher, signal.id, row.key, signal.payload, [hit])
+    return tuple(moved)
+
+
+def _first_match(
+    session: Session, cipher: Cipher, row: waits.WaitRow, candidates: Sequence[Any]
+) -> Any:
+    """Of the signals (newest first), the first whose payload matches ``row``'s filter,
+    evaluated by PostgreSQL as a send's is; None if none does."""
+    docs = [cipher.decrypt(Purpose.SIGNAL_PAYLOAD, c.payload).decode() for c in candidates]
+    n = session.scalar(_FIRST_MATCH_SQL, {"docs": docs, "match": row.match})
+    return None if n is None else candidates[n - 1]
 
 
 def defer_with_waits(
     session: Session,
     cipher: Cipher,
     deferrals: Sequence[transitions.Deferral],
-    waits: Mapping[int, Wait],
+    waits_: Mapping[int, Wait],
     joined: set[int] | None = None,
 ) -> dict[int, int]:
     """``transitions.defer_many`` (``joined`` as there) for a batch of which some (task instance
-    id -> wait) wait on signals: their keys locked first (a send takes the same lock, then the
-    waiters' rows), then their waits recorded and matched against the lookback. Returns task
+    id -> wait) hold rows: their keys locked first (a send takes the same lock, then the
+    waiters' rows), then their rows recorded and matched against the lookback. Returns task
     instance id -> trigger id for those that moved."""
-    lock_keys(session, [wait.key for wait in waits.values()])
+    lock_keys(session, [row.key for wait in waits_.values() for row in wait.rows])
     moved = transitions.defer_many(session, deferrals, joined)
-    register_waits(session, cipher, {moved[t]: wait for t, wait in waits.items() if t in moved})
+    register_waits(session, cipher, {moved[t]: wait for t, wait in waits_.items() if t in moved})
     return moved
 
 
 def not_a_wait(trigger_id: ColumnExpressionArgument[int | None]) -> ColumnElement[bool]:
-    """True for a deferred task's ``trigger_id`` that is no signal wait: a trigger that must be
-    in a stream (the reconciler's and the doctor's check)."""
-    return ~select(SignalWait.trigger_id).where(SignalWait.trigger_id == trigger_id).exists()
+    """True for a deferred task's ``trigger_id`` that no rows hold (a signal wait, a composite
+    without a running branch): a trigger that must be in a stream (the reconciler's and the
+    doctor's check). A cancel-on or a composite's rows beside a running trigger do not hold it."""
+    held_by_row = (
+        select(SignalWait.trigger_id)
+        .where(SignalWait.trigger_id == trigger_id, SignalWait.holds)
+        .exists()
+    )
+    held_by_timer = (
+        select(WaitTimer.trigger_id)
+        .where(WaitTimer.trigger_id == trigger_id, WaitTimer.holds)
+        .exists()
+    )
+    return ~held_by_row & ~held_by_timer
 
 
 def send(key: str, payload: Any = None) -> SentSignal:

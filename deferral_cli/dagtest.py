@@ -54,6 +54,7 @@ from deferral.runtime.crypto import Cipher
 from deferral.runtime.process import settings_or_exit
 from deferral.states import END_KINDS, FAIL_METHOD, DagRunState, TaskState
 from deferral.store import actions, hitl, liveness, migrate, tasklogs, transitions
+from deferral.store import waits as row_waits
 from deferral.store.tables import DagRun, Scheduler, TaskInstance, TaskStateChange
 from deferral.store.tasklogs import SOURCE_WORKER, NewLine
 from deferral.store.transitions import Attempt, FiredEvent
@@ -247,6 +248,7 @@ class LocalRun(InThisProcess):
             deferred = self._ids(session, TaskState.DEFERRED)
             if deferred:
                 transitions.expire_deferrals(session, self.cipher, among=deferred)
+                row_waits.fire_due_timers(session, self.cipher, among=deferred)
             if self._ids(session, TaskState.AWAITING_INPUT):
                 hitl.expire(session, self.cipher)
             waiting.advance_run(session, run, self.dag, self.settings.max_map_length)
@@ -353,9 +355,7 @@ class LocalRun(InThisProcess):
                 record.succeed_all(session, [(attempt, outcome)])
                 said = "succeeded"
             elif isinstance(outcome, Deferred):
-                wait = signals.wait_of(
-                    outcome.classpath, outcome.trigger_kwargs, ti_id, attempt.try_number
-                )
+                wait = record.wait_of(attempt, outcome)
                 moved = signals.defer_with_waits(
                     session,
                     self.cipher,
@@ -364,9 +364,9 @@ class LocalRun(InThisProcess):
                 )
                 trigger_id = moved.get(ti_id)
                 said = f"deferred to trigger {trigger_id} ({outcome.classpath})"
-                if trigger_id is not None and wait is None:
+                if trigger_id is not None and (wait is None or not wait.holds):
                     self.triggers.start(trigger_id, outcome)
-                elif trigger_id is not None and wait is not None:
+                if trigger_id is not None and wait is not None and wait.key:
                     answer = functools.partial(self._say_how_to_signal, label, wait.key, outcome)
             else:
                 moved_other, said = record.apply_other(session, attempt, outcome)

@@ -67,6 +67,7 @@ from deferral.store import (
     statistics,
     tasklogs,
     transitions,
+    waits,
 )
 from deferral.store.db import make_engine, make_sessionmaker, wait_until_up
 from deferral.store.tables import DagRun, Scheduler, TaskInstance
@@ -272,6 +273,7 @@ class SchedulerService:
             Every(beat, self.heartbeat),
             Every(beat / 4, self._take_over),
             Every(EXPIRE_EVERY_SEC, self.expire_deferrals),
+            Every(EXPIRE_EVERY_SEC, self.fire_wait_timers),
             Every(EXPIRE_EVERY_SEC, self.expire_input_requests),
             Every(EXPIRE_EVERY_SEC, self.record_deadline_misses),
             Every(WAKE_EVERY_SEC, self.wake_due),
@@ -890,6 +892,13 @@ class SchedulerService:
             )
         if dropped:
             log.info("shared trigger(s) %s dropped: their last waiter left", dropped)
+
+    def fire_wait_timers(self) -> None:
+        """Composite waits whose timer is due (deferral.store.waits): a page per call."""
+        with self.sessions.begin() as session:
+            fired = waits.fire_due_timers(session, self.cipher)
+        if fired:
+            log.info("wait timer fired for task instance(s) %s", fired)
 
     def expire_input_requests(self) -> None:
         """Tasks awaiting input whose response timeout passed: their defaults, or a failure."""

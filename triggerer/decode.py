@@ -112,6 +112,8 @@ def _instantiate(spec: TriggerSpec, prefixes: Sequence[str]) -> Decoded:
     try:
         cls = load_trigger_class(spec.classpath, prefixes)
         kwargs = from_jsonable(spec.kwargs)
+        for nested in cls.nested_classpaths(kwargs):
+            load_trigger_class(nested, prefixes)
     except (ValueError, SerializationError) as exc:
         raise RejectedEntry(
             f"rejected trigger {spec.trigger_id}: {exc}", spec.trigger_id, authentic=True

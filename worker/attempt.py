@@ -177,6 +177,11 @@ def _deferral(task: BaseOperator, deferred: TaskDeferred, deadline: dt.datetime 
         classpath, trigger_kwargs = deferred.trigger.serialize()
         checked_trigger = serialization.check_kwargs(trigger_kwargs, "trigger kwargs")
         checked_next = serialization.check_kwargs(deferred.kwargs, "defer kwargs")
+        cancel_on = (
+            None
+            if deferred.cancel_on is None
+            else serialization.check_kwargs(deferred.cancel_on.serialize()[1], "cancel_on")
+        )
     except SerializationError as exc:
         return Failed(f"{where} cannot defer: {exc}", traceback.format_exc(), False)
     except Exception as exc:
@@ -192,7 +197,10 @@ def _deferral(task: BaseOperator, deferred: TaskDeferred, deadline: dt.datetime 
         method_name=deferred.method_name,
         next_kwargs=checked_next,
         trigger_timeout=decide.trigger_timeout(dt.datetime.now(dt.UTC), deferred.timeout, deadline),
-        shared=type(deferred.trigger).shared is True,
+        # A cancel-on is one task's: its trigger is not shared.
+        shared=type(deferred.trigger).shared is True and cancel_on is None,
+        cancel_on=cancel_on,
+        cancel_state=deferred.cancel_state,
     )
 
 

@@ -74,6 +74,9 @@ class Deferred(msgspec.Struct, frozen=True, tag=True):
     trigger_timeout: dt.datetime | None
     # The trigger's class opts in to sharing (BaseTrigger.shared).
     shared: bool = False
+    # defer(cancel_on=): the SignalTrigger's kwargs (to_jsonable form) and the state it ends in.
+    cancel_on: dict[str, Any] | None = None
+    cancel_state: str = "skipped"
 
 
 class Rescheduled(msgspec.Struct, frozen=True, tag=True):

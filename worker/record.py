@@ -10,6 +10,7 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
+from deferral import signals
 from deferral.runtime import serialization
 from deferral.runtime.crypto import Cipher, Purpose
 from deferral.runtime.serialization import SerializationError
@@ -117,6 +118,19 @@ def deferral_of(
             else None
         ),
         far_moment=far_moment,
+    )
+
+
+def wait_of(attempt: Attempt, outcome: Deferred) -> signals.Wait | None:
+    """What of a deferral is held as rows (``signals.wait_of``): a signal or callback wait, a
+    composite's branches, a cancel-on."""
+    return signals.wait_of(
+        outcome.classpath,
+        outcome.trigger_kwargs,
+        attempt.task_instance_id,
+        attempt.try_number,
+        outcome.cancel_on,
+        outcome.cancel_state,
     )
 
 

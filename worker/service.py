@@ -634,15 +634,7 @@ class WorkerService:
         waits = {
             running.attempt.task_instance_id: wait
             for running, outcome in deferrals
-            if (
-                wait := signals.wait_of(
-                    outcome.classpath,
-                    outcome.trigger_kwargs,
-                    running.attempt.task_instance_id,
-                    running.attempt.try_number,
-                )
-            )
-            is not None
+            if (wait := record.wait_of(running.attempt, outcome)) is not None
         }
         joined: set[int] = set()
         moved = signals.defer_with_waits(session, self.cipher, specs, waits, joined)
@@ -654,7 +646,7 @@ class WorkerService:
             if spec.far_moment is not None:
                 said += f"; a far timer, published {horizon} before its moment"
             self._say(running, outcome, trigger_id is not None, said, lines)
-            if trigger_id is None or ti_id in waits or ti_id in joined:
+            if trigger_id is None or (ti_id in waits and waits[ti_id].holds) or ti_id in joined:
                 continue  # a signal wait has no entry; a shared trigger already made has its own
             if spec.far_moment is not None:
                 continue  # a far timer waits as a row: the scheduler publishes it when near

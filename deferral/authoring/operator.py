@@ -469,9 +469,26 @@ class BaseOperator(DependencyMixin, metaclass=_OperatorMeta):
         method_name: str,
         kwargs: dict[str, Any] | None = None,
         timeout: dt.timedelta | None = None,
+        cancel_on: SignalTrigger | None = None,
+        cancel_state: str = "skipped",
     ) -> NoReturn:
-        """Free the worker slot and resume at ``method_name`` when ``trigger`` fires."""
-        raise TaskDeferred(trigger=trigger, method_name=method_name, kwargs=kwargs, timeout=timeout)
+        """Free the worker slot and resume at ``method_name`` when ``trigger`` fires; if a
+        signal matching ``cancel_on`` comes first, the task ends ``cancel_state`` (``"skipped"``
+        or ``"failed"``) instead, and a running trigger's ``on_kill()`` is called."""
+        if cancel_on is not None and type(cancel_on) is not SignalTrigger:
+            raise TypeError(f"cancel_on must be a SignalTrigger, got {type(cancel_on).__name__}")
+        if cancel_state not in ("skipped", "failed"):
+            raise ValueError(
+                f"cancel_state must be 'skipped' or 'failed', got {cancel_state!r:.40}"
+            )
+        raise TaskDeferred(
+            trigger=trigger,
+            method_name=method_name,
+            kwargs=kwargs,
+            timeout=timeout,
+            cancel_on=cancel_on,
+            cancel_state=cancel_state,
+        )
 
     def wait_for_signal(
         self,

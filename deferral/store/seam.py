@@ -10,7 +10,8 @@ running system goes through here, and nothing else of ``deferral.store`` or
   that runs task code installs them here as a ``TaskRuntime`` (``install_task_runtime``) and the
   SDK asks ``task_runtime()``;
 - what a task's context offers: its triggering asset events, its callback token;
-- signals and approvals: their rows, their checks, and the transitions they cause.
+- signals and approvals: their rows, their checks, and the transitions they cause; the waits
+  held as rows (composites, filters, cancel-on) that signals resolve.
 
 A new need of the SDK is added here, by name, so the seam stays the list of what crosses."""
 
@@ -19,7 +20,7 @@ from __future__ import annotations
 import datetime as dt
 from typing import TYPE_CHECKING, Any, Protocol
 
-from deferral.store import transitions
+from deferral.store import transitions, waits
 from deferral.store.asset_events import LazyInletEvents, LazyTriggeringEvents
 from deferral.store.callback_tokens import (
     CALLBACK_KEY_PREFIX,
@@ -38,6 +39,7 @@ from deferral.store.tables import (
     StoredConnection,
     StoredVariable,
     TaskInstance,
+    WaitTimer,
 )
 
 if TYPE_CHECKING:
@@ -59,12 +61,14 @@ __all__ = [
     "TaskInstance",
     "TaskRuntime",
     "TokenRefused",
+    "WaitTimer",
     "check_request",
     "install_task_runtime",
     "metastore",
     "parse_token",
     "task_runtime",
     "transitions",
+    "waits",
 ]
 
 

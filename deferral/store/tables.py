@@ -592,10 +592,37 @@ class SignalWait(Base):
     trigger_id: Mapped[int] = mapped_column(
         BigInteger, ForeignKey("trigger.id", ondelete="CASCADE"), primary_key=True
     )
+    # '' for a plain signal wait; a branch's name in an AnyOf / AllOf; CANCEL_BRANCH for the
+    # ``cancel_on`` of a deferral (deferral.store.waits).
+    branch: Mapped[str] = mapped_column(Text, primary_key=True, server_default="")
     key: Mapped[str] = mapped_column(Text, index=True)
     created_at: Mapped[dt.datetime] = mapped_column(
         Timestamp, server_default=func.clock_timestamp()
     )
+    # The payload filter (``SignalTrigger(where=)``) as a jsonpath predicate, in clear as the key
+    # is; NULL: every signal on the key matches.
+    match: Mapped[str | None] = mapped_column(Text)
+    # Of a cancel-on row: the state its task ends in ('skipped' or 'failed').
+    cancels: Mapped[str | None] = mapped_column(Text)
+    # True when the rows are the whole wait: nothing of it is published to a triggerer.
+    holds: Mapped[bool] = mapped_column(Boolean, server_default=text("true"))
+    # Of an all-of's branch that fired: its payload, sealed as an event.
+    fired: Mapped[str | None] = mapped_column(Text)
+
+
+class WaitTimer(Base):
+    """The one timer of a composite wait held as rows (deferral.store.waits): an any-of's
+    earliest time branch, an all-of's latest. Goes with its trigger row."""
+
+    __tablename__ = "wait_timer"
+
+    trigger_id: Mapped[int] = mapped_column(
+        BigInteger, ForeignKey("trigger.id", ondelete="CASCADE"), primary_key=True
+    )
+    branch: Mapped[str] = mapped_column(Text)
+    due_at: Mapped[dt.datetime] = mapped_column(Timestamp, index=True)
+    # True when the rows are the whole wait (as signal_wait.holds).
+    holds: Mapped[bool] = mapped_column(Boolean, server_default=text("true"))
 
 
 class AssetModel(Base):

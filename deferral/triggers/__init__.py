@@ -1,4 +1,5 @@
 from deferral.triggers.base import BaseTrigger, TriggerEvent
+from deferral.triggers.composite import AllOf, AnyOf
 from deferral.triggers.file import FileTrigger
 from deferral.triggers.http import HttpTrigger
 from deferral.triggers.signal import CallbackTrigger, SignalTrigger
@@ -11,6 +12,8 @@ from deferral.triggers.task_end import (
 from deferral.triggers.temporal import DateTimeTrigger, TimeDeltaTrigger
 
 __all__ = [
+    "AllOf",
+    "AnyOf",
     "BaseTrigger",
     "CallbackTrigger",
     "DateTimeTrigger",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import abc
 import datetime as dt
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from typing import Any, ClassVar
 
 
@@ -56,6 +56,12 @@ class BaseTrigger(abc.ABC):
         running ``run()`` in a task of its own (a small fraction of the memory). None, the
         default: ``run()`` runs."""
         return None
+
+    @classmethod
+    def nested_classpaths(cls, kwargs: Mapping[str, Any]) -> tuple[str, ...]:
+        """The classes this trigger builds and runs from its ``kwargs`` (an ``AnyOf``'s branch
+        that runs): the triggerer allows them as it allows the trigger's own class."""
+        return ()
 
     async def cleanup(self) -> None:  # noqa: B027 - optional hook, empty by default
         """Called after ``run`` ends, however it ends."""

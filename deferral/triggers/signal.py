@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import datetime as dt
+import json
+import math
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -46,6 +48,73 @@ def check_lookback(lookback: object) -> dt.timedelta:
     return lookback
 
 
+# The operators a ``where`` filter may use on a field, and their jsonpath spelling.
+_COMPARISONS = {"==": "==", "!=": "!=", "<": "<", "<=": "<=", ">": ">", ">=": ">="}
+_IN = "in"
+
+
+def _literal(value: object, where: str) -> str:
+    """``value`` as a jsonpath literal: a string, a number, a boolean or null."""
+    if value is None or isinstance(value, bool | str):
+        return json.dumps(value)
+    if isinstance(value, int | float) and math.isfinite(value):
+        return json.dumps(value)
+    raise SignalError(
+        f"where: {where} compares with {type(value).__name__} {value!r:.40}; use a string, a"
+        " number, a boolean or None"
+    )
+
+
+def _path(field: object) -> str:
+    """A field's dotted path (``"customer.tier"``) as a jsonpath accessor."""
+    if not isinstance(field, str) or not field or any(not part for part in field.split(".")):
+        raise SignalError(f"where: field {field!r:.60} is invalid: use a name or a dotted path")
+    return "$" + "".join(f".{json.dumps(part)}" for part in field.split("."))
+
+
+def _condition(field: str, test: object) -> str:
+    path = _path(field)
+    if not isinstance(test, dict):
+        return f"{path} == {_literal(test, repr(field))}"
+    if not test:
+        raise SignalError(f"where: field {field!r:.60} has an empty condition")
+    parts = []
+    for op, operand in test.items():
+        if op == _IN:
+            if not isinstance(operand, list | tuple | set | frozenset) or not operand:
+                raise SignalError(f"where: 'in' of {field!r:.60} needs a non-empty list")
+            choices = " || ".join(f"@ == {_literal(v, repr(field))}" for v in operand)
+            parts.append(f"exists({path} ? ({choices}))")
+        elif op in _COMPARISONS:
+            if op not in ("==", "!=") and (
+                isinstance(operand, bool) or not isinstance(operand, int | float | str)
+            ):
+                raise SignalError(
+                    f"where: {op!r} of {field!r:.60} needs a number or a string, got"
+                    f" {operand!r:.40}"
+                )
+            parts.append(f"{path} {_COMPARISONS[op]} {_literal(operand, repr(field))}")
+        else:
+            known = ", ".join(repr(o) for o in [*_COMPARISONS, _IN])
+            raise SignalError(f"where: unknown operator {op!r:.40} for {field!r:.60} (use {known})")
+    return " && ".join(f"({part})" for part in parts)
+
+
+def where_predicate(where: object) -> str | None:
+    """A ``where`` filter as the jsonpath predicate PostgreSQL evaluates against a signal's
+    payload (``payload @@ predicate``): every field's condition holds. A field is a name or a
+    dotted path into nested objects; its condition a value (equality), or a dict of operators
+    (``==``, ``!=``, ``<``, ``<=``, ``>``, ``>=``, ``in``). None for no filter; SignalError naming
+    what is at fault otherwise."""
+    if where is None:
+        return None
+    if not isinstance(where, dict) or not where:
+        raise SignalError(
+            f"where must be a non-empty dict of field -> condition, got {where!r:.60}"
+        )
+    return " && ".join(f"({_condition(field, test)})" for field, test in where.items())
+
+
 class _RowTrigger(BaseTrigger):
     """A wait kept as a row and resumed by a send: nothing of it runs in a triggerer."""
 
@@ -61,18 +130,29 @@ class _RowTrigger(BaseTrigger):
 
 class SignalTrigger(_RowTrigger):
     """Resumes the task with the payload of the next signal sent to ``key``, or of the latest
-    one sent within ``lookback`` before the task started waiting.
+    one sent within ``lookback`` before the task started waiting; with ``where``, only a signal
+    whose payload matches it (:func:`where_predicate`) counts.
 
     Nothing runs for it in a triggerer: the worker that records the deferral records the wait
     as a row, and ``deferral.signals.send`` resumes the tasks waiting on the key."""
 
-    def __init__(self, key: str, lookback: dt.timedelta = dt.timedelta(0)) -> None:
+    def __init__(
+        self,
+        key: str,
+        lookback: dt.timedelta = dt.timedelta(0),
+        where: dict[str, Any] | None = None,
+    ) -> None:
         super().__init__()
         self.key = check_signal_key(key)
         self.lookback = check_lookback(lookback)
+        where_predicate(where)  # checked now: a bad filter fails the deferral, naming it
+        self.where = where
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
-        return classpath_of(SignalTrigger), {"key": self.key, "lookback": self.lookback}
+        kwargs: dict[str, Any] = {"key": self.key, "lookback": self.lookback}
+        if self.where is not None:  # (left out otherwise: what was serialized before stays equal)
+            kwargs["where"] = self.where
+        return classpath_of(SignalTrigger), kwargs
 
 
 class CallbackTrigger(_RowTrigger):

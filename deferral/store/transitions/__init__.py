@@ -32,12 +32,14 @@ from deferral.store.transitions.awaiting_input import resume_awaiting_input as r
 from deferral.store.transitions.core import MARKS_RUN as MARKS_RUN
 from deferral.store.transitions.core import TI as TI
 from deferral.store.transitions.core import mark_runs as mark_runs
+from deferral.store.transitions.deferrals import CANCELLED_BY as CANCELLED_BY
 from deferral.store.transitions.deferrals import RESUMED_BY_TRIGGER as RESUMED_BY_TRIGGER
 from deferral.store.transitions.deferrals import TIMED_OUT as TIMED_OUT
 from deferral.store.transitions.deferrals import TIMED_OUT_KWARGS as TIMED_OUT_KWARGS
 from deferral.store.transitions.deferrals import Deferral as Deferral
 from deferral.store.transitions.deferrals import FiredEvent as FiredEvent
 from deferral.store.transitions.deferrals import Resumed as Resumed
+from deferral.store.transitions.deferrals import cancel_waiting as cancel_waiting
 from deferral.store.transitions.deferrals import create_trigger as create_trigger
 from deferral.store.transitions.deferrals import defer as defer
 from deferral.store.transitions.deferrals import defer_many as defer_many

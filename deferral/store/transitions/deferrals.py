@@ -8,15 +8,15 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import delete, text
+from sqlalchemy import delete, func, select, text
 from sqlalchemy.orm import Session
 
 from deferral.runtime.crypto import Cipher, Purpose
 from deferral.states import FAIL_METHOD, TaskState
-from deferral.store.tables import Trigger
+from deferral.store.tables import TaskInstance, Trigger
 from deferral.store.tasklogs import NewLine
 from deferral.store.transitions import from_trigger, shared
-from deferral.store.transitions.attempts import Attempt
+from deferral.store.transitions.attempts import _END_OF_ATTEMPT, Attempt
 from deferral.store.transitions.core import _expire_loaded, _move
 
 # Reasons recorded when a task leaves the deferred state; the triggerer reads them to tell why
@@ -414,3 +414,39 @@ def expire_deferrals(
     if among is None:
         return list(session.scalars(_EXPIRE_ALL_SQL, params))
     return list(session.scalars(_EXPIRE_AMONG_SQL, {**params, "among": list(among)}))
+
+
+# The reason a cancel-on records ("cancelled by signal <id> on <key>"): neither a timeout nor a
+# resume to the triggerer (triggerer.decide.cancel_reason), which calls the running trigger's
+# on_kill() as for a user's action.
+CANCELLED_BY = "cancelled by "
+
+
+def cancel_waiting(
+    session: Session, trigger_id: int, to_state: TaskState, reason: str
+) -> list[int]:
+    """deferred -> ``to_state`` (skipped or failed) for the task still deferred on
+    ``trigger_id`` (a cancel-on's event came first), which lets go of its trigger (its rows go
+    with it). Returns the ids moved: none once the task resumed, timed out or was cleared."""
+    waiting = session.scalars(
+        select(TaskInstance.id)
+        .where(TaskInstance.trigger_id == trigger_id, TaskInstance.state == TaskState.DEFERRED)
+        .order_by(TaskInstance.id)
+        .with_for_update()
+    ).all()
+    moved = _move(
+        session,
+        waiting,
+        TaskState.DEFERRED,
+        to_state,
+        f"{CANCELLED_BY}{reason}",
+        fence=[TaskInstance.trigger_id == trigger_id],
+        trigger_id=None,
+        end_date=func.now(),
+        **_END_OF_ATTEMPT,
+    )
+    if moved:
+        session.execute(
+            delete(Trigger).where(Trigger.id == trigger_id, Trigger.share_key.is_(None))
+        )
+    return moved

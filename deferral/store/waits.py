@@ -1,0 +1,310 @@
+"""Waits held as rows (issue 33): the branches of an ``AnyOf`` / ``AllOf`` that need no running
+code, the payload filters of signal waits, and the ``cancel_on`` of a deferral.
+
+A deferral's rows sit beside its trigger row and go with it (``ON DELETE CASCADE``):
+
+- ``signal_wait``: one row per signal or callback the task waits on: ``branch`` '' for a plain
+  ``SignalTrigger``, the branch's name in a composite, :data:`CANCEL_BRANCH` for a cancel-on;
+  ``match`` its filter as a jsonpath predicate that PostgreSQL evaluates against the payload;
+  ``holds`` false when a trigger of the deferral still runs in a triggerer;
+- ``wait_timer``: a composite's one timer, the earliest time branch of an any-of, the latest of
+  an all-of, fired by the scheduler's bounded pass over ``ix_wait_timer_due_at``
+  (:func:`fire_due_timers`).
+
+Whatever resolves a wait (a send, a callback, a lookback, the timer pass) comes here with the
+rows it matched (:class:`Hit`). An any-of resumes through ``transitions.resume_many``, whose
+conditional claim (only a task deferred on the trigger, locked) makes a signal and the timer
+racing on one task resume it once; resuming drops the trigger row, and with it the losing
+branches' rows, in that transaction. An all-of's branch is first recorded as fired (its task
+row locked first, so two branches firing at once are serialized), and the task resumes when no
+branch is left. A cancel-on ends the task (``transitions.cancel_waiting``)."""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import text
+from sqlalchemy.orm import Session
+
+from deferral.runtime import serialization
+from deferral.runtime.crypto import Cipher, Purpose
+from deferral.states import TaskState
+from deferral.store import transitions
+from deferral.triggers.composite import (
+    ALL_OF,
+    BRANCHES,
+    COMPOSITES,
+    TIME,
+    branch_kind,
+    moment_of,
+)
+
+# The branch of a cancel-on row: no branch name can be spelt so.
+CANCEL_BRANCH = "~cancel"
+# The states a cancel-on may end its task in.
+CANCEL_STATES = frozenset({TaskState.SKIPPED, TaskState.FAILED})
+# Composite timers one pass fires at most (the next pass goes on).
+TIMER_PAGE = 1000
+
+
+@dataclass(frozen=True)
+class WaitRow:
+    """One ``signal_wait`` row of a deferral."""
+
+    key: str
+    lookback: dt.timedelta
+    branch: str = ""
+    match: str | None = None  # the filter's jsonpath predicate
+    cancels: str | None = None  # of a cancel-on: the state its task ends in
+
+
+@dataclass(frozen=True)
+class Wait:
+    """What a deferral holds as rows: its ``signal_wait`` rows and its timer (branch, moment);
+    ``holds`` when they are the whole wait (nothing to publish to a triggerer)."""
+
+    rows: tuple[WaitRow, ...]
+    timer: tuple[str, dt.datetime] | None = None
+    holds: bool = True
+    all_of: bool = False
+
+    @property
+    def key(self) -> str:
+        """The first key waited on (what ``dags test`` says to send); '' for timers alone."""
+        return next((row.key for row in self.rows if row.cancels is None), "")
+
+
+def timer_of(
+    classpath: str, branches: Sequence[tuple[str, str, dict[str, Any]]]
+) -> tuple[str, dt.datetime] | None:
+    """A composite's one timer: of its time branches, the earliest for an any-of, the latest
+    for an all-of (it has fired every time branch by then)."""
+    times = [
+        (moment_of(kwargs), name) for name, c, kwargs in branches if branch_kind(c, kwargs) == TIME
+    ]
+    if not times:
+        return None
+    moment, name = max(times) if classpath == ALL_OF else min(times)
+    return name, moment
+
+
+@dataclass(frozen=True)
+class Hit:
+    """A ``signal_wait`` row a signal matched."""
+
+    trigger_id: int
+    branch: str
+    cancels: str | None
+    all_of: bool
+
+
+_INSERT_TIMERS_SQL = text(
+    "INSERT INTO wait_timer (trigger_id, branch, due_at, holds) SELECT * FROM unnest("
+    "CAST(:trigger_ids AS bigint[]), CAST(:branches AS text[]), CAST(:due AS timestamptz[]),"
+    " CAST(:holds AS boolean[]))"
+)
+
+
+def register_timers(session: Session, waits: Mapping[int, Wait]) -> None:
+    """The timers of the composites just deferred (trigger id -> wait)."""
+    timers = {i: (w.timer, w.holds) for i, w in waits.items() if w.timer is not None}
+    if timers:
+        ids = list(timers)
+        session.execute(
+            _INSERT_TIMERS_SQL,
+            {
+                "trigger_ids": ids,
+                "branches": [timers[i][0][0] for i in ids],
+                "due": [timers[i][0][1] for i in ids],
+                "holds": [timers[i][1] for i in ids],
+            },
+        )
+
+
+def apply(
+    session: Session,
+    cipher: Cipher,
+    fired: Sequence[tuple[Hit, transitions.FiredEvent]],
+    cancelled_by: str,
+) -> tuple[int, ...]:
+    """Act on the rows a signal (or callback) matched, each with the event it fires for a plain
+    wait: resume plain waits and any-ofs, record all-of branches (resuming those complete),
+    end the tasks of cancel-ons (reason ``cancelled_by``). Returns the task instances moved."""
+    events: list[transitions.FiredEvent] = []
+    moved: list[int] = []
+    for hit, event in fired:
+        if hit.cancels is not None:
+            continue
+        if hit.branch == "":
+            events.append(event)
+        elif not hit.all_of or event.failed:  # a failed callback fails an all-of at once
+            events.append(_branch_event(cipher, hit.branch, event))
+    moved += _resumed(session, cipher, events)
+    for hit, event in fired:
+        if hit.all_of and hit.branch and hit.cancels is None and not event.failed:
+            moved += _fire_all_of_branch(session, cipher, hit.trigger_id, hit.branch, event)
+    for hit, _ in fired:
+        if hit.cancels is not None:
+            moved += transitions.cancel_waiting(
+                session, hit.trigger_id, TaskState(hit.cancels), cancelled_by
+            )
+    return tuple(moved)
+
+
+def _resumed(
+    session: Session, cipher: Cipher, events: Sequence[transitions.FiredEvent]
+) -> list[int]:
+    return [ti_id for r in transitions.resume_many(session, events, cipher) for ti_id in r.ids()]
+
+
+def _value(cipher: Cipher, event: transitions.FiredEvent) -> Any:
+    """An event's payload as a value (a signal's travels sealed)."""
+    if event.sealed_payload is not None:
+        return cipher.open(Purpose.EVENT, event.sealed_payload)
+    return event.payload
+
+
+def _branch_event(
+    cipher: Cipher, branch: str, event: transitions.FiredEvent
+) -> transitions.FiredEvent:
+    """The event an any-of resumes with when ``branch`` fires ``event``."""
+    if event.failed:
+        return event
+    return transitions.FiredEvent(
+        event.dedup_key,
+        event.trigger_id,
+        False,
+        {"fired": branch, "payload": _value(cipher, event)},
+    )
+
+
+_LOCK_WAITER_SQL = text(
+    "SELECT id FROM task_instance WHERE trigger_id = :trigger_id AND state = 'deferred'"
+    " ORDER BY id FOR UPDATE"
+)
+_MARK_FIRED_SQL = text(
+    "UPDATE signal_wait SET fired = :fired"
+    " WHERE trigger_id = :trigger_id AND branch = :branch AND fired IS NULL"
+)
+_LEFT_SQL = text(
+    """
+    SELECT (SELECT count(*) FROM signal_wait
+            WHERE trigger_id = :trigger_id AND cancels IS NULL AND fired IS NULL)
+         + (SELECT count(*) FROM wait_timer
+            WHERE trigger_id = :trigger_id AND due_at > now()) AS left,
+        (SELECT kwargs FROM trigger WHERE id = :trigger_id) AS kwargs
+    """
+)
+_FIRED_SQL = text(
+    "SELECT branch, fired FROM signal_wait WHERE trigger_id = :trigger_id AND fired IS NOT NULL"
+)
+
+
+def _fire_all_of_branch(
+    session: Session,
+    cipher: Cipher,
+    trigger_id: int,
+    branch: str,
+    event: transitions.FiredEvent,
+) -> list[int]:
+    """Record ``branch`` of the all-of on ``trigger_id`` as fired (its first payload kept), then
+    resume the task if no branch is left."""
+    if not session.execute(_LOCK_WAITER_SQL, {"trigger_id": trigger_id}).first():
+        return []  # resumed, cleared or timed out meanwhile
+    sealed = event.sealed_payload or cipher.seal(Purpose.EVENT, event.payload, "event")
+    session.execute(_MARK_FIRED_SQL, {"fired": sealed, "trigger_id": trigger_id, "branch": branch})
+    return _complete_all_of(session, cipher, trigger_id)
+
+
+def _branches(cipher: Cipher, kwargs_token: str) -> list[tuple[str, str, dict[str, Any]]]:
+    """A composite's branches, from its trigger row's sealed kwargs."""
+    plain = serialization.from_jsonable(
+        serialization.decode(cipher.decrypt(Purpose.TRIGGER_KWARGS, kwargs_token))
+    )
+    return [(name, classpath, kwargs) for name, classpath, kwargs in plain[BRANCHES]]
+
+
+def _moment(cipher: Cipher, kwargs_token: str, branch: str) -> dt.datetime:
+    """The moment of a composite's time branch (what a DateTimeTrigger fires with)."""
+    return next(moment_of(k) for n, _, k in _branches(cipher, kwargs_token) if n == branch)
+
+
+def _complete_all_of(session: Session, cipher: Cipher, trigger_id: int) -> list[int]:
+    """Resume the all-of on ``trigger_id`` (its task row locked) if every branch has fired."""
+    left = session.execute(_LEFT_SQL, {"trigger_id": trigger_id}).one()
+    if left.left or left.kwargs is None:
+        return []
+    fired = {
+        row.branch: cipher.open(Purpose.EVENT, row.fired)
+        for row in session.execute(_FIRED_SQL, {"trigger_id": trigger_id})
+    }
+    names, payloads = [], {}
+    for name, classpath, kwargs in _branches(cipher, left.kwargs):
+        names.append(name)
+        payloads[name] = (
+            moment_of(kwargs) if branch_kind(classpath, kwargs) == TIME else fired[name]
+        )
+    event = transitions.FiredEvent(
+        f"allof:{trigger_id}", trigger_id, False, {"fired": names, "payloads": payloads}
+    )
+    return _resumed(session, cipher, [event])
+
+
+# The composite timers due, earliest first (ix_wait_timer_due_at), with their waiting tasks
+# locked first, as every resume locks them (those a send holds are skipped: the next pass
+# finds them again if they still wait).
+_DUE_SQL = """
+    SELECT w.trigger_id, w.branch, t.classpath, t.kwargs
+    FROM wait_timer AS w
+    JOIN task_instance AS ti ON ti.trigger_id = w.trigger_id AND ti.state = 'deferred'
+    JOIN trigger AS t ON t.id = w.trigger_id
+    WHERE w.due_at <= now() {among}
+    ORDER BY w.due_at
+    LIMIT :limit
+    FOR UPDATE OF ti SKIP LOCKED
+    """
+_DUE_ALL_SQL = text(_DUE_SQL.format(among=""))
+_DUE_AMONG_SQL = text(_DUE_SQL.format(among="AND ti.id = ANY(CAST(:among AS bigint[]))"))
+_DROP_TIMERS_SQL = text("DELETE FROM wait_timer WHERE trigger_id = ANY(CAST(:ids AS bigint[]))")
+
+
+def fire_due_timers(
+    session: Session,
+    cipher: Cipher,
+    limit: int = TIMER_PAGE,
+    among: Collection[int] | None = None,
+) -> list[int]:
+    """Fire the composite timers due (at most ``limit``; of the tasks ``among`` these ids, if
+    given, as ``expire_deferrals`` takes them): an any-of resumes with its time branch, an
+    all-of counts its time branches fired and resumes if nothing else is left. Returns the task
+    instances resumed."""
+    if among is None:
+        due = list(session.execute(_DUE_ALL_SQL, {"limit": limit}))
+    else:
+        due = list(session.execute(_DUE_AMONG_SQL, {"limit": limit, "among": list(among)}))
+    if not due:
+        return []
+    events = [
+        transitions.FiredEvent(
+            f"timer:{row.trigger_id}",
+            row.trigger_id,
+            False,
+            {"fired": row.branch, "payload": _moment(cipher, row.kwargs, row.branch)},
+        )
+        for row in due
+        if row.classpath != ALL_OF
+    ]
+    resumed = _resumed(session, cipher, events)
+    all_of = [row.trigger_id for row in due if row.classpath == ALL_OF]
+    if all_of:
+        session.execute(_DROP_TIMERS_SQL, {"ids": all_of})
+        for trigger_id in all_of:
+            resumed += _complete_all_of(session, cipher, trigger_id)
+    return resumed
+
+
+def is_composite(classpath: str) -> bool:
+    return classpath in COMPOSITES

@@ -1,0 +1,176 @@
+"""The authoring side of composite waits (issue 33): ``where`` filters compiled to jsonpath and
+refused with one line naming the fault, ``AnyOf`` / ``AllOf`` built, serialized and rebuilt,
+their one timer, and ``defer(cancel_on=)`` checked at defer time."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+import pytest
+
+from deferral.exceptions import TaskDeferred
+from deferral.operators import EmptyOperator
+from deferral.runtime import serialization
+from deferral.store import waits
+from deferral.triggers import (
+    AllOf,
+    AnyOf,
+    CallbackTrigger,
+    DateTimeTrigger,
+    HttpTrigger,
+    SignalTrigger,
+    TimeDeltaTrigger,
+)
+from deferral.triggers.signal import SignalError, where_predicate
+from triggerer.decode import load_trigger_class
+
+MOMENT = dt.datetime(2030, 1, 1, tzinfo=dt.UTC)
+
+
+@pytest.mark.parametrize(
+    ("where", "predicate"),
+    [
+        ({"status": "paid"}, '($."status" == "paid")'),
+        (
+            {"status": "paid", "amount": {">=": 100}},
+            '($."status" == "paid") && (($."amount" >= 100))',
+        ),
+        ({"customer.tier": {"!=": None}}, '(($."customer"."tier" != null))'),
+        ({"n": {">": 1, "<": 2.5}}, '(($."n" > 1) && ($."n" < 2.5))'),
+        ({"s": {"in": ["a", 1, True]}}, '((exists($."s" ? (@ == "a" || @ == 1 || @ == true))))'),
+        ({'we"ird': 1}, '($."we\\"ird" == 1)'),
+    ],
+)
+def test_where_compiles_to_a_jsonpath_predicate(where: dict[str, Any], predicate: str) -> None:
+    assert where_predicate(where) == predicate
+
+
+@pytest.mark.parametrize(
+    ("where", "said"),
+    [
+        ({"amount": {"~": 1}}, "where: unknown operator '~' for 'amount'"),
+        ({"amount": {"like": "x"}}, "where: unknown operator 'like' for 'amount'"),
+        ({"amount": {">=": [1]}}, "where: '>=' of 'amount' needs a number or a string"),
+        ({"amount": {">": True}}, "where: '>' of 'amount' needs a number or a string"),
+        ({"s": {"in": []}}, "where: 'in' of 's' needs a non-empty list"),
+        ({"s": {"in": "ab"}}, "where: 'in' of 's' needs a non-empty list"),
+        ({"s": {}}, "where: field 's' has an empty condition"),
+        ({"s": [1, 2]}, "where: 's' compares with list"),
+        ({"s": float("nan")}, "where: 's' compares with float"),
+        ({"a..b": 1}, "where: field 'a..b' is invalid"),
+        ({"": 1}, "where: field '' is invalid"),
+        ({}, "where must be a non-empty dict"),
+        (["status"], "where must be a non-empty dict"),
+    ],
+)
+def test_bad_where_is_one_line_naming_the_fault(where: Any, said: str) -> None:
+    with pytest.raises(SignalError) as raised:
+        SignalTrigger("key", where=where)
+    assert str(raised.value).startswith(said)
+    assert "\n" not in str(raised.value)
+
+
+def test_signal_trigger_without_where_serializes_as_before() -> None:
+    assert SignalTrigger("k").serialize()[1] == {"key": "k", "lookback": dt.timedelta(0)}
+    assert SignalTrigger("k", where={"a": 1}).serialize()[1]["where"] == {"a": 1}
+
+
+def _rebuilt(trigger: AnyOf | AllOf) -> AnyOf | AllOf:
+    """As the triggerer or the store rebuilds it: from its JSON form."""
+    classpath, kwargs = trigger.serialize()
+    jsonable = serialization.check_kwargs(kwargs)
+    cls = load_trigger_class(classpath, ["deferral"])
+    return cls(**serialization.from_jsonable(jsonable))  # type: ignore[return-value]
+
+
+def test_composites_serialize_their_named_branches_in_order() -> None:
+    trigger = AnyOf(
+        paid=SignalTrigger("p", where={"ok": True}),
+        timeout=DateTimeTrigger(MOMENT),
+    )
+    rebuilt = _rebuilt(trigger)
+    assert isinstance(rebuilt, AnyOf)
+    assert rebuilt.serialize() == trigger.serialize()
+    assert [name for name, _, _ in rebuilt.branches] == ["paid", "timeout"]
+    assert rebuilt.running is None
+
+
+@pytest.mark.parametrize(
+    ("build", "said"),
+    [
+        (lambda: AnyOf(), "AnyOf needs at least one named branch"),
+        (lambda: AnyOf(branches=SignalTrigger("x")), "branch name 'branches' is reserved"),
+        (lambda: AnyOf(_x=SignalTrigger("x")), "branch name '_x' is invalid"),
+        (lambda: AnyOf(a="x"), "branch 'a' is 'x', not a trigger"),
+        (lambda: AnyOf(a=AllOf(b=SignalTrigger("x"))), "branch 'a' is a AllOf: composites do"),
+        (
+            lambda: AllOf(poll=HttpTrigger("http://h/x"), s=SignalTrigger("x")),
+            "AllOf branch 'poll' must run in a triggerer: only an AnyOf may hold one",
+        ),
+        (
+            lambda: AnyOf(a=HttpTrigger("http://h/x"), b=HttpTrigger("http://h/y")),
+            "AnyOf branches 'a' and 'b' both must run in a triggerer: at most one may",
+        ),
+    ],
+)
+def test_bad_composites_are_one_line_naming_the_fault(build: Any, said: str) -> None:
+    with pytest.raises(SignalError) as raised:
+        build()
+    assert str(raised.value).startswith(said)
+
+
+def test_an_any_of_may_hold_one_running_branch_the_triggerer_checks() -> None:
+    trigger = AnyOf(poll=HttpTrigger("http://h/x"), stop=SignalTrigger("stop"))
+    assert trigger.running == "poll"
+    _, kwargs = trigger.serialize()
+    assert AnyOf.nested_classpaths(kwargs) == ("deferral.triggers.http.HttpTrigger",)
+    assert SignalTrigger.nested_classpaths({}) == ()
+
+
+def test_one_timer_the_earliest_of_an_any_of_the_latest_of_an_all_of() -> None:
+    later = MOMENT + dt.timedelta(hours=1)
+    for cls, expected in ((AnyOf, ("first", MOMENT)), (AllOf, ("second", later))):
+        trigger = cls(
+            first=DateTimeTrigger(MOMENT),
+            second=TimeDeltaTrigger(moment=later),
+            s=SignalTrigger("x"),
+        )
+        classpath, kwargs = trigger.serialize()
+        assert waits.timer_of(classpath, kwargs["branches"]) == expected
+    classpath, kwargs = AnyOf(s=SignalTrigger("x")).serialize()
+    assert waits.timer_of(classpath, kwargs["branches"]) is None
+
+
+def test_callback_branch_is_a_row_branch() -> None:
+    trigger = AnyOf(cb=CallbackTrigger(token="t.1.2.3.4"))
+    assert trigger.running is None
+
+
+class _Task(EmptyOperator):
+    pass
+
+
+def test_cancel_on_is_checked_at_defer_time() -> None:
+    task = _Task(task_id="t")
+    with pytest.raises(TaskDeferred) as deferred:
+        task.defer(
+            trigger=DateTimeTrigger(MOMENT),
+            method_name="execute",
+            cancel_on=SignalTrigger("stop"),
+            cancel_state="failed",
+        )
+    assert deferred.value.cancel_state == "failed"
+    with pytest.raises(TypeError, match="cancel_on must be a SignalTrigger, got DateTimeTrigger"):
+        task.defer(
+            trigger=DateTimeTrigger(MOMENT), method_name="x", cancel_on=DateTimeTrigger(MOMENT)
+        )  # type: ignore[arg-type]
+    with pytest.raises(
+        ValueError, match="cancel_state must be 'skipped' or 'failed', got 'success'"
+    ):
+        task.defer(
+            trigger=DateTimeTrigger(MOMENT),
+            method_name="x",
+            cancel_on=SignalTrigger("stop"),
+            cancel_state="success",
+        )
