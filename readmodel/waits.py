@@ -14,6 +14,7 @@ from deferral.states import TaskState
 from deferral.store import liveness
 from deferral.store.actions import ti_label
 from deferral.store.tables import SignalWait, TaskInstance, TaskStateChange, Trigger, Triggerer
+from deferral.triggers.composite import ALL_OF, ANY_OF
 from deferral.triggers.signal import CALLBACK_TRIGGER, SIGNAL_TRIGGER
 from readmodel.pages import decode, encode
 from readmodel.records import db_now, seconds_between
@@ -29,13 +30,19 @@ DEFERRED_COUNTED_AT_MOST = 10_000
 EXPIRY_SOON_FRACTION = 0.2
 EXPIRY_SOON_CAP_SEC = 300.0
 
-RowWait = Literal["signal", "callback"]
+RowWait = Literal["signal", "callback", "composite"]
 
-_ROW_WAITS: dict[str, RowWait] = {SIGNAL_TRIGGER: "signal", CALLBACK_TRIGGER: "callback"}
+_ROW_WAITS: dict[str, RowWait] = {
+    SIGNAL_TRIGGER: "signal",
+    CALLBACK_TRIGGER: "callback",
+    ANY_OF: "composite",
+    ALL_OF: "composite",
+}
 
 
 def row_wait_of(classpath: str | None) -> RowWait | None:
-    """ "signal" or "callback" for a trigger class whose waits a send resumes (no triggerer
+    """ "signal", "callback" or "composite" for a trigger class whose waits a send (or the
+    scheduler's timer pass) resumes (no triggerer
     ever picks them up, so "not picked up yet" would be a false alarm); None for others."""
     return _ROW_WAITS.get(classpath or "")
 
@@ -51,6 +58,8 @@ def how_to_resume(wait: RowWait, key: str | None) -> str:
     """One line telling a reader what resumes the task."""
     if wait == "callback":
         return "a POST of its answer to its callback URL (POST /api/v1/callbacks/<token>)"
+    if wait == "composite":
+        return "its branches: signals or callbacks on its keys, and its timer (docs/waits.md)"
     return f"a signal sent to key {key!r} (`deferral signals send {key} --payload JSON`)"
 
 

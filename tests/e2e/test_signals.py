@@ -1,5 +1,6 @@
 """Signals and callbacks through real processes, with no triggerer running: a wait costs a
-row, the send resumes it, the scheduler queues it, the worker finishes it."""
+row, the send resumes it, the scheduler queues it, the worker finishes it. The last test starts
+a triggerer: composite waits beside a trigger that must run."""
 
 from __future__ import annotations
 
@@ -17,7 +18,9 @@ from deferral.store.callback_tokens import read_token
 from deferral.store.metastore import metastore
 from deferral.store.tables import TaskInstance
 from deferral.store.xcom import DatabaseXComs
+from deferral_cli.embedded import free_port
 from tests.e2e.conftest import Services, shared_stack_fixtures
+from tests.e2e.test_metrics import scrape, value
 from tests.helpers import wait_for
 
 pytestmark = pytest.mark.e2e
@@ -96,3 +99,141 @@ def test_signal_and_callback_resume_tasks_without_a_triggerer(
     )
     assert xcoms.pull("e2e_signals", "r1", "signal", "return_value", None) == {"n": 1}
     assert xcoms.pull("e2e_signals", "r1", "callback", "return_value", None) == {"answered": "ok"}
+
+
+COMPOSITE_TRIGGERS = """
+import anyio
+from deferral.triggers import BaseTrigger, TriggerEvent
+
+
+class Forever(BaseTrigger):
+    def __init__(self, killed_file):
+        super().__init__()
+        self.killed_file = killed_file
+
+    def serialize(self):
+        return "e2e_composite_triggers.Forever", {"killed_file": self.killed_file}
+
+    async def run(self):
+        await anyio.sleep_forever()
+        yield TriggerEvent(None)
+
+    async def on_kill(self):
+        with open(self.killed_file, "w") as f:
+            f.write("killed")
+"""
+
+COMPOSITE_DAGS = """
+import datetime as dt
+
+from deferral import DAG, BaseOperator
+from deferral.triggers import AllOf, AnyOf, SignalTrigger, TimeDeltaTrigger
+from e2e_composite_triggers import Forever
+
+
+class Waits(BaseOperator):
+    def __init__(self, make, cancel_on=None, **kwargs):
+        super().__init__(**kwargs)
+        self.make, self.cancel_on = make, cancel_on
+
+    def execute(self, context):
+        self.defer(trigger=self.make(), method_name="done", cancel_on=self.cancel_on)
+
+    def done(self, context, event):
+        return event
+
+
+with DAG("e2e_composite"):
+    Waits(
+        task_id="any_signal",
+        make=lambda: AnyOf(
+            signal=SignalTrigger("e2e-any"), timeout=TimeDeltaTrigger(dt.timedelta(hours=1))
+        ),
+    )
+    Waits(
+        task_id="any_timeout",
+        make=lambda: AnyOf(
+            signal=SignalTrigger("e2e-never"), timeout=TimeDeltaTrigger(dt.timedelta(seconds=3))
+        ),
+    )
+    Waits(
+        task_id="all_of",
+        make=lambda: AllOf(
+            a=SignalTrigger("e2e-a", where={{"ok": True}}), b=SignalTrigger("e2e-b")
+        ),
+    )
+    Waits(
+        task_id="cancelled",
+        make=lambda: Forever({killed!r}),
+        cancel_on=SignalTrigger("e2e-cancel", where={{"order": {{"in": [1, 2]}}}}),
+    )
+"""
+
+
+def test_composite_waits_run_nothing_and_cancel_on_kills_the_running_trigger(
+    services: Services,
+    sessions: sessionmaker[Session],
+    write_dag: Callable[[str, str], Path],
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+) -> None:
+    """Issue 33 through real processes: an any-of resumed by its signal, another timed out
+    into its default by the scheduler's timer, an all-of after its two (filtered) signals, and a
+    task on a running trigger cancelled by a matching signal (skipped, on_kill called). While
+    they wait, the triggerer runs one trigger: the one that must run."""
+    killed = tmp_path / "killed"
+    write_dag("e2e_composite_triggers", COMPOSITE_TRIGGERS)
+    write_dag("e2e_composite", COMPOSITE_DAGS.format(killed=str(killed)))
+    for name in ("DEFERRAL_DATABASE_URL", "DEFERRAL_FERNET_KEY"):
+        monkeypatch.setenv(name, services.env[name])
+    port = free_port()
+    services.start(
+        "triggerer",
+        "--metrics-port",
+        str(port),
+        env={"DEFERRAL_TRIGGER_MODULES": "deferral.triggers,e2e_composite_triggers"},
+    )
+    wait_for(
+        lambda: services.run("dags", "trigger", "e2e_composite", "--run-id", "c1").returncode == 0,
+        timeout=120,
+        what="the DAG to be parsed and triggered",
+    )
+    tasks = ("any_signal", "all_of", "cancelled")
+    wait_for(
+        lambda: all(_state(sessions, t) == "deferred" for t in tasks),
+        timeout=120,
+        what="the tasks to defer",
+    )
+    running = wait_for(
+        lambda: (s := scrape(port)) and value(s, "deferral_triggers_running") == 1,
+        timeout=60,
+        what="the triggerer to run the one trigger that must run",
+    )
+    assert running
+    for key, payload in (("e2e-a", '{"ok": false}'), ("e2e-b", '"b"'), ("e2e-cancel", "3")):
+        sent = services.run("signals", "send", key, "--payload", payload)
+        assert sent.returncode == 0 and "0 task(s) resumed" in sent.stdout, sent.stderr
+    assert signals.send("e2e-any", {"n": 1}).resumed
+    assert signals.send("e2e-a", {"ok": True}).resumed
+    assert signals.send("e2e-cancel", {"order": 2}).resumed
+    wait_for(lambda: killed.exists(), timeout=60, what="the running trigger's on_kill")
+    wait_for(
+        lambda: (
+            [_state(sessions, t) for t in ("any_signal", "any_timeout", "all_of", "cancelled")]
+            == ["success", "success", "success", "skipped"]
+        ),
+        timeout=120,
+        what="the composites to resume and the cancelled task to be skipped",
+    )
+    xcoms = DatabaseXComs(sessions)
+    assert xcoms.pull("e2e_composite", "c1", "any_signal", "return_value", None) == {
+        "fired": "signal",
+        "payload": {"n": 1},
+    }
+    timed_out = xcoms.pull("e2e_composite", "c1", "any_timeout", "return_value", None)
+    assert timed_out["fired"] == "timeout"
+    assert xcoms.pull("e2e_composite", "c1", "all_of", "return_value", None) == {
+        "fired": ["a", "b"],
+        "payloads": {"a": {"ok": True}, "b": "b"},
+    }
+    assert "cancelled (reason: user_action)" in services.log("triggerer")
