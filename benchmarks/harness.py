@@ -153,9 +153,11 @@ class Stack:
         redis_url: str = REDIS_URL,
         stream_shards: int | None = None,
         extra_env: dict[str, str] | None = None,
+        prefix: str = "deferral_bench",
     ) -> None:
-        """``extra_env``: more DEFERRAL_* settings for every service started."""
-        self.name = f"deferral_bench_{uuid.uuid4().hex[:8]}"
+        """``extra_env``: more DEFERRAL_* settings for every service started; ``prefix``: of
+        the database's and stream prefix's name."""
+        self.name = f"{prefix}_{uuid.uuid4().hex[:8]}"
         self.redis_url = redis_url
         self.stream_shards = stream_shards  # None: the URL's default
         self.keep = keep

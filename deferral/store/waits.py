@@ -253,17 +253,29 @@ def _complete_all_of(session: Session, cipher: Cipher, trigger_id: int) -> list[
     return _resumed(session, cipher, [event])
 
 
-# The composite timers due, earliest first (ix_wait_timer_due_at), with their waiting tasks
-# locked first, as every resume locks them (those a send holds are skipped: the next pass
-# finds them again if they still wait).
+# The composite timers due, a page of them earliest first (ix_wait_timer_due_at), then their
+# waiting tasks locked, as every resume locks them first (those a send holds are skipped: the
+# next pass finds them again if they still wait). A timer whose trigger no task waits on any
+# more (its run deleted, say) is deleted here, so no page is ever full of timers nobody waits
+# for.
 _DUE_SQL = """
-    SELECT w.trigger_id, w.branch, t.classpath, t.kwargs
-    FROM wait_timer AS w
-    JOIN task_instance AS ti ON ti.trigger_id = w.trigger_id AND ti.state = 'deferred'
-    JOIN trigger AS t ON t.id = w.trigger_id
-    WHERE w.due_at <= now() {among}
-    ORDER BY w.due_at
-    LIMIT :limit
+    WITH due AS MATERIALIZED (
+        SELECT trigger_id, branch FROM wait_timer
+        WHERE due_at <= now()
+        ORDER BY due_at
+        LIMIT :limit
+    ), unwaited AS (
+        DELETE FROM wait_timer AS w USING due
+        WHERE w.trigger_id = due.trigger_id AND NOT EXISTS (
+            SELECT FROM task_instance AS ti
+            WHERE ti.trigger_id = due.trigger_id AND ti.state = 'deferred')
+    )
+    SELECT due.trigger_id, due.branch, t.classpath, t.kwargs
+    FROM due
+    JOIN task_instance AS ti ON ti.trigger_id = due.trigger_id AND ti.state = 'deferred'
+    JOIN trigger AS t ON t.id = due.trigger_id
+    WHERE true {among}
+    ORDER BY ti.id
     FOR UPDATE OF ti SKIP LOCKED
     """
 _DUE_ALL_SQL = text(_DUE_SQL.format(among=""))

@@ -353,19 +353,27 @@ def test_cancel_on_before_the_main_event_ends_the_task_and_kills_its_trigger(
 def test_cancel_on_after_the_timer_does_nothing(
     settings: Settings, sessions: sessionmaker[Session], cipher: Cipher
 ) -> None:
-    (task,) = _running(sessions, 1)
+    """The timer first: the cancel signal finds nothing. (And a timer whose task no longer
+    waits on its trigger, here moved away behind the store's back, is dropped by the pass.)"""
+    task, gone = _running(sessions, 2)
     _defer(
         sessions,
         cipher,
-        [(task, AnyOf(timeout=TimeDeltaTrigger(SOON)))],
+        [(task, AnyOf(timeout=TimeDeltaTrigger(SOON))), (gone, AnyOf(t=TimeDeltaTrigger(SOON)))],
         cancel_on=SignalTrigger("stop"),
     )
-    assert _fire_timers(sessions, cipher, [task]) == [task]
+    with sessions.begin() as session:
+        session.execute(
+            text("UPDATE task_instance SET state = 'success' WHERE id = :id"), {"id": gone}
+        )
+    assert _fire_timers(sessions, cipher, [task, gone]) == [task]
     assert signals.send("stop", None).resumed == ()
     assert _states(sessions, [task]) == {task: TaskState.SCHEDULED}
     assert _resumes(sessions, [task]) == {task: 1}
     with sessions() as session:
-        assert session.scalar(select(func.count()).select_from(SignalWait)) == 0
+        assert session.scalar(select(func.count()).select_from(WaitTimer)) == 0
+        # The moved task's cancel-on row stays with its trigger row, which nothing resumes.
+        assert session.scalar(select(func.count()).select_from(SignalWait)) == 1
 
 
 def test_event_sealed_as_the_task_opens_it(

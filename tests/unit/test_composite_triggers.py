@@ -5,10 +5,13 @@ their one timer, and ``defer(cancel_on=)`` checked at defer time."""
 from __future__ import annotations
 
 import datetime as dt
-from typing import Any
+from collections.abc import AsyncIterator
+from typing import Any, ClassVar
 
+import anyio
 import pytest
 
+from broker.streams import TriggerSpec
 from deferral.exceptions import TaskDeferred
 from deferral.operators import EmptyOperator
 from deferral.runtime import serialization
@@ -22,8 +25,9 @@ from deferral.triggers import (
     SignalTrigger,
     TimeDeltaTrigger,
 )
+from deferral.triggers.base import BaseTrigger, TriggerEvent
 from deferral.triggers.signal import SignalError, where_predicate
-from triggerer.decode import load_trigger_class
+from triggerer.decode import RejectedEntry, _instantiate
 
 MOMENT = dt.datetime(2030, 1, 1, tzinfo=dt.UTC)
 
@@ -76,12 +80,12 @@ def test_signal_trigger_without_where_serializes_as_before() -> None:
     assert SignalTrigger("k", where={"a": 1}).serialize()[1]["where"] == {"a": 1}
 
 
-def _rebuilt(trigger: AnyOf | AllOf) -> AnyOf | AllOf:
-    """As the triggerer or the store rebuilds it: from its JSON form."""
+def _rebuilt(trigger: AnyOf | AllOf, prefixes: tuple[str, ...] = ("deferral", __name__)) -> Any:
+    """As the triggerer builds it from its entry (``triggerer.decode``: its class and the
+    nested ones checked against the allowed modules)."""
     classpath, kwargs = trigger.serialize()
-    jsonable = serialization.check_kwargs(kwargs)
-    cls = load_trigger_class(classpath, ["deferral"])
-    return cls(**serialization.from_jsonable(jsonable))  # type: ignore[return-value]
+    spec = TriggerSpec(5, classpath, serialization.check_kwargs(kwargs), 1, "t")
+    return _instantiate(spec, list(prefixes)).trigger
 
 
 def test_composites_serialize_their_named_branches_in_order() -> None:
@@ -174,3 +178,50 @@ def test_cancel_on_is_checked_at_defer_time() -> None:
             cancel_on=SignalTrigger("stop"),
             cancel_state="success",
         )
+
+
+class Ready(BaseTrigger):
+    """A trigger that must run: fires at once with its value; records its hooks."""
+
+    calls: ClassVar[list[str]] = []
+
+    def __init__(self, value: int) -> None:
+        super().__init__()
+        self.value = value
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        return f"{__name__}.Ready", {"value": self.value}
+
+    async def run(self) -> AsyncIterator[TriggerEvent]:
+        yield TriggerEvent(self.value)
+
+    async def cleanup(self) -> None:
+        Ready.calls.append("cleanup")
+
+    async def on_kill(self) -> None:
+        Ready.calls.append("on_kill")
+
+
+def test_an_any_of_runs_its_running_branch_and_names_it_in_the_event() -> None:
+    """In a triggerer (rebuilt from its kwargs, the nested class allowed), an AnyOf runs the
+    branch that must run, and its event says which branch fired; on_kill reaches that branch."""
+    trigger = _rebuilt(AnyOf(poll=Ready(7), stop=SignalTrigger("stop")))
+
+    async def scenario() -> list[TriggerEvent]:
+        events = [event async for event in trigger.run()]
+        await trigger.on_kill()
+        return events
+
+    assert anyio.run(scenario) == [TriggerEvent({"fired": "poll", "payload": 7})]
+    assert Ready.calls == ["cleanup", "on_kill"]
+    with pytest.raises(RejectedEntry, match="Ready' is outside DEFERRAL_TRIGGER_MODULES"):
+        _rebuilt(AnyOf(poll=Ready(7)), ("deferral",))
+
+
+def test_an_any_of_with_no_running_branch_refuses_to_run() -> None:
+    async def scenario() -> None:
+        async for _ in AnyOf(s=SignalTrigger("x")).run():
+            pass
+
+    with pytest.raises(SignalError, match="AnyOf waits are resumed by signals"):
+        anyio.run(scenario)
