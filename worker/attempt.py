@@ -48,6 +48,7 @@ from deferral.store.metastore import metastore
 from deferral.store.transitions import has_tries_left
 from deferral.store.xcom import RETURN_VALUE, DatabaseXComs, stored_value
 from deferral.triggers.base import BaseTrigger
+from deferral.triggers.signal import check_cancel_on
 from deferral.utils.email import failure_alert
 from worker import decide
 from worker.outcomes import (
@@ -173,6 +174,10 @@ def _deferral(task: BaseOperator, deferred: TaskDeferred, deadline: dt.datetime 
         return Failed(f"{where} deferred to a method it lacks: {deferred.method_name!r}", "", False)
     if deferred.timeout is not None and not isinstance(deferred.timeout, dt.timedelta):
         return Failed(f"{where} deferred with a timeout that is not a timedelta", "", False)
+    try:
+        check_cancel_on(deferred.cancel_on, deferred.cancel_state)
+    except (TypeError, ValueError) as exc:
+        return Failed(f"{where} cannot defer: {exc}", "", False)
     try:
         classpath, trigger_kwargs = deferred.trigger.serialize()
         checked_trigger = serialization.check_kwargs(trigger_kwargs, "trigger kwargs")

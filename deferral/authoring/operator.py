@@ -29,7 +29,7 @@ from deferral.states import FAIL_METHOD
 from deferral.timezone import make_aware, standard_timedelta
 from deferral.trigger_rules import TriggerRule
 from deferral.triggers.base import BaseTrigger
-from deferral.triggers.signal import SignalTrigger
+from deferral.triggers.signal import SignalTrigger, check_cancel_on
 from deferral.triggers.task_end import StartTriggerArgs, start_trigger
 from deferral.utils.task_group import TaskGroup
 from deferral.xcom_arg import XComArg, find_runtime_args
@@ -475,12 +475,7 @@ class BaseOperator(DependencyMixin, metaclass=_OperatorMeta):
         """Free the worker slot and resume at ``method_name`` when ``trigger`` fires; if a
         signal matching ``cancel_on`` comes first, the task ends ``cancel_state`` (``"skipped"``
         or ``"failed"``) instead, and a running trigger's ``on_kill()`` is called."""
-        if cancel_on is not None and type(cancel_on) is not SignalTrigger:
-            raise TypeError(f"cancel_on must be a SignalTrigger, got {type(cancel_on).__name__}")
-        if cancel_state not in ("skipped", "failed"):
-            raise ValueError(
-                f"cancel_state must be 'skipped' or 'failed', got {cancel_state!r:.40}"
-            )
+        check_cancel_on(cancel_on, cancel_state)
         raise TaskDeferred(
             trigger=trigger,
             method_name=method_name,

@@ -36,7 +36,6 @@ from deferral.store import transitions
 from deferral.triggers.composite import (
     ALL_OF,
     BRANCHES,
-    COMPOSITES,
     TIME,
     branch_kind,
     moment_of,
@@ -44,8 +43,6 @@ from deferral.triggers.composite import (
 
 # The branch of a cancel-on row: no branch name can be spelt so.
 CANCEL_BRANCH = "~cancel"
-# The states a cancel-on may end its task in.
-CANCEL_STATES = frozenset({TaskState.SKIPPED, TaskState.FAILED})
 # Composite timers one pass fires at most (the next pass goes on).
 TIMER_PAGE = 1000
 
@@ -316,7 +313,3 @@ def fire_due_timers(
         for trigger_id in all_of:
             resumed += _complete_all_of(session, cipher, trigger_id)
     return resumed
-
-
-def is_composite(classpath: str) -> bool:
-    return classpath in COMPOSITES

@@ -115,6 +115,19 @@ def where_predicate(where: object) -> str | None:
     return " && ".join(f"({_condition(field, test)})" for field, test in where.items())
 
 
+# The states a cancel-on may end its task in.
+CANCEL_STATES = ("skipped", "failed")
+
+
+def check_cancel_on(cancel_on: object, cancel_state: object) -> None:
+    """A deferral's ``cancel_on`` (None, or a SignalTrigger itself) and ``cancel_state``
+    (skipped or failed); TypeError / ValueError naming the fault."""
+    if cancel_on is not None and type(cancel_on) is not SignalTrigger:
+        raise TypeError(f"cancel_on must be a SignalTrigger, got {type(cancel_on).__name__}")
+    if cancel_state not in CANCEL_STATES:
+        raise ValueError(f"cancel_state must be 'skipped' or 'failed', got {cancel_state!r:.40}")
+
+
 class _RowTrigger(BaseTrigger):
     """A wait kept as a row and resumed by a send: nothing of it runs in a triggerer."""
 

@@ -28,6 +28,8 @@ from deferral.triggers import (
 from deferral.triggers.base import BaseTrigger, TriggerEvent
 from deferral.triggers.signal import SignalError, where_predicate
 from triggerer.decode import RejectedEntry, _instantiate
+from worker import attempt
+from worker.outcomes import Deferred, Failed
 
 MOMENT = dt.datetime(2030, 1, 1, tzinfo=dt.UTC)
 
@@ -225,3 +227,34 @@ def test_an_any_of_with_no_running_branch_refuses_to_run() -> None:
 
     with pytest.raises(SignalError, match="AnyOf waits are resumed by signals"):
         anyio.run(scenario)
+
+
+def test_a_task_deferred_raised_by_hand_is_checked_by_the_task_process() -> None:
+    """TaskDeferred raised directly (not through defer()) with a bad cancel-on fails the
+    attempt naming it, as a bad trigger does; a good one travels as the trigger's kwargs."""
+    task = _Task(task_id="t")
+    bad = TaskDeferred(
+        trigger=DateTimeTrigger(MOMENT),
+        method_name="execute",
+        cancel_on=SignalTrigger("stop"),
+        cancel_state="success",
+    )
+    failed = attempt._deferral(task, bad, None)
+    assert isinstance(failed, Failed)
+    assert failed.error == (
+        "task 't' cannot defer: cancel_state must be 'skipped' or 'failed', got 'success'"
+    )
+    good = TaskDeferred(
+        trigger=DateTimeTrigger(MOMENT),
+        method_name="execute",
+        cancel_on=SignalTrigger("stop", where={"a": 1}),
+    )
+    deferred = attempt._deferral(task, good, None)
+    assert isinstance(deferred, Deferred)
+    assert deferred.cancel_on is not None
+    assert serialization.from_jsonable(deferred.cancel_on) == {
+        "key": "stop",
+        "lookback": dt.timedelta(0),
+        "where": {"a": 1},
+    }
+    assert deferred.shared is False  # a time trigger, but a cancel-on is one task's
