@@ -350,6 +350,29 @@ def test_cancel_on_before_the_main_event_ends_the_task_and_kills_its_trigger(
     assert decide.cancel_reason(trigger_id, cancel_state, None, reason) == decide.USER_ACTION
 
 
+def test_cancel_on_before_a_timer_skips_the_task_and_its_event_then_does_nothing(
+    settings: Settings, sessions: sessionmaker[Session], cipher: Cipher
+) -> None:
+    """A task waiting on a near timer (published to a triggerer) is skipped by its cancel
+    signal; the timer's event, when the triggerer fires it,
+    finds no task waiting (stale)."""
+    (task,) = _running(sessions, 1)
+    found = _defer(
+        sessions, cipher, [(task, TimeDeltaTrigger(SOON))], cancel_on=SignalTrigger("halt")
+    )
+    wait = found[task]
+    assert wait is not None and not wait.holds
+    with sessions() as session:
+        trigger_id = session.scalar(select(TaskInstance.trigger_id).where(TaskInstance.id == task))
+    assert signals.send("halt", "stop it").resumed == (task,)
+    assert _states(sessions, [task]) == {task: TaskState.SKIPPED}
+    assert trigger_id is not None
+    with sessions.begin() as session:
+        fired = transitions.FiredEvent(f"timer-event:{trigger_id}", trigger_id, False, "moment")
+        assert transitions.resume(session, fired, cipher).outcome == "stale"
+    assert _states(sessions, [task]) == {task: TaskState.SKIPPED}
+
+
 def test_cancel_on_after_the_timer_does_nothing(
     settings: Settings, sessions: sessionmaker[Session], cipher: Cipher
 ) -> None:
