@@ -230,9 +230,9 @@ def test_the_worker_publishes_one_entry_and_the_triggerer_holds_one_trigger(
     outcome = _deferred(moment=dt.datetime.now(dt.UTC) + dt.timedelta(days=1))
     batch = worker_batch(worker, [(ti, outcome) for ti in ti_ids])
     with sessions.begin() as session:
-        staged = worker._defer_many(session, batch[:30], [])
+        staged = worker.recorder.defer_many(session, batch[:30], [])
     with sessions.begin() as session:
-        staged += worker._defer_many(session, batch[30:], [])
+        staged += worker.recorder.defer_many(session, batch[30:], [])
     outbox.flush(sessions, broker, staged)
     assert broker.redis.xlen(broker.keys.triggers) == 1
     assert set(_states(sessions, ti_ids).values()) == {"deferred"}
