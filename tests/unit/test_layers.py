@@ -8,7 +8,9 @@ the CLI nor a service; the web UI imports no service and nothing of the CLI;
 ``deferral_healthcheck`` imports no project package (it runs in a container's healthcheck, beside
 any process); ``migrations`` imports only the store.
 
-Inside a service, no class is over 400 lines (split by job into modules of its package).
+Inside a service, no class is over 400 lines (split by job into modules of its package), and
+what every service does (consumers, registration, poison entries) is written once, in
+``broker/service.py``.
 
 Inside the core: the authoring SDK (the public modules at ``deferral/``'s root and its public
 packages, and ``deferral/authoring/``) reaches the store and DAG loading through one seam,
@@ -289,4 +291,27 @@ def test_no_service_class_is_over_the_bound() -> None:
                 size = node.end_lineno - node.lineno + 1
                 if size > MAX_SERVICE_CLASS_LINES:
                     offences.append(f"{module}.{node.name}: {size} lines")
+    assert offences == []
+
+
+# What every service does is written once, in broker/service.py (broker/DECISIONS.md 32): a
+# service that writes one of these calls again has a copy of the skeleton.
+SKELETON_CALLS = (
+    "StreamConsumer(",
+    "Quarantine(",
+    "liveness.heartbeat(",
+    ".exhausted(",
+    ".exhausted_reason(",
+    "wait_until_up(",
+)
+
+
+def test_the_services_share_one_skeleton() -> None:
+    offences = [
+        f"{path.relative_to(ROOT)} calls {call}"
+        for package in sorted(SERVICES)
+        for _, path in _sources(package)
+        for call in SKELETON_CALLS
+        if call in path.read_text()
+    ]
     assert offences == []
