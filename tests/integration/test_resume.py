@@ -19,7 +19,8 @@ from deferral.states import FAIL_METHOD, TaskState
 from deferral.store import tasklogs, transitions
 from deferral.store.tables import ResumeEvent, TaskInstance, TaskStateChange, Trigger
 from deferral.store.transitions import deferrals
-from scheduler.service import DEFAULT_MAX_ACTIVE_TASKS, SchedulerService
+from scheduler.dispatch import DEFAULT_MAX_ACTIVE_TASKS
+from scheduler.service import SchedulerService
 from tests.integration.factories import deferred_task, running_task
 from tests.servers import REDIS_URL
 from triggerer.events import event_message, failure_message
@@ -50,7 +51,7 @@ def _scheduler(settings: Settings, broker: Broker, name: str = "s1") -> Schedule
 
 
 def _drain(service: SchedulerService) -> None:
-    while service.apply_events(block_ms=None):
+    while service.events.apply(block_ms=None):
         pass
 
 

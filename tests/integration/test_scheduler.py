@@ -93,7 +93,7 @@ def _step(service: SchedulerService) -> None:
     """The scheduler's loop without its periodic work or events, but for waking retries."""
     service.start_queued_runs()
     service.evaluate_marked_runs()
-    service.wake_due()
+    service.housekeeping.wake_due()
     service.dispatch_scheduled()
 
 
@@ -354,9 +354,9 @@ def _two_schedulers_queue_at_once(
 
     def dispatch(service: SchedulerService, session: Session, task_id: str) -> None:
         if path == "dispatch":
-            service._dispatch(session)
+            service.dispatcher.scheduled(session)
         else:
-            service._dispatch_resumed(session, [ids[task_id]])
+            service.dispatcher.resumed(session, [ids[task_id]])
 
     def second_dispatches() -> None:
         with sessions.begin() as session:
@@ -530,17 +530,17 @@ def test_an_event_entry_that_makes_the_reader_raise_is_dead_lettered_alone(
     broker: Broker,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from scheduler import service as scheduler_service
+    from scheduler import events
 
     def read(cipher: object, fields: dict[bytes, bytes]) -> object:
         raise RecursionError("maximum recursion depth exceeded")
 
-    monkeypatch.setattr(scheduler_service, "read_event", read)
+    monkeypatch.setattr(events, "read_event", read)
     service = _scheduler(settings)
     service.consumer.start()
     odd = broker.redis.xadd(broker.keys.events, {"odd": "entry"}).decode()
     try:
-        assert service.apply_events(block_ms=None) == 0
+        assert service.events.apply(block_ms=None) == 0
     finally:
         service.broker.close()
     (dead,) = broker.xrange(broker.keys.dead)

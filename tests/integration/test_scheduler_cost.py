@@ -22,7 +22,7 @@ from deferral.runtime.crypto import Cipher
 from deferral.store import statistics
 from deferral.store.db import make_engine, make_sessionmaker
 from deferral.store.tables import TaskInstance
-from scheduler import dagruns
+from scheduler import dagruns, housekeeping
 from scheduler import service as scheduler_service
 from scheduler.service import SchedulerService
 from tests.conftest import fresh_database
@@ -375,7 +375,7 @@ def test_no_pass_reads_the_waiting_runs(
     does after bulk changes."""
     settings = own_database
     monkeypatch.setattr(scheduler_service, "EVENT_BLOCK_MS", 1)  # no event comes
-    monkeypatch.setattr(scheduler_service, "UNWAITED_PAGE", 20)
+    monkeypatch.setattr(housekeeping, "UNWAITED_PAGE", 20)
     write_dag("waiting", WAITING_DAG)
     sessions = make_sessionmaker(make_engine(settings.database_url))
     _waiting_runs(sessions, first=1, count=10)

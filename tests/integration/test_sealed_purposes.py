@@ -37,6 +37,7 @@ from deferral.store.tables import Signal, TaskInstance
 from tests.integration.factories import DAG_ID, deferred_task
 from tests.integration.test_dead_letters import run
 from triggerer.service import TriggererService
+from triggerer.starting import Starter
 
 FILE_TRIGGER = "deferral.triggers.file.FileTrigger"
 TASK = f"{DAG_ID}.r1.t"
@@ -81,7 +82,7 @@ def _one_read(settings: Settings, broker: Broker) -> TriggererService:
 
     async def read() -> None:
         async with anyio.create_task_group() as tasks:
-            await service._start_all(tasks, service.consumer.poll(10))
+            await service.starter.start_all(tasks, service.consumer.poll(10))
             tasks.cancel_scope.cancel()
 
     anyio.run(read)
@@ -230,10 +231,10 @@ def test_when_postgresql_cannot_check_a_batch_none_of_it_starts(
     message = _entry(cipher, ti_id, trigger_id)
     entry_id = broker.publish(broker.keys.triggers, message)
 
-    def unreachable(self: TriggererService, specs: object) -> None:
+    def unreachable(self: Starter, specs: object) -> None:
         raise OperationalError("SELECT", {}, Exception("connection refused"))
 
-    monkeypatch.setattr(TriggererService, "_trigger_rows", unreachable)
+    monkeypatch.setattr(Starter, "_trigger_rows", unreachable)
     service = _one_read(settings, broker)
 
     assert service.held == {}

@@ -28,6 +28,7 @@ from tests.integration.factories import WORKER, running_task, worker_batch
 from tests.servers import REDIS_URL
 from triggerer.events import event_message
 from triggerer.service import TriggererService
+from triggerer.unwanted import unwanted
 from worker import record
 from worker.outcomes import Deferred
 from worker.service import WorkerService
@@ -177,7 +178,7 @@ def test_a_waiter_that_leaves_does_not_cancel_the_others_and_the_last_one_drops_
     with sessions.begin() as session:
         assert transitions.drop_unwaited(session) == ([], 0)
     assert _trigger_count(sessions) == 1
-    assert triggerer._unwanted([trigger_id], [ti_ids[0]]) == {}
+    assert unwanted(triggerer.sessions, [trigger_id], [ti_ids[0]]) == {}
     assert _states(sessions, ti_ids[1:3]) == {ti_ids[1]: "deferred", ti_ids[2]: "deferred"}
     with sessions() as session:
         expired = session.get(TaskInstance, ti_ids[3])
@@ -188,7 +189,7 @@ def test_a_waiter_that_leaves_does_not_cancel_the_others_and_the_last_one_drops_
         for ti_id in ti_ids[1:3]:
             ti = session.get(TaskInstance, ti_id)
             assert ti is not None and transitions.mark(session, ti, TaskState.SUCCESS)
-    assert list(triggerer._unwanted([trigger_id], [ti_ids[0]])) == [trigger_id]
+    assert list(unwanted(triggerer.sessions, [trigger_id], [ti_ids[0]])) == [trigger_id]
     with sessions.begin() as session:
         assert transitions.drop_unwaited(session) == ([trigger_id], 0)
     assert _trigger_count(sessions) == 0
@@ -230,9 +231,9 @@ def test_the_worker_publishes_one_entry_and_the_triggerer_holds_one_trigger(
     outcome = _deferred(moment=dt.datetime.now(dt.UTC) + dt.timedelta(days=1))
     batch = worker_batch(worker, [(ti, outcome) for ti in ti_ids])
     with sessions.begin() as session:
-        staged = worker._defer_many(session, batch[:30], [])
+        staged = worker.recorder.defer_many(session, batch[:30], [])
     with sessions.begin() as session:
-        staged += worker._defer_many(session, batch[30:], [])
+        staged += worker.recorder.defer_many(session, batch[30:], [])
     outbox.flush(sessions, broker, staged)
     assert broker.redis.xlen(broker.keys.triggers) == 1
     assert set(_states(sessions, ti_ids).values()) == {"deferred"}
@@ -243,7 +244,7 @@ def test_the_worker_publishes_one_entry_and_the_triggerer_holds_one_trigger(
 
     async def one_read() -> None:
         async with anyio.create_task_group() as tasks:
-            await triggerer._start_all(tasks, triggerer.consumer.poll(100, None))
+            await triggerer.starter.start_all(tasks, triggerer.consumer.poll(100, None))
             tasks.cancel_scope.cancel()
 
     anyio.run(one_read)

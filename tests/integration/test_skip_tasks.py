@@ -110,7 +110,9 @@ def test_the_worker_skips_with_the_success_and_only_if_the_success_moved(
     worker: WorkerService, sessions: sessionmaker[Session]
 ) -> None:
     ids = _run(sessions, "r1")
-    worker._record([(_running(worker, ids["branch[-1]"], "0-1"), Succeeded("a", ("b", "c")))])
+    worker.recorder.record(
+        [(_running(worker, ids["branch[-1]"], "0-1"), Succeeded("a", ("b", "c")))]
+    )
     states = _states(sessions, "r1")
     assert (states["branch[-1]"], states["b[-1]"], states["c[-1]"]) == (
         "success",
@@ -124,6 +126,6 @@ def test_the_worker_skips_with_the_success_and_only_if_the_success_moved(
     with sessions.begin() as session:
         attempt = Attempt(ids["branch[-1]"], 1, "w")
         transitions.fail(session, attempt, "worker died", allow_retry=False)
-    worker._record([(_running(worker, ids["branch[-1]"], "0-2"), Succeeded("a", ("b",)))])
+    worker.recorder.record([(_running(worker, ids["branch[-1]"], "0-2"), Succeeded("a", ("b",)))])
     states = _states(sessions, "r3")
     assert (states["branch[-1]"], states["b[-1]"]) == ("failed", "none")

@@ -182,7 +182,7 @@ def test_a_task_starts_in_the_triggerer_with_no_free_slot_and_ends_there(
     assert broker.redis.xlen(broker.keys.queue("default")) == 0
 
     _fire_the_trigger(settings, cipher, broker)
-    while service.apply_events(block_ms=None):
+    while service.events.apply(block_ms=None):
         pass
     service.dispatch_scheduled()  # the pool is full: a resumed task stays scheduled
 
@@ -241,7 +241,7 @@ def test_a_task_end_event_with_a_bad_payload_fails_its_task_saying_why(
         cipher, trigger_id, f"{trigger_id}:bad", "task_success", '"not xcoms"', "t1"
     )
     broker.publish(broker.keys.events, message)
-    while service.apply_events(block_ms=None):
+    while service.events.apply(block_ms=None):
         pass
     with sessions() as session:
         ti = session.get(TaskInstance, ti_id)

@@ -27,7 +27,7 @@ from deferral.store.tasklogs import SOURCE_TRIGGERER, NewLine
 from deferral.triggers import BaseTrigger, TriggerEvent
 from tests.integration.factories import deferred_task
 from triggerer.decode import Decoded
-from triggerer.events import Outcome
+from triggerer.events import Outcome, first_event
 from triggerer.service import Held, TriggererService
 
 
@@ -70,11 +70,11 @@ def _failure_text(outcome: Outcome) -> str:
 def test_a_run_that_is_not_an_async_generator_fails_saying_so(
     settings: Settings, trigger: BaseTrigger, said: str
 ) -> None:
-    service = TriggererService(settings, capacity=10, name="t1")
     held = Held(7, Entry("s", "1-0", {}), None, "d.r.t", 1, 1)
+    cipher = Cipher(settings.fernet_keys)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # "coroutine ... was never awaited" would be one
-        outcome = anyio.run(service._first_event, trigger, held)
+        outcome = anyio.run(first_event, cipher, "t1", trigger, held.trigger_id, held.log_ids())
     assert _failure_text(outcome) == (
         f"trigger 7 {said}: it must be an async generator that yields TriggerEvent"
     )
@@ -109,7 +109,7 @@ def test_an_unexpected_error_around_a_trigger_fails_its_task_and_retires_its_ent
     spec = TriggerSpec(trigger_id, classpath, {}, ti_id, "d.r.t", 1)
 
     # The first attempt to queue the event fails (as any bug in the triggerer's own code could).
-    send: Callable[[Held, Outcome], None] = service._send
+    send: Callable[[Held, Outcome], None] = service.publisher.send
     calls: list[Outcome] = []
 
     def send_failing_once(held: Held, outcome: Outcome) -> None:
@@ -118,13 +118,13 @@ def test_an_unexpected_error_around_a_trigger_fails_its_task_and_retires_its_ent
             raise RuntimeError("queueing broke")
         send(held, outcome)
 
-    monkeypatch.setattr(service, "_send", send_failing_once)
+    monkeypatch.setattr(service.publisher, "send", send_failing_once)
 
     async def run() -> None:
         held = Held(trigger_id, delivery.entry, anyio.CancelScope(), "d.r.t", ti_id, 1)
         service.held[trigger_id] = held
-        await service._run_trigger(held, Decoded(spec, Fires()))
-        await service._flush_outgoing()
+        await service.runner.run(held, Decoded(spec, Fires()))
+        await service.publisher.flush()
 
     anyio.run(run)
     [(_, flat)] = broker.redis.xrange(broker.keys.events)
@@ -144,13 +144,13 @@ def test_the_runner_of_started_triggers_is_written_with_the_next_task_log_lines(
     ti_id, trigger_id = deferred_task(sessions, cipher)
     gone = trigger_id + 1000  # fired and deleted before the batch: nothing to write
     service = TriggererService(settings, capacity=10, name="t1")
-    service.owned = [trigger_id, gone]
+    service.task_logs.owned = [trigger_id, gone]
     line = NewLine(ti_id, 1, dt.datetime.now(dt.UTC), SOURCE_TRIGGERER, "trigger started")
-    service.task_log._queued.append(line)
+    service.task_logs.handler._queued.append(line)
 
-    anyio.run(service._store_task_logs)
+    anyio.run(service.task_logs.store_all)
 
-    assert service.owned == []
+    assert service.task_logs.owned == []
     with sessions() as session:
         assert session.get_one(Trigger, trigger_id).triggerer_id == "t1"
         assert [ln.text for ln in tasklogs.read_lines(session, ti_id, 1)] == ["trigger started"]
@@ -162,12 +162,12 @@ def test_the_runner_of_started_triggers_is_kept_while_postgres_fails(
     settings: Settings, cipher: Cipher, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     service = TriggererService(settings, capacity=10, name="t1")
-    service.owned = [3, 4]
+    service.task_logs.owned = [3, 4]
 
     def down(*args: Any) -> None:
         raise OperationalError("UPDATE trigger", {}, Exception("server closed the connection"))
 
-    monkeypatch.setattr(service, "_store_lines", down)
-    service.owned.append(5)  # started meanwhile
-    anyio.run(service._store_task_logs)
-    assert service.owned == [3, 4, 5]
+    monkeypatch.setattr(service.task_logs, "_store_lines", down)
+    service.task_logs.owned.append(5)  # started meanwhile
+    anyio.run(service.task_logs.store_all)
+    assert service.task_logs.owned == [3, 4, 5]

@@ -45,15 +45,15 @@ def test_a_fired_triggers_lines_travel_with_its_event(
     held = Held(trigger_id, entry, None, "d.r.t", ti_id, 1)
     service.held[trigger_id] = held
     logger = logging.getLogger("deferral.triggerer")
-    logger.addHandler(service.task_log)
+    logger.addHandler(service.task_logs.handler)
     level = logger.level
     logger.setLevel(logging.INFO)
     try:
         logger.info("for another try", extra=log_ids(task_instance_id=ti_id + 1, try_number=1))
-        service._send(held, event_outcome(cipher, trigger_id, "done", "t1"))
-        anyio.run(service._flush_outgoing)
+        service.publisher.send(held, event_outcome(cipher, trigger_id, "done", "t1"))
+        anyio.run(service.publisher.flush)
     finally:
-        logger.removeHandler(service.task_log)
+        logger.removeHandler(service.task_logs.handler)
         logger.setLevel(level)
 
     [(_, flat)] = broker.redis.xrange(broker.keys.events)
@@ -65,7 +65,7 @@ def test_a_fired_triggers_lines_travel_with_its_event(
     ]
     with sessions() as session:
         assert tasklogs.read_lines(session, ti_id, 1) == []  # stored by whoever applies it
-    assert [line.text for line in service.task_log.take()] == [
+    assert [line.text for line in service.task_logs.handler.take()] == [
         "INFO deferral.triggerer: for another try"
     ]
 
@@ -84,12 +84,12 @@ def test_a_timers_event_is_built_when_it_is_held_and_published_as_built(
 
     async def hold_then_fire() -> None:
         async with anyio.create_task_group() as tasks:
-            await service._start_all(tasks, service.consumer.poll(1))
+            await service.starter.start_all(tasks, service.consumer.poll(1))
             tasks.cancel_scope.cancel()
         held = service.held[trigger_id]
         assert held.event is not None  # built at hold time, a day before its moment
-        service._timer_fired(held)  # as the timer does at the moment
-        await service._flush_outgoing()
+        service.runner.timer_fired(held)  # as the timer does at the moment
+        await service.publisher.flush()
 
     anyio.run(hold_then_fire)
     built = event_outcome(cipher, trigger_id, moment, "t1").message

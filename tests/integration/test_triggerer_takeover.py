@@ -163,7 +163,7 @@ def test_a_republished_entry_stays_held_when_retiring_the_older_one_fails(
     async def read_both() -> None:
         async with anyio.create_task_group() as tasks:
             for _ in range(2):
-                await service._start_all(tasks, service.consumer.poll(1))
+                await service.starter.start_all(tasks, service.consumer.poll(1))
             tasks.cancel_scope.cancel()
 
     monkeypatch.setattr(service.consumer, "retire", failing)
@@ -171,7 +171,7 @@ def test_a_republished_entry_stays_held_when_retiring_the_older_one_fails(
     assert service.held[trigger_id].entry.id == newer
     assert service.consumer.holds(newer)
     monkeypatch.setattr(service.consumer, "retire", retire)
-    anyio.run(service._flush_outgoing)
+    anyio.run(service.publisher.flush)
     assert not service.consumer.holds(older)
     assert [e.id for e in broker.xrange(stream)] == [newer]
 
@@ -196,7 +196,7 @@ def test_a_republished_entry_read_while_its_cancelled_trigger_unwinds_is_run(
         service.held[tid] = held
         ending.append(held)
         async with anyio.create_task_group() as tasks:
-            await service._start_all(tasks, service.consumer.poll(1))
+            await service.starter.start_all(tasks, service.consumer.poll(1))
             tasks.cancel_scope.cancel()
 
     anyio.run(read)

@@ -40,11 +40,11 @@ def test_a_recorded_success_wakes_a_scheduler_and_a_dropped_one_does_not(
     stale = running_task(sessions, run_id="r0")
     with sessions.begin() as session:  # its attempt is no longer this worker's to end
         transitions.fail(session, Attempt(stale, 1, WORKER), "lease lost", allow_retry=False)
-    worker._record([(_running(worker, stale, "0-1"), Succeeded(None))])
+    worker.recorder.record([(_running(worker, stale, "0-1"), Succeeded(None))])
     assert worker.broker.xrange(events) == []
 
     ti_id = running_task(sessions, run_id="r1")
-    worker._record([(_running(worker, ti_id, "0-2"), Succeeded(None))])
+    worker.recorder.record([(_running(worker, ti_id, "0-2"), Succeeded(None))])
     (entry,) = worker.broker.xrange(events)
     assert is_wake(entry.fields)
 
@@ -54,7 +54,7 @@ def test_a_recorded_reschedule_frees_a_slot_and_wakes_a_scheduler(
 ) -> None:
     ti_id = running_task(sessions, run_id="r2")
     later = dt.datetime.now(dt.UTC) + dt.timedelta(minutes=1)
-    worker._record([(_running(worker, ti_id, "0-3"), Rescheduled(later))])
+    worker.recorder.record([(_running(worker, ti_id, "0-3"), Rescheduled(later))])
     (entry,) = worker.broker.xrange(worker.keys.events)
     assert is_wake(entry.fields)
 
@@ -66,13 +66,13 @@ def test_a_scheduler_retires_a_wake_without_waiting_for_events(settings: Setting
     scheduler.broker.publish(scheduler.keys.events, WAKE)
 
     started = time.monotonic()
-    assert scheduler.apply_events(block_ms=30_000) == 0
+    assert scheduler.events.apply(block_ms=30_000) == 0
     # Returned on the wake, not after the 30 s wait: the next loop evaluates marked runs.
     assert time.monotonic() - started < 25
     assert scheduler.broker.pending(scheduler.keys.events, GROUP_SCHEDULERS).count == 0
     assert scheduler.broker.xrange(scheduler.keys.events) == []  # retired, not kept
     assert scheduler.broker.xrange(scheduler.keys.dead) == []  # and not a bad event
-    assert scheduler.unapplied == []
+    assert scheduler.events.unapplied == []
     scheduler.broker.close()
 
 
@@ -94,9 +94,9 @@ def test_events_read_with_a_wake_whose_retirement_fails_are_applied_next(
 
     monkeypatch.setattr(scheduler.consumer, "retire", failing)
     with pytest.raises(redis.ConnectionError):
-        scheduler.apply_events(block_ms=10)
+        scheduler.events.apply(block_ms=10)
     monkeypatch.setattr(scheduler.consumer, "retire", retire)
-    scheduler.apply_events(block_ms=10)
+    scheduler.events.apply(block_ms=10)
     # The event was handled (a bad one: dead-lettered), not kept held by this scheduler.
     assert not scheduler.consumer.holds(event_id)
     assert [

@@ -8,6 +8,10 @@ the CLI nor a service; the web UI imports no service and nothing of the CLI;
 ``deferral_healthcheck`` imports no project package (it runs in a container's healthcheck, beside
 any process); ``migrations`` imports only the store.
 
+Inside a service, no class is over 400 lines (split by job into modules of its package), and
+what every service does (consumers, registration, poison entries) is written once, in
+``broker/service.py``.
+
 Inside the core: the authoring SDK (the public modules at ``deferral/``'s root and its public
 packages, and ``deferral/authoring/``) reaches the store and DAG loading through one seam,
 ``deferral.store.seam``; and no module of the core imports, however late, a module that imports
@@ -268,3 +272,46 @@ def test_a_literal_import_module_counts_as_an_import(tmp_path: Path) -> None:
     names = imported_names(source, "probe")
     assert {"deferral.loading.dagbag", "deferral.store.tables"} <= names
     assert "deferral.store.db" not in names
+
+
+# A service class does one job's worth: a larger one is split by job into modules of its
+# package (the scheduler's dispatch, events and housekeeping; the worker's recording; the
+# triggerer's starter, runner, publisher, timers, task log store and unwanted sweep), the parts
+# every service shares being broker.service's.
+MAX_SERVICE_CLASS_LINES = 400
+
+
+def test_no_service_class_is_over_the_bound() -> None:
+    offences = []
+    for package in sorted(SERVICES):
+        for module, path in _sources(package):
+            for node in ast.walk(ast.parse(path.read_text(), str(path))):
+                if not isinstance(node, ast.ClassDef) or node.end_lineno is None:
+                    continue
+                size = node.end_lineno - node.lineno + 1
+                if size > MAX_SERVICE_CLASS_LINES:
+                    offences.append(f"{module}.{node.name}: {size} lines")
+    assert offences == []
+
+
+# What every service does is written once, in broker/service.py (broker/DECISIONS.md 32): a
+# service that writes one of these calls again has a copy of the skeleton.
+SKELETON_CALLS = (
+    "StreamConsumer(",
+    "Quarantine(",
+    "liveness.heartbeat(",
+    ".exhausted(",
+    ".exhausted_reason(",
+    "wait_until_up(",
+)
+
+
+def test_the_services_share_one_skeleton() -> None:
+    offences = [
+        f"{path.relative_to(ROOT)} calls {call}"
+        for package in sorted(SERVICES)
+        for _, path in _sources(package)
+        for call in SKELETON_CALLS
+        if call in path.read_text()
+    ]
+    assert offences == []

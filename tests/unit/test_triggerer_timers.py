@@ -9,7 +9,8 @@ import anyio
 import anyio.lowlevel
 
 from broker.replies import Entry
-from triggerer.service import FIRE_BATCH, Held, _Timers
+from triggerer.held import Held
+from triggerer.timers import FIRE_BATCH, Timers
 
 
 def _held(trigger_id: int, seconds: float) -> Held:
@@ -27,7 +28,7 @@ def test_timers_fire_in_order_as_their_moments_come() -> None:
                 await anyio.sleep(0.01)
 
     async def main() -> None:
-        timers = _Timers()
+        timers = Timers()
         timers.add(_held(1, 3600.2))
         timers.add(_held(2, 3600.0))
         async with anyio.create_task_group() as tasks:
@@ -58,7 +59,7 @@ def test_many_timers_due_at_once_let_the_publisher_run_between_batches() -> None
             await anyio.lowlevel.checkpoint()
 
     async def main() -> None:
-        timers = _Timers()
+        timers = Timers()
         for i in range(due):
             timers.add(_held(i, -1.0))
         async with anyio.create_task_group() as tasks:
