@@ -33,6 +33,7 @@ from deferral.runtime import serialization
 from deferral.runtime.crypto import Cipher, Purpose
 from deferral.states import TaskState
 from deferral.store import transitions
+from deferral.store.callback_tokens import CALLBACK_KEY_PREFIX
 from deferral.triggers.composite import (
     ALL_OF,
     BRANCHES,
@@ -70,8 +71,11 @@ class Wait:
 
     @property
     def key(self) -> str:
-        """The first key waited on (what ``dags test`` says to send); '' for timers alone."""
-        return next((row.key for row in self.rows if row.cancels is None), "")
+        """The key ``dags test`` names: the first signal key waited on, else the first
+        callback's (a plain callback wait: said as one), else '' (timers alone)."""
+        keys = [row.key for row in self.rows if row.cancels is None]
+        signal_keys = [key for key in keys if not key.startswith(CALLBACK_KEY_PREFIX)]
+        return (signal_keys or keys or [""])[0]
 
 
 def timer_of(
