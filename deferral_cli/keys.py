@@ -14,6 +14,7 @@ from deferral.runtime.process import settings_or_exit
 from deferral.store.tables import (
     AssetWatcherRow,
     Signal,
+    SignalWait,
     StoredConnection,
     StoredVariable,
     TaskInstance,
@@ -22,7 +23,15 @@ from deferral.store.tables import (
 from deferral_cli.common import sessions
 
 # Tables with Fernet-sealed columns (each has an integer id to batch by).
-Sealed = Trigger | TaskInstance | StoredVariable | StoredConnection | Signal | AssetWatcherRow
+Sealed = (
+    Trigger
+    | TaskInstance
+    | StoredVariable
+    | StoredConnection
+    | Signal
+    | AssetWatcherRow
+    | SignalWait
+)
 
 
 @click.command("rotate-fernet-key")
@@ -37,10 +46,11 @@ def rotate_fernet_key(batch_size: int) -> None:
     """Re-encrypt stored kwargs and secrets with the first key of DEFERRAL_FERNET_KEY.
 
     Every trigger.kwargs, task_instance.next_kwargs and next_event, variable.val (when
-    encrypted), connection.password and connection.extra, signal.payload and
-    asset_watcher.kwargs is decrypted with whichever configured key sealed it and encrypted
-    again with the first key (the key derived from it for what the column holds; a value sealed
-    before keys were derived per purpose is sealed under its purpose's key too), in batches of
+    encrypted), connection.password and connection.extra, signal.payload,
+    asset_watcher.kwargs and signal_wait.fired (an all-of's fired branches) is decrypted with
+    whichever configured key sealed it and encrypted again with the first key (the key derived
+    from it for what the column holds; a value sealed before keys were derived per purpose is
+    sealed under its purpose's key too), in batches of
     --batch-size rows.
 
     \b
@@ -71,6 +81,7 @@ def rotate_fernet_key(batch_size: int) -> None:
         (StoredConnection, "extra", Purpose.STORED_SECRET, None),
         (Signal, "payload", Purpose.SIGNAL_PAYLOAD, None),
         (AssetWatcherRow, "kwargs", Purpose.WATCHER_SPEC, None),
+        (SignalWait, "fired", Purpose.EVENT, None),
     ]
     for model, column, purpose, only in columns:
         table = model.__tablename__

@@ -588,13 +588,16 @@ class SignalWait(Base):
     a send resumes it. Goes with its trigger row."""
 
     __tablename__ = "signal_wait"
+    __table_args__ = (UniqueConstraint("trigger_id", "branch"),)
 
+    # (An id of its own: `deferral rotate-fernet-key` re-seals ``fired`` by it.)
+    id: Mapped[int] = _id()
     trigger_id: Mapped[int] = mapped_column(
-        BigInteger, ForeignKey("trigger.id", ondelete="CASCADE"), primary_key=True
+        BigInteger, ForeignKey("trigger.id", ondelete="CASCADE")
     )
     # '' for a plain signal wait; a branch's name in an AnyOf / AllOf; CANCEL_BRANCH for the
     # ``cancel_on`` of a deferral (deferral.store.waits).
-    branch: Mapped[str] = mapped_column(Text, primary_key=True, server_default="")
+    branch: Mapped[str] = mapped_column(Text, server_default="")
     key: Mapped[str] = mapped_column(Text, index=True)
     created_at: Mapped[dt.datetime] = mapped_column(
         Timestamp, server_default=func.clock_timestamp()

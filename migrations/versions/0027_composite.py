@@ -30,8 +30,14 @@ def upgrade() -> None:
     )
     # Of an all-of's branch that fired: its payload, sealed as an event.
     op.add_column("signal_wait", sa.Column("fired", sa.Text(), nullable=True))
+    # An id of its own (``deferral rotate-fernet-key`` re-seals ``fired`` by it); a deferral
+    # has one row per branch.
     op.drop_constraint("pk_signal_wait", "signal_wait", type_="primary")
-    op.create_primary_key("pk_signal_wait", "signal_wait", ["trigger_id", "branch"])
+    op.add_column("signal_wait", sa.Column("id", sa.BigInteger(), sa.Identity(), nullable=False))
+    op.create_primary_key("pk_signal_wait", "signal_wait", ["id"])
+    op.create_unique_constraint(
+        "uq_signal_wait_trigger_id_branch", "signal_wait", ["trigger_id", "branch"]
+    )
     op.create_table(
         "wait_timer",
         sa.Column(
@@ -52,7 +58,8 @@ def upgrade() -> None:
 def downgrade() -> None:
     op.drop_table("wait_timer")
     op.execute("DELETE FROM signal_wait WHERE branch <> ''")
+    op.drop_constraint("uq_signal_wait_trigger_id_branch", "signal_wait", type_="unique")
     op.drop_constraint("pk_signal_wait", "signal_wait", type_="primary")
     op.create_primary_key("pk_signal_wait", "signal_wait", ["trigger_id"])
-    for column in ("fired", "holds", "cancels", "match", "branch"):
+    for column in ("id", "fired", "holds", "cancels", "match", "branch"):
         op.drop_column("signal_wait", column)

@@ -753,6 +753,7 @@ def test_rotate_fernet_key_reseals_every_row_with_the_first_key(
         "connection.extra: 0 row(s) rotated",
         "signal.payload: 0 row(s) rotated",
         "asset_watcher.kwargs: 0 row(s) rotated",
+        "signal_wait.fired: 0 row(s) rotated",
     ]
 
     after = _sealed(sessions)
