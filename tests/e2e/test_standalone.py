@@ -116,7 +116,7 @@ def _stop(proc: subprocess.Popen[str]) -> None:
             proc.kill()
 
 
-def test_standalone_prints_what_another_terminal_needs_and_keeps_its_ports(
+def test_standalone_prints_what_another_terminal_needs_keeps_its_ports_and_stops_whole(
     tmp_path: Path, workdir: Path
 ) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("DEFERRAL_")}
@@ -158,10 +158,9 @@ def test_standalone_prints_what_another_terminal_needs_and_keeps_its_ports(
         _stop(proc)
     port = (home / "redis.port").read_text().strip()
     assert f"export DEFERRAL_REDIS_URL=redis://127.0.0.1:{port}/0" in exports
-
-    again, exports_again, _ = _start(home, tmp_path, env)
-    _stop(again)
-    assert exports_again == exports  # the same servers at the same places
+    # Started again on the same home (the next test's stack): the same servers at the same
+    # places.
+    _one_stack_per_home_and_a_dead_service_stops_the_stack(tmp_path, home, env, exports)
 
 
 def _processes_naming(text: str) -> list[str]:
@@ -177,15 +176,14 @@ def _processes_naming(text: str) -> list[str]:
     return found
 
 
-def test_one_stack_per_home_and_a_dead_service_stops_the_stack(
-    tmp_path: Path, workdir: Path
+def _one_stack_per_home_and_a_dead_service_stops_the_stack(
+    tmp_path: Path, home: Path, env: dict[str, str], exports: list[str]
 ) -> None:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("DEFERRAL_")}
-    home = workdir / ".deferral"
     errors = tmp_path / "stderr"
     with errors.open("w") as stderr:
-        proc, _, said = _start(home, tmp_path, env, stderr)
+        proc, exports_again, said = _start(home, tmp_path, env, stderr)
     try:
+        assert exports_again == exports
         # The first line says what was started and where its data lives.
         assert said[0].startswith("# deferral standalone: embedded PostgreSQL (data in ")
         assert "embedded Redis on 127.0.0.1:" in said[0]
