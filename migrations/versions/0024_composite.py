@@ -1,7 +1,7 @@
 """Waits that compose (issue 33): a signal wait row per branch of an any-of / all-of, its
 payload filter, the cancel-on rows, and one timer row per composite wait
 
-Revision ID: 0027_composite
+Revision ID: 0024_composite
 Revises: 0023_readmodel_list_order
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0027_composite"
+revision = "0024_composite"
 down_revision = "0023_readmodel_list_order"
 branch_labels = None
 depends_on = None
