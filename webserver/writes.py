@@ -11,6 +11,7 @@ from deferral import signals
 from deferral.runtime.crypto import Cipher
 from deferral.store import actions
 from deferral.store.callback_tokens import Claim
+from deferral.store.serialized_dags import stored_params
 from webserver import paramform
 from webserver.inputs import MAX_JSON_DEPTH, BadInput, check_id, json_depth
 from webserver.reads import required_id
@@ -24,7 +25,7 @@ class Writes:
         self.ui = ui
 
     def dag(self, dag_id: str) -> Any:
-        dag = self.ui.dags.dag(dag_id)
+        dag = self.ui.dag_files.dag(dag_id)
         if dag is None:
             raise actions.ActionError(
                 f"DAG {dag_id!r} not found in {self.ui.settings.dags_folder}", not_found=True
@@ -51,7 +52,9 @@ class Writes:
         dag = self.dag(dag_id)
         if form is not None:
             conf = {
-                **paramform.conf_from_form(paramform.fields(dag.params, dag.param_specs), form),
+                **paramform.conf_from_form(
+                    paramform.fields(stored_params(dag.params, dag.param_specs)), form
+                ),
                 **conf,
             }
         return actions.trigger_run(self.ui.sessions, dag, conf, run_id or None)
