@@ -11,7 +11,8 @@ from deferral import signals
 from deferral.runtime.crypto import Cipher
 from deferral.store import actions
 from deferral.store.callback_tokens import Claim
-from deferral.store.serialized_dags import stored_params
+from deferral.store.serialized_dags import read_dag, stored_params
+from readmodel.dags import not_found
 from webserver import paramform
 from webserver.inputs import MAX_JSON_DEPTH, BadInput, check_id, json_depth
 from webserver.reads import required_id
@@ -60,7 +61,13 @@ class Writes:
         return actions.trigger_run(self.ui.sessions, dag, conf, run_id or None)
 
     def set_paused(self, dag_id: str, paused: bool) -> None:
-        actions.set_paused(self.ui.sessions, self.dag(dag_id), paused)
+        """Pause or unpause a DAG a scheduler parsed (its file is not read)."""
+        with self.ui.sessions() as session:
+            dag = read_dag(session, dag_id)
+            if dag is None:
+                message = not_found(session, dag_id, self.ui.settings.dags_folder)
+                raise actions.ActionError(message, not_found=True)
+        actions.set_paused(self.ui.sessions, dag, paused)
 
     def change(
         self, dag_id: str, params: Mapping[str, Any], change: actions.Change
