@@ -18,6 +18,7 @@ from deferral.store.serialized_dags import (
     NOT_PARSED,
     DagSummary,
     StoredDag,
+    StoredParam,
     StoredTask,
     parsed_yet,
     read_dag,
@@ -202,12 +203,13 @@ def _recent_runs(session: Session, dag_ids: Sequence[str], limit: int) -> dict[s
 class GraphShape:
     """What a DAG's graph is drawn from: its tasks upstream first (none when it has more than
     MAX_GRAPH_TASKS), what each depends on, the collapsed group each task is drawn in, and the
-    labels of its edges."""
+    labels of its edges; and the params its trigger form is built from."""
 
     tasks: list[str]
     upstream: dict[str, list[str]]
     collapsed_into: dict[str, str]
     edge_labels: dict[tuple[str, str], str]
+    params: list[StoredParam]
 
 
 def dag_detail(
@@ -327,7 +329,8 @@ def dag_detail(
             ],
         },
     }
-    return record, GraphShape(order if drawn else [], upstream, into, labels)
+    params = list(dag.params) if dag is not None else []
+    return record, GraphShape(order if drawn else [], upstream, into, labels, params)
 
 
 # What a grid shows of a run (run_record's fields): never its conf.

@@ -10,7 +10,6 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from deferral.store.serialized_dags import read_dag
 from readmodel.dags import dag_detail
 from readmodel.waits import expiry_urgency
 from webserver.layout import layout
@@ -51,11 +50,10 @@ def dag_page(
     record, shape = dag_detail(
         session, dag_id, runs, selected_run, grid_rows(runs), task_page, collapsed
     )
-    dag = read_dag(session, dag_id)
     graph = layout(shape.tasks, shape.upstream, shape.collapsed_into, shape.edge_labels)
     return {
         **record,
-        "param_fields": [asdict(f) for f in (fields(dag.params) if dag is not None else [])],
+        "param_fields": [asdict(f) for f in fields(shape.params)],
         "graph": {**asdict(graph), **record["graph"]},
     }
 
