@@ -11,6 +11,7 @@ import dataclasses
 import datetime as dt
 import hashlib
 import json
+import logging
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -26,6 +27,8 @@ from deferral.store.tables import DagFolderParse, SerializedDag
 if TYPE_CHECKING:
     from deferral.baseoperator import BaseOperator
     from deferral.dag import DAG
+
+log = logging.getLogger("deferral.store.serialized_dags")
 
 # The documentation attributes of a task, as Airflow names them.
 TASK_DOCS = ("doc_md", "doc", "doc_rst", "doc_json", "doc_yaml")
@@ -225,7 +228,7 @@ def _task(task: BaseOperator) -> StoredTask:
         downstream=sorted(task.downstream_task_ids),
         groups=groups,
         trigger_rule=str(task.trigger_rule),
-        template_fields=[str(name) for name in getattr(task, "template_fields", ())],
+        template_fields=_names(getattr(task, "template_fields", ())),
         is_mapped=bool(task.is_mapped),
         is_setup=bool(task.is_setup),
         is_teardown=bool(task.is_teardown),
@@ -240,6 +243,25 @@ def _task(task: BaseOperator) -> StoredTask:
         docs={doc: str(text) for doc in TASK_DOCS if (text := getattr(task, doc, None))},
         mapping=mapping,
     )
+
+
+def _names(fields: Any) -> list[str]:
+    """An operator's ``template_fields``: a sequence of names, or one name as Airflow allows."""
+    return [fields] if isinstance(fields, str) else [str(name) for name in fields]
+
+
+# Each DAG's last document and hash, with the DAG object it was made from: a parse that finds
+# a file unchanged hands over the same objects, which are not serialized again.
+_documents: dict[str, tuple[DAG, dict[str, Any], str]] = {}
+
+
+def _document(dag: DAG) -> tuple[dict[str, Any], str]:
+    made = _documents.get(dag.dag_id)
+    if made is None or made[0] is not dag:
+        document = serialize_dag(dag).document()
+        made = (dag, document, dag_hash(document))
+        _documents[dag.dag_id] = made
+    return made[1], made[2]
 
 
 def dag_hash(document: Mapping[str, Any]) -> str:
@@ -257,18 +279,23 @@ def write(
 ) -> list[str]:
     """Record the DAGs a parse of ``folder`` found: a DAG whose document changed is written, an
     unchanged one is left alone, and a DAG no longer loaded is removed (but for those of the
-    files ``pending``, which an interim read has not read yet). Returns the ids written."""
+    files ``pending``, which an interim read has not read yet); a DAG that fails to serialize
+    keeps its last document (logged). Returns the ids written."""
+    stored = dict(session.execute(select(SerializedDag.dag_id, SerializedDag.dag_hash)).all())
     rows = []
     for dag_id, dag in sorted(dags.items()):  # one lock order for every replica
-        document = serialize_dag(dag).document()
-        rows.append(
-            {
-                "dag_id": dag_id,
-                "fileloc": str(dag.fileloc),
-                "data": document,
-                "dag_hash": dag_hash(document),
-            }
-        )
+        try:
+            document, digest = _document(dag)
+        except Exception:
+            # One DAG whose objects will not serialize keeps its last document; the parse is
+            # recorded for every other DAG.
+            log.exception("DAG %s could not be serialized for the web UI and the CLI", dag_id)
+            continue
+        if stored.get(dag_id) != digest:
+            row = {"dag_id": dag_id, "fileloc": str(dag.fileloc), "data": document}
+            rows.append({**row, "dag_hash": digest})
+    for gone in set(_documents) - set(dags):
+        del _documents[gone]
     written: list[str] = []
     if rows:
         statement = insert(SerializedDag).values(rows)
