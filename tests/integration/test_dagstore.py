@@ -9,13 +9,16 @@ import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
+import pytest
 from click.testing import CliRunner
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.testclient import TestClient
 
 from deferral.runtime.config import Settings
+from deferral.store import serialized_dags
 from deferral.store.serialized_dags import NOT_PARSED
 from deferral.store.tables import SerializedDag
 from deferral_cli import main as deferral_main
@@ -50,6 +53,30 @@ def test_a_parse_rewrites_only_the_changed_dags_and_removes_the_gone_ones(
     after = _stored(sessions)
     assert set(after) == {"kept", "changed"}
     assert after["kept"] == first["kept"] and after["changed"] != first["changed"]
+
+
+def test_a_dag_that_fails_to_serialize_keeps_its_last_document(
+    settings: Settings,
+    sessions: sessionmaker[Session],
+    write_dag: Callable[[str, str], Path],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    write_dag("odd", f"{DAG_SOURCE}with DAG('odd', tags=['v1']):\n    EmptyOperator(task_id='a')\n")
+    record_dags_folder(settings)
+    first = _stored(sessions)
+    write_dag("odd", f"{DAG_SOURCE}with DAG('odd', tags=['v2']):\n    EmptyOperator(task_id='a')\n")
+    write_dag("fine", f"{DAG_SOURCE}with DAG('fine'):\n    EmptyOperator(task_id='a')\n")
+    real = serialized_dags.serialize_dag
+
+    def refuses_odd(dag: Any) -> serialized_dags.StoredDag:
+        if dag.dag_id == "odd":
+            raise TypeError("cannot serialize")
+        return real(dag)
+
+    monkeypatch.setattr(serialized_dags, "serialize_dag", refuses_odd)
+    record_dags_folder(settings)
+    after = _stored(sessions)
+    assert set(after) == {"odd", "fine"} and after["odd"] == first["odd"]
 
 
 SLEEPER = "import time\nwhile True:\n    time.sleep(1)\n"
