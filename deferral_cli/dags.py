@@ -18,7 +18,6 @@ from deferral_cli.common import (
     EXIT_INTERRUPTED,
     EXIT_TIMED_OUT,
     DateTimeParam,
-    dagbag,
     emit,
     fail,
     load_dag,
@@ -34,7 +33,7 @@ from deferral_cli.wait import (
     failure_lines,
     wait_for_run,
 )
-from readmodel.dags import dag_list, wanted_tags
+from readmodel.dags import dag_list, import_errors, not_parsed_notice, wanted_tags
 
 # The subcommands defined in modules of their own, imported when invoked.
 DAGS_ELSEWHERE = {
@@ -80,16 +79,20 @@ def dags() -> None:
 )
 @output_options
 def dags_list(output: str, tags: tuple[str, ...]) -> None:
-    """List DAGs (schedule, paused, tasks, tags, file); the files that failed to load are named
-    on stderr, and the command then exits 1."""
+    """List the DAGs a scheduler parsed (schedule, paused, tasks, tags, file); the files that
+    failed to load are named on stderr, and the command then exits 1. No DAG file is imported:
+    before any scheduler has parsed the DAGs folder, it says so and exits 1."""
     settings = settings_or_exit()
-    bag = dagbag(settings)
     with sessions(settings)() as session:
-        records = dag_list(session, bag.dags, wanted_tags(tags))
+        records = dag_list(session, wanted_tags(tags))
+        errors = import_errors(session)
+        unparsed = not_parsed_notice(session)
+    if unparsed is not None:
+        fail(unparsed)
     emit(output, records, empty="no DAGs", cells={"tags": lambda tags: ",".join(tags)})
-    for path, error in sorted(bag.import_errors.items()):
-        click.echo(f"error: {path}: {error}", err=True)
-    if bag.import_errors:
+    for error in errors:
+        click.echo(f"error: {error['file']}: {error['error']}", err=True)
+    if errors:
         sys.exit(EXIT_FAILED)
 
 

@@ -25,8 +25,7 @@ from deferral.runtime.config import Settings
 from deferral.runtime.process import settings_or_exit
 from deferral.store.tables import DagRun, RenderedTaskInstanceFields, TaskInstance
 from deferral.store.xcom import DatabaseXComs
-from deferral_cli.common import fail, find_run, run_id_argument, sessions, when
-from readmodel.explain import find_dag
+from deferral_cli.common import fail, find_run, load_dag, run_id_argument, sessions, when
 
 
 @click.command("render")
@@ -103,10 +102,9 @@ def _render_now(
     """The fields rendered now, in a copy of the task from the DAGs folder (for a mapped task,
     the operator of map index ``map_index`` with its values as they are now); exits on
     error."""
-    dag, why = find_dag(settings, run.dag_id)
+    # Rendering runs the DAG file's code: the file is imported here, as `tasks test` does.
+    dag = load_dag(settings, run.dag_id)
     try:
-        if dag is None:
-            raise DagDefinitionError(why)
         task: BaseOperator = copy.deepcopy(dag.get_task(task_id))
     except DagDefinitionError as exc:
         fail(str(exc))

@@ -14,7 +14,6 @@ from deferral.store.tables import Dag, DagRun
 from deferral_cli.common import (
     after_option,
     cursor_checked,
-    dagbag,
     emit_page,
     fail,
     find_run,
@@ -51,16 +50,17 @@ def runs_list(
     settings = settings_or_exit()
     with sessions(settings)() as session, cursor_checked():
         page = run_list(session, limit=limit, after=after, dag_id=dag_id, state=state)
-        known = dag_id is None or page.rows or _dag_known(session, settings, dag_id)
+        known = dag_id is None or page.rows or _dag_known(session, dag_id)
     if not known:
         fail(f"DAG {dag_id!r} not found")
     emit_page(output, page, empty="no runs")
 
 
-def _dag_known(session: Session, settings: Settings, dag_id: str) -> bool:
+def _dag_known(session: Session, dag_id: str) -> bool:
     if session.scalar(select(exists().where(DagRun.dag_id == dag_id))):
         return True
-    return session.get(Dag, dag_id) is not None or dag_id in dagbag(settings).dags
+    # The dag row of each parsed DAG: no DAG file is imported to say whether it exists.
+    return session.get(Dag, dag_id) is not None
 
 
 @runs.command("show")

@@ -11,6 +11,7 @@ from deferral.loading.dagbag import DagNotFound
 from deferral.runtime.process import command_group, settings_or_exit
 from deferral.states import TaskState
 from deferral.store import actions
+from deferral.store.serialized_dags import read_dag
 from deferral.store.tables import DagRun
 from deferral_cli.common import (
     after_option,
@@ -26,7 +27,8 @@ from deferral_cli.common import (
     task_instances,
 )
 from deferral_cli.group import Lazy, LazyGroup
-from readmodel.explain import explain, find_dag
+from readmodel.dags import not_found
+from readmodel.explain import explain
 from readmodel.tasks import task_list
 
 # The subcommands defined in modules of their own, imported when invoked.
@@ -174,9 +176,10 @@ def tasks_explain(dag_id: str, run_id: str, task_id: str, map_indexes: tuple[int
     retry is due; for finished states, the last recorded reason.
     """
     settings = settings_or_exit()
-    dag, dag_error = find_dag(settings, dag_id)
     lines: list[str] = []
     with sessions(settings)() as session:
+        dag = read_dag(session, dag_id)
+        dag_error = not_found(session, dag_id, settings.dags_folder)
         run = find_run(session, dag_id, run_id)
         if run is None:
             known = dag is not None or session.scalar(

@@ -1,10 +1,10 @@
-"""DAGs as the web UI and the CLI show them: the DAGs folder as a process sees it, every DAG with
-its latest runs, and one DAG's grid (runs by tasks) and the shape of its graph."""
+"""DAGs as the web UI and the CLI show them: every DAG with its latest runs, and one DAG's
+grid (runs by tasks) and the shape of its graph. What a DAG holds is read from the documents
+the schedulers store after each parse (``deferral.store.serialized_dags``): no DAG file is
+imported here (DECISIONS.md 5)."""
 
 from __future__ import annotations
 
-import threading
-import time
 from collections import Counter
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -13,16 +13,20 @@ from typing import Any
 from sqlalchemy import func, select, text
 from sqlalchemy.orm import Session, load_only
 
-from deferral.authoring.schedules import latest_automated_intervals
-from deferral.dag import DAG
-from deferral.exceptions import DagDefinitionError
-from deferral.loading.dagbag import DagBag
-from deferral.loading.parsing import FolderParser, Parsed
-from deferral.runtime.secrets_masker import redact
 from deferral.states import TaskState
-from deferral.store.tables import Dag, DagRun, TaskInstance
+from deferral.store.serialized_dags import (
+    NOT_PARSED,
+    DagSummary,
+    StoredDag,
+    StoredParam,
+    StoredTask,
+    parsed_yet,
+    read_dag,
+    read_summaries,
+)
+from deferral.store.tables import Dag, DagImportError, DagRun, TaskInstance
 from readmodel.errors import NotFound
-from readmodel.records import db_now, run_record
+from readmodel.records import run_record
 
 Record = dict[str, Any]
 
@@ -30,11 +34,6 @@ Record = dict[str, Any]
 RECENT_RUNS = 10
 # The graph is drawn for DAGs of at most this many tasks (a bigger one is read in its grid).
 MAX_GRAPH_TASKS = 300
-# The DAGs folder is scanned again at most this often (a file's DAGs are re-imported only when
-# its mtime changed).
-DAG_RESCAN_SEC = 5.0
-# The longest a page waits for a read of the DAGs folder it started.
-PARSE_WAIT_SEC = 5.0
 
 
 # How a cell of several map indexes is shown: the first of these states that one of them is in.
@@ -55,74 +54,41 @@ _SUMMARY_ORDER = (
 )
 
 
-# A try has ended once its task instance is finished or waits for its next try.
+def not_parsed_notice(session: Session) -> str | None:
+    """NOT_PARSED while no scheduler has recorded a parse of a DAGs folder, else None."""
+    return None if parsed_yet(session) else NOT_PARSED
 
 
-class DagSource:
-    """The DAGs folder as this process sees it, read again at most every DAG_RESCAN_SEC through
-    a ``FolderParser`` (a parse child imports each changed file first, within the import
-    timeout, and a thread of its own then loads it): a page waits for that read at most
-    PARSE_WAIT_SEC, then shows the last one, so no DAG file can hang the web UI."""
+def not_found(session: Session, dag_id: str, folder: object) -> str:
+    """The one line for a DAG no parse found: and why, when nothing was parsed yet."""
+    unparsed = not_parsed_notice(session)
+    return f"DAG {dag_id!r} not found in {folder}" + (f" ({unparsed})" if unparsed else "")
 
-    def __init__(self, folder: Any, import_timeout: float) -> None:
-        self._parser = FolderParser(DagBag(folder), import_timeout)
-        self._lock = threading.Lock()
-        self._scanned_at: float | None = None
-        self._parsed: Parsed | None = None
-        self._folder_error: str | None = None
-        # Each DAG's task order, kept while the DagBag keeps the same DAG object (sorting
-        # thousands of tasks at every refresh of a page would cost more than its queries).
-        self._orders: dict[str, tuple[DAG, list[str], dict[str, list[str]]]] = {}
 
-    def bag(self) -> tuple[dict[str, DAG], dict[str, str]]:
-        """The DAGs by id and the import errors by file."""
-        with self._lock:
-            now = time.monotonic()
-            if self._scanned_at is None or now - self._scanned_at >= DAG_RESCAN_SEC:
-                self._scanned_at = now
-                folder = self._parser.bag.folder
-                if folder.is_dir():
-                    self._folder_error = None
-                    self._parser.start()
-                    self._parser.wait(PARSE_WAIT_SEC)
-                else:
-                    self._folder_error = f"DAGs folder {folder} does not exist"
-            finished = self._parser.take()
-            self._parsed = finished or self._parsed
-            dags = dict(self._parsed.dags) if self._parsed is not None else {}
-            errors = dict(self._parsed.import_errors) if self._parsed is not None else {}
-            if self._folder_error is not None:
-                errors[str(self._parser.bag.folder)] = self._folder_error
-            return dags, errors
-
-    def dag(self, dag_id: str) -> DAG | None:
-        return self.bag()[0].get(dag_id)
-
-    def task_order(self, dag: DAG) -> tuple[list[str], dict[str, list[str]]]:
-        """``dag``'s task ids upstream first, and what each depends on."""
-        cached = self._orders.get(dag.dag_id)
-        if cached is None or cached[0] is not dag:
-            cached = (dag, *_dag_order(dag))
-            self._orders[dag.dag_id] = cached
-        return cached[1], cached[2]
+def import_errors(session: Session) -> list[Record]:
+    """The files that failed to import at the last parse, by file."""
+    return [
+        {"file": filename, "error": error}
+        for filename, error in session.execute(
+            select(DagImportError.filename, DagImportError.error).order_by(DagImportError.filename)
+        )
+    ]
 
 
 # -- DAGs ----------------------------------------------------------------------------------------
 
 
-def dags_overview(
-    session: Session, source: DagSource, tags: Sequence[str] = (), search: str = ""
-) -> Record:
-    """Every DAG (in the folder, or only in the database) with its tags, schedule, next run,
-    paused, tasks, its latest runs' states; only those with one of ``tags`` if given (as
+def dags_overview(session: Session, tags: Sequence[str] = (), search: str = "") -> Record:
+    """Every DAG (parsed, or only in the database) with its tags, schedule, next run, paused,
+    tasks, its latest runs' states; only those with one of ``tags`` if given (as
     ``deferral dags list --tags``) and whose id or display name holds ``search`` (any case);
-    and the files that fail to import."""
-    dags, import_errors = source.bag()
+    and the files that fail to import; ``notice`` says when no DAGs were parsed yet."""
+    parsed = read_summaries(session)
     rows = {row.dag_id: row for row in session.scalars(select(Dag))}
-    dag_ids = sorted(set(dags) | {d for d, row in rows.items() if row.is_active})
+    dag_ids = sorted(set(parsed) | {d for d, row in rows.items() if row.is_active})
 
     def tags_of(dag_id: str) -> list[str]:
-        dag, row = dags.get(dag_id), rows.get(dag_id)
+        dag, row = parsed.get(dag_id), rows.get(dag_id)
         return list(dag.tags) if dag is not None else list(row.tags) if row is not None else []
 
     if tags:
@@ -132,40 +98,44 @@ def dags_overview(
             dag_id
             for dag_id in dag_ids
             if wanted in dag_id.casefold()
-            or wanted in (_display_name(dags.get(dag_id)) or "").casefold()
+            or wanted in (_display_name(parsed.get(dag_id)) or "").casefold()
         ]
-    now = db_now(session)
-    latest = latest_automated_intervals(session, [d for d in dag_ids if d in dags])
     recent = _recent_runs(session, dag_ids, RECENT_RUNS)
     records = []
     for dag_id in dag_ids:
-        dag, row = dags.get(dag_id), rows.get(dag_id)
-        info = dag.next_dagrun_info(latest.get(dag_id), now=now) if dag is not None else None
+        dag, row = parsed.get(dag_id), rows.get(dag_id)
+        scheduled = dag is not None and row is not None
         records.append(
             {
                 "dag_id": dag_id,
                 "display_name": _display_name(dag),
                 "tags": tags_of(dag_id),
                 "loaded": dag is not None,
-                "schedule": dag.timetable.summary if dag is not None else row and row.schedule,
+                "schedule": dag.schedule if dag is not None else row and row.schedule,
                 "is_paused": _is_paused(dag, row),
-                "next_run": info.logical_date if info is not None else None,
-                "next_run_after": info.run_after if info is not None else None,
-                "tasks": len(dag.tasks) if dag is not None else None,
-                "fileloc": str(dag.fileloc) if dag is not None else row and row.fileloc,
+                # As the scheduler last moved it on (the dag row).
+                "next_run": row.next_dagrun if scheduled and row else None,
+                "next_run_after": row.next_dagrun_create_after if scheduled and row else None,
+                "tasks": dag.task_count if dag is not None else None,
+                "fileloc": dag.fileloc if dag is not None else row and row.fileloc,
                 "recent_runs": recent.get(dag_id, []),
                 "missing_reason": row.missing_reason if row is not None else None,
             }
         )
-    errors = [{"file": path, "error": error} for path, error in sorted(import_errors.items())]
-    return {"dags": records, "import_errors": errors, "tags": list(tags), "search": search}
+    return {
+        "dags": records,
+        "import_errors": import_errors(session),
+        "tags": list(tags),
+        "search": search,
+        "notice": not_parsed_notice(session),
+    }
 
 
-def _is_paused(dag: DAG | None, row: Dag | None) -> bool:
+def _is_paused(dag: DagSummary | StoredDag | None, row: Dag | None) -> bool:
     return _paused(dag, row.is_paused if row is not None else None)
 
 
-def _paused(dag: DAG | None, recorded: bool | None) -> bool:
+def _paused(dag: DagSummary | StoredDag | None, recorded: bool | None) -> bool:
     if recorded is not None:
         return bool(recorded)
     # Before a scheduler has recorded the DAG, what it will be created with.
@@ -177,22 +147,22 @@ def wanted_tags(given: Sequence[str]) -> list[str]:
     return sorted({tag.strip() for value in given for tag in value.split(",") if tag.strip()})
 
 
-def dag_list(session: Session, dags: Mapping[str, DAG], tags: Collection[str] = ()) -> list[Record]:
-    """The DAGs of the folder as ``deferral dags list`` gives them: schedule, paused (as the
-    DAGs page says it), tasks, file and tags; only those with one of ``tags`` if given."""
+def dag_list(session: Session, tags: Collection[str] = ()) -> list[Record]:
+    """The parsed DAGs as ``deferral dags list`` gives them: schedule, paused (as the DAGs page
+    says it), tasks, file and tags; only those with one of ``tags`` if given."""
     recorded = {
         row.dag_id: row.is_paused for row in session.execute(select(Dag.dag_id, Dag.is_paused))
     }
     return [
         {
             "dag_id": dag_id,
-            "schedule": dag.timetable.summary,
+            "schedule": dag.schedule,
             "is_paused": _paused(dag, recorded.get(dag_id)),
-            "tasks": len(dag.tasks),
-            "fileloc": str(dag.fileloc),
+            "tasks": dag.task_count,
+            "fileloc": dag.fileloc,
             "tags": list(dag.tags),
         }
-        for dag_id, dag in sorted(dags.items())
+        for dag_id, dag in sorted(read_summaries(session).items())
         if not tags or set(tags) & set(dag.tags)
     ]
 
@@ -233,17 +203,17 @@ def _recent_runs(session: Session, dag_ids: Sequence[str], limit: int) -> dict[s
 class GraphShape:
     """What a DAG's graph is drawn from: its tasks upstream first (none when it has more than
     MAX_GRAPH_TASKS), what each depends on, the collapsed group each task is drawn in, and the
-    labels of its edges."""
+    labels of its edges; and the params its trigger form is built from."""
 
     tasks: list[str]
     upstream: dict[str, list[str]]
     collapsed_into: dict[str, str]
     edge_labels: dict[tuple[str, str], str]
+    params: list[StoredParam]
 
 
 def dag_detail(
     session: Session,
-    source: DagSource,
     dag_id: str,
     runs: int,
     selected_run: str | None,
@@ -256,7 +226,7 @@ def dag_detail(
     counted by state); and its graph's states, coloured by the selected run (default the
     latest), the task groups named in ``collapsed`` counted as one box each, with the shape the
     graph is drawn from. Reads only the columns it shows: never a run's conf."""
-    dag = source.dag(dag_id)
+    dag = read_dag(session, dag_id)
     row = session.get(Dag, dag_id)
     found_runs = list(
         reversed(
@@ -270,14 +240,16 @@ def dag_detail(
         )
     )
     if dag is None and row is None and not found_runs:
-        raise NotFound(f"DAG {dag_id!r} not found")
+        raise NotFound(
+            f"DAG {dag_id!r} not found" + (f" ({NOT_PARSED})" if not parsed_yet(session) else "")
+        )
     run_ids = [run.run_id for run in found_runs]
     seen = session.scalars(
         select(TaskInstance.task_id)
         .where(TaskInstance.dag_id == dag_id, TaskInstance.run_id.in_(run_ids))
         .distinct()
     ).all()
-    order, upstream = _task_order(source, dag, seen)
+    order, upstream = _task_order(dag, seen)
     if selected_run is None or selected_run not in run_ids:
         selected_run = run_ids[-1] if run_ids else None
     pages = max(1, -(-len(order) // per_page))
@@ -285,25 +257,22 @@ def dag_detail(
         raise NotFound(f"DAG {dag_id!r} has {pages} page(s) of tasks, not {task_page}")
     shown = order[(task_page - 1) * per_page : task_page * per_page]
     cells = _cells(session, dag_id, run_ids, shown)
+    in_dag = dag.task_dict if dag is not None else {}
     tasks = [
         {
             "task_id": task_id,
             "upstream": sorted(upstream.get(task_id, ())),
             "operator": operator_name(dag, task_id),
-            "is_mapped": _mapped(dag, task_id),
-            "role": _role(dag, task_id),
+            "is_mapped": task_id in in_dag and in_dag[task_id].is_mapped,
+            "role": _role(in_dag.get(task_id)),
             "cells": [cells.get((task_id, run_id), _NO_CELL) for run_id in run_ids],
         }
         for task_id in shown
     ]
     drawn = len(order) <= MAX_GRAPH_TASKS
-    groups = _groups_of(dag) if dag is not None else {}
+    groups = {task.task_id: task.groups for task in in_dag.values()}
     into = _collapsed_into(groups, set(collapsed))
-    labels = {
-        edge: str(info["label"])
-        for edge, info in (dag.edge_info.items() if dag is not None else ())
-        if info.get("label")
-    }
+    labels = {(up, down): label for up, down, label in (dag.edge_labels if dag else ())}
     selected = (
         {task: cell for (task, _), cell in _cells(session, dag_id, [selected_run], order).items()}
         if drawn and selected_run is not None
@@ -314,21 +283,19 @@ def dag_detail(
         "display_name": _display_name(dag),
         # Airflow's owner_links: each task owner named there links to its page.
         "owner_links": dict(dag.owner_links) if dag is not None else {},
-        "owners": sorted({str(getattr(t, "owner", "")) for t in dag.tasks} - {""})
-        if dag is not None
-        else [],
+        "owners": list(dag.owners) if dag is not None else [],
         "loaded": dag is not None,
-        "schedule": dag.timetable.summary if dag is not None else row and row.schedule,
+        "schedule": dag.schedule if dag is not None else row and row.schedule,
         "is_paused": _is_paused(dag, row),
-        "fileloc": str(dag.fileloc) if dag is not None else row and row.fileloc,
-        "params": redact(dict(dag.params)) if dag is not None else {},
-        "doc_md": dag.doc_md_text() if dag is not None else None,
+        "fileloc": dag.fileloc if dag is not None else row and row.fileloc,
+        "params": {param.name: param.value for param in dag.params} if dag is not None else {},
+        "doc_md": dag.doc_md if dag is not None else None,
         "missing_reason": row.missing_reason if row is not None else None,
         "runs": [run_record(run) for run in found_runs],
         "runs_shown": runs,
         "tasks": tasks,
         # Setup and teardown tasks of the graph, marked as the grid marks them.
-        "roles": {t: role for t in order if (role := _role(dag, t)) is not None},
+        "roles": {t: role for t in order if (role := _role(in_dag.get(t))) is not None},
         "task_count": len(order),
         "task_page": task_page,
         "task_pages": pages,
@@ -351,7 +318,7 @@ def dag_detail(
                 )
                 for group_id in (sorted(set(into.values())) if drawn else [])
             },
-            "labels": _task_labels(dag),
+            "labels": {t.task_id: t.display_name for t in in_dag.values() if t.display_name},
             "groups": [
                 {
                     "group_id": group_id,
@@ -362,7 +329,8 @@ def dag_detail(
             ],
         },
     }
-    return record, GraphShape(order if drawn else [], upstream, into, labels)
+    params = list(dag.params) if dag is not None else []
+    return record, GraphShape(order if drawn else [], upstream, into, labels, params)
 
 
 # What a grid shows of a run (run_record's fields): never its conf.
@@ -412,60 +380,33 @@ def _cells(
     return {key: _cell(counted, tries[key], key in mapped) for key, counted in counts.items()}
 
 
-def _mapped(dag: DAG | None, task_id: str) -> bool:
-    task = dag.task_dict.get(task_id) if dag is not None else None
-    return bool(task is not None and task.is_mapped)
-
-
-def _role(dag: DAG | None, task_id: str) -> str | None:
+def _role(task: StoredTask | None) -> str | None:
     """ "setup", "teardown" or None: how the grid marks a setup or teardown task."""
-    task = dag.task_dict.get(task_id) if dag is not None else None
     if task is None:
         return None
     return "setup" if task.is_setup else "teardown" if task.is_teardown else None
 
 
-def operator_name(dag: DAG | None, task_id: str) -> str | None:
+def operator_name(dag: StoredDag | None, task_id: str) -> str | None:
     task = dag.task_dict.get(task_id) if dag is not None else None
-    return type(task).__name__ if task is not None else None
+    return task.operator if task is not None else None
 
 
 def _task_order(
-    source: DagSource, dag: DAG | None, seen_task_ids: Iterable[str]
+    dag: StoredDag | None, seen_task_ids: Iterable[str]
 ) -> tuple[list[str], dict[str, list[str]]]:
     """The DAG's tasks upstream first, then tasks only its runs still have (removed from the
     file since), and what each depends on."""
-    order, upstream = source.task_order(dag) if dag is not None else ([], {})
-    in_dag = dag.task_dict if dag is not None else {}
+    tasks = dag.tasks if dag is not None else []
+    in_dag = {task.task_id for task in tasks}
+    order = [task.task_id for task in tasks]
+    upstream = {task.task_id: list(task.upstream) for task in tasks}
     return [*order, *sorted(t for t in set(seen_task_ids) if t not in in_dag)], upstream
 
 
-def _display_name(dag: DAG | None) -> str | None:
+def _display_name(dag: DagSummary | StoredDag | None) -> str | None:
     """The DAG's ``dag_display_name`` when it gives one other than its id."""
-    if dag is None or dag.dag_display_name == dag.dag_id:
-        return None
-    return str(dag.dag_display_name)
-
-
-def _task_labels(dag: DAG | None) -> dict[str, str]:
-    """The tasks' ``task_display_name``s, where one is given."""
-    if dag is None:
-        return {}
-    named = {t.task_id: getattr(t, "task_display_name", None) for t in dag.tasks}
-    return {task_id: str(name) for task_id, name in named.items() if name}
-
-
-def _groups_of(dag: DAG) -> dict[str, list[str]]:
-    """Each task's task groups, outermost first (none: not in a group)."""
-    chains: dict[str, list[str]] = {}
-    for task_id, task in dag.task_dict.items():
-        chain: list[str] = []
-        group = task.task_group
-        while group is not None:
-            chain.insert(0, group.group_id)
-            group = group.parent_group
-        chains[task_id] = chain
-    return chains
+    return dag.display_name if dag is not None else None
 
 
 def _collapsed_into(groups: Mapping[str, list[str]], collapsed: set[str]) -> dict[str, str]:
@@ -481,18 +422,6 @@ def _collapsed_into(groups: Mapping[str, list[str]], collapsed: set[str]) -> dic
 def _most_pressing(states: Sequence[str]) -> str:
     counts = Counter(states)
     return next((s for s in _SUMMARY_ORDER if counts.get(s)), "none")
-
-
-def _dag_order(dag: DAG) -> tuple[list[str], dict[str, list[str]]]:
-    order: list[str] = []
-    upstream: dict[str, list[str]] = {}
-    try:
-        for task in dag.topological_order():
-            order.append(task.task_id)
-            upstream[task.task_id] = sorted(task.upstream_task_ids)
-    except DagDefinitionError:
-        order = sorted(dag.task_dict)
-    return order, upstream
 
 
 def _cell(counts: Counter[str], try_number: int, mapped: bool) -> Record:

@@ -9,14 +9,11 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from broker.streams import StreamKeys, task_label
-from deferral.authoring.mappedoperator import MappedOperator
-from deferral.baseoperator import BaseOperator
-from deferral.dag import DAG
-from deferral.loading.dagbag import DagBag, DagNotFound
 from deferral.runtime.config import Settings
 from deferral.states import FAIL_METHOD, FINISHED_STATES, DagRunState, TaskState
 from deferral.store import doctor as checklist
 from deferral.store import liveness, pools, queues
+from deferral.store.serialized_dags import StoredDag, StoredMapping, StoredTask
 from deferral.store.tables import (
     DagRun,
     Pool,
@@ -30,16 +27,6 @@ from deferral.store.tables import (
 from deferral.trigger_rules import TriggerRule, evaluate, upstream_states
 from readmodel.records import when
 from readmodel.waits import how_to_resume, row_wait_of, signal_key
-
-
-def find_dag(settings: Settings, dag_id: str) -> tuple[DAG | None, str]:
-    """The DAG from the DAGs folder, or None and why not."""
-    try:
-        bag = DagBag(settings.dags_folder, import_timeout=settings.dagbag_import_timeout)
-        return bag.collect().get_dag(dag_id), ""
-    except DagNotFound as exc:
-        return None, str(exc)
-
 
 # What each trigger rule waits for, in words.
 _RULE_WAITS_FOR: dict[TriggerRule, str] = {
@@ -61,8 +48,10 @@ _RULE_WAITS_FOR: dict[TriggerRule, str] = {
 
 
 def explain(
-    session: Session, settings: Settings, dag: DAG | None, run: DagRun, ti: TaskInstance
+    session: Session, settings: Settings, dag: StoredDag | None, run: DagRun, ti: TaskInstance
 ) -> list[str]:
+    """Why ``ti`` is in its state, line by line; ``dag`` is its DAG as last parsed (None: not
+    parsed, or no longer in the DAGs folder)."""
     now: dt.datetime = session.scalars(select(func.now())).one()
     label = task_label(ti.dag_id, ti.run_id, ti.task_id, ti.map_index)
     lines = [f"{label}: {ti.state} (try {ti.try_number} of at most {ti.max_tries + 1})"]
@@ -78,7 +67,7 @@ def explain(
         lines.append(f"  DAG run is {run.state}")
     state = TaskState(ti.state)
     if state is TaskState.NONE:
-        lines += _explain_waiting(session, ti, task)
+        lines += _explain_waiting(session, dag, ti, task)
     elif state is TaskState.SCHEDULED:
         lines += _explain_scheduled(session, dag, ti)
     elif state is TaskState.QUEUED:
@@ -125,18 +114,10 @@ def explain(
     return lines + _docs(dag, task)
 
 
-# The documentation attributes of a task, as Airflow names them.
-_TASK_DOCS = ("doc_md", "doc", "doc_rst", "doc_json", "doc_yaml")
-
-
-def _docs(dag: DAG | None, task: BaseOperator | None) -> list[str]:
+def _docs(dag: StoredDag | None, task: StoredTask | None) -> list[str]:
     """The task's documentation, then its DAG's (doc_md), each indented under its name."""
-    found: list[tuple[str, str]] = []
-    for name in _TASK_DOCS:
-        text = getattr(task, name, None)
-        if text:
-            found.append((f"task {name}", str(text)))
-    dag_doc = dag.doc_md_text() if dag is not None else None
+    found = [(f"task {name}", text) for name, text in (task.docs if task else {}).items()]
+    dag_doc = dag.doc_md if dag is not None else None
     if dag_doc:
         found.append(("DAG doc_md", dag_doc))
     lines: list[str] = []
@@ -146,14 +127,16 @@ def _docs(dag: DAG | None, task: BaseOperator | None) -> list[str]:
     return lines
 
 
-def _explain_waiting(session: Session, ti: TaskInstance, task: BaseOperator | None) -> list[str]:
+def _explain_waiting(
+    session: Session, dag: StoredDag | None, ti: TaskInstance, task: StoredTask | None
+) -> list[str]:
     """State none: what the trigger rule waits for, and the upstream states it sees (every
     map index of a mapped upstream task); for a mapped task, when it expands."""
     if task is None:
         return []
     rule = TriggerRule(task.trigger_rule)
-    upstream = sorted(task.upstream_task_ids)
-    unexpanded = task if isinstance(task, MappedOperator) and ti.map_index < 0 else None
+    upstream = list(task.upstream)
+    unexpanded = task.mapping if ti.map_index < 0 else None
     expands = unexpanded is not None
     lines = _explain_mapped(unexpanded) if unexpanded is not None else []
     if not upstream:
@@ -174,11 +157,12 @@ def _explain_waiting(session: Session, ti: TaskInstance, task: BaseOperator | No
     if task.depends_on_past:
         lines.append(
             "  depends_on_past: also waits until its task instances in the previous run"
-            + (" (the previous scheduled one: catchup)" if task.dag and task.dag.catchup else "")
+            + (" (the previous scheduled one: catchup)" if dag and dag.catchup else "")
             + " succeeded or were skipped"
             + (", and those of its direct downstream tasks" if task.wait_for_downstream else "")
         )
-    setups = [t for t in upstream if task.dag is not None and task.dag.task_dict[t].is_setup]
+    in_dag = dag.task_dict if dag is not None else {}
+    setups = [t for t in upstream if t in in_dag and in_dag[t].is_setup]
     decision = evaluate(rule, upstream_states(upstream, states), upstream_states(setups, states))
     if decision is None:
         pending = [
@@ -206,22 +190,22 @@ def _upstream_state(by_index: dict[int, str] | None) -> str:
     return f"mapped, {len(by_index)} map index(es): {summary}"
 
 
-def _explain_mapped(task: MappedOperator) -> list[str]:
+def _explain_mapped(mapping: StoredMapping) -> list[str]:
     """A mapped task not expanded yet: over what, and when it expands."""
-    lines = [f"  mapped task, not expanded yet: {task.expand_input!r}"]
-    dependencies = sorted(task.mapped_dependencies())
+    lines = [f"  mapped task, not expanded yet: {mapping.expand_input}"]
+    dependencies = mapping.dependencies
     if dependencies:
         lines.append(
             f"  it expands into one task instance per value once {', '.join(dependencies)}"
             " finished and its trigger rule lets it run"
         )
     else:
-        length = task.expand_input.literal_length()
+        length = mapping.literal_length
         lines.append(f"  it expands into {length} task instance(s) once its trigger rule says so")
     return lines
 
 
-def _explain_scheduled(session: Session, dag: DAG | None, ti: TaskInstance) -> list[str]:
+def _explain_scheduled(session: Session, dag: StoredDag | None, ti: TaskInstance) -> list[str]:
     """State scheduled: the pool slots and run slots it needs before it is dispatched."""
     lines: list[str] = []
     if ti.next_method == FAIL_METHOD:

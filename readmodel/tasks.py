@@ -18,6 +18,7 @@ from deferral.runtime.secrets_masker import redact
 from deferral.states import FINISHED_STATES, TaskState
 from deferral.store import liveness, tasklogs
 from deferral.store.actions import ti_label
+from deferral.store.serialized_dags import read_dag
 from deferral.store.stored_secrets import known_secrets, shown_xcom
 from deferral.store.tables import (
     RenderedTaskInstanceFields,
@@ -27,7 +28,7 @@ from deferral.store.tables import (
     Triggerer,
     XCom,
 )
-from readmodel.dags import DagSource, operator_name
+from readmodel.dags import operator_name
 from readmodel.errors import NotFound
 from readmodel.explain import explain
 from readmodel.pages import Page, decode, page_of
@@ -96,7 +97,6 @@ def task_record(ti: Any) -> Record:
 def task_instance_detail(
     session: Session,
     settings: Settings,
-    source: DagSource,
     dag_id: str,
     run_id: str,
     task_id: str,
@@ -111,7 +111,7 @@ def task_instance_detail(
     if run is None:
         raise NotFound(f"DAG {dag_id!r} has no run {run_id!r}")
     tis = task_instances(session, dag_id, run_id, task_id)
-    dag = source.dag(dag_id)
+    dag = read_dag(session, dag_id)
     if not tis and (dag is None or task_id not in dag.task_dict):
         raise NotFound(f"run {run_id!r} of DAG {dag_id!r} has no task {task_id!r}")
     base = {

@@ -18,12 +18,25 @@ from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session
 
 from deferral.loading.dagbag import FolderContents
+from deferral.loading.parsing import Parsed
 from deferral.runtime import metrics
 from deferral.states import DagRunState, TaskState
-from deferral.store import transitions
+from deferral.store import serialized_dags, transitions
 from deferral.store.tables import Dag, DagImportError, DagRun, TaskInstance
+from scheduler import dagruns
 
 log = logging.getLogger("deferral.scheduler")
+
+
+def record(session: Session, folder: str, parsed: Parsed) -> list[str]:
+    """Record a parse of ``folder``: each DAG's schedule and next run (``dagruns.sync_dags``),
+    its ``dag`` row and the import errors (``sync``), and the documents the web UI and the CLI
+    read (``serialized_dags.write``: only the changed ones; those of DAGs no longer loaded
+    removed). Returns the ids of DAGs that load again after having been missing."""
+    dagruns.sync_dags(session, parsed, dt.datetime.now(dt.UTC), parsed.pending)
+    back = sync(session, parsed, parsed.pending)
+    serialized_dags.write(session, folder, parsed.dags, parsed.pending)
+    return back
 
 
 def sync(session: Session, dagbag: FolderContents, pending: Collection[str] = ()) -> list[str]:

@@ -274,8 +274,7 @@ class SchedulerService:
         if parsed is None:
             return
         with self.sessions.begin() as session:
-            dagruns.sync_dags(session, parsed, dt.datetime.now(dt.UTC), parsed.pending)
-            back = dags.sync(session, parsed, parsed.pending)
+            back = dags.record(session, str(self.settings.dags_folder), parsed)
             assets.sync_assets(session, parsed.dags, self.cipher)
             transitions.mark_runs(session, dags.runs_of(session, back))
 

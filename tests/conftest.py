@@ -41,6 +41,7 @@ from tests.servers import ADMIN_URL, REDIS_URL, TEST_FAR_TIMER_HORIZON_SEC
 # Tables cleared before each database test; pool keeps its seeded default_pool row.
 TABLES = (
     "task_state_change, xcom, task_reschedule, resume_event, outbox, dag, import_error, worker, "
+    "serialized_dag, dag_folder_parse, "
     "signal_wait, wait_timer, signal, "
     "task_log, task_log_try, "
     "rendered_task_instance_fields, variable, connection, "

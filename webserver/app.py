@@ -3,8 +3,9 @@
 (``deferral.store.actions``, through `writes`); what they show is read by `reads` from
 `readmodel`. Here: who may do what, how an answer is rendered, and the application itself.
 
-Database and Redis calls are blocking, so they run in Starlette's thread pool; one DagBag per
-process serves the DAGs (``readmodel.dags.DagSource``).
+Database and Redis calls are blocking, so they run in Starlette's thread pool. Pages read the
+DAGs the schedulers parsed (``readmodel.dags``); only the writes that need a DAG's objects
+(trigger, clear, mark) read the DAGs folder (``webserver.dagfiles``).
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ from webserver import approvals, users
 from webserver.answers import api_error, basic_refused
 from webserver.api import Api
 from webserver.auth import CSRF_FIELD, CSRF_HEADER, SESSION_COOKIE, Auth, is_loopback, session_key
+from webserver.dagfiles import DagFiles
 from webserver.forms import Forms, checked_form
 from webserver.hosts import HostCheck
 from webserver.inputs import BadInput, check_id, check_urlencoded, parse_json
@@ -168,7 +170,7 @@ class WebUI:
     ) -> None:
         self.settings = settings
         self.sessions: sessionmaker[Session] = make_sessionmaker(make_engine(settings.database_url))
-        self.dags = dags.DagSource(settings.dags_folder, settings.dagbag_import_timeout)
+        self.dag_files = DagFiles(settings.dags_folder, settings.dagbag_import_timeout)
         self.auth = Auth(
             self.sessions,
             session_key(settings),

@@ -19,6 +19,7 @@ from starlette.routing import Route
 
 from deferral.runtime.crypto import Cipher
 from deferral.store import hitl
+from deferral.store.serialized_dags import stored_params
 from deferral.store.tables import DeadlineMiss
 from webserver import paramform
 from webserver.inputs import BadInput, int_param
@@ -49,7 +50,7 @@ def _param_fields(params: Mapping[str, Any]) -> list[paramform.ParamField]:
     """The form's fields for the params a task asked for: the trigger form's, masked defaults
     included."""
     defaults = {name: spec.get("value") for name, spec in params.items()}
-    return paramform.fields(defaults, hitl.params_of(params))
+    return paramform.fields(stored_params(defaults, hitl.params_of(params)))
 
 
 def _respond_to_form(

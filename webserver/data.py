@@ -10,7 +10,7 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from readmodel.dags import DagSource, dag_detail
+from readmodel.dags import dag_detail
 from readmodel.waits import expiry_urgency
 from webserver.layout import layout
 from webserver.paramform import fields
@@ -38,7 +38,6 @@ def grid_rows(runs: int) -> int:
 
 def dag_page(
     session: Session,
-    source: DagSource,
     dag_id: str,
     runs: int,
     selected_run: str | None,
@@ -49,15 +48,12 @@ def dag_page(
     MAX_GRID_CELLS), with where the graph's boxes and edges are drawn and the fields of its
     trigger form."""
     record, shape = dag_detail(
-        session, source, dag_id, runs, selected_run, grid_rows(runs), task_page, collapsed
+        session, dag_id, runs, selected_run, grid_rows(runs), task_page, collapsed
     )
-    dag = source.dag(dag_id)
     graph = layout(shape.tasks, shape.upstream, shape.collapsed_into, shape.edge_labels)
     return {
         **record,
-        "param_fields": [
-            asdict(f) for f in (fields(dag.params, dag.param_specs) if dag is not None else [])
-        ],
+        "param_fields": [asdict(f) for f in fields(shape.params)],
         "graph": {**asdict(graph), **record["graph"]},
     }
 

@@ -7,12 +7,12 @@ value parsed as its kind, naming the param at fault. The schema itself is checke
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from deferral.models.param import Param
 from deferral.runtime.secrets_masker import MASK, redact
+from deferral.store.serialized_dags import StoredParam
 from webserver.inputs import BadInput
 
 FIELD_PREFIX = "param:"
@@ -45,24 +45,20 @@ def shown_values(values: Mapping[str, Any]) -> dict[str, Any]:
     return shown
 
 
-def fields(values: Mapping[str, Any], specs: Mapping[str, Param]) -> list[ParamField]:
+def fields(params: Sequence[StoredParam]) -> list[ParamField]:
     """One field per param, in the DAG's (or the task's) order."""
-    shown = shown_values(values)
     made = []
-    for name, value in values.items():
-        spec = specs.get(name)
-        schema = spec.schema if spec is not None else {}
-        kind = _kind(schema, value)
-        has_default = spec.has_value if spec is not None else True
+    for param in params:
+        kind = _kind(param.schema, param.value)
         made.append(
             ParamField(
-                name=name,
+                name=param.name,
                 kind=kind,
-                shown=_shown(kind, shown[name]) if has_default else "",
-                description=(spec.description or "") if spec is not None else "",
-                title=str(schema.get("title", "")),
-                choices=[json.dumps(choice) for choice in schema.get("enum", [])],
-                required=not has_default,
+                shown=_shown(kind, param.value) if param.has_value else "",
+                description=param.description,
+                title=str(param.schema.get("title", "")),
+                choices=[json.dumps(choice) for choice in param.schema.get("enum", [])],
+                required=not param.has_value,
             )
         )
     return made

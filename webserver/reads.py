@@ -65,14 +65,13 @@ class Reads:
     def dags_overview(self, request: Request) -> dict[str, Any]:
         tags = dags.wanted_tags(request.query_params.getlist("tags"))
         search = request.query_params.get("search", "")[: data.MAX_SEARCH_LENGTH]
-        return self._read(dags.dags_overview, self.ui.dags, tags, search)
+        return self._read(dags.dags_overview, tags, search)
 
     def dag_detail(self, request: Request) -> dict[str, Any]:
         query = request.query_params
         runs = int_param(query.get("runs"), "runs", low=1, high=data.MAX_GRID_RUNS)
         return self._read(
             data.dag_page,
-            self.ui.dags,
             request.path_params["dag_id"],
             runs or data.GRID_RUNS,
             _optional_id(query, "run_id"),
@@ -85,7 +84,6 @@ class Reads:
         return self._read(
             tasks.task_instance_detail,
             self.ui.settings,
-            self.ui.dags,
             request.path_params["dag_id"],
             required_id(query, "run_id"),
             required_id(query, "task_id"),

@@ -11,6 +11,8 @@ from deferral import signals
 from deferral.runtime.crypto import Cipher
 from deferral.store import actions
 from deferral.store.callback_tokens import Claim
+from deferral.store.serialized_dags import read_dag, stored_params
+from readmodel.dags import not_found
 from webserver import paramform
 from webserver.inputs import MAX_JSON_DEPTH, BadInput, check_id, json_depth
 from webserver.reads import required_id
@@ -24,7 +26,7 @@ class Writes:
         self.ui = ui
 
     def dag(self, dag_id: str) -> Any:
-        dag = self.ui.dags.dag(dag_id)
+        dag = self.ui.dag_files.dag(dag_id)
         if dag is None:
             raise actions.ActionError(
                 f"DAG {dag_id!r} not found in {self.ui.settings.dags_folder}", not_found=True
@@ -51,13 +53,21 @@ class Writes:
         dag = self.dag(dag_id)
         if form is not None:
             conf = {
-                **paramform.conf_from_form(paramform.fields(dag.params, dag.param_specs), form),
+                **paramform.conf_from_form(
+                    paramform.fields(stored_params(dag.params, dag.param_specs)), form
+                ),
                 **conf,
             }
         return actions.trigger_run(self.ui.sessions, dag, conf, run_id or None)
 
     def set_paused(self, dag_id: str, paused: bool) -> None:
-        actions.set_paused(self.ui.sessions, self.dag(dag_id), paused)
+        """Pause or unpause a DAG a scheduler parsed (its file is not read)."""
+        with self.ui.sessions() as session:
+            dag = read_dag(session, dag_id)
+            if dag is None:
+                message = not_found(session, dag_id, self.ui.settings.dags_folder)
+                raise actions.ActionError(message, not_found=True)
+        actions.set_paused(self.ui.sessions, dag, paused)
 
     def change(
         self, dag_id: str, params: Mapping[str, Any], change: actions.Change

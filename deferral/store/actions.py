@@ -9,7 +9,7 @@ import datetime as dt
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from sqlalchemy import select
 from sqlalchemy.dialects.postgresql import insert as pg_insert
@@ -120,7 +120,20 @@ def check_conf_against_params(dag: DAG, conf: dict[str, Any]) -> None:
             raise ActionError(f"DAG {dag.dag_id!r}: {exc}") from None
 
 
-def set_paused(sessions: sessionmaker[Session], dag: DAG, paused: bool) -> None:
+class Pausable(Protocol):
+    """What pausing needs of a DAG: a DAG object, or its parsed document (``StoredDag``)."""
+
+    @property
+    def dag_id(self) -> str: ...
+    @property
+    def fileloc(self) -> Any: ...
+    @property
+    def max_active_tasks(self) -> int: ...
+    @property
+    def max_active_runs(self) -> int: ...
+
+
+def set_paused(sessions: sessionmaker[Session], dag: Pausable, paused: bool) -> None:
     """Pause or unpause ``dag`` (its row is created if no scheduler wrote it yet)."""
     with sessions.begin() as session:
         # The scheduler fills in the rest of a row it has not written yet, and keeps is_paused.

@@ -99,6 +99,30 @@ class DagImportError(Base):
     last_seen: Mapped[dt.datetime] = _created()
 
 
+class SerializedDag(Base):
+    """A DAG as the last parse found it (``deferral.store.serialized_dags``): what the web UI
+    and the CLI show of it, so that they never import a DAG file."""
+
+    __tablename__ = "serialized_dag"
+
+    dag_id: Mapped[str] = mapped_column(String(250), primary_key=True)
+    fileloc: Mapped[str] = mapped_column(Text)
+    data: Mapped[dict[str, Any]] = mapped_column(JSONB)
+    # The document's sha256: a parse that finds the DAG unchanged does not rewrite its row.
+    dag_hash: Mapped[str] = mapped_column(String(64))
+    updated_at: Mapped[dt.datetime] = mapped_column(Timestamp, server_default=func.now())
+
+
+class DagFolderParse(Base):
+    """When a scheduler last recorded a parse of its DAGs folder: none yet means nothing has
+    been parsed, which the web UI and the CLI say rather than import the folder themselves."""
+
+    __tablename__ = "dag_folder_parse"
+
+    folder: Mapped[str] = mapped_column(Text, primary_key=True)
+    parsed_at: Mapped[dt.datetime] = mapped_column(Timestamp, server_default=func.now())
+
+
 class DagRun(Base):
     __tablename__ = "dag_run"
     __table_args__ = (

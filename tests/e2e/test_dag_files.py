@@ -14,7 +14,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from deferral.runtime import serialization
-from deferral.store.tables import TaskInstance, TaskStateChange, XCom
+from deferral.store.tables import SerializedDag, TaskInstance, TaskStateChange, XCom
 from tests.e2e.conftest import Services
 from tests.helpers import wait_for
 
@@ -100,10 +100,13 @@ def test_a_zipped_dag_defers_on_a_zipped_trigger_and_succeeds(
         archive.writestr(f"{helpers}/__init__.py", "")
         archive.writestr(f"{helpers}/greeting.py", "def greet(who):\n    return 'hello ' + who\n")
     services.env["DEFERRAL_TRIGGER_MODULES"] = f"deferral.triggers,{triggers}"
-    listed = services.run("dags", "list")
+    services.start("scheduler")
+    wait_for(
+        lambda: _parsed(sessions, "e2e_zipped"), timeout=90, what="the scheduler to parse the zip"
+    )
+    listed = services.run("dags", "list")  # what the scheduler parsed
     assert listed.returncode == 0, listed.stderr
     assert "e2e_zipped" in listed.stdout and "team.zip" in listed.stdout
-    services.start("scheduler")
     services.start("worker")
     services.start("triggerer")
     assert services.run("dags", "trigger", "e2e_zipped").returncode == 0
@@ -142,3 +145,8 @@ def test_a_task_policys_retries_are_applied_to_a_failing_task(
             select(TaskStateChange).where(TaskStateChange.to_state == "up_for_retry")
         ).all()
     assert len(retried) == 2
+
+
+def _parsed(sessions: sessionmaker[Session], dag_id: str) -> bool:
+    with sessions() as session:
+        return session.get(SerializedDag, dag_id) is not None

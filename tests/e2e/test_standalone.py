@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from tests.e2e.conftest import command
+from tests.helpers import wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -138,8 +139,11 @@ def test_standalone_prints_what_another_terminal_needs_keeps_its_ports_and_stops
         assert f"# web UI: http://127.0.0.1:{web_port}/" in said
         password = (home / "webserver-admin.password").read_text().strip()
         assert not any(password in line for line in said)
-        with urllib.request.urlopen(f"http://127.0.0.1:{web_port}/api/v1/dags", timeout=30) as web:
-            assert "example_deferrable" in {d["dag_id"] for d in json.load(web)["dags"]}
+        wait_for(
+            lambda: "example_deferrable" in _listed_dags(web_port),
+            timeout=90,
+            what="the web UI to list the DAG its scheduler parsed",
+        )
         # Another terminal, in another directory, with nothing but those lines.
         script = "\n".join(
             [*exports, f"{shlex.join(command('deferral'))} dags trigger example_deferrable --wait"]
@@ -221,3 +225,8 @@ def _one_stack_per_home_and_a_dead_service_stops_the_stack(
     ):
         time.sleep(0.2)
     assert left == []
+
+
+def _listed_dags(web_port: int) -> set[str]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{web_port}/api/v1/dags", timeout=30) as web:
+        return {d["dag_id"] for d in json.load(web)["dags"]}

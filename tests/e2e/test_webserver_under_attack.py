@@ -15,10 +15,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from sqlalchemy.orm import Session, sessionmaker
 
+from deferral.runtime.config import Settings
 from deferral_cli.embedded import free_port
 from tests.e2e.conftest import Services, command
 from tests.helpers import wait_for
+from tests.parsed_dags import record_dags_folder
 from webserver import users
 
 pytestmark = pytest.mark.e2e
@@ -57,8 +60,11 @@ class Server:
 
 
 @pytest.fixture
-def server(services: Services, dags_folder: Path) -> Iterator[Server]:
+def server(
+    services: Services, dags_folder: Path, settings: Settings, sessions: sessionmaker[Session]
+) -> Iterator[Server]:
     shutil.copy(EXAMPLE, dags_folder / EXAMPLE.name)
+    record_dags_folder(settings)  # the web UI shows what a scheduler parsed
     port = free_port()
     proc = services.spawn(
         "webserver",

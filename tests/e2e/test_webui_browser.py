@@ -32,7 +32,7 @@ from broker.client import Broker
 from deferral.runtime.crypto import Cipher
 from deferral.states import TaskState
 from deferral.store import transitions
-from deferral.store.tables import TaskInstance
+from deferral.store.tables import SerializedDag, TaskInstance
 from deferral_cli.embedded import free_port
 from tests.e2e.conftest import Stack, command, fire_deferred
 from tests.helpers import wait_for
@@ -124,9 +124,19 @@ def ui(module_stack: Stack) -> Iterator[UI]:
         wait_for(
             lambda: _answers(base + "/api/v1/health"), timeout=180, what="the webserver to answer"
         )
+        wait_for(
+            lambda: _parsed(module_stack, DAG_ID),
+            timeout=180,
+            what="the scheduler to parse the DAG the pages show",
+        )
         yield UI(driver, base, module_stack.sessions, module_stack.broker)
     finally:
         driver.quit()  # the processes stop with module_stack
+
+
+def _parsed(stack: Stack, dag_id: str) -> bool:
+    with stack.sessions() as session:
+        return session.get(SerializedDag, dag_id) is not None
 
 
 def _answers(url: str) -> bool:

@@ -13,6 +13,7 @@ from starlette.testclient import TestClient
 from broker.client import Broker
 from deferral.loading.dagbag import process_dagbag
 from deferral.runtime.config import Settings
+from tests.parsed_dags import ParsedClient, record_dags_folder
 from tests.servers import REDIS_URL
 from webserver import users
 from webserver.app import create_app
@@ -44,10 +45,14 @@ with DAG("{dag_id}") as dag:
 
 
 @pytest.fixture
-def cli_dag(write_dag: Callable[[str, str], Path]) -> str:
-    """The id of a DAG (a >> b, empty operators) in the test's DAGs folder."""
+def cli_dag(
+    settings: Settings, sessions: sessionmaker[Session], write_dag: Callable[[str, str], Path]
+) -> str:
+    """The id of a DAG (a >> b, empty operators) in the test's DAGs folder, parsed and recorded
+    as a scheduler does (the display commands read only what was parsed)."""
     dag_id = f"cli_{uuid.uuid4().hex[:8]}"
     write_dag(dag_id, CLI_DAG_SOURCE.format(dag_id=dag_id))
+    record_dags_folder(settings)
     return dag_id
 
 
@@ -61,10 +66,11 @@ def web_client(
     settings: Settings, host: str, extra: dict[str, str] | None = None, scheme: str = "http"
 ) -> TestClient:
     """The UI of a server listening on ``host`` (asked as localhost), its admin's password
-    WEB_ADMIN_PASSWORD, ``extra`` added to its environment."""
+    WEB_ADMIN_PASSWORD, ``extra`` added to its environment, beside a scheduler that records
+    the DAGs folder before each request (``tests.parsed_dags``)."""
     environ = {users.ADMIN_PASSWORD_ENV: WEB_ADMIN_PASSWORD, **(extra or {})}
     app = create_app(settings, host=host, environ=environ)
-    return TestClient(app, base_url=f"{scheme}://localhost", follow_redirects=False)
+    return ParsedClient(app, settings, base_url=f"{scheme}://localhost", follow_redirects=False)
 
 
 @pytest.fixture

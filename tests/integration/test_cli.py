@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import json
 import uuid
@@ -35,6 +36,7 @@ from deferral.store.transitions import Attempt, NewTaskInstance
 from deferral_cli import main as deferral_main
 from tests.conftest import ADMIN_URL
 from tests.integration.factories import DAG_ID, WORKER, deferred_task, running_task
+from tests.parsed_dags import record_dags_folder
 from worker.cli import main as worker_main
 
 
@@ -50,6 +52,7 @@ def test_dags_list_shows_dags_and_import_errors(
     assert result.exit_code == 0 and dag_id in result.output
 
     write_dag(f"broken_{uuid.uuid4().hex[:8]}", "raise RuntimeError('boom')\n")
+    record_dags_folder(settings)
     result = CliRunner().invoke(deferral_main, ["dags", "list"])
     assert result.exit_code == 1
     assert dag_id in result.output
@@ -66,6 +69,7 @@ def test_commands_go_on_past_a_dag_file_that_never_finishes_importing(
     sleeper = write_dag(
         f"sleeps_{uuid.uuid4().hex[:8]}", "import time\nwhile True:\n    time.sleep(1)\n"
     )
+    record_dags_folder(dataclasses.replace(settings, dagbag_import_timeout=0.5))
     listed = CliRunner().invoke(deferral_main, ["dags", "list"])
     assert listed.exit_code == 1
     assert dag_id in listed.output
@@ -84,6 +88,7 @@ def test_dags_list_shows_tags_and_filters_by_them(
             f"tagged_{name}_{suffix}",
             f"from deferral import DAG\ndag = DAG('tagged_{name}_{suffix}', tags={tags!r})\n",
         )
+    record_dags_folder(settings)
     listed = CliRunner().invoke(deferral_main, ["dags", "list", "--json"])
     assert listed.exit_code == 0, listed.output
     tags_of = {record["dag_id"]: record["tags"] for record in json.loads(listed.output)}
@@ -636,6 +641,7 @@ with DAG("{dag_id}"):
     s >> w >> EmptyOperator(task_id="t", wait_for_downstream=True).as_teardown(setups=s)
 """,
     )
+    record_dags_folder(settings)
     ids = _run_of(sessions, dag_id, ["s", "w", "t"])
     with sessions.begin() as session:
         transitions.never_run(session, [ids["s"]], TaskState.SKIPPED, "test")

@@ -39,6 +39,7 @@ from tests.integration.factories import (
     deferred_task,
     running_task,
 )
+from tests.parsed_dags import record_dags_folder
 from triggerer.cli import main as triggerer_main
 from webserver import users
 from worker.cli import main as worker_main
@@ -124,6 +125,7 @@ def everything(
     with XComs, a triggerer, a worker, a variable, a connection, a dead letter, an asset, a
     signal; returns the running task's id."""
     write_dag(f"listed_{uuid.uuid4().hex[:8]}", CLI_DAG_SOURCE.format(dag_id="listed"))
+    record_dags_folder(settings)
     deferred_task(sessions, cipher, task_id="waits", run_id="r1")
     ti_id = running_task(sessions, task_id="pushes", run_id="r2")
     awaiting_input_task(sessions, task_id="asks", run_id="r3")

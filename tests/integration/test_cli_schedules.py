@@ -18,6 +18,7 @@ from deferral.runtime.config import Settings
 from deferral.store.tables import Dag, DagRun
 from deferral_cli import main as deferral_main
 from scheduler import dagruns
+from tests.parsed_dags import record_dags_folder
 
 WriteDag = Callable[[str, str], Path]
 UTC = dt.UTC
@@ -206,6 +207,7 @@ def test_dags_list_shows_schedule_and_paused(
 ) -> None:
     daily = make_dag()
     manual = make_dag(schedule=None, extra=", is_paused_upon_creation=True")
+    record_dags_folder(settings)
     run("dags", "unpause", manual)
     result = run("dags", "list")
     assert result.exit_code == 0, result.output

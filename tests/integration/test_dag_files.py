@@ -25,6 +25,7 @@ from deferral.store import transitions
 from deferral.store.tables import TaskInstance
 from deferral_cli import main as deferral_main
 from scheduler.service import SchedulerService
+from tests.parsed_dags import record_dags_folder
 
 LOCAL_SETTINGS = """
 from deferral.exceptions import ClusterPolicyViolation
@@ -78,8 +79,9 @@ def policed_folder(
 
 
 def test_dags_list_shows_zipped_dags_and_the_policys_refusal(
-    policed_folder: Path,
+    policed_folder: Path, settings: Settings, sessions: sessionmaker[Session]
 ) -> None:
+    record_dags_folder(settings)
     result = CliRunner().invoke(deferral_main, ["dags", "list"])
     assert result.exit_code == 1  # there is an import error
     listed = {line.split()[0] for line in result.stdout.splitlines()[1:]}  # under the header

@@ -16,6 +16,7 @@ from deferral.store import transitions
 from deferral.store.tables import DagRun
 from deferral.store.transitions import NewTaskInstance
 from deferral_cli import main as deferral_main
+from tests.parsed_dags import record_dags_folder
 
 DAG_SOURCE = '''
 from deferral import DAG, task
@@ -40,10 +41,14 @@ def _explain(dag_id: str, task_id: str) -> list[str]:
 
 
 def _dag_with_run(
-    sessions: sessionmaker[Session], write_dag: Callable[[str, str], Path], dag_doc: str
+    settings: Settings,
+    sessions: sessionmaker[Session],
+    write_dag: Callable[[str, str], Path],
+    dag_doc: str,
 ) -> str:
     dag_id = f"docs_{uuid.uuid4().hex[:8]}"
     write_dag(dag_id, DAG_SOURCE.format(dag_id=dag_id, dag_doc=dag_doc))
+    record_dags_folder(settings)
     with sessions.begin() as session:
         transitions.create_dag_run(session, dag_id, "r1", dt.datetime.now(dt.UTC), {})
         run = session.scalars(select(DagRun)).one()
@@ -61,7 +66,7 @@ def _dag_with_run(
 def test_explain_shows_the_task_docs_then_the_dag_doc(
     settings: Settings, sessions: sessionmaker[Session], write_dag: Callable[[str, str], Path]
 ) -> None:
-    dag_id = _dag_with_run(sessions, write_dag, "Daily load of the table.")
+    dag_id = _dag_with_run(settings, sessions, write_dag, "Daily load of the table.")
     lines = _explain(dag_id, "documented")
     docs = lines[lines.index("  task doc_md:") :]
     assert docs == [
@@ -89,7 +94,7 @@ def test_a_dag_doc_md_naming_a_markdown_file_next_to_the_dag_shows_the_file(
     dags_folder: Path,
 ) -> None:
     (dags_folder / "README_dag.md").write_text("From the file.\nSecond line.\n")
-    dag_id = _dag_with_run(sessions, write_dag, "README_dag.md")
+    dag_id = _dag_with_run(settings, sessions, write_dag, "README_dag.md")
     assert _explain(dag_id, "plain")[-3:] == [
         "  DAG doc_md:",
         "    From the file.",

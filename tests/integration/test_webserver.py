@@ -33,8 +33,6 @@ from deferral.store.tables import (
     Trigger,
 )
 from deferral_cli.embedded import free_port
-from readmodel import dags as readmodel_dags
-from tests.helpers import wait_for
 from tests.integration.conftest import CLI_DAG_SOURCE, WEB_ADMIN_PASSWORD, WEB_DAG, web_client
 from tests.integration.factories import DAG_ID, deferred_task, running_task
 from webserver import users
@@ -646,9 +644,12 @@ def test_the_dag_list_shows_tags_and_filters_by_them(
 ) -> None:
     for name, tags in (("tagged_etl", ["etl", "daily"]), ("tagged_ml", ["ml"])):
         write_dag(name, f"from deferral import DAG\ndag = DAG('{name}', tags={tags!r})\n")
-    # A DAG only the database still knows keeps the tags it was last parsed with.
+    # A DAG whose file fails to import now keeps the tags it was last parsed with.
+    broken = write_dag("tagged_gone", "raise RuntimeError('broken')\n")
     with sessions.begin() as session:
-        session.add(Dag(dag_id="tagged_gone", tags=["etl"], missing_reason="file removed"))
+        session.add(
+            Dag(dag_id="tagged_gone", fileloc=str(broken), tags=["etl"], missing_reason="broken")
+        )
     page = local.get("/dags", params={"tags": "etl"})
     assert page.status_code == 200
     assert "tagged_etl" in page.text and "tagged_gone" in page.text
@@ -764,36 +765,3 @@ def test_the_dag_list_searches_and_triggers_with_the_defaults(
         "/dags/search_orders?run_id=manual__"
     )
     assert [run.run_type for run in runs_of(sessions, "search_orders")] == ["manual"]
-
-
-def test_pages_answer_while_a_dag_file_never_finishes_importing(
-    settings: Settings,
-    sessions: sessionmaker[Session],
-    broker: Broker,
-    web_dag: str,
-    write_dag: Callable[[str, str], Path],
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """A page waits for a read of the folder PARSE_WAIT_SEC at most, then shows the last one;
-    the file past the timeout ends as an import error and the other DAGs are shown."""
-    monkeypatch.setattr(readmodel_dags, "PARSE_WAIT_SEC", 0.2)
-    monkeypatch.setattr(readmodel_dags, "DAG_RESCAN_SEC", 0.0)
-    sleeper = write_dag("a_sleeps", "import time\nwhile True:\n    time.sleep(1)\n")
-    quick = dataclasses.replace(settings, dagbag_import_timeout=1.0)
-    with web_client(quick, "127.0.0.1") as client:
-        first = client.get("/api/v1/dags")
-        assert first.status_code == 200  # answered while the sleeper's read goes on
-
-        def listed() -> Any:
-            found = client.get("/api/v1/dags").json()
-            ids = {d["dag_id"] for d in found["dags"] if d["loaded"]}
-            return web_dag in ids and found["import_errors"]
-
-        errors = wait_for(listed, timeout=60, what="the folder read past the sleeper")
-    assert errors == [
-        {
-            "file": str(sleeper.resolve()),
-            "error": "DagImportTimeout: importing the file took longer than 1 s "
-            "(DEFERRAL_DAGBAG_IMPORT_TIMEOUT) (line 3)",
-        }
-    ]

@@ -4,9 +4,10 @@ breaks a wall fails at once.
 Between packages: ``deferral`` (core) imports neither ``broker`` nor a service nor the read model,
 the web UI or the CLI; services import ``deferral`` and ``broker`` but never each other; ``broker``
 imports no service and nothing of the authoring SDK; the read model imports neither the web UI,
-the CLI nor a service; the web UI imports no service and nothing of the CLI;
-``deferral_healthcheck`` imports no project package (it runs in a container's healthcheck, beside
-any process); ``migrations`` imports only the store.
+the CLI nor a service, nor DAG loading (``deferral.loading``: it reads the parsed DAGs); the
+web UI imports no service and nothing of the CLI; ``deferral_healthcheck`` imports no project
+package (it runs in a container's healthcheck, beside any process); ``migrations`` imports only
+the store.
 
 Inside a service, no class is over 400 lines (split by job into modules of its package), and
 what every service does (consumers, registration, poison entries) is written once, in
@@ -190,6 +191,18 @@ def test_the_broker_imports_nothing_of_the_authoring_sdk() -> None:
         for module, path in _sources("broker")
         for name in sorted(imported_names(path, module))
         if (target := _resolve(name, CORE)) and _is_sdk(target) and target not in VOCABULARY
+    ]
+    assert offences == []
+
+
+def test_the_read_model_imports_nothing_of_dag_loading() -> None:
+    """What the web UI and the CLI show of DAGs is what the schedulers parsed and stored
+    (readmodel/DECISIONS.md 5): the read model never reaches for a DagBag or a parser."""
+    offences = [
+        f"{path.relative_to(ROOT)} imports {name}"
+        for module, path in _sources("readmodel")
+        for name in sorted(imported_names(path, module))
+        if name == "deferral.loading" or name.startswith("deferral.loading.")
     ]
     assert offences == []
 

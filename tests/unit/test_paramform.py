@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from deferral.models.param import Param, ParamsDict, split_params
+from deferral.store.serialized_dags import stored_params
 from webserver.inputs import BadInput
 from webserver.paramform import ParamField, conf_from_form, fields
 
@@ -25,7 +26,7 @@ PARAMS = ParamsDict(
 
 def _fields() -> dict[str, ParamField]:
     values, specs = split_params(PARAMS)
-    return {f.name: f for f in fields(values, specs)}
+    return {f.name: f for f in fields(stored_params(values, specs))}
 
 
 def test_each_param_gets_a_field_of_its_kind_with_its_default() -> None:
@@ -63,7 +64,7 @@ def test_the_posted_fields_give_typed_conf_and_untouched_masked_or_empty_ones_ar
         "param:password": "***",
         "param:plain": "8",
     }
-    assert conf_from_form(fields(values, specs), form) == {
+    assert conf_from_form(fields(stored_params(values, specs)), form) == {
         "who": "deferral",
         "times": 5,
         "ratio": 0.25,
@@ -88,5 +89,5 @@ def test_a_field_that_does_not_parse_is_refused_naming_the_param(
 ) -> None:
     values, specs = split_params(PARAMS)
     with pytest.raises(BadInput) as refused:
-        conf_from_form(fields(values, specs), {f"param:{name}": raw})
+        conf_from_form(fields(stored_params(values, specs)), {f"param:{name}": raw})
     assert str(refused.value) == message

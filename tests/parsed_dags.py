@@ -1,0 +1,66 @@
+"""What a running scheduler does for the web UI and the CLI, for the tests that read them: parse
+the DAGs folder (``FolderParser``: a parse child within the import timeout) and record it with
+the scheduler's own writer (``scheduler.dags.record``: the ``dag``, ``import_error`` and
+``serialized_dag`` rows). The web UI and the display commands never import a DAG file
+(readmodel/DECISIONS.md 5): a test that writes DAG files records them before it reads."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy.orm import Session, sessionmaker
+from starlette.testclient import TestClient
+
+from deferral.loading.dagbag import DagBag
+from deferral.loading.parsing import FolderParser, Parsed
+from deferral.runtime.config import Settings
+from deferral.store.db import make_engine, make_sessionmaker
+from scheduler import dags
+
+
+class FolderRecorder:
+    """A scheduler's parse of ``settings``' DAGs folder, recorded on demand (a file is imported
+    again only when it changed, as the scheduler's own parser does)."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.folder = settings.dags_folder
+        self.parser = FolderParser(DagBag(self.folder), settings.dagbag_import_timeout)
+        self.engine = make_engine(settings.database_url)
+        self.sessions: sessionmaker[Session] = make_sessionmaker(self.engine)
+
+    def record(self) -> Parsed:
+        parsed = self.parser.parse()
+        with self.sessions.begin() as session:
+            dags.record(session, str(self.folder), parsed)
+        return parsed
+
+    def close(self) -> None:
+        self.parser.close()
+        self.engine.dispose()
+
+
+def record_dags_folder(settings: Settings) -> Parsed:
+    """Parse ``settings``' DAGs folder and record it, as a scheduler does after each parse."""
+    recorder = FolderRecorder(settings)
+    try:
+        return recorder.record()
+    finally:
+        recorder.close()
+
+
+class ParsedClient(TestClient):
+    """A web UI client beside a running scheduler: the DAGs folder, if it is there, is parsed
+    and recorded before each request (only its changed files are imported again)."""
+
+    def __init__(self, app: Any, settings: Settings, **kwargs: Any) -> None:
+        super().__init__(app, **kwargs)
+        self.recorder = FolderRecorder(settings)
+
+    def request(self, *args: Any, **kwargs: Any) -> Any:
+        if self.recorder.folder.is_dir():
+            self.recorder.record()
+        return super().request(*args, **kwargs)
+
+    def __exit__(self, *exc: Any) -> None:
+        self.recorder.close()
+        super().__exit__(*exc)

@@ -1,0 +1,80 @@
+"""The serializer of the DAG store (``deferral.store.serialized_dags``): a DAG object becomes the
+document the web UI and the CLI read, and back, with nothing a page needs left behind and a
+secret-looking param default masked as the trigger form masks it."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+
+from deferral import DAG
+from deferral.models.param import Param
+from deferral.operators import EmptyOperator
+from deferral.runtime.secrets_masker import MASK
+from deferral.sensors.time_delta import TimeDeltaSensor
+from deferral.store.serialized_dags import StoredDag, dag_hash, serialize_dag
+from deferral.utils.edgemodifier import Label
+from deferral.utils.task_group import TaskGroup
+
+
+def _dag() -> DAG:
+    with DAG(
+        "stored",
+        schedule="@daily",
+        start_date=dt.datetime(2024, 1, 1, tzinfo=dt.UTC),
+        tags=["etl", "daily"],
+        doc_md="# Stored",
+        dag_display_name="Stored DAG",
+        params={
+            "count": Param(3, type="integer", minimum=1, description="how many"),
+            "password": "hunter2-secret",
+            "needed": Param(type="string"),
+        },
+    ) as dag:
+        setup = EmptyOperator(task_id="setup").as_setup()
+        with TaskGroup("section"):
+            work = EmptyOperator(task_id="work", retries=2, pool="small", doc_md="does work")
+        each = TimeDeltaSensor.partial(task_id="each").expand(delta=[dt.timedelta(1)] * 3)
+        setup >> Label("then") >> work >> each
+    return dag
+
+
+def test_a_dag_becomes_the_document_pages_read_and_back() -> None:
+    stored = serialize_dag(_dag())
+    assert (stored.dag_id, stored.display_name, stored.schedule) == (
+        "stored",
+        "Stored DAG",
+        "@daily",
+    )
+    assert stored.tags == ["etl", "daily"] and stored.doc_md == "# Stored"
+    assert stored.order == ["setup", "section.work", "each"]
+    work = stored.task_dict["section.work"]
+    assert (work.operator, work.groups, work.upstream, work.downstream) == (
+        "EmptyOperator",
+        ["section"],
+        ["setup"],
+        ["each"],
+    )
+    assert (work.retries, work.pool, work.docs, work.trigger_rule) == (
+        2,
+        "small",
+        {"doc_md": "does work"},
+        "all_success",
+    )
+    assert stored.task_dict["setup"].is_setup
+    each = stored.task_dict["each"]
+    assert each.is_mapped and each.mapping is not None and each.mapping.literal_length == 3
+    assert stored.edge_labels == [("setup", "section.work", "then")]
+    params = {param.name: param for param in stored.params}
+    assert params["count"].value == 3 and params["count"].schema["minimum"] == 1
+    assert params["password"].value == MASK  # as the trigger form shows it
+    assert not params["needed"].has_value
+    document = json.loads(json.dumps(stored.document()))  # JSON-able, as JSONB keeps it
+    assert StoredDag.from_document(document) == stored
+    assert "hunter2-secret" not in json.dumps(document)
+
+
+def test_the_hash_changes_only_with_the_document() -> None:
+    first, again = serialize_dag(_dag()).document(), serialize_dag(_dag()).document()
+    assert dag_hash(first) == dag_hash(again)
+    assert dag_hash(first) != dag_hash({**first, "tags": ["etl"]})
