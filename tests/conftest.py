@@ -41,7 +41,7 @@ from tests.servers import ADMIN_URL, REDIS_URL, TEST_FAR_TIMER_HORIZON_SEC
 # Tables cleared before each database test; pool keeps its seeded default_pool row.
 TABLES = (
     "task_state_change, xcom, task_reschedule, resume_event, outbox, dag, import_error, worker, "
-    "signal_wait, signal, "
+    "signal_wait, signal, idempotency_key, "
     "task_log, task_log_try, "
     "rendered_task_instance_fields, variable, connection, "
     "hitl_detail, deadline_miss, "

@@ -19,6 +19,19 @@ def api_answer(payload: Any, status_code: int = 200) -> Response:
     return Response(body, status_code=status_code, media_type="application/json")
 
 
+# The header a client sends its idempotency key in, and the one a repeat's answer carries
+# (Stripe's names).
+IDEMPOTENCY_HEADER = "idempotency-key"
+REPLAYED_HEADER = "idempotent-replayed"
+
+
+def replayed_if(response: Response, replayed: bool) -> Response:
+    """``response``, marked as a repeat's (the first request's answer) when ``replayed``."""
+    if replayed:
+        response.headers[REPLAYED_HEADER] = "true"
+    return response
+
+
 def api_error(status_code: int, message: str) -> Response:
     return JSONResponse({"error": message}, status_code=status_code)
 

@@ -18,7 +18,7 @@ from deferral.runtime.crypto import Cipher
 from deferral.store import actions
 from deferral.store.callback_tokens import TokenRefused, read_token
 from webserver.access_log import CALLBACK_PATH
-from webserver.answers import api_answer, api_error, too_many
+from webserver.answers import IDEMPOTENCY_HEADER, api_answer, api_error, replayed_if, too_many
 from webserver.inputs import BadInput, parse_json
 from webserver.ratelimits import RUNS, SIGNALS
 from webserver.reads import Reads
@@ -54,15 +54,28 @@ class Api:
             raise BadInput("conf must be a JSON object")
         if run_id is not None and not isinstance(run_id, str):
             raise BadInput("run_id must be a string")
-        refused = self.ui.limits.take(RUNS, f"user:{request.scope['acting_user']}")
+        acting = request.scope["acting_user"]
+        refused = self.ui.limits.take(RUNS, f"user:{acting}")
         if refused is not None:
             return too_many(refused)
         dag_id = request.path_params["dag_id"]
-        triggered = await run_in_threadpool(self.writes.trigger, dag_id, json.dumps(conf), run_id)
-        return api_answer(
-            {"dag_id": dag_id, "run_id": triggered.run_id, "paused": triggered.paused},
-            status_code=201,
+        keyed = self._idempotency_key(request, acting)
+        triggered = await run_in_threadpool(
+            self.writes.trigger, dag_id, json.dumps(conf), run_id, None, keyed
         )
+        return replayed_if(
+            api_answer(
+                {"dag_id": dag_id, "run_id": triggered.run_id, "paused": triggered.paused},
+                status_code=201,
+            ),
+            triggered.replayed,
+        )
+
+    def _idempotency_key(self, request: Request, requester: str) -> actions.IdempotencyKey | None:
+        key = request.headers.get(IDEMPOTENCY_HEADER)
+        if key is None:
+            return None
+        return actions.IdempotencyKey(key, Cipher(self.ui.settings.fernet_keys), requester)
 
     def pause(self, paused: bool) -> Handler:
         async def handler(request: Request) -> Response:
@@ -100,10 +113,18 @@ class Api:
             return too_many(refused)
         sender = signals.Sender(acting, self.ui.web.signals_kept_per_user)
         sent = await run_in_threadpool(
-            self.writes.send_signal, request.path_params["key"], payload, sender
+            self.writes.send_signal,
+            request.path_params["key"],
+            payload,
+            sender,
+            request.headers.get(IDEMPOTENCY_HEADER),
         )
-        return api_answer(
-            {"signal_id": sent.id, "key": sent.key, "resumed": len(sent.resumed)}, status_code=201
+        return replayed_if(
+            api_answer(
+                {"signal_id": sent.id, "key": sent.key, "resumed": len(sent.resumed)},
+                status_code=201,
+            ),
+            sent.replayed,
         )
 
     async def callback(self, request: Request) -> Response:
@@ -130,10 +151,11 @@ class Api:
                 claim,
                 answer.get("status"),
                 answer.get("payload"),
+                request.headers.get(IDEMPOTENCY_HEADER),
             )
         except TokenRefused as exc:
             return api_error(exc.status, str(exc))
-        return api_answer({"resumed": len(sent.resumed)})
+        return replayed_if(api_answer({"resumed": len(sent.resumed)}), sent.replayed)
 
     def routes(self) -> list[Route]:
         r, a, read = self.ui.api_reader, self.ui.api_actor, self.reading

@@ -38,6 +38,7 @@ from deferral.runtime import secrets_masker
 from deferral.runtime.config import Settings, WebserverSettings, webserver_settings
 from deferral.store import actions
 from deferral.store.db import make_engine, make_sessionmaker
+from deferral.store.idempotency import IdempotencyConflict
 from readmodel import dags
 from readmodel.errors import NotFound, server_error
 from readmodel.pages import BadCursor
@@ -325,6 +326,10 @@ class WebUI:
             if "dag_id" in request.path_params:
                 check_id("dag_id", request.path_params["dag_id"])
             return await handler(request)
+        except IdempotencyConflict as exc:
+            if api:
+                return api_error(409, str(exc))
+            return await self.error_page(request, 409, str(exc))
         except (NotFound, BadInput, BadCursor, actions.ActionError) as exc:
             not_found = isinstance(exc, NotFound) or getattr(exc, "not_found", False)
             status = 404 if not_found else 400

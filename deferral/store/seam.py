@@ -10,7 +10,8 @@ running system goes through here, and nothing else of ``deferral.store`` or
   that runs task code installs them here as a ``TaskRuntime`` (``install_task_runtime``) and the
   SDK asks ``task_runtime()``;
 - what a task's context offers: its triggering asset events, its callback token;
-- signals and approvals: their rows, their checks, and the transitions they cause.
+- signals and approvals: their rows, their checks, and the transitions they cause; a signal's
+  idempotency key (``idempotency``).
 
 A new need of the SDK is added here, by name, so the seam stays the list of what crosses."""
 
@@ -19,7 +20,7 @@ from __future__ import annotations
 import datetime as dt
 from typing import TYPE_CHECKING, Any, Protocol
 
-from deferral.store import transitions
+from deferral.store import idempotency, transitions
 from deferral.store.asset_events import LazyInletEvents, LazyTriggeringEvents
 from deferral.store.callback_tokens import (
     CALLBACK_KEY_PREFIX,
@@ -60,6 +61,7 @@ __all__ = [
     "TaskRuntime",
     "TokenRefused",
     "check_request",
+    "idempotency",
     "install_task_runtime",
     "metastore",
     "parse_token",

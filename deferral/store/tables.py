@@ -561,6 +561,24 @@ class WebSession(Base):
     expires_at: Mapped[dt.datetime] = mapped_column(Timestamp, index=True)
 
 
+class IdempotencyKey(Base):
+    """A request made once under an idempotency key (``deferral.store.idempotency``): a
+    repeat within the window returns ``answer``, the first request's, and acts no more. The
+    primary key is what makes concurrent repeats wait for the first and then read its answer."""
+
+    __tablename__ = "idempotency_key"
+
+    # What the key is unique within: the kind of request and who makes it.
+    scope: Mapped[str] = mapped_column(Text, primary_key=True)
+    key: Mapped[str] = mapped_column(String(255), primary_key=True)
+    # A MAC of the request (Purpose.IDEMPOTENT_REQUEST): a repeat with another request differs.
+    fingerprint: Mapped[str] = mapped_column(Text)
+    answer: Mapped[dict[str, Any] | None] = mapped_column(JSONB)
+    created_at: Mapped[dt.datetime] = mapped_column(
+        Timestamp, server_default=func.now(), index=True
+    )
+
+
 class Signal(Base):
     """A signal sent to a key (``deferral.signals``), kept for a bounded age so that a wait
     with a lookback can match one sent before it."""
