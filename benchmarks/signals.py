@@ -2,6 +2,7 @@
 through the API.
 
     .venv/bin/python benchmarks/signals.py [--waiting 10000] [--signals 1000] [--api 2000]
+        [--clients 4] [--auth token|basic]
 
 On a fresh database (see scratch.py): puts ``--waiting`` running tasks into signal waits, each
 on a key of its own, through the worker's deferral path (``signals.defer_with_waits``, in
@@ -11,8 +12,11 @@ batches of 500); then
   have a waiter, and times each from the call to its commit (the task is SCHEDULED, visible to
   every scheduler, when it returns): p50 / p99, and the CPU the sending process spent;
 - starts ``deferral webserver`` and posts ``--api`` signals with ``POST /api/v1/signals/{key}``
-  (HTTP Basic, keep-alive, ``--clients`` threads), half to keys with a waiter, half to keys
-  without: signals per second.
+  (keep-alive, ``--clients`` threads), half to keys with a waiter, half to keys without:
+  signals per second (target: at least 1,000 with 4 clients). ``--auth token`` (the default)
+  sends an API token with the ``signals`` scope made by ``webserver.tokens`` (a machine's
+  credentials), ``--auth basic`` the admin's HTTP Basic password. The server's signal rate
+  limit is lifted for the run.
 
 No scheduler, worker or triggerer runs: nothing but PostgreSQL is needed for a signal to reach
 SCHEDULED (queuing it is the scheduler's dispatch, as for any resumed task).
@@ -33,6 +37,7 @@ import threading
 import time
 from pathlib import Path
 
+from harness import calibration, load_average
 from scratch import scratch_deployment
 from sqlalchemy import func, select, text
 
@@ -45,6 +50,7 @@ from deferral.store.metastore import metastore
 from deferral.store.tables import DagRun, TaskInstance
 from deferral.store.transitions import Attempt, NewTaskInstance
 from deferral.triggers import SignalTrigger
+from webserver import tokens
 
 WORKER = "bench-worker"
 PASSWORD = "bench-password-1234"
@@ -141,9 +147,18 @@ def library_latency(keys: list[str]) -> None:
     )
 
 
-def api_throughput(keys: list[str], clients: int, port: int) -> None:
-    auth = base64.b64encode(f"admin:{PASSWORD}".encode()).decode()
-    headers = {"content-type": "application/json", "authorization": f"Basic {auth}"}
+def credentials(url: str, auth: str) -> str:
+    """The Authorization header's value: a new API token's, or the admin's Basic password."""
+    if auth == "basic":
+        return "Basic " + base64.b64encode(f"admin:{PASSWORD}".encode()).decode()
+    with make_sessionmaker(make_engine(url)).begin() as session:
+        token = tokens.create_token(session, metastore().cipher, "bench", [tokens.SIGNALS])
+    assert token is not None
+    return f"Bearer {token}"
+
+
+def api_throughput(keys: list[str], clients: int, port: int, authorization: str) -> float:
+    headers = {"content-type": "application/json", "authorization": authorization}
     failures: list[str] = []
 
     def post(part: list[str]) -> None:
@@ -164,10 +179,18 @@ def api_throughput(keys: list[str], clients: int, port: int) -> None:
         thread.join()
     took = time.perf_counter() - started
     assert not failures, failures[:5]
+    rate = len(keys) / took
     print(
         f"API: {len(keys)} signals in {took:.2f} s with {clients} clients:"
-        f" {len(keys) / took:.0f} signals/s"
+        f" {rate:,.0f} signals/s (target >= 1,000)"
     )
+    return rate
+
+
+def cpu_seconds(pid: int) -> float:
+    """User and system CPU a process has used (Linux's /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def wait_up(port: int, deadline: float) -> None:
@@ -189,14 +212,21 @@ def main() -> None:
     parser.add_argument("--api", type=int, default=2_000)
     parser.add_argument("--clients", type=int, default=4)
     parser.add_argument("--port", type=int, default=18_718)
+    parser.add_argument("--auth", choices=("token", "basic"), default="token")
     args = parser.parse_args()
     assert args.signals + args.api // 2 <= args.waiting
+    print(f"measured at {dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC, {load_average()}")
+    print(calibration(), flush=True)
     with tempfile.TemporaryDirectory() as home, scratch_deployment(Path(home), "signals") as url:
         keys = put_waiting(url, args.waiting)
         library_latency(keys[: args.signals])
         with_waiter = keys[args.signals : args.signals + args.api // 2]
         without = [f"nobody-{i}" for i in range(args.api - len(with_waiter))]
-        env = {**os.environ, "DEFERRAL_WEBSERVER_ADMIN_PASSWORD": PASSWORD}
+        env = {
+            **os.environ,
+            "DEFERRAL_WEBSERVER_ADMIN_PASSWORD": PASSWORD,
+            "DEFERRAL_WEBSERVER_SIGNAL_RATE": "1000000/second",
+        }
         server = subprocess.Popen(
             [
                 str(Path(sys.executable).with_name("deferral")),
@@ -210,11 +240,16 @@ def main() -> None:
         )
         try:
             wait_up(args.port, time.monotonic() + 60)
+            authorization = credentials(url, args.auth)
+            cpu = cpu_seconds(server.pid)
             api_throughput(
                 [k for pair in zip(with_waiter, without, strict=True) for k in pair],
                 args.clients,
                 args.port,
+                authorization,
             )
+            cpu = cpu_seconds(server.pid) - cpu
+            print(f"webserver CPU {cpu / args.api * 1000:.2f} ms per signal; {load_average()}")
         finally:
             server.terminate()
             server.wait(timeout=30)

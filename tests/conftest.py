@@ -42,7 +42,7 @@ from tests.servers import ADMIN_URL, REDIS_URL, TEST_FAR_TIMER_HORIZON_SEC
 TABLES = (
     "task_state_change, xcom, task_reschedule, resume_event, outbox, dag, import_error, worker, "
     "signal_wait, signal, idempotency_key, "
-    "task_log, task_log_try, "
+    "task_log, task_log_try, api_token, "
     "rendered_task_instance_fields, variable, connection, "
     "hitl_detail, deadline_miss, "
     'task_instance, trigger, triggerer, scheduler, dag_run, dag_run_count, "user", web_session, '

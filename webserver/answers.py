@@ -12,6 +12,7 @@ from readmodel.records import json_value
 from webserver.auth import Verdict
 from webserver.data import json_ready
 from webserver.ratelimits import Refusal
+from webserver.tokens import SCOPES, Bearer
 
 
 def api_answer(payload: Any, status_code: int = 200) -> Response:
@@ -61,3 +62,18 @@ def basic_refused(verdict: Verdict) -> Response:
         refused = api_error(429, f"too many failed logins: try again in {seconds} s")
         return with_retry_after(refused, verdict)
     return api_error(401, "wrong user name or password")
+
+
+def no_token_here() -> Response:
+    """An API token sent where only a login serves."""
+    return api_error(403, f"API tokens are for {', '.join(SCOPES)} only: this path needs a login")
+
+
+def token_acting(bearer: Bearer | None, scope: str) -> str | Response:
+    """Who an API token (None: not a valid one) acts as where ``scope`` is needed, or why it
+    may not."""
+    if bearer is None:
+        return api_error(401, "API token unknown, revoked or malformed")
+    if scope not in bearer.scopes:
+        return api_error(403, f"API token {bearer.name!r} lacks the {scope!r} scope")
+    return bearer.acting

@@ -14,13 +14,21 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from deferral import signals
-from deferral.runtime.crypto import Cipher
 from deferral.store import actions
 from deferral.store.callback_tokens import TokenRefused, read_token
+from webserver import tokens
 from webserver.access_log import CALLBACK_PATH
-from webserver.answers import IDEMPOTENCY_HEADER, api_answer, api_error, replayed_if, too_many
+from webserver.answers import (
+    IDEMPOTENCY_HEADER,
+    api_answer,
+    api_error,
+    replayed_if,
+    token_acting,
+    too_many,
+)
+from webserver.auth import has_bearer
 from webserver.inputs import BadInput, parse_json
-from webserver.ratelimits import RUNS, SIGNALS
+from webserver.ratelimits import RUNS, SIGNALS, limited_as
 from webserver.reads import Reads
 from webserver.urls import API
 from webserver.writes import Writes
@@ -55,7 +63,7 @@ class Api:
         if run_id is not None and not isinstance(run_id, str):
             raise BadInput("run_id must be a string")
         acting = request.scope["acting_user"]
-        refused = self.ui.limits.take(RUNS, f"user:{acting}")
+        refused = self.ui.limits.take(RUNS, limited_as(acting))
         if refused is not None:
             return too_many(refused)
         dag_id = request.path_params["dag_id"]
@@ -75,7 +83,7 @@ class Api:
         key = request.headers.get(IDEMPOTENCY_HEADER)
         if key is None:
             return None
-        return actions.IdempotencyKey(key, Cipher(self.ui.settings.fernet_keys), requester)
+        return actions.IdempotencyKey(key, self.ui.cipher, requester)
 
     def pause(self, paused: bool) -> Handler:
         async def handler(request: Request) -> Response:
@@ -108,7 +116,7 @@ class Api:
     async def signal(self, request: Request) -> Response:
         payload = request.scope["body"].get("payload")
         acting = request.scope["acting_user"]
-        refused = self.ui.limits.take(SIGNALS, f"user:{acting}")
+        refused = self.ui.limits.take(SIGNALS, limited_as(acting))
         if refused is not None:
             return too_many(refused)
         sender = signals.Sender(acting, self.ui.web.signals_kept_per_user)
@@ -129,7 +137,15 @@ class Api:
 
     async def callback(self, request: Request) -> Response:
         """A task's callback: no login (the token is the credential), a JSON body
-        ``{"status": "success"|"failure", "payload": ...}``."""
+        ``{"status": "success"|"failure", "payload": ...}``. A machine relaying callbacks may
+        send an API token with the ``callbacks`` scope: its answers then count against that
+        token's rate limit, not the callback token's."""
+        limited = None
+        if has_bearer(request):
+            acting = token_acting(await self.ui.auth.bearer(request), tokens.CALLBACKS)
+            if isinstance(acting, Response):
+                return acting
+            limited = limited_as(acting)
         body = await request.body()
         try:
             answer = parse_json(body.decode(), "the body")
@@ -139,10 +155,10 @@ class Api:
             )
         if not isinstance(answer, dict):
             return api_error(400, "the body must be a JSON object")
-        cipher = Cipher(self.ui.settings.fernet_keys)
+        cipher = self.ui.cipher
         try:
             claim = read_token(cipher, request.path_params["token"], dt.datetime.now(dt.UTC))
-            refused = self.ui.limits.take(SIGNALS, f"token:{claim.key}")
+            refused = self.ui.limits.take(SIGNALS, limited or f"token:{claim.key}")
             if refused is not None:
                 return too_many(refused)
             sent = await run_in_threadpool(
@@ -173,11 +189,11 @@ class Api:
             Route(f"{API}/triggerers", r(read(reads.processes))),
             Route(f"{API}/streams", r(read(reads.streams))),
             Route(f"{API}/doctor", r(read(reads.doctor))),
-            Route(f"{API}/dags/{{dag_id}}/runs", a(self.trigger), methods=["POST"]),
+            Route(f"{API}/dags/{{dag_id}}/runs", a(self.trigger, tokens.RUNS), methods=["POST"]),
             Route(f"{API}/dags/{{dag_id}}/pause", a(self.pause(True)), methods=["POST"]),
             Route(f"{API}/dags/{{dag_id}}/unpause", a(self.pause(False)), methods=["POST"]),
             Route(f"{API}/dags/{{dag_id}}/clear", a(self.clear), methods=["POST"]),
             Route(f"{API}/dags/{{dag_id}}/mark", a(self.mark), methods=["POST"]),
-            Route(f"{API}/signals/{{key}}", a(self.signal), methods=["POST"]),
+            Route(f"{API}/signals/{{key}}", a(self.signal, tokens.SIGNALS), methods=["POST"]),
             Route(f"{CALLBACK_PATH}{{token}}", self.callback, methods=["POST"]),
         ]

@@ -94,8 +94,9 @@ class Writes:
     ) -> signals.SentSignal:
         try:
             with self.ui.sessions.begin() as session:
-                cipher = Cipher(self.ui.settings.fernet_keys)
-                sent = signals.send_in(session, cipher, key, payload, sender, idempotency_key)
+                sent = signals.send_in(
+                    session, self.ui.cipher, key, payload, sender, idempotency_key
+                )
         except signals.SignalError as exc:
             raise BadInput(str(exc)) from None
         if sent.resumed:  # the scheduler queues them now, not when its wait for events ends

@@ -496,6 +496,19 @@ class User(Base):
     created_at: Mapped[dt.datetime] = _created()
 
 
+class ApiToken(Base):
+    """A machine's API token (``webserver.tokens``): its name, what it may do, and a keyed hash
+    of its secret (``Purpose.API_TOKEN``); never the secret itself. Revoking deletes the row."""
+
+    __tablename__ = "api_token"
+
+    id: Mapped[int] = _id()
+    name: Mapped[str] = mapped_column(String(64), unique=True)
+    scopes: Mapped[list[str]] = mapped_column(ARRAY(Text))
+    digest: Mapped[str] = mapped_column(Text)
+    created_at: Mapped[dt.datetime] = _created()
+
+
 class HITLDetail(Base):
     """What a task awaiting input (``HITLOperator``) asks, and the response once given: one row
     per task instance, rewritten by each try that asks. ``deferral.store.hitl`` reads and writes
