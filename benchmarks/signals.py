@@ -2,7 +2,7 @@
 through the API.
 
     .venv/bin/python benchmarks/signals.py [--waiting 10000] [--signals 1000] [--api 2000]
-        [--clients 4] [--auth token|basic]
+        [--clients 4] [--auth token|basic] [--servers 1]
 
 On a fresh database (see scratch.py): puts ``--waiting`` running tasks into signal waits, each
 on a key of its own, through the worker's deferral path (``signals.defer_with_waits``, in
@@ -16,7 +16,8 @@ batches of 500); then
   signals per second (target: at least 1,000 with 4 clients). ``--auth token`` (the default)
   sends an API token with the ``signals`` scope made by ``webserver.tokens`` (a machine's
   credentials), ``--auth basic`` the admin's HTTP Basic password. The server's signal rate
-  limit is lifted for the run.
+  limit is lifted for the run. ``--servers N`` starts N webserver replicas (as behind a load
+  balancer), client i posting to replica i mod N; the webserver CPU per signal is their sum.
 
 No scheduler, worker or triggerer runs: nothing but PostgreSQL is needed for a signal to reach
 SCHEDULED (queuing it is the scheduler's dispatch, as for any resumed task).
@@ -157,11 +158,11 @@ def credentials(url: str, auth: str) -> str:
     return f"Bearer {token}"
 
 
-def api_throughput(keys: list[str], clients: int, port: int, authorization: str) -> float:
+def api_throughput(keys: list[str], clients: int, ports: list[int], authorization: str) -> float:
     headers = {"content-type": "application/json", "authorization": authorization}
     failures: list[str] = []
 
-    def post(part: list[str]) -> None:
+    def post(part: list[str], port: int) -> None:
         conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
         for key in part:
             conn.request("POST", f"/api/v1/signals/{key}", json.dumps({"payload": 1}), headers)
@@ -171,7 +172,10 @@ def api_throughput(keys: list[str], clients: int, port: int, authorization: str)
                 failures.append(f"{key}: {answer.status}")
         conn.close()
 
-    threads = [threading.Thread(target=post, args=(keys[i::clients],)) for i in range(clients)]
+    threads = [
+        threading.Thread(target=post, args=(keys[i::clients], ports[i % len(ports)]))
+        for i in range(clients)
+    ]
     started = time.perf_counter()
     for thread in threads:
         thread.start()
@@ -213,6 +217,9 @@ def main() -> None:
     parser.add_argument("--clients", type=int, default=4)
     parser.add_argument("--port", type=int, default=18_718)
     parser.add_argument("--auth", choices=("token", "basic"), default="token")
+    parser.add_argument(
+        "--servers", type=int, default=1, help="webserver replicas; client i posts to i %% N"
+    )
     args = parser.parse_args()
     assert args.signals + args.api // 2 <= args.waiting
     print(f"measured at {dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC, {load_average()}")
@@ -227,32 +234,37 @@ def main() -> None:
             "DEFERRAL_WEBSERVER_ADMIN_PASSWORD": PASSWORD,
             "DEFERRAL_WEBSERVER_SIGNAL_RATE": "1000000/second",
         }
-        server = subprocess.Popen(
-            [
-                str(Path(sys.executable).with_name("deferral")),
-                "webserver",
-                "--port",
-                str(args.port),
-            ],
-            env=env,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
+        ports = [args.port + i for i in range(args.servers)]
+        servers = [
+            subprocess.Popen(
+                [str(Path(sys.executable).with_name("deferral")), "webserver", "--port", str(p)],
+                env=env,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+            for p in ports
+        ]
         try:
-            wait_up(args.port, time.monotonic() + 60)
+            for port in ports:
+                wait_up(port, time.monotonic() + 60)
             authorization = credentials(url, args.auth)
-            cpu = cpu_seconds(server.pid)
+            cpu = sum(cpu_seconds(server.pid) for server in servers)
             api_throughput(
                 [k for pair in zip(with_waiter, without, strict=True) for k in pair],
                 args.clients,
-                args.port,
+                ports,
                 authorization,
             )
-            cpu = cpu_seconds(server.pid) - cpu
-            print(f"webserver CPU {cpu / args.api * 1000:.2f} ms per signal; {load_average()}")
+            cpu = sum(cpu_seconds(server.pid) for server in servers) - cpu
+            print(
+                f"webserver CPU {cpu / args.api * 1000:.2f} ms per signal"
+                f" ({len(servers)} process(es)); {load_average()}"
+            )
         finally:
-            server.terminate()
-            server.wait(timeout=30)
+            for server in servers:
+                server.terminate()
+            for server in servers:
+                server.wait(timeout=30)
 
 
 if __name__ == "__main__":

@@ -265,8 +265,11 @@ class Auth:
     # -- API clients -------------------------------------------------------------------------
 
     def _token(self, token: str) -> tokens.Bearer | None:
-        with self._sessions() as session:
-            return tokens.verify(session, self._cipher, token)
+        # One statement and no transaction around it (no BEGIN, no ROLLBACK): the row read
+        # once, at the moment of the request.
+        engine = self._sessions.kw["bind"]
+        with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+            return tokens.verify(conn, self._cipher, token)
 
     async def bearer(self, request: Request) -> tokens.Bearer | None:
         """The API token the request sends (``has_bearer``), if it is a valid one."""

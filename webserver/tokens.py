@@ -17,7 +17,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import delete, select, text
+from sqlalchemy import Connection, delete, select, text
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session
 
@@ -99,12 +99,12 @@ def token_list(session: Session) -> list[dict[str, Any]]:
     return [{"name": r.name, "scopes": list(r.scopes), "created_at": r.created_at} for r in rows]
 
 
-def verify(session: Session, cipher: Cipher, token: str) -> Bearer | None:
+def verify(connection: Connection, cipher: Cipher, token: str) -> Bearer | None:
     """The token's name and scopes, if it is one that exists and its secret is right."""
     shape = _TOKEN.match(token)
     if shape is None:
         return None
-    row = session.execute(_ROW_SQL, {"id": int(shape[1])}).one_or_none()
+    row = connection.execute(_ROW_SQL, {"id": int(shape[1])}).one_or_none()
     if row is None or not cipher.verify(Purpose.API_TOKEN, shape[2].encode(), row.digest):
         return None
     return Bearer(row.name, tuple(row.scopes))
