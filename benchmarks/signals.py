@@ -167,9 +167,9 @@ def api_throughput(keys: list[str], clients: int, ports: list[int], authorizatio
         for key in part:
             conn.request("POST", f"/api/v1/signals/{key}", json.dumps({"payload": 1}), headers)
             answer = conn.getresponse()
-            answer.read()
+            body = answer.read()
             if answer.status != 201:
-                failures.append(f"{key}: {answer.status}")
+                failures.append(f"{key}: {answer.status} {body[:200]!r}")
         conn.close()
 
     threads = [

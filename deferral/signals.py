@@ -67,6 +67,9 @@ _LOCK_SQL = text(
 
 # A sender's (web user's) signals beyond the newest ``kept`` - 1 go as it sends one more; the
 # statement's snapshot does not see the row it inserts. No sender (NULL): nothing matches.
+# Concurrent sends find the same old rows to delete: each deletes those it can lock at once and
+# leaves the others to the send holding them (waiting, two sends deleting several rows each
+# deadlocked).
 _SEND_SQL = text(
     """
     WITH sent AS (
@@ -74,12 +77,14 @@ _SEND_SQL = text(
     ), pruned AS (
         DELETE FROM signal WHERE id IN (
             SELECT id FROM signal WHERE sent_at < now() - :retention
-            ORDER BY sent_at LIMIT :prune
+            ORDER BY sent_at LIMIT :prune FOR UPDATE SKIP LOCKED
         )
     ), over_quota AS (
         DELETE FROM signal WHERE id IN (
-            SELECT id FROM signal WHERE sent_by = :sent_by
-            ORDER BY id DESC OFFSET :kept - 1
+            SELECT id FROM signal WHERE id IN (
+                SELECT id FROM signal WHERE sent_by = :sent_by
+                ORDER BY id DESC OFFSET :kept - 1
+            ) FOR UPDATE SKIP LOCKED
         )
     )
     SELECT sent.id, ARRAY(SELECT trigger_id FROM signal_wait WHERE key = :key) AS waiting
