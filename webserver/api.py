@@ -23,10 +23,8 @@ from webserver.answers import (
     api_answer,
     api_error,
     replayed_if,
-    token_acting,
     too_many,
 )
-from webserver.auth import has_bearer
 from webserver.inputs import BadInput, parse_json
 from webserver.ratelimits import RUNS, SIGNALS, limited_as
 from webserver.reads import Reads
@@ -138,14 +136,10 @@ class Api:
     async def callback(self, request: Request) -> Response:
         """A task's callback: no login (the token is the credential), a JSON body
         ``{"status": "success"|"failure", "payload": ...}``. A machine relaying callbacks may
-        send an API token with the ``callbacks`` scope: its answers then count against that
-        token's rate limit, not the callback token's."""
-        limited = None
-        if has_bearer(request):
-            acting = token_acting(await self.ui.auth.bearer(request), tokens.CALLBACKS)
-            if isinstance(acting, Response):
-                return acting
-            limited = limited_as(acting)
+        send an API token with the ``callbacks`` scope (``WebUI.token_optional``): its answers
+        then count against that token's rate limit, not the callback token's."""
+        token: str | None = request.scope["token_acting"]
+        limited = None if token is None else limited_as(token)
         body = await request.body()
         try:
             answer = parse_json(body.decode(), "the body")
@@ -195,5 +189,9 @@ class Api:
             Route(f"{API}/dags/{{dag_id}}/clear", a(self.clear), methods=["POST"]),
             Route(f"{API}/dags/{{dag_id}}/mark", a(self.mark), methods=["POST"]),
             Route(f"{API}/signals/{{key}}", a(self.signal, tokens.SIGNALS), methods=["POST"]),
-            Route(f"{CALLBACK_PATH}{{token}}", self.callback, methods=["POST"]),
+            Route(
+                f"{CALLBACK_PATH}{{token}}",
+                self.ui.token_optional(self.callback, tokens.CALLBACKS),
+                methods=["POST"],
+            ),
         ]

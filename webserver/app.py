@@ -316,6 +316,22 @@ class WebUI:
 
         return guarded
 
+    def token_optional(self, handler: Handler, token_scope: str) -> Handler:
+        """A path open without a login (its credential is in the URL) where a machine may also
+        send an API token: if it does, the token must be valid and have ``token_scope``; the
+        handler finds who it acts as in ``request.scope["token_acting"]`` (None without)."""
+
+        async def guarded(request: Request) -> Response:
+            request.scope["token_acting"] = None
+            if has_bearer(request):
+                acting = token_acting(await self.auth.bearer(request), token_scope)
+                if isinstance(acting, Response):
+                    return acting
+                request.scope["token_acting"] = acting
+            return await handler(request)
+
+        return guarded
+
     async def _api_acting(self, request: Request, token_scope: str | None) -> str | Response:
         """Who an API write acts as (a user's name, or ``token:<name>``), or why it is
         refused."""
