@@ -438,6 +438,12 @@ def callback_base_url() -> str:
     return _one_setting("CALLBACK_BASE_URL", _base_url, "http://localhost:8080")
 
 
+def idempotency_window() -> dt.timedelta:
+    """``DEFERRAL_IDEMPOTENCY_WINDOW_SEC``: how long an idempotency key of a signal, a callback
+    answer or a triggered run is remembered (a repeat within it returns the first answer)."""
+    return dt.timedelta(seconds=_one_setting("IDEMPOTENCY_WINDOW_SEC", _positive_float, "86400"))
+
+
 def _base_url(raw: str) -> str:
     url = raw.strip().rstrip("/")
     if not url.startswith(("http://", "https://")) or any(c.isspace() for c in url):
@@ -713,6 +719,14 @@ SETTINGS: tuple[SettingDoc, ...] = (
         "CALLBACK_BASE_URL",
         "http://localhost:8080",
         "The web server's address as callers reach it: the start of a task's callback URL.",
+        "core",
+    ),
+    SettingDoc(
+        "IDEMPOTENCY_WINDOW_SEC",
+        "86400",
+        "How long an idempotency key (`--idempotency-key`, the `Idempotency-Key` header) of a"
+        " signal, a callback answer or a triggered run is remembered: a repeat within it returns"
+        " the first answer and does nothing more.",
         "core",
     ),
     SettingDoc(

@@ -21,8 +21,9 @@ from deferral.baseoperator import BaseOperator
 from deferral.dag import DAG
 from deferral.exceptions import ActionError, DagDefinitionError
 from deferral.runtime import controls, storable
+from deferral.runtime.crypto import Cipher
 from deferral.states import DagRunType, TaskState
-from deferral.store import transitions
+from deferral.store import idempotency, transitions
 from deferral.store.tables import Dag, DagRun, TaskInstance
 from deferral.timetables import UserTimetableError
 from deferral.utils.sensor_helper import parse_logical_date, run_of
@@ -66,6 +67,19 @@ class Triggered:
     run_id: str
     # The DAG is paused: the run waits until it is unpaused.
     paused: bool
+    # A repeat of an idempotency key: the first trigger's run (this one created none).
+    replayed: bool = False
+
+
+@dataclass(frozen=True)
+class IdempotencyKey:
+    """An idempotency key given with a trigger: ``requester`` (a web user, None for the
+    command line) is part of what the key is unique within; ``cipher`` signs the request's
+    fingerprint."""
+
+    key: str
+    cipher: Cipher
+    requester: str | None = None
 
 
 def trigger_run(
@@ -75,10 +89,31 @@ def trigger_run(
     run_id: str | None = None,
     *,
     logical_date: dt.datetime | None = None,
+    idempotency_key: IdempotencyKey | None = None,
 ) -> Triggered:
     """Create a manual run of ``dag`` at ``logical_date`` (tz-aware; default now), its run id
     ``manual__<logical date>`` unless given; its ``Param``s must accept what ``conf`` gives
-    them (else their defaults), as Airflow checks at trigger."""
+    them (else their defaults), as Airflow checks at trigger. Under ``idempotency_key``, a
+    repeat of the same trigger within the window creates nothing and answers the first's run
+    (``replayed``); IdempotencyConflict for the key used with another trigger."""
+    made = None
+    if idempotency_key is not None:
+        scope = idempotency.RUNS
+        if idempotency_key.requester is not None:
+            scope = f"{scope}/{idempotency_key.requester}"
+        try:
+            made = idempotency.request(
+                scope,
+                idempotency_key.key,
+                lambda: {
+                    "dag_id": dag.dag_id,
+                    "conf": conf,
+                    "run_id": run_id,
+                    "logical_date": None if logical_date is None else logical_date.isoformat(),
+                },
+            )
+        except idempotency.IdempotencyError as exc:
+            raise ActionError(str(exc)) from None
     check_conf_against_params(dag, conf)
     logical_date = logical_date or dt.datetime.now(dt.UTC)
     if run_id is not None:
@@ -93,21 +128,28 @@ def trigger_run(
     except UserTimetableError as exc:
         raise ActionError(f"DAG {dag.dag_id!r}: {exc}") from None
     exists = f"DAG {dag.dag_id!r} already has a run {run_id!r} or one at {logical_date.isoformat()}"
+
+    def act() -> dict[str, Any]:
+        transitions.create_dag_run(
+            session,
+            dag.dag_id,
+            run_id,
+            logical_date,
+            conf,
+            run_type=DagRunType.MANUAL,
+            data_interval=(interval.start, interval.end),
+        )
+        row = session.get(Dag, dag.dag_id)
+        return {"run_id": run_id, "paused": row is not None and row.is_paused}
+
     try:
         with sessions.begin() as session:
-            transitions.create_dag_run(
-                session,
-                dag.dag_id,
-                run_id,
-                logical_date,
-                conf,
-                run_type=DagRunType.MANUAL,
-                data_interval=(interval.start, interval.end),
-            )
-            row = session.get(Dag, dag.dag_id)
+            cipher = None if idempotency_key is None else idempotency_key.cipher
+            outcome = idempotency.once(session, cipher, made, act)
     except IntegrityError:
         raise ActionError(exists) from None
-    return Triggered(run_id, row is not None and row.is_paused)
+    answer = outcome.answer
+    return Triggered(answer["run_id"], answer["paused"], outcome.replayed)
 
 
 def check_conf_against_params(dag: DAG, conf: dict[str, Any]) -> None:

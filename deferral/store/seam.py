@@ -11,7 +11,8 @@ running system goes through here, and nothing else of ``deferral.store`` or
   SDK asks ``task_runtime()``;
 - what a task's context offers: its triggering asset events, its callback token;
 - signals and approvals: their rows, their checks, and the transitions they cause; the waits
-  held as rows (composites, filters, cancel-on) that signals resolve.
+  held as rows (composites, filters, cancel-on) that signals resolve; a signal's idempotency
+  key (``idempotency``).
 
 A new need of the SDK is added here, by name, so the seam stays the list of what crosses."""
 
@@ -20,7 +21,7 @@ from __future__ import annotations
 import datetime as dt
 from typing import TYPE_CHECKING, Any, Protocol
 
-from deferral.store import transitions, waits
+from deferral.store import idempotency, transitions, waits
 from deferral.store.asset_events import LazyInletEvents, LazyTriggeringEvents
 from deferral.store.callback_tokens import (
     CALLBACK_KEY_PREFIX,
@@ -63,6 +64,7 @@ __all__ = [
     "TokenRefused",
     "WaitTimer",
     "check_request",
+    "idempotency",
     "install_task_runtime",
     "metastore",
     "parse_token",

@@ -520,6 +520,19 @@ class User(Base):
     created_at: Mapped[dt.datetime] = _created()
 
 
+class ApiToken(Base):
+    """A machine's API token (``webserver.tokens``): its name, what it may do, and a keyed hash
+    of its secret (``Purpose.API_TOKEN``); never the secret itself. Revoking deletes the row."""
+
+    __tablename__ = "api_token"
+
+    id: Mapped[int] = _id()
+    name: Mapped[str] = mapped_column(String(64), unique=True)
+    scopes: Mapped[list[str]] = mapped_column(ARRAY(Text))
+    digest: Mapped[str] = mapped_column(Text)
+    created_at: Mapped[dt.datetime] = _created()
+
+
 class HITLDetail(Base):
     """What a task awaiting input (``HITLOperator``) asks, and the response once given: one row
     per task instance, rewritten by each try that asks. ``deferral.store.hitl`` reads and writes
@@ -583,6 +596,24 @@ class WebSession(Base):
     username: Mapped[str] = mapped_column(String(64), index=True)
     created_at: Mapped[dt.datetime] = _created()
     expires_at: Mapped[dt.datetime] = mapped_column(Timestamp, index=True)
+
+
+class IdempotencyKey(Base):
+    """A request made once under an idempotency key (``deferral.store.idempotency``): a
+    repeat within the window returns ``answer``, the first request's, and acts no more. The
+    primary key is what makes concurrent repeats wait for the first and then read its answer."""
+
+    __tablename__ = "idempotency_key"
+
+    # What the key is unique within: the kind of request and who makes it.
+    scope: Mapped[str] = mapped_column(Text, primary_key=True)
+    key: Mapped[str] = mapped_column(String(255), primary_key=True)
+    # A MAC of the request (Purpose.IDEMPOTENT_REQUEST): a repeat with another request differs.
+    fingerprint: Mapped[str] = mapped_column(Text)
+    answer: Mapped[dict[str, Any] | None] = mapped_column(JSONB)
+    created_at: Mapped[dt.datetime] = mapped_column(
+        Timestamp, server_default=func.now(), index=True
+    )
 
 
 class Signal(Base):
