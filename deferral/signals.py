@@ -309,9 +309,7 @@ def send_in(
 
     def act() -> dict[str, Any]:
         lock_keys(session, [key])
-        return _record(
-            session, cipher, key, sealed, sender, serialization.dumps(payload)
-        ).answer()
+        return _record(session, cipher, key, sealed, sender, serialization.dumps(payload)).answer()
 
     return SentSignal.from_outcome(idempotency.once(session, cipher, made, act))
 
