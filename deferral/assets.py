@@ -13,6 +13,7 @@ from collections.abc import Generator, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from deferral.partitions import check_key
 from deferral.runtime.serialization import SerializationError, check_kwargs
 from deferral.timetables import NullTimetable
 from deferral.triggers.base import BaseTrigger, TriggerEvent, classpath_of
@@ -153,8 +154,35 @@ class Asset(BaseAsset):
     def iter_assets(self) -> Iterator[Asset]:
         yield self
 
+    # A reference (``Asset.ref``) names an asset defined elsewhere: its uri is not known here.
+    is_ref = False
+
+    @staticmethod
+    def ref(*, name: str = "", uri: str = "") -> Asset:
+        """The asset named ``name``, defined elsewhere (deferral knows assets by name, so a
+        reference by uri is refused)."""
+        if name and uri:
+            raise AssetError("Asset.ref takes a name or a uri, not both")
+        if uri:
+            raise AssetError(
+                f"Asset.ref(uri={uri[:80]!r}): deferral knows assets by name; "
+                "use Asset.ref(name=...)"
+            )
+        if not name:
+            raise AssetError("Asset.ref needs name=...")
+        return AssetNameRef(name)
+
     def summary(self) -> str:
         return self.name
+
+
+class AssetNameRef(Asset):
+    """``Asset.ref(name=...)``: the asset of that name, whatever its uri."""
+
+    is_ref = True
+
+    def __repr__(self) -> str:
+        return f"Asset.ref(name={self.name!r})"
 
 
 # Airflow 2's name.
@@ -245,6 +273,8 @@ def asset_condition(where: str, schedule: BaseAsset | Sequence[BaseAsset]) -> Ba
         )
     seen: dict[str, Asset] = {}
     for asset in assets:
+        if asset.is_ref:
+            continue
         other = seen.setdefault(asset.name, asset)
         if other is not asset and other.uri != asset.uri:
             raise AssetError(f"{where}: asset {asset.name!r} is given two uris")
@@ -358,6 +388,19 @@ class OutletEventAccessor:
 
     asset: Asset
     extra: dict[str, Any] = field(default_factory=dict)
+
+    def add_partitions(self, keys: str | Sequence[str]) -> None:
+        """Airflow 3.3's runtime partitions: the keys are checked (deferral records no
+        partition keys yet, and says so in the task's log)."""
+        listed = [keys] if isinstance(keys, str) else list(keys)
+        if not listed:
+            raise AssetError(f"add_partitions on {self.asset.name!r} needs at least one key")
+        checked = sorted({check_key(k) for k in listed})
+        log.warning(
+            "asset %r: partitions %s are not recorded (deferral keeps no partition keys yet)",
+            self.asset.name,
+            ", ".join(checked),
+        )
 
 
 class OutletEventAccessors(Mapping[Any, OutletEventAccessor]):

@@ -35,7 +35,8 @@ def sync_assets(session: Session, dags: Mapping[str, DAG], cipher: Cipher) -> No
     for dag_id, dag in sorted(dags.items()):
         condition = dag.asset_condition
         for asset in condition.iter_assets() if condition is not None else ():
-            assets.setdefault(asset.name, asset)
+            if not asset.is_ref:  # a reference's uri is not known here
+                assets.setdefault(asset.name, asset)
             schedules.add((dag_id, asset.name))
         for task in dag.tasks:
             for asset in getattr(task, "outlets", None) or ():

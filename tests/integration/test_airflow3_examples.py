@@ -27,6 +27,10 @@ S, K, F = "success", "skipped", "failed"
 # those whose runs show what the import hook's names do; every copy is checked loading in
 # tests/unit/test_airflow_imports.py).
 AIRFLOW_ENDS: dict[str, tuple[str, dict[str, str]]] = {
+    # example_asset_partition.py: a CronPartitionTimetable run (no start_date) on the database.
+    "ingest_team_a_player_stats": (S, {"ingest_team_a_stats": S}),
+    # example_asset_decorator.py: an @asset function reading another asset's events by name.
+    "asset2_producer": (S, {"asset2_producer": S}),
     # example_outlet_event_extra.py: Metadata yielded, a post_execute hook.
     "asset_with_extra_by_yield": (S, {"asset_with_extra_by_yield": S}),
     "asset_with_extra_from_classic_operator": (
