@@ -77,6 +77,12 @@ class BaseAsset:
     def iter_assets(self) -> Iterator[Asset]:
         raise NotImplementedError
 
+    def iter_keys(self) -> Iterator[str]:
+        """What the condition's queued events are keyed by: its assets' names, and its
+        aliases' keys (``AssetAlias.key``)."""
+        for asset in self.iter_assets():
+            yield asset.name
+
     def summary(self) -> str:
         raise NotImplementedError
 
@@ -188,6 +194,46 @@ class AssetNameRef(Asset):
 # Airflow 2's name.
 Dataset = Asset
 
+# How a DAG scheduled on an alias is recorded among the schedules' asset names.
+ALIAS_KEY_PREFIX = "alias:"
+
+
+class AssetAlias(BaseAsset):
+    """``AssetAlias(name)`` (Airflow 3's): assets a task names while it runs. A task with the
+    alias in its ``outlets`` adds events of any asset to it
+    (``outlet_events[alias].add(asset, extra=...)``); the alias then resolves to those assets.
+    A DAG scheduled on the alias runs on each event of an asset it resolves to (none until it
+    resolves), and ``inlet_events[alias]`` are the events added through it."""
+
+    def __init__(self, name: str, *, group: str = "asset") -> None:
+        self.name = _check_text("alias name", name)
+        self.group = _check_text("group", group)
+
+    @property
+    def key(self) -> str:
+        return ALIAS_KEY_PREFIX + self.name
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, AssetAlias) and other.name == self.name
+
+    def __hash__(self) -> int:
+        return hash(("alias", self.name))
+
+    def __repr__(self) -> str:
+        return f"AssetAlias(name={self.name!r})"
+
+    def evaluate(self, updated: Mapping[str, object] | set[str]) -> bool:
+        return self.key in updated
+
+    def iter_assets(self) -> Iterator[Asset]:
+        return iter(())
+
+    def iter_keys(self) -> Iterator[str]:
+        yield self.key
+
+    def summary(self) -> str:
+        return self.key
+
 
 class _AssetBoolean(BaseAsset):
     operator = ""
@@ -205,6 +251,10 @@ class _AssetBoolean(BaseAsset):
     def iter_assets(self) -> Iterator[Asset]:
         for obj in self.objects:
             yield from obj.iter_assets()
+
+    def iter_keys(self) -> Iterator[str]:
+        for obj in self.objects:
+            yield from obj.iter_keys()
 
     def summary(self) -> str:
         parts = [
@@ -248,6 +298,7 @@ class AssetAny(_AssetBoolean):
 
 
 DatasetAll = AssetAll
+DatasetAlias = AssetAlias
 DatasetAny = AssetAny
 
 
@@ -267,10 +318,9 @@ def asset_condition(where: str, schedule: BaseAsset | Sequence[BaseAsset]) -> Ba
     bounded, and one definition per asset name."""
     condition = schedule if isinstance(schedule, BaseAsset) else AssetAll(*schedule)
     assets = list(condition.iter_assets())
-    if len(assets) > MAX_CONDITION_ASSETS:
-        raise AssetError(
-            f"{where}: schedule names {len(assets)} assets, at most {MAX_CONDITION_ASSETS}"
-        )
+    named = len(list(condition.iter_keys()))
+    if named > MAX_CONDITION_ASSETS:
+        raise AssetError(f"{where}: schedule names {named} assets, at most {MAX_CONDITION_ASSETS}")
     seen: dict[str, Asset] = {}
     for asset in assets:
         if asset.is_ref:
@@ -281,17 +331,17 @@ def asset_condition(where: str, schedule: BaseAsset | Sequence[BaseAsset]) -> Ba
     return condition
 
 
-def check_outlets(where: str, outlets: object, what: str = "outlets") -> list[Asset]:
-    """A task's ``outlets`` (or ``inlets``, ``what``): assets only (conditions cannot be
-    updated or read)."""
+def check_outlets(where: str, outlets: object, what: str = "outlets") -> list[Asset | AssetAlias]:
+    """A task's ``outlets`` (or ``inlets``, ``what``): assets and aliases only (conditions
+    cannot be updated or read)."""
     if outlets is None:
         return []
     items = [outlets] if isinstance(outlets, BaseAsset) else outlets
     if not isinstance(items, list | tuple):
         raise AssetError(f"{where}: {what} must be a list of Asset, got {type(outlets).__name__}")
-    found: list[Asset] = []
+    found: list[Asset | AssetAlias] = []
     for item in items:
-        if not isinstance(item, Asset):
+        if not isinstance(item, Asset | AssetAlias):
             raise AssetError(f"{where}: {what} must be Asset, got {type(item).__name__}")
         found.append(item)
     if len(found) > MAX_CONDITION_ASSETS:
@@ -308,7 +358,7 @@ def events_to_consume(
     present = {name for name, ids in queued.items() if ids}
     if not condition.evaluate(present):
         return None
-    names = {asset.name for asset in condition.iter_assets()}
+    names = set(condition.iter_keys())
     return sorted(min(queued[name]) for name in names & present)
 
 
@@ -403,15 +453,47 @@ class OutletEventAccessor:
         )
 
 
-class OutletEventAccessors(Mapping[Any, OutletEventAccessor]):
-    """``context["outlet_events"]``: the events the task records for its outlets when it
-    succeeds, by outlet (an Asset or its name); setting one's ``extra`` annotates the event."""
+@dataclass
+class AliasEventAccessor:
+    """``context["outlet_events"][alias]``: the events the task adds through an alias in its
+    outlets, each of an asset it names then (``add``), recorded when it succeeds."""
 
-    def __init__(self, outlets: Iterable[Asset]) -> None:
-        self._outlets = {asset.name: asset for asset in outlets}
+    alias: AssetAlias
+    events: list[tuple[Asset, dict[str, Any]]] = field(default_factory=list)
+
+    def add(self, asset: Asset, extra: dict[str, Any] | None = None) -> None:
+        if not isinstance(asset, Asset) or asset.is_ref:
+            raise AssetError(f"alias {self.alias.name!r}: add takes an Asset, got {asset!r:.80}")
+        if extra is not None and not isinstance(extra, dict):
+            raise AssetError(
+                f"alias {self.alias.name!r}: extra must be a dict, got {type(extra).__name__}"
+            )
+        if len(self.events) >= MAX_CONDITION_ASSETS:
+            raise AssetError(
+                f"alias {self.alias.name!r}: at most {MAX_CONDITION_ASSETS} events per task"
+            )
+        self.events.append((asset, dict(extra or {})))
+
+
+class OutletEventAccessors(Mapping[Any, Any]):
+    """``context["outlet_events"]``: the events the task records for its outlets when it
+    succeeds, by outlet (an Asset or its name); setting one's ``extra`` annotates the event.
+    An alias among the outlets (looked up by the AssetAlias) takes events of any asset."""
+
+    def __init__(self, outlets: Iterable[Asset | AssetAlias]) -> None:
+        outlets = list(outlets)
+        self._outlets = {a.name: a for a in outlets if isinstance(a, Asset)}
+        self._aliases = {
+            a.name: AliasEventAccessor(a) for a in outlets if isinstance(a, AssetAlias)
+        }
         self._accessors: dict[str, OutletEventAccessor] = {}
 
-    def __getitem__(self, key: object) -> OutletEventAccessor:
+    def __getitem__(self, key: object) -> Any:
+        if isinstance(key, AssetAlias):
+            if key.name not in self._aliases:
+                known = ", ".join(sorted(self._aliases)) or "none"
+                raise KeyError(f"{key!r} is not an outlet of this task (aliases: {known})")
+            return self._aliases[key.name]
         name = key.name if isinstance(key, Asset) else key
         if not isinstance(name, str) or name not in self._outlets:
             known = ", ".join(sorted(self._outlets)) or "none"
@@ -429,6 +511,21 @@ class OutletEventAccessors(Mapping[Any, OutletEventAccessor]):
     def extras(self) -> dict[str, dict[str, Any]]:
         """The extras set, by asset name (what the worker records with the success)."""
         return {name: a.extra for name, a in self._accessors.items() if a.extra}
+
+    def alias_events(self) -> list[dict[str, Any]]:
+        """The events added through aliases, in order (what the worker records with the
+        success): the alias, the asset (name, uri, group) and the extra of each."""
+        return [
+            {
+                "alias": name,
+                "name": asset.name,
+                "uri": asset.uri,
+                "group": asset.group,
+                "extra": extra,
+            }
+            for name, accessor in sorted(self._aliases.items())
+            for asset, extra in accessor.events
+        ]
 
 
 def collect_metadata(

@@ -65,7 +65,9 @@ _SDK = {
     **_names("deferral.hooks.base", "BaseHook"),
     **_names("deferral.triggers.base", "BaseTrigger", "TriggerEvent"),
     **_names("deferral.trigger_rules", "TriggerRule"),
-    **_names("deferral.assets", "Asset", "AssetAll", "AssetAny", "AssetWatcher", "Metadata"),
+    **_names(
+        "deferral.assets", "Asset", "AssetAlias", "AssetAll", "AssetAny", "AssetWatcher", "Metadata"
+    ),
     **_names("deferral.decorators.asset", "asset"),
     **_names("deferral.timetables.trigger", "CronTriggerTimetable"),
     **_names("deferral.timetables.assets", "AssetOrTimeSchedule"),
@@ -165,7 +167,7 @@ ALIASES: dict[str, Alias] = {
         "deferral.triggers.base", names=_names("deferral.triggers.event", "BaseEventTrigger")
     ),
     "airflow.datasets": Alias(
-        names=_names("deferral.assets", "Dataset", "DatasetAll", "DatasetAny")
+        names=_names("deferral.assets", "Dataset", "DatasetAlias", "DatasetAll", "DatasetAny")
     ),
     "airflow.triggers.temporal": Alias("deferral.triggers.temporal"),
     "airflow.triggers.file": Alias("deferral.triggers.file"),

@@ -29,6 +29,13 @@ S, K, F = "success", "skipped", "failed"
 AIRFLOW_ENDS: dict[str, tuple[str, dict[str, str]]] = {
     # example_asset_partition.py: a CronPartitionTimetable run (no start_date) on the database.
     "ingest_team_a_player_stats": (S, {"ingest_team_a_stats": S}),
+    # example_asset_alias.py: an event added through an alias, recorded with the success.
+    "asset_alias_example_alias_producer": (S, {"produce_asset_events_through_asset_alias": S}),
+    # example_asset_alias_with_no_taskflow.py: the events added through an alias, read.
+    "asset_alias_example_alias_consumer_with_no_taskflow": (
+        S,
+        {"consume_asset_event_from_asset_alias": S},
+    ),
     # example_asset_decorator.py: an @asset function reading another asset's events by name.
     "asset2_producer": (S, {"asset2_producer": S}),
     # example_outlet_event_extra.py: Metadata yielded, a post_execute hook.

@@ -49,6 +49,15 @@ AIRFLOW_ENDS: dict[str, dict[str, str]] = {
     "segment_region_stats_rollup": {"aggregate_all_regions": S},
     "segment_region_stats_early_rollup": {"aggregate_available_regions": S},
     "scatter_live_region_to_segments": {"process_region_segment": S},
+    # example_asset_alias.py and example_asset_alias_with_no_taskflow.py (the alias's
+    # consumers read the database: the integration test).
+    "asset_s3_bucket_producer": {"produce_asset_events": S},
+    "asset_s3_bucket_consumer": {"consume_asset_event": S},
+    "asset_alias_example_alias_producer_with_no_taskflow": {
+        "produce_asset_events_through_asset_alias_with_no_taskflow": S
+    },
+    "asset_s3_bucket_producer_with_no_taskflow": {"produce_asset_events": S},
+    "asset_s3_bucket_consumer_with_no_taskflow": {"consume_asset_event": S},
     # example_asset_decorator.py (asset2_producer reads inlet events: the integration test).
     "asset1_producer": {"asset1_producer": S},
     "consumes_asset_decorator": {"process_nothing": S},
