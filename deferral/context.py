@@ -15,7 +15,13 @@ from deferral.assets import OutletEventAccessors
 from deferral.authoring.current import get_current_context as get_current_context
 from deferral.authoring.current import set_current_context
 from deferral.connections import ConnectionAccessor
-from deferral.store.seam import CallbackHandle, LazyInletEvents, LazyTriggeringEvents
+from deferral.store.seam import (
+    AssetStateStores,
+    CallbackHandle,
+    LazyInletEvents,
+    LazyTriggeringEvents,
+    TaskStateStore,
+)
 from deferral.variables import VariableAccessor
 
 if TYPE_CHECKING:
@@ -143,6 +149,9 @@ class Context(TypedDict):
     inlet_events: Mapping[Any, Any]
     partition_key: str | None
     partition_date: dt.datetime | None
+    # Airflow 3.3's state stores: the task instance's keys across its tries, its assets' keys.
+    task_state_store: TaskStateStore
+    asset_state_store: AssetStateStores
     # Deprecated in Airflow 2 but in many DAGs: the logical date, the run after, the day around.
     execution_date: dt.datetime
     next_execution_date: dt.datetime
@@ -221,6 +230,10 @@ def build_context(task: BaseOperator, dag_run: DagRunInfo, ti: RuntimeTaskInstan
         "inlet_events": LazyInletEvents(getattr(task, "inlets", None) or ()),
         "partition_key": run.partition_key,
         "partition_date": run.partition_date,
+        "task_state_store": TaskStateStore(ti.id),
+        "asset_state_store": AssetStateStores(
+            [*(getattr(task, "inlets", None) or ()), *(getattr(task, "outlets", None) or ())]
+        ),
     }
 
 

@@ -192,6 +192,10 @@ ALIASES: dict[str, Alias] = {
     # Airflow 3
     "airflow.sdk": Alias(names=_SDK),
     "airflow.sdk.exceptions": Alias(names=_EXCEPTIONS),
+    "airflow.sdk.execution_time": Alias(),
+    "airflow.sdk.execution_time.context": Alias(
+        names=_names("deferral.store.seam", "NEVER_EXPIRE")
+    ),
     "airflow.sdk.definitions": Alias(),
     "airflow.sdk.definitions.deadline": Alias("deferral.deadline"),
     "airflow.providers": Alias(),

@@ -9,7 +9,8 @@ running system goes through here, and nothing else of ``deferral.store`` or
   ``ExternalTaskSensor``): these live above the SDK (DAG loading, user actions), so the process
   that runs task code installs them here as a ``TaskRuntime`` (``install_task_runtime``) and the
   SDK asks ``task_runtime()``;
-- what a task's context offers: its triggering asset events, its callback token;
+- what a task's context offers: its triggering asset events, its callback token, its state
+  stores;
 - signals and approvals: their rows, their checks, and the transitions they cause.
 
 A new need of the SDK is added here, by name, so the seam stays the list of what crosses."""
@@ -31,6 +32,7 @@ from deferral.store.callback_tokens import (
 )
 from deferral.store.hitl import InputRequest, check_request
 from deferral.store.metastore import metastore
+from deferral.store.state_stores import NEVER_EXPIRE, AssetStateStores, TaskStateStore
 from deferral.store.tables import (
     DagRun,
     RenderedTaskInstanceFields,
@@ -45,7 +47,9 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CALLBACK_KEY_PREFIX",
+    "NEVER_EXPIRE",
     "TOKEN_LIFETIME",
+    "AssetStateStores",
     "CallbackHandle",
     "Claim",
     "DagRun",
@@ -58,6 +62,7 @@ __all__ = [
     "StoredVariable",
     "TaskInstance",
     "TaskRuntime",
+    "TaskStateStore",
     "TokenRefused",
     "check_request",
     "install_task_runtime",

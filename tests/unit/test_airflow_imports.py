@@ -10,9 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from deferral.exceptions import FailTask, SkipTask, TaskDeferred
+from deferral import DAG
+from deferral.exceptions import DagDefinitionError, FailTask, SkipTask, TaskDeferred
 from deferral.loading import airflow_imports
 from deferral.loading.dagbag import DagBag
+from deferral.loading.policies import check_task_values
+from deferral.operators import EmptyOperator
 from deferral.operators.bash import BashOperator
 from deferral.operators.hitl import ApprovalOperator
 from deferral.sensors.base import BaseSensorOperator
@@ -359,8 +362,13 @@ def test_airflow_3_example_dags_load_unchanged(monkeypatch: pytest.MonkeyPatch) 
         "consumes_asset_decorator",
         "daily_inference",
         "daily_team_a_rollup",
+        "example_asset_state_store_consumer",
+        "example_asset_state_store_producer",
         "example_bash_operator",
         "example_short_circuit_decorator",
+        "example_task_state_store",
+        "example_task_state_store_async",
+        "example_task_state_store_mapped",
         "ingest_region_stats",
         "ingest_regional_sales",
         "ingest_team_a_player_stats",
@@ -382,3 +390,12 @@ def test_airflow_3_example_dags_load_unchanged(monkeypatch: pytest.MonkeyPatch) 
     ]
     timetable = bag.dags["conditional_asset_and_time_based_timetable"].timetable
     assert timetable.summary == "s3://dag1/output_1.txt & s3://dag2/output_1.txt or 0 1 * * 3"
+
+
+def test_airflow_3_takes_retry_delay_in_seconds() -> None:
+    with DAG("retry_in_seconds") as dag:
+        EmptyOperator(task_id="t", retry_delay=5)
+        EmptyOperator(task_id="u", retry_delay="5")
+    assert dag.get_task("t").retry_delay == dt.timedelta(seconds=5)
+    with pytest.raises(DagDefinitionError, match=r"task 'u': retry_delay must be a timedelta"):
+        check_task_values(dag.get_task("u"), "task 'u'")
