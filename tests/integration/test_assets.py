@@ -189,6 +189,15 @@ def test_events_added_through_an_alias_resolve_it_and_run_the_dags_scheduled_on_
         record_watcher_event(session, "new", "w", "key-1", {})
     make_runs(sessions, bag)
     assert len(runs_of(sessions, "on_alias")) == 3
+    # Pruned (with the task's own "orders" event), an event takes its link to the alias with
+    # it; "a"'s still waits for "both".
+    with sessions.begin() as session:
+        session.execute(update(AssetEventRow).values(timestamp=NOW))
+    pruned = retention.prune(sessions, dt.timedelta(days=1))
+    assert (pruned.asset_event, pruned.asset_alias_event) == (3, 1)
+    assert [e.asset.name for e in LazyInletEvents([AssetAlias("found")])[AssetAlias("found")]] == [
+        "s3://bucket/a"
+    ]
 
 
 def test_a_dag_scheduled_on_a_and_b_runs_only_once_both_were_updated(
