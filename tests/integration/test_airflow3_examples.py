@@ -93,3 +93,28 @@ def test_airflow_3_example_ends_in_airflows_states(
         }
     assert (run.state, got) == (run_state, task_states), done.stdout[-3000:] + done.stderr[-2000:]
     assert done.returncode == (0 if run_state == S else 1)
+
+
+def test_a_sensor_on_a_task_group_that_does_not_exist_fails_at_once(
+    service_env: dict[str, str], sessions: sessionmaker[Session]
+) -> None:
+    """example_external_task_marker_dag.py: with the parent's run at the same logical date,
+    the child's first sensor finds its task; the second waits on a task group the parent does
+    not have, which Airflow 3 fails at once (its API answers 404)."""
+    env = {**os.environ, **service_env, "DEFERRAL_DAGS_FOLDER": str(EXAMPLES)}
+    env.pop("DEFERRAL_AIRFLOW_IMPORTS", None)
+    for dag_id in ("example_external_task_marker_parent", "example_external_task_marker_child"):
+        done = LANE.run(["dags", "test", dag_id, LOGICAL_DATE], env, TIMEOUT_SEC)
+    with sessions() as session:
+        got = {
+            ti.task_id: ti.state
+            for ti in session.scalars(
+                select(TaskInstance).where(
+                    TaskInstance.dag_id == "example_external_task_marker_child"
+                )
+            )
+        }
+    assert got == {"child_task1": S, "child_task2": F, "child_task3": "upstream_failed"}, (
+        done.stdout[-3000:] + done.stderr[-2000:]
+    )
+    assert done.returncode == 1

@@ -58,6 +58,9 @@ AIRFLOW_ENDS: dict[str, dict[str, str]] = {
     },
     "asset_s3_bucket_producer_with_no_taskflow": {"produce_asset_events": S},
     "asset_s3_bucket_consumer_with_no_taskflow": {"consume_asset_event": S},
+    # example_external_task_marker_dag.py (its child waits on the parent's run: the
+    # integration test).
+    "example_external_task_marker_parent": {"parent_task": S},
     # example_asset_decorator.py (asset2_producer reads inlet events: the integration test).
     "asset1_producer": {"asset1_producer": S},
     "consumes_asset_decorator": {"process_nothing": S},

@@ -365,6 +365,8 @@ def test_airflow_3_example_dags_load_unchanged(monkeypatch: pytest.MonkeyPatch) 
         "example_asset_state_store_consumer",
         "example_asset_state_store_producer",
         "example_bash_operator",
+        "example_external_task_marker_child",
+        "example_external_task_marker_parent",
         "example_short_circuit_decorator",
         "example_task_state_store",
         "example_task_state_store_async",
