@@ -13,7 +13,7 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from deferral.store.tables import DagRun, TaskInstance
+from deferral.store.tables import DagRun, TaskInstance, XCom
 from tests.forks import LANE
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "airflow_examples"
@@ -22,6 +22,8 @@ TIMEOUT_SEC = 180
 LOGICAL_DATE = "2024-05-06T12:00:00+00:00"
 
 S, K, F = "success", "skipped", "failed"
+# What a task's map indexes returned, where the values show what the run did.
+RETURNED = {"example_task_group_mapping": ("op.mul_2", [4, 6, 8])}
 # Run at now (`dags test` with no date): their start_date is after LOGICAL_DATE.
 AT_NOW = {"example_task_state_store_mapped"}
 
@@ -42,6 +44,11 @@ AIRFLOW_ENDS: dict[str, tuple[str, dict[str, str]]] = {
     "example_task_state_store_mapped": (
         S,
         {"get_tables": S, "process_table[0]": S, "process_table[1]": S, "process_table[2]": S},
+    ),
+    # example_dynamic_task_mapping.py: a mapped task group.
+    "example_task_group_mapping": (
+        S,
+        {f"op.{task}[{i}]": S for task in ("add_1", "mul_2") for i in range(3)},
     ),
     # example_asset_decorator.py: an @asset function reading another asset's events by name.
     "asset2_producer": (S, {"asset2_producer": S}),
@@ -93,6 +100,16 @@ def test_airflow_3_example_ends_in_airflows_states(
         }
     assert (run.state, got) == (run_state, task_states), done.stdout[-3000:] + done.stderr[-2000:]
     assert done.returncode == (0 if run_state == S else 1)
+    if dag_id in RETURNED:
+        task_id, values = RETURNED[dag_id]
+        with sessions() as session:
+            pulled = session.execute(
+                select(TaskInstance.map_index, XCom.value)
+                .join(XCom, XCom.task_instance_id == TaskInstance.id)
+                .where(TaskInstance.dag_id == dag_id, TaskInstance.task_id == task_id)
+                .order_by(TaskInstance.map_index)
+            ).all()
+        assert [value for _, value in pulled] == values
 
 
 def test_a_sensor_on_a_task_group_that_does_not_exist_fails_at_once(
