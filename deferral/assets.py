@@ -420,16 +420,22 @@ class TriggeringAssetEvents(Mapping[Any, list[AssetEvent]]):
 @dataclass(frozen=True)
 class Metadata:
     """Yielded by a task function (Airflow 3's ``airflow.sdk.Metadata``): ``extra`` goes into
-    the event the task records for ``asset``, one of its outlets, when it succeeds."""
+    the event the task records for ``asset``, one of its outlets, when it succeeds; with
+    ``alias`` (an alias among its outlets), into an event of ``asset`` added through it."""
 
     asset: Asset
     extra: dict[str, Any]
+    alias: AssetAlias | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.asset, Asset):
             raise AssetError(f"Metadata takes an Asset, got {type(self.asset).__name__}")
         if not isinstance(self.extra, dict):
             raise AssetError(f"Metadata extra must be a dict, got {type(self.extra).__name__}")
+        if self.alias is not None and not isinstance(self.alias, AssetAlias):
+            raise AssetError(
+                f"Metadata alias must be an AssetAlias, got {type(self.alias).__name__}"
+            )
 
 
 @dataclass
@@ -539,7 +545,9 @@ def collect_metadata(
             item = next(yielded)
         except StopIteration as stop:
             return stop.value
-        if isinstance(item, Metadata):
+        if isinstance(item, Metadata) and item.alias is not None:
+            outlet_events[item.alias].add(item.asset, extra=item.extra)
+        elif isinstance(item, Metadata):
             outlet_events[item.asset].extra.update(item.extra)
         else:
             log.warning("ignoring a %s the task yielded: only Metadata is", type(item).__name__)

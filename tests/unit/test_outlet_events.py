@@ -179,3 +179,16 @@ def test_a_dag_scheduled_on_an_alias_waits_for_its_key() -> None:
     assert dag.asset_condition is not None and dag.timetable.summary == "alias:found"
     with pytest.raises(AssetError, match="asset alias name must be a non-empty string"):
         AssetAlias("")
+
+
+def test_metadata_with_an_alias_adds_an_event_through_it() -> None:
+    alias, found = AssetAlias("found"), Asset("found-1")
+    events = OutletEventAccessors([alias])
+
+    def yields() -> object:
+        yield Metadata(found, {"rows": 2}, alias=alias)
+
+    collect_metadata(yields(), events)  # type: ignore[arg-type]
+    assert [(e["name"], e["extra"]) for e in events.alias_events()] == [("found-1", {"rows": 2})]
+    with pytest.raises(AssetError, match="Metadata alias must be an AssetAlias, got str"):
+        Metadata(found, {}, alias="found")  # type: ignore[arg-type]
