@@ -132,8 +132,12 @@ def test_a_cron_partition_run_has_the_key_of_its_point() -> None:
     assert with_partition(DagRunInfo("d", "r", point), PartitionedAtRuntime()).partition_key is None
     with pytest.raises(InvalidSchedule, match="run_offset must be an int, got '1h'"):
         CronPartitionTimetable("0 * * * *", timezone="UTC", run_offset="1h")  # type: ignore[arg-type]
-    # Like CronTriggerTimetable, it needs no start_date.
-    assert DAG("hourly_partitions", schedule=timetable).start_date is None
+    # Like CronTriggerTimetable, it needs no start_date: its first run is the next point.
+    dag = DAG("hourly_partitions", schedule=timetable)
+    now = dt.datetime(2026, 6, 14, 3, 30, tzinfo=dt.UTC)
+    info = dag.next_dagrun_info(None, now=now)
+    assert dag.start_date is None and info is not None
+    assert info.data_interval.end == dt.datetime(2026, 6, 14, 4, tzinfo=dt.UTC)
 
 
 def test_a_partitioned_asset_timetable_makes_no_run_of_its_own() -> None:
