@@ -31,8 +31,6 @@ AT_NOW = {"example_task_state_store_mapped"}
 # those whose runs show what the import hook's names do; every copy is checked loading in
 # tests/unit/test_airflow_imports.py).
 AIRFLOW_ENDS: dict[str, tuple[str, dict[str, str]]] = {
-    # example_asset_partition.py: a CronPartitionTimetable run (no start_date) on the database.
-    "ingest_team_a_player_stats": (S, {"ingest_team_a_stats": S}),
     # example_asset_alias.py: an event added through an alias, recorded with the success.
     "asset_alias_example_alias_producer": (S, {"produce_asset_events_through_asset_alias": S}),
     # example_asset_alias_with_no_taskflow.py: the events added through an alias, read.
