@@ -48,7 +48,8 @@ TABLES = (
     "hitl_detail, deadline_miss, "
     'task_instance, trigger, triggerer, scheduler, dag_run, dag_run_count, "user", web_session, '
     "asset, asset_event, dag_schedule_asset, task_outlet_asset, asset_dag_run_queue, "
-    "dag_run_asset_event, asset_watcher"
+    "dag_run_asset_event, asset_watcher, asset_alias_asset, asset_alias_event, task_state, "
+    "asset_state"
 )
 
 __all__ = ["new_stream_prefix", "wait_for"]

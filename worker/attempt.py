@@ -263,11 +263,15 @@ def _succeeded(
         extras = to_jsonable(
             context["outlet_events"].extras(), f"outlet event extras of task {task.task_id!r}"
         )
+        alias_events = to_jsonable(
+            context["outlet_events"].alias_events(),
+            f"alias events of task {task.task_id!r}",
+        )
     except SerializationError as exc:
         return _after_failure(task, request, context, exc, Failed(str(exc), "", allow_retry=False))
     what = f"task {task.task_id!r} on_success_callback"
     run_callbacks(task.on_success_callback, context, what=what)
-    return Succeeded(value, tuple(sorted(context["ti"].skip_task_ids)), extras)
+    return Succeeded(value, tuple(sorted(context["ti"].skip_task_ids)), extras, alias_events)
 
 
 def _after_failure(

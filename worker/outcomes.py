@@ -50,6 +50,9 @@ class Succeeded(msgspec.Struct, frozen=True, tag=True):
     # The extra of each outlet's asset event the task annotated (context["outlet_events"],
     # Metadata), by asset name: recorded in the transaction that records the success.
     outlet_extras: dict[str, dict[str, Any]] = msgspec.field(default_factory=dict)
+    # The events the task added through aliases in its outlets (OutletEventAccessors
+    # .alias_events): recorded in the transaction that records the success.
+    alias_events: list[dict[str, Any]] = msgspec.field(default_factory=list)
 
 
 class Skipped(msgspec.Struct, frozen=True, tag=True):

@@ -86,6 +86,8 @@ def succeed_all(session: Session, successes: Sequence[tuple[Attempt, Succeeded]]
             transitions.annotate_outlet_events(
                 session, attempt.task_instance_id, success.outlet_extras
             )
+        if attempt.task_instance_id in succeeded and success.alias_events:
+            transitions.record_alias_events(session, attempt.task_instance_id, success.alias_events)
     return succeeded
 
 

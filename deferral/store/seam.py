@@ -9,7 +9,8 @@ running system goes through here, and nothing else of ``deferral.store`` or
   ``ExternalTaskSensor``): these live above the SDK (DAG loading, user actions), so the process
   that runs task code installs them here as a ``TaskRuntime`` (``install_task_runtime``) and the
   SDK asks ``task_runtime()``;
-- what a task's context offers: its triggering asset events, its callback token;
+- what a task's context offers: its triggering asset events, its callback token, its state
+  stores;
 - signals and approvals: their rows, their checks, and the transitions they cause; the waits
   held as rows (composites, filters, cancel-on) that signals resolve; a signal's idempotency
   key (``idempotency``).
@@ -33,6 +34,7 @@ from deferral.store.callback_tokens import (
 )
 from deferral.store.hitl import InputRequest, check_request
 from deferral.store.metastore import metastore
+from deferral.store.state_stores import NEVER_EXPIRE, AssetStateStores, TaskStateStore
 from deferral.store.tables import (
     DagRun,
     RenderedTaskInstanceFields,
@@ -48,7 +50,9 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CALLBACK_KEY_PREFIX",
+    "NEVER_EXPIRE",
     "TOKEN_LIFETIME",
+    "AssetStateStores",
     "CallbackHandle",
     "Claim",
     "DagRun",
@@ -61,6 +65,7 @@ __all__ = [
     "StoredVariable",
     "TaskInstance",
     "TaskRuntime",
+    "TaskStateStore",
     "TokenRefused",
     "WaitTimer",
     "check_request",

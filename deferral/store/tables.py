@@ -771,3 +771,49 @@ class AssetWatcherRow(Base):
     kwargs: Mapped[str] = mapped_column(Text)  # Fernet token of the serialized kwargs
     triggerer_id: Mapped[str | None] = mapped_column(String(250))
     lease_expires_at: Mapped[dt.datetime | None] = mapped_column(Timestamp)
+
+
+class AssetAliasAsset(Base):
+    """An asset an alias resolved to: a task added an event of it through the alias. A DAG
+    scheduled on the alias is queued the asset's events from then on."""
+
+    __tablename__ = "asset_alias_asset"
+
+    alias_name: Mapped[str] = mapped_column(String(1000), primary_key=True)
+    asset_name: Mapped[str] = mapped_column(String(1000), primary_key=True, index=True)
+
+
+class AssetAliasEvent(Base):
+    """An asset event a task added through an alias: the alias's ``inlet_events``."""
+
+    __tablename__ = "asset_alias_event"
+
+    alias_name: Mapped[str] = mapped_column(String(1000), primary_key=True)
+    asset_event_id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+
+
+class TaskStateRow(Base):
+    """A key of a task instance's state store (``context["task_state_store"]``), kept across
+    its tries until it expires (``expires_at``; None: never) or the run is pruned."""
+
+    __tablename__ = "task_state"
+
+    task_instance_id: Mapped[int] = mapped_column(
+        ForeignKey("task_instance.id", ondelete="CASCADE"), primary_key=True
+    )
+    key: Mapped[str] = mapped_column(String(512), primary_key=True)
+    value: Mapped[Any] = mapped_column(JSONB)
+    expires_at: Mapped[dt.datetime | None] = mapped_column(Timestamp)
+    updated_at: Mapped[dt.datetime] = _created()
+
+
+class AssetStateRow(Base):
+    """A key of an asset's state store (``context["asset_state_store"][asset]``), kept across
+    runs."""
+
+    __tablename__ = "asset_state"
+
+    asset_name: Mapped[str] = mapped_column(String(1000), primary_key=True)
+    key: Mapped[str] = mapped_column(String(512), primary_key=True)
+    value: Mapped[Any] = mapped_column(JSONB)
+    updated_at: Mapped[dt.datetime] = _created()

@@ -16,6 +16,9 @@ from __future__ import annotations
 from deferral.store.transitions.asset_events import (
     annotate_outlet_events as annotate_outlet_events,
 )
+from deferral.store.transitions.asset_events import (
+    record_alias_events as record_alias_events,
+)
 from deferral.store.transitions.attempts import Attempt as Attempt
 from deferral.store.transitions.attempts import Started as Started
 from deferral.store.transitions.attempts import fail as fail
