@@ -147,7 +147,9 @@ class SchedulerService:
         # a run's savepoint) rolled back also undid the task instances it added.
         self._checked_now: dict[int, DAG] = {}
         self.registration = Registration(self.sessions, Scheduler, name)
-        self.dispatcher = Dispatcher(self.keys, self.cipher, self._dag)
+        self.dispatcher = Dispatcher(
+            self.keys, self.cipher, self._dag, resumed_first=settings.resumed_first
+        )
         self.broker: Broker
         self.consumer: ConsumerSet
         self.events: EventApplier
