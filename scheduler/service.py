@@ -170,6 +170,7 @@ class SchedulerService:
             Every(beat / 4, lambda: self.events.take_over()),
             Every(EXPIRE_EVERY_SEC, housekeeping.expire_deferrals),
             Every(EXPIRE_EVERY_SEC, housekeeping.fire_wait_timers),
+            Every(EXPIRE_EVERY_SEC, housekeeping.fail_missed_heartbeats),
             Every(EXPIRE_EVERY_SEC, housekeeping.expire_input_requests),
             Every(EXPIRE_EVERY_SEC, housekeeping.record_deadline_misses),
             Every(WAKE_EVERY_SEC, housekeeping.wake_due),

@@ -135,6 +135,20 @@ class Api:
             return api_error(exc.status, str(exc))
         return api_answer({"resumed": len(sent.resumed)})
 
+    async def callback_heartbeat(self, request: Request) -> Response:
+        """A heartbeat of a task's callback (``CallbackTrigger(heartbeat=)``): no login, no
+        body; the token is checked as for the answer, and its wait's deadline pushed on."""
+        cipher = Cipher(self.ui.settings.fernet_keys)
+        try:
+            claim = read_token(cipher, request.path_params["token"], dt.datetime.now(dt.UTC))
+            refused = self.ui.limits.take(SIGNALS, f"token:{claim.key}")
+            if refused is not None:
+                return too_many(refused)
+            due = await run_in_threadpool(self.writes.callback_heartbeat, claim)
+        except TokenRefused as exc:
+            return api_error(exc.status, str(exc))
+        return api_answer({"next_heartbeat_by": due.isoformat()})
+
     def routes(self) -> list[Route]:
         r, a, read = self.ui.api_reader, self.ui.api_actor, self.reading
         reads = self.reads
@@ -158,4 +172,5 @@ class Api:
             Route(f"{API}/dags/{{dag_id}}/mark", a(self.mark), methods=["POST"]),
             Route(f"{API}/signals/{{key}}", a(self.signal), methods=["POST"]),
             Route(f"{CALLBACK_PATH}{{token}}", self.callback, methods=["POST"]),
+            Route(f"{CALLBACK_PATH}{{token}}/heartbeat", self.callback_heartbeat, methods=["POST"]),
         ]

@@ -778,6 +778,13 @@ SETTINGS: tuple[SettingDoc, ...] = (
         "core",
     ),
     SettingDoc(
+        "RESUMED_FIRST",
+        "true",
+        "Dispatch resumed tasks (an event or an answer resumed them) ahead of new work of equal"
+        " `priority_weight`; `false`: weight, then age.",
+        "core",
+    ),
+    SettingDoc(
         "AIRFLOW_IMPORTS", "false", "Whether DAG files may import from `airflow`.", "dag files"
     ),
     SettingDoc(

@@ -258,3 +258,13 @@ def test_a_task_deferred_raised_by_hand_is_checked_by_the_task_process() -> None
         "where": {"a": 1},
     }
     assert deferred.shared is False  # a time trigger, but a cancel-on is one task's
+
+
+def test_a_bad_heartbeat_interval_is_refused_in_one_line() -> None:
+    with pytest.raises(SignalError, match=r"^heartbeat must be a timedelta, got int$"):
+        CallbackTrigger(token="t.1.2.3.4", heartbeat=30)  # type: ignore[arg-type]
+    with pytest.raises(SignalError, match=r"^heartbeat 0:00:00.500000 is out of range"):
+        CallbackTrigger(token="t.1.2.3.4", heartbeat=dt.timedelta(seconds=0.5))
+    beating = CallbackTrigger(token="t.1.2.3.4", heartbeat=dt.timedelta(minutes=1))
+    assert beating.serialize()[1] == {"token": "t.1.2.3.4", "heartbeat": dt.timedelta(minutes=1)}
+    assert CallbackTrigger(token="t.1.2.3.4").serialize()[1] == {"token": "t.1.2.3.4"}
