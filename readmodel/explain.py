@@ -14,6 +14,7 @@ from deferral.baseoperator import BaseOperator
 from deferral.dag import DAG
 from deferral.loading.dagbag import DagBag, DagNotFound
 from deferral.runtime.config import Settings
+from deferral.runtime.crypto import Cipher
 from deferral.states import FAIL_METHOD, FINISHED_STATES, DagRunState, TaskState
 from deferral.store import doctor as checklist
 from deferral.store import liveness, pools, queues
@@ -28,6 +29,7 @@ from deferral.store.tables import (
     Worker,
 )
 from deferral.trigger_rules import TriggerRule, evaluate, upstream_states
+from readmodel.progress import progress_lines, progress_of
 from readmodel.records import when
 from readmodel.waits import how_to_resume, row_wait_of, signal_key
 
@@ -122,6 +124,7 @@ def explain(
             )
     if state is TaskState.UP_FOR_RETRY or state in FINISHED_STATES:
         lines += _last_change(session, ti)
+    lines += progress_lines(progress_of(session, Cipher(settings.fernet_keys), ti))
     return lines + _docs(dag, task)
 
 

@@ -635,12 +635,15 @@ class TriggerProgress(Base):
     waiting on it: the last ``progress.KEPT`` kept, numbered from 1 (scheduler.progress)."""
 
     __tablename__ = "trigger_progress"
+    __table_args__ = (UniqueConstraint("task_instance_id", "try_number", "seq"),)
 
+    # (An id of its own: `deferral rotate-fernet-key` re-seals ``payload`` by it.)
+    id: Mapped[int] = _id()
     task_instance_id: Mapped[int] = mapped_column(
-        BigInteger, ForeignKey("task_instance.id", ondelete="CASCADE"), primary_key=True
+        BigInteger, ForeignKey("task_instance.id", ondelete="CASCADE")
     )
-    try_number: Mapped[int] = mapped_column(Integer, primary_key=True)
-    seq: Mapped[int] = mapped_column(Integer, primary_key=True)
+    try_number: Mapped[int] = mapped_column(Integer)
+    seq: Mapped[int] = mapped_column(Integer)
     recorded_at: Mapped[dt.datetime] = _created()
     payload: Mapped[str] = mapped_column(Text)  # Fernet token of its JSON
 

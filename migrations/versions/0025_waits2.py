@@ -31,6 +31,8 @@ def upgrade() -> None:
     # the highest number, less the rows kept, is how many were dropped).
     op.create_table(
         "trigger_progress",
+        # An id of its own: `deferral rotate-fernet-key` re-seals the payloads by it.
+        sa.Column("id", sa.BigInteger(), sa.Identity(), primary_key=True),
         sa.Column(
             "task_instance_id",
             sa.BigInteger(),
@@ -39,10 +41,10 @@ def upgrade() -> None:
                 name="fk_trigger_progress_task_instance_id_task_instance",
                 ondelete="CASCADE",
             ),
-            primary_key=True,
+            nullable=False,
         ),
-        sa.Column("try_number", sa.Integer(), primary_key=True),
-        sa.Column("seq", sa.Integer(), primary_key=True),
+        sa.Column("try_number", sa.Integer(), nullable=False),
+        sa.Column("seq", sa.Integer(), nullable=False),
         sa.Column(
             "recorded_at",
             sa.DateTime(timezone=True),
@@ -50,6 +52,12 @@ def upgrade() -> None:
             server_default=sa.func.now(),
         ),
         sa.Column("payload", sa.Text(), nullable=False),  # Fernet token of its JSON
+        sa.UniqueConstraint(
+            "task_instance_id",
+            "try_number",
+            "seq",
+            name="uq_trigger_progress_task_instance_id_try_number_seq",
+        ),
     )
     # A callback wait's heartbeat deadline: pushed on by each heartbeat posted to its token.
     op.create_table(
