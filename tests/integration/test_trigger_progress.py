@@ -10,6 +10,7 @@ from typing import Any
 import anyio
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
+from starlette.testclient import TestClient
 
 from broker.client import Broker
 from broker.streams import progress_message
@@ -22,9 +23,10 @@ from deferral.triggers import TriggerEvent, TriggerProgress
 from deferral.triggers.base import BaseTrigger, classpath_of
 from readmodel.explain import explain
 from scheduler.service import SchedulerService
-from tests.integration.factories import deferred_task
+from tests.integration.factories import DAG_ID, deferred_task
 from tests.servers import REDIS_URL
 from triggerer.events import carried_json, first_event
+from webserver.app import create_app
 
 
 class Steps(BaseTrigger):
@@ -108,5 +110,16 @@ def test_five_reports_then_the_event_are_recorded_and_shown_and_resume_once(
     shown = [line.strip() for line in lines if "progress" in line or line.strip().startswith("#")]
     assert shown[0] == "progress reported by its trigger: 5"
     assert [line.split(": ", 1)[1] for line in shown[1:]] == [
+        f'{{"of":5,"step":{s}}}' for s in range(1, 6)
+    ]
+    app = create_app(settings, host="127.0.0.1", environ={})
+    with TestClient(app, base_url="http://localhost") as web:
+        query = {"run_id": "r1", "task_id": "five"}
+        page = web.get(f"/dags/{DAG_ID}/task_instance", params=query)
+        answer = web.get(f"/api/v1/dags/{DAG_ID}/task_instance", params=query)
+    assert page.status_code == answer.status_code == 200
+    assert 'id="progress"' in page.text and "5 report(s) from its trigger" in page.text
+    assert answer.json()["progress"]["total"] == 5
+    assert [r["payload"] for r in answer.json()["progress"]["reports"]] == [
         f'{{"of":5,"step":{s}}}' for s in range(1, 6)
     ]
