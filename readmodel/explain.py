@@ -19,6 +19,7 @@ from deferral.states import FAIL_METHOD, FINISHED_STATES, DagRunState, TaskState
 from deferral.store import doctor as checklist
 from deferral.store import liveness, pools, queues
 from deferral.store.tables import (
+    CallbackHeartbeat,
     DagRun,
     Pool,
     TaskInstance,
@@ -285,6 +286,7 @@ def _explain_deferred(
             " runs it",
             f"  resumed by {how_to_resume(row_wait, key)}",
         ]
+        lines += _heartbeats(session, trigger.id, now)
     elif trigger.far_moment is not None:
         publish_at = trigger.far_moment - dt.timedelta(seconds=settings.far_timer_horizon_sec)
         lines = [
@@ -313,6 +315,20 @@ def _explain_deferred(
                 " a running scheduler would have failed it (is `scheduler consume` running?)"
             )
     return lines
+
+
+def _heartbeats(session: Session, trigger_id: int, now: dt.datetime) -> list[str]:
+    """The heartbeat deadlines of a callback wait (``CallbackTrigger(heartbeat=)``)."""
+    beats = session.execute(
+        select(CallbackHeartbeat.every_sec, CallbackHeartbeat.due_at).where(
+            CallbackHeartbeat.trigger_id == trigger_id
+        )
+    ).all()
+    return [
+        f"  heartbeat every {dt.timedelta(seconds=every)}: the next due by {when(due)}"
+        f" ({_relative(now, due)}); a missed one fails the task (or retries it)"
+        for every, due in beats
+    ]
 
 
 def _held(

@@ -582,6 +582,11 @@ def test_a_callback_that_stops_heartbeating_fails_its_task_and_one_that_beats_wa
             (plain, CallbackTrigger(tokens[plain])),
         ],
     )
+    with sessions() as session:
+        ti = session.get_one(TaskInstance, beating)
+        run = session.scalars(select(DagRun).where(DagRun.run_id == "r1")).one()
+        said = "\n".join(explain(session, settings, None, run, ti))
+    assert "heartbeat every 0:05:00: the next due by " in said
     with web_client(settings, "0.0.0.0") as client:  # no login: the token is the credential
         beat = client.post(f"/api/v1/callbacks/{tokens[beating]}/heartbeat")
         assert beat.status_code == 200 and "next_heartbeat_by" in beat.json()
