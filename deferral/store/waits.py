@@ -9,7 +9,10 @@ A deferral's rows sit beside its trigger row and go with it (``ON DELETE CASCADE
   ``holds`` false when a trigger of the deferral still runs in a triggerer;
 - ``wait_timer``: a composite's one timer, the earliest time branch of an any-of, the latest of
   an all-of, fired by the scheduler's bounded pass over ``ix_wait_timer_due_at``
-  (:func:`fire_due_timers`).
+  (:func:`fire_due_timers`);
+- ``callback_heartbeat``: the heartbeat deadline of a callback that beats
+  (``CallbackTrigger(heartbeat=)``), pushed on by each heartbeat (:func:`beat`) and failed by the
+  scheduler's bounded pass over ``ix_callback_heartbeat_due_at`` (:func:`fail_missed_heartbeats`).
 
 Whatever resolves a wait (a send, a callback, a lookback, the timer pass) comes here with the
 rows it matched (:class:`Hit`). An any-of resumes through ``transitions.resume_many``, whose
