@@ -94,6 +94,7 @@ def test_five_reports_then_the_event_are_recorded_and_shown_and_resume_once(
             pass
     finally:
         service.broker.close()
+        service.engine.dispose()
     assert metrics.TRIGGER_PROGRESS._value.get() - before == 5 + progress.KEPT + 5
     assert _resumes(sessions, five) == 1 and _resumes(sessions, many) == 1
     with sessions() as session:
