@@ -50,6 +50,7 @@ from deferral.triggers.signal import (
     SIGNAL_RETENTION,
     SIGNAL_TRIGGER,
     SignalError,
+    check_heartbeat,
     check_lookback,
     check_signal_key,
     where_predicate,
@@ -395,8 +396,12 @@ def _row(
             try_number,
         ):
             return None
+        try:
+            heartbeat = check_heartbeat(kwargs.get("heartbeat"))
+        except SignalError:
+            return None
         # A callback may come before the deferral.
-        return waits.WaitRow(claim.key, TOKEN_LIFETIME, branch)
+        return waits.WaitRow(claim.key, TOKEN_LIFETIME, branch, heartbeat=heartbeat)
     try:
         return waits.WaitRow(
             check_signal_key(kwargs.get("key")),
@@ -591,3 +596,17 @@ def activity(session: Session, key: str | None = None, limit: int = 100) -> list
         check_signal_key(key)
     rows = session.execute(_ACTIVITY_SQL, {"key": key, "limit": limit})
     return [KeyActivity(r.key, r.signals, r.last_id, r.last_at, tuple(r.tasks)) for r in rows]
+
+
+def heartbeat(session: Session, claim: Claim) -> dt.datetime:
+    """A heartbeat posted to the callback of a verified token: the new deadline of its wait.
+    TokenRefused 409 when no wait of the token beats now (no ``heartbeat`` set, answered,
+    cleared, finished, retried since, or its deadline already passed)."""
+    due = waits.beat(session, claim.key)
+    if due is None:
+        raise TokenRefused(
+            409,
+            "no heartbeat is awaited for this callback (no heartbeat set, answered, cleared,"
+            " finished, retried since, or the heartbeat was already missed)",
+        )
+    return due

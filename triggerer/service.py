@@ -250,7 +250,7 @@ class TriggererService:
             starts_on_admit=False,  # a timer runs no code of its own: the starter says
         )
         self.publisher = Publisher(
-            self.consumer, self.keys, self.cipher, self.task_logs, self._release
+            broker, self.consumer, self.keys, self.cipher, self.task_logs, self._release, self.name
         )
         self.runner = Runner(
             name=self.name,

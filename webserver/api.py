@@ -167,6 +167,24 @@ class Api:
             return api_error(exc.status, str(exc))
         return replayed_if(api_answer({"resumed": len(sent.resumed)}), sent.replayed)
 
+    async def callback_heartbeat(self, request: Request) -> Response:
+        """A heartbeat of a task's callback (``CallbackTrigger(heartbeat=)``): no login, no
+        body; the token is checked as for the answer, and its wait's deadline pushed on."""
+        token: str | None = request.scope["token_acting"]
+        try:
+            claim = read_token(
+                self.ui.cipher, request.path_params["token"], dt.datetime.now(dt.UTC)
+            )
+            refused = self.ui.limits.take(
+                SIGNALS, f"token:{claim.key}" if token is None else limited_as(token)
+            )
+            if refused is not None:
+                return too_many(refused)
+            due = await run_in_threadpool(self.writes.callback_heartbeat, claim)
+        except TokenRefused as exc:
+            return api_error(exc.status, str(exc))
+        return api_answer({"next_heartbeat_by": due.isoformat()})
+
     def routes(self) -> list[Route]:
         r, a, read = self.ui.api_reader, self.ui.api_actor, self.reading
         reads = self.reads
@@ -192,6 +210,11 @@ class Api:
             Route(
                 f"{CALLBACK_PATH}{{token}}",
                 self.ui.token_optional(self.callback, tokens.CALLBACKS),
+                methods=["POST"],
+            ),
+            Route(
+                f"{CALLBACK_PATH}{{token}}/heartbeat",
+                self.ui.token_optional(self.callback_heartbeat, tokens.CALLBACKS),
                 methods=["POST"],
             ),
         ]

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -126,6 +127,10 @@ class Writes:
         if sent.resumed:
             self._wake_scheduler()
         return sent
+
+    def callback_heartbeat(self, claim: Claim) -> dt.datetime:
+        with self.ui.sessions.begin() as session:
+            return signals.heartbeat(session, claim)
 
     def _wake_scheduler(self) -> None:
         broker = self.ui.broker()

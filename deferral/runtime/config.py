@@ -83,6 +83,8 @@ class Settings:
     # A time trigger due further ahead than this when its task defers waits as a row, its entry
     # published only once its moment comes this near (deferral.store.far_timers).
     far_timer_horizon_sec: float = 600.0
+    # Resumed tasks are dispatched ahead of new work of equal priority weight.
+    resumed_first: bool = True
 
 
 def _parsed_url(raw: str) -> URL | None:
@@ -357,6 +359,7 @@ def load_settings(
             default=str(DEFAULT_ASSET_WATCHER_MAX_QUEUED),
         ),
         far_timer_horizon_sec=get("FAR_TIMER_HORIZON_SEC", _positive_float, default="600"),
+        resumed_first=get("RESUMED_FIRST", _bool, default="true"),
     )
 
 
@@ -786,6 +789,13 @@ SETTINGS: tuple[SettingDoc, ...] = (
         " its task defers waits as a row in PostgreSQL: no triggerer holds it and Redis keeps"
         " nothing for it until the scheduler publishes it, once its moment is this near. Keep it"
         " equal on every scheduler and worker.",
+        "core",
+    ),
+    SettingDoc(
+        "RESUMED_FIRST",
+        "true",
+        "Dispatch resumed tasks (an event or an answer resumed them) ahead of new work of equal"
+        " `priority_weight`; `false`: weight, then age.",
         "core",
     ),
     SettingDoc(

@@ -150,6 +150,12 @@ EVENTS = Counter(
     ["outcome"],
     registry=None,
 )
+TRIGGER_PROGRESS = Counter(
+    "deferral_trigger_progress",
+    "Progress reports of triggers (TriggerProgress) recorded, one per waiting task; a report"
+    " whose task no longer waits records nothing.",
+    registry=None,
+)
 RESUME_LATENCY = Histogram(
     "deferral_resume_latency_seconds",
     "From an event's publication (its stream entry id, Redis's clock) to the commit that made"
@@ -256,6 +262,7 @@ _OWN: dict[str, tuple[MetricWrapperBase, ...]] = {
     ),
     SCHEDULER: (
         EVENTS,
+        TRIGGER_PROGRESS,
         RESUME_LATENCY,
         DISPATCHES,
         TRIGGER_TIMEOUTS,

@@ -10,6 +10,7 @@ from sqlalchemy import (
     BigInteger,
     Boolean,
     DateTime,
+    Float,
     ForeignKey,
     Identity,
     Index,
@@ -243,10 +244,11 @@ class TaskInstance(Base):
             "id",
             postgresql_where=text("state = 'deferred'"),
         ),
-        # Dispatch order (decide.plan_dispatch): read in order, stopped at the pools' room.
+        # Dispatch order (decide.dispatch_key): read in order, stopped at the pools' room.
         Index(
             "ix_task_instance_scheduled",
             text("priority_weight DESC"),
+            text("(next_method IS NOT NULL) DESC"),
             "id",
             postgresql_where=text("state = 'scheduled'"),
         ),
@@ -681,6 +683,39 @@ class WaitTimer(Base):
     due_at: Mapped[dt.datetime] = mapped_column(Timestamp, index=True)
     # True when the rows are the whole wait (as signal_wait.holds).
     holds: Mapped[bool] = mapped_column(Boolean, server_default=text("true"))
+
+
+class TriggerProgress(Base):
+    """What a trigger reported before its event (``TriggerProgress``), per try of each task
+    waiting on it: the last ``progress.KEPT`` kept, numbered from 1 (scheduler.progress)."""
+
+    __tablename__ = "trigger_progress"
+    __table_args__ = (UniqueConstraint("task_instance_id", "try_number", "seq"),)
+
+    # (An id of its own: `deferral rotate-fernet-key` re-seals ``payload`` by it.)
+    id: Mapped[int] = _id()
+    task_instance_id: Mapped[int] = mapped_column(
+        BigInteger, ForeignKey("task_instance.id", ondelete="CASCADE")
+    )
+    try_number: Mapped[int] = mapped_column(Integer)
+    seq: Mapped[int] = mapped_column(Integer)
+    recorded_at: Mapped[dt.datetime] = _created()
+    payload: Mapped[str] = mapped_column(Text)  # Fernet token of its JSON
+
+
+class CallbackHeartbeat(Base):
+    """The heartbeat deadline of a callback wait (``CallbackTrigger(heartbeat=)``): each
+    heartbeat posted to its token pushes ``due_at`` on by ``every_sec``; the scheduler's bounded
+    pass fails the task of one past due. Goes with its trigger row."""
+
+    __tablename__ = "callback_heartbeat"
+
+    trigger_id: Mapped[int] = mapped_column(
+        BigInteger, ForeignKey("trigger.id", ondelete="CASCADE"), primary_key=True
+    )
+    key: Mapped[str] = mapped_column(Text, primary_key=True, index=True)
+    every_sec: Mapped[float] = mapped_column(Float)
+    due_at: Mapped[dt.datetime] = mapped_column(Timestamp, index=True)
 
 
 class AssetModel(Base):
