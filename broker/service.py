@@ -11,6 +11,8 @@ streams as processes of their kind, written once (broker/DECISIONS.md rule 32).
   reader, are set aside with one line saying why.
 - :func:`batch_then_each` and :func:`each_alone`: apply a batch together; if it fails on bad
   data, apply it again one item at a time, so that the bad one alone is refused.
+- :func:`hand_off`: on the way out, what the process holds is made to look long idle, so peers
+  take it at once instead of after the takeover delay.
 - :func:`serve`: the loop of the synchronous services (the triggerer's is anyio's).
 """
 
@@ -140,6 +142,19 @@ def heartbeat(
     if lost and on_lost is not None:
         on_lost(lost)
     registration.record(liveness.RUNNING)
+
+
+def hand_off(consumer: ConsumerSet, what: str) -> None:
+    """On the way out (after the last renewal: one after it would make the entries look fresh),
+    make every entry held look long idle so that live peers take it at once instead of after
+    the takeover delay. If Redis fails, they take it after the delay."""
+    try:
+        handed = consumer.hand_off()
+    except RedisError as exc:
+        log.warning("could not hand off %s: %s (peers take them after the delay)", what, exc)
+        return
+    if handed:
+        log.info("handed off %d %s", handed, what)
 
 
 def read_each(
