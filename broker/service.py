@@ -35,6 +35,7 @@ from broker.consumer import Delivery, Lost, Quarantine, StreamConsumer, run_unti
 from broker.consumers import ConsumerSet
 from broker.owners import PostgresOwners
 from broker.streams import ForgedEntry, MalformedEntry
+from deferral.runtime import clock
 from deferral.runtime.config import Settings
 from deferral.runtime.crypto import Cipher
 from deferral.runtime.faults import is_transient
@@ -112,7 +113,8 @@ class Registration:
     def record(
         self, state: str = liveness.RUNNING, sessions: sessionmaker[Session] | None = None
     ) -> None:
-        """Write the row (through ``sessions``, else the service's), stamping its heartbeat."""
+        """Write the row (through ``sessions``, else the service's), stamping its heartbeat,
+        and measure this host's clock against the database's (time triggers fire by it)."""
         values = {
             "name": self.name,
             "hostname": self.hostname,
@@ -122,6 +124,7 @@ class Registration:
         }
         with (sessions or self.sessions).begin() as session:
             liveness.heartbeat(session, self.table, values)
+            clock.observe(session)
 
     def record_stop(self) -> None:
         """Say the process stopped; if the servers fail, it only looks stale a while later."""
