@@ -21,7 +21,15 @@ from broker.client import Broker, LeaseStatus
 from broker.consumer import Delivery, Lost, run_until_stopped
 from broker.consumers import ConsumerSet
 from broker.owners import PostgresOwners
-from broker.service import Registration, consumer_set, heartbeat, poisoned, read_each, serve
+from broker.service import (
+    Registration,
+    consumer_set,
+    hand_off,
+    heartbeat,
+    poisoned,
+    read_each,
+    serve,
+)
 from broker.streams import (
     GROUP_WORKERS,
     QueuedAttempt,
@@ -136,6 +144,7 @@ class WorkerService:
         ):
             return
         _wind_down(self)
+        hand_off(self.consumer, "queue entr(ies)")  # read, not started: a peer starts them
         self.registration.record_stop()
         self.pool.shutdown()
         self.mailer.close()
