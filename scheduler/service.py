@@ -25,7 +25,7 @@ from broker import outbox
 from broker.client import Broker
 from broker.consumers import ConsumerSet
 from broker.owners import PostgresOwners
-from broker.service import Registration, consumer_set, heartbeat, serve
+from broker.service import Registration, consumer_set, hand_off, heartbeat, serve
 from broker.streams import GROUP_SCHEDULERS, StreamKeys
 from deferral.authoring.callbacks import (
     REASON_SUCCESS,
@@ -197,6 +197,8 @@ class SchedulerService:
         ):
             return
         self.parser.close()
+        # The events it read and has not applied go to a live peer at once.
+        hand_off(self.consumer, "event entr(ies)")
         self.registration.record_stop()
         self.callbacks.shutdown(wait=True)
         self.broker.close()

@@ -40,6 +40,9 @@ class AttemptRequest(msgspec.Struct, frozen=True, kw_only=True):
     run_type: str = "manual"
     # The worker's DEFERRAL_TASK_LOG_MAX_BYTES: what the child keeps of the try's output.
     task_log_max_bytes: int = DEFAULT_TASK_LOG_MAX_BYTES
+    # What the worker adds to its host's time to read the database's (deferral.runtime.clock):
+    # a task process, forked before the worker measured it, counts a deferral's delta from it.
+    clock_correction_sec: float = 0.0
 
 
 class Succeeded(msgspec.Struct, frozen=True, tag=True):

@@ -73,6 +73,9 @@ class Settings:
     triggerer_stall_threshold_sec: float = 0.2
     # Attempts a worker's task process runs before a fresh one replaces it (worker/DECISIONS.md).
     worker_task_process_max_attempts: int = 10_000
+    # How long a worker stopped with SIGTERM lets its running attempts finish before it hands
+    # the rest back, untried (worker/DECISIONS.md); compose's stop_grace_period exceeds it.
+    worker_stop_grace_sec: float = 270.0
     # Seconds one DAG file may take to import before it is an import error (Airflow's
     # core.dagbag_import_timeout; 0: no limit).
     dagbag_import_timeout: float = 30.0
@@ -352,6 +355,7 @@ def load_settings(
         worker_task_process_max_attempts=get(
             "WORKER_TASK_PROCESS_MAX_ATTEMPTS", _positive_int, default="10000"
         ),
+        worker_stop_grace_sec=get("WORKER_STOP_GRACE_SEC", _non_negative_float, default="270"),
         triggerer_claim_per_loop=get("TRIGGERER_CLAIM_PER_LOOP", _positive_int, default="50"),
         asset_watcher_max_queued=get(
             "ASSET_WATCHER_MAX_QUEUED",
@@ -760,6 +764,13 @@ SETTINGS: tuple[SettingDoc, ...] = (
         "WORKER_TASK_PROCESS_MAX_ATTEMPTS",
         "10000",
         "Attempts one of a worker's task processes runs before a fresh one replaces it.",
+        "core",
+    ),
+    SettingDoc(
+        "WORKER_STOP_GRACE_SEC",
+        "270",
+        "Seconds a worker stopped with SIGTERM lets its running attempts finish before it hands"
+        " the rest back to run again at the same try.",
         "core",
     ),
     SettingDoc(

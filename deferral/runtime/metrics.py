@@ -61,6 +61,13 @@ LOOP_ITERATION = Gauge(
     registry=None,
 )
 
+CLOCK_SKEW = Gauge(
+    "deferral_clock_skew_seconds",
+    "How far this host's clock is ahead of PostgreSQL's (negative: behind), measured at every"
+    " heartbeat; time triggers fire by PostgreSQL's clock.",
+    registry=None,
+)
+
 LEASE_RENEWALS = Counter(
     "deferral_lease_renewals",
     "Stream entries whose lease this process renewed (owner-checked, every heartbeat).",
@@ -247,6 +254,7 @@ _COMMON: tuple[MetricWrapperBase, ...] = (
     DEAD_LETTERS,
     FORGED_COUNTS,
     LOOP_ITERATION,
+    CLOCK_SKEW,
 )
 _OWN: dict[str, tuple[MetricWrapperBase, ...]] = {
     TRIGGERER: (
