@@ -31,6 +31,8 @@ def check_key(key: object, where: str = "partition key") -> str:
         raise PartitionError(f"{where} must be a non-empty string, got {key!r:.80}")
     if len(key) > MAX_KEY_LEN:
         raise PartitionError(f"{where} {key[:40]!r}... is longer than {MAX_KEY_LEN} characters")
+    if "\x00" in key:
+        raise PartitionError(f"{where} {key!r:.80} holds a NUL character")
     return key
 
 

@@ -271,7 +271,13 @@ def _succeeded(
         return _after_failure(task, request, context, exc, Failed(str(exc), "", allow_retry=False))
     what = f"task {task.task_id!r} on_success_callback"
     run_callbacks(task.on_success_callback, context, what=what)
-    return Succeeded(value, tuple(sorted(context["ti"].skip_task_ids)), extras, alias_events)
+    return Succeeded(
+        value,
+        tuple(sorted(context["ti"].skip_task_ids)),
+        extras,
+        alias_events,
+        context["outlet_events"].partitions(context["partition_key"]),
+    )
 
 
 def _after_failure(

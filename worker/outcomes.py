@@ -53,6 +53,9 @@ class Succeeded(msgspec.Struct, frozen=True, tag=True):
     # The events the task added through aliases in its outlets (OutletEventAccessors
     # .alias_events): recorded in the transaction that records the success.
     alias_events: list[dict[str, Any]] = msgspec.field(default_factory=list)
+    # The partition keys of each outlet's event (its run's key, or those the task added), by
+    # asset name: recorded in the transaction that records the success.
+    outlet_partitions: dict[str, list[str]] = msgspec.field(default_factory=dict)
 
 
 class Skipped(msgspec.Struct, frozen=True, tag=True):

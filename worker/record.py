@@ -88,6 +88,10 @@ def succeed_all(session: Session, successes: Sequence[tuple[Attempt, Succeeded]]
             )
         if attempt.task_instance_id in succeeded and success.alias_events:
             transitions.record_alias_events(session, attempt.task_instance_id, success.alias_events)
+        if attempt.task_instance_id in succeeded and success.outlet_partitions:
+            transitions.partition_outlet_events(
+                session, attempt.task_instance_id, success.outlet_partitions
+            )
     return succeeded
 
 

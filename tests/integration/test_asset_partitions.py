@@ -1,0 +1,182 @@
+"""Partition-aligned asset runs against real PostgreSQL: a task in a run with a partition key
+records its outlet events with that key (or one event per key it added), and the scheduler's
+asset pass makes one run per mapped key of a DAG scheduled with ``PartitionedAssetTimetable``,
+once its assets' events for that key are there, and once only."""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+from typing import Any
+
+import pytest
+from sqlalchemy import select
+from sqlalchemy.orm import Session, sessionmaker
+
+from deferral.assets import Asset, OutletEventAccessors
+from deferral.context import DagRunInfo
+from deferral.loading.dagbag import DagBag
+from deferral.partitions import PartitionError
+from deferral.runtime.config import Settings
+from deferral.runtime.crypto import Cipher
+from deferral.store.tables import AssetDagRunQueue, AssetEventRow, DagRun
+from deferral.store.transitions import Attempt
+from deferral.store.transitions import assets as asset_runs
+from deferral.timetables.partitions import CronPartitionTimetable
+from tests.integration.factories import DAG_ID, WORKER, running_task
+from tests.integration.test_assets import make_runs, parse, runs_of
+from worker import record
+from worker.outcomes import Succeeded
+
+PARTITIONED_DAGS = f"""
+import datetime as dt
+
+from deferral import DAG
+from deferral.assets import Asset
+from deferral.operators import EmptyOperator
+from deferral.partitions import AllowedKeyMapper, StartOfMonthMapper
+from deferral.timetables.partitions import CronPartitionTimetable, PartitionedAssetTimetable
+
+daily, other, regions = Asset("daily"), Asset("other"), Asset("regions")
+
+with DAG(
+    {DAG_ID!r},
+    schedule=CronPartitionTimetable("0 0 * * *", timezone="UTC", key_format="%Y-%m-%d"),
+    start_date=dt.datetime(2024, 5, 1, tzinfo=dt.UTC),
+):
+    EmptyOperator(task_id="t", outlets=[daily, other, regions])
+    EmptyOperator(task_id="daily_only", outlets=[daily])
+
+with DAG("per_day", schedule=PartitionedAssetTimetable(assets=daily), max_active_runs=50):
+    EmptyOperator(task_id="c")
+
+with DAG(
+    "per_month",
+    schedule=PartitionedAssetTimetable(
+        assets=daily, default_partition_mapper=StartOfMonthMapper(input_format="%Y-%m-%d")
+    ),
+    max_active_runs=50,
+):
+    EmptyOperator(task_id="c")
+
+with DAG(
+    "both",
+    schedule=PartitionedAssetTimetable(assets=daily & other),
+    max_active_runs=50,
+):
+    EmptyOperator(task_id="c")
+
+with DAG(
+    "per_region",
+    schedule=PartitionedAssetTimetable(
+        assets=regions,
+        partition_mapper_config={{regions: AllowedKeyMapper(["eu", "us", "ap"])}},
+    ),
+    max_active_runs=50,
+):
+    EmptyOperator(task_id="c")
+"""
+
+
+@pytest.fixture
+def bag(
+    sessions: sessionmaker[Session], settings: Settings, cipher: Cipher, write_dag: Any
+) -> DagBag:
+    write_dag("partitioned_dags", PARTITIONED_DAGS)
+    return parse(sessions, settings, cipher)
+
+
+def produce(
+    sessions: sessionmaker[Session],
+    bag: DagBag,
+    run_id: str,
+    added: dict[str, list[str]] | None = None,
+    task_id: str = "t",
+) -> None:
+    """The producer's task ``task_id`` succeeds in a run of its CronPartitionTimetable at
+    2024-05-06 (key ``2024-05-06``), having added the partition keys ``added`` to some of its
+    outlets."""
+    run = DagRunInfo(DAG_ID, run_id, dt.datetime(2024, 5, 6, tzinfo=dt.UTC))
+    timetable = bag.dags[DAG_ID].timetable
+    assert isinstance(timetable, CronPartitionTimetable)
+    run_key = timetable.partition_key(run.logical_date)
+    events = OutletEventAccessors(bag.dags[DAG_ID].get_task(task_id).outlets)
+    for name, keys in (added or {}).items():
+        events[name].add_partitions(keys)
+    ti = running_task(sessions, task_id, run_id)
+    success = Succeeded(None, outlet_partitions=events.partitions(run_key))
+    with sessions.begin() as session:
+        assert record.succeed_all(session, [(Attempt(ti, 1, WORKER), success)]) == {ti}
+
+
+def keys_of(sessions: sessionmaker[Session], dag_id: str) -> list[str | None]:
+    return [run.partition_key for run in runs_of(sessions, dag_id)]
+
+
+def test_a_run_with_a_partition_key_makes_one_run_per_mapped_key_once(
+    sessions: sessionmaker[Session], bag: DagBag
+) -> None:
+    produce(sessions, bag, "r1")
+    with sessions() as session:
+        recorded = session.execute(
+            select(AssetEventRow.asset_name, AssetEventRow.partition_key).order_by(AssetEventRow.id)
+        ).all()
+    # Every outlet of the task records its event with the run's key (the task declares three).
+    assert [tuple(r) for r in recorded] == [
+        ("daily", "2024-05-06"),
+        ("other", "2024-05-06"),
+        ("regions", "2024-05-06"),
+    ]
+    make_runs(sessions, bag)
+    make_runs(sessions, bag)  # a second pass makes nothing more
+    assert keys_of(sessions, "per_day") == ["2024-05-06"]
+    assert keys_of(sessions, "per_month") == ["2024-05"]
+    assert keys_of(sessions, "both") == ["2024-05-06"]  # daily & other, the same key
+    assert keys_of(sessions, "per_region") == []  # not an allowed key: consumed, no run
+    (run,) = runs_of(sessions, "per_day")
+    assert run.run_type == "asset_triggered"
+    assert DagRunInfo.of(run).partition_key == "2024-05-06"  # context["partition_key"]
+    # The key's events again (its partition made anew): a run each of the DAGs on "daily" alone,
+    # and "both" waits for "other"'s (as Airflow's, whose key's run was made already).
+    produce(sessions, bag, "r2", task_id="daily_only")
+    make_runs(sessions, bag)
+    assert keys_of(sessions, "per_day") == ["2024-05-06", "2024-05-06"]
+    assert keys_of(sessions, "per_month") == ["2024-05", "2024-05"]
+    assert keys_of(sessions, "both") == ["2024-05-06"]
+    with sessions() as session:
+        assert session.scalars(select(AssetDagRunQueue.target_dag_id)).all() == ["both"]
+
+
+def test_added_partitions_make_one_event_and_run_each_and_a_bad_key_is_named(
+    sessions: sessionmaker[Session], bag: DagBag, caplog: pytest.LogCaptureFixture
+) -> None:
+    produce(sessions, bag, "r1", {"regions": ["eu", "us", "ap", "xx"]})
+    with caplog.at_level(logging.WARNING, logger="deferral.scheduler"):
+        make_runs(sessions, bag)
+    assert sorted(keys_of(sessions, "per_region")) == ["ap", "eu", "us"]
+    assert "partition key 'xx' is not one of ['eu', 'us', 'ap']" in caplog.text
+    with pytest.raises(
+        PartitionError,
+        match=r"^add_partitions on 'regions': partition key must be a non-empty string, got ''$",
+    ):
+        OutletEventAccessors([Asset("regions")])["regions"].add_partitions(["eu", ""])
+
+
+def test_a_pass_reads_a_bounded_number_of_queued_events(
+    sessions: sessionmaker[Session], bag: DagBag, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(asset_runs, "PARTITION_EVENTS_PER_PASS", 2)
+    produce(sessions, bag, "r1", {"regions": ["eu", "us", "ap"]})
+    make_runs(sessions, bag)
+    assert sorted(keys_of(sessions, "per_region")) == ["eu", "us"]
+    make_runs(sessions, bag)
+    assert sorted(keys_of(sessions, "per_region")) == ["ap", "eu", "us"]
+    with sessions() as session:
+        assert (
+            session.scalar(
+                select(DagRun.id).where(
+                    DagRun.dag_id == "per_region", DagRun.partition_key.is_(None)
+                )
+            )
+            is None
+        )
