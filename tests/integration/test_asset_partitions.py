@@ -19,7 +19,7 @@ from deferral.loading.dagbag import DagBag
 from deferral.partitions import PartitionError
 from deferral.runtime.config import Settings
 from deferral.runtime.crypto import Cipher
-from deferral.store.tables import AssetDagRunQueue, AssetEventRow, DagRun
+from deferral.store.tables import AssetDagRunQueue, AssetEventRow, DagRun, DagRunAssetEvent
 from deferral.store.transitions import Attempt
 from deferral.store.transitions import assets as asset_runs
 from deferral.timetables.partitions import CronPartitionTimetable
@@ -34,7 +34,9 @@ import datetime as dt
 from deferral import DAG
 from deferral.assets import Asset
 from deferral.operators import EmptyOperator
-from deferral.partitions import AllowedKeyMapper, StartOfMonthMapper
+from deferral.partitions import (
+    AllowedKeyMapper, FixedKeyMapper, RollupMapper, SegmentWindow, StartOfMonthMapper
+)
 from deferral.timetables.partitions import CronPartitionTimetable, PartitionedAssetTimetable
 
 daily, other, regions = Asset("daily"), Asset("other"), Asset("regions")
@@ -73,6 +75,17 @@ with DAG(
         partition_mapper_config={{regions: AllowedKeyMapper(["eu", "us", "ap"])}},
     ),
     max_active_runs=50,
+):
+    EmptyOperator(task_id="c")
+
+with DAG(
+    "all_regions",
+    schedule=PartitionedAssetTimetable(
+        assets=regions,
+        default_partition_mapper=RollupMapper(
+            upstream_mapper=FixedKeyMapper("all"), window=SegmentWindow(["eu", "us"])
+        ),
+    ),
 ):
     EmptyOperator(task_id="c")
 """
@@ -180,3 +193,23 @@ def test_a_pass_reads_a_bounded_number_of_queued_events(
             )
             is None
         )
+
+
+def test_a_rollup_runs_once_its_window_members_are_there(
+    sessions: sessionmaker[Session], bag: DagBag
+) -> None:
+    produce(sessions, bag, "r1", {"regions": ["eu"]})
+    make_runs(sessions, bag)
+    assert keys_of(sessions, "all_regions") == []  # "us" not there yet: the event waits
+    produce(sessions, bag, "r2", {"regions": ["us"]})
+    make_runs(sessions, bag)
+    assert keys_of(sessions, "all_regions") == ["all"]
+    (run,) = runs_of(sessions, "all_regions")
+    with sessions() as session:
+        consumed = session.scalars(
+            select(AssetEventRow.partition_key)
+            .join(DagRunAssetEvent, DagRunAssetEvent.asset_event_id == AssetEventRow.id)
+            .where(DagRunAssetEvent.dag_run_id == run.id)
+            .order_by(AssetEventRow.partition_key)
+        ).all()
+    assert consumed == ["eu", "us"]

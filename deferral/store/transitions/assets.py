@@ -12,6 +12,7 @@ from sqlalchemy import Row, delete, func, insert, select
 from sqlalchemy.orm import Session
 
 from deferral.assets import BaseAsset, plan_runs
+from deferral.partitions import RollupMapper
 from deferral.states import DagRunState, DagRunType
 from deferral.store.tables import AssetDagRunQueue, AssetEventRow, Dag, DagRun, DagRunAssetEvent
 from deferral.store.transitions.runs import NewDagRun, create_dag_runs_once
@@ -122,7 +123,8 @@ def create_partition_runs(
 ) -> list[tuple[str, str]]:
     """Create one run (queued, ``partition_key`` set) per downstream partition key of each
     unpaused active DAG scheduled on assets' partitions whose queued events mapped to that key
-    satisfy its condition (``a & b``: an event of each for the same mapped key), at most
+    satisfy its condition (``a & b``: an event of each for the same mapped key; a rollup's
+    asset counts once its window's members are there, by its wait policy), at most
     ``limit`` per DAG within its ``max_active_runs``; the run consumes every queued event of its
     key, so later events of the key make another run (as Airflow's, once the key's run was
     made). An event with no key, or one its mapper refuses, is consumed with no run (a warning
@@ -142,12 +144,11 @@ def create_partition_runs(
             .order_by(AssetDagRunQueue.asset_event_id)
             .limit(PARTITION_EVENTS_PER_PASS)
         ).all()
-        keys_of, by_key = _map_events(dag_id, timetables[dag_id], rows)
-        condition = timetables[dag_id].condition
+        keys_of, by_key, ready = _map_events(dag_id, timetables[dag_id], rows)
         plans = [
             (sorted(i for ids in events.values() for i in ids), key)
             for key, events in by_key.items()
-            if condition.evaluate(set(events))
+            if key in ready
         ][:room]
         done = _create(session, dag_id, plans, now)
         # An event goes with the first run that consumes it (a fan-out's keys made in the same
@@ -162,27 +163,43 @@ def _map_events(
     dag_id: str,
     timetable: PartitionedAssetTimetable,
     rows: Sequence[Row[tuple[str, int, str | None]]],
-) -> tuple[dict[int, list[str]], dict[str, dict[str, list[int]]]]:
-    """The downstream keys of each queued event (none: it makes no run), and the events of
-    each downstream key by asset name, keys in the order of their oldest event."""
+) -> tuple[dict[int, list[str]], dict[str, dict[str, list[int]]], set[str]]:
+    """The downstream keys of each queued event (none: it makes no run); the events of each
+    downstream key by asset name, keys in the order of their oldest event; and the downstream
+    keys whose assets' events are all there (a rollup's members, by its wait policy)."""
     keys_of: dict[int, list[str]] = {}
     by_key: dict[str, dict[str, list[int]]] = {}
+    members: dict[tuple[str, str], set[str]] = {}
     for asset_name, event_id, key in rows:
+        keys_of[event_id] = []
         if key is None:
-            keys_of[event_id] = []
             log.info("DAG %s: asset %r event %d has no partition key", dag_id, asset_name, event_id)
             continue
         try:
             keys_of[event_id] = mapped_keys(timetable, asset_name, key)
         except ValueError as exc:
-            keys_of[event_id] = []
             log.warning(
                 "DAG %s: asset %r event %d makes no run: %s", dag_id, asset_name, event_id, exc
             )
             continue
         for downstream in keys_of[event_id]:
             by_key.setdefault(downstream, {}).setdefault(asset_name, []).append(event_id)
-    return keys_of, by_key
+            members.setdefault((downstream, asset_name), set()).add(key)
+    ready: set[str] = set()
+    for downstream, events in by_key.items():
+        arrived = set()
+        for asset_name in events:
+            mapper = timetable.mapper_of(asset_name)
+            try:
+                if not isinstance(mapper, RollupMapper) or mapper.complete(
+                    members[(downstream, asset_name)]
+                ):
+                    arrived.add(asset_name)
+            except ValueError as exc:
+                log.warning("DAG %s: asset %r key %r: %s", dag_id, asset_name, downstream, exc)
+        if timetable.condition.evaluate(arrived):
+            ready.add(downstream)
+    return keys_of, by_key, ready
 
 
 def _create(
