@@ -162,7 +162,7 @@ def create_partition_runs(
 def _map_events(
     dag_id: str,
     timetable: PartitionedAssetTimetable,
-    rows: Sequence[Row[tuple[str, int, str | None]]],
+    rows: Sequence[Row[str, int, str | None]],
 ) -> tuple[dict[int, list[str]], dict[str, dict[str, list[int]]], set[str]]:
     """The downstream keys of each queued event (none: it makes no run); the events of each
     downstream key by asset name, keys in the order of their oldest event; and the downstream
