@@ -1,12 +1,15 @@
 """Partition-aligned asset runs against real PostgreSQL: a task in a run with a partition key
 records its outlet events with that key (or one event per key it added), and the scheduler's
 asset pass makes one run per mapped key of a DAG scheduled with ``PartitionedAssetTimetable``,
-once its assets' events for that key are there, and once only."""
+once its assets' events for that key are there (a rollup's, by its window), and once per set
+of events; Airflow 3.3's example_asset_partition.py aligns three producers' hours unchanged."""
 
 from __future__ import annotations
 
 import datetime as dt
 import logging
+import shutil
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -14,7 +17,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from deferral.assets import Asset, OutletEventAccessors
-from deferral.context import DagRunInfo
+from deferral.context import DagRunInfo, with_partition
 from deferral.loading.dagbag import DagBag
 from deferral.partitions import PartitionError
 from deferral.runtime.config import Settings
@@ -27,6 +30,8 @@ from tests.integration.factories import DAG_ID, WORKER, running_task
 from tests.integration.test_assets import make_runs, parse, runs_of
 from worker import record
 from worker.outcomes import Succeeded
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "airflow_examples"
 
 PARTITIONED_DAGS = f"""
 import datetime as dt
@@ -105,19 +110,20 @@ def produce(
     run_id: str,
     added: dict[str, list[str]] | None = None,
     task_id: str = "t",
+    dag_id: str = DAG_ID,
+    logical_date: dt.datetime = dt.datetime(2024, 5, 6, tzinfo=dt.UTC),
 ) -> None:
-    """The producer's task ``task_id`` succeeds in a run of its CronPartitionTimetable at
-    2024-05-06 (key ``2024-05-06``), having added the partition keys ``added`` to some of its
-    outlets."""
-    run = DagRunInfo(DAG_ID, run_id, dt.datetime(2024, 5, 6, tzinfo=dt.UTC))
-    timetable = bag.dags[DAG_ID].timetable
+    """The task ``task_id`` succeeds in a run of its DAG's CronPartitionTimetable at
+    ``logical_date`` (the producer's key ``2024-05-06``), having added the partition keys
+    ``added`` to some of its outlets."""
+    timetable = bag.dags[dag_id].timetable
     assert isinstance(timetable, CronPartitionTimetable)
-    run_key = timetable.partition_key(run.logical_date)
-    events = OutletEventAccessors(bag.dags[DAG_ID].get_task(task_id).outlets)
+    run = with_partition(DagRunInfo(dag_id, run_id, logical_date), timetable)
+    events = OutletEventAccessors(bag.dags[dag_id].get_task(task_id).outlets)
     for name, keys in (added or {}).items():
         events[name].add_partitions(keys)
-    ti = running_task(sessions, task_id, run_id)
-    success = Succeeded(None, outlet_partitions=events.partitions(run_key))
+    ti = running_task(sessions, task_id, run_id, dag_id)
+    success = Succeeded(None, outlet_partitions=events.partitions(run.partition_key))
     with sessions.begin() as session:
         assert record.succeed_all(session, [(Attempt(ti, 1, WORKER), success)]) == {ti}
 
@@ -213,3 +219,29 @@ def test_a_rollup_runs_once_its_window_members_are_there(
             .order_by(AssetEventRow.partition_key)
         ).all()
     assert consumed == ["eu", "us"]
+
+
+def test_airflows_example_aligns_three_teams_hourly_partitions_into_one_run(
+    sessions: sessionmaker[Session], settings: Settings, cipher: Cipher, dags_folder: Path
+) -> None:
+    """example_asset_partition.py, unchanged under the import hook: the three teams' hourly
+    producers (at :00, :15 and :30) make one run of clean_and_combine_player_stats, keyed by
+    the hour their keys map to (StartOfHourMapper)."""
+    shutil.copy(EXAMPLES / "example_asset_partition.py", dags_folder)
+    shutil.copy(EXAMPLES / ".deferral.toml", dags_folder)
+    bag = parse(sessions, settings, cipher)
+    hour = dt.datetime(2024, 5, 6, 10, tzinfo=dt.UTC)
+    producers = [
+        ("ingest_team_a_player_stats", "ingest_team_a_stats", 0),
+        ("team_b_player_stats", "team_b_player_stats", 15),
+        ("team_c_player_stats", "team_c_player_stats", 30),
+    ]
+    for n, (dag_id, task_id, minute) in enumerate(producers[:2]):
+        produce(sessions, bag, f"p{n}", {}, task_id, dag_id, hour + dt.timedelta(minutes=minute))
+    make_runs(sessions, bag)
+    assert keys_of(sessions, "clean_and_combine_player_stats") == []  # team C's not there
+    dag_id, task_id, minute = producers[2]
+    produce(sessions, bag, "p2", {}, task_id, dag_id, hour + dt.timedelta(minutes=minute))
+    make_runs(sessions, bag)
+    make_runs(sessions, bag)
+    assert keys_of(sessions, "clean_and_combine_player_stats") == ["2024-05-06T10"]
