@@ -125,6 +125,7 @@ def _context(request: AttemptRequest, task: BaseOperator) -> Context:
         data_interval_start=request.data_interval_start,
         data_interval_end=request.data_interval_end,
         run_type=request.run_type,
+        partition_key=request.partition_key,
     )
     return make_context(task, run, ti)
 

@@ -38,6 +38,8 @@ class AttemptRequest(msgspec.Struct, frozen=True, kw_only=True):
     data_interval_start: dt.datetime | None = None
     data_interval_end: dt.datetime | None = None
     run_type: str = "manual"
+    # The partition key a PartitionedAssetTimetable run was made for (context["partition_key"]).
+    partition_key: str | None = None
     # The worker's DEFERRAL_TASK_LOG_MAX_BYTES: what the child keeps of the try's output.
     task_log_max_bytes: int = DEFAULT_TASK_LOG_MAX_BYTES
 

@@ -48,6 +48,7 @@ def request_of(
         data_interval_start=started.data_interval_start,
         data_interval_end=started.data_interval_end,
         run_type=started.run_type or "manual",
+        partition_key=started.partition_key,
         task_log_max_bytes=task_log_max_bytes,
     )
 

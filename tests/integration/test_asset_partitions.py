@@ -22,9 +22,17 @@ from deferral.loading.dagbag import DagBag
 from deferral.partitions import PartitionError
 from deferral.runtime.config import Settings
 from deferral.runtime.crypto import Cipher
-from deferral.store.tables import AssetDagRunQueue, AssetEventRow, DagRun, DagRunAssetEvent
+from deferral.store import transitions
+from deferral.store.tables import (
+    AssetDagRunQueue,
+    AssetEventRow,
+    DagRun,
+    DagRunAssetEvent,
+    TaskInstance,
+)
 from deferral.store.transitions import Attempt
 from deferral.store.transitions import assets as asset_runs
+from deferral.store.transitions.runs import NewTaskInstance
 from deferral.timetables.partitions import CronPartitionTimetable
 from tests.integration.factories import DAG_ID, WORKER, running_task
 from tests.integration.test_assets import make_runs, parse, runs_of
@@ -154,7 +162,18 @@ def test_a_run_with_a_partition_key_makes_one_run_per_mapped_key_once(
     assert keys_of(sessions, "per_region") == []  # not an allowed key: consumed, no run
     (run,) = runs_of(sessions, "per_day")
     assert run.run_type == "asset_triggered"
-    assert DagRunInfo.of(run).partition_key == "2024-05-06"  # context["partition_key"]
+    # Its tasks' attempts carry the key to their context["partition_key"].
+    with sessions.begin() as session:
+        row = session.get_one(DagRun, run.id)
+        transitions.start_dag_run(
+            session, row, [NewTaskInstance("c", 0, "default_pool", 1, "default", 1)]
+        )
+        session.flush()
+        ti_id = session.scalars(select(TaskInstance.id).where(TaskInstance.run_id == run.run_id))
+        started = transitions.preview_start(session, ti_id.one())
+    assert started is not None
+    assert record.request_of(started, None, 1000).partition_key == "2024-05-06"
+    assert DagRunInfo.of(run).partition_key == "2024-05-06"
     # The key's events again (its partition made anew): a run each of the DAGs on "daily" alone,
     # and "both" waits for "other"'s (as Airflow's, whose key's run was made already).
     produce(sessions, bag, "r2", task_id="daily_only")
