@@ -25,6 +25,8 @@ log = logging.getLogger("deferral")
 MAX_NAME_LEN = 1000
 MAX_WATCHERS_PER_ASSET = 16
 MAX_CONDITION_ASSETS = 100
+# Partition keys one task may add to one outlet (add_partitions): one event each.
+MAX_ADDED_PARTITIONS = 1000
 MAX_EVENT_EXTRA_BYTES = 64 * 1024
 MAX_DEDUP_KEY_LEN = 250
 # The URI schemes of Airflow's own reserved for itself.
@@ -444,19 +446,24 @@ class OutletEventAccessor:
 
     asset: Asset
     extra: dict[str, Any] = field(default_factory=dict)
+    # The partition keys the task added (add_partitions), in order.
+    partitions: list[str] = field(default_factory=list)
 
     def add_partitions(self, keys: str | Sequence[str]) -> None:
-        """Airflow 3.3's runtime partitions: the keys are checked (deferral records no
-        partition keys yet, and says so in the task's log)."""
+        """Airflow 3.3's runtime partitions: the task's event for this asset is recorded once
+        per key added (instead of once with its run's key), each checked here."""
         listed = [keys] if isinstance(keys, str) else list(keys)
         if not listed:
             raise AssetError(f"add_partitions on {self.asset.name!r} needs at least one key")
-        checked = sorted({check_key(k) for k in listed})
-        log.warning(
-            "asset %r: partitions %s are not recorded (deferral keeps no partition keys yet)",
-            self.asset.name,
-            ", ".join(checked),
-        )
+        for key in listed:
+            check_key(key, f"add_partitions on {self.asset.name!r}: partition key")
+            if key not in self.partitions:
+                self.partitions.append(key)
+        if len(self.partitions) > MAX_ADDED_PARTITIONS:
+            raise AssetError(
+                f"add_partitions on {self.asset.name!r}: at most {MAX_ADDED_PARTITIONS} keys "
+                "per task"
+            )
 
 
 @dataclass
@@ -517,6 +524,14 @@ class OutletEventAccessors(Mapping[Any, Any]):
     def extras(self) -> dict[str, dict[str, Any]]:
         """The extras set, by asset name (what the worker records with the success)."""
         return {name: a.extra for name, a in self._accessors.items() if a.extra}
+
+    def partitions(self, run_key: str | None) -> dict[str, list[str]]:
+        """The partition keys of each outlet's event, by asset name (what the worker records
+        with the success): the keys the task added, else its run's key (none: no key)."""
+        keys = {name: a.partitions for name, a in self._accessors.items() if a.partitions}
+        if run_key is not None:
+            keys = {name: keys.get(name, [run_key]) for name in self._outlets}
+        return keys
 
     def alias_events(self) -> list[dict[str, Any]]:
         """The events added through aliases, in order (what the worker records with the

@@ -51,7 +51,8 @@ class DagRunInfo:
     data_interval_end: dt.datetime | None = None
     run_type: str = "manual"
     # Airflow 3.2+'s partitioned runs: a CronPartitionTimetable's run has its key (and the
-    # point it names); other runs have none.
+    # point it names), a PartitionedAssetTimetable's the key its events mapped to; other runs
+    # have none.
     partition_key: str | None = None
     partition_date: dt.datetime | None = None
 
@@ -66,6 +67,7 @@ class DagRunInfo:
             data_interval_start=run.data_interval_start,
             data_interval_end=run.data_interval_end,
             run_type=run.run_type,
+            partition_key=run.partition_key,
         )
 
     @property

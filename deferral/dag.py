@@ -42,6 +42,7 @@ from deferral.timetables import (
     next_info,
 )
 from deferral.timetables.assets import AssetOrTimeSchedule
+from deferral.timetables.partitions import PartitionedAssetTimetable
 from deferral.timezone import calendar_delta, make_aware, standard_timedelta
 from deferral.xcom_arg import DagParam
 
@@ -213,7 +214,8 @@ class DAG:
         )
         # Assets (deferral.assets): runs made by asset events, not by the clock.
         self.asset_condition: BaseAsset | None = None
-        if isinstance(self.schedule, AssetOrTimeSchedule):  # by the clock and by assets
+        # By the clock and by assets, or by the assets' partitions (a run per key).
+        if isinstance(self.schedule, AssetOrTimeSchedule | PartitionedAssetTimetable):
             self.asset_condition = self.schedule.condition
         elif is_asset_schedule(self.schedule):
             self.asset_condition = asset_condition(f"DAG {dag_id!r}", self.schedule)
@@ -221,7 +223,7 @@ class DAG:
             self.timetable: Timetable = (
                 AssetTriggeredTimetable(self.asset_condition)
                 if self.asset_condition is not None
-                and not isinstance(self.schedule, AssetOrTimeSchedule)
+                and not isinstance(self.schedule, AssetOrTimeSchedule | PartitionedAssetTimetable)
                 else create_timetable(self.schedule, self.timezone)
             )
         except InvalidSchedule as exc:

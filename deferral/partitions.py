@@ -3,14 +3,14 @@ policies): what a ``PartitionedAssetTimetable`` says of how an upstream asset's 
 map to a downstream DAG's keys.
 
 Authoring and pure mapping only. Each mapper is checked when the DAG file builds it (a bad one
-is a one-line error naming it) and maps keys with ``to_downstream``; deferral records the
-schedule but does not yet create partition-aligned runs (docs/coming-from-airflow.md)."""
+is a one-line error naming it) and maps keys with ``to_downstream``; the scheduler's asset
+pass makes a run per mapped key (``deferral.store.transitions.assets.create_partition_runs``)."""
 
 from __future__ import annotations
 
 import datetime as dt
 import enum
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 from deferral.timetables.trigger import zone
 
@@ -31,6 +31,8 @@ def check_key(key: object, where: str = "partition key") -> str:
         raise PartitionError(f"{where} must be a non-empty string, got {key!r:.80}")
     if len(key) > MAX_KEY_LEN:
         raise PartitionError(f"{where} {key[:40]!r}... is longer than {MAX_KEY_LEN} characters")
+    if "\x00" in key:
+        raise PartitionError(f"{where} {key!r:.80} holds a NUL character")
     return key
 
 
@@ -311,7 +313,44 @@ class RollupMapper(PartitionMapper):
         self.wait_policy = wait_policy or WaitForAll()
 
     def to_downstream(self, key: str) -> str | list[str]:
+        if isinstance(self.window, SegmentWindow) and key not in self.window.segments:
+            raise ValueError(
+                f"partition key {key!r:.80} is not one of the window's segments "
+                f"{self.window.segments}"
+            )
         return self.upstream_mapper.to_downstream(key)
+
+    def expected(self, upstream_key: str) -> int:
+        """The members of the window holding ``upstream_key`` (one of them): the segments, or
+        the hours of a day, days of a week or month, months of a quarter or year."""
+        window = self.window
+        if isinstance(window, SegmentWindow):
+            return len(window.segments)
+        fixed = {DayWindow: 24, WeekWindow: 7, QuarterWindow: 3, YearWindow: 12}
+        if type(window) in fixed:
+            return fixed[type(window)]
+        if isinstance(window, MonthWindow):
+            mapper = self.upstream_mapper
+            fmt = (
+                mapper.input_format if isinstance(mapper, _StartOfMapper) else DEFAULT_INPUT_FORMAT
+            )
+            try:
+                day = dt.datetime.strptime(upstream_key, fmt)
+            except ValueError:
+                raise ValueError(
+                    f"partition key {upstream_key!r:.80} does not match {fmt!r}"
+                ) from None
+            following = (day.replace(day=28) + dt.timedelta(days=4)).replace(day=1)
+            return (following - dt.timedelta(days=1)).day
+        raise ValueError(f"deferral does not roll up a {type(window).__name__} yet")
+
+    def complete(self, upstream_keys: Collection[str]) -> bool:
+        """Whether the downstream key's run may start, with these members (distinct upstream
+        keys) arrived, by the wait policy."""
+        keys = sorted(upstream_keys)
+        if not keys:
+            return False
+        return self.wait_policy.is_satisfied(len(keys), self.expected(keys[0]))
 
 
 # The downstream mapper a fan-out over a window of this kind formats its members with when it
@@ -360,8 +399,8 @@ class FanOutMapper(PartitionMapper):
     def to_downstream(self, key: str) -> list[str]:
         if not isinstance(self.window, SegmentWindow):
             raise ValueError(
-                f"deferral maps a fan-out over a {type(self.window).__name__} only when it runs "
-                "partition-aware schedules"
+                f"deferral does not fan out over a {type(self.window).__name__} yet "
+                "(a SegmentWindow only)"
             )
         keys = [str(self.downstream_mapper.to_downstream(s)) for s in self.window.segments]
         if len(keys) > self.max_downstream_keys:

@@ -16,7 +16,8 @@ from deferral.assets import Asset, BaseAsset, watchers_of
 from deferral.dag import DAG
 from deferral.runtime.crypto import Cipher, Purpose
 from deferral.store.tables import AssetModel, AssetWatcherRow, DagScheduleAsset, TaskOutletAsset
-from deferral.store.transitions.assets import create_asset_runs
+from deferral.store.transitions.assets import create_asset_runs, create_partition_runs
+from deferral.timetables.partitions import PartitionedAssetTimetable
 
 log = logging.getLogger("deferral.scheduler")
 
@@ -118,10 +119,17 @@ def _replace(
 
 
 def create_runs(session: Session, dags: Mapping[str, DAG], now: dt.datetime) -> None:
-    conditions: dict[str, BaseAsset] = {
-        dag_id: dag.asset_condition
-        for dag_id, dag in dags.items()
-        if dag.asset_condition is not None
-    }
-    for dag_id, run_id in create_asset_runs(session, conditions, now, RUNS_PER_DAG_PER_CALL):
+    """The runs the queued asset events make: one per set of events that satisfies a DAG's
+    condition, or one per partition key of a DAG scheduled on assets' partitions."""
+    conditions: dict[str, BaseAsset] = {}
+    partitioned: dict[str, PartitionedAssetTimetable] = {}
+    for dag_id, dag in dags.items():
+        if isinstance(dag.timetable, PartitionedAssetTimetable):
+            partitioned[dag_id] = dag.timetable
+        elif dag.asset_condition is not None:
+            conditions[dag_id] = dag.asset_condition
+    for dag_id, run_id in [
+        *create_asset_runs(session, conditions, now, RUNS_PER_DAG_PER_CALL),
+        *create_partition_runs(session, partitioned, now, RUNS_PER_DAG_PER_CALL),
+    ]:
         log.info("created run %s of DAG %s from asset events", run_id, dag_id)

@@ -125,6 +125,7 @@ def _context(request: AttemptRequest, task: BaseOperator) -> Context:
         data_interval_start=request.data_interval_start,
         data_interval_end=request.data_interval_end,
         run_type=request.run_type,
+        partition_key=request.partition_key,
     )
     return make_context(task, run, ti)
 
@@ -271,7 +272,13 @@ def _succeeded(
         return _after_failure(task, request, context, exc, Failed(str(exc), "", allow_retry=False))
     what = f"task {task.task_id!r} on_success_callback"
     run_callbacks(task.on_success_callback, context, what=what)
-    return Succeeded(value, tuple(sorted(context["ti"].skip_task_ids)), extras, alias_events)
+    return Succeeded(
+        value,
+        tuple(sorted(context["ti"].skip_task_ids)),
+        extras,
+        alias_events,
+        context["outlet_events"].partitions(context["partition_key"]),
+    )
 
 
 def _after_failure(

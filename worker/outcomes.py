@@ -38,6 +38,8 @@ class AttemptRequest(msgspec.Struct, frozen=True, kw_only=True):
     data_interval_start: dt.datetime | None = None
     data_interval_end: dt.datetime | None = None
     run_type: str = "manual"
+    # The partition key a PartitionedAssetTimetable run was made for (context["partition_key"]).
+    partition_key: str | None = None
     # The worker's DEFERRAL_TASK_LOG_MAX_BYTES: what the child keeps of the try's output.
     task_log_max_bytes: int = DEFAULT_TASK_LOG_MAX_BYTES
     # What the worker adds to its host's time to read the database's (deferral.runtime.clock):
@@ -56,6 +58,9 @@ class Succeeded(msgspec.Struct, frozen=True, tag=True):
     # The events the task added through aliases in its outlets (OutletEventAccessors
     # .alias_events): recorded in the transaction that records the success.
     alias_events: list[dict[str, Any]] = msgspec.field(default_factory=list)
+    # The partition keys of each outlet's event (its run's key, or those the task added), by
+    # asset name: recorded in the transaction that records the success.
+    outlet_partitions: dict[str, list[str]] = msgspec.field(default_factory=dict)
 
 
 class Skipped(msgspec.Struct, frozen=True, tag=True):

@@ -48,6 +48,7 @@ def request_of(
         data_interval_start=started.data_interval_start,
         data_interval_end=started.data_interval_end,
         run_type=started.run_type or "manual",
+        partition_key=started.partition_key,
         task_log_max_bytes=task_log_max_bytes,
         clock_correction_sec=clock.correction_sec(),
     )
@@ -89,6 +90,10 @@ def succeed_all(session: Session, successes: Sequence[tuple[Attempt, Succeeded]]
             )
         if attempt.task_instance_id in succeeded and success.alias_events:
             transitions.record_alias_events(session, attempt.task_instance_id, success.alias_events)
+        if attempt.task_instance_id in succeeded and success.outlet_partitions:
+            transitions.partition_outlet_events(
+                session, attempt.task_instance_id, success.outlet_partitions
+            )
     return succeeded
 
 

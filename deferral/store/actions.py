@@ -322,6 +322,7 @@ def _marker_date(
         run.data_interval_start,
         run.data_interval_end,
         run.run_type,
+        run.partition_key,
     )
     ti = RuntimeTaskInstance(
         0, dag.dag_id, run.run_id, marker.task_id, -1, 0, DatabaseXComs(sessions), run.logical_date

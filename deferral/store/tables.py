@@ -167,6 +167,8 @@ class DagRun(Base):
     data_interval_end: Mapped[dt.datetime | None] = mapped_column(Timestamp)
     state: Mapped[str] = mapped_column(String(20))
     conf: Mapped[dict[str, Any]] = mapped_column(JSONB, server_default=text("'{}'::jsonb"))
+    # The partition key of a run a PartitionedAssetTimetable made.
+    partition_key: Mapped[str | None] = mapped_column(String(250))
     created_at: Mapped[dt.datetime] = _created()
     start_date: Mapped[dt.datetime | None] = mapped_column(Timestamp)
     end_date: Mapped[dt.datetime | None] = mapped_column(Timestamp)
@@ -748,6 +750,8 @@ class AssetEventRow(Base):
     source_map_index: Mapped[int] = mapped_column(Integer, server_default=text("-1"))
     watcher: Mapped[str | None] = mapped_column(String(1000))
     dedup_key: Mapped[str | None] = mapped_column(String(250))
+    # The partition of the asset the event updated: its run's key, or one the task added.
+    partition_key: Mapped[str | None] = mapped_column(String(250))
     timestamp: Mapped[dt.datetime] = _created()
 
 

@@ -2,8 +2,9 @@
 at each cron point, whose partition key is that point), ``PartitionedAssetTimetable`` (runs per
 upstream partition key, by its mappers) and ``PartitionedAtRuntime`` (keys the tasks emit).
 
-deferral runs a ``CronPartitionTimetable`` by its cron and gives each run its key; the other
-two make no run of their own yet (they run when triggered): see docs/coming-from-airflow.md."""
+deferral runs a ``CronPartitionTimetable`` by its cron and gives each run its key; the
+scheduler's asset pass makes a ``PartitionedAssetTimetable``'s runs, one per mapped key; a
+``PartitionedAtRuntime`` DAG runs when triggered (docs/assets.md)."""
 
 from __future__ import annotations
 

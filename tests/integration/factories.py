@@ -28,11 +28,15 @@ DAG_ID = "factory_dag"
 WORKER = "worker-1"  # the worker the attempts of these rows run on
 
 
-def running_task(sessions: sessionmaker[Session], task_id: str = "t", run_id: str = "r1") -> int:
+def running_task(
+    sessions: sessionmaker[Session], task_id: str = "t", run_id: str = "r1", dag_id: str = DAG_ID
+) -> int:
     """A DAG run with one task instance moved none -> scheduled -> queued -> running."""
     with sessions.begin() as session:
-        transitions.create_dag_run(session, DAG_ID, run_id, dt.datetime.now(dt.UTC), {})
-        run = session.scalars(select(DagRun).where(DagRun.run_id == run_id)).one()
+        transitions.create_dag_run(session, dag_id, run_id, dt.datetime.now(dt.UTC), {})
+        run = session.scalars(
+            select(DagRun).where(DagRun.dag_id == dag_id, DagRun.run_id == run_id)
+        ).one()
         transitions.start_dag_run(
             session, run, [NewTaskInstance(task_id, 0, "default_pool", 1, "default", 1)]
         )

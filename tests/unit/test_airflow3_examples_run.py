@@ -101,23 +101,40 @@ def _state(outcome: object) -> str:
     return f"failed: {outcome.error}"
 
 
+def _request(dag_id: str, task_id: str) -> AttemptRequest:
+    return AttemptRequest(
+        task_instance_id=1,
+        dag_id=dag_id,
+        run_id="manual__2026-06-14",
+        task_id=task_id,
+        map_index=-1,
+        try_number=1,
+        logical_date=dt.datetime(2026, 6, 14, 3, tzinfo=dt.UTC),
+        conf={},
+        first_started_at=dt.datetime.now(dt.UTC),
+        next_method=None,
+        next_kwargs=None,
+        max_tries=0,
+    )
+
+
 @pytest.mark.parametrize("dag_id", sorted(AIRFLOW_ENDS))
 def test_airflow_3_example_tasks_end_in_airflows_states(examples_folder: None, dag_id: str) -> None:
-    got = {}
-    for task_id in AIRFLOW_ENDS[dag_id]:
-        request = AttemptRequest(
-            task_instance_id=1,
-            dag_id=dag_id,
-            run_id="manual__2026-06-14",
-            task_id=task_id,
-            map_index=-1,
-            try_number=1,
-            logical_date=dt.datetime(2026, 6, 14, 3, tzinfo=dt.UTC),
-            conf={},
-            first_started_at=dt.datetime.now(dt.UTC),
-            next_method=None,
-            next_kwargs=None,
-            max_tries=0,
-        )
-        got[task_id] = _state(attempt.execute_attempt(request))
+    got = {
+        task_id: _state(attempt.execute_attempt(_request(dag_id, task_id)))
+        for task_id in AIRFLOW_ENDS[dag_id]
+    }
     assert got == AIRFLOW_ENDS[dag_id]
+
+
+def test_example_tasks_record_their_partitions_with_their_success(examples_folder: None) -> None:
+    """A CronPartitionTimetable run's task gives its outlet's event the run's key; a task that
+    adds partitions, one event per key."""
+    hourly = attempt.execute_attempt(_request("ingest_team_a_player_stats", "ingest_team_a_stats"))
+    assert isinstance(hourly, Succeeded)
+    assert hourly.outlet_partitions == {"team_a_player_stats": ["2026-06-14T03:00:00"]}
+    regions = attempt.execute_attempt(
+        _request("multi_region_player_stats", "multi_region_player_stats")
+    )
+    assert isinstance(regions, Succeeded)
+    assert regions.outlet_partitions == {"multi_region_player_stats": ["us", "eu", "apac"]}

@@ -20,8 +20,10 @@ from deferral.partitions import (
     DayWindow,
     FanOutMapper,
     FixedKeyMapper,
+    HourWindow,
     IdentityMapper,
     MinimumCount,
+    MonthWindow,
     PartitionError,
     ProductMapper,
     RollupMapper,
@@ -121,6 +123,26 @@ def test_wait_policies_count_the_members_that_arrived() -> None:
     assert isinstance(fan_out.downstream_mapper, StartOfDayMapper)
 
 
+def test_a_rollup_waits_for_its_windows_members() -> None:
+    month = RollupMapper(
+        upstream_mapper=StartOfMonthMapper(input_format="%Y-%m-%d"), window=MonthWindow()
+    )
+    assert month.expected("2024-02-10") == 29 and month.expected("2023-02-10") == 28
+    days = {f"2024-04-{d:02d}" for d in range(1, 31)}
+    assert month.complete(days) and not month.complete(days - {"2024-04-30"})
+    regions = RollupMapper(
+        upstream_mapper=FixedKeyMapper("all"),
+        window=SegmentWindow(["us", "eu", "apac"]),
+        wait_policy=MinimumCount(2),
+    )
+    assert not regions.complete({"us"}) and regions.complete({"us", "eu"})
+    with pytest.raises(ValueError, match=r"partition key 'xx' is not one of the window's segments"):
+        regions.to_downstream("xx")
+    hourly = RollupMapper(upstream_mapper=StartOfHourMapper(), window=HourWindow())
+    with pytest.raises(ValueError, match="deferral does not roll up a HourWindow yet"):
+        hourly.complete({"2024-01-01T10:00:00"})
+
+
 def test_a_cron_partition_run_has_the_key_of_its_point() -> None:
     timetable = CronPartitionTimetable("0 * * * *", timezone="UTC")
     point = dt.datetime(2024, 3, 13, 10, tzinfo=dt.UTC)
@@ -140,7 +162,7 @@ def test_a_cron_partition_run_has_the_key_of_its_point() -> None:
     assert info.data_interval.end == dt.datetime(2026, 6, 14, 4, tzinfo=dt.UTC)
 
 
-def test_a_partitioned_asset_timetable_makes_no_run_of_its_own() -> None:
+def test_a_partitioned_asset_timetable_makes_no_run_by_the_clock() -> None:
     a, b = Asset("a"), Asset("b")
     timetable = PartitionedAssetTimetable(
         assets=a & Asset.ref(name="b"), partition_mapper_config={a: StartOfDayMapper()}
@@ -149,7 +171,8 @@ def test_a_partitioned_asset_timetable_makes_no_run_of_its_own() -> None:
     assert isinstance(timetable.mapper_of("a"), StartOfDayMapper)
     assert isinstance(timetable.mapper_of("b"), IdentityMapper)
     dag = DAG("consumer", schedule=timetable)
-    assert dag.asset_condition is None
+    # Its runs are made by the scheduler's asset pass, one per mapped key, not by the clock.
+    assert dag.asset_condition is timetable.condition and dag.timetable is timetable
     with pytest.raises(PartitionError, match="names asset 'c', not one of the schedule's"):
         PartitionedAssetTimetable(
             assets=[a, b], partition_mapper_config={Asset("c"): IdentityMapper()}
@@ -168,6 +191,14 @@ def test_asset_refs_name_an_asset_defined_elsewhere() -> None:
 def test_add_partitions_checks_its_keys() -> None:
     events = OutletEventAccessors([Asset("a")])
     events["a"].add_partitions(["us", "eu", "us"])
+    events["a"].add_partitions("ap")
+    # The added keys, else the run's key, make the events (one each) of the task's outlets.
+    assert events.partitions("2024-05-06") == {"a": ["us", "eu", "ap"]}
+    assert OutletEventAccessors([Asset("a"), Asset("b")]).partitions("k") == {
+        "a": ["k"],
+        "b": ["k"],
+    }
+    assert OutletEventAccessors([Asset("a")]).partitions(None) == {}
     with pytest.raises(AssetError, match="needs at least one key"):
         events["a"].add_partitions([])
     with pytest.raises(PartitionError, match="partition key must be a non-empty string"):

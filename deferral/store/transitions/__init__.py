@@ -17,6 +17,9 @@ from deferral.store.transitions.asset_events import (
     annotate_outlet_events as annotate_outlet_events,
 )
 from deferral.store.transitions.asset_events import (
+    partition_outlet_events as partition_outlet_events,
+)
+from deferral.store.transitions.asset_events import (
     record_alias_events as record_alias_events,
 )
 from deferral.store.transitions.attempts import Attempt as Attempt

@@ -158,6 +158,64 @@ def annotate_outlet_events(
         )
 
 
+# The partitions of the latest event a task instance recorded for an asset (its success's): the
+# event takes the first key, and a copy of it (same source and extra) is recorded and queued for
+# each other key, in order.
+_PARTITION_SQL = text(
+    f"""
+    WITH base AS (
+        SELECT e.id, e.asset_name, e.source_dag_id, e.source_run_id, e.source_task_id,
+               e.source_map_index, e.extra
+        FROM asset_event AS e JOIN task_instance AS ti
+          ON e.source_dag_id = ti.dag_id AND e.source_run_id = ti.run_id
+         AND e.source_task_id = ti.task_id AND e.source_map_index = ti.map_index
+        WHERE ti.id = :ti_id AND e.asset_name = :asset_name
+        ORDER BY e.id DESC LIMIT 1
+    ), keyed AS (
+        UPDATE asset_event SET partition_key = :first_key WHERE id = (SELECT id FROM base)
+    ), more AS (
+        INSERT INTO asset_event (asset_name, source_dag_id, source_run_id, source_task_id,
+                                 source_map_index, extra, partition_key)
+        SELECT b.asset_name, b.source_dag_id, b.source_run_id, b.source_task_id,
+               b.source_map_index, b.extra, k.key
+        FROM base AS b CROSS JOIN unnest(CAST(:other_keys AS text[])) WITH ORDINALITY AS k(key, n)
+        ORDER BY k.n
+        RETURNING id, asset_name
+    ), queued AS (
+        INSERT INTO asset_dag_run_queue (target_dag_id, asset_event_id, asset_name)
+        SELECT s.dag_id, e.id, s.asset_name
+        FROM more AS e JOIN dag_schedule_asset AS s ON s.asset_name = e.asset_name
+        UNION ALL
+        SELECT s.dag_id, e.id, s.asset_name
+        FROM more AS e
+        JOIN asset_alias_asset AS r ON r.asset_name = e.asset_name
+        JOIN dag_schedule_asset AS s ON s.asset_name = {ALIAS} || r.alias_name
+        ON CONFLICT DO NOTHING
+    )
+    SELECT count(*) FROM more
+    """
+)
+
+
+def partition_outlet_events(
+    session: Session, task_instance_id: int, partitions: Mapping[str, Sequence[str]]
+) -> None:
+    """Give the outlet events the task instance's success just recorded their partition keys
+    (by asset name, checked by the task: ``OutletEventAccessor.add_partitions``): one event per
+    key, in the success's transaction (after their extras, which the copies carry)."""
+    for asset_name, keys in sorted(partitions.items()):
+        if keys:
+            session.execute(
+                _PARTITION_SQL,
+                {
+                    "ti_id": task_instance_id,
+                    "asset_name": asset_name,
+                    "first_key": keys[0],
+                    "other_keys": list(keys[1:]),
+                },
+            )
+
+
 def record_watcher_event(
     session: Session, asset_name: str, watcher: str, dedup_key: str, extra: Mapping[str, Any]
 ) -> int | None:

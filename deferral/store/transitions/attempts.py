@@ -55,6 +55,7 @@ class Started:
     data_interval_start: dt.datetime | None
     data_interval_end: dt.datetime | None
     run_type: str | None
+    partition_key: str | None
 
 
 # Plain SQL, one statement: it is on every attempt's path (the ORM's building of it cost more
@@ -98,7 +99,8 @@ _START_SQL = text(
         ORDER BY moved.id
     )
     SELECT moved.*, run.id IS NOT NULL AS run_exists, run.logical_date, run.conf,
-           run.data_interval_start, run.data_interval_end, run.run_type
+           run.data_interval_start, run.data_interval_end, run.run_type,
+           run.partition_key
     FROM moved
     LEFT JOIN dag_run AS run ON run.dag_id = moved.dag_id AND run.run_id = moved.run_id
     ORDER BY moved.id
@@ -112,7 +114,8 @@ _PREVIEW_SQL = text(
     SELECT ti.id, ti.dag_id, ti.run_id, ti.task_id, ti.map_index, ti.try_number, ti.max_tries,
            COALESCE(ti.first_started_at, now()) AS first_started_at, ti.next_method,
            ti.next_kwargs, ti.next_event, run.id IS NOT NULL AS run_exists, run.logical_date,
-           run.conf, run.data_interval_start, run.data_interval_end, run.run_type
+           run.conf, run.data_interval_start, run.data_interval_end, run.run_type,
+           run.partition_key
     FROM task_instance AS ti
     LEFT JOIN dag_run AS run ON run.dag_id = ti.dag_id AND run.run_id = ti.run_id
     WHERE ti.id = :id

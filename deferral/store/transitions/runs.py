@@ -58,6 +58,8 @@ class NewDagRun:
     data_interval_start: dt.datetime
     data_interval_end: dt.datetime
     conf: Mapping[str, Any] = field(default_factory=dict)
+    # A PartitionedAssetTimetable's run: the partition key it is for.
+    partition_key: str | None = None
 
     @property
     def run_id(self) -> str:
@@ -80,6 +82,7 @@ def create_dag_runs_once(session: Session, runs: Sequence[NewDagRun]) -> list[st
             "data_interval_end": r.data_interval_end,
             "state": DagRunState.QUEUED,
             "conf": dict(r.conf),
+            "partition_key": r.partition_key,
             "evaluate_after": func.now(),
         }
         for r in runs
