@@ -425,6 +425,10 @@ class AssetTriggeredTimetable(NullTimetable):
         self.condition = condition
         self.summary = condition.summary()
 
+    def serialize(self) -> dict[str, Any] | None:
+        # Made again as timetables.assets.StoredAssetSchedule (no clock).
+        return {"type": "asset", "summary": self.summary, "timetable": None}
+
 
 def watchers_of(condition: BaseAsset | None) -> Iterable[tuple[Asset, AssetWatcher]]:
     if condition is None:

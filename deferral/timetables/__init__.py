@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import datetime as dt
 import inspect
+import zoneinfo
 from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, TypeAlias
+from typing import Any, TypeAlias, TypeVar
 
 from croniter import CroniterError, croniter
 from dateutil.relativedelta import relativedelta
@@ -124,6 +126,65 @@ class Timetable(ABC):
     def infer_manual_data_interval(self, *, run_after: dt.datetime) -> DataInterval:
         """The data interval of a run triggered by hand at ``run_after``."""
 
+    def serialize(self) -> dict[str, Any] | None:
+        """This timetable as a typed, JSON-able dict (``{"type": kind, ...}``) that
+        ``deserialize_timetable`` makes again, as Airflow's ``Timetable.serialize``; None when
+        it cannot be (a DAG file's own timetable, or values JSON cannot hold)."""
+        return None
+
+
+# -- a timetable as a typed dict, made again without the DAG file (Airflow's serialize) ---------
+
+_T = TypeVar("_T", bound=type[Timetable])
+# Each kind's maker, by the "type" of its dict.
+_DESERIALIZERS: dict[str, Callable[[Mapping[str, Any]], Timetable]] = {}
+# The classes whose own serialize() is trusted (a DAG file's subclass of one is not).
+_SERIALIZABLE: set[type[Timetable]] = set()
+
+
+def serializable(*kinds: str, make: Callable[[Mapping[str, Any]], Timetable]) -> Callable[[_T], _T]:
+    """Register a built-in timetable class, made again from the dicts of ``kinds`` by
+    ``make``."""
+
+    def register(cls: _T) -> _T:
+        _SERIALIZABLE.add(cls)
+        for kind in kinds:
+            _DESERIALIZERS[kind] = make
+        return cls
+
+    return register
+
+
+def serialize_timetable(timetable: Timetable) -> dict[str, Any] | None:
+    """``timetable.serialize()`` for a built-in timetable, None for any other (a DAG file's
+    own class, even a subclass of a built-in one: only its file can make it again)."""
+    _register_kinds()
+    return timetable.serialize() if type(timetable) in _SERIALIZABLE else None
+
+
+def deserialize_timetable(data: Mapping[str, Any]) -> Timetable:
+    """The timetable ``serialize_timetable`` gave ``data`` for; InvalidSchedule naming an
+    unknown kind."""
+    _register_kinds()
+    make = _DESERIALIZERS.get(str(data.get("type")))
+    if make is None:
+        raise InvalidSchedule(f"no timetable of kind {data.get('type')!r:.60}")
+    return make(data)
+
+
+def _register_kinds() -> None:
+    """Import the modules of the built-in kinds defined outside this one (they register when
+    imported)."""
+    import deferral.timetables.assets
+    import deferral.timetables.trigger  # noqa: F401
+
+
+def zone_name(timezone: dt.tzinfo) -> str | None:
+    """The IANA name of ``timezone`` (None: one no name makes again)."""
+    if isinstance(timezone, zoneinfo.ZoneInfo):
+        return timezone.key
+    return "UTC" if timezone is UTC else None
+
 
 class UserTimetableError(InvalidSchedule):
     """A DAG file's own timetable raised, or returned what is not a run: the message names its
@@ -212,11 +273,25 @@ def manual_interval(timetable: Timetable, run_after: dt.datetime) -> DataInterva
     return _checked_interval(timetable, method, interval)
 
 
+def _simple(data: Mapping[str, Any]) -> Timetable:
+    kinds: dict[str, type[Timetable]] = {
+        "null": NullTimetable,
+        "once": OnceTimetable,
+        "continuous": ContinuousTimetable,
+    }
+    return kinds[data["type"]]()
+
+
+@serializable("null", make=_simple)
 class NullTimetable(Timetable):
     """``schedule=None``: runs only when triggered."""
 
     summary = "None"
     can_be_scheduled = False
+    kind = "null"
+
+    def serialize(self) -> dict[str, Any] | None:
+        return {"type": self.kind}
 
     def next_dagrun_info(
         self,
@@ -231,11 +306,13 @@ class NullTimetable(Timetable):
         return DataInterval.exact(_utc(run_after))
 
 
+@serializable("once", make=_simple)
 class OnceTimetable(NullTimetable):
     """``@once``: one run at the start date, whatever catchup says."""
 
     summary = ONCE
     can_be_scheduled = True
+    kind = "once"
 
     def next_dagrun_info(
         self,
@@ -251,12 +328,14 @@ class OnceTimetable(NullTimetable):
         return DagRunInfo.exact(_utc(restriction.earliest))
 
 
+@serializable("continuous", make=_simple)
 class ContinuousTimetable(NullTimetable):
     """``@continuous``: a new run as soon as the previous one ends (needs max_active_runs=1);
     each run covers the time since the previous one was created."""
 
     summary = CONTINUOUS
     can_be_scheduled = True
+    kind = "continuous"
 
     def next_dagrun_info(
         self,
@@ -327,6 +406,11 @@ class _DataIntervalTimetable(Timetable):
         return DagRunInfo.interval(start, self._get_next(start))
 
 
+def _cron(data: Mapping[str, Any]) -> Timetable:
+    return CronDataIntervalTimetable(data["expression"], zoneinfo.ZoneInfo(data["timezone"]))
+
+
+@serializable("cron", make=_cron)
 class CronDataIntervalTimetable(_DataIntervalTimetable):
     """A cron expression (or preset) evaluated in ``timezone``.
 
@@ -336,6 +420,7 @@ class CronDataIntervalTimetable(_DataIntervalTimetable):
 
     def __init__(self, expression: str, timezone: dt.tzinfo) -> None:
         self.summary = expression
+        self._given = expression
         self._expression = CRON_PRESETS.get(expression, expression)
         self._timezone = timezone
         try:
@@ -346,6 +431,12 @@ class CronDataIntervalTimetable(_DataIntervalTimetable):
 
     def __repr__(self) -> str:
         return f"CronDataIntervalTimetable({self.summary!r}, {self._timezone})"
+
+    def serialize(self) -> dict[str, Any] | None:
+        zone = zone_name(self._timezone)
+        if zone is None:
+            return None
+        return {"type": "cron", "expression": self._given, "timezone": zone}
 
     def _naive(self, current: dt.datetime) -> dt.datetime:
         return current.astimezone(self._timezone).replace(tzinfo=None)
@@ -401,6 +492,17 @@ def _delta_seconds(delta: Delta) -> float:
     )
 
 
+# The fields of a relativedelta a delta schedule keeps (its absolute ones are not kept).
+_RELATIVE_FIELDS = ("years", "months", "days", "hours", "minutes", "seconds", "microseconds")
+
+
+def _delta(data: Mapping[str, Any]) -> Timetable:
+    if "relativedelta" in data:
+        return DeltaDataIntervalTimetable(relativedelta(**data["relativedelta"]))
+    return DeltaDataIntervalTimetable(dt.timedelta(seconds=data["seconds"]))
+
+
+@serializable("delta", make=_delta)
 class DeltaDataIntervalTimetable(_DataIntervalTimetable):
     """Intervals of a fixed ``timedelta`` (or ``relativedelta``) from the start date."""
 
@@ -413,6 +515,15 @@ class DeltaDataIntervalTimetable(_DataIntervalTimetable):
 
     def __repr__(self) -> str:
         return f"DeltaDataIntervalTimetable({self._delta!r})"
+
+    def serialize(self) -> dict[str, Any] | None:
+        delta = self._delta
+        if isinstance(delta, dt.timedelta):
+            return {"type": "delta", "seconds": delta.total_seconds()}
+        fields = {name: getattr(delta, name) for name in _RELATIVE_FIELDS}
+        if relativedelta(**fields) != delta:  # absolute fields (a weekday, a month, ...)
+            return None
+        return {"type": "delta", "relativedelta": {k: v for k, v in fields.items() if v}}
 
     def _get_next(self, current: dt.datetime) -> dt.datetime:
         result: dt.datetime = _utc(current) + self._delta

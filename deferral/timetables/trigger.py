@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import datetime as dt
 import zoneinfo
+from collections.abc import Mapping
+from typing import Any
 
 from deferral.timetables import (
     CronDataIntervalTimetable,
@@ -15,6 +17,8 @@ from deferral.timetables import (
     InvalidSchedule,
     TimeRestriction,
     Timetable,
+    serializable,
+    zone_name,
 )
 
 
@@ -27,6 +31,19 @@ def _zone(timezone: str | dt.tzinfo) -> dt.tzinfo:
         raise InvalidSchedule(f"timezone {timezone!r:.60} is not a time zone") from None
 
 
+def _deserialize(data: Mapping[str, Any]) -> Timetable:
+    within = data.get("run_immediately_within")
+    return CronTriggerTimetable(
+        data["cron"],
+        timezone=data["timezone"],
+        interval=dt.timedelta(seconds=data["interval"]),
+        run_immediately=dt.timedelta(seconds=within)
+        if within is not None
+        else data["run_immediately"],
+    )
+
+
+@serializable("cron_trigger", make=_deserialize)
 class CronTriggerTimetable(Timetable):
     def __init__(
         self,
@@ -46,6 +63,20 @@ class CronTriggerTimetable(Timetable):
 
     def __repr__(self) -> str:
         return f"CronTriggerTimetable({self.summary!r})"
+
+    def serialize(self) -> dict[str, Any] | None:
+        zone = zone_name(self._points._timezone)
+        if zone is None:
+            return None
+        data: dict[str, Any] = {
+            "type": "cron_trigger",
+            "cron": self._points._given,
+            "timezone": zone,
+            "interval": self._interval.total_seconds(),
+        }
+        if isinstance(self._run_immediately, dt.timedelta):
+            return {**data, "run_immediately_within": self._run_immediately.total_seconds()}
+        return {**data, "run_immediately": bool(self._run_immediately)}
 
     def _first_run(self, now: dt.datetime) -> dt.datetime:
         """With no earliest date and no run yet: ``run_immediately`` says whether the latest
