@@ -51,6 +51,7 @@ if TYPE_CHECKING:
     import jinja2
 
     from deferral.baseoperator import BaseOperator
+    from deferral.store.serialized_dags import StoredMarker
     from deferral.utils.task_group import TaskGroup
 
 _ID_PATTERN = re.compile(r"^[A-Za-z0-9_.\-]{1,250}$")
@@ -496,6 +497,13 @@ class DAG:
         ]
         mapped = [sla_alert(slas, self.sla_miss_callback)] if slas else []
         return [*self.deadline, *mapped]
+
+    def marker_of(self, task_id: str) -> StoredMarker | None:
+        """What the task ``task_id`` names if it is an ExternalTaskMarker (else None), as the
+        DAG's document keeps it."""
+        from deferral.store.serialized_dags import marker_of
+
+        return marker_of(self.get_task(task_id))
 
     def downstream_of(self, task_id: str) -> set[str]:
         """Every task reachable downstream of ``task_id``."""
