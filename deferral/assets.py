@@ -425,8 +425,8 @@ class AssetTriggeredTimetable(NullTimetable):
         self.condition = condition
         self.summary = condition.summary()
 
-    def serialize(self) -> dict[str, Any] | None:
-        # Made again as timetables.assets.StoredAssetSchedule (no clock).
+    def _serialize(self) -> dict[str, Any] | None:
+        # Made again as timetables.serialized.StoredAssetSchedule (no clock).
         return {"type": "asset", "summary": self.summary, "timetable": None}
 
 

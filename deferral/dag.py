@@ -23,6 +23,7 @@ from deferral.authoring.airflow_arguments import (
     refused_default_args,
 )
 from deferral.authoring.callbacks import CallbackArg, check_callbacks
+from deferral.authoring.markers import StoredMarker, marker_of
 from deferral.deadline import DeadlineAlert, deadline_alerts, sla_alert
 from deferral.exceptions import DagDefinitionError
 from deferral.models.param import ParamValidationError, split_params
@@ -51,7 +52,6 @@ if TYPE_CHECKING:
     import jinja2
 
     from deferral.baseoperator import BaseOperator
-    from deferral.store.serialized_dags import StoredMarker
     from deferral.utils.task_group import TaskGroup
 
 _ID_PATTERN = re.compile(r"^[A-Za-z0-9_.\-]{1,250}$")
@@ -501,8 +501,6 @@ class DAG:
     def marker_of(self, task_id: str) -> StoredMarker | None:
         """What the task ``task_id`` names if it is an ExternalTaskMarker (else None), as the
         DAG's document keeps it."""
-        from deferral.store.serialized_dags import marker_of
-
         return marker_of(self.get_task(task_id))
 
     def downstream_of(self, task_id: str) -> set[str]:

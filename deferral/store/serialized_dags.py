@@ -21,10 +21,12 @@ from sqlalchemy import delete, exists, func, select
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session
 
+from deferral.authoring.markers import StoredMarker, marker_of
 from deferral.exceptions import ActionError, DagDefinitionError
 from deferral.runtime.secrets_masker import redact
 from deferral.store.tables import DagFolderParse, SerializedDag
-from deferral.timetables import DataInterval, Timetable, deserialize_timetable, serialize_timetable
+from deferral.timetables import DataInterval, Timetable
+from deferral.timetables.serialized import deserialize_timetable
 
 if TYPE_CHECKING:
     from deferral.baseoperator import BaseOperator
@@ -59,18 +61,6 @@ class StoredMapping:
     expand_input: str
     dependencies: list[str]
     literal_length: int | None
-
-
-@dataclass(frozen=True)
-class StoredMarker:
-    """What an ExternalTaskMarker names: the task a clear of it also clears, in the run at its
-    ``logical_date`` (a template, rendered at the clear), at most ``recursion_depth`` DAGs
-    deep."""
-
-    external_dag_id: str
-    external_task_id: str
-    logical_date: str
-    recursion_depth: int
 
 
 @dataclass(frozen=True)
@@ -136,7 +126,7 @@ class StoredDag:
     tasks: list[StoredTask]
     # (upstream, downstream, label) of each labelled edge.
     edge_labels: list[tuple[str, str, str]] = field(default_factory=list)
-    # Its timetable as serialize_timetable gives it (None: a DAG file's own, which only its
+    # Its timetable as its serialize() gives it (None: a DAG file's own, which only its
     # file makes again).
     timetable: dict[str, Any] | None = None
     # DOCUMENT_VERSION when written (a document without one: 1).
@@ -227,7 +217,7 @@ def serialize_dag(dag: DAG) -> StoredDag:
             for (up, down), info in dag.edge_info.items()
             if info.get("label")
         ),
-        timetable=serialize_timetable(dag.timetable),
+        timetable=dag.timetable.serialize(),
         version=DOCUMENT_VERSION,
     )
 
@@ -303,20 +293,6 @@ def _task(task: BaseOperator) -> StoredTask:
         docs={doc: str(text) for doc in TASK_DOCS if (text := getattr(task, doc, None))},
         mapping=mapping,
         marker=marker_of(task),
-    )
-
-
-def marker_of(task: BaseOperator) -> StoredMarker | None:
-    """What ``task`` names if it is an ExternalTaskMarker (else None)."""
-    from deferral.sensors.external_task import ExternalTaskMarker
-
-    if not isinstance(task, ExternalTaskMarker):
-        return None
-    return StoredMarker(
-        str(task.external_dag_id),
-        str(task.external_task_id),
-        str(task.logical_date),
-        task.recursion_depth,
     )
 
 

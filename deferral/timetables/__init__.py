@@ -15,9 +15,8 @@ import datetime as dt
 import inspect
 import zoneinfo
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, TypeAlias, TypeVar
+from typing import Any, TypeAlias
 
 from croniter import CroniterError, croniter
 from dateutil.relativedelta import relativedelta
@@ -128,55 +127,13 @@ class Timetable(ABC):
 
     def serialize(self) -> dict[str, Any] | None:
         """This timetable as a typed, JSON-able dict (``{"type": kind, ...}``) that
-        ``deserialize_timetable`` makes again, as Airflow's ``Timetable.serialize``; None when
-        it cannot be (a DAG file's own timetable, or values JSON cannot hold)."""
-        return None
-
-
-# -- a timetable as a typed dict, made again without the DAG file (Airflow's serialize) ---------
-
-_T = TypeVar("_T", bound=type[Timetable])
-# Each kind's maker, by the "type" of its dict.
-_DESERIALIZERS: dict[str, Callable[[Mapping[str, Any]], Timetable]] = {}
-# The classes whose own serialize() is trusted (a DAG file's subclass of one is not).
-_SERIALIZABLE: set[type[Timetable]] = set()
-
-
-def serializable(*kinds: str, make: Callable[[Mapping[str, Any]], Timetable]) -> Callable[[_T], _T]:
-    """Register a built-in timetable class, made again from the dicts of ``kinds`` by
-    ``make``."""
-
-    def register(cls: _T) -> _T:
-        _SERIALIZABLE.add(cls)
-        for kind in kinds:
-            _DESERIALIZERS[kind] = make
-        return cls
-
-    return register
-
-
-def serialize_timetable(timetable: Timetable) -> dict[str, Any] | None:
-    """``timetable.serialize()`` for a built-in timetable, None for any other (a DAG file's
-    own class, even a subclass of a built-in one: only its file can make it again)."""
-    _register_kinds()
-    return timetable.serialize() if type(timetable) in _SERIALIZABLE else None
-
-
-def deserialize_timetable(data: Mapping[str, Any]) -> Timetable:
-    """The timetable ``serialize_timetable`` gave ``data`` for; InvalidSchedule naming an
-    unknown kind."""
-    _register_kinds()
-    make = _DESERIALIZERS.get(str(data.get("type")))
-    if make is None:
-        raise InvalidSchedule(f"no timetable of kind {data.get('type')!r:.60}")
-    return make(data)
-
-
-def _register_kinds() -> None:
-    """Import the modules of the built-in kinds defined outside this one (they register when
-    imported)."""
-    import deferral.timetables.assets
-    import deferral.timetables.trigger  # noqa: F401
+        ``deferral.timetables.serialized.deserialize_timetable`` makes again, as Airflow's
+        ``Timetable.serialize``; None when it cannot be: a class that does not define
+        ``_serialize`` itself (a DAG file's own, even a subclass of a built-in one: only its file
+        makes it again), or values JSON cannot hold."""
+        own = type(self).__dict__.get("_serialize")
+        result: dict[str, Any] | None = own(self) if own is not None else None
+        return result
 
 
 def zone_name(timezone: dt.tzinfo) -> str | None:
@@ -273,25 +230,14 @@ def manual_interval(timetable: Timetable, run_after: dt.datetime) -> DataInterva
     return _checked_interval(timetable, method, interval)
 
 
-def _simple(data: Mapping[str, Any]) -> Timetable:
-    kinds: dict[str, type[Timetable]] = {
-        "null": NullTimetable,
-        "once": OnceTimetable,
-        "continuous": ContinuousTimetable,
-    }
-    return kinds[data["type"]]()
-
-
-@serializable("null", make=_simple)
 class NullTimetable(Timetable):
     """``schedule=None``: runs only when triggered."""
 
     summary = "None"
     can_be_scheduled = False
-    kind = "null"
 
-    def serialize(self) -> dict[str, Any] | None:
-        return {"type": self.kind}
+    def _serialize(self) -> dict[str, Any] | None:
+        return {"type": "null"}
 
     def next_dagrun_info(
         self,
@@ -306,13 +252,14 @@ class NullTimetable(Timetable):
         return DataInterval.exact(_utc(run_after))
 
 
-@serializable("once", make=_simple)
 class OnceTimetable(NullTimetable):
     """``@once``: one run at the start date, whatever catchup says."""
 
     summary = ONCE
     can_be_scheduled = True
-    kind = "once"
+
+    def _serialize(self) -> dict[str, Any] | None:
+        return {"type": "once"}
 
     def next_dagrun_info(
         self,
@@ -328,14 +275,15 @@ class OnceTimetable(NullTimetable):
         return DagRunInfo.exact(_utc(restriction.earliest))
 
 
-@serializable("continuous", make=_simple)
 class ContinuousTimetable(NullTimetable):
     """``@continuous``: a new run as soon as the previous one ends (needs max_active_runs=1);
     each run covers the time since the previous one was created."""
 
     summary = CONTINUOUS
     can_be_scheduled = True
-    kind = "continuous"
+
+    def _serialize(self) -> dict[str, Any] | None:
+        return {"type": "continuous"}
 
     def next_dagrun_info(
         self,
@@ -406,11 +354,6 @@ class _DataIntervalTimetable(Timetable):
         return DagRunInfo.interval(start, self._get_next(start))
 
 
-def _cron(data: Mapping[str, Any]) -> Timetable:
-    return CronDataIntervalTimetable(data["expression"], zoneinfo.ZoneInfo(data["timezone"]))
-
-
-@serializable("cron", make=_cron)
 class CronDataIntervalTimetable(_DataIntervalTimetable):
     """A cron expression (or preset) evaluated in ``timezone``.
 
@@ -432,7 +375,7 @@ class CronDataIntervalTimetable(_DataIntervalTimetable):
     def __repr__(self) -> str:
         return f"CronDataIntervalTimetable({self.summary!r}, {self._timezone})"
 
-    def serialize(self) -> dict[str, Any] | None:
+    def _serialize(self) -> dict[str, Any] | None:
         zone = zone_name(self._timezone)
         if zone is None:
             return None
@@ -496,13 +439,6 @@ def _delta_seconds(delta: Delta) -> float:
 _RELATIVE_FIELDS = ("years", "months", "days", "hours", "minutes", "seconds", "microseconds")
 
 
-def _delta(data: Mapping[str, Any]) -> Timetable:
-    if "relativedelta" in data:
-        return DeltaDataIntervalTimetable(relativedelta(**data["relativedelta"]))
-    return DeltaDataIntervalTimetable(dt.timedelta(seconds=data["seconds"]))
-
-
-@serializable("delta", make=_delta)
 class DeltaDataIntervalTimetable(_DataIntervalTimetable):
     """Intervals of a fixed ``timedelta`` (or ``relativedelta``) from the start date."""
 
@@ -516,7 +452,7 @@ class DeltaDataIntervalTimetable(_DataIntervalTimetable):
     def __repr__(self) -> str:
         return f"DeltaDataIntervalTimetable({self._delta!r})"
 
-    def serialize(self) -> dict[str, Any] | None:
+    def _serialize(self) -> dict[str, Any] | None:
         delta = self._delta
         if isinstance(delta, dt.timedelta):
             return {"type": "delta", "seconds": delta.total_seconds()}

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import datetime as dt
 import zoneinfo
-from collections.abc import Mapping
 from typing import Any
 
 from deferral.timetables import (
@@ -17,7 +16,6 @@ from deferral.timetables import (
     InvalidSchedule,
     TimeRestriction,
     Timetable,
-    serializable,
     zone_name,
 )
 
@@ -31,19 +29,6 @@ def _zone(timezone: str | dt.tzinfo) -> dt.tzinfo:
         raise InvalidSchedule(f"timezone {timezone!r:.60} is not a time zone") from None
 
 
-def _deserialize(data: Mapping[str, Any]) -> Timetable:
-    within = data.get("run_immediately_within")
-    return CronTriggerTimetable(
-        data["cron"],
-        timezone=data["timezone"],
-        interval=dt.timedelta(seconds=data["interval"]),
-        run_immediately=dt.timedelta(seconds=within)
-        if within is not None
-        else data["run_immediately"],
-    )
-
-
-@serializable("cron_trigger", make=_deserialize)
 class CronTriggerTimetable(Timetable):
     def __init__(
         self,
@@ -64,7 +49,7 @@ class CronTriggerTimetable(Timetable):
     def __repr__(self) -> str:
         return f"CronTriggerTimetable({self.summary!r})"
 
-    def serialize(self) -> dict[str, Any] | None:
+    def _serialize(self) -> dict[str, Any] | None:
         zone = zone_name(self._points._timezone)
         if zone is None:
             return None

@@ -18,10 +18,9 @@ from deferral.timetables import (
     NullTimetable,
     OnceTimetable,
     Timetable,
-    deserialize_timetable,
-    serialize_timetable,
 )
 from deferral.timetables.assets import AssetOrTimeSchedule
+from deferral.timetables.serialized import deserialize_timetable
 from deferral.timetables.trigger import CronTriggerTimetable
 
 PARIS = zoneinfo.ZoneInfo("Europe/Paris")
@@ -41,10 +40,10 @@ BUILT_IN: list[Timetable] = [
 
 @pytest.mark.parametrize("timetable", BUILT_IN, ids=repr)
 def test_a_built_in_timetable_round_trips(timetable: Timetable) -> None:
-    data = serialize_timetable(timetable)
+    data = timetable.serialize()
     assert data is not None and isinstance(data["type"], str)
     again = deserialize_timetable(data)
-    assert serialize_timetable(again) == data
+    assert again.serialize() == data
     assert again.summary == timetable.summary
     assert again.can_be_scheduled == timetable.can_be_scheduled
     for at in (
@@ -60,10 +59,10 @@ class Fridays(CronDataIntervalTimetable):
 
 
 def test_a_dag_files_own_timetable_and_an_unnamed_zone_are_not_kept() -> None:
-    assert serialize_timetable(Fridays("0 0 * * 5", PARIS)) is None
+    assert Fridays("0 0 * * 5", PARIS).serialize() is None
     fixed = dt.timezone(dt.timedelta(hours=2))
-    assert serialize_timetable(CronDataIntervalTimetable("@daily", fixed)) is None
-    assert serialize_timetable(DeltaDataIntervalTimetable(relativedelta(weekday=0, days=7))) is None
+    assert CronDataIntervalTimetable("@daily", fixed).serialize() is None
+    assert DeltaDataIntervalTimetable(relativedelta(weekday=0, days=7)).serialize() is None
 
 
 def test_an_unknown_kind_is_named() -> None:
