@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import dataclasses
+import datetime as dt
 import os
 import subprocess
 import sys
@@ -21,7 +22,7 @@ from starlette.testclient import TestClient
 from deferral.runtime.config import Settings
 from deferral.store import serialized_dags
 from deferral.store.serialized_dags import NOT_PARSED
-from deferral.store.tables import SerializedDag
+from deferral.store.tables import DagRun, SerializedDag
 from deferral_cli import main as deferral_main
 from tests.integration.conftest import WEB_ADMIN_PASSWORD
 from tests.parsed_dags import FolderRecorder, record_dags_folder
@@ -160,3 +161,46 @@ def test_pages_commands_and_actions_never_import_a_dag_file(
             done = CliRunner().invoke(deferral_main, command)
             assert done.exit_code == 0, (command, done.output)
     assert not marker.exists()
+
+
+OWN_TIMETABLE = """
+import datetime as dt
+import pathlib
+from deferral import DAG
+from deferral.operators import EmptyOperator
+from deferral.timetables import DataInterval, NullTimetable
+
+pathlib.Path({marker!r}).write_text("imported")
+
+
+class LastHour(NullTimetable):
+    def infer_manual_data_interval(self, *, run_after):
+        return DataInterval(run_after - dt.timedelta(hours=1), run_after)
+
+
+with DAG("own_timetable", schedule=LastHour()):
+    EmptyOperator(task_id="a")
+"""
+
+
+def test_a_dag_files_own_timetable_is_the_one_trigger_that_imports_its_file(
+    settings: Settings,
+    sessions: sessionmaker[Session],
+    write_dag: Callable[[str, str], Path],
+    tmp_path: Path,
+) -> None:
+    """readmodel/DECISIONS.md 6: the document keeps no timetable for a class of the DAG file's
+    own, so `dags trigger` imports the file for its manual interval."""
+    marker = tmp_path / "imported"
+    write_dag("own_timetable", OWN_TIMETABLE.format(marker=str(marker)))
+    record_dags_folder(settings)
+    marker.unlink()
+    with sessions() as session:
+        stored = serialized_dags.read_dag(session, "own_timetable")
+    assert stored is not None and stored.timetable is None
+    done = CliRunner().invoke(deferral_main, ["dags", "trigger", "own_timetable", "--run-id", "r"])
+    assert done.exit_code == 0, done.output
+    assert marker.exists()
+    with sessions() as session:
+        run = session.scalars(select(DagRun)).one()
+    assert run.data_interval_end - run.data_interval_start == dt.timedelta(hours=1)
