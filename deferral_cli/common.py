@@ -182,17 +182,9 @@ def sessions(settings: Settings) -> sessionmaker[Session]:
     return make_sessionmaker(make_engine(settings.database_url))
 
 
-def dagbag(settings: Settings) -> DagBag:
+def _bag(settings: Settings) -> DagBag:
     """The DAGs folder read by this command, each file within DEFERRAL_DAGBAG_IMPORT_TIMEOUT
     (a file that never finishes is an import error, not a command that hangs)."""
-    try:
-        return _bag(settings).collect()
-    except DagNotFound as exc:
-        fail(str(exc))
-        raise  # unreachable: fail exits
-
-
-def _bag(settings: Settings) -> DagBag:
     return DagBag(settings.dags_folder, import_timeout=settings.dagbag_import_timeout)
 
 
