@@ -10,7 +10,7 @@ import click
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from deferral.authoring.schedules import next_run
+from deferral.authoring.schedules import Schedulable, next_run
 from deferral.runtime.process import settings_or_exit
 from deferral.states import DagRunType
 from deferral.store import actions, transitions
@@ -126,12 +126,18 @@ def dags_next_run(dag_id: str) -> None:
     """Show the next run the scheduler will create for DAG_ID: its logical date, its data
     interval, and the moment after which it is created."""
     settings = settings_or_exit()
-    dag = load_dag(settings, dag_id)
+    stored = stored_dag(settings, dag_id)
+    # The document's timetable; one of the DAG file's own is made by its file alone.
+    timetable = stored.rebuilt_timetable()
+    dag: Schedulable = stored
+    if timetable is None:
+        dag = load_dag(settings, dag_id)
+        timetable = dag.timetable
     with sessions(settings)() as session:
         info = next_run(session, dag, dt.datetime.now(dt.UTC))
         row = session.get(Dag, dag_id)
     if info is None:
-        why = "schedule=None" if not dag.timetable.can_be_scheduled else "no interval is left"
+        why = "schedule=None" if not timetable.can_be_scheduled else "no interval is left"
         click.echo(f"no next run: {why}")
         return
     click.echo(f"logical date: {when(info.logical_date)}")

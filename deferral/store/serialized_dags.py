@@ -25,7 +25,7 @@ from deferral.authoring.markers import StoredMarker, marker_of
 from deferral.exceptions import ActionError, DagDefinitionError
 from deferral.runtime.secrets_masker import redact
 from deferral.store.tables import DagFolderParse, SerializedDag
-from deferral.timetables import DataInterval, Timetable
+from deferral.timetables import DagRunInfo, DataInterval, TimeRestriction, Timetable, next_info
 from deferral.timetables.serialized import deserialize_timetable
 
 if TYPE_CHECKING:
@@ -129,6 +129,9 @@ class StoredDag:
     # Its timetable as its serialize() gives it (None: a DAG file's own, which only its
     # file makes again).
     timetable: dict[str, Any] | None = None
+    # Its start_date and end_date (ISO 8601; None: not set).
+    start_date: str | None = None
+    end_date: str | None = None
     # DOCUMENT_VERSION when written (a document without one: 1).
     version: int = 1
 
@@ -154,13 +157,33 @@ class StoredDag:
         """Its timetable made again from the document (None: a DAG file's own)."""
         return deserialize_timetable(self.timetable) if self.timetable is not None else None
 
-    def infer_manual_data_interval(self, run_after: dt.datetime) -> DataInterval:
-        """The data interval of a run triggered at ``run_after``, from the kept timetable;
-        ValueError for a DAG file's own timetable (only its file can say)."""
+    def _timetable(self) -> Timetable:
         timetable = self.rebuilt_timetable()
         if timetable is None:
             raise ValueError(f"DAG {self.dag_id!r} has a timetable of its DAG file's own")
-        return timetable.infer_manual_data_interval(run_after=run_after)
+        return timetable
+
+    def infer_manual_data_interval(self, run_after: dt.datetime) -> DataInterval:
+        """The data interval of a run triggered at ``run_after``, from the kept timetable;
+        ValueError for a DAG file's own timetable (only its file can say)."""
+        return self._timetable().infer_manual_data_interval(run_after=run_after)
+
+    def next_dagrun_info(
+        self, last_automated_data_interval: DataInterval | None, *, now: dt.datetime
+    ) -> DagRunInfo | None:
+        """``DAG.next_dagrun_info`` from the kept timetable, start and end dates and catchup;
+        ValueError for a DAG file's own timetable."""
+        restriction = TimeRestriction(
+            dt.datetime.fromisoformat(self.start_date) if self.start_date else None,
+            dt.datetime.fromisoformat(self.end_date) if self.end_date else None,
+            self.catchup,
+        )
+        return next_info(
+            self._timetable(),
+            last_automated_data_interval=last_automated_data_interval,
+            restriction=restriction,
+            now=now,
+        )
 
     @property
     def order(self) -> list[str]:
@@ -218,6 +241,8 @@ def serialize_dag(dag: DAG) -> StoredDag:
             if info.get("label")
         ),
         timetable=dag.timetable.serialize(),
+        start_date=dag.start_date.isoformat() if dag.start_date else None,
+        end_date=dag.end_date.isoformat() if dag.end_date else None,
         version=DOCUMENT_VERSION,
     )
 

@@ -253,18 +253,19 @@ def test_triggering_a_paused_dag_says_the_run_waits(
     )
 
 
-def test_trigger_reads_the_last_parse_and_next_run_names_a_file_that_fails_to_import(
+def test_trigger_reads_the_last_parse_and_render_names_a_file_that_fails_to_import(
     settings: Settings, sessions: sessionmaker[Session], make_dag: Callable[..., str]
 ) -> None:
     dag_id = make_dag()
     path = Path(settings.dags_folder) / f"{dag_id}.py"
     path.write_text(path.read_text() + "\nundefined_name\n")
 
-    # A trigger reads the document the last parse stored: the file is not imported.
-    result = run("dags", "trigger", dag_id)
-    assert result.exit_code == 0 and f"triggered {dag_id} manual__" in result.output
-    # next-run imports the file (the DAG's start and end dates are not in the document).
-    result = run("dags", "next-run", dag_id)
+    # A trigger and next-run read the document the last parse stored: the file is not imported.
+    result = run("dags", "trigger", dag_id, "--run-id", "r")
+    assert result.exit_code == 0 and f"triggered {dag_id} r" in result.output
+    assert run("dags", "next-run", dag_id).exit_code == 0
+    # Rendering a task runs the DAG's code: it imports the file.
+    result = run("tasks", "render", dag_id, "r", "a")
     assert result.exit_code == 1
     assert result.output.startswith(f"error: DAG '{dag_id}' is in {path}, which fails to import: ")
     assert "NameError" in result.output and "undefined_name" in result.output

@@ -155,6 +155,7 @@ def test_pages_commands_and_actions_never_import_a_dag_file(
         for command in (
             ["dags", "trigger", "marks", "--run-id", "cli"],
             ["dags", "unpause", "marks"],
+            ["dags", "next-run", "marks"],
             ["tasks", "clear", "marks", "cli", "a", "--downstream"],
             ["tasks", "mark", "marks", "cli", "a", "--state", "failed"],
         ):

@@ -116,8 +116,14 @@ def test_a_trigger_checks_conf_against_the_stored_params_without_their_defaults(
             check_conf("params", params, conf)
 
 
-def test_a_clear_reads_the_same_graph_timetable_and_markers_from_the_document() -> None:
-    with DAG("graph", schedule="@daily", start_date=dt.datetime(2024, 1, 1, tzinfo=dt.UTC)) as dag:
+def test_clear_trigger_and_next_run_read_the_same_graph_and_schedule_from_the_document() -> None:
+    with DAG(
+        "graph",
+        schedule="@daily",
+        start_date=dt.datetime(2024, 1, 1, tzinfo=dt.UTC),
+        end_date=dt.datetime(2025, 1, 1, tzinfo=dt.UTC),
+        catchup=True,
+    ) as dag:
         setup = EmptyOperator(task_id="setup").as_setup()
         work = EmptyOperator(task_id="work", retries=2)
         teardown = EmptyOperator(task_id="teardown").as_teardown(setups=setup)
@@ -141,3 +147,5 @@ def test_a_clear_reads_the_same_graph_timetable_and_markers_from_the_document() 
     assert stored.marker_of("work") is None
     at = dt.datetime(2024, 3, 5, 10, tzinfo=dt.UTC)
     assert stored.infer_manual_data_interval(at) == dag.infer_manual_data_interval(at)
+    for last in (None, dag.infer_manual_data_interval(at)):
+        assert stored.next_dagrun_info(last, now=at) == dag.next_dagrun_info(last, now=at)
