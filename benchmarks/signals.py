@@ -2,6 +2,7 @@
 through the API.
 
     .venv/bin/python benchmarks/signals.py [--waiting 10000] [--signals 1000] [--api 2000]
+        [--clients 4] [--auth token|basic] [--servers 1]
 
 On a fresh database (see scratch.py): puts ``--waiting`` running tasks into signal waits, each
 on a key of its own, through the worker's deferral path (``signals.defer_with_waits``, in
@@ -11,8 +12,12 @@ batches of 500); then
   have a waiter, and times each from the call to its commit (the task is SCHEDULED, visible to
   every scheduler, when it returns): p50 / p99, and the CPU the sending process spent;
 - starts ``deferral webserver`` and posts ``--api`` signals with ``POST /api/v1/signals/{key}``
-  (HTTP Basic, keep-alive, ``--clients`` threads), half to keys with a waiter, half to keys
-  without: signals per second.
+  (keep-alive, ``--clients`` threads), half to keys with a waiter, half to keys without:
+  signals per second (target: at least 1,000 with 4 clients). ``--auth token`` (the default)
+  sends an API token with the ``signals`` scope made by ``webserver.tokens`` (a machine's
+  credentials), ``--auth basic`` the admin's HTTP Basic password. The server's signal rate
+  limit is lifted for the run. ``--servers N`` starts N webserver replicas (as behind a load
+  balancer), client i posting to replica i mod N; the webserver CPU per signal is their sum.
 
 No scheduler, worker or triggerer runs: nothing but PostgreSQL is needed for a signal to reach
 SCHEDULED (queuing it is the scheduler's dispatch, as for any resumed task).
@@ -33,6 +38,7 @@ import threading
 import time
 from pathlib import Path
 
+from harness import calibration, load_average
 from scratch import scratch_deployment
 from sqlalchemy import func, select, text
 
@@ -45,6 +51,7 @@ from deferral.store.metastore import metastore
 from deferral.store.tables import DagRun, TaskInstance
 from deferral.store.transitions import Attempt, NewTaskInstance
 from deferral.triggers import SignalTrigger
+from webserver import tokens
 
 WORKER = "bench-worker"
 PASSWORD = "bench-password-1234"
@@ -141,22 +148,34 @@ def library_latency(keys: list[str]) -> None:
     )
 
 
-def api_throughput(keys: list[str], clients: int, port: int) -> None:
-    auth = base64.b64encode(f"admin:{PASSWORD}".encode()).decode()
-    headers = {"content-type": "application/json", "authorization": f"Basic {auth}"}
+def credentials(url: str, auth: str) -> str:
+    """The Authorization header's value: a new API token's, or the admin's Basic password."""
+    if auth == "basic":
+        return "Basic " + base64.b64encode(f"admin:{PASSWORD}".encode()).decode()
+    with make_sessionmaker(make_engine(url)).begin() as session:
+        token = tokens.create_token(session, metastore().cipher, "bench", [tokens.SIGNALS])
+    assert token is not None
+    return f"Bearer {token}"
+
+
+def api_throughput(keys: list[str], clients: int, ports: list[int], authorization: str) -> float:
+    headers = {"content-type": "application/json", "authorization": authorization}
     failures: list[str] = []
 
-    def post(part: list[str]) -> None:
+    def post(part: list[str], port: int) -> None:
         conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
         for key in part:
             conn.request("POST", f"/api/v1/signals/{key}", json.dumps({"payload": 1}), headers)
             answer = conn.getresponse()
-            answer.read()
+            body = answer.read()
             if answer.status != 201:
-                failures.append(f"{key}: {answer.status}")
+                failures.append(f"{key}: {answer.status} {body[:200]!r}")
         conn.close()
 
-    threads = [threading.Thread(target=post, args=(keys[i::clients],)) for i in range(clients)]
+    threads = [
+        threading.Thread(target=post, args=(keys[i::clients], ports[i % len(ports)]))
+        for i in range(clients)
+    ]
     started = time.perf_counter()
     for thread in threads:
         thread.start()
@@ -164,10 +183,18 @@ def api_throughput(keys: list[str], clients: int, port: int) -> None:
         thread.join()
     took = time.perf_counter() - started
     assert not failures, failures[:5]
+    rate = len(keys) / took
     print(
         f"API: {len(keys)} signals in {took:.2f} s with {clients} clients:"
-        f" {len(keys) / took:.0f} signals/s"
+        f" {rate:,.0f} signals/s (target >= 1,000)"
     )
+    return rate
+
+
+def cpu_seconds(pid: int) -> float:
+    """User and system CPU a process has used (Linux's /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def wait_up(port: int, deadline: float) -> None:
@@ -189,35 +216,55 @@ def main() -> None:
     parser.add_argument("--api", type=int, default=2_000)
     parser.add_argument("--clients", type=int, default=4)
     parser.add_argument("--port", type=int, default=18_718)
+    parser.add_argument("--auth", choices=("token", "basic"), default="token")
+    parser.add_argument(
+        "--servers", type=int, default=1, help="webserver replicas; client i posts to i %% N"
+    )
     args = parser.parse_args()
     assert args.signals + args.api // 2 <= args.waiting
+    print(f"measured at {dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC, {load_average()}")
+    print(calibration(), flush=True)
     with tempfile.TemporaryDirectory() as home, scratch_deployment(Path(home), "signals") as url:
         keys = put_waiting(url, args.waiting)
         library_latency(keys[: args.signals])
         with_waiter = keys[args.signals : args.signals + args.api // 2]
         without = [f"nobody-{i}" for i in range(args.api - len(with_waiter))]
-        env = {**os.environ, "DEFERRAL_WEBSERVER_ADMIN_PASSWORD": PASSWORD}
-        server = subprocess.Popen(
-            [
-                str(Path(sys.executable).with_name("deferral")),
-                "webserver",
-                "--port",
-                str(args.port),
-            ],
-            env=env,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
+        env = {
+            **os.environ,
+            "DEFERRAL_WEBSERVER_ADMIN_PASSWORD": PASSWORD,
+            "DEFERRAL_WEBSERVER_SIGNAL_RATE": "1000000/second",
+        }
+        ports = [args.port + i for i in range(args.servers)]
+        servers = [
+            subprocess.Popen(
+                [str(Path(sys.executable).with_name("deferral")), "webserver", "--port", str(p)],
+                env=env,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+            for p in ports
+        ]
         try:
-            wait_up(args.port, time.monotonic() + 60)
+            for port in ports:
+                wait_up(port, time.monotonic() + 60)
+            authorization = credentials(url, args.auth)
+            cpu = sum(cpu_seconds(server.pid) for server in servers)
             api_throughput(
                 [k for pair in zip(with_waiter, without, strict=True) for k in pair],
                 args.clients,
-                args.port,
+                ports,
+                authorization,
+            )
+            cpu = sum(cpu_seconds(server.pid) for server in servers) - cpu
+            print(
+                f"webserver CPU {cpu / args.api * 1000:.2f} ms per signal"
+                f" ({len(servers)} process(es)); {load_average()}"
             )
         finally:
-            server.terminate()
-            server.wait(timeout=30)
+            for server in servers:
+                server.terminate()
+            for server in servers:
+                server.wait(timeout=30)
 
 
 if __name__ == "__main__":

@@ -11,6 +11,8 @@ streams as processes of their kind, written once (broker/DECISIONS.md rule 32).
   reader, are set aside with one line saying why.
 - :func:`batch_then_each` and :func:`each_alone`: apply a batch together; if it fails on bad
   data, apply it again one item at a time, so that the bad one alone is refused.
+- :func:`hand_off`: on the way out, what the process holds is made to look long idle, so peers
+  take it at once instead of after the takeover delay.
 - :func:`serve`: the loop of the synchronous services (the triggerer's is anyio's).
 """
 
@@ -33,6 +35,7 @@ from broker.consumer import Delivery, Lost, Quarantine, StreamConsumer, run_unti
 from broker.consumers import ConsumerSet
 from broker.owners import PostgresOwners
 from broker.streams import ForgedEntry, MalformedEntry
+from deferral.runtime import clock
 from deferral.runtime.config import Settings
 from deferral.runtime.crypto import Cipher
 from deferral.runtime.faults import is_transient
@@ -110,7 +113,8 @@ class Registration:
     def record(
         self, state: str = liveness.RUNNING, sessions: sessionmaker[Session] | None = None
     ) -> None:
-        """Write the row (through ``sessions``, else the service's), stamping its heartbeat."""
+        """Write the row (through ``sessions``, else the service's), stamping its heartbeat,
+        and measure this host's clock against the database's (time triggers fire by it)."""
         values = {
             "name": self.name,
             "hostname": self.hostname,
@@ -120,6 +124,7 @@ class Registration:
         }
         with (sessions or self.sessions).begin() as session:
             liveness.heartbeat(session, self.table, values)
+            clock.observe(session)
 
     def record_stop(self) -> None:
         """Say the process stopped; if the servers fail, it only looks stale a while later."""
@@ -140,6 +145,19 @@ def heartbeat(
     if lost and on_lost is not None:
         on_lost(lost)
     registration.record(liveness.RUNNING)
+
+
+def hand_off(consumer: ConsumerSet, what: str) -> None:
+    """On the way out (after the last renewal: one after it would make the entries look fresh),
+    make every entry held look long idle so that live peers take it at once instead of after
+    the takeover delay. If Redis fails, they take it after the delay."""
+    try:
+        handed = consumer.hand_off()
+    except RedisError as exc:
+        log.warning("could not hand off %s: %s (peers take them after the delay)", what, exc)
+        return
+    if handed:
+        log.info("handed off %d %s", handed, what)
 
 
 def read_each(

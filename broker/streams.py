@@ -50,6 +50,22 @@ def is_wake(fields: Mapping[bytes, bytes]) -> bool:
     return fields.keys() == {WAKE_FIELD.encode()}
 
 
+# An events entry reporting a trigger's progress (``TriggerProgress``) names its trigger in this
+# field, not in ``trigger_id``: it is not the trigger's event, so the in-flight index (which
+# says which entry carries a trigger's event) never points at it.
+PROGRESS_FIELD = "progress_of"
+# The most a progress payload's JSON may hold: it is recorded in PostgreSQL and shown on the task
+# page, a status and not a result (a larger one is not sent; the triggerer logs it).
+MAX_PROGRESS_PAYLOAD = 8 * 1024
+# ...and sealed, on the wire, checked before anything is decrypted.
+MAX_SEALED_PROGRESS = (MAX_PROGRESS_PAYLOAD + 16 + 73) * 4 // 3 + 4
+
+
+def is_progress(fields: Mapping[bytes, bytes]) -> bool:
+    """Whether an events entry reports progress (and is no event)."""
+    return PROGRESS_FIELD.encode() in fields
+
+
 # Postgres bigint and integer: an id outside them must be refused before it reaches SQL.
 MAX_BIGINT = 2**63 - 1
 MAX_INT = 2**31 - 1
@@ -223,6 +239,16 @@ class EventMessage(Message, frozen=True):
     # :class:`CarriedLog`; '' for none, then left out of the MAC, as entries without it were
     # signed).
     log: str = ""
+
+
+class ProgressMessage(Message, frozen=True):
+    """``deferral:events``: what a trigger reported before its event (``TriggerProgress``),
+    its payload sealed as an event's, every field signed."""
+
+    progress_of: str  # the trigger id
+    payload: str  # Fernet token of the payload's JSON
+    triggerer: str
+    mac: str
 
 
 class QueueMessage(Message, frozen=True):
@@ -534,6 +560,46 @@ def read_event(cipher: Cipher, fields: Mapping[bytes, bytes]) -> Event:
         message.payload,
         message.kind if message.kind in END_KINDS.values() else "",
     )
+
+
+# -- progress -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Progress:
+    """An authenticated, checked progress entry: its payload stays sealed (it is recorded as
+    it is, and opened only where it is shown)."""
+
+    trigger_id: int
+    sealed_payload: str
+    triggerer: str
+
+
+def progress_message(
+    cipher: Cipher, trigger_id: int, payload: str, triggerer: str
+) -> ProgressMessage:
+    """A progress entry: ``payload`` (JSON) sealed, every field signed; MalformedEntry if the
+    payload is longer than :data:`MAX_PROGRESS_PAYLOAD`."""
+    if len(payload.encode()) > MAX_PROGRESS_PAYLOAD:
+        raise MalformedEntry(
+            f"a progress payload of {len(payload.encode())} bytes is over {MAX_PROGRESS_PAYLOAD}"
+        )
+    sealed = cipher.encrypt(Purpose.EVENT, payload.encode())
+    mac = _sign(cipher, PROGRESS_FIELD, str(trigger_id), sealed, triggerer)
+    return ProgressMessage(str(trigger_id), sealed, triggerer, mac)
+
+
+def read_progress(cipher: Cipher, fields: Mapping[bytes, bytes]) -> Progress:
+    """The progress an entry reports; MalformedEntry or ForgedEntry saying why not."""
+    message = from_fields(ProgressMessage, fields)
+    trigger_id = positive_id(message.progress_of, PROGRESS_FIELD)
+    if len(message.payload) > MAX_SEALED_PROGRESS:
+        raise MalformedEntry(f"payload is longer than {MAX_SEALED_PROGRESS} characters")
+    m = message
+    signed = _signed_part((PROGRESS_FIELD, m.progress_of, m.payload, m.triggerer))
+    if not cipher.verify(Purpose.STREAM_ENTRY, signed, m.mac):
+        raise ForgedEntry("ProgressMessage failed authentication (forged or corrupted)")
+    return Progress(trigger_id, message.payload, message.triggerer)
 
 
 # -- queues ---------------------------------------------------------------------------------

@@ -13,6 +13,7 @@ from collections.abc import Generator, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from deferral.partitions import check_key
 from deferral.runtime.serialization import SerializationError, check_kwargs
 from deferral.timetables import NullTimetable
 from deferral.triggers.base import BaseTrigger, TriggerEvent, classpath_of
@@ -75,6 +76,12 @@ class BaseAsset:
 
     def iter_assets(self) -> Iterator[Asset]:
         raise NotImplementedError
+
+    def iter_keys(self) -> Iterator[str]:
+        """What the condition's queued events are keyed by: its assets' names, and its
+        aliases' keys (``AssetAlias.key``)."""
+        for asset in self.iter_assets():
+            yield asset.name
 
     def summary(self) -> str:
         raise NotImplementedError
@@ -153,12 +160,79 @@ class Asset(BaseAsset):
     def iter_assets(self) -> Iterator[Asset]:
         yield self
 
+    # A reference (``Asset.ref``) names an asset defined elsewhere: its uri is not known here.
+    is_ref = False
+
+    @staticmethod
+    def ref(*, name: str = "", uri: str = "") -> Asset:
+        """The asset named ``name``, defined elsewhere (deferral knows assets by name, so a
+        reference by uri is refused)."""
+        if name and uri:
+            raise AssetError("Asset.ref takes a name or a uri, not both")
+        if uri:
+            raise AssetError(
+                f"Asset.ref(uri={uri[:80]!r}): deferral knows assets by name; "
+                "use Asset.ref(name=...)"
+            )
+        if not name:
+            raise AssetError("Asset.ref needs name=...")
+        return AssetNameRef(name)
+
     def summary(self) -> str:
         return self.name
 
 
+class AssetNameRef(Asset):
+    """``Asset.ref(name=...)``: the asset of that name, whatever its uri."""
+
+    is_ref = True
+
+    def __repr__(self) -> str:
+        return f"Asset.ref(name={self.name!r})"
+
+
 # Airflow 2's name.
 Dataset = Asset
+
+# How a DAG scheduled on an alias is recorded among the schedules' asset names.
+ALIAS_KEY_PREFIX = "alias:"
+
+
+class AssetAlias(BaseAsset):
+    """``AssetAlias(name)`` (Airflow 3's): assets a task names while it runs. A task with the
+    alias in its ``outlets`` adds events of any asset to it
+    (``outlet_events[alias].add(asset, extra=...)``); the alias then resolves to those assets.
+    A DAG scheduled on the alias runs on each event of an asset it resolves to (none until it
+    resolves), and ``inlet_events[alias]`` are the events added through it."""
+
+    def __init__(self, name: str, *, group: str = "asset") -> None:
+        self.name = _check_text("alias name", name)
+        self.group = _check_text("group", group)
+
+    @property
+    def key(self) -> str:
+        return ALIAS_KEY_PREFIX + self.name
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, AssetAlias) and other.name == self.name
+
+    def __hash__(self) -> int:
+        return hash(("alias", self.name))
+
+    def __repr__(self) -> str:
+        return f"AssetAlias(name={self.name!r})"
+
+    def evaluate(self, updated: Mapping[str, object] | set[str]) -> bool:
+        return self.key in updated
+
+    def iter_assets(self) -> Iterator[Asset]:
+        return iter(())
+
+    def iter_keys(self) -> Iterator[str]:
+        yield self.key
+
+    def summary(self) -> str:
+        return self.key
 
 
 class _AssetBoolean(BaseAsset):
@@ -177,6 +251,10 @@ class _AssetBoolean(BaseAsset):
     def iter_assets(self) -> Iterator[Asset]:
         for obj in self.objects:
             yield from obj.iter_assets()
+
+    def iter_keys(self) -> Iterator[str]:
+        for obj in self.objects:
+            yield from obj.iter_keys()
 
     def summary(self) -> str:
         parts = [
@@ -220,6 +298,7 @@ class AssetAny(_AssetBoolean):
 
 
 DatasetAll = AssetAll
+DatasetAlias = AssetAlias
 DatasetAny = AssetAny
 
 
@@ -239,29 +318,30 @@ def asset_condition(where: str, schedule: BaseAsset | Sequence[BaseAsset]) -> Ba
     bounded, and one definition per asset name."""
     condition = schedule if isinstance(schedule, BaseAsset) else AssetAll(*schedule)
     assets = list(condition.iter_assets())
-    if len(assets) > MAX_CONDITION_ASSETS:
-        raise AssetError(
-            f"{where}: schedule names {len(assets)} assets, at most {MAX_CONDITION_ASSETS}"
-        )
+    named = len(list(condition.iter_keys()))
+    if named > MAX_CONDITION_ASSETS:
+        raise AssetError(f"{where}: schedule names {named} assets, at most {MAX_CONDITION_ASSETS}")
     seen: dict[str, Asset] = {}
     for asset in assets:
+        if asset.is_ref:
+            continue
         other = seen.setdefault(asset.name, asset)
         if other is not asset and other.uri != asset.uri:
             raise AssetError(f"{where}: asset {asset.name!r} is given two uris")
     return condition
 
 
-def check_outlets(where: str, outlets: object, what: str = "outlets") -> list[Asset]:
-    """A task's ``outlets`` (or ``inlets``, ``what``): assets only (conditions cannot be
-    updated or read)."""
+def check_outlets(where: str, outlets: object, what: str = "outlets") -> list[Asset | AssetAlias]:
+    """A task's ``outlets`` (or ``inlets``, ``what``): assets and aliases only (conditions
+    cannot be updated or read)."""
     if outlets is None:
         return []
     items = [outlets] if isinstance(outlets, BaseAsset) else outlets
     if not isinstance(items, list | tuple):
         raise AssetError(f"{where}: {what} must be a list of Asset, got {type(outlets).__name__}")
-    found: list[Asset] = []
+    found: list[Asset | AssetAlias] = []
     for item in items:
-        if not isinstance(item, Asset):
+        if not isinstance(item, Asset | AssetAlias):
             raise AssetError(f"{where}: {what} must be Asset, got {type(item).__name__}")
         found.append(item)
     if len(found) > MAX_CONDITION_ASSETS:
@@ -278,7 +358,7 @@ def events_to_consume(
     present = {name for name, ids in queued.items() if ids}
     if not condition.evaluate(present):
         return None
-    names = {asset.name for asset in condition.iter_assets()}
+    names = set(condition.iter_keys())
     return sorted(min(queued[name]) for name in names & present)
 
 
@@ -340,16 +420,22 @@ class TriggeringAssetEvents(Mapping[Any, list[AssetEvent]]):
 @dataclass(frozen=True)
 class Metadata:
     """Yielded by a task function (Airflow 3's ``airflow.sdk.Metadata``): ``extra`` goes into
-    the event the task records for ``asset``, one of its outlets, when it succeeds."""
+    the event the task records for ``asset``, one of its outlets, when it succeeds; with
+    ``alias`` (an alias among its outlets), into an event of ``asset`` added through it."""
 
     asset: Asset
     extra: dict[str, Any]
+    alias: AssetAlias | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.asset, Asset):
             raise AssetError(f"Metadata takes an Asset, got {type(self.asset).__name__}")
         if not isinstance(self.extra, dict):
             raise AssetError(f"Metadata extra must be a dict, got {type(self.extra).__name__}")
+        if self.alias is not None and not isinstance(self.alias, AssetAlias):
+            raise AssetError(
+                f"Metadata alias must be an AssetAlias, got {type(self.alias).__name__}"
+            )
 
 
 @dataclass
@@ -359,16 +445,61 @@ class OutletEventAccessor:
     asset: Asset
     extra: dict[str, Any] = field(default_factory=dict)
 
+    def add_partitions(self, keys: str | Sequence[str]) -> None:
+        """Airflow 3.3's runtime partitions: the keys are checked (deferral records no
+        partition keys yet, and says so in the task's log)."""
+        listed = [keys] if isinstance(keys, str) else list(keys)
+        if not listed:
+            raise AssetError(f"add_partitions on {self.asset.name!r} needs at least one key")
+        checked = sorted({check_key(k) for k in listed})
+        log.warning(
+            "asset %r: partitions %s are not recorded (deferral keeps no partition keys yet)",
+            self.asset.name,
+            ", ".join(checked),
+        )
 
-class OutletEventAccessors(Mapping[Any, OutletEventAccessor]):
+
+@dataclass
+class AliasEventAccessor:
+    """``context["outlet_events"][alias]``: the events the task adds through an alias in its
+    outlets, each of an asset it names then (``add``), recorded when it succeeds."""
+
+    alias: AssetAlias
+    events: list[tuple[Asset, dict[str, Any]]] = field(default_factory=list)
+
+    def add(self, asset: Asset, extra: dict[str, Any] | None = None) -> None:
+        if not isinstance(asset, Asset) or asset.is_ref:
+            raise AssetError(f"alias {self.alias.name!r}: add takes an Asset, got {asset!r:.80}")
+        if extra is not None and not isinstance(extra, dict):
+            raise AssetError(
+                f"alias {self.alias.name!r}: extra must be a dict, got {type(extra).__name__}"
+            )
+        if len(self.events) >= MAX_CONDITION_ASSETS:
+            raise AssetError(
+                f"alias {self.alias.name!r}: at most {MAX_CONDITION_ASSETS} events per task"
+            )
+        self.events.append((asset, dict(extra or {})))
+
+
+class OutletEventAccessors(Mapping[Any, Any]):
     """``context["outlet_events"]``: the events the task records for its outlets when it
-    succeeds, by outlet (an Asset or its name); setting one's ``extra`` annotates the event."""
+    succeeds, by outlet (an Asset or its name); setting one's ``extra`` annotates the event.
+    An alias among the outlets (looked up by the AssetAlias) takes events of any asset."""
 
-    def __init__(self, outlets: Iterable[Asset]) -> None:
-        self._outlets = {asset.name: asset for asset in outlets}
+    def __init__(self, outlets: Iterable[Asset | AssetAlias]) -> None:
+        outlets = list(outlets)
+        self._outlets = {a.name: a for a in outlets if isinstance(a, Asset)}
+        self._aliases = {
+            a.name: AliasEventAccessor(a) for a in outlets if isinstance(a, AssetAlias)
+        }
         self._accessors: dict[str, OutletEventAccessor] = {}
 
-    def __getitem__(self, key: object) -> OutletEventAccessor:
+    def __getitem__(self, key: object) -> Any:
+        if isinstance(key, AssetAlias):
+            if key.name not in self._aliases:
+                known = ", ".join(sorted(self._aliases)) or "none"
+                raise KeyError(f"{key!r} is not an outlet of this task (aliases: {known})")
+            return self._aliases[key.name]
         name = key.name if isinstance(key, Asset) else key
         if not isinstance(name, str) or name not in self._outlets:
             known = ", ".join(sorted(self._outlets)) or "none"
@@ -387,6 +518,21 @@ class OutletEventAccessors(Mapping[Any, OutletEventAccessor]):
         """The extras set, by asset name (what the worker records with the success)."""
         return {name: a.extra for name, a in self._accessors.items() if a.extra}
 
+    def alias_events(self) -> list[dict[str, Any]]:
+        """The events added through aliases, in order (what the worker records with the
+        success): the alias, the asset (name, uri, group) and the extra of each."""
+        return [
+            {
+                "alias": name,
+                "name": asset.name,
+                "uri": asset.uri,
+                "group": asset.group,
+                "extra": extra,
+            }
+            for name, accessor in sorted(self._aliases.items())
+            for asset, extra in accessor.events
+        ]
+
 
 def collect_metadata(
     yielded: Generator[Any, None, Any], outlet_events: OutletEventAccessors
@@ -399,7 +545,9 @@ def collect_metadata(
             item = next(yielded)
         except StopIteration as stop:
             return stop.value
-        if isinstance(item, Metadata):
+        if isinstance(item, Metadata) and item.alias is not None:
+            outlet_events[item.alias].add(item.asset, extra=item.extra)
+        elif isinstance(item, Metadata):
             outlet_events[item.asset].extra.update(item.extra)
         else:
             log.warning("ignoring a %s the task yielded: only Metadata is", type(item).__name__)

@@ -15,7 +15,13 @@ from deferral.assets import OutletEventAccessors
 from deferral.authoring.current import get_current_context as get_current_context
 from deferral.authoring.current import set_current_context
 from deferral.connections import ConnectionAccessor
-from deferral.store.seam import CallbackHandle, LazyInletEvents, LazyTriggeringEvents
+from deferral.store.seam import (
+    AssetStateStores,
+    CallbackHandle,
+    LazyInletEvents,
+    LazyTriggeringEvents,
+    TaskStateStore,
+)
 from deferral.variables import VariableAccessor
 
 if TYPE_CHECKING:
@@ -44,6 +50,10 @@ class DagRunInfo:
     data_interval_start: dt.datetime | None = None
     data_interval_end: dt.datetime | None = None
     run_type: str = "manual"
+    # Airflow 3.2+'s partitioned runs: a CronPartitionTimetable's run has its key (and the
+    # point it names); other runs have none.
+    partition_key: str | None = None
+    partition_date: dt.datetime | None = None
 
     @classmethod
     def of(cls, run: DagRun) -> DagRunInfo:
@@ -137,6 +147,11 @@ class Context(TypedDict):
     triggering_asset_events: Mapping[Any, Any]
     outlet_events: OutletEventAccessors
     inlet_events: Mapping[Any, Any]
+    partition_key: str | None
+    partition_date: dt.datetime | None
+    # Airflow 3.3's state stores: the task instance's keys across its tries, its assets' keys.
+    task_state_store: TaskStateStore
+    asset_state_store: AssetStateStores
     # Deprecated in Airflow 2 but in many DAGs: the logical date, the run after, the day around.
     execution_date: dt.datetime
     next_execution_date: dt.datetime
@@ -162,6 +177,17 @@ def with_data_interval(dag_run: DagRunInfo) -> DagRunInfo:
     )
 
 
+def with_partition(dag_run: DagRunInfo, timetable: object) -> DagRunInfo:
+    """A run of a DAG scheduled by partitions of the clock (``CronPartitionTimetable``) gets
+    the key of its logical date."""
+    key_of = getattr(timetable, "partition_key", None)
+    if dag_run.partition_key is not None or not callable(key_of):
+        return dag_run
+    return dataclasses.replace(
+        dag_run, partition_key=key_of(dag_run.logical_date), partition_date=dag_run.logical_date
+    )
+
+
 def make_context(task: BaseOperator, dag_run: DagRunInfo, ti: RuntimeTaskInstance) -> Context:
     """The context of one attempt of ``task``; dates are in UTC, as in Airflow. It becomes the
     process's current context (``get_current_context``)."""
@@ -178,7 +204,7 @@ def build_context(task: BaseOperator, dag_run: DagRunInfo, ti: RuntimeTaskInstan
     """The context of one attempt of ``task``, without making it the process's current one
     (outside a task process: a clear rendering an ExternalTaskMarker's date)."""
     assert task.dag is not None
-    run = with_data_interval(dag_run)
+    run = with_partition(with_data_interval(dag_run), task.dag.timetable)
     assert run.data_interval_start is not None and run.data_interval_end is not None
     dates = _dates(run.logical_date, run.data_interval_end, run.external_trigger)
     return {
@@ -202,6 +228,12 @@ def build_context(task: BaseOperator, dag_run: DagRunInfo, ti: RuntimeTaskInstan
         "triggering_asset_events": LazyTriggeringEvents(run.dag_id, run.run_id),
         "outlet_events": OutletEventAccessors(getattr(task, "outlets", None) or ()),
         "inlet_events": LazyInletEvents(getattr(task, "inlets", None) or ()),
+        "partition_key": run.partition_key,
+        "partition_date": run.partition_date,
+        "task_state_store": TaskStateStore(ti.id),
+        "asset_state_store": AssetStateStores(
+            [*(getattr(task, "inlets", None) or ()), *(getattr(task, "outlets", None) or ())]
+        ),
     }
 
 

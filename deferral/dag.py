@@ -314,7 +314,11 @@ class DAG:
             raise DagDefinitionError(f"{where}: max_active_runs must be an int >= 1")
         if self.dagrun_timeout is not None and not isinstance(self.dagrun_timeout, dt.timedelta):
             raise DagDefinitionError(f"{where}: dagrun_timeout must be a timedelta or None")
-        if self.timetable.can_be_scheduled and self.start_date is None:
+        if (
+            self.timetable.can_be_scheduled
+            and self.timetable.needs_start_date
+            and self.start_date is None
+        ):
             raise DagDefinitionError(f"{where}: schedule {self.schedule!r} needs a start_date")
         if self.end_date and self.start_date and self.end_date < self.start_date:
             raise DagDefinitionError(f"{where}: end_date is before start_date")

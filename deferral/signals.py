@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,6 +30,7 @@ from deferral.store.seam import (
     SignalWait,
     TokenRefused,
     WaitTimer,
+    idempotency,
     metastore,
     parse_token,
     transitions,
@@ -49,12 +50,15 @@ from deferral.triggers.signal import (
     SIGNAL_RETENTION,
     SIGNAL_TRIGGER,
     SignalError,
+    check_heartbeat,
     check_lookback,
     check_signal_key,
     where_predicate,
 )
 
-__all__ = ["MAX_PAYLOAD_BYTES", "SentSignal", "SignalError", "send"]
+IdempotencyConflict = idempotency.IdempotencyConflict
+
+__all__ = ["MAX_PAYLOAD_BYTES", "IdempotencyConflict", "SentSignal", "SignalError", "send"]
 
 # Most bytes of a payload's JSON.
 MAX_PAYLOAD_BYTES = 64 * 1024
@@ -77,6 +81,9 @@ _LOCK_SQL = text(
 
 # A sender's (web user's) signals beyond the newest ``kept`` - 1 go as it sends one more; the
 # statement's snapshot does not see the row it inserts. No sender (NULL): nothing matches.
+# Concurrent sends find the same old rows to delete: each deletes those it can lock at once and
+# leaves the others to the send holding them (waiting, two sends deleting several rows each
+# deadlocked).
 _SEND_SQL = text(
     """
     WITH sent AS (
@@ -84,12 +91,14 @@ _SEND_SQL = text(
     ), pruned AS (
         DELETE FROM signal WHERE id IN (
             SELECT id FROM signal WHERE sent_at < now() - :retention
-            ORDER BY sent_at LIMIT :prune
+            ORDER BY sent_at LIMIT :prune FOR UPDATE SKIP LOCKED
         )
     ), over_quota AS (
         DELETE FROM signal WHERE id IN (
-            SELECT id FROM signal WHERE sent_by = :sent_by
-            ORDER BY id DESC OFFSET :kept - 1
+            SELECT id FROM signal WHERE id IN (
+                SELECT id FROM signal WHERE sent_by = :sent_by
+                ORDER BY id DESC OFFSET :kept - 1
+            ) FOR UPDATE SKIP LOCKED
         )
     )
     SELECT sent.id, w.trigger_ids, w.branches, w.cancels, w.all_of
@@ -145,11 +154,21 @@ LOOKBACK_SCAN = 1000
 
 @dataclass(frozen=True)
 class SentSignal:
-    """A recorded signal and the task instances it resumed."""
+    """A recorded signal and the task instances it resumed; ``replayed``: a repeat of an
+    idempotency key, answered with the first send's signal (this one recorded nothing)."""
 
     id: int
     key: str
     resumed: tuple[int, ...]
+    replayed: bool = False
+
+    def answer(self) -> dict[str, Any]:
+        return {"id": self.id, "key": self.key, "resumed": list(self.resumed)}
+
+    @classmethod
+    def from_outcome(cls, outcome: idempotency.Outcome) -> SentSignal:
+        answer = outcome.answer
+        return cls(answer["id"], answer["key"], tuple(answer["resumed"]), outcome.replayed)
 
 
 Wait = waits.Wait
@@ -269,15 +288,38 @@ def _record(
 
 
 def send_in(
-    session: Session, cipher: Cipher, key: str, payload: Any, sender: Sender | None = None
+    session: Session,
+    cipher: Cipher,
+    key: str,
+    payload: Any,
+    sender: Sender | None = None,
+    idempotency_key: str | None = None,
 ) -> SentSignal:
     """Record a signal on ``key`` and resume every task waiting on it, in ``session``'s
     transaction (the key's lock is held until it ends); ``sender``: a web user, whose quota of
-    kept signals applies."""
+    kept signals applies. Under ``idempotency_key``, a repeat (same key, payload and sender)
+    within the window records nothing and returns the first send's signal, ``replayed``;
+    IdempotencyConflict for the key used with another send."""
     check_signal_key(key)
     sealed = seal_payload(cipher, payload)
-    lock_keys(session, [key])
-    return _record(session, cipher, key, sealed, sender, serialization.dumps(payload))
+    made = _idempotent(
+        idempotency.SIGNALS if sender is None else f"{idempotency.SIGNALS}/{sender.name}",
+        idempotency_key,
+        lambda: {"key": key, "payload": serialization.to_jsonable(payload)},
+    )
+
+    def act() -> dict[str, Any]:
+        lock_keys(session, [key])
+        return _record(session, cipher, key, sealed, sender, serialization.dumps(payload)).answer()
+
+    return SentSignal.from_outcome(idempotency.once(session, cipher, made, act))
+
+
+def _idempotent(scope: str, key: str | None, body: Callable[[], Any]) -> idempotency.Request | None:
+    try:
+        return idempotency.request(scope, key, body)
+    except idempotency.IdempotencyError as exc:
+        raise SignalError(str(exc)) from None
 
 
 _USED_SQL = text("SELECT EXISTS (SELECT FROM signal WHERE key = :key)")
@@ -285,27 +327,47 @@ _TRY_SQL = text("SELECT state, try_number FROM task_instance WHERE id = :id")
 
 
 def answer_callback(
-    session: Session, cipher: Cipher, claim: Claim, status: str, payload: Any
+    session: Session,
+    cipher: Cipher,
+    claim: Claim,
+    status: str,
+    payload: Any,
+    idempotency_key: str | None = None,
 ) -> SentSignal:
     """Answer the callback of a verified token: resume its task (``"success"``: with
     ``payload``; ``"failure"``: failing it with the payload's message), or, if it has not
     deferred yet, keep the answer for its wait. TokenRefused 409 for a token used before or a
-    task cleared, finished or retried since; 400 for a bad status or payload."""
+    task cleared, finished or retried since; 400 for a bad status, payload or idempotency key.
+    Under ``idempotency_key``, a repeat of the same answer within the window is answered as
+    the first was (``replayed``) instead of refused as a second use of the token."""
     if status not in (SUCCESS, FAILURE):
         raise TokenRefused(400, f"status must be 'success' or 'failure', not {status!r:.40}")
     try:
         sealed = seal_payload(cipher, {"status": status, "payload": payload})
+        made = _idempotent(
+            f"{idempotency.CALLBACKS}/{claim.key}",
+            idempotency_key,
+            lambda: {"status": status, "payload": serialization.to_jsonable(payload)},
+        )
     except SignalError as exc:
         raise TokenRefused(400, str(exc)) from None
-    lock_keys(session, [claim.key])
-    if session.scalar(_USED_SQL, {"key": claim.key}):
-        raise TokenRefused(409, "callback token already used")
-    task = session.execute(_TRY_SQL, {"id": claim.task_instance_id}).one_or_none()
-    if task is None or task.try_number != claim.try_number or task.state not in _ANSWERABLE:
-        raise TokenRefused(
-            409, "the task no longer waits for this callback (cleared, finished or retried since)"
-        )
-    return _record(session, cipher, claim.key, sealed)
+
+    def act() -> dict[str, Any]:
+        lock_keys(session, [claim.key])
+        if session.scalar(_USED_SQL, {"key": claim.key}):
+            raise TokenRefused(409, "callback token already used")
+        task = session.execute(_TRY_SQL, {"id": claim.task_instance_id}).one_or_none()
+        if task is None or task.try_number != claim.try_number or task.state not in _ANSWERABLE:
+            raise TokenRefused(
+                409,
+                "the task no longer waits for this callback (cleared, finished or retried since)",
+            )
+        return _record(session, cipher, claim.key, sealed).answer()
+
+    try:
+        return SentSignal.from_outcome(idempotency.once(session, cipher, made, act))
+    except IdempotencyConflict as exc:
+        raise TokenRefused(409, str(exc)) from None
 
 
 def failure_message(payload: Any) -> str:
@@ -334,8 +396,12 @@ def _row(
             try_number,
         ):
             return None
+        try:
+            heartbeat = check_heartbeat(kwargs.get("heartbeat"))
+        except SignalError:
+            return None
         # A callback may come before the deferral.
-        return waits.WaitRow(claim.key, TOKEN_LIFETIME, branch)
+        return waits.WaitRow(claim.key, TOKEN_LIFETIME, branch, heartbeat=heartbeat)
     try:
         return waits.WaitRow(
             check_signal_key(kwargs.get("key")),
@@ -477,13 +543,15 @@ def not_a_wait(trigger_id: ColumnExpressionArgument[int | None]) -> ColumnElemen
     return ~held_by_row & ~held_by_timer
 
 
-def send(key: str, payload: Any = None) -> SentSignal:
+def send(key: str, payload: Any = None, *, idempotency_key: str | None = None) -> SentSignal:
     """Send a signal to ``key`` (from task code, a script or a service), using the database
     and keys of ``DEFERRAL_DATABASE_URL`` and ``DEFERRAL_FERNET_KEY``. The tasks it resumes
-    are queued by the scheduler's next pass."""
+    are queued by the scheduler's next pass. With ``idempotency_key``, a repeat of the same
+    send within ``DEFERRAL_IDEMPOTENCY_WINDOW_SEC`` sends nothing and returns the first send's
+    signal (``replayed``); the key reused for another send raises IdempotencyConflict."""
     store = metastore()
     with store.sessions.begin() as session:
-        return send_in(session, store.cipher, key, payload)
+        return send_in(session, store.cipher, key, payload, idempotency_key=idempotency_key)
 
 
 @dataclass(frozen=True)
@@ -528,3 +596,17 @@ def activity(session: Session, key: str | None = None, limit: int = 100) -> list
         check_signal_key(key)
     rows = session.execute(_ACTIVITY_SQL, {"key": key, "limit": limit})
     return [KeyActivity(r.key, r.signals, r.last_id, r.last_at, tuple(r.tasks)) for r in rows]
+
+
+def heartbeat(session: Session, claim: Claim) -> dt.datetime:
+    """A heartbeat posted to the callback of a verified token: the new deadline of its wait.
+    TokenRefused 409 when no wait of the token beats now (no ``heartbeat`` set, answered,
+    cleared, finished, retried since, or its deadline already passed)."""
+    due = waits.beat(session, claim.key)
+    if due is None:
+        raise TokenRefused(
+            409,
+            "no heartbeat is awaited for this callback (no heartbeat set, answered, cleared,"
+            " finished, retried since, or the heartbeat was already missed)",
+        )
+    return due

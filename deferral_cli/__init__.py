@@ -65,6 +65,10 @@ COMMANDS = {
         " consumer.",
     ),
     "tasks": Lazy("deferral_cli.tasks:tasks", "Task instances."),
+    "tokens": Lazy(
+        "deferral_cli.tokens:tokens",
+        "API tokens for machines: signals, callbacks and runs through the web API.",
+    ),
     "triggerers": Lazy("deferral_cli.triggers:triggerers", "Triggerer processes."),
     "triggers": Lazy(
         "deferral_cli.triggers:triggers",

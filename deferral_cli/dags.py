@@ -103,20 +103,39 @@ def trigger(
     conf: dict[str, Any],
     run_id: str | None,
     logical_date: dt.datetime | None = None,
+    idempotency_key: str | None = None,
 ) -> str:
+    from deferral.runtime.crypto import Cipher
     from deferral.store import actions  # with the DAG machinery, which `dags list` may not need
+    from deferral.store.idempotency import IdempotencyConflict
 
     stored = stored_dag(settings, dag_id)
     # A timetable of the DAG file's own is made again by its file alone (in a parse child,
     # within the import timeout): the one trigger that imports it.
     dag = stored if stored.timetable is not None else load_dag(settings, dag_id)
+    keyed = (
+        None
+        if idempotency_key is None
+        else actions.IdempotencyKey(idempotency_key, Cipher(settings.fernet_keys))
+    )
     try:
         triggered = actions.trigger_run(
-            sessions(settings), dag, conf, run_id, logical_date=logical_date
+            sessions(settings),
+            dag,
+            conf,
+            run_id,
+            logical_date=logical_date,
+            idempotency_key=keyed,
         )
-    except actions.ActionError as exc:
+    except (actions.ActionError, IdempotencyConflict) as exc:
         fail(str(exc))
         raise  # unreachable: fail exits
+    if triggered.replayed:
+        click.echo(
+            f"{dag_id} {triggered.run_id} was triggered before with this idempotency key:"
+            " no new run"
+        )
+        return triggered.run_id
     click.echo(f"triggered {dag_id} {triggered.run_id}")
     if triggered.paused:
         click.echo(f"DAG {dag_id} is paused: the run waits until `deferral dags unpause {dag_id}`")
@@ -137,6 +156,12 @@ def trigger(
     help="The run's logical date (default: now); naive ones are in DEFERRAL_DEFAULT_TIMEZONE.",
 )
 @click.option(
+    "--idempotency-key",
+    default=None,
+    help="Trigger once: a repeat with this key within DEFERRAL_IDEMPOTENCY_WINDOW_SEC starts no"
+    " run and shows the first one (the key reused with other arguments is an error).",
+)
+@click.option(
     "--wait",
     is_flag=True,
     help="Follow the run to its end, showing each task's state as it changes;"
@@ -154,6 +179,7 @@ def dags_trigger(
     conf_json: str | None,
     run_id: str | None,
     logical_date: dt.datetime | None,
+    idempotency_key: str | None,
     wait: bool,
     timeout: float | None,
 ) -> None:
@@ -172,7 +198,7 @@ def dags_trigger(
         except ValueError as exc:
             raise click.BadParameter(str(exc), param_hint=what) from None
     settings = settings_or_exit()
-    run_id = trigger(settings, dag_id, conf, run_id, logical_date)
+    run_id = trigger(settings, dag_id, conf, run_id, logical_date, idempotency_key)
     if not wait:
         return
     try:

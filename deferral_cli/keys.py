@@ -19,6 +19,7 @@ from deferral.store.tables import (
     StoredVariable,
     TaskInstance,
     Trigger,
+    TriggerProgress,
 )
 from deferral_cli.common import sessions
 
@@ -31,6 +32,7 @@ Sealed = (
     | Signal
     | AssetWatcherRow
     | SignalWait
+    | TriggerProgress
 )
 
 
@@ -47,7 +49,8 @@ def rotate_fernet_key(batch_size: int) -> None:
 
     Every trigger.kwargs, task_instance.next_kwargs and next_event, variable.val (when
     encrypted), connection.password and connection.extra, signal.payload,
-    asset_watcher.kwargs and signal_wait.fired (an all-of's fired branches) is decrypted with
+    asset_watcher.kwargs, signal_wait.fired (an all-of's fired branches) and
+    trigger_progress.payload is decrypted with
     whichever configured key sealed it and encrypted again with the first key (the key derived
     from it for what the column holds; a value sealed before keys were derived per purpose is
     sealed under its purpose's key too), in batches of
@@ -82,6 +85,7 @@ def rotate_fernet_key(batch_size: int) -> None:
         (Signal, "payload", Purpose.SIGNAL_PAYLOAD, None),
         (AssetWatcherRow, "kwargs", Purpose.WATCHER_SPEC, None),
         (SignalWait, "fired", Purpose.EVENT, None),
+        (TriggerProgress, "payload", Purpose.EVENT, None),
     ]
     for model, column, purpose, only in columns:
         table = model.__tablename__

@@ -21,7 +21,13 @@ def signals_group() -> None:
 @signals_group.command("send")
 @click.argument("key")
 @click.option("--payload", default=None, help="The payload, as JSON (default: null).")
-def signals_send(key: str, payload: str | None) -> None:
+@click.option(
+    "--idempotency-key",
+    default=None,
+    help="Send once: a repeat with this key within DEFERRAL_IDEMPOTENCY_WINDOW_SEC sends nothing"
+    " and shows the first send (the key reused for another KEY or payload is an error).",
+)
+def signals_send(key: str, payload: str | None, idempotency_key: str | None) -> None:
     """Send a signal to KEY: every task waiting on KEY resumes with the payload."""
     settings_or_exit()
     value: Any = None
@@ -31,9 +37,15 @@ def signals_send(key: str, payload: str | None) -> None:
         except json.JSONDecodeError as exc:
             fail(f"--payload is not valid JSON: {exc}")
     try:
-        sent = signals.send(key, value)
-    except signals.SignalError as exc:
+        sent = signals.send(key, value, idempotency_key=idempotency_key)
+    except (signals.SignalError, signals.IdempotencyConflict) as exc:
         fail(str(exc))
+        return
+    if sent.replayed:
+        click.echo(
+            f"signal {sent.id} was sent to {sent.key} before with this idempotency key:"
+            f" {len(sent.resumed)} task(s) resumed then, nothing sent now"
+        )
         return
     click.echo(f"signal {sent.id} sent to {sent.key}: {len(sent.resumed)} task(s) resumed")
 

@@ -10,11 +10,13 @@ from sqlalchemy.orm import Session
 
 from broker.streams import StreamKeys, task_label
 from deferral.runtime.config import Settings
+from deferral.runtime.crypto import Cipher
 from deferral.states import FAIL_METHOD, FINISHED_STATES, DagRunState, TaskState
 from deferral.store import doctor as checklist
 from deferral.store import liveness, pools, queues
 from deferral.store.serialized_dags import StoredDag, StoredMapping, StoredTask
 from deferral.store.tables import (
+    CallbackHeartbeat,
     DagRun,
     Pool,
     TaskInstance,
@@ -25,6 +27,7 @@ from deferral.store.tables import (
     Worker,
 )
 from deferral.trigger_rules import TriggerRule, evaluate, upstream_states
+from readmodel.progress import progress_lines, progress_of
 from readmodel.records import when
 from readmodel.waits import how_to_resume, row_wait_of, signal_key
 
@@ -111,6 +114,7 @@ def explain(
             )
     if state is TaskState.UP_FOR_RETRY or state in FINISHED_STATES:
         lines += _last_change(session, ti)
+    lines += progress_lines(progress_of(session, Cipher(settings.fernet_keys), ti))
     return lines + _docs(dag, task)
 
 
@@ -266,6 +270,7 @@ def _explain_deferred(
             " runs it",
             f"  resumed by {how_to_resume(row_wait, key)}",
         ]
+        lines += _heartbeats(session, trigger.id, now)
     elif trigger.far_moment is not None:
         publish_at = trigger.far_moment - dt.timedelta(seconds=settings.far_timer_horizon_sec)
         lines = [
@@ -294,6 +299,20 @@ def _explain_deferred(
                 " a running scheduler would have failed it (is `scheduler consume` running?)"
             )
     return lines
+
+
+def _heartbeats(session: Session, trigger_id: int, now: dt.datetime) -> list[str]:
+    """The heartbeat deadlines of a callback wait (``CallbackTrigger(heartbeat=)``)."""
+    beats = session.execute(
+        select(CallbackHeartbeat.every_sec, CallbackHeartbeat.due_at).where(
+            CallbackHeartbeat.trigger_id == trigger_id
+        )
+    ).all()
+    return [
+        f"  heartbeat every {dt.timedelta(seconds=every)}: the next due by {when(due)}"
+        f" ({_relative(now, due)}); a missed one fails the task (or retries it)"
+        for every, due in beats
+    ]
 
 
 def _held(

@@ -32,6 +32,7 @@ from readmodel.dags import operator_name
 from readmodel.errors import NotFound
 from readmodel.explain import explain
 from readmodel.pages import Page, decode, page_of
+from readmodel.progress import progress_of
 from readmodel.records import db_now, find_run, run_record, seconds_between, task_instances
 from readmodel.waits import how_to_resume, row_wait_of, signal_key, wait_record
 
@@ -160,6 +161,7 @@ def task_instance_detail(
         "explain": [line.strip() for line in explain(session, settings, dag, run, ti)[1:]],
         "history": _history(session, ti.id, now),
         "deferred": _deferral(session, settings, ti, now),
+        "progress": progress_of(session, Cipher(settings.fernet_keys), ti),
         "rendered": _rendered(session, ti.id),
         "xcoms": [
             {"key": key, "value": shown_xcom(masker, key, value)}

@@ -35,12 +35,16 @@ def sync_assets(session: Session, dags: Mapping[str, DAG], cipher: Cipher) -> No
     for dag_id, dag in sorted(dags.items()):
         condition = dag.asset_condition
         for asset in condition.iter_assets() if condition is not None else ():
-            assets.setdefault(asset.name, asset)
-            schedules.add((dag_id, asset.name))
+            if not asset.is_ref:  # a reference's uri is not known here
+                assets.setdefault(asset.name, asset)
+        # An alias is scheduled on by its key (AssetAlias.key), beside the assets' names.
+        for key in condition.iter_keys() if condition is not None else ():
+            schedules.add((dag_id, key))
         for task in dag.tasks:
             for asset in getattr(task, "outlets", None) or ():
-                assets.setdefault(asset.name, asset)
-                outlets.add((dag_id, task.task_id, asset.name))
+                if isinstance(asset, Asset):  # an alias's events are the task's to add
+                    assets.setdefault(asset.name, asset)
+                    outlets.add((dag_id, task.task_id, asset.name))
         for asset, watcher in watchers_of(condition):
             classpath, kwargs = watcher.trigger.serialize()
             watchers.append(

@@ -240,6 +240,14 @@ class Ready:
     pool: str
     pool_slots: int
     priority_weight: int
+    # Resumed by its event (or an answer): it has a next method to run (scheduler rule 33).
+    resumed: bool = False
+
+
+def dispatch_key(task: Ready, *, resumed_first: bool) -> tuple[int, bool, int]:
+    """Dispatch order: highest priority weight first; among equal weights, resumed tasks
+    ahead of new work when ``resumed_first`` (``DEFERRAL_RESUMED_FIRST``); then the oldest."""
+    return (-task.priority_weight, not (resumed_first and task.resumed), task.id)
 
 
 @dataclass(frozen=True)
@@ -252,15 +260,19 @@ class DispatchPlan:
 
 
 def plan_dispatch(
-    ready: Sequence[Ready], run_budget: Mapping[RunKey, int], pool_free: Mapping[str, int]
+    ready: Sequence[Ready],
+    run_budget: Mapping[RunKey, int],
+    pool_free: Mapping[str, int],
+    *,
+    resumed_first: bool,
 ) -> DispatchPlan:
-    """Which ready tasks to queue now: highest priority first, at most ``run_budget[run]`` of
+    """Which ready tasks to queue now: in :func:`dispatch_key` order, at most ``run_budget[run]`` of
     each run, each only if its pool has ``pool_slots`` free (a task whose pool is unknown
     waits). A task too big for what its pool has left does not block smaller ones behind it."""
     free = dict(pool_free)
     budget = dict(run_budget)
     chosen: list[int] = []
-    for task in sorted(ready, key=lambda t: (-t.priority_weight, t.id)):
+    for task in sorted(ready, key=lambda t: dispatch_key(t, resumed_first=resumed_first)):
         if budget.get(task.run, 0) <= 0:
             continue
         if free.get(task.pool, 0) >= task.pool_slots:
@@ -271,10 +283,14 @@ def plan_dispatch(
 
 
 def choose_dispatch(
-    ready: Sequence[Ready], run_budget: Mapping[RunKey, int], pool_free: Mapping[str, int]
+    ready: Sequence[Ready],
+    run_budget: Mapping[RunKey, int],
+    pool_free: Mapping[str, int],
+    *,
+    resumed_first: bool,
 ) -> list[int]:
     """The tasks :func:`plan_dispatch` queues."""
-    return plan_dispatch(ready, run_budget, pool_free).chosen
+    return plan_dispatch(ready, run_budget, pool_free, resumed_first=resumed_first).chosen
 
 
 def dispatch_budget(max_active_tasks: int, active: int) -> int:

@@ -1,8 +1,8 @@
 """Dispatch: scheduled -> queued, for the tasks their pool and their run's max_active_tasks let
-through, highest priority first, each queued with its queue entry staged in the outbox (published
-once the transaction commits). The dispatch pass (:meth:`Dispatcher.scheduled`) and the resumed
-tasks (:meth:`Dispatcher.resumed`, in the transaction that resumed them) make the same decision
-(``scheduler.decide``)."""
+through, highest priority first (resumed tasks ahead of new work of equal weight), each queued
+with its queue entry staged in the outbox (published once the transaction commits). The
+dispatch pass (:meth:`Dispatcher.scheduled`) and the resumed tasks (:meth:`Dispatcher.resumed`,
+in the transaction that resumed them) make the same decision (``scheduler.decide``)."""
 
 from __future__ import annotations
 
@@ -32,7 +32,9 @@ DEFAULT_MAX_ACTIVE_TASKS = 16
 _RESUMED_READY_SQL = text(
     """
     WITH ready AS MATERIALIZED (
-        SELECT id, dag_id, run_id, pool, pool_slots, priority_weight FROM task_instance
+        SELECT id, dag_id, run_id, pool, pool_slots, priority_weight,
+            next_method IS NOT NULL AS resumed
+        FROM task_instance
         WHERE id = ANY(CAST(:ids AS bigint[])) AND state = 'scheduled'
         FOR UPDATE SKIP LOCKED
     ), runs AS MATERIALIZED (
@@ -43,11 +45,12 @@ _RESUMED_READY_SQL = text(
     ), pools AS ("""
     + pools.LOCK_POOLS_OF_READY
     + """)
-    SELECT 'task' AS kind, id, dag_id, run_id, pool, pool_slots, priority_weight FROM ready
+    SELECT 'task' AS kind, id, dag_id, run_id, pool, pool_slots, priority_weight, resumed
+    FROM ready
     UNION ALL
-    SELECT 'run', NULL, dag_id, run_id, NULL, NULL, NULL FROM runs
+    SELECT 'run', NULL, dag_id, run_id, NULL, NULL, NULL, NULL FROM runs
     UNION ALL
-    SELECT 'pool', NULL, NULL, NULL, name, NULL, NULL FROM pools
+    SELECT 'pool', NULL, NULL, NULL, name, NULL, NULL, NULL FROM pools
     """
 )
 
@@ -73,11 +76,12 @@ _ACTIVE_SQL = text(
     WHERE state IN ('queued', 'running') GROUP BY dag_id, run_id
     """
 )
-# Up to :limit scheduled tasks, highest priority first, of pools with room for them, leaving
-# out the full runs and the tasks already chosen.
-_DISPATCHABLE_SQL = text(
-    """
-    SELECT ti.id, ti.dag_id, ti.run_id, ti.pool, ti.pool_slots, ti.priority_weight
+# Up to :limit scheduled tasks in dispatch order (``decide.dispatch_key``, read through
+# ix_task_instance_scheduled), of pools with room for them, leaving out the full runs and the
+# tasks already chosen.
+_DISPATCHABLE_SQL = """
+    SELECT ti.id, ti.dag_id, ti.run_id, ti.pool, ti.pool_slots, ti.priority_weight,
+        ti.next_method IS NOT NULL AS resumed
     FROM task_instance AS ti
     JOIN unnest(CAST(:pools AS text[]), CAST(:frees AS integer[])) AS room (pool, free)
         ON room.pool = ti.pool AND ti.pool_slots <= room.free
@@ -88,18 +92,30 @@ _DISPATCHABLE_SQL = text(
                 AS f (dag_id, run_id)
             WHERE f.dag_id = ti.dag_id AND f.run_id = ti.run_id
         )
-    ORDER BY ti.priority_weight DESC, ti.id
+    ORDER BY ti.priority_weight DESC, {resumed_first} ti.id
     LIMIT :limit
     FOR UPDATE OF ti SKIP LOCKED
     """
+_DISPATCHABLE_RESUMED_FIRST_SQL = text(
+    _DISPATCHABLE_SQL.format(resumed_first="(ti.next_method IS NOT NULL) DESC,")
 )
+_DISPATCHABLE_OLDEST_FIRST_SQL = text(_DISPATCHABLE_SQL.format(resumed_first=""))
 
 
 class Dispatcher:
-    def __init__(self, keys: StreamKeys, cipher: Cipher, dag: Callable[[str], DAG | None]) -> None:
+    def __init__(
+        self,
+        keys: StreamKeys,
+        cipher: Cipher,
+        dag: Callable[[str], DAG | None],
+        *,
+        resumed_first: bool,
+    ) -> None:
         self.keys = keys
         self.cipher = cipher
         self.dag = dag  # the DAG of an id as last read (None: it does not load now)
+        # DEFERRAL_RESUMED_FIRST: resumed tasks go ahead of new work of equal weight.
+        self.resumed_first = resumed_first
 
     def scheduled(self, session: Session) -> list[outbox.Staged]:
         """scheduled -> queued for the scheduled tasks (of any run) that their pool and their
@@ -130,7 +146,7 @@ class Dispatcher:
             for task in ready:
                 if task.run not in budget:
                     budget[task.run] = self._max_active_tasks(task.run[0])
-            plan = decide.plan_dispatch(ready, budget, pool_free)
+            plan = decide.plan_dispatch(ready, budget, pool_free, resumed_first=self.resumed_first)
             chosen += plan.chosen
             pool_free, budget = plan.pool_free, plan.run_budget
             if len(ready) < limit:
@@ -149,7 +165,9 @@ class Dispatcher:
             if row.kind == "task":
                 run = (row.dag_id, row.run_id)
                 ready.append(
-                    decide.Ready(row.id, run, row.pool, row.pool_slots, row.priority_weight)
+                    decide.Ready(
+                        row.id, run, row.pool, row.pool_slots, row.priority_weight, row.resumed
+                    )
                 )
         if not ready:
             return []
@@ -166,7 +184,8 @@ class Dispatcher:
             for task in ready
         }
         pool_free = pools.free_slots(session, {task.pool for task in ready}, locked=True)
-        return self._queue(session, decide.choose_dispatch(ready, budget, pool_free))
+        chosen = decide.choose_dispatch(ready, budget, pool_free, resumed_first=self.resumed_first)
+        return self._queue(session, chosen)
 
     def _queue(self, session: Session, chosen: Sequence[int]) -> list[outbox.Staged]:
         """Move the ``chosen`` tasks to queued and stage their queue entries."""
@@ -189,8 +208,8 @@ class Dispatcher:
         ]
         return outbox.stage_many(session, messages)
 
-    @staticmethod
     def _dispatchable(
+        self,
         session: Session,
         room: Mapping[str, int],
         full: Sequence[decide.RunKey],
@@ -208,11 +227,21 @@ class Dispatcher:
             "chosen": list(chosen),
             "limit": limit,
         }
+        statement = (
+            _DISPATCHABLE_RESUMED_FIRST_SQL
+            if self.resumed_first
+            else _DISPATCHABLE_OLDEST_FIRST_SQL
+        )
         return [
             decide.Ready(
-                row.id, (row.dag_id, row.run_id), row.pool, row.pool_slots, row.priority_weight
+                row.id,
+                (row.dag_id, row.run_id),
+                row.pool,
+                row.pool_slots,
+                row.priority_weight,
+                row.resumed,
             )
-            for row in session.execute(_DISPATCHABLE_SQL, params)
+            for row in session.execute(statement, params)
         ]
 
     def _max_active_tasks(self, dag_id: str) -> int:

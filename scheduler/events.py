@@ -1,5 +1,6 @@
 """Trigger events: deferred -> scheduled, and queued in the same transaction where pools and run
-budgets allow (``scheduler.dispatch``), acknowledged only once that transaction commits. An
+budgets allow (``scheduler.dispatch``), acknowledged only once that transaction commits; the
+progress reports read with them recorded first (``deferral.store.progress``). An
 event entry that cannot be read is dead-lettered; one that killed every scheduler that read it
 resumes its task at ``__fail__``; a batch that fails on bad data is applied again one event at a
 time, so the bad one alone is dead-lettered (``broker.service``)."""
@@ -21,14 +22,14 @@ from broker.client import Broker
 from broker.consumer import Delivery
 from broker.consumers import ConsumerSet
 from broker.service import batch_then_each, each_alone, poisoned, read_each
-from broker.streams import CarriedLog, Event, is_wake, read_event
+from broker.streams import CarriedLog, Event, is_progress, is_wake, read_event, read_progress
 from deferral.dag import DAG
 from deferral.runtime import faults, metrics, serialization
 from deferral.runtime.config import Settings
 from deferral.runtime.crypto import Cipher
 from deferral.runtime.process import log_ids
 from deferral.runtime.serialization import SerializationError
-from deferral.store import tasklogs, transitions
+from deferral.store import progress, tasklogs, transitions
 from deferral.store.tasklogs import SOURCE_TRIGGERER, NewLine
 from deferral.store.transitions import FiredEvent
 from deferral.triggers.task_end import check_end_xcoms
@@ -91,8 +92,13 @@ class EventApplier:
                 # No longer renewed: taken over and retired after the takeover delay.
                 self.consumer.release([entry.id for entry in wakes])
                 raise
+        reports = [d for d in deliveries if is_progress(d.entry.fields)]
+        if reports:
+            self._record_progress(reports)
+            deliveries = [d for d in deliveries if not is_progress(d.entry.fields)]
+            self.unapplied = list(deliveries)
         if not deliveries:
-            return 0
+            return len(reports)
         faults.inject("scheduler.events_read")
         read, unreadable = read_each(
             deliveries,
@@ -136,6 +142,24 @@ class EventApplier:
         self.consumer.retire([d.entry for d, _, _ in applied])
         self.consumer.dead_letter_many(refused)
         return len(applied)
+
+    def _record_progress(self, deliveries: Sequence[Delivery]) -> None:
+        """Record the progress reports read (before the events read with them: a trigger's
+        reports precede its event in its stream), in a transaction of their own, then retire
+        them; one that cannot be read is dead-lettered."""
+        read, unreadable = read_each(
+            deliveries,
+            lambda delivery: read_progress(self.cipher, delivery.entry.fields),
+            "progress entry",
+        )
+        reports = sorted(read, key=lambda item: item[1].trigger_id)  # stable: in order per trigger
+        with self.sessions.begin() as session:
+            recorded = progress.record(
+                session, [(report.trigger_id, report.sealed_payload) for _, report in reports]
+            )
+        metrics.TRIGGER_PROGRESS.inc(recorded)
+        self.consumer.dead_letter_many(unreadable)
+        self.consumer.retire([delivery.entry for delivery, _ in read])
 
     def _apply(self, parsed: Sequence[tuple[Delivery, FiredEvent]], *, one_by_one: bool) -> Applied:
         """Resume the events' tasks and queue those that can go, in one transaction (no

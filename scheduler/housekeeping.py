@@ -83,6 +83,14 @@ class Housekeeping:
         if fired:
             log.info("wait timer fired for task instance(s) %s", fired)
 
+    def fail_missed_heartbeats(self) -> None:
+        """Callback waits whose heartbeat is past due (deferral.store.waits): a page per call,
+        each task failed (or retried) naming the heartbeat."""
+        with self.sessions.begin() as session:
+            failed = waits.fail_missed_heartbeats(session, self.cipher)
+        if failed:
+            log.info("callback heartbeat missed by task instance(s) %s", failed)
+
     def expire_input_requests(self) -> None:
         """Tasks awaiting input whose response timeout passed: their defaults, or a failure."""
         with self.sessions.begin() as session:

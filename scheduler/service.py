@@ -25,7 +25,7 @@ from broker import outbox
 from broker.client import Broker
 from broker.consumers import ConsumerSet
 from broker.owners import PostgresOwners
-from broker.service import Registration, consumer_set, heartbeat, serve
+from broker.service import Registration, consumer_set, hand_off, heartbeat, serve
 from broker.streams import GROUP_SCHEDULERS, StreamKeys
 from deferral.authoring.callbacks import (
     REASON_SUCCESS,
@@ -147,7 +147,9 @@ class SchedulerService:
         # a run's savepoint) rolled back also undid the task instances it added.
         self._checked_now: dict[int, DAG] = {}
         self.registration = Registration(self.sessions, Scheduler, name)
-        self.dispatcher = Dispatcher(self.keys, self.cipher, self._dag)
+        self.dispatcher = Dispatcher(
+            self.keys, self.cipher, self._dag, resumed_first=settings.resumed_first
+        )
         self.broker: Broker
         self.consumer: ConsumerSet
         self.events: EventApplier
@@ -168,6 +170,7 @@ class SchedulerService:
             Every(beat / 4, lambda: self.events.take_over()),
             Every(EXPIRE_EVERY_SEC, housekeeping.expire_deferrals),
             Every(EXPIRE_EVERY_SEC, housekeeping.fire_wait_timers),
+            Every(EXPIRE_EVERY_SEC, housekeeping.fail_missed_heartbeats),
             Every(EXPIRE_EVERY_SEC, housekeeping.expire_input_requests),
             Every(EXPIRE_EVERY_SEC, housekeeping.record_deadline_misses),
             Every(WAKE_EVERY_SEC, housekeeping.wake_due),
@@ -194,6 +197,8 @@ class SchedulerService:
         ):
             return
         self.parser.close()
+        # The events it read and has not applied go to a live peer at once.
+        hand_off(self.consumer, "event entr(ies)")
         self.registration.record_stop()
         self.callbacks.shutdown(wait=True)
         self.broker.close()

@@ -42,13 +42,14 @@ from tests.servers import ADMIN_URL, REDIS_URL, TEST_FAR_TIMER_HORIZON_SEC
 TABLES = (
     "task_state_change, xcom, task_reschedule, resume_event, outbox, dag, import_error, worker, "
     "serialized_dag, dag_folder_parse, "
-    "signal_wait, wait_timer, signal, "
-    "task_log, task_log_try, "
+    "signal_wait, wait_timer, signal, idempotency_key, "
+    "task_log, task_log_try, api_token, "
     "rendered_task_instance_fields, variable, connection, "
     "hitl_detail, deadline_miss, "
     'task_instance, trigger, triggerer, scheduler, dag_run, dag_run_count, "user", web_session, '
     "asset, asset_event, dag_schedule_asset, task_outlet_asset, asset_dag_run_queue, "
-    "dag_run_asset_event, asset_watcher"
+    "dag_run_asset_event, asset_watcher, asset_alias_asset, asset_alias_event, task_state, "
+    "asset_state"
 )
 
 __all__ = ["new_stream_prefix", "wait_for"]
@@ -102,6 +103,11 @@ def fresh_database(prefix: str) -> Iterator[str]:
         template = _migrated_template(admin)
         with admin.connect() as conn, _templates_locked(conn):
             conn.execute(text(f'CREATE DATABASE "{name}" TEMPLATE "{template}"'))
+        # A commit of the tests' database does not wait for its WAL to reach the disk: no test
+        # stops PostgreSQL, so what a commit made is as visible and as kept for them, and the
+        # suite's thousands of commits stop queueing on the disk of a shared machine.
+        with admin.connect() as conn:
+            conn.execute(text(f'ALTER DATABASE "{name}" SET synchronous_commit TO off'))
         yield make_url(ADMIN_URL).set(database=name).render_as_string(hide_password=False)
     finally:  # closing the generator at its yield must drop the database too
         with admin.connect() as conn:

@@ -8,6 +8,17 @@ from deferral.store.transitions import RESUMED_BY_TRIGGER, TIMED_OUT
 USER_ACTION = "user_action"
 TIMEOUT = "timeout"
 SUPERSEDED = "superseded"
+# The longest between two looks for entries to take over: a stopping peer's hand-off is picked
+# up within this, whatever the heartbeat.
+TAKEOVER_LOOK_MAX_SEC = 0.5
+
+
+def takeover_every(heartbeat_sec: float) -> float:
+    """Seconds between looks for entries to take over: four times a heartbeat (a dead peer's
+    entries are taken soon after they pass the threshold), and at most
+    TAKEOVER_LOOK_MAX_SEC apart (a stopping peer's triggers run again within a second of its
+    exit at the default heartbeat too)."""
+    return min(heartbeat_sec / 4, TAKEOVER_LOOK_MAX_SEC)
 
 
 def cancel_reason(

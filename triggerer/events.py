@@ -9,7 +9,7 @@ from __future__ import annotations
 import inspect
 import logging
 import traceback
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -24,7 +24,7 @@ from deferral.runtime.process import LogExtra
 from deferral.runtime.secrets_masker import mask_with_kwargs
 from deferral.runtime.serialization import SerializationError
 from deferral.runtime.storable import storable
-from deferral.triggers.base import BaseTrigger, TriggerEvent
+from deferral.triggers.base import BaseTrigger, TriggerEvent, TriggerProgress
 from deferral.triggers.task_end import end_kind
 
 log = logging.getLogger("deferral.triggerer")
@@ -69,7 +69,7 @@ def _outcome(
     return Outcome(message, payload, failure)
 
 
-def _payload_json(payload: Any) -> bytes:
+def carried_json(payload: Any) -> bytes:
     """The payload's JSON; a lone surrogate in it (no UTF-8 spells one) is carried escaped, as a
     watcher's event stores it (``deferral.runtime.storable``): the trigger's event still arrives."""
     try:
@@ -82,7 +82,7 @@ def failure_outcome(
     cipher: Cipher, trigger_id: int, message: str, trace: str, triggerer: str
 ) -> Outcome:
     failure = Failure(message, trace)
-    payload = _payload_json({"message": message, "traceback": trace})
+    payload = carried_json({"message": message, "traceback": trace})
     return _outcome(cipher, trigger_id, EVENT_KIND_FAILURE, payload, triggerer, failure)
 
 
@@ -92,7 +92,7 @@ def event_outcome(
     """The event (of ``kind``: a task-end event has its own), or a failure naming the type if
     the payload cannot be carried."""
     try:
-        payload_json = _payload_json(payload)
+        payload_json = carried_json(payload)
     except SerializationError as exc:
         return failure_outcome(
             cipher, trigger_id, f"trigger {trigger_id} fired an event: {exc}", "", triggerer
@@ -123,7 +123,7 @@ def masked(cipher: Cipher, outcome: Outcome, trigger_kwargs: Any) -> Outcome:
         return outcome
     failure = None if outcome.failure is None else Failure(shown["message"], shown["traceback"])
     message = outcome.message
-    payload_json = _payload_json(shown)
+    payload_json = carried_json(shown)
     return _outcome(
         cipher, int(message.trigger_id), message.kind, payload_json, message.triggerer, failure
     )
@@ -143,9 +143,15 @@ def raised_outcome(
 
 
 async def first_event(
-    cipher: Cipher, triggerer: str, trigger: BaseTrigger, trigger_id: int, log_extra: LogExtra
+    cipher: Cipher,
+    triggerer: str,
+    trigger: BaseTrigger,
+    trigger_id: int,
+    log_extra: LogExtra,
+    progress: Callable[[Any], None] | None = None,
 ) -> Outcome:
-    """Run the trigger to its first event; a raise, a ``run()`` that is not an async generator
+    """Run the trigger to its first event, handing each :class:`TriggerProgress` it yields
+    before it to ``progress`` (None: dropped); a raise, a ``run()`` that is not an async generator
     or an end without an event is a failure. ``cleanup()`` always runs, and its own failure
     fails the task too. (A trigger calling sys.exit() fails its task, not the triggerer.) The
     triggerer service and the in-process trigger loop of ``deferral dags test`` both use it."""
@@ -156,7 +162,13 @@ async def first_event(
             outcome = _not_a_generator(cipher, triggerer, trigger_id, events)
         else:
             try:
-                async for event in cast(AsyncGenerator[TriggerEvent, None], events):
+                async for event in cast(
+                    AsyncGenerator[TriggerEvent | TriggerProgress, None], events
+                ):
+                    if isinstance(event, TriggerProgress):
+                        if progress is not None:
+                            progress(event.payload)
+                        continue
                     kind = end_kind(event) or EVENT_KIND_EVENT
                     outcome = event_outcome(cipher, trigger_id, event.payload, triggerer, kind)
                     break

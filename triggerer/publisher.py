@@ -7,18 +7,29 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from typing import Any
 
 import anyio
 from redis.exceptions import RedisError
 
+from broker.client import Broker
 from broker.consumer import Backoff
 from broker.consumers import ConsumerSet
 from broker.replies import Entry
-from broker.streams import EVENT_KIND_FAILURE, EventMessage, StreamKeys, to_fields, with_log
+from broker.streams import (
+    EVENT_KIND_FAILURE,
+    EventMessage,
+    MalformedEntry,
+    StreamKeys,
+    progress_message,
+    to_fields,
+    with_log,
+)
 from deferral.runtime import metrics, serialization
 from deferral.runtime.crypto import Cipher
-from deferral.runtime.secrets_masker import redact
-from triggerer.events import Outcome
+from deferral.runtime.secrets_masker import mask_with_kwargs, redact
+from deferral.runtime.serialization import SerializationError
+from triggerer.events import Outcome, carried_json
 from triggerer.held import Held, in_thread
 from triggerer.logstore import TaskLogStore
 
@@ -33,12 +44,16 @@ PAYLOAD_SHOWN = 1000
 class Publisher:
     def __init__(
         self,
+        broker: Broker,
         consumer: ConsumerSet,
         keys: StreamKeys,
         cipher: Cipher,
         task_logs: TaskLogStore,
         release: Callable[[int, Held], None],
+        name: str,
     ) -> None:
+        self.name = name  # the triggerer's, in each progress report
+        self.broker = broker
         self.consumer = consumer
         self.keys = keys
         self.cipher = cipher
@@ -49,7 +64,30 @@ class Publisher:
         # waits, and entries a newer one replaced).
         self.items: list[tuple[int, Held, EventMessage]] = []
         self.retiring: list[Entry] = []
+        # Progress entries (events stream, fields) to publish, before the events queued after
+        # them: a trigger's progress reaches the scheduler ahead of its event.
+        self.reports: list[tuple[str, dict[str, str]]] = []
         self.ready = anyio.Event()
+
+    def progress(self, held: Held, payload: Any, trigger_kwargs: Any) -> None:
+        """Queue a progress report of ``held``'s trigger (its secrets masked as an event's);
+        one that cannot be carried (not JSON, too large) is logged and dropped."""
+        try:
+            shown = mask_with_kwargs(payload, trigger_kwargs)
+            message = progress_message(
+                self.cipher, held.trigger_id, carried_json(shown).decode(), self.name
+            )
+        except (SerializationError, MalformedEntry) as exc:
+            log.warning(
+                "trigger %d for %s: progress dropped: %s",
+                held.trigger_id,
+                held.task,
+                exc,
+                extra=held.log_ids(),
+            )
+            return
+        self.reports.append((self.keys.events_beside(held.entry.stream), to_fields(message)))
+        self.ready.set()
 
     def retire(self, entry: Entry) -> None:
         """Retire ``entry`` with the next batch (retried while Redis fails: an entry left held
@@ -98,6 +136,17 @@ class Publisher:
                 await anyio.sleep(backoff.next())
                 continue
             del self.retiring[: len(retiring)]
+        while self.reports:
+            reports = self.reports[:PUBLISH_BATCH]
+            try:
+                await in_thread(self.broker.publish_many, reports)
+            except RedisError as exc:
+                log.warning(
+                    "publishing %d progress report(s) failed (%s); retrying", len(reports), exc
+                )
+                await anyio.sleep(backoff.next())
+                continue
+            del self.reports[: len(reports)]
         while self.items:
             # Kept with their lines: a retry publishes the same.
             batch = await self._carry_task_logs(self.items[:PUBLISH_BATCH])

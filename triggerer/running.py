@@ -1,5 +1,6 @@
 """Running the triggers held: each trigger's ``run()`` as a task of its own (a timer waits on the
-shared timer instead) until its first event, which goes to the publisher; cancelling one
+shared timer instead) until its first event, which goes to the publisher (as does each progress
+it reports before); cancelling one
 (shutdown, reassigned, timeout, user_action, superseded), with its ``on_kill()`` when a user
 cancelled it. No trigger takes the event loop, or any other trigger, down with it."""
 
@@ -56,7 +57,12 @@ class Runner:
         try:
             with held.scope:
                 outcome = await first_event(
-                    self.cipher, self.name, trigger, held.trigger_id, held.log_ids()
+                    self.cipher,
+                    self.name,
+                    trigger,
+                    held.trigger_id,
+                    held.log_ids(),
+                    lambda payload: self.publisher.progress(held, payload, decoded.spec.kwargs),
                 )
                 self.publisher.send(held, masked(self.cipher, outcome, decoded.spec.kwargs))
                 published = True  # the publisher frees the slot once it is out

@@ -27,14 +27,13 @@ import anyio
 import anyio.to_thread
 from anyio.abc import TaskGroup
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
-from redis.exceptions import RedisError
 from sqlalchemy import func, select
 
 from broker.client import Broker, LeaseStatus, connect_when_up
 from broker.consumer import Backoff, Lost
 from broker.consumers import ConsumerSet
 from broker.owners import PostgresOwners
-from broker.service import Registration, connect, consumer_set
+from broker.service import Registration, connect, consumer_set, hand_off
 from broker.streams import GROUP_TRIGGERERS, StreamKeys
 from deferral.loading.dagbag import put_on_sys_path
 from deferral.runtime import metrics
@@ -46,6 +45,7 @@ from deferral.store import liveness
 from deferral.store.db import make_engine, make_sessionmaker
 from deferral.store.queues import recorded
 from deferral.store.tables import Triggerer
+from triggerer import decide
 from triggerer.held import Held, RunningTrigger, in_thread
 from triggerer.leases import LeaseKeeper
 from triggerer.logstore import TaskLogStore
@@ -187,7 +187,7 @@ class TriggererService:
                 self.lease_engine.dispose()
                 await self.publisher.flush()
                 await self.task_logs.store_all()
-                await self._hand_off()
+                await in_thread(hand_off, self.consumer, "trigger entr(ies)")
                 await in_thread(self.registration.record_stop)
                 self.broker.close()
 
@@ -250,7 +250,7 @@ class TriggererService:
             starts_on_admit=False,  # a timer runs no code of its own: the starter says
         )
         self.publisher = Publisher(
-            self.consumer, self.keys, self.cipher, self.task_logs, self._release
+            broker, self.consumer, self.keys, self.cipher, self.task_logs, self._release, self.name
         )
         self.runner = Runner(
             name=self.name,
@@ -384,12 +384,17 @@ class TriggererService:
                 log.warning("the checks after a heartbeat failed: %s", exc)
 
     async def _take_overs(self, tasks: TaskGroup) -> None:
-        """Run the triggers of entries whose owner stopped renewing them (a dead triggerer),
-        looked for four times a heartbeat: taken soon after they pass the threshold."""
+        """Run the triggers of entries whose owner stopped renewing them (a dead triggerer) or
+        handed them off (a stopping one), looked for as often as ``decide.takeover_every``
+        says; the peers are counted four times a heartbeat."""
+        every = decide.takeover_every(self.settings.heartbeat_sec)
+        looked_around = 0.0
         while True:
-            await anyio.sleep(self.settings.heartbeat_sec / 4)
+            await anyio.sleep(every)
             try:
-                await in_thread(self._look_around)
+                if anyio.current_time() - looked_around >= self.settings.heartbeat_sec / 4:
+                    await in_thread(self._look_around)
+                    looked_around = anyio.current_time()
                 await self.take_over(tasks)
             except Exception as exc:
                 if not is_transient(exc):
@@ -447,17 +452,6 @@ class TriggererService:
             item = self.held.get(trigger_id)
             if item is not None:
                 self.runner.cancel(trigger_id, item, reason, retire=True)
-
-    async def _hand_off(self) -> None:
-        """On the way out, make our entries look long idle so that peers take them at once
-        instead of after the takeover delay."""
-        try:
-            handed = await in_thread(self.consumer.hand_off)
-        except RedisError as exc:
-            log.warning("could not hand off entries: %s (peers take them after the delay)", exc)
-            return
-        if handed:
-            log.info("handed off %d trigger entr(ies)", handed)
 
 
 def _quietly(func: Any) -> None:

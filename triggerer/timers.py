@@ -11,6 +11,7 @@ from collections.abc import Callable
 import anyio
 import anyio.lowlevel
 
+from deferral.runtime import clock
 from triggerer.held import Held
 
 # How close to a timer's moment the loop polls for it instead of sleeping (a sleep ends up to a
@@ -40,7 +41,7 @@ class Timers:
         """Fire every held timer whose moment has come, as it comes; many due at once are fired
         FIRE_BATCH at a time, the publisher sending each batch while the next is fired."""
         while True:
-            now = dt.datetime.now(dt.UTC)
+            now = clock.now()  # the database's time: moments are by its clock
             fired = 0
             while self._heap and self._heap[0][0] <= now:
                 fire(heapq.heappop(self._heap)[2])

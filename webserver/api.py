@@ -14,13 +14,19 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from deferral import signals
-from deferral.runtime.crypto import Cipher
 from deferral.store import actions
 from deferral.store.callback_tokens import TokenRefused, read_token
+from webserver import tokens
 from webserver.access_log import CALLBACK_PATH
-from webserver.answers import api_answer, api_error, too_many
+from webserver.answers import (
+    IDEMPOTENCY_HEADER,
+    api_answer,
+    api_error,
+    replayed_if,
+    too_many,
+)
 from webserver.inputs import BadInput, parse_json
-from webserver.ratelimits import RUNS, SIGNALS
+from webserver.ratelimits import RUNS, SIGNALS, limited_as
 from webserver.reads import Reads
 from webserver.urls import API
 from webserver.writes import Writes
@@ -54,15 +60,28 @@ class Api:
             raise BadInput("conf must be a JSON object")
         if run_id is not None and not isinstance(run_id, str):
             raise BadInput("run_id must be a string")
-        refused = self.ui.limits.take(RUNS, f"user:{request.scope['acting_user']}")
+        acting = request.scope["acting_user"]
+        refused = self.ui.limits.take(RUNS, limited_as(acting))
         if refused is not None:
             return too_many(refused)
         dag_id = request.path_params["dag_id"]
-        triggered = await run_in_threadpool(self.writes.trigger, dag_id, json.dumps(conf), run_id)
-        return api_answer(
-            {"dag_id": dag_id, "run_id": triggered.run_id, "paused": triggered.paused},
-            status_code=201,
+        keyed = self._idempotency_key(request, acting)
+        triggered = await run_in_threadpool(
+            self.writes.trigger, dag_id, json.dumps(conf), run_id, None, keyed
         )
+        return replayed_if(
+            api_answer(
+                {"dag_id": dag_id, "run_id": triggered.run_id, "paused": triggered.paused},
+                status_code=201,
+            ),
+            triggered.replayed,
+        )
+
+    def _idempotency_key(self, request: Request, requester: str) -> actions.IdempotencyKey | None:
+        key = request.headers.get(IDEMPOTENCY_HEADER)
+        if key is None:
+            return None
+        return actions.IdempotencyKey(key, self.ui.cipher, requester)
 
     def pause(self, paused: bool) -> Handler:
         async def handler(request: Request) -> Response:
@@ -95,20 +114,32 @@ class Api:
     async def signal(self, request: Request) -> Response:
         payload = request.scope["body"].get("payload")
         acting = request.scope["acting_user"]
-        refused = self.ui.limits.take(SIGNALS, f"user:{acting}")
+        refused = self.ui.limits.take(SIGNALS, limited_as(acting))
         if refused is not None:
             return too_many(refused)
         sender = signals.Sender(acting, self.ui.web.signals_kept_per_user)
         sent = await run_in_threadpool(
-            self.writes.send_signal, request.path_params["key"], payload, sender
+            self.writes.send_signal,
+            request.path_params["key"],
+            payload,
+            sender,
+            request.headers.get(IDEMPOTENCY_HEADER),
         )
-        return api_answer(
-            {"signal_id": sent.id, "key": sent.key, "resumed": len(sent.resumed)}, status_code=201
+        return replayed_if(
+            api_answer(
+                {"signal_id": sent.id, "key": sent.key, "resumed": len(sent.resumed)},
+                status_code=201,
+            ),
+            sent.replayed,
         )
 
     async def callback(self, request: Request) -> Response:
         """A task's callback: no login (the token is the credential), a JSON body
-        ``{"status": "success"|"failure", "payload": ...}``."""
+        ``{"status": "success"|"failure", "payload": ...}``. A machine relaying callbacks may
+        send an API token with the ``callbacks`` scope (``WebUI.token_optional``): its answers
+        then count against that token's rate limit, not the callback token's."""
+        token: str | None = request.scope["token_acting"]
+        limited = None if token is None else limited_as(token)
         body = await request.body()
         try:
             answer = parse_json(body.decode(), "the body")
@@ -118,10 +149,10 @@ class Api:
             )
         if not isinstance(answer, dict):
             return api_error(400, "the body must be a JSON object")
-        cipher = Cipher(self.ui.settings.fernet_keys)
+        cipher = self.ui.cipher
         try:
             claim = read_token(cipher, request.path_params["token"], dt.datetime.now(dt.UTC))
-            refused = self.ui.limits.take(SIGNALS, f"token:{claim.key}")
+            refused = self.ui.limits.take(SIGNALS, limited or f"token:{claim.key}")
             if refused is not None:
                 return too_many(refused)
             sent = await run_in_threadpool(
@@ -130,10 +161,29 @@ class Api:
                 claim,
                 answer.get("status"),
                 answer.get("payload"),
+                request.headers.get(IDEMPOTENCY_HEADER),
             )
         except TokenRefused as exc:
             return api_error(exc.status, str(exc))
-        return api_answer({"resumed": len(sent.resumed)})
+        return replayed_if(api_answer({"resumed": len(sent.resumed)}), sent.replayed)
+
+    async def callback_heartbeat(self, request: Request) -> Response:
+        """A heartbeat of a task's callback (``CallbackTrigger(heartbeat=)``): no login, no
+        body; the token is checked as for the answer, and its wait's deadline pushed on."""
+        token: str | None = request.scope["token_acting"]
+        try:
+            claim = read_token(
+                self.ui.cipher, request.path_params["token"], dt.datetime.now(dt.UTC)
+            )
+            refused = self.ui.limits.take(
+                SIGNALS, f"token:{claim.key}" if token is None else limited_as(token)
+            )
+            if refused is not None:
+                return too_many(refused)
+            due = await run_in_threadpool(self.writes.callback_heartbeat, claim)
+        except TokenRefused as exc:
+            return api_error(exc.status, str(exc))
+        return api_answer({"next_heartbeat_by": due.isoformat()})
 
     def routes(self) -> list[Route]:
         r, a, read = self.ui.api_reader, self.ui.api_actor, self.reading
@@ -151,11 +201,20 @@ class Api:
             Route(f"{API}/triggerers", r(read(reads.processes))),
             Route(f"{API}/streams", r(read(reads.streams))),
             Route(f"{API}/doctor", r(read(reads.doctor))),
-            Route(f"{API}/dags/{{dag_id}}/runs", a(self.trigger), methods=["POST"]),
+            Route(f"{API}/dags/{{dag_id}}/runs", a(self.trigger, tokens.RUNS), methods=["POST"]),
             Route(f"{API}/dags/{{dag_id}}/pause", a(self.pause(True)), methods=["POST"]),
             Route(f"{API}/dags/{{dag_id}}/unpause", a(self.pause(False)), methods=["POST"]),
             Route(f"{API}/dags/{{dag_id}}/clear", a(self.clear), methods=["POST"]),
             Route(f"{API}/dags/{{dag_id}}/mark", a(self.mark), methods=["POST"]),
-            Route(f"{API}/signals/{{key}}", a(self.signal), methods=["POST"]),
-            Route(f"{CALLBACK_PATH}{{token}}", self.callback, methods=["POST"]),
+            Route(f"{API}/signals/{{key}}", a(self.signal, tokens.SIGNALS), methods=["POST"]),
+            Route(
+                f"{CALLBACK_PATH}{{token}}",
+                self.ui.token_optional(self.callback, tokens.CALLBACKS),
+                methods=["POST"],
+            ),
+            Route(
+                f"{CALLBACK_PATH}{{token}}/heartbeat",
+                self.ui.token_optional(self.callback_heartbeat, tokens.CALLBACKS),
+                methods=["POST"],
+            ),
         ]

@@ -6,7 +6,7 @@
 Database and Redis calls are blocking, so they run in Starlette's thread pool. Pages read the
 DAGs the schedulers parsed (``readmodel.dags``), and so do the writes (trigger, pause, clear,
 mark); only the trigger of a DAG whose timetable is its file's own class reads the DAGs folder
-(``webserver.dagfiles``; readmodel/DECISIONS.md 6).
+(``webserver.dagfiles``; readmodel/DECISIONS.md 7).
 """
 
 from __future__ import annotations
@@ -38,16 +38,26 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from broker.client import Broker
 from deferral.runtime import secrets_masker
 from deferral.runtime.config import Settings, WebserverSettings, webserver_settings
+from deferral.runtime.crypto import Cipher
 from deferral.store import actions
 from deferral.store.db import make_engine, make_sessionmaker
+from deferral.store.idempotency import IdempotencyConflict
 from readmodel import dags
 from readmodel.errors import NotFound, server_error
 from readmodel.pages import BadCursor
 from readmodel.records import json_value
 from webserver import approvals, users
-from webserver.answers import api_error, basic_refused
+from webserver.answers import api_error, basic_refused, no_token_here, token_acting
 from webserver.api import Api
-from webserver.auth import CSRF_FIELD, CSRF_HEADER, SESSION_COOKIE, Auth, is_loopback, session_key
+from webserver.auth import (
+    CSRF_FIELD,
+    CSRF_HEADER,
+    SESSION_COOKIE,
+    Auth,
+    has_bearer,
+    is_loopback,
+    session_key,
+)
 from webserver.dagfiles import DagFiles
 from webserver.forms import Forms, checked_form
 from webserver.hosts import HostCheck
@@ -172,9 +182,12 @@ class WebUI:
         self.settings = settings
         self.sessions: sessionmaker[Session] = make_sessionmaker(make_engine(settings.database_url))
         self.dag_files = DagFiles(settings.dags_folder, settings.dagbag_import_timeout)
+        # One per process: each purpose's keys are derived once, not per request.
+        self.cipher = Cipher(settings.fernet_keys)
         self.auth = Auth(
             self.sessions,
             session_key(settings),
+            self.cipher,
             # Allowed host names mean a proxy in front: others than this machine connect.
             open_reads=is_loopback(host) and not web.allowed_hosts,
             session_lifetime=web.session_lifetime,
@@ -271,6 +284,8 @@ class WebUI:
 
     def api_reader(self, handler: Handler) -> Handler:
         async def guarded(request: Request) -> Response:
+            if has_bearer(request):
+                return no_token_here()
             if not self.auth.open_reads:
                 refused = await self._api_refusal(request)
                 if refused is not None:
@@ -279,25 +294,17 @@ class WebUI:
 
         return guarded
 
-    def api_actor(self, handler: Handler) -> Handler:
+    def api_actor(self, handler: Handler, token_scope: str | None = None) -> Handler:
         """An API write: HTTP Basic credentials, or a session cookie with its CSRF token in the
-        X-CSRF-Token header; a JSON body (a form could not send one from another site)."""
+        X-CSRF-Token header, or where ``token_scope`` is given an API token with that scope; a
+        JSON body (a form could not send one from another site)."""
 
         async def guarded(request: Request) -> Response:
             if request.headers.get("content-type", "").split(";")[0].strip() != "application/json":
                 return api_error(415, "send a JSON body (Content-Type: application/json)")
-            basic = await self.auth.basic_user(request)
-            if basic is not None and basic.identity is None:
-                return basic_refused(basic)
-            if basic is None:
-                acting = await run_in_threadpool(self.auth.session_user, request)
-                if acting is None:
-                    return api_error(401, "login required (a session cookie or HTTP Basic auth)")
-                if not self.auth.csrf_valid(request, request.headers.get(CSRF_HEADER)):
-                    return api_error(403, "CSRF token missing or wrong (X-CSRF-Token header)")
-            else:
-                assert basic.identity is not None
-                acting = basic.identity.username
+            acting = await self._api_acting(request, token_scope)
+            if isinstance(acting, Response):
+                return acting
             request.scope["acting_user"] = acting
             try:
                 body = parse_json((await request.body()).decode(), "the body")
@@ -311,6 +318,39 @@ class WebUI:
             return await self._guarded_call(handler, request, api=True)
 
         return guarded
+
+    def token_optional(self, handler: Handler, token_scope: str) -> Handler:
+        """A path open without a login (its credential is in the URL) where a machine may also
+        send an API token: if it does, the token must be valid and have ``token_scope``; the
+        handler finds who it acts as in ``request.scope["token_acting"]`` (None without)."""
+
+        async def guarded(request: Request) -> Response:
+            request.scope["token_acting"] = None
+            if has_bearer(request):
+                acting = token_acting(await self.auth.bearer(request), token_scope)
+                if isinstance(acting, Response):
+                    return acting
+                request.scope["token_acting"] = acting
+            return await handler(request)
+
+        return guarded
+
+    async def _api_acting(self, request: Request, token_scope: str | None) -> str | Response:
+        """Who an API write acts as (a user's name, or ``token:<name>``), or why it is
+        refused."""
+        if has_bearer(request):
+            if token_scope is None:
+                return no_token_here()
+            return token_acting(await self.auth.bearer(request), token_scope)
+        basic = await self.auth.basic_user(request)
+        if basic is not None:
+            return basic_refused(basic) if basic.identity is None else basic.identity.username
+        acting = await run_in_threadpool(self.auth.session_user, request)
+        if acting is None:
+            return api_error(401, "login required (a session cookie or HTTP Basic auth)")
+        if not self.auth.csrf_valid(request, request.headers.get(CSRF_HEADER)):
+            return api_error(403, "CSRF token missing or wrong (X-CSRF-Token header)")
+        return acting
 
     async def _api_refusal(self, request: Request) -> Response | None:
         """Why an API read is refused (None: a session or Basic credentials let it through)."""
@@ -328,6 +368,10 @@ class WebUI:
             if "dag_id" in request.path_params:
                 check_id("dag_id", request.path_params["dag_id"])
             return await handler(request)
+        except IdempotencyConflict as exc:
+            if api:
+                return api_error(409, str(exc))
+            return await self.error_page(request, 409, str(exc))
         except (NotFound, BadInput, BadCursor, actions.ActionError) as exc:
             not_found = isinstance(exc, NotFound) or getattr(exc, "not_found", False)
             status = 404 if not_found else 400

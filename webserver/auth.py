@@ -7,7 +7,9 @@ whose digest names a ``web_session`` row (logging out deletes the row: every cop
 ends; the row's expiry is set at login and never extended), the user name, a keyed fingerprint
 of the user's password as it was at login (a changed password or a deleted user ends the
 session) and the CSRF token that every form and every API write made with the cookie must
-carry. API clients may instead send HTTP Basic credentials with each request.
+carry. API clients may instead send HTTP Basic credentials with each request, and machines an
+API token (``webserver.tokens``: ``Authorization: Bearer``), checked by one HMAC against its row,
+read on every request.
 
 Every password check, login form or Basic credentials, goes through ``Auth.verify``: throttled
 per client and per user name (``webserver.throttle``), at most ARGON2_CONCURRENCY argon2
@@ -40,8 +42,9 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 
 from deferral.runtime.config import Settings
+from deferral.runtime.crypto import Cipher
 from deferral.store.tables import WebSession
-from webserver import users
+from webserver import tokens, users
 from webserver.inputs import loggable_name
 from webserver.throttle import LoginThrottle
 
@@ -93,6 +96,11 @@ class Verdict:
     retry_after_sec: float = 0.0
 
 
+def has_bearer(request: Request) -> bool:
+    """Whether the request sends an API token (``Authorization: Bearer ...``)."""
+    return request.headers.get("authorization", "").partition(" ")[0].lower() == "bearer"
+
+
 @dataclass(frozen=True)
 class _Remembered:
     username: str
@@ -105,6 +113,7 @@ class Auth:
         self,
         sessions: sessionmaker[Session],
         key: bytes,
+        cipher: Cipher,
         *,
         open_reads: bool,
         session_lifetime: dt.timedelta,
@@ -113,6 +122,7 @@ class Auth:
     ) -> None:
         self._sessions = sessions
         self._key = key
+        self._cipher = cipher
         # Reading pages without a login: only when nobody but this machine can connect.
         self.open_reads = open_reads
         self._lifetime = session_lifetime
@@ -253,6 +263,18 @@ class Auth:
         request.scope["checked_user"] = None
 
     # -- API clients -------------------------------------------------------------------------
+
+    def _token(self, token: str) -> tokens.Bearer | None:
+        # One statement and no transaction around it (no BEGIN, no ROLLBACK): the row read
+        # once, at the moment of the request.
+        engine = self._sessions.kw["bind"]
+        with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+            return tokens.verify(conn, self._cipher, token)
+
+    async def bearer(self, request: Request) -> tokens.Bearer | None:
+        """The API token the request sends (``has_bearer``), if it is a valid one."""
+        token = request.headers.get("authorization", "").partition(" ")[2].strip()
+        return await run_in_threadpool(self._token, token)
 
     def _current_fingerprint(self, username: str) -> str | None:
         with self._sessions() as session:

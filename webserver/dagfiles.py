@@ -1,6 +1,6 @@
 """The DAG objects of the one write that needs them: the trigger of a DAG whose timetable is its
 file's own class, which only the file makes again (its manual run's interval;
-readmodel/DECISIONS.md 6): the DAGs folder as this process reads it, each changed file
+readmodel/DECISIONS.md 7): the DAGs folder as this process reads it, each changed file
 imported first in a parse child within the import timeout. Every other page and write reads
 the DAGs the schedulers parsed (``readmodel.dags``)."""
 

@@ -18,7 +18,13 @@ UNMATCHED = "unmatched"
 
 
 def route_label(routes: Sequence[BaseRoute], scope: Scope) -> str:
-    """The path pattern of the route ``scope`` reaches, or ``unmatched``."""
+    """The path pattern of the route ``scope`` reaches, or ``unmatched``: the one the router
+    matched (Starlette notes it in the scope), else matched again here."""
+    matched = scope.get("route")
+    if isinstance(matched, Mount):
+        return f"{matched.path}/{{path}}"
+    if isinstance(matched, Route):
+        return matched.path
     for route in routes:
         match, _ = route.matches(scope)
         if match is not Match.NONE:  # PARTIAL: the path matches, the method does not

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -48,6 +49,7 @@ class Writes:
         conf_text: str | None,
         run_id: str | None,
         form: Mapping[str, Any] | None = None,
+        idempotency_key: actions.IdempotencyKey | None = None,
     ) -> actions.Triggered:
         """Trigger a run with ``conf_text``'s conf; with the trigger page's ``form``, what its
         param fields give first (the conf text's keys win)."""
@@ -63,7 +65,9 @@ class Writes:
         if form is not None:
             conf = {**paramform.conf_from_form(paramform.fields(stored.params), form), **conf}
         dag = stored if stored.timetable is not None else self._with_own_timetable(dag_id)
-        return actions.trigger_run(self.ui.sessions, dag, conf, run_id or None)
+        return actions.trigger_run(
+            self.ui.sessions, dag, conf, run_id or None, idempotency_key=idempotency_key
+        )
 
     def set_paused(self, dag_id: str, paused: bool) -> None:
         """Pause or unpause a DAG a scheduler parsed (its file is not read)."""
@@ -91,11 +95,18 @@ class Writes:
             map_indexes=map_indexes,
         )
 
-    def send_signal(self, key: str, payload: Any, sender: signals.Sender) -> signals.SentSignal:
+    def send_signal(
+        self,
+        key: str,
+        payload: Any,
+        sender: signals.Sender,
+        idempotency_key: str | None = None,
+    ) -> signals.SentSignal:
         try:
             with self.ui.sessions.begin() as session:
-                cipher = Cipher(self.ui.settings.fernet_keys)
-                sent = signals.send_in(session, cipher, key, payload, sender)
+                sent = signals.send_in(
+                    session, self.ui.cipher, key, payload, sender, idempotency_key
+                )
         except signals.SignalError as exc:
             raise BadInput(str(exc)) from None
         if sent.resumed:  # the scheduler queues them now, not when its wait for events ends
@@ -103,13 +114,22 @@ class Writes:
         return sent
 
     def answer_callback(
-        self, cipher: Cipher, claim: Claim, status: Any, payload: Any
+        self,
+        cipher: Cipher,
+        claim: Claim,
+        status: Any,
+        payload: Any,
+        idempotency_key: str | None = None,
     ) -> signals.SentSignal:
         with self.ui.sessions.begin() as session:
-            sent = signals.answer_callback(session, cipher, claim, status, payload)
+            sent = signals.answer_callback(session, cipher, claim, status, payload, idempotency_key)
         if sent.resumed:
             self._wake_scheduler()
         return sent
+
+    def callback_heartbeat(self, claim: Claim) -> dt.datetime:
+        with self.ui.sessions.begin() as session:
+            return signals.heartbeat(session, claim)
 
     def _wake_scheduler(self) -> None:
         broker = self.ui.broker()

@@ -37,7 +37,7 @@ from deferral.exceptions import (
 )
 from deferral.loading import task_runtime
 from deferral.models.xcom import resolve_xcom_backend
-from deferral.runtime import serialization
+from deferral.runtime import clock, serialization
 from deferral.runtime.config import ConfigError, smtp_settings
 from deferral.runtime.process import freeze_startup_objects, raising_after
 from deferral.runtime.secrets_masker import redact
@@ -263,11 +263,15 @@ def _succeeded(
         extras = to_jsonable(
             context["outlet_events"].extras(), f"outlet event extras of task {task.task_id!r}"
         )
+        alias_events = to_jsonable(
+            context["outlet_events"].alias_events(),
+            f"alias events of task {task.task_id!r}",
+        )
     except SerializationError as exc:
         return _after_failure(task, request, context, exc, Failed(str(exc), "", allow_retry=False))
     what = f"task {task.task_id!r} on_success_callback"
     run_callbacks(task.on_success_callback, context, what=what)
-    return Succeeded(value, tuple(sorted(context["ti"].skip_task_ids)), extras)
+    return Succeeded(value, tuple(sorted(context["ti"].skip_task_ids)), extras, alias_events)
 
 
 def _after_failure(
@@ -315,6 +319,7 @@ def execute_attempt(request: AttemptRequest) -> Outcome:
     """Entry point in the child process. What it says of an error leaves with secrets masked:
     only this process knows the secrets its task read, and the worker records and logs it."""
     task_runtime.install()
+    clock.correct_by(request.clock_correction_sec)
     return _masked(_execute(request))
 
 

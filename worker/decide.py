@@ -18,3 +18,14 @@ def trigger_timeout(
     """A deferral ends at the earlier of ``now + timeout`` and the execution deadline."""
     candidates = [m for m in (None if timeout is None else now + timeout, deadline) if m]
     return min(candidates) if candidates else None
+
+
+def stop_action(now: float, handing_back_at: float, running: int, unrecorded: int) -> str:
+    """What a worker stopped by SIGTERM does next (monotonic times): ``done`` once nothing runs
+    and every outcome is recorded; ``hand_back`` the attempts still running once its stop
+    grace ran out (``handing_back_at``); else ``wait`` for them to end."""
+    if not running and not unrecorded:
+        return "done"
+    if running and now >= handing_back_at:
+        return "hand_back"
+    return "wait"

@@ -40,6 +40,9 @@ class AttemptRequest(msgspec.Struct, frozen=True, kw_only=True):
     run_type: str = "manual"
     # The worker's DEFERRAL_TASK_LOG_MAX_BYTES: what the child keeps of the try's output.
     task_log_max_bytes: int = DEFAULT_TASK_LOG_MAX_BYTES
+    # What the worker adds to its host's time to read the database's (deferral.runtime.clock):
+    # a task process, forked before the worker measured it, counts a deferral's delta from it.
+    clock_correction_sec: float = 0.0
 
 
 class Succeeded(msgspec.Struct, frozen=True, tag=True):
@@ -50,6 +53,9 @@ class Succeeded(msgspec.Struct, frozen=True, tag=True):
     # The extra of each outlet's asset event the task annotated (context["outlet_events"],
     # Metadata), by asset name: recorded in the transaction that records the success.
     outlet_extras: dict[str, dict[str, Any]] = msgspec.field(default_factory=dict)
+    # The events the task added through aliases in its outlets (OutletEventAccessors
+    # .alias_events): recorded in the transaction that records the success.
+    alias_events: list[dict[str, Any]] = msgspec.field(default_factory=list)
 
 
 class Skipped(msgspec.Struct, frozen=True, tag=True):

@@ -11,7 +11,7 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from deferral import signals
-from deferral.runtime import serialization
+from deferral.runtime import clock, serialization
 from deferral.runtime.crypto import Cipher, Purpose
 from deferral.runtime.serialization import SerializationError
 from deferral.store import far_timers, hitl, transitions
@@ -49,6 +49,7 @@ def request_of(
         data_interval_end=started.data_interval_end,
         run_type=started.run_type or "manual",
         task_log_max_bytes=task_log_max_bytes,
+        clock_correction_sec=clock.correction_sec(),
     )
 
 
@@ -86,6 +87,8 @@ def succeed_all(session: Session, successes: Sequence[tuple[Attempt, Succeeded]]
             transitions.annotate_outlet_events(
                 session, attempt.task_instance_id, success.outlet_extras
             )
+        if attempt.task_instance_id in succeeded and success.alias_events:
+            transitions.record_alias_events(session, attempt.task_instance_id, success.alias_events)
     return succeeded
 
 

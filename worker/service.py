@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Sequence
 
 from sqlalchemy import select, tuple_
@@ -20,7 +21,15 @@ from broker.client import Broker, LeaseStatus
 from broker.consumer import Delivery, Lost, run_until_stopped
 from broker.consumers import ConsumerSet
 from broker.owners import PostgresOwners
-from broker.service import Registration, consumer_set, heartbeat, poisoned, read_each, serve
+from broker.service import (
+    Registration,
+    consumer_set,
+    hand_off,
+    heartbeat,
+    poisoned,
+    read_each,
+    serve,
+)
 from broker.streams import (
     GROUP_WORKERS,
     QueuedAttempt,
@@ -39,13 +48,14 @@ from deferral.store.db import make_engine, make_sessionmaker
 from deferral.store.tables import TaskInstance, Worker
 from deferral.store.tasklogs import NewLine
 from deferral.store.transitions import Attempt
-from worker import record
+from worker import decide, record
 from worker.attempt import warm_up
 from worker.capture import run_attempt
 from worker.children import ChildDied, ChildPool
 from worker.mail import Mailer
 from worker.outcomes import AttemptRequest, Failed, Outcome, decode_outcome, encode
 from worker.recording import Recorder, Running, line, write_lines
+from worker.stopping import hand_back
 
 log = logging.getLogger("deferral.worker")
 
@@ -109,7 +119,8 @@ class WorkerService:
         beat = settings.heartbeat_sec
         # Takeovers are looked for more often than leases are renewed: an entry is claimed soon
         # after it passes the takeover threshold, not up to a heartbeat later.
-        self.periodic = [Every(beat, self._heartbeat), Every(beat / 4, self._take_over)]
+        self.heartbeats = Every(beat, self._heartbeat)
+        self.periodic = [self.heartbeats, Every(beat / 4, self._take_over)]
         metrics.ATTEMPTS_RUNNING.set_function(lambda: len(self.running))
         metrics.WORKER_SLOTS_FREE.set_function(lambda: self.concurrency - len(self.running))
 
@@ -132,17 +143,8 @@ class WorkerService:
             ),
         ):
             return
-        log.info("stopping: waiting for %d running attempt(s)", len(self.running))
-        drained = threading.Event()
-
-        def drain() -> None:
-            for periodic in self.periodic:
-                periodic()  # the leases must outlive the attempts we wait for
-            self._record_ended(timeout=0.5)
-            if not self.running and not self.recorder.unrecorded:
-                drained.set()
-
-        run_until_stopped(drained, drain, recover=self.consumer.start)
+        _wind_down(self)
+        hand_off(self.consumer, "queue entr(ies)")  # read, not started: a peer starts them
         self.registration.record_stop()
         self.pool.shutdown()
         self.mailer.close()
@@ -221,7 +223,7 @@ class WorkerService:
             read = self.consumer.poll(free, block_ms=block_ms)
             if read:
                 self._start(read)
-        self._record_ended(timeout=0 if read else 0.05)
+        self.record_ended(timeout=0 if read else 0.05)
         # Stamped once a step reached PostgreSQL and Redis: the containers' healthcheck.
         metrics.LOOP_ITERATION.set_to_current_time()
 
@@ -424,7 +426,7 @@ class WorkerService:
 
     # -- recording outcomes ----------------------------------------------------------------------
 
-    def _record_ended(self, timeout: float) -> None:
+    def record_ended(self, timeout: float) -> None:
         """Record the attempts whose children ended (a child that died fails its attempt, with
         a retry)."""
         ended = self.pool.collect(timeout)
@@ -442,3 +444,44 @@ class WorkerService:
             )
             batch.append((running, outcome))
         self.recorder.record(batch)
+
+
+def _wind_down(worker: WorkerService) -> None:
+    """Take no more work; let the running attempts finish for up to the stop grace, then hand
+    the rest back untried (:func:`worker.stopping.hand_back`)."""
+    grace = worker.settings.worker_stop_grace_sec
+    log.info(
+        "stopping: taking no more work; %d running attempt(s) may finish for %g s",
+        len(worker.running),
+        grace,
+    )
+    handing_back_at = time.monotonic() + grace
+    drained = threading.Event()
+
+    def drain() -> None:
+        worker.heartbeats()  # the leases must outlive the attempts we wait for; no takeovers
+        if worker.recorder.unrecorded:
+            worker.recorder.record(worker.recorder.unrecorded)
+        worker.record_ended(timeout=0.5)
+        action = decide.stop_action(
+            time.monotonic(),
+            handing_back_at,
+            len(worker.running),
+            len(worker.recorder.unrecorded),
+        )
+        if action == "hand_back":
+            left = list(worker.running.values())
+            hand_back(
+                left,
+                name=worker.name,
+                pool=worker.pool,
+                sessions=worker.sessions,
+                consumer=worker.consumer,
+                settings=worker.settings,
+            )
+            for item in left:
+                worker.running.pop(item.attempt.task_instance_id, None)
+        elif action == "done":
+            drained.set()
+
+    run_until_stopped(drained, drain, recover=worker.consumer.start)

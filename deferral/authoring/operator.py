@@ -178,6 +178,13 @@ def _standard_duration(value: Any) -> Any:
     return standard_timedelta(value) if isinstance(value, dt.timedelta) else value
 
 
+def _seconds(value: Any) -> Any:
+    """Airflow 3 takes ``retry_delay`` as a number of seconds too."""
+    if isinstance(value, int | float) and not isinstance(value, bool) and value >= 0:
+        return dt.timedelta(seconds=value)
+    return value
+
+
 class _OperatorMeta(ABCMeta):
     """Applies default_args to the arguments the operator takes (``_with_default_args``), and
     calls ``_after_init`` once the outermost ``__init__`` returned, when every subclass has set
@@ -234,7 +241,7 @@ class BaseOperator(DependencyMixin, metaclass=_OperatorMeta):
         task_id: str,
         dag: DAG | None = None,
         retries: int = NOTSET,
-        retry_delay: dt.timedelta = NOTSET,
+        retry_delay: dt.timedelta | float = NOTSET,
         execution_timeout: dt.timedelta | None = NOTSET,
         trigger_rule: str = NOTSET,
         pool: str = NOTSET,
@@ -306,7 +313,7 @@ class BaseOperator(DependencyMixin, metaclass=_OperatorMeta):
             for name, value in given.items()
         }
         self.retries: int = resolved["retries"]
-        self.retry_delay: dt.timedelta = _standard_duration(resolved["retry_delay"])
+        self.retry_delay: dt.timedelta = _standard_duration(_seconds(resolved["retry_delay"]))
         self.execution_timeout: dt.timedelta | None = _standard_duration(
             resolved["execution_timeout"]
         )

@@ -18,6 +18,7 @@ from deferral.authoring.mappedoperator import MappedOperator, check_expand, chec
 from deferral.baseoperator import BaseOperator
 from deferral.context import Context
 from deferral.dag import DAG
+from deferral.decorators.task_group import group_mapped_values, mapped_group_of
 from deferral.exceptions import DagDefinitionError
 from deferral.utils.task_group import TaskGroup
 from deferral.xcom_arg import XComArg
@@ -150,6 +151,16 @@ class TaskDecorator:
 
     def __call__(self, *args: Any, **kwargs: Any) -> XComArg:
         dag, group, label, options = self._placement()
+        mapped_group = mapped_group_of(group)
+        if mapped_group is not None:  # a task of a mapped task group: mapped with it
+            try:
+                bound = inspect.signature(self.function).bind_partial(*args, **kwargs).arguments
+            except TypeError as exc:
+                raise DagDefinitionError(f"task {label!r}: {exc}") from None
+            mapped = group_mapped_values(mapped_group, f"task {label!r}", bound)
+            if mapped:
+                shared = {name: value for name, value in bound.items() if name not in mapped}
+                return self.partial(**shared).expand(**mapped)
         operator = self.operator_class(
             task_id=label,
             dag=dag,

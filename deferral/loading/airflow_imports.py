@@ -65,7 +65,45 @@ _SDK = {
     **_names("deferral.hooks.base", "BaseHook"),
     **_names("deferral.triggers.base", "BaseTrigger", "TriggerEvent"),
     **_names("deferral.trigger_rules", "TriggerRule"),
-    **_names("deferral.assets", "Asset", "AssetAll", "AssetAny", "AssetWatcher", "Metadata"),
+    **_names(
+        "deferral.assets", "Asset", "AssetAlias", "AssetAll", "AssetAny", "AssetWatcher", "Metadata"
+    ),
+    **_names("deferral.decorators.asset", "asset"),
+    **_names("deferral.timetables.trigger", "CronTriggerTimetable"),
+    **_names("deferral.timetables.assets", "AssetOrTimeSchedule"),
+    **_names(
+        "deferral.timetables.partitions",
+        "CronPartitionTimetable",
+        "PartitionedAssetTimetable",
+        "PartitionedAtRuntime",
+    ),
+    **_names(
+        "deferral.partitions",
+        "PartitionMapper",
+        "IdentityMapper",
+        "AllowedKeyMapper",
+        "FixedKeyMapper",
+        "ProductMapper",
+        "ChainMapper",
+        "StartOfHourMapper",
+        "StartOfDayMapper",
+        "StartOfWeekMapper",
+        "StartOfMonthMapper",
+        "StartOfQuarterMapper",
+        "StartOfYearMapper",
+        "RollupMapper",
+        "FanOutMapper",
+        "Window",
+        "HourWindow",
+        "DayWindow",
+        "WeekWindow",
+        "MonthWindow",
+        "QuarterWindow",
+        "YearWindow",
+        "SegmentWindow",
+        "WaitForAll",
+        "MinimumCount",
+    ),
 }
 
 # ``airflow.providers.common.compat.sdk``: the provider's one module re-exporting Airflow 3's
@@ -129,7 +167,7 @@ ALIASES: dict[str, Alias] = {
         "deferral.triggers.base", names=_names("deferral.triggers.event", "BaseEventTrigger")
     ),
     "airflow.datasets": Alias(
-        names=_names("deferral.assets", "Dataset", "DatasetAll", "DatasetAny")
+        names=_names("deferral.assets", "Dataset", "DatasetAlias", "DatasetAll", "DatasetAny")
     ),
     "airflow.triggers.temporal": Alias("deferral.triggers.temporal"),
     "airflow.triggers.file": Alias("deferral.triggers.file"),
@@ -154,6 +192,10 @@ ALIASES: dict[str, Alias] = {
     # Airflow 3
     "airflow.sdk": Alias(names=_SDK),
     "airflow.sdk.exceptions": Alias(names=_EXCEPTIONS),
+    "airflow.sdk.execution_time": Alias(),
+    "airflow.sdk.execution_time.context": Alias(
+        names=_names("deferral.store.seam", "NEVER_EXPIRE")
+    ),
     "airflow.sdk.definitions": Alias(),
     "airflow.sdk.definitions.deadline": Alias("deferral.deadline"),
     "airflow.providers": Alias(),

@@ -3,6 +3,7 @@ ShortCircuitOperator."""
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import importlib
 import importlib.util
@@ -101,6 +102,8 @@ class PythonOperator(PythonCallableMixin, BaseOperator):
     def execute(self, context: Context) -> Any:
         if inspect.isgeneratorfunction(self.python_callable):  # it yields Metadata
             return collect_metadata(self.call_python_callable(context), context["outlet_events"])
+        if inspect.iscoroutinefunction(self.python_callable):  # Airflow 3.1's async tasks
+            return asyncio.run(self.call_python_callable(context))
         return self.call_python_callable(context)
 
 

@@ -73,6 +73,9 @@ class Settings:
     triggerer_stall_threshold_sec: float = 0.2
     # Attempts a worker's task process runs before a fresh one replaces it (worker/DECISIONS.md).
     worker_task_process_max_attempts: int = 10_000
+    # How long a worker stopped with SIGTERM lets its running attempts finish before it hands
+    # the rest back, untried (worker/DECISIONS.md); compose's stop_grace_period exceeds it.
+    worker_stop_grace_sec: float = 270.0
     # Seconds one DAG file may take to import before it is an import error (Airflow's
     # core.dagbag_import_timeout; 0: no limit).
     dagbag_import_timeout: float = 30.0
@@ -83,6 +86,8 @@ class Settings:
     # A time trigger due further ahead than this when its task defers waits as a row, its entry
     # published only once its moment comes this near (deferral.store.far_timers).
     far_timer_horizon_sec: float = 600.0
+    # Resumed tasks are dispatched ahead of new work of equal priority weight.
+    resumed_first: bool = True
 
 
 def _parsed_url(raw: str) -> URL | None:
@@ -350,6 +355,7 @@ def load_settings(
         worker_task_process_max_attempts=get(
             "WORKER_TASK_PROCESS_MAX_ATTEMPTS", _positive_int, default="10000"
         ),
+        worker_stop_grace_sec=get("WORKER_STOP_GRACE_SEC", _non_negative_float, default="270"),
         triggerer_claim_per_loop=get("TRIGGERER_CLAIM_PER_LOOP", _positive_int, default="50"),
         asset_watcher_max_queued=get(
             "ASSET_WATCHER_MAX_QUEUED",
@@ -357,6 +363,7 @@ def load_settings(
             default=str(DEFAULT_ASSET_WATCHER_MAX_QUEUED),
         ),
         far_timer_horizon_sec=get("FAR_TIMER_HORIZON_SEC", _positive_float, default="600"),
+        resumed_first=get("RESUMED_FIRST", _bool, default="true"),
     )
 
 
@@ -436,6 +443,12 @@ def callback_base_url() -> str:
     """``DEFERRAL_CALLBACK_BASE_URL``: the web server's address as callers reach it, the start
     of the URL ``context["callback"].url`` gives a task."""
     return _one_setting("CALLBACK_BASE_URL", _base_url, "http://localhost:8080")
+
+
+def idempotency_window() -> dt.timedelta:
+    """``DEFERRAL_IDEMPOTENCY_WINDOW_SEC``: how long an idempotency key of a signal, a callback
+    answer or a triggered run is remembered (a repeat within it returns the first answer)."""
+    return dt.timedelta(seconds=_one_setting("IDEMPOTENCY_WINDOW_SEC", _positive_float, "86400"))
 
 
 def _base_url(raw: str) -> str:
@@ -716,6 +729,14 @@ SETTINGS: tuple[SettingDoc, ...] = (
         "core",
     ),
     SettingDoc(
+        "IDEMPOTENCY_WINDOW_SEC",
+        "86400",
+        "How long an idempotency key (`--idempotency-key`, the `Idempotency-Key` header) of a"
+        " signal, a callback answer or a triggered run is remembered: a repeat within it returns"
+        " the first answer and does nothing more.",
+        "core",
+    ),
+    SettingDoc(
         "PRUNE_OLDER_THAN",
         "7d",
         "Age after which the scheduler prunes finished history (`never` to keep it).",
@@ -746,6 +767,13 @@ SETTINGS: tuple[SettingDoc, ...] = (
         "core",
     ),
     SettingDoc(
+        "WORKER_STOP_GRACE_SEC",
+        "270",
+        "Seconds a worker stopped with SIGTERM lets its running attempts finish before it hands"
+        " the rest back to run again at the same try.",
+        "core",
+    ),
+    SettingDoc(
         "TRIGGERER_STALL_THRESHOLD_SEC",
         "0.2",
         "How long the triggerer's event loop may not move before the stall is reported.",
@@ -772,6 +800,13 @@ SETTINGS: tuple[SettingDoc, ...] = (
         " its task defers waits as a row in PostgreSQL: no triggerer holds it and Redis keeps"
         " nothing for it until the scheduler publishes it, once its moment is this near. Keep it"
         " equal on every scheduler and worker.",
+        "core",
+    ),
+    SettingDoc(
+        "RESUMED_FIRST",
+        "true",
+        "Dispatch resumed tasks (an event or an answer resumed them) ahead of new work of equal"
+        " `priority_weight`; `false`: weight, then age.",
         "core",
     ),
     SettingDoc(

@@ -43,6 +43,8 @@ class Purpose(enum.Enum):
     STORED_SECRET = "stored secret"  # variable.val, connection.password and .extra
     STREAM_ENTRY = "stream entry"  # the MAC of an events or queue entry
     CALLBACK_TOKEN = "callback token"  # the MAC of a callback token
+    IDEMPOTENT_REQUEST = "idempotent request"  # idempotency_key.fingerprint
+    API_TOKEN = "api token"  # api_token.digest, the keyed hash of a machine's token
 
 
 # Sealed before purposes existed (with the configured keys themselves), and still opened as a

@@ -61,6 +61,13 @@ LOOP_ITERATION = Gauge(
     registry=None,
 )
 
+CLOCK_SKEW = Gauge(
+    "deferral_clock_skew_seconds",
+    "How far this host's clock is ahead of PostgreSQL's (negative: behind), measured at every"
+    " heartbeat; time triggers fire by PostgreSQL's clock.",
+    registry=None,
+)
+
 LEASE_RENEWALS = Counter(
     "deferral_lease_renewals",
     "Stream entries whose lease this process renewed (owner-checked, every heartbeat).",
@@ -148,6 +155,12 @@ EVENTS = Counter(
     " (its dedup key was applied before), stale (its task no longer waits on that trigger),"
     " ended (a task-end event ended its task, end_from_trigger).",
     ["outcome"],
+    registry=None,
+)
+TRIGGER_PROGRESS = Counter(
+    "deferral_trigger_progress",
+    "Progress reports of triggers (TriggerProgress) recorded, one per waiting task; a report"
+    " whose task no longer waits records nothing.",
     registry=None,
 )
 RESUME_LATENCY = Histogram(
@@ -241,6 +254,7 @@ _COMMON: tuple[MetricWrapperBase, ...] = (
     DEAD_LETTERS,
     FORGED_COUNTS,
     LOOP_ITERATION,
+    CLOCK_SKEW,
 )
 _OWN: dict[str, tuple[MetricWrapperBase, ...]] = {
     TRIGGERER: (
@@ -256,6 +270,7 @@ _OWN: dict[str, tuple[MetricWrapperBase, ...]] = {
     ),
     SCHEDULER: (
         EVENTS,
+        TRIGGER_PROGRESS,
         RESUME_LATENCY,
         DISPATCHES,
         TRIGGER_TIMEOUTS,

@@ -44,7 +44,8 @@ class ExternalTaskSensor(BaseSensorOperator):
     minus ``execution_delta``, or at the date(s) ``execution_date_fn(logical_date, **context)``
     returns. Anything in ``failed_states`` fails the sensor (skipped with ``soft_fail``),
     anything in ``skipped_states`` skips it, as Airflow 2.10 does. With ``check_existence`` a
-    DAG or task that does not exist fails it at once. Modes poke and reschedule, or
+    DAG or task that does not exist fails it at once; a task group that does not exist always
+    does (as Airflow 3). Modes poke and reschedule, or
     ``deferrable=True`` (a WorkflowTrigger polling every ``poll_interval`` seconds)."""
 
     template_fields: Sequence[str] = (
@@ -156,10 +157,8 @@ class ExternalTaskSensor(BaseSensorOperator):
         if self.external_task_group_id is not None:
             dag = self._external_dag()
             group = None if dag is None else dag.task_group_dict.get(self.external_task_group_id)
-            if group is None:
-                if self.check_existence:
-                    self._missing(f"task group {self.external_task_group_id!r}")
-                return [str(self.external_task_group_id)]  # nothing to find: waits, as Airflow
+            if group is None:  # fails at once, as Airflow 3 (its API answers 404)
+                self._missing(f"task group {self.external_task_group_id!r}")
             return [task.task_id for task in group]
         ids = (
             self.external_task_ids

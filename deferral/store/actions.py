@@ -20,8 +20,9 @@ from deferral.authoring.setup_teardown import GraphTask, SetupGraph, clearing_wi
 from deferral.dag import DAG
 from deferral.exceptions import ActionError, DagNotFound
 from deferral.runtime import controls, storable
+from deferral.runtime.crypto import Cipher
 from deferral.states import DagRunType, TaskState
-from deferral.store import transitions
+from deferral.store import idempotency, transitions
 from deferral.store.serialized_dags import (
     StoredDag,
     StoredMarker,
@@ -69,6 +70,19 @@ class Triggered:
     run_id: str
     # The DAG is paused: the run waits until it is unpaused.
     paused: bool
+    # A repeat of an idempotency key: the first trigger's run (this one created none).
+    replayed: bool = False
+
+
+@dataclass(frozen=True)
+class IdempotencyKey:
+    """An idempotency key given with a trigger: ``requester`` (a web user, None for the
+    command line) is part of what the key is unique within; ``cipher`` signs the request's
+    fingerprint."""
+
+    key: str
+    cipher: Cipher
+    requester: str | None = None
 
 
 def trigger_run(
@@ -78,14 +92,36 @@ def trigger_run(
     run_id: str | None = None,
     *,
     logical_date: dt.datetime | None = None,
+    idempotency_key: IdempotencyKey | None = None,
 ) -> Triggered:
     """Create a manual run of ``dag`` at ``logical_date`` (tz-aware; default now), its run id
     ``manual__<logical date>`` unless given; its ``Param``s must accept what ``conf`` gives
-    them (and a param without a default must be given), as Airflow checks at trigger.
+    them (and a param without a default must be given), as Airflow checks at trigger. Under
+    ``idempotency_key``, a repeat of the same trigger within the window creates nothing and
+    answers the first's run (``replayed``); IdempotencyConflict for the key used with another
+    trigger.
 
     ``dag`` is its parsed document (the web UI, the CLI: no DAG file is imported) unless its
     timetable is a DAG file's own (``StoredDag.timetable`` None), which only the DAG object
     gives the manual interval of; ``dags test`` and operators pass DAG objects."""
+    made = None
+    if idempotency_key is not None:
+        scope = idempotency.RUNS
+        if idempotency_key.requester is not None:
+            scope = f"{scope}/{idempotency_key.requester}"
+        try:
+            made = idempotency.request(
+                scope,
+                idempotency_key.key,
+                lambda: {
+                    "dag_id": dag.dag_id,
+                    "conf": conf,
+                    "run_id": run_id,
+                    "logical_date": None if logical_date is None else logical_date.isoformat(),
+                },
+            )
+        except idempotency.IdempotencyError as exc:
+            raise ActionError(str(exc)) from None
     params = (
         dag.params if isinstance(dag, StoredDag) else stored_params(dag.params, dag.param_specs)
     )
@@ -103,21 +139,28 @@ def trigger_run(
     except UserTimetableError as exc:
         raise ActionError(f"DAG {dag.dag_id!r}: {exc}") from None
     exists = f"DAG {dag.dag_id!r} already has a run {run_id!r} or one at {logical_date.isoformat()}"
+
+    def act() -> dict[str, Any]:
+        transitions.create_dag_run(
+            session,
+            dag.dag_id,
+            run_id,
+            logical_date,
+            conf,
+            run_type=DagRunType.MANUAL,
+            data_interval=(interval.start, interval.end),
+        )
+        row = session.get(Dag, dag.dag_id)
+        return {"run_id": run_id, "paused": row is not None and row.is_paused}
+
     try:
         with sessions.begin() as session:
-            transitions.create_dag_run(
-                session,
-                dag.dag_id,
-                run_id,
-                logical_date,
-                conf,
-                run_type=DagRunType.MANUAL,
-                data_interval=(interval.start, interval.end),
-            )
-            row = session.get(Dag, dag.dag_id)
+            cipher = None if idempotency_key is None else idempotency_key.cipher
+            outcome = idempotency.once(session, cipher, made, act)
     except IntegrityError:
         raise ActionError(exists) from None
-    return Triggered(run_id, row is not None and row.is_paused)
+    answer = outcome.answer
+    return Triggered(answer["run_id"], answer["paused"], outcome.replayed)
 
 
 def check_conf(dag_id: str, params: Sequence[StoredParam], conf: Mapping[str, Any]) -> None:

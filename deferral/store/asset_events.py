@@ -9,9 +9,15 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from deferral.assets import Asset, AssetEvent, TriggeringAssetEvents
+from deferral.assets import Asset, AssetAlias, AssetEvent, TriggeringAssetEvents
 from deferral.store.metastore import metastore
-from deferral.store.tables import AssetEventRow, AssetModel, DagRun, DagRunAssetEvent
+from deferral.store.tables import (
+    AssetAliasEvent,
+    AssetEventRow,
+    AssetModel,
+    DagRun,
+    DagRunAssetEvent,
+)
 
 # Events one run's context carries per asset at most (the rest are counted, not loaded).
 MAX_EVENTS_PER_ASSET = 1000
@@ -60,16 +66,44 @@ def events_of(session: Session, asset: Asset) -> list[AssetEvent]:
     return [_event(row, asset) for row in reversed(rows)]
 
 
+def events_of_alias(session: Session, alias: AssetAlias) -> list[AssetEvent]:
+    """The latest events added through ``alias`` (at most MAX_EVENTS_PER_ASSET), oldest
+    first."""
+    rows = session.execute(
+        select(AssetEventRow, AssetModel.uri)
+        .join(AssetAliasEvent, AssetAliasEvent.asset_event_id == AssetEventRow.id)
+        .outerjoin(AssetModel, AssetModel.name == AssetEventRow.asset_name)
+        .where(AssetAliasEvent.alias_name == alias.name)
+        .order_by(AssetEventRow.id.desc())
+        .limit(MAX_EVENTS_PER_ASSET)
+    ).all()
+    return [
+        _event(row, Asset(name=row.asset_name, uri=uri or row.asset_name))
+        for row, uri in reversed(rows)
+    ]
+
+
 class LazyInletEvents(Mapping[Any, list[AssetEvent]]):
     """``context["inlet_events"]`` (Airflow 3's): the events of each of the task's ``inlets``
     (by Asset or name; ``for_asset(name=, uri=)``), oldest first, each read from PostgreSQL on
-    first use only."""
+    first use only; those of an alias among them (by the AssetAlias) are the events added
+    through it."""
 
-    def __init__(self, inlets: Iterable[Asset]) -> None:
-        self._inlets = {asset.name: asset for asset in inlets}
+    def __init__(self, inlets: Iterable[Asset | AssetAlias]) -> None:
+        inlets = list(inlets)
+        self._inlets = {a.name: a for a in inlets if isinstance(a, Asset)}
+        self._aliases = {a.name: a for a in inlets if isinstance(a, AssetAlias)}
         self._loaded: dict[str, list[AssetEvent]] = {}
 
     def __getitem__(self, key: object) -> list[AssetEvent]:
+        if isinstance(key, AssetAlias):
+            if key.name not in self._aliases:
+                known = ", ".join(sorted(self._aliases)) or "none"
+                raise KeyError(f"{key!r} is not an inlet of this task (aliases: {known})")
+            if key.key not in self._loaded:
+                with metastore().sessions() as session:
+                    self._loaded[key.key] = events_of_alias(session, key)
+            return self._loaded[key.key]
         name = key.name if isinstance(key, Asset) else key
         if not isinstance(name, str) or name not in self._inlets:
             known = ", ".join(sorted(self._inlets)) or "none"

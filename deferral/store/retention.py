@@ -136,6 +136,13 @@ _STATEMENTS = {
               AND NOT EXISTS (SELECT 1 FROM asset_dag_run_queue q WHERE q.asset_event_id = e.id)
             LIMIT :batch)
     """,
+    # Then their links to the aliases they were added through.
+    "asset_alias_event": """
+        DELETE FROM asset_alias_event WHERE (alias_name, asset_event_id) IN (
+            SELECT l.alias_name, l.asset_event_id FROM asset_alias_event l
+            WHERE NOT EXISTS (SELECT 1 FROM asset_event e WHERE e.id = l.asset_event_id)
+            LIMIT :batch)
+    """,
     **{
         table: f"""
         DELETE FROM {table} WHERE name IN (
@@ -161,6 +168,7 @@ class Pruned:
     task_instance: int
     dag_run: int
     asset_event: int
+    asset_alias_event: int
     scheduler: int
     worker: int
     triggerer: int

@@ -9,9 +9,11 @@ running system goes through here, and nothing else of ``deferral.store`` or
   ``ExternalTaskSensor``): these live above the SDK (DAG loading, user actions), so the process
   that runs task code installs them here as a ``TaskRuntime`` (``install_task_runtime``) and the
   SDK asks ``task_runtime()``;
-- what a task's context offers: its triggering asset events, its callback token;
+- what a task's context offers: its triggering asset events, its callback token, its state
+  stores;
 - signals and approvals: their rows, their checks, and the transitions they cause; the waits
-  held as rows (composites, filters, cancel-on) that signals resolve.
+  held as rows (composites, filters, cancel-on) that signals resolve; a signal's idempotency
+  key (``idempotency``).
 
 A new need of the SDK is added here, by name, so the seam stays the list of what crosses."""
 
@@ -20,7 +22,7 @@ from __future__ import annotations
 import datetime as dt
 from typing import TYPE_CHECKING, Any, Protocol
 
-from deferral.store import transitions, waits
+from deferral.store import idempotency, transitions, waits
 from deferral.store.asset_events import LazyInletEvents, LazyTriggeringEvents
 from deferral.store.callback_tokens import (
     CALLBACK_KEY_PREFIX,
@@ -32,6 +34,7 @@ from deferral.store.callback_tokens import (
 )
 from deferral.store.hitl import InputRequest, check_request
 from deferral.store.metastore import metastore
+from deferral.store.state_stores import NEVER_EXPIRE, AssetStateStores, TaskStateStore
 from deferral.store.tables import (
     DagRun,
     RenderedTaskInstanceFields,
@@ -47,7 +50,9 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CALLBACK_KEY_PREFIX",
+    "NEVER_EXPIRE",
     "TOKEN_LIFETIME",
+    "AssetStateStores",
     "CallbackHandle",
     "Claim",
     "DagRun",
@@ -60,9 +65,11 @@ __all__ = [
     "StoredVariable",
     "TaskInstance",
     "TaskRuntime",
+    "TaskStateStore",
     "TokenRefused",
     "WaitTimer",
     "check_request",
+    "idempotency",
     "install_task_runtime",
     "metastore",
     "parse_token",

@@ -10,6 +10,7 @@ from sqlalchemy import (
     BigInteger,
     Boolean,
     DateTime,
+    Float,
     ForeignKey,
     Identity,
     Index,
@@ -243,10 +244,11 @@ class TaskInstance(Base):
             "id",
             postgresql_where=text("state = 'deferred'"),
         ),
-        # Dispatch order (decide.plan_dispatch): read in order, stopped at the pools' room.
+        # Dispatch order (decide.dispatch_key): read in order, stopped at the pools' room.
         Index(
             "ix_task_instance_scheduled",
             text("priority_weight DESC"),
+            text("(next_method IS NOT NULL) DESC"),
             "id",
             postgresql_where=text("state = 'scheduled'"),
         ),
@@ -520,6 +522,19 @@ class User(Base):
     created_at: Mapped[dt.datetime] = _created()
 
 
+class ApiToken(Base):
+    """A machine's API token (``webserver.tokens``): its name, what it may do, and a keyed hash
+    of its secret (``Purpose.API_TOKEN``); never the secret itself. Revoking deletes the row."""
+
+    __tablename__ = "api_token"
+
+    id: Mapped[int] = _id()
+    name: Mapped[str] = mapped_column(String(64), unique=True)
+    scopes: Mapped[list[str]] = mapped_column(ARRAY(Text))
+    digest: Mapped[str] = mapped_column(Text)
+    created_at: Mapped[dt.datetime] = _created()
+
+
 class HITLDetail(Base):
     """What a task awaiting input (``HITLOperator``) asks, and the response once given: one row
     per task instance, rewritten by each try that asks. ``deferral.store.hitl`` reads and writes
@@ -583,6 +598,24 @@ class WebSession(Base):
     username: Mapped[str] = mapped_column(String(64), index=True)
     created_at: Mapped[dt.datetime] = _created()
     expires_at: Mapped[dt.datetime] = mapped_column(Timestamp, index=True)
+
+
+class IdempotencyKey(Base):
+    """A request made once under an idempotency key (``deferral.store.idempotency``): a
+    repeat within the window returns ``answer``, the first request's, and acts no more. The
+    primary key is what makes concurrent repeats wait for the first and then read its answer."""
+
+    __tablename__ = "idempotency_key"
+
+    # What the key is unique within: the kind of request and who makes it.
+    scope: Mapped[str] = mapped_column(Text, primary_key=True)
+    key: Mapped[str] = mapped_column(String(255), primary_key=True)
+    # A MAC of the request (Purpose.IDEMPOTENT_REQUEST): a repeat with another request differs.
+    fingerprint: Mapped[str] = mapped_column(Text)
+    answer: Mapped[dict[str, Any] | None] = mapped_column(JSONB)
+    created_at: Mapped[dt.datetime] = mapped_column(
+        Timestamp, server_default=func.now(), index=True
+    )
 
 
 class Signal(Base):
@@ -650,6 +683,39 @@ class WaitTimer(Base):
     due_at: Mapped[dt.datetime] = mapped_column(Timestamp, index=True)
     # True when the rows are the whole wait (as signal_wait.holds).
     holds: Mapped[bool] = mapped_column(Boolean, server_default=text("true"))
+
+
+class TriggerProgress(Base):
+    """What a trigger reported before its event (``TriggerProgress``), per try of each task
+    waiting on it: the last ``progress.KEPT`` kept, numbered from 1 (scheduler.progress)."""
+
+    __tablename__ = "trigger_progress"
+    __table_args__ = (UniqueConstraint("task_instance_id", "try_number", "seq"),)
+
+    # (An id of its own: `deferral rotate-fernet-key` re-seals ``payload`` by it.)
+    id: Mapped[int] = _id()
+    task_instance_id: Mapped[int] = mapped_column(
+        BigInteger, ForeignKey("task_instance.id", ondelete="CASCADE")
+    )
+    try_number: Mapped[int] = mapped_column(Integer)
+    seq: Mapped[int] = mapped_column(Integer)
+    recorded_at: Mapped[dt.datetime] = _created()
+    payload: Mapped[str] = mapped_column(Text)  # Fernet token of its JSON
+
+
+class CallbackHeartbeat(Base):
+    """The heartbeat deadline of a callback wait (``CallbackTrigger(heartbeat=)``): each
+    heartbeat posted to its token pushes ``due_at`` on by ``every_sec``; the scheduler's bounded
+    pass fails the task of one past due. Goes with its trigger row."""
+
+    __tablename__ = "callback_heartbeat"
+
+    trigger_id: Mapped[int] = mapped_column(
+        BigInteger, ForeignKey("trigger.id", ondelete="CASCADE"), primary_key=True
+    )
+    key: Mapped[str] = mapped_column(Text, primary_key=True, index=True)
+    every_sec: Mapped[float] = mapped_column(Float)
+    due_at: Mapped[dt.datetime] = mapped_column(Timestamp, index=True)
 
 
 class AssetModel(Base):
@@ -740,3 +806,49 @@ class AssetWatcherRow(Base):
     kwargs: Mapped[str] = mapped_column(Text)  # Fernet token of the serialized kwargs
     triggerer_id: Mapped[str | None] = mapped_column(String(250))
     lease_expires_at: Mapped[dt.datetime | None] = mapped_column(Timestamp)
+
+
+class AssetAliasAsset(Base):
+    """An asset an alias resolved to: a task added an event of it through the alias. A DAG
+    scheduled on the alias is queued the asset's events from then on."""
+
+    __tablename__ = "asset_alias_asset"
+
+    alias_name: Mapped[str] = mapped_column(String(1000), primary_key=True)
+    asset_name: Mapped[str] = mapped_column(String(1000), primary_key=True, index=True)
+
+
+class AssetAliasEvent(Base):
+    """An asset event a task added through an alias: the alias's ``inlet_events``."""
+
+    __tablename__ = "asset_alias_event"
+
+    alias_name: Mapped[str] = mapped_column(String(1000), primary_key=True)
+    asset_event_id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+
+
+class TaskStateRow(Base):
+    """A key of a task instance's state store (``context["task_state_store"]``), kept across
+    its tries until it expires (``expires_at``; None: never) or the run is pruned."""
+
+    __tablename__ = "task_state"
+
+    task_instance_id: Mapped[int] = mapped_column(
+        ForeignKey("task_instance.id", ondelete="CASCADE"), primary_key=True
+    )
+    key: Mapped[str] = mapped_column(String(512), primary_key=True)
+    value: Mapped[Any] = mapped_column(JSONB)
+    expires_at: Mapped[dt.datetime | None] = mapped_column(Timestamp)
+    updated_at: Mapped[dt.datetime] = _created()
+
+
+class AssetStateRow(Base):
+    """A key of an asset's state store (``context["asset_state_store"][asset]``), kept across
+    runs."""
+
+    __tablename__ = "asset_state"
+
+    asset_name: Mapped[str] = mapped_column(String(1000), primary_key=True)
+    key: Mapped[str] = mapped_column(String(512), primary_key=True)
+    value: Mapped[Any] = mapped_column(JSONB)
+    updated_at: Mapped[dt.datetime] = _created()

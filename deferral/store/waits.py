@@ -9,7 +9,10 @@ A deferral's rows sit beside its trigger row and go with it (``ON DELETE CASCADE
   ``holds`` false when a trigger of the deferral still runs in a triggerer;
 - ``wait_timer``: a composite's one timer, the earliest time branch of an any-of, the latest of
   an all-of, fired by the scheduler's bounded pass over ``ix_wait_timer_due_at``
-  (:func:`fire_due_timers`).
+  (:func:`fire_due_timers`);
+- ``callback_heartbeat``: the heartbeat deadline of a callback that beats
+  (``CallbackTrigger(heartbeat=)``), pushed on by each heartbeat (:func:`beat`) and failed by the
+  scheduler's bounded pass over ``ix_callback_heartbeat_due_at`` (:func:`fail_missed_heartbeats`).
 
 Whatever resolves a wait (a send, a callback, a lookback, the timer pass) comes here with the
 rows it matched (:class:`Hit`). An any-of resumes through ``transitions.resume_many``, whose
@@ -57,6 +60,7 @@ class WaitRow:
     branch: str = ""
     match: str | None = None  # the filter's jsonpath predicate
     cancels: str | None = None  # of a cancel-on: the state its task ends in
+    heartbeat: dt.timedelta | None = None  # of a callback: how often it must beat
 
 
 @dataclass(frozen=True)
@@ -109,8 +113,32 @@ _INSERT_TIMERS_SQL = text(
 )
 
 
+_INSERT_HEARTBEATS_SQL = text(
+    "INSERT INTO callback_heartbeat (trigger_id, key, every_sec, due_at)"
+    " SELECT trigger_id, key, every_sec, now() + every_sec * interval '1 second' FROM unnest("
+    "CAST(:trigger_ids AS bigint[]), CAST(:keys AS text[]), CAST(:every AS float8[]))"
+    " AS h (trigger_id, key, every_sec)"
+)
+
+
 def register_timers(session: Session, waits: Mapping[int, Wait]) -> None:
-    """The timers of the composites just deferred (trigger id -> wait)."""
+    """The timers of the composites just deferred (trigger id -> wait), and the heartbeat
+    deadlines of their callbacks that beat (the first due one interval from now)."""
+    beats = [
+        (i, row.key, row.heartbeat.total_seconds())
+        for i, w in waits.items()
+        for row in w.rows
+        if row.heartbeat is not None
+    ]
+    if beats:
+        session.execute(
+            _INSERT_HEARTBEATS_SQL,
+            {
+                "trigger_ids": [b[0] for b in beats],
+                "keys": [b[1] for b in beats],
+                "every": [b[2] for b in beats],
+            },
+        )
     timers = {i: (w.timer, w.holds) for i, w in waits.items() if w.timer is not None}
     if timers:
         ids = list(timers)
@@ -317,3 +345,67 @@ def fire_due_timers(
         for trigger_id in all_of:
             resumed += _complete_all_of(session, cipher, trigger_id)
     return resumed
+
+
+# Heartbeats missed: a page of callback_heartbeat rows past due, earliest first
+# (ix_callback_heartbeat_due_at), their waiting tasks locked as every resume locks them first
+# (a task a send or an answer holds is skipped: the next pass finds it if it still waits). A
+# row whose trigger no task waits on any more is deleted here, as the timer pass does.
+_MISSED_SQL = text(
+    """
+    WITH due AS MATERIALIZED (
+        SELECT trigger_id, key, every_sec FROM callback_heartbeat
+        WHERE due_at <= now()
+        ORDER BY due_at
+        LIMIT :limit
+    ), unwaited AS (
+        DELETE FROM callback_heartbeat AS h USING due
+        WHERE h.trigger_id = due.trigger_id AND h.key = due.key AND NOT EXISTS (
+            SELECT FROM task_instance AS ti
+            WHERE ti.trigger_id = due.trigger_id AND ti.state = 'deferred')
+    )
+    SELECT due.trigger_id, due.every_sec
+    FROM due
+    JOIN task_instance AS ti ON ti.trigger_id = due.trigger_id AND ti.state = 'deferred'
+    ORDER BY ti.id
+    FOR UPDATE OF ti SKIP LOCKED
+    """
+)
+# A beat pushes the deadline on only while it has not passed (a missed one stays missed).
+_BEAT_SQL = text(
+    "UPDATE callback_heartbeat SET due_at = now() + every_sec * interval '1 second'"
+    " WHERE key = :key AND due_at > now() RETURNING due_at"
+)
+
+
+def missed_heartbeat_message(every: dt.timedelta) -> str:
+    """The one line a task whose callback stopped beating fails with."""
+    return (
+        f"callback heartbeat missed: no heartbeat posted within {every}"
+        f" (CallbackTrigger(heartbeat={every!r}))"
+    )
+
+
+def fail_missed_heartbeats(session: Session, cipher: Cipher, limit: int = TIMER_PAGE) -> list[int]:
+    """Fail (or retry, by their retries) the tasks whose callback missed its heartbeat, at most
+    ``limit``: each resumes at ``__fail__`` with a message naming the heartbeat. Returns the
+    task instances moved."""
+    # One event per trigger (a composite may hold two callbacks that beat).
+    due = {row.trigger_id: row for row in session.execute(_MISSED_SQL, {"limit": limit})}
+    events = [
+        transitions.FiredEvent(
+            f"heartbeat:{row.trigger_id}",
+            row.trigger_id,
+            True,
+            {"message": missed_heartbeat_message(dt.timedelta(seconds=row.every_sec))},
+        )
+        for row in due.values()
+    ]
+    return _resumed(session, cipher, events)
+
+
+def beat(session: Session, key: str) -> dt.datetime | None:
+    """A heartbeat of the callback ``key`` (of a verified token): its deadline pushed on by its
+    interval; None if no wait of that key beats, or its deadline has passed."""
+    due: dt.datetime | None = session.scalar(_BEAT_SQL, {"key": key})
+    return due

@@ -100,6 +100,9 @@ class Timetable(ABC):
     periodic = True
     #: Airflow's: a longer text about the schedule (shown, not acted on).
     description = ""
+    #: Whether a DAG scheduled by it must have a start_date (False: it finds its first run
+    #: from now, as Airflow 3's trigger timetables do).
+    needs_start_date = True
 
     @property
     def summary(self) -> str:

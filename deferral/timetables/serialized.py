@@ -1,7 +1,7 @@
 """A timetable made again from the typed dict its ``serialize()`` gave (Airflow's
 ``Timetable.deserialize``): a DAG's document keeps its timetable so, and a trigger computes a
 manual run's data interval from it without importing the DAG file. Each built-in kind is here;
-a DAG file's own class serializes to None (readmodel/DECISIONS.md 6)."""
+a DAG file's own class serializes to None (readmodel/DECISIONS.md 7)."""
 
 from __future__ import annotations
 

@@ -20,7 +20,7 @@ from deferral.timetables import (
 )
 
 
-def _zone(timezone: str | dt.tzinfo) -> dt.tzinfo:
+def zone(timezone: str | dt.tzinfo) -> dt.tzinfo:
     if isinstance(timezone, dt.tzinfo):
         return timezone
     try:
@@ -30,6 +30,8 @@ def _zone(timezone: str | dt.tzinfo) -> dt.tzinfo:
 
 
 class CronTriggerTimetable(Timetable):
+    needs_start_date = False
+
     def __init__(
         self,
         cron: str,
@@ -40,7 +42,7 @@ class CronTriggerTimetable(Timetable):
     ) -> None:
         if not isinstance(interval, dt.timedelta) or interval < dt.timedelta(0):
             raise InvalidSchedule(f"interval must be a timedelta of 0 or more, got {interval!r}")
-        self._points = CronDataIntervalTimetable(cron, _zone(timezone))
+        self._points = CronDataIntervalTimetable(cron, zone(timezone))
         self._interval = interval
         self._run_immediately = run_immediately
         self.summary = cron

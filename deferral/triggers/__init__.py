@@ -1,4 +1,4 @@
-from deferral.triggers.base import BaseTrigger, TriggerEvent
+from deferral.triggers.base import BaseTrigger, TriggerEvent, TriggerProgress
 from deferral.triggers.composite import AllOf, AnyOf
 from deferral.triggers.file import FileTrigger
 from deferral.triggers.http import HttpTrigger
@@ -26,4 +26,5 @@ __all__ = [
     "TaskSuccessEvent",
     "TimeDeltaTrigger",
     "TriggerEvent",
+    "TriggerProgress",
 ]

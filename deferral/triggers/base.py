@@ -26,6 +26,26 @@ class TriggerEvent:
         return hash(repr(self.payload))
 
 
+class TriggerProgress:
+    """What a trigger may yield before its event: ``payload`` is recorded (the last few per
+    try, shown on the task page and by ``deferral tasks explain``) and resumes nothing; only a
+    :class:`TriggerEvent` resumes the task."""
+
+    __slots__ = ("payload",)
+
+    def __init__(self, payload: Any) -> None:
+        self.payload = payload
+
+    def __repr__(self) -> str:
+        return f"TriggerProgress({self.payload!r})"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, TriggerProgress) and other.payload == self.payload
+
+    def __hash__(self) -> int:
+        return hash(repr(self.payload))
+
+
 class BaseTrigger(abc.ABC):
     """Subclass and implement ``serialize`` and ``run``.
 
@@ -47,8 +67,9 @@ class BaseTrigger(abc.ABC):
         """Return ``(classpath, kwargs)``; ``classpath(**kwargs)`` must rebuild this trigger."""
 
     @abc.abstractmethod
-    def run(self) -> AsyncIterator[TriggerEvent]:
-        """An async generator that yields TriggerEvent; the first one resumes the task."""
+    def run(self) -> AsyncIterator[TriggerEvent | TriggerProgress]:
+        """An async generator that yields TriggerEvent; the first one resumes the task. Any
+        TriggerProgress it yields before is recorded and resumes nothing."""
 
     def fires_at(self) -> dt.datetime | None:
         """The moment this trigger fires, if waiting for it is all it does and its event is

@@ -168,21 +168,43 @@ class SignalTrigger(_RowTrigger):
         return classpath_of(SignalTrigger), kwargs
 
 
+def check_heartbeat(heartbeat: object) -> dt.timedelta | None:
+    """A callback's ``heartbeat`` interval: None, or a timedelta of at least a second and at
+    most :data:`SIGNAL_RETENTION` (a token's lifetime); else SignalError naming it."""
+    if heartbeat is None:
+        return None
+    if not isinstance(heartbeat, dt.timedelta):
+        raise SignalError(f"heartbeat must be a timedelta, got {type(heartbeat).__name__}")
+    if not dt.timedelta(seconds=1) <= heartbeat <= SIGNAL_RETENTION:
+        raise SignalError(
+            f"heartbeat {heartbeat} is out of range: from 1 second to {SIGNAL_RETENTION}"
+        )
+    return heartbeat
+
+
 class CallbackTrigger(_RowTrigger):
     """Resumes the task when its callback token (``context["callback"].token``, or ``token``)
     is posted to ``POST /api/v1/callbacks/{token}``: with ``event`` the posted payload on
-    ``"success"``, failing it (or retrying) with the payload's message on ``"failure"``."""
+    ``"success"``, failing it (or retrying) with the payload's message on ``"failure"``.
 
-    def __init__(self, token: str | None = None) -> None:
+    With ``heartbeat``, the third party must also post to ``.../{token}/heartbeat`` at least
+    that often while the task waits (the first within ``heartbeat`` of the deferral): a missed
+    heartbeat fails the task (or retries it), naming the heartbeat."""
+
+    def __init__(self, token: str | None = None, heartbeat: dt.timedelta | None = None) -> None:
         super().__init__()
         if token is None:
             token = get_current_context()["callback"].token
         if not isinstance(token, str):
             raise SignalError(f"callback token must be a string, got {type(token).__name__}")
         self.token = token
+        self.heartbeat = check_heartbeat(heartbeat)
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
-        return classpath_of(CallbackTrigger), {"token": self.token}
+        kwargs: dict[str, Any] = {"token": self.token}
+        if self.heartbeat is not None:  # (left out otherwise: what was serialized before stays)
+            kwargs["heartbeat"] = self.heartbeat
+        return classpath_of(CallbackTrigger), kwargs
 
 
 SIGNAL_TRIGGER = classpath_of(SignalTrigger)

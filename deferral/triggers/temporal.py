@@ -8,6 +8,7 @@ from typing import Any
 
 import anyio
 
+from deferral.runtime import clock
 from deferral.timezone import standard_datetime
 from deferral.triggers.base import BaseTrigger, TriggerEvent, classpath_of
 from deferral.triggers.task_end import TaskSuccessEvent
@@ -51,7 +52,7 @@ class DateTimeTrigger(BaseTrigger):
         return self.moment if own and not self.end_from_trigger else None
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
-        while (left := (self.moment - dt.datetime.now(dt.UTC)).total_seconds()) > 0:
+        while (left := (self.moment - clock.now()).total_seconds()) > 0:
             await anyio.sleep(min(left, _MAX_SLEEP_SEC))
         yield TaskSuccessEvent() if self.end_from_trigger else TriggerEvent(self.moment)
 
@@ -74,7 +75,7 @@ class TimeDeltaTrigger(DateTimeTrigger):
         if moment is None:
             if not isinstance(delta, dt.timedelta):
                 raise TypeError(f"delta must be a timedelta, got {type(delta).__name__}")
-            moment = dt.datetime.now(dt.UTC) + delta
+            moment = clock.now() + delta
         elif delta is not None:
             raise TypeError("give either delta or moment (the serialized form), not both")
         super().__init__(moment, end_from_trigger=end_from_trigger)

@@ -59,6 +59,8 @@ class TaskGroup(DependencyMixin):
             raise DagDefinitionError(f"task group {group_id!r}: default_args must be a dict")
         self.dag: DAG = found
         self.parent_group = parent
+        # A mapped task group's argument (deferral.decorators.task_group.MappedArgument).
+        self.mapped_argument: Any = None
         self.prefix_group_id = prefix_group_id
         self.tooltip = tooltip
         self.ui_color = ui_color

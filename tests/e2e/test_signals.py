@@ -9,14 +9,15 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from deferral import signals
 from deferral.runtime.crypto import Cipher
+from deferral.store import progress
 from deferral.store.callback_tokens import read_token
 from deferral.store.metastore import metastore
-from deferral.store.tables import TaskInstance
+from deferral.store.tables import TaskInstance, TaskStateChange
 from deferral.store.xcom import DatabaseXComs
 from deferral_cli.embedded import free_port
 from tests.e2e.conftest import Services, shared_stack_fixtures
@@ -103,7 +104,17 @@ def test_signal_and_callback_resume_tasks_without_a_triggerer(
 
 COMPOSITE_TRIGGERS = """
 import anyio
-from deferral.triggers import BaseTrigger, TriggerEvent
+from deferral.triggers import BaseTrigger, TriggerEvent, TriggerProgress
+
+
+class Steps(BaseTrigger):
+    def serialize(self):
+        return "e2e_composite_triggers.Steps", {}
+
+    async def run(self):
+        for step in range(1, 6):
+            yield TriggerProgress({"step": step})
+        yield TriggerEvent("stepped")
 
 
 class Forever(BaseTrigger):
@@ -128,7 +139,7 @@ import datetime as dt
 
 from deferral import DAG, BaseOperator
 from deferral.triggers import AllOf, AnyOf, SignalTrigger, TimeDeltaTrigger
-from e2e_composite_triggers import Forever
+from e2e_composite_triggers import Forever, Steps
 
 
 class Waits(BaseOperator):
@@ -167,6 +178,7 @@ with DAG("e2e_composite"):
         make=lambda: Forever({killed!r}),
         cancel_on=SignalTrigger("e2e-cancel", where={{"order": {{"in": [1, 2]}}}}),
     )
+    Waits(task_id="progress", make=Steps)
 """
 
 
@@ -180,7 +192,8 @@ def test_composite_waits_run_nothing_and_cancel_on_kills_the_running_trigger(
     """Issue 33 through real processes: an any-of resumed by its signal, another timed out
     into its default by the scheduler's timer, an all-of after its two (filtered) signals, and a
     task on a running trigger cancelled by a matching signal (skipped, on_kill called). While
-    they wait, the triggerer runs one trigger: the one that must run."""
+    they wait, the triggerer runs one trigger: the one that must run. A trigger reporting five
+    steps then firing: five recorded (as the triggerer sent them, in order), one resume."""
     killed = tmp_path / "killed"
     write_dag("e2e_composite_triggers", COMPOSITE_TRIGGERS)
     write_dag("e2e_composite", COMPOSITE_DAGS.format(killed=str(killed)))
@@ -237,3 +250,19 @@ def test_composite_waits_run_nothing_and_cancel_on_kills_the_running_trigger(
         "payloads": {"a": {"ok": True}, "b": "b"},
     }
     assert "cancelled (reason: user_action)" in services.log("triggerer")
+    wait_for(lambda: _state(sessions, "progress") == "success", timeout=60, what="progress")
+    assert xcoms.pull("e2e_composite", "c1", "progress", "return_value", None) == "stepped"
+    cipher = Cipher(services.env["DEFERRAL_FERNET_KEY"].split(","))
+    with sessions() as session:
+        ti_id = session.scalar(select(TaskInstance.id).where(TaskInstance.task_id == "progress"))
+        assert ti_id is not None
+        reports = progress.of_try(session, cipher, ti_id, 1)
+        resumes = session.scalar(
+            select(func.count()).where(
+                TaskStateChange.task_instance_id == ti_id,
+                TaskStateChange.from_state == "deferred",
+                TaskStateChange.to_state == "scheduled",
+            )
+        )
+    assert [r.payload for r in reports.kept] == [{"step": step} for step in range(1, 6)]
+    assert resumes == 1

@@ -4,6 +4,7 @@ one's never are, a stopping one hands its triggers off, and one that lost an ent
 from __future__ import annotations
 
 import signal
+import time
 from pathlib import Path
 from typing import Any
 
@@ -215,10 +216,18 @@ def test_a_stopping_triggerer_hands_its_triggers_off_at_once(
 
     leaving.send_signal(signal.SIGTERM)
     assert leaving.wait(timeout=30) == 0
+    exited = time.monotonic()
     owner, idle = _owners(broker)[entry_id]
     # Handed off: it looks idle far longer than it existed, so the peer takes it at once. (Not
     # handed off, it would read idle < 1 s here and wait for the 2.1 s threshold.)
     assert owner == "staying" or idle > 60_000, (owner, idle)
+    wait_for(
+        lambda: _owners(broker)[entry_id][0] == "staying",
+        timeout=30,
+        what="the peer to take the trigger",
+    )
+    # Running again on the peer within a second of the exit (its takeover scan: H / 4).
+    assert time.monotonic() - exited <= 1.0
     assert "cancelled (reason: shutdown)" in services.log("triggerer")
     gate.touch()
     wait_for(lambda: _state(sessions) == "success", timeout=60, what="the task to succeed")

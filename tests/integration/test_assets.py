@@ -16,7 +16,7 @@ from click.testing import CliRunner
 from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
-from deferral.assets import Asset
+from deferral.assets import Asset, AssetAlias
 from deferral.loading.dagbag import DagBag
 from deferral.runtime.config import Settings
 from deferral.runtime.crypto import Cipher
@@ -38,7 +38,7 @@ PRODUCER_AND_CONSUMERS = f"""
 import datetime as dt
 
 from deferral import DAG
-from deferral.assets import Asset
+from deferral.assets import Asset, AssetAlias
 from deferral.operators import EmptyOperator
 
 orders, a, b = Asset("orders"), Asset("s3://bucket/a"), Asset(name="b", uri="file:///b")
@@ -53,6 +53,11 @@ with DAG("both", schedule=a & b):
     EmptyOperator(task_id="c")
 
 with DAG("either", schedule=a | b, max_active_runs=50):
+    EmptyOperator(task_id="c")
+
+from deferral.assets import AssetAlias
+
+with DAG("on_alias", schedule=[AssetAlias("found")], max_active_runs=50):
     EmptyOperator(task_id="c")
 
 from deferral.timetables.assets import AssetOrTimeSchedule
@@ -150,6 +155,49 @@ def test_the_extras_a_task_gave_its_outlet_events_are_recorded_with_its_success(
     assert inlet_events.for_asset(uri="orders")[-1].source_run_id == "r2"
     with pytest.raises(KeyError, match="'other' is not an inlet of this task"):
         inlet_events["other"]
+
+
+def test_events_added_through_an_alias_resolve_it_and_run_the_dags_scheduled_on_it(
+    sessions: sessionmaker[Session], bag: DagBag
+) -> None:
+    make_runs(sessions, bag)
+    assert runs_of(sessions, "on_alias") == []  # unresolved: nothing to run on
+    ti = running_task(sessions, "t", "r1")
+    added = [
+        {
+            "alias": "found",
+            "name": "s3://bucket/a",
+            "uri": "s3://bucket/a",
+            "group": "asset",
+            "extra": {"k": 1},
+        },
+        {"alias": "found", "name": "new", "uri": "file:///new", "group": "asset", "extra": {}},
+    ]
+    with sessions.begin() as session:
+        assert record.succeed_all(
+            session, [(Attempt(ti, 1, WORKER), Succeeded(None, (), {}, added))]
+        ) == {ti}
+    make_runs(sessions, bag)
+    # Each added event runs the alias's DAG, and "a"'s also runs the DAGs scheduled on "a".
+    assert len(runs_of(sessions, "on_alias")) == 2
+    assert len(runs_of(sessions, "either")) == 1
+    inlet_events = LazyInletEvents([AssetAlias("found")])
+    got = [(e.asset.name, e.asset.uri, e.extra) for e in inlet_events[AssetAlias("found")]]
+    assert got == [("s3://bucket/a", "s3://bucket/a", {"k": 1}), ("new", "file:///new", {})]
+    # Resolved, the alias's DAG runs on its assets' other events too (as Airflow's, re-parsed).
+    with sessions.begin() as session:
+        record_watcher_event(session, "new", "w", "key-1", {})
+    make_runs(sessions, bag)
+    assert len(runs_of(sessions, "on_alias")) == 3
+    # Pruned (with the task's own "orders" event), an event takes its link to the alias with
+    # it; "a"'s still waits for "both".
+    with sessions.begin() as session:
+        session.execute(update(AssetEventRow).values(timestamp=NOW))
+    pruned = retention.prune(sessions, dt.timedelta(days=1))
+    assert (pruned.asset_event, pruned.asset_alias_event) == (3, 1)
+    assert [e.asset.name for e in LazyInletEvents([AssetAlias("found")])[AssetAlias("found")]] == [
+        "s3://bucket/a"
+    ]
 
 
 def test_a_dag_scheduled_on_a_and_b_runs_only_once_both_were_updated(

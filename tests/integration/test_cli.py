@@ -22,7 +22,7 @@ from deferral.runtime import serialization
 from deferral.runtime.config import Settings
 from deferral.runtime.crypto import Cipher, DecryptionError, Purpose
 from deferral.states import TaskState
-from deferral.store import transitions
+from deferral.store import progress, transitions
 from deferral.store.tables import (
     Dag,
     DagImportError,
@@ -741,6 +741,8 @@ def test_rotate_fernet_key_reseals_every_row_with_the_first_key(
         # ...and its trigger's kwargs sealed as before keys were derived per purpose.
         legacy = Fernet(fernet_key).encrypt(serialization.dumps({"old": "style"}, "kwargs"))
         session.get_one(Trigger, trigger_id).kwargs = legacy.decode()
+        # ...and a report its trigger made before firing.
+        assert progress.record(session, [(trigger_id, cipher.seal(Purpose.EVENT, {"step": 1}))])
     before = _sealed(sessions)
     opened = [
         {i: cipher.open(purpose, t) for i, t in column.items()}
@@ -761,7 +763,11 @@ def test_rotate_fernet_key_reseals_every_row_with_the_first_key(
         "signal.payload: 0 row(s) rotated",
         "asset_watcher.kwargs: 0 row(s) rotated",
         "signal_wait.fired: 0 row(s) rotated",
+        "trigger_progress.payload: 1 row(s) rotated",
     ]
+    with sessions() as session:
+        (report,) = progress.of_try(session, Cipher([new_key]), ti_id, 1).kept
+    assert report.payload == {"step": 1}
 
     after = _sealed(sessions)
     new_only, old_only = Cipher([new_key]), Cipher([fernet_key])

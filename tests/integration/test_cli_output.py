@@ -41,7 +41,7 @@ from tests.integration.factories import (
 )
 from tests.parsed_dags import record_dags_folder
 from triggerer.cli import main as triggerer_main
-from webserver import users
+from webserver import tokens, users
 from worker.cli import main as worker_main
 
 PROGRAMS = {
@@ -96,6 +96,7 @@ LISTINGS = {
     ("dead", "list"),
     ("assets", "list"),
     ("signals", "list"),
+    ("tokens", "list"),
 }
 
 
@@ -123,7 +124,7 @@ def everything(
 ) -> int:
     """One of every thing a listing shows: a DAG, a deferred task and its trigger, a running task
     with XComs, a triggerer, a worker, a variable, a connection, a dead letter, an asset, a
-    signal; returns the running task's id."""
+    signal, an API token; returns the running task's id."""
     write_dag(f"listed_{uuid.uuid4().hex[:8]}", CLI_DAG_SOURCE.format(dag_id="listed"))
     record_dags_folder(settings)
     deferred_task(sessions, cipher, task_id="waits", run_id="r1")
@@ -147,6 +148,7 @@ def everything(
     broker.publish(broker.keys.dead, {"error": "boom"})
     with sessions.begin() as session:
         users.create_user(session, "ann", "ann-password-1")
+        tokens.create_token(session, cipher, "bot", [tokens.SIGNALS])
     return ti_id
 
 

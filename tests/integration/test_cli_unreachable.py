@@ -48,6 +48,7 @@ ARGUMENTS = {
     "dead_ids": "1-0",
     "task_instance_id": "1",
     "options": "Approve",
+    "name": "bot",
 }
 # Options a command needs beyond its required arguments.
 OPTIONS: dict[tuple[str, ...], list[str]] = {
@@ -55,6 +56,7 @@ OPTIONS: dict[tuple[str, ...], list[str]] = {
     ("dags", "backfill"): ["-s", "2024-01-01", "-e", "2024-01-02"],
     ("connections", "add"): ["--conn-uri", "postgres://u:p@h:5432/db"],
     ("reshard-streams",): ["--shards", "1"],
+    ("tokens", "create"): ["--scope", "signals"],
 }
 # Commands that need no PostgreSQL / no Redis at all.
 WITHOUT_POSTGRES = {("streams",), ("dead", "list")}

@@ -234,6 +234,17 @@ def test_services_serve_metrics_on_every_interface_of_their_container(
             assert not service.get("ports"), name  # metrics stay inside the network
 
 
+def test_a_workers_stop_grace_period_outlasts_its_stop_grace_setting(
+    services: dict[str, Any],
+) -> None:
+    # docker compose stop sends SIGKILL at stop_grace_period: the worker must have handed back
+    # what its attempts' grace left running by then.
+    for name, service in _ours(services).items():
+        if service["command"][:2] == ["worker", "consume"]:
+            grace = float(service["environment"]["DEFERRAL_WORKER_STOP_GRACE_SEC"])
+            assert service["stop_grace_period"] == "5m0s" and grace + 30 <= 300, name
+
+
 # -- secrets ---------------------------------------------------------------------------------------
 
 

@@ -190,7 +190,7 @@ def test_a_dag_files_own_timetable_is_the_one_trigger_that_imports_its_file(
     write_dag: Callable[[str, str], Path],
     tmp_path: Path,
 ) -> None:
-    """readmodel/DECISIONS.md 6: the document keeps no timetable for a class of the DAG file's
+    """readmodel/DECISIONS.md 7: the document keeps no timetable for a class of the DAG file's
     own, so `dags trigger` imports the file for its manual interval."""
     marker = tmp_path / "imported"
     write_dag("own_timetable", OWN_TIMETABLE.format(marker=str(marker)))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import os
 import threading
@@ -32,6 +33,7 @@ WriteDag = Callable[[str, str], Path]
 
 def _dag_file(dag_id: str, body: str, dag_args: str = "") -> str:
     return f"""
+import dataclasses
 import datetime as dt
 from deferral import DAG
 from deferral.operators import EmptyOperator
@@ -580,3 +582,38 @@ def test_a_run_of_a_dag_not_yet_looked_for_waits_and_one_looked_for_and_missing_
     with sessions() as session:
         missing = session.scalars(select(DagRun).where(DagRun.dag_id == "no_such_dag")).one()
     assert missing.state == "failed"
+
+
+@pytest.mark.parametrize("resumed_first", [True, False])
+def test_a_resumed_task_is_queued_ahead_of_new_work_of_equal_weight(
+    settings: Settings,
+    sessions: sessionmaker[Session],
+    write_dag: WriteDag,
+    dag_id: str,
+    resumed_first: bool,
+) -> None:
+    """New work fills the pool's queue (older ids, equal weight); the task resumed since goes
+    first when a slot frees, unless DEFERRAL_RESUMED_FIRST is off."""
+    body = "\n".join(f'    EmptyOperator(task_id="n{i}", pool="small")' for i in range(4))
+    write_dag(dag_id, _dag_file(dag_id, body))
+    waiter = f"{dag_id}_w"
+    write_dag(waiter, _dag_file(waiter, '    EmptyOperator(task_id="w", pool="small")'))
+    _set_pool(sessions, slots=0, include_deferred=False)
+    service = _scheduler(dataclasses.replace(settings, resumed_first=resumed_first))
+    _trigger(sessions, dag_id)
+    _trigger(sessions, waiter)
+    _step(service)  # every task scheduled, none queued: the pool has no slot
+    with sessions.begin() as session:
+        w = session.scalars(select(TaskInstance.id).where(TaskInstance.task_id == "w")).one()
+        transitions.dispatch(session, [w])  # it ran before the pool filled
+    _defer(sessions, "w")
+    with sessions.begin() as session:
+        trigger_id = session.scalar(select(TaskInstance.trigger_id).where(TaskInstance.id == w))
+        assert trigger_id is not None
+        event = transitions.FiredEvent("e1", trigger_id, False, {"done": True})
+        assert transitions.resume(session, event, service.cipher).task_instance_id == w
+    _set_pool(sessions, slots=1, include_deferred=False)
+    with sessions.begin() as session:
+        service.dispatcher.scheduled(session)
+    queued = {task for task, state in _states(sessions).items() if state == "queued"}
+    assert queued == ({"w"} if resumed_first else {"n0"})

@@ -24,7 +24,7 @@ from deferral.runtime import serialization
 from deferral.runtime.config import Settings
 from deferral.runtime.crypto import Cipher, Purpose
 from deferral.states import FAIL_METHOD, TaskState
-from deferral.store import transitions
+from deferral.store import transitions, waits
 from deferral.store.callback_tokens import make_token
 from deferral.store.tables import DagRun, Signal, SignalWait, TaskInstance, TaskStateChange
 from deferral.store.transitions import Attempt, NewTaskInstance
@@ -565,3 +565,63 @@ def test_a_signal_wait_is_shown_as_such_not_as_an_unpicked_trigger(
         deferred = client.get("/deferred", headers=_basic()).text
         assert "a signal resumes them" in deferred and "a callback resumes them" in deferred
         assert "no triggerer yet" not in deferred
+
+
+def test_a_callback_that_stops_heartbeating_fails_its_task_and_one_that_beats_waits_on(
+    settings: Settings, sessions: sessionmaker[Session], cipher: Cipher
+) -> None:
+    beating, silent, plain = _running(sessions, 3)
+    every = dt.timedelta(minutes=5)
+    tokens = {ti: _token(cipher, ti) for ti in (beating, silent, plain)}
+    _defer(
+        sessions,
+        cipher,
+        [
+            (beating, CallbackTrigger(tokens[beating], heartbeat=every)),
+            (silent, CallbackTrigger(tokens[silent], heartbeat=every)),
+            (plain, CallbackTrigger(tokens[plain])),
+        ],
+    )
+    with sessions() as session:
+        ti = session.get_one(TaskInstance, beating)
+        run = session.scalars(select(DagRun).where(DagRun.run_id == "r1")).one()
+        said = "\n".join(explain(session, settings, None, run, ti))
+    assert "heartbeat every 0:05:00: the next due by " in said
+    with web_client(settings, "0.0.0.0") as client:  # no login: the token is the credential
+        beat = client.post(f"/api/v1/callbacks/{tokens[beating]}/heartbeat")
+        assert beat.status_code == 200 and "next_heartbeat_by" in beat.json()
+        no_beat = client.post(f"/api/v1/callbacks/{tokens[plain]}/heartbeat")
+        assert no_beat.status_code == 409 and "no heartbeat is awaited" in no_beat.json()["error"]
+        forged = client.post(f"/api/v1/callbacks/{tokens[silent][:-2]}xx/heartbeat")
+        assert forged.status_code == 404 and forged.json()["error"] == "unknown callback token"
+        # The silent one's interval passes (its deadline moved back instead of waiting it out).
+        with sessions.begin() as session:
+            session.execute(
+                text(
+                    "UPDATE callback_heartbeat SET due_at = now() - interval '1 second'"
+                    " FROM task_instance AS ti"
+                    " WHERE ti.id = :id AND ti.trigger_id = callback_heartbeat.trigger_id"
+                ),
+                {"id": silent},
+            )
+        with sessions.begin() as session:
+            assert waits.fail_missed_heartbeats(session, cipher) == [silent]
+        late = client.post(f"/api/v1/callbacks/{tokens[silent]}/heartbeat")
+        assert late.status_code == 409
+    with sessions() as session:
+        states = dict(
+            session.execute(
+                select(TaskInstance.id, TaskInstance.state).where(
+                    TaskInstance.id.in_([beating, silent, plain])
+                )
+            ).all()
+        )
+        failed = session.get(TaskInstance, silent)
+        assert failed is not None and failed.next_method == FAIL_METHOD
+        assert failed.next_kwargs is not None
+        kwargs = cipher.open(Purpose.RESUME_KWARGS, failed.next_kwargs)
+    assert states == {beating: "deferred", silent: "scheduled", plain: "deferred"}
+    assert kwargs["message"] == (
+        "callback heartbeat missed: no heartbeat posted within 0:05:00"
+        " (CallbackTrigger(heartbeat=datetime.timedelta(seconds=300)))"
+    )

@@ -130,3 +130,22 @@ def test_a_worker_restarted_under_its_name_fails_the_attempts_its_last_process_r
     assert lines[-1].text == (
         f"worker {WORKER} restarted: the attempt's process died with it; now up_for_retry"
     )
+
+
+def test_an_attempt_handed_back_runs_again_at_the_same_try(
+    sessions: sessionmaker[Session],
+) -> None:
+    ti_id = running_task(sessions)  # running on "worker-1", try 1
+    with sessions.begin() as session:
+        # Fenced: another worker's or another try's hand-back moves nothing.
+        assert transitions.hand_back(session, [Attempt(ti_id, 1, "worker-2")], "r") == []
+        assert transitions.hand_back(session, [Attempt(ti_id, 2, WORKER)], "r") == []
+        assert transitions.hand_back(session, [Attempt(ti_id, 1, WORKER)], "handed back") == [ti_id]
+        assert transitions.hand_back(session, [Attempt(ti_id, 1, WORKER)], "again") == []
+    ti = _ti(sessions, ti_id)
+    assert (ti.state, ti.try_number, ti.end_date) == ("scheduled", 1, None)
+    with sessions.begin() as session:
+        (queued,) = transitions.dispatch(session, [ti_id])
+        assert queued.try_number == 1  # queued again at the try it had: no try counted
+        assert transitions.start_many(session, [(ti_id, 1)], "host", "worker-2")
+    assert _ti(sessions, ti_id).try_number == 1

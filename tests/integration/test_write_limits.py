@@ -19,12 +19,15 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.testclient import TestClient
 
+from deferral import signals
 from deferral.runtime.config import Settings
 from deferral.runtime.crypto import Cipher
 from deferral.store.callback_tokens import make_token
+from deferral.store.db import make_engine, make_sessionmaker
 from deferral.store.tables import DagRun, Signal
 from deferral_cli import main as deferral_main
 from tests.integration.conftest import web_client
+from tests.integration.test_idempotency import _at_once
 from tests.integration.test_webserver import ADMIN_PASSWORD, WEB_DAG, basic, csrf_of, log_in
 from webserver import users
 
@@ -189,3 +192,28 @@ def test_oversized_payloads_and_confs_are_refused_in_one_line(
     assert result.exit_code == 2
     assert "Invalid value for --conf: must be at most 65536 bytes of JSON" in result.output
     assert _stored(sessions) == 0
+
+
+def test_one_senders_concurrent_sends_past_its_quota_never_deadlock(
+    settings: Settings, sessions: sessionmaker[Session], cipher: Cipher
+) -> None:
+    kept, threads = 5, 8
+    engine = make_engine(settings.database_url, pool_size=threads, max_overflow=0)
+    many = make_sessionmaker(engine)
+    sender = signals.Sender("bot", kept)
+
+    def send_some() -> int:
+        for n in range(25):
+            with many.begin() as session:
+                signals.send_in(session, cipher, f"k{n}", n, sender)
+        return n
+
+    try:
+        sent = _at_once(threads, send_some)
+    finally:
+        engine.dispose()
+    assert sent == [24] * threads  # no send failed (a deadlock raised before)
+    with sessions() as session:
+        stored = session.scalar(select(func.count()).where(Signal.sent_by == "bot"))
+    # Rows another send was deleting are left to it: the quota holds once the sends end.
+    assert stored is not None and stored <= kept + threads

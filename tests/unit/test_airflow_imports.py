@@ -10,9 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from deferral.exceptions import FailTask, SkipTask, TaskDeferred
+from deferral import DAG
+from deferral.exceptions import DagDefinitionError, FailTask, SkipTask, TaskDeferred
 from deferral.loading import airflow_imports
 from deferral.loading.dagbag import DagBag
+from deferral.loading.policies import check_task_values
+from deferral.operators import EmptyOperator
 from deferral.operators.bash import BashOperator
 from deferral.operators.hitl import ApprovalOperator
 from deferral.sensors.base import BaseSensorOperator
@@ -180,7 +183,7 @@ def test_common_compat_sdk_and_sdk_exceptions_are_deferrals_names(
         ),
         ("from airflow.utils.state import State", "airflow.utils.state"),
         ("import airflow.providers.amazon.aws.hooks.s3", "airflow.providers.amazon"),
-        ("from airflow.datasets import DatasetAlias", "airflow.datasets.DatasetAlias"),
+        ("from airflow.sdk import AssetAccessControl", "airflow.sdk.AssetAccessControl"),
         ("from airflow.models import DagRun", "airflow.models.DagRun"),
         (
             "from airflow.providers.common.compat.sdk import ObjectStoragePath",
@@ -330,23 +333,74 @@ def test_airflow_3_example_dags_load_unchanged(monkeypatch: pytest.MonkeyPatch) 
     bag = DagBag(AIRFLOW_EXAMPLES).collect()
     assert bag.import_errors == {}
     assert sorted(bag.dags) == [
+        "aggregate_regional_sales",
+        "asset1_producer",
+        "asset2_producer",
+        "asset_alias_example_alias_consumer",
+        "asset_alias_example_alias_consumer_with_no_taskflow",
+        "asset_alias_example_alias_producer",
+        "asset_alias_example_alias_producer_with_no_taskflow",
         "asset_consumes_1",
         "asset_consumes_1_and_2",
         "asset_consumes_1_never_scheduled",
         "asset_consumes_unknown_never_scheduled",
         "asset_produces_1",
         "asset_produces_2",
+        "asset_s3_bucket_consumer",
+        "asset_s3_bucket_consumer_with_no_taskflow",
+        "asset_s3_bucket_producer",
+        "asset_s3_bucket_producer_with_no_taskflow",
         "asset_with_extra_by_context",
         "asset_with_extra_by_yield",
         "asset_with_extra_from_classic_operator",
+        "clean_and_combine_player_stats",
+        "compute_player_odds",
         "conditional_asset_and_time_based_timetable",
         "consume_1_and_2_with_asset_expressions",
         "consume_1_or_2_with_asset_expressions",
         "consume_1_or_both_2_and_3_with_asset_expressions",
+        "consumes_asset_decorator",
+        "daily_inference",
+        "daily_team_a_rollup",
+        "example_asset_state_store_consumer",
+        "example_asset_state_store_producer",
         "example_bash_operator",
+        "example_dynamic_task_mapping",
+        "example_external_task_marker_child",
+        "example_external_task_marker_parent",
         "example_short_circuit_decorator",
+        "example_task_group_mapping",
+        "example_task_mapping_second_order",
+        "example_task_state_store",
+        "example_task_state_store_async",
+        "example_task_state_store_mapped",
+        "ingest_region_stats",
+        "ingest_regional_sales",
+        "ingest_team_a_player_stats",
+        "live_region_player_stats",
+        "monthly_team_a_rollup",
+        "multi_region_player_stats",
+        "player_odds_quality_check_wont_ever_to_trigger",
         "read_asset_event",
         "read_asset_event_from_classic",
+        "regional_stats_breakdown",
+        "scatter_live_region_to_segments",
+        "segment_region_stats_early_rollup",
+        "segment_region_stats_rollup",
+        "summarize_live_region_stats",
+        "team_b_player_stats",
+        "team_c_player_stats",
+        "trailing_week_inference",
+        "train_weekly_model",
     ]
     timetable = bag.dags["conditional_asset_and_time_based_timetable"].timetable
     assert timetable.summary == "s3://dag1/output_1.txt & s3://dag2/output_1.txt or 0 1 * * 3"
+
+
+def test_airflow_3_takes_retry_delay_in_seconds() -> None:
+    with DAG("retry_in_seconds") as dag:
+        EmptyOperator(task_id="t", retry_delay=5)
+        EmptyOperator(task_id="u", retry_delay="5")
+    assert dag.get_task("t").retry_delay == dt.timedelta(seconds=5)
+    with pytest.raises(DagDefinitionError, match=r"task 'u': retry_delay must be a timedelta"):
+        check_task_values(dag.get_task("u"), "task 'u'")

@@ -44,6 +44,7 @@ MESSAGES: list[Message] = [
         mac="m",
     ),
     QueueMessage(task_instance_id="99", try_number="2", task="dag.run.task[3]", mac="m"),
+    streams.ProgressMessage(progress_of="12", payload="gAAAAsealed", triggerer="host-1", mac="m"),
 ]
 
 
@@ -313,3 +314,48 @@ def test_a_log_too_long_to_travel_is_refused() -> None:
     log = CarriedLog(1, 1, [(1.0, "x" * MAX_CARRIED_LOG)])
     with pytest.raises(MalformedEntry, match="too long"):
         with_log(CIPHER, event_message(CIPHER, 7, "k", "event", "1", "t"), log)
+
+
+# -- progress reports -------------------------------------------------------------------------
+
+
+def test_a_progress_report_reads_back_sealed_and_is_no_event_nor_indexed() -> None:
+    message = streams.progress_message(CIPHER, 7, '{"step": 1}', "trig-1")
+    fields = to_fields(message)
+    assert "step" not in str(fields)  # sealed
+    read = streams.read_progress(CIPHER, wire(fields))
+    assert read == streams.Progress(7, message.payload, "trig-1")
+    assert CIPHER.decrypt(Purpose.EVENT, read.sealed_payload) == b'{"step": 1}'
+    assert streams.is_progress(wire(fields)) and not streams.is_wake(wire(fields))
+    keys = StreamKeys("p")
+    assert keys.index_field(keys.events, fields) == ""  # the trigger's event keeps its index
+    with pytest.raises(MalformedEntry):
+        read_event(CIPHER, wire(fields))
+
+
+@pytest.mark.parametrize("field", ["progress_of", "payload", "triggerer"])
+def test_a_changed_progress_field_fails_authentication(field: str) -> None:
+    fields = to_fields(streams.progress_message(CIPHER, 7, "1", "t"))
+    fields[field] = {"progress_of": "8"}.get(field, "forged")
+    with pytest.raises(ForgedEntry):
+        streams.read_progress(CIPHER, wire(fields))
+
+
+def test_an_event_mac_does_not_authenticate_a_progress_report() -> None:
+    event = event_message(CIPHER, 7, "7:abc", "event", "1", "t")
+    forged = {"progress_of": "7", "payload": event.payload, "triggerer": "t", "mac": event.mac}
+    with pytest.raises(ForgedEntry):
+        streams.read_progress(CIPHER, wire(forged))
+
+
+def test_progress_reports_are_bounded_in_one_line() -> None:
+    big = '"' + "x" * streams.MAX_PROGRESS_PAYLOAD + '"'
+    with pytest.raises(MalformedEntry, match=r"^a progress payload of 8194 bytes is over 8192$"):
+        streams.progress_message(CIPHER, 7, big, "t")
+    fields = to_fields(streams.progress_message(CIPHER, 7, "1", "t"))
+    fields["payload"] = "A" * (streams.MAX_SEALED_PROGRESS + 1)
+    with pytest.raises(MalformedEntry, match="payload is longer than"):
+        streams.read_progress(CIPHER, wire(fields))
+    fields["progress_of"] = "0"
+    with pytest.raises(MalformedEntry, match="progress_of 0 is out of range"):
+        streams.read_progress(CIPHER, wire(fields))

@@ -12,6 +12,7 @@ import anyio
 import pytest
 
 from broker.streams import TriggerSpec
+from deferral import signals
 from deferral.exceptions import TaskDeferred
 from deferral.operators import EmptyOperator
 from deferral.runtime import serialization
@@ -258,3 +259,29 @@ def test_a_task_deferred_raised_by_hand_is_checked_by_the_task_process() -> None
         "where": {"a": 1},
     }
     assert deferred.shared is False  # a time trigger, but a cancel-on is one task's
+
+
+def test_a_bad_heartbeat_interval_is_refused_in_one_line() -> None:
+    with pytest.raises(SignalError, match=r"^heartbeat must be a timedelta, got int$"):
+        CallbackTrigger(token="t.1.2.3.4", heartbeat=30)  # type: ignore[arg-type]
+    with pytest.raises(SignalError, match=r"^heartbeat 0:00:00.500000 is out of range"):
+        CallbackTrigger(token="t.1.2.3.4", heartbeat=dt.timedelta(seconds=0.5))
+    beating = CallbackTrigger(token="t.1.2.3.4", heartbeat=dt.timedelta(minutes=1))
+    assert beating.serialize()[1] == {"token": "t.1.2.3.4", "heartbeat": dt.timedelta(minutes=1)}
+    assert CallbackTrigger(token="t.1.2.3.4").serialize()[1] == {"token": "t.1.2.3.4"}
+
+
+def test_a_callback_that_beats_holds_its_interval_alone_or_as_a_branch() -> None:
+    token = "7.1.99999999999.nonce.sig"  # task instance 7, try 1 (its shape; not verified here)
+    every = dt.timedelta(minutes=2)
+    for trigger in (
+        CallbackTrigger(token=token, heartbeat=every),
+        AnyOf(job=CallbackTrigger(token=token, heartbeat=every), late=TimeDeltaTrigger(every)),
+    ):
+        classpath, kwargs = trigger.serialize()
+        wait = signals.wait_of(classpath, serialization.check_kwargs(kwargs), 7, 1)
+        assert wait is not None
+        assert [row.heartbeat for row in wait.rows] == [every]
+    plain = CallbackTrigger(token=token).serialize()
+    wait = signals.wait_of(plain[0], serialization.check_kwargs(plain[1]), 7, 1)
+    assert wait is not None and [row.heartbeat for row in wait.rows] == [None]

@@ -10,11 +10,14 @@ from typing import Any
 import pytest
 
 from deferral import DAG
-from deferral.exceptions import DagDefinitionError
+from deferral.exceptions import DagDefinitionError, DagNotFound, DeferralException
+from deferral.operators import EmptyOperator
 from deferral.operators.trigger_dagrun import TriggerDagRunOperator
 from deferral.sensors.external_task import ExternalTaskMarker, ExternalTaskSensor
+from deferral.store import seam
 from deferral.triggers.external_task import DagStateTrigger, WorkflowTrigger
 from deferral.utils.sensor_helper import ExternalStatus, external_status
+from deferral.utils.task_group import TaskGroup
 from tests.unit.test_operators import make_context
 
 DAY = dt.datetime(2024, 3, 1, tzinfo=dt.UTC)
@@ -193,3 +196,43 @@ def test_marker_date_defaults_to_the_runs_and_depth_must_be_positive() -> None:
     assert marker.logical_date == "{{ logical_date.isoformat() }}"
     assert marker.recursion_depth == 10
     assert dated.logical_date == DAY.isoformat()
+
+
+class _Dags:
+    """A task runtime that knows one DAG (what ExternalTaskSensor asks of it here)."""
+
+    def __init__(self, dag: DAG) -> None:
+        self.dag = dag
+
+    def get_dag(self, dag_id: str) -> DAG:
+        if dag_id != self.dag.dag_id:
+            raise DagNotFound(dag_id)
+        return self.dag
+
+    def trigger_run(self, *args: Any, **kwargs: Any) -> None:
+        raise AssertionError("not asked")
+
+    def clear_run(self, *args: Any, **kwargs: Any) -> None:
+        raise AssertionError("not asked")
+
+
+def test_a_task_group_that_does_not_exist_fails_the_sensor_at_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """As Airflow 3 (its API answers 404), whatever check_existence says."""
+    with DAG("other", start_date=DAY) as other, TaskGroup("grp"):
+        EmptyOperator(task_id="a")
+    monkeypatch.setattr(seam, "_task_runtime", _Dags(other))
+    with DAG("waits", start_date=DAY):
+        found = ExternalTaskSensor(
+            task_id="s", external_dag_id="other", external_task_group_id="grp"
+        )
+        missing = ExternalTaskSensor(
+            task_id="m", external_dag_id="other", external_task_group_id="nope"
+        )
+        no_dag = ExternalTaskSensor(task_id="n", external_dag_id="gone", external_task_group_id="g")
+    assert found.task_ids() == ["grp.a"]
+    with pytest.raises(DeferralException, match="external task group 'nope' of DAG 'other'"):
+        missing.task_ids()
+    with pytest.raises(DeferralException, match="external task group 'g' of DAG 'gone'"):
+        no_dag.task_ids()

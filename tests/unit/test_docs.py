@@ -29,9 +29,17 @@ PACKAGES = (
     "webserver",
 )
 # DEFERRAL_* names in the code that are not settings: prefixes of Variables, Connections, SMTP
-# settings (each listed), a run's ids exported to subprocesses; the tests' fault injection; a
-# metric's Python name.
-NOT_SETTINGS = {"CONN_", "VAR_", "SMTP_", "CTX_", "TEST_FAULTS", "TIMEOUTS"}
+# settings (each listed), a run's ids exported to subprocesses; the tests' fault injection and
+# clock offset; a metric's Python name.
+NOT_SETTINGS = {
+    "CONN_",
+    "VAR_",
+    "SMTP_",
+    "CTX_",
+    "TEST_FAULTS",
+    "TEST_CLOCK_OFFSET_SEC",
+    "TIMEOUTS",
+}
 BUILD_TIMEOUT_SEC = 300
 
 

@@ -11,7 +11,14 @@ from pathlib import Path
 import pytest
 
 from deferral import DAG
-from deferral.assets import Asset, AssetError, Metadata, OutletEventAccessors, collect_metadata
+from deferral.assets import (
+    Asset,
+    AssetAlias,
+    AssetError,
+    Metadata,
+    OutletEventAccessors,
+    collect_metadata,
+)
 from deferral.exceptions import DagDefinitionError
 from deferral.operators import EmptyOperator
 from worker.attempt import execute_attempt
@@ -137,3 +144,51 @@ def test_inlets_take_assets_only() -> None:
 def test_post_execute_must_be_callable() -> None:
     with DAG("d"), pytest.raises(DagDefinitionError, match="post_execute must be callable"):
         EmptyOperator(task_id="t", post_execute="not a function")
+
+
+def test_a_task_adds_events_of_any_asset_through_an_alias_in_its_outlets() -> None:
+    alias, report = AssetAlias("found"), Asset("s3://b/report")
+    events = OutletEventAccessors([alias, Asset("a")])
+    events[AssetAlias("found")].add(report, extra={"rows": 1})
+    events[alias].add(Asset("other", uri="file:///other"))
+    assert events.alias_events() == [
+        {
+            "alias": "found",
+            "name": report.name,
+            "uri": report.uri,
+            "group": "asset",
+            "extra": {"rows": 1},
+        },
+        {"alias": "found", "name": "other", "uri": "file:///other", "group": "asset", "extra": {}},
+    ]
+    with pytest.raises(AssetError, match="alias 'found': add takes an Asset, got 's3://x'"):
+        events[alias].add("s3://x")  # type: ignore[arg-type]
+    with pytest.raises(AssetError, match="alias 'found': add takes an Asset"):
+        events[alias].add(Asset.ref(name="x"))
+    with pytest.raises(KeyError, match=r"AssetAlias\(name='other'\) is not an outlet"):
+        events[AssetAlias("other")]
+
+
+def test_a_dag_scheduled_on_an_alias_waits_for_its_key() -> None:
+    alias = AssetAlias("found")
+    condition = alias | Asset("a")
+    assert list(condition.iter_keys()) == ["alias:found", "a"]
+    assert not alias.evaluate({"found"}) and alias.evaluate({"alias:found"})
+    with DAG("on_alias", schedule=[alias]) as dag:
+        EmptyOperator(task_id="t", inlets=[alias], outlets=[alias])
+    assert dag.asset_condition is not None and dag.timetable.summary == "alias:found"
+    with pytest.raises(AssetError, match="asset alias name must be a non-empty string"):
+        AssetAlias("")
+
+
+def test_metadata_with_an_alias_adds_an_event_through_it() -> None:
+    alias, found = AssetAlias("found"), Asset("found-1")
+    events = OutletEventAccessors([alias])
+
+    def yields() -> object:
+        yield Metadata(found, {"rows": 2}, alias=alias)
+
+    collect_metadata(yields(), events)  # type: ignore[arg-type]
+    assert [(e["name"], e["extra"]) for e in events.alias_events()] == [("found-1", {"rows": 2})]
+    with pytest.raises(AssetError, match="Metadata alias must be an AssetAlias, got str"):
+        Metadata(found, {}, alias="found")  # type: ignore[arg-type]

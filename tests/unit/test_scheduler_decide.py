@@ -198,13 +198,20 @@ R1, R2 = ("d", "r1"), ("d", "r2")
 
 def test_choose_dispatch_takes_highest_priority_within_the_run_budget() -> None:
     ready = [Ready(1, R1, "p", 1, 1), Ready(2, R1, "p", 1, 9), Ready(3, R1, "p", 1, 5)]
-    assert choose_dispatch(ready, run_budget={R1: 2}, pool_free={"p": 10}) == [2, 3]
+    assert choose_dispatch(ready, run_budget={R1: 2}, pool_free={"p": 10}, resumed_first=True) == [
+        2,
+        3,
+    ]
 
 
 def test_choose_dispatch_budgets_are_per_run() -> None:
     ready = [Ready(1, R1, "p", 1, 1), Ready(2, R1, "p", 1, 1), Ready(3, R2, "p", 1, 1)]
-    assert choose_dispatch(ready, run_budget={R1: 1, R2: 5}, pool_free={"p": 10}) == [1, 3]
-    assert choose_dispatch(ready, run_budget={R2: 5}, pool_free={"p": 10}) == [3]
+    assert choose_dispatch(
+        ready, run_budget={R1: 1, R2: 5}, pool_free={"p": 10}, resumed_first=True
+    ) == [1, 3]
+    assert choose_dispatch(ready, run_budget={R2: 5}, pool_free={"p": 10}, resumed_first=True) == [
+        3
+    ]
 
 
 def test_choose_dispatch_respects_pool_slots_and_lets_small_tasks_past_a_big_one() -> None:
@@ -214,16 +221,25 @@ def test_choose_dispatch_respects_pool_slots_and_lets_small_tasks_past_a_big_one
         Ready(3, R1, "p", 1, 1),
         Ready(4, R1, "q", 1, 1),
     ]
-    assert choose_dispatch(ready, run_budget={R1: 10}, pool_free={"p": 2, "q": 0}) == [2, 3]
+    assert choose_dispatch(
+        ready, run_budget={R1: 10}, pool_free={"p": 2, "q": 0}, resumed_first=True
+    ) == [2, 3]
 
 
 def test_choose_dispatch_leaves_tasks_of_unknown_pools_waiting() -> None:
-    assert choose_dispatch([Ready(1, R1, "nope", 1, 1)], run_budget={R1: 5}, pool_free={}) == []
+    assert (
+        choose_dispatch(
+            [Ready(1, R1, "nope", 1, 1)], run_budget={R1: 5}, pool_free={}, resumed_first=True
+        )
+        == []
+    )
 
 
 def test_plan_dispatch_says_what_pools_and_runs_have_left() -> None:
     ready = [Ready(1, R1, "p", 2, 1), Ready(2, R2, "p", 1, 1), Ready(3, R2, "p", 1, 1)]
-    plan = plan_dispatch(ready, run_budget={R1: 1, R2: 1}, pool_free={"p": 5, "q": 1})
+    plan = plan_dispatch(
+        ready, run_budget={R1: 1, R2: 1}, pool_free={"p": 5, "q": 1}, resumed_first=True
+    )
     assert plan.chosen == [1, 2]
     assert plan.pool_free == {"p": 2, "q": 1}
     assert plan.run_budget == {R1: 0, R2: 0}
@@ -304,3 +320,21 @@ def test_run_outcome_from_probes() -> None:
     assert run_outcome(unfinished=True, leaf_failed=True) is None
     assert run_outcome(unfinished=False, leaf_failed=False) is DagRunState.SUCCESS
     assert run_outcome(unfinished=False, leaf_failed=True) is DagRunState.FAILED
+
+
+@pytest.mark.parametrize(("resumed_first", "expected"), [(True, [3, 1]), (False, [1, 2])])
+def test_a_resumed_task_goes_ahead_of_new_work_of_equal_weight_unless_turned_off(
+    resumed_first: bool, expected: list[int]
+) -> None:
+    ready = [
+        Ready(1, R1, "p", 1, 5),
+        Ready(2, R1, "p", 1, 5),
+        Ready(3, R2, "p", 1, 5, resumed=True),
+        Ready(4, R2, "p", 1, 1, resumed=True),  # resumed, but of a lower weight: after them
+        Ready(5, R2, "p", 1, 9),  # new, of a higher weight: first whatever the setting
+    ]
+    budget = {R1: 5, R2: 5}
+    chosen = choose_dispatch(
+        ready, run_budget=budget, pool_free={"p": 3}, resumed_first=resumed_first
+    )
+    assert chosen == [5, *expected]

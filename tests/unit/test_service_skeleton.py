@@ -18,6 +18,7 @@ from broker.service import (
     Registration,
     batch_then_each,
     each_alone,
+    hand_off,
     heartbeat,
     poisoned,
     read_each,
@@ -133,3 +134,29 @@ def test_a_heartbeat_renews_hands_on_the_lost_and_records_the_process() -> None:
     heartbeat(cast(ConsumerSet, _Consumer([])), registration, handed.append)
     assert handed == [lost]
     assert recorded == [liveness.RUNNING, liveness.RUNNING]
+
+
+class _Leaving:
+    """A ConsumerSet on the way out: it holds ``held`` entries, or Redis fails."""
+
+    def __init__(self, held: int, fails: bool = False) -> None:
+        self.held = held
+        self.fails = fails
+
+    def hand_off(self) -> int:
+        if self.fails:
+            raise RedisConnectionError("gone")
+        return self.held
+
+
+def test_a_process_on_its_way_out_hands_off_what_it_holds_or_says_it_could_not(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with caplog.at_level(logging.INFO, "deferral.service"):
+        hand_off(cast(ConsumerSet, _Leaving(3)), "event entr(ies)")
+        hand_off(cast(ConsumerSet, _Leaving(0)), "event entr(ies)")  # nothing held: nothing said
+        hand_off(cast(ConsumerSet, _Leaving(3, fails=True)), "event entr(ies)")
+    assert [r.getMessage() for r in caplog.records] == [
+        "handed off 3 event entr(ies)",
+        "could not hand off event entr(ies): gone (peers take them after the delay)",
+    ]

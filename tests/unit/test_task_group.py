@@ -204,15 +204,73 @@ def test_task_group_decorator_given_a_non_function_is_refused() -> None:
         task_group("name")
 
 
-@pytest.mark.parametrize("mapping", ["expand", "partial"])
-def test_a_mapped_task_group_is_refused_naming_the_group(mapping: str) -> None:
+def test_a_mapped_task_group_maps_each_task_over_the_group_or_its_upstream_in_it() -> None:
+    @task
+    def add(num: int, by: int) -> int:
+        return num + by
+
+    @task
+    def total(values: list[int]) -> int:
+        return sum(values)
+
     @task_group
-    def per_file(name: str) -> None:
+    def per_num(num: int, by: int) -> Any:
+        return add.override(task_id="double")(add(num, by), by=by)
+
+    with DAG("mapped_groups") as d:
+        group = per_num.partial(by=1).expand(num=[1, 2, 3])
+        total(group.children["per_num.double"].output)
+    first, second = d.task_dict["per_num.add"], d.task_dict["per_num.double"]
+    assert isinstance(group, TaskGroup) and group.group_id == "per_num"
+    assert repr(first.expand_input) == "expand(num=[1, 2, 3])"
+    assert first.partial_kwargs["op_kwargs"] == {"by": 1}
+    assert repr(second.expand_input) == "expand(num=XComArg('per_num.add', key='return_value'))"
+    assert upstream(d, "per_num.double") == {"per_num.add"}
+    assert upstream(d, "total") == {"per_num.double"}
+
+
+@pytest.mark.parametrize(
+    ("build", "message"),
+    [
+        (
+            lambda g: g.expand(a=[1], b=[2]),
+            "task group 'per_file': deferral maps a task group over one argument, got 2 (a, b)",
+        ),
+        (
+            lambda g: g.expand(a="ab"),
+            "task group 'per_file': expand(a=...) takes a list, a dict or an XComArg, got str",
+        ),
+        (
+            lambda g: g.partial(b=1).expand(a=[1]),
+            "task 'per_file.t' of mapped task group 'per_file' takes neither 'a' nor another of its"
+            " tasks' results: deferral maps each task of a mapped group over one of them",
+        ),
+    ],
+)
+def test_a_mapped_task_group_deferral_cannot_map_is_refused_naming_it(
+    build: Any, message: str
+) -> None:
+    @task_group
+    def per_file(a: Any, b: Any = None) -> None:
         EmptyOperator(task_id="t")
 
     with DAG("mapped_groups"), pytest.raises(DagDefinitionError) as refused:
-        getattr(per_file, mapping)(name=["a", "b"])
+        build(per_file)
+    assert str(refused.value) == message
+
+
+def test_a_task_of_a_mapped_group_is_mapped_over_one_argument() -> None:
+    @task
+    def pair(x: int, y: int) -> int:
+        return x + y
+
+    @task_group
+    def per_num(num: int) -> None:
+        pair(num, pair(num, 1))
+
+    with DAG("mapped_groups"), pytest.raises(DagDefinitionError) as refused:
+        per_num.expand(num=[1, 2])
     assert str(refused.value) == (
-        "task group 'per_file': mapped task groups (@task_group ... .expand / .partial().expand)"
-        " are not supported by deferral"
+        "task 'pair__1' of mapped task group 'per_num': mapped over ['x', 'y'];"
+        " deferral maps a task of a mapped group over one argument"
     )

@@ -3,20 +3,25 @@
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import AsyncIterator
 from typing import Any
 
+import anyio
 import pytest
 from cryptography.fernet import Fernet
 
 from broker.streams import EVENT_KIND_EVENT, EVENT_KIND_FAILURE, EventMessage, read_event, to_fields
 from deferral.runtime import serialization
 from deferral.runtime.crypto import Cipher, Purpose
+from deferral.triggers import TriggerEvent, TriggerProgress
+from deferral.triggers.base import BaseTrigger
 from triggerer.events import (
     dedup_key,
     event_message,
     event_outcome,
     failure_message,
     failure_outcome,
+    first_event,
     masked,
 )
 
@@ -195,3 +200,20 @@ def test_a_lone_surrogate_in_an_event_or_a_failure_is_carried_escaped() -> None:
         "message": "raised \\udc80",
         "traceback": "Traceback \\udc80",
     }
+
+
+def test_progress_before_the_event_goes_to_its_handler_and_only_the_event_is_the_outcome() -> None:
+    class Reports(BaseTrigger):
+        def serialize(self) -> tuple[str, dict[str, Any]]:
+            return "x.Reports", {}
+
+        async def run(self) -> AsyncIterator[TriggerEvent | TriggerProgress]:
+            for step in range(5):
+                yield TriggerProgress(step)
+            yield TriggerEvent("done")
+
+    seen: list[Any] = []
+    outcome = anyio.run(first_event, CIPHER, "t1", Reports(), 3, {}, seen.append)
+    assert seen == [0, 1, 2, 3, 4] and outcome.payload == '"done"' and outcome.failure is None
+    # Without a handler (deferral dags test), progress is dropped and the event still comes.
+    assert anyio.run(first_event, CIPHER, "t1", Reports(), 3, {}).payload == '"done"'

@@ -1,10 +1,13 @@
-"""worker.decide: execution deadlines, deferral timeouts and __fail__ messages."""
+"""worker.decide: execution deadlines, deferral timeouts, __fail__ messages and a stopping worker's
+next step."""
 
 from __future__ import annotations
 
 import datetime as dt
 
-from worker.decide import execution_deadline, trigger_timeout
+import pytest
+
+from worker.decide import execution_deadline, stop_action, trigger_timeout
 
 NOW = dt.datetime(2024, 1, 1, 12, 0, tzinfo=dt.UTC)
 
@@ -48,3 +51,21 @@ def test_trigger_timeout_compares_instants_across_offsets() -> None:
     # The deadline is earlier in absolute time even though its wall-clock reads later.
     deadline = dt.datetime(2024, 1, 1, 13, 30, tzinfo=dt.timezone(dt.timedelta(hours=2)))
     assert trigger_timeout(NOW, dt.timedelta(hours=1), deadline) == deadline
+
+
+@pytest.mark.parametrize(
+    ("now", "running", "unrecorded", "action"),
+    [
+        (0.0, 2, 0, "wait"),  # attempts running within the grace: let them finish
+        (0.0, 0, 1, "wait"),  # outcomes still to record
+        (10.0, 0, 1, "wait"),  # past the grace, nothing to hand back: record first
+        (0.0, 0, 0, "done"),
+        (10.0, 0, 0, "done"),
+        (10.0, 2, 0, "hand_back"),  # the grace ran out
+        (10.0, 1, 1, "hand_back"),
+    ],
+)
+def test_a_stopping_worker_waits_for_its_attempts_until_the_grace_runs_out(
+    now: float, running: int, unrecorded: int, action: str
+) -> None:
+    assert stop_action(now, 10.0, running, unrecorded) == action

@@ -16,10 +16,14 @@ from __future__ import annotations
 from deferral.store.transitions.asset_events import (
     annotate_outlet_events as annotate_outlet_events,
 )
+from deferral.store.transitions.asset_events import (
+    record_alias_events as record_alias_events,
+)
 from deferral.store.transitions.attempts import Attempt as Attempt
 from deferral.store.transitions.attempts import Started as Started
 from deferral.store.transitions.attempts import fail as fail
 from deferral.store.transitions.attempts import fail_poisoned as fail_poisoned
+from deferral.store.transitions.attempts import hand_back as hand_back
 from deferral.store.transitions.attempts import has_tries_left as has_tries_left
 from deferral.store.transitions.attempts import preview_start as preview_start
 from deferral.store.transitions.attempts import reschedule as reschedule

@@ -5,21 +5,24 @@ scheduled on its asset."""
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
-from deferral.assets import MAX_EVENT_EXTRA_BYTES
+from deferral.assets import ALIAS_KEY_PREFIX, MAX_EVENT_EXTRA_BYTES
 from deferral.runtime.storable import storable, storable_text
+
+# The schedule row of a DAG scheduled on an alias names it by this key (AssetAlias.key).
+ALIAS = f"'{ALIAS_KEY_PREFIX}'"
 
 # CTEs for the success statement (``moved``: the task instances that succeeded, with their
 # dag_id, run_id, task_id and map_index): an asset event per outlet of each, queued for every
 # DAG scheduled on the asset. Read from ``moved``, not from task_instance again (a second index
 # probe and heap fetch per success, for the most part of tasks with no outlets); an empty
 # outlet table costs one probe.
-OUTLET_EVENTS_OF_MOVED = """
+OUTLET_EVENTS_OF_MOVED = f"""
     outlet_events AS (
         INSERT INTO asset_event (asset_name, source_dag_id, source_run_id, source_task_id,
                                  source_map_index)
@@ -30,12 +33,18 @@ OUTLET_EVENTS_OF_MOVED = """
         RETURNING id, asset_name
     ), outlet_queued AS (
         INSERT INTO asset_dag_run_queue (target_dag_id, asset_event_id, asset_name)
-        SELECT s.dag_id, e.id, e.asset_name
+        SELECT s.dag_id, e.id, s.asset_name
         FROM outlet_events AS e JOIN dag_schedule_asset AS s ON s.asset_name = e.asset_name
+        UNION ALL
+        SELECT s.dag_id, e.id, s.asset_name
+        FROM outlet_events AS e
+        JOIN asset_alias_asset AS r ON r.asset_name = e.asset_name
+        JOIN dag_schedule_asset AS s ON s.asset_name = {ALIAS} || r.alias_name
+        ON CONFLICT DO NOTHING
     ),"""
 
 _WATCHER_EVENT_SQL = text(
-    """
+    f"""
     WITH event AS (
         INSERT INTO asset_event (asset_name, watcher, dedup_key, extra)
         VALUES (:asset_name, :watcher, :dedup_key, CAST(:extra AS jsonb))
@@ -43,12 +52,75 @@ _WATCHER_EVENT_SQL = text(
         RETURNING id, asset_name
     ), queued AS (
         INSERT INTO asset_dag_run_queue (target_dag_id, asset_event_id, asset_name)
-        SELECT s.dag_id, e.id, e.asset_name
+        SELECT s.dag_id, e.id, s.asset_name
         FROM event AS e JOIN dag_schedule_asset AS s ON s.asset_name = e.asset_name
+        UNION ALL
+        SELECT s.dag_id, e.id, s.asset_name
+        FROM event AS e
+        JOIN asset_alias_asset AS r ON r.asset_name = e.asset_name
+        JOIN dag_schedule_asset AS s ON s.asset_name = {ALIAS} || r.alias_name
+        ON CONFLICT DO NOTHING
     )
     SELECT id FROM event
     """
 )
+
+# An event a task added through an alias (AliasEventAccessor.add), recorded with its success:
+# the asset (if no parsed DAG named it yet), the alias resolving to it, the event, its link to
+# the alias, and the queue rows of the DAGs scheduled on the asset or on an alias of it (this
+# one's row is not visible to the statement that inserts it, so it is named directly).
+_ALIAS_EVENT_SQL = text(
+    f"""
+    WITH ti AS (
+        SELECT dag_id, run_id, task_id, map_index FROM task_instance WHERE id = :ti_id
+    ), asset AS (
+        INSERT INTO asset (name, uri, "group") VALUES (:asset_name, :uri, :group)
+        ON CONFLICT (name) DO NOTHING
+    ), resolved AS (
+        INSERT INTO asset_alias_asset (alias_name, asset_name) VALUES (:alias, :asset_name)
+        ON CONFLICT DO NOTHING
+    ), event AS (
+        INSERT INTO asset_event (asset_name, source_dag_id, source_run_id, source_task_id,
+                                 source_map_index, extra)
+        SELECT :asset_name, ti.dag_id, ti.run_id, ti.task_id, ti.map_index, CAST(:extra AS jsonb)
+        FROM ti
+        RETURNING id, asset_name
+    ), linked AS (
+        INSERT INTO asset_alias_event (alias_name, asset_event_id) SELECT :alias, id FROM event
+    ), queued AS (
+        INSERT INTO asset_dag_run_queue (target_dag_id, asset_event_id, asset_name)
+        SELECT s.dag_id, e.id, s.asset_name
+        FROM event AS e JOIN dag_schedule_asset AS s
+          ON s.asset_name IN (e.asset_name, {ALIAS} || :alias)
+        UNION ALL
+        SELECT s.dag_id, e.id, s.asset_name
+        FROM event AS e
+        JOIN asset_alias_asset AS r ON r.asset_name = e.asset_name
+        JOIN dag_schedule_asset AS s ON s.asset_name = {ALIAS} || r.alias_name
+        ON CONFLICT DO NOTHING
+    )
+    SELECT id FROM event
+    """
+)
+
+
+def record_alias_events(
+    session: Session, task_instance_id: int, events: Sequence[Mapping[str, Any]]
+) -> None:
+    """Record the events the task instance added through aliases (``alias``, the asset's
+    ``name``, ``uri``, ``group``, and the ``extra``), in its success's transaction."""
+    for event in events:
+        session.execute(
+            _ALIAS_EVENT_SQL,
+            {
+                "ti_id": task_instance_id,
+                "alias": event["alias"],
+                "asset_name": event["name"],
+                "uri": event["uri"],
+                "group": event["group"],
+                "extra": _extra_body(event["extra"]),
+            },
+        )
 
 
 def _extra_body(extra: Mapping[str, Any]) -> str:

@@ -275,6 +275,25 @@ def fail(
     return to_state
 
 
+def hand_back(session: Session, attempts: Sequence[Attempt], reason: str) -> list[int]:
+    """running -> scheduled at the same try, for attempts their worker stopped before they
+    ended (its stop grace ran out): no try is counted, the scheduler queues them again, and a
+    resumed attempt keeps its resume point so it resumes again. Fenced on try and worker: an
+    attempt already failed over or ended moves nothing. Returns the ids moved."""
+    moved: list[int] = []
+    for attempt in attempts:
+        moved += _move(
+            session,
+            [attempt.task_instance_id],
+            TaskState.RUNNING,
+            TaskState.SCHEDULED,
+            reason,
+            fence=attempt.fence(),
+            end_date=None,
+        )
+    return moved
+
+
 def fail_poisoned(session: Session, ti_id: int, try_number: int, reason: str) -> bool:
     """queued / running -> failed (no retry) at ``try_number``: its queue entry killed every
     worker that took it."""
