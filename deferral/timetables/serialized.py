@@ -26,6 +26,7 @@ from deferral.timetables import (
     manual_interval,
     next_info,
 )
+from deferral.timetables.partitions import CronPartitionTimetable, PartitionedAtRuntime
 from deferral.timetables.trigger import CronTriggerTimetable
 
 
@@ -80,15 +81,27 @@ def _delta(data: Mapping[str, Any]) -> Timetable:
     return DeltaDataIntervalTimetable(dt.timedelta(seconds=data["seconds"]))
 
 
-def _cron_trigger(data: Mapping[str, Any]) -> Timetable:
+def _run_immediately(data: Mapping[str, Any]) -> bool | dt.timedelta:
     within = data.get("run_immediately_within")
+    return dt.timedelta(seconds=within) if within is not None else bool(data["run_immediately"])
+
+
+def _cron_trigger(data: Mapping[str, Any]) -> Timetable:
     return CronTriggerTimetable(
         data["cron"],
         timezone=data["timezone"],
         interval=dt.timedelta(seconds=data["interval"]),
-        run_immediately=(
-            dt.timedelta(seconds=within) if within is not None else data["run_immediately"]
-        ),
+        run_immediately=_run_immediately(data),
+    )
+
+
+def _cron_partition(data: Mapping[str, Any]) -> Timetable:
+    return CronPartitionTimetable(
+        data["cron"],
+        timezone=data["timezone"],
+        run_offset=data["run_offset"],
+        key_format=data["key_format"],
+        run_immediately=_run_immediately(data),
     )
 
 
@@ -102,6 +115,8 @@ DESERIALIZERS: dict[str, Callable[[Mapping[str, Any]], Timetable]] = {
     ),
     "delta": _delta,
     "cron_trigger": _cron_trigger,
+    "cron_partition": _cron_partition,
+    "partitioned_at_runtime": lambda data: PartitionedAtRuntime(),
     "asset": _asset,
     "asset_or_time": _asset,
 }

@@ -20,6 +20,11 @@ from deferral.timetables import (
     Timetable,
 )
 from deferral.timetables.assets import AssetOrTimeSchedule
+from deferral.timetables.partitions import (
+    CronPartitionTimetable,
+    PartitionedAssetTimetable,
+    PartitionedAtRuntime,
+)
 from deferral.timetables.serialized import deserialize_timetable
 from deferral.timetables.trigger import CronTriggerTimetable
 
@@ -35,6 +40,9 @@ BUILT_IN: list[Timetable] = [
     CronTriggerTimetable("0 2 * * *", timezone=PARIS, run_immediately=dt.timedelta(minutes=5)),
     AssetTriggeredTimetable(Asset("s3://a")),
     AssetOrTimeSchedule(timetable=CronDataIntervalTimetable("@hourly", PARIS), assets=[Asset("b")]),
+    CronPartitionTimetable("0 * * * *", timezone="UTC", run_offset=-1, key_format="%Y%m%d%H"),
+    PartitionedAssetTimetable(assets=[Asset("c")]),
+    PartitionedAtRuntime(),
 ]
 
 
