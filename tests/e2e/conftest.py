@@ -58,6 +58,12 @@ def command(name: str, *args: str) -> list[str]:
     return [str(script), *args] if script.exists() else [sys.executable, "-m", name, *args]
 
 
+# The commands that act on a DAG's parsed document (readmodel/DECISIONS.md 5), its id next.
+READS_THE_DOCUMENT = {
+    ("dags", name) for name in ("trigger", "pause", "unpause", "backfill", "next-run")
+} | {("tasks", "clear"), ("tasks", "mark")}
+
+
 class Services:
     def __init__(self, env: dict[str, str], logs: Path) -> None:
         self.env = {**os.environ, **env, "PYTHONUNBUFFERED": "1"}
@@ -96,14 +102,14 @@ class Services:
         """Run a ``deferral`` CLI command to completion, in a process of its own forked from
         one with the CLI imported (``tests/forks.py``); ``env`` adds to its environment.
         (The timeout is slack for a loaded machine.)"""
-        if args[:2] == ("dags", "trigger") and len(args) > 2:
+        if args[:2] in READS_THE_DOCUMENT and len(args) > 2:
             self.parsed(args[2], env)
         return CLI.run(list(args), {**self.env, **(env or {})}, timeout)
 
     def parsed(self, dag_id: str, env: dict[str, str] | None = None) -> None:
-        """A trigger reads the DAG's document a scheduler writes (readmodel/DECISIONS.md 5):
-        one not written yet (no scheduler running, or its first parse not done) is recorded
-        here, as a scheduler's parse does."""
+        """A trigger (and the other READS_THE_DOCUMENT) reads the DAG's document a scheduler
+        writes (readmodel/DECISIONS.md 5): one not written yet (no scheduler running, or its
+        first parse not done) is recorded here, as a scheduler's parse does."""
         settings = load_settings({**self.env, **(env or {})})
         engine = make_engine(settings.database_url)
         try:
