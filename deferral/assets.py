@@ -588,6 +588,10 @@ class AssetTriggeredTimetable(NullTimetable):
         self.condition = condition
         self.summary = condition.summary()
 
+    def _serialize(self) -> dict[str, Any] | None:
+        # Made again as timetables.serialized.StoredAssetSchedule (no clock).
+        return {"type": "asset", "summary": self.summary, "timetable": None}
+
 
 def watchers_of(condition: BaseAsset | None) -> Iterable[tuple[Asset, AssetWatcher]]:
     if condition is None:

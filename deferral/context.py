@@ -239,6 +239,22 @@ def build_context(task: BaseOperator, dag_run: DagRunInfo, ti: RuntimeTaskInstan
     }
 
 
+def run_context(dag_run: DagRunInfo) -> dict[str, Any]:
+    """What a template may use that the run alone gives (its dates, ``dag_run``, ``run_id``,
+    its conf as ``params``, ``macros``): a clear renders an ExternalTaskMarker's date with it
+    from the DAG's document, without the task's objects."""
+    run = with_data_interval(dag_run)
+    assert run.data_interval_start is not None and run.data_interval_end is not None
+    return {
+        **_dates(run.logical_date, run.data_interval_end, run.external_trigger),
+        "dag_run": run,
+        "run_id": run.run_id,
+        "data_interval_start": run.data_interval_start.astimezone(dt.UTC),
+        "params": dict(run.conf),
+        "macros": macros,
+    }
+
+
 @lru_cache(maxsize=64)
 def _dates(
     logical_date: dt.datetime, data_interval_end: dt.datetime, manual: bool

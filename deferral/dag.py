@@ -23,6 +23,7 @@ from deferral.authoring.airflow_arguments import (
     refused_default_args,
 )
 from deferral.authoring.callbacks import CallbackArg, check_callbacks
+from deferral.authoring.markers import StoredMarker, marker_of
 from deferral.deadline import DeadlineAlert, deadline_alerts, sla_alert
 from deferral.exceptions import DagDefinitionError
 from deferral.models.param import ParamValidationError, split_params
@@ -502,6 +503,11 @@ class DAG:
         ]
         mapped = [sla_alert(slas, self.sla_miss_callback)] if slas else []
         return [*self.deadline, *mapped]
+
+    def marker_of(self, task_id: str) -> StoredMarker | None:
+        """What the task ``task_id`` names if it is an ExternalTaskMarker (else None), as the
+        DAG's document keeps it."""
+        return marker_of(self.get_task(task_id))
 
     def downstream_of(self, task_id: str) -> set[str]:
         """Every task reachable downstream of ``task_id``."""

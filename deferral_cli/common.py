@@ -22,14 +22,17 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session, sessionmaker
 
 from deferral.dag import DAG
+from deferral.exceptions import ActionError
 from deferral.loading.dagbag import DagBag, DagNotFound
 from deferral.runtime.config import Settings
 from deferral.runtime.process import settings_or_exit
 from deferral.store.db import make_engine, make_sessionmaker
+from deferral.store.serialized_dags import StoredDag
 from deferral.store.tables import Dag, DagRun
 from deferral.timezone import make_aware
 
 # What the read model gives every command (named again here, where the commands look for them).
+from readmodel.dags import dag_to_change
 from readmodel.errors import EXIT_FAILED as EXIT_FAILED
 from readmodel.errors import EXIT_UNAVAILABLE as EXIT_UNAVAILABLE
 from readmodel.errors import server_error as server_error
@@ -179,18 +182,21 @@ def sessions(settings: Settings) -> sessionmaker[Session]:
     return make_sessionmaker(make_engine(settings.database_url))
 
 
-def dagbag(settings: Settings) -> DagBag:
+def _bag(settings: Settings) -> DagBag:
     """The DAGs folder read by this command, each file within DEFERRAL_DAGBAG_IMPORT_TIMEOUT
     (a file that never finishes is an import error, not a command that hangs)."""
+    return DagBag(settings.dags_folder, import_timeout=settings.dagbag_import_timeout)
+
+
+def stored_dag(settings: Settings, dag_id: str) -> StoredDag:
+    """The DAG's document a scheduler parsed (no DAG file is imported); exits with one line
+    naming it if there is none."""
     try:
-        return _bag(settings).collect()
-    except DagNotFound as exc:
+        with sessions(settings)() as session:
+            return dag_to_change(session, dag_id, settings.dags_folder)
+    except ActionError as exc:
         fail(str(exc))
         raise  # unreachable: fail exits
-
-
-def _bag(settings: Settings) -> DagBag:
-    return DagBag(settings.dags_folder, import_timeout=settings.dagbag_import_timeout)
 
 
 def load_dag(

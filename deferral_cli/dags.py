@@ -23,6 +23,7 @@ from deferral_cli.common import (
     load_dag,
     output_options,
     sessions,
+    stored_dag,
 )
 from deferral_cli.group import Lazy, LazyGroup, unescaped
 from deferral_cli.wait import (
@@ -108,7 +109,10 @@ def trigger(
     from deferral.store import actions  # with the DAG machinery, which `dags list` may not need
     from deferral.store.idempotency import IdempotencyConflict
 
-    dag = load_dag(settings, dag_id)
+    stored = stored_dag(settings, dag_id)
+    # A timetable of the DAG file's own is made again by its file alone (in a parse child,
+    # within the import timeout): the one trigger that imports it.
+    dag = stored if stored.timetable is not None else load_dag(settings, dag_id)
     keyed = (
         None
         if idempotency_key is None

@@ -10,14 +10,14 @@ import click
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from deferral.authoring.schedules import next_run
+from deferral.authoring.schedules import Schedulable, next_run
 from deferral.runtime.process import settings_or_exit
 from deferral.states import DagRunType
 from deferral.store import actions, transitions
 from deferral.store.tables import Dag, DagRun
 from deferral.store.transitions import NewDagRun
 from deferral.timetables import DagRunInfo, infos_between
-from deferral_cli.common import DateTimeParam, fail, load_dag, sessions, when
+from deferral_cli.common import DateTimeParam, fail, load_dag, sessions, stored_dag, when
 
 # Backfill runs are inserted this many per statement.
 BACKFILL_BATCH = 1000
@@ -32,7 +32,7 @@ def _batches(items: Sequence[T]) -> Iterator[list[T]]:
 
 def _set_paused(dag_id: str, paused: bool) -> None:
     settings = settings_or_exit()
-    actions.set_paused(sessions(settings), load_dag(settings, dag_id), paused)
+    actions.set_paused(sessions(settings), stored_dag(settings, dag_id), paused)
     click.echo(f"DAG {dag_id} {'paused' if paused else 'unpaused'}")
 
 
@@ -69,10 +69,13 @@ def dags_backfill(
     if end_date < start_date:
         fail(f"--end-date {when(end_date)} is before --start-date {when(start_date)}")
     settings = settings_or_exit()
-    dag = load_dag(settings, dag_id)
-    if not dag.timetable.can_be_scheduled:
+    # The timetable the document keeps; one of the DAG file's own is made by its file alone.
+    timetable = stored_dag(settings, dag_id).rebuilt_timetable()
+    if timetable is None:
+        timetable = load_dag(settings, dag_id).timetable
+    if not timetable.can_be_scheduled:
         fail(f"DAG {dag_id!r} has schedule=None: there is nothing to backfill")
-    infos = infos_between(dag.timetable, start_date, end_date)
+    infos = infos_between(timetable, start_date, end_date)
     if not infos:
         fail(f"DAG {dag_id!r} has no schedule interval between those dates")
     runs = [
@@ -123,12 +126,18 @@ def dags_next_run(dag_id: str) -> None:
     """Show the next run the scheduler will create for DAG_ID: its logical date, its data
     interval, and the moment after which it is created."""
     settings = settings_or_exit()
-    dag = load_dag(settings, dag_id)
+    stored = stored_dag(settings, dag_id)
+    # The document's timetable; one of the DAG file's own is made by its file alone.
+    timetable = stored.rebuilt_timetable()
+    dag: Schedulable = stored
+    if timetable is None:
+        dag = load_dag(settings, dag_id)
+        timetable = dag.timetable
     with sessions(settings)() as session:
         info = next_run(session, dag, dt.datetime.now(dt.UTC))
         row = session.get(Dag, dag_id)
     if info is None:
-        why = "schedule=None" if not dag.timetable.can_be_scheduled else "no interval is left"
+        why = "schedule=None" if not timetable.can_be_scheduled else "no interval is left"
         click.echo(f"no next run: {why}")
         return
     click.echo(f"logical date: {when(info.logical_date)}")

@@ -7,7 +7,6 @@ import click
 from sqlalchemy import exists, select
 
 from broker.streams import task_label
-from deferral.loading.dagbag import DagNotFound
 from deferral.runtime.process import command_group, settings_or_exit
 from deferral.states import TaskState
 from deferral.store import actions
@@ -16,7 +15,6 @@ from deferral.store.tables import DagRun
 from deferral_cli.common import (
     after_option,
     cursor_checked,
-    dagbag,
     emit_page,
     fail,
     find_run,
@@ -24,6 +22,7 @@ from deferral_cli.common import (
     output_options,
     run_id_argument,
     sessions,
+    stored_dag,
     task_instances,
 )
 from deferral_cli.group import Lazy, LazyGroup
@@ -103,18 +102,16 @@ def _apply_by_user(
     downstream tasks (all map indexes) of one run, saying what it did."""
     settings = settings_or_exit()
     try:
-        bag = dagbag(settings)
         done = actions.change_tasks(
             sessions(settings),
-            bag.get_dag(dag_id),
+            stored_dag(settings, dag_id),
             run_id,
             task_id,
             change,
             downstream=downstream,
             map_indexes=map_indexes,
-            find_dag=bag.get_dag,
         )
-    except (DagNotFound, actions.ActionError) as exc:
+    except actions.ActionError as exc:
         fail(str(exc))
         return
     for label, state in done.changed:

@@ -13,6 +13,7 @@ from typing import Any
 from sqlalchemy import func, select, text
 from sqlalchemy.orm import Session, load_only
 
+from deferral.exceptions import ActionError
 from deferral.states import TaskState
 from deferral.store.serialized_dags import (
     NOT_PARSED,
@@ -22,6 +23,7 @@ from deferral.store.serialized_dags import (
     StoredTask,
     parsed_yet,
     read_dag,
+    read_dag_to_change,
     read_summaries,
 )
 from deferral.store.tables import Dag, DagImportError, DagRun, TaskInstance
@@ -63,6 +65,15 @@ def not_found(session: Session, dag_id: str, folder: object) -> str:
     """The one line for a DAG no parse found: and why, when nothing was parsed yet."""
     unparsed = not_parsed_notice(session)
     return f"DAG {dag_id!r} not found in {folder}" + (f" ({unparsed})" if unparsed else "")
+
+
+def dag_to_change(session: Session, dag_id: str, folder: object) -> StoredDag:
+    """The parsed document of the DAG a trigger, a pause, a clear or a mark acts on (no DAG
+    file is imported); ActionError (not found) naming it."""
+    dag = read_dag_to_change(session, dag_id)
+    if dag is None:
+        raise ActionError(not_found(session, dag_id, folder), not_found=True)
+    return dag
 
 
 def import_errors(session: Session) -> list[Record]:

@@ -4,8 +4,9 @@
 `readmodel`. Here: who may do what, how an answer is rendered, and the application itself.
 
 Database and Redis calls are blocking, so they run in Starlette's thread pool. Pages read the
-DAGs the schedulers parsed (``readmodel.dags``); only the writes that need a DAG's objects
-(trigger, clear, mark) read the DAGs folder (``webserver.dagfiles``).
+DAGs the schedulers parsed (``readmodel.dags``), and so do the writes (trigger, pause, clear,
+mark); only the trigger of a DAG whose timetable is its file's own class reads the DAGs folder
+(``webserver.dagfiles``; readmodel/DECISIONS.md 7).
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
-"""The DAG objects the web UI's writes need (trigger, clear, mark: the Params to check a conf
-against, the timetable of a manual run's interval, the tasks a clear reaches): the DAGs folder
-as this process reads it, each changed file imported first in a parse child within the import
-timeout. Pages never come here: they read the DAGs the schedulers parsed (``readmodel.dags``)."""
+"""The DAG objects of the one write that needs them: the trigger of a DAG whose timetable is its
+file's own class, which only the file makes again (its manual run's interval;
+readmodel/DECISIONS.md 7): the DAGs folder as this process reads it, each changed file
+imported first in a parse child within the import timeout. Every other page and write reads
+the DAGs the schedulers parsed (``readmodel.dags``)."""
 
 from __future__ import annotations
 

@@ -9,11 +9,12 @@ from typing import TYPE_CHECKING, Any
 
 from broker.streams import WAKE
 from deferral import signals
+from deferral.dag import DAG
 from deferral.runtime.crypto import Cipher
 from deferral.store import actions
 from deferral.store.callback_tokens import Claim
-from deferral.store.serialized_dags import read_dag, stored_params
-from readmodel.dags import not_found
+from deferral.store.serialized_dags import StoredDag
+from readmodel.dags import dag_to_change
 from webserver import paramform
 from webserver.inputs import MAX_JSON_DEPTH, BadInput, check_id, json_depth
 from webserver.reads import required_id
@@ -26,7 +27,15 @@ class Writes:
     def __init__(self, ui: WebUI) -> None:
         self.ui = ui
 
-    def dag(self, dag_id: str) -> Any:
+    def dag(self, dag_id: str) -> StoredDag:
+        """The DAG's parsed document (no DAG file is imported)."""
+        with self.ui.sessions() as session:
+            return dag_to_change(session, dag_id, self.ui.settings.dags_folder)
+
+    def _with_own_timetable(self, dag_id: str) -> DAG:
+        """The DAG object of a DAG whose timetable is its file's own class, which only the file
+        makes again (its manual interval): the one write that reads the DAGs folder
+        (``webserver.dagfiles``: a parse child, within the import timeout)."""
         dag = self.ui.dag_files.dag(dag_id)
         if dag is None:
             raise actions.ActionError(
@@ -52,26 +61,17 @@ class Writes:
             conf = actions.parse_conf(conf_text)
         except ValueError as exc:
             raise BadInput(f"conf: {exc}") from None
-        dag = self.dag(dag_id)
+        stored = self.dag(dag_id)
         if form is not None:
-            conf = {
-                **paramform.conf_from_form(
-                    paramform.fields(stored_params(dag.params, dag.param_specs)), form
-                ),
-                **conf,
-            }
+            conf = {**paramform.conf_from_form(paramform.fields(stored.params), form), **conf}
+        dag = stored if stored.timetable is not None else self._with_own_timetable(dag_id)
         return actions.trigger_run(
             self.ui.sessions, dag, conf, run_id or None, idempotency_key=idempotency_key
         )
 
     def set_paused(self, dag_id: str, paused: bool) -> None:
         """Pause or unpause a DAG a scheduler parsed (its file is not read)."""
-        with self.ui.sessions() as session:
-            dag = read_dag(session, dag_id)
-            if dag is None:
-                message = not_found(session, dag_id, self.ui.settings.dags_folder)
-                raise actions.ActionError(message, not_found=True)
-        actions.set_paused(self.ui.sessions, dag, paused)
+        actions.set_paused(self.ui.sessions, self.dag(dag_id), paused)
 
     def change(
         self, dag_id: str, params: Mapping[str, Any], change: actions.Change
@@ -93,7 +93,6 @@ class Writes:
             change,
             downstream=bool(params.get("downstream")),
             map_indexes=map_indexes,
-            find_dag=self.dag,
         )
 
     def send_signal(

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Collection
+from typing import Protocol
 
 from sqlalchemy import bindparam, text
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.orm import Session
 from sqlalchemy.types import String
 
-from deferral.dag import DAG
 from deferral.states import AUTOMATED_RUN_TYPES
 from deferral.timetables import DagRunInfo, DataInterval
 
@@ -49,7 +49,18 @@ def latest_automated_intervals(
     }
 
 
-def next_run(session: Session, dag: DAG, now: dt.datetime) -> DagRunInfo | None:
+class Schedulable(Protocol):
+    """What the next run needs of a DAG: a DAG object, or its parsed document (``StoredDag``:
+    ``dags next-run`` imports no DAG file)."""
+
+    @property
+    def dag_id(self) -> str: ...
+    def next_dagrun_info(
+        self, last_automated_data_interval: DataInterval | None, *, now: dt.datetime
+    ) -> DagRunInfo | None: ...
+
+
+def next_run(session: Session, dag: Schedulable, now: dt.datetime) -> DagRunInfo | None:
     """The next run the scheduler will create for ``dag`` (None: it creates no more)."""
     latest = latest_automated_intervals(session, [dag.dag_id]).get(dag.dag_id)
     return dag.next_dagrun_info(latest, now=now)

@@ -15,9 +15,9 @@ object).
 from __future__ import annotations
 
 import weakref
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from deferral.authoring.dependencies import relate, tasks_of
 from deferral.exceptions import DagDefinitionError
@@ -152,7 +152,7 @@ def _graph(dag: DAG) -> SetupTeardownGraph:
     return SetupTeardownGraph(upstream_setups, frozenset(_deciding_leaves(dag)))
 
 
-def _relatives(dag: DAG, task_id: str, *, upstream: bool) -> set[str]:
+def _relatives(dag: SetupGraph, task_id: str, *, upstream: bool) -> set[str]:
     found: set[str] = set()
     pending = [task_id]
     while pending:
@@ -163,7 +163,7 @@ def _relatives(dag: DAG, task_id: str, *, upstream: bool) -> set[str]:
     return found
 
 
-def relevant_setups(dag: DAG, task: BaseOperator) -> list[str]:
+def relevant_setups(dag: SetupGraph, task: GraphTask) -> list[str]:
     """The setups upstream of ``task`` (at any depth) whose scope it is in: a setup with no
     teardown, or with a teardown downstream of ``task`` (Airflow's
     ``get_upstreams_only_setups``)."""
@@ -197,7 +197,31 @@ def _deciding_leaves(dag: DAG) -> set[str]:
     return leaves or {task.task_id for task in dag.tasks if not task.downstream_task_ids}
 
 
-def clearing_with(dag: DAG, task_ids: Iterable[str], *, downstream: bool) -> set[str]:
+class GraphTask(Protocol):
+    """What a clear reads of a task: an operator, or a task of a DAG's parsed document."""
+
+    @property
+    def task_id(self) -> str: ...
+    @property
+    def upstream_task_ids(self) -> set[str]: ...
+    @property
+    def downstream_task_ids(self) -> set[str]: ...
+    @property
+    def is_setup(self) -> bool: ...
+    @property
+    def is_teardown(self) -> bool: ...
+    @property
+    def retries(self) -> int: ...
+
+
+class SetupGraph(Protocol):
+    """What finding the setups and teardowns a clear brings reads of a DAG: its tasks."""
+
+    @property
+    def task_dict(self) -> Mapping[str, GraphTask]: ...
+
+
+def clearing_with(dag: SetupGraph, task_ids: Iterable[str], *, downstream: bool) -> set[str]:
     """What clearing ``task_ids`` (with their downstream tasks if ``downstream``) clears, as
     Airflow 2.10: each work task brings its relevant setups and their teardowns; a setup
     cleared alone brings its teardowns."""

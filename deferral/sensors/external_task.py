@@ -9,6 +9,7 @@ import datetime as dt
 from collections.abc import Collection, Sequence
 from typing import Any, NoReturn
 
+from deferral.authoring.markers import StoredMarker
 from deferral.context import Context
 from deferral.dag import DAG
 from deferral.exceptions import DagDefinitionError, DagNotFound, DeferralException, SkipTask
@@ -273,3 +274,13 @@ class ExternalTaskMarker(EmptyOperator):
     def execution_date(self) -> str:
         """Airflow 2's name of ``logical_date``."""
         return self.logical_date
+
+    @property
+    def marker_target(self) -> StoredMarker:
+        """What a clear of this marker also clears, as a DAG's document keeps it."""
+        return StoredMarker(
+            str(self.external_dag_id),
+            str(self.external_task_id),
+            str(self.logical_date),
+            self.recursion_depth,
+        )

@@ -7,29 +7,32 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from sqlalchemy import select
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
-from deferral.authoring.setup_teardown import clearing_with
-from deferral.baseoperator import BaseOperator
+from deferral.authoring.setup_teardown import GraphTask, SetupGraph, clearing_with
 from deferral.dag import DAG
-from deferral.exceptions import ActionError, DagDefinitionError
+from deferral.exceptions import ActionError, DagNotFound
 from deferral.runtime import controls, storable
 from deferral.runtime.crypto import Cipher
 from deferral.states import DagRunType, TaskState
 from deferral.store import idempotency, transitions
+from deferral.store.serialized_dags import (
+    StoredDag,
+    StoredMarker,
+    StoredParam,
+    read_dag_to_change,
+    stored_params,
+)
 from deferral.store.tables import Dag, DagRun, TaskInstance
 from deferral.timetables import UserTimetableError
 from deferral.utils.sensor_helper import parse_logical_date, run_of
-
-if TYPE_CHECKING:
-    from deferral.sensors.external_task import ExternalTaskMarker
 
 # Most bytes of a run's conf as JSON text (a run keeps its conf as long as the run is kept).
 MAX_CONF_BYTES = 64 * 1024
@@ -84,7 +87,7 @@ class IdempotencyKey:
 
 def trigger_run(
     sessions: sessionmaker[Session],
-    dag: DAG,
+    dag: DAG | StoredDag,
     conf: dict[str, Any],
     run_id: str | None = None,
     *,
@@ -93,9 +96,14 @@ def trigger_run(
 ) -> Triggered:
     """Create a manual run of ``dag`` at ``logical_date`` (tz-aware; default now), its run id
     ``manual__<logical date>`` unless given; its ``Param``s must accept what ``conf`` gives
-    them (else their defaults), as Airflow checks at trigger. Under ``idempotency_key``, a
-    repeat of the same trigger within the window creates nothing and answers the first's run
-    (``replayed``); IdempotencyConflict for the key used with another trigger."""
+    them (and a param without a default must be given), as Airflow checks at trigger. Under
+    ``idempotency_key``, a repeat of the same trigger within the window creates nothing and
+    answers the first's run (``replayed``); IdempotencyConflict for the key used with another
+    trigger.
+
+    ``dag`` is its parsed document (the web UI, the CLI: no DAG file is imported) unless its
+    timetable is a DAG file's own (``StoredDag.timetable`` None), which only the DAG object
+    gives the manual interval of; ``dags test`` and operators pass DAG objects."""
     made = None
     if idempotency_key is not None:
         scope = idempotency.RUNS
@@ -114,7 +122,10 @@ def trigger_run(
             )
         except idempotency.IdempotencyError as exc:
             raise ActionError(str(exc)) from None
-    check_conf_against_params(dag, conf)
+    params = (
+        dag.params if isinstance(dag, StoredDag) else stored_params(dag.params, dag.param_specs)
+    )
+    check_conf(dag.dag_id, params, conf)
     logical_date = logical_date or dt.datetime.now(dt.UTC)
     if run_id is not None:
         try:
@@ -152,14 +163,20 @@ def trigger_run(
     return Triggered(answer["run_id"], answer["paused"], outcome.replayed)
 
 
-def check_conf_against_params(dag: DAG, conf: dict[str, Any]) -> None:
-    from deferral.models.param import NOTSET, ParamValidationError
+def check_conf(dag_id: str, params: Sequence[StoredParam], conf: Mapping[str, Any]) -> None:
+    """What ``conf`` gives each param checked against its JSON schema, as ``Param.resolve``
+    checks it; a param it does not give needs a default (the defaults were checked when the DAG
+    loaded, and a secret one is masked in the document, so they are not read here)."""
+    from deferral.models.param import NOTSET, Param, ParamValidationError
 
-    for name, param in dag.param_specs.items():
+    for param in params:
+        given = conf.get(param.name, NOTSET)
+        if given is NOTSET and param.has_value:
+            continue
         try:
-            param.resolve(conf.get(name, NOTSET), name=name)
+            Param(**param.schema).resolve(given, name=param.name)
         except ParamValidationError as exc:
-            raise ActionError(f"DAG {dag.dag_id!r}: {exc}") from None
+            raise ActionError(f"DAG {dag_id!r}: {exc}") from None
 
 
 class Pausable(Protocol):
@@ -200,15 +217,39 @@ class UserChanges:
     refused: list[str]
 
 
+class TaskGraph(SetupGraph, Protocol):
+    """What clearing and marking need of a DAG (its tasks' edges, setup and teardown flags and
+    retries, and its ExternalTaskMarkers' targets): a DAG object (``dags test``, an operator's
+    reset) or its parsed document (``StoredDag``: the web UI and the CLI import no DAG file)."""
+
+    @property
+    def dag_id(self) -> str: ...
+    def downstream_of(self, task_id: str) -> set[str]: ...
+    def marker_of(self, task_id: str) -> StoredMarker | None: ...
+
+
 # change(session, task instance, its task in the DAG or None) -> whether it moved.
-Change = Callable[[Session, TaskInstance, BaseOperator | None], bool]
-# A DAG of the folder by its id; raises DagNotFound.
-FindDag = Callable[[str], DAG]
+Change = Callable[[Session, TaskInstance, GraphTask | None], bool]
+# A DAG by its id; raises DagNotFound.
+FindDag = Callable[[str], TaskGraph]
+
+
+def stored_dags(sessions: sessionmaker[Session]) -> FindDag:
+    """The DAGs the schedulers parsed, by id (their documents)."""
+
+    def find(dag_id: str) -> TaskGraph:
+        with sessions() as session:
+            dag = read_dag_to_change(session, dag_id)
+        if dag is None:
+            raise DagNotFound(f"DAG {dag_id!r} not found among the DAGs the schedulers parsed")
+        return dag
+
+    return find
 
 
 def change_tasks(
     sessions: sessionmaker[Session],
-    dag: DAG,
+    dag: TaskGraph,
     run_id: str,
     task_id: str,
     change: Change,
@@ -221,12 +262,11 @@ def change_tasks(
     else all) and, with ``downstream``, to every task downstream of it (all map indexes); a
     clear also to the setups and teardowns they bring (``setup_teardown.clearing_with``); a
     finished run reopens. A clear with ``downstream`` also clears the tasks ExternalTaskMarkers
-    name (and theirs downstream), in the runs of the DAGs ``find_dag`` (default: the DAGs
-    folder's) gives; their labels are ``dag_id:task``."""
-    try:
-        task_ids = [dag.get_task(task_id).task_id]
-    except DagDefinitionError as exc:
-        raise ActionError(str(exc), not_found=True) from None
+    name (and theirs downstream), in the runs of the DAGs ``find_dag`` (default: the DAGs the
+    schedulers parsed) gives; their labels are ``dag_id:task``."""
+    if task_id not in dag.task_dict:
+        raise ActionError(f"DAG {dag.dag_id!r} has no task {task_id!r}", not_found=True)
+    task_ids = [task_id]
     if change is clear_change:
         # Clearing (not marking) a work task clears the setups it needs and their teardowns,
         # as Airflow's clear does: the work must find what its setup made.
@@ -240,7 +280,7 @@ def change_tasks(
     # recursive clear; every run to clear is found before any is cleared.
     marked = []
     if downstream and change is clear_change:
-        marked = _marked_runs(sessions, dag, run_id, task_ids, find_dag or _dag_of_folder)
+        marked = _marked_runs(sessions, dag, run_id, task_ids, find_dag or stored_dags(sessions))
     done = _change_run_tasks(sessions, dag, run_id, task_ids, change, task_id, map_indexes)
     for other, other_run_id, other_task_ids in marked:
         more = _change_run_tasks(sessions, other, other_run_id, other_task_ids, change, None, ())
@@ -249,48 +289,40 @@ def change_tasks(
     return done
 
 
-def _dag_of_folder(dag_id: str) -> DAG:
-    from deferral.loading.dagbag import process_dagbag
-
-    return process_dagbag().get_dag(dag_id)
-
-
 def _marked_runs(
     sessions: sessionmaker[Session],
-    dag: DAG,
+    dag: TaskGraph,
     run_id: str,
     task_ids: Sequence[str],
     find_dag: FindDag,
     depth: int = 0,
     limit: int | None = None,
-) -> list[tuple[DAG, str, list[str]]]:
+) -> list[tuple[TaskGraph, str, list[str]]]:
     """(DAG, run id, task ids) of every external task an ExternalTaskMarker among ``task_ids``
     names, with its downstream tasks, followed through markers there; at most the first
     marker's ``recursion_depth`` DAGs deep (more is refused: a cycle, or too much to clear)."""
-    from deferral.loading.dagbag import DagNotFound
-    from deferral.sensors.external_task import ExternalTaskMarker
-
-    found: list[tuple[DAG, str, list[str]]] = []
-    for marker in (dag.task_dict.get(task_id) for task_id in task_ids):
-        if not isinstance(marker, ExternalTaskMarker):
+    found: list[tuple[TaskGraph, str, list[str]]] = []
+    for task_id in task_ids:
+        marker = dag.marker_of(task_id) if task_id in dag.task_dict else None
+        if marker is None:
             continue
         limit = marker.recursion_depth if limit is None else limit
         if depth >= limit:
             raise ActionError(
                 f"maximum recursion depth {limit} reached for ExternalTaskMarker "
-                f"{marker.task_id!r} of DAG {dag.dag_id!r}: too many tasks to clear, or DAGs "
+                f"{task_id!r} of DAG {dag.dag_id!r}: too many tasks to clear, or DAGs "
                 "whose markers form a cycle"
             )
         try:
             other = find_dag(marker.external_dag_id)
         except DagNotFound as exc:
-            raise ActionError(f"ExternalTaskMarker {marker.task_id!r}: {exc}") from None
+            raise ActionError(f"ExternalTaskMarker {task_id!r}: {exc}") from None
         if marker.external_task_id not in other.task_dict:
             raise ActionError(
-                f"ExternalTaskMarker {marker.task_id!r}: DAG {other.dag_id!r} has no task "
+                f"ExternalTaskMarker {task_id!r}: DAG {other.dag_id!r} has no task "
                 f"{marker.external_task_id!r}"
             )
-        logical_date = _marker_date(sessions, dag, run_id, marker)
+        logical_date = _marker_date(sessions, dag.dag_id, run_id, task_id, marker)
         with sessions() as session:
             other_run = run_of(session, other.dag_id, run_id=None, logical_date=logical_date)
         if other_run is None:
@@ -304,38 +336,35 @@ def _marked_runs(
 
 
 def _marker_date(
-    sessions: sessionmaker[Session], dag: DAG, run_id: str, marker: ExternalTaskMarker
+    sessions: sessionmaker[Session],
+    dag_id: str,
+    run_id: str,
+    task_id: str,
+    marker: StoredMarker,
 ) -> dt.datetime:
-    """The marker's ``logical_date`` rendered in the context of its run."""
-    from deferral.authoring.templating import render_template
-    from deferral.context import DagRunInfo, RuntimeTaskInstance, build_context
-    from deferral.store.xcom import DatabaseXComs
+    """The marker's ``logical_date`` rendered with what its run gives (``run_context``: its
+    dates, conf and ``macros``; a DAG's own macros and the task's objects are its file's)."""
+    import jinja2
+
+    from deferral.authoring.templating import template_env
+    from deferral.context import DagRunInfo, run_context
 
     with sessions() as session:
-        run = run_of(session, dag.dag_id, run_id=run_id, logical_date=None)
+        run = run_of(session, dag_id, run_id=run_id, logical_date=None)
     assert run is not None
-    info = DagRunInfo(
-        dag.dag_id,
-        run.run_id,
-        run.logical_date,
-        run.conf,
-        run.data_interval_start,
-        run.data_interval_end,
-        run.run_type,
-        run.partition_key,
-    )
-    ti = RuntimeTaskInstance(
-        0, dag.dag_id, run.run_id, marker.task_id, -1, 0, DatabaseXComs(sessions), run.logical_date
-    )
-    where = f"ExternalTaskMarker {marker.task_id!r} logical_date"
-    rendered = render_template(marker, marker.logical_date, build_context(marker, info, ti))
+    where = f"ExternalTaskMarker {task_id!r} logical_date"
     try:
-        return parse_logical_date(rendered if isinstance(rendered, dt.datetime) else str(rendered))
+        template = template_env(None).from_string(marker.logical_date)
+        rendered = template.render(run_context(DagRunInfo.of(run)))
+    except jinja2.TemplateError as exc:
+        raise ActionError(f"{where}: {type(exc).__name__}: {exc}") from None
+    try:
+        return parse_logical_date(rendered)
     except ValueError as exc:
         raise ActionError(f"{where}: {exc}") from None
 
 
-def clear_run(sessions: sessionmaker[Session], dag: DAG, run_id: str) -> UserChanges:
+def clear_run(sessions: sessionmaker[Session], dag: TaskGraph, run_id: str) -> UserChanges:
     """Run every task of one run again (Airflow's ``dag.clear`` of a run, as
     ``TriggerDagRunOperator(reset_dag_run=True)`` does); the run reopens."""
     task_ids = sorted(dag.task_dict)
@@ -344,7 +373,7 @@ def clear_run(sessions: sessionmaker[Session], dag: DAG, run_id: str) -> UserCha
 
 def _change_run_tasks(
     sessions: sessionmaker[Session],
-    dag: DAG,
+    dag: TaskGraph,
     run_id: str,
     task_ids: Sequence[str],
     change: Change,
@@ -390,7 +419,7 @@ def _change_run_tasks(
     return UserChanges(changed, refused)
 
 
-def clear_change(session: Session, ti: TaskInstance, task: BaseOperator | None) -> bool:
+def clear_change(session: Session, ti: TaskInstance, task: GraphTask | None) -> bool:
     """Run the task instance again, as a new try with its task's retries."""
     return transitions.clear(session, ti, retries=task.retries if task else 0)
 
@@ -402,7 +431,7 @@ def mark_change(to_state: str) -> Change:
         raise ActionError(f"a task can be marked {allowed}, not {to_state!r}")
     state = TaskState(to_state)
 
-    def mark(session: Session, ti: TaskInstance, task: BaseOperator | None) -> bool:
+    def mark(session: Session, ti: TaskInstance, task: GraphTask | None) -> bool:
         return transitions.mark(session, ti, state)
 
     return mark

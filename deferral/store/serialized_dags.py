@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import functools
 import hashlib
 import json
 import logging
@@ -20,9 +21,12 @@ from sqlalchemy import delete, exists, func, select
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session
 
-from deferral.exceptions import DagDefinitionError
+from deferral.authoring.markers import StoredMarker, marker_of
+from deferral.exceptions import ActionError, DagDefinitionError
 from deferral.runtime.secrets_masker import redact
 from deferral.store.tables import DagFolderParse, SerializedDag
+from deferral.timetables import DagRunInfo, DataInterval, TimeRestriction, Timetable, next_info
+from deferral.timetables.serialized import deserialize_timetable
 
 if TYPE_CHECKING:
     from deferral.baseoperator import BaseOperator
@@ -32,6 +36,9 @@ log = logging.getLogger("deferral.store.serialized_dags")
 
 # The documentation attributes of a task, as Airflow names them.
 TASK_DOCS = ("doc_md", "doc", "doc_rst", "doc_json", "doc_yaml")
+# The version of the documents serialize_dag writes: 2 keeps the timetable and the
+# ExternalTaskMarkers' targets, which a trigger, a clear and a mark read.
+DOCUMENT_VERSION = 2
 
 
 @dataclass(frozen=True)
@@ -81,10 +88,19 @@ class StoredTask:
     # Its documentation attributes (TASK_DOCS) that are set, by name.
     docs: dict[str, str] = field(default_factory=dict)
     mapping: StoredMapping | None = None
+    marker: StoredMarker | None = None
 
     @property
     def retry_delay(self) -> dt.timedelta:
         return dt.timedelta(seconds=self.retry_delay_sec)
+
+    @functools.cached_property
+    def upstream_task_ids(self) -> set[str]:
+        return set(self.upstream)
+
+    @functools.cached_property
+    def downstream_task_ids(self) -> set[str]:
+        return set(self.downstream)
 
 
 @dataclass(frozen=True)
@@ -110,10 +126,64 @@ class StoredDag:
     tasks: list[StoredTask]
     # (upstream, downstream, label) of each labelled edge.
     edge_labels: list[tuple[str, str, str]] = field(default_factory=list)
+    # Its timetable as its serialize() gives it (None: a DAG file's own, which only its
+    # file makes again).
+    timetable: dict[str, Any] | None = None
+    # Its start_date and end_date (ISO 8601; None: not set).
+    start_date: str | None = None
+    end_date: str | None = None
+    # DOCUMENT_VERSION when written (a document without one: 1).
+    version: int = 1
 
-    @property
+    @functools.cached_property
     def task_dict(self) -> dict[str, StoredTask]:
         return {task.task_id: task for task in self.tasks}
+
+    def downstream_of(self, task_id: str) -> set[str]:
+        """Every task reachable downstream of ``task_id``."""
+        tasks = self.task_dict
+        found: set[str] = set()
+        pending = [task_id]
+        while pending:
+            for down in tasks[pending.pop()].downstream_task_ids - found:
+                found.add(down)
+                pending.append(down)
+        return found
+
+    def marker_of(self, task_id: str) -> StoredMarker | None:
+        return self.task_dict[task_id].marker
+
+    def rebuilt_timetable(self) -> Timetable | None:
+        """Its timetable made again from the document (None: a DAG file's own)."""
+        return deserialize_timetable(self.timetable) if self.timetable is not None else None
+
+    def _timetable(self) -> Timetable:
+        timetable = self.rebuilt_timetable()
+        if timetable is None:
+            raise ValueError(f"DAG {self.dag_id!r} has a timetable of its DAG file's own")
+        return timetable
+
+    def infer_manual_data_interval(self, run_after: dt.datetime) -> DataInterval:
+        """The data interval of a run triggered at ``run_after``, from the kept timetable;
+        ValueError for a DAG file's own timetable (only its file can say)."""
+        return self._timetable().infer_manual_data_interval(run_after=run_after)
+
+    def next_dagrun_info(
+        self, last_automated_data_interval: DataInterval | None, *, now: dt.datetime
+    ) -> DagRunInfo | None:
+        """``DAG.next_dagrun_info`` from the kept timetable, start and end dates and catchup;
+        ValueError for a DAG file's own timetable."""
+        restriction = TimeRestriction(
+            dt.datetime.fromisoformat(self.start_date) if self.start_date else None,
+            dt.datetime.fromisoformat(self.end_date) if self.end_date else None,
+            self.catchup,
+        )
+        return next_info(
+            self._timetable(),
+            last_automated_data_interval=last_automated_data_interval,
+            restriction=restriction,
+            now=now,
+        )
 
     @property
     def order(self) -> list[str]:
@@ -129,6 +199,7 @@ class StoredDag:
                 **{
                     **task,
                     "mapping": StoredMapping(**task["mapping"]) if task.get("mapping") else None,
+                    "marker": StoredMarker(**task["marker"]) if task.get("marker") else None,
                 }
             )
             for task in data["tasks"]
@@ -169,6 +240,10 @@ def serialize_dag(dag: DAG) -> StoredDag:
             for (up, down), info in dag.edge_info.items()
             if info.get("label")
         ),
+        timetable=dag.timetable.serialize(),
+        start_date=dag.start_date.isoformat() if dag.start_date else None,
+        end_date=dag.end_date.isoformat() if dag.end_date else None,
+        version=DOCUMENT_VERSION,
     )
 
 
@@ -242,6 +317,7 @@ def _task(task: BaseOperator) -> StoredTask:
         display_name=str(name) if name else None,
         docs={doc: str(text) for doc in TASK_DOCS if (text := getattr(task, doc, None))},
         mapping=mapping,
+        marker=marker_of(task),
     )
 
 
@@ -341,6 +417,19 @@ def parsed_yet(session: Session) -> bool:
 def read_dag(session: Session, dag_id: str) -> StoredDag | None:
     data = session.scalar(select(SerializedDag.data).where(SerializedDag.dag_id == dag_id))
     return StoredDag.from_document(data) if data is not None else None
+
+
+def read_dag_to_change(session: Session, dag_id: str) -> StoredDag | None:
+    """``read_dag`` for a trigger, a clear or a mark: ActionError for a document an older
+    scheduler wrote (without the timetable and the markers these read; a scheduler of this
+    version rewrites it at its first parse)."""
+    dag = read_dag(session, dag_id)
+    if dag is not None and dag.version < DOCUMENT_VERSION:
+        raise ActionError(
+            f"DAG {dag_id!r} was last parsed by an older scheduler: try again once a scheduler "
+            "of this version has parsed the DAGs folder"
+        )
+    return dag
 
 
 def read_dags(session: Session, dag_ids: Sequence[str] | None = None) -> dict[str, StoredDag]:

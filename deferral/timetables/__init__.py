@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import datetime as dt
 import inspect
+import zoneinfo
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any, TypeAlias
@@ -127,6 +128,23 @@ class Timetable(ABC):
     def infer_manual_data_interval(self, *, run_after: dt.datetime) -> DataInterval:
         """The data interval of a run triggered by hand at ``run_after``."""
 
+    def serialize(self) -> dict[str, Any] | None:
+        """This timetable as a typed, JSON-able dict (``{"type": kind, ...}``) that
+        ``deferral.timetables.serialized.deserialize_timetable`` makes again, as Airflow's
+        ``Timetable.serialize``; None when it cannot be: a class that does not define
+        ``_serialize`` itself (a DAG file's own, even a subclass of a built-in one: only its file
+        makes it again), or values JSON cannot hold."""
+        own = type(self).__dict__.get("_serialize")
+        result: dict[str, Any] | None = own(self) if own is not None else None
+        return result
+
+
+def zone_name(timezone: dt.tzinfo) -> str | None:
+    """The IANA name of ``timezone`` (None: one no name makes again)."""
+    if isinstance(timezone, zoneinfo.ZoneInfo):
+        return timezone.key
+    return "UTC" if timezone is UTC else None
+
 
 class UserTimetableError(InvalidSchedule):
     """A DAG file's own timetable raised, or returned what is not a run: the message names its
@@ -221,6 +239,9 @@ class NullTimetable(Timetable):
     summary = "None"
     can_be_scheduled = False
 
+    def _serialize(self) -> dict[str, Any] | None:
+        return {"type": "null"}
+
     def next_dagrun_info(
         self,
         *,
@@ -239,6 +260,9 @@ class OnceTimetable(NullTimetable):
 
     summary = ONCE
     can_be_scheduled = True
+
+    def _serialize(self) -> dict[str, Any] | None:
+        return {"type": "once"}
 
     def next_dagrun_info(
         self,
@@ -260,6 +284,9 @@ class ContinuousTimetable(NullTimetable):
 
     summary = CONTINUOUS
     can_be_scheduled = True
+
+    def _serialize(self) -> dict[str, Any] | None:
+        return {"type": "continuous"}
 
     def next_dagrun_info(
         self,
@@ -339,6 +366,7 @@ class CronDataIntervalTimetable(_DataIntervalTimetable):
 
     def __init__(self, expression: str, timezone: dt.tzinfo) -> None:
         self.summary = expression
+        self._given = expression
         self._expression = CRON_PRESETS.get(expression, expression)
         self._timezone = timezone
         try:
@@ -349,6 +377,12 @@ class CronDataIntervalTimetable(_DataIntervalTimetable):
 
     def __repr__(self) -> str:
         return f"CronDataIntervalTimetable({self.summary!r}, {self._timezone})"
+
+    def _serialize(self) -> dict[str, Any] | None:
+        zone = zone_name(self._timezone)
+        if zone is None:
+            return None
+        return {"type": "cron", "expression": self._given, "timezone": zone}
 
     def _naive(self, current: dt.datetime) -> dt.datetime:
         return current.astimezone(self._timezone).replace(tzinfo=None)
@@ -404,6 +438,10 @@ def _delta_seconds(delta: Delta) -> float:
     )
 
 
+# The fields of a relativedelta a delta schedule keeps (its absolute ones are not kept).
+_RELATIVE_FIELDS = ("years", "months", "days", "hours", "minutes", "seconds", "microseconds")
+
+
 class DeltaDataIntervalTimetable(_DataIntervalTimetable):
     """Intervals of a fixed ``timedelta`` (or ``relativedelta``) from the start date."""
 
@@ -416,6 +454,15 @@ class DeltaDataIntervalTimetable(_DataIntervalTimetable):
 
     def __repr__(self) -> str:
         return f"DeltaDataIntervalTimetable({self._delta!r})"
+
+    def _serialize(self) -> dict[str, Any] | None:
+        delta = self._delta
+        if isinstance(delta, dt.timedelta):
+            return {"type": "delta", "seconds": delta.total_seconds()}
+        fields = {name: getattr(delta, name) for name in _RELATIVE_FIELDS}
+        if relativedelta(**fields) != delta:  # absolute fields (a weekday, a month, ...)
+            return None
+        return {"type": "delta", "relativedelta": {k: v for k, v in fields.items() if v}}
 
     def _get_next(self, current: dt.datetime) -> dt.datetime:
         result: dt.datetime = _utc(current) + self._delta

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Sequence
+from typing import Any
 
 from deferral.assets import BaseAsset, asset_condition
 from deferral.timetables import (
@@ -43,3 +44,9 @@ class AssetOrTimeSchedule(Timetable):
 
     def infer_manual_data_interval(self, *, run_after: dt.datetime) -> DataInterval:
         return manual_interval(self.timetable, run_after)
+
+    def _serialize(self) -> dict[str, Any] | None:
+        clock = self.timetable.serialize()
+        if clock is None:
+            return None
+        return {"type": "asset_or_time", "summary": self.summary, "timetable": clock}

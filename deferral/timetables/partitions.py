@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 from deferral.assets import Asset, BaseAsset, asset_condition
 from deferral.partitions import IdentityMapper, PartitionError, PartitionMapper
@@ -46,6 +47,13 @@ class CronPartitionTimetable(CronTriggerTimetable):
 
     def __repr__(self) -> str:
         return f"CronPartitionTimetable({self.summary!r})"
+
+    def _serialize(self) -> dict[str, Any] | None:
+        data = super()._serialize()
+        if data is None:
+            return None
+        extra = {"run_offset": self.run_offset, "key_format": self.key_format}
+        return {**data, "type": "cron_partition", **extra}
 
     def partition_key(self, logical_date: dt.datetime) -> str:
         """The key of the run at ``logical_date``."""
@@ -102,6 +110,11 @@ class PartitionedAssetTimetable(NullTimetable):
     def mapper_of(self, asset_name: str) -> PartitionMapper:
         return self.mappers.get(asset_name, self.default_partition_mapper)
 
+    def _serialize(self) -> dict[str, Any] | None:
+        # Made again as timetables.serialized.StoredAssetSchedule (no clock): its mappers are
+        # the scheduler's, which has the DAG's objects.
+        return {"type": "asset", "summary": self.summary, "timetable": None}
+
 
 class PartitionedAtRuntime(NullTimetable):
     """No run by the clock; the tasks name the partitions they write
@@ -109,3 +122,6 @@ class PartitionedAtRuntime(NullTimetable):
 
     partitioned = True
     summary = "partitioned at runtime"
+
+    def _serialize(self) -> dict[str, Any] | None:
+        return {"type": "partitioned_at_runtime"}

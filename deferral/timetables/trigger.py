@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import datetime as dt
 import zoneinfo
+from typing import Any
 
 from deferral.timetables import (
     CronDataIntervalTimetable,
@@ -15,6 +16,7 @@ from deferral.timetables import (
     InvalidSchedule,
     TimeRestriction,
     Timetable,
+    zone_name,
 )
 
 
@@ -48,6 +50,20 @@ class CronTriggerTimetable(Timetable):
 
     def __repr__(self) -> str:
         return f"CronTriggerTimetable({self.summary!r})"
+
+    def _serialize(self) -> dict[str, Any] | None:
+        zone = zone_name(self._points._timezone)
+        if zone is None:
+            return None
+        data: dict[str, Any] = {
+            "type": "cron_trigger",
+            "cron": self._points._given,
+            "timezone": zone,
+            "interval": self._interval.total_seconds(),
+        }
+        if isinstance(self._run_immediately, dt.timedelta):
+            return {**data, "run_immediately_within": self._run_immediately.total_seconds()}
+        return {**data, "run_immediately": bool(self._run_immediately)}
 
     def _first_run(self, now: dt.datetime) -> dt.datetime:
         """With no earliest date and no run yet: ``run_immediately`` says whether the latest

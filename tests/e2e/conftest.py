@@ -25,13 +25,15 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from broker.client import Broker
+from deferral.runtime.config import load_settings
 from deferral.runtime.crypto import Cipher, Purpose
 from deferral.states import TaskState
 from deferral.store.db import make_engine, make_sessionmaker
-from deferral.store.tables import TaskInstance, Trigger
+from deferral.store.tables import SerializedDag, TaskInstance, Trigger
 from tests.conftest import delete_stream_keys, empty_tables, new_stream_prefix
 from tests.forks import LANE, ForkedProcess
 from tests.helpers import wait_for
+from tests.parsed_dags import record_dags_folder
 from tests.servers import REDIS_URL, TEST_FAR_TIMER_HORIZON_SEC
 from triggerer.events import event_message
 
@@ -54,6 +56,12 @@ def command(name: str, *args: str) -> list[str]:
     """The console script ``name`` next to this interpreter, else ``python -m name``."""
     script = BIN / name
     return [str(script), *args] if script.exists() else [sys.executable, "-m", name, *args]
+
+
+# The commands that act on a DAG's parsed document (readmodel/DECISIONS.md 5), its id next.
+READS_THE_DOCUMENT = {
+    ("dags", name) for name in ("trigger", "pause", "unpause", "backfill", "next-run")
+} | {("tasks", "clear"), ("tasks", "mark")}
 
 
 class Services:
@@ -94,7 +102,23 @@ class Services:
         """Run a ``deferral`` CLI command to completion, in a process of its own forked from
         one with the CLI imported (``tests/forks.py``); ``env`` adds to its environment.
         (The timeout is slack for a loaded machine.)"""
+        if args[:2] in READS_THE_DOCUMENT and len(args) > 2:
+            self.parsed(args[2], env)
         return CLI.run(list(args), {**self.env, **(env or {})}, timeout)
+
+    def parsed(self, dag_id: str, env: dict[str, str] | None = None) -> None:
+        """A trigger (and the other READS_THE_DOCUMENT) reads the DAG's document a scheduler
+        writes (readmodel/DECISIONS.md 5): one not written yet (no scheduler running, or its
+        first parse not done) is recorded here, as a scheduler's parse does."""
+        settings = load_settings({**self.env, **(env or {})})
+        engine = make_engine(settings.database_url)
+        try:
+            with make_sessionmaker(engine)() as session:
+                found = session.get(SerializedDag, dag_id)
+        finally:
+            engine.dispose()
+        if found is None:
+            record_dags_folder(settings)
 
     def log(self, name: str) -> str:
         return (self.logs / f"{name}.log").read_text(errors="replace")

@@ -154,6 +154,7 @@ def test_wait_exits_3_when_the_timeout_passes_first(
 def test_ctrl_c_stops_waiting_with_130_and_the_run_goes_on(
     running: Services, sessions: sessionmaker[Session]
 ) -> None:
+    running.parsed("e2e_wait_long")  # what `dags trigger` reads
     proc = subprocess.Popen(
         command("deferral", "dags", "trigger", "e2e_wait_long", "--run-id", "r3", "--wait"),
         env=running.env,

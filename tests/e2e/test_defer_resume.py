@@ -124,6 +124,7 @@ def test_task_defers_frees_its_slot_and_resumes_on_a_fresh_instance(
 ) -> None:
     write_dag("e2e_defer_dag", DEFER_DAG)
     _start_all(services, concurrency=1)
+    services.parsed("e2e_defer")  # what `dags trigger` reads
     waiter = subprocess.Popen(
         command("deferral", "dags", "trigger", "e2e_defer", "--wait", "--timeout", "90"),
         env=services.env,

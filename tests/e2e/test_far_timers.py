@@ -43,6 +43,7 @@ def test_a_far_timer_is_published_by_the_scheduler_when_near_and_resumes_once(
     horizon = {"DEFERRAL_FAR_TIMER_HORIZON_SEC": "2"}
     for name in ("scheduler", "worker", "triggerer"):
         services.start(name, env=horizon)
+    services.parsed("e2e_far")  # what `dags trigger` reads
     done = subprocess.run(
         command("deferral", "dags", "trigger", "e2e_far", "--wait", "--timeout", "90"),
         env=services.env,

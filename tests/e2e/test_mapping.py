@@ -173,6 +173,7 @@ def _run(
 ) -> None:
     """Trigger ``dag_id`` and wait for its run to succeed; ``then()``, if given, is called while
     it runs."""
+    services.parsed(dag_id)  # what `dags trigger` reads
     waiting = subprocess.Popen(
         command("deferral", "dags", "trigger", dag_id, "--wait", "--timeout", "150"),
         env=services.env,

@@ -99,6 +99,7 @@ def test_each_service_serves_metrics_that_move_with_a_deferral(
     assert before["triggerer"][("deferral_triggers_cancelled_total", user_action)] == 0
     for samples in before.values():
         assert [labels for name, labels in samples if name == "deferral_build_info"]
+    services.parsed("e2e_metrics")  # what `dags trigger` reads
     waiter = subprocess.Popen(
         command("deferral", "dags", "trigger", "e2e_metrics", "--wait", "--timeout", "90"),
         env=services.env,

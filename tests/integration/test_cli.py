@@ -115,6 +115,7 @@ def test_trigger_checks_conf_against_the_dags_params(
         f"dag = DAG('{dag_id}', params={{'n': Param(1, type='integer', minimum=1),"
         " 'who': Param(type='string')})\n",
     )
+    record_dags_folder(settings)
     bad = CliRunner().invoke(deferral_main, ["dags", "trigger", dag_id, "--conf", '{"n": 0}'])
     assert bad.exit_code == 1
     assert "param 'n': 0 is invalid" in bad.output

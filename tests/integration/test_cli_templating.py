@@ -19,6 +19,7 @@ from deferral.runtime.config import Settings
 from deferral.store.tables import DagRun, TaskInstance
 from deferral_cli import main as deferral_main
 from tests.integration.factories import DAG_ID, running_task
+from tests.parsed_dags import record_dags_folder
 
 
 def deferral(*args: str) -> Result:
@@ -320,9 +321,10 @@ with DAG("{dag_id}", params={{"x": "dag-x"}}) as dag:
 
 
 @pytest.fixture
-def render_dag(write_dag: Callable[[str, str], Path]) -> str:
+def render_dag(settings: Settings, write_dag: Callable[[str, str], Path]) -> str:
     dag_id = f"render_{uuid.uuid4().hex[:8]}"
     write_dag(dag_id, RENDER_DAG.format(dag_id=dag_id))
+    record_dags_folder(settings)  # a trigger reads what a scheduler parsed
     return dag_id
 
 

@@ -20,6 +20,7 @@ from deferral.runtime.config import Settings
 from deferral.store import liveness
 from deferral.store.tables import DagRun, Scheduler, TaskInstance, TaskLog, Trigger
 from tests.forks import LANE
+from tests.parsed_dags import record_dags_folder
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 TIMEOUT_SEC = 180
@@ -207,6 +208,7 @@ def test_bad_input_gets_one_line(
 def test_dags_trigger_takes_the_logical_date(
     settings: Settings, sessions: sessionmaker[Session], cli_dag: str
 ) -> None:
+    record_dags_folder(settings)  # a trigger reads what a scheduler parsed
     for flag, day in (("--logical-date", "2024-05-01"), ("-e", "2024-05-02")):
         done = deferral({}, "dags", "trigger", cli_dag, flag, day)
         assert done.returncode == 0, done.stderr

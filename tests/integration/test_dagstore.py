@@ -3,7 +3,9 @@ and the web UI and the display commands read only that, never a DAG file."""
 
 from __future__ import annotations
 
+import base64
 import dataclasses
+import datetime as dt
 import os
 import subprocess
 import sys
@@ -20,9 +22,11 @@ from starlette.testclient import TestClient
 from deferral.runtime.config import Settings
 from deferral.store import serialized_dags
 from deferral.store.serialized_dags import NOT_PARSED
-from deferral.store.tables import SerializedDag
+from deferral.store.tables import DagRun, SerializedDag
 from deferral_cli import main as deferral_main
+from tests.integration.conftest import WEB_ADMIN_PASSWORD
 from tests.parsed_dags import FolderRecorder, record_dags_folder
+from webserver import users
 from webserver.app import create_app
 
 DAG_SOURCE = "from deferral import DAG\nfrom deferral.operators import EmptyOperator\n"
@@ -79,10 +83,11 @@ def test_a_dag_that_fails_to_serialize_keeps_its_last_document(
     assert set(after) == {"odd", "fine"} and after["odd"] == first["odd"]
 
 
+BASIC_ADMIN = "Basic " + base64.b64encode(f"admin:{WEB_ADMIN_PASSWORD}".encode()).decode()
 SLEEPER = "import time\nwhile True:\n    time.sleep(1)\n"
 
 
-def test_pages_and_dags_list_never_import_a_dag_file(
+def test_pages_commands_and_actions_never_import_a_dag_file(
     settings: Settings,
     sessions: sessionmaker[Session],
     service_env: dict[str, str],
@@ -90,8 +95,10 @@ def test_pages_and_dags_list_never_import_a_dag_file(
     tmp_path: Path,
 ) -> None:
     """A file that writes a marker when imported and one that sleeps for ever: the pages and
-    `deferral dags list` answer at once, before and after a scheduler's parse, and neither
-    writes the marker; the scheduler's parse records the sleeper as an import error."""
+    `deferral dags list` answer at once, before and after a scheduler's parse, and so do the
+    web UI's trigger, pause, clear and mark and `deferral dags trigger|pause`, `tasks
+    clear|mark`; none writes the marker; the scheduler's parse records the sleeper as an
+    import error."""
     marker = tmp_path / "imported"
     write_dag(
         "marks",
@@ -101,7 +108,9 @@ def test_pages_and_dags_list_never_import_a_dag_file(
     sleeper = write_dag("sleeps", SLEEPER).resolve()
     quick = dataclasses.replace(settings, dagbag_import_timeout=1.0)
 
-    app = create_app(quick, host="127.0.0.1", environ={})
+    app = create_app(
+        quick, host="127.0.0.1", environ={users.ADMIN_PASSWORD_ENV: WEB_ADMIN_PASSWORD}
+    )
     with TestClient(app, base_url="http://localhost") as web:
         # No scheduler has parsed yet: said, never read from the folder.
         page = web.get("/dags")
@@ -133,4 +142,66 @@ def test_pages_and_dags_list_never_import_a_dag_file(
         )
         assert listed.returncode == 1 and listed.stdout.splitlines()[1].startswith("marks ")
         assert listed.stderr.startswith(f"error: {sleeper}: DagImportTimeout")
+
+        # The writes read the DAG's document: its params, timetable and task graph.
+        admin = {"headers": {"authorization": BASIC_ADMIN}}
+        api = "/api/v1/dags/marks"
+        assert web.post(f"{api}/runs", json={"run_id": "web"}, **admin).status_code == 201
+        assert web.post(f"{api}/pause", json={}, **admin).status_code == 200
+        change = {"run_id": "web", "task_id": "a", "downstream": True}
+        assert web.post(f"{api}/clear", json=change, **admin).status_code == 200
+        marked = web.post(f"{api}/mark", json={**change, "state": "success"}, **admin)
+        assert marked.status_code == 200
+        for command in (
+            ["dags", "trigger", "marks", "--run-id", "cli"],
+            ["dags", "unpause", "marks"],
+            ["dags", "next-run", "marks"],
+            ["tasks", "clear", "marks", "cli", "a", "--downstream"],
+            ["tasks", "mark", "marks", "cli", "a", "--state", "failed"],
+        ):
+            done = CliRunner().invoke(deferral_main, command)
+            assert done.exit_code == 0, (command, done.output)
     assert not marker.exists()
+
+
+OWN_TIMETABLE = """
+import datetime as dt
+import pathlib
+from deferral import DAG
+from deferral.operators import EmptyOperator
+from deferral.timetables import DataInterval, NullTimetable
+
+pathlib.Path({marker!r}).write_text("imported")
+
+
+class LastHour(NullTimetable):
+    def infer_manual_data_interval(self, *, run_after):
+        return DataInterval(run_after - dt.timedelta(hours=1), run_after)
+
+
+with DAG("own_timetable", schedule=LastHour()):
+    EmptyOperator(task_id="a")
+"""
+
+
+def test_a_dag_files_own_timetable_is_the_one_trigger_that_imports_its_file(
+    settings: Settings,
+    sessions: sessionmaker[Session],
+    write_dag: Callable[[str, str], Path],
+    tmp_path: Path,
+) -> None:
+    """readmodel/DECISIONS.md 7: the document keeps no timetable for a class of the DAG file's
+    own, so `dags trigger` imports the file for its manual interval."""
+    marker = tmp_path / "imported"
+    write_dag("own_timetable", OWN_TIMETABLE.format(marker=str(marker)))
+    record_dags_folder(settings)
+    marker.unlink()
+    with sessions() as session:
+        stored = serialized_dags.read_dag(session, "own_timetable")
+    assert stored is not None and stored.timetable is None
+    done = CliRunner().invoke(deferral_main, ["dags", "trigger", "own_timetable", "--run-id", "r"])
+    assert done.exit_code == 0, done.output
+    assert marker.exists()
+    with sessions() as session:
+        run = session.scalars(select(DagRun)).one()
+    assert run.data_interval_end - run.data_interval_start == dt.timedelta(hours=1)
