@@ -143,7 +143,10 @@ def start_run(sessions: sessionmaker[Session], dag: DAG, run_id: str) -> None:
     with sessions.begin() as session:
         run = run_row(session, dag.dag_id, run_id)
         if run.state == DagRunState.QUEUED:
-            tasks = [waiting.new_task_instance(run, task) for task in dag.tasks]
+            tasks = [
+                waiting.new_task_instance(run, task)
+                for task in decide.tasks_of_run(dag, run.run_type, run.logical_date)
+            ]
             transitions.start_dag_run(session, run, tasks)
 
 

@@ -13,7 +13,7 @@ from deferral import trigger_rules
 from deferral.authoring import setup_teardown
 from deferral.baseoperator import BaseOperator
 from deferral.dag import DAG
-from deferral.states import FAILED_STATES, FINISHED_STATES, DagRunState, TaskState
+from deferral.states import FAILED_STATES, FINISHED_STATES, DagRunState, DagRunType, TaskState
 from deferral.trigger_rules import RunStates
 
 
@@ -196,6 +196,22 @@ def needs_evaluation(probes: RunProbes, *, checked_against_dag: bool) -> bool:
     return (
         probes.waiting or probes.retries_undue or not probes.unfinished or not checked_against_dag
     )
+
+
+def tasks_of_run(
+    dag: DAG, run_type: str, logical_date: dt.datetime | None
+) -> Sequence[BaseOperator]:
+    """The tasks a run gets task instances of, as Airflow's ``verify_integrity``: none when
+    its logical date is before the DAG's start_date or after its end_date (a backfill's run
+    excepted), so a run triggered outside the DAG's dates runs nothing and succeeds. (A task's
+    own dates, other than its DAG's, are refused at parse: the DAG's decide for every task.)"""
+    if run_type == DagRunType.BACKFILL or logical_date is None:
+        return dag.tasks
+    if (dag.start_date is not None and logical_date < dag.start_date) or (
+        dag.end_date is not None and logical_date > dag.end_date
+    ):
+        return ()
+    return dag.tasks
 
 
 def run_outcome(*, unfinished: bool, leaf_failed: bool) -> DagRunState | None:

@@ -355,7 +355,13 @@ class SchedulerService:
                     transitions.finish_dag_run(session, run, DagRunState.FAILED)
             transitions.start_dag_runs(
                 session,
-                [(run, [new_task_instance(run, t) for t in dag.tasks]) for run, dag in started],
+                [
+                    (
+                        run,
+                        [new_task_instance(run, t) for t in decide.tasks_of_run(dag, *_dates(run))],
+                    )
+                    for run, dag in started
+                ],
             )
         for run, dag in started:
             self._remember_checked(run.id, dag)
@@ -437,8 +443,9 @@ class SchedulerService:
             # Tasks added to the DAG file after the run started join the run, as in Airflow;
             # checked once per run and DAG object (the DagBag keeps the object of an unchanged
             # file), not on every change.
-            missing = runstate.missing_tasks(session, run.dag_id, run.run_id, dag.task_dict)
-            added = [new_task_instance(run, dag.task_dict[task_id]) for task_id in missing]
+            wanted = {t.task_id: t for t in decide.tasks_of_run(dag, *_dates(run))}
+            missing = runstate.missing_tasks(session, run.dag_id, run.run_id, wanted)
+            added = [new_task_instance(run, wanted[task_id]) for task_id in missing]
             if added:
                 transitions.add_task_instances(session, run, added)
                 moved += len(added)
@@ -498,3 +505,8 @@ class SchedulerService:
         relayed = outbox.relay(self.sessions, self.broker, RELAY_AFTER)
         if relayed:
             log.warning("relayed %d outbox row(s) whose publish was lost", relayed)
+
+
+def _dates(run: DagRun) -> tuple[str, dt.datetime | None]:
+    """What of a run decides which tasks it gets (``decide.tasks_of_run``)."""
+    return run.run_type, run.logical_date

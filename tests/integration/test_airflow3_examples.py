@@ -110,6 +110,22 @@ def test_airflow_3_example_ends_in_airflows_states(
         assert [value for _, value in pulled] == values
 
 
+def test_a_run_before_the_dags_start_date_creates_no_task_and_succeeds(
+    service_env: dict[str, str], sessions: sessionmaker[Session]
+) -> None:
+    """example_task_state_store_mapped.py starts in 2026: `airflow dags test` at an earlier
+    logical date creates none of its tasks (``verify_integrity``), and the run succeeds."""
+    dag_id = "example_task_state_store_mapped"
+    env = {**os.environ, **service_env, "DEFERRAL_DAGS_FOLDER": str(EXAMPLES)}
+    env.pop("DEFERRAL_AIRFLOW_IMPORTS", None)
+    done = LANE.run(["dags", "test", dag_id, LOGICAL_DATE], env, TIMEOUT_SEC)
+    with sessions() as session:
+        (run,) = session.scalars(select(DagRun).where(DagRun.dag_id == dag_id)).all()
+        tis = session.scalars(select(TaskInstance).where(TaskInstance.dag_id == dag_id)).all()
+    assert (run.state, tis) == (S, []), done.stdout[-3000:] + done.stderr[-2000:]
+    assert done.returncode == 0
+
+
 def test_a_sensor_on_a_task_group_that_does_not_exist_fails_at_once(
     service_env: dict[str, str], sessions: sessionmaker[Session]
 ) -> None:

@@ -19,6 +19,7 @@ from scheduler.decide import (
     next_try_at,
     plan_dispatch,
     run_outcome,
+    tasks_of_run,
     waiting_task_decisions,
 )
 
@@ -338,3 +339,25 @@ def test_a_resumed_task_goes_ahead_of_new_work_of_equal_weight_unless_turned_off
         ready, run_budget=budget, pool_free={"p": 3}, resumed_first=resumed_first
     )
     assert chosen == [5, *expected]
+
+
+_START, _END = dt.datetime(2024, 1, 1, tzinfo=dt.UTC), dt.datetime(2024, 12, 31, tzinfo=dt.UTC)
+
+
+@pytest.mark.parametrize(
+    ("run_type", "logical_date", "created"),
+    [
+        ("manual", _START, True),
+        ("manual", _START - dt.timedelta(days=1), False),  # before the DAG's start_date
+        ("scheduled", _END + dt.timedelta(days=1), False),  # after its end_date
+        ("backfill", _START - dt.timedelta(days=1), True),  # a backfill's run: every task
+        ("asset_triggered", None, True),
+    ],
+)
+def test_a_run_outside_the_dags_dates_gets_no_task(
+    run_type: str, logical_date: dt.datetime | None, created: bool
+) -> None:
+    with DAG("dated", start_date=_START, end_date=_END) as dag:
+        EmptyOperator(task_id="a") >> EmptyOperator(task_id="b")
+    tasks = tasks_of_run(dag, run_type, logical_date)
+    assert [t.task_id for t in tasks] == (["a", "b"] if created else [])
