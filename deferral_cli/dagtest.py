@@ -352,7 +352,7 @@ class LocalRun(InThisProcess):
         answer: Callable[[], None] | None = None
         with self.sessions.begin() as session:
             if isinstance(outcome, Succeeded):
-                record.succeed_all(session, [(attempt, outcome)])
+                record.succeed_all(session, self.cipher, [(attempt, outcome)])
                 said = "succeeded"
             elif isinstance(outcome, Deferred):
                 wait = record.wait_of(attempt, outcome)

@@ -6,15 +6,23 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any, Literal
 
-from sqlalchemy import Select, func, select, tuple_
+from sqlalchemy import ColumnElement, Select, func, select, tuple_
 from sqlalchemy.orm import Session
 
 from deferral.runtime.config import Settings
 from deferral.states import TaskState
 from deferral.store import liveness
 from deferral.store.actions import ti_label
-from deferral.store.tables import SignalWait, TaskInstance, TaskStateChange, Trigger, Triggerer
-from deferral.triggers.composite import ALL_OF, ANY_OF
+from deferral.store.tables import (
+    SignalWait,
+    TaskInstance,
+    TaskStateChange,
+    Trigger,
+    Triggerer,
+    WaitTimer,
+)
+from deferral.triggers.asset_event import ASSET_KEY_PREFIX, ASSET_TRIGGER
+from deferral.triggers.composite import ALL_OF, ANY_OF, COMPOSITES
 from deferral.triggers.signal import CALLBACK_TRIGGER, SIGNAL_TRIGGER
 from readmodel.pages import decode, encode
 from readmodel.records import db_now, seconds_between
@@ -30,28 +38,59 @@ DEFERRED_COUNTED_AT_MOST = 10_000
 EXPIRY_SOON_FRACTION = 0.2
 EXPIRY_SOON_CAP_SEC = 300.0
 
-RowWait = Literal["signal", "callback", "composite"]
+RowWait = Literal["signal", "callback", "asset event", "composite"]
 
 _ROW_WAITS: dict[str, RowWait] = {
     SIGNAL_TRIGGER: "signal",
     CALLBACK_TRIGGER: "callback",
+    ASSET_TRIGGER: "asset event",
     ANY_OF: "composite",
     ALL_OF: "composite",
 }
+# What a composite with a branch that runs in a triggerer is shown as.
+RUNNING_COMPOSITE = "a composite wait: one branch runs in a triggerer, the others are rows"
 
 
-def row_wait_of(classpath: str | None) -> RowWait | None:
-    """ "signal", "callback" or "composite" for a trigger class whose waits a send (or the
-    scheduler's timer pass) resumes (no triggerer
-    ever picks them up, so "not picked up yet" would be a false alarm); None for others."""
+def held_by_rows(trigger_id: ColumnElement[int | None]) -> ColumnElement[bool]:
+    """True when rows hold the whole wait of ``trigger_id`` (a composite without a branch that
+    runs: its rows and timer say so); false for a composite whose running branch is in a
+    triggerer."""
+    return (
+        select(SignalWait.trigger_id)
+        .where(SignalWait.trigger_id == trigger_id, SignalWait.holds)
+        .exists()
+        | select(WaitTimer.trigger_id)
+        .where(WaitTimer.trigger_id == trigger_id, WaitTimer.holds)
+        .exists()
+    )
+
+
+def is_held(session: Session, trigger_id: int) -> bool:
+    """:func:`held_by_rows` of one trigger."""
+    return bool(session.scalar(select(held_by_rows(Trigger.id)).where(Trigger.id == trigger_id)))
+
+
+def row_wait_of(classpath: str | None, held: bool = True) -> RowWait | None:
+    """ "signal", "callback", "asset event" or "composite" for a trigger class whose waits a
+    send, an asset event's record (or the scheduler's timer pass) resumes (no triggerer ever
+    picks them up, so "not picked up yet" would be a false alarm); None for others, and for a
+    composite not ``held`` by its rows (a branch of it runs in a triggerer)."""
+    if classpath in COMPOSITES and not held:
+        return None
     return _ROW_WAITS.get(classpath or "")
 
 
 def signal_key(session: Session, trigger_id: int | None) -> str | None:
-    """The key a signal wait listens on (a callback's key is its token's: never shown)."""
+    """The key a signal or asset event wait listens on (a callback's key is its token's: never
+    shown)."""
     if trigger_id is None:
         return None
     return session.scalar(select(SignalWait.key).where(SignalWait.trigger_id == trigger_id))
+
+
+def needs_key(wait: RowWait | None) -> bool:
+    """Whether :func:`how_to_resume` names the wait's key."""
+    return wait in ("signal", "asset event")
 
 
 def how_to_resume(wait: RowWait, key: str | None) -> str:
@@ -59,7 +98,13 @@ def how_to_resume(wait: RowWait, key: str | None) -> str:
     if wait == "callback":
         return "a POST of its answer to its callback URL (POST /api/v1/callbacks/<token>)"
     if wait == "composite":
-        return "its branches: signals or callbacks on its keys, and its timer (docs/waits.md)"
+        return (
+            "its branches: signals or callbacks on its keys, asset events, and its timer"
+            " (docs/waits.md)"
+        )
+    if wait == "asset event" and key is not None and key.startswith(ASSET_KEY_PREFIX):
+        asset = key.removeprefix(ASSET_KEY_PREFIX)
+        return f"an event of asset {asset!r} (a task with it as outlet succeeding, or a watcher)"
     return f"a signal sent to key {key!r} (`deferral signals send {key} --payload JSON`)"
 
 
@@ -117,14 +162,15 @@ def deferred_now(
         )
         if liveness.is_alive(state, beat, now, settings.heartbeat_sec)
     }
-    groups: dict[tuple[str | None, str | None], Record] = {}
+    groups: dict[tuple[str | None, str | None, bool], Record] = {}
     for row in shown:
-        key = (row.classpath, row.triggerer_id)
+        key = (row.classpath, row.triggerer_id, row.held)
         group = groups.setdefault(
             key,
             {
                 "classpath": row.classpath,
-                "row_wait": row_wait_of(row.classpath),
+                "row_wait": row_wait_of(row.classpath, row.held),
+                "running_branch": row.classpath in COMPOSITES and not row.held,
                 "triggerer": row.triggerer_id,
                 "triggerer_alive": row.triggerer_id in alive,
                 "tasks": [],
@@ -180,6 +226,7 @@ def deferred_page_query(limit: int, after: str | None) -> Select[*tuple[Any, ...
             ti.trigger_timeout,
             Trigger.classpath,
             Trigger.triggerer_id,
+            held_by_rows(ti.trigger_id).label("held"),
             since,
         )
         .outerjoin(Trigger, Trigger.id == ti.trigger_id)

@@ -177,7 +177,7 @@ class Recorder:
         successes = [(r, o) for r, o in batch if isinstance(o, Succeeded)]
         deferrals = [(r, o) for r, o in batch if isinstance(o, Deferred)]
         lines: list[NewLine] = []
-        succeeded = record.succeed_all(session, [(r.attempt, o) for r, o in successes])
+        succeeded = record.succeed_all(session, self.cipher, [(r.attempt, o) for r, o in successes])
         for running, success in successes:
             moved = running.attempt.task_instance_id in succeeded
             self._say(running, success, moved, "succeeded", lines)

@@ -1,3 +1,4 @@
+from deferral.triggers.asset_event import AssetEventTrigger
 from deferral.triggers.base import BaseTrigger, TriggerEvent, TriggerProgress
 from deferral.triggers.composite import AllOf, AnyOf
 from deferral.triggers.file import FileTrigger
@@ -14,6 +15,7 @@ from deferral.triggers.temporal import DateTimeTrigger, TimeDeltaTrigger
 __all__ = [
     "AllOf",
     "AnyOf",
+    "AssetEventTrigger",
     "BaseTrigger",
     "CallbackTrigger",
     "DateTimeTrigger",
