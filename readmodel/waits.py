@@ -4,9 +4,10 @@ how close its timeout is, and what resumes a wait kept as a row (no triggerer ru
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Collection
 from typing import Any, Literal
 
-from sqlalchemy import ColumnElement, Select, func, select, tuple_
+from sqlalchemy import ColumnElement, ColumnExpressionArgument, Select, func, select, tuple_
 from sqlalchemy.orm import Session
 
 from deferral.runtime.config import Settings
@@ -51,7 +52,7 @@ _ROW_WAITS: dict[str, RowWait] = {
 RUNNING_COMPOSITE = "a composite wait: one branch runs in a triggerer, the others are rows"
 
 
-def held_by_rows(trigger_id: ColumnElement[int | None]) -> ColumnElement[bool]:
+def held_by_rows(trigger_id: ColumnExpressionArgument[int | None]) -> ColumnElement[bool]:
     """True when rows hold the whole wait of ``trigger_id`` (a composite without a branch that
     runs: its rows and timer say so); false for a composite whose running branch is in a
     triggerer."""
@@ -65,9 +66,18 @@ def held_by_rows(trigger_id: ColumnElement[int | None]) -> ColumnElement[bool]:
     )
 
 
+def held_of(session: Session, trigger_ids: Collection[int]) -> set[int]:
+    """Of these triggers, those :func:`held_by_rows` (each through its rows' index on the
+    trigger id)."""
+    if not trigger_ids:
+        return set()
+    query = select(Trigger.id).where(Trigger.id.in_(trigger_ids), held_by_rows(Trigger.id))
+    return set(session.scalars(query))
+
+
 def is_held(session: Session, trigger_id: int) -> bool:
     """:func:`held_by_rows` of one trigger."""
-    return bool(session.scalar(select(held_by_rows(Trigger.id)).where(Trigger.id == trigger_id)))
+    return bool(held_of(session, [trigger_id]))
 
 
 def row_wait_of(classpath: str | None, held: bool = True) -> RowWait | None:
@@ -162,15 +172,17 @@ def deferred_now(
         )
         if liveness.is_alive(state, beat, now, settings.heartbeat_sec)
     }
+    held = held_of(session, {row.trigger_id for row in shown if row.classpath in COMPOSITES})
     groups: dict[tuple[str | None, str | None, bool], Record] = {}
     for row in shown:
-        key = (row.classpath, row.triggerer_id, row.held)
+        running = row.classpath in COMPOSITES and row.trigger_id not in held
+        key = (row.classpath, row.triggerer_id, running)
         group = groups.setdefault(
             key,
             {
                 "classpath": row.classpath,
-                "row_wait": row_wait_of(row.classpath, row.held),
-                "running_branch": row.classpath in COMPOSITES and not row.held,
+                "row_wait": row_wait_of(row.classpath, not running),
+                "running_branch": running,
                 "triggerer": row.triggerer_id,
                 "triggerer_alive": row.triggerer_id in alive,
                 "tasks": [],
@@ -226,7 +238,6 @@ def deferred_page_query(limit: int, after: str | None) -> Select[*tuple[Any, ...
             ti.trigger_timeout,
             Trigger.classpath,
             Trigger.triggerer_id,
-            held_by_rows(ti.trigger_id).label("held"),
             since,
         )
         .outerjoin(Trigger, Trigger.id == ti.trigger_id)

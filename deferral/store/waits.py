@@ -437,6 +437,34 @@ def beat(session: Session, key: str) -> dt.datetime | None:
     return due
 
 
+# The asset keys a batch of successes may record events of: its tasks' outlets, as parsed.
+_OUTLET_KEYS_SQL = text(
+    """
+    SELECT DISTINCT o.asset_name FROM task_instance AS ti
+    JOIN task_outlet_asset AS o ON o.dag_id = ti.dag_id AND o.task_id = ti.task_id
+    WHERE ti.id = ANY(CAST(:ids AS bigint[]))
+    """
+)
+
+
+def lock_batch_keys(
+    session: Session,
+    succeeding: Collection[int],
+    alias_assets: Iterable[str],
+    wait_keys: Collection[str],
+) -> None:
+    """Before a batch that records successes (task instance ids ``succeeding``, with events
+    added through aliases to ``alias_assets``) and deferrals holding rows (their keys
+    ``wait_keys``) in one transaction: every key it will take, locked in one statement, so
+    that the later locks of the success (its assets) and of the deferrals (their keys) take
+    nothing new and two batches cannot take them in opposite orders. A batch without both
+    takes its keys in one statement anyway: nothing is done."""
+    if not succeeding or not wait_keys:
+        return
+    assets = set(session.scalars(_OUTLET_KEYS_SQL, {"ids": list(succeeding)})) | set(alias_assets)
+    lock_keys(session, [*wait_keys, *(asset_key(name) for name in assets)])
+
+
 # Asset events just recorded (their asset's uri beside them), the first of each asset.
 _ASSET_EVENTS_SQL = text(
     """
