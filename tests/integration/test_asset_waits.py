@@ -196,3 +196,22 @@ def test_read_model_shows_a_running_branch_and_signals_list_skips_cancel_keys(
         assert "an event of asset 'orders'" in said
         keys = {a.key for a in signals.activity(session)}
     assert "s1" in keys and "stop" not in keys
+
+
+def test_a_batch_of_successes_and_waits_locks_all_its_keys_in_one_statement(
+    settings: Settings, sessions: sessionmaker[Session], cipher: Cipher
+) -> None:
+    (producer,) = _running(sessions, 1)
+    with sessions.begin() as session:
+        session.execute(
+            text("INSERT INTO task_outlet_asset (dag_id, task_id, asset_name) VALUES (:d, :t, :a)"),
+            {"d": "signals_dag", "t": "t0", "a": ORDERS.name},
+        )
+    held = text(
+        "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()"
+    )
+    with sessions.begin() as session:
+        waits.lock_batch_keys(session, [producer], [], [])  # no waits: nothing taken early
+        assert session.scalar(held) == 0
+        waits.lock_batch_keys(session, [producer], ["found"], ["go"])
+        assert session.scalar(held) == 3  # go, asset/orders, asset/found
