@@ -100,11 +100,14 @@ class Wait:
     @property
     def key(self) -> str:
         """The key ``dags test`` names: the first signal key waited on, else the first
-        callback's (a plain callback wait: said as one), else '' (timers alone)."""
-        keys = [row.key for row in self.rows if row.cancels is None]
-        signal_keys = [
-            key for key in keys if not key.startswith((CALLBACK_KEY_PREFIX, ASSET_KEY_PREFIX))
+        callback's (a plain callback wait: said as one), else '' (timers and asset events
+        alone: nothing to send)."""
+        keys = [
+            row.key
+            for row in self.rows
+            if row.cancels is None and not row.key.startswith(ASSET_KEY_PREFIX)
         ]
+        signal_keys = [key for key in keys if not key.startswith(CALLBACK_KEY_PREFIX)]
         return (signal_keys or keys or [""])[0]
 
 

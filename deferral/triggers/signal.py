@@ -135,8 +135,8 @@ class RowTrigger(BaseTrigger):
         # Reached only if such a wait was published to a triggerer (a subclass, or arguments
         # the worker refused): failing says so rather than waiting for ever.
         raise SignalError(
-            f"{type(self).__name__} waits are resumed by signals and callbacks, not run in a"
-            " triggerer (a subclass, or a callback token of another task or try?)"
+            f"{type(self).__name__} waits are resumed by signals, callbacks and asset events,"
+            " not run in a triggerer (a subclass, or a callback token of another task or try?)"
         )
         yield TriggerEvent(None)  # pragma: no cover - makes this an async generator
 
