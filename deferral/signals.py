@@ -27,18 +27,23 @@ from deferral.store.seam import (
     CALLBACK_KEY_PREFIX,
     TOKEN_LIFETIME,
     Claim,
+    InputRequest,
     SignalWait,
     TokenRefused,
     WaitTimer,
+    check_request,
     idempotency,
     metastore,
     parse_token,
+    record_request,
     transitions,
     waits,
 )
+from deferral.triggers.approval import APPROVAL_KEY_PREFIX, APPROVAL_TRIGGER, approval_key
 from deferral.triggers.asset_event import ASSET_TRIGGER, asset_key, check_asset_name
 from deferral.triggers.composite import (
     ALL_OF,
+    APPROVAL,
     ASSET,
     BRANCHES,
     CALLBACK,
@@ -378,6 +383,23 @@ def _row(
     kept from an earlier try would otherwise find that try's answer (kept for its wait) and
     resume this one with it. An asset event wait has no lookback: no signal is ever sent to its
     key, and an event recorded before the wait does not count."""
+    if classpath == APPROVAL_TRIGGER:
+        asks = InputRequest(
+            kwargs.get("subject"),  # type: ignore[arg-type]
+            kwargs.get("body"),
+            tuple(kwargs.get("options") or ()),
+            None,
+            bool(kwargs.get("multiple")),
+            {},
+            None,
+        )
+        try:
+            check_request(asks, "ApprovalTrigger")
+        except (TypeError, ValueError):
+            return None
+        return waits.WaitRow(
+            approval_key(task_instance_id), _NO_LOOKBACK, branch, asks=(try_number, asks)
+        )
     if classpath == ASSET_TRIGGER:
         try:
             return waits.WaitRow(
@@ -432,14 +454,14 @@ def wait_of(
     if classpath in COMPOSITES:
         for name, branch_classpath, branch_kwargs in plain.get(BRANCHES, ()):
             kind = branch_kind(branch_classpath, branch_kwargs)
-            if kind in (SIGNAL, CALLBACK, ASSET):
+            if kind in (SIGNAL, CALLBACK, ASSET, APPROVAL):
                 row = _row(branch_classpath, branch_kwargs, task_instance_id, try_number, name)
                 if row is None:
                     return None
                 rows.append(row)
             holds = holds and kind != RUNNING
         timer = waits.timer_of(classpath, plain.get(BRANCHES, ()))
-    elif classpath in (SIGNAL_TRIGGER, CALLBACK_TRIGGER, ASSET_TRIGGER):
+    elif classpath in (SIGNAL_TRIGGER, CALLBACK_TRIGGER, ASSET_TRIGGER, APPROVAL_TRIGGER):
         row = _row(classpath, plain, task_instance_id, try_number)
         if row is None:
             return None
@@ -463,6 +485,10 @@ def register_waits(session: Session, cipher: Cipher, waits_: Mapping[int, Wait])
     lookback holds a signal (that matches their filter). Returns the task instances moved."""
     waits.register_timers(session, waits_)
     rows = [(i, row, waits_[i].holds) for i in waits_ for row in waits_[i].rows]
+    for _, row, _ in rows:
+        if row.asks is not None:
+            ti_id = int(row.key.removeprefix(APPROVAL_KEY_PREFIX))
+            record_request(session, ti_id, row.asks[0], row.asks[1])
     if not rows:
         return ()
     matches = session.execute(
@@ -574,6 +600,7 @@ _ACTIVITY_SQL = text(
         ) AS tasks
         FROM signal_wait AS w JOIN task_instance AS ti ON ti.trigger_id = w.trigger_id
         WHERE ti.state = 'deferred' AND w.cancels IS NULL
+            AND w.key NOT LIKE 'asset/%' AND w.key NOT LIKE 'approval/%'
             AND (CAST(:key AS text) IS NULL OR w.key = :key)
         GROUP BY w.key
     )

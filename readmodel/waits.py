@@ -22,6 +22,7 @@ from deferral.store.tables import (
     Triggerer,
     WaitTimer,
 )
+from deferral.triggers.approval import APPROVAL_TRIGGER
 from deferral.triggers.asset_event import ASSET_KEY_PREFIX, ASSET_TRIGGER
 from deferral.triggers.composite import ALL_OF, ANY_OF, COMPOSITES
 from deferral.triggers.signal import CALLBACK_TRIGGER, SIGNAL_TRIGGER
@@ -39,12 +40,13 @@ DEFERRED_COUNTED_AT_MOST = 10_000
 EXPIRY_SOON_FRACTION = 0.2
 EXPIRY_SOON_CAP_SEC = 300.0
 
-RowWait = Literal["signal", "callback", "asset event", "composite"]
+RowWait = Literal["signal", "callback", "asset event", "approval", "composite"]
 
 _ROW_WAITS: dict[str, RowWait] = {
     SIGNAL_TRIGGER: "signal",
     CALLBACK_TRIGGER: "callback",
     ASSET_TRIGGER: "asset event",
+    APPROVAL_TRIGGER: "approval",
     ANY_OF: "composite",
     ALL_OF: "composite",
 }
@@ -81,10 +83,11 @@ def is_held(session: Session, trigger_id: int) -> bool:
 
 
 def row_wait_of(classpath: str | None, held: bool = True) -> RowWait | None:
-    """ "signal", "callback", "asset event" or "composite" for a trigger class whose waits a
-    send, an asset event's record (or the scheduler's timer pass) resumes (no triggerer ever
-    picks them up, so "not picked up yet" would be a false alarm); None for others, and for a
-    composite not ``held`` by its rows (a branch of it runs in a triggerer)."""
+    """ "signal", "callback", "asset event", "approval" or "composite" for a trigger class
+    whose waits a send, an asset event's record, an answer (or the scheduler's timer pass)
+    resumes (no triggerer ever picks them up, so "not picked up yet" would be a false alarm);
+    None for others, and for a composite not ``held`` by its rows (a branch of it runs in a
+    triggerer)."""
     if classpath in COMPOSITES and not held:
         return None
     return _ROW_WAITS.get(classpath or "")
@@ -107,10 +110,12 @@ def how_to_resume(wait: RowWait, key: str | None) -> str:
     """One line telling a reader what resumes the task."""
     if wait == "callback":
         return "a POST of its answer to its callback URL (POST /api/v1/callbacks/<token>)"
+    if wait == "approval":
+        return "an answer to its approval request (`deferral approvals respond`, Approvals page)"
     if wait == "composite":
         return (
-            "its branches: signals or callbacks on its keys, asset events, and its timer"
-            " (docs/waits.md)"
+            "its branches: signals or callbacks on its keys, asset events, approvals, and its"
+            " timer (docs/waits.md)"
         )
     if wait == "asset event" and key is not None and key.startswith(ASSET_KEY_PREFIX):
         asset = key.removeprefix(ASSET_KEY_PREFIX)

@@ -42,6 +42,7 @@ from deferral.runtime.crypto import Cipher, Purpose
 from deferral.states import TaskState
 from deferral.store import transitions
 from deferral.store.callback_tokens import CALLBACK_KEY_PREFIX
+from deferral.triggers.approval import APPROVAL_KEY_PREFIX
 from deferral.triggers.asset_event import ASSET_KEY_PREFIX, asset_key
 from deferral.triggers.composite import (
     ALL_OF,
@@ -85,6 +86,8 @@ class WaitRow:
     match: str | None = None  # the filter's jsonpath predicate
     cancels: str | None = None  # of a cancel-on: the state its task ends in
     heartbeat: dt.timedelta | None = None  # of a callback: how often it must beat
+    # Of an approval: its try and its request (a hitl.InputRequest), recorded with the wait.
+    asks: tuple[int, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -100,12 +103,13 @@ class Wait:
     @property
     def key(self) -> str:
         """The key ``dags test`` names: the first signal key waited on, else the first
-        callback's (a plain callback wait: said as one), else '' (timers and asset events
-        alone: nothing to send)."""
+        callback's (a plain callback wait: said as one), else '' (timers, asset events and
+        approvals alone: nothing to send)."""
         keys = [
             row.key
             for row in self.rows
-            if row.cancels is None and not row.key.startswith(ASSET_KEY_PREFIX)
+            if row.cancels is None
+            and not row.key.startswith((ASSET_KEY_PREFIX, APPROVAL_KEY_PREFIX))
         ]
         signal_keys = [key for key in keys if not key.startswith(CALLBACK_KEY_PREFIX)]
         return (signal_keys or keys or [""])[0]
@@ -466,6 +470,29 @@ def lock_batch_keys(
         return
     assets = set(session.scalars(_OUTLET_KEYS_SQL, {"ids": list(succeeding)})) | set(alias_assets)
     lock_keys(session, [*wait_keys, *(asset_key(name) for name in assets)])
+
+
+_WAITERS_OF_KEY_SQL = text(
+    """
+    SELECT sw.trigger_id, sw.branch, sw.cancels, t.classpath = :all_of AS all_of
+    FROM signal_wait AS sw JOIN trigger AS t ON t.id = sw.trigger_id
+    WHERE sw.key = :key AND sw.fired IS NULL
+    ORDER BY sw.trigger_id, sw.branch
+    """
+)
+
+
+def resolve(session: Session, cipher: Cipher, key: str, dedup: str, payload: Any) -> list[int]:
+    """Fire the waits on ``key`` (an approval's: one task, whose row the caller locked) with
+    ``payload``, as a send fires a signal's. Returns the task instances moved."""
+    fired = [
+        (
+            Hit(row.trigger_id, row.branch, row.cancels, bool(row.all_of)),
+            transitions.FiredEvent(f"{dedup}:{row.trigger_id}", row.trigger_id, False, payload),
+        )
+        for row in session.execute(_WAITERS_OF_KEY_SQL, {"key": key, "all_of": ALL_OF})
+    ]
+    return list(apply(session, cipher, fired, "approval"))
 
 
 # Asset events just recorded (their asset's uri beside them), the first of each asset.

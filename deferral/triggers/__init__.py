@@ -1,3 +1,4 @@
+from deferral.triggers.approval import ApprovalTrigger
 from deferral.triggers.asset_event import AssetEventTrigger
 from deferral.triggers.base import BaseTrigger, TriggerEvent, TriggerProgress
 from deferral.triggers.composite import AllOf, AnyOf
@@ -15,6 +16,7 @@ from deferral.triggers.temporal import DateTimeTrigger, TimeDeltaTrigger
 __all__ = [
     "AllOf",
     "AnyOf",
+    "ApprovalTrigger",
     "AssetEventTrigger",
     "BaseTrigger",
     "CallbackTrigger",

@@ -16,13 +16,14 @@ from deferral import signals
 from deferral.assets import Asset
 from deferral.runtime.config import Settings
 from deferral.runtime.crypto import Cipher
-from deferral.store import waits
+from deferral.store import hitl, waits
 from deferral.store.tables import SignalWait, TaskInstance
 from deferral.store.transitions import Attempt
 from deferral.store.transitions.asset_events import record_watcher_event
 from deferral.triggers import (
     AllOf,
     AnyOf,
+    ApprovalTrigger,
     AssetEventTrigger,
     DateTimeTrigger,
     HttpTrigger,
@@ -195,7 +196,7 @@ def test_read_model_shows_a_running_branch_and_signals_list_skips_cancel_keys(
         said = "\n".join(explain._explain_deferred(session, settings, ti[plain], now))
         assert "an event of asset 'orders'" in said
         keys = {a.key for a in signals.activity(session)}
-    assert "s1" in keys and "stop" not in keys
+    assert "s1" in keys and "stop" not in keys and "asset/orders" not in keys
 
 
 def test_a_batch_of_successes_and_waits_locks_all_its_keys_in_one_statement(
@@ -215,3 +216,42 @@ def test_a_batch_of_successes_and_waits_locks_all_its_keys_in_one_statement(
         assert session.scalar(held) == 0
         waits.lock_batch_keys(session, [producer], ["found"], ["go"])
         assert session.scalar(held) == 3  # go, asset/orders, asset/found
+
+
+def test_approval_branch_is_listed_answered_once_and_retired_by_the_timer(
+    settings: Settings, sessions: sessionmaker[Session], cipher: Cipher
+) -> None:
+    answered, timed_out = _running(sessions, 2)
+    moment = dt.datetime.now(dt.UTC) + SOON
+    ask = ApprovalTrigger("Ship it?", options=["yes", "no"], body="release 1.2")
+    _defer(
+        sessions,
+        cipher,
+        [(t, AnyOf(approved=ask, timeout=DateTimeTrigger(moment))) for t in (answered, timed_out)],
+    )
+    with sessions() as session:
+        listed = {a.task_instance_id: a for a in hitl.required_actions(session)}
+    assert set(listed) == {answered, timed_out}
+    assert (listed[answered].subject, listed[answered].options) == ("Ship it?", ["yes", "no"])
+    assert listed[answered].state == "deferred"
+    with sessions.begin() as session, pytest.raises(hitl.ResponseError, match="maybe"):
+        hitl.respond(session, cipher, answered, ["maybe"], None, "ada")
+    with sessions.begin() as session:
+        hitl.respond(session, cipher, answered, ["yes"], None, "ada")
+    event = _events(sessions, cipher, [answered])[answered]
+    assert event["fired"] == "approved"
+    assert event["payload"]["chosen_options"] == ["yes"]
+    assert event["payload"]["responded_by_user"] == "ada"
+    with sessions.begin() as session, pytest.raises(hitl.NotAwaitingInput, match="already"):
+        hitl.respond(session, cipher, answered, ["no"], None, "bob")
+    assert _fire_timers(sessions, cipher, [answered, timed_out]) == [timed_out]
+    with sessions() as session:
+        assert hitl.required_actions(session) == []  # the timer retired the request
+    with sessions.begin() as session, pytest.raises(hitl.NotAwaitingInput, match="not awaiting"):
+        hitl.respond(session, cipher, timed_out, ["yes"], None, "ada")
+    assert _resumes(sessions, [answered, timed_out]) == {answered: 1, timed_out: 1}
+
+
+def test_bad_approval_is_refused_naming_it() -> None:
+    with pytest.raises(SignalError, match="approval options"):
+        ApprovalTrigger("Ship it?", options=["yes", "yes"])
