@@ -1,6 +1,7 @@
-"""Asset event waits against the real PostgreSQL (issue 33): ``AssetEventTrigger`` alone and as
-a branch of an ``AnyOf`` / ``AllOf``, held as a row and resumed in the transaction that records
-an event of its asset (a watcher's, a success with outlets); the read model's view of a
+"""Asset event and approval waits against the real PostgreSQL (issue 33): ``AssetEventTrigger``
+alone and as a branch of an ``AnyOf`` / ``AllOf``, held as a row and resumed in the transaction
+that records an event of its asset (a watcher's, a success with outlets); ``ApprovalTrigger``
+as a branch, listed and answered as an HITLOperator's request; the read model's view of a
 composite with a running branch and of ``deferral signals list``."""
 
 from __future__ import annotations
