@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,17 +27,24 @@ from deferral.store.seam import (
     CALLBACK_KEY_PREFIX,
     TOKEN_LIFETIME,
     Claim,
+    InputRequest,
     SignalWait,
     TokenRefused,
     WaitTimer,
+    check_request,
     idempotency,
     metastore,
     parse_token,
+    record_request,
     transitions,
     waits,
 )
+from deferral.triggers.approval import APPROVAL_KEY_PREFIX, APPROVAL_TRIGGER, approval_key
+from deferral.triggers.asset_event import ASSET_TRIGGER, asset_key, check_asset_name
 from deferral.triggers.composite import (
     ALL_OF,
+    APPROVAL,
+    ASSET,
     BRANCHES,
     CALLBACK,
     COMPOSITES,
@@ -70,14 +77,6 @@ _ANSWERABLE = ("running", "deferred")
 # now(), which is stable within the statement, so the index on sent_at serves it (a volatile
 # clock_timestamp() would make it a scan of the whole table on every send).
 PRUNE_PER_SEND = 100
-
-# The keys' locks in the order of their lock ids (two keys may share one: no cycle either way);
-# a volatile function in the select list is evaluated after the sort.
-_LOCK_SQL = text(
-    "SELECT pg_advisory_xact_lock(h) FROM ("
-    " SELECT DISTINCT hashtextextended('deferral.signal:' || k, 0) AS h"
-    " FROM unnest(CAST(:keys AS text[])) AS k) AS ids ORDER BY h"
-)
 
 # A sender's (web user's) signals beyond the newest ``kept`` - 1 go as it sends one more; the
 # statement's snapshot does not see the row it inserts. No sender (NULL): nothing matches.
@@ -150,6 +149,7 @@ _FIRST_MATCH_SQL = text(
 )
 # The signals a filtered wait's lookback reads at most (the newest within it).
 LOOKBACK_SCAN = 1000
+_NO_LOOKBACK = dt.timedelta(0)
 
 
 @dataclass(frozen=True)
@@ -187,14 +187,6 @@ def seal_payload(cipher: Cipher, payload: Any) -> str:
             f"signal payload is {len(data)} bytes of JSON, more than {MAX_PAYLOAD_BYTES}"
         )
     return cipher.encrypt(Purpose.SIGNAL_PAYLOAD, data)
-
-
-def lock_keys(session: Session, keys: Iterable[str]) -> None:
-    """Hold the keys' signal locks until the transaction ends (in lock id order: no
-    deadlock)."""
-    distinct = list(set(keys))
-    if distinct:
-        session.execute(_LOCK_SQL, {"keys": distinct})
 
 
 @dataclass(frozen=True)
@@ -309,7 +301,7 @@ def send_in(
     )
 
     def act() -> dict[str, Any]:
-        lock_keys(session, [key])
+        waits.lock_keys(session, [key])
         return _record(session, cipher, key, sealed, sender, serialization.dumps(payload)).answer()
 
     return SentSignal.from_outcome(idempotency.once(session, cipher, made, act))
@@ -353,7 +345,7 @@ def answer_callback(
         raise TokenRefused(400, str(exc)) from None
 
     def act() -> dict[str, Any]:
-        lock_keys(session, [claim.key])
+        waits.lock_keys(session, [claim.key])
         if session.scalar(_USED_SQL, {"key": claim.key}):
             raise TokenRefused(409, "callback token already used")
         task = session.execute(_TRY_SQL, {"id": claim.task_instance_id}).one_or_none()
@@ -385,10 +377,36 @@ def _row(
     try_number: int,
     branch: str = "",
 ) -> waits.WaitRow | None:
-    """The row a signal or callback wait (its kwargs, values restored) is, or None for
-    arguments that are not a valid SignalTrigger's or CallbackTrigger's, or a token of another
-    task or try (the triggerer fails those). A token kept from an earlier try would otherwise
-    find that try's answer (kept for its wait) and resume this one with it."""
+    """The row a signal, callback or asset event wait (its kwargs, values restored) is, or None
+    for arguments that are not a valid SignalTrigger's, CallbackTrigger's or
+    AssetEventTrigger's, or a token of another task or try (the triggerer fails those). A token
+    kept from an earlier try would otherwise find that try's answer (kept for its wait) and
+    resume this one with it. An asset event wait has no lookback: no signal is ever sent to its
+    key, and an event recorded before the wait does not count."""
+    if classpath == APPROVAL_TRIGGER:
+        asks = InputRequest(
+            kwargs.get("subject"),  # type: ignore[arg-type]
+            kwargs.get("body"),
+            tuple(kwargs.get("options") or ()),
+            None,
+            bool(kwargs.get("multiple")),
+            {},
+            None,
+        )
+        try:
+            check_request(asks, "ApprovalTrigger")
+        except (TypeError, ValueError):
+            return None
+        return waits.WaitRow(
+            approval_key(task_instance_id), _NO_LOOKBACK, branch, asks=(try_number, asks)
+        )
+    if classpath == ASSET_TRIGGER:
+        try:
+            return waits.WaitRow(
+                asset_key(check_asset_name(kwargs.get("asset"))), _NO_LOOKBACK, branch
+            )
+        except SignalError:
+            return None
     if classpath == CALLBACK_TRIGGER:
         claim = parse_token(kwargs.get("token"))
         if claim is None or (claim.task_instance_id, claim.try_number) != (
@@ -436,14 +454,14 @@ def wait_of(
     if classpath in COMPOSITES:
         for name, branch_classpath, branch_kwargs in plain.get(BRANCHES, ()):
             kind = branch_kind(branch_classpath, branch_kwargs)
-            if kind in (SIGNAL, CALLBACK):
+            if kind in (SIGNAL, CALLBACK, ASSET, APPROVAL):
                 row = _row(branch_classpath, branch_kwargs, task_instance_id, try_number, name)
                 if row is None:
                     return None
                 rows.append(row)
             holds = holds and kind != RUNNING
         timer = waits.timer_of(classpath, plain.get(BRANCHES, ()))
-    elif classpath in (SIGNAL_TRIGGER, CALLBACK_TRIGGER):
+    elif classpath in (SIGNAL_TRIGGER, CALLBACK_TRIGGER, ASSET_TRIGGER, APPROVAL_TRIGGER):
         row = _row(classpath, plain, task_instance_id, try_number)
         if row is None:
             return None
@@ -463,10 +481,14 @@ def wait_of(
 
 def register_waits(session: Session, cipher: Cipher, waits_: Mapping[int, Wait]) -> tuple[int, ...]:
     """Record the waits (trigger id -> wait) of tasks just deferred in ``session``'s
-    transaction, whose keys :func:`lock_keys` locked; resume (or cancel) at once those whose
+    transaction, whose keys :func:`waits.lock_keys` locked; resume (or cancel) at once those whose
     lookback holds a signal (that matches their filter). Returns the task instances moved."""
     waits.register_timers(session, waits_)
     rows = [(i, row, waits_[i].holds) for i in waits_ for row in waits_[i].rows]
+    for _, row, _ in rows:
+        if row.asks is not None:
+            ti_id = int(row.key.removeprefix(APPROVAL_KEY_PREFIX))
+            record_request(session, ti_id, row.asks[0], row.asks[1])
     if not rows:
         return ()
     matches = session.execute(
@@ -520,7 +542,7 @@ def defer_with_waits(
     id -> wait) hold rows: their keys locked first (a send takes the same lock, then the
     waiters' rows), then their rows recorded and matched against the lookback. Returns task
     instance id -> trigger id for those that moved."""
-    lock_keys(session, [row.key for wait in waits_.values() for row in wait.rows])
+    waits.lock_keys(session, [row.key for wait in waits_.values() for row in wait.rows])
     moved = transitions.defer_many(session, deferrals, joined)
     register_waits(session, cipher, {moved[t]: wait for t, wait in waits_.items() if t in moved})
     return moved
@@ -577,7 +599,9 @@ _ACTIVITY_SQL = text(
             ORDER BY ti.id
         ) AS tasks
         FROM signal_wait AS w JOIN task_instance AS ti ON ti.trigger_id = w.trigger_id
-        WHERE ti.state = 'deferred' AND (CAST(:key AS text) IS NULL OR w.key = :key)
+        WHERE ti.state = 'deferred' AND w.cancels IS NULL
+            AND w.key NOT LIKE 'asset/%' AND w.key NOT LIKE 'approval/%'
+            AND (CAST(:key AS text) IS NULL OR w.key = :key)
         GROUP BY w.key
     )
     SELECT coalesce(sent.key, waiting.key) AS key, coalesce(sent.signals, 0) AS signals,

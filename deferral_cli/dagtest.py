@@ -58,6 +58,7 @@ from deferral.store import waits as row_waits
 from deferral.store.tables import DagRun, Scheduler, TaskInstance, TaskStateChange
 from deferral.store.tasklogs import SOURCE_WORKER, NewLine
 from deferral.store.transitions import Attempt, FiredEvent
+from deferral.triggers.asset_event import ASSET_TRIGGER
 from deferral.triggers.signal import CALLBACK_TRIGGER, SIGNAL_TRIGGER
 from deferral.triggers.task_end import check_end_xcoms
 from deferral_cli import embedded as embedded
@@ -355,7 +356,7 @@ class LocalRun(InThisProcess):
         answer: Callable[[], None] | None = None
         with self.sessions.begin() as session:
             if isinstance(outcome, Succeeded):
-                record.succeed_all(session, [(attempt, outcome)])
+                record.succeed_all(session, self.cipher, [(attempt, outcome)])
                 said = "succeeded"
             elif isinstance(outcome, Deferred):
                 wait = record.wait_of(attempt, outcome)
@@ -904,11 +905,12 @@ class TaskTest(InThisProcess):
                 outcome = execute_attempt(request)
                 if not isinstance(outcome, Deferred):
                     return outcome
-                if outcome.classpath in (SIGNAL_TRIGGER, CALLBACK_TRIGGER):
+                if outcome.classpath in (SIGNAL_TRIGGER, CALLBACK_TRIGGER, ASSET_TRIGGER):
                     # Answered through the task's recorded wait, which this test does not make.
                     fail(
-                        f"{self.task_id} waits for a signal or a callback, which `tasks test`"
-                        " (recording no state) cannot receive; use `deferral dags test`"
+                        f"{self.task_id} waits for a signal, a callback or an asset event,"
+                        " which `tasks test` (recording no state) cannot receive; use"
+                        " `deferral dags test`"
                     )
                 click.echo(
                     f"{self.task_id}: deferred to {outcome.classpath}; its trigger runs here"

@@ -27,9 +27,17 @@ from deferral.store.tables import (
     Worker,
 )
 from deferral.trigger_rules import TriggerRule, evaluate, upstream_states
+from deferral.triggers.composite import COMPOSITES
 from readmodel.progress import progress_lines, progress_of
 from readmodel.records import when
-from readmodel.waits import how_to_resume, row_wait_of, signal_key
+from readmodel.waits import (
+    RUNNING_COMPOSITE,
+    how_to_resume,
+    is_held,
+    needs_key,
+    row_wait_of,
+    signal_key,
+)
 
 # What each trigger rule waits for, in words.
 _RULE_WAITS_FOR: dict[TriggerRule, str] = {
@@ -257,14 +265,15 @@ def _explain_deferred(
 ) -> list[str]:
     """State deferred: its trigger, the triggerer running it, the resume method and timeout."""
     trigger = session.get(Trigger, ti.trigger_id) if ti.trigger_id is not None else None
-    row_wait = row_wait_of(trigger.classpath) if trigger is not None else None
+    held = trigger is None or trigger.classpath not in COMPOSITES or is_held(session, trigger.id)
+    row_wait = row_wait_of(trigger.classpath, held) if trigger is not None else None
     if trigger is None:
         lines = [
             f"  waits on trigger {ti.trigger_id}, whose row is missing: nothing will resume it"
             " but its timeout (clear or mark the task)"
         ]
     elif row_wait is not None:
-        key = signal_key(session, trigger.id) if row_wait == "signal" else None
+        key = signal_key(session, trigger.id) if needs_key(row_wait) else None
         lines = [
             f"  waits on trigger {trigger.id} ({trigger.classpath}), kept as a row: no triggerer"
             " runs it",
@@ -281,6 +290,8 @@ def _explain_deferred(
         ]
     else:
         lines = _held(session, settings, ti, trigger, now)
+        if not held:
+            lines.append(f"  {RUNNING_COMPOSITE}")
     lines.append(f"  resumes at next_method {ti.next_method}")
     if ti.trigger_timeout is None:
         lines.append("  trigger_timeout: none (waits until the trigger fires)")

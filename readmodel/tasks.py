@@ -28,13 +28,22 @@ from deferral.store.tables import (
     Triggerer,
     XCom,
 )
+from deferral.triggers.composite import COMPOSITES
 from readmodel.dags import operator_name
 from readmodel.errors import NotFound
 from readmodel.explain import explain
 from readmodel.pages import Page, decode, page_of
 from readmodel.progress import progress_of
 from readmodel.records import db_now, find_run, run_record, seconds_between, task_instances
-from readmodel.waits import how_to_resume, row_wait_of, signal_key, wait_record
+from readmodel.waits import (
+    RUNNING_COMPOSITE,
+    how_to_resume,
+    is_held,
+    needs_key,
+    row_wait_of,
+    signal_key,
+    wait_record,
+)
 
 Record = dict[str, Any]
 
@@ -291,16 +300,19 @@ def _deferral(
         if trigger is not None and trigger.triggerer_id
         else None
     )
-    row_wait = row_wait_of(trigger.classpath if trigger is not None else None)
+    classpath = trigger.classpath if trigger is not None else None
+    held = trigger is None or classpath not in COMPOSITES or is_held(session, trigger.id)
+    row_wait = row_wait_of(classpath, held)
     return {
         "trigger_id": ti.trigger_id,
-        "classpath": trigger.classpath if trigger is not None else None,
+        "classpath": classpath,
         "row_wait": row_wait,
+        "running_branch": None if held else RUNNING_COMPOSITE,
         "resumed_by": (
             None
             if row_wait is None
             else how_to_resume(
-                row_wait, signal_key(session, ti.trigger_id) if row_wait == "signal" else None
+                row_wait, signal_key(session, ti.trigger_id) if needs_key(row_wait) else None
             )
         ),
         "triggerer": trigger.triggerer_id if trigger is not None else None,

@@ -4,17 +4,27 @@ how close its timeout is, and what resumes a wait kept as a row (no triggerer ru
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Collection
 from typing import Any, Literal
 
-from sqlalchemy import Select, func, select, tuple_
+from sqlalchemy import ColumnElement, ColumnExpressionArgument, Select, func, select, tuple_
 from sqlalchemy.orm import Session
 
 from deferral.runtime.config import Settings
 from deferral.states import TaskState
 from deferral.store import liveness
 from deferral.store.actions import ti_label
-from deferral.store.tables import SignalWait, TaskInstance, TaskStateChange, Trigger, Triggerer
-from deferral.triggers.composite import ALL_OF, ANY_OF
+from deferral.store.tables import (
+    SignalWait,
+    TaskInstance,
+    TaskStateChange,
+    Trigger,
+    Triggerer,
+    WaitTimer,
+)
+from deferral.triggers.approval import APPROVAL_TRIGGER
+from deferral.triggers.asset_event import ASSET_KEY_PREFIX, ASSET_TRIGGER
+from deferral.triggers.composite import ALL_OF, ANY_OF, COMPOSITES
 from deferral.triggers.signal import CALLBACK_TRIGGER, SIGNAL_TRIGGER
 from readmodel.pages import decode, encode
 from readmodel.records import db_now, seconds_between
@@ -30,36 +40,86 @@ DEFERRED_COUNTED_AT_MOST = 10_000
 EXPIRY_SOON_FRACTION = 0.2
 EXPIRY_SOON_CAP_SEC = 300.0
 
-RowWait = Literal["signal", "callback", "composite"]
+RowWait = Literal["signal", "callback", "asset event", "approval", "composite"]
 
 _ROW_WAITS: dict[str, RowWait] = {
     SIGNAL_TRIGGER: "signal",
     CALLBACK_TRIGGER: "callback",
+    ASSET_TRIGGER: "asset event",
+    APPROVAL_TRIGGER: "approval",
     ANY_OF: "composite",
     ALL_OF: "composite",
 }
+# What a composite with a branch that runs in a triggerer is shown as.
+RUNNING_COMPOSITE = "a composite wait: one branch runs in a triggerer, the others are rows"
 
 
-def row_wait_of(classpath: str | None) -> RowWait | None:
-    """ "signal", "callback" or "composite" for a trigger class whose waits a send (or the
-    scheduler's timer pass) resumes (no triggerer
-    ever picks them up, so "not picked up yet" would be a false alarm); None for others."""
+def held_by_rows(trigger_id: ColumnExpressionArgument[int | None]) -> ColumnElement[bool]:
+    """True when rows hold the whole wait of ``trigger_id`` (a composite without a branch that
+    runs: its rows and timer say so); false for a composite whose running branch is in a
+    triggerer."""
+    return (
+        select(SignalWait.trigger_id)
+        .where(SignalWait.trigger_id == trigger_id, SignalWait.holds)
+        .exists()
+        | select(WaitTimer.trigger_id)
+        .where(WaitTimer.trigger_id == trigger_id, WaitTimer.holds)
+        .exists()
+    )
+
+
+def held_of(session: Session, trigger_ids: Collection[int]) -> set[int]:
+    """Of these triggers, those :func:`held_by_rows` (each through its rows' index on the
+    trigger id)."""
+    if not trigger_ids:
+        return set()
+    query = select(Trigger.id).where(Trigger.id.in_(trigger_ids), held_by_rows(Trigger.id))
+    return set(session.scalars(query))
+
+
+def is_held(session: Session, trigger_id: int) -> bool:
+    """:func:`held_by_rows` of one trigger."""
+    return bool(held_of(session, [trigger_id]))
+
+
+def row_wait_of(classpath: str | None, held: bool = True) -> RowWait | None:
+    """ "signal", "callback", "asset event", "approval" or "composite" for a trigger class
+    whose waits a send, an asset event's record, an answer (or the scheduler's timer pass)
+    resumes (no triggerer ever picks them up, so "not picked up yet" would be a false alarm);
+    None for others, and for a composite not ``held`` by its rows (a branch of it runs in a
+    triggerer)."""
+    if classpath in COMPOSITES and not held:
+        return None
     return _ROW_WAITS.get(classpath or "")
 
 
 def signal_key(session: Session, trigger_id: int | None) -> str | None:
-    """The key a signal wait listens on (a callback's key is its token's: never shown)."""
+    """The key a signal or asset event wait listens on (a callback's key is its token's: never
+    shown)."""
     if trigger_id is None:
         return None
     return session.scalar(select(SignalWait.key).where(SignalWait.trigger_id == trigger_id))
+
+
+def needs_key(wait: RowWait | None) -> bool:
+    """Whether :func:`how_to_resume` names the wait's key."""
+    return wait in ("signal", "asset event")
 
 
 def how_to_resume(wait: RowWait, key: str | None) -> str:
     """One line telling a reader what resumes the task."""
     if wait == "callback":
         return "a POST of its answer to its callback URL (POST /api/v1/callbacks/<token>)"
+    if wait == "approval":
+        return "an answer to its approval request (`deferral approvals respond`, Approvals page)"
     if wait == "composite":
-        return "its branches: signals or callbacks on its keys, and its timer (docs/waits.md)"
+        return (
+            "its branches: signals or callbacks on its keys, asset events, approvals, and its"
+            " timer (docs/waits.md)"
+        )
+    if wait == "asset event" and key is not None and key.startswith(ASSET_KEY_PREFIX):
+        asset = key.removeprefix(ASSET_KEY_PREFIX)
+        return f"an event of asset {asset!r} (a task with it as outlet succeeding, or a watcher)"
     return f"a signal sent to key {key!r} (`deferral signals send {key} --payload JSON`)"
 
 
@@ -117,14 +177,17 @@ def deferred_now(
         )
         if liveness.is_alive(state, beat, now, settings.heartbeat_sec)
     }
-    groups: dict[tuple[str | None, str | None], Record] = {}
+    held = held_of(session, {row.trigger_id for row in shown if row.classpath in COMPOSITES})
+    groups: dict[tuple[str | None, str | None, bool], Record] = {}
     for row in shown:
-        key = (row.classpath, row.triggerer_id)
+        running = row.classpath in COMPOSITES and row.trigger_id not in held
+        key = (row.classpath, row.triggerer_id, running)
         group = groups.setdefault(
             key,
             {
                 "classpath": row.classpath,
-                "row_wait": row_wait_of(row.classpath),
+                "row_wait": row_wait_of(row.classpath, not running),
+                "running_branch": running,
                 "triggerer": row.triggerer_id,
                 "triggerer_alive": row.triggerer_id in alive,
                 "tasks": [],

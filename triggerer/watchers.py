@@ -31,6 +31,7 @@ from deferral.runtime.faults import is_transient
 from deferral.runtime.metrics import ASSET_WATCHER_BOUND_REACHED
 from deferral.runtime.serialization import SerializationError
 from deferral.store.transitions.asset_events import record_watcher_event, watcher_events_waiting
+from deferral.store.waits import resume_asset_waiters
 from deferral.triggers.base import TriggerEvent
 from deferral.triggers.event import BaseEventTrigger
 from triggerer.decode import load_trigger_class
@@ -281,11 +282,14 @@ class WatcherRunner:
         self.recorded += sum(1 for event_id in got if event_id is not None)
         return len(taken)
 
-    @staticmethod
     def _record_one(
-        session: Session, claimed: Claimed, key: str, extra: dict[str, Any]
+        self, session: Session, claimed: Claimed, key: str, extra: dict[str, Any]
     ) -> int | None:
-        return record_watcher_event(session, claimed.asset_name, claimed.name, key, extra)
+        """Record the event, and resume the tasks waiting on the asset in its transaction."""
+        event_id = record_watcher_event(session, claimed.asset_name, claimed.name, key, extra)
+        if event_id is not None:
+            resume_asset_waiters(session, self.cipher, [event_id])
+        return event_id
 
     def _record_alone(
         self, claimed: Claimed, key: str, extra: dict[str, Any], where: str

@@ -14,7 +14,7 @@ from deferral import signals
 from deferral.runtime import clock, serialization
 from deferral.runtime.crypto import Cipher, Purpose
 from deferral.runtime.serialization import SerializationError
-from deferral.store import far_timers, hitl, transitions
+from deferral.store import far_timers, hitl, transitions, waits
 from deferral.store.transitions import Attempt
 from worker.outcomes import (
     AttemptRequest,
@@ -77,10 +77,15 @@ def resume_kwargs(
     return kwargs
 
 
-def succeed_all(session: Session, successes: Sequence[tuple[Attempt, Succeeded]]) -> set[int]:
-    """running -> success for each attempt, skipping the tasks each chose not to run; returns
-    the task instances that moved."""
-    succeeded = transitions.succeed_many(session, [(a, o.return_value) for a, o in successes])
+def succeed_all(
+    session: Session, cipher: Cipher, successes: Sequence[tuple[Attempt, Succeeded]]
+) -> set[int]:
+    """running -> success for each attempt, skipping the tasks each chose not to run, and the
+    tasks waiting on the asset events they recorded resumed; returns the task instances that
+    moved."""
+    succeeded, events = transitions.succeed_recording(
+        session, [(a, o.return_value) for a, o in successes]
+    )
     for attempt, success in successes:
         if attempt.task_instance_id in succeeded and success.skip_task_ids:
             transitions.skip_tasks(session, attempt.task_instance_id, success.skip_task_ids)
@@ -89,11 +94,14 @@ def succeed_all(session: Session, successes: Sequence[tuple[Attempt, Succeeded]]
                 session, attempt.task_instance_id, success.outlet_extras
             )
         if attempt.task_instance_id in succeeded and success.alias_events:
-            transitions.record_alias_events(session, attempt.task_instance_id, success.alias_events)
+            events += transitions.record_alias_events(
+                session, attempt.task_instance_id, success.alias_events
+            )
         if attempt.task_instance_id in succeeded and success.outlet_partitions:
             transitions.partition_outlet_events(
                 session, attempt.task_instance_id, success.outlet_partitions
             )
+    waits.resume_asset_waiters(session, cipher, events)
     return succeeded
 
 

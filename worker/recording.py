@@ -26,6 +26,7 @@ from deferral.runtime.config import Settings
 from deferral.runtime.crypto import Cipher
 from deferral.runtime.process import LogExtra, log_ids
 from deferral.store import tasklogs, transitions
+from deferral.store import waits as row_waits
 from deferral.store.tasklogs import SOURCE_WORKER, NewLine
 from deferral.store.transitions import Attempt
 from worker import record
@@ -177,11 +178,18 @@ class Recorder:
         successes = [(r, o) for r, o in batch if isinstance(o, Succeeded)]
         deferrals = [(r, o) for r, o in batch if isinstance(o, Deferred)]
         lines: list[NewLine] = []
-        succeeded = record.succeed_all(session, [(r.attempt, o) for r, o in successes])
+        waits = _waits_of(deferrals)
+        row_waits.lock_batch_keys(
+            session,
+            [r.attempt.task_instance_id for r, _ in successes],
+            [event["name"] for _, o in successes for event in o.alias_events],
+            [row.key for wait in waits.values() for row in wait.rows],
+        )
+        succeeded = record.succeed_all(session, self.cipher, [(r.attempt, o) for r, o in successes])
         for running, success in successes:
             moved = running.attempt.task_instance_id in succeeded
             self._say(running, success, moved, "succeeded", lines)
-        staged = self.defer_many(session, deferrals, lines)
+        staged = self.defer_many(session, deferrals, lines, waits)
         for running, other in batch:
             if isinstance(other, Rescheduled | Skipped | Failed | AwaitingInput):
                 self._apply_other(session, running, other, lines)
@@ -224,20 +232,19 @@ class Recorder:
         session: Session,
         deferrals: Sequence[tuple[Running, Deferred]],
         lines: list[NewLine],
+        waits: dict[int, row_waits.Wait] | None = None,
     ) -> list[outbox.Staged]:
         """Write the deferrals' trigger rows and move their tasks, then stage their trigger
-        entries; returns the outbox rows of those that moved."""
+        entries; returns the outbox rows of those that moved. ``waits``: what of them is held
+        as rows (task instance id -> wait), if the caller found it already."""
         horizon = dt.timedelta(seconds=self.settings.far_timer_horizon_sec)
         specs = [
             record.deferral_of(running.attempt, outcome, self.cipher, horizon)
             for running, outcome in deferrals
         ]
         # Signal waits are rows, not triggers run in a triggerer: no trigger entry for them.
-        waits = {
-            running.attempt.task_instance_id: wait
-            for running, outcome in deferrals
-            if (wait := record.wait_of(running.attempt, outcome)) is not None
-        }
+        if waits is None:
+            waits = _waits_of(deferrals)
         joined: set[int] = set()
         moved = signals.defer_with_waits(session, self.cipher, specs, waits, joined)
         messages = []
@@ -264,3 +271,12 @@ class Recorder:
             queue = self.queue_of[running.delivery.entry.stream]
             messages.append((self.keys.trigger_stream(queue, trigger_id), message))
         return outbox.stage_many(session, messages)
+
+
+def _waits_of(deferrals: Sequence[tuple[Running, Deferred]]) -> dict[int, row_waits.Wait]:
+    """What of the deferrals is held as rows, by task instance id."""
+    return {
+        running.attempt.task_instance_id: wait
+        for running, outcome in deferrals
+        if (wait := record.wait_of(running.attempt, outcome)) is not None
+    }

@@ -1,6 +1,10 @@
 """Human in the loop: what a task awaiting input asks (``hitl_detail``), the checks a response
 passes, and the response itself, from a person (web UI, API, CLI) or from the timeout.
 
+A task may also wait for an answer as a deferral (``ApprovalTrigger``, alone or as a branch of an
+``AnyOf`` / ``AllOf``): its request is recorded here when it defers and listed with the others;
+an answer resolves its wait row (``deferral.store.waits.resolve``) in the answering transaction.
+
 A response moves the task awaiting_input -> scheduled at ``execute_complete`` with the response as
 its event, in the transaction that records who responded and when: the task instance is locked
 first, so of two responses (or a response and the timeout, or two scheduler replicas) exactly one
@@ -15,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import Text, cast, literal, select
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.orm import Session
 
@@ -23,8 +27,9 @@ from deferral.models.param import Param, ParamValidationError
 from deferral.runtime import storable
 from deferral.runtime.crypto import Cipher, Purpose
 from deferral.states import TaskState
-from deferral.store import transitions
-from deferral.store.tables import HITLDetail, TaskInstance
+from deferral.store import transitions, waits
+from deferral.store.tables import HITLDetail, SignalWait, TaskInstance
+from deferral.triggers.approval import APPROVAL_KEY_PREFIX, approval_key
 
 # Bounds on what a task may ask and a person may answer (anyone with a browser is an attacker).
 MAX_OPTIONS = 100
@@ -191,9 +196,28 @@ def _locked(session: Session, task_instance_id: int) -> tuple[TaskInstance, HITL
         who = detail.responded_by or "the timeout"
         at = detail.responded_at
         raise NotAwaitingInput(f"{label} was already responded to by {who} at {at}")
-    if ti.state != TaskState.AWAITING_INPUT or detail is None:
+    waiting = ti.state == TaskState.AWAITING_INPUT or (
+        ti.state == TaskState.DEFERRED
+        and session.scalar(
+            select(_approval_waited(TaskInstance.id)).where(TaskInstance.id == ti.id)
+        )
+    )
+    if not waiting or detail is None:
         raise NotAwaitingInput(f"{label} is not awaiting input (state {ti.state})")
     return ti, detail
+
+
+def _approval_waited(task_instance_id: Any) -> Any:
+    """True while the deferred task ``task_instance_id`` waits for its approval
+    (``ApprovalTrigger``, alone or as a branch): its wait row is there and has not fired."""
+    return (
+        select(SignalWait.id)
+        .where(
+            SignalWait.key == literal(APPROVAL_KEY_PREFIX) + cast(task_instance_id, Text),
+            SignalWait.fired.is_(None),
+        )
+        .exists()
+    )
 
 
 def respond(
@@ -225,6 +249,10 @@ def _apply(
     detail.responded_by = user
     detail.chosen_options = chosen
     detail.params_input = params
+    if ti.state == TaskState.DEFERRED:  # an ApprovalTrigger's wait (the task row is locked)
+        answer = {"chosen_options": chosen, "responded_by_user": user, "responded_at": now}
+        waits.resolve(session, cipher, approval_key(ti.id), f"approval:{ti.id}", answer)
+        return answer
     event: dict[str, Any] = {
         "chosen_options": chosen,
         "params_input": params,
@@ -324,7 +352,9 @@ def required_actions(
     )
     if pending:
         query = query.where(
-            TaskInstance.state == TaskState.AWAITING_INPUT, HITLDetail.responded_at.is_(None)
+            (TaskInstance.state == TaskState.AWAITING_INPUT)
+            | ((TaskInstance.state == TaskState.DEFERRED) & _approval_waited(TaskInstance.id)),
+            HITLDetail.responded_at.is_(None),
         )
     if dag_id is not None:
         query = query.where(TaskInstance.dag_id == dag_id)

@@ -32,7 +32,7 @@ from deferral.store.callback_tokens import (
     TokenRefused,
     parse_token,
 )
-from deferral.store.hitl import InputRequest, check_request
+from deferral.store.hitl import InputRequest, check_request, record_request
 from deferral.store.metastore import metastore
 from deferral.store.state_stores import NEVER_EXPIRE, AssetStateStores, TaskStateStore
 from deferral.store.tables import (
@@ -73,6 +73,7 @@ __all__ = [
     "install_task_runtime",
     "metastore",
     "parse_token",
+    "record_request",
     "task_runtime",
     "transitions",
     "waits",

@@ -14,18 +14,23 @@ A deferral's rows sit beside its trigger row and go with it (``ON DELETE CASCADE
   (``CallbackTrigger(heartbeat=)``), pushed on by each heartbeat (:func:`beat`) and failed by the
   scheduler's bounded pass over ``ix_callback_heartbeat_due_at`` (:func:`fail_missed_heartbeats`).
 
-Whatever resolves a wait (a send, a callback, a lookback, the timer pass) comes here with the
-rows it matched (:class:`Hit`). An any-of resumes through ``transitions.resume_many``, whose
-conditional claim (only a task deferred on the trigger, locked) makes a signal and the timer
-racing on one task resume it once; resuming drops the trigger row, and with it the losing
-branches' rows, in that transaction. An all-of's branch is first recorded as fired (its task
-row locked first, so two branches firing at once are serialized), and the task resumes when no
-branch is left. A cancel-on ends the task (``transitions.cancel_waiting``)."""
+An asset event wait (``AssetEventTrigger``) is a ``signal_wait`` row keyed ``asset/<name>``: the
+transaction that records an event of the asset (a success with outlets, an alias event, a
+watcher's event) resumes its waiters (:func:`resume_asset_waiters`), after taking the key's lock
+as a send does.
+
+Whatever resolves a wait (a send, a callback, a lookback, an asset event, the timer pass) comes
+here with the rows it matched (:class:`Hit`). An any-of resumes through
+``transitions.resume_many``, whose conditional claim (only a task deferred on the trigger, locked)
+makes a signal and the timer racing on one task resume it once; resuming drops the trigger row, and
+with it the losing branches' rows, in that transaction. An all-of's branch is first recorded as
+fired (its task row locked first, so two branches firing at once are serialized), and the task
+resumes when no branch is left. A cancel-on ends the task (``transitions.cancel_waiting``)."""
 
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,6 +42,8 @@ from deferral.runtime.crypto import Cipher, Purpose
 from deferral.states import TaskState
 from deferral.store import transitions
 from deferral.store.callback_tokens import CALLBACK_KEY_PREFIX
+from deferral.triggers.approval import APPROVAL_KEY_PREFIX
+from deferral.triggers.asset_event import ASSET_KEY_PREFIX, asset_key
 from deferral.triggers.composite import (
     ALL_OF,
     BRANCHES,
@@ -51,6 +58,24 @@ CANCEL_BRANCH = "~cancel"
 TIMER_PAGE = 1000
 
 
+# The keys' locks in the order of their lock ids (two keys may share one: no cycle either way);
+# a volatile function in the select list is evaluated after the sort.
+_LOCK_SQL = text(
+    "SELECT pg_advisory_xact_lock(h) FROM ("
+    " SELECT DISTINCT hashtextextended('deferral.signal:' || k, 0) AS h"
+    " FROM unnest(CAST(:keys AS text[])) AS k) AS ids ORDER BY h"
+)
+
+
+def lock_keys(session: Session, keys: Iterable[str]) -> None:
+    """Hold the keys' wait locks until the transaction ends (in lock id order: no deadlock).
+    A write that resolves waits (a send, an asset event) and the creation of a wait on the
+    same key take it, so a wait either sees the write or is seen by it."""
+    distinct = list(set(keys))
+    if distinct:
+        session.execute(_LOCK_SQL, {"keys": distinct})
+
+
 @dataclass(frozen=True)
 class WaitRow:
     """One ``signal_wait`` row of a deferral."""
@@ -61,6 +86,8 @@ class WaitRow:
     match: str | None = None  # the filter's jsonpath predicate
     cancels: str | None = None  # of a cancel-on: the state its task ends in
     heartbeat: dt.timedelta | None = None  # of a callback: how often it must beat
+    # Of an approval: its try and its request (a hitl.InputRequest), recorded with the wait.
+    asks: tuple[int, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -76,8 +103,14 @@ class Wait:
     @property
     def key(self) -> str:
         """The key ``dags test`` names: the first signal key waited on, else the first
-        callback's (a plain callback wait: said as one), else '' (timers alone)."""
-        keys = [row.key for row in self.rows if row.cancels is None]
+        callback's (a plain callback wait: said as one), else '' (timers, asset events and
+        approvals alone: nothing to send)."""
+        keys = [
+            row.key
+            for row in self.rows
+            if row.cancels is None
+            and not row.key.startswith((ASSET_KEY_PREFIX, APPROVAL_KEY_PREFIX))
+        ]
         signal_keys = [key for key in keys if not key.startswith(CALLBACK_KEY_PREFIX)]
         return (signal_keys or keys or [""])[0]
 
@@ -409,3 +442,109 @@ def beat(session: Session, key: str) -> dt.datetime | None:
     interval; None if no wait of that key beats, or its deadline has passed."""
     due: dt.datetime | None = session.scalar(_BEAT_SQL, {"key": key})
     return due
+
+
+# The asset keys a batch of successes may record events of: its tasks' outlets, as parsed.
+_OUTLET_KEYS_SQL = text(
+    """
+    SELECT DISTINCT o.asset_name FROM task_instance AS ti
+    JOIN task_outlet_asset AS o ON o.dag_id = ti.dag_id AND o.task_id = ti.task_id
+    WHERE ti.id = ANY(CAST(:ids AS bigint[]))
+    """
+)
+
+
+def lock_batch_keys(
+    session: Session,
+    succeeding: Collection[int],
+    alias_assets: Iterable[str],
+    wait_keys: Collection[str],
+) -> None:
+    """Before a batch that records successes (task instance ids ``succeeding``, with events
+    added through aliases to ``alias_assets``) and deferrals holding rows (their keys
+    ``wait_keys``) in one transaction: every key it will take, locked in one statement, so
+    that the later locks of the success (its assets) and of the deferrals (their keys) take
+    nothing new and two batches cannot take them in opposite orders. A batch without both
+    takes its keys in one statement anyway: nothing is done."""
+    if not succeeding or not wait_keys:
+        return
+    assets = set(session.scalars(_OUTLET_KEYS_SQL, {"ids": list(succeeding)})) | set(alias_assets)
+    lock_keys(session, [*wait_keys, *(asset_key(name) for name in assets)])
+
+
+_WAITERS_OF_KEY_SQL = text(
+    """
+    SELECT sw.trigger_id, sw.branch, sw.cancels, t.classpath = :all_of AS all_of
+    FROM signal_wait AS sw JOIN trigger AS t ON t.id = sw.trigger_id
+    WHERE sw.key = :key AND sw.fired IS NULL
+    ORDER BY sw.trigger_id, sw.branch
+    """
+)
+
+
+def resolve(session: Session, cipher: Cipher, key: str, dedup: str, payload: Any) -> list[int]:
+    """Fire the waits on ``key`` (an approval's: one task, whose row the caller locked) with
+    ``payload``, as a send fires a signal's. Returns the task instances moved."""
+    fired = [
+        (
+            Hit(row.trigger_id, row.branch, row.cancels, bool(row.all_of)),
+            transitions.FiredEvent(f"{dedup}:{row.trigger_id}", row.trigger_id, False, payload),
+        )
+        for row in session.execute(_WAITERS_OF_KEY_SQL, {"key": key, "all_of": ALL_OF})
+    ]
+    return list(apply(session, cipher, fired, "approval"))
+
+
+# Asset events just recorded (their asset's uri beside them), the first of each asset.
+_ASSET_EVENTS_SQL = text(
+    """
+    SELECT DISTINCT ON (e.asset_name) e.id, e.asset_name, coalesce(a.uri, e.asset_name) AS uri,
+           e.extra, e.timestamp
+    FROM asset_event AS e LEFT JOIN asset AS a ON a.name = e.asset_name
+    WHERE e.id = ANY(CAST(:ids AS bigint[]))
+    ORDER BY e.asset_name, e.id
+    """
+)
+# The waits of those assets not fired yet (ix_signal_wait_key), read once their keys are locked.
+_ASSET_WAITERS_SQL = text(
+    """
+    SELECT sw.key, sw.trigger_id, sw.branch, sw.cancels, t.classpath = :all_of AS all_of
+    FROM signal_wait AS sw JOIN trigger AS t ON t.id = sw.trigger_id
+    WHERE sw.key = ANY(CAST(:keys AS text[])) AND sw.fired IS NULL
+    ORDER BY sw.trigger_id, sw.branch
+    """
+)
+
+
+def resume_asset_waiters(session: Session, cipher: Cipher, event_ids: Sequence[int]) -> list[int]:
+    """Resume the tasks waiting on the assets of the events ``event_ids`` just recorded in
+    ``session``'s transaction (``AssetEventTrigger``, alone or as a branch), each with its
+    asset's first event among them: ``{"id", "name", "uri", "extra", "timestamp"}``. Every
+    insert of an asset event comes here in its transaction. Returns the task instances
+    moved."""
+    if not event_ids:
+        return []
+    events = {
+        asset_key(row.asset_name): row
+        for row in session.execute(_ASSET_EVENTS_SQL, {"ids": list(event_ids)})
+    }
+    lock_keys(session, events)
+    fired = []
+    for row in session.execute(_ASSET_WAITERS_SQL, {"keys": list(events), "all_of": ALL_OF}):
+        event = events[row.key]
+        payload = {
+            "id": event.id,
+            "name": event.asset_name,
+            "uri": event.uri,
+            "extra": dict(event.extra or {}),
+            "timestamp": event.timestamp,
+        }
+        fired.append(
+            (
+                Hit(row.trigger_id, row.branch, row.cancels, bool(row.all_of)),
+                transitions.FiredEvent(
+                    f"asset:{event.id}:{row.trigger_id}", row.trigger_id, False, payload
+                ),
+            )
+        )
+    return list(apply(session, cipher, fired, "asset event"))

@@ -1,3 +1,5 @@
+from deferral.triggers.approval import ApprovalTrigger
+from deferral.triggers.asset_event import AssetEventTrigger
 from deferral.triggers.base import BaseTrigger, TriggerEvent, TriggerProgress
 from deferral.triggers.composite import AllOf, AnyOf
 from deferral.triggers.file import FileTrigger
@@ -14,6 +16,8 @@ from deferral.triggers.temporal import DateTimeTrigger, TimeDeltaTrigger
 __all__ = [
     "AllOf",
     "AnyOf",
+    "ApprovalTrigger",
+    "AssetEventTrigger",
     "BaseTrigger",
     "CallbackTrigger",
     "DateTimeTrigger",

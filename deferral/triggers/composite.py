@@ -1,11 +1,11 @@
 """Waits that compose: ``AnyOf(name=wait, ...)`` resumes the task when its first branch fires,
 ``AllOf(name=wait, ...)`` once every branch has fired.
 
-Branches that need no running code (time, signals, callbacks) are held as rows beside the
-task's trigger row plus one timer (``deferral.store.waits``), never as a coroutine: a send, a
-callback or the scheduler's timer pass resolves them. An ``AnyOf`` may also hold one branch
-that must run (an HTTP poll): that branch runs in a triggerer as a normal trigger, the others
-stay rows."""
+Branches that need no running code (time, signals, callbacks, asset events, approvals) are held as
+rows beside the task's trigger row plus one timer (``deferral.store.waits``), never as a coroutine:
+a send, a callback, an asset event's record, an answer or the scheduler's timer pass resolves them.
+An ``AnyOf`` may also hold one branch that must run (an HTTP poll): that branch runs in a triggerer
+as a normal trigger, the others stay rows."""
 
 from __future__ import annotations
 
@@ -14,12 +14,15 @@ import importlib
 from collections.abc import AsyncIterator, Iterable, Mapping
 from typing import Any, ClassVar
 
+from deferral.triggers.approval import APPROVAL_TRIGGER
+from deferral.triggers.asset_event import ASSET_TRIGGER
 from deferral.triggers.base import BaseTrigger, TriggerEvent, classpath_of
 from deferral.triggers.signal import CALLBACK_TRIGGER, SIGNAL_TRIGGER, SignalError
 from deferral.triggers.temporal import TIME_TRIGGER_CLASSPATHS
 
 # The branches' kinds, as ``deferral.store.waits`` holds them.
-SIGNAL, CALLBACK, TIME, RUNNING = "signal", "callback", "time", "running"
+SIGNAL, CALLBACK, ASSET, APPROVAL = "signal", "callback", "asset", "approval"
+TIME, RUNNING = "time", "running"
 # The kwarg the serialized branches travel in (no branch may take that name).
 BRANCHES = "branches"
 
@@ -30,6 +33,10 @@ def branch_kind(classpath: str, kwargs: Mapping[str, Any]) -> str:
         return SIGNAL
     if classpath == CALLBACK_TRIGGER:
         return CALLBACK
+    if classpath == ASSET_TRIGGER:
+        return ASSET
+    if classpath == APPROVAL_TRIGGER:
+        return APPROVAL
     if classpath in TIME_TRIGGER_CLASSPATHS and not kwargs.get("end_from_trigger"):
         return TIME
     return RUNNING

@@ -128,20 +128,20 @@ def check_cancel_on(cancel_on: object, cancel_state: object) -> None:
         raise ValueError(f"cancel_state must be 'skipped' or 'failed', got {cancel_state!r:.40}")
 
 
-class _RowTrigger(BaseTrigger):
+class RowTrigger(BaseTrigger):
     """A wait kept as a row and resumed by a send: nothing of it runs in a triggerer."""
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         # Reached only if such a wait was published to a triggerer (a subclass, or arguments
         # the worker refused): failing says so rather than waiting for ever.
         raise SignalError(
-            f"{type(self).__name__} waits are resumed by signals and callbacks, not run in a"
-            " triggerer (a subclass, or a callback token of another task or try?)"
+            f"{type(self).__name__} waits are resumed by signals, callbacks and asset events,"
+            " not run in a triggerer (a subclass, or a callback token of another task or try?)"
         )
         yield TriggerEvent(None)  # pragma: no cover - makes this an async generator
 
 
-class SignalTrigger(_RowTrigger):
+class SignalTrigger(RowTrigger):
     """Resumes the task with the payload of the next signal sent to ``key``, or of the latest
     one sent within ``lookback`` before the task started waiting; with ``where``, only a signal
     whose payload matches it (:func:`where_predicate`) counts.
@@ -182,7 +182,7 @@ def check_heartbeat(heartbeat: object) -> dt.timedelta | None:
     return heartbeat
 
 
-class CallbackTrigger(_RowTrigger):
+class CallbackTrigger(RowTrigger):
     """Resumes the task when its callback token (``context["callback"].token``, or ``token``)
     is posted to ``POST /api/v1/callbacks/{token}``: with ``event`` the posted payload on
     ``"success"``, failing it (or retrying) with the payload's message on ``"failure"``.

@@ -130,13 +130,13 @@ def test_a_producer_task_with_an_outlet_triggers_the_consumer_once_per_event(
 
 
 def test_the_extras_a_task_gave_its_outlet_events_are_recorded_with_its_success(
-    sessions: sessionmaker[Session], bag: DagBag
+    sessions: sessionmaker[Session], bag: DagBag, cipher: Cipher
 ) -> None:
     succeed(sessions, "r1")  # no extras: the event's extra stays empty
     ti = running_task(sessions, "t", "r2")
     annotated = Succeeded(None, (), {"orders": {"rows": 3}})
     with sessions.begin() as session:
-        assert record.succeed_all(session, [(Attempt(ti, 1, WORKER), annotated)]) == {ti}
+        assert record.succeed_all(session, cipher, [(Attempt(ti, 1, WORKER), annotated)]) == {ti}
     with sessions() as session:
         extras = session.execute(
             select(AssetEventRow.source_run_id, AssetEventRow.extra)
@@ -158,7 +158,7 @@ def test_the_extras_a_task_gave_its_outlet_events_are_recorded_with_its_success(
 
 
 def test_events_added_through_an_alias_resolve_it_and_run_the_dags_scheduled_on_it(
-    sessions: sessionmaker[Session], bag: DagBag
+    sessions: sessionmaker[Session], bag: DagBag, cipher: Cipher
 ) -> None:
     make_runs(sessions, bag)
     assert runs_of(sessions, "on_alias") == []  # unresolved: nothing to run on
@@ -175,7 +175,7 @@ def test_events_added_through_an_alias_resolve_it_and_run_the_dags_scheduled_on_
     ]
     with sessions.begin() as session:
         assert record.succeed_all(
-            session, [(Attempt(ti, 1, WORKER), Succeeded(None, (), {}, added))]
+            session, cipher, [(Attempt(ti, 1, WORKER), Succeeded(None, (), {}, added))]
         ) == {ti}
     make_runs(sessions, bag)
     # Each added event runs the alias's DAG, and "a"'s also runs the DAGs scheduled on "a".

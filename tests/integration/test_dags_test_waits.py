@@ -216,8 +216,8 @@ def test_tasks_test_says_a_signal_wait_needs_dags_test(
     done = LANE.run(["tasks", "test", name, "wait"], {**os.environ, **service_env}, TIMEOUT_SEC)
     assert (done.returncode, done.stderr.strip().splitlines()[-1]) == (
         1,
-        "error: wait waits for a signal or a callback, which `tasks test` (recording no state)"
-        " cannot receive; use `deferral dags test`",
+        "error: wait waits for a signal, a callback or an asset event, which `tasks test`"
+        " (recording no state) cannot receive; use `deferral dags test`",
     )
 
 

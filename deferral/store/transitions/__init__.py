@@ -34,6 +34,7 @@ from deferral.store.transitions.attempts import skip as skip
 from deferral.store.transitions.attempts import start_many as start_many
 from deferral.store.transitions.attempts import succeed as succeed
 from deferral.store.transitions.attempts import succeed_many as succeed_many
+from deferral.store.transitions.attempts import succeed_recording as succeed_recording
 from deferral.store.transitions.awaiting_input import await_input as await_input
 from deferral.store.transitions.awaiting_input import resume_awaiting_input as resume_awaiting_input
 from deferral.store.transitions.core import MARKS_RUN as MARKS_RUN

@@ -106,11 +106,13 @@ _ALIAS_EVENT_SQL = text(
 
 def record_alias_events(
     session: Session, task_instance_id: int, events: Sequence[Mapping[str, Any]]
-) -> None:
+) -> list[int]:
     """Record the events the task instance added through aliases (``alias``, the asset's
-    ``name``, ``uri``, ``group``, and the ``extra``), in its success's transaction."""
+    ``name``, ``uri``, ``group``, and the ``extra``), in its success's transaction; returns
+    their ids."""
+    ids: list[int] = []
     for event in events:
-        session.execute(
+        ids += session.scalars(
             _ALIAS_EVENT_SQL,
             {
                 "ti_id": task_instance_id,
@@ -121,6 +123,7 @@ def record_alias_events(
                 "extra": _extra_body(event["extra"]),
             },
         )
+    return ids
 
 
 def _extra_body(extra: Mapping[str, Any]) -> str:

@@ -201,24 +201,35 @@ _SUCCEED_SQL = text(
     + OUTLET_EVENTS_OF_MOVED
     + MARK_RUNS_OF_MOVED
     + """
-    SELECT id FROM moved
+    SELECT id, false AS event FROM moved
+    UNION ALL
+    SELECT id, true FROM outlet_events
     """
 )
 
 
 def succeed_many(session: Session, results: Sequence[tuple[Attempt, Any]]) -> set[int]:
     """:func:`succeed` for a batch, in one statement; returns the ids that moved."""
+    return succeed_recording(session, results)[0]
+
+
+def succeed_recording(
+    session: Session, results: Sequence[tuple[Attempt, Any]]
+) -> tuple[set[int], list[int]]:
+    """:func:`succeed_many`, also returning the ids of the outlet events the successes
+    recorded (their waiters are resumed next, ``deferral.store.waits.resume_asset_waiters``)."""
     if not results:
-        return set()
+        return set(), []
     params = {
         "ids": [a.task_instance_id for a, _ in results],
         "tries": [a.try_number for a, _ in results],
         "workers": [a.worker for a, _ in results],
         "values": [None if v is None else json.dumps(v) for _, v in results],
     }
-    moved = set(session.scalars(_SUCCEED_SQL, params))
+    rows = session.execute(_SUCCEED_SQL, params).all()
+    moved = {row.id for row in rows if not row.event}
     _expire_loaded(session, moved)
-    return moved
+    return moved, [row.id for row in rows if row.event]
 
 
 def skip(session: Session, attempt: Attempt, reason: str) -> bool:
