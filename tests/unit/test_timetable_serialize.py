@@ -46,7 +46,12 @@ BUILT_IN: list[Timetable] = [
 ]
 
 
-@pytest.mark.parametrize("timetable", BUILT_IN, ids=repr)
+@pytest.mark.parametrize(
+    "timetable",
+    BUILT_IN,
+    # Stable across the lanes of a run (a default repr names the object's address).
+    ids=[f"{i}-{type(t).__name__}" for i, t in enumerate(BUILT_IN)],
+)
 def test_a_built_in_timetable_round_trips(timetable: Timetable) -> None:
     data = timetable.serialize()
     assert data is not None and isinstance(data["type"], str)
