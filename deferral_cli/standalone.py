@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
@@ -13,7 +14,7 @@ from pathlib import Path
 import click
 
 from broker.client import Broker, RedisSetupError
-from deferral.runtime.config import webserver_port
+from deferral.runtime.config import Settings, webserver_port
 from deferral.runtime.process import settings_or_exit
 from deferral.states import DagRunState
 from deferral.store import migrate
@@ -23,6 +24,7 @@ from deferral_cli.common import EXIT_FAILED, EXIT_TIMED_OUT, fail, sessions
 from deferral_cli.dags import trigger
 from deferral_cli.runs import show_run
 from deferral_cli.wait import wait_for_run
+from readmodel import dags as readmodel_dags
 from webserver import users
 
 
@@ -95,6 +97,7 @@ def standalone(dags_folder: str | None, home: Path, run_dag: str | None, timeout
                         f"{ended.returncode}); stopped the others"
                     )
                 return
+            _wait_for_the_first_parse(settings, procs, timeout)
             run_id = trigger(settings, run_dag, {}, None)
             state = wait_for_run(sessions(settings), run_dag, run_id, timeout)
             show_run(settings, run_dag, run_id, history=True)
@@ -106,6 +109,25 @@ def standalone(dags_folder: str | None, home: Path, run_dag: str | None, timeout
 
 
 SERVICE_CHECK_SEC = 0.5
+# How often `--run` looks whether the scheduler has parsed the DAGs folder yet.
+PARSE_POLL_SEC = 0.2
+
+
+def _wait_for_the_first_parse(
+    settings: Settings, procs: list[subprocess.Popen[bytes]], timeout: float
+) -> None:
+    """Until the scheduler recorded its first parse of the DAGs folder (what `dags trigger`
+    reads: readmodel rule 5), or a service exits, or ``timeout`` passes."""
+    deadline = time.monotonic() + timeout
+    while True:
+        with sessions(settings)() as session:
+            if readmodel_dags.not_parsed_notice(session) is None:
+                return
+        if any(proc.poll() is not None for proc in procs):
+            fail("a service process exited early; see its log above")
+        if time.monotonic() >= deadline:
+            fail(f"no parse of the DAGs folder after {timeout:g}s", EXIT_TIMED_OUT)
+        time.sleep(PARSE_POLL_SEC)
 
 
 @contextmanager

@@ -43,6 +43,10 @@ def _isolate_import_state(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     monkeypatch.setattr(sys, "path", list(sys.path))
     monkeypatch.setattr(sys, "meta_path", list(sys.meta_path))
     monkeypatch.delenv("DEFERRAL_DAG_IGNORE_FILE_SYNTAX", raising=False)
+    # A deferral_local_settings another test of the process imported (from its own DAGs
+    # folder) would be found again instead of this test's.
+    monkeypatch.delitem(sys.modules, LOCAL_SETTINGS_MODULE, raising=False)
+    importlib.invalidate_caches()
     before = set(sys.modules)
     load_policies.cache_clear()
     yield
