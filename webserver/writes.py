@@ -32,14 +32,14 @@ class Writes:
         with self.ui.sessions() as session:
             return dag_to_change(session, dag_id, self.ui.settings.dags_folder)
 
-    def _with_own_timetable(self, dag_id: str) -> DAG:
+    def _with_own_timetable(self, stored: StoredDag) -> DAG:
         """The DAG object of a DAG whose timetable is its file's own class, which only the file
-        makes again (its manual interval): the one write that reads the DAGs folder
-        (``webserver.dagfiles``: a parse child, within the import timeout)."""
-        dag = self.ui.dag_files.dag(dag_id)
+        makes again (its manual interval): the one write that imports a DAG file, only that
+        one (``webserver.dagfiles``: a parse child first, within the import timeout)."""
+        dag = self.ui.dag_files.dag(stored.dag_id, stored.fileloc)
         if dag is None:
             raise actions.ActionError(
-                f"DAG {dag_id!r} not found in {self.ui.settings.dags_folder}", not_found=True
+                f"DAG {stored.dag_id!r} not found in {stored.fileloc}", not_found=True
             )
         return dag
 
@@ -64,7 +64,7 @@ class Writes:
         stored = self.dag(dag_id)
         if form is not None:
             conf = {**paramform.conf_from_form(paramform.fields(stored.params), form), **conf}
-        dag = stored if stored.timetable is not None else self._with_own_timetable(dag_id)
+        dag = stored if stored.timetable is not None else self._with_own_timetable(stored)
         return actions.trigger_run(
             self.ui.sessions, dag, conf, run_id or None, idempotency_key=idempotency_key
         )

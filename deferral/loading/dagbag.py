@@ -665,7 +665,7 @@ class DagBag:
         dag = self.dags.get(dag_id)
         if dag is None:
             if fileloc is not None and Path(fileloc).is_relative_to(self.folder):
-                self.collect_file(_source_of(Path(fileloc)))
+                self.collect_file(source_of(Path(fileloc)))
             else:
                 self.collect()
             dag = self.dags.get(dag_id)
@@ -674,7 +674,7 @@ class DagBag:
         return dag
 
 
-def _source_of(fileloc: Path) -> Path:
+def source_of(fileloc: Path) -> Path:
     """The DAG file or archive of a DAG's ``fileloc`` (a zipped DAG's names the module inside)."""
     return fileloc.parent if fileloc.parent.suffix == ".zip" else fileloc
 

@@ -93,6 +93,20 @@ class FolderParser:
                 return self._read(started_at, failed, self.bag.stale_sources())
             return self._read(started_at, failed, ())
 
+    def parse_file(self, path: Path) -> Parsed:
+        """A read of the one DAG file or archive ``path`` of the folder, in the calling thread:
+        first in a parse child within the timeout, then here if it finished in time; no other
+        file of the folder is imported or read."""
+        started_at = dt.datetime.now(dt.UTC)
+        with self._lock:
+            failed: dict[str, tuple[float, str]] = {}
+            if self.timeout:
+                self._probe([path], _Probe(set(), failed, None))
+            if str(path) not in failed:
+                self.bag.collect_file(path)
+            errors = {**self.bag.import_errors, **{p: e for p, (_, e) in failed.items()}}
+            return Parsed(started_at, dict(self.bag.dags), errors)
+
     def _read(
         self, started_at: dt.datetime, failed: dict[str, tuple[float, str]], pending: Sequence[Path]
     ) -> Parsed:

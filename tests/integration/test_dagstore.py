@@ -191,17 +191,37 @@ def test_a_dag_files_own_timetable_is_the_one_trigger_that_imports_its_file(
     tmp_path: Path,
 ) -> None:
     """readmodel/DECISIONS.md 7: the document keeps no timetable for a class of the DAG file's
-    own, so `dags trigger` imports the file for its manual interval."""
-    marker = tmp_path / "imported"
+    own, so `dags trigger` and the web UI's trigger import that file, and only that file, for
+    its manual interval: another DAG file beside it is not imported."""
+    marker, other = tmp_path / "imported", tmp_path / "other imported"
     write_dag("own_timetable", OWN_TIMETABLE.format(marker=str(marker)))
+    write_dag(
+        "other",
+        f"import pathlib\npathlib.Path({str(other)!r}).write_text('imported')\n"
+        f"{DAG_SOURCE}with DAG('other'):\n    EmptyOperator(task_id='a')\n",
+    )
     record_dags_folder(settings)
     marker.unlink()
+    other.unlink()
     with sessions() as session:
         stored = serialized_dags.read_dag(session, "own_timetable")
     assert stored is not None and stored.timetable is None
     done = CliRunner().invoke(deferral_main, ["dags", "trigger", "own_timetable", "--run-id", "r"])
     assert done.exit_code == 0, done.output
     assert marker.exists()
+    marker.unlink()
+    app = create_app(
+        settings, host="127.0.0.1", environ={users.ADMIN_PASSWORD_ENV: WEB_ADMIN_PASSWORD}
+    )
+    with TestClient(app, base_url="http://localhost") as web:
+        answer = web.post(
+            "/api/v1/dags/own_timetable/runs",
+            json={"run_id": "web"},
+            headers={"authorization": BASIC_ADMIN},
+        )
+    assert answer.status_code == 201, answer.text
+    assert marker.exists() and not other.exists()
     with sessions() as session:
-        run = session.scalars(select(DagRun)).one()
-    assert run.data_interval_end - run.data_interval_start == dt.timedelta(hours=1)
+        runs = session.scalars(select(DagRun).order_by(DagRun.run_id)).all()
+    assert [r.run_id for r in runs] == ["r", "web"]
+    assert all(r.data_interval_end - r.data_interval_start == dt.timedelta(hours=1) for r in runs)
