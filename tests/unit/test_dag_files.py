@@ -40,11 +40,16 @@ from deferral.triggers.base import classpath_of
 def _isolate_import_state(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """DagBag puts folders and archives on sys.path, a finder on sys.meta_path, and imports
     modules (deferral_local_settings among them): undo all of it afterwards."""
-    monkeypatch.setattr(sys, "path", list(sys.path))
+    # A DAGs folder goes at the end of sys.path: one another test of the process left there
+    # with its own deferral_local_settings would be found before this test's folder.
+    monkeypatch.setattr(
+        sys,
+        "path",
+        [p for p in sys.path if not (Path(p) / f"{LOCAL_SETTINGS_MODULE}.py").is_file()],
+    )
     monkeypatch.setattr(sys, "meta_path", list(sys.meta_path))
     monkeypatch.delenv("DEFERRAL_DAG_IGNORE_FILE_SYNTAX", raising=False)
-    # A deferral_local_settings another test of the process imported (from its own DAGs
-    # folder) would be found again instead of this test's.
+    # ... and one it imported would be found again in sys.modules.
     monkeypatch.delitem(sys.modules, LOCAL_SETTINGS_MODULE, raising=False)
     importlib.invalidate_caches()
     before = set(sys.modules)
