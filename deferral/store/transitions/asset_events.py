@@ -17,6 +17,23 @@ from deferral.runtime.storable import storable, storable_text
 # The schedule row of a DAG scheduled on an alias names it by this key (AssetAlias.key).
 ALIAS = f"'{ALIAS_KEY_PREFIX}'"
 
+
+def _queue_for_schedules(events: str, also: str = "") -> str:
+    """The insert queueing each event of the CTE ``events`` for every DAG scheduled on its
+    asset or on an alias resolved to it (``also``: one more schedule key the statement names,
+    whose row it cannot see yet)."""
+    on = f"s.asset_name IN (e.asset_name, {also})" if also else "s.asset_name = e.asset_name"
+    return f"""INSERT INTO asset_dag_run_queue (target_dag_id, asset_event_id, asset_name)
+        SELECT s.dag_id, e.id, s.asset_name
+        FROM {events} AS e JOIN dag_schedule_asset AS s ON {on}
+        UNION ALL
+        SELECT s.dag_id, e.id, s.asset_name
+        FROM {events} AS e
+        JOIN asset_alias_asset AS r ON r.asset_name = e.asset_name
+        JOIN dag_schedule_asset AS s ON s.asset_name = {ALIAS} || r.alias_name
+        ON CONFLICT DO NOTHING"""
+
+
 # CTEs for the success statement (``moved``: the task instances that succeeded, with their
 # dag_id, run_id, task_id and map_index): an asset event per outlet of each, queued for every
 # DAG scheduled on the asset. Read from ``moved``, not from task_instance again (a second index
@@ -32,15 +49,7 @@ OUTLET_EVENTS_OF_MOVED = f"""
         ORDER BY moved.id, o.asset_name
         RETURNING id, asset_name
     ), outlet_queued AS (
-        INSERT INTO asset_dag_run_queue (target_dag_id, asset_event_id, asset_name)
-        SELECT s.dag_id, e.id, s.asset_name
-        FROM outlet_events AS e JOIN dag_schedule_asset AS s ON s.asset_name = e.asset_name
-        UNION ALL
-        SELECT s.dag_id, e.id, s.asset_name
-        FROM outlet_events AS e
-        JOIN asset_alias_asset AS r ON r.asset_name = e.asset_name
-        JOIN dag_schedule_asset AS s ON s.asset_name = {ALIAS} || r.alias_name
-        ON CONFLICT DO NOTHING
+        {_queue_for_schedules("outlet_events")}
     ),"""
 
 _WATCHER_EVENT_SQL = text(
@@ -51,15 +60,7 @@ _WATCHER_EVENT_SQL = text(
         ON CONFLICT (asset_name, dedup_key) DO NOTHING
         RETURNING id, asset_name
     ), queued AS (
-        INSERT INTO asset_dag_run_queue (target_dag_id, asset_event_id, asset_name)
-        SELECT s.dag_id, e.id, s.asset_name
-        FROM event AS e JOIN dag_schedule_asset AS s ON s.asset_name = e.asset_name
-        UNION ALL
-        SELECT s.dag_id, e.id, s.asset_name
-        FROM event AS e
-        JOIN asset_alias_asset AS r ON r.asset_name = e.asset_name
-        JOIN dag_schedule_asset AS s ON s.asset_name = {ALIAS} || r.alias_name
-        ON CONFLICT DO NOTHING
+        {_queue_for_schedules("event")}
     )
     SELECT id FROM event
     """
@@ -88,16 +89,7 @@ _ALIAS_EVENT_SQL = text(
     ), linked AS (
         INSERT INTO asset_alias_event (alias_name, asset_event_id) SELECT :alias, id FROM event
     ), queued AS (
-        INSERT INTO asset_dag_run_queue (target_dag_id, asset_event_id, asset_name)
-        SELECT s.dag_id, e.id, s.asset_name
-        FROM event AS e JOIN dag_schedule_asset AS s
-          ON s.asset_name IN (e.asset_name, {ALIAS} || :alias)
-        UNION ALL
-        SELECT s.dag_id, e.id, s.asset_name
-        FROM event AS e
-        JOIN asset_alias_asset AS r ON r.asset_name = e.asset_name
-        JOIN dag_schedule_asset AS s ON s.asset_name = {ALIAS} || r.alias_name
-        ON CONFLICT DO NOTHING
+        {_queue_for_schedules("event", also=ALIAS + " || :alias")}
     )
     SELECT id FROM event
     """
@@ -185,15 +177,7 @@ _PARTITION_SQL = text(
         ORDER BY k.n
         RETURNING id, asset_name
     ), queued AS (
-        INSERT INTO asset_dag_run_queue (target_dag_id, asset_event_id, asset_name)
-        SELECT s.dag_id, e.id, s.asset_name
-        FROM more AS e JOIN dag_schedule_asset AS s ON s.asset_name = e.asset_name
-        UNION ALL
-        SELECT s.dag_id, e.id, s.asset_name
-        FROM more AS e
-        JOIN asset_alias_asset AS r ON r.asset_name = e.asset_name
-        JOIN dag_schedule_asset AS s ON s.asset_name = {ALIAS} || r.alias_name
-        ON CONFLICT DO NOTHING
+        {_queue_for_schedules("more")}
     )
     SELECT count(*) FROM more
     """
