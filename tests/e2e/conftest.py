@@ -112,13 +112,20 @@ class Services:
         first parse not done) is recorded here, as a scheduler's parse does."""
         settings = load_settings({**self.env, **(env or {})})
         engine = make_engine(settings.database_url)
-        try:
+
+        def found() -> bool:
+            # A running scheduler's parse begun before the file was written may remove the
+            # document recorded here: recorded again until it stays.
             with make_sessionmaker(engine)() as session:
-                found = session.get(SerializedDag, dag_id)
+                if session.get(SerializedDag, dag_id) is not None:
+                    return True
+            record_dags_folder(settings)
+            return False
+
+        try:
+            wait_for(found, timeout=60, what=f"DAG {dag_id!r} parsed")
         finally:
             engine.dispose()
-        if found is None:
-            record_dags_folder(settings)
 
     def log(self, name: str) -> str:
         return (self.logs / f"{name}.log").read_text(errors="replace")
