@@ -80,8 +80,16 @@ class Delivery:
 
 @dataclass(frozen=True)
 class Lost:
+    """A held entry that a renewal found no longer ours. Entry ids are unique only within one
+    stream (16 shard streams filled in one millisecond repeat ids): match it by ``key``."""
+
+    stream: str
     entry_id: str
     status: LeaseStatus  # TAKEN or GONE
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return (self.stream, self.entry_id)
 
 
 class Quarantine:
@@ -660,7 +668,7 @@ class StreamConsumer:
                 back = []
             for entry_id in back:
                 status[entry_id] = LeaseStatus.OWNED
-        lost = [Lost(i, s) for i, s in status.items() if s is not LeaseStatus.OWNED]
+        lost = [Lost(self.stream, i, s) for i, s in status.items() if s is not LeaseStatus.OWNED]
         self._drop([item.entry_id for item in lost])
         self.quarantine.forget(
             self.stream, {i for i in survivors if status.get(i) is LeaseStatus.OWNED}

@@ -55,8 +55,11 @@ class ConsumerSet:
     def held(self) -> int:
         return sum(c.held for c in list(self.consumers.values()))
 
-    def holds(self, entry_id: str) -> bool:
-        return any(c.holds(entry_id) for c in list(self.consumers.values()))
+    def holds(self, entry: Entry) -> bool:
+        """Whether ``entry`` is held: by its stream's consumer (an id alone may be held in
+        another stream too)."""
+        consumer = self.consumers.get(entry.stream)
+        return consumer is not None and consumer.holds(entry.id)
 
     def poll(self, count: int, block_ms: int | None = None) -> list[Delivery]:
         """Up to ``count`` entries from the streams in turn (see :meth:`StreamConsumer.poll`)."""
@@ -100,9 +103,10 @@ class ConsumerSet:
         for stream, of_stream in _by_stream(entries, lambda e: e).items():
             self.consumers[stream].retire(of_stream)
 
-    def release(self, entry_ids: Sequence[str]) -> None:
-        for consumer in list(self.consumers.values()):
-            consumer.release([i for i in entry_ids if consumer.holds(i)])
+    def release(self, entries: Sequence[Entry]) -> None:
+        for stream, of_stream in _by_stream(entries, lambda e: e).items():
+            if (consumer := self.consumers.get(stream)) is not None:
+                consumer.release([entry.id for entry in of_stream])
 
     def hand_on_many(self, items: Sequence[tuple[Entry, str, Mapping[str, str]]]) -> None:
         for stream, of_stream in _by_stream(items, lambda item: item[0]).items():

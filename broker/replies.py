@@ -29,6 +29,12 @@ class Entry:
     fields: dict[bytes, bytes]
 
     @property
+    def key(self) -> tuple[str, str]:
+        """What names it: an id is unique only within its stream (shard streams filled in one
+        millisecond repeat ids)."""
+        return (self.stream, self.id)
+
+    @property
     def added_at(self) -> float:
         """When Redis added it (Unix seconds): an auto-generated id starts with its milliseconds."""
         return int(self.id.partition("-")[0]) / 1000

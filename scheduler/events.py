@@ -90,7 +90,7 @@ class EventApplier:
                 self.consumer.retire(wakes)
             except Exception:
                 # No longer renewed: taken over and retired after the takeover delay.
-                self.consumer.release([entry.id for entry in wakes])
+                self.consumer.release(wakes)
                 raise
         reports = [d for d in deliveries if is_progress(d.entry.fields)]
         if reports:

@@ -418,14 +418,14 @@ class TriggererService:
         and the trigger is dropped on this beat), or lost with Redis's data: the trigger keeps
         running until the reconciler republishes its entry (which then replaces the lost one)
         -- unless a newer entry for it already exists, held elsewhere."""
-        status = {item.entry_id: item.status for item in lost}
-        affected = {tid: h for tid, h in self.held.items() if h.entry.id in status}
+        status = {item.key: item.status for item in lost}
+        affected = {tid: h for tid, h in self.held.items() if h.entry.key in status}
         for trigger_id, held in affected.items():
-            if status[held.entry.id] is LeaseStatus.TAKEN:
+            if status[held.entry.key] is LeaseStatus.TAKEN:
                 self.runner.cancel(trigger_id, held, "reassigned")
         vanished: dict[str, list[str]] = {}
         for tid, h in affected.items():
-            if status[h.entry.id] is LeaseStatus.GONE:
+            if status[h.entry.key] is LeaseStatus.GONE:
                 vanished.setdefault(h.entry.stream, []).append(str(tid))
         for stream, trigger_ids in vanished.items():
             elsewhere = await in_thread(self.broker.present, stream, trigger_ids)
@@ -433,7 +433,7 @@ class TriggererService:
                 held = affected[int(named)]
                 # The newer entry may have reached this triggerer during that call (a read
                 # swaps it in, see Starter._start): then the trigger holds it and goes on here.
-                if there and held.entry.id in status:
+                if there and held.entry.key in status:
                     self.runner.cancel(int(named), held, "reassigned")
 
     async def _drop_unwanted(self) -> None:

@@ -120,7 +120,7 @@ class Starter:
             type(exc).__name__,
             one_line(str(exc), MAX_DEAD_ERROR),
         )
-        self.consumer.release([delivery.entry.id])
+        self.consumer.release([delivery.entry])
 
     async def _open_all(
         self, deliveries: list[Delivery], rejected: list[Rejected]
@@ -162,7 +162,7 @@ class Starter:
                 type(exc).__name__,
                 one_line(str(exc), MAX_DEAD_ERROR),
             )
-            self.consumer.release([delivery.entry.id for delivery, _ in opened])
+            self.consumer.release([delivery.entry for delivery, _ in opened])
             return []
         return [
             (delivery, spec, spec_check(spec, row))
@@ -202,7 +202,7 @@ class Starter:
         # A cancelled trigger still unwinding is not running: swapped in there, the newer entry
         # would stay held and renewed here once it ends, and never run (seen after a key wipe).
         if running is not None and not running.cancelled:
-            if running.entry.id != entry.id:
+            if running.entry.key != entry.key:
                 # A newer entry for a trigger running here (a republish): hold the newer one,
                 # whose lease the peers see, and retire the older -- by the publisher, which
                 # retries while Redis fails: a failure raised here would have the newer entry,

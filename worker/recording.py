@@ -140,7 +140,7 @@ class Recorder:
             metrics.TASK_ATTEMPTS.labels(outcome_label).inc(count)
         outbox.flush(self.sessions, self.broker, staged)
         self.consumer.retire(
-            [r.delivery.entry for r, _ in batch if self.consumer.holds(r.delivery.entry.id)]
+            [r.delivery.entry for r, _ in batch if self.consumer.holds(r.delivery.entry)]
         )
 
     def _record_together(self, batch: Sequence[tuple[Running, Outcome]]) -> list[outbox.Staged]:

@@ -237,9 +237,9 @@ class WorkerService:
         failed and retried: kill its child now. One that vanished was either retired by such a
         peer, or lost with Redis's data: Postgres says which (the attempt is ours if the task
         still runs at our try, on us)."""
-        status = {item.entry_id: item.status for item in lost}
-        affected = [r for r in self.running.values() if r.delivery.entry.id in status]
-        vanished = [r for r in affected if status[r.delivery.entry.id] is LeaseStatus.GONE]
+        status = {item.key: item.status for item in lost}
+        affected = [r for r in self.running.values() if r.delivery.entry.key in status]
+        vanished = [r for r in affected if status[r.delivery.entry.key] is LeaseStatus.GONE]
         still_ours = self._still_running(vanished)
         killed: list[Running] = []
         for running in affected:

@@ -129,13 +129,13 @@ def test_a_republished_entry_read_while_the_lost_one_is_checked_keeps_the_trigge
         return {"7": True}
 
     service.broker.present = present_after_the_swap  # type: ignore[method-assign]
-    anyio.run(service._lost, [Lost(old.id, LeaseStatus.GONE)])
+    anyio.run(service._lost, [Lost(old.stream, old.id, LeaseStatus.GONE)])
     assert service.held[7] is held and not held.cancelled
 
     # Still the lost entry: a peer holds the newer one, so the trigger stops here.
     held.entry = old
     service.broker.present = lambda stream, index_fields: {"7": True}  # type: ignore[method-assign]
-    anyio.run(service._lost, [Lost(old.id, LeaseStatus.GONE)])
+    anyio.run(service._lost, [Lost(old.stream, old.id, LeaseStatus.GONE)])
     assert held.cancelled and held.cancel_reason == "reassigned" and 7 not in service.held
 
 
@@ -169,10 +169,10 @@ def test_a_republished_entry_stays_held_when_retiring_the_older_one_fails(
     monkeypatch.setattr(service.consumer, "retire", failing)
     anyio.run(read_both)
     assert service.held[trigger_id].entry.id == newer
-    assert service.consumer.holds(newer)
+    assert service.consumer.holds(Entry(stream, newer, {}))
     monkeypatch.setattr(service.consumer, "retire", retire)
     anyio.run(service.publisher.flush)
-    assert not service.consumer.holds(older)
+    assert not service.consumer.holds(Entry(stream, older, {}))
     assert [e.id for e in broker.xrange(stream)] == [newer]
 
 
@@ -204,3 +204,22 @@ def test_a_republished_entry_read_while_its_cancelled_trigger_unwinds_is_run(
     assert started is not ending[0] and started.entry.id == newer and not started.cancelled
     service._release(tid, ending[0])  # the ending task's last step leaves the new one alone
     assert service.held[tid] is started
+
+
+def test_an_entry_lost_in_one_shard_stream_stops_no_trigger_of_another_with_the_same_id(
+    settings: Settings, broker: Broker
+) -> None:
+    """Shard streams filled in one millisecond (a reconciler's republish) repeat entry ids. A
+    lost entry of one stream named by its id alone cancelled the trigger holding the same id in
+    another stream as reassigned: its entry stayed held here, renewed and never run (the Redis
+    Cluster key-wipe test's stuck tasks)."""
+    service = TriggererService(settings, capacity=10, name="t1")
+    service.attach(broker)
+    moment = dt.datetime.now(dt.UTC) + dt.timedelta(days=1)
+    here = Held(7, Entry("s:{shard:00}:triggers", "5-0", {}), None, "d.r.t", 7, 1, moment=moment)
+    there = Held(8, Entry("s:{shard:01}:triggers", "5-0", {}), None, "d.r.u", 8, 1, moment=moment)
+    service.held.update({7: here, 8: there})
+    service.broker.present = lambda stream, index_fields: dict.fromkeys(index_fields, True)  # type: ignore[method-assign]
+    anyio.run(service._lost, [Lost(here.entry.stream, "5-0", LeaseStatus.GONE)])
+    assert here.cancelled and here.cancel_reason == "reassigned"
+    assert not there.cancelled and service.held[8] is there

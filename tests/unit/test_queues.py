@@ -179,5 +179,16 @@ def test_a_consumer_set_joins_new_streams_started() -> None:
     assert some.join(["a", "b"]) == ["b"] and some.streams == ["a", "b"]
     assert fakes["b"].started == 1 and fakes["a"].started == 0
     fakes["b"].mine.add("1-0")
-    some.release(["1-0"])
+    some.release([Entry("b", "1-0", {})])
     assert fakes["b"].released == ["1-0"] and fakes["a"].released == []
+
+
+def test_an_entry_id_held_in_two_streams_is_released_and_found_in_its_own_only() -> None:
+    """Shard streams filled in one millisecond repeat entry ids: an id names an entry only with
+    its stream (releasing by id alone let go of another stream's entry too)."""
+    fakes = {"a": FakeConsumer("a", ready=1), "b": FakeConsumer("b", ready=1)}
+    both = _set(fakes)
+    assert sorted(d.entry.key for d in both.poll(2)) == [("a", "1-0"), ("b", "1-0")]
+    both.release([Entry("a", "1-0", {})])
+    assert fakes["a"].released == ["1-0"] and fakes["b"].released == []
+    assert both.holds(Entry("b", "1-0", {})) and not both.holds(Entry("c", "1-0", {}))

@@ -121,7 +121,7 @@ def test_a_poison_is_named_with_how_often_it_was_delivered() -> None:
 
 
 def test_a_heartbeat_renews_hands_on_the_lost_and_records_the_process() -> None:
-    lost = [Lost("1-0", LeaseStatus.GONE)]
+    lost = [Lost("s", "1-0", LeaseStatus.GONE)]
     recorded: list[str] = []
     handed: list[list[Lost]] = []
 

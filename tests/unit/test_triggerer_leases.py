@@ -38,7 +38,7 @@ def _keeper(consumer: FakeConsumer, register: Any, lost: list[list[Lost]]) -> Le
 
 
 def test_a_beat_renews_through_its_own_broker_and_hands_itself_on_with_the_lost() -> None:
-    taken = [Lost("1-0", LeaseStatus.TAKEN)]
+    taken = [Lost("s", "1-0", LeaseStatus.TAKEN)]
     consumer = FakeConsumer([], taken)
     registered: list[bool] = []
     lost: list[list[Lost]] = []
