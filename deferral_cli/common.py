@@ -14,16 +14,14 @@ import json
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 from sqlalchemy import select
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session, sessionmaker
 
-from deferral.dag import DAG
 from deferral.exceptions import ActionError
-from deferral.loading.dagbag import DagBag, DagNotFound
 from deferral.runtime.config import Settings
 from deferral.runtime.process import settings_or_exit
 from deferral.store.db import make_engine, make_sessionmaker
@@ -42,6 +40,12 @@ from readmodel.records import find_run as find_run
 from readmodel.records import json_value as json_value
 from readmodel.records import task_instances as task_instances
 from readmodel.records import when as when
+
+if TYPE_CHECKING:
+    # The DAG machinery is imported by the commands that load DAG files, when they do: the
+    # listings read what a scheduler parsed (cli_start.py's `dags list`).
+    from deferral.dag import DAG
+    from deferral.loading.dagbag import DagBag
 
 # Exit statuses every command shares (click itself exits 2 on a usage error).
 EXIT_TIMED_OUT = 3
@@ -185,6 +189,8 @@ def sessions(settings: Settings) -> sessionmaker[Session]:
 def _bag(settings: Settings) -> DagBag:
     """The DAGs folder read by this command, each file within DEFERRAL_DAGBAG_IMPORT_TIMEOUT
     (a file that never finishes is an import error, not a command that hangs)."""
+    from deferral.loading.dagbag import DagBag
+
     return DagBag(settings.dags_folder, import_timeout=settings.dagbag_import_timeout)
 
 
@@ -207,6 +213,8 @@ def load_dag(
     last parsed it from, when one did (the rest of the folder is not imported), else the folder;
     exits with one line naming it if there is none, and the file it was last loaded from if that
     file now fails to import."""
+    from deferral.loading.dagbag import DagNotFound
+
     fileloc = str(source.resolve()) if source is not None and source.is_file() else None
     if fileloc is None:
         # Unreachable, the database only takes the hint away: the folder is read instead.

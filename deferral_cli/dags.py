@@ -26,14 +26,6 @@ from deferral_cli.common import (
     stored_dag,
 )
 from deferral_cli.group import Lazy, LazyGroup, unescaped
-from deferral_cli.wait import (
-    Display,
-    LiveBlock,
-    PlainLines,
-    failed_tasks,
-    failure_lines,
-    wait_for_run,
-)
 from readmodel.dags import dag_list, import_errors, not_parsed_notice, wanted_tags
 
 # The subcommands defined in modules of their own, imported when invoked.
@@ -215,6 +207,16 @@ def dags_trigger(
 
 def follow_run(settings: Settings, dag_id: str, run_id: str, timeout: float | None) -> None:
     """Show the run's tasks until it ends; exit as it ended."""
+    # Here, not at the top: the wait's state machine is no part of the other dags commands.
+    from deferral_cli.wait import (
+        Display,
+        LiveBlock,
+        PlainLines,
+        failed_tasks,
+        failure_lines,
+        wait_for_run,
+    )
+
     out = sys.stdout
     display: Display = (
         # The live block draws with control sequences and escapes what it shows itself.

@@ -6,13 +6,11 @@ from __future__ import annotations
 import re
 
 import psycopg
-import redis.exceptions
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError
 
-from broker.client import redis_location
 from deferral.runtime.config import Settings
-from deferral.runtime.faults import is_transient
+from deferral.runtime.faults import is_transient, loaded_redis_errors
 from deferral.store.db import url_location
 
 
@@ -26,13 +24,9 @@ EXIT_UNAVAILABLE = 2
 
 # SQLSTATE undefined_table: the schema is missing (or older than this command).
 _UNDEFINED_TABLE = "42P01"
-_UNREACHABLE_REDIS = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
+_UNREACHABLE_REDIS = ("ConnectionError", "TimeoutError")
 # Subclasses of ConnectionError in redis-py, yet the server answered: it is busy.
-_BUSY_REDIS = (
-    redis.exceptions.BusyLoadingError,
-    redis.exceptions.ReadOnlyError,
-    redis.exceptions.TryAgainError,
-)
+_BUSY_REDIS = ("BusyLoadingError", "ReadOnlyError", "TryAgainError")
 
 
 def server_error(exc: BaseException, settings: Settings | None) -> tuple[str, int] | None:
@@ -48,9 +42,13 @@ def server_error(exc: BaseException, settings: Settings | None) -> tuple[str, in
 
 
 def _server_error(exc: BaseException, settings: Settings | None) -> tuple[str, int] | None:
-    if isinstance(exc, redis.exceptions.RedisError) and is_transient(exc):
+    # An error of redis-py's exists only once it was imported (faults.loaded_redis_errors).
+    redis_errors = loaded_redis_errors()
+    if redis_errors is not None and isinstance(exc, redis_errors.RedisError) and is_transient(exc):
         where = "Redis" if settings is None else f"Redis at {_redis_place(settings.redis_url)}"
-        if isinstance(exc, _UNREACHABLE_REDIS) and not isinstance(exc, _BUSY_REDIS):
+        unreachable = tuple(getattr(redis_errors, name) for name in _UNREACHABLE_REDIS)
+        busy = tuple(getattr(redis_errors, name) for name in _BUSY_REDIS)
+        if isinstance(exc, unreachable) and not isinstance(exc, busy):
             return f"cannot reach {where}: {_redis_reason(exc)}", EXIT_UNAVAILABLE
         return f"{where} is busy: {_first_line(exc)}; try again", EXIT_UNAVAILABLE
     if not isinstance(exc, DBAPIError):
@@ -78,6 +76,8 @@ def _db_place(settings: Settings) -> str:
 
 
 def _redis_place(url: str) -> str:
+    from broker.client import redis_location  # only when redis-py is in use (see above)
+
     try:
         return redis_location(url)
     except ValueError:

@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import threading
+from types import ModuleType
 
 import psycopg
-import redis.exceptions
 from sqlalchemy.exc import DBAPIError, OperationalError
 
 # SQLSTATE classes: 08 connection exception, 40 transaction rollback (serialization failure,
@@ -24,12 +25,19 @@ _TRANSIENT_SQLSTATE_CLASSES = frozenset({"08", "40", "53", "57", "58"})
 _TRANSIENT_SQLSTATES = frozenset({"55P03"})  # lock_not_available
 
 _TRANSIENT_REDIS = (
-    redis.exceptions.ConnectionError,
-    redis.exceptions.TimeoutError,
-    redis.exceptions.BusyLoadingError,
-    redis.exceptions.ReadOnlyError,
-    redis.exceptions.TryAgainError,
+    "ConnectionError",
+    "TimeoutError",
+    "BusyLoadingError",
+    "ReadOnlyError",
+    "TryAgainError",
 )
+
+
+def loaded_redis_errors() -> ModuleType | None:
+    """redis-py's exceptions module if the process imported redis-py, else None: an exception of
+    its classes exists only then, so a process that never talks to Redis (a CLI listing) does
+    not import the client (a fifth of `deferral dags list`'s imports) just to rule them out."""
+    return sys.modules.get("redis.exceptions")
 
 
 def _transient_sqlstate(code: str | None) -> bool:
@@ -40,12 +48,14 @@ def _transient_sqlstate(code: str | None) -> bool:
 
 def is_transient(exc: BaseException) -> bool:
     """Whether ``exc`` says the servers are unavailable or busy, not that the work is bad."""
-    if isinstance(exc, _TRANSIENT_REDIS):
-        return True
-    if isinstance(exc, redis.exceptions.ResponseError):
-        # The stream or group was lost (Redis restarted without its data, or the key deleted
-        # while a consumer blocked on it): recreate and retry.
-        return str(exc).startswith(("NOGROUP", "UNBLOCKED"))
+    errors = loaded_redis_errors()
+    if errors is not None:
+        if isinstance(exc, tuple(getattr(errors, name) for name in _TRANSIENT_REDIS)):
+            return True
+        if isinstance(exc, errors.ResponseError):
+            # The stream or group was lost (Redis restarted without its data, or the key
+            # deleted while a consumer blocked on it): recreate and retry.
+            return str(exc).startswith(("NOGROUP", "UNBLOCKED"))
     if isinstance(exc, DBAPIError):
         if exc.connection_invalidated:
             return True

@@ -4,6 +4,7 @@ database layer, DAG machinery or web stack, and what importing ``deferral`` used
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -11,6 +12,7 @@ import textwrap
 import click
 import pytest
 from click.testing import CliRunner
+from cryptography.fernet import Fernet
 
 import deferral
 from deferral_cli import COMMANDS, main
@@ -66,6 +68,43 @@ def test_version_imports_no_database_layer_dag_machinery_or_web_stack() -> None:
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("python -m deferral ")
     assert heavy_imports(done.stderr) == []
+
+
+# What ``deferral dags list`` must not import: it reads what a scheduler parsed, in one query.
+NOT_FOR_A_LISTING = (
+    "alembic",
+    "redis",
+    "broker",
+    "deferral.dag",
+    "deferral.loading",
+    "deferral.store.transitions",
+    "starlette",
+    "webserver",
+)
+
+
+def test_dags_list_imports_no_dag_machinery_redis_client_or_web_stack() -> None:
+    """Run against a PostgreSQL that does not answer (port 1): the imports are made before the
+    query, and the unreachable server's error path must not import them either."""
+    env = {
+        "PATH": os.environ.get("PATH", ""),
+        "DEFERRAL_DATABASE_URL": "postgresql+psycopg://nobody@127.0.0.1:1/none",
+        "DEFERRAL_REDIS_URL": "redis://127.0.0.1:1/0",
+        "DEFERRAL_FERNET_KEY": Fernet.generate_key().decode(),
+    }
+    done = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "deferral", "dags", "list"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
+    assert done.returncode == 2, done.stderr  # PostgreSQL unreachable, said in one line
+    assert "cannot reach PostgreSQL" in done.stderr
+    names = [line.rsplit("|", 1)[-1].strip() for line in done.stderr.splitlines()]
+    assert "sqlalchemy.orm" in names  # the log is read: the listing's own imports are there
+    heavy = [n for n in names if any(n == h or n.startswith(h + ".") for h in NOT_FOR_A_LISTING)]
+    assert heavy == []
 
 
 @pytest.mark.parametrize(
