@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import datetime as dt
 
+import pytest
 from sqlalchemy.orm import Session, sessionmaker
 
-from broker.client import Broker
+from broker.client import Broker, LeaseStatus
+from broker.consumer import Delivery, Lost
+from broker.replies import Entry
 from broker.streams import GROUP_WORKERS, queue_message
 from deferral.runtime.config import Settings
 from deferral.store import tasklogs, transitions
@@ -15,6 +18,8 @@ from deferral.store.tables import TaskInstance, TaskStateChange, Worker
 from deferral.store.transitions import Attempt
 from tests.integration.factories import DAG_ID, WORKER, running_task
 from tests.servers import REDIS_URL
+from worker import service as worker_service
+from worker.recording import Running
 from worker.service import WorkerService
 
 STALE_IDLE_MS = 600_000  # far past any takeover threshold
@@ -149,3 +154,19 @@ def test_an_attempt_handed_back_runs_again_at_the_same_try(
         assert queued.try_number == 1  # queued again at the try it had: no try counted
         assert transitions.start_many(session, [(ti_id, 1)], "host", "worker-2")
     assert _ti(sessions, ti_id).try_number == 1
+
+
+def test_an_entry_lost_in_one_queue_stream_kills_no_attempt_of_another_with_the_same_id(
+    worker: WorkerService, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two queues' streams may hold entries of the same id (ids are unique per stream): the
+    lease lost on one names its stream, and only that attempt's process is killed."""
+    killed: list[int] = []
+    monkeypatch.setattr(worker.pool, "kill", killed.append)
+    monkeypatch.setattr(worker.pool, "pid_of", lambda ti_id: None)
+    monkeypatch.setattr(worker_service, "write_lines", lambda *args: None)  # no such tasks
+    for ti_id, stream in ((1, "q:{queue:a}"), (2, "q:{queue:b}")):
+        delivery = Delivery(Entry(stream, "5-0", {}), 1)
+        worker.running[ti_id] = Running(delivery, Attempt(ti_id, 1, worker.name), f"t{ti_id}")
+    worker._lost([Lost("q:{queue:a}", "5-0", LeaseStatus.TAKEN)])
+    assert killed == [1] and list(worker.running) == [2]
