@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+from typing import Any
 
 import pytest
 from cryptography.fernet import Fernet
@@ -76,15 +77,21 @@ def airflow_imports(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("DEFERRAL_AIRFLOW_IMPORTS", "true")
 
 
-@pytest.fixture
-def bag(
-    sessions: sessionmaker[Session], settings: Settings, cipher: Cipher, write_dag: object
-) -> DagBag:
-    write_dag("runtime_partitions", DAGS)  # type: ignore[operator]
+def parsed_bag(sessions: sessionmaker[Session], settings: Settings, cipher: Cipher) -> DagBag:
+    """The DAGs folder parsed, synced and recorded as a scheduler does (the CLI reads the
+    documents), loading without import errors."""
     found = parse(sessions, settings, cipher)
     assert found.import_errors == {}
-    record_dags_folder(settings)  # the documents the CLI reads, as a scheduler records them
+    record_dags_folder(settings)
     return found
+
+
+@pytest.fixture
+def bag(
+    sessions: sessionmaker[Session], settings: Settings, cipher: Cipher, write_dag: Any
+) -> DagBag:
+    write_dag("runtime_partitions", DAGS)
+    return parsed_bag(sessions, settings, cipher)
 
 
 def _cli(service_env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
