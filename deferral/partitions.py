@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime as dt
 import enum
+import re
 from collections.abc import Collection, Sequence
 
 from deferral.timetables.trigger import zone
@@ -19,6 +20,47 @@ MAX_KEY_LEN = 250
 # Airflow's default cap on the downstream keys one upstream key may fan out to.
 DEFAULT_MAX_DOWNSTREAM_KEYS = 1000
 DEFAULT_INPUT_FORMAT = "%Y-%m-%dT%H:%M:%S"
+
+
+# What a downstream key's directives read, for formats strptime cannot read back (an ISO week
+# with %Y, a quarter): as Airflow's _compile_output_format_regex.
+_DIRECTIVES = {"%Y": r"\d{4}", **{f"%{d}": r"\d{2}" for d in "mdHMSVUW"}}
+
+
+def _decode(key: str, fmt: str, timezone: dt.tzinfo) -> dt.datetime:
+    """The moment ``key`` (formatted by ``fmt``) names, naive in ``timezone``."""
+    if "{quarter}" not in fmt and "%V" not in fmt:
+        try:
+            moment = dt.datetime.strptime(key, fmt)
+        except ValueError:
+            raise ValueError(f"partition key {key!r:.80} does not match {fmt!r}") from None
+        if moment.tzinfo is not None:
+            moment = moment.astimezone(timezone).replace(tzinfo=None)
+        return moment
+    parts, i = [], 0
+    while i < len(fmt):
+        if fmt[i : i + 2] in _DIRECTIVES:
+            parts.append(f"(?P<{fmt[i + 1]}>{_DIRECTIVES[fmt[i : i + 2]]})")
+            i += 2
+        elif fmt.startswith("{quarter}", i):
+            parts.append("(?P<quarter>[1-4])")
+            i += len("{quarter}")
+        else:
+            parts.append(re.escape(fmt[i]))
+            i += 1
+    found = re.fullmatch("".join(parts), key)
+    if found is None or "Y" not in found.groupdict():
+        raise ValueError(f"partition key {key!r:.80} does not match {fmt!r}")
+    fields = {name: int(value) for name, value in found.groupdict().items()}
+    month = fields.get("m", 3 * (fields.get("quarter", 1) - 1) + 1)
+    return dt.datetime(
+        fields["Y"],
+        month,
+        fields.get("d", 1),
+        fields.get("H", 0),
+        fields.get("M", 0),
+        fields.get("S", 0),
+    )
 
 
 class PartitionError(ValueError):
@@ -114,9 +156,22 @@ class _StartOfMapper(PartitionMapper):
             ) from None
         if moment.tzinfo is None:
             moment = moment.replace(tzinfo=self.timezone)
-        start = self.start_of(moment.astimezone(self.timezone))
+        return self.format(self.start_of(moment.astimezone(self.timezone)))
+
+    def format(self, start: dt.datetime) -> str:
+        """A period's start as a downstream key (``output_format``, ``{quarter}`` filled)."""
         quarter = (start.month - 1) // 3 + 1
         return start.strftime(self.output_format.replace("{quarter}", str(quarter)))
+
+    def decode_downstream(self, key: str) -> dt.datetime:
+        """The start of the period a downstream key names (naive, in this mapper's timezone):
+        the inverse of :meth:`format`, as Airflow's; ValueError naming the key and format."""
+        return _decode(key, self.output_format, self.timezone)
+
+    def encode_upstream(self, moment: dt.datetime) -> str:
+        """A (naive, this mapper's timezone) moment as the upstream key a producer gives
+        (``input_format``)."""
+        return moment.replace(tzinfo=self.timezone).strftime(self.input_format)
 
 
 class StartOfHourMapper(_StartOfMapper):
@@ -205,7 +260,9 @@ class ChainMapper(PartitionMapper):
 
 
 class Window:
-    """The members of one period (a rollup waits for them, a fan-out makes one key each)."""
+    """The members of one period (a rollup waits for them, a fan-out makes one key each), as
+    Airflow's: :meth:`members` of the period starting at a (naive) moment, FORWARD from it or,
+    BACKWARD, the trailing period ending at it."""
 
     class Direction(enum.Enum):
         FORWARD = "forward"
@@ -221,29 +278,100 @@ class Window:
     def __repr__(self) -> str:
         return f"{type(self).__name__}(direction={self.direction.name})"
 
-
-class HourWindow(Window):
-    pass
-
-
-class DayWindow(Window):
-    pass
+    def members(self, start: dt.datetime) -> list[dt.datetime]:
+        raise NotImplementedError
 
 
-class WeekWindow(Window):
-    pass
+def _shift_months(moment: dt.datetime, months: int) -> dt.datetime:
+    total = moment.month - 1 + months
+    return moment.replace(year=moment.year + total // 12, month=total % 12 + 1)
+
+
+class _StepWindow(Window):
+    """``count`` members ``step`` apart; BACKWARD ends at the start instead of beginning there."""
+
+    count = 0
+    # Month-stepped windows need a period that starts on day 1 (Airflow's _require_day_one).
+    by_months = False
+
+    def step(self, moment: dt.datetime, n: int) -> dt.datetime:
+        raise NotImplementedError
+
+    def members(self, start: dt.datetime) -> list[dt.datetime]:
+        if self.by_months and start.day != 1:
+            raise ValueError(
+                f"{type(self).__name__} expects a period start on day 1 of the month,"
+                f" got {start.isoformat()}"
+            )
+        first = (
+            self.step(start, -(self.count - 1))
+            if self.direction is Window.Direction.BACKWARD
+            else start
+        )
+        return [self.step(first, n) for n in range(self.count)]
+
+
+class HourWindow(_StepWindow):
+    """The 60 minutes of an hour."""
+
+    count = 60
+
+    def step(self, moment: dt.datetime, n: int) -> dt.datetime:
+        return moment + dt.timedelta(minutes=n)
+
+
+class DayWindow(_StepWindow):
+    """The 24 hours of a day (naive steps: a DST day still has 24)."""
+
+    count = 24
+
+    def step(self, moment: dt.datetime, n: int) -> dt.datetime:
+        return moment + dt.timedelta(hours=n)
+
+
+class WeekWindow(_StepWindow):
+    """The 7 days of a week."""
+
+    count = 7
+
+    def step(self, moment: dt.datetime, n: int) -> dt.datetime:
+        return moment + dt.timedelta(days=n)
 
 
 class MonthWindow(Window):
-    pass
+    """The days of a calendar month (28 to 31); BACKWARD, the days after the same day of the
+    month before up to the start (Airflow's open-closed trailing month)."""
+
+    def members(self, start: dt.datetime) -> list[dt.datetime]:
+        if start.day != 1:
+            raise ValueError(
+                f"MonthWindow expects a period start on day 1 of the month, got {start.isoformat()}"
+            )
+        if self.direction is Window.Direction.BACKWARD:
+            before = _shift_months(start, -1)
+            return [before + dt.timedelta(days=n + 1) for n in range((start - before).days)]
+        after = _shift_months(start, 1)
+        return [start + dt.timedelta(days=n) for n in range((after - start).days)]
 
 
-class QuarterWindow(Window):
-    pass
+class QuarterWindow(_StepWindow):
+    """The 3 months of a quarter."""
+
+    count = 3
+    by_months = True
+
+    def step(self, moment: dt.datetime, n: int) -> dt.datetime:
+        return _shift_months(moment, n)
 
 
-class YearWindow(Window):
-    pass
+class YearWindow(_StepWindow):
+    """The 12 months of a year."""
+
+    count = 12
+    by_months = True
+
+    def step(self, moment: dt.datetime, n: int) -> dt.datetime:
+        return _shift_months(moment, n)
 
 
 class SegmentWindow(Window):
@@ -254,6 +382,25 @@ class SegmentWindow(Window):
         if isinstance(segments, str) or not segments:
             raise PartitionError("SegmentWindow takes a non-empty list of keys")
         self.segments = [check_key(s, "SegmentWindow key") for s in segments]
+
+
+def _timed(where: str, window: Window, mapper: PartitionMapper) -> None:
+    """A window of time needs an upstream mapper that reads keys as times (a StartOf...Mapper),
+    as Airflow refuses the pairing (its RollupMapper at once, its FanOutMapper at the first
+    key)."""
+    if not isinstance(window, SegmentWindow) and not isinstance(mapper, _StartOfMapper):
+        raise PartitionError(
+            f"{where}: a {type(window).__name__} needs a StartOf...Mapper upstream_mapper (it"
+            f" reads keys as times), got {type(mapper).__name__}"
+        )
+
+
+def _format_with(mapper: PartitionMapper, member: dt.datetime | str) -> str:
+    """A fan-out member as a downstream key, as Airflow's ``_format_with``: by a temporal
+    mapper's output format, else an ISO timestamp or the segment itself."""
+    if isinstance(mapper, _StartOfMapper) and isinstance(member, dt.datetime):
+        return mapper.format(member)
+    return member.isoformat() if isinstance(member, dt.datetime) else str(member)
 
 
 class WaitPolicy:
@@ -295,7 +442,8 @@ def _check_window(where: str, window: object) -> Window:
 
 class RollupMapper(PartitionMapper):
     """Many upstream keys (the members of ``window``) make one downstream key (what
-    ``upstream_mapper`` maps each to); the run waits as ``wait_policy`` says."""
+    ``upstream_mapper`` maps each to); the run waits as ``wait_policy`` says, counting the
+    keys that arrived among those the window expects (:meth:`to_upstream`)."""
 
     def __init__(
         self,
@@ -306,6 +454,7 @@ class RollupMapper(PartitionMapper):
     ) -> None:
         self.upstream_mapper = _check_mapper("RollupMapper upstream_mapper", upstream_mapper)
         self.window = _check_window("RollupMapper", window)
+        _timed("RollupMapper", self.window, self.upstream_mapper)
         if wait_policy is not None and not isinstance(wait_policy, WaitPolicy):
             raise PartitionError(
                 f"RollupMapper wait_policy must be a WaitPolicy, got {type(wait_policy).__name__}"
@@ -320,37 +469,29 @@ class RollupMapper(PartitionMapper):
             )
         return self.upstream_mapper.to_downstream(key)
 
-    def expected(self, upstream_key: str) -> int:
-        """The members of the window holding ``upstream_key`` (one of them): the segments, or
-        the hours of a day, days of a week or month, months of a quarter or year."""
-        window = self.window
-        if isinstance(window, SegmentWindow):
-            return len(window.segments)
-        fixed = {DayWindow: 24, WeekWindow: 7, QuarterWindow: 3, YearWindow: 12}
-        if type(window) in fixed:
-            return fixed[type(window)]
-        if isinstance(window, MonthWindow):
-            mapper = self.upstream_mapper
-            fmt = (
-                mapper.input_format if isinstance(mapper, _StartOfMapper) else DEFAULT_INPUT_FORMAT
-            )
-            try:
-                day = dt.datetime.strptime(upstream_key, fmt)
-            except ValueError:
-                raise ValueError(
-                    f"partition key {upstream_key!r:.80} does not match {fmt!r}"
-                ) from None
-            following = (day.replace(day=28) + dt.timedelta(days=4)).replace(day=1)
-            return (following - dt.timedelta(days=1)).day
-        raise ValueError(f"deferral does not roll up a {type(window).__name__} yet")
+    def to_upstream(self, downstream_key: str) -> frozenset[str]:
+        """The upstream keys the downstream key's window holds, as producers give them: the
+        segments, or each member of the period (decoded from the key by the upstream mapper)
+        in the upstream mapper's input format."""
+        if isinstance(self.window, SegmentWindow):
+            return frozenset(self.window.segments)
+        mapper = self.upstream_mapper
+        assert isinstance(mapper, _StartOfMapper)  # _timed checked it
+        start = mapper.decode_downstream(downstream_key)
+        return frozenset(mapper.encode_upstream(m) for m in self.window.members(start))
 
-    def complete(self, upstream_keys: Collection[str]) -> bool:
-        """Whether the downstream key's run may start, with these members (distinct upstream
-        keys) arrived, by the wait policy."""
-        keys = sorted(upstream_keys)
-        if not keys:
-            return False
-        return self.wait_policy.is_satisfied(len(keys), self.expected(keys[0]))
+    def complete(self, downstream_key: str, upstream_keys: Collection[str]) -> bool:
+        """Whether the downstream key's run may start, with these upstream keys arrived: those
+        the window expects, counted by the wait policy; ValueError when the policy can never
+        be met by the window (Airflow's unreachable policy: the run is held)."""
+        expected = self.to_upstream(downstream_key)
+        policy = self.wait_policy
+        if isinstance(policy, MinimumCount) and policy.count > len(expected):
+            raise ValueError(
+                f"wait policy {policy!r} can never be satisfied given the window's cardinality"
+                f" {len(expected)}"
+            )
+        return policy.is_satisfied(len(expected & set(upstream_keys)), len(expected))
 
 
 # The downstream mapper a fan-out over a window of this kind formats its members with when it
@@ -378,6 +519,7 @@ class FanOutMapper(PartitionMapper):
     ) -> None:
         self.upstream_mapper = _check_mapper("FanOutMapper upstream_mapper", upstream_mapper)
         self.window = _check_window("FanOutMapper", window)
+        _timed("FanOutMapper", self.window, self.upstream_mapper)
         if downstream_mapper is None:
             default = _FAN_OUT_DEFAULTS.get(type(window))
             if default is None:
@@ -397,12 +539,16 @@ class FanOutMapper(PartitionMapper):
         self.max_downstream_keys = max_downstream_keys or DEFAULT_MAX_DOWNSTREAM_KEYS
 
     def to_downstream(self, key: str) -> list[str]:
-        if not isinstance(self.window, SegmentWindow):
-            raise ValueError(
-                f"deferral does not fan out over a {type(self.window).__name__} yet "
-                "(a SegmentWindow only)"
-            )
-        keys = [str(self.downstream_mapper.to_downstream(s)) for s in self.window.segments]
+        """As Airflow's: the upstream key's period (by the upstream mapper), each member of the
+        window over it formatted by the downstream mapper; a segment window's segments."""
+        members: Sequence[dt.datetime | str]
+        if isinstance(self.window, SegmentWindow):
+            members = self.window.segments
+        else:
+            mapper = self.upstream_mapper
+            assert isinstance(mapper, _StartOfMapper)  # _timed checked it
+            members = self.window.members(mapper.decode_downstream(mapper.to_downstream(key)))
+        keys = [_format_with(self.downstream_mapper, member) for member in members]
         if len(keys) > self.max_downstream_keys:
             raise ValueError(
                 f"partition fan-out of {len(keys)} keys exceeds {self.max_downstream_keys}"

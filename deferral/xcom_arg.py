@@ -89,7 +89,22 @@ class XComArg(RuntimeArg, DependencyMixin):
         return [self.operator]
 
     def resolve(self, context: Mapping[str, Any]) -> Any:
-        return context["ti"].xcom_pull(task_ids=self.operator.task_id, key=self.key)
+        """The value: of every map index of a mapped task (a list), except that a task of a
+        mapped task group reading another task of the same group reads its own map index's
+        value (Airflow's relevant upstream map index)."""
+        ti = context["ti"]
+        group = _mapped_group(context.get("task"))
+        if ti.map_index >= 0 and group is not None and group is _mapped_group(self.operator):
+            return ti.xcom_pull(
+                task_ids=self.operator.task_id, key=self.key, map_indexes=ti.map_index
+            )
+        return ti.xcom_pull(task_ids=self.operator.task_id, key=self.key)
+
+
+def _mapped_group(task: Any) -> Any:
+    """The innermost mapped task group of ``task`` (a TaskGroup), if any."""
+    group = getattr(task, "task_group", None)
+    return None if group is None else group.innermost_mapped()
 
 
 class PulledValue(RuntimeArg):

@@ -96,6 +96,7 @@ def trigger(
     run_id: str | None,
     logical_date: dt.datetime | None = None,
     idempotency_key: str | None = None,
+    partition_key: str | None = None,
 ) -> str:
     from deferral.runtime.crypto import Cipher
     from deferral.store import actions  # with the DAG machinery, which `dags list` may not need
@@ -118,6 +119,7 @@ def trigger(
             run_id,
             logical_date=logical_date,
             idempotency_key=keyed,
+            partition_key=partition_key,
         )
     except (actions.ActionError, IdempotencyConflict) as exc:
         fail(str(exc))
@@ -154,6 +156,12 @@ def trigger(
     " run and shows the first one (the key reused with other arguments is an error).",
 )
 @click.option(
+    "--partition-key",
+    default=None,
+    help="The run's partition key, which its outlet events carry (a DAG scheduled by"
+    " CronPartitionTimetable, PartitionedAssetTimetable or PartitionedAtRuntime only).",
+)
+@click.option(
     "--wait",
     is_flag=True,
     help="Follow the run to its end, showing each task's state as it changes;"
@@ -172,6 +180,7 @@ def dags_trigger(
     run_id: str | None,
     logical_date: dt.datetime | None,
     idempotency_key: str | None,
+    partition_key: str | None,
     wait: bool,
     timeout: float | None,
 ) -> None:
@@ -190,7 +199,7 @@ def dags_trigger(
         except ValueError as exc:
             raise click.BadParameter(str(exc), param_hint=what) from None
     settings = settings_or_exit()
-    run_id = trigger(settings, dag_id, conf, run_id, logical_date, idempotency_key)
+    run_id = trigger(settings, dag_id, conf, run_id, logical_date, idempotency_key, partition_key)
     if not wait:
         return
     try:

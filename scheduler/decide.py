@@ -68,23 +68,66 @@ def topological_positions(dag: DAG) -> dict[str, int]:
     return found
 
 
+class Decisions(NamedTuple):
+    """What :func:`waiting_decisions` decided: for whole tasks (every waiting task instance of
+    each), and for single map indexes of the expanded tasks of mapped task groups."""
+
+    tasks: dict[str, TaskState]
+    indexes: dict[tuple[str, int], TaskState]
+
+
+def mapped_group_members(task: BaseOperator) -> frozenset[str] | None:
+    """The task ids of the mapped task group ``task`` is mapped with (its innermost), if any."""
+    group = task.task_group.innermost_mapped() if task.task_group is not None else None
+    return None if group is None else frozenset(member.task_id for member in group)
+
+
+def relevant_upstream_states(
+    task: BaseOperator, members: frozenset[str], map_index: int, states: RunStates
+) -> list[str]:
+    """The upstream states map index ``map_index`` of a task of a mapped task group counts, as
+    Airflow's relevant upstream map indexes: an upstream task of the same group at that map
+    index only (its placeholder's state while it is not expanded; a removed index counts as
+    skipped), any other upstream task at every map index."""
+    found = trigger_rules.upstream_states(task.upstream_task_ids - members, states)
+    for upstream_id in sorted(task.upstream_task_ids & members):
+        theirs = states.get(upstream_id, {})
+        state = theirs.get(map_index, theirs.get(-1, TaskState.NONE))
+        found.append(TaskState.SKIPPED if state == TaskState.REMOVED else state)
+    return found
+
+
 def waiting_task_decisions(
     dag: DAG,
     states: RunStates,
     mapped: MappedDecision | None = None,
     held: AbstractSet[str] = frozenset(),
 ) -> dict[str, TaskState]:
+    """The decisions of :func:`waiting_decisions` for whole tasks."""
+    return waiting_decisions(dag, states, mapped, held).tasks
+
+
+def waiting_decisions(
+    dag: DAG,
+    states: RunStates,
+    mapped: MappedDecision | None = None,
+    held: AbstractSet[str] = frozenset(),
+) -> Decisions:
     """For every task with a task instance in state none, what its trigger rule says now
     (scheduled, skipped or upstream_failed), counting every map index of a mapped upstream
     task; undecided tasks are left out. For a mapped task, ``mapped`` has the last word (its
     expansion may wait, skip or fail it). Decisions cascade within one call: a task marked
     upstream_failed makes its own downstream decidable at once. A work task's indirect setups
     (``deferral.authoring.setup_teardown``) are judged before its trigger rule. A task in ``held``
-    (its
-    previous run's task is not done: :func:`past_depends_met`) is not scheduled; its trigger
-    rule still fails it, and skips it unless ``wait_for_past_depends_before_skipping``."""
+    (its previous run's task is not done: :func:`past_depends_met`) is not scheduled; its
+    trigger rule still fails it, and skips it unless ``wait_for_past_depends_before_skipping``.
+
+    A task of a mapped task group is decided by map index once expanded, each counting its
+    upstream tasks of the group at its own map index (:func:`relevant_upstream_states`); before
+    that, its placeholder counts only its upstream tasks outside the group, and a scheduled
+    placeholder means expand it (its map indexes then wait to be decided)."""
     current = {task_id: dict(by_index) for task_id, by_index in states.items()}
-    decisions: dict[str, TaskState] = {}
+    decided = Decisions({}, {})
     # Only the tasks with task instances at hand, upstream first: an evaluation reads the
     # waiting tasks and their upstream counts, not the whole run, nor walks the whole DAG.
     position = topological_positions(dag)
@@ -94,34 +137,61 @@ def waiting_task_decisions(
         mine = current.get(task.task_id, {})
         if TaskState.NONE not in mine.values():
             continue
-        upstream = trigger_rules.upstream_states(task.upstream_task_ids, current)
-        indirect = setups.indirect_setups(task)
-        decision = (
-            trigger_rules.setups_gate(trigger_rules.upstream_states(indirect, current))
-            if indirect
-            else TaskState.SCHEDULED
-        )
-        if decision is TaskState.SCHEDULED:
-            direct_setups = [u for u in task.upstream_task_ids if dag.task_dict[u].is_setup]
-            decision = trigger_rules.evaluate(
-                task.trigger_rule,
-                upstream,
-                trigger_rules.upstream_states(direct_setups, current),
-            )
-        if task_id in held and (
-            decision is TaskState.SCHEDULED
-            or (decision is TaskState.SKIPPED and task.wait_for_past_depends_before_skipping)
-        ):
+        members = mapped_group_members(task)
+        if members is not None and mine.get(-1) != TaskState.NONE:
+            for index, state in sorted(mine.items()):
+                if state != TaskState.NONE:
+                    continue
+                upstream = relevant_upstream_states(task, members, index, current)
+                decision = _rule_decision(dag, task, upstream, current, setups)
+                if decision is not None and not _held_back(task, decision, held):
+                    decided.indexes[(task_id, index)] = mine[index] = decision
+            continue
+        ids = task.upstream_task_ids if members is None else task.upstream_task_ids - members
+        upstream = trigger_rules.upstream_states(ids, current)
+        decision = _rule_decision(dag, task, upstream, current, setups)
+        if _held_back(task, decision, held):
             continue
         if mapped is not None and task.is_mapped:
             decision = mapped(task, decision, current)
         if decision is not None:
-            decisions[task.task_id] = decision
-            current[task.task_id] = {
-                index: decision if state == TaskState.NONE else state
-                for index, state in mine.items()
-            }
-    return decisions
+            decided.tasks[task.task_id] = decision
+            if members is None or decision is not TaskState.SCHEDULED:
+                current[task.task_id] = {
+                    index: decision if state == TaskState.NONE else state
+                    for index, state in mine.items()
+                }
+    return decided
+
+
+def _rule_decision(
+    dag: DAG,
+    task: BaseOperator,
+    upstream: list[str],
+    current: RunStates,
+    setups: setup_teardown.SetupTeardownGraph,
+) -> TaskState | None:
+    """What the task's indirect setups, then its trigger rule over ``upstream``, say."""
+    indirect = setups.indirect_setups(task)
+    decision = (
+        trigger_rules.setups_gate(trigger_rules.upstream_states(indirect, current))
+        if indirect
+        else TaskState.SCHEDULED
+    )
+    if decision is TaskState.SCHEDULED:
+        direct_setups = [u for u in task.upstream_task_ids if dag.task_dict[u].is_setup]
+        decision = trigger_rules.evaluate(
+            task.trigger_rule, upstream, trigger_rules.upstream_states(direct_setups, current)
+        )
+    return decision
+
+
+def _held_back(task: BaseOperator, decision: TaskState | None, held: AbstractSet[str]) -> bool:
+    """A ``held`` task is not scheduled (nor skipped, if it waits for the past to skip)."""
+    return task.task_id in held and (
+        decision is TaskState.SCHEDULED
+        or (decision is TaskState.SKIPPED and task.wait_for_past_depends_before_skipping)
+    )
 
 
 @dataclass(frozen=True)

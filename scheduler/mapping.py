@@ -181,11 +181,14 @@ def carry_out(
     decision: TaskState,
     expansions: Expansions,
     new_ti: NewTaskInstanceOf,
+    *,
+    schedule: bool = True,
 ) -> tuple[list[tuple[int, int]], list[Move]]:
     """Apply ``decision`` to the waiting task instances (state none) among a mapped task's
-    ``tis``: expand the placeholder, or revise the map indexes of an expanded task, when it
-    runs; otherwise move them all. Returns the task instances created or moved to another map
-    index (id, map index) and the moves still to make."""
+    ``tis``: expand the placeholder (its map indexes scheduled, or left waiting without
+    ``schedule``), or revise the map indexes of an expanded task, when it runs; otherwise move
+    them all. Returns the task instances created or moved to another map index (id, map index)
+    and the moves still to make."""
     reason = expansions.reasons.get(task.task_id, "trigger rule")
     # Waiting task instances are read as rows (an upstream count is never of state none).
     waiting = [ti for ti in tis if ti.state == TaskState.NONE and ti.id is not None]
@@ -197,6 +200,8 @@ def carry_out(
         more = [new_ti(task, index) for index in range(1, length)]
         assert placeholder.id is not None
         expanded = transitions.expand_mapped_task(session, run, placeholder.id, more)
+        if not schedule:
+            return expanded, []
         return expanded, [Move(decision, reason, [ti_id for ti_id, _ in expanded])]
     # Expanded before and cleared since: its input may have another length now.
     existing = {ti.map_index for ti in tis}

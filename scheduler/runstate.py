@@ -77,6 +77,16 @@ _UPSTREAM_COUNTS_SQL = text(
     """
 )
 
+# The task instances of these tasks, one row each (waiting ones excepted): the upstream tasks
+# of a mapped task group's tasks in the same group, counted by map index.
+_UPSTREAM_ROWS_SQL = text(
+    """
+    SELECT task_id, map_index, state FROM task_instance
+    WHERE dag_id = :dag_id AND run_id = :run_id AND task_id = ANY(CAST(:task_ids AS text[]))
+      AND state <> 'none'
+    """
+)
+
 # Whether anything of the run is unfinished, and only if not, whether a leaf task instance
 # failed (the second probe is never executed while the run has work left).
 _OUTCOME_SQL = text(
@@ -183,10 +193,13 @@ def undecided(session: Session, dag: DAG, dag_id: str, run_id: str) -> list[deci
     """The run's task instances its evaluation may move (waiting, retries without a due time),
     and what their trigger rules and expansions count: the states of their direct upstream tasks
     (and the tasks they map over, and their indirect setups), as counts. A counted task
-    instance stands in ``RunTask`` with no id (it is never moved) and a map index of its own."""
+    instance stands in ``RunTask`` with no id (it is never moved) and a map index of its own.
+    The upstream tasks of a mapped task group's task in the same group are read as rows
+    instead, with their map indexes (``decide.relevant_upstream_states``)."""
     params = {"dag_id": dag_id, "run_id": run_id}
     rows = [decide.RunTask(*row) for row in session.execute(_UNDECIDED_SQL, params)]
     upstream: set[str] = set()
+    by_index: set[str] = set()
     setups = setup_teardown.graph(dag)
     for task_id in {row.task_id for row in rows if row.state == TaskState.NONE}:
         task = dag.task_dict.get(task_id)
@@ -195,6 +208,17 @@ def undecided(session: Session, dag: DAG, dag_id: str, run_id: str) -> list[deci
         upstream |= task.upstream_task_ids | setups.indirect_setups(task)
         if isinstance(task, MappedOperator):
             upstream |= task.mapped_dependencies()
+        members = decide.mapped_group_members(task)
+        if members is not None:
+            by_index |= task.upstream_task_ids & members
+    if by_index:
+        # Read as rows, which count as well as counts do for the other tasks waiting on them.
+        read = session.execute(_UPSTREAM_ROWS_SQL, {**params, "task_ids": sorted(by_index)})
+        rows += [
+            decide.RunTask(None, task_id, map_index, state, None, None)
+            for task_id, map_index, state in read
+        ]
+        upstream -= by_index
     if not upstream:
         return rows
     counted = session.execute(_UPSTREAM_COUNTS_SQL, {**params, "task_ids": sorted(upstream)})

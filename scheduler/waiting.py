@@ -30,6 +30,8 @@ class Advanced:
 
     moved: int = 0
     scheduled: list[int] = field(default_factory=list)
+    # Tasks of mapped task groups expanded: their map indexes wait to be decided.
+    expanded: int = 0
 
 
 def advance(
@@ -47,27 +49,38 @@ def advance(
     states = decide.run_states(tis)
     expansions = mapping.Expansions(mapping.read_shapes(session, run, dag, states), max_map_length)
     held = _held_by_past(session, run, dag, states)
-    decisions = decide.waiting_task_decisions(dag, states, expansions.decide, held)
+    decisions = decide.waiting_decisions(dag, states, expansions.decide, held)
     of_task: dict[str, list[decide.RunTask]] = {}
     for ti in tis:
         of_task.setdefault(ti.task_id, []).append(ti)
     moves: list[Move] = []
-    for task_id, decision in decisions.items():
+    advanced = Advanced()
+    for task_id, decision in decisions.tasks.items():
         mine = of_task[task_id]
         task = dag.task_dict[task_id]
         if isinstance(task, MappedOperator):
-            _, task_moves = mapping.carry_out(
-                session, run, task, mine, decision, expansions, new_ti
+            # A mapped group's task expands into map indexes that are decided one by one.
+            by_index = decide.mapped_group_members(task) is not None
+            expanded, task_moves = mapping.carry_out(
+                session, run, task, mine, decision, expansions, new_ti, schedule=not by_index
             )
             moves += task_moves
+            if by_index and expanded:
+                advanced.expanded += 1
+                advanced.moved += len(expanded)
         else:
             waiting = [ti.id for ti in mine if ti.state == TaskState.NONE and ti.id is not None]
             met = decision is TaskState.SCHEDULED
             moves.append(Move(decision, "dependencies met" if met else "trigger rule", waiting))
+    waiting_ids = {(ti.task_id, ti.map_index): ti.id for ti in tis if ti.state == TaskState.NONE}
+    for key, decision in decisions.indexes.items():
+        met = decision is TaskState.SCHEDULED
+        reason = "dependencies met at this map index" if met else "trigger rule at this map index"
+        ti_id = waiting_ids.get(key)
+        moves.append(Move(decision, reason, [] if ti_id is None else [ti_id]))
     grouped: dict[tuple[TaskState, str], list[int]] = {}
     for move in moves:
         grouped.setdefault((move.to_state, move.reason), []).extend(move.ids)
-    advanced = Advanced()
     for (to_state, reason), ids in grouped.items():
         if to_state == TaskState.SCHEDULED:
             moved = transitions.schedule(session, ids, reason)
@@ -105,6 +118,12 @@ def advance_run(session: Session, run: DagRun, dag: DAG, max_map_length: int) ->
     tis = runstate.undecided(session, dag, run.dag_id, run.run_id)
     new_ti = functools.partial(new_task_instance, run)
     advanced = advance(session, run, dag, tis, new_ti, max_map_length)
+    while advanced.expanded:  # the new map indexes of mapped groups' tasks are decided now
+        tis = runstate.undecided(session, dag, run.dag_id, run.run_id)
+        more = advance(session, run, dag, tis, new_ti, max_map_length)
+        advanced = Advanced(
+            advanced.moved + more.moved, advanced.scheduled + more.scheduled, more.expanded
+        )
     now = dt.datetime.now(dt.UTC)
     transitions.set_retry_due(
         session,

@@ -60,6 +60,9 @@ class Api:
             raise BadInput("conf must be a JSON object")
         if run_id is not None and not isinstance(run_id, str):
             raise BadInput("run_id must be a string")
+        partition_key = body.get("partition_key")
+        if partition_key is not None and not isinstance(partition_key, str):
+            raise BadInput("partition_key must be a string")
         acting = request.scope["acting_user"]
         refused = self.ui.limits.take(RUNS, limited_as(acting))
         if refused is not None:
@@ -67,7 +70,7 @@ class Api:
         dag_id = request.path_params["dag_id"]
         keyed = self._idempotency_key(request, acting)
         triggered = await run_in_threadpool(
-            self.writes.trigger, dag_id, json.dumps(conf), run_id, None, keyed
+            self.writes.trigger, dag_id, json.dumps(conf), run_id, None, keyed, partition_key
         )
         return replayed_if(
             api_answer(

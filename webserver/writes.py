@@ -50,6 +50,7 @@ class Writes:
         run_id: str | None,
         form: Mapping[str, Any] | None = None,
         idempotency_key: actions.IdempotencyKey | None = None,
+        partition_key: str | None = None,
     ) -> actions.Triggered:
         """Trigger a run with ``conf_text``'s conf; with the trigger page's ``form``, what its
         param fields give first (the conf text's keys win)."""
@@ -66,7 +67,12 @@ class Writes:
             conf = {**paramform.conf_from_form(paramform.fields(stored.params), form), **conf}
         dag = stored if stored.timetable is not None else self._with_own_timetable(stored)
         return actions.trigger_run(
-            self.ui.sessions, dag, conf, run_id or None, idempotency_key=idempotency_key
+            self.ui.sessions,
+            dag,
+            conf,
+            run_id or None,
+            idempotency_key=idempotency_key,
+            partition_key=partition_key,
         )
 
     def set_paused(self, dag_id: str, paused: bool) -> None:

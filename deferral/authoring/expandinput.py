@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from deferral.exceptions import MappingError
-from deferral.xcom_arg import XComArg, find_runtime_args
+from deferral.xcom_arg import RuntimeArg, XComArg, find_runtime_args
 
 # An upstream XCom: (task_id, key).
 XComRef = tuple[str, str]
@@ -260,3 +260,67 @@ def _check_index(map_index: int, total: int, where: str) -> None:
             f"{where}: map index {map_index} is out of range: its input now gives {total}"
             " value(s) (did an upstream task run again?)"
         )
+
+
+class MappedArgument(RuntimeArg):
+    """Inside ``@task_group ... .expand(...)`` (or ``.expand_kwargs(...)``): the group's
+    argument ``name``; a task of the group gets, at map index i, the value the group's input
+    gives ``name`` at i."""
+
+    def __init__(self, group_id: str, group_input: ExpandInput, name: str) -> None:
+        self.group_id = group_id
+        self.group_input = group_input
+        self.name = name
+
+    def __repr__(self) -> str:
+        return f"MappedArgument({self.group_id!r}, {self.name!r})"
+
+    def resolve(self, context: Mapping[str, Any]) -> Any:
+        ti = context["ti"]
+        where = f"task {ti.task_id!r} [{ti.map_index}]"
+        values, _ = self.group_input.values(ti.map_index, context, where)
+        if self.name in values:
+            return values[self.name]
+        raise MappingError(
+            f"{where}: mapped task group {self.group_id!r} gives no argument {self.name!r}"
+            f" at map index {ti.map_index}"
+        )
+
+
+class GroupMappedInput(ExpandInput):
+    """A task of a mapped task group: one map index per value of the group's input (as many as
+    it gives, from the same upstream XComs). Its arguments stay as given: a ``MappedArgument``
+    resolves to the group's value at the task instance's map index, and the XComArg of another
+    task of the group to that task's value at the same map index (``XComArg.resolve``), so map
+    index i of every task of the group is the group's i-th."""
+
+    def __init__(self, group_id: str, group_input: ExpandInput) -> None:
+        self.group_id = group_id
+        self.group_input = group_input
+
+    def __repr__(self) -> str:
+        return f"mapped task group {self.group_id!r}: {self.group_input!r}"
+
+    def _raw(self) -> Any:
+        # The group's input makes its tasks upstream of the group's roots only (as Airflow),
+        # not of each task: TaskGroupDecorator relates them.
+        return ()
+
+    def xcom_args(self) -> list[XComArg]:
+        return self.group_input.xcom_args()
+
+    def literal_length(self) -> int | None:
+        return self.group_input.literal_length()
+
+    def length(self, shapes: Mapping[XComRef, Shape], where: str) -> int:
+        return self.group_input.length(shapes, where)
+
+    def values(
+        self, map_index: int, context: Mapping[str, Any], where: str
+    ) -> tuple[dict[str, Any], frozenset[str]]:
+        _check_index(map_index, self._length_now(context, where), where)
+        return {}, frozenset()
+
+    def _length_now(self, context: Mapping[str, Any], where: str) -> int:
+        pulled = self.group_input._pull(context)
+        return self.length({ref: Shape.of(value) for ref, value in pulled.items()}, where)

@@ -12,13 +12,13 @@ from typing import Any
 from deferral.authoring.expandinput import (
     DictOfListsExpandInput,
     ExpandInput,
+    GroupMappedInput,
     ListOfDictsExpandInput,
 )
 from deferral.authoring.mappedoperator import MappedOperator, check_expand, check_expand_kwargs
 from deferral.baseoperator import BaseOperator
 from deferral.context import Context
 from deferral.dag import DAG
-from deferral.decorators.task_group import group_mapped_values, mapped_group_of
 from deferral.exceptions import DagDefinitionError
 from deferral.utils.task_group import TaskGroup
 from deferral.xcom_arg import XComArg
@@ -79,6 +79,15 @@ def check_call_arguments(
             f"task {task_id!r}: missing argument(s) {', '.join(map(repr, missing))}"
             f" of {getattr(function, '__name__', 'its function')}()"
         )
+
+
+def mappable_parameters(function: Callable[..., Any]) -> frozenset[str] | None:
+    """The parameters of a task function an expansion may give (None: it takes ``**kwargs``,
+    so any name)."""
+    parameters = inspect.signature(function).parameters.values()
+    if any(p.kind is p.VAR_KEYWORD for p in parameters):
+        return None
+    return frozenset(p.name for p in parameters if p.kind is not p.VAR_POSITIONAL)
 
 
 class TaskDecorator:
@@ -151,16 +160,12 @@ class TaskDecorator:
 
     def __call__(self, *args: Any, **kwargs: Any) -> XComArg:
         dag, group, label, options = self._placement()
-        mapped_group = mapped_group_of(group)
+        mapped_group = group.innermost_mapped() if group is not None else None
         if mapped_group is not None:  # a task of a mapped task group: mapped with it
-            try:
-                bound = inspect.signature(self.function).bind_partial(*args, **kwargs).arguments
-            except TypeError as exc:
-                raise DagDefinitionError(f"task {label!r}: {exc}") from None
-            mapped = group_mapped_values(mapped_group, f"task {label!r}", bound)
-            if mapped:
-                shared = {name: value for name, value in bound.items() if name not in mapped}
-                return self.partial(**shared).expand(**mapped)
+            assert mapped_group.expand_input is not None
+            check_call_arguments(label, self.function, args, kwargs)
+            expand_input = GroupMappedInput(mapped_group.group_id, mapped_group.expand_input)
+            return self.mapped_task(dag, group, label, options, expand_input, args, kwargs)
         operator = self.operator_class(
             task_id=label,
             dag=dag,
@@ -169,6 +174,34 @@ class TaskDecorator:
             op_args=args,
             op_kwargs=kwargs,
             **options,
+        )
+        return self._documented(operator)
+
+    def mapped_task(
+        self,
+        dag: DAG,
+        group: TaskGroup | None,
+        label: Any,
+        options: dict[str, Any],
+        expand_input: ExpandInput,
+        op_args: Sequence[Any],
+        op_kwargs: dict[str, Any],
+    ) -> XComArg:
+        """The mapped task of a call: ``expand_input``'s values go into ``op_kwargs``."""
+        operator = MappedOperator(
+            operator_class=self.operator_class,
+            label=label,
+            partial_kwargs={
+                **options,
+                "python_callable": self.function,
+                "op_args": tuple(op_args),
+                "op_kwargs": dict(op_kwargs),
+            },
+            expand_input=expand_input,
+            mappable=mappable_parameters(self.function),
+            mapped_into="op_kwargs",
+            dag=dag,
+            task_group=group,
         )
         return self._documented(operator)
 
@@ -195,54 +228,26 @@ class PartialTaskDecorator:
         self.decorator = decorator
         self.kwargs = kwargs
 
-    def _mappable(self) -> frozenset[str] | None:
-        """The function's parameters (None: it takes ``**kwargs``, so any name)."""
-        parameters = inspect.signature(self.decorator.function).parameters.values()
-        if any(p.kind is p.VAR_KEYWORD for p in parameters):
-            return None
-        return frozenset(p.name for p in parameters if p.kind is not p.VAR_POSITIONAL)
-
     def expand(self, **mapped: Any) -> XComArg:
         dag, group, label, options = self.decorator._placement()
         where = f"task {label!r}"
         call = f"{self.decorator.name}.expand"
-        check_expand(where, call, mapped, self._mappable(), self.kwargs)
+        check_expand(where, call, mapped, mappable_parameters(self.decorator.function), self.kwargs)
         arguments = {**self.kwargs, **dict.fromkeys(mapped)}
         check_call_arguments(label, self.decorator.function, (), arguments)
-        return self._mapped(dag, group, label, options, DictOfListsExpandInput(mapped))
+        expand_input = DictOfListsExpandInput(mapped)
+        return self.decorator.mapped_task(dag, group, label, options, expand_input, (), self.kwargs)
 
     def expand_kwargs(self, kwargs: Any) -> XComArg:
         dag, group, label, options = self.decorator._placement()
         where = f"task {label!r}"
         call = f"{self.decorator.name}.expand_kwargs"
-        check_expand_kwargs(where, call, kwargs, self._mappable(), self.kwargs)
-        check_call_arguments(label, self.decorator.function, (), self.kwargs, complete=False)
-        return self._mapped(dag, group, label, options, ListOfDictsExpandInput(kwargs))
-
-    def _mapped(
-        self,
-        dag: DAG,
-        group: TaskGroup | None,
-        label: Any,
-        options: dict[str, Any],
-        expand_input: ExpandInput,
-    ) -> XComArg:
-        operator = MappedOperator(
-            operator_class=self.decorator.operator_class,
-            label=label,
-            partial_kwargs={
-                **options,
-                "python_callable": self.decorator.function,
-                "op_args": (),
-                "op_kwargs": dict(self.kwargs),
-            },
-            expand_input=expand_input,
-            mappable=self._mappable(),
-            mapped_into="op_kwargs",
-            dag=dag,
-            task_group=group,
+        check_expand_kwargs(
+            where, call, kwargs, mappable_parameters(self.decorator.function), self.kwargs
         )
-        return self.decorator._documented(operator)
+        check_call_arguments(label, self.decorator.function, (), self.kwargs, complete=False)
+        expand_input = ListOfDictsExpandInput(kwargs)
+        return self.decorator.mapped_task(dag, group, label, options, expand_input, (), self.kwargs)
 
 
 def task_decorator(

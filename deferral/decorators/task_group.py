@@ -1,73 +1,35 @@
 """``@task_group``: a function whose call builds a task group around the tasks it creates, and
-whose ``.expand(name=values)`` builds a mapped one.
+whose ``.expand(...)``, ``.partial(...).expand(...)`` or ``.expand_kwargs(...)`` builds a mapped
+one, as Airflow's ``MappedTaskGroup``.
 
-A mapped task group maps each of its TaskFlow tasks over the group's values: a task called with
-the group's argument (a ``MappedArgument``) is mapped over ``values``, and one called with the
-result of another task of the group is mapped over that task's results, so map index i of every
-task of the group is the i-th value's. (Airflow runs map index i of a task as soon as map index
-i of its upstream is done; here a task of the group starts once all of its upstream's are.)"""
+A mapped task group has an input (the cartesian product of ``expand``'s arguments, or one dict
+of ``expand_kwargs`` per map index); its function gets a ``MappedArgument`` for each argument
+not given to ``partial``. Each TaskFlow task the function calls is mapped with the group
+(``GroupMappedInput``): one map index per value of the group's input, map index i reading the
+group's arguments at i and, from another task of the group, that task's value at i. The
+scheduler runs map index i of a task once the map index i of its upstream tasks in the group
+is done (``scheduler.decide``); a task outside the group waits for all of them, and reads the
+list of their values."""
 
 from __future__ import annotations
 
 import functools
 import inspect
 from collections.abc import Callable
+from collections.abc import Set as AbstractSet
 from typing import Any
 
-from deferral.authoring.expandinput import is_mappable_literal
-from deferral.authoring.mappedoperator import MappedOperator
+from deferral.authoring.expandinput import (
+    DictOfListsExpandInput,
+    ExpandInput,
+    GroupMappedInput,
+    ListOfDictsExpandInput,
+    MappedArgument,
+)
+from deferral.authoring.mappedoperator import MappedOperator, check_expand, check_expand_kwargs
 from deferral.exceptions import DagDefinitionError
 from deferral.utils.task_group import TaskGroup
-from deferral.xcom_arg import XComArg
-
-
-class MappedArgument:
-    """Inside ``@task_group ... .expand(name=values)``: the group's argument ``name``, which a
-    task of the group is mapped over (``values``: a list, a dict or an upstream XComArg)."""
-
-    def __init__(self, group: TaskGroup, name: str, values: Any) -> None:
-        self.group = group
-        self.name = name
-        self.values = values
-
-    def __repr__(self) -> str:
-        return f"MappedArgument({self.group.group_id!r}, {self.name!r})"
-
-
-def mapped_group_of(group: TaskGroup | None) -> TaskGroup | None:
-    """The innermost mapped task group ``group`` is in (itself included), if any."""
-    while group is not None:
-        if group.mapped_argument is not None:
-            return group
-        group = group.parent_group
-    return None
-
-
-def _in_group(task: Any, group: TaskGroup) -> bool:
-    inner: TaskGroup | None = getattr(task, "task_group", None)
-    while inner is not None:
-        if inner is group:
-            return True
-        inner = inner.parent_group
-    return False
-
-
-def group_mapped_values(group: TaskGroup, where: str, arguments: dict[str, Any]) -> dict[str, Any]:
-    """Of a task's ``arguments`` inside mapped ``group``, those it is mapped over: the group's
-    argument (mapped over its values) and another task of the group's result (over that task's
-    results). At most one: deferral maps a group's task over one argument."""
-    mapped = {
-        name: value.values if isinstance(value, MappedArgument) else value
-        for name, value in arguments.items()
-        if isinstance(value, MappedArgument)
-        or (isinstance(value, XComArg) and _in_group(value.operator, group))
-    }
-    if len(mapped) > 1:
-        raise DagDefinitionError(
-            f"{where} of mapped task group {group.group_id!r}: mapped over {sorted(mapped)};"
-            " deferral maps a task of a mapped group over one argument"
-        )
-    return mapped
+from deferral.xcom_arg import RETURN_VALUE_KEY
 
 
 class TaskGroupDecorator:
@@ -87,10 +49,16 @@ class TaskGroupDecorator:
         """A mapped group's arguments every map index shares; then ``.expand(name=values)``."""
         return PartialTaskGroup(self, kwargs)
 
-    def expand(self, **mapped: Any) -> TaskGroup:
-        """A mapped task group: its tasks run once per value of the one argument given (a
-        list, a dict or an upstream XComArg). Returns the group."""
+    def expand(self, **mapped: Any) -> Any:
+        """A mapped task group: its tasks run once per combination of the arguments' values
+        (their cartesian product; each a list, a dict or an upstream XComArg). Returns what
+        the function returns, or the group if that is None."""
         return self.partial().expand(**mapped)
+
+    def expand_kwargs(self, kwargs: Any) -> Any:
+        """A mapped task group: its tasks run once per dict of arguments (a list of dicts, or
+        an upstream XComArg holding one). Returns as :meth:`expand`."""
+        return self.partial().expand_kwargs(kwargs)
 
     def _group(self) -> TaskGroup:
         options = dict(self.group_kwargs)
@@ -112,32 +80,67 @@ class PartialTaskGroup:
     def __init__(self, decorator: TaskGroupDecorator, kwargs: dict[str, Any]) -> None:
         self.decorator = decorator
         self.kwargs = kwargs
-
-    def expand(self, **mapped: Any) -> TaskGroup:
-        where = f"task group {self.decorator.function.__name__!r}"
-        if len(mapped) != 1:
-            raise DagDefinitionError(
-                f"{where}: deferral maps a task group over one argument, got {len(mapped)}"
-                f" ({', '.join(sorted(mapped)) or 'none'})"
-            )
-        ((name, values),) = mapped.items()
-        if not isinstance(values, XComArg) and not is_mappable_literal(values):
-            raise DagDefinitionError(
-                f"{where}: expand({name}=...) takes a list, a dict or an XComArg,"
-                f" got {type(values).__name__}"
-            )
-        with self.decorator._group() as group:
-            argument = MappedArgument(group, name, values)
-            group.mapped_argument = argument
-            self.decorator.function(**self.kwargs, **{name: argument})
-        for task in group:
-            if not isinstance(task, MappedOperator):
+        self.where = f"task group {decorator.function.__name__!r}"
+        parameters = inspect.signature(decorator.function).parameters.values()
+        self.parameters = {
+            p.name: p for p in parameters if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+        }
+        open_ended = any(p.kind is p.VAR_KEYWORD for p in parameters)
+        self.varargs = any(p.kind is p.VAR_POSITIONAL for p in parameters)
+        self.mappable = None if open_ended else frozenset(self.parameters)
+        for name in kwargs:
+            if self.mappable is not None and name not in self.mappable:
                 raise DagDefinitionError(
-                    f"task {task.task_id!r} of mapped task group {group.group_id!r} takes"
-                    f" neither {name!r} nor another of its tasks' results: deferral maps each"
-                    " task of a mapped group over one of them"
+                    f"{self.where}: partial() got an unexpected argument {name!r}"
                 )
-        return group
+
+    def expand(self, **mapped: Any) -> Any:
+        call = f"{self.decorator.function.__name__}.expand"
+        check_expand(self.where, call, mapped, self.mappable, self.kwargs)
+        return self._build(call, DictOfListsExpandInput(mapped), set(mapped))
+
+    def expand_kwargs(self, kwargs: Any) -> Any:
+        call = f"{self.decorator.function.__name__}.expand_kwargs"
+        if self.mappable is None or self.varargs:
+            raise DagDefinitionError(
+                f"{self.where}: {call}() cannot map a function taking *args or **kwargs"
+            )
+        check_expand_kwargs(self.where, call, kwargs, self.mappable, self.kwargs)
+        # As Airflow: every argument not given to partial() is the group's, defaults or not.
+        return self._build(call, ListOfDictsExpandInput(kwargs), self.mappable - set(self.kwargs))
+
+    def _build(self, call: str, expand_input: ExpandInput, names: AbstractSet[str]) -> Any:
+        """Run the function inside the new group, each of ``names`` a MappedArgument; the tasks
+        of the group's input become upstream of its roots. Returns what the function returns
+        (its last task's XComArg, say), or the group if that is None, as Airflow."""
+        for arg in expand_input.xcom_args():
+            if arg.key != RETURN_VALUE_KEY:
+                raise DagDefinitionError(
+                    f"{self.where}: {call}() maps over XCom {arg.key!r} of task"
+                    f" {arg.operator.task_id!r}: a task group maps over return values only"
+                )
+        with self.decorator._group() as group:
+            group.expand_input = expand_input
+            arguments = {
+                name: MappedArgument(group.group_id, expand_input, name) for name in sorted(names)
+            }
+            returned = self.decorator.function(**self.kwargs, **arguments)
+        for task in group:
+            mine = isinstance(task, MappedOperator) and isinstance(
+                task.expand_input, GroupMappedInput
+            )
+            inner = task.task_group.innermost_mapped() if task.task_group else None
+            if not mine or inner is not group:
+                raise DagDefinitionError(
+                    f"task {task.task_id!r} of mapped task group {group.group_id!r}: deferral"
+                    " maps only the @task calls of a mapped group (not a classic operator, an"
+                    " .expand() of its own or a nested mapped group)"
+                )
+        upstream = {arg.operator.task_id: arg.operator for arg in expand_input.runtime_args()}
+        for root in group.roots:
+            for task in upstream.values():
+                root.set_upstream(task)
+        return group if returned is None else returned
 
 
 def task_group(python_callable: Callable[..., Any] | None = None, **group_kwargs: Any) -> Any:

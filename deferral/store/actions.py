@@ -32,6 +32,7 @@ from deferral.store.serialized_dags import (
 )
 from deferral.store.tables import Dag, DagRun, TaskInstance
 from deferral.timetables import UserTimetableError
+from deferral.timetables.partitions import partition_key_error
 from deferral.utils.sensor_helper import parse_logical_date, run_of
 
 # Most bytes of a run's conf as JSON text (a run keeps its conf as long as the run is kept).
@@ -93,10 +94,13 @@ def trigger_run(
     *,
     logical_date: dt.datetime | None = None,
     idempotency_key: IdempotencyKey | None = None,
+    partition_key: str | None = None,
 ) -> Triggered:
     """Create a manual run of ``dag`` at ``logical_date`` (tz-aware; default now), its run id
     ``manual__<logical date>`` unless given; its ``Param``s must accept what ``conf`` gives
-    them (and a param without a default must be given), as Airflow checks at trigger. Under
+    them (and a param without a default must be given), as Airflow checks at trigger. A
+    ``partition_key`` is the run's (its outlet events carry it), for a partitioned DAG only
+    (``deferral.timetables.partitions.partition_key_error``). Under
     ``idempotency_key``, a repeat of the same trigger within the window creates nothing and
     answers the first's run (``replayed``); IdempotencyConflict for the key used with another
     trigger.
@@ -118,6 +122,8 @@ def trigger_run(
                     "conf": conf,
                     "run_id": run_id,
                     "logical_date": None if logical_date is None else logical_date.isoformat(),
+                    # Only when given: a trigger without one asks what it asked before.
+                    **({} if partition_key is None else {"partition_key": partition_key}),
                 },
             )
         except idempotency.IdempotencyError as exc:
@@ -126,6 +132,11 @@ def trigger_run(
         dag.params if isinstance(dag, StoredDag) else stored_params(dag.params, dag.param_specs)
     )
     check_conf(dag.dag_id, params, conf)
+    if partition_key is not None:
+        timetable = dag.rebuilt_timetable() if isinstance(dag, StoredDag) else dag.timetable
+        refused = partition_key_error(dag.dag_id, timetable, partition_key)
+        if refused is not None:
+            raise ActionError(refused)
     logical_date = logical_date or dt.datetime.now(dt.UTC)
     if run_id is not None:
         try:
@@ -149,6 +160,7 @@ def trigger_run(
             conf,
             run_type=DagRunType.MANUAL,
             data_interval=(interval.start, interval.end),
+            partition_key=partition_key,
         )
         row = session.get(Dag, dag.dag_id)
         return {"run_id": run_id, "paused": row is not None and row.is_paused}

@@ -100,6 +100,11 @@ class Timetable(ABC):
     periodic = True
     #: Airflow's: a longer text about the schedule (shown, not acted on).
     description = ""
+    #: Airflow's: its runs are for partitions worked out ahead of the run (a key each).
+    partitioned = False
+    #: Airflow's: its runs' tasks name the partitions they write, at run time (a run may be
+    #: triggered with a key of any form).
+    partitioned_at_runtime = False
     #: Whether a DAG scheduled by it must have a start_date (False: it finds its first run
     #: from now, as Airflow 3's trigger timetables do).
     needs_start_date = True

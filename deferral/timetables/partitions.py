@@ -113,14 +113,49 @@ class PartitionedAssetTimetable(NullTimetable):
     def _serialize(self) -> dict[str, Any] | None:
         # Made again as timetables.serialized.StoredAssetSchedule (no clock): its mappers are
         # the scheduler's, which has the DAG's objects.
-        return {"type": "asset", "summary": self.summary, "timetable": None}
+        return {"type": "asset", "summary": self.summary, "timetable": None, "partitioned": True}
+
+
+# As Airflow's dag_run.partition_key column.
+MAX_PARTITION_KEY_LENGTH = 250
+
+
+def partition_key_error(dag_id: str, timetable: object, key: object) -> str | None:
+    """Why a run of ``dag_id`` (scheduled by ``timetable``) cannot be triggered with partition
+    key ``key``, as Airflow's ``validate_partition_key``: its DAG must be partitioned (ahead of
+    the run or at run time), the key a non-blank string of at most 250 characters, and a
+    ``CronPartitionTimetable``'s key one its ``key_format`` reads. None: it can."""
+    if not (
+        getattr(timetable, "partitioned", False)
+        or getattr(timetable, "partitioned_at_runtime", False)
+    ):
+        return (
+            f"DAG {dag_id!r} is not partitioned: a partition key needs a CronPartitionTimetable,"
+            " PartitionedAssetTimetable or PartitionedAtRuntime schedule"
+        )
+    if not isinstance(key, str) or not key.strip() or len(key) > MAX_PARTITION_KEY_LENGTH:
+        return (
+            f"DAG {dag_id!r}: a partition key is a non-blank string of at most"
+            f" {MAX_PARTITION_KEY_LENGTH} characters, got {key!r}"
+        )
+    if isinstance(timetable, CronPartitionTimetable):
+        try:
+            dt.datetime.strptime(key, timetable.key_format)
+        except ValueError:
+            return (
+                f"DAG {dag_id!r}: partition key {key!r} does not match its key format"
+                f" {timetable.key_format!r}"
+            )
+    return None
 
 
 class PartitionedAtRuntime(NullTimetable):
-    """No run by the clock; the tasks name the partitions they write
-    (``outlet_events[asset].add_partitions(...)``)."""
+    """As Airflow's: no run by the clock (runs are triggered, with a partition key of any form
+    or none); the tasks name the partitions they write
+    (``outlet_events[asset].add_partitions(...)``), each key an event of its own, and a
+    ``PartitionedAssetTimetable`` DAG on those assets gets one run per mapped key."""
 
-    partitioned = True
+    partitioned_at_runtime = True
     summary = "partitioned at runtime"
 
     def _serialize(self) -> dict[str, Any] | None:

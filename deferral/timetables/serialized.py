@@ -36,10 +36,13 @@ class StoredAssetSchedule(Timetable):
     interval, a backfill's intervals) needs no more; the scheduler, which makes the runs of
     asset events, has the DAG's objects."""
 
-    def __init__(self, kind: str, summary: str, clock: Timetable | None) -> None:
+    def __init__(
+        self, kind: str, summary: str, clock: Timetable | None, partitioned: bool = False
+    ) -> None:
         self.kind = kind
         self.summary = summary
         self.clock = clock
+        self.partitioned = partitioned
         self.can_be_scheduled = clock is not None and clock.can_be_scheduled
 
     def next_dagrun_info(
@@ -65,13 +68,17 @@ class StoredAssetSchedule(Timetable):
 
     def _serialize(self) -> dict[str, Any] | None:
         clock = self.clock.serialize() if self.clock is not None else None
-        return {"type": self.kind, "summary": self.summary, "timetable": clock}
+        kept = {"type": self.kind, "summary": self.summary, "timetable": clock}
+        return {**kept, "partitioned": True} if self.partitioned else kept
 
 
 def _asset(data: Mapping[str, Any]) -> Timetable:
     clock = data.get("timetable")
     return StoredAssetSchedule(
-        data["type"], data["summary"], deserialize_timetable(clock) if clock else None
+        data["type"],
+        data["summary"],
+        deserialize_timetable(clock) if clock else None,
+        bool(data.get("partitioned", False)),
     )
 
 

@@ -12,6 +12,7 @@ from deferral.dag import DAG
 from deferral.exceptions import DagDefinitionError
 
 if TYPE_CHECKING:
+    from deferral.authoring.expandinput import ExpandInput
     from deferral.baseoperator import BaseOperator
 
 # As Airflow: no '.', which separates a group's id from its children's.
@@ -59,8 +60,8 @@ class TaskGroup(DependencyMixin):
             raise DagDefinitionError(f"task group {group_id!r}: default_args must be a dict")
         self.dag: DAG = found
         self.parent_group = parent
-        # A mapped task group's argument (deferral.decorators.task_group.MappedArgument).
-        self.mapped_argument: Any = None
+        # A mapped task group's input (``@task_group ... .expand(...)``): what it maps over.
+        self.expand_input: ExpandInput | None = None
         self.prefix_group_id = prefix_group_id
         self.tooltip = tooltip
         self.ui_color = ui_color
@@ -99,6 +100,13 @@ class TaskGroup(DependencyMixin):
     def child_id(self, label: str) -> str:
         """The id a child labelled ``label`` gets in this group."""
         return f"{self.group_id}.{label}" if self.prefix_group_id else label
+
+    def innermost_mapped(self) -> TaskGroup | None:
+        """The innermost mapped task group this group is in (itself included), if any."""
+        group: TaskGroup | None = self
+        while group is not None and group.expand_input is None:
+            group = group.parent_group
+        return group
 
     # -- context ---------------------------------------------------------------------------------
 

@@ -20,7 +20,6 @@ from deferral.partitions import (
     DayWindow,
     FanOutMapper,
     FixedKeyMapper,
-    HourWindow,
     IdentityMapper,
     MinimumCount,
     MonthWindow,
@@ -127,20 +126,29 @@ def test_a_rollup_waits_for_its_windows_members() -> None:
     month = RollupMapper(
         upstream_mapper=StartOfMonthMapper(input_format="%Y-%m-%d"), window=MonthWindow()
     )
-    assert month.expected("2024-02-10") == 29 and month.expected("2023-02-10") == 28
+    assert len(month.to_upstream("2024-02")) == 29 and len(month.to_upstream("2023-02")) == 28
     days = {f"2024-04-{d:02d}" for d in range(1, 31)}
-    assert month.complete(days) and not month.complete(days - {"2024-04-30"})
+    assert month.complete("2024-04", days) and not month.complete("2024-04", days - {"2024-04-30"})
+    # Only the window's own members count: a day of another month does not stand in for one.
+    assert not month.complete("2024-04", days - {"2024-04-30"} | {"2024-05-01"})
     regions = RollupMapper(
         upstream_mapper=FixedKeyMapper("all"),
         window=SegmentWindow(["us", "eu", "apac"]),
         wait_policy=MinimumCount(2),
     )
-    assert not regions.complete({"us"}) and regions.complete({"us", "eu"})
+    assert not regions.complete("all", {"us"}) and regions.complete("all", {"us", "eu"})
     with pytest.raises(ValueError, match=r"partition key 'xx' is not one of the window's segments"):
         regions.to_downstream("xx")
-    hourly = RollupMapper(upstream_mapper=StartOfHourMapper(), window=HourWindow())
-    with pytest.raises(ValueError, match="deferral does not roll up a HourWindow yet"):
-        hourly.complete({"2024-01-01T10:00:00"})
+    unreachable = RollupMapper(
+        upstream_mapper=FixedKeyMapper("all"),
+        window=SegmentWindow(["us", "eu"]),
+        wait_policy=MinimumCount(3),
+    )
+    with pytest.raises(ValueError) as held:
+        unreachable.complete("all", {"us", "eu"})
+    assert str(held.value) == (
+        "wait policy MinimumCount(3) can never be satisfied given the window's cardinality 2"
+    )
 
 
 def test_a_cron_partition_run_has_the_key_of_its_point() -> None:

@@ -192,7 +192,7 @@ def _map_events(
             mapper = timetable.mapper_of(asset_name)
             try:
                 if not isinstance(mapper, RollupMapper) or mapper.complete(
-                    members[(downstream, asset_name)]
+                    downstream, members[(downstream, asset_name)]
                 ):
                     arrived.add(asset_name)
             except ValueError as exc:

@@ -29,6 +29,7 @@ def create_dag_run(
     *,
     run_type: str = "manual",
     data_interval: tuple[dt.datetime, dt.datetime] | None = None,
+    partition_key: str | None = None,
 ) -> int:
     """A new run in state queued, marked for the scheduler to start."""
     start, end = data_interval if data_interval is not None else (None, None)
@@ -41,6 +42,7 @@ def create_dag_run(
         data_interval_end=end,
         state=DagRunState.QUEUED,
         conf=conf,
+        partition_key=partition_key,
         evaluate_after=func.now(),
     )
     session.add(run)
