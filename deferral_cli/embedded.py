@@ -168,6 +168,9 @@ def stable_port(port_file: Path, say: Callable[[str], None], preferred: int | No
     port = free_port()
     if kept is not None:
         say(f"port {kept} (kept in {port_file}) is taken: using port {port}, kept from now on")
+    elif preferred is not None:
+        # The docs name the preferred port (the web UI's 8080): say why another one is used.
+        say(f"port {preferred} is taken: using port {port}, kept in {port_file}")
     port_file.write_text(f"{port}\n")
     return port
 
