@@ -701,11 +701,13 @@ def _ends(kind: str, payload: Any) -> str | None:
 
 
 @contextmanager
-def test_settings(subdir: Path | None, home: Path) -> Iterator[tuple[Settings, Path | None]]:
+def test_settings(
+    subdir: Path | None, home: Path, command: str
+) -> Iterator[tuple[Settings, Path | None]]:
     """The settings to test with: the configured database, or with none configured an
     embedded PostgreSQL (and Redis, which settings require) under ``home``, as
-    ``deferral standalone`` starts them, its schema brought up to date; and the file of the
-    Fernet key, when it was filled in from one."""
+    ``deferral standalone`` starts them, its schema brought up to date, ``home`` held for
+    ``command`` meanwhile; and the file of the Fernet key, when it was filled in from one."""
     if subdir is not None:
         folder = subdir.resolve()
         os.environ["DEFERRAL_DAGS_FOLDER"] = str(folder if folder.is_dir() else folder.parent)
@@ -717,7 +719,17 @@ def test_settings(subdir: Path | None, home: Path) -> Iterator[tuple[Settings, P
         click.echo(f"note: {message}", err=True)
 
     say(f"DEFERRAL_DATABASE_URL is not set: using an embedded PostgreSQL in {home}")
-    with embedded.servers(home, say) as filled:
+    with contextlib.ExitStack() as held:
+        # Before any server starts: a standalone on this home has them running (a second Redis
+        # would move its kept port, and its scheduler would run this run's tasks too).
+        try:
+            held.enter_context(embedded.holding_home(home, command))
+        except embedded.HomeInUse as exc:
+            fail(
+                f"{exc} (a standalone's services run a DAG with `deferral dags trigger DAG_ID"
+                " --wait` in a shell given its export lines)"
+            )
+        filled = held.enter_context(embedded.servers(home, say))
         settings = settings_or_exit()
         migrate.upgrade(settings.database_url)
         yield settings, filled.key_file
@@ -849,7 +861,7 @@ def _test_dag(
     started: list[str],
 ) -> DagRunState:
     """Run the test of ``dags test``, putting the run's id in ``started`` once it is made."""
-    with test_settings(subdir, home) as (settings, key_file):
+    with test_settings(subdir, home, "dags test") as (settings, key_file):
         out = terminal()
         # Into the bag of this process, before its task processes are forked from it: they find
         # the DAG there and import nothing more (with --subdir FILE, no other file of its
@@ -898,7 +910,7 @@ def tasks_test(
     it is), else in a run made for it and deleted afterwards. A deferral's trigger runs here and
     the task resumes with its event. Exit 0 if the task succeeded or skipped, 1 if it failed.
     """
-    with test_settings(subdir, home) as (settings, _):
+    with test_settings(subdir, home, "tasks test") as (settings, _):
         # Into the bag the task runs from (execute_attempt): its file is imported once.
         dag = load_dag(settings, dag_id, subdir, process_dagbag())
         if task_id not in dag.task_dict:

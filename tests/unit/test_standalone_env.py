@@ -151,6 +151,12 @@ def test_a_home_holds_one_stack_and_the_second_is_told_the_first_pid(tmp_path: P
         pass
     with embedded.holding_home(tmp_path):  # released at the end of the first
         pass
+    with (
+        embedded.holding_home(tmp_path, "dags test"),
+        pytest.raises(embedded.HomeInUse, match=r"another deferral dags test \(pid \d+\)"),
+        embedded.holding_home(tmp_path),
+    ):
+        pass
 
 
 def test_a_port_whose_last_server_left_it_in_time_wait_is_free(tmp_path: Path) -> None:
