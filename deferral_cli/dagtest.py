@@ -522,6 +522,9 @@ class Prompter:
         with self.lock:
             self.showing = None
         if line is None:
+            if self.stop.is_set():
+                # Ended, so that what the command says next (`stopped by SIGINT`) starts a line.
+                self.out.write("\n")
             return True
         chosen = [option.strip() for option in line.split(",") if option.strip()]
         if not chosen:

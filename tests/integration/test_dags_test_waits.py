@@ -295,3 +295,14 @@ def test_a_question_answered_from_another_shell_is_ended_in_the_terminal(
     # One option only: no "several" offered; the question is ended, not run into the next line.
     assert "ask: respond here (yes / no): (answered from another shell)\n" in out_text
     assert "chosen | chose ['no']" in out_text
+
+
+def test_ctrl_c_with_a_question_on_screen_ends_its_line_and_stops(
+    service_env: dict[str, str], write_dag: Callable[[str, str], Path], tmp_path: Path
+) -> None:
+    output = tmp_path / "out"
+    with asking_on_a_terminal(service_env, write_dag, output) as (proc, _):
+        wait_for(lambda: "ask: respond here" in output.read_text(), what="the prompt")
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(TIMEOUT_SEC) == 130, output.read_text()
+    assert "ask: respond here (yes / no): \nstopped by SIGINT; run " in output.read_text()
