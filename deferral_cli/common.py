@@ -231,6 +231,10 @@ def load_dag(
         raise  # unreachable: fail exits
 
 
+# How many of a folder's import errors a "DAG not found" line names.
+SHOWN_IMPORT_ERRORS = 3
+
+
 def not_found_message(
     message: str, dag_id: str, fileloc: str | None, import_errors: Mapping[str, str]
 ) -> str:
@@ -239,9 +243,14 @@ def not_found_message(
     if fileloc is not None and fileloc in import_errors:
         return f"DAG {dag_id!r} is in {fileloc}, which fails to import: {import_errors[fileloc]}"
     if import_errors:
+        # Named here, not only counted: `dags test` may run on an embedded database no other
+        # command reaches, so "see `dags list`" would be a dead end.
         count = len(import_errors)
         files = "1 DAG file fails" if count == 1 else f"{count} DAG files fail"
-        return f"{message}; {files} to import (`deferral dags list` shows which and why)"
+        shown = sorted(import_errors.items())[:SHOWN_IMPORT_ERRORS]
+        why = "; ".join(f"{where}: {error}" for where, error in shown)
+        more = "" if count <= SHOWN_IMPORT_ERRORS else "; `deferral dags list` shows the others"
+        return f"{message}; {files} to import: {why}{more}"
     return message
 
 

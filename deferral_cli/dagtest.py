@@ -25,6 +25,7 @@ import getpass
 import logging
 import os
 import queue
+import select as io_select
 import shlex
 import signal
 import socket
@@ -102,6 +103,8 @@ POLL_SEC = 0.1
 # response from another process, a retry or poke that came due, a timeout that passed.
 EVALUATE_EVERY_SEC = 0.5
 STOP_TIMEOUT_SEC = 5.0
+# How often a question asked in the terminal looks whether it is still wanted.
+PROMPT_POLL_SEC = 0.2
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
@@ -411,7 +414,7 @@ class LocalRun(InThisProcess):
         example = asked.options[0] if asked.options else "OPTION"
         self.out.write(self.answering.command("approvals", "respond", str(ti_id), example) + "\n")
         if self.answering.prompter is not None:
-            self.answering.prompter.ask(ti_id, label, list(asked.options))
+            self.answering.prompter.ask(ti_id, label, list(asked.options), asked.multiple)
 
     def _log(self, session: Session, ti_id: int, try_number: int, text: str) -> None:
         line = NewLine(ti_id, try_number, dt.datetime.now(dt.UTC), SOURCE_WORKER, text)
@@ -434,10 +437,17 @@ class LocalRun(InThisProcess):
                 )
                 .order_by(TaskStateChange.id)
             ).all()
+        prompter = self.answering.prompter
         for change, task_id, map_index in changes:
             reason = f" ({change.reason})" if change.reason else ""
             at = stamp(change.at)
             label = self._label(task_id, map_index)
+            if (
+                prompter is not None
+                and change.from_state == TaskState.AWAITING_INPUT
+                and prompter.withdraw(change.task_instance_id)
+            ):
+                self.out.write("(answered from another shell)\n")
             self.out.write(f"[{at}] {label}: {change.from_state} -> {change.to_state}{reason}\n")
             self.shown.last_change = change.id
 
@@ -455,28 +465,66 @@ class Waits:
 class Prompter:
     """Asks in this terminal for the responses of tasks awaiting input, one task at a time, on
     a thread of its own (the run goes on meanwhile); a response is recorded as `deferral
-    approvals respond` records it, by the operating-system user."""
+    approvals respond` records it, by the operating-system user.
 
-    def __init__(self, sessions: sessionmaker[Session], cipher: Cipher) -> None:
+    It reads the terminal's descriptor itself, waiting a poll at a time, rather than calling
+    `input()`: with stdout not a terminal (`dags test | tee log`) `input()` blocks inside
+    sys.stdin holding its lock, and the interpreter's exit then aborts ("Fatal Python error:
+    could not acquire lock for <stdin>"). Polling also lets a question answered from another
+    shell, or the command's end, stop it."""
+
+    def __init__(
+        self, sessions: sessionmaker[Session], cipher: Cipher, fd: int, out: TextIO | TerminalSafe
+    ) -> None:
         self.sessions = sessions
         self.cipher = cipher
-        self.asked: queue.SimpleQueue[tuple[int, str, list[str]]] = queue.SimpleQueue()
-        threading.Thread(target=self._ask_each, name="approvals", daemon=True).start()
+        self.fd = fd
+        self.out = out
+        self.asked: queue.SimpleQueue[tuple[int, str, list[str], bool]] = queue.SimpleQueue()
+        self.stop = threading.Event()
+        self.lock = threading.Lock()
+        self.withdrawn: set[int] = set()
+        self.showing: int | None = None  # the task whose question waits for a line typed
+        self.thread = threading.Thread(target=self._ask_each, name="approvals", daemon=True)
+        self.thread.start()
 
-    def ask(self, ti_id: int, label: str, options: list[str]) -> None:
-        self.asked.put((ti_id, label, options))
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join(STOP_TIMEOUT_SEC)
+
+    def ask(self, ti_id: int, label: str, options: list[str], multiple: bool) -> None:
+        self.asked.put((ti_id, label, options, multiple))
+
+    def withdraw(self, ti_id: int) -> bool:
+        """Ask no more for ``ti_id`` (it was answered, here or from another shell); whether its
+        question is on screen waiting for a line, which the caller then ends."""
+        with self.lock:
+            self.withdrawn.add(ti_id)
+            return self.showing == ti_id
 
     def _ask_each(self) -> None:
-        while True:
-            ti_id, label, options = self.asked.get()
-            while not self._asked_once(ti_id, label, options):
-                pass
+        while not self.stop.is_set():
+            with contextlib.suppress(queue.Empty):
+                asked = self.asked.get(timeout=PROMPT_POLL_SEC)
+                while not self._asked_once(*asked):
+                    pass
 
-    def _asked_once(self, ti_id: int, label: str, options: list[str]) -> bool:
+    def _asked_once(self, ti_id: int, label: str, options: list[str], multiple: bool) -> bool:
         """Ask once; whether the task needs no more asking (answered, here or elsewhere)."""
-        try:
-            line = input(f"{label}: respond here ({' / '.join(options)}; several: a,b): ")
-        except EOFError:
+        several = "; several: a,b" if multiple else ""
+        with self.lock:
+            if ti_id in self.withdrawn:
+                return True
+            self.showing = ti_id
+            self.out.write(f"{label}: respond here ({' / '.join(options)}{several}): ")
+            self.out.flush()
+        line = self._read_line(ti_id)
+        with self.lock:
+            self.showing = None
+        if line is None:
+            if self.stop.is_set():
+                # Ended, so that what the command says next (`stopped by SIGINT`) starts a line.
+                self.out.write("\n")
             return True
         chosen = [option.strip() for option in line.split(",") if option.strip()]
         if not chosen:
@@ -487,9 +535,40 @@ class Prompter:
         except hitl.NotAwaitingInput:
             return True
         except hitl.ResponseError as exc:
-            click.echo(f"{label}: {exc}")
+            self.out.write(f"{label}: {exc}\n")
             return False
         return True
+
+    def _read_line(self, ti_id: int) -> str | None:
+        """The next line typed; None at the end of input, once the command ends, or once
+        ``ti_id`` is withdrawn."""
+        typed = b""
+        while not self.stop.is_set() and ti_id not in self.withdrawn:
+            ready, _, _ = io_select.select([self.fd], [], [], PROMPT_POLL_SEC)
+            if not ready:
+                continue
+            chunk = os.read(self.fd, 4096)
+            if not chunk:
+                return None
+            typed += chunk
+            if b"\n" in typed:
+                return typed.split(b"\n", 1)[0].decode(errors="replace")
+        return None
+
+
+@contextmanager
+def prompting(
+    sessions: sessionmaker[Session], cipher: Cipher, out: TextIO | TerminalSafe
+) -> Iterator[Prompter | None]:
+    """A :class:`Prompter` on stdin when it is a terminal (else None), stopped at the end."""
+    if sys.stdin is None or not sys.stdin.isatty():
+        yield None
+        return
+    prompter = Prompter(sessions, cipher, sys.stdin.fileno(), out)
+    try:
+        yield prompter
+    finally:
+        prompter.close()
 
 
 @dataclass(frozen=True)
@@ -625,11 +704,13 @@ def _ends(kind: str, payload: Any) -> str | None:
 
 
 @contextmanager
-def test_settings(subdir: Path | None, home: Path) -> Iterator[tuple[Settings, Path | None]]:
+def test_settings(
+    subdir: Path | None, home: Path, command: str
+) -> Iterator[tuple[Settings, Path | None]]:
     """The settings to test with: the configured database, or with none configured an
     embedded PostgreSQL (and Redis, which settings require) under ``home``, as
-    ``deferral standalone`` starts them, its schema brought up to date; and the file of the
-    Fernet key, when it was filled in from one."""
+    ``deferral standalone`` starts them, its schema brought up to date, ``home`` held for
+    ``command`` meanwhile; and the file of the Fernet key, when it was filled in from one."""
     if subdir is not None:
         folder = subdir.resolve()
         os.environ["DEFERRAL_DAGS_FOLDER"] = str(folder if folder.is_dir() else folder.parent)
@@ -641,7 +722,17 @@ def test_settings(subdir: Path | None, home: Path) -> Iterator[tuple[Settings, P
         click.echo(f"note: {message}", err=True)
 
     say(f"DEFERRAL_DATABASE_URL is not set: using an embedded PostgreSQL in {home}")
-    with embedded.servers(home, say) as filled:
+    with contextlib.ExitStack() as held:
+        # Before any server starts: a standalone on this home has them running (a second Redis
+        # would move its kept port, and its scheduler would run this run's tasks too).
+        try:
+            held.enter_context(embedded.holding_home(home, command))
+        except embedded.HomeInUse as exc:
+            fail(
+                f"{exc} (a standalone's services run a DAG with `deferral dags trigger DAG_ID"
+                " --wait` in a shell given its export lines)"
+            )
+        filled = held.enter_context(embedded.servers(home, say))
         settings = settings_or_exit()
         migrate.upgrade(settings.database_url)
         yield settings, filled.key_file
@@ -773,7 +864,7 @@ def _test_dag(
     started: list[str],
 ) -> DagRunState:
     """Run the test of ``dags test``, putting the run's id in ``started`` once it is made."""
-    with test_settings(subdir, home) as (settings, key_file):
+    with test_settings(subdir, home, "dags test") as (settings, key_file):
         out = terminal()
         # Into the bag of this process, before its task processes are forked from it: they find
         # the DAG there and import nothing more (with --subdir FILE, no other file of its
@@ -794,12 +885,11 @@ def _test_dag(
             prefix, notes = embedded.command_prefix(os.environ, key_file)
             for note in notes:
                 out.write(f"# to answer a wait from another shell: {note}\n")
-            interactive = sys.stdin is not None and sys.stdin.isatty()
-            prompter = Prompter(made, Cipher(settings.fernet_keys)) if interactive else None
-            local = LocalRun(
-                settings, made, dag, run.run_id, tasks, concurrency, Answering(prefix, prompter)
-            )
-            return local.run(out)
+            with prompting(made, Cipher(settings.fernet_keys), out) as prompter:
+                local = LocalRun(
+                    settings, made, dag, run.run_id, tasks, concurrency, Answering(prefix, prompter)
+                )
+                return local.run(out)
 
 
 @click.command("test")
@@ -823,7 +913,7 @@ def tasks_test(
     it is), else in a run made for it and deleted afterwards. A deferral's trigger runs here and
     the task resumes with its event. Exit 0 if the task succeeded or skipped, 1 if it failed.
     """
-    with test_settings(subdir, home) as (settings, _):
+    with test_settings(subdir, home, "tasks test") as (settings, _):
         # Into the bag the task runs from (execute_attempt): its file is imported once.
         dag = load_dag(settings, dag_id, subdir, process_dagbag())
         if task_id not in dag.task_dict:

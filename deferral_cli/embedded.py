@@ -168,6 +168,9 @@ def stable_port(port_file: Path, say: Callable[[str], None], preferred: int | No
     port = free_port()
     if kept is not None:
         say(f"port {kept} (kept in {port_file}) is taken: using port {port}, kept from now on")
+    elif preferred is not None:
+        # The docs name the preferred port (the web UI's 8080): say why another one is used.
+        say(f"port {preferred} is taken: using port {port}, kept in {port_file}")
     port_file.write_text(f"{port}\n")
     return port
 
@@ -401,15 +404,16 @@ def service_name(proc: subprocess.Popen[bytes]) -> str:
 
 
 class HomeInUse(RuntimeError):
-    """Another standalone stack runs on this home; the message names its pid."""
+    """Another command runs embedded servers on this home; the message names it and its pid."""
 
 
 @contextmanager
-def holding_home(home: Path) -> Iterator[None]:
-    """Hold ``home`` for one standalone stack: a second one on the same home would share the
-    first one's PostgreSQL but start its own Redis (a trigger would then run in two triggerers)
-    and rewrite the kept ports. The lock is the kernel's (``flock``), so a stack that was
-    killed leaves no stale lock behind."""
+def holding_home(home: Path, command: str = "standalone") -> Iterator[None]:
+    """Hold ``home`` for one ``command`` (`standalone`, `dags test`) running its embedded
+    servers: a second one on the same home would share the first one's PostgreSQL but start
+    its own Redis (a trigger would then run in two triggerers) and rewrite the kept ports. The
+    lock is the kernel's (``flock``), so a command that was killed leaves no stale lock
+    behind; the file says which command holds it, and its pid."""
     home.mkdir(parents=True, exist_ok=True)
     path = home / LOCK_FILE
     with open(path, "a+") as held:
@@ -417,14 +421,14 @@ def holding_home(home: Path) -> Iterator[None]:
             fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             held.seek(0)
-            pid = held.read().strip() or "?"
+            pid, _, holder = held.read().strip().partition(" ")
             raise HomeInUse(
-                f"another deferral standalone (pid {pid}) runs on {home.resolve()}: stop it "
-                "first, or give this one another --home"
+                f"another deferral {holder or 'standalone'} (pid {pid or '?'}) runs on "
+                f"{home.resolve()}: stop it first, or give this one another --home"
             ) from None
         held.seek(0)
         held.truncate()
-        held.write(f"{os.getpid()}\n")
+        held.write(f"{os.getpid()} {command}\n")
         held.flush()
         try:
             yield

@@ -64,15 +64,17 @@ def read_status(session: Session, dag_id: str, run_id: str) -> RunStatus:
 
 def changes(before: RunStatus | None, after: RunStatus) -> list[str]:
     """One plain line per change from ``before`` to ``after``: the run's state, then each task
-    whose state or try changed (every task, the first time)."""
-    lines: list[str] = []
-    if before is None or before.state != after.state:
-        lines.append(f"run: {after.state or 'gone'}")
+    whose state or try changed (every task, the first time); a finished run's state comes after
+    its tasks', which finished before it."""
+    tasks: list[str] = []
     seen = {} if before is None else {t.task: t for t in before.tasks}
     for task in after.tasks:
         if seen.get(task.task) != task:
-            lines.append(f"{task.task}: {task.state} (try {task.try_number})")
-    return lines
+            tasks.append(f"{task.task}: {task.state} (try {task.try_number})")
+    if before is not None and before.state == after.state:
+        return tasks
+    run = f"run: {after.state or 'gone'}"
+    return [*tasks, run] if after.state in FINISHED_RUN_STATES else [run, *tasks]
 
 
 def block(label: str, status: RunStatus, elapsed_sec: float, max_tasks: int = 1000) -> list[str]:

@@ -1,7 +1,7 @@
 """An example DAG: ask a person to approve a release *or* wait a day, whichever comes first,
 and go on (not fail) when nobody answers. The request is listed and answered as an
 HITLOperator's is (`deferral approvals list`, then `deferral approvals respond <id> yes`, or
-the Approvals page) while the task is deferred; nothing runs while it waits."""
+the web UI's Required actions) while the task is deferred; nothing runs while it waits."""
 
 from __future__ import annotations
 

@@ -111,7 +111,10 @@ def how_to_resume(wait: RowWait, key: str | None) -> str:
     if wait == "callback":
         return "a POST of its answer to its callback URL (POST /api/v1/callbacks/<token>)"
     if wait == "approval":
-        return "an answer to its approval request (`deferral approvals respond`, Approvals page)"
+        return (
+            "an answer to its approval request (`deferral approvals respond`, the web UI's"
+            " Required actions)"
+        )
     if wait == "composite":
         return (
             "its branches: signals or callbacks on its keys, asset events, approvals, and its"

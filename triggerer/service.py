@@ -317,8 +317,11 @@ class TriggererService:
     async def _stop_on_signal(self, scope: anyio.CancelScope) -> None:
         with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
             async for signum in signals:
+                # Named as the scheduler's and worker's lines are (process.stop_on_signals).
                 log.info(
-                    "received %s: cancelling %d trigger(s) (reason: shutdown)",
+                    "triggerer %s: received %s, stopping: cancelling %d trigger(s)"
+                    " (reason: shutdown)",
+                    self.name,
                     signal.Signals(signum).name,
                     len(self.held),
                 )

@@ -121,9 +121,13 @@ class SecurityHeaders:
 # -- formatting helpers for the templates --------------------------------------------------------
 
 
-def _when(value: dt.datetime | None) -> str:
+def _when(value: dt.datetime | str | None) -> str:
+    """A time as every page shows one; an ISO 8601 string too (the pages that show what their
+    API answers, as Required actions does)."""
     if value is None:
         return "-"
+    if isinstance(value, str):
+        value = dt.datetime.fromisoformat(value)
     # Every time the UI shows is in UTC, and says so.
     return value.astimezone(dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 

@@ -102,6 +102,7 @@ def test_wait_exits_0_when_the_run_succeeds(running: Services) -> None:
     assert "wait: deferred (try 1)" in wait_states, shown
     assert wait_states[-1] == "wait: success (try 1)", shown
     assert {"run: running", "run: success", "after: success (try 1)"} <= set(shown)
+    assert shown[-1] == "run: success"  # after its tasks' last states, not before them
     assert done.stdout.splitlines()[-1] == "run r1: success"
     assert "\x1b" not in done.stdout  # not a terminal: no control sequences
 

@@ -202,6 +202,23 @@ def _one_stack_per_home_and_a_dead_service_stops_the_stack(
         assert second.returncode == 1
         assert f"another deferral standalone (pid {proc.pid}) runs on {home}" in second.stderr
         assert "XDG_RUNTIME_DIR" not in second.stderr
+        # `dags test` on the same home is refused before it starts a server: no second Redis
+        # moves the kept port the export lines name.
+        redis_port = (home / "redis.port").read_text()
+        tested = subprocess.run(
+            command("deferral", "dags", "test", "example_deferrable", "--home", str(home)),
+            cwd=tmp_path,
+            env={**env, "DEFERRAL_DAGS_FOLDER": str(EXAMPLES)},
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert tested.returncode == 1
+        assert f"error: another deferral standalone (pid {proc.pid}) runs on {home}" in (
+            tested.stderr
+        )
+        assert "`deferral dags trigger DAG_ID --wait`" in tested.stderr
+        assert (home / "redis.port").read_text() == redis_port
         # A service that dies takes the stack down, saying which.
         scheduler = subprocess.run(
             ["pgrep", "-P", str(proc.pid), "-f", "scheduler consume"],

@@ -229,6 +229,9 @@ def test_a_stopping_triggerer_hands_its_triggers_off_at_once(
     # Running again on the peer within a second of the exit (its takeover scan: H / 4).
     assert time.monotonic() - exited <= 1.0
     assert "cancelled (reason: shutdown)" in services.log("triggerer")
+    assert "triggerer leaving: received SIGTERM, stopping: cancelling 1 trigger(s)" in (
+        services.log("triggerer")
+    )
     gate.touch()
     wait_for(lambda: _state(sessions) == "success", timeout=60, what="the task to succeed")
     assert _resumes(sessions) == 1

@@ -193,7 +193,8 @@ def test_bad_input_gets_one_line(
     write_dag(f"broken_{uuid.uuid4().hex[:8]}", "raise RuntimeError('boom')\n")
     for args, said in (
         (["nope"], "DAG 'nope' not found in"),
-        (["nope"], "; 1 DAG file fails to import (`deferral dags list` shows which and why)"),
+        (["nope"], "; 1 DAG file fails to import: "),
+        (["nope"], ".py: RuntimeError: boom"),
         ([name, "--conf", '{"n": "x"}'], "'x' is not of type 'integer'"),
         ([name, "--conf", "[1]"], "--conf"),
         ([name, "yesterday"], "'yesterday' is not a date"),

@@ -11,7 +11,8 @@ import shlex
 import signal
 import subprocess
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import psutil
@@ -232,12 +233,15 @@ def test_a_bad_concurrency_is_one_line(service_env: dict[str, str], concurrency:
     assert "--concurrency" in done.stderr
 
 
-def test_on_a_terminal_a_request_for_input_is_asked_there(
-    service_env: dict[str, str], write_dag: Callable[[str, str], Path], tmp_path: Path
-) -> None:
+@contextmanager
+def asking_on_a_terminal(
+    service_env: dict[str, str], write_dag: Callable[[str, str], Path], output: Path
+) -> Iterator[tuple[subprocess.Popen[bytes], int]]:
+    """`deferral dags test` of a DAG asking for input, its stdin a terminal and its stdout the
+    file ``output`` (as under `dags test | tee log`); yields the process and the terminal's
+    other end, for typing."""
     name = f"dag_{uuid.uuid4().hex[:8]}"
     write_dag(name, ASKED.format(dag_id=name))
-    output = tmp_path / "out"
     leader, follower = pty.openpty()
     with output.open("w") as out:
         proc = subprocess.Popen(
@@ -249,8 +253,19 @@ def test_on_a_terminal_a_request_for_input_is_asked_there(
         )
     os.close(follower)
     try:
+        yield proc, leader
+    finally:
+        proc.kill()
+        os.close(leader)
+
+
+def test_on_a_terminal_a_request_for_input_is_asked_there(
+    service_env: dict[str, str], write_dag: Callable[[str, str], Path], tmp_path: Path
+) -> None:
+    output = tmp_path / "out"
+    with asking_on_a_terminal(service_env, write_dag, output) as (proc, leader):
         wait_for(
-            lambda: "ask: respond here (yes / no; several: a,b): " in output.read_text(),
+            lambda: "ask: respond here (yes / no): " in output.read_text(),
             timeout=TIMEOUT_SEC,
             what="the prompt",
         )
@@ -258,9 +273,36 @@ def test_on_a_terminal_a_request_for_input_is_asked_there(
         wait_for(lambda: output.read_text().count("ask: respond here") == 2, what="asked again")
         os.write(leader, b"no\n")
         assert proc.wait(TIMEOUT_SEC) == 0, output.read_text()
-    finally:
-        proc.kill()
-        os.close(leader)
     out_text = output.read_text()
     assert "maybe" in out_text.split("ask: respond here")[1]  # the one-line refusal
     assert "chosen | chose ['no']" in out_text
+
+
+def test_a_question_answered_from_another_shell_is_ended_in_the_terminal(
+    service_env: dict[str, str], write_dag: Callable[[str, str], Path], tmp_path: Path
+) -> None:
+    """The question asked in the terminal ends when another shell answers, and the command
+    exits cleanly (reading stdin with `input()` while stdout is a file aborted the interpreter's
+    exit: "could not acquire lock for <stdin>", exit -6)."""
+    output = tmp_path / "out"
+    with asking_on_a_terminal(service_env, write_dag, output) as (proc, _):
+        respond = printed_command(output, "approvals respond")
+        wait_for(lambda: "ask: respond here" in output.read_text(), what="the prompt")
+        answer(respond.removesuffix(" yes"), service_env["DEFERRAL_FERNET_KEY"], "no")
+        assert proc.wait(TIMEOUT_SEC) == 0, output.read_text()
+    out_text = output.read_text()
+    assert "Fatal Python error" not in out_text
+    # One option only: no "several" offered; the question is ended, not run into the next line.
+    assert "ask: respond here (yes / no): (answered from another shell)\n" in out_text
+    assert "chosen | chose ['no']" in out_text
+
+
+def test_ctrl_c_with_a_question_on_screen_ends_its_line_and_stops(
+    service_env: dict[str, str], write_dag: Callable[[str, str], Path], tmp_path: Path
+) -> None:
+    output = tmp_path / "out"
+    with asking_on_a_terminal(service_env, write_dag, output) as (proc, _):
+        wait_for(lambda: "ask: respond here" in output.read_text(), what="the prompt")
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(TIMEOUT_SEC) == 130, output.read_text()
+    assert "ask: respond here (yes / no): \nstopped by SIGINT; run " in output.read_text()

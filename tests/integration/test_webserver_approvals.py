@@ -4,6 +4,8 @@ in one line with nothing changed."""
 
 from __future__ import annotations
 
+import datetime as dt
+
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.testclient import TestClient
 
@@ -28,6 +30,12 @@ def test_the_form_needs_a_login_and_its_csrf_token(
     ti_id = awaiting_input_task(sessions, "asks", "r1")
     page = local.get("/required_actions")  # open reads on loopback
     assert page.status_code == 200 and "ok?" in page.text and "Log in</a> to respond" in page.text
+    # Its time as every page shows one, not the API's ISO string.
+    with sessions() as session:
+        asked = session.get(HITLDetail, ti_id)
+        assert asked is not None
+        shown = asked.created_at.astimezone(dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+    assert f"· asked {shown}" in page.text and asked.created_at.isoformat() not in page.text
     token = csrf_of(local)
     refused = local.post(
         f"/required_actions/{ti_id}/respond", data={"chosen_options": "yes", "csrf_token": token}
@@ -46,7 +54,10 @@ def test_the_form_needs_a_login_and_its_csrf_token(
     assert done.status_code == 303
     state, detail = _detail(sessions, ti_id)
     assert state == TaskState.SCHEDULED and detail.responded_by == "admin"
-    assert "responded yes" in local.get("/required_actions").text  # the flash
+    answered = local.get("/required_actions").text
+    assert "responded yes" in answered  # the flash
+    assert detail.responded_at is not None
+    assert detail.responded_at.astimezone(dt.UTC).strftime("%H:%M:%S UTC</td>") in answered
 
 
 def test_the_api_needs_credentials_and_refuses_bad_responses_in_one_line(

@@ -22,6 +22,7 @@ from deferral_cli.common import (
     EXIT_UNAVAILABLE,
     cell,
     emit,
+    not_found_message,
     output_options,
     server_error,
 )
@@ -233,3 +234,23 @@ def test_everything_printed_during_a_command_is_terminal_safe() -> None:
         sys.stdout, sys.stderr = saved
     assert out.getvalue() == "run r\\x1b[2J\\x9b1m\\u202e\tok\\x0d\nnext\na\\x00b\n\\x07\n"
     assert err.getvalue() == "error: task t\\x1b]0;x\\x07\n"
+
+
+def test_a_dag_not_found_names_the_files_that_fail_to_import() -> None:
+    """Named, not only counted: under `dags test` on its embedded database, the `dags list`
+    that would show them cannot reach it."""
+    missing = "DAG 'd' not found in /dags"
+    one = {"/dags/a.py": "ModuleNotFoundError: No module named 'httpx' (line 2)"}
+    assert not_found_message(missing, "d", None, one) == (
+        f"{missing}; 1 DAG file fails to import: /dags/a.py: ModuleNotFoundError: No module"
+        " named 'httpx' (line 2)"
+    )
+    four = {f"/dags/{n}.py": f"E{n}" for n in "dcba"}
+    assert not_found_message(missing, "d", None, four) == (
+        f"{missing}; 4 DAG files fail to import: /dags/a.py: Ea; /dags/b.py: Eb; /dags/c.py: Ec;"
+        " `deferral dags list` shows the others"
+    )
+    assert not_found_message(missing, "d", "/dags/b.py", four) == (
+        "DAG 'd' is in /dags/b.py, which fails to import: Eb"
+    )
+    assert not_found_message(missing, "d", None, {}) == missing

@@ -18,7 +18,7 @@ RETRIED = RunStatus("running", (TaskStatus("wait", "deferred", 2), TaskStatus("m
 DONE = RunStatus("success", (TaskStatus("wait", "success", 2), TaskStatus("m[0]", "success", 1)))
 
 
-def test_changes_names_the_run_then_each_task_that_changed() -> None:
+def test_changes_names_the_run_then_each_task_that_changed_a_finished_run_last() -> None:
     assert changes(None, QUEUED) == ["run: queued"]
     assert changes(QUEUED, STARTED) == [
         "run: running",
@@ -28,10 +28,10 @@ def test_changes_names_the_run_then_each_task_that_changed() -> None:
     assert changes(STARTED, DEFERRED) == ["wait: deferred (try 1)"]
     assert changes(DEFERRED, DEFERRED) == []
     assert changes(DEFERRED, RETRIED) == ["wait: deferred (try 2)"]  # a new try is a change
-    assert changes(RETRIED, DONE) == [
-        "run: success",
+    assert changes(RETRIED, DONE) == [  # a finished run after its tasks
         "wait: success (try 2)",
         "m[0]: success (try 1)",
+        "run: success",
     ]
 
 
@@ -67,9 +67,9 @@ def test_plain_lines_print_only_changes_with_the_time() -> None:
         "2024-05-01 11:30:05 CEST wait: scheduled (try 1)",
         "2024-05-01 11:30:05 CEST m[0]: none (try 0)",
         "2024-05-01 11:30:05 CEST wait: deferred (try 1)",
-        "2024-05-01 11:30:05 CEST run: success",
         "2024-05-01 11:30:05 CEST wait: success (try 2)",
         "2024-05-01 11:30:05 CEST m[0]: success (try 1)",
+        "2024-05-01 11:30:05 CEST run: success",
     ]
     assert "\x1b" not in out.getvalue()
 

@@ -135,8 +135,10 @@ def test_a_preferred_port_is_taken_first_when_free(tmp_path: Path) -> None:
         busy.bind(("127.0.0.1", 0))
         busy.listen(1)
         taken = busy.getsockname()[1]
-        other = stable_port(tmp_path / "other.port", print, preferred=taken)
+        said: list[str] = []
+        other = stable_port(tmp_path / "other.port", said.append, preferred=taken)
     assert other != taken
+    assert said == [f"port {taken} is taken: using port {other}, kept in {tmp_path}/other.port"]
 
 
 def test_a_home_holds_one_stack_and_the_second_is_told_the_first_pid(tmp_path: Path) -> None:
@@ -148,6 +150,12 @@ def test_a_home_holds_one_stack_and_the_second_is_told_the_first_pid(tmp_path: P
     ):
         pass
     with embedded.holding_home(tmp_path):  # released at the end of the first
+        pass
+    with (
+        embedded.holding_home(tmp_path, "dags test"),
+        pytest.raises(embedded.HomeInUse, match=r"another deferral dags test \(pid \d+\)"),
+        embedded.holding_home(tmp_path),
+    ):
         pass
 
 
