@@ -154,9 +154,11 @@ class Stack:
         stream_shards: int | None = None,
         extra_env: dict[str, str] | None = None,
         prefix: str = "deferral_bench",
+        admin_url: str = ADMIN_URL,
     ) -> None:
         """``extra_env``: more DEFERRAL_* settings for every service started; ``prefix``: of
-        the database's and stream prefix's name."""
+        the database's and stream prefix's name; ``admin_url``: the server the database is made
+        on (a private one, for a benchmark that stops it)."""
         self.name = f"{prefix}_{uuid.uuid4().hex[:8]}"
         self.redis_url = redis_url
         self.stream_shards = stream_shards  # None: the URL's default
@@ -166,7 +168,7 @@ class Stack:
         self.logs = self.home / "logs"
         self.dags.mkdir()
         self.logs.mkdir()
-        self.url = make_url(ADMIN_URL).set(database=self.name).render_as_string(False)
+        self.url = make_url(admin_url).set(database=self.name).render_as_string(False)
         env = {
             "DEFERRAL_DATABASE_URL": self.url,
             "DEFERRAL_REDIS_URL": redis_url,
@@ -182,7 +184,7 @@ class Stack:
         self.env = {**os.environ, **env}
         self.services = Services(env, self.logs)
         self._started_at: dict[str, int] = {}  # log offset of each process's latest start
-        self._admin = create_engine(ADMIN_URL, isolation_level="AUTOCOMMIT")
+        self._admin = create_engine(admin_url, isolation_level="AUTOCOMMIT")
         self.sessions: sessionmaker[Session]
         self.broker: Broker
 
@@ -192,7 +194,8 @@ class Stack:
         with self._admin.connect() as conn:
             conn.execute(text(f'CREATE DATABASE "{self.name}"'))
         migrate.upgrade(self.url)
-        self.sessions = make_sessionmaker(make_engine(self.url, pool_size=2))
+        # Pre-ping: the checks outlive a server restart some benchmarks make.
+        self.sessions = make_sessionmaker(make_engine(self.url, pool_size=2, pool_pre_ping=True))
         self.broker = Broker.from_url(self.redis_url, self.name, shards=self.stream_shards)
         return self
 

@@ -15,6 +15,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from deferral.runtime.config import TRANSACTION_POOLING, database_pooling
 from deferral.runtime.faults import is_transient
+from deferral.runtime.outages import first_line
 
 log = logging.getLogger("deferral")
 
@@ -112,9 +113,23 @@ def location(engine: Engine) -> str:
 def url_location(url: URL) -> str:
     """host:port/database of a database URL, without credentials (a Unix socket's directory for
     its host), for messages."""
-    socket_dir = url.query.get("host")
-    host = url.host or (socket_dir if isinstance(socket_dir, str) else None) or "localhost"
+    hosts = url.query.get("host")
+    if isinstance(hosts, tuple):  # several servers (failover): each host:port given
+        return f"{','.join(hosts)}/{url.database}"
+    host = url.host or hosts or "localhost"
     return f"{host}:{url.port or 5432}/{url.database}"
+
+
+def unreachable(sessions: sessionmaker[Session]) -> str | None:
+    """Why the database of ``sessions`` does not answer (its error's first line), or None."""
+    try:
+        with sessions() as session:
+            session.execute(text("SELECT 1"))
+    except SQLAlchemyError as exc:
+        if not is_transient(exc):
+            raise
+        return first_line(exc)
+    return None
 
 
 def wait_until_up(engine: Engine, stop: threading.Event) -> bool:
@@ -128,11 +143,10 @@ def wait_until_up(engine: Engine, stop: threading.Event) -> bool:
             if not is_transient(exc):
                 raise
             if not said:
-                first = str(exc.orig if hasattr(exc, "orig") else exc).strip().splitlines()
                 log.warning(
                     "PostgreSQL at %s is unreachable (%s); waiting for it",
                     location(engine),
-                    first[0] if first else type(exc).__name__,
+                    first_line(exc),
                 )
                 said = True
             stop.wait(delay)
