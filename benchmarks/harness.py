@@ -184,7 +184,7 @@ class Stack:
         self.env = {**os.environ, **env}
         self.services = Services(env, self.logs)
         self._started_at: dict[str, int] = {}  # log offset of each process's latest start
-        self._admin = create_engine(admin_url, isolation_level="AUTOCOMMIT")
+        self._admin = create_engine(admin_url, isolation_level="AUTOCOMMIT", pool_pre_ping=True)
         self.sessions: sessionmaker[Session]
         self.broker: Broker
 
