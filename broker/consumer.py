@@ -813,13 +813,17 @@ def run_until_stopped(
     *,
     once: bool = False,
     outage: Outage = OUTAGE,
+    backoff_cap: float = 5.0,
 ) -> bool:
     """Run a service's ``step`` until ``stop`` is set (or, with ``once``, until it has succeeded
     once; returns whether it did). A transient error (Redis or Postgres unreachable, a deadlock)
     is reported to the process's ``outage`` (which says so once a minute, not per attempt),
     backs off, calls ``recover`` (e.g. recreate a lost group) and goes on; any other error is
-    logged with its traceback and backed off too: one bad loop must not stop the service."""
-    backoff = Backoff()
+    logged with its traceback and backed off too: one bad loop must not stop the service.
+    ``backoff_cap``: the longest wait between tries (a service's: half its heartbeat, so that
+    a step's lease renewal, which needs Redis only, still comes before peers take its entries
+    over while PostgreSQL is away)."""
+    backoff = Backoff(cap=backoff_cap)
     while not stop.is_set():
         try:
             step()

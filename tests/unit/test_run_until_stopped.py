@@ -51,6 +51,22 @@ def test_a_failing_step_backs_off_recovers_and_goes_on(outage: Exception) -> Non
     assert stop.waited == [0.1, 0.2, 0.4]  # exponential backoff
 
 
+def test_a_services_backoff_is_capped_below_its_heartbeat() -> None:
+    """While PostgreSQL is away a step is still tried twice a heartbeat: its lease renewal
+    (Redis only) must come before peers take its entries over."""
+    stop = Clock()
+    calls: list[int] = []
+
+    def step() -> None:
+        calls.append(1)
+        if len(calls) <= 5:
+            raise OperationalError("SELECT 1", {}, Exception("pg down"))
+        stop.set()
+
+    run_until_stopped(stop, step, recover=lambda: None, backoff_cap=0.25)
+    assert stop.waited == [0.1, 0.2, 0.25, 0.25, 0.25]
+
+
 def test_once_returns_after_the_first_success() -> None:
     stop = Clock()
     calls: list[int] = []
