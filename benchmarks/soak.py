@@ -9,9 +9,13 @@ every ``--interval`` seconds, one fault picked at random (seeded):
 
 - kill -9 of a random service, restarted under its name a moment later;
 - SIGSTOP of a triggerer for 2 to 4 heartbeats (its triggers are taken over), then SIGCONT;
+- a rolling restart of one service kind (each of its two processes in turn sent SIGTERM and,
+  once it exited, started again);
 
-and once, halfway, every key under the prefix is deleted. Then the faults stop and every run
-must finish, and the benchmark checks, from Postgres and the logs:
+and once, halfway, every key under the prefix is deleted. The database is a private PostgreSQL
+cluster's (``tests/postgres_topologies.py``), restarted at a quarter and three quarters of the
+churn (an immediate shutdown, then a fast one stopped for 1 to 5 s). Then the faults stop and
+every run must finish, and the benchmark checks, from Postgres and the logs:
 
 - every task instance succeeded, and exactly once (one change to success in task_state_change);
 - every deferral was resumed once (deferred -> scheduled changes = running -> deferred changes);
@@ -31,6 +35,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from harness import Stack, load_average, wait_for
+
+from tests.postgres_topologies import LocalPostgres
 
 DAG = """
 import datetime as dt
@@ -89,9 +95,41 @@ class Faults:
     kills: Counter[str] = field(default_factory=Counter)
     stops: int = 0
     wiped_keys: int = 0
+    rolled: Counter[str] = field(default_factory=Counter)
+    postgres_restarts: list[str] = field(default_factory=list)
 
 
-def churn(stack: Stack, args: argparse.Namespace, rng: random.Random) -> tuple[Faults, int]:
+def restart_postgres(cluster: LocalPostgres, rng: random.Random, faults: Faults) -> str:
+    """The first time an immediate shutdown (as a crash) and start; then a fast shutdown, the
+    server stopped 1 to 5 s."""
+    if not faults.postgres_restarts:
+        cluster.stop_server(cluster.primary_port, "immediate")
+        done = "restarted PostgreSQL (immediate shutdown)"
+    else:
+        cluster.stop_server(cluster.primary_port, "fast")
+        away = rng.uniform(1, 5)
+        time.sleep(away)
+        done = f"stopped PostgreSQL for {away:.1f} s"
+    cluster.start_server(cluster.primary_port)
+    faults.postgres_restarts.append(done)
+    return done
+
+
+def rolling_restart(stack: Stack, kind: str, faults: Faults) -> str:
+    """SIGTERM each process of ``kind`` in turn; once it exited, start it again and wait until
+    it is up before the next."""
+    for name in sorted(n for n in SERVICES if n.rstrip("0123456789") == kind):
+        stack.signal(name, signal.SIGTERM)
+        stack.procs[name].wait(timeout=120)
+        stack.start(name, *SERVICES[name])
+        stack.wait_started(name)
+    faults.rolled[kind] += 1
+    return f"rolling restart of the {kind}s (SIGTERM, then started again)"
+
+
+def churn(
+    stack: Stack, cluster: LocalPostgres, args: argparse.Namespace, rng: random.Random
+) -> tuple[Faults, int]:
     """Trigger runs and inject faults for ``args.duration`` seconds; return the faults and the
     number of runs triggered."""
     faults = Faults()
@@ -109,9 +147,18 @@ def churn(stack: Stack, args: argparse.Namespace, rng: random.Random) -> tuple[F
             stack.broker.redis.delete(*keys)
             faults.wiped_keys = len(keys)
             print(f"  {now - began:5.1f} s: deleted all {len(keys)} keys under the prefix")
+        elif (
+            len(faults.postgres_restarts) < 2
+            and now > began + args.duration * (1 + 2 * len(faults.postgres_restarts)) / 4
+        ):
+            print(f"  {now - began:5.1f} s: {restart_postgres(cluster, rng, faults)}")
         elif now >= next_fault:
             next_fault += args.interval
-            if rng.random() < 0.2:
+            draw = rng.random()
+            if draw < 0.1:
+                kind = rng.choice(["scheduler", "worker", "triggerer"])
+                print(f"  {now - began:5.1f} s: {rolling_restart(stack, kind, faults)}")
+            elif draw < 0.3:
                 victim = rng.choice(["triggerer1", "triggerer2"])
                 stack.signal(victim, signal.SIGSTOP)
                 time.sleep(rng.uniform(2 * beat, 4 * beat))
@@ -162,13 +209,28 @@ def check(stack: Stack, runs: int) -> list[str]:
 
 def soak_round(args: argparse.Namespace, seed: int) -> bool:
     rng = random.Random(seed)
-    with Stack(heartbeat_sec=args.heartbeat, keep=True) as stack:
+    cluster = LocalPostgres()
+    passed = False
+    try:
+        passed = _soak_round_on(cluster.start(), args, seed, rng)
+    finally:
+        if passed or not cluster.answers(cluster.primary_port):
+            cluster.stop()
+        else:  # a failed round is looked into with its database
+            print(f"kept: PostgreSQL at {cluster.admin_url()}, data in {cluster.home}")
+    return passed
+
+
+def _soak_round_on(
+    cluster: LocalPostgres, args: argparse.Namespace, seed: int, rng: random.Random
+) -> bool:
+    with Stack(heartbeat_sec=args.heartbeat, keep=True, admin_url=cluster.admin_url()) as stack:
         stack.write_dag("soak", DAG)
         for name, options in SERVICES.items():
             stack.start(name, *options)
         stack.wait_started(*SERVICES)
         print(f"round seed {seed}: {load_average()}", flush=True)
-        faults, runs = churn(stack, args, rng)
+        faults, runs = churn(stack, cluster, args, rng)
         drained = time.monotonic()
         wait_for(
             lambda: stack.finished_runs("soak") >= runs,
@@ -184,7 +246,8 @@ def soak_round(args: argparse.Namespace, seed: int) -> bool:
         print(
             f"round seed {seed}: {runs} runs, {runs * TASKS_PER_RUN} tasks in {args.duration:g} s"
             f" of churn; {sum(faults.kills.values())} kills {dict(faults.kills)}, {faults.stops}"
-            f" SIGSTOPs, {faults.wiped_keys} keys wiped; {retries} tries failed by kills,"
+            f" SIGSTOPs, {faults.wiped_keys} keys wiped; rolling restarts {dict(faults.rolled)};"
+            f" PostgreSQL: {', '.join(faults.postgres_restarts)}; {retries} tries failed by kills,"
             f" {repairs} reconciler repair line(s); drained in {drain:.1f} s; {load_average()}"
         )
         for problem in problems:
