@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from cryptography.fernet import Fernet
 from redis.cluster import RedisCluster
 from redis.exceptions import ResponseError
-from sqlalchemy import create_engine, func, select, text
+from sqlalchemy import create_engine, select, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -51,6 +51,7 @@ from deferral.triggers import DateTimeTrigger
 from deferral.triggers.base import classpath_of
 from tests.e2e.conftest import BIN, Services, command
 from tests.helpers import wait_for
+from tests.outage_runs import reached
 from tests.servers import ADMIN_URL, REDIS_URL
 
 __all__ = ["wait_for"]
@@ -259,17 +260,18 @@ class Stack:
 
     def wait_started(self, *names: str, timeout: float = 120.0) -> None:
         """Until each named service logged that it started (workers warm their children first)."""
-        said = {"scheduler": " started", "worker": " consuming ", "triggerer": " consuming "}
         for name in names:
-            marker = said[name.rstrip("0123456789")]
             wait_for(
-                lambda name=name, marker=marker: (
-                    marker in self.log(name, latest=True)  # type: ignore[misc]
-                    or self._died(name)
-                ),
+                lambda name=name: self.started(name),  # type: ignore[misc]
                 timeout=timeout,
                 what=f"{name} to start",
             )
+
+    def started(self, name: str) -> bool:
+        """Whether the service ``name`` logged that it started since its latest start (the
+        benchmark ends if it exited)."""
+        said = {"scheduler": " started", "worker": " consuming ", "triggerer": " consuming "}
+        return said[name.rstrip("0123456789")] in self.log(name, latest=True) or self._died(name)
 
     def _died(self, name: str) -> bool:
         if self.procs[name].poll() is not None:
@@ -368,15 +370,7 @@ class Stack:
 
     def reached(self, state: str, dag_id: str) -> int:
         """How many of ``dag_id``'s task instances have been in ``state`` at some point."""
-        with self.sessions() as session:
-            return int(
-                session.scalar(
-                    select(func.count(func.distinct(TaskStateChange.task_instance_id)))
-                    .join(TaskInstance, TaskInstance.id == TaskStateChange.task_instance_id)
-                    .where(TaskInstance.dag_id == dag_id, TaskStateChange.to_state == state)
-                )
-                or 0
-            )
+        return reached(self.sessions, state, dag_id)
 
     def run_state(self, dag_id: str, run_id: str) -> str | None:
         with self.sessions() as session:

@@ -115,16 +115,34 @@ def restart_postgres(cluster: LocalPostgres, rng: random.Random, faults: Faults)
     return done
 
 
-def rolling_restart(stack: Stack, kind: str, faults: Faults) -> str:
-    """SIGTERM each process of ``kind`` in turn; once it exited, start it again and wait until
-    it is up before the next."""
-    for name in sorted(n for n in SERVICES if n.rstrip("0123456789") == kind):
-        stack.signal(name, signal.SIGTERM)
-        stack.procs[name].wait(timeout=120)
-        stack.start(name, *SERVICES[name])
-        stack.wait_started(name)
-    faults.rolled[kind] += 1
-    return f"rolling restart of the {kind}s (SIGTERM, then started again)"
+@dataclass
+class Rolling:
+    """A rolling restart of one service kind under way: each of its processes in turn sent
+    SIGTERM, started again once it exited, the next once it is up. Advanced a step per churn
+    loop, so that runs keep coming meanwhile (a worker's start takes tens of seconds on a
+    loaded machine)."""
+
+    kind: str
+    left: list[str]
+    phase: str = "up"  # of left[0]: up, stopping, starting
+
+    def advance(self, stack: Stack) -> bool:
+        """One step; True once every process of the kind is up again."""
+        name = self.left[0]
+        if self.phase == "up":
+            stack.signal(name, signal.SIGTERM)
+            self.phase = "stopping"
+        elif self.phase == "stopping" and stack.procs[name].poll() is not None:
+            stack.start(name, *SERVICES[name])
+            self.phase = "starting"
+        elif self.phase == "starting" and stack.started(name):
+            self.left.pop(0)
+            self.phase = "up"
+        return not self.left
+
+
+def rolling_restart(kind: str) -> Rolling:
+    return Rolling(kind, sorted(n for n in SERVICES if n.rstrip("0123456789") == kind))
 
 
 def churn(
@@ -137,6 +155,7 @@ def churn(
     began = time.monotonic()
     next_run = next_fault = began
     runs = 0
+    rolling: Rolling | None = None
     while (now := time.monotonic()) < began + args.duration:
         if now >= next_run:
             stack.trigger("soak", [f"r{runs}"])
@@ -152,12 +171,17 @@ def churn(
             and now > began + args.duration * (1 + 2 * len(faults.postgres_restarts)) / 4
         ):
             print(f"  {now - began:5.1f} s: {restart_postgres(cluster, rng, faults)}")
+        elif rolling is not None:  # no other fault meanwhile
+            if rolling.advance(stack):
+                faults.rolled[rolling.kind] += 1
+                print(f"  {now - began:5.1f} s: the {rolling.kind}s are all up again")
+                rolling, next_fault = None, now + args.interval
         elif now >= next_fault:
             next_fault += args.interval
             draw = rng.random()
             if draw < 0.1:
-                kind = rng.choice(["scheduler", "worker", "triggerer"])
-                print(f"  {now - began:5.1f} s: {rolling_restart(stack, kind, faults)}")
+                rolling = rolling_restart(rng.choice(["scheduler", "worker", "triggerer"]))
+                print(f"  {now - began:5.1f} s: rolling restart of the {rolling.kind}s (SIGTERM)")
             elif draw < 0.3:
                 victim = rng.choice(["triggerer1", "triggerer2"])
                 stack.signal(victim, signal.SIGSTOP)
@@ -173,6 +197,9 @@ def churn(
                 faults.kills[victim] += 1
                 print(f"  {now - began:5.1f} s: killed {victim} (SIGKILL), started it again")
         time.sleep(0.05)
+    if rolling is not None:  # finished: no process is left stopped for the drain
+        wait_for(lambda: rolling.advance(stack), timeout=300, what="the rolling restart's end")
+        faults.rolled[rolling.kind] += 1
     return faults, runs
 
 

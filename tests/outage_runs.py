@@ -48,16 +48,14 @@ def outage_dag(dag_id: str, n: int, out: Path, seconds: float) -> str:
     return OUTAGE_DAG.format(dag_id=dag_id, n=n, out=str(out), seconds=seconds)
 
 
-def count(sessions: sessionmaker[Session], dag_id: str, run_id: str, state: str) -> int:
-    """How many task instances of the run are in ``state`` now."""
+def reached(sessions: sessionmaker[Session], state: str, dag_id: str) -> int:
+    """How many of ``dag_id``'s task instances have been in ``state`` at some point."""
     with sessions() as session:
         return int(
             session.scalar(
-                select(func.count()).where(
-                    TaskInstance.dag_id == dag_id,
-                    TaskInstance.run_id == run_id,
-                    TaskInstance.state == state,
-                )
+                select(func.count(func.distinct(TaskStateChange.task_instance_id)))
+                .join(TaskInstance, TaskInstance.id == TaskStateChange.task_instance_id)
+                .where(TaskInstance.dag_id == dag_id, TaskStateChange.to_state == state)
             )
             or 0
         )

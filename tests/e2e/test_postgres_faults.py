@@ -28,11 +28,11 @@ from tests.conftest import delete_stream_keys, new_stream_prefix
 from tests.e2e.conftest import Services, _show_logs_if_failed
 from tests.helpers import wait_for
 from tests.outage_runs import (
-    count,
     database_now,
     first_change_after,
     outage_dag,
     problems,
+    reached,
     run_finished,
 )
 from tests.postgres_topologies import LocalPostgres, bindir, running
@@ -78,12 +78,13 @@ class Faulted:
     def through(self, case: str, fault: Callable[[], None]) -> None:
         """Trigger a run of N deferring tasks; once they all deferred, ``fault`` (which returns
         once the server is back); then check the run."""
-        self.dags.joinpath(f"{case}.py").write_text(outage_dag(case, N, self.out, seconds=2))
+        self.dags.joinpath(f"{case}.py").write_text(outage_dag(case, N, self.out, seconds=3))
         assert self.services.run("dags", "trigger", case, "--run-id", "r").returncode == 0
         wait_for(
-            lambda: count(self.sessions, case, "r", "deferred") == N,
+            # Half: the first resume while the last defer on a loaded machine.
+            lambda: reached(self.sessions, "deferred", case) >= N // 2,
             timeout=120,
-            what="every task deferred",
+            what="half the tasks deferred",
         )
         fault()
         back = database_now(self.sessions)
