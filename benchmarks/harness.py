@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from cryptography.fernet import Fernet
 from redis.cluster import RedisCluster
 from redis.exceptions import ResponseError
-from sqlalchemy import create_engine, func, select, text
+from sqlalchemy import create_engine, select, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -51,6 +51,7 @@ from deferral.triggers import DateTimeTrigger
 from deferral.triggers.base import classpath_of
 from tests.e2e.conftest import BIN, Services, command
 from tests.helpers import wait_for
+from tests.outage_runs import reached
 from tests.servers import ADMIN_URL, REDIS_URL
 
 __all__ = ["wait_for"]
@@ -154,9 +155,11 @@ class Stack:
         stream_shards: int | None = None,
         extra_env: dict[str, str] | None = None,
         prefix: str = "deferral_bench",
+        admin_url: str = ADMIN_URL,
     ) -> None:
         """``extra_env``: more DEFERRAL_* settings for every service started; ``prefix``: of
-        the database's and stream prefix's name."""
+        the database's and stream prefix's name; ``admin_url``: the server the database is made
+        on (a private one, for a benchmark that stops it)."""
         self.name = f"{prefix}_{uuid.uuid4().hex[:8]}"
         self.redis_url = redis_url
         self.stream_shards = stream_shards  # None: the URL's default
@@ -166,7 +169,7 @@ class Stack:
         self.logs = self.home / "logs"
         self.dags.mkdir()
         self.logs.mkdir()
-        self.url = make_url(ADMIN_URL).set(database=self.name).render_as_string(False)
+        self.url = make_url(admin_url).set(database=self.name).render_as_string(False)
         env = {
             "DEFERRAL_DATABASE_URL": self.url,
             "DEFERRAL_REDIS_URL": redis_url,
@@ -182,7 +185,7 @@ class Stack:
         self.env = {**os.environ, **env}
         self.services = Services(env, self.logs)
         self._started_at: dict[str, int] = {}  # log offset of each process's latest start
-        self._admin = create_engine(ADMIN_URL, isolation_level="AUTOCOMMIT")
+        self._admin = create_engine(admin_url, isolation_level="AUTOCOMMIT", pool_pre_ping=True)
         self.sessions: sessionmaker[Session]
         self.broker: Broker
 
@@ -192,7 +195,8 @@ class Stack:
         with self._admin.connect() as conn:
             conn.execute(text(f'CREATE DATABASE "{self.name}"'))
         migrate.upgrade(self.url)
-        self.sessions = make_sessionmaker(make_engine(self.url, pool_size=2))
+        # Pre-ping: the checks outlive a server restart some benchmarks make.
+        self.sessions = make_sessionmaker(make_engine(self.url, pool_size=2, pool_pre_ping=True))
         self.broker = Broker.from_url(self.redis_url, self.name, shards=self.stream_shards)
         return self
 
@@ -256,17 +260,18 @@ class Stack:
 
     def wait_started(self, *names: str, timeout: float = 120.0) -> None:
         """Until each named service logged that it started (workers warm their children first)."""
-        said = {"scheduler": " started", "worker": " consuming ", "triggerer": " consuming "}
         for name in names:
-            marker = said[name.rstrip("0123456789")]
             wait_for(
-                lambda name=name, marker=marker: (
-                    marker in self.log(name, latest=True)  # type: ignore[misc]
-                    or self._died(name)
-                ),
+                lambda name=name: self.started(name),  # type: ignore[misc]
                 timeout=timeout,
                 what=f"{name} to start",
             )
+
+    def started(self, name: str) -> bool:
+        """Whether the service ``name`` logged that it started since its latest start (the
+        benchmark ends if it exited)."""
+        said = {"scheduler": " started", "worker": " consuming ", "triggerer": " consuming "}
+        return said[name.rstrip("0123456789")] in self.log(name, latest=True) or self._died(name)
 
     def _died(self, name: str) -> bool:
         if self.procs[name].poll() is not None:
@@ -365,15 +370,7 @@ class Stack:
 
     def reached(self, state: str, dag_id: str) -> int:
         """How many of ``dag_id``'s task instances have been in ``state`` at some point."""
-        with self.sessions() as session:
-            return int(
-                session.scalar(
-                    select(func.count(func.distinct(TaskStateChange.task_instance_id)))
-                    .join(TaskInstance, TaskInstance.id == TaskStateChange.task_instance_id)
-                    .where(TaskInstance.dag_id == dag_id, TaskStateChange.to_state == state)
-                )
-                or 0
-            )
+        return reached(self.sessions, state, dag_id)
 
     def run_state(self, dag_id: str, run_id: str) -> str | None:
         with self.sessions() as session:

@@ -9,9 +9,13 @@ every ``--interval`` seconds, one fault picked at random (seeded):
 
 - kill -9 of a random service, restarted under its name a moment later;
 - SIGSTOP of a triggerer for 2 to 4 heartbeats (its triggers are taken over), then SIGCONT;
+- a rolling restart of one service kind (each of its two processes in turn sent SIGTERM and,
+  once it exited, started again);
 
-and once, halfway, every key under the prefix is deleted. Then the faults stop and every run
-must finish, and the benchmark checks, from Postgres and the logs:
+and once, halfway, every key under the prefix is deleted. The database is a private PostgreSQL
+cluster's (``tests/postgres_topologies.py``), restarted at a quarter and three quarters of the
+churn (an immediate shutdown, then a fast one stopped for 1 to 5 s). Then the faults stop and
+every run must finish, and the benchmark checks, from Postgres and the logs:
 
 - every task instance succeeded, and exactly once (one change to success in task_state_change);
 - every deferral was resumed once (deferred -> scheduled changes = running -> deferred changes);
@@ -31,6 +35,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from harness import Stack, load_average, wait_for
+
+from tests.postgres_topologies import LocalPostgres
 
 DAG = """
 import datetime as dt
@@ -89,9 +95,59 @@ class Faults:
     kills: Counter[str] = field(default_factory=Counter)
     stops: int = 0
     wiped_keys: int = 0
+    rolled: Counter[str] = field(default_factory=Counter)
+    postgres_restarts: list[str] = field(default_factory=list)
 
 
-def churn(stack: Stack, args: argparse.Namespace, rng: random.Random) -> tuple[Faults, int]:
+def restart_postgres(cluster: LocalPostgres, rng: random.Random, faults: Faults) -> str:
+    """The first time an immediate shutdown (as a crash) and start; then a fast shutdown, the
+    server stopped 1 to 5 s."""
+    if not faults.postgres_restarts:
+        cluster.stop_server(cluster.primary_port, "immediate")
+        done = "restarted PostgreSQL (immediate shutdown)"
+    else:
+        cluster.stop_server(cluster.primary_port, "fast")
+        away = rng.uniform(1, 5)
+        time.sleep(away)
+        done = f"stopped PostgreSQL for {away:.1f} s"
+    cluster.start_server(cluster.primary_port)
+    faults.postgres_restarts.append(done)
+    return done
+
+
+@dataclass
+class Rolling:
+    """A rolling restart of one service kind under way: each of its processes in turn sent
+    SIGTERM, started again once it exited, the next once it is up. Advanced a step per churn
+    loop, so that runs keep coming meanwhile (a worker's start takes tens of seconds on a
+    loaded machine)."""
+
+    kind: str
+    left: list[str]
+    phase: str = "up"  # of left[0]: up, stopping, starting
+
+    def advance(self, stack: Stack) -> bool:
+        """One step; True once every process of the kind is up again."""
+        name = self.left[0]
+        if self.phase == "up":
+            stack.signal(name, signal.SIGTERM)
+            self.phase = "stopping"
+        elif self.phase == "stopping" and stack.procs[name].poll() is not None:
+            stack.start(name, *SERVICES[name])
+            self.phase = "starting"
+        elif self.phase == "starting" and stack.started(name):
+            self.left.pop(0)
+            self.phase = "up"
+        return not self.left
+
+
+def rolling_restart(kind: str) -> Rolling:
+    return Rolling(kind, sorted(n for n in SERVICES if n.rstrip("0123456789") == kind))
+
+
+def churn(
+    stack: Stack, cluster: LocalPostgres, args: argparse.Namespace, rng: random.Random
+) -> tuple[Faults, int]:
     """Trigger runs and inject faults for ``args.duration`` seconds; return the faults and the
     number of runs triggered."""
     faults = Faults()
@@ -99,6 +155,7 @@ def churn(stack: Stack, args: argparse.Namespace, rng: random.Random) -> tuple[F
     began = time.monotonic()
     next_run = next_fault = began
     runs = 0
+    rolling: Rolling | None = None
     while (now := time.monotonic()) < began + args.duration:
         if now >= next_run:
             stack.trigger("soak", [f"r{runs}"])
@@ -109,9 +166,23 @@ def churn(stack: Stack, args: argparse.Namespace, rng: random.Random) -> tuple[F
             stack.broker.redis.delete(*keys)
             faults.wiped_keys = len(keys)
             print(f"  {now - began:5.1f} s: deleted all {len(keys)} keys under the prefix")
+        elif (
+            len(faults.postgres_restarts) < 2
+            and now > began + args.duration * (1 + 2 * len(faults.postgres_restarts)) / 4
+        ):
+            print(f"  {now - began:5.1f} s: {restart_postgres(cluster, rng, faults)}")
+        elif rolling is not None:  # no other fault meanwhile
+            if rolling.advance(stack):
+                faults.rolled[rolling.kind] += 1
+                print(f"  {now - began:5.1f} s: the {rolling.kind}s are all up again")
+                rolling, next_fault = None, now + args.interval
         elif now >= next_fault:
             next_fault += args.interval
-            if rng.random() < 0.2:
+            draw = rng.random()
+            if draw < 0.1:
+                rolling = rolling_restart(rng.choice(["scheduler", "worker", "triggerer"]))
+                print(f"  {now - began:5.1f} s: rolling restart of the {rolling.kind}s (SIGTERM)")
+            elif draw < 0.3:
                 victim = rng.choice(["triggerer1", "triggerer2"])
                 stack.signal(victim, signal.SIGSTOP)
                 time.sleep(rng.uniform(2 * beat, 4 * beat))
@@ -126,6 +197,9 @@ def churn(stack: Stack, args: argparse.Namespace, rng: random.Random) -> tuple[F
                 faults.kills[victim] += 1
                 print(f"  {now - began:5.1f} s: killed {victim} (SIGKILL), started it again")
         time.sleep(0.05)
+    if rolling is not None:  # finished: no process is left stopped for the drain
+        wait_for(lambda: rolling.advance(stack), timeout=300, what="the rolling restart's end")
+        faults.rolled[rolling.kind] += 1
     return faults, runs
 
 
@@ -162,13 +236,28 @@ def check(stack: Stack, runs: int) -> list[str]:
 
 def soak_round(args: argparse.Namespace, seed: int) -> bool:
     rng = random.Random(seed)
-    with Stack(heartbeat_sec=args.heartbeat, keep=True) as stack:
+    cluster = LocalPostgres()
+    passed = False
+    try:
+        passed = _soak_round_on(cluster.start(), args, seed, rng)
+    finally:
+        if passed or not cluster.answers(cluster.primary_port):
+            cluster.stop()
+        else:  # a failed round is looked into with its database
+            print(f"kept: PostgreSQL at {cluster.admin_url()}, data in {cluster.home}")
+    return passed
+
+
+def _soak_round_on(
+    cluster: LocalPostgres, args: argparse.Namespace, seed: int, rng: random.Random
+) -> bool:
+    with Stack(heartbeat_sec=args.heartbeat, keep=True, admin_url=cluster.admin_url()) as stack:
         stack.write_dag("soak", DAG)
         for name, options in SERVICES.items():
             stack.start(name, *options)
         stack.wait_started(*SERVICES)
         print(f"round seed {seed}: {load_average()}", flush=True)
-        faults, runs = churn(stack, args, rng)
+        faults, runs = churn(stack, cluster, args, rng)
         drained = time.monotonic()
         wait_for(
             lambda: stack.finished_runs("soak") >= runs,
@@ -184,7 +273,8 @@ def soak_round(args: argparse.Namespace, seed: int) -> bool:
         print(
             f"round seed {seed}: {runs} runs, {runs * TASKS_PER_RUN} tasks in {args.duration:g} s"
             f" of churn; {sum(faults.kills.values())} kills {dict(faults.kills)}, {faults.stops}"
-            f" SIGSTOPs, {faults.wiped_keys} keys wiped; {retries} tries failed by kills,"
+            f" SIGSTOPs, {faults.wiped_keys} keys wiped; rolling restarts {dict(faults.rolled)};"
+            f" PostgreSQL: {', '.join(faults.postgres_restarts)}; {retries} tries failed by kills,"
             f" {repairs} reconciler repair line(s); drained in {drain:.1f} s; {load_average()}"
         )
         for problem in problems:

@@ -51,6 +51,7 @@ from broker.streams import MAX_DEAD_ERROR, one_line
 from deferral.runtime import metrics
 from deferral.runtime.crypto import Cipher
 from deferral.runtime.faults import is_transient
+from deferral.runtime.outages import OUTAGE, Outage
 
 log = logging.getLogger("deferral.broker")
 
@@ -797,10 +798,6 @@ class StreamConsumer:
         return True
 
 
-# While an outage lasts, how often its current error is logged again.
-OUTAGE_REPEAT_SEC = 60.0
-
-
 class Backoff:
     """Exponential delays for retrying after transient errors."""
 
@@ -823,40 +820,26 @@ def run_until_stopped(
     recover: Callable[[], object],
     *,
     once: bool = False,
-    clock: Callable[[], float] = time.monotonic,
+    outage: Outage = OUTAGE,
+    backoff_cap: float = 5.0,
 ) -> bool:
     """Run a service's ``step`` until ``stop`` is set (or, with ``once``, until it has succeeded
     once; returns whether it did). A transient error (Redis or Postgres unreachable, a deadlock)
-    backs off, calls ``recover`` (e.g. recreate a lost group) and goes on, saying so when the
-    outage starts and again, with the error of the moment, every ``OUTAGE_REPEAT_SEC`` it lasts
-    (an operator must see what a long outage is stuck on, not its first second only); any other
-    error is logged with its traceback and backed off too: one bad loop must not stop the
-    service."""
-    backoff = Backoff()
-    failing_since: float | None = None
-    said_at = 0.0
+    is reported to the process's ``outage`` (which says so once a minute, not per attempt),
+    backs off, calls ``recover`` (e.g. recreate a lost group) and goes on; any other error is
+    logged with its traceback and backed off too: one bad loop must not stop the service.
+    ``backoff_cap``: the longest wait between tries (a service's: half its heartbeat, so that
+    a step's lease renewal, which needs Redis only, still comes before peers take its entries
+    over while PostgreSQL is away)."""
+    backoff = Backoff(cap=backoff_cap)
     while not stop.is_set():
         try:
             step()
         except Exception as exc:
-            now = clock()
             if is_transient(exc):
-                if failing_since is None:
-                    log.warning("servers unavailable (%s: %s); retrying", type(exc).__name__, exc)
-                    said_at = now
-                elif now - said_at >= OUTAGE_REPEAT_SEC:
-                    log.warning(
-                        "servers still unavailable after %.0f s (%s: %s); retrying",
-                        now - failing_since,
-                        type(exc).__name__,
-                        exc,
-                        exc_info=True,  # where the loop is stuck
-                    )
-                    said_at = now
+                outage.failed(exc)
             else:
                 log.exception("unexpected error in the service loop; retrying")
-            if failing_since is None:
-                failing_since = now
             stop.wait(backoff.next())
             try:
                 recover()
@@ -864,9 +847,7 @@ def run_until_stopped(
                 if not is_transient(again):
                     log.exception("recovering failed")
             continue
-        if failing_since is not None:
-            log.info("servers available again")
-            failing_since = None
+        outage.reached()
         backoff.reset()
         if once:
             return True

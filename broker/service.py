@@ -241,9 +241,11 @@ def serve(
     if broker is None:
         return False
     attach(broker)
-    if not run_until_stopped(stop, begin, recover=recover, once=True):
+    # Steps retried at least twice a heartbeat: each renews the leases when they are due.
+    cap = settings.heartbeat_sec / 2
+    if not run_until_stopped(stop, begin, recover=recover, once=True, backoff_cap=cap):
         return False
     freeze_startup_objects()
     started()
-    run_until_stopped(stop, step, recover=recover)
+    run_until_stopped(stop, step, recover=recover, backoff_cap=cap)
     return True

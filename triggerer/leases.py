@@ -18,6 +18,7 @@ from broker.client import Broker
 from broker.consumer import Lost
 from broker.consumers import ConsumerSet
 from deferral.runtime.faults import is_transient
+from deferral.runtime.outages import OUTAGE
 
 log = logging.getLogger("deferral.triggerer")
 
@@ -70,11 +71,13 @@ class LeaseKeeper:
             self.register()
         except Exception as exc:
             self._failed("recording the heartbeat", exc)
+        else:
+            OUTAGE.reached()
         self.beats += 1
 
     @staticmethod
     def _failed(what: str, exc: Exception) -> None:
         if is_transient(exc):
-            log.warning("%s failed: %s", what, exc)
+            OUTAGE.failed(exc, what)
         else:
             log.exception("%s failed unexpectedly; trying again next heartbeat", what)

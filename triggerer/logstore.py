@@ -14,6 +14,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from broker.streams import CarriedLog
 from deferral.runtime.faults import is_transient
+from deferral.runtime.outages import OUTAGE
 from deferral.store import tasklogs
 from deferral.store.tables import TaskInstance
 from deferral.store.tasklogs import NewLine
@@ -68,12 +69,7 @@ class TaskLogStore:
                 return
             self.handler.put_back(lines)
             self.owned[:0] = owned
-            log.warning(
-                "could not store %d task log line(s) and the runner of %d trigger(s): %s",
-                len(lines),
-                len(owned),
-                exc,
-            )
+            OUTAGE.failed(exc, f"storing {len(lines)} task log line(s) (kept)")
         if self.handler.dropped:
             log.warning(
                 "dropped %d task log line(s) while they could not be stored",

@@ -27,6 +27,7 @@ from broker.streams import (
 )
 from deferral.runtime import metrics, serialization
 from deferral.runtime.crypto import Cipher
+from deferral.runtime.outages import OUTAGE
 from deferral.runtime.secrets_masker import mask_with_kwargs, redact
 from deferral.runtime.serialization import SerializationError
 from triggerer.events import Outcome, carried_json
@@ -132,7 +133,7 @@ class Publisher:
             try:
                 await in_thread(self.consumer.retire, retiring)
             except RedisError as exc:
-                log.warning("retiring %d entr(ies) failed (%s); retrying", len(retiring), exc)
+                OUTAGE.failed(exc, f"retiring {len(retiring)} entr(ies)")
                 await anyio.sleep(backoff.next())
                 continue
             del self.retiring[: len(retiring)]
@@ -141,9 +142,7 @@ class Publisher:
             try:
                 await in_thread(self.broker.publish_many, reports)
             except RedisError as exc:
-                log.warning(
-                    "publishing %d progress report(s) failed (%s); retrying", len(reports), exc
-                )
+                OUTAGE.failed(exc, f"publishing {len(reports)} progress report(s)")
                 await anyio.sleep(backoff.next())
                 continue
             del self.reports[: len(reports)]
@@ -158,7 +157,7 @@ class Publisher:
             try:
                 await in_thread(self.consumer.hand_on_many, items)
             except RedisError as exc:
-                log.warning("publishing %d event(s) failed (%s); retrying", len(batch), exc)
+                OUTAGE.failed(exc, f"publishing {len(batch)} event(s)")
                 await anyio.sleep(backoff.next())
                 continue
             del self.items[: len(batch)]

@@ -40,6 +40,7 @@ from deferral.runtime import metrics
 from deferral.runtime.config import Settings
 from deferral.runtime.crypto import Cipher
 from deferral.runtime.faults import is_transient
+from deferral.runtime.outages import OUTAGE
 from deferral.runtime.process import LogExtra, freeze_startup_objects
 from deferral.store import liveness
 from deferral.store.db import make_engine, make_sessionmaker
@@ -311,7 +312,7 @@ class TriggererService:
             except Exception as exc:
                 if not is_transient(exc):
                     raise
-                log.warning("%s failed (%s); retrying", getattr(func, "__name__", func), exc)
+                OUTAGE.failed(exc, getattr(func, "__name__", str(func)))
                 await anyio.sleep(backoff.next())
 
     async def _stop_on_signal(self, scope: anyio.CancelScope) -> None:
@@ -348,7 +349,7 @@ class TriggererService:
                 if not is_transient(exc):
                     raise
                 # Redis restarting, or the stream or group lost: wait, recreate, read again.
-                log.warning("reading the triggers streams failed: %s; retrying", exc)
+                OUTAGE.failed(exc, "reading the triggers streams")
                 await anyio.sleep(backoff.next())
                 await in_thread(_quietly, self.consumer.start)
                 continue
@@ -384,7 +385,7 @@ class TriggererService:
                 if not is_transient(exc):
                     raise
                 # Keep running: what was missed now is seen at the next beat.
-                log.warning("the checks after a heartbeat failed: %s", exc)
+                OUTAGE.failed(exc, "the checks after a heartbeat")
 
     async def _take_overs(self, tasks: TaskGroup) -> None:
         """Run the triggers of entries whose owner stopped renewing them (a dead triggerer) or

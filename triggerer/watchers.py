@@ -29,6 +29,7 @@ from deferral.runtime.config import DEFAULT_ASSET_WATCHER_MAX_QUEUED
 from deferral.runtime.crypto import Cipher, DecryptionError, Purpose
 from deferral.runtime.faults import is_transient
 from deferral.runtime.metrics import ASSET_WATCHER_BOUND_REACHED
+from deferral.runtime.outages import OUTAGE
 from deferral.runtime.serialization import SerializationError
 from deferral.store.transitions.asset_events import record_watcher_event, watcher_events_waiting
 from deferral.store.waits import resume_asset_waiters
@@ -136,7 +137,10 @@ class WatcherRunner:
                     try:
                         claimed = await anyio.to_thread.run_sync(self._claim)
                     except Exception as exc:  # a beat that fails is tried at the next one
-                        log.warning("claiming asset watchers failed: %s", exc)
+                        if is_transient(exc):
+                            OUTAGE.failed(exc, "claiming asset watchers")
+                        else:
+                            log.warning("claiming asset watchers failed: %s", exc)
                     else:
                         self._apply(tasks, claimed)
                     await anyio.sleep(self.heartbeat_sec)

@@ -16,6 +16,7 @@ from starlette.routing import Route
 from deferral import signals
 from deferral.store import actions
 from deferral.store.callback_tokens import TokenRefused, read_token
+from deferral.store.db import unreachable
 from webserver import tokens
 from webserver.access_log import CALLBACK_PATH
 from webserver.answers import (
@@ -51,6 +52,14 @@ class Api:
 
     async def health(self, request: Request) -> Response:
         return api_answer({"status": "ok"})
+
+    async def ready(self, request: Request) -> Response:
+        """Readiness: 503 while PostgreSQL does not answer, so that a load balancer sends no
+        one to a web UI that cannot read. (Health stays ok: a restart would not help.)"""
+        why = await run_in_threadpool(unreachable, self.ui.sessions)
+        if why is not None:
+            return api_answer({"status": "not ready", "reason": why}, status_code=503)
+        return api_answer({"status": "ready"})
 
     async def trigger(self, request: Request) -> Response:
         body = request.scope["body"]
@@ -193,6 +202,7 @@ class Api:
         reads = self.reads
         return [
             Route(f"{API}/health", self.health),
+            Route(f"{API}/ready", self.ready),
             Route(f"{API}/dags", r(read(reads.dags_overview))),
             Route(f"{API}/dags/{{dag_id}}", r(read(reads.dag_detail))),
             Route(f"{API}/dags/{{dag_id}}/task_instance", r(read(reads.task_instance))),

@@ -287,7 +287,7 @@ class WorkerService:
             )
 
     def _take_over(self) -> None:
-        free = self.concurrency - len(self.running)
+        free = self.concurrency - len(self.running) - len(self.unstarted)
         if free > 0:
             claimed = self.consumer.claim(free)
             if claimed:
@@ -296,7 +296,12 @@ class WorkerService:
     # -- starting attempts -----------------------------------------------------------------------
 
     def _start(self, deliveries: Sequence[Delivery]) -> None:
-        """Start the attempts a batch of entries names, in one transaction."""
+        """Start the attempts a batch of entries names, in one transaction, with those a start
+        that failed (the database unavailable) left unstarted: a takeover's start, which runs
+        first when the database is back, replaced them, and they stayed held, their leases
+        renewed, their tasks queued for ever (worker/DECISIONS.md 24)."""
+        if deliveries is not self.unstarted:
+            deliveries = [*self.unstarted, *deliveries]
         read, unreadable = read_each(
             deliveries,
             lambda delivery: read_queue_entry(self.cipher, delivery.entry.fields),

@@ -22,7 +22,10 @@ from sqlalchemy.exc import DBAPIError, OperationalError
 # deadlock), 53 insufficient resources, 57 operator intervention (shutdown, cancel), 58 system
 # error.
 _TRANSIENT_SQLSTATE_CLASSES = frozenset({"08", "40", "53", "57", "58"})
-_TRANSIENT_SQLSTATES = frozenset({"55P03"})  # lock_not_available
+READ_ONLY_SQL_TRANSACTION = "25006"
+# lock_not_available; read_only_sql_transaction: the connection reached a standby (a failover or
+# switchover under way; the engine drops the connection, deferral.store.db.make_engine).
+_TRANSIENT_SQLSTATES = frozenset({"55P03", READ_ONLY_SQL_TRANSACTION})
 
 _TRANSIENT_REDIS = (
     "ConnectionError",

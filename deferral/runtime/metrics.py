@@ -61,6 +61,14 @@ LOOP_ITERATION = Gauge(
     registry=None,
 )
 
+SERVERS_AVAILABLE = Gauge(
+    "deferral_servers_available",
+    "1 while this process reaches PostgreSQL and Redis, 0 during an outage (from its first"
+    " transient error until its loops have reached them for a few seconds): its readiness.",
+    registry=None,
+)
+SERVERS_AVAILABLE.set(1)
+
 CLOCK_SKEW = Gauge(
     "deferral_clock_skew_seconds",
     "How far this host's clock is ahead of PostgreSQL's (negative: behind), measured at every"
@@ -254,6 +262,7 @@ _COMMON: tuple[MetricWrapperBase, ...] = (
     DEAD_LETTERS,
     FORGED_COUNTS,
     LOOP_ITERATION,
+    SERVERS_AVAILABLE,
     CLOCK_SKEW,
 )
 _OWN: dict[str, tuple[MetricWrapperBase, ...]] = {

@@ -7,14 +7,16 @@ import math
 import threading
 from typing import Any
 
+import psycopg
 from psycopg import pq
 from sqlalchemy import Connection, Engine, create_engine, event, text
-from sqlalchemy.engine import URL
+from sqlalchemy.engine import URL, ExceptionContext
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
 from deferral.runtime.config import TRANSACTION_POOLING, database_pooling
-from deferral.runtime.faults import is_transient
+from deferral.runtime.faults import READ_ONLY_SQL_TRANSACTION, is_transient
+from deferral.runtime.outages import first_line
 
 log = logging.getLogger("deferral")
 
@@ -66,6 +68,7 @@ def make_engine(
     if pooling != TRANSACTION_POOLING:
         # (No prepared statements to keep behind a transaction-pooling proxy.)
         engine.dialect.do_rollback = _rollback_keeping_prepared  # type: ignore[method-assign]
+    event.listen(engine, "handle_error", _standby_is_a_disconnect)
     if timeout_sec is not None and pooling == TRANSACTION_POOLING:
         # A startup option would set it on one server session (and PgBouncer refuses startup
         # options): set it in each transaction instead, for that transaction only.
@@ -76,6 +79,16 @@ def make_engine(
             conn.exec_driver_sql(timeout)
 
     return engine
+
+
+def _standby_is_a_disconnect(context: ExceptionContext) -> None:
+    """A write refused as read-only means this connection reached a standby: the server it was
+    opened on was demoted (a switchover). Dropped with the pool, like a broken connection, so
+    that the retry connects anew and finds the primary (``target_session_attrs=read-write``);
+    kept, it would be refused for ever."""
+    orig = context.original_exception
+    if isinstance(orig, psycopg.Error) and orig.sqlstate == READ_ONLY_SQL_TRANSACTION:
+        context.is_disconnect = True
 
 
 def _rollback_keeping_prepared(dbapi_connection: Any) -> None:
@@ -112,9 +125,23 @@ def location(engine: Engine) -> str:
 def url_location(url: URL) -> str:
     """host:port/database of a database URL, without credentials (a Unix socket's directory for
     its host), for messages."""
-    socket_dir = url.query.get("host")
-    host = url.host or (socket_dir if isinstance(socket_dir, str) else None) or "localhost"
+    hosts = url.query.get("host")
+    if isinstance(hosts, tuple):  # several servers (failover): each host:port given
+        return f"{','.join(hosts)}/{url.database}"
+    host = url.host or hosts or "localhost"
     return f"{host}:{url.port or 5432}/{url.database}"
+
+
+def unreachable(sessions: sessionmaker[Session]) -> str | None:
+    """Why the database of ``sessions`` does not answer (its error's first line), or None."""
+    try:
+        with sessions() as session:
+            session.execute(text("SELECT 1"))
+    except SQLAlchemyError as exc:
+        if not is_transient(exc):
+            raise
+        return first_line(exc)
+    return None
 
 
 def wait_until_up(engine: Engine, stop: threading.Event) -> bool:
@@ -128,11 +155,10 @@ def wait_until_up(engine: Engine, stop: threading.Event) -> bool:
             if not is_transient(exc):
                 raise
             if not said:
-                first = str(exc.orig if hasattr(exc, "orig") else exc).strip().splitlines()
                 log.warning(
                     "PostgreSQL at %s is unreachable (%s); waiting for it",
                     location(engine),
-                    first[0] if first else type(exc).__name__,
+                    first_line(exc),
                 )
                 said = True
             stop.wait(delay)

@@ -32,6 +32,16 @@ def running_task(
     sessions: sessionmaker[Session], task_id: str = "t", run_id: str = "r1", dag_id: str = DAG_ID
 ) -> int:
     """A DAG run with one task instance moved none -> scheduled -> queued -> running."""
+    ti_id = queued_task(sessions, task_id, run_id, dag_id)
+    with sessions.begin() as session:
+        assert transitions.start_many(session, [(ti_id, 1)], "host", WORKER)
+    return ti_id
+
+
+def queued_task(
+    sessions: sessionmaker[Session], task_id: str = "t", run_id: str = "r1", dag_id: str = DAG_ID
+) -> int:
+    """A DAG run with one task instance moved none -> scheduled -> queued."""
     with sessions.begin() as session:
         transitions.create_dag_run(session, dag_id, run_id, dt.datetime.now(dt.UTC), {})
         run = session.scalars(
@@ -48,7 +58,6 @@ def running_task(
         ).one()
         transitions.schedule(session, [ti_id])
         transitions.dispatch(session, [ti_id])
-        assert transitions.start_many(session, [(ti_id, 1)], "host", WORKER)
     return ti_id
 
 

@@ -35,6 +35,7 @@ from deferral.store.tables import (
 from deferral_cli.embedded import free_port
 from tests.integration.conftest import CLI_DAG_SOURCE, WEB_ADMIN_PASSWORD, WEB_DAG, web_client
 from tests.integration.factories import DAG_ID, deferred_task, running_task
+from tests.redis_topologies import free_ports
 from webserver import users
 from webserver.app import create_app
 
@@ -765,3 +766,19 @@ def test_the_dag_list_searches_and_triggers_with_the_defaults(
         "/dags/search_orders?run_id=manual__"
     )
     assert [run.run_type for run in runs_of(sessions, "search_orders")] == ["manual"]
+
+
+def test_readiness_says_not_ready_while_the_database_does_not_answer(
+    exposed: TestClient, settings: Settings
+) -> None:
+    assert exposed.get("/api/v1/ready").json() == {"status": "ready"}  # no login needed
+    (port,) = free_ports(1)
+    nowhere = dataclasses.replace(
+        settings, database_url=f"postgresql+psycopg://postgres@127.0.0.1:{port}/none"
+    )
+    with TestClient(create_app(nowhere, host="0.0.0.0", environ={})) as client:
+        answer = client.get("/api/v1/ready")
+        assert answer.status_code == 503
+        assert answer.json()["status"] == "not ready"
+        assert "Connection refused" in answer.json()["reason"]
+        assert client.get("/api/v1/health").json() == {"status": "ok"}  # alive all the same

@@ -16,7 +16,7 @@ from deferral.runtime.config import Settings
 from deferral.store import tasklogs, transitions
 from deferral.store.tables import TaskInstance, TaskStateChange, Worker
 from deferral.store.transitions import Attempt
-from tests.integration.factories import DAG_ID, WORKER, running_task
+from tests.integration.factories import DAG_ID, WORKER, queued_task, running_task
 from tests.servers import REDIS_URL
 from worker import service as worker_service
 from worker.recording import Running
@@ -170,3 +170,25 @@ def test_an_entry_lost_in_one_queue_stream_kills_no_attempt_of_another_with_the_
         worker.running[ti_id] = Running(delivery, Attempt(ti_id, 1, worker.name), f"t{ti_id}")
     worker._lost([Lost("q:{queue:a}", "5-0", LeaseStatus.TAKEN)])
     assert killed == [1] and list(worker.running) == [2]
+
+
+def test_entries_a_failed_start_left_are_started_with_those_taken_over(
+    worker: WorkerService, sessions: sessionmaker[Session], broker: Broker
+) -> None:
+    """Back from an outage, the takeover runs before the step retries the start that failed:
+    both batches start (the first was dropped, its entry held and renewed for ever)."""
+    left = queued_task(sessions, task_id="left")
+    taken = queued_task(sessions, task_id="taken", run_id="r2")
+    broker.publish(
+        worker.streams[0], queue_message(worker.cipher, left, 1, DAG_ID, "r1", "left", -1)
+    )
+    worker.unstarted = worker.consumer.poll(1, block_ms=None)  # as a failed start leaves them
+    assert len(worker.unstarted) == 1
+    _held_entry(worker, broker, taken, "dead-worker", STALE_IDLE_MS)
+    _register_dead(sessions, "dead-worker")
+
+    worker._take_over()
+
+    assert (_ti(sessions, left).state, _ti(sessions, taken).state) == ("running", "running")
+    assert worker.unstarted == []
+    assert sorted(worker.running) == sorted([left, taken])
