@@ -1,15 +1,16 @@
 """Group commit of the signals sent through the API: the sends that arrive while others are
 being written go together, in one transaction, one commit and one wake of the schedulers.
 
-A few threads (BATCH_THREADS) each take what is queued (at most BATCH_MOST sends) and write it:
-the tokens' rows checked (a token revoked since its request was verified is refused, in every
-replica, from the revocation's commit on: ``tokens.live_ids``), every key's lock taken at once in
-lock-id order (two batches never wait on each other in a cycle), then each send as
-``deferral.signals.send_in`` writes it alone, with its own answer: a send refused for its payload
-or its idempotency key writes nothing and leaves the others be. If a statement fails (a
-deadlock, a lost connection), the transaction is rolled back and each send is written again in a
-transaction of its own, so each gets its own answer and none is recorded twice. A commit that
-fails fails its whole batch (whether it was recorded is unknown, as for one send).
+A few threads (BATCH_THREADS) each take what is queued (at most BATCH_MOST sends) and write it.
+One statement (``tokens.live_ids``) checks the tokens' rows (a token revoked since its request
+was verified is refused, in every replica, from the revocation's commit on) and takes every
+key's lock at once, in lock-id order (two batches never wait on each other in a cycle); then
+each send is written as ``deferral.signals.send_in`` writes it alone, with its own answer: a
+send refused for its payload or its idempotency key writes nothing and leaves the others be.
+If a statement fails (a deadlock, a lost connection), the transaction is rolled back and each
+send is written again in a transaction of its own, so each gets its own answer and none is
+recorded twice. A commit that fails fails its whole batch (whether it was recorded is unknown,
+as for one send).
 
 The event loop hands a send over and awaits its answer (``send``): no thread-pool hand-off per
 request, and the threads' database work runs beside the loop's HTTP work.
@@ -29,7 +30,6 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from deferral import signals
 from deferral.runtime.crypto import Cipher
-from deferral.store import waits
 from webserver import tokens
 
 log = logging.getLogger("deferral.webserver")
@@ -159,10 +159,12 @@ class SignalBatches:
             return exc
 
     def _in(self, session: Session, sends: list[Send]) -> list[Outcome]:
-        token_ids = {s.token_id for s in sends if s.token_id is not None}
-        live = tokens.live_ids(session, token_ids) if token_ids else set()
+        # A revoked token's key is locked too: one statement, and a lock held for nothing is
+        # released at the commit.
+        live = tokens.live_ids(
+            session, {s.token_id for s in sends if s.token_id is not None}, [s.key for s in sends]
+        )
         allowed = [s.token_id is None or s.token_id in live for s in sends]
-        waits.lock_keys(session, [s.key for s, ok in zip(sends, allowed, strict=True) if ok])
         outcomes: list[Outcome] = []
         for send, ok in zip(sends, allowed, strict=True):
             if not ok:

@@ -24,6 +24,7 @@ from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session
 
 from deferral.runtime.crypto import Cipher, Purpose
+from deferral.store import waits
 from deferral.store.tables import ApiToken
 
 SIGNALS, CALLBACKS, RUNS = "signals", "callbacks", "runs"
@@ -33,7 +34,13 @@ PREFIX = "dfr_"
 _NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,50}$")
 _TOKEN = re.compile(r"^dfr_([0-9]{1,18})_([A-Za-z0-9_\-]{43})$")
 _ROW_SQL = text("SELECT name, scopes, digest FROM api_token WHERE id = :id")
-_LIVE_SQL = text("SELECT id FROM api_token WHERE id = ANY(CAST(:ids AS bigint[]))")
+# The tokens' rows that exist, and (the CTE) the signal keys' wait locks taken: one round trip
+# at the start of a batch of signals.
+_LIVE_SQL = text(
+    f"WITH locked AS ({waits.LOCK_KEYS_QUERY})"
+    " SELECT (SELECT count(*) FROM locked) AS locks,"
+    " ARRAY(SELECT id FROM api_token WHERE id = ANY(CAST(:ids AS bigint[]))) AS live"
+)
 
 
 class TokenError(ValueError):
@@ -118,6 +125,9 @@ class Revoked(Exception):
     """A token verified earlier whose row is gone: revoked since."""
 
 
-def live_ids(session: Session, ids: Iterable[int]) -> set[int]:
-    """Of the token ids, those whose rows exist (not revoked), as the transaction sees them."""
-    return set(session.scalars(_LIVE_SQL, {"ids": sorted(set(ids))}))
+def live_ids(session: Session, ids: Iterable[int], locking: Iterable[str]) -> set[int]:
+    """Of the token ids, those whose rows exist (not revoked), as the transaction sees them;
+    in the same statement, the wait locks of the signal keys ``locking`` taken
+    (``waits.lock_keys``: held until the transaction ends)."""
+    row = session.execute(_LIVE_SQL, {"ids": sorted(set(ids)), "keys": sorted(set(locking))}).one()
+    return set(row.live)
