@@ -17,7 +17,8 @@ batches of 500); then
   sends an API token with the ``signals`` scope made by ``webserver.tokens`` (a machine's
   credentials), ``--auth basic`` the admin's HTTP Basic password. The server's signal rate
   limit is lifted for the run. ``--servers N`` starts N webserver replicas (as behind a load
-  balancer), client i posting to replica i mod N; the webserver CPU per signal is their sum.
+  balancer), client i posting to replica i mod N; the webserver CPU per signal is their sum,
+  and PostgreSQL's is that of the database's backends (the same machine shares both).
 
 No scheduler, worker or triggerer runs: nothing but PostgreSQL is needed for a signal to reach
 SCHEDULED (queuing it is the scheduler's dispatch, as for any resumed task).
@@ -197,6 +198,17 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def postgres_cpu(url: str) -> dict[int, float]:
+    """CPU seconds of each PostgreSQL backend connected to the benchmark's database."""
+    engine = make_engine(url)
+    with engine.connect() as conn:
+        pids = conn.scalars(
+            text("SELECT pid FROM pg_stat_activity WHERE datname = current_database()")
+        ).all()
+    engine.dispose()
+    return {pid: cpu_seconds(pid) for pid in pids}
+
+
 def wait_up(port: int, deadline: float) -> None:
     while time.monotonic() < deadline:
         try:
@@ -249,6 +261,7 @@ def main() -> None:
                 wait_up(port, time.monotonic() + 60)
             authorization = credentials(url, args.auth)
             cpu = sum(cpu_seconds(server.pid) for server in servers)
+            backends = postgres_cpu(url)
             api_throughput(
                 [k for pair in zip(with_waiter, without, strict=True) for k in pair],
                 args.clients,
@@ -256,9 +269,11 @@ def main() -> None:
                 authorization,
             )
             cpu = sum(cpu_seconds(server.pid) for server in servers) - cpu
+            database = sum(t - backends.get(pid, 0.0) for pid, t in postgres_cpu(url).items())
             print(
                 f"webserver CPU {cpu / args.api * 1000:.2f} ms per signal"
-                f" ({len(servers)} process(es)); {load_average()}"
+                f" ({len(servers)} process(es)), PostgreSQL backends"
+                f" {database / args.api * 1000:.2f} ms; {load_average()}"
             )
         finally:
             for server in servers:

@@ -286,12 +286,15 @@ def send_in(
     payload: Any,
     sender: Sender | None = None,
     idempotency_key: str | None = None,
+    *,
+    key_locked: bool = False,
 ) -> SentSignal:
     """Record a signal on ``key`` and resume every task waiting on it, in ``session``'s
     transaction (the key's lock is held until it ends); ``sender``: a web user, whose quota of
     kept signals applies. Under ``idempotency_key``, a repeat (same key, payload and sender)
     within the window records nothing and returns the first send's signal, ``replayed``;
-    IdempotencyConflict for the key used with another send."""
+    IdempotencyConflict for the key used with another send. ``key_locked``: the transaction
+    already holds the key's lock (``waits.lock_keys``, taken for several sends at once)."""
     check_signal_key(key)
     sealed = seal_payload(cipher, payload)
     made = _idempotent(
@@ -301,7 +304,8 @@ def send_in(
     )
 
     def act() -> dict[str, Any]:
-        waits.lock_keys(session, [key])
+        if not key_locked:
+            waits.lock_keys(session, [key])
         return _record(session, cipher, key, sealed, sender, serialization.dumps(payload)).answer()
 
     return SentSignal.from_outcome(idempotency.once(session, cipher, made, act))

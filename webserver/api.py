@@ -24,16 +24,27 @@ from webserver.answers import (
     api_answer,
     api_error,
     replayed_if,
+    token_acting,
     too_many,
 )
 from webserver.inputs import BadInput, parse_json
 from webserver.ratelimits import RUNS, SIGNALS, limited_as
 from webserver.reads import Reads
+from webserver.signalbatch import Send
 from webserver.urls import API
 from webserver.writes import Writes
 
 if TYPE_CHECKING:
     from webserver.app import Handler, WebUI
+
+
+# The routes an API token serves (``machine.MachinePath`` serves a token's requests to them
+# past the browser's middlewares).
+SIGNAL_PATH = f"{API}/signals/{{key}}"
+TRIGGER_PATH = f"{API}/dags/{{dag_id}}/runs"
+TOKEN_PATHS = frozenset(
+    {SIGNAL_PATH, TRIGGER_PATH, f"{CALLBACK_PATH}{{token}}", f"{CALLBACK_PATH}{{token}}/heartbeat"}
+)
 
 
 class Api:
@@ -124,19 +135,31 @@ class Api:
         )
 
     async def signal(self, request: Request) -> Response:
+        """A signal, written with those sent beside it (``webserver.signalbatch``); with an
+        API token, the token's row checked in the transaction that writes it."""
         payload = request.scope["body"].get("payload")
         acting = request.scope["acting_user"]
         refused = self.ui.limits.take(SIGNALS, limited_as(acting))
         if refused is not None:
             return too_many(refused)
-        sender = signals.Sender(acting, self.ui.web.signals_kept_per_user)
-        sent = await run_in_threadpool(
-            self.writes.send_signal,
-            request.path_params["key"],
+        key = request.path_params["key"]
+        send = Send(
+            key,
             payload,
-            sender,
+            signals.Sender(acting, self.ui.web.signals_kept_per_user),
             request.headers.get(IDEMPOTENCY_HEADER),
+            request.scope.get("token_id"),
         )
+        try:
+            signals.check_signal_key(key)  # before its batch takes the key's lock
+            sent = await self.ui.signal_batches.send(send)
+        except signals.SignalError as exc:
+            raise BadInput(str(exc)) from None
+        except tokens.Revoked:
+            self.ui.auth.forget_bearer(request)
+            refusal = token_acting(None, tokens.SIGNALS)
+            assert isinstance(refusal, Response)
+            return refusal
         return replayed_if(
             api_answer(
                 {"signal_id": sent.id, "key": sent.key, "resumed": len(sent.resumed)},
@@ -214,12 +237,12 @@ class Api:
             Route(f"{API}/triggerers", r(read(reads.processes))),
             Route(f"{API}/streams", r(read(reads.streams))),
             Route(f"{API}/doctor", r(read(reads.doctor))),
-            Route(f"{API}/dags/{{dag_id}}/runs", a(self.trigger, tokens.RUNS), methods=["POST"]),
+            Route(TRIGGER_PATH, a(self.trigger, tokens.RUNS), methods=["POST"]),
             Route(f"{API}/dags/{{dag_id}}/pause", a(self.pause(True)), methods=["POST"]),
             Route(f"{API}/dags/{{dag_id}}/unpause", a(self.pause(False)), methods=["POST"]),
             Route(f"{API}/dags/{{dag_id}}/clear", a(self.clear), methods=["POST"]),
             Route(f"{API}/dags/{{dag_id}}/mark", a(self.mark), methods=["POST"]),
-            Route(f"{API}/signals/{{key}}", a(self.signal, tokens.SIGNALS), methods=["POST"]),
+            Route(SIGNAL_PATH, a(self.signal, tokens.SIGNALS, rechecked=True), methods=["POST"]),
             Route(
                 f"{CALLBACK_PATH}{{token}}",
                 self.ui.token_optional(self.callback, tokens.CALLBACKS),

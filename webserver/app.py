@@ -33,9 +33,9 @@ from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from broker.client import Broker
+from broker.streams import WAKE
 from deferral.runtime import secrets_masker
 from deferral.runtime.config import Settings, WebserverSettings, webserver_settings
 from deferral.runtime.crypto import Cipher
@@ -48,7 +48,7 @@ from readmodel.pages import BadCursor
 from readmodel.records import json_value
 from webserver import approvals, users
 from webserver.answers import api_error, basic_refused, no_token_here, token_acting
-from webserver.api import Api
+from webserver.api import TOKEN_PATHS, Api
 from webserver.auth import (
     CSRF_FIELD,
     CSRF_HEADER,
@@ -60,12 +60,15 @@ from webserver.auth import (
 )
 from webserver.dagfiles import DagFiles
 from webserver.forms import Forms, checked_form
+from webserver.headers import SecurityHeaders
 from webserver.hosts import HostCheck
 from webserver.inputs import BadInput, check_id, check_urlencoded, parse_json
+from webserver.machine import MachinePath
 from webserver.pages import Pages
 from webserver.ratelimits import WriteLimits
 from webserver.reads import Reads
 from webserver.requestmetrics import RequestMetrics
+from webserver.signalbatch import SignalBatches
 from webserver.urls import API, dag_url, here, log_url, ti_url
 from webserver.urls import safe_next as _safe_next
 from webserver.writes import Writes
@@ -79,44 +82,6 @@ MAX_BODY_BYTES = 1024 * 1024
 LIVE_HEADER = "x-deferral-live"
 # Every page refreshes its live parts this often (milliseconds), while it is visible.
 REFRESH_MS = 2000
-
-# Scripts and styles come from this server only and inline ones never run: escaping is the first
-# defence against a task id or a log line holding markup, this is the second.
-SECURITY_HEADERS = {
-    "content-security-policy": (
-        "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:;"
-        " object-src 'none'; base-uri 'none'; frame-ancestors 'none'; form-action 'self'"
-    ),
-    "x-content-type-options": "nosniff",
-    "x-frame-options": "DENY",
-    "referrer-policy": "same-origin",
-}
-
-
-class SecurityHeaders:
-    """Adds SECURITY_HEADERS to every response (and ``no-store`` to pages and API answers)."""
-
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        static = scope["path"].startswith("/static/")
-
-        async def send_with_headers(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                headers = list(message.get("headers", []))
-                extra = dict(SECURITY_HEADERS)
-                if not static:
-                    extra["cache-control"] = "no-store"
-                headers += [(k.encode(), v.encode()) for k, v in extra.items()]
-                message["headers"] = headers
-            await send(message)
-
-        await self.app(scope, receive, send_with_headers)
-
 
 # -- formatting helpers for the templates --------------------------------------------------------
 
@@ -201,6 +166,7 @@ class WebUI:
         self.web = web
         self.limits = WriteLimits(web)
         self._broker: Broker | None = None
+        self.signal_batches = SignalBatches(self.sessions, self.cipher, self.wake_scheduler)
         # What must never show, whatever a page prints: the Fernet keys, the admin password.
         for secret in (*settings.fernet_keys, users.admin_password(environ)):
             if secret:
@@ -214,6 +180,12 @@ class WebUI:
                 shards=self.settings.stream_shards,
             )
         return self._broker
+
+    def wake_scheduler(self) -> None:
+        """Tell the schedulers that tasks were resumed: they queue them now, not when their
+        wait for events ends."""
+        broker = self.broker()
+        broker.publish(broker.keys.events, WAKE)
 
     # -- responses ---------------------------------------------------------------------------
 
@@ -298,15 +270,20 @@ class WebUI:
 
         return guarded
 
-    def api_actor(self, handler: Handler, token_scope: str | None = None) -> Handler:
+    def api_actor(
+        self, handler: Handler, token_scope: str | None = None, *, rechecked: bool = False
+    ) -> Handler:
         """An API write: HTTP Basic credentials, or a session cookie with its CSRF token in the
         X-CSRF-Token header, or where ``token_scope`` is given an API token with that scope; a
-        JSON body (a form could not send one from another site)."""
+        JSON body (a form could not send one from another site). ``rechecked``: the write's own
+        transaction finds the token's row still there (``tokens.live_ids``, given the token's
+        id in ``request.scope["token_id"]``), so a token verified before is taken from memory
+        (``Auth.bearer``)."""
 
         async def guarded(request: Request) -> Response:
             if request.headers.get("content-type", "").split(";")[0].strip() != "application/json":
                 return api_error(415, "send a JSON body (Content-Type: application/json)")
-            acting = await self._api_acting(request, token_scope)
+            acting = await self._api_acting(request, token_scope, rechecked)
             if isinstance(acting, Response):
                 return acting
             request.scope["acting_user"] = acting
@@ -339,13 +316,18 @@ class WebUI:
 
         return guarded
 
-    async def _api_acting(self, request: Request, token_scope: str | None) -> str | Response:
+    async def _api_acting(
+        self, request: Request, token_scope: str | None, rechecked: bool = False
+    ) -> str | Response:
         """Who an API write acts as (a user's name, or ``token:<name>``), or why it is
         refused."""
         if has_bearer(request):
             if token_scope is None:
                 return no_token_here()
-            return token_acting(await self.auth.bearer(request), token_scope)
+            bearer = await self.auth.bearer(request, rechecked=rechecked)
+            if bearer is not None and rechecked:
+                request.scope["token_id"] = bearer.id
+            return token_acting(bearer, token_scope)
         basic = await self.auth.basic_user(request)
         if basic is not None:
             return basic_refused(basic) if basic.identity is None else basic.identity.username
@@ -406,6 +388,7 @@ class WebUI:
         ]
 
     def close(self) -> None:
+        self.signal_batches.close()
         if self._broker is not None:
             self._broker.close()
 
@@ -440,6 +423,11 @@ def create_app(
                 bind=host,
                 loopback_bind=is_loopback(host),
                 allowed_hosts=web.allowed_hosts,
+            ),
+            # Before the browser's layers: a machine's token requests skip them.
+            Middleware(
+                MachinePath,
+                routes=[r for r in routes if isinstance(r, Route) and r.path in TOKEN_PATHS],
             ),
             Middleware(SecurityHeaders),
             Middleware(

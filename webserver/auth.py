@@ -9,7 +9,8 @@ of the user's password as it was at login (a changed password or a deleted user 
 session) and the CSRF token that every form and every API write made with the cookie must
 carry. API clients may instead send HTTP Basic credentials with each request, and machines an
 API token (``webserver.tokens``: ``Authorization: Bearer``), checked by one HMAC against its row,
-read on every request.
+read on every request; a signal's token is remembered once verified, and the transaction that
+records the signal finds its row still there (``tokens.live_ids``) instead.
 
 Every password check, login form or Basic credentials, goes through ``Auth.verify``: throttled
 per client and per user name (``webserver.throttle``), at most ARGON2_CONCURRENCY argon2
@@ -60,6 +61,9 @@ ARGON2_CONCURRENCY = max(1, os.cpu_count() or 1)
 # How long a right Basic password is remembered, and for how many credentials at most.
 BASIC_CACHE_SEC = 60.0
 BASIC_CACHE_ENTRIES = 1024
+# Verified API tokens remembered for writes that check the token's row in their own
+# transaction (``Auth.bearer(rechecked=True)``), at most this many.
+TOKEN_CACHE_ENTRIES = 1024
 
 
 def session_key(settings: Settings) -> bytes:
@@ -131,6 +135,7 @@ class Auth:
         self.throttle = LoginThrottle()
         self._verifying: tuple[asyncio.AbstractEventLoop, asyncio.Semaphore] | None = None
         self._basic_cache: OrderedDict[str, _Remembered] = OrderedDict()
+        self._token_cache: OrderedDict[str, tokens.Bearer] = OrderedDict()
 
     def _fingerprint(self, identity: users.Identity) -> str:
         message = f"{identity.username}\0{identity.credential}".encode()
@@ -271,10 +276,31 @@ class Auth:
         with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
             return tokens.verify(conn, self._cipher, token)
 
-    async def bearer(self, request: Request) -> tokens.Bearer | None:
-        """The API token the request sends (``has_bearer``), if it is a valid one."""
+    def _token_cache_key(self, request: Request) -> tuple[str, str]:
+        """The token the request sends, and the keyed hash it is remembered by (the secret
+        itself is never a key)."""
         token = request.headers.get("authorization", "").partition(" ")[2].strip()
-        return await run_in_threadpool(self._token, token)
+        return token, hmac.new(self._key, f"token\0{token}".encode(), hashlib.sha256).hexdigest()
+
+    async def bearer(self, request: Request, *, rechecked: bool = False) -> tokens.Bearer | None:
+        """The API token the request sends (``has_bearer``), if it is a valid one: its row read
+        now, or with ``rechecked`` (the caller's write transaction refuses the token if its
+        row is gone: ``tokens.live_ids``) as verified by an earlier request."""
+        token, cache_key = self._token_cache_key(request)
+        if rechecked:
+            remembered = self._token_cache.get(cache_key)
+            if remembered is not None:
+                return remembered
+        bearer = await run_in_threadpool(self._token, token)
+        if rechecked and bearer is not None:
+            self._token_cache[cache_key] = bearer
+            while len(self._token_cache) > TOKEN_CACHE_ENTRIES:
+                self._token_cache.popitem(last=False)
+        return bearer
+
+    def forget_bearer(self, request: Request) -> None:
+        """Forget the request's token: its transaction found it revoked."""
+        self._token_cache.pop(self._token_cache_key(request)[1], None)
 
     def _current_fingerprint(self, username: str) -> str | None:
         with self._sessions() as session:

@@ -5,8 +5,10 @@ A token is ``dfr_<id>_<secret>``, the secret 32 random bytes: too many to guess,
 as a keyed hash (an HMAC under ``Purpose.API_TOKEN``, a key derived from the Fernet keys) and
 checked with one HMAC and a constant-time compare, not with a password hash (argon2 is for what
 people choose). The id finds the row; a key rotation keeps tokens valid while the old key is
-still configured. Every request reads the row: a revoked token (its row deleted) is refused by
-the next request, in any webserver replica, with no cache to outlive it.
+still configured. A request reads the row, or, for a signal (`webserver.signalbatch`), the
+transaction that records it finds the row still there (``live_ids``): either way a revoked
+token (its row deleted; ids are never reused) is refused by the next request, in any webserver
+replica, with no cache to outlive it.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session
 
 from deferral.runtime.crypto import Cipher, Purpose
+from deferral.store import waits
 from deferral.store.tables import ApiToken
 
 SIGNALS, CALLBACKS, RUNS = "signals", "callbacks", "runs"
@@ -31,6 +34,13 @@ PREFIX = "dfr_"
 _NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,50}$")
 _TOKEN = re.compile(r"^dfr_([0-9]{1,18})_([A-Za-z0-9_\-]{43})$")
 _ROW_SQL = text("SELECT name, scopes, digest FROM api_token WHERE id = :id")
+# The tokens' rows that exist, and (the CTE) the signal keys' wait locks taken: one round trip
+# at the start of a batch of signals.
+_LIVE_SQL = text(
+    f"WITH locked AS ({waits.LOCK_KEYS_QUERY})"
+    " SELECT (SELECT count(*) FROM locked) AS locks,"
+    " ARRAY(SELECT id FROM api_token WHERE id = ANY(CAST(:ids AS bigint[]))) AS live"
+)
 
 
 class TokenError(ValueError):
@@ -39,8 +49,9 @@ class TokenError(ValueError):
 
 @dataclass(frozen=True)
 class Bearer:
-    """A verified token: its name and what it may do."""
+    """A verified token: its row's id, its name and what it may do."""
 
+    id: int
     name: str
     scopes: tuple[str, ...]
 
@@ -107,4 +118,16 @@ def verify(connection: Connection, cipher: Cipher, token: str) -> Bearer | None:
     row = connection.execute(_ROW_SQL, {"id": int(shape[1])}).one_or_none()
     if row is None or not cipher.verify(Purpose.API_TOKEN, shape[2].encode(), row.digest):
         return None
-    return Bearer(row.name, tuple(row.scopes))
+    return Bearer(int(shape[1]), row.name, tuple(row.scopes))
+
+
+class Revoked(Exception):
+    """A token verified earlier whose row is gone: revoked since."""
+
+
+def live_ids(session: Session, ids: Iterable[int], locking: Iterable[str]) -> set[int]:
+    """Of the token ids, those whose rows exist (not revoked), as the transaction sees them;
+    in the same statement, the wait locks of the signal keys ``locking`` taken
+    (``waits.lock_keys``: held until the transaction ends)."""
+    row = session.execute(_LIVE_SQL, {"ids": sorted(set(ids)), "keys": sorted(set(locking))}).one()
+    return set(row.live)

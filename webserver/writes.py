@@ -7,7 +7,6 @@ import datetime as dt
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from broker.streams import WAKE
 from deferral import signals
 from deferral.dag import DAG
 from deferral.runtime.crypto import Cipher
@@ -101,24 +100,6 @@ class Writes:
             map_indexes=map_indexes,
         )
 
-    def send_signal(
-        self,
-        key: str,
-        payload: Any,
-        sender: signals.Sender,
-        idempotency_key: str | None = None,
-    ) -> signals.SentSignal:
-        try:
-            with self.ui.sessions.begin() as session:
-                sent = signals.send_in(
-                    session, self.ui.cipher, key, payload, sender, idempotency_key
-                )
-        except signals.SignalError as exc:
-            raise BadInput(str(exc)) from None
-        if sent.resumed:  # the scheduler queues them now, not when its wait for events ends
-            self._wake_scheduler()
-        return sent
-
     def answer_callback(
         self,
         cipher: Cipher,
@@ -130,13 +111,9 @@ class Writes:
         with self.ui.sessions.begin() as session:
             sent = signals.answer_callback(session, cipher, claim, status, payload, idempotency_key)
         if sent.resumed:
-            self._wake_scheduler()
+            self.ui.wake_scheduler()
         return sent
 
     def callback_heartbeat(self, claim: Claim) -> dt.datetime:
         with self.ui.sessions.begin() as session:
             return signals.heartbeat(session, claim)
-
-    def _wake_scheduler(self) -> None:
-        broker = self.ui.broker()
-        broker.publish(broker.keys.events, WAKE)

@@ -59,12 +59,14 @@ TIMER_PAGE = 1000
 
 
 # The keys' locks in the order of their lock ids (two keys may share one: no cycle either way);
-# a volatile function in the select list is evaluated after the sort.
-_LOCK_SQL = text(
+# a volatile function in the select list is evaluated after the sort. A query of its own, or a
+# CTE of a statement that reads something more in the same round trip.
+LOCK_KEYS_QUERY = (
     "SELECT pg_advisory_xact_lock(h) FROM ("
     " SELECT DISTINCT hashtextextended('deferral.signal:' || k, 0) AS h"
     " FROM unnest(CAST(:keys AS text[])) AS k) AS ids ORDER BY h"
 )
+_LOCK_SQL = text(LOCK_KEYS_QUERY)
 
 
 def lock_keys(session: Session, keys: Iterable[str]) -> None:
