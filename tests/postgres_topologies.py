@@ -5,8 +5,9 @@ shared server on 5432 must keep running for everyone else).
 outlives the machine, and ``synchronous_commit`` stays on, so a commit still waits for its WAL
 write and survives an immediate shutdown), optionally with a streaming replica made by
 ``pg_basebackup -R``. It stops the primary (``immediate``: as a crash; ``fast``), starts it
-again, and promotes the replica. The binaries are ``pg_config --bindir``'s, else PostgreSQL 15's
-Debian directory; run as root, they run as the ``postgres`` user (initdb refuses root).
+again, and promotes the replica. The binaries are Debian's (``/usr/lib/postgresql/<version>/bin``,
+the newest), else ``pg_config --bindir``'s; run as root, they run as the ``postgres`` user
+(initdb refuses root).
 """
 
 from __future__ import annotations
@@ -23,12 +24,15 @@ from sqlalchemy import create_engine, text
 from tests.helpers import wait_for
 from tests.redis_topologies import free_ports
 
-DEBIAN_BINDIR = Path("/usr/lib/postgresql/15/bin")
+DEBIAN_VERSIONS = Path("/usr/lib/postgresql")  # <version>/bin, as Debian's packages install
 
 
 def bindir() -> Path | None:
-    """The directory of initdb/pg_ctl/pg_basebackup, or None if there is none on this machine."""
-    for folder in (DEBIAN_BINDIR, _pg_config_bindir()):
+    """The directory of initdb/pg_ctl/pg_basebackup (Debian's newest version, else
+    ``pg_config --bindir``'s), or None if there is none on this machine."""
+    versions = [p for p in DEBIAN_VERSIONS.glob("*/bin") if p.parent.name.isdigit()]
+    newest_first = sorted(versions, key=lambda p: int(p.parent.name), reverse=True)
+    for folder in (*newest_first, _pg_config_bindir()):
         if folder is not None and (folder / "initdb").exists():
             return folder
     return None
