@@ -33,7 +33,7 @@ def metastore() -> Metastore:
 def _open(database_url: str, fernet_keys: tuple[str, ...]) -> Metastore:
     # One kept connection: a task process or a command makes a few short queries in turn.
     # Pinged before each use: a worker's warm task process kept it across a database restart,
-    # and its next task's first query failed the try (deferral/DECISIONS.md 101).
+    # and its next task's first query failed the try (deferral/DECISIONS.md 104).
     engine = make_engine(database_url, pool_size=1, pool_pre_ping=True)
     return Metastore(make_sessionmaker(engine), Cipher(fernet_keys))
 

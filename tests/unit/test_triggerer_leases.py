@@ -3,6 +3,7 @@ waiting, and never stops beating because a beat failed."""
 
 from __future__ import annotations
 
+import logging
 from typing import Any, cast
 
 import pytest
@@ -10,6 +11,8 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 
 from broker.client import Broker, LeaseStatus
 from broker.consumer import Lost, StreamConsumer
+from deferral.runtime.outages import Outage
+from triggerer import leases
 from triggerer.leases import LeaseKeeper
 
 
@@ -50,7 +53,9 @@ def test_a_beat_renews_through_its_own_broker_and_hands_itself_on_with_the_lost(
     assert registered == [True, True]
 
 
-def test_a_failing_beat_is_logged_and_the_next_one_runs(caplog: pytest.LogCaptureFixture) -> None:
+def test_a_failing_beat_is_logged_and_the_next_one_runs(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
     consumer = FakeConsumer(RedisConnectionError("down"), ValueError("a bug"), [])
     failures = iter([RuntimeError("db bug"), None, None])
 
@@ -59,11 +64,13 @@ def test_a_failing_beat_is_logged_and_the_next_one_runs(caplog: pytest.LogCaptur
         if failure is not None:
             raise failure
 
+    monkeypatch.setattr(leases, "OUTAGE", Outage(logging.getLogger("deferral.outage")))
     keeper = _keeper(consumer, register, [])
     for _ in range(3):
         keeper.beat()  # never raises: the thread must keep beating
     assert keeper.beats == 3
     said = caplog.text
-    assert "renewing leases failed: down" in said  # transient: a warning
+    # Transient: said by the process's outage account (a fresh one here), once.
+    assert "servers unavailable (ConnectionError: down; renewing leases)" in said
     assert "renewing leases failed unexpectedly" in said and "ValueError: a bug" in said
     assert "recording the heartbeat failed unexpectedly" in said
