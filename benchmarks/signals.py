@@ -18,7 +18,9 @@ batches of 500); then
   credentials), ``--auth basic`` the admin's HTTP Basic password. The server's signal rate
   limit is lifted for the run. ``--servers N`` starts N webserver replicas (as behind a load
   balancer), client i posting to replica i mod N; the webserver CPU per signal is their sum,
-  and PostgreSQL's is that of the database's backends (the same machine shares both).
+  and PostgreSQL's is that of the database's backends (the same machine shares both); the
+  transactions committed in the database per signal (pg_stat_database, read once the
+  webservers' connections are closed, so their counts are in).
 
 No scheduler, worker or triggerer runs: nothing but PostgreSQL is needed for a signal to reach
 SCHEDULED (queuing it is the scheduler's dispatch, as for any resumed task).
@@ -209,6 +211,18 @@ def postgres_cpu(url: str) -> dict[int, float]:
     return {pid: cpu_seconds(pid) for pid in pids}
 
 
+def commits(url: str) -> int:
+    """Transactions committed in the benchmark's database (those of closed connections and
+    this one's, at least: an open backend reports its counts at intervals)."""
+    engine = make_engine(url)
+    with engine.connect() as conn:
+        count = conn.scalar(
+            text("SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()")
+        )
+    engine.dispose()
+    return int(count or 0)
+
+
 def wait_up(port: int, deadline: float) -> None:
     while time.monotonic() < deadline:
         try:
@@ -260,6 +274,8 @@ def main() -> None:
             for port in ports:
                 wait_up(port, time.monotonic() + 60)
             authorization = credentials(url, args.auth)
+            metastore().sessions.kw["bind"].dispose()  # the library's counts reported
+            committed = commits(url)
             cpu = sum(cpu_seconds(server.pid) for server in servers)
             backends = postgres_cpu(url)
             api_throughput(
@@ -280,6 +296,8 @@ def main() -> None:
                 server.terminate()
             for server in servers:
                 server.wait(timeout=30)
+        committed = commits(url) - committed
+        print(f"transactions committed per signal: {committed / args.api:.2f}")
 
 
 if __name__ == "__main__":

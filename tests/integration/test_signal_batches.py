@@ -18,6 +18,7 @@ from deferral_cli import main as deferral_main
 from tests.integration.conftest import web_client
 from tests.integration.test_api_tokens import _bearer, _make
 from tests.integration.test_signals import _defer, _running
+from tests.integration.test_webserver import _requests
 from webserver import tokens
 from webserver.signalbatch import Send, SignalBatches
 
@@ -95,6 +96,7 @@ def test_a_token_request_past_the_browser_layers_keeps_the_api_answers(
     settings: Settings, sessions: sessionmaker[Session]
 ) -> None:
     token = _make("edge", "signals")
+    counted = _requests("POST", "/api/v1/signals/{key}", "415")
     with web_client(settings, "0.0.0.0") as client:
         cases = [
             (client.post("/api/v1/signals/k", content=b"{}", headers=_bearer(token)), 415),
@@ -118,6 +120,8 @@ def test_a_token_request_past_the_browser_layers_keeps_the_api_answers(
                 assert list(answer.json()) == ["error"]
                 assert answer.headers["cache-control"] == "no-store"
         assert "signal key 'a b' is invalid" in cases[3][0].json()["error"]
+        # Counted under its route's pattern, as the router would have named it.
+        assert _requests("POST", "/api/v1/signals/{key}", "415") == counted + 1
     allowed = {"DEFERRAL_WEBSERVER_ALLOWED_HOSTS": "deferral.example"}
     with web_client(settings, "0.0.0.0", allowed) as client:
         bad_host = client.post(
