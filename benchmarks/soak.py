@@ -1,14 +1,18 @@
-"""Soak: runs of deferring tasks keep coming while services are killed, frozen and Redis wiped.
+"""Soak: runs of deferring tasks keep coming while services are killed, frozen, and Redis restarted
+and wiped.
 
     .venv/bin/python benchmarks/soak.py --duration 150 [--seed N] [--rounds 10]
 
-Two schedulers, two workers and two triggerers (heartbeat 1 s) on a fresh database and stream
-prefix. A run of the soak DAG (20 tasks that defer once or twice for 1 to 8 s, then a task that
-needs them all) is triggered every ``--every`` seconds for ``--duration`` seconds; meanwhile,
+Two schedulers, two workers and two triggerers (heartbeat 1 s) on a fresh database and a Redis of
+their own (``tests/redis_topologies.py``: a spare port, AOF with ``appendfsync everysec``). A run
+of the soak DAG (20 tasks that defer once or twice for 1 to 8 s, then a task that needs them all)
+is triggered every ``--every`` seconds for ``--duration`` seconds; meanwhile,
 every ``--interval`` seconds, one fault picked at random (seeded):
 
 - kill -9 of a random service, restarted under its name a moment later;
 - SIGSTOP of a triggerer for 2 to 4 heartbeats (its triggers are taken over), then SIGCONT;
+- kill -9 of Redis, started again a moment later from its AOF, or without its files (every key
+  lost: the reconciler republishes from PostgreSQL);
 
 and once, halfway, every key under the prefix is deleted. Then the faults stop and every run
 must finish, and the benchmark checks, from Postgres and the logs:
@@ -26,11 +30,15 @@ from __future__ import annotations
 import argparse
 import random
 import signal
+import tempfile
 import time
 from collections import Counter
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from harness import Stack, load_average, wait_for
+
+from tests.redis_topologies import LocalRedis
 
 DAG = """
 import datetime as dt
@@ -89,9 +97,22 @@ class Faults:
     kills: Counter[str] = field(default_factory=Counter)
     stops: int = 0
     wiped_keys: int = 0
+    redis_restarts: Counter[str] = field(default_factory=Counter)
 
 
-def churn(stack: Stack, args: argparse.Namespace, rng: random.Random) -> tuple[Faults, int]:
+def restart_redis(redis: LocalRedis, rng: random.Random) -> str:
+    """kill -9 of the soak's Redis, started again a moment later from its AOF or without its
+    files; says which."""
+    kept = rng.random() < 0.5
+    redis.down()
+    time.sleep(rng.uniform(0.2, 2.0))
+    redis.up(data=kept)
+    return "from its AOF" if kept else "without its data"
+
+
+def churn(
+    stack: Stack, redis: LocalRedis, args: argparse.Namespace, rng: random.Random
+) -> tuple[Faults, int]:
     """Trigger runs and inject faults for ``args.duration`` seconds; return the faults and the
     number of runs triggered."""
     faults = Faults()
@@ -111,7 +132,12 @@ def churn(stack: Stack, args: argparse.Namespace, rng: random.Random) -> tuple[F
             print(f"  {now - began:5.1f} s: deleted all {len(keys)} keys under the prefix")
         elif now >= next_fault:
             next_fault += args.interval
-            if rng.random() < 0.2:
+            roll = rng.random()
+            if roll < 0.1:
+                how = restart_redis(redis, rng)
+                faults.redis_restarts[how] += 1
+                print(f"  {now - began:5.1f} s: killed Redis (SIGKILL), started it again {how}")
+            elif roll < 0.3:
                 victim = rng.choice(["triggerer1", "triggerer2"])
                 stack.signal(victim, signal.SIGSTOP)
                 time.sleep(rng.uniform(2 * beat, 4 * beat))
@@ -162,13 +188,24 @@ def check(stack: Stack, runs: int) -> list[str]:
 
 def soak_round(args: argparse.Namespace, seed: int) -> bool:
     rng = random.Random(seed)
-    with Stack(heartbeat_sec=args.heartbeat, keep=True) as stack:
+    with tempfile.TemporaryDirectory(prefix="soak-redis-") as home:
+        redis = LocalRedis(Path(home)).start()
+        try:
+            return _soak_round_on(redis, args, seed, rng)
+        finally:
+            redis.stop()
+
+
+def _soak_round_on(
+    redis: LocalRedis, args: argparse.Namespace, seed: int, rng: random.Random
+) -> bool:
+    with Stack(heartbeat_sec=args.heartbeat, keep=True, redis_url=redis.url) as stack:
         stack.write_dag("soak", DAG)
         for name, options in SERVICES.items():
             stack.start(name, *options)
         stack.wait_started(*SERVICES)
         print(f"round seed {seed}: {load_average()}", flush=True)
-        faults, runs = churn(stack, args, rng)
+        faults, runs = churn(stack, redis, args, rng)
         drained = time.monotonic()
         wait_for(
             lambda: stack.finished_runs("soak") >= runs,
@@ -184,7 +221,8 @@ def soak_round(args: argparse.Namespace, seed: int) -> bool:
         print(
             f"round seed {seed}: {runs} runs, {runs * TASKS_PER_RUN} tasks in {args.duration:g} s"
             f" of churn; {sum(faults.kills.values())} kills {dict(faults.kills)}, {faults.stops}"
-            f" SIGSTOPs, {faults.wiped_keys} keys wiped; {retries} tries failed by kills,"
+            f" SIGSTOPs, Redis restarts {dict(faults.redis_restarts)}, {faults.wiped_keys} keys"
+            f" wiped; {retries} tries failed by kills,"
             f" {repairs} reconciler repair line(s); drained in {drain:.1f} s; {load_average()}"
         )
         for problem in problems:

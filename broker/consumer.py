@@ -30,6 +30,7 @@ import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 
+from broker import outage
 from broker.client import BATCH, DEFAULT_DEAD_LETTER_MAXLEN, PENDING_PAGE, Broker, LeaseStatus
 from broker.deliveries import (
     Candidate,
@@ -714,7 +715,8 @@ class StreamConsumer:
         try:
             self.prune_consumers()
         except Exception as exc:  # housekeeping: never worth failing a renewal for
-            log.warning("could not remove stopped consumers of %s: %s", self.stream, exc)
+            if not outage.REDIS.failed(exc, f"removing stopped consumers of {self.stream}"):
+                log.warning("could not remove stopped consumers of %s: %s", self.stream, exc)
 
     def prune_consumers(self) -> list[str]:
         """Delete the group's consumers whose process is not alive and that hold nothing (a
@@ -821,7 +823,8 @@ def run_until_stopped(
     once; returns whether it did). A transient error (Redis or Postgres unreachable, a deadlock)
     backs off, calls ``recover`` (e.g. recreate a lost group) and goes on, saying so when the
     outage starts and again, with the error of the moment, every ``OUTAGE_REPEAT_SEC`` it lasts
-    (an operator must see what a long outage is stuck on, not its first second only); any other
+    (an operator must see what a long outage is stuck on, not its first second only; Redis
+    failing is said by ``outage.REDIS``, once for all the process's loops); any other
     error is logged with its traceback and backed off too: one bad loop must not stop the
     service."""
     backoff = Backoff()
@@ -832,7 +835,11 @@ def run_until_stopped(
             step()
         except Exception as exc:
             now = clock()
-            if is_transient(exc):
+            # Redis failing is said by the process's one account of it (broker rule 35).
+            redis_down = outage.REDIS.failed(exc, f"running {getattr(step, '__qualname__', step)}")
+            if redis_down:
+                pass
+            elif is_transient(exc):
                 if failing_since is None:
                     log.warning("servers unavailable (%s: %s); retrying", type(exc).__name__, exc)
                     said_at = now
@@ -847,7 +854,7 @@ def run_until_stopped(
                     said_at = now
             else:
                 log.exception("unexpected error in the service loop; retrying")
-            if failing_since is None:
+            if failing_since is None and not redis_down:
                 failing_since = now
             stop.wait(backoff.next())
             try:
@@ -859,6 +866,7 @@ def run_until_stopped(
         if failing_since is not None:
             log.info("servers available again")
             failing_since = None
+        outage.REDIS.worked()
         backoff.reset()
         if once:
             return True

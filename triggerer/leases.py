@@ -14,6 +14,7 @@ import logging
 import threading
 from collections.abc import Callable
 
+from broker import outage
 from broker.client import Broker
 from broker.consumer import Lost
 from broker.consumers import ConsumerSet
@@ -74,6 +75,8 @@ class LeaseKeeper:
 
     @staticmethod
     def _failed(what: str, exc: Exception) -> None:
+        if outage.REDIS.failed(exc, what):
+            return
         if is_transient(exc):
             log.warning("%s failed: %s", what, exc)
         else:

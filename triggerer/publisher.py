@@ -12,6 +12,7 @@ from typing import Any
 import anyio
 from redis.exceptions import RedisError
 
+from broker import outage
 from broker.client import Broker
 from broker.consumer import Backoff
 from broker.consumers import ConsumerSet
@@ -132,7 +133,8 @@ class Publisher:
             try:
                 await in_thread(self.consumer.retire, retiring)
             except RedisError as exc:
-                log.warning("retiring %d entr(ies) failed (%s); retrying", len(retiring), exc)
+                if not outage.REDIS.failed(exc, f"retiring {len(retiring)} entr(ies)"):
+                    log.warning("retiring %d entr(ies) failed (%s); retrying", len(retiring), exc)
                 await anyio.sleep(backoff.next())
                 continue
             del self.retiring[: len(retiring)]
@@ -141,9 +143,10 @@ class Publisher:
             try:
                 await in_thread(self.broker.publish_many, reports)
             except RedisError as exc:
-                log.warning(
-                    "publishing %d progress report(s) failed (%s); retrying", len(reports), exc
-                )
+                if not outage.REDIS.failed(exc, f"publishing {len(reports)} progress report(s)"):
+                    log.warning(
+                        "publishing %d progress report(s) failed (%s); retrying", len(reports), exc
+                    )
                 await anyio.sleep(backoff.next())
                 continue
             del self.reports[: len(reports)]
@@ -158,7 +161,8 @@ class Publisher:
             try:
                 await in_thread(self.consumer.hand_on_many, items)
             except RedisError as exc:
-                log.warning("publishing %d event(s) failed (%s); retrying", len(batch), exc)
+                if not outage.REDIS.failed(exc, f"publishing {len(batch)} event(s)"):
+                    log.warning("publishing %d event(s) failed (%s); retrying", len(batch), exc)
                 await anyio.sleep(backoff.next())
                 continue
             del self.items[: len(batch)]
@@ -166,6 +170,7 @@ class Publisher:
                 self.release(trigger_id, held)
                 failed = message.kind == EVENT_KIND_FAILURE
                 (metrics.TRIGGERS_FAILED if failed else metrics.TRIGGERS_FIRED).inc()
+            outage.REDIS.worked()
         self.ready = anyio.Event()
 
     async def _carry_task_logs(

@@ -29,6 +29,7 @@ from anyio.abc import TaskGroup
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 from sqlalchemy import func, select
 
+from broker import outage
 from broker.client import Broker, LeaseStatus, connect_when_up
 from broker.consumer import Backoff, Lost
 from broker.consumers import ConsumerSet
@@ -311,7 +312,9 @@ class TriggererService:
             except Exception as exc:
                 if not is_transient(exc):
                     raise
-                log.warning("%s failed (%s); retrying", getattr(func, "__name__", func), exc)
+                doing = getattr(func, "__name__", func)
+                if not outage.REDIS.failed(exc, f"calling {doing}"):
+                    log.warning("%s failed (%s); retrying", doing, exc)
                 await anyio.sleep(backoff.next())
 
     async def _stop_on_signal(self, scope: anyio.CancelScope) -> None:
@@ -345,10 +348,12 @@ class TriggererService:
                 if not is_transient(exc):
                     raise
                 # Redis restarting, or the stream or group lost: wait, recreate, read again.
-                log.warning("reading the triggers streams failed: %s; retrying", exc)
+                if not outage.REDIS.failed(exc, "reading the triggers streams"):
+                    log.warning("reading the triggers streams failed: %s; retrying", exc)
                 await anyio.sleep(backoff.next())
                 await in_thread(_quietly, self.consumer.start)
                 continue
+            outage.REDIS.worked()
             backoff.reset()
             await self.starter.start_all(tasks, deliveries)
             if len(deliveries) >= wanted and self.peers != 0:
@@ -381,7 +386,8 @@ class TriggererService:
                 if not is_transient(exc):
                     raise
                 # Keep running: what was missed now is seen at the next beat.
-                log.warning("the checks after a heartbeat failed: %s", exc)
+                if not outage.REDIS.failed(exc, "checking after a heartbeat"):
+                    log.warning("the checks after a heartbeat failed: %s", exc)
 
     async def _take_overs(self, tasks: TaskGroup) -> None:
         """Run the triggers of entries whose owner stopped renewing them (a dead triggerer) or

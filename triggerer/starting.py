@@ -15,6 +15,7 @@ import anyio
 from anyio.abc import TaskGroup
 from sqlalchemy.orm import Session, sessionmaker
 
+from broker import outage
 from broker.client import Broker
 from broker.consumer import Delivery
 from broker.consumers import ConsumerSet
@@ -112,14 +113,16 @@ class Starter:
 
     def _not_started(self, delivery: Delivery, exc: Exception) -> None:
         """One entry never stops the triggerer: say so in one line and let it go (no longer
-        renewed, it is taken over again after the takeover delay)."""
-        log.error(
-            "could not start %s entry %s: %s: %s",
-            delivery.entry.stream,
-            delivery.entry.id,
-            type(exc).__name__,
-            one_line(str(exc), MAX_DEAD_ERROR),
-        )
+        renewed, it is taken over again after the takeover delay). Redis failing is no fault of
+        the entry: said by the process's account of it."""
+        if not outage.REDIS.failed(exc, f"starting {delivery.entry.stream} {delivery.entry.id}"):
+            log.error(
+                "could not start %s entry %s: %s: %s",
+                delivery.entry.stream,
+                delivery.entry.id,
+                type(exc).__name__,
+                one_line(str(exc), MAX_DEAD_ERROR),
+            )
         self.consumer.release([delivery.entry.id])
 
     async def _open_all(

@@ -23,12 +23,15 @@ from sqlalchemy.exc import DBAPIError, OperationalError
 _TRANSIENT_SQLSTATE_CLASSES = frozenset({"08", "40", "53", "57", "58"})
 _TRANSIENT_SQLSTATES = frozenset({"55P03"})  # lock_not_available
 
-_TRANSIENT_REDIS = (
+# Redis failing as a server: unreachable, loading, a read-only replica, or full (``maxmemory``
+# reached with ``noeviction``: writes refused until memory is freed, reads still answered).
+REDIS_DOWN = (
     redis.exceptions.ConnectionError,
     redis.exceptions.TimeoutError,
     redis.exceptions.BusyLoadingError,
     redis.exceptions.ReadOnlyError,
     redis.exceptions.TryAgainError,
+    redis.exceptions.OutOfMemoryError,
 )
 
 
@@ -40,7 +43,7 @@ def _transient_sqlstate(code: str | None) -> bool:
 
 def is_transient(exc: BaseException) -> bool:
     """Whether ``exc`` says the servers are unavailable or busy, not that the work is bad."""
-    if isinstance(exc, _TRANSIENT_REDIS):
+    if isinstance(exc, REDIS_DOWN):
         return True
     if isinstance(exc, redis.exceptions.ResponseError):
         # The stream or group was lost (Redis restarted without its data, or the key deleted

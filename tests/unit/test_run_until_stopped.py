@@ -8,6 +8,7 @@ import pytest
 from redis.exceptions import ConnectionError as RedisConnectionError
 from sqlalchemy.exc import OperationalError
 
+from broker import outage
 from broker.consumer import Backoff, run_until_stopped
 
 
@@ -74,25 +75,50 @@ def test_backoff_doubles_up_to_its_cap_and_resets() -> None:
     assert backoff.next() == 1
 
 
-def test_a_long_outage_is_said_again_with_its_current_error(
-    caplog: pytest.LogCaptureFixture,
-) -> None:
-    stop = Clock()
+def _said(caplog: pytest.LogCaptureFixture, errors: list[Exception], every: float) -> list[str]:
+    """The first line of each message logged while a step fails with ``errors`` in turn, one
+    every ``every`` seconds of the clock ``outage.REDIS`` reads too, then succeeds."""
     now = [0.0]
-    errors = [RedisConnectionError("refused")] * 2 + [RedisConnectionError("cluster is down")] * 5
+    outage.REDIS.clock = lambda: now[0]
+    stop = Clock()
 
     def step() -> None:
-        now[0] += 25.0
+        now[0] += every
         if errors:
             raise errors.pop(0)
         stop.set()
 
     caplog.set_level("INFO", logger="deferral.broker")
     run_until_stopped(stop, step, recover=lambda: None, clock=lambda: now[0])
-    said = [r.getMessage() for r in caplog.records]
-    assert said == [
-        "servers unavailable (ConnectionError: refused); retrying",
-        "servers still unavailable after 75 s (ConnectionError: cluster is down); retrying",
-        "servers still unavailable after 150 s (ConnectionError: cluster is down); retrying",
+    return [r.getMessage().split("\n")[0] for r in caplog.records]
+
+
+@pytest.fixture(autouse=True)
+def _own_redis_account(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(outage, "REDIS", outage.RedisOutage())
+
+
+def test_a_long_outage_is_said_again_with_its_current_error(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    errors = [OperationalError("SELECT 1", {}, Exception("refused"))] * 2
+    errors += [OperationalError("SELECT 1", {}, Exception("shutting down"))] * 5
+    assert _said(caplog, errors, 25.0) == [
+        "servers unavailable (OperationalError: (builtins.Exception) refused",
+        "servers still unavailable after 75 s (OperationalError: (builtins.Exception) shutting"
+        " down",
+        "servers still unavailable after 150 s (OperationalError: (builtins.Exception) shutting"
+        " down",
         "servers available again",
     ]
+
+
+def test_redis_failing_is_said_by_the_process_account_of_it(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    errors: list[Exception] = [RedisConnectionError("refused")] * 3
+    assert _said(caplog, errors, 5.0) == [
+        "Redis unavailable (ConnectionError: refused) while running"
+        " _said.<locals>.step; retrying (said again once a minute)"
+    ]
+    assert outage.REDIS.since is not None  # over only once no call failed for QUIET_SEC
