@@ -12,6 +12,7 @@ One stack for the module (the services are never stopped; Redis is), each case a
 from __future__ import annotations
 
 import datetime as dt
+import signal
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -69,8 +70,8 @@ with DAG({dag_id!r}, max_active_tasks={n}) as dag:
 METRICS_PORT = free_port()
 stack, services, sessions, write_dag = shared_stack_fixtures(
     ("scheduler",),
-    ("worker", "--concurrency", "4"),
-    ("triggerer", "--metrics-port", str(METRICS_PORT)),
+    ("worker", "--concurrency", "4", "--metrics-port", str(METRICS_PORT)),
+    ("triggerer",),
 )
 
 
@@ -122,12 +123,12 @@ def _outage(
     tmp_path: Path,
     dag_id: str,
     *,
-    away: Callable[[], None],
+    away: Callable[[Path], None],
     back: Callable[[], None],
 ) -> None:
-    """``N`` tasks of ``dag_id`` deferred; Redis goes ``away``, the gate opens (the triggers fire
-    meanwhile), ``OUTAGE_SEC`` later it comes ``back``: every task must succeed once and the
-    first resume come within ``RESUME_WITHIN_SEC`` of its return."""
+    """``N`` tasks of ``dag_id`` deferred; Redis goes ``away`` (given the gate), the gate opens
+    (the triggers fire meanwhile), ``OUTAGE_SEC`` later it comes ``back``: every task must
+    succeed once, none before the return, the first within ``RESUME_WITHIN_SEC`` of it."""
     gate, out = tmp_path / "gate", tmp_path / "out"
     out.mkdir()
     write_dag(dag_id, DAG.format(dag_id=dag_id, gate=str(gate), out=str(out), n=N))
@@ -135,19 +136,19 @@ def _outage(
     wait_for(lambda: _states(sessions, dag_id) == {"deferred": N}, timeout=180, what="deferrals")
     said_before = _lines(services, UNAVAILABLE)
 
-    away()
+    away(gate)
     try:
         gate.write_text("open")
         time.sleep(OUTAGE_SEC)  # the outage itself: what is tested is what the services do in it
-        resumed = _changes(sessions, dag_id, "scheduled", "deferred")
+        succeeded = _changes(sessions, dag_id, "success")
     finally:
         back()  # the module's next case needs its Redis whatever failed here
     returned = dt.datetime.now(dt.UTC)
-    assert not resumed, "resumed while Redis was away"
+    assert not succeeded, "tasks succeeded while Redis was away"
 
     wait_for(lambda: _states(sessions, dag_id) == {"success": N}, timeout=300, what="successes")
-    first_resume = min(at for _, at in _changes(sessions, dag_id, "scheduled", "deferred"))
-    assert (first_resume - returned).total_seconds() < RESUME_WITHIN_SEC
+    first_success = min(at for _, at in _changes(sessions, dag_id, "success"))
+    assert (first_success - returned).total_seconds() < RESUME_WITHIN_SEC
     successes = sorted(task_id for task_id, _ in _changes(sessions, dag_id, "success"))
     assert successes == sorted(f"t{i}" for i in range(N))
     assert {p.name: p.read_text() for p in out.iterdir()} == {f"t{i}": "ran\n" for i in range(N)}
@@ -180,7 +181,7 @@ def test_kill_9_seconds_down_then_a_restart(
         write_dag,
         tmp_path,
         f"e2e_outage_{'aof' if data else 'lost'}",
-        away=local_redis.down,
+        away=lambda gate: local_redis.down(),
         back=lambda: local_redis.up(data=data),
     )
 
@@ -193,27 +194,33 @@ def test_maxmemory_reached_then_freed(
     local_redis: LocalRedis,
     tmp_path: Path,
 ) -> None:
+    worker = services.procs["worker"]
+    queue = stack.broker.keys.queue("default")
+
+    def full(gate: Path) -> None:
+        # The tasks resumed and their attempts queued while the worker is stopped: it reads them
+        # once Redis is full (reads are allowed), and cannot mark them started (writes are not).
+        worker.send_signal(signal.SIGSTOP)
+        try:
+            gate.write_text("open")
+            wait_for(lambda: stack.broker.redis.xlen(queue) >= N, timeout=120, what="queued")
+            local_redis.full()
+        finally:
+            worker.send_signal(signal.SIGCONT)
+
     def freed() -> None:
-        # The triggers fired meanwhile: their events are refused, and the triggerer says so.
+        # The worker read the attempts and its writes are refused: it says so.
         wait_for(
             lambda: value(scrape(METRICS_PORT), "deferral_redis_unavailable") == 1,
             timeout=60,
-            what="the triggerer to show Redis unavailable",
+            what="the worker to show Redis unavailable",
         )
         local_redis.full(refuse=False)
 
-    _outage(
-        services,
-        sessions,
-        write_dag,
-        tmp_path,
-        "e2e_outage_full",
-        away=local_redis.full,
-        back=freed,
-    )
+    _outage(services, sessions, write_dag, tmp_path, "e2e_outage_full", away=full, back=freed)
     wait_for(
         lambda: value(scrape(METRICS_PORT), "deferral_redis_unavailable") == 0,
         timeout=60,
-        what="the triggerer to show Redis available again",
+        what="the worker to show Redis available again",
     )
-    assert "OutOfMemoryError" in services.log("triggerer")
+    assert "OutOfMemoryError" in services.log("worker")
