@@ -74,8 +74,10 @@ CASES = ("aof", "lost", "stopped", "full", "sentinel")
 
 
 @contextmanager
-def services_on(redis_url: str, cases: list[str], n: int) -> Iterator[Stack]:
-    with Stack(heartbeat_sec=1.0, redis_url=redis_url, prefix="deferral_rfault") as stack:
+def services_on(redis_url: str, cases: list[str], n: int, keep: bool) -> Iterator[Stack]:
+    with Stack(
+        heartbeat_sec=1.0, redis_url=redis_url, prefix="deferral_rfault", keep=keep
+    ) as stack:
         # Every case's DAG is in the folder before the schedulers start: a run whose DAG a
         # scheduler has not read yet may lose its evaluation mark there (see the README's row).
         for case in cases:
@@ -154,11 +156,11 @@ def run_case(stack: Stack, case: str, n: int, fault: Callable[[], None]) -> list
     return figures
 
 
-def sentinel_case(home: Path, n: int) -> list[Figure]:
+def sentinel_case(home: Path, n: int, keep: bool) -> list[Figure]:
     (home / "sentinel").mkdir()
     topology = LocalSentinel(home / "sentinel").start()
     try:
-        with services_on(topology.url, ["sentinel"], n) as stack:
+        with services_on(topology.url, ["sentinel"], n, keep) as stack:
 
             def failover() -> None:
                 topology.kill_primary()  # returns once the replica is promoted
@@ -173,6 +175,7 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=500, help="tasks per case")
     parser.add_argument("--outage", type=float, default=30.0, help="seconds stopped or full")
     parser.add_argument("--cases", default=",".join(CASES))
+    parser.add_argument("--keep-logs", action="store_true", help="keep the database and logs")
     args = parser.parse_args()
     cases = args.cases.split(",")
     unknown = set(cases) - set(CASES)
@@ -183,13 +186,13 @@ def main() -> None:
     redis = LocalRedis(home / "redis").start()
     try:
         alone = [case for case in cases if case != "sentinel"]
-        with services_on(redis.url, alone, args.n) as stack:
+        with services_on(redis.url, alone, args.n, args.keep_logs) as stack:
             for case in alone:
                 figures += run_case(stack, case, args.n, fault_of(case, redis, args.outage))
     finally:
         redis.stop()
     if "sentinel" in cases:
-        figures += sentinel_case(home, args.n)
+        figures += sentinel_case(home, args.n, args.keep_logs)
     ok = report(
         f"Redis goes away and comes back under {args.n} deferring tasks per case"
         f" (outages of {args.outage:g} s)",
