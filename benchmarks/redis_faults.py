@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import shutil
 import signal
 import tempfile
 import time
@@ -186,13 +187,15 @@ def main() -> None:
     redis = LocalRedis(home / "redis").start()
     try:
         alone = [case for case in cases if case != "sentinel"]
-        with services_on(redis.url, alone, args.n, args.keep_logs) as stack:
-            for case in alone:
-                figures += run_case(stack, case, args.n, fault_of(case, redis, args.outage))
+        if alone:
+            with services_on(redis.url, alone, args.n, args.keep_logs) as stack:
+                for case in alone:
+                    figures += run_case(stack, case, args.n, fault_of(case, redis, args.outage))
+        if "sentinel" in cases:
+            figures += sentinel_case(home, args.n, args.keep_logs)
     finally:
         redis.stop()
-    if "sentinel" in cases:
-        figures += sentinel_case(home, args.n, args.keep_logs)
+        shutil.rmtree(home, ignore_errors=True)  # the servers' files
     ok = report(
         f"Redis goes away and comes back under {args.n} deferring tasks per case"
         f" (outages of {args.outage:g} s)",
