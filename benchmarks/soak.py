@@ -1,16 +1,20 @@
-"""Soak: runs of deferring tasks keep coming while services are killed, frozen and Redis wiped.
+"""Soak: runs of deferring tasks keep coming while services are killed, frozen, and Redis restarted
+and wiped.
 
     .venv/bin/python benchmarks/soak.py --duration 150 [--seed N] [--rounds 10]
 
-Two schedulers, two workers and two triggerers (heartbeat 1 s) on a fresh database and stream
-prefix. A run of the soak DAG (20 tasks that defer once or twice for 1 to 8 s, then a task that
-needs them all) is triggered every ``--every`` seconds for ``--duration`` seconds; meanwhile,
+Two schedulers, two workers and two triggerers (heartbeat 1 s) on a fresh database and a Redis of
+their own (``tests/redis_topologies.py``: a spare port, AOF with ``appendfsync everysec``). A run
+of the soak DAG (20 tasks that defer once or twice for 1 to 8 s, then a task that needs them all)
+is triggered every ``--every`` seconds for ``--duration`` seconds; meanwhile,
 every ``--interval`` seconds, one fault picked at random (seeded):
 
 - kill -9 of a random service, restarted under its name a moment later;
 - SIGSTOP of a triggerer for 2 to 4 heartbeats (its triggers are taken over), then SIGCONT;
 - a rolling restart of one service kind (each of its two processes in turn sent SIGTERM and,
   once it exited, started again);
+- kill -9 of Redis, started again a moment later from its AOF, or without its files (every key
+  lost: the reconciler republishes from PostgreSQL);
 
 and once, halfway, every key under the prefix is deleted. The database is a private PostgreSQL
 cluster's (``tests/postgres_topologies.py``), restarted at a quarter and three quarters of the
@@ -30,13 +34,16 @@ from __future__ import annotations
 import argparse
 import random
 import signal
+import tempfile
 import time
 from collections import Counter
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from harness import Stack, load_average, wait_for
 
 from tests.postgres_topologies import LocalPostgres
+from tests.redis_topologies import LocalRedis
 
 DAG = """
 import datetime as dt
@@ -97,6 +104,7 @@ class Faults:
     wiped_keys: int = 0
     rolled: Counter[str] = field(default_factory=Counter)
     postgres_restarts: list[str] = field(default_factory=list)
+    redis_restarts: Counter[str] = field(default_factory=Counter)
 
 
 def restart_postgres(cluster: LocalPostgres, rng: random.Random, faults: Faults) -> str:
@@ -145,8 +153,22 @@ def rolling_restart(kind: str) -> Rolling:
     return Rolling(kind, sorted(n for n in SERVICES if n.rstrip("0123456789") == kind))
 
 
+def restart_redis(redis: LocalRedis, rng: random.Random) -> str:
+    """kill -9 of the soak's Redis, started again a moment later from its AOF or without its
+    files; says which."""
+    kept = rng.random() < 0.5
+    redis.down()
+    time.sleep(rng.uniform(0.2, 2.0))
+    redis.up(data=kept)
+    return "from its AOF" if kept else "without its data"
+
+
 def churn(
-    stack: Stack, cluster: LocalPostgres, args: argparse.Namespace, rng: random.Random
+    stack: Stack,
+    cluster: LocalPostgres,
+    redis: LocalRedis,
+    args: argparse.Namespace,
+    rng: random.Random,
 ) -> tuple[Faults, int]:
     """Trigger runs and inject faults for ``args.duration`` seconds; return the faults and the
     number of runs triggered."""
@@ -182,7 +204,11 @@ def churn(
             if draw < 0.1:
                 rolling = rolling_restart(rng.choice(["scheduler", "worker", "triggerer"]))
                 print(f"  {now - began:5.1f} s: rolling restart of the {rolling.kind}s (SIGTERM)")
-            elif draw < 0.3:
+            elif draw < 0.2:
+                how = restart_redis(redis, rng)
+                faults.redis_restarts[how] += 1
+                print(f"  {now - began:5.1f} s: killed Redis (SIGKILL), started it again {how}")
+            elif draw < 0.4:
                 victim = rng.choice(["triggerer1", "triggerer2"])
                 stack.signal(victim, signal.SIGSTOP)
                 time.sleep(rng.uniform(2 * beat, 4 * beat))
@@ -239,7 +265,12 @@ def soak_round(args: argparse.Namespace, seed: int) -> bool:
     cluster = LocalPostgres()
     passed = False
     try:
-        passed = _soak_round_on(cluster.start(), args, seed, rng)
+        with tempfile.TemporaryDirectory(prefix="soak-redis-") as home:
+            redis = LocalRedis(Path(home)).start()
+            try:
+                passed = _soak_round_on(cluster.start(), redis, args, seed, rng)
+            finally:
+                redis.stop()
     finally:
         if passed or not cluster.answers(cluster.primary_port):
             cluster.stop()
@@ -249,15 +280,24 @@ def soak_round(args: argparse.Namespace, seed: int) -> bool:
 
 
 def _soak_round_on(
-    cluster: LocalPostgres, args: argparse.Namespace, seed: int, rng: random.Random
+    cluster: LocalPostgres,
+    redis: LocalRedis,
+    args: argparse.Namespace,
+    seed: int,
+    rng: random.Random,
 ) -> bool:
-    with Stack(heartbeat_sec=args.heartbeat, keep=True, admin_url=cluster.admin_url()) as stack:
+    with Stack(
+        heartbeat_sec=args.heartbeat,
+        keep=True,
+        admin_url=cluster.admin_url(),
+        redis_url=redis.url,
+    ) as stack:
         stack.write_dag("soak", DAG)
         for name, options in SERVICES.items():
             stack.start(name, *options)
         stack.wait_started(*SERVICES)
         print(f"round seed {seed}: {load_average()}", flush=True)
-        faults, runs = churn(stack, cluster, args, rng)
+        faults, runs = churn(stack, cluster, redis, args, rng)
         drained = time.monotonic()
         wait_for(
             lambda: stack.finished_runs("soak") >= runs,
@@ -273,7 +313,8 @@ def _soak_round_on(
         print(
             f"round seed {seed}: {runs} runs, {runs * TASKS_PER_RUN} tasks in {args.duration:g} s"
             f" of churn; {sum(faults.kills.values())} kills {dict(faults.kills)}, {faults.stops}"
-            f" SIGSTOPs, {faults.wiped_keys} keys wiped; rolling restarts {dict(faults.rolled)};"
+            f" SIGSTOPs, Redis restarts {dict(faults.redis_restarts)}, {faults.wiped_keys} keys"
+            f" wiped; rolling restarts {dict(faults.rolled)};"
             f" PostgreSQL: {', '.join(faults.postgres_restarts)}; {retries} tries failed by kills,"
             f" {repairs} reconciler repair line(s); drained in {drain:.1f} s; {load_average()}"
         )

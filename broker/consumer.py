@@ -198,6 +198,8 @@ class StreamConsumer:
         # Our pending entries to replay next, and the suspects among them (replayed one at a
         # time, at the end, least counted first), with their judged counts.
         self._replay_ready: list[Pending] = []
+        # Read but not handed over (a write of _admit refused): handed over at the next poll.
+        self._unadmitted: list[Delivery] = []
         self._replay_suspects: list[Pending] = []
         self._unregistered_seen: dict[str, float] = {}  # entry id -> first seen so held
         # Where the next takeover look goes on in the pending list (None: from its start): the
@@ -259,11 +261,18 @@ class StreamConsumer:
                 oversized.append((delivery, reason))
                 continue
             admitted.append(delivery)
-        self.dead_letter_many(oversized)
-        if gone:
-            self.retire(gone)
-        if self.starts_on_admit:
-            self.starting(admitted)
+        try:
+            self.dead_letter_many(oversized)
+            if gone:
+                self.retire(gone)
+            if self.starts_on_admit:
+                self.starting(admitted)
+        except Exception:
+            # Read but not handed over (a write refused: Redis full, or gone since the read):
+            # admitted again at the next poll. Forgotten, they would stay pending to this
+            # process, renewed by it, and never run.
+            self._unadmitted = list(deliveries)
+            raise
         return admitted
 
     def starting(self, deliveries: Sequence[Delivery]) -> None:
@@ -277,11 +286,14 @@ class StreamConsumer:
     # -- getting entries -------------------------------------------------------------------------
 
     def poll(self, count: int, block_ms: int | None = None) -> list[Delivery]:
-        """Up to ``count`` entries: own pending ones first (left by an earlier process of this
-        name), then new ones (blocking up to ``block_ms`` for them). None while this process
-        runs a suspect or drains to take one."""
+        """Up to ``count`` entries: those read before and not handed over (a write refused), own
+        pending ones (left by an earlier process of this name), then new ones (blocking up to
+        ``block_ms`` for them). None while this process runs a suspect or drains to take one."""
         if count <= 0:
             return []
+        if self._unadmitted:
+            deliveries, self._unadmitted = self._unadmitted, []
+            return self._admit(deliveries)
         if self._replaying:
             replayed = self._replay(count)
             if replayed is not None:
@@ -723,7 +735,8 @@ class StreamConsumer:
         try:
             self.prune_consumers()
         except Exception as exc:  # housekeeping: never worth failing a renewal for
-            log.warning("could not remove stopped consumers of %s: %s", self.stream, exc)
+            if not OUTAGE.redis_failed(exc, f"removing stopped consumers of {self.stream}"):
+                log.warning("could not remove stopped consumers of %s: %s", self.stream, exc)
 
     def prune_consumers(self) -> list[str]:
         """Delete the group's consumers whose process is not alive and that hold nothing (a

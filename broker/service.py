@@ -140,11 +140,15 @@ def heartbeat(
     on_lost: Callable[[list[Lost]], None] | None = None,
 ) -> None:
     """Renew the leases on every entry held, hand the entries found lost to ``on_lost``, and
-    record the process as alive."""
-    lost = consumer.renew()
+    record the process as alive: also when Redis fails (the error is raised after), or once it
+    is back every live process would look dead, its entries idle for the whole outage taken
+    over and its running attempts failed into retries."""
+    try:
+        lost = consumer.renew()
+    finally:
+        registration.record(liveness.RUNNING)
     if lost and on_lost is not None:
         on_lost(lost)
-    registration.record(liveness.RUNNING)
 
 
 def hand_off(consumer: ConsumerSet, what: str) -> None:

@@ -1,9 +1,11 @@
-"""Real Redis Cluster and Sentinel topologies on loopback ports, started and stopped by tests
-(``redis-server``/``redis-cli`` from the PATH; nothing downloaded).
+"""Real Redis Cluster and Sentinel topologies, and a lone Redis to stop, on loopback ports,
+started and stopped by tests (``redis-server``/``redis-cli`` from the PATH; nothing downloaded).
 
 :class:`LocalCluster` is 3 primaries and 3 replicas made with ``redis-cli --cluster create
 --cluster-replicas 1``; :class:`LocalSentinel` one primary, one replica and three sentinels.
 Both give the ``DEFERRAL_REDIS_URL`` that selects them and can kill -9 a primary.
+:class:`LocalRedis` is one server with AOF (``appendfsync everysec``) to kill, stop, restart
+with or without its data, and fill (``maxmemory`` with ``noeviction``).
 """
 
 from __future__ import annotations
@@ -83,10 +85,10 @@ class _Servers:
         self.procs[port] = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
         wait_for(lambda: _answers(port), timeout=30, what=f"redis on {port}")
 
-    def kill(self, port: int) -> None:
-        """kill -9 the server on ``port``."""
+    def kill(self, port: int, signum: signal.Signals = signal.SIGKILL) -> None:
+        """kill -9 (or ``signum``: SIGTERM saves and exits) the server on ``port``."""
         proc = self.procs[port]
-        proc.send_signal(signal.SIGKILL)
+        proc.send_signal(signum)
         proc.wait()
 
     def stop(self) -> None:
@@ -256,7 +258,55 @@ class LocalSentinel:
         self.servers.stop()
 
 
-Topology = TypeVar("Topology", LocalCluster, LocalSentinel)
+class LocalRedis:
+    """One Redis with AOF (``appendfsync everysec``) and ``maxmemory-policy noeviction``, whose
+    outages a test makes: :meth:`down` (kill -9, or SIGTERM), :meth:`up` (with the data it had on
+    disk, or with none), :meth:`full` (writes refused: ``maxmemory`` below what it uses)."""
+
+    def __init__(self, workdir: Path) -> None:
+        self.servers = _Servers(workdir)
+        (self.port,) = free_ports(1)
+        self.folder = workdir / str(self.port)
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> LocalRedis:
+        self.up()
+        return self
+
+    def down(self, signum: signal.Signals = signal.SIGKILL) -> None:
+        self.servers.kill(self.port, signum)
+
+    def up(self, *, data: bool = True) -> None:
+        """Start it again; ``data=False``: its files deleted first, as a server that lost them."""
+        if not data:
+            shutil.rmtree(self.folder / "appendonlydir", ignore_errors=True)
+            (self.folder / "dump.rdb").unlink(missing_ok=True)
+        self.servers.start(
+            self.port,
+            "--appendonly",
+            "yes",
+            "--appendfsync",
+            "everysec",
+            "--maxmemory-policy",
+            "noeviction",
+        )
+
+    def full(self, refuse: bool = True) -> None:
+        """``maxmemory`` 1 byte (every write refused, OOM), or none again."""
+        client = redis.Redis(port=self.port, socket_timeout=5)
+        try:
+            client.config_set("maxmemory", "1" if refuse else "0")
+        finally:
+            client.close()
+
+    def stop(self) -> None:
+        self.servers.stop()
+
+
+Topology = TypeVar("Topology", LocalCluster, LocalSentinel, LocalRedis)
 
 
 def running(topology: Topology) -> Iterator[Topology]:

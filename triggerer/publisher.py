@@ -165,6 +165,7 @@ class Publisher:
                 self.release(trigger_id, held)
                 failed = message.kind == EVENT_KIND_FAILURE
                 (metrics.TRIGGERS_FAILED if failed else metrics.TRIGGERS_FIRED).inc()
+            OUTAGE.reached()
         self.ready = anyio.Event()
 
     async def _carry_task_logs(

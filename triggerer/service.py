@@ -353,6 +353,7 @@ class TriggererService:
                 await anyio.sleep(backoff.next())
                 await in_thread(_quietly, self.consumer.start)
                 continue
+            OUTAGE.reached()
             backoff.reset()
             await self.starter.start_all(tasks, deliveries)
             if len(deliveries) >= wanted and self.peers != 0:

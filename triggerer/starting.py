@@ -22,6 +22,7 @@ from broker.service import poisoned
 from broker.streams import MAX_DEAD_ERROR, StreamKeys, TriggerSpec, one_line
 from broker.trigger_rows import SpecVerdict, TriggerRow, spec_check, trigger_rows
 from deferral.runtime.crypto import Cipher
+from deferral.runtime.outages import OUTAGE
 from triggerer.decode import Decoded, RejectedEntry, instantiate, open_spec
 from triggerer.events import event_outcome, failure_message
 from triggerer.held import Held, in_thread, slim
@@ -112,14 +113,16 @@ class Starter:
 
     def _not_started(self, delivery: Delivery, exc: Exception) -> None:
         """One entry never stops the triggerer: say so in one line and let it go (no longer
-        renewed, it is taken over again after the takeover delay)."""
-        log.error(
-            "could not start %s entry %s: %s: %s",
-            delivery.entry.stream,
-            delivery.entry.id,
-            type(exc).__name__,
-            one_line(str(exc), MAX_DEAD_ERROR),
-        )
+        renewed, it is taken over again after the takeover delay). Redis failing is no fault of
+        the entry: said by the process's account of it."""
+        if not OUTAGE.redis_failed(exc, f"starting {delivery.entry.stream} {delivery.entry.id}"):
+            log.error(
+                "could not start %s entry %s: %s: %s",
+                delivery.entry.stream,
+                delivery.entry.id,
+                type(exc).__name__,
+                one_line(str(exc), MAX_DEAD_ERROR),
+            )
         self.consumer.release([delivery.entry])
 
     async def _open_all(

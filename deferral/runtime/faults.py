@@ -27,12 +27,15 @@ READ_ONLY_SQL_TRANSACTION = "25006"
 # switchover under way; the engine drops the connection, deferral.store.db.make_engine).
 _TRANSIENT_SQLSTATES = frozenset({"55P03", READ_ONLY_SQL_TRANSACTION})
 
-_TRANSIENT_REDIS = (
+# Redis failing as a server: unreachable, loading, a read-only replica, or full (``maxmemory``
+# reached with ``noeviction``: writes refused until memory is freed, reads still answered).
+_REDIS_DOWN = (
     "ConnectionError",
     "TimeoutError",
     "BusyLoadingError",
     "ReadOnlyError",
     "TryAgainError",
+    "OutOfMemoryError",
 )
 
 
@@ -49,11 +52,19 @@ def _transient_sqlstate(code: str | None) -> bool:
     )
 
 
+def redis_down(exc: BaseException) -> bool:
+    """Whether ``exc`` says Redis fails as a server (unreachable, loading, read-only, full)."""
+    errors = loaded_redis_errors()
+    return errors is not None and isinstance(
+        exc, tuple(getattr(errors, name) for name in _REDIS_DOWN)
+    )
+
+
 def is_transient(exc: BaseException) -> bool:
     """Whether ``exc`` says the servers are unavailable or busy, not that the work is bad."""
     errors = loaded_redis_errors()
     if errors is not None:
-        if isinstance(exc, tuple(getattr(errors, name) for name in _TRANSIENT_REDIS)):
+        if redis_down(exc):
             return True
         if isinstance(exc, errors.ResponseError):
             # The stream or group was lost (Redis restarted without its data, or the key

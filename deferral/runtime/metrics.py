@@ -76,6 +76,19 @@ CLOCK_SKEW = Gauge(
     registry=None,
 )
 
+REDIS_UNAVAILABLE = Gauge(
+    "deferral_redis_unavailable",
+    "1 while this process's calls to Redis fail for a server reason (unreachable, loading, a"
+    " read-only replica, maxmemory reached with noeviction), until none failed for 10 s; else 0.",
+    registry=None,
+)
+REDIS_ERRORS = Counter(
+    "deferral_redis_errors",
+    "Calls to Redis this process retried because the server failed, by error (ConnectionError,"
+    " TimeoutError, BusyLoadingError, ReadOnlyError, TryAgainError, OutOfMemoryError).",
+    ["error"],
+    registry=None,
+)
 LEASE_RENEWALS = Counter(
     "deferral_lease_renewals",
     "Stream entries whose lease this process renewed (owner-checked, every heartbeat).",
@@ -264,6 +277,8 @@ _COMMON: tuple[MetricWrapperBase, ...] = (
     LOOP_ITERATION,
     SERVERS_AVAILABLE,
     CLOCK_SKEW,
+    REDIS_UNAVAILABLE,
+    REDIS_ERRORS,
 )
 _OWN: dict[str, tuple[MetricWrapperBase, ...]] = {
     TRIGGERER: (

@@ -5,7 +5,9 @@ lasts (with the error of the moment) and one when it ends -- not a line per atte
 An outage ends when the loops have reached their servers for ``SETTLE_SEC`` with no transient
 error from anyone: a step that happened not to touch the database (a worker polling Redis
 between heartbeats) is no evidence PostgreSQL is back. Until then ``available`` is False and
-the ``deferral_servers_available`` gauge says 0 (a service's readiness).
+the ``deferral_servers_available`` gauge says 0 (a service's readiness). Redis failing as a
+server (unreachable, loading, read-only, full: ``faults.redis_down``) is also counted by error in
+``deferral_redis_errors_total`` and shown by ``deferral_redis_unavailable`` until the outage ends.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import time
 from collections.abc import Callable
 
 from deferral.runtime import metrics
+from deferral.runtime.faults import redis_down
 
 # While an outage lasts, how often its current error is logged again.
 REPEAT_SEC = 60.0
@@ -48,6 +51,9 @@ class Outage:
         """A transient ``exc`` met while ``doing`` something; said at the outage's start and
         every REPEAT_SEC after."""
         what = f"{type(exc).__name__}: {first_line(exc)}" + (f"; {doing}" if doing else "")
+        if redis_down(exc):
+            metrics.REDIS_ERRORS.labels(type(exc).__name__).inc()
+            metrics.REDIS_UNAVAILABLE.set(1)
         with self._lock:
             now = self.clock()
             self._ok_since = None
@@ -64,6 +70,14 @@ class Outage:
                     exc_info=exc,  # where it is stuck
                 )
 
+    def redis_failed(self, exc: BaseException, doing: str = "") -> bool:
+        """:meth:`failed` if ``exc`` is Redis failing as a server (True); False for any other
+        error, which the caller handles (a loop that tells Redis apart from bad data)."""
+        if not redis_down(exc):
+            return False
+        self.failed(exc, doing)
+        return True
+
     def reached(self) -> None:
         """A step reached its servers; the outage ends once nothing failed for SETTLE_SEC."""
         if self.since is None:
@@ -78,6 +92,7 @@ class Outage:
                 self.log.info("servers available again after %.0f s", self._ok_since - self.since)
                 self.since = self._ok_since = None
                 metrics.SERVERS_AVAILABLE.set(1)
+                metrics.REDIS_UNAVAILABLE.set(0)
 
 
 def first_line(exc: BaseException) -> str:

@@ -34,7 +34,7 @@ from tests.conftest import delete_stream_keys, empty_tables, new_stream_prefix
 from tests.forks import LANE, ForkedProcess
 from tests.helpers import wait_for
 from tests.parsed_dags import record_dags_folder
-from tests.servers import REDIS_URL, TEST_FAR_TIMER_HORIZON_SEC
+from tests.servers import TEST_FAR_TIMER_HORIZON_SEC
 from triggerer.events import event_message
 
 BIN = Path(sys.executable).parent
@@ -214,11 +214,11 @@ class Stack:
 
 @pytest.fixture(scope="module")
 def module_stack(
-    database_url: str, fernet_key: str, tmp_path_factory: pytest.TempPathFactory
+    database_url: str, fernet_key: str, redis_url: str, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Stack]:
     """An environment for one module's processes (a stream prefix and DAGs folder of its own, the
-    session's database emptied once); the module starts what it needs. Stopped, and its keys
-    deleted, after the module's last test."""
+    session's database emptied once, the module's ``redis_url``); the module starts what it
+    needs. Stopped, and its keys deleted, after the module's last test."""
     engine = make_engine(database_url)
     empty_tables(engine)
     home = tmp_path_factory.mktemp("stack")
@@ -229,7 +229,7 @@ def module_stack(
     prefix = new_stream_prefix()
     env = {
         "DEFERRAL_DATABASE_URL": database_url,
-        "DEFERRAL_REDIS_URL": REDIS_URL,
+        "DEFERRAL_REDIS_URL": redis_url,
         "DEFERRAL_FERNET_KEY": fernet_key,
         "DEFERRAL_DAGS_FOLDER": str(dags),
         "DEFERRAL_STREAM_PREFIX": prefix,
@@ -239,13 +239,13 @@ def module_stack(
         "DEFERRAL_FAR_TIMER_HORIZON_SEC": TEST_FAR_TIMER_HORIZON_SEC,
     }
     running = Services(env, logs)
-    broker = Broker.from_url(REDIS_URL, prefix)
+    broker = Broker.from_url(redis_url, prefix)
     try:
         yield Stack(running, make_sessionmaker(engine), dags, broker)
     finally:
         running.stop_all()
         broker.close()
-        delete_stream_keys(REDIS_URL, prefix)
+        delete_stream_keys(redis_url, prefix)
         engine.dispose()
 
 

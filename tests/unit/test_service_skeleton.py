@@ -136,6 +136,23 @@ def test_a_heartbeat_renews_hands_on_the_lost_and_records_the_process() -> None:
     assert recorded == [liveness.RUNNING, liveness.RUNNING]
 
 
+def test_a_heartbeat_records_the_process_while_redis_fails() -> None:
+    """Else every live process looks dead once Redis is back, and its work is taken over."""
+    recorded: list[str] = []
+
+    class _Down(_Consumer):
+        def renew(self) -> list[Lost]:
+            raise RedisConnectionError("refused")
+
+    class _Registration:
+        def record(self, state: str = liveness.RUNNING) -> None:
+            recorded.append(state)
+
+    with pytest.raises(RedisConnectionError):
+        heartbeat(cast(ConsumerSet, _Down([])), cast(Registration, _Registration()))
+    assert recorded == [liveness.RUNNING]
+
+
 class _Leaving:
     """A ConsumerSet on the way out: it holds ``held`` entries, or Redis fails."""
 
