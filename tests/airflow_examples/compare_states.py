@@ -58,6 +58,13 @@ DIFFERS = {
         " assets are unique by name and by URI, of every file of the bundle); deferral knows"
         " assets by name, so the task reads no event and succeeds"
     ),
+    "example_sensors": (
+        "Airflow's TimeSensor defers with no timeout, so the trigger of"
+        " timeout_after_second_date_in_the_future_async waits for its target an hour ahead (its"
+        " timeout=1 is not the deferral's): `dags test` had not ended after 900 s; deferral's"
+        " sensors defer for at most their timeout (deferral/sensors/base.py), so soft_fail skips"
+        " it at once, as the other three soft_fail sensors, and the run succeeds"
+    ),
     "example_task_state_store_async": (
         "Airflow 3.3.2's TaskStateStoreAccessor has no aget (AttributeError at each try: the"
         " example is ahead of its release); deferral's has, and the run succeeds"
