@@ -63,7 +63,7 @@ DIFFERS = {
         " timeout_after_second_date_in_the_future_async waits for its target an hour ahead (its"
         " timeout=1 is not the deferral's): `dags test` had not ended after 900 s; deferral's"
         " sensors defer for at most their timeout (deferral/sensors/base.py), so soft_fail skips"
-        " it at once, as the other three soft_fail sensors, and the run succeeds"
+        " it at once and the run succeeds; each task Airflow had ended ends the same here"
     ),
     "example_task_state_store_async": (
         "Airflow 3.3.2's TaskStateStoreAccessor has no aget (AttributeError at each try: the"
