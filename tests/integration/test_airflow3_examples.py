@@ -6,6 +6,7 @@ run state `airflow dags test` gives."""
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -21,75 +22,52 @@ TIMEOUT_SEC = 180
 # A Monday: no example branches on the day it runs.
 LOGICAL_DATE = "2024-05-06T12:00:00+00:00"
 
-S, K, F = "success", "skipped", "failed"
+S = "success"
+# What `airflow dags test` gave each DAG (tests/airflow_examples/record_airflow_states.py):
+# its logical date ("now" where its start_date is after 2024-05-06T12:00:00+00:00, the date of
+# the others), its run's state and its tasks' (a map index's as task_id[i]).
+AIRFLOW = json.loads((EXAMPLES / "airflow_states.json").read_text())["dags"]
 # What a task's map indexes returned, where the values show what the run did.
 RETURNED = {"example_task_group_mapping": ("op.mul_2", [4, 6, 8])}
-# Run at now (`dags test` with no date): their start_date is after LOGICAL_DATE.
-AT_NOW = {"example_task_state_store_mapped"}
 
-# dag_id -> (Airflow's run state, Airflow's task states), for the DAGs run here (a run each:
-# those whose runs show what the import hook's names do; every copy is checked loading in
-# tests/unit/test_airflow_imports.py).
-AIRFLOW_ENDS: dict[str, tuple[str, dict[str, str]]] = {
+# The DAGs run here: those whose runs show what the import hook's names do on the database
+# (every copy is checked loading in tests/unit/test_airflow_imports.py).
+RUN_HERE = [
     # example_asset_alias.py: an event added through an alias, recorded with the success.
-    "asset_alias_example_alias_producer": (S, {"produce_asset_events_through_asset_alias": S}),
+    "asset_alias_example_alias_producer",
     # example_asset_alias_with_no_taskflow.py: the events added through an alias, read.
-    "asset_alias_example_alias_consumer_with_no_taskflow": (
-        S,
-        {"consume_asset_event_from_asset_alias": S},
-    ),
+    "asset_alias_example_alias_consumer_with_no_taskflow",
     # example_task_state_store_mapped.py: each map index's own task state store.
-    "example_task_state_store_mapped": (
-        S,
-        {"get_tables": S, "process_table[0]": S, "process_table[1]": S, "process_table[2]": S},
-    ),
+    "example_task_state_store_mapped",
     # example_dynamic_task_mapping.py: a mapped task group.
-    "example_task_group_mapping": (
-        S,
-        {f"op.{task}[{i}]": S for task in ("add_1", "mul_2") for i in range(3)},
-    ),
+    "example_task_group_mapping",
     # example_asset_decorator.py: an @asset function reading another asset's events by name.
-    "asset2_producer": (S, {"asset2_producer": S}),
+    "asset2_producer",
     # example_outlet_event_extra.py: Metadata yielded, a post_execute hook.
-    "asset_with_extra_by_yield": (S, {"asset_with_extra_by_yield": S}),
-    "asset_with_extra_from_classic_operator": (
-        S,
-        {"asset_with_extra_from_classic_operator": S},
-    ),
+    "asset_with_extra_by_yield",
+    "asset_with_extra_from_classic_operator",
     # example_inlet_event_extra.py: inlets and inlet_events. The database has no event of the
     # asset, so the template's [-1] is undefined (Airflow's StrictUndefined fails it too).
-    "read_asset_event_from_classic": (F, {"read_asset_event_from_classic": F}),
-    "example_short_circuit_decorator": (
-        S,
-        {
-            "condition_is_true": S,
-            "true_1": S,
-            "true_2": S,
-            "condition_is_false": S,
-            "false_1": K,
-            "false_2": K,
-            "task_1": S,
-            "task_2": S,
-            "short_circuit": S,
-            "task_3": S,
-            "task_4": K,  # only its direct downstream (ignore_downstream_trigger_rules=False)
-            "task_5": S,
-            "task_6": K,  # by its trigger rule
-            "task_7": S,  # all_done
-        },
-    ),
-}
+    "read_asset_event_from_classic",
+    # example_short_circuit_decorator.py: task_4 skipped as the only direct downstream
+    # (ignore_downstream_trigger_rules=False), task_6 by its trigger rule, task_7 all_done.
+    "example_short_circuit_decorator",
+]
 
 
-@pytest.mark.parametrize("dag_id", sorted(AIRFLOW_ENDS))
+def _airflows(dag_id: str) -> tuple[str, dict[str, str]]:
+    return AIRFLOW[dag_id]["state"], AIRFLOW[dag_id]["tasks"]
+
+
+@pytest.mark.parametrize("dag_id", sorted(RUN_HERE))
 def test_airflow_3_example_ends_in_airflows_states(
     dag_id: str, service_env: dict[str, str], sessions: sessionmaker[Session]
 ) -> None:
     env = {**os.environ, **service_env, "DEFERRAL_DAGS_FOLDER": str(EXAMPLES)}
     env.pop("DEFERRAL_AIRFLOW_IMPORTS", None)  # the folder's own setting decides
-    date = [] if dag_id in AT_NOW else [LOGICAL_DATE]
-    done = LANE.run(["dags", "test", dag_id, *date], env, TIMEOUT_SEC)
-    run_state, task_states = AIRFLOW_ENDS[dag_id]
+    date = AIRFLOW[dag_id]["logical_date"]
+    done = LANE.run(["dags", "test", dag_id, *([] if date == "now" else [date])], env, TIMEOUT_SEC)
+    run_state, task_states = _airflows(dag_id)
     with sessions() as session:
         (run,) = session.scalars(select(DagRun).where(DagRun.dag_id == dag_id)).all()
         got = {
@@ -145,7 +123,6 @@ def test_a_sensor_on_a_task_group_that_does_not_exist_fails_at_once(
                 )
             )
         }
-    assert got == {"child_task1": S, "child_task2": F, "child_task3": "upstream_failed"}, (
-        done.stdout[-3000:] + done.stderr[-2000:]
-    )
-    assert done.returncode == 1
+    run_state, task_states = _airflows("example_external_task_marker_child")
+    assert got == task_states, done.stdout[-3000:] + done.stderr[-2000:]
+    assert done.returncode == (0 if run_state == S else 1)

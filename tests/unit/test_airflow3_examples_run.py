@@ -1,12 +1,13 @@
 """Airflow 3's own example DAGs (tests/airflow_examples, as Airflow ships them) whose tasks need
 no database, each task run in this process by worker.attempt under the import hook (the
 folder's .deferral.toml turns it on), in the order `airflow dags test` runs them: each ends in
-the state `airflow dags test` gives it. Those that read or write the database are run with
-`deferral dags test` in tests/integration/test_airflow3_examples.py."""
+the state `airflow dags test` gave it (airflow_states.json). Those that read or write the
+database are run with `deferral dags test` in tests/integration/test_airflow3_examples.py."""
 
 from __future__ import annotations
 
 import datetime as dt
+import json
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,50 +22,49 @@ from worker import attempt
 from worker.outcomes import AttemptRequest, Failed, Skipped, Succeeded
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "airflow_examples"
-S = "success"
+# What `airflow dags test` gave each DAG (tests/airflow_examples/record_airflow_states.py).
+AIRFLOW = json.loads((EXAMPLES / "airflow_states.json").read_text())["dags"]
 
-# dag_id -> Airflow's task states (tasks listed upstream first). Every DAG of
-# example_asset_partition.py is one task: what they show is that the partitioned
-# timetables, mappers, windows and wait policies build, and a task reads its run's partition
-# key and emits partitions at runtime.
-AIRFLOW_ENDS: dict[str, dict[str, str]] = {
-    "ingest_team_a_player_stats": {"ingest_team_a_stats": S},
-    "team_b_player_stats": {"team_b_player_stats": S},
-    "team_c_player_stats": {"team_c_player_stats": S},
-    "clean_and_combine_player_stats": {"combine_player_stats": S},
-    "compute_player_odds": {"compute_player_odds": S},
-    "player_odds_quality_check_wont_ever_to_trigger": {"check_partition_alignment": S},
-    "ingest_regional_sales": {"ingest_sales": S},
-    "aggregate_regional_sales": {"aggregate_sales": S},
-    "ingest_region_stats": {"ingest_region": S},
-    "regional_stats_breakdown": {"regional_stats_breakdown": S},
-    "live_region_player_stats": {"live_region_player_stats": S},
-    "summarize_live_region_stats": {"summarize_live_region": S},
-    "multi_region_player_stats": {"multi_region_player_stats": S},
-    "daily_team_a_rollup": {"summarise_team_a_day": S},
-    "monthly_team_a_rollup": {"summarise_team_a_month": S},
-    "train_weekly_model": {"train_model": S},
-    "daily_inference": {"run_inference": S},
-    "trailing_week_inference": {"run_trailing_inference": S},
-    "segment_region_stats_rollup": {"aggregate_all_regions": S},
-    "segment_region_stats_early_rollup": {"aggregate_available_regions": S},
-    "scatter_live_region_to_segments": {"process_region_segment": S},
+# The DAGs whose tasks need no database, each one task. Every DAG of
+# example_asset_partition.py: what they show is that the partitioned timetables, mappers,
+# windows and wait policies build, and a task reads its run's partition key and emits
+# partitions at runtime.
+NO_DATABASE = [
+    "ingest_team_a_player_stats",
+    "team_b_player_stats",
+    "team_c_player_stats",
+    "clean_and_combine_player_stats",
+    "compute_player_odds",
+    "player_odds_quality_check_wont_ever_to_trigger",
+    "ingest_regional_sales",
+    "aggregate_regional_sales",
+    "ingest_region_stats",
+    "regional_stats_breakdown",
+    "live_region_player_stats",
+    "summarize_live_region_stats",
+    "multi_region_player_stats",
+    "daily_team_a_rollup",
+    "monthly_team_a_rollup",
+    "train_weekly_model",
+    "daily_inference",
+    "trailing_week_inference",
+    "segment_region_stats_rollup",
+    "segment_region_stats_early_rollup",
+    "scatter_live_region_to_segments",
     # example_asset_alias.py and example_asset_alias_with_no_taskflow.py (the alias's
     # consumers read the database: the integration test).
-    "asset_s3_bucket_producer": {"produce_asset_events": S},
-    "asset_s3_bucket_consumer": {"consume_asset_event": S},
-    "asset_alias_example_alias_producer_with_no_taskflow": {
-        "produce_asset_events_through_asset_alias_with_no_taskflow": S
-    },
-    "asset_s3_bucket_producer_with_no_taskflow": {"produce_asset_events": S},
-    "asset_s3_bucket_consumer_with_no_taskflow": {"consume_asset_event": S},
+    "asset_s3_bucket_producer",
+    "asset_s3_bucket_consumer",
+    "asset_alias_example_alias_producer_with_no_taskflow",
+    "asset_s3_bucket_producer_with_no_taskflow",
+    "asset_s3_bucket_consumer_with_no_taskflow",
     # example_external_task_marker_dag.py (its child waits on the parent's run: the
     # integration test).
-    "example_external_task_marker_parent": {"parent_task": S},
+    "example_external_task_marker_parent",
     # example_asset_decorator.py (asset2_producer reads inlet events: the integration test).
-    "asset1_producer": {"asset1_producer": S},
-    "consumes_asset_decorator": {"process_nothing": S},
-}
+    "asset1_producer",
+    "consumes_asset_decorator",
+]
 
 
 @pytest.fixture(scope="module")
@@ -118,13 +118,13 @@ def _request(dag_id: str, task_id: str) -> AttemptRequest:
     )
 
 
-@pytest.mark.parametrize("dag_id", sorted(AIRFLOW_ENDS))
+@pytest.mark.parametrize("dag_id", sorted(NO_DATABASE))
 def test_airflow_3_example_tasks_end_in_airflows_states(examples_folder: None, dag_id: str) -> None:
+    airflows = AIRFLOW[dag_id]["tasks"]
     got = {
-        task_id: _state(attempt.execute_attempt(_request(dag_id, task_id)))
-        for task_id in AIRFLOW_ENDS[dag_id]
+        task_id: _state(attempt.execute_attempt(_request(dag_id, task_id))) for task_id in airflows
     }
-    assert got == AIRFLOW_ENDS[dag_id]
+    assert got == airflows
 
 
 def test_example_tasks_record_their_partitions_with_their_success(examples_folder: None) -> None:
