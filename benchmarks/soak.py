@@ -40,7 +40,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from harness import Stack, load_average, wait_for
+from harness import Stack, calibration, load_average, wait_for
 
 from tests.postgres_topologies import LocalPostgres
 from tests.redis_topologies import LocalRedis
@@ -334,6 +334,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--rounds", type=int, default=1)
     args = parser.parse_args()
+    print(calibration(), flush=True)
     for round_ in range(args.rounds):
         if not soak_round(args, args.seed + round_):
             raise SystemExit(f"soak failed in round {round_ + 1} (seed {args.seed + round_})")
