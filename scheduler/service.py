@@ -85,6 +85,9 @@ PARTITIONS_EVERY_SEC = 3600.0
 ANALYZE_EVERY_SEC = 5.0
 SCHEDULE_RUNS_EVERY_SEC = 1.0
 RECOLLECT_MISSING_SEC = 1.0
+# A marked run whose DAG this scheduler has not loaded is looked at again this much later (by
+# any scheduler): soon enough for a new DAG's first run, rare enough for a broken DAG's runs.
+MISSING_DAG_LOOK_AGAIN_SEC = 5.0
 # The longest a loop waits for the folder read a missing DAG started, as a share of a heartbeat
 # (a file written and triggered at once starts in that loop; a slow folder holds no heartbeat).
 MISSING_DAG_WAIT_BEATS = 0.4
@@ -434,9 +437,17 @@ class SchedulerService:
     def _evaluate(self, session: Session, run: DagRun, probes: decide.RunProbes) -> None:
         dag = self._dag(run.dag_id)
         if dag is None:
-            # Its DAG does not load (now): fail_broken_runs decides after the grace period, and
-            # the run is looked at again when the DAG loads again.
-            transitions.evaluated(session, run)
+            # Its DAG does not load here (now): another scheduler may have it already (a file
+            # written just before the run was made), or this one a moment later. Unmarked, the
+            # run waited for ever with tasks in no state; kept marked, it is looked at again
+            # shortly, by whichever scheduler has the DAG (fail_broken_runs ends it after the
+            # grace period if none ever has).
+            transitions.evaluated(
+                session,
+                run,
+                f"DAG {run.dag_id!r} is not loaded by scheduler {self.name} (yet)",
+                again_after_sec=MISSING_DAG_LOOK_AGAIN_SEC,
+            )
             return
         moved = 0
         if self._checked.get(run.id) is not dag:

@@ -1,5 +1,5 @@
 """What the scheduler does with a run's waiting task instances (state none) when it evaluates
-the run: the trigger rules' decisions (``decide.waiting_task_decisions``, over every map index
+the run: the trigger rules' decisions (``decide.waiting_decisions``, over every map index
 of mapped upstream tasks), mapped tasks expanded on the way (``scheduler.mapping``), all applied
 through ``deferral.store.transitions``."""
 

@@ -499,7 +499,7 @@ def test_a_run_whose_evaluation_raises_is_marked_and_the_others_go_on(
                 {},
             )
     service.start_queued_runs()
-    real = scheduler_decide.waiting_task_decisions
+    real = scheduler_decide.waiting_decisions
 
     def flaky(dag: Any, states: Any, *more: Any) -> Any:
         if _evaluating[0].run_id == "bad":
@@ -513,7 +513,7 @@ def test_a_run_whose_evaluation_raises_is_marked_and_the_others_go_on(
         _evaluating[:] = [run]
         original(session, run, tis)
 
-    monkeypatch.setattr(scheduler_decide, "waiting_task_decisions", flaky)
+    monkeypatch.setattr(scheduler_decide, "waiting_decisions", flaky)
     monkeypatch.setattr(service, "_evaluate", evaluate)
     service.evaluate_marked_runs()
 
@@ -582,6 +582,34 @@ def test_a_run_of_a_dag_not_yet_looked_for_waits_and_one_looked_for_and_missing_
     with sessions() as session:
         missing = session.scalars(select(DagRun).where(DagRun.dag_id == "no_such_dag")).one()
     assert missing.state == "failed"
+
+
+def test_a_run_evaluated_first_by_a_scheduler_without_its_dag_stays_marked_for_one_with_it(
+    settings: Settings,
+    sessions: sessionmaker[Session],
+    write_dag: WriteDag,
+    dag_id: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Two schedulers; the DAG file is written after one of them read the folder. The run that
+    the other made is evaluated first by the one without the DAG: unmarked there, it waited for
+    ever with its tasks in no state (seen in benchmarks/redis_faults.py)."""
+    monkeypatch.setattr(scheduler_service, "RECOLLECT_MISSING_SEC", float("inf"))
+    behind = _scheduler(settings)
+    write_dag(dag_id, _dag_file(dag_id, "    EmptyOperator(task_id='a')"))
+    ahead = _scheduler(settings)
+    _trigger(sessions, dag_id)
+    ahead.start_queued_runs()
+
+    behind.evaluate_marked_runs()
+    with sessions() as session:
+        run = session.scalars(select(DagRun)).one()
+        assert run.evaluate_after is not None  # still marked, for a later look
+        assert run.scheduling_error == f"DAG {dag_id!r} is not loaded by scheduler s (yet)"
+    with sessions.begin() as session:  # that later look is due
+        session.scalars(select(DagRun)).one().evaluate_after = dt.datetime.now(dt.UTC)
+    _step(ahead)
+    assert _states(sessions) == {"a": "queued"}
 
 
 @pytest.mark.parametrize("resumed_first", [True, False])

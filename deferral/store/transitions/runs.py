@@ -235,11 +235,16 @@ def finish_dag_run(session: Session, run: DagRun, state: DagRunState) -> None:
     run.evaluate_after = None
 
 
-def evaluated(session: Session, run: DagRun, error: str | None = None) -> None:
+def evaluated(
+    session: Session, run: DagRun, error: str | None = None, *, again_after_sec: float = 30
+) -> None:
     """The scheduler looked at the run: clear its mark, or (``error``) keep it marked for a
-    later look, with the reason, so one run that raises does not stop the others."""
+    look ``again_after_sec`` later, with the reason, so one run that raises does not stop the
+    others."""
     run.scheduling_error = error
-    run.evaluate_after = None if error is None else func.now() + dt.timedelta(seconds=30)
+    run.evaluate_after = (
+        None if error is None else func.now() + dt.timedelta(seconds=again_after_sec)
+    )
 
 
 DAGRUN_TIMED_OUT = "dagrun_timeout passed"
