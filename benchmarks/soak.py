@@ -265,10 +265,12 @@ def soak_round(args: argparse.Namespace, seed: int) -> bool:
     cluster = LocalPostgres()
     passed = False
     try:
+        # PostgreSQL listening first: its ports are only picked free, and Redis picks its own.
+        cluster.start()
         with tempfile.TemporaryDirectory(prefix="soak-redis-") as home:
             redis = LocalRedis(Path(home)).start()
             try:
-                passed = _soak_round_on(cluster.start(), redis, args, seed, rng)
+                passed = _soak_round_on(cluster, redis, args, seed, rng)
             finally:
                 redis.stop()
     finally:
