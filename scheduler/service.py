@@ -437,11 +437,8 @@ class SchedulerService:
     def _evaluate(self, session: Session, run: DagRun, probes: decide.RunProbes) -> None:
         dag = self._dag(run.dag_id)
         if dag is None:
-            # Its DAG does not load here (now): another scheduler may have it already (a file
-            # written just before the run was made), or this one a moment later. Unmarked, the
-            # run waited for ever with tasks in no state; kept marked, it is looked at again
-            # shortly, by whichever scheduler has the DAG (fail_broken_runs ends it after the
-            # grace period if none ever has).
+            # Not loaded here (now), maybe by another scheduler: kept marked for a look soon by
+            # whichever has it (scheduler/DECISIONS.md 36; fail_broken_runs ends it if none).
             transitions.evaluated(
                 session,
                 run,
