@@ -85,7 +85,9 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--db-prefix", default="deferral_bench")
     args = parser.parse_args()
-    with Stack(heartbeat_sec=1, prefix=args.db_prefix) as stack:
+    # One task mapped N ways: past Airflow's default max_map_length (1,024) it must be raised.
+    more = {"DEFERRAL_MAX_MAP_LENGTH": str(max(args.n, 1024))}
+    with Stack(heartbeat_sec=1, prefix=args.db_prefix, extra_env=more) as stack:
         os.environ.update({k: stack.env[k] for k in stack.env if k.startswith("DEFERRAL_")})
         port = free_port()
         stack.write_dag("bench_composite", DAG.format(n=args.n, timeout=args.timeout))
