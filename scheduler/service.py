@@ -282,7 +282,8 @@ class SchedulerService:
         if parsed is None:
             return
         with self.sessions.begin() as session:
-            back = dags.record(session, str(self.settings.dags_folder), parsed)
+            recordable = self.parser.settled(parsed)
+            back = dags.record(session, str(self.settings.dags_folder), recordable)
             assets.sync_assets(session, parsed.dags, self.cipher)
             transitions.mark_runs(session, dags.runs_of(session, back))
 

@@ -31,7 +31,7 @@ class FolderRecorder:
     def record(self) -> Parsed:
         parsed = self.parser.parse()
         with self.sessions.begin() as session:
-            dags.record(session, str(self.folder), parsed)
+            dags.record(session, str(self.folder), self.parser.settled(parsed))
         return parsed
 
     def close(self) -> None:

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from deferral.dag import DAG
-from deferral.loading.dagbag import DagBag, timeout_message
+from deferral.loading.dagbag import DagBag, dag_sources, source_of, timeout_message
 from deferral.store import metastore
 
 log = logging.getLogger("deferral.loading.parsing")
@@ -39,6 +39,10 @@ KILL_GRACE_SEC = 5.0
 # (an interim read: the files still to come keep what the last read gave), so one slow file
 # does not hold back the DAGs of every file after it for the whole timeout.
 INTERIM_AFTER_SEC = 1.0
+# A file's mtime comes from the kernel's coarse clock (up to a tick, 4 ms at 250 Hz, behind the
+# one a read's start is taken from): one written this close before a read began counts as
+# changed since (that read leaves it to the next).
+MTIME_SLACK_SEC = 0.01
 
 
 @dataclass(frozen=True)
@@ -156,6 +160,36 @@ class FolderParser:
         except Exception:
             log.exception("reading the DAGs folder %s failed", self.bag.folder)
             self._hand_over(None)
+
+    def settled(self, parsed: Parsed) -> Parsed:
+        """``parsed`` as it may be recorded: the files changed or removed since it began are
+        pending (what was recorded of them stays), so a read that began before another
+        replica's, or before a file was written, never undoes what a newer read recorded
+        (DECISIONS.md 106). "Since it began" ends now: a file whose mtime is ahead of the
+        clock (unpacked so) is read as it is, or it would never be recorded."""
+        began = parsed.started_at.timestamp() - MTIME_SLACK_SEC
+        now = time.time()
+        folder = self.bag.folder
+        sources = dag_sources(folder, self.bag.ignore_syntax) if folder.is_dir() else []
+        changed = set()
+        for path in sources:
+            with contextlib.suppress(OSError):
+                if began < path.stat().st_mtime <= now:
+                    changed.add(str(path))
+        source = {
+            dag_id: str(source_of(Path(dag.fileloc))) if dag.fileloc else ""
+            for dag_id, dag in parsed.dags.items()
+        }
+        read = {path for path in source.values() if path} | set(parsed.import_errors)
+        changed |= {path for path in read if not os.path.exists(path)}
+        if not changed:
+            return parsed
+        return Parsed(
+            parsed.started_at,
+            {dag_id: dag for dag_id, dag in parsed.dags.items() if source[dag_id] not in changed},
+            {path: error for path, error in parsed.import_errors.items() if path not in changed},
+            parsed.pending | changed,
+        )
 
     def _hand_over(self, parsed: Parsed | None) -> None:
         with self._handing:

@@ -4,13 +4,17 @@ what they have) leaves the DAGs and import errors of the files it has not read a
 from __future__ import annotations
 
 import datetime as dt
+import os
+import time
+from pathlib import Path
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from deferral.dag import DAG
-from deferral.loading.parsing import Parsed
-from deferral.store.tables import Dag, DagImportError
+from deferral.loading.dagbag import DagBag
+from deferral.loading.parsing import MTIME_SLACK_SEC, FolderParser, Parsed
+from deferral.store.tables import Dag, DagImportError, SerializedDag
 from scheduler import dagruns, dags
 
 NOW = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
@@ -48,3 +52,92 @@ def test_an_interim_read_leaves_what_its_pending_files_gave(
 
     _record(sessions, Parsed(NOW, {"in_quick_file": quick}, {}))  # the final read
     assert _rows(sessions) == ({"in_slow_file": False, "in_quick_file": True}, {})
+
+
+# -- a read that began before a file changed -------------------------------------------------
+
+_DAG_FILE = """
+from deferral import DAG
+from deferral.operators.empty import EmptyOperator
+
+with DAG({dag_id!r}, schedule=None):
+    EmptyOperator(task_id="only")
+"""
+
+
+def _write(folder: Path, dag_id: str, age: float = 1.0) -> None:
+    """Write ``dag_id``'s file, last changed ``age`` seconds ago (0: now, after any read)."""
+    path = folder / f"{dag_id}.py"
+    path.write_text(_DAG_FILE.format(dag_id=dag_id))
+    changed = time.time() - age  # not the file system's coarser clock
+    os.utime(path, (changed, changed))
+
+
+def _recorded(sessions: sessionmaker[Session]) -> tuple[dict[str, bool], set[str]]:
+    with sessions() as session:
+        active = dict(session.execute(select(Dag.dag_id, Dag.is_active)).all())
+        documents = set(session.scalars(select(SerializedDag.dag_id)))
+    return active, documents
+
+
+def _record_read(sessions: sessionmaker[Session], parser: FolderParser, read: Parsed) -> None:
+    with sessions.begin() as session:
+        dags.record(session, str(parser.bag.folder), parser.settled(read))
+
+
+def test_a_read_begun_before_a_file_was_written_does_not_undo_a_newer_read(
+    sessions: sessionmaker[Session], tmp_path: Path
+) -> None:
+    """Two schedulers (or a scheduler and `dags test`) read the folder: the one whose read began
+    before a new file was written records last. The new DAG stays active with its document (a
+    `dags trigger` in between would say it does not exist)."""
+    _write(tmp_path, "before_both")
+    old = FolderParser(DagBag(tmp_path), 0)
+    older_read = old.parse()
+    _write(tmp_path, "written_between", age=0)
+    new = FolderParser(DagBag(tmp_path), 0)
+    time.sleep(MTIME_SLACK_SEC)  # the newer read begins after the file was written
+    _record_read(sessions, new, new.parse())
+    assert _recorded(sessions) == (
+        {"before_both": True, "written_between": True},
+        {"before_both", "written_between"},
+    )
+
+    _record_read(sessions, old, older_read)
+    assert _recorded(sessions) == (
+        {"before_both": True, "written_between": True},
+        {"before_both", "written_between"},
+    )
+
+    _record_read(sessions, old, old.parse())  # its next read sees the file
+    assert _recorded(sessions)[0] == {"before_both": True, "written_between": True}
+
+
+def test_a_read_begun_before_a_file_was_removed_does_not_bring_its_dag_back(
+    sessions: sessionmaker[Session], tmp_path: Path
+) -> None:
+    _write(tmp_path, "stays")
+    _write(tmp_path, "removed_between")
+    old = FolderParser(DagBag(tmp_path), 0)
+    older_read = old.parse()
+    _record_read(sessions, old, older_read)
+    (tmp_path / "removed_between.py").unlink()
+    new = FolderParser(DagBag(tmp_path), 0)
+    _record_read(sessions, new, new.parse())
+    assert _recorded(sessions) == ({"stays": True, "removed_between": False}, {"stays"})
+
+    _record_read(sessions, old, older_read)  # recorded once more, late
+    assert _recorded(sessions) == ({"stays": True, "removed_between": False}, {"stays"})
+
+
+def test_a_file_with_an_mtime_ahead_of_the_clock_is_recorded(
+    sessions: sessionmaker[Session], tmp_path: Path
+) -> None:
+    """A file unpacked with a future mtime is read as it is: "changed since the read began"
+    means between its start and now, or it would never be recorded."""
+    _write(tmp_path, "from_the_future")
+    ahead = time.time() + 3600
+    os.utime(tmp_path / "from_the_future.py", (ahead, ahead))
+    parser = FolderParser(DagBag(tmp_path), 0)
+    _record_read(sessions, parser, parser.parse())
+    assert _recorded(sessions) == ({"from_the_future": True}, {"from_the_future"})
