@@ -179,6 +179,15 @@ def read_folder_settings(folder: Path) -> dict[str, Any]:
     return settings
 
 
+def source_mtimes(paths: Sequence[Path]) -> dict[str, float]:
+    """Each of ``paths`` that exists, with its mtime."""
+    found: dict[str, float] = {}
+    for path in paths:
+        with contextlib.suppress(OSError):
+            found[str(path)] = path.stat().st_mtime
+    return found
+
+
 def dag_sources(folder: Path, syntax: str | None = None) -> list[Path]:
     """The ``.py`` files and ``.zip`` archives of ``folder`` that may define DAGs, sorted.
 
@@ -458,6 +467,8 @@ class DagBag:
         self.dags: dict[str, DAG] = {}
         self.import_errors: dict[str, str] = {}
         self._loaded: dict[Path, _Loaded] = {}
+        # Every DAG file and archive the last collect listed, with its mtime then.
+        self.listed: dict[str, float] = {}
         # The module names of every DAG file and archive of the folder, at the last collect.
         self._dag_modules: set[str] = set()
         # Whether DAG files may import from ``airflow``, as decided at the last collect.
@@ -542,7 +553,9 @@ class DagBag:
             errors[str(self.folder / FOLDER_SETTINGS_FILE)] = str(exc)
             folder_settings = {}
         self._airflow_imports = airflow_imports_on(folder_settings.get("airflow_imports", False))
-        claimed = self._claim_module_names(dag_sources(self.folder, self.ignore_syntax), errors)
+        sources = dag_sources(self.folder, self.ignore_syntax)
+        self.listed = source_mtimes(sources)
+        claimed = self._claim_module_names(sources, errors)
         self._dag_modules = {
             name
             for path in claimed

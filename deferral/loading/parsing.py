@@ -22,13 +22,13 @@ import select
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from deferral.dag import DAG
-from deferral.loading.dagbag import DagBag, dag_sources, source_of, timeout_message
+from deferral.loading.dagbag import DagBag, dag_sources, source_mtimes, source_of, timeout_message
 from deferral.store import metastore
 
 log = logging.getLogger("deferral.loading.parsing")
@@ -39,10 +39,6 @@ KILL_GRACE_SEC = 5.0
 # (an interim read: the files still to come keep what the last read gave), so one slow file
 # does not hold back the DAGs of every file after it for the whole timeout.
 INTERIM_AFTER_SEC = 1.0
-# A file's mtime comes from the kernel's coarse clock (up to a tick, 4 ms at 250 Hz, behind the
-# one a read's start is taken from): one written this close before a read began counts as
-# changed since (that read leaves it to the next).
-MTIME_SLACK_SEC = 0.01
 
 
 @dataclass(frozen=True)
@@ -56,6 +52,8 @@ class Parsed:
     dags: dict[str, DAG]
     import_errors: dict[str, str]
     pending: frozenset[str] = frozenset()
+    # The DAG files and archives the read listed, with their mtimes then (``settled``).
+    listed: Mapping[str, float] = field(default_factory=dict)
 
 
 class FolderParser:
@@ -109,7 +107,7 @@ class FolderParser:
             if str(path) not in failed:
                 self.bag.collect_file(path)
             errors = {**self.bag.import_errors, **{p: e for p, (_, e) in failed.items()}}
-            return Parsed(started_at, dict(self.bag.dags), errors)
+            return Parsed(started_at, dict(self.bag.dags), errors, listed=dict(self.bag.listed))
 
     def _read(
         self, started_at: dt.datetime, failed: dict[str, tuple[float, str]], pending: Sequence[Path]
@@ -120,6 +118,7 @@ class FolderParser:
             dict(self.bag.dags),
             dict(self.bag.import_errors),
             frozenset(str(path) for path in pending),
+            dict(self.bag.listed),
         )
 
     def start(self) -> bool:
@@ -162,33 +161,31 @@ class FolderParser:
             self._hand_over(None)
 
     def settled(self, parsed: Parsed) -> Parsed:
-        """``parsed`` as it may be recorded: the files changed or removed since it began are
-        pending (what was recorded of them stays), so a read that began before another
-        replica's, or before a file was written, never undoes what a newer read recorded
-        (DECISIONS.md 106). "Since it began" ends now: a file whose mtime is ahead of the
-        clock (unpacked so) is read as it is, or it would never be recorded."""
-        began = parsed.started_at.timestamp() - MTIME_SLACK_SEC
-        now = time.time()
+        """``parsed`` as it may be recorded: the files added, changed or removed since it
+        listed the folder are pending (what was recorded of them stays), so a read that began
+        before another replica's, or before a file was written, never undoes what a newer read
+        recorded (DECISIONS.md 106). Files are compared by their mtime as listed, not by a
+        clock: a file written just before the read is its own, one with an mtime ahead of the
+        clock is read as it is."""
         folder = self.bag.folder
-        sources = dag_sources(folder, self.bag.ignore_syntax) if folder.is_dir() else []
-        changed = set()
-        for path in sources:
-            with contextlib.suppress(OSError):
-                if began < path.stat().st_mtime <= now:
-                    changed.add(str(path))
-        source = {
-            dag_id: str(source_of(Path(dag.fileloc))) if dag.fileloc else ""
-            for dag_id, dag in parsed.dags.items()
+        now = source_mtimes(dag_sources(folder, self.bag.ignore_syntax) if folder.is_dir() else [])
+        changed = {
+            path
+            for path in now.keys() | parsed.listed.keys()
+            if now.get(path) != parsed.listed.get(path)
         }
-        read = {path for path in source.values() if path} | set(parsed.import_errors)
-        changed |= {path for path in read if not os.path.exists(path)}
         if not changed:
             return parsed
         return Parsed(
             parsed.started_at,
-            {dag_id: dag for dag_id, dag in parsed.dags.items() if source[dag_id] not in changed},
+            {
+                dag_id: dag
+                for dag_id, dag in parsed.dags.items()
+                if not dag.fileloc or str(source_of(Path(dag.fileloc))) not in changed
+            },
             {path: error for path, error in parsed.import_errors.items() if path not in changed},
             parsed.pending | changed,
+            parsed.listed,
         )
 
     def _hand_over(self, parsed: Parsed | None) -> None:
