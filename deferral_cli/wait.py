@@ -10,9 +10,9 @@ from __future__ import annotations
 import datetime as dt
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol, TextIO
+from typing import Any, Protocol, TextIO
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
@@ -20,11 +20,17 @@ from sqlalchemy.orm import Session, sessionmaker
 from deferral.runtime.controls import escape_all
 from deferral.states import FINISHED_STATES, DagRunState, TaskState
 from deferral.store.actions import ti_label
-from deferral.store.tables import DagRun, TaskInstance, TaskStateChange
+from deferral.store.tables import DagRun, TaskInstance, TaskStateChange, Trigger
+from deferral.triggers.composite import COMPOSITES
 from deferral_cli.common import stamp
+from readmodel import waits
 
 FINISHED_RUN_STATES = frozenset({DagRunState.SUCCESS, DagRunState.FAILED})
 POLL_INTERVAL_SEC = 0.5
+
+
+# The waiting tasks of a run told how to resume, at most: each costs a look-up per poll.
+MAX_HINTED = 10
 
 
 @dataclass(frozen=True)
@@ -32,6 +38,9 @@ class TaskStatus:
     task: str  # task_id, with [map_index] for a mapped task's instance
     state: str
     try_number: int
+    # For a task waiting on something a person or a machine sends (a signal, a callback, an
+    # approval; never on a trigger that runs): what resumes it, with the command.
+    resumed_by: str = ""
 
 
 @dataclass(frozen=True)
@@ -47,19 +56,54 @@ def read_status(session: Session, dag_id: str, run_id: str) -> RunStatus:
     )
     rows = session.execute(
         select(
+            TaskInstance.id.label("ti_id"),
             TaskInstance.task_id,
             TaskInstance.map_index,
             TaskInstance.state,
             TaskInstance.try_number,
+            Trigger.id.label("trigger_id"),
+            Trigger.classpath,
         )
+        .outerjoin(Trigger, Trigger.id == TaskInstance.trigger_id)
         .where(TaskInstance.dag_id == dag_id, TaskInstance.run_id == run_id)
         .order_by(TaskInstance.id)
     ).all()
+    hints = _resumed_by(session, rows)
     tasks = tuple(
-        TaskStatus(ti_label(task_id, map_index), state, try_number)
-        for task_id, map_index, state, try_number in rows
+        TaskStatus(
+            ti_label(row.task_id, row.map_index),
+            row.state,
+            row.try_number,
+            hints.get(row.ti_id, ""),
+        )
+        for row in rows
     )
     return RunStatus(state, tasks)
+
+
+def _resumed_by(session: Session, rows: Sequence[Any]) -> dict[int, str]:
+    """What resumes each of the first MAX_HINTED tasks that wait on a send or an answer, by
+    task instance id."""
+    hints: dict[int, str] = {}
+    waiting = [
+        row
+        for row in rows
+        if row.state == TaskState.AWAITING_INPUT
+        or (row.state == TaskState.DEFERRED and row.classpath is not None)
+    ]
+    for row in waiting[:MAX_HINTED]:
+        if row.state == TaskState.AWAITING_INPUT:
+            hints[row.ti_id] = (
+                f"an answer: `deferral approvals respond {row.ti_id} <option>` (its question and"
+                " options: `deferral approvals list`)"
+            )
+            continue
+        held = row.classpath not in COMPOSITES or waits.is_held(session, row.trigger_id)
+        wait = waits.row_wait_of(row.classpath, held)
+        if wait is not None:
+            key = waits.signal_key(session, row.trigger_id) if waits.needs_key(wait) else None
+            hints[row.ti_id] = waits.how_to_resume(wait, key)
+    return hints
 
 
 def changes(before: RunStatus | None, after: RunStatus) -> list[str]:
@@ -70,7 +114,8 @@ def changes(before: RunStatus | None, after: RunStatus) -> list[str]:
     seen = {} if before is None else {t.task: t for t in before.tasks}
     for task in after.tasks:
         if seen.get(task.task) != task:
-            tasks.append(f"{task.task}: {task.state} (try {task.try_number})")
+            line = f"{task.task}: {task.state} (try {task.try_number})"
+            tasks.append(f"{line}; resumed by {task.resumed_by}" if task.resumed_by else line)
     if before is not None and before.state == after.state:
         return tasks
     run = f"run: {after.state or 'gone'}"
@@ -90,9 +135,14 @@ def block(label: str, status: RunStatus, elapsed_sec: float, max_tasks: int = 10
         tasks, rest = tasks[: max(0, max_tasks - 1)], tasks[max(0, max_tasks - 1) :]
     width = max((len(t.task) for t in tasks), default=0)
     state_width = max((len(t.state) for t in tasks), default=0)
-    lines += [
-        f"  {t.task.ljust(width)}  {t.state.ljust(state_width)}  try {t.try_number}" for t in tasks
-    ]
+    # A hint goes below its task, in the lines the tasks leave of max_tasks: it never pushes a
+    # task off the terminal.
+    room = max_tasks - len(tasks)
+    for t in tasks:
+        lines.append(f"  {t.task.ljust(width)}  {t.state.ljust(state_width)}  try {t.try_number}")
+        if t.resumed_by and room > 0:
+            lines.append(f"    resumed by {t.resumed_by}")
+            room -= 1
     if rest:
         counts = Counter(t.state for t in rest)
         lines.append(

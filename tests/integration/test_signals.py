@@ -31,6 +31,7 @@ from deferral.store.transitions import Attempt, NewTaskInstance
 from deferral.triggers.base import BaseTrigger
 from deferral.triggers.signal import CallbackTrigger, SignalError, SignalTrigger
 from deferral_cli import main as deferral_main
+from deferral_cli.wait import read_status
 from readmodel.doctor import _not_in_flight
 from readmodel.explain import explain
 from scheduler.reconcile import Reconciler
@@ -625,3 +626,46 @@ def test_a_callback_that_stops_heartbeating_fails_its_task_and_one_that_beats_wa
         "callback heartbeat missed: no heartbeat posted within 0:05:00"
         " (CallbackTrigger(heartbeat=datetime.timedelta(seconds=300)))"
     )
+
+
+def test_dags_trigger_wait_tells_how_each_waiting_task_is_resumed(
+    sessions: sessionmaker[Session], cipher: Cipher
+) -> None:
+    """`dags trigger --wait` shows, under a task waiting on a signal, the command that sends it;
+    under a task awaiting input, the one that answers it; nothing under a task whose trigger
+    runs in a triggerer."""
+    on_signal, on_timer, asking = _running(sessions, 3)
+    _wait(sessions, cipher, [(on_signal, "orders-paid")])
+    with sessions.begin() as session:
+        trigger_id = transitions.create_trigger(
+            session,
+            "deferral.triggers.temporal.DateTimeTrigger",
+            cipher.seal(Purpose.TRIGGER_KWARGS, {"moment": dt.datetime.now(dt.UTC)}),
+        )
+        assert transitions.defer(
+            session,
+            Attempt(on_timer, 1, WORKER),
+            trigger_id=trigger_id,
+            next_method="resume",
+            next_kwargs_token=cipher.seal(Purpose.RESUME_KWARGS, {}),
+            trigger_timeout=None,
+        )
+        assert transitions.await_input(session, Attempt(asking, 1, WORKER))
+
+    with sessions() as session:
+        status = read_status(session, "signals_dag", "r1")
+    assert [(t.task, t.state, t.resumed_by) for t in status.tasks] == [
+        (
+            "t0",
+            "deferred",
+            "a signal sent to key 'orders-paid'"
+            " (`deferral signals send orders-paid --payload JSON`)",
+        ),
+        ("t1", "deferred", ""),
+        (
+            "t2",
+            "awaiting_input",
+            f"an answer: `deferral approvals respond {asking} <option>` (its question and options:"
+            " `deferral approvals list`)",
+        ),
+    ]

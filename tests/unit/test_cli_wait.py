@@ -111,3 +111,30 @@ def test_live_block_fits_the_terminal() -> None:
     tasks = tuple(TaskStatus(f"m[{i}]", "running", 1) for i in range(50))
     LiveBlock(out, "d r1", height=10).show(RunStatus("running", tasks), 1)
     assert out.getvalue().count("\n") == 8  # the run, 6 tasks, the count of the rest
+
+
+SIGNALED = RunStatus(
+    "running",
+    (
+        TaskStatus("wait", "deferred", 1, "a signal sent to key 'k' (`deferral signals send k`)"),
+        TaskStatus("m[0]", "none", 0),
+    ),
+)
+
+
+def test_a_task_waiting_on_a_send_is_shown_with_what_resumes_it() -> None:
+    assert changes(STARTED, SIGNALED) == [
+        "wait: deferred (try 1); resumed by a signal sent to key 'k' (`deferral signals send k`)"
+    ]
+    assert block("d r1", SIGNALED, 3) == [
+        "d r1: running (3s)",
+        "  wait  deferred  try 1",
+        "    resumed by a signal sent to key 'k' (`deferral signals send k`)",
+        "  m[0]  none      try 0",
+    ]
+    # On a terminal too short for the hint beside every task, the tasks come first.
+    assert block("d r1", SIGNALED, 3, max_tasks=2) == [
+        "d r1: running (3s)",
+        "  wait  deferred  try 1",
+        "  m[0]  none      try 0",
+    ]
