@@ -32,6 +32,8 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.metrics import MetricWrapperBase
 from prometheus_client.registry import Collector
 
+from deferral.runtime.faults import is_transient
+
 log = logging.getLogger("deferral.runtime.metrics")
 
 SCHEDULER, WORKER, TRIGGERER, WEBSERVER = "scheduler", "worker", "triggerer", "webserver"
@@ -364,12 +366,20 @@ class StreamStats(Protocol):
     def groups(self) -> Sequence[GroupStats]: ...
 
 
+class FailureAccount(Protocol):
+    def failed(self, exc: BaseException, doing: str = "") -> None: ...
+
+
 class ReadWhenScraped(Collector, Generic[Source]):
     """Gauges computed when scraped from what the function a service gives :meth:`watch`
     returns (nothing before: the service is not connected yet; nothing while it raises: a
     scrape must answer even while Redis or PostgreSQL does not)."""
 
     what = "the source"
+    # Where a server failing under a scrape is reported: the process's outage account sets
+    # itself here (deferral.runtime.outages), so that an outage scraped every few seconds is
+    # said once a minute, not once a scrape. None: logged each time.
+    outage: FailureAccount | None = None
 
     def __init__(self) -> None:
         self._read: Callable[[], Source] | None = None
@@ -383,9 +393,15 @@ class ReadWhenScraped(Collector, Generic[Source]):
         try:
             source = self._read()
         except Exception as exc:
-            log.warning("could not read %s for /metrics: %s", self.what, exc)
+            self._failed(exc)
             return
         yield from self.families(source)
+
+    def _failed(self, exc: Exception) -> None:
+        if self.outage is not None and is_transient(exc):
+            self.outage.failed(exc, f"reading {self.what} for /metrics")
+        else:
+            log.warning("could not read %s for /metrics: %s", self.what, exc)
 
     def families(self, source: Source) -> Iterator[Metric]:
         raise NotImplementedError

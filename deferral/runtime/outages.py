@@ -103,3 +103,5 @@ def first_line(exc: BaseException) -> str:
 
 # The one every loop of this process reports to.
 OUTAGE = Outage(logging.getLogger("deferral.outage"))
+# And what a scrape meets: /metrics during an outage says it with the rest, once a minute.
+metrics.ReadWhenScraped.outage = OUTAGE

@@ -4,6 +4,7 @@ reports the loop's lag."""
 
 from __future__ import annotations
 
+import logging
 import re
 import time
 from dataclasses import dataclass
@@ -15,6 +16,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from deferral.runtime import metrics
 from deferral.runtime.metrics import StreamsCollector
+from deferral.runtime.outages import Outage
 from triggerer.watchdog import LoopWatchdog
 
 OPERATIONS = Path(__file__).resolve().parents[2] / "docs" / "operations.md"
@@ -140,3 +142,26 @@ def test_watchdog_reports_the_loops_lag() -> None:
     assert len(lags) >= 3
     assert all(lag >= 0 for lag in lags)
     assert max(lags) > 0.2
+
+
+def test_a_server_failing_under_the_scrapes_is_said_once_by_the_outage_account(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A scrape every few seconds through an outage used to log a line each."""
+    import redis
+
+    collector = StreamsCollector()
+    collector.outage = Outage(logging.getLogger("test.outage"), clock=lambda: 100.0)
+
+    def down() -> list[_Stream]:
+        raise redis.ConnectionError("Error 111 connecting to 127.0.0.1:6379. Connection refused.")
+
+    collector.watch(down)
+    for _ in range(5):
+        assert "deferral_stream_length{" not in _scrape(collector)
+    said = [r.getMessage() for r in caplog.records if "unavailable" in r.getMessage()]
+    assert said == [
+        "servers unavailable (ConnectionError: Error 111 connecting to 127.0.0.1:6379."
+        " Connection refused.; reading the streams for /metrics); retrying"
+    ]
+    assert "could not read" not in caplog.text
