@@ -6,7 +6,7 @@ from __future__ import annotations
 import datetime as dt
 
 import pytest
-from sqlalchemy import delete, select
+from sqlalchemy import Connection, delete, event, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from broker.client import Broker
@@ -99,3 +99,28 @@ def test_an_entry_that_makes_the_reader_raise_is_dead_lettered_alone(
         b"unreadable queue entry: RecursionError: maximum recursion depth exceeded"
     )
     assert ti_id in worker.running
+
+
+def test_an_attempt_starts_in_one_statement_committed_on_its_own(
+    worker: WorkerService, sessions: sessionmaker[Session], broker: Broker
+) -> None:
+    """Between the entry and the task's code: no BEGIN or COMMIT round trip, only the start
+    statement (which writes the start line too)."""
+    ti_id = _queued(sessions)
+    statements: list[tuple[bool, str]] = []
+
+    def seen(conn: Connection, cursor: object, statement: str, *args: object) -> None:
+        statements.append((conn.connection.dbapi_connection.autocommit, statement))
+
+    broker.publish(worker.streams[0], queue_message(worker.cipher, ti_id, 1, "d", "r1", "t", -1))
+    event.listen(worker.engine, "before_cursor_execute", seen)
+    try:
+        worker._start(worker.consumer.poll(1, block_ms=None))
+    finally:
+        event.remove(worker.engine, "before_cursor_execute", seen)
+
+    ((autocommit, statement),) = statements
+    assert autocommit and "SET state = 'running'" in statement
+    assert ti_id in worker.running
+    with sessions() as session:
+        assert session.get_one(TaskInstance, ti_id).state == "running"
