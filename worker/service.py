@@ -357,8 +357,10 @@ class WorkerService:
         self.consumer.retire([d.entry for d in finished + [d for d, _ in orphans]])
         if failing:
             # Recorded as the attempts' outcomes: fenced, with their lines, kept and recorded
-            # again if the servers fail, their entries retired.
-            self.recorder.record(failing)
+            # again if the servers fail, their entries retired. With the outcomes a failed
+            # record left (a takeover's start runs before the step retries them): a record
+            # keeps only the batch it is given.
+            self.recorder.record([*self.recorder.unrecorded, *failing])
 
     def _submit(self, delivery: Delivery, item: QueuedAttempt, request: AttemptRequest) -> None:
         ti_id = item.task_instance_id

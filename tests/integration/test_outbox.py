@@ -259,7 +259,9 @@ def test_the_mark_of_published_rows_is_one_statement_committed_on_its_own(
 
     def seen(conn: Connection, cursor: object, statement: str, *args: object) -> None:
         if "UPDATE outbox SET published_at" in statement:
-            marks.append((conn.connection.dbapi_connection.autocommit, statement))
+            dbapi = conn.connection.dbapi_connection
+            assert dbapi is not None
+            marks.append((dbapi.autocommit, statement))
 
     with sessions.begin() as session:
         staged = [outbox.stage(session, broker.keys.queue("default"), _message(1))]
