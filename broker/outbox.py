@@ -20,6 +20,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from broker.client import Broker
 from broker.streams import Message, to_fields
+from deferral.store.db import one_statement
 from deferral.store.tables import Outbox
 
 
@@ -51,8 +52,18 @@ _STAGE_SQL = text(
     """
 )
 
+# Committed on its own without waiting for its WAL to reach the disk (synchronous_commit off
+# for this transaction only): a mark lost with a crash of PostgreSQL only makes the relay
+# publish the row again, which consumers take as a duplicate; the next commit of any
+# transaction flushes it anyway. It was a full commit after every dispatch and every batch of
+# deferrals, waited for while the queued tasks' workers started them.
 _PUBLISHED_SQL = text(
-    "UPDATE outbox SET published_at = now() WHERE id = ANY(CAST(:ids AS bigint[]))"
+    """
+    WITH unflushed AS (SELECT set_config('synchronous_commit', 'off', true))
+    UPDATE outbox SET published_at = now()
+    FROM unflushed
+    WHERE id = ANY(CAST(:ids AS bigint[]))
+    """
 )
 
 
@@ -95,7 +106,7 @@ def flush(sessions: sessionmaker[Session], broker: Broker, entries: Sequence[Sta
     if not entries:
         return
     broker.publish_many([(entry.stream, entry.fields) for entry in entries])
-    with sessions.begin() as session:
+    with one_statement(sessions) as session:
         session.execute(_PUBLISHED_SQL, {"ids": sorted({entry.id for entry in entries})})
 
 

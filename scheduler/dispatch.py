@@ -54,15 +54,21 @@ _RESUMED_READY_SQL = text(
     """
 )
 
-# The queued and running tasks of each of these runs (locked by the statement before), by
-# ix_task_instance_run_unfinished.
-_RUNS_ACTIVE_SQL = text(
+# The queued and running tasks of each of these runs (by ix_task_instance_run_unfinished) and
+# the free slots of these pools, all locked by the statement before: one round trip on every
+# resume's path, not one per kind.
+_RUNS_ACTIVE_AND_POOLS_FREE_SQL = text(
     """
-    SELECT t.dag_id, t.run_id, count(*) AS active
+    SELECT 'run' AS kind, t.dag_id, t.run_id, count(*) AS n
     FROM unnest(CAST(:dag_ids AS text[]), CAST(:run_ids AS text[])) AS r (dag_id, run_id)
     JOIN task_instance AS t ON t.dag_id = r.dag_id AND t.run_id = r.run_id
     WHERE t.state IN ('queued', 'running')
     GROUP BY t.dag_id, t.run_id
+    UNION ALL
+    SELECT 'pool', free.name, NULL, free.free
+    FROM ("""
+    + pools.FREE_SLOTS_OF_NAMED
+    + """) AS free
     """
 )
 
@@ -155,8 +161,9 @@ class Dispatcher:
 
     def resumed(self, session: Session, ids: Sequence[int]) -> list[outbox.Staged]:
         """:meth:`scheduled` for the tasks just resumed (``ids``), in the transaction that
-        resumed them: their rows with their runs' active counts, their pools' free slots, the
-        move. Plain SQL, a fixed number of statements: this is on every resume's path."""
+        resumed them: their rows, locked with their runs and pools; the runs' active counts with
+        the pools' free slots; the move. Plain SQL, a fixed number of statements: this is on
+        every resume's path."""
         if not ids:
             return []
         ready: list[decide.Ready] = []
@@ -172,18 +179,24 @@ class Dispatcher:
         if not ready:
             return []
         runs = sorted({task.run for task in ready})
-        params = {"dag_ids": [r[0] for r in runs], "run_ids": [r[1] for r in runs]}
-        active: dict[decide.RunKey, int] = {
-            (row.dag_id, row.run_id): row.active
-            for row in session.execute(_RUNS_ACTIVE_SQL, params)
+        params = {
+            "dag_ids": [r[0] for r in runs],
+            "run_ids": [r[1] for r in runs],
+            "names": sorted({task.pool for task in ready}),
         }
+        active: dict[decide.RunKey, int] = {}
+        pool_free: dict[str, int] = {}
+        for row in session.execute(_RUNS_ACTIVE_AND_POOLS_FREE_SQL, params):
+            if row.kind == "run":
+                active[(row.dag_id, row.run_id)] = row.n
+            else:
+                pool_free[row.dag_id] = int(row.n)  # the pool's name, in the first column
         budget = {
             task.run: decide.dispatch_budget(
                 self._max_active_tasks(task.run[0]), active.get(task.run, 0)
             )
             for task in ready
         }
-        pool_free = pools.free_slots(session, {task.pool for task in ready}, locked=True)
         chosen = decide.choose_dispatch(ready, budget, pool_free, resumed_first=self.resumed_first)
         return self._queue(session, chosen)
 

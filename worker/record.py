@@ -78,13 +78,18 @@ def resume_kwargs(
 
 
 def succeed_all(
-    session: Session, cipher: Cipher, successes: Sequence[tuple[Attempt, Succeeded]]
+    session: Session,
+    cipher: Cipher,
+    successes: Sequence[tuple[Attempt, Succeeded]],
+    *,
+    said: str | None = None,
 ) -> set[int]:
     """running -> success for each attempt, skipping the tasks each chose not to run, and the
     tasks waiting on the asset events they recorded resumed; returns the task instances that
-    moved."""
+    moved. ``said``: the worker's line for the log of each try that moved, written with the
+    move."""
     succeeded, events = transitions.succeed_recording(
-        session, [(a, o.return_value) for a, o in successes]
+        session, [(a, o.return_value) for a, o in successes], said=said
     )
     for attempt, success in successes:
         if attempt.task_instance_id in succeeded and success.skip_task_ids:

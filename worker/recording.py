@@ -43,6 +43,9 @@ from worker.outcomes import (
 
 log = logging.getLogger("deferral.worker")
 
+# What the worker says of a success, in its log and in the try's.
+SUCCEEDED = "succeeded"
+
 # The deferral_task_attempts label of each outcome ("dropped": fenced out, see Recorder._say).
 _OUTCOME_LABELS: dict[type, str] = {
     Succeeded: "success",
@@ -185,10 +188,12 @@ class Recorder:
             [event["name"] for _, o in successes for event in o.alias_events],
             [row.key for wait in waits.values() for row in wait.rows],
         )
-        succeeded = record.succeed_all(session, self.cipher, [(r.attempt, o) for r, o in successes])
+        succeeded = record.succeed_all(
+            session, self.cipher, [(r.attempt, o) for r, o in successes], said=SUCCEEDED
+        )
         for running, success in successes:
             moved = running.attempt.task_instance_id in succeeded
-            self._say(running, success, moved, "succeeded", lines)
+            self._say(running, success, moved, SUCCEEDED, None)  # its line came with the move
         staged = self.defer_many(session, deferrals, lines, waits)
         for running, other in batch:
             if isinstance(other, Rescheduled | Skipped | Failed | AwaitingInput):
@@ -197,15 +202,21 @@ class Recorder:
         return staged
 
     def _say(
-        self, running: Running, outcome: Outcome, moved: bool, said: str, lines: list[NewLine]
+        self,
+        running: Running,
+        outcome: Outcome,
+        moved: bool,
+        said: str,
+        lines: list[NewLine] | None,
     ) -> None:
-        """Log what became of an attempt, and add it to the try's log ``lines`` if it counts;
-        tally it for the metrics."""
+        """Log what became of an attempt, and add it to the try's log ``lines`` if it counts
+        (None: the statement that moved it wrote that line); tally it for the metrics."""
         self.tally[_OUTCOME_LABELS[type(outcome)] if moved else "dropped"] += 1
         if moved:
             level = logging.ERROR if isinstance(outcome, Failed) else logging.INFO
             log.log(level, "%s %s", running.label, said, extra=running.log_ids())
-            lines.append(running.log_line(said))
+            if lines is not None:
+                lines.append(running.log_line(said))
         else:
             log.warning(
                 "%s try %d: outcome dropped, the attempt is no longer this worker's (its lease was"

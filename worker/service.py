@@ -15,7 +15,6 @@ import time
 from collections.abc import Sequence
 
 from sqlalchemy import select, tuple_
-from sqlalchemy.orm import Session
 
 from broker.client import Broker, LeaseStatus
 from broker.consumer import Delivery, Lost, run_until_stopped
@@ -44,9 +43,8 @@ from deferral.runtime.process import Every, LogExtra, log_ids, wait_ms_until_due
 from deferral.runtime.serialization import SerializationError
 from deferral.states import TaskState
 from deferral.store import liveness, transitions
-from deferral.store.db import make_engine, make_sessionmaker
+from deferral.store.db import make_engine, make_sessionmaker, one_statement
 from deferral.store.tables import TaskInstance, Worker
-from deferral.store.tasklogs import NewLine
 from deferral.store.transitions import Attempt
 from worker import decide, record
 from worker.attempt import warm_up
@@ -318,7 +316,9 @@ class WorkerService:
         if not checked:
             return
         self.unstarted = [delivery for delivery, _ in checked]
-        with self.sessions.begin() as session:
+        # One statement (it writes the start lines too): committed on its own, without BEGIN
+        # and COMMIT round trips between the entry and the task's code (worker rule 25).
+        with one_statement(self.sessions) as session:
             started = transitions.start_many(
                 session,
                 [(item.task_instance_id, item.try_number) for _, item in checked],
@@ -326,16 +326,21 @@ class WorkerService:
                 self.name,
                 started_by=f"on worker {self.name} ({self.hostname})",
             )
-            lines: list[NewLine] = []
-            requests = self._requests(started, lines, session)
-            write_lines(session, lines, self.settings)
         self.unstarted = []
+        requests, cannot_run = self._requests(started)
         finished: list[Delivery] = []
         orphans: list[tuple[Delivery, QueuedAttempt]] = []
+        failing: list[tuple[Running, Outcome]] = []
         for delivery, item in checked:
             request = requests.pop(item.task_instance_id, None)
             if request is not None:
                 self._submit(delivery, item, request)
+            elif item.task_instance_id in cannot_run:
+                attempt = Attempt(item.task_instance_id, item.try_number, self.name)
+                reason = cannot_run[item.task_instance_id]
+                failing.append(
+                    (Running(delivery, attempt, item.task), Failed(reason, "", allow_retry=False))
+                )
             elif delivery.taken_from is not None and item.task_instance_id not in self.running:
                 orphans.append((delivery, item))
             else:
@@ -350,6 +355,12 @@ class WorkerService:
         if orphans:
             self._fail_orphans(orphans)
         self.consumer.retire([d.entry for d in finished + [d for d, _ in orphans]])
+        if failing:
+            # Recorded as the attempts' outcomes: fenced, with their lines, kept and recorded
+            # again if the servers fail, their entries retired. With the outcomes a failed
+            # record left (a takeover's start runs before the step retries them): a record
+            # keeps only the batch it is given.
+            self.recorder.record([*self.recorder.unrecorded, *failing])
 
     def _submit(self, delivery: Delivery, item: QueuedAttempt, request: AttemptRequest) -> None:
         ti_id = item.task_instance_id
@@ -361,33 +372,23 @@ class WorkerService:
         log.info("running %s try %d%s", item.task, item.try_number, resuming, extra=_item_ids(item))
 
     def _requests(
-        self, started: Sequence[transitions.Started], lines: list[NewLine], session: Session
-    ) -> dict[int, AttemptRequest]:
-        """The child's request for each started attempt; one that cannot be run (its run is
-        gone, its resume kwargs cannot be opened) fails here, with the reason, instead of
-        blocking the queue. Says in ``lines`` which failed (the start statement wrote every
-        started try's start line)."""
+        self, started: Sequence[transitions.Started]
+    ) -> tuple[dict[int, AttemptRequest], dict[int, str]]:
+        """The child's request for each started attempt, and why each that cannot be run (its
+        run is gone, its resume kwargs cannot be opened) cannot: those fail, with the reason,
+        instead of blocking the queue."""
         requests: dict[int, AttemptRequest] = {}
+        cannot_run: dict[int, str] = {}
         for ti in started:
             try:
                 if not ti.run_exists:
                     raise LookupError(f"DAG run {ti.dag_id} {ti.run_id} no longer exists")
                 next_kwargs = record.resume_kwargs(self.cipher, ti.next_kwargs, ti.next_event)
             except (LookupError, DecryptionError, SerializationError) as exc:
-                reason = f"cannot run: {exc}"
-                transitions.fail(
-                    session, Attempt(ti.id, ti.try_number, self.name), reason, allow_retry=False
-                )
-                lines.append(line(ti.id, ti.try_number, f"{reason}: failed"))
-                log.error(
-                    "failed task instance %d: %s",
-                    ti.id,
-                    reason,
-                    extra=log_ids(task_instance_id=ti.id, try_number=ti.try_number),
-                )
+                cannot_run[ti.id] = f"cannot run: {exc}"
                 continue
             requests[ti.id] = record.request_of(ti, next_kwargs, self.settings.task_log_max_bytes)
-        return requests
+        return requests, cannot_run
 
     def _fail_orphans(self, orphans: Sequence[tuple[Delivery, QueuedAttempt]]) -> None:
         """Attempts of workers that stopped heartbeating (or of this worker's earlier process):

@@ -5,6 +5,8 @@ from __future__ import annotations
 import logging
 import math
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import psycopg
@@ -115,6 +117,18 @@ def _millis(seconds: float) -> int:
 
 def make_sessionmaker(engine: Engine) -> sessionmaker[Session]:
     return sessionmaker(engine, expire_on_commit=False)
+
+
+@contextmanager
+def one_statement(sessions: sessionmaker[Session]) -> Iterator[Session]:
+    """A session whose statements commit each on its own (autocommit), for work that is one
+    statement: atomic as it is, it needs no BEGIN and no COMMIT, two round trips fewer (on the
+    hot paths, each a wake of the client and of its server process: a one-row update through a
+    Session took 4.9 ms against 3.9 ms so at load 6 on 2 cores). A second statement in it would
+    commit apart from the first: run what must be atomic with more in ``sessions.begin()``."""
+    with sessions() as session:
+        session.connection(execution_options={"isolation_level": "AUTOCOMMIT"})
+        yield session
 
 
 def location(engine: Engine) -> str:

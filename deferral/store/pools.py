@@ -29,8 +29,7 @@ _LOCK_SQL = text(
 # it: two dispatchers both found the 2 slots of a 2-slot pool free). The sums are per pool, each
 # an index read of the tasks in those states: a condition over both made every deferred task be
 # read on every dispatch, a cost that grew with idle runs.
-_FREE_SLOTS_SQL = text(
-    """
+FREE_SLOTS_OF_NAMED = """
     SELECT name, slots
         - COALESCE((SELECT sum(pool_slots) FROM task_instance
                     WHERE pool = p.name AND state IN ('queued', 'running')), 0)
@@ -42,7 +41,7 @@ _FREE_SLOTS_SQL = text(
     FROM pool AS p
     WHERE CAST(:names AS text[]) IS NULL OR name = ANY(CAST(:names AS text[]))
     """
-)
+_FREE_SLOTS_SQL = text(FREE_SLOTS_OF_NAMED)
 
 # The pools of the tasks in a CTE ``ready`` (with a column ``pool``), locked as _LOCK_SQL does,
 # for a statement that reads those tasks to lock them too (the resume path's).

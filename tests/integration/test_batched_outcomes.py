@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import datetime as dt
 
-from sqlalchemy import select
+from sqlalchemy import Connection, event, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from deferral.store import transitions
-from deferral.store.tables import TaskInstance, TaskStateChange, Trigger, XCom
+from deferral.store.tables import TaskInstance, TaskLog, TaskStateChange, Trigger, XCom
 from deferral.store.transitions import Attempt, Deferral
 from tests.integration.factories import WORKER, running_task
 
@@ -34,6 +34,36 @@ def test_succeed_many_moves_only_attempts_still_ours(sessions: sessionmaker[Sess
     assert _state(sessions, stale).state == "running"
     with sessions() as session:
         assert session.scalars(select(XCom.task_instance_id)).all() == [ours]
+
+
+def test_succeed_many_writes_the_line_of_each_try_that_moved_in_its_statement(
+    sessions: sessionmaker[Session],
+) -> None:
+    """The worker's "succeeded" line comes with the move (a statement less on every success's
+    path), and only for the attempts still ours."""
+    ours = running_task(sessions, task_id="a", run_id="r1")
+    stale = running_task(sessions, task_id="b", run_id="r2")
+    statements: list[str] = []
+
+    def seen(conn: Connection, cursor: object, statement: str, *args: object) -> None:
+        statements.append(statement)
+
+    engine = sessions.kw["bind"]
+    event.listen(engine, "before_cursor_execute", seen)
+    try:
+        with sessions.begin() as session:
+            moved, _ = transitions.succeed_recording(
+                session,
+                [(Attempt(ours, 1, WORKER), None), (Attempt(stale, 1, "someone-else"), None)],
+                said="succeeded",
+            )
+    finally:
+        event.remove(engine, "before_cursor_execute", seen)
+    assert moved == {ours}
+    assert len(statements) == 1
+    with sessions() as session:
+        lines = session.execute(select(TaskLog.task_instance_id, TaskLog.source, TaskLog.text))
+        assert [tuple(line) for line in lines] == [(ours, "worker", "succeeded")]
 
 
 def test_defer_many_writes_triggers_and_drops_those_of_stale_attempts(

@@ -6,7 +6,7 @@ from __future__ import annotations
 import datetime as dt
 import threading
 
-from sqlalchemy import func, select, text, update
+from sqlalchemy import Connection, event, func, select, text, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from broker import outbox
@@ -247,3 +247,34 @@ def test_relay_publishes_every_entry_of_a_row_a_crashed_process_left(
     ]
     assert all(_published(sessions).values())
     assert outbox.relay(sessions, broker, NOW) == 0
+
+
+def test_the_mark_of_published_rows_is_one_statement_committed_on_its_own(
+    sessions: sessionmaker[Session], broker: Broker
+) -> None:
+    """No BEGIN and COMMIT round trips around it, and no wait for its WAL flush: a lost mark
+    only publishes the row again."""
+    engine = sessions.kw["bind"]
+    marks: list[tuple[bool, str]] = []
+
+    def seen(conn: Connection, cursor: object, statement: str, *args: object) -> None:
+        if "UPDATE outbox SET published_at" in statement:
+            dbapi = conn.connection.dbapi_connection
+            assert dbapi is not None
+            marks.append((dbapi.autocommit, statement))
+
+    with sessions.begin() as session:
+        staged = [outbox.stage(session, broker.keys.queue("default"), _message(1))]
+        before = session.scalar(text("SHOW synchronous_commit"))  # the test database's own
+    event.listen(engine, "before_cursor_execute", seen)
+    try:
+        outbox.flush(sessions, broker, staged)
+    finally:
+        event.remove(engine, "before_cursor_execute", seen)
+
+    ((autocommit, statement),) = marks
+    assert autocommit
+    assert "set_config('synchronous_commit', 'off', true)" in statement
+    assert _published(sessions) == {staged[0].id: True}
+    with sessions() as session:  # the setting was the mark's transaction's only
+        assert session.scalar(text("SHOW synchronous_commit")) == before

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import select, text
+from sqlalchemy import event, select, text
 from sqlalchemy.orm import Session, sessionmaker
 
 from broker.client import Broker
@@ -415,6 +415,40 @@ def test_two_schedulers_queueing_at_once_keep_pool_slots_and_max_active_tasks(
         "queued",
         "scheduled",
     ]
+
+
+def test_a_resumed_task_is_queued_in_four_statements(
+    settings: Settings,
+    sessions: sessionmaker[Session],
+    write_dag: WriteDag,
+    dag_id: str,
+) -> None:
+    """On every resume's path: the task, its run and its pool locked; the run's active tasks
+    and the pool's free slots counted together; the move; its queue entry staged."""
+    write_dag(dag_id, _dag_file(dag_id, '    EmptyOperator(task_id="t0", pool="small")'))
+    with sessions.begin() as session:
+        session.merge(Pool(name="small", slots=0, include_deferred=False))
+    _trigger(sessions, dag_id)
+    service = _scheduler(settings)
+    _step(service)
+    with sessions.begin() as session:
+        session.execute(text("UPDATE pool SET slots = 1 WHERE name = 'small'"))
+    with sessions() as session:
+        (ti_id,) = session.scalars(select(TaskInstance.id)).all()
+    statements: list[str] = []
+
+    def seen(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        statements.append(statement)
+
+    event.listen(service.engine, "before_cursor_execute", seen)
+    try:
+        with service.sessions.begin() as session:
+            staged = service.dispatcher.resumed(session, [ti_id])
+    finally:
+        event.remove(service.engine, "before_cursor_execute", seen)
+    assert len(staged) == 1
+    assert len(statements) == 4, statements
+    assert _states(sessions) == {"t0": "queued"}
 
 
 def test_a_run_at_max_active_tasks_does_not_hold_back_other_runs_tasks(

@@ -6,14 +6,17 @@ from __future__ import annotations
 import datetime as dt
 
 import pytest
-from sqlalchemy import delete, select
+from sqlalchemy import Connection, delete, event, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from broker.client import Broker
 from broker.streams import queue_message
 from deferral.store import transitions
 from deferral.store.tables import DagRun, TaskInstance, TaskStateChange
-from deferral.store.transitions import NewTaskInstance
+from deferral.store.transitions import Attempt, NewTaskInstance
+from tests.integration.factories import running_task, worker_batch
+from worker.outcomes import Failed
+from worker.recording import Running
 from worker.service import WorkerService
 
 
@@ -99,3 +102,56 @@ def test_an_entry_that_makes_the_reader_raise_is_dead_lettered_alone(
         b"unreadable queue entry: RecursionError: maximum recursion depth exceeded"
     )
     assert ti_id in worker.running
+
+
+def test_an_attempt_starts_in_one_statement_committed_on_its_own(
+    worker: WorkerService, sessions: sessionmaker[Session], broker: Broker
+) -> None:
+    """Between the entry and the task's code: no BEGIN or COMMIT round trip, only the start
+    statement (which writes the start line too)."""
+    ti_id = _queued(sessions)
+    statements: list[tuple[bool, str]] = []
+
+    def seen(conn: Connection, cursor: object, statement: str, *args: object) -> None:
+        dbapi = conn.connection.dbapi_connection
+        assert dbapi is not None
+        statements.append((dbapi.autocommit, statement))
+
+    broker.publish(worker.streams[0], queue_message(worker.cipher, ti_id, 1, "d", "r1", "t", -1))
+    event.listen(worker.engine, "before_cursor_execute", seen)
+    try:
+        worker._start(worker.consumer.poll(1, block_ms=None))
+    finally:
+        event.remove(worker.engine, "before_cursor_execute", seen)
+
+    ((autocommit, statement),) = statements
+    assert autocommit and "SET state = 'running'" in statement
+    assert ti_id in worker.running
+    with sessions() as session:
+        assert session.get_one(TaskInstance, ti_id).state == "running"
+
+
+def test_an_attempt_that_cannot_run_is_recorded_with_the_outcomes_a_failed_record_left(
+    worker: WorkerService, sessions: sessionmaker[Session], broker: Broker
+) -> None:
+    """A takeover's start runs before the step records again what a failed record left: the
+    failure of an attempt that cannot run must not replace those outcomes."""
+    ti_id = _queued(sessions)  # first: it expects the only run
+    left_ti = running_task(sessions, task_id="left", run_id="r0")
+    with sessions.begin() as session:  # the attempt runs on this worker
+        session.execute(
+            update(TaskInstance).where(TaskInstance.id == left_ti).values(worker=worker.name)
+        )
+    (left,) = worker_batch(worker, [(left_ti, Failed("boom", "", allow_retry=False))])
+    worker.recorder.unrecorded = [
+        (Running(left[0].delivery, Attempt(left_ti, 1, worker.name), left[0].label), left[1])
+    ]
+    with sessions.begin() as session:
+        session.execute(delete(DagRun).where(DagRun.run_id == "r1"))
+    broker.publish(worker.streams[0], queue_message(worker.cipher, ti_id, 1, "d", "r1", "t", -1))
+
+    worker._start(worker.consumer.poll(1, block_ms=None))
+
+    assert _last_reason(sessions, ti_id)[0] == "failed"
+    assert _last_reason(sessions, left_ti) == ("failed", "boom")
+    assert worker.recorder.unrecorded == []
