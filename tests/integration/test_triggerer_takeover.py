@@ -83,7 +83,7 @@ def test_one_look_takes_every_entry_of_a_dead_triggerer(
 ) -> None:
     _dead_peer_held(broker, sessions, cipher, DEAD_HELD)
     _register_dead_peer(sessions)
-    service = TriggererService(settings, capacity=1000, name="alive")
+    service = TriggererService(settings, capacity=DEAD_HELD, name="alive")
     service.attach(broker)
 
     _one_look(service)
