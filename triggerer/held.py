@@ -15,7 +15,6 @@ import anyio.to_thread
 
 from broker.replies import Entry
 from deferral.runtime.process import LogExtra, log_ids
-from triggerer.events import Outcome
 
 T = TypeVar("T")
 
@@ -41,13 +40,10 @@ class Held:
     # The try that deferred on it (0: unknown, an older entry), whose log the lines go to.
     try_number: int
     moment: dt.datetime | None
-    # A timer's event, sealed shortly before its moment (timers.SEAL_AHEAD_SEC): at the moment
-    # it is only logged and published; sealed as the timer was held it cost ~0.75 KB a timer.
-    event: Outcome | None
-    cancel_reason: str
+    # Why it was cancelled (shutdown, reassigned, ...); None while it is not.
+    why: str | None
     # Cancelled because its task no longer waits on it: retire the entry too.
     retire: bool
-    cancelled: bool
 
     def __init__(
         self,
@@ -66,10 +62,25 @@ class Held:
         self.task_instance_id = task_instance_id
         self.try_number = try_number
         self.moment = moment
-        self.event = None
-        self.cancel_reason = "shutdown"
+        self.why = None
         self.retire = False
-        self.cancelled = False
+
+    @property
+    def cancelled(self) -> bool:
+        return self.why is not None
+
+    @cancelled.setter
+    def cancelled(self, cancelled: bool) -> None:
+        self.why = (self.why or "shutdown") if cancelled else None
+
+    @property
+    def cancel_reason(self) -> str:
+        """Why it was cancelled; a trigger stopped with the whole triggerer was never told."""
+        return self.why or "shutdown"
+
+    @cancel_reason.setter
+    def cancel_reason(self, reason: str) -> None:
+        self.why = reason
 
     @property
     def entry(self) -> Entry:
@@ -88,7 +99,11 @@ class Held:
         return (self.stream, self.entry_id)
 
     def __lt__(self, other: Held) -> bool:
-        # Timers due at the same moment are ordered by trigger id (timers.Timers' heap).
+        # The timers' heap holds the Helds themselves (no tuple per timer): by moment, then
+        # trigger id.
+        assert self.moment is not None and other.moment is not None
+        if self.moment != other.moment:
+            return self.moment < other.moment
         return self.trigger_id < other.trigger_id
 
     def log_ids(self) -> LogExtra:

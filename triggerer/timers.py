@@ -29,14 +29,20 @@ def _unprepared(_: Held) -> None:
     return None
 
 
+def _moment(held: Held) -> dt.datetime:
+    assert held.moment is not None  # a timer's (Timers.add)
+    return held.moment
+
+
 class Timers:
-    """Triggers that only wait for a moment, on one shared timer: a heap of (moment, held) due
-    later, and one of those due within SEAL_AHEAD, their events sealed. Same moments are
-    ordered by trigger id (``Held.__lt__``): no counter kept per timer."""
+    """Triggers that only wait for a moment, on one shared timer: a heap of those due later,
+    and one of those due within SEAL_AHEAD, their events sealed. The heaps hold the Helds
+    themselves, ordered by moment then trigger id (``Held.__lt__``): no tuple or counter kept
+    per timer."""
 
     def __init__(self) -> None:
-        self._later: list[tuple[dt.datetime, Held]] = []
-        self._soon: list[tuple[dt.datetime, Held]] = []
+        self._later: list[Held] = []
+        self._soon: list[Held] = []
         self._changed = anyio.Event()
 
     def __len__(self) -> int:
@@ -44,8 +50,8 @@ class Timers:
 
     def add(self, held: Held) -> None:
         assert held.moment is not None
-        earliest = not self._later or held.moment < self._later[0][0]
-        heapq.heappush(self._later, (held.moment, held))
+        earliest = not self._later or held < self._later[0]
+        heapq.heappush(self._later, held)
         if earliest:
             self._changed.set()
 
@@ -58,10 +64,10 @@ class Timers:
         while True:
             now = clock.now()  # the database's time: moments are by its clock
             done = 0
-            while self._later and self._later[0][0] <= now + SEAL_AHEAD:
-                item = heapq.heappop(self._later)
-                prepare(item[1])
-                heapq.heappush(self._soon, item)
+            while self._later and _moment(self._later[0]) <= now + SEAL_AHEAD:
+                held = heapq.heappop(self._later)
+                prepare(held)
+                heapq.heappush(self._soon, held)
                 done += 1
                 if done % FIRE_BATCH == 0:
                     await anyio.lowlevel.checkpoint()
@@ -70,9 +76,9 @@ class Timers:
             await self._fire_due(fire, now)
             wait = 60.0  # at least every minute: a clock step must not stretch a wait
             if self._soon:
-                wait = min(wait, (self._soon[0][0] - now).total_seconds())
+                wait = min(wait, (_moment(self._soon[0]) - now).total_seconds())
             if self._later:
-                wait = min(wait, (self._later[0][0] - SEAL_AHEAD - now).total_seconds())
+                wait = min(wait, (_moment(self._later[0]) - SEAL_AHEAD - now).total_seconds())
             if wait <= TIMER_SPIN_SEC:
                 # The loop's sleeps end on the next whole millisecond: the last one is polled.
                 await anyio.lowlevel.checkpoint()
@@ -85,8 +91,8 @@ class Timers:
     async def _fire_due(self, fire: Callable[[Held], None], now: dt.datetime) -> None:
         """Fire the prepared timers whose moment has passed by ``now``, FIRE_BATCH at a time."""
         fired = 0
-        while self._soon and self._soon[0][0] <= now:
-            fire(heapq.heappop(self._soon)[1])
+        while self._soon and _moment(self._soon[0]) <= now:
+            fire(heapq.heappop(self._soon))
             fired += 1
             if fired % FIRE_BATCH == 0:
                 await anyio.lowlevel.checkpoint()

@@ -87,11 +87,12 @@ def test_a_timers_event_is_sealed_near_its_moment_and_published_as_sealed(
             await service.starter.start_all(tasks, service.consumer.poll(1))
             tasks.cancel_scope.cancel()
         held = service.held[trigger_id]
-        assert held.event is None  # a day before its moment: no sealed event kept
+        assert held not in service.runner.sealed  # a day before its moment: none kept
         service.runner.seal_timer(held)  # as the timers do shortly before the moment
-        assert held.event is not None
+        assert held in service.runner.sealed
         service.runner.timer_fired(held)  # as the timers do at the moment
         await service.publisher.flush()
+        assert not service.runner.sealed
 
     anyio.run(hold_then_fire)
     built = event_outcome(cipher, trigger_id, moment, "t1").message
