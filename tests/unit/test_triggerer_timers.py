@@ -96,3 +96,16 @@ def test_a_timers_event_is_prepared_shortly_before_its_moment_not_as_it_is_held(
 
     anyio.run(main)
     assert done == [("prepared", 2), ("fired", 2)]
+
+
+def test_a_held_timer_keeps_its_entrys_name_only() -> None:
+    """Memory per held timer (triggerer rule 35): no fields, token or sealed event on it; the
+    entry is built with its in-flight index field when it is retired."""
+    entry = Entry("s", "7-0", {b"trigger_id": b"7", b"token": b"x" * 400})
+    held = Held(7, entry, None, "d.r.t", 7, 1, moment=dt.datetime.now(dt.UTC))
+    assert not hasattr(held, "__dict__") and "event" not in Held.__slots__
+    assert held.entry == Entry("s", "7-0", {b"trigger_id": b"7"})
+    assert held.key == ("s", "7-0") and held.entry_id is entry.id
+    assert not held.cancelled and held.cancel_reason == "shutdown"
+    held.cancelled, held.cancel_reason = True, "reassigned"
+    assert held.cancelled and held.cancel_reason == "reassigned"
