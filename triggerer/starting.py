@@ -257,10 +257,8 @@ class Starter:
             # A timer moved here (a takeover or a replay, a thousand at a time): its line goes
             # to its try's log only, and the batch gets one line here (start_all); a line each
             # through every handler was half of what moving a hundred thousand cost.
-            self.task_logs.handler.handle(
-                log.makeRecord(
-                    log.name, logging.INFO, __file__, 0, STARTED, args, None, extra=held.log_ids()
-                )
+            self.task_logs.handler.said(
+                held.task_instance_id, held.try_number, log.name, STARTED % args
             )
             moved[delivery.taken_from] = moved.get(delivery.taken_from, 0) + 1
         else:
