@@ -185,7 +185,7 @@ def main() -> None:
                 f"{name}: stopped {stopped_in[name]:.2f} s after SIGTERM"
                 + (
                     f"; its {handed[-1]} trigger entries' triggers all started on its peer"
-                    f" {running_again[-1]:.2f} s after its exit (by the peer's log; seen"
+                    f" {running_again[-1]:.2f} s after its exit (by the tries' logs; seen"
                     f" recorded {recorded_again[-1]:.2f} s after it)"
                     if kind == "triggerer"
                     else ""
@@ -238,7 +238,7 @@ def main() -> None:
         [
             "SIGTERM -> exit: "
             + ", ".join(f"{name} {seconds:.2f} s" for name, seconds in stopped_in.items()),
-            "triggers handed off (all started on the peer, by its log / seen recorded): "
+            "triggers handed off (all started on the peer, by the tries' logs / seen recorded): "
             + ", ".join(
                 f"{n} in {s:.2f} / {r:.2f} s"
                 for n, s, r in zip(handed, running_again, recorded_again, strict=True)
