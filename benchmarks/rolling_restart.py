@@ -12,9 +12,9 @@ once it exited, started again under its name; the next waits until it consumes. 
 with ``DEFERRAL_WORKER_STOP_GRACE_SEC`` = ``--grace`` (shorter than the work, so some attempts
 are handed back). For a triggerer, the benchmark waits until every trigger entry it held is held
 by its peer (Redis: the group's pending lists) or retired, and every trigger it ran is recorded
-as run by its peer (Postgres: ``trigger.triggerer_id``) or has fired; then reads from the peer's
-log when the last of those triggers started there ("trigger N ... started on triggerer P",
-stamped to the millisecond): that, less the moment the stopped process exited, is the figure
+as run by its peer (Postgres: ``trigger.triggerer_id``) or has fired; then reads from the
+tries' logs when the last of those triggers started there ("trigger N ... started on triggerer
+P", stamped to the microsecond): that, less the moment the stopped process exited, is the figure
 (the polls themselves lag on a loaded machine).
 
 Counted from ``task_state_change`` once every run finished: each task succeeded exactly once
@@ -36,7 +36,8 @@ from redis.exceptions import ResponseError
 from sqlalchemy import func, select
 
 from broker.streams import GROUP_TRIGGERERS
-from deferral.store.tables import TaskInstance, Trigger
+from deferral.store.tables import TaskInstance, TaskLog, Trigger
+from deferral.store.tasklogs import SOURCE_TRIGGERER
 
 DAG_ID = "bench_rolling"
 DAG = """
@@ -86,20 +87,25 @@ def entries_held(stack: Stack) -> dict[tuple[str, str], str]:
     return held
 
 
-STARTED = re.compile(
-    r"^(\S+ \S+) INFO deferral\.triggerer: trigger (\d+) \(.*\) for \S+ started on triggerer"
-    r" (\S+)$",
-    re.M,
-)
+STARTED = re.compile(r"trigger (\d+) \(.*\) for \S+ started on triggerer (\S+)$")
 
 
 def last_started(stack: Stack, peer: str, ids: list[int], since: float) -> float:
     """The Unix time at which the last of the triggers ``ids`` that ``peer`` started after
-    ``since`` started there, by its log (``since`` if it started none: they had fired)."""
+    ``since`` started there, by their tries' logs (a timer moved with others is named there
+    only); ``since`` if it started none: they had fired."""
     wanted, last = set(ids), since
-    for stamp, trigger_id, who in STARTED.findall(stack.log(peer)):
-        at = dt.datetime.strptime(stamp, "%Y-%m-%d %H:%M:%S,%f").replace(tzinfo=dt.UTC)
-        if who == peer and int(trigger_id) in wanted and at.timestamp() >= since:
+    with stack.sessions() as session:
+        lines = session.execute(
+            select(TaskLog.at, TaskLog.text).where(
+                TaskLog.source == SOURCE_TRIGGERER,
+                TaskLog.at >= dt.datetime.fromtimestamp(since, dt.UTC),
+                TaskLog.text.like(f"%started on triggerer {peer}"),
+            )
+        ).all()
+    for at, line in lines:
+        found = STARTED.search(line)
+        if found and found.group(2) == peer and int(found.group(1)) in wanted:
             last = max(last, at.timestamp())
     return last
 
@@ -179,7 +185,7 @@ def main() -> None:
                 f"{name}: stopped {stopped_in[name]:.2f} s after SIGTERM"
                 + (
                     f"; its {handed[-1]} trigger entries' triggers all started on its peer"
-                    f" {running_again[-1]:.2f} s after its exit (by the peer's log; seen"
+                    f" {running_again[-1]:.2f} s after its exit (by the tries' logs; seen"
                     f" recorded {recorded_again[-1]:.2f} s after it)"
                     if kind == "triggerer"
                     else ""
@@ -232,7 +238,7 @@ def main() -> None:
         [
             "SIGTERM -> exit: "
             + ", ".join(f"{name} {seconds:.2f} s" for name, seconds in stopped_in.items()),
-            "triggers handed off (all started on the peer, by its log / seen recorded): "
+            "triggers handed off (all started on the peer, by the tries' logs / seen recorded): "
             + ", ".join(
                 f"{n} in {s:.2f} / {r:.2f} s"
                 for n, s, r in zip(handed, running_again, recorded_again, strict=True)

@@ -226,6 +226,12 @@ class StreamConsumer:
     def held(self) -> int:
         return len(self._held)
 
+    @property
+    def replaying(self) -> bool:
+        """Whether own pending entries (an earlier process of this name's) are still to be
+        handed over by :meth:`poll` before any new one is read."""
+        return self._replaying
+
     def holds(self, entry_id: str) -> bool:
         return entry_id in self._held
 

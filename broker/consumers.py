@@ -61,6 +61,12 @@ class ConsumerSet:
         consumer = self.consumers.get(entry.stream)
         return consumer is not None and consumer.holds(entry.id)
 
+    @property
+    def replaying(self) -> bool:
+        """Whether a stream's own pending entries are still being replayed (see
+        :attr:`StreamConsumer.replaying`)."""
+        return any(consumer.replaying for consumer in self.consumers.values())
+
     def poll(self, count: int, block_ms: int | None = None) -> list[Delivery]:
         """Up to ``count`` entries from the streams in turn (see :meth:`StreamConsumer.poll`)."""
         consumers = self._in_turn()

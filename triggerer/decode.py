@@ -8,8 +8,10 @@ prefix, and the class must be a BaseTrigger subclass. Each refusal names its rea
 from __future__ import annotations
 
 import importlib
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from types import ModuleType
 from typing import TypeVar
 
 import msgspec
@@ -49,7 +51,23 @@ def module_allowed(module: str, prefixes: Sequence[str]) -> bool:
     return any(module == p or module.startswith(p + ".") for p in prefixes)
 
 
+# Classes loaded, by classpath and allowed prefixes, with their module: a takeover builds a
+# thousand triggers of one class at a time. Loaded again once its module is no longer the one
+# imported (a DAGs-folder module run afresh).
+_loaded: dict[tuple[str, tuple[str, ...]], tuple[ModuleType, type[BaseTrigger]]] = {}
+
+
 def load_trigger_class(classpath: str, prefixes: Sequence[str]) -> type[BaseTrigger]:
+    key = (classpath, tuple(prefixes))
+    loaded = _loaded.get(key)
+    if loaded is not None and sys.modules.get(loaded[0].__name__) is loaded[0]:
+        return loaded[1]
+    cls = _load_trigger_class(classpath, prefixes)
+    _loaded[key] = (sys.modules[classpath.rpartition(".")[0]], cls)
+    return cls
+
+
+def _load_trigger_class(classpath: str, prefixes: Sequence[str]) -> type[BaseTrigger]:
     module_name, _, class_name = classpath.rpartition(".")
     if not module_name or not module_allowed(module_name, prefixes):
         raise ValueError(f"trigger class {classpath!r} is outside DEFERRAL_TRIGGER_MODULES")

@@ -87,7 +87,7 @@ class Publisher:
                 extra=held.log_ids(),
             )
             return
-        self.reports.append((self.keys.events_beside(held.entry.stream), to_fields(message)))
+        self.reports.append((self.keys.events_beside(held.stream), to_fields(message)))
         self.ready.set()
 
     def retire(self, entry: Entry) -> None:
@@ -151,7 +151,7 @@ class Publisher:
             batch = await self._carry_task_logs(self.items[:PUBLISH_BATCH])
             self.items[: len(batch)] = batch
             items = [
-                (held.entry, self.keys.events_beside(held.entry.stream), to_fields(message))
+                (held.entry, self.keys.events_beside(held.stream), to_fields(message))
                 for _, held, message in batch
             ]
             try:

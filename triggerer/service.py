@@ -60,9 +60,12 @@ from triggerer.watchers import WatcherRunner
 
 log = logging.getLogger("deferral.triggerer")
 
-# Entries taken over per claim at most (new ones are read DEFERRAL_TRIGGERER_CLAIM_PER_LOOP at
-# a time, so one replica never drains the stream its peers share).
-READ_BATCH = 100
+# Entries taken over, or replayed after a restart, per claim at most (new ones are read
+# DEFERRAL_TRIGGERER_CLAIM_PER_LOOP at a time, so one replica never drains the stream its peers
+# share): a dead peer's or a restarted name's hundred thousand timers move in batches whose
+# fixed cost (round trips, the row check, thread hops) is spread over many (100 at a time it
+# was most of failover.py's 60 s).
+READ_BATCH = 1000
 # The shortest loop that read a whole DEFERRAL_TRIGGERER_CLAIM_PER_LOOP while another triggerer
 # is alive: one that finds a backlog takes its share and leaves its peers theirs, whatever its
 # CPU share (at most 500 new triggers a second at the default claim; a raised claim raises it).
@@ -166,7 +169,7 @@ class TriggererService:
                 tasks.start_soon(self._after_beats, beats_out)
                 tasks.start_soon(self._take_overs, tasks)
                 tasks.start_soon(self.publisher.run)
-                tasks.start_soon(self.timers.run, self.runner.timer_fired)
+                tasks.start_soon(self.timers.run, self.runner.timer_fired, self.runner.seal_timer)
                 tasks.start_soon(self.task_logs.run)
                 tasks.start_soon(self._watchers().run)
                 watchdog: LoopWatchdog[RunningTrigger | str] = LoopWatchdog(
@@ -341,8 +344,11 @@ class TriggererService:
                 await self.slot_freed.wait()
                 continue
             try:
-                # At most the claim per loop: replicas started together share a backlog.
-                wanted = min(free, self.settings.triggerer_claim_per_loop)
+                # At most the claim per loop: replicas started together share a backlog. Our
+                # own pending entries (a restart) are no one else's share: a batch at a time.
+                replaying = self.consumer.replaying
+                claim = READ_BATCH if replaying else self.settings.triggerer_claim_per_loop
+                wanted = min(free, claim)
                 loop_started = time.monotonic()
                 deliveries = await in_thread(self.consumer.poll, wanted, READ_BLOCK_MS)
             except Exception as exc:
@@ -356,7 +362,7 @@ class TriggererService:
             OUTAGE.reached()
             backoff.reset()
             await self.starter.start_all(tasks, deliveries)
-            if len(deliveries) >= wanted and self.peers != 0:
+            if len(deliveries) >= wanted and self.peers != 0 and not replaying:
                 await anyio.sleep(max(0.0, loop_started + CLAIM_LOOP_SEC - time.monotonic()))
 
     # -- running triggers ------------------------------------------------------------------------
@@ -424,21 +430,21 @@ class TriggererService:
         running until the reconciler republishes its entry (which then replaces the lost one)
         -- unless a newer entry for it already exists, held elsewhere."""
         status = {item.key: item.status for item in lost}
-        affected = {tid: h for tid, h in self.held.items() if h.entry.key in status}
+        affected = {tid: h for tid, h in self.held.items() if h.key in status}
         for trigger_id, held in affected.items():
-            if status[held.entry.key] is LeaseStatus.TAKEN:
+            if status[held.key] is LeaseStatus.TAKEN:
                 self.runner.cancel(trigger_id, held, "reassigned")
         vanished: dict[str, list[str]] = {}
         for tid, h in affected.items():
-            if status[h.entry.key] is LeaseStatus.GONE:
-                vanished.setdefault(h.entry.stream, []).append(str(tid))
+            if status[h.key] is LeaseStatus.GONE:
+                vanished.setdefault(h.stream, []).append(str(tid))
         for stream, trigger_ids in vanished.items():
             elsewhere = await in_thread(self.broker.present, stream, trigger_ids)
             for named, there in elsewhere.items():
                 held = affected[int(named)]
                 # The newer entry may have reached this triggerer during that call (a read
                 # swaps it in, see Starter._start): then the trigger holds it and goes on here.
-                if there and held.entry.key in status:
+                if there and held.key in status:
                     self.runner.cancel(int(named), held, "reassigned")
 
     async def _drop_unwanted(self) -> None:

@@ -1,11 +1,11 @@
 """The triggers that only wait for a moment (a timer runs no code of its own), on one shared
-timer: fired as their moments come, many due at once a batch at a time."""
+timer: each event sealed shortly before its moment, fired as the moment comes, many due at once
+a batch at a time."""
 
 from __future__ import annotations
 
 import datetime as dt
 import heapq
-import itertools
 from collections.abc import Callable
 
 import anyio
@@ -17,44 +17,82 @@ from triggerer.held import Held
 # How close to a timer's moment the loop polls for it instead of sleeping (a sleep ends up to a
 # millisecond late).
 TIMER_SPIN_SEC = 0.0015
-# Timers fired before the publisher may run (10,000 due at once would otherwise all be fired,
-# logged and signed before the first is published).
+# Timers fired (or sealed) before the publisher may run (10,000 due at once would otherwise all
+# be fired, logged and signed before the first is published).
 FIRE_BATCH = 250
+# How long before its moment a timer's event is sealed (``prepare``): at the moment it is only
+# logged and published, and a timer due later keeps no sealed event (memory per timer held).
+SEAL_AHEAD = dt.timedelta(seconds=5)
+
+
+def _unprepared(_: Held) -> None:
+    return None
+
+
+def _moment(held: Held) -> dt.datetime:
+    assert held.moment is not None  # a timer's (Timers.add)
+    return held.moment
 
 
 class Timers:
-    """Triggers that only wait for a moment, on one shared timer: a heap of (moment, held)."""
+    """Triggers that only wait for a moment, on one shared timer: a heap of those due later,
+    and one of those due within SEAL_AHEAD, their events sealed. The heaps hold the Helds
+    themselves, ordered by moment then trigger id (``Held.__lt__``): no tuple or counter kept
+    per timer."""
 
     def __init__(self) -> None:
-        self._heap: list[tuple[dt.datetime, int, Held]] = []
-        self._order = itertools.count()  # ties broken by arrival, never by comparing Helds
+        self._later: list[Held] = []
+        self._soon: list[Held] = []
         self._changed = anyio.Event()
+
+    def __len__(self) -> int:
+        return len(self._later) + len(self._soon)
 
     def add(self, held: Held) -> None:
         assert held.moment is not None
-        earliest = not self._heap or held.moment < self._heap[0][0]
-        heapq.heappush(self._heap, (held.moment, next(self._order), held))
+        earliest = not self._later or held < self._later[0]
+        heapq.heappush(self._later, held)
         if earliest:
             self._changed.set()
 
-    async def run(self, fire: Callable[[Held], None]) -> None:
-        """Fire every held timer whose moment has come, as it comes; many due at once are fired
-        FIRE_BATCH at a time, the publisher sending each batch while the next is fired."""
+    async def run(
+        self, fire: Callable[[Held], None], prepare: Callable[[Held], None] = _unprepared
+    ) -> None:
+        """Fire every held timer whose moment has come, as it comes, its event prepared
+        (``prepare``) SEAL_AHEAD before; many due at once are prepared and fired FIRE_BATCH at
+        a time, the publisher sending each batch while the next is fired."""
         while True:
             now = clock.now()  # the database's time: moments are by its clock
-            fired = 0
-            while self._heap and self._heap[0][0] <= now:
-                fire(heapq.heappop(self._heap)[2])
-                fired += 1
-                if fired % FIRE_BATCH == 0:
+            done = 0
+            while self._later and _moment(self._later[0]) <= now + SEAL_AHEAD:
+                held = heapq.heappop(self._later)
+                prepare(held)
+                heapq.heappush(self._soon, held)
+                done += 1
+                if done % FIRE_BATCH == 0:
                     await anyio.lowlevel.checkpoint()
-            wait = (self._heap[0][0] - now).total_seconds() if self._heap else 60.0
+                    now = clock.now()
+                    await self._fire_due(fire, now)
+            await self._fire_due(fire, now)
+            wait = 60.0  # at least every minute: a clock step must not stretch a wait
+            if self._soon:
+                wait = min(wait, (_moment(self._soon[0]) - now).total_seconds())
+            if self._later:
+                wait = min(wait, (_moment(self._later[0]) - SEAL_AHEAD - now).total_seconds())
             if wait <= TIMER_SPIN_SEC:
                 # The loop's sleeps end on the next whole millisecond: the last one is polled.
                 await anyio.lowlevel.checkpoint()
                 continue
-            # Wake for the next moment, a newer earlier one, or at least every minute (a clock
-            # step must not stretch a wait).
+            # Wake for the next moment (or the next to seal), or a newer earlier one.
             self._changed = anyio.Event()
-            with anyio.move_on_after(min(wait - TIMER_SPIN_SEC, 60.0)):
+            with anyio.move_on_after(wait - TIMER_SPIN_SEC):
                 await self._changed.wait()
+
+    async def _fire_due(self, fire: Callable[[Held], None], now: dt.datetime) -> None:
+        """Fire the prepared timers whose moment has passed by ``now``, FIRE_BATCH at a time."""
+        fired = 0
+        while self._soon and _moment(self._soon[0]) <= now:
+            fire(heapq.heappop(self._soon))
+            fired += 1
+            if fired % FIRE_BATCH == 0:
+                await anyio.lowlevel.checkpoint()

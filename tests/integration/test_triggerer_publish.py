@@ -70,7 +70,7 @@ def test_a_fired_triggers_lines_travel_with_its_event(
     ]
 
 
-def test_a_timers_event_is_built_when_it_is_held_and_published_as_built(
+def test_a_timers_event_is_sealed_near_its_moment_and_published_as_sealed(
     settings: Settings, broker: Broker, cipher: Cipher, sessions: sessionmaker[Session]
 ) -> None:
     ti_id, trigger_id = deferred_task(sessions, cipher)
@@ -87,9 +87,12 @@ def test_a_timers_event_is_built_when_it_is_held_and_published_as_built(
             await service.starter.start_all(tasks, service.consumer.poll(1))
             tasks.cancel_scope.cancel()
         held = service.held[trigger_id]
-        assert held.event is not None  # built at hold time, a day before its moment
-        service.runner.timer_fired(held)  # as the timer does at the moment
+        assert held not in service.runner.sealed  # a day before its moment: none kept
+        service.runner.seal_timer(held)  # as the timers do shortly before the moment
+        assert held in service.runner.sealed
+        service.runner.timer_fired(held)  # as the timers do at the moment
         await service.publisher.flush()
+        assert not service.runner.sealed
 
     anyio.run(hold_then_fire)
     built = event_outcome(cipher, trigger_id, moment, "t1").message

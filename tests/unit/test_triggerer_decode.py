@@ -5,7 +5,9 @@ from __future__ import annotations
 import base64
 import datetime as dt
 import importlib
+import sys
 from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -332,3 +334,23 @@ def test_an_unexpected_error_is_a_rejection_not_a_crash(monkeypatch: pytest.Monk
     error = rejected(make_entry(trigger_id=9))
     assert str(error) == "rejected trigger entry: RuntimeError: importer exploded"
     assert error.trigger_id == 9
+
+
+def test_a_trigger_class_is_loaded_again_once_its_module_was_run_afresh(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Classes are kept per classpath (a takeover builds a thousand of one class), but not past
+    the module they came from: a DAGs-folder module run afresh gives its new class."""
+    (tmp_path / "fresh_triggers.py").write_text(
+        "from deferral.triggers.base import BaseTrigger\nclass T(BaseTrigger):\n    version = 1\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    first = load_trigger_class("fresh_triggers.T", ["fresh_triggers"])
+    assert load_trigger_class("fresh_triggers.T", ["fresh_triggers"]) is first
+    (tmp_path / "fresh_triggers.py").write_text(
+        "from deferral.triggers.base import BaseTrigger\nclass T(BaseTrigger):\n    version = 2\n"
+    )
+    monkeypatch.delitem(sys.modules, "fresh_triggers")
+    importlib.invalidate_caches()
+    again = load_trigger_class("fresh_triggers.T", ["fresh_triggers"])
+    assert again is not first and again.version == 2  # type: ignore[attr-defined]

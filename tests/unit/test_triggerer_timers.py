@@ -10,7 +10,7 @@ import anyio.lowlevel
 
 from broker.replies import Entry
 from triggerer.held import Held
-from triggerer.timers import FIRE_BATCH, Timers
+from triggerer.timers import FIRE_BATCH, SEAL_AHEAD, Timers
 
 
 def _held(trigger_id: int, seconds: float) -> Held:
@@ -72,3 +72,40 @@ def test_many_timers_due_at_once_let_the_publisher_run_between_batches() -> None
 
     anyio.run(main)
     assert seen_by_publisher and seen_by_publisher[0] == FIRE_BATCH
+
+
+def test_a_timers_event_is_prepared_shortly_before_its_moment_not_as_it_is_held() -> None:
+    """Memory per held timer: a sealed event is kept only from SEAL_AHEAD before the moment,
+    and it is always ready before the timer fires."""
+    done: list[tuple[str, int]] = []
+
+    async def main() -> None:
+        timers = Timers()
+        timers.add(_held(1, 3600.0))  # an hour away: nothing sealed for it yet
+        timers.add(_held(2, SEAL_AHEAD.total_seconds() / 10))
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(
+                timers.run,
+                lambda held: done.append(("fired", held.trigger_id)),
+                lambda held: done.append(("prepared", held.trigger_id)),
+            )
+            with anyio.fail_after(30):
+                while ("fired", 2) not in done:
+                    await anyio.sleep(0.01)
+            tasks.cancel_scope.cancel()
+
+    anyio.run(main)
+    assert done == [("prepared", 2), ("fired", 2)]
+
+
+def test_a_held_timer_keeps_its_entrys_name_only() -> None:
+    """Memory per held timer (triggerer rule 35): no fields, token or sealed event on it; the
+    entry is built with its in-flight index field when it is retired."""
+    entry = Entry("s", "7-0", {b"trigger_id": b"7", b"token": b"x" * 400})
+    held = Held(7, entry, None, "d.r.t", 7, 1, moment=dt.datetime.now(dt.UTC))
+    assert not hasattr(held, "__dict__") and "event" not in Held.__slots__
+    assert held.entry == Entry("s", "7-0", {b"trigger_id": b"7"})
+    assert held.key == ("s", "7-0") and held.entry_id is entry.id
+    assert not held.cancelled and held.cancel_reason == "shutdown"
+    held.cancelled, held.cancel_reason = True, "reassigned"
+    assert held.cancelled and held.cancel_reason == "reassigned"
