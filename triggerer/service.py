@@ -63,8 +63,8 @@ log = logging.getLogger("deferral.triggerer")
 # Entries taken over, or replayed after a restart, per claim at most (new ones are read
 # DEFERRAL_TRIGGERER_CLAIM_PER_LOOP at a time, so one replica never drains the stream its peers
 # share): a dead peer's or a restarted name's hundred thousand timers move in batches whose
-# fixed cost (round trips, the row check, thread hops) is spread over many (100 at a time it
-# was most of failover.py's 60 s).
+# fixed cost (round trips, the row check, thread hops) is spread over many (100 at a time, it
+# was most of a failover's time: benchmarks/README.md).
 READ_BATCH = 1000
 # The shortest loop that read a whole DEFERRAL_TRIGGERER_CLAIM_PER_LOOP while another triggerer
 # is alive: one that finds a backlog takes its share and leaves its peers theirs, whatever its

@@ -123,8 +123,8 @@ def make_sessionmaker(engine: Engine) -> sessionmaker[Session]:
 def one_statement(sessions: sessionmaker[Session]) -> Iterator[Session]:
     """A session whose statements commit each on its own (autocommit), for work that is one
     statement: atomic as it is, it needs no BEGIN and no COMMIT, two round trips fewer (on the
-    hot paths, each a wake of the client and of its server process: a one-row update through a
-    Session took 4.9 ms against 3.9 ms so at load 6 on 2 cores). A second statement in it would
+    hot paths, each a wake of the client and of its server process; benchmarks/README.md has the
+    figures). A second statement in it would
     commit apart from the first: run what must be atomic with more in ``sessions.begin()``."""
     with sessions() as session:
         session.connection(execution_options={"isolation_level": "AUTOCOMMIT"})
