@@ -34,6 +34,9 @@ from scheduler.waiting import new_task_instance
 
 log = logging.getLogger("deferral.scheduler")
 
+# Marked runs read per pass; at most RUN_BATCH of them evaluated alone (the others stay marked
+# for the next pass): a run evaluated alone costs statements of its own, a batch does not.
+MARKED_BATCH = 500
 RUN_BATCH = 50
 CHECKED_RUNS_KEPT = 100_000
 # A marked run whose DAG this scheduler has not loaded is looked at again this much later (by
@@ -91,14 +94,15 @@ class RunEvaluator:
             self.remember_checked(run_pk, checked)
 
     def evaluate(self, session: Session) -> Evaluated | None:
-        """Decide what may move on in up to RUN_BATCH marked runs; None if none is marked. The
+        """Decide what may move on in up to MARKED_BATCH marked runs (at most RUN_BATCH of them
+        evaluated alone); None if none is marked. The
         tasks that became ready are queued in this transaction, as resumed tasks are (the same
         decision: pools, priorities, max_active_tasks), not by a later dispatch pass."""
         runs = session.scalars(
             select(DagRun)
             .where(DagRun.evaluate_after <= func.now(), DagRun.state == DagRunState.RUNNING)
             .order_by(DagRun.evaluate_after)
-            .limit(RUN_BATCH)
+            .limit(MARKED_BATCH)
             .with_for_update(skip_locked=True)
         ).all()
         if not runs:
@@ -136,11 +140,14 @@ class RunEvaluator:
             else:
                 _add(done, batch)
         transitions.evaluated_many(session, quiet)
-        for run, probes in alone:
+        left = {run.id for run, _ in alone[RUN_BATCH:]}  # still marked: the next pass's
+        for run, probes in alone[:RUN_BATCH]:
             self._evaluate_alone(session, run, probes, done)
         # A run's depends_on_past tasks wait on the run before: what changed here may let
         # the next runs' go (no transition marks them, this pass does).
         for run in runs:
+            if run.id in left:
+                continue
             dag = self._dag(run.dag_id)
             if dag is not None:
                 runstate.mark_next_runs(session, dag, run)

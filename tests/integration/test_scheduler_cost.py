@@ -476,12 +476,12 @@ def test_marked_runs_are_evaluated_together_in_the_statements_of_one(
     settings: Settings, sessions: sessionmaker[Session], write_dag: Callable[[str, str], Any]
 ) -> None:
     """Runs started and marked (a caught-up schedule) are evaluated together: one evaluation
-    pass over 1 or RUN_BATCH of them runs the same statements, and schedules and queues the
-    task of each (before, about seven statements a run)."""
+    pass over 1 or MARKED_BATCH of them runs the same statements, schedules the task of each
+    and queues what the pool lets through (before, about seven statements a run)."""
     write_dag("waiting", WAITING_DAG)
     service = _loop_service(settings)
     counts = {}
-    for queued in (1, evaluation.RUN_BATCH):
+    for queued in (1, evaluation.MARKED_BATCH):
         with sessions.begin() as session:
             session.execute(
                 text(
@@ -503,8 +503,10 @@ def test_marked_runs_are_evaluated_together_in_the_statements_of_one(
                 ),
                 {"e": f"e{queued}_%"},
             ).all()
-        assert dict(states) == {"queued": queued}
+        found = dict(states)  # queued as far as the default pool's 128 slots let them
+        assert found.get("queued") == min(queued, 128)
+        assert found.get("queued", 0) + found.get("scheduled", 0) == queued
         with sessions.begin() as session:  # as if they ran and deferred
             session.execute(text("UPDATE task_instance SET state = 'deferred'"))
     service.broker.close()
-    assert counts[1] == counts[evaluation.RUN_BATCH], counts
+    assert counts[1] == counts[evaluation.MARKED_BATCH], counts
