@@ -248,6 +248,22 @@ def past_dependent_tasks(dag: DAG) -> frozenset[str]:
     return found
 
 
+_TOGETHER: weakref.WeakKeyDictionary[DAG, bool] = weakref.WeakKeyDictionary()
+
+
+def decidable_together(dag: DAG) -> bool:
+    """Whether runs of ``dag`` may be evaluated in one batch (``scheduler.evaluation``): no task
+    maps (an expansion inserts task instances and is decided again) and none waits on the
+    previous run (it reads that run). Found once per DAG object."""
+    found = _TOGETHER.get(dag)
+    if found is None:
+        found = not past_dependent_tasks(dag) and not any(
+            task.is_mapped or mapped_group_members(task) is not None for task in dag.tasks
+        )
+        _TOGETHER[dag] = found
+    return found
+
+
 @dataclass(frozen=True)
 class RunProbes:
     """Index probes of a run's unfinished task instances, read for every marked run before

@@ -57,52 +57,72 @@ _MISSING_SQL = text(
     """
 )
 
-# The task instances a run's evaluation may move: waiting (none) and retries without a due time.
+# The task instances the evaluation of these runs may move: waiting (none) and retries without
+# a due time. One statement for a batch of runs, an index probe of each.
 _UNDECIDED_SQL = text(
     f"""
-    SELECT id, task_id, map_index, state, due_at, end_date FROM task_instance
-    WHERE dag_id = :dag_id AND run_id = :run_id AND {_UNFINISHED}
-      AND (state = 'none' OR (state = 'up_for_retry' AND due_at IS NULL))
+    SELECT t.dag_id, t.run_id, t.id, t.task_id, t.map_index, t.state, t.due_at, t.end_date
+    FROM unnest(CAST(:dag_ids AS text[]), CAST(:run_ids AS text[])) AS r (dag_id, run_id)
+    JOIN task_instance AS t ON t.dag_id = r.dag_id AND t.run_id = r.run_id
+    WHERE t.{_UNFINISHED}
+      AND (t.state = 'none' OR (t.state = 'up_for_retry' AND t.due_at IS NULL))
     """
 )
 
-# How many task instances of each of these tasks are in each state (waiting ones excepted: they
-# are read as rows), the unexpanded placeholder of a mapped task (map index -1) apart.
+# How many task instances of each (run, task) asked for are in each state (waiting ones
+# excepted: they are read as rows), the unexpanded placeholder of a mapped task (map index -1)
+# apart.
 _UPSTREAM_COUNTS_SQL = text(
     """
-    SELECT task_id, state, map_index < 0 AS placeholder, count(*) AS n FROM task_instance
-    WHERE dag_id = :dag_id AND run_id = :run_id AND task_id = ANY(CAST(:task_ids AS text[]))
-      AND state <> 'none'
-    GROUP BY task_id, state, map_index < 0
+    SELECT t.dag_id, t.run_id, t.task_id, t.state, t.map_index < 0 AS placeholder,
+        count(*) AS n
+    FROM unnest(CAST(:dag_ids AS text[]), CAST(:run_ids AS text[]), CAST(:task_ids AS text[]))
+        AS u (dag_id, run_id, task_id)
+    JOIN task_instance AS t
+        ON t.dag_id = u.dag_id AND t.run_id = u.run_id AND t.task_id = u.task_id
+    WHERE t.state <> 'none'
+    GROUP BY t.dag_id, t.run_id, t.task_id, t.state, t.map_index < 0
     """
 )
 
-# The task instances of these tasks, one row each (waiting ones excepted): the upstream tasks
-# of a mapped task group's tasks in the same group, counted by map index.
+# The task instances of these (run, task), one row each (waiting ones excepted): the upstream
+# tasks of a mapped task group's tasks in the same group, counted by map index.
 _UPSTREAM_ROWS_SQL = text(
     """
-    SELECT task_id, map_index, state FROM task_instance
-    WHERE dag_id = :dag_id AND run_id = :run_id AND task_id = ANY(CAST(:task_ids AS text[]))
-      AND state <> 'none'
+    SELECT t.dag_id, t.run_id, t.task_id, t.map_index, t.state
+    FROM unnest(CAST(:dag_ids AS text[]), CAST(:run_ids AS text[]), CAST(:task_ids AS text[]))
+        AS u (dag_id, run_id, task_id)
+    JOIN task_instance AS t
+        ON t.dag_id = u.dag_id AND t.run_id = u.run_id AND t.task_id = u.task_id
+    WHERE t.state <> 'none'
     """
 )
 
-# Whether anything of the run is unfinished, and only if not, whether a leaf task instance
-# failed (the second probe is never executed while the run has work left).
+# Per run (its place in the arrays, from 1), whether anything of it is unfinished, and only if
+# not, whether a task instance of one of its leaves (:leaf_runs names the run of each of
+# :leaf_ids) failed: the second probe is never executed while the run has work left.
 _OUTCOME_SQL = text(
     f"""
-    WITH left_over AS (
-        SELECT EXISTS (SELECT 1 FROM task_instance
-                       WHERE dag_id = :dag_id AND run_id = :run_id AND {_UNFINISHED}) AS unfinished
+    WITH runs AS (
+        SELECT r.place, r.dag_id, r.run_id,
+            EXISTS (SELECT 1 FROM task_instance AS t
+                    WHERE t.dag_id = r.dag_id AND t.run_id = r.run_id
+                      AND t.{_UNFINISHED}) AS unfinished
+        FROM unnest(CAST(:dag_ids AS text[]), CAST(:run_ids AS text[]))
+            WITH ORDINALITY AS r (dag_id, run_id, place)
     )
-    SELECT unfinished,
-           CASE WHEN unfinished THEN false
-                ELSE EXISTS (SELECT 1 FROM task_instance
-                             WHERE dag_id = :dag_id AND run_id = :run_id
-                               AND task_id = ANY(CAST(:leaves AS text[]))
-                               AND state IN ('failed', 'upstream_failed'))
-           END AS leaf_failed
-    FROM left_over
+    SELECT runs.dag_id, runs.run_id, runs.unfinished,
+        CASE WHEN runs.unfinished THEN false
+             ELSE EXISTS (
+                SELECT 1
+                FROM unnest(CAST(:leaf_runs AS bigint[]), CAST(:leaf_ids AS text[]))
+                    AS l (place, task_id)
+                JOIN task_instance AS t
+                    ON t.dag_id = runs.dag_id AND t.run_id = runs.run_id
+                   AND t.task_id = l.task_id
+                WHERE l.place = runs.place AND t.state IN ('failed', 'upstream_failed'))
+        END AS leaf_failed
+    FROM runs
     """
 )
 
@@ -189,15 +209,66 @@ def missing_tasks(session: Session, dag_id: str, run_id: str, task_ids: Iterable
     return list(session.scalars(_MISSING_SQL, params))
 
 
+RunKey = tuple[str, str]  # (dag_id, run_id)
+
+
 def undecided(session: Session, dag: DAG, dag_id: str, run_id: str) -> list[decide.RunTask]:
-    """The run's task instances its evaluation may move (waiting, retries without a due time),
-    and what their trigger rules and expansions count: the states of their direct upstream tasks
-    (and the tasks they map over, and their indirect setups), as counts. A counted task
-    instance stands in ``RunTask`` with no id (it is never moved) and a map index of its own.
-    The upstream tasks of a mapped task group's task in the same group are read as rows
-    instead, with their map indexes (``decide.relevant_upstream_states``)."""
-    params = {"dag_id": dag_id, "run_id": run_id}
-    rows = [decide.RunTask(*row) for row in session.execute(_UNDECIDED_SQL, params)]
+    """:func:`undecided_of_runs` of one run."""
+    return undecided_of_runs(session, [(dag, dag_id, run_id)]).get((dag_id, run_id), [])
+
+
+def undecided_of_runs(
+    session: Session, runs: Sequence[tuple[DAG, str, str]]
+) -> dict[RunKey, list[decide.RunTask]]:
+    """For each run (its DAG, dag_id, run_id): the task instances its evaluation may move
+    (waiting, retries without a due time), and what their trigger rules and expansions count:
+    the states of their direct upstream tasks (and the tasks they map over, and their indirect
+    setups), as counts. A counted task instance stands in ``RunTask`` with no id (it is never
+    moved) and a map index of its own. The upstream tasks of a mapped task group's task in the
+    same group are read as rows instead, with their map indexes
+    (``decide.relevant_upstream_states``). At most three statements, whatever the runs."""
+    if not runs:
+        return {}
+    found: dict[RunKey, list[decide.RunTask]] = {(d, r): [] for _, d, r in runs}
+    params = {"dag_ids": [d for _, d, _ in runs], "run_ids": [r for _, _, r in runs]}
+    for dag_id, run_id, *row in session.execute(_UNDECIDED_SQL, params):
+        found[(dag_id, run_id)].append(decide.RunTask(*row))
+    counted: list[tuple[str, str, str]] = []
+    by_index: list[tuple[str, str, str]] = []
+    for dag, dag_id, run_id in runs:
+        upstream, rows_of = _upstream_of(dag, found[(dag_id, run_id)])
+        counted += [(dag_id, run_id, task_id) for task_id in sorted(upstream)]
+        by_index += [(dag_id, run_id, task_id) for task_id in sorted(rows_of)]
+    if by_index:
+        # Read as rows, which count as well as counts do for the other tasks waiting on them.
+        for dag_id, run_id, task_id, map_index, state in session.execute(
+            _UPSTREAM_ROWS_SQL, _triples(by_index)
+        ):
+            found[(dag_id, run_id)].append(
+                decide.RunTask(None, task_id, map_index, state, None, None)
+            )
+    if not counted:
+        return found
+    next_index: dict[tuple[str, str, str], int] = {}
+    for dag_id, run_id, task_id, state, placeholder, n in session.execute(
+        _UPSTREAM_COUNTS_SQL, _triples(counted)
+    ):
+        rows = found[(dag_id, run_id)]
+        if placeholder:
+            rows.append(decide.RunTask(None, task_id, -1, state, None, None))
+            continue
+        first = next_index.get((dag_id, run_id, task_id), _COUNTED_INDEX_BASE)
+        rows += [
+            decide.RunTask(None, task_id, index, state, None, None)
+            for index in range(first, first + n)
+        ]
+        next_index[(dag_id, run_id, task_id)] = first + n
+    return found
+
+
+def _upstream_of(dag: DAG, rows: Sequence[decide.RunTask]) -> tuple[set[str], set[str]]:
+    """The tasks whose states the waiting ``rows`` of a run count: (read as counts, read as
+    rows by map index)."""
     upstream: set[str] = set()
     by_index: set[str] = set()
     setups = setup_teardown.graph(dag)
@@ -211,38 +282,45 @@ def undecided(session: Session, dag: DAG, dag_id: str, run_id: str) -> list[deci
         members = decide.mapped_group_members(task)
         if members is not None:
             by_index |= task.upstream_task_ids & members
-    if by_index:
-        # Read as rows, which count as well as counts do for the other tasks waiting on them.
-        read = session.execute(_UPSTREAM_ROWS_SQL, {**params, "task_ids": sorted(by_index)})
-        rows += [
-            decide.RunTask(None, task_id, map_index, state, None, None)
-            for task_id, map_index, state in read
-        ]
-        upstream -= by_index
-    if not upstream:
-        return rows
-    counted = session.execute(_UPSTREAM_COUNTS_SQL, {**params, "task_ids": sorted(upstream)})
-    next_index: dict[str, int] = {}
-    for task_id, state, placeholder, n in counted:
-        if placeholder:
-            rows.append(decide.RunTask(None, task_id, -1, state, None, None))
-            continue
-        first = next_index.get(task_id, _COUNTED_INDEX_BASE)
-        rows += [
-            decide.RunTask(None, task_id, index, state, None, None)
-            for index in range(first, first + n)
-        ]
-        next_index[task_id] = first + n
-    return rows
+    return upstream - by_index, by_index
+
+
+def _triples(keys: Sequence[tuple[str, str, str]]) -> dict[str, list[str]]:
+    return {
+        "dag_ids": [k[0] for k in keys],
+        "run_ids": [k[1] for k in keys],
+        "task_ids": [k[2] for k in keys],
+    }
 
 
 def outcome_probes(session: Session, dag: DAG, dag_id: str, run_id: str) -> tuple[bool, bool]:
     """(anything unfinished, a leaf task instance failed) of the run."""
-    leaves = sorted(setup_teardown.graph(dag).deciding_leaves)
-    row = session.execute(
-        _OUTCOME_SQL, {"dag_id": dag_id, "run_id": run_id, "leaves": leaves}
-    ).one()
-    return bool(row.unfinished), bool(row.leaf_failed)
+    return outcome_probes_of_runs(session, [(dag, dag_id, run_id)])[(dag_id, run_id)]
+
+
+def outcome_probes_of_runs(
+    session: Session, runs: Sequence[tuple[DAG, str, str]]
+) -> dict[RunKey, tuple[bool, bool]]:
+    """(anything unfinished, a leaf task instance failed) of each run (its DAG, dag_id,
+    run_id), in one statement."""
+    if not runs:
+        return {}
+    leaf_runs: list[int] = []
+    leaf_ids: list[str] = []
+    for place, (dag, _, _) in enumerate(runs, start=1):
+        leaves = sorted(setup_teardown.graph(dag).deciding_leaves)
+        leaf_runs += [place] * len(leaves)
+        leaf_ids += leaves
+    params = {
+        "dag_ids": [d for _, d, _ in runs],
+        "run_ids": [r for _, _, r in runs],
+        "leaf_runs": leaf_runs,
+        "leaf_ids": leaf_ids,
+    }
+    return {
+        (row.dag_id, row.run_id): (bool(row.unfinished), bool(row.leaf_failed))
+        for row in session.execute(_OUTCOME_SQL, params)
+    }
 
 
 def previous_run(

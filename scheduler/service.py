@@ -18,8 +18,7 @@ import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
-from sqlalchemy import func, select, text, tuple_
-from sqlalchemy.orm import Session
+from sqlalchemy import select, text, tuple_
 
 from broker import outbox
 from broker.client import Broker
@@ -28,8 +27,6 @@ from broker.owners import PostgresOwners
 from broker.service import Registration, consumer_set, hand_off, heartbeat, serve
 from broker.streams import GROUP_SCHEDULERS, StreamKeys
 from deferral.authoring.callbacks import (
-    REASON_SUCCESS,
-    REASON_TASK_FAILURE,
     REASON_TIMED_OUT,
     run_dag_callbacks,
 )
@@ -40,7 +37,6 @@ from deferral.loading.parsing import FolderParser, Parsed
 from deferral.runtime import metrics
 from deferral.runtime.config import Settings
 from deferral.runtime.crypto import Cipher
-from deferral.runtime.faults import is_transient
 from deferral.runtime.process import Every, wait_ms_until_due
 from deferral.states import DagRunState
 from deferral.store import transitions
@@ -52,11 +48,9 @@ from scheduler import (
     dags,
     decide,
     far_timers,
-    runstate,
-    trigger_starts,
-    waiting,
 )
 from scheduler.dispatch import Dispatcher
+from scheduler.evaluation import RUN_BATCH, RunEvaluator, run_dates
 from scheduler.events import EventApplier
 from scheduler.housekeeping import Housekeeping
 from scheduler.reconcile import Reconciler
@@ -65,7 +59,6 @@ from scheduler.waiting import new_task_instance
 log = logging.getLogger("deferral.scheduler")
 
 EVENT_BLOCK_MS = 100
-RUN_BATCH = 50
 # Queued runs started per transaction: a catch-up or a burst of triggers starts in batches.
 START_BATCH = 500
 EXPIRE_EVERY_SEC = 1.0
@@ -85,13 +78,9 @@ PARTITIONS_EVERY_SEC = 3600.0
 ANALYZE_EVERY_SEC = 5.0
 SCHEDULE_RUNS_EVERY_SEC = 1.0
 RECOLLECT_MISSING_SEC = 1.0
-# A marked run whose DAG this scheduler has not loaded is looked at again this much later (by
-# any scheduler): soon enough for a new DAG's first run, rare enough for a broken DAG's runs.
-MISSING_DAG_LOOK_AGAIN_SEC = 5.0
 # The longest a loop waits for the folder read a missing DAG started, as a share of a heartbeat
 # (a file written and triggered at once starts in that loop; a slow folder holds no heartbeat).
 MISSING_DAG_WAIT_BEATS = 0.4
-CHECKED_RUNS_KEPT = 100_000
 
 # Runs marked for evaluation, counted up to :most (ix_dag_run_evaluate_after): how far the
 # evaluation pass is behind the start pass.
@@ -137,21 +126,19 @@ class SchedulerService:
         # When the DAGs folder was last read (any collect): a run's DAG is missing for sure only
         # if the folder was read after the run was created.
         self._folder_read_at = dt.datetime.min.replace(tzinfo=dt.UTC)
-        # DAG callbacks run in these threads; runs finished in the current evaluation pass.
+        # DAG callbacks run in these threads.
         self.callbacks = ThreadPoolExecutor(max_workers=2, thread_name_prefix="dag-callbacks")
-        self._finished: list[tuple[DAG, DagRun, bool, str]] = []
-        self._scheduled: list[int] = []  # task instances the current evaluation pass scheduled
-        # Trigger entries of the tasks it started in the triggerer (a run whose evaluation is
-        # rolled back leaves an entry whose trigger no task waits on: its triggerer drops it).
-        self._started_staged: list[outbox.Staged] = []
-        # Run id -> the DAG object the run was last found to have every task of.
-        self._checked: dict[int, DAG] = {}
-        # What the current evaluation pass found, remembered only once it commits: a pass (or
-        # a run's savepoint) rolled back also undid the task instances it added.
-        self._checked_now: dict[int, DAG] = {}
         self.registration = Registration(self.sessions, Scheduler, name)
         self.dispatcher = Dispatcher(
             self.keys, self.cipher, self._dag, resumed_first=settings.resumed_first
+        )
+        self.evaluator = RunEvaluator(
+            name=name,
+            max_map_length=settings.max_map_length,
+            cipher=self.cipher,
+            keys=self.keys,
+            dispatcher=self.dispatcher,
+            dag=self._dag,
         )
         self.broker: Broker
         self.consumer: ConsumerSet
@@ -362,13 +349,16 @@ class SchedulerService:
                 [
                     (
                         run,
-                        [new_task_instance(run, t) for t in decide.tasks_of_run(dag, *_dates(run))],
+                        [
+                            new_task_instance(run, t)
+                            for t in decide.tasks_of_run(dag, *run_dates(run))
+                        ],
                     )
                     for run, dag in started
                 ],
             )
         for run, dag in started:
-            self._remember_checked(run.id, dag)
+            self.evaluator.remember_checked(run.id, dag)
         if started:
             said = ", ".join(run.run_id for run, _ in started[:5])
             more = f" and {len(started) - 5} more" if len(started) > 5 else ""
@@ -376,55 +366,16 @@ class SchedulerService:
             log.info("started %d run(s) of %s: %s%s", len(started), dag_ids, said, more)
 
     def evaluate_marked_runs(self) -> None:
-        """Decide what may move on in each run marked since its last evaluation."""
+        """Decide what may move on in the runs marked since their last evaluation
+        (``scheduler.evaluation``), and queue what became ready."""
         with self.sessions.begin() as session:
-            runs = session.scalars(
-                select(DagRun)
-                .where(DagRun.evaluate_after <= func.now(), DagRun.state == DagRunState.RUNNING)
-                .order_by(DagRun.evaluate_after)
-                .limit(RUN_BATCH)
-                .with_for_update(skip_locked=True)
-            ).all()
-            if not runs:
-                return
-            # A run in which nothing can be decided (its tasks run or wait on triggers) costs
-            # three index probes, whatever its size: a run of 10,000 tasks is marked by each
-            # success (scheduler/DECISIONS.md 12).
-            probed = runstate.probes(session, [(run.dag_id, run.run_id) for run in runs])
-            self._finished, self._scheduled, self._checked_now = [], [], {}
-            self._started_staged = []
-            for run in runs:
-                dag = self._dag(run.dag_id)
-                probes = probed.get((run.dag_id, run.run_id), decide.RunProbes(False, False, False))
-                if dag is not None and not decide.needs_evaluation(
-                    probes, checked_against_dag=self._checked.get(run.id) is dag
-                ):
-                    transitions.evaluated(session, run)
-                    continue
-                try:
-                    with session.begin_nested():
-                        self._evaluate(session, run, probes)
-                except Exception as exc:
-                    if is_transient(exc):
-                        raise
-                    # One run that raises must not stop the others: say why, look again later.
-                    log.exception("evaluating run %s of DAG %s failed", run.run_id, run.dag_id)
-                    transitions.evaluated(session, run, error=f"{type(exc).__name__}: {exc}")
-                    self._checked_now.pop(run.id, None)
-            # A run's depends_on_past tasks wait on the run before: what changed here may let
-            # the next runs' go (no transition marks them, this pass does).
-            for run in runs:
-                dag = self._dag(run.dag_id)
-                if dag is not None:
-                    runstate.mark_next_runs(session, dag, run)
-            # Tasks that became ready are queued in this transaction, as resumed tasks are (the
-            # same decision: pools, priorities, max_active_tasks), not by a later dispatch pass.
-            staged = self.dispatcher.resumed(session, self._scheduled) + self._started_staged
-        for run_pk, checked in self._checked_now.items():
-            self._remember_checked(run_pk, checked)
-        self._call_back(self._finished)
-        metrics.DISPATCHES.inc(len(staged))
-        outbox.flush(self.sessions, self.broker, staged)
+            done = self.evaluator.evaluate(session)
+        if done is None:
+            return
+        self.evaluator.committed(done)
+        self._call_back(done.finished)
+        metrics.DISPATCHES.inc(len(done.staged))
+        outbox.flush(self.sessions, self.broker, done.staged)
 
     def _call_back(self, finished: Sequence[tuple[DAG, DagRun, bool, str]]) -> None:
         """Run the DAG callbacks of runs that finished (and committed), off the loop: they are
@@ -434,61 +385,6 @@ class SchedulerService:
                 continue
             info = DagRunInfo.of(run)
             self.callbacks.submit(run_dag_callbacks, dag, info, success=success, reason=reason)
-
-    def _evaluate(self, session: Session, run: DagRun, probes: decide.RunProbes) -> None:
-        dag = self._dag(run.dag_id)
-        if dag is None:
-            # Not loaded here (now), maybe by another scheduler: kept marked for a look soon by
-            # whichever has it (scheduler/DECISIONS.md 36; fail_broken_runs ends it if none).
-            transitions.evaluated(
-                session,
-                run,
-                f"DAG {run.dag_id!r} is not loaded by scheduler {self.name} (yet)",
-                again_after_sec=MISSING_DAG_LOOK_AGAIN_SEC,
-            )
-            return
-        moved = 0
-        if self._checked.get(run.id) is not dag:
-            # Tasks added to the DAG file after the run started join the run, as in Airflow;
-            # checked once per run and DAG object (the DagBag keeps the object of an unchanged
-            # file), not on every change.
-            wanted = {t.task_id: t for t in decide.tasks_of_run(dag, *_dates(run))}
-            missing = runstate.missing_tasks(session, run.dag_id, run.run_id, wanted)
-            added = [new_task_instance(run, wanted[task_id]) for task_id in missing]
-            if added:
-                transitions.add_task_instances(session, run, added)
-                moved += len(added)
-            self._checked_now[run.id] = dag
-        if probes.waiting or probes.retries_undue or moved:
-            advanced = waiting.advance_run(session, run, dag, self.settings.max_map_length)
-            moved += advanced.moved
-            # start_from_trigger tasks go to the triggerer now, not to the pools' queue.
-            started, staged = trigger_starts.start_in_triggerer(
-                session, dag, advanced.scheduled, self.cipher, self.keys
-            )
-            self._started_staged += staged
-            self._scheduled += [ti for ti in advanced.scheduled if ti not in started]
-        outcome = None
-        if moved or not probes.unfinished:
-            unfinished, leaf_failed = runstate.outcome_probes(session, dag, run.dag_id, run.run_id)
-            outcome = decide.run_outcome(unfinished=unfinished, leaf_failed=leaf_failed)
-        if outcome is not None:
-            transitions.finish_dag_run(session, run, outcome)
-            self._checked.pop(run.id, None)
-            self._checked_now.pop(run.id, None)
-            log.info("run %s of DAG %s finished: %s", run.run_id, run.dag_id, outcome)
-            success = outcome == DagRunState.SUCCESS
-            self._finished.append(
-                (dag, run, success, REASON_SUCCESS if success else REASON_TASK_FAILURE)
-            )
-        else:
-            transitions.evaluated(session, run)
-
-    def _remember_checked(self, run_pk: int, dag: DAG) -> None:
-        """Remember that run ``run_pk`` has a task instance of every task of ``dag``."""
-        if len(self._checked) >= CHECKED_RUNS_KEPT:
-            self._checked.clear()  # runs finished elsewhere leave entries: start again
-        self._checked[run_pk] = dag
 
     # -- dispatch: scheduled -> queued -----------------------------------------------------------
 
@@ -514,8 +410,3 @@ class SchedulerService:
         relayed = outbox.relay(self.sessions, self.broker, RELAY_AFTER)
         if relayed:
             log.warning("relayed %d outbox row(s) whose publish was lost", relayed)
-
-
-def _dates(run: DagRun) -> tuple[str, dt.datetime | None]:
-    """What of a run decides which tasks it gets (``decide.tasks_of_run``)."""
-    return run.run_type, run.logical_date

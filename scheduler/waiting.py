@@ -111,6 +111,65 @@ def _held_by_past(
     )
 
 
+def advance_runs(session: Session, runs: Sequence[tuple[DagRun, DAG]]) -> dict[int, Advanced]:
+    """:func:`advance_run` of many runs at once, for DAGs ``decide.decidable_together``: their
+    undecided task instances read in one go (``runstate.undecided_of_runs``), each run decided
+    by ``decide.waiting_decisions``, and the moves of every run of one kind and reason made in
+    one statement. Returns what moved in each run, by the run's id."""
+    if not runs:
+        return {}
+    found = runstate.undecided_of_runs(
+        session, [(dag, run.dag_id, run.run_id) for run, dag in runs]
+    )
+    run_of: dict[int, int] = {}
+    grouped: dict[tuple[TaskState, str], list[int]] = {}
+    due: dict[int, dt.datetime] = {}
+    now = dt.datetime.now(dt.UTC)
+    for run, dag in runs:
+        tis = found[(run.dag_id, run.run_id)]
+        decisions = decide.waiting_decisions(dag, decide.run_states(tis))
+        for ti in tis:
+            if ti.id is not None:
+                run_of[ti.id] = run.id
+        for task_id, decision in decisions.tasks.items():
+            met = decision is TaskState.SCHEDULED
+            grouped.setdefault(
+                (decision, "dependencies met" if met else "trigger rule"), []
+            ).extend(
+                ti.id
+                for ti in tis
+                if ti.task_id == task_id and ti.state == TaskState.NONE and ti.id is not None
+            )
+        due |= _retries_due(dag, tis, now)
+    advanced = {run.id: Advanced() for run, _ in runs}
+    for (to_state, reason), ids in grouped.items():
+        if to_state == TaskState.SCHEDULED:
+            moved = transitions.schedule(session, ids, reason)
+        else:
+            moved = transitions.never_run(session, ids, to_state, reason)
+        for ti_id in moved:
+            of_run = advanced[run_of[ti_id]]
+            of_run.moved += 1
+            if to_state == TaskState.SCHEDULED:
+                of_run.scheduled.append(ti_id)
+    transitions.set_retry_due(session, due)
+    return advanced
+
+
+def _retries_due(
+    dag: DAG, tis: Sequence[decide.RunTask], now: dt.datetime
+) -> dict[int, dt.datetime]:
+    """The due time of each retry among ``tis`` failed without one (its worker stopped)."""
+    return {
+        ti.id: decide.next_try_at(ti.end_date, dag.task_dict[ti.task_id].retry_delay, now)
+        for ti in tis
+        if ti.id is not None
+        and ti.state == TaskState.UP_FOR_RETRY
+        and ti.due_at is None
+        and ti.task_id in dag.task_dict
+    }
+
+
 def advance_run(session: Session, run: DagRun, dag: DAG, max_map_length: int) -> Advanced:
     """:func:`advance` over the run's undecided task instances, and the due time of each retry
     failed without one (its worker stopped): what a run's evaluation moves before it asks
@@ -124,18 +183,7 @@ def advance_run(session: Session, run: DagRun, dag: DAG, max_map_length: int) ->
         advanced = Advanced(
             advanced.moved + more.moved, advanced.scheduled + more.scheduled, more.expanded
         )
-    now = dt.datetime.now(dt.UTC)
-    transitions.set_retry_due(
-        session,
-        {
-            ti.id: decide.next_try_at(ti.end_date, dag.task_dict[ti.task_id].retry_delay, now)
-            for ti in tis
-            if ti.id is not None
-            and ti.state == TaskState.UP_FOR_RETRY
-            and ti.due_at is None
-            and ti.task_id in dag.task_dict
-        },
-    )
+    transitions.set_retry_due(session, _retries_due(dag, tis, dt.datetime.now(dt.UTC)))
     return advanced
 
 

@@ -325,6 +325,41 @@ def test_the_unique_key_alone_keeps_a_second_insert_from_creating_a_run(
     assert len(runs_of(sessions, "racing")) == 1
 
 
+def test_a_catch_up_of_20000_minutes_is_created_in_one_call(
+    sessions: sessionmaker[Session],
+) -> None:
+    """A minutely DAG caught up over 20,000 minutes: every run created by one call, with its
+    conf, dates and partition key (a VALUES list of nine parameters a run went past
+    PostgreSQL's 65,535 bound parameters at 7,282 runs)."""
+    start = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+    minute = dt.timedelta(minutes=1)
+    runs = [
+        NewDagRun(
+            "minutely",
+            DagRunType.SCHEDULED,
+            start + n * minute,
+            start + n * minute,
+            start + (n + 1) * minute,
+            conf={"n": n} if n == 7 else {},
+            partition_key="p" if n == 7 else None,
+        )
+        for n in range(20_000)
+    ]
+    with sessions.begin() as session:
+        created = transitions.create_dag_runs_once(session, runs)
+    assert sorted(created) == sorted(run.run_id for run in runs)
+    with sessions.begin() as session:  # created once: a second call creates none
+        assert transitions.create_dag_runs_once(session, runs[:10]) == []
+    with sessions() as session:
+        seventh = session.scalars(select(DagRun).where(DagRun.run_id == runs[7].run_id)).one()
+        assert (seventh.conf, seventh.partition_key, seventh.state) == ({"n": 7}, "p", "queued")
+        assert (seventh.data_interval_start, seventh.data_interval_end) == (
+            runs[7].data_interval_start,
+            runs[7].data_interval_end,
+        )
+        assert seventh.evaluate_after is not None and seventh.run_type == "scheduled"
+
+
 # -- startable_runs -----------------------------------------------------------------------------
 
 

@@ -536,19 +536,20 @@ def test_a_run_whose_evaluation_raises_is_marked_and_the_others_go_on(
     real = scheduler_decide.waiting_decisions
 
     def flaky(dag: Any, states: Any, *more: Any) -> Any:
-        if _evaluating[0].run_id == "bad":
+        # Evaluated together, the batch holding "bad" raises; then each run alone.
+        if not _evaluating or _evaluating[0].run_id == "bad":
             raise RuntimeError("a bug met by this run only")
         return real(dag, states, *more)
 
     _evaluating: list[DagRun] = []
-    original = service._evaluate
+    original = service.evaluator._evaluate
 
-    def evaluate(session: Session, run: DagRun, tis: list[Any]) -> None:
+    def evaluate(session: Session, run: DagRun, *more: Any) -> None:
         _evaluating[:] = [run]
-        original(session, run, tis)
+        original(session, run, *more)
 
     monkeypatch.setattr(scheduler_decide, "waiting_decisions", flaky)
-    monkeypatch.setattr(service, "_evaluate", evaluate)
+    monkeypatch.setattr(service.evaluator, "_evaluate", evaluate)
     service.evaluate_marked_runs()
 
     with sessions() as session:

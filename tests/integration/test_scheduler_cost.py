@@ -22,7 +22,7 @@ from deferral.runtime.crypto import Cipher
 from deferral.store import statistics
 from deferral.store.db import make_engine, make_sessionmaker
 from deferral.store.tables import TaskInstance
-from scheduler import dagruns, housekeeping
+from scheduler import dagruns, evaluation, housekeeping
 from scheduler import service as scheduler_service
 from scheduler.service import SchedulerService
 from tests.conftest import fresh_database
@@ -470,3 +470,43 @@ def test_queued_runs_start_in_batches_whatever_their_number(
     service.broker.close()
     assert counts[5] == counts[scheduler_service.START_BATCH], counts
     assert left == 100
+
+
+def test_marked_runs_are_evaluated_together_in_the_statements_of_one(
+    settings: Settings, sessions: sessionmaker[Session], write_dag: Callable[[str, str], Any]
+) -> None:
+    """Runs started and marked (a caught-up schedule) are evaluated together: one evaluation
+    pass over 1 or MARKED_BATCH of them runs the same statements, schedules the task of each
+    and queues what the pool lets through (before, about seven statements a run)."""
+    write_dag("waiting", WAITING_DAG)
+    service = _loop_service(settings)
+    counts = {}
+    for queued in (1, evaluation.MARKED_BATCH):
+        with sessions.begin() as session:
+            session.execute(
+                text(
+                    "INSERT INTO dag_run (dag_id, run_id, logical_date, state)"
+                    " SELECT 'waiting', 'e' || :queued || '_' || n, now() + n * interval '1 s',"
+                    " 'queued' FROM generate_series(1, :queued) AS n"
+                ),
+                {"queued": queued},
+            )
+        service.start_queued_runs()
+        counts[queued] = len(_statements_of(service, service.evaluate_marked_runs))
+        with sessions() as session:
+            states = session.execute(
+                text(
+                    "SELECT t.state, count(*) FROM task_instance AS t JOIN dag_run AS r"
+                    " USING (dag_id, run_id) WHERE r.run_id LIKE :e"
+                    " AND r.evaluate_after IS NULL AND r.scheduling_error IS NULL"
+                    " GROUP BY t.state"
+                ),
+                {"e": f"e{queued}_%"},
+            ).all()
+        found = dict(states)  # queued as far as the default pool's 128 slots let them
+        assert found.get("queued") == min(queued, 128)
+        assert found.get("queued", 0) + found.get("scheduled", 0) == queued
+        with sessions.begin() as session:  # as if they ran and deferred
+            session.execute(text("UPDATE task_instance SET state = 'deferred'"))
+    service.broker.close()
+    assert counts[1] == counts[evaluation.MARKED_BATCH], counts

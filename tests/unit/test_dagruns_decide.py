@@ -46,3 +46,12 @@ def test_timed_out_is_strictly_past_the_timeout() -> None:
     timeout = dt.timedelta(hours=1)
     assert timed_out(day(1), timeout, day(1) + dt.timedelta(hours=1, seconds=1))
     assert not timed_out(day(1), timeout, day(1) + timeout)
+
+
+def test_runs_to_create_at_most_so_many_a_call_and_the_rest_later() -> None:
+    dag = DAG("daily", schedule="@daily", start_date=day(1), catchup=True, max_active_runs=100)
+    due, following = runs_to_create(dag, None, active=0, now=day(10), at_most=3)
+    assert [info.logical_date for info in due] == [day(1), day(2), day(3)]
+    assert following is not None and following.logical_date == day(4)  # due: the next call's
+    rest, _ = runs_to_create(dag, due[-1].data_interval, active=3, now=day(10), at_most=3)
+    assert [info.logical_date for info in rest] == [day(4), day(5), day(6)]

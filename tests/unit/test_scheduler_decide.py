@@ -361,3 +361,21 @@ def test_a_run_outside_the_dags_dates_gets_no_task(
         EmptyOperator(task_id="a") >> EmptyOperator(task_id="b")
     tasks = tasks_of_run(dag, run_type, logical_date)
     assert [t.task_id for t in tasks] == (["a", "b"] if created else [])
+
+
+def test_runs_are_decidable_together_unless_a_task_maps_or_waits_on_the_past() -> None:
+    from deferral.operators import BashOperator
+    from scheduler.decide import decidable_together
+
+    plain = linear(3, t2="all_done")
+    assert decidable_together(plain)
+
+    with DAG("maps") as maps:
+        EmptyOperator(task_id="up") >> BashOperator.partial(task_id="m").expand(
+            bash_command=["a", "b"]
+        )
+    assert not decidable_together(maps)
+
+    with DAG("past") as past:
+        EmptyOperator(task_id="a") >> EmptyOperator(task_id="b", depends_on_past=True)
+    assert not decidable_together(past)

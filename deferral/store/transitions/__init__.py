@@ -64,6 +64,7 @@ from deferral.store.transitions.runs import create_dag_run as create_dag_run
 from deferral.store.transitions.runs import create_dag_runs_once as create_dag_runs_once
 from deferral.store.transitions.runs import delete_dag_run as delete_dag_run
 from deferral.store.transitions.runs import evaluated as evaluated
+from deferral.store.transitions.runs import evaluated_many as evaluated_many
 from deferral.store.transitions.runs import expand_mapped_task as expand_mapped_task
 from deferral.store.transitions.runs import fail_unfinished as fail_unfinished
 from deferral.store.transitions.runs import finish_dag_run as finish_dag_run
