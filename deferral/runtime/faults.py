@@ -73,14 +73,18 @@ def is_transient(exc: BaseException) -> bool:
     if isinstance(exc, DBAPIError):
         if exc.connection_invalidated:
             return True
-        orig = exc.orig
-        if isinstance(orig, psycopg.Error):
-            if orig.sqlstate is None:
-                # No server answer at all: the connection failed.
-                return isinstance(orig, psycopg.OperationalError)
-            return _transient_sqlstate(orig.sqlstate)
+        if isinstance(exc.orig, psycopg.Error):
+            return _transient_psycopg(exc.orig)
         return isinstance(exc, OperationalError)
-    return False
+    # Raw, as a connect raises it before SQLAlchemy wraps it.
+    return isinstance(exc, psycopg.Error) and _transient_psycopg(exc)
+
+
+def _transient_psycopg(error: psycopg.Error) -> bool:
+    if error.sqlstate is None:
+        # No server answer at all: the connection failed.
+        return isinstance(error, psycopg.OperationalError)
+    return _transient_sqlstate(error.sqlstate)
 
 
 # -- fault injection (tests only) ------------------------------------------------------------------

@@ -8,14 +8,21 @@ value of those settings (a changed setting opens a new one).
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
+from typing import Any, TypeVar
 
+from sqlalchemy import event
 from sqlalchemy.orm import Session, sessionmaker
 
 from deferral.runtime.config import metastore_settings
 from deferral.runtime.crypto import Cipher
+from deferral.runtime.faults import is_transient
 from deferral.store.db import make_engine, make_sessionmaker
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -35,7 +42,43 @@ def _open(database_url: str, fernet_keys: tuple[str, ...]) -> Metastore:
     # Pinged before each use: a worker's warm task process kept it across a database restart,
     # and its next task's first query failed the try (deferral/DECISIONS.md 104).
     engine = make_engine(database_url, pool_size=1, pool_pre_ping=True)
+    # A server that refuses a connection for a moment (too many clients, starting up, a
+    # failover) costs task code a wait, not its try (deferral/DECISIONS.md 107).
+    event.listen(engine, "do_connect", _connect_patiently)
     return Metastore(make_sessionmaker(engine), Cipher(fernet_keys))
+
+
+# How long a task process keeps trying to connect while the server refuses for a reason that
+# passes, and the first and longest pause between tries.
+CONNECT_PATIENCE_SEC = 60.0
+FIRST_PAUSE_SEC = 0.1
+LONGEST_PAUSE_SEC = 2.0
+
+
+def _connect_patiently(dialect: Any, _record: Any, cargs: Any, cparams: Any) -> Any:
+    return patiently(lambda: dialect.connect(*cargs, **cparams))
+
+
+def patiently(
+    connect: Callable[[], T],
+    *,
+    patience: float = CONNECT_PATIENCE_SEC,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> T:
+    """``connect()``, tried again with a growing pause while it fails transiently
+    (``faults.is_transient``: refused, too many clients, cannot connect now) for up to
+    ``patience`` seconds; any other error, or the last transient one, is raised."""
+    deadline = clock() + patience
+    pause = FIRST_PAUSE_SEC
+    while True:
+        try:
+            return connect()
+        except Exception as exc:
+            if not is_transient(exc) or clock() + pause > deadline:
+                raise
+        sleep(pause)
+        pause = min(pause * 2, LONGEST_PAUSE_SEC)
 
 
 def forget_connections() -> None:

@@ -29,6 +29,9 @@ def _db(kind: type, orig: BaseException) -> BaseException:
         _db(OperationalError, psycopg.errors.TooManyConnections("53300")),
         _db(OperationalError, psycopg.errors.LockNotAvailable("55P03")),
         _db(OperationalError, psycopg.OperationalError("connection refused")),
+        # Raw, as a connect raises them before SQLAlchemy wraps them.
+        psycopg.OperationalError("connection failed: FATAL:  sorry, too many clients already"),
+        psycopg.errors.CannotConnectNow("57P03"),
     ],
     ids=repr,
 )
@@ -44,6 +47,7 @@ def test_transient(exc: BaseException) -> None:
         _db(DataError, psycopg.errors.NumericValueOutOfRange("22003")),
         _db(IntegrityError, psycopg.errors.UniqueViolation("23505")),
         _db(ProgrammingError, psycopg.errors.UndefinedColumn("42703")),
+        psycopg.errors.UndefinedColumn("42703"),
     ],
     ids=repr,
 )
