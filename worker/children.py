@@ -33,6 +33,7 @@ from multiprocessing.connection import Connection, Pipe
 from typing import Generic, TypeVar
 
 from deferral.runtime.process import die_with_parent
+from deferral.store import metastore
 
 log = logging.getLogger("deferral.worker")
 
@@ -93,6 +94,9 @@ class _ForkServer:
         pid = os.fork()
         if pid == 0:
             ours.close()
+            # A worker embedded in a process that had used the metastore (dags test, the
+            # tests' in-process worker): its children must not share those connections.
+            metastore.forget_connections()
             os._exit(_exit_status(lambda: _serve(theirs, child_main)))
         theirs.close()
         self.pid = pid

@@ -45,7 +45,14 @@ def _open(database_url: str, fernet_keys: tuple[str, ...]) -> Metastore:
     # A server that refuses a connection for a moment (too many clients, starting up, a
     # failover) costs task code a wait, not its try (deferral/DECISIONS.md 107).
     event.listen(engine, "do_connect", _connect_patiently)
-    return Metastore(make_sessionmaker(engine), Cipher(fernet_keys))
+    store = Metastore(make_sessionmaker(engine), Cipher(fernet_keys))
+    _opened.append(store)
+    return store
+
+
+# The metastores this process opened, and those a forked child inherited (forget_connections).
+_opened: list[Metastore] = []
+_inherited: list[Metastore] = []
 
 
 # How long a task process keeps trying to connect while the server refuses for a reason that
@@ -83,5 +90,9 @@ def patiently(
 
 def forget_connections() -> None:
     """In a forked child: open new connections when asked, never use the parent's (a
-    connection shared by two processes mixes their statements)."""
+    connection shared by two processes mixes their statements: psycopg saw EMPTY_QUERY for a
+    BEGIN, a connection in a transaction it never began). The parent's are kept referenced,
+    never closed or collected here: closing one would end the parent's session with it."""
+    _inherited.extend(_opened)
+    _opened.clear()
     _open.cache_clear()
