@@ -32,9 +32,9 @@ log = logging.getLogger("deferral.scheduler")
 
 # DAGs whose runs are created per call: one replica never takes every due DAG at once.
 DUE_DAGS_PER_CALL = 100
-# Runs of one DAG created per call: a catch-up of 20,000 intervals is created a thousand a
-# second, started and evaluated meanwhile, rather than held up for one transaction of 20,000
-# (a timetable step in Python each, ~1 ms on a loaded machine).
+# Runs of one DAG created per call: a catch-up of 20,000 intervals is created a thousand at a
+# time, started and evaluated meanwhile, rather than held up for one transaction of 20,000
+# (a timetable step in Python each; scheduler/DECISIONS.md 38).
 RUNS_PER_DAG_CALL = 1000
 # A DAG row made for a DAG nobody parsed yet (``dags pause``) gets this until it is parsed.
 DEFAULT_MAX_ACTIVE_RUNS = 16

@@ -44,7 +44,7 @@ from deferral.runtime.secrets_masker import redact
 from deferral.runtime.serialization import SerializationError, from_jsonable, to_jsonable
 from deferral.states import FAIL_METHOD
 from deferral.store.hitl import InputRequest, check_request
-from deferral.store.metastore import metastore
+from deferral.store.metastore import metastore, wait_for_the_server
 from deferral.store.transitions import has_tries_left
 from deferral.store.xcom import RETURN_VALUE, DatabaseXComs, stored_value
 from deferral.triggers.base import BaseTrigger
@@ -76,6 +76,8 @@ def warm_up() -> None:
     loaded here: each attempt imports only its own DAG's file, once per process.)"""
     # Attempts log at INFO (capture.TaskOutput); set here once, not per attempt.
     logging.getLogger().setLevel(logging.INFO)
+    # Task code's reads of the database wait out a server that refuses for a moment.
+    wait_for_the_server()
     # Registers the SMTP password with this process's masker (the worker checked the settings).
     with contextlib.suppress(ConfigError):
         smtp_settings()

@@ -42,8 +42,8 @@ def _open(database_url: str, fernet_keys: tuple[str, ...]) -> Metastore:
     # Pinged before each use: a worker's warm task process kept it across a database restart,
     # and its next task's first query failed the try (deferral/DECISIONS.md 104).
     engine = make_engine(database_url, pool_size=1, pool_pre_ping=True)
-    # A server that refuses a connection for a moment (too many clients, starting up, a
-    # failover) costs task code a wait, not its try (deferral/DECISIONS.md 107).
+    # In a task process, a server that refuses a connection for a moment (too many clients,
+    # starting up, a failover) costs task code a wait, not its try (deferral/DECISIONS.md 107).
     event.listen(engine, "do_connect", _connect_patiently)
     store = Metastore(make_sessionmaker(engine), Cipher(fernet_keys))
     _opened.append(store)
@@ -62,8 +62,20 @@ FIRST_PAUSE_SEC = 0.1
 LONGEST_PAUSE_SEC = 2.0
 
 
+# How long this process's metastore waits for a refusing server: 0 (a command says at once
+# that it cannot reach it) but in a task process (``wait_for_the_server``).
+_patience = 0.0
+
+
+def wait_for_the_server(patience: float = CONNECT_PATIENCE_SEC) -> None:
+    """From now on, a connect refused for a reason that passes is tried again for up to
+    ``patience`` seconds (a worker's task process: task code would fail its try)."""
+    global _patience
+    _patience = patience
+
+
 def _connect_patiently(dialect: Any, _record: Any, cargs: Any, cparams: Any) -> Any:
-    return patiently(lambda: dialect.connect(*cargs, **cparams))
+    return patiently(lambda: dialect.connect(*cargs, **cparams), patience=_patience)
 
 
 def patiently(

@@ -9,10 +9,12 @@ import threading
 import time
 from collections.abc import Iterator
 
+import pytest
 from sqlalchemy import text
 from sqlalchemy.engine import make_url
+from sqlalchemy.exc import OperationalError
 
-from deferral.store.metastore import _open
+from deferral.store import metastore
 
 # The proxy to PostgreSQL begins listening this long after the first session is asked for.
 LATE_SEC = 1.0
@@ -61,13 +63,28 @@ def _free_port() -> int:
         return int(probe.getsockname()[1])
 
 
-def test_the_first_session_waits_for_a_server_not_listening_yet(database_url: str) -> None:
+def test_the_first_session_waits_for_a_server_not_listening_yet(
+    database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(metastore, "_patience", metastore.CONNECT_PATIENCE_SEC)  # a task process
     url = make_url(database_url)
     port = _free_port()
     with _late_proxy(port, (url.host or "127.0.0.1", url.port or 5432)) as listening:
-        store = _open(url.set(port=port).render_as_string(hide_password=False), ("x" * 43 + "=",))
+        store = metastore._open(
+            url.set(port=port).render_as_string(hide_password=False), ("x" * 43 + "=",)
+        )
         started = time.monotonic()
         with store.sessions() as session:
             assert session.execute(text("SELECT 1")).scalar() == 1
         assert listening.is_set()
         assert time.monotonic() - started >= LATE_SEC * 0.9  # it did wait
+
+
+def test_a_command_says_at_once_that_the_server_does_not_answer(database_url: str) -> None:
+    """Outside a task process a refused connect is an error at once (the CLI's one line)."""
+    url = make_url(database_url).set(port=_free_port())
+    store = metastore._open(url.render_as_string(hide_password=False), ("y" * 43 + "=",))
+    started = time.monotonic()
+    with pytest.raises(OperationalError), store.sessions() as session:
+        session.execute(text("SELECT 1"))
+    assert time.monotonic() - started < LATE_SEC
