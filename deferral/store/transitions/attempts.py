@@ -58,6 +58,19 @@ class Started:
     partition_key: str | None
 
 
+def _try_rows_of_moved(given: str) -> str:
+    """The CTE ``try_rows``: the size rows of the moved tries created or locked in key order,
+    when the parameter ``given`` (the line to write next) is set."""
+    return f"""
+    try_rows AS (
+        INSERT INTO task_log_try (task_instance_id, try_number)
+        SELECT id, try_number FROM moved WHERE CAST(:{given} AS text) IS NOT NULL ORDER BY id
+        ON CONFLICT (task_instance_id, try_number) DO UPDATE SET bytes = task_log_try.bytes
+        WHERE false
+        RETURNING 1
+    )"""
+
+
 # Plain SQL, one statement: it is on every attempt's path (the ORM's building of it cost more
 # than its execution). A new try starts with no XCom left over from an earlier one. The try's
 # start line is written by the same statement, as tasklogs.append writes a worker's lines: the
@@ -83,13 +96,9 @@ _START_SQL = text(
         FROM moved ORDER BY id
     ), cleared AS (
         DELETE FROM xcom WHERE task_instance_id IN (SELECT id FROM moved WHERE next_method IS NULL)
-    ), try_rows AS (
-        INSERT INTO task_log_try (task_instance_id, try_number)
-        SELECT id, try_number FROM moved WHERE CAST(:started_by AS text) IS NOT NULL ORDER BY id
-        ON CONFLICT (task_instance_id, try_number) DO UPDATE SET bytes = task_log_try.bytes
-        WHERE false
-        RETURNING 1
-    ), start_lines AS (
+    ),"""
+    + _try_rows_of_moved("started_by")
+    + """, start_lines AS (
         INSERT INTO task_log (task_instance_id, try_number, at, source, text)
         SELECT moved.id, moved.try_number, now(), :source,
                'try ' || moved.try_number || ' started ' || :started_by
@@ -194,13 +203,9 @@ _SUCCEED_SQL = text(
     ), recorded AS (
         INSERT INTO task_state_change (task_instance_id, from_state, to_state, reason)
         SELECT id, 'running', 'success', 'returned' FROM moved ORDER BY id
-    ), try_rows AS (
-        INSERT INTO task_log_try (task_instance_id, try_number)
-        SELECT id, try_number FROM moved WHERE CAST(:said AS text) IS NOT NULL ORDER BY id
-        ON CONFLICT (task_instance_id, try_number) DO UPDATE SET bytes = task_log_try.bytes
-        WHERE false
-        RETURNING 1
-    ), said_lines AS (
+    ),"""
+    + _try_rows_of_moved("said")
+    + """, said_lines AS (
         INSERT INTO task_log (task_instance_id, try_number, at, source, text)
         SELECT moved.id, moved.try_number, now(), :source, :said
         FROM (SELECT count(*) FROM try_rows) AS locked, moved
