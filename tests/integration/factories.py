@@ -89,6 +89,18 @@ def deferred_task(
 ) -> tuple[int, int]:
     """A running task deferred on a new trigger; returns (task instance id, trigger id)."""
     ti_id = running_task(sessions, task_id, run_id)
+    return ti_id, defer_running(sessions, cipher, ti_id, next_kwargs, trigger_timeout)
+
+
+def defer_running(
+    sessions: sessionmaker[Session],
+    cipher: Cipher,
+    ti_id: int,
+    next_kwargs: dict[str, Any] | None = None,
+    trigger_timeout: dt.datetime | None = None,
+) -> int:
+    """Defer running task ``ti_id`` (try 1, on WORKER) on a new DateTimeTrigger, as the worker
+    does; returns the trigger id."""
     with sessions.begin() as session:
         trigger_id = transitions.create_trigger(
             session,
@@ -103,7 +115,7 @@ def deferred_task(
             next_kwargs_token=cipher.seal(Purpose.RESUME_KWARGS, next_kwargs or {}),
             trigger_timeout=trigger_timeout,
         )
-    return ti_id, trigger_id
+    return trigger_id
 
 
 def finish_queued(

@@ -36,6 +36,7 @@ from readmodel.doctor import _not_in_flight
 from readmodel.explain import explain
 from scheduler.reconcile import Reconciler
 from tests.integration.conftest import WEB_ADMIN_PASSWORD, web_client
+from tests.integration.factories import defer_running
 
 WORKER = "worker-1"
 
@@ -636,20 +637,8 @@ def test_dags_trigger_wait_tells_how_each_waiting_task_is_resumed(
     runs in a triggerer."""
     on_signal, on_timer, asking = _running(sessions, 3)
     _wait(sessions, cipher, [(on_signal, "orders-paid")])
+    defer_running(sessions, cipher, on_timer)
     with sessions.begin() as session:
-        trigger_id = transitions.create_trigger(
-            session,
-            "deferral.triggers.temporal.DateTimeTrigger",
-            cipher.seal(Purpose.TRIGGER_KWARGS, {"moment": dt.datetime.now(dt.UTC)}),
-        )
-        assert transitions.defer(
-            session,
-            Attempt(on_timer, 1, WORKER),
-            trigger_id=trigger_id,
-            next_method="resume",
-            next_kwargs_token=cipher.seal(Purpose.RESUME_KWARGS, {}),
-            trigger_timeout=None,
-        )
         assert transitions.await_input(session, Attempt(asking, 1, WORKER))
 
     with sessions() as session:
