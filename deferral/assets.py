@@ -112,6 +112,38 @@ class AssetWatcher:
             raise AssetError(str(exc)) from None
 
 
+def _check_teams(what: str, teams: object) -> list[str]:
+    if isinstance(teams, str) or not isinstance(teams, Iterable):
+        raise AssetError(f"AssetAccessControl: {what} must be a list of team names, got {teams!r}")
+    names = list(teams)
+    for team in names:
+        if not isinstance(team, str) or not team.strip():
+            raise AssetError(f"AssetAccessControl: each entry in {what} must be a non-empty string")
+    return names
+
+
+@dataclass
+class AssetAccessControl:
+    """Airflow 3.3's teams of an asset: which teams' producers may update it for its consumers
+    (``producer_teams``, and teamless ones if ``allow_global``) and which teams may consume it
+    (``consumer_teams``; None: any). Airflow applies it only with ``[core] multi_team`` on;
+    deferral is one team, as Airflow is with it off: checked as Airflow checks it, then kept,
+    filtering nothing."""
+
+    producer_teams: list[str] = field(default_factory=list)
+    consumer_teams: list[str] | None = None
+    allow_global: bool = True
+
+    def __post_init__(self) -> None:
+        self.producer_teams = _check_teams("producer_teams", self.producer_teams)
+        if self.consumer_teams is not None:
+            self.consumer_teams = _check_teams("consumer_teams", self.consumer_teams)
+        if not isinstance(self.allow_global, bool):
+            raise AssetError(
+                f"AssetAccessControl: allow_global must be True or False, got {self.allow_global!r}"
+            )
+
+
 class Asset(BaseAsset):
     """``Asset(name)``, ``Asset(uri=...)`` or both; a name alone is its uri too, and the other
     way round (as in Airflow 3). Assets are the same when their names are."""
@@ -124,6 +156,7 @@ class Asset(BaseAsset):
         group: str = "asset",
         extra: dict[str, Any] | None = None,
         watchers: Sequence[AssetWatcher] = (),
+        access_control: AssetAccessControl | None = None,
     ) -> None:
         if name is None and uri is None:
             raise AssetError("Asset() needs a name or a uri")
@@ -146,6 +179,12 @@ class Asset(BaseAsset):
         if len(set(names)) != len(names):
             raise AssetError(f"asset {self.name!r}: two watchers share a name")
         self.watchers = watchers
+        if access_control is not None and not isinstance(access_control, AssetAccessControl):
+            raise AssetError(
+                f"asset {self.name!r}: access_control must be AssetAccessControl, got "
+                f"{type(access_control).__name__}"
+            )
+        self.access_control = access_control or AssetAccessControl()
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Asset) and other.name == self.name

@@ -16,6 +16,7 @@ from deferral.authoring.mappedoperator import MappedOperator
 from deferral.baseoperator import BaseOperator
 from deferral.dag import DAG
 from deferral.loading.policies import apply_task_instance_mutation_hook
+from deferral.priority_strategy import TaskInstanceDraft, priority_weight
 from deferral.states import TaskState
 from deferral.store import transitions
 from deferral.store.tables import DagRun
@@ -196,7 +197,9 @@ def new_task_instance(run: DagRun, task: BaseOperator, map_index: int = -1) -> N
         pool=task.pool,
         pool_slots=task.pool_slots,
         queue=task.queue,
-        priority_weight=task.priority_weight,
+        priority_weight=priority_weight(
+            task, TaskInstanceDraft(run.dag_id, run.run_id, task.task_id, map_index, task)
+        ),
         map_index=map_index,
     )
     return apply_task_instance_mutation_hook(new, dag_id=run.dag_id, run_id=run.run_id, task=task)

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from deferral.assets import check_outlets
+from deferral.priority_strategy import load_weight_rule, weight_rule_error
 from deferral.utils.email import check_email_argument
 
 
@@ -68,11 +69,6 @@ TASK_KEPT = frozenset(
 TASK_INERT: Mapping[str, Inert] = {
     "pre_execute": Inert(_none, f"pre_execute hooks are {_NOT_YET}"),
     "retry_exponential_backoff": Inert(_false, f"exponential retry delays are {_NOT_YET}"),
-    "weight_rule": Inert(
-        _equals("absolute"),
-        "deferral orders by priority_weight as given ('absolute'); summing it up or down the "
-        f"graph is {_NOT_YET}",
-    ),
     "resources": Inert(_none, "deferral's workers do not reserve resources per task"),
     "run_as_user": Inert(_none, "tasks run as the worker's user"),
     "task_concurrency": Inert(_none, f"per-task concurrency limits are {_NOT_YET}"),
@@ -128,8 +124,18 @@ EMAIL_ARGUMENTS = ("email", "email_on_failure", "email_on_retry")
 # Honoured: the assets a task updates when it succeeds, and those whose events it reads
 # (``context["inlet_events"]``) (``deferral.assets``).
 ASSET_ARGUMENTS = frozenset({"outlets", "inlets"})
+# Honoured: "absolute" or a PriorityWeightStrategy (``deferral.priority_strategy``).
+WEIGHT_RULE = "weight_rule"
 TASK_ARGUMENTS = frozenset(
-    {*TASK_KEPT, *TASK_INERT, *TASK_DATES, *EMAIL_ARGUMENTS, *ASSET_ARGUMENTS, *TASK_DEPRECATED}
+    {
+        *TASK_KEPT,
+        *TASK_INERT,
+        *TASK_DATES,
+        *EMAIL_ARGUMENTS,
+        *ASSET_ARGUMENTS,
+        *TASK_DEPRECATED,
+        WEIGHT_RULE,
+    }
 )
 
 
@@ -168,6 +174,11 @@ def check_task_arguments(
             kept[name] = value
         elif name in ASSET_ARGUMENTS:
             kept[name] = check_outlets(where, value, name)
+        elif name == WEIGHT_RULE:
+            error = weight_rule_error(value)
+            if error:
+                raise RefusedArgument(f"{where}: {refusal(name, value, error)}")
+            kept[name] = load_weight_rule(value)
         elif name in TASK_INERT:
             rule = TASK_INERT[name]
             if not rule.does_nothing(value):

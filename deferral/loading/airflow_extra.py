@@ -13,6 +13,7 @@ MODULES = {
     "attr": "attrs",
     "attrs": "attrs",
     "dateutil": "python-dateutil",
+    "dill": "dill",
     "httpx": "httpx",
     "natsort": "natsort",
     "packaging": "packaging",

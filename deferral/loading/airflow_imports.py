@@ -66,7 +66,14 @@ _SDK = {
     **_names("deferral.triggers.base", "BaseTrigger", "TriggerEvent"),
     **_names("deferral.trigger_rules", "TriggerRule"),
     **_names(
-        "deferral.assets", "Asset", "AssetAlias", "AssetAll", "AssetAny", "AssetWatcher", "Metadata"
+        "deferral.assets",
+        "Asset",
+        "AssetAccessControl",
+        "AssetAlias",
+        "AssetAll",
+        "AssetAny",
+        "AssetWatcher",
+        "Metadata",
     ),
     **_names("deferral.decorators.asset", "asset"),
     **_names("deferral.timetables.trigger", "CronTriggerTimetable"),
@@ -232,6 +239,19 @@ ALIASES: dict[str, Alias] = {
     "airflow.providers.standard.triggers.external_task": Alias("deferral.triggers.external_task"),
     "airflow.providers.standard.utils": Alias(),
     "airflow.providers.standard.utils.weekday": Alias("deferral.utils.weekday"),
+    "airflow.task": Alias(),
+    "airflow.task.priority_strategy": Alias(
+        names=_names("deferral.priority_strategy", "PriorityWeightStrategy")
+    ),
+    # The plugins of Airflow's example DAGs, which import them from Airflow's own package.
+    "airflow.example_dags": Alias(),
+    "airflow.example_dags.plugins": Alias(),
+    "airflow.example_dags.plugins.workday": Alias(
+        names=_names("deferral.timetables.workday", "AfterWorkdayTimetable")
+    ),
+    "airflow.example_dags.plugins.decreasing_priority_weight_strategy": Alias(
+        names=_names("deferral.priority_strategy", "DecreasingPriorityStrategy")
+    ),
 }
 
 # Modules with modules below them are packages (they get a ``__path__``).

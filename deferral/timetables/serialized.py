@@ -28,6 +28,7 @@ from deferral.timetables import (
 )
 from deferral.timetables.partitions import CronPartitionTimetable, PartitionedAtRuntime
 from deferral.timetables.trigger import CronTriggerTimetable
+from deferral.timetables.workday import AfterWorkdayTimetable
 
 
 class StoredAssetSchedule(Timetable):
@@ -126,6 +127,7 @@ DESERIALIZERS: dict[str, Callable[[Mapping[str, Any]], Timetable]] = {
     "partitioned_at_runtime": lambda data: PartitionedAtRuntime(),
     "asset": _asset,
     "asset_or_time": _asset,
+    "after_workday": lambda data: AfterWorkdayTimetable(),
 }
 
 

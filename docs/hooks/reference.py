@@ -216,6 +216,13 @@ def airflow_arguments_page() -> str:
             (name, "task", "honoured: an asset event per asset when the task succeeds", "")
             for name in sorted(airflow_arguments.ASSET_ARGUMENTS)
         ),
+        (
+            airflow_arguments.WEIGHT_RULE,
+            "task",
+            "honoured: 'absolute' or a PriorityWeightStrategy (its instance or dotted path)",
+            "summing the weights up or down the graph ('downstream', 'upstream') is refused:"
+            " not implemented yet",
+        ),
         *(
             (name, "task", "honoured when equal to the DAG's", airflow_arguments.TASK_DATES_REASON)
             for name in airflow_arguments.TASK_DATES

@@ -64,6 +64,15 @@ NO_DATABASE = [
     # example_asset_decorator.py (asset2_producer reads inlet events: the integration test).
     "asset1_producer",
     "consumes_asset_decorator",
+    # example_custom_weight.py: the weight_rule of the plugin's priority strategy, given as an
+    # instance and as a dotted path of Airflow's package (the weights: test_airflow_arguments).
+    "example_custom_weight",
+    # example_workday_timetable.py: the plugin's timetable (test_timetables).
+    "example_workday_timetable",
+    # example_asset_allow_teams.py: an asset's AssetAccessControl, one team as Airflow's
+    # without multi_team.
+    "team_analytics_producer",
+    "team_ml_consumer",
 ]
 
 

@@ -15,8 +15,11 @@ from deferral.authoring.airflow_arguments import DAG_INERT, TASK_INERT, TASK_KEP
 from deferral.exceptions import DagDefinitionError
 from deferral.loading.dagbag import DagBag
 from deferral.operators import BashOperator, EmptyOperator, PythonOperator
+from deferral.priority_strategy import DecreasingPriorityStrategy, PriorityWeightStrategy
 from deferral.sensors import BaseSensorOperator, FileSensor, TimeDeltaSensor
+from deferral.store.tables import DagRun
 from deferral.utils.task_group import TaskGroup
+from scheduler.waiting import new_task_instance
 from tests.unit.dag_source import isolated_imports, load_source  # noqa: F401 (a fixture)
 
 START = dt.datetime(2024, 1, 1, tzinfo=dt.UTC)
@@ -206,6 +209,41 @@ def test_inert_and_kept_task_arguments_are_accepted_and_kept() -> None:
             start_date=dt.datetime(2024, 1, 1),  # the DAG's, naive: read in the default zone
         )
     assert (t.owner, t.task_display_name, t.weight_rule) == ("team-a", "Nice name", "absolute")  # type: ignore[attr-defined]
+
+
+class _ByMapIndex(PriorityWeightStrategy):
+    def get_weight(self, ti: Any) -> int:
+        return 10 + ti.map_index
+
+
+def test_a_priority_weight_strategy_weighs_each_new_task_instance() -> None:
+    """Airflow 3's weight_rule: a PriorityWeightStrategy (an instance, or its class's dotted
+    path) gives each task instance's priority weight when its run creates it, at try 0."""
+    path = "deferral.priority_strategy.DecreasingPriorityStrategy"
+    with DAG("weighed", start_date=START):
+        by_instance = EmptyOperator(task_id="a", weight_rule=DecreasingPriorityStrategy())
+        by_path = EmptyOperator(task_id="b", weight_rule=path)
+        absolute = EmptyOperator(task_id="c", priority_weight=2, weight_rule="absolute")
+        mapped = EmptyOperator(task_id="d", weight_rule=_ByMapIndex())
+    assert by_path.weight_rule == DecreasingPriorityStrategy()  # type: ignore[attr-defined]
+    run = DagRun(dag_id="weighed", run_id="r")
+    weights = [new_task_instance(run, t).priority_weight for t in (by_instance, by_path, absolute)]
+    assert weights == [4, 4, 2]
+    assert new_task_instance(run, mapped, 3).priority_weight == 13
+
+
+@pytest.mark.parametrize(
+    ("value", "said"),
+    [
+        ("upstream", "summing it up or down the graph"),
+        ("deferral.priority_strategy.ABSOLUTE", "is not a PriorityWeightStrategy subclass"),
+        ("no_such_module.Strategy", "its class does not import"),
+        (3, "it must be 'absolute', a PriorityWeightStrategy"),
+    ],
+)
+def test_a_weight_rule_deferral_cannot_honour_is_refused(value: Any, said: str) -> None:
+    with DAG("refusals", start_date=START), pytest.raises(DagDefinitionError, match=said):
+        EmptyOperator(task_id="t", weight_rule=value)
 
 
 def test_unknown_task_argument_is_still_refused() -> None:

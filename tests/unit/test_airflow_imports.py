@@ -183,7 +183,7 @@ def test_common_compat_sdk_and_sdk_exceptions_are_deferrals_names(
         ),
         ("from airflow.utils.state import State", "airflow.utils.state"),
         ("import airflow.providers.amazon.aws.hooks.s3", "airflow.providers.amazon"),
-        ("from airflow.sdk import AssetAccessControl", "airflow.sdk.AssetAccessControl"),
+        ("from airflow.sdk import ObjectStoragePath", "airflow.sdk.ObjectStoragePath"),
         ("from airflow.models import DagRun", "airflow.models.DagRun"),
         (
             "from airflow.providers.common.compat.sdk import ObjectStoragePath",
@@ -365,6 +365,7 @@ def test_airflow_3_example_dags_load_unchanged(monkeypatch: pytest.MonkeyPatch) 
         "example_asset_state_store_consumer",
         "example_asset_state_store_producer",
         "example_bash_operator",
+        "example_custom_weight",
         "example_dynamic_task_mapping",
         "example_external_task_marker_child",
         "example_external_task_marker_parent",
@@ -374,6 +375,7 @@ def test_airflow_3_example_dags_load_unchanged(monkeypatch: pytest.MonkeyPatch) 
         "example_task_state_store",
         "example_task_state_store_async",
         "example_task_state_store_mapped",
+        "example_workday_timetable",
         "ingest_region_stats",
         "ingest_regional_sales",
         "ingest_team_a_player_stats",
@@ -388,10 +390,13 @@ def test_airflow_3_example_dags_load_unchanged(monkeypatch: pytest.MonkeyPatch) 
         "segment_region_stats_early_rollup",
         "segment_region_stats_rollup",
         "summarize_live_region_stats",
+        "team_analytics_producer",
         "team_b_player_stats",
         "team_c_player_stats",
+        "team_ml_consumer",
         "trailing_week_inference",
         "train_weekly_model",
+        "tutorial_taskflow_api_virtualenv",
     ]
     timetable = bag.dags["conditional_asset_and_time_based_timetable"].timetable
     assert timetable.summary == "s3://dag1/output_1.txt & s3://dag2/output_1.txt or 0 1 * * 3"

@@ -16,6 +16,7 @@ import pytest
 from deferral import DAG
 from deferral.assets import (
     Asset,
+    AssetAccessControl,
     AssetAll,
     AssetAny,
     AssetError,
@@ -227,3 +228,23 @@ def test_a_file_rewritten_before_its_event_is_recorded_is_kept(tmp_path: Path) -
 def test_bad_file_delete_triggers_are_refused_naming_the_argument(build: Any, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         build()
+
+
+def test_an_assets_access_control_is_checked_and_kept_as_one_teams_airflow() -> None:
+    """Airflow 3.3's AssetAccessControl filters events by team only with multi_team on;
+    deferral is one team: checked as Airflow checks it, kept, filtering nothing."""
+    control = AssetAccessControl(producer_teams=["team_analytics"], allow_global=False)
+    shared = Asset("shared", uri="s3://lake/shared.csv", access_control=control)
+    assert (shared.access_control, Asset("plain").access_control) == (
+        control,
+        AssetAccessControl([], None, True),
+    )
+    for bad, said in [
+        ({"producer_teams": [""]}, "each entry in producer_teams must be a non-empty string"),
+        ({"consumer_teams": "team"}, "consumer_teams must be a list of team names"),
+        ({"allow_global": "no"}, "allow_global must be True or False"),
+    ]:
+        with pytest.raises(AssetError, match=said):
+            AssetAccessControl(**bad)
+    with pytest.raises(AssetError, match="access_control must be AssetAccessControl"):
+        Asset("x", access_control={"allow_global": False})  # type: ignore[arg-type]

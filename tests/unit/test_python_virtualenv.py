@@ -380,7 +380,7 @@ def _plain() -> int:
     [
         ({"python_callable": lambda: 1}, "python_callable must be a function defined with def"),
         ({"python_callable": _plain, "serializer": "json"}, "serializer must be one of pickle"),
-        ({"python_callable": _plain, "serializer": "dill"}, "needs the dill package"),
+        ({"python_callable": _plain, "serializer": "cloudpickle"}, "needs the cloudpickle package"),
         ({"python_callable": _plain, "python_version": 3.11}, "python_version must be a string"),
         ({"python_callable": _plain, "use_airflow_context": True}, "use_airflow_context=True"),
         ({"python_callable": _plain, "env_vars": {"A": 1}}, "env_vars must be a dict of str"),
@@ -388,8 +388,8 @@ def _plain() -> int:
     ],
 )
 def test_bad_arguments_are_refused_at_load(kwargs: dict[str, Any], error: str) -> None:
-    if kwargs.get("serializer") == "dill" and importlib.util.find_spec("dill"):
-        pytest.skip("dill is installed here")
+    if kwargs.get("serializer") == "cloudpickle" and importlib.util.find_spec("cloudpickle"):
+        pytest.skip("cloudpickle is installed here")
     with DAG("bad"), pytest.raises(DagDefinitionError, match=error):
         PythonVirtualenvOperator(task_id="t", **kwargs)
 

@@ -24,7 +24,9 @@ from deferral.timetables import (
     infos_between,
 )
 from deferral.timetables.assets import AssetOrTimeSchedule
+from deferral.timetables.serialized import deserialize_timetable
 from deferral.timetables.trigger import CronTriggerTimetable
+from deferral.timetables.workday import AfterWorkdayTimetable
 
 UTC = dt.UTC
 ZURICH = zoneinfo.ZoneInfo("Europe/Zurich")
@@ -375,3 +377,50 @@ def test_asset_or_time_schedule_runs_by_the_clock_and_on_its_assets() -> None:
 def test_bad_airflow_3_timetables_are_refused_naming_the_argument(build: Any, message: str) -> None:
     with pytest.raises((ValueError, TypeError), match=message):
         build()
+
+
+# -- AfterWorkdayTimetable (Airflow's example plugin) ----------------------------------------------
+
+
+def _day(day: int, hour: int = 0) -> dt.datetime:
+    """A day of May 2024 (the 3rd a Friday, the 4th and 5th a weekend, the 6th a Monday)."""
+    return dt.datetime(2024, 5, day, hour, tzinfo=UTC)
+
+
+@pytest.mark.parametrize(
+    ("last", "restriction", "now", "start"),
+    [
+        # after Friday's run: Monday's
+        (DataInterval(_day(3), _day(4)), TimeRestriction(_day(1), None, True), _day(9), _day(6)),
+        # the first run from a Saturday start: Monday's
+        (None, TimeRestriction(_day(4), None, True), _day(9), _day(6)),
+        # a start during the day: the next (working) day
+        (None, TimeRestriction(_day(2, 9), None, True), _day(9), _day(3)),
+        # no catchup: today's, on a Sunday the next Monday's
+        (None, TimeRestriction(_day(1), None, False), _day(5, 15), _day(6)),
+        # over the end date: none
+        (DataInterval(_day(3), _day(4)), TimeRestriction(_day(1), _day(5), True), _day(9), None),
+        (None, TimeRestriction(None, None, True), _day(9), None),
+    ],
+)
+def test_after_workday_runs_each_working_day(
+    last: DataInterval | None,
+    restriction: TimeRestriction,
+    now: dt.datetime,
+    start: dt.datetime | None,
+) -> None:
+    info = AfterWorkdayTimetable().next_dagrun_info(
+        last_automated_data_interval=last, restriction=restriction, now=now
+    )
+    assert info == (None if start is None else DagRunInfo.interval(start, start + dt.timedelta(1)))
+
+
+def test_after_workday_triggered_by_hand_is_the_last_working_day_before() -> None:
+    timetable = AfterWorkdayTimetable()
+    assert timetable.infer_manual_data_interval(run_after=_day(6, 12)) == DataInterval(
+        _day(3), _day(4)
+    )
+    assert timetable.infer_manual_data_interval(run_after=_day(8, 1)) == DataInterval(
+        _day(7), _day(8)
+    )
+    assert isinstance(deserialize_timetable(timetable.serialize() or {}), AfterWorkdayTimetable)
