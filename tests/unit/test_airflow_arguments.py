@@ -224,7 +224,9 @@ def test_a_priority_weight_strategy_weighs_each_new_task_instance() -> None:
         by_instance = EmptyOperator(task_id="a", weight_rule=DecreasingPriorityStrategy())
         by_path = EmptyOperator(task_id="b", weight_rule=path)
         absolute = EmptyOperator(task_id="c", priority_weight=2, weight_rule="absolute")
-        mapped = EmptyOperator(task_id="d", weight_rule=_ByMapIndex())
+        mapped = BashOperator.partial(task_id="d", weight_rule=_ByMapIndex()).expand(
+            bash_command=["true", "true"]
+        )
     assert by_path.weight_rule == DecreasingPriorityStrategy()  # type: ignore[attr-defined]
     run = DagRun(dag_id="weighed", run_id="r")
     weights = [new_task_instance(run, t).priority_weight for t in (by_instance, by_path, absolute)]
