@@ -75,6 +75,18 @@ class MappingError(FailTask):
     over the same input, so the task fails without retry."""
 
 
+class InactiveAssetInInletOrOutlet(FailTask):
+    """The task names an inactive asset (one whose URI another asset, recorded first, holds)
+    in its inlets or outlets: it fails before it runs, as Airflow fails it."""
+
+    def __init__(self, assets: list[tuple[str, str]]) -> None:
+        named = ", ".join(f"Asset(name={name!r}, uri={uri!r})" for name, uri in assets)
+        super().__init__(
+            f"Task has the following inactive assets in its inlets or outlets: {named}"
+        )
+        self.assets = assets
+
+
 class TaskExecutionTimeout(DeferralException):
     """The task ran past its execution_timeout (counted from its try's first start)."""
 
@@ -110,6 +122,7 @@ AirflowFailException = FailTask
 AirflowSensorTimeout = SensorTimeout
 AirflowRescheduleException = RescheduleTask
 AirflowTaskTimeout = TaskExecutionTimeout
+AirflowInactiveAssetInInletOrOutletException = InactiveAssetInInletOrOutlet
 
 
 class TaskAwaitingInput(DeferralException):

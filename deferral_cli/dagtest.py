@@ -56,6 +56,7 @@ from deferral.runtime.process import settings_or_exit
 from deferral.states import END_KINDS, FAIL_METHOD, DagRunState, TaskState
 from deferral.store import actions, hitl, liveness, migrate, tasklogs, transitions
 from deferral.store import waits as row_waits
+from deferral.store.assets import record_assets
 from deferral.store.tables import DagRun, Scheduler, TaskInstance, TaskStateChange
 from deferral.store.tasklogs import SOURCE_WORKER, NewLine
 from deferral.store.transitions import Attempt, FiredEvent
@@ -72,7 +73,7 @@ from deferral_cli.common import (
     stamp,
 )
 from deferral_cli.group import TerminalSafe
-from scheduler import decide, runstate, waiting
+from scheduler import assets, decide, runstate, waiting
 from triggerer.decode import load_trigger_class
 from triggerer.events import first_event, masked, raised_outcome
 from worker import record
@@ -869,13 +870,19 @@ def _test_dag(
         # Into the bag of this process, before its task processes are forked from it: they find
         # the DAG there and import nothing more (with --subdir FILE, no other file of its
         # folder is ever imported).
-        dag = load_dag(settings, dag_id, subdir, process_dagbag())
+        bag = process_dagbag()
+        dag = load_dag(settings, dag_id, subdir, bag)
         with task_processes(out) as tasks:
             # Started together, not one by one as the first attempts come.
             tasks.prestart(min(concurrency, len(dag.tasks)))
             made = sessions(settings)
             try:
                 refuse_if_services_run(made, settings)
+                # The assets of the DAGs read, as a scheduler's read records them: which of
+                # two sharing a URI is active is decided here as there (Airflow's `dags test`
+                # records its bag's too).
+                with made.begin() as session:
+                    record_assets(session, assets.named_assets(bag.dags))
                 run = actions.trigger_run(made, dag, conf, None, logical_date=logical_date)
             except (ServicesRunning, actions.ActionError) as exc:
                 fail(str(exc))

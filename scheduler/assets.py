@@ -15,7 +15,8 @@ from sqlalchemy.orm import Session
 from deferral.assets import Asset, BaseAsset, watchers_of
 from deferral.dag import DAG
 from deferral.runtime.crypto import Cipher, Purpose
-from deferral.store.tables import AssetModel, AssetWatcherRow, DagScheduleAsset, TaskOutletAsset
+from deferral.store.assets import record_assets
+from deferral.store.tables import AssetWatcherRow, DagScheduleAsset, TaskOutletAsset
 from deferral.store.transitions.assets import create_asset_runs, create_partition_runs
 from deferral.timetables.partitions import PartitionedAssetTimetable
 
@@ -25,26 +26,39 @@ log = logging.getLogger("deferral.scheduler")
 RUNS_PER_DAG_PER_CALL = 500
 
 
-def sync_assets(session: Session, dags: Mapping[str, DAG], cipher: Cipher) -> None:
-    """Record the assets, schedules, outlets and watchers of the parsed ``dags`` (rows of DAGs
-    no longer parsed are kept until they are: a file broken for a moment keeps its watchers'
-    rows, which run only while the DAG is active)."""
+def named_assets(dags: Mapping[str, DAG]) -> list[Asset]:
+    """The assets ``dags`` name in their schedules, inlets and outlets, each once, in DAG-id
+    order (the order in which they take their URIs: deferral/store/assets.py)."""
     assets: dict[str, Asset] = {}
+    for _, dag in sorted(dags.items()):
+        condition = dag.asset_condition
+        named = [
+            *(condition.iter_assets() if condition is not None else ()),
+            *(a for task in dag.tasks for a in getattr(task, "inlets", None) or ()),
+            *(a for task in dag.tasks for a in getattr(task, "outlets", None) or ()),
+        ]
+        for asset in named:
+            # A reference's uri is not known here; an alias's events are its task's to add.
+            if isinstance(asset, Asset) and not asset.is_ref:
+                assets.setdefault(asset.name, asset)
+    return list(assets.values())
+
+
+def sync_assets(session: Session, dags: Mapping[str, DAG], cipher: Cipher) -> None:
+    """Record the assets (``named_assets``), schedules, outlets and watchers of the parsed
+    ``dags`` (rows of DAGs no longer parsed are kept until they are: a file broken for a
+    moment keeps its watchers' rows, which run only while the DAG is active)."""
     schedules: set[tuple[str, ...]] = set()
     outlets: set[tuple[str, ...]] = set()
     watchers: list[dict[str, str]] = []
     for dag_id, dag in sorted(dags.items()):
         condition = dag.asset_condition
-        for asset in condition.iter_assets() if condition is not None else ():
-            if not asset.is_ref:  # a reference's uri is not known here
-                assets.setdefault(asset.name, asset)
         # An alias is scheduled on by its key (AssetAlias.key), beside the assets' names.
         for key in condition.iter_keys() if condition is not None else ():
             schedules.add((dag_id, key))
         for task in dag.tasks:
             for asset in getattr(task, "outlets", None) or ():
-                if isinstance(asset, Asset):  # an alias's events are the task's to add
-                    assets.setdefault(asset.name, asset)
+                if isinstance(asset, Asset):
                     outlets.add((dag_id, task.task_id, asset.name))
         for asset, watcher in watchers_of(condition):
             classpath, kwargs = watcher.trigger.serialize()
@@ -62,15 +76,7 @@ def sync_assets(session: Session, dags: Mapping[str, DAG], cipher: Cipher) -> No
                 }
             )
     parsed = sorted(dags)
-    if assets:
-        rows = [{"name": a.name, "uri": a.uri, "group": a.group} for a in assets.values()]
-        statement = insert(AssetModel).values(sorted(rows, key=lambda r: r["name"]))
-        session.execute(
-            statement.on_conflict_do_update(
-                index_elements=[AssetModel.name],
-                set_={"uri": statement.excluded.uri, "group": statement.excluded.group},
-            )
-        )
+    record_assets(session, named_assets(dags))
     _replace(session, DagScheduleAsset, parsed, schedules, ("dag_id", "asset_name"))
     _replace(session, TaskOutletAsset, parsed, outlets, ("dag_id", "task_id", "asset_name"))
     keep = {(w["dag_id"], w["asset_name"], w["name"]) for w in watchers}

@@ -22,6 +22,7 @@ import msgspec
 # DAG files import the TaskFlow decorators: loaded with the task runtime, so that every task
 # process forked from the worker has them (as when `import deferral` loaded them everywhere).
 import deferral.decorators  # noqa: F401
+from deferral.assets import Asset
 from deferral.authoring.callbacks import run_callbacks
 from deferral.authoring.mappedoperator import MappedOperator
 from deferral.authoring.templating import render_and_record
@@ -29,6 +30,7 @@ from deferral.baseoperator import BaseOperator
 from deferral.context import Context, DagRunInfo, RuntimeTaskInstance, make_context
 from deferral.exceptions import (
     FailTask,
+    InactiveAssetInInletOrOutlet,
     RescheduleTask,
     SkipTask,
     TaskAwaitingInput,
@@ -43,6 +45,7 @@ from deferral.runtime.process import freeze_startup_objects, raising_after
 from deferral.runtime.secrets_masker import redact
 from deferral.runtime.serialization import SerializationError, from_jsonable, to_jsonable
 from deferral.states import FAIL_METHOD
+from deferral.store import assets as stored_assets
 from deferral.store.hitl import InputRequest, check_request
 from deferral.store.metastore import metastore, wait_for_the_server
 from deferral.store.transitions import has_tries_left
@@ -130,6 +133,24 @@ def _context(request: AttemptRequest, task: BaseOperator) -> Context:
         partition_key=request.partition_key,
     )
     return make_context(task, run, ti)
+
+
+def _check_assets_active(task: BaseOperator) -> None:
+    """Fail the task before it runs if an asset among its inlets or outlets is inactive
+    (deferral/store/assets.py), as Airflow's task runner does at its start."""
+    named = [
+        asset
+        for asset in (
+            *(getattr(task, "inlets", None) or ()),
+            *(getattr(task, "outlets", None) or ()),
+        )
+        if isinstance(asset, Asset) and not asset.is_ref
+    ]
+    if not named:
+        return
+    inactive = stored_assets.inactive_in_store(named)
+    if inactive:
+        raise InactiveAssetInInletOrOutlet([(asset.name, asset.uri) for asset in inactive])
 
 
 def _call(
@@ -369,6 +390,7 @@ def _run(
             # The operator of this map index, given its values (pulled now), as Airflow unmaps.
             task = task.unmap(context)
             context["task"] = task
+        _check_assets_active(task)
         # On every attempt, resumed ones too, as Airflow; XComArgs are pulled here.
         render_and_record(task, context)
         what = f"task {task.task_id!r} on_execute_callback"

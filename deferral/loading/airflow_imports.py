@@ -49,6 +49,9 @@ _EXCEPTIONS = {
     "AirflowRescheduleException": "deferral.exceptions:RescheduleTask",
     "AirflowTaskTimeout": "deferral.exceptions:TaskExecutionTimeout",
     "TaskDeferred": "deferral.exceptions:TaskDeferred",
+    "AirflowInactiveAssetInInletOrOutletException": (
+        "deferral.exceptions:InactiveAssetInInletOrOutlet"
+    ),
     "ParamValidationError": "deferral.models.param:ParamValidationError",
 }
 

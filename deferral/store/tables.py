@@ -721,13 +721,17 @@ class CallbackHeartbeat(Base):
 
 
 class AssetModel(Base):
-    """An asset some parsed DAG names (in a schedule or an outlet), as last parsed."""
+    """An asset some parsed DAG names (in a schedule, an inlet or an outlet), as last parsed."""
 
     __tablename__ = "asset"
+    __table_args__ = (Index(None, "uri"),)
 
     name: Mapped[str] = mapped_column(String(1000), primary_key=True)
     uri: Mapped[str] = mapped_column(String(1000))
     group: Mapped[str] = mapped_column(String(1000), server_default=text("'asset'"))
+    # False while another asset, recorded first, holds the same URI (Airflow's assets are
+    # unique by name and by URI): tasks naming it fail before they run.
+    active: Mapped[bool] = mapped_column(Boolean, server_default=text("true"))
     updated_at: Mapped[dt.datetime] = _created()
 
 

@@ -46,12 +46,6 @@ NOT_RUN: dict[str, str] = {}
 
 # dag_id -> why deferral's states are not Airflow's, where that is deliberate.
 DIFFERS = {
-    "read_asset_event": (
-        "Airflow fails it before it runs: its Asset('s3://output/1.txt') is inactive, as"
-        " example_outlet_event_extra.py's Asset(name='test-asset') has the same URI (Airflow's"
-        " assets are unique by name and by URI, of every file of the bundle); deferral knows"
-        " assets by name, so the task reads no event and succeeds"
-    ),
     "example_sensors": (
         "Airflow's TimeSensor defers with no timeout, so the trigger of"
         " timeout_after_second_date_in_the_future_async waits for its target an hour ahead (its"

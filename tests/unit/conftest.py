@@ -14,6 +14,7 @@ from cryptography.fernet import Fernet
 from deferral.authoring import templating
 from deferral.loading import task_runtime
 from deferral.loading.dagbag import process_dagbag
+from deferral.store import assets as stored_assets
 from worker import attempt
 
 
@@ -29,6 +30,8 @@ def attempt_dags(
     monkeypatch.setattr(sys, "path", list(sys.path))
     # No database here: rendered fields are recorded by the integration tests.
     monkeypatch.setattr(templating, "record_rendered_fields", lambda *args: None)
+    # Nor which assets are active (tests/integration/test_asset_uris.py): all are, here.
+    monkeypatch.setattr(stored_assets, "inactive_in_store", lambda assets: [])
     env = {
         "DEFERRAL_DATABASE_URL": "postgresql+psycopg://nobody@127.0.0.1:1/never_used",
         "DEFERRAL_REDIS_URL": "redis://127.0.0.1:1/0",

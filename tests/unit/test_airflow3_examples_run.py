@@ -18,6 +18,7 @@ from cryptography.fernet import Fernet
 from deferral.authoring import templating
 from deferral.loading import task_runtime
 from deferral.loading.dagbag import process_dagbag
+from deferral.store import assets as stored_assets
 from worker import attempt
 from worker.outcomes import AttemptRequest, Failed, Skipped, Succeeded
 
@@ -83,6 +84,8 @@ def examples_folder() -> Iterator[None]:
     patch = pytest.MonkeyPatch()
     patch.setattr(sys, "path", list(sys.path))
     patch.setattr(templating, "record_rendered_fields", lambda *args: None)
+    # Nor which assets are active (tests/integration/test_asset_uris.py): all are, here.
+    patch.setattr(stored_assets, "inactive_in_store", lambda assets: [])
     patch.setattr(task_runtime, "parsed_fileloc", lambda dag_id: None)
     patch.delenv("DEFERRAL_AIRFLOW_IMPORTS", raising=False)
     env = {
