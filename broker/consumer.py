@@ -45,6 +45,7 @@ from broker.deliveries import (
     prunable,
     sort_out,
 )
+from broker.heldids import HeldIds
 from broker.lease import Lease
 from broker.replies import Entry, Pending
 from broker.streams import MAX_DEAD_ERROR, one_line
@@ -190,7 +191,7 @@ class StreamConsumer:
         # Whether every entry handed to the service starts running at once (worker, scheduler);
         # the triggerer says which it starts (:meth:`starting`): a timer runs no code of its own.
         self.starts_on_admit = starts_on_admit
-        self._held: dict[str, float] = {}  # entry id -> monotonic time it was delivered
+        self._held = HeldIds()  # the ids of the entries held
         self._looked_back = False
         self._previous: OwnerRecord | None = None  # this name's row before this process
         self._replaying = True
@@ -238,7 +239,7 @@ class StreamConsumer:
     def _drop(self, ids: Sequence[str]) -> None:
         with self._lock:
             for entry_id in ids:
-                self._held.pop(entry_id, None)
+                self._held.discard(entry_id)
         self.quarantine.forget(self.stream, set(ids))
 
     def _owner_records(self, names: Collection[str]) -> Mapping[str, OwnerRecord]:
@@ -251,7 +252,6 @@ class StreamConsumer:
         entry over the size limits is dead-lettered unread, and one deleted while pending (no
         fields) acknowledged: neither reaches the service. With ``starts_on_admit`` the start
         evidence of the others is written before they are handed over."""
-        now = time.monotonic()
         admitted: list[Delivery] = []
         oversized: list[tuple[Delivery, str]] = []
         gone: list[Entry] = []
@@ -261,7 +261,7 @@ class StreamConsumer:
                 gone.append(entry)
                 continue
             with self._lock:
-                self._held[entry.id] = now
+                self._held.add(entry.id)
             reason = over_limits(entry.fields)
             if reason is not None:
                 oversized.append((delivery, reason))
@@ -648,14 +648,18 @@ class StreamConsumer:
         triggerer renews from a thread with its own connections, which no other work can hold
         up)."""
         with self._lock:
-            held = dict(self._held)
+            held = self._held.ids()
             queued = [
-                p.id for p in (*self._replay_ready, *self._replay_suspects) if p.id not in held
+                p.id
+                for p in (*self._replay_ready, *self._replay_suspects)
+                if p.id not in self._held
             ]
         self._prune_now_and_then()
         if not held and not queued:
             return []
-        survivors = [i for i in self.quarantine.due(self.stream, self.heartbeat_sec) if i in held]
+        survivors = [
+            i for i in self.quarantine.due(self.stream, self.heartbeat_sec) if i in self._held
+        ]
         status = (via or self.broker).renew(
             self.stream,
             self.group,
