@@ -4,7 +4,7 @@ kept dozing in columns (:class:`FarTimers`) rather than as a :class:`Held` each.
 A timer due in more than ``DOZE_AHEAD`` is a row of a bucket of the timers due within the same
 ``BUCKET`` (its trigger id, task instance id, try number, moment, entry id, stream and task
 label in arrays and one bytes blob): no Python object, no dict slot and no heap slot per timer,
-and nothing per timer left among the garbage of the take-in (triggerer rule 35). A bucket wakes
+and nothing per timer left among the garbage of the take-in (triggerer rule 37). A bucket wakes
 (its timers become ``Held``s on the timers' heap) ``DOZE_AHEAD`` before it begins; a dozing
 timer that anything asks for by id (a cancellation, a republished entry) wakes alone.
 """
