@@ -24,6 +24,7 @@ deadlocks) back off and retry; nothing is dead-lettered or failed for them.
 from __future__ import annotations
 
 import functools
+import itertools
 import logging
 import threading
 import time
@@ -62,6 +63,9 @@ TAKEOVER_PAGES = 10
 SUSPECT_TRIES = 3
 # How often a consumer removes the group's consumers of processes that stopped.
 PRUNE_CONSUMERS_EVERY_SEC = 60.0
+# Held entries renewed per call of Broker.renew (which sends them BATCH at a time): the ids'
+# strings exist a chunk at a time.
+RENEW_CHUNK = 5_000
 # Entries remembered as held by unregistered names (see judge_takeover); forgotten past this.
 UNREGISTERED_SEEN_MAX = 100_000
 # The owner record assumed for everyone when no registry is given: counts believed.
@@ -648,7 +652,7 @@ class StreamConsumer:
         triggerer renews from a thread with its own connections, which no other work can hold
         up)."""
         with self._lock:
-            held = self._held.ids()
+            held = self._held.copy()
             queued = [
                 p.id
                 for p in (*self._replay_ready, *self._replay_suspects)
@@ -660,16 +664,25 @@ class StreamConsumer:
         survivors = [
             i for i in self.quarantine.due(self.stream, self.heartbeat_sec) if i in self._held
         ]
-        status = (via or self.broker).renew(
-            self.stream,
-            self.group,
-            self.name,
-            [*held, *queued],
-            survivors=survivors,
-            suspect=self.quarantine.running(self.stream),
-            lease_ms=self.lease.takeover_after_ms,
-        )
-        waiting = {i: status.pop(i) for i in queued}
+        # A chunk at a time, keeping only what is not ours any more: the ids' strings and
+        # their statuses for every held entry at once were a transient ~90 bytes per entry
+        # held, a hundred thousand of them a triggerer's (broker rule 41).
+        status: dict[str, LeaseStatus] = {}
+        suspect = self.quarantine.running(self.stream)
+        for n, ids in enumerate(itertools.chain(held.chunks(RENEW_CHUNK), [queued])):
+            if not ids:
+                continue
+            part = (via or self.broker).renew(
+                self.stream,
+                self.group,
+                self.name,
+                ids,
+                survivors=survivors if n == 0 else (),
+                suspect=suspect,
+                lease_ms=self.lease.takeover_after_ms,
+            )
+            status.update((i, s) for i, s in part.items() if s is not LeaseStatus.OWNED)
+        waiting = {i: status.pop(i, LeaseStatus.OWNED) for i in queued}
         if gone := {i for i, state in waiting.items() if state is not LeaseStatus.OWNED}:
             with self._lock:
                 self._replay_ready = [p for p in self._replay_ready if p.id not in gone]
@@ -694,9 +707,10 @@ class StreamConsumer:
         lost = [Lost(self.stream, i, s) for i, s in status.items() if s is not LeaseStatus.OWNED]
         self._drop([item.entry_id for item in lost])
         self.quarantine.forget(
-            self.stream, {i for i in survivors if status.get(i) is LeaseStatus.OWNED}
+            self.stream,
+            {i for i in survivors if status.get(i, LeaseStatus.OWNED) is LeaseStatus.OWNED},
         )
-        metrics.LEASE_RENEWALS.labels(self.stream).inc(len(status) - len(lost))
+        metrics.LEASE_RENEWALS.labels(self.stream).inc(len(held) - len(lost))
         return lost
 
     def _take_back(self, taken: Sequence[str]) -> list[str]:

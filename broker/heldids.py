@@ -57,8 +57,24 @@ class HeldIds:
 
     def ids(self) -> list[str]:
         """The ids (new strings), in id order, then any kept as they are."""
+        return [entry_id for chunk in self.chunks(len(self) or 1) for entry_id in chunk]
+
+    def chunks(self, size: int) -> Iterator[list[str]]:
+        """The ids as :meth:`ids` lists them, ``size`` at a time: only a chunk's strings exist
+        at once."""
         mask = (1 << _SEQ_BITS) - 1
-        return [f"{key >> _SEQ_BITS}-{key & mask}" for key in self._keys] + list(self._others)
+        for start in range(0, len(self._keys), size):
+            keys = self._keys[start : start + size]
+            yield [f"{key >> _SEQ_BITS}-{key & mask}" for key in keys]
+        if self._others:
+            yield list(self._others)
+
+    def copy(self) -> HeldIds:
+        """A snapshot (the packed array copied at once, no string built)."""
+        copied = HeldIds()
+        copied._keys = array("q", self._keys)
+        copied._others = set(self._others)
+        return copied
 
     def add(self, entry_id: str) -> None:
         key = _packed(entry_id)

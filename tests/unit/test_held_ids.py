@@ -19,3 +19,13 @@ def test_held_ids_behave_as_a_set_of_the_ids_added() -> None:
     for entry_id in [*ids, "3-3"]:
         held.discard(entry_id)
     assert sorted(held) == ["1765108800122-5", "1765108800124-0"]
+
+
+def test_held_ids_come_a_chunk_at_a_time_and_a_copy_is_a_snapshot() -> None:
+    ids = [f"1765108800123-{seq}" for seq in range(7)] + ["x"]
+    held = HeldIds(ids)
+    copied = held.copy()
+    held.discard(ids[0])
+    assert [len(chunk) for chunk in copied.chunks(3)] == [3, 3, 1, 1]
+    assert [i for chunk in copied.chunks(3) for i in chunk] == ids == copied.ids()
+    assert ids[0] not in held and len(copied) == 8
