@@ -24,6 +24,7 @@ deadlocks) back off and retry; nothing is dead-lettered or failed for them.
 from __future__ import annotations
 
 import functools
+import itertools
 import logging
 import threading
 import time
@@ -45,6 +46,7 @@ from broker.deliveries import (
     prunable,
     sort_out,
 )
+from broker.heldids import HeldIds
 from broker.lease import Lease
 from broker.replies import Entry, Pending
 from broker.streams import MAX_DEAD_ERROR, one_line
@@ -61,6 +63,9 @@ TAKEOVER_PAGES = 10
 SUSPECT_TRIES = 3
 # How often a consumer removes the group's consumers of processes that stopped.
 PRUNE_CONSUMERS_EVERY_SEC = 60.0
+# Held entries renewed per call of Broker.renew (which sends them BATCH at a time): the ids'
+# strings exist a chunk at a time.
+RENEW_CHUNK = 5_000
 # Entries remembered as held by unregistered names (see judge_takeover); forgotten past this.
 UNREGISTERED_SEEN_MAX = 100_000
 # The owner record assumed for everyone when no registry is given: counts believed.
@@ -190,7 +195,7 @@ class StreamConsumer:
         # Whether every entry handed to the service starts running at once (worker, scheduler);
         # the triggerer says which it starts (:meth:`starting`): a timer runs no code of its own.
         self.starts_on_admit = starts_on_admit
-        self._held: dict[str, float] = {}  # entry id -> monotonic time it was delivered
+        self._held = HeldIds()  # the ids of the entries held
         self._looked_back = False
         self._previous: OwnerRecord | None = None  # this name's row before this process
         self._replaying = True
@@ -238,7 +243,7 @@ class StreamConsumer:
     def _drop(self, ids: Sequence[str]) -> None:
         with self._lock:
             for entry_id in ids:
-                self._held.pop(entry_id, None)
+                self._held.discard(entry_id)
         self.quarantine.forget(self.stream, set(ids))
 
     def _owner_records(self, names: Collection[str]) -> Mapping[str, OwnerRecord]:
@@ -251,7 +256,6 @@ class StreamConsumer:
         entry over the size limits is dead-lettered unread, and one deleted while pending (no
         fields) acknowledged: neither reaches the service. With ``starts_on_admit`` the start
         evidence of the others is written before they are handed over."""
-        now = time.monotonic()
         admitted: list[Delivery] = []
         oversized: list[tuple[Delivery, str]] = []
         gone: list[Entry] = []
@@ -261,7 +265,7 @@ class StreamConsumer:
                 gone.append(entry)
                 continue
             with self._lock:
-                self._held[entry.id] = now
+                self._held.add(entry.id)
             reason = over_limits(entry.fields)
             if reason is not None:
                 oversized.append((delivery, reason))
@@ -648,24 +652,37 @@ class StreamConsumer:
         triggerer renews from a thread with its own connections, which no other work can hold
         up)."""
         with self._lock:
-            held = dict(self._held)
+            held = self._held.copy()
             queued = [
-                p.id for p in (*self._replay_ready, *self._replay_suspects) if p.id not in held
+                p.id
+                for p in (*self._replay_ready, *self._replay_suspects)
+                if p.id not in self._held
             ]
         self._prune_now_and_then()
         if not held and not queued:
             return []
-        survivors = [i for i in self.quarantine.due(self.stream, self.heartbeat_sec) if i in held]
-        status = (via or self.broker).renew(
-            self.stream,
-            self.group,
-            self.name,
-            [*held, *queued],
-            survivors=survivors,
-            suspect=self.quarantine.running(self.stream),
-            lease_ms=self.lease.takeover_after_ms,
-        )
-        waiting = {i: status.pop(i) for i in queued}
+        survivors = [
+            i for i in self.quarantine.due(self.stream, self.heartbeat_sec) if i in self._held
+        ]
+        # A chunk at a time, keeping only what is not ours any more: the ids' strings and
+        # their statuses for every held entry at once were a transient ~90 bytes per entry
+        # held, a hundred thousand of them a triggerer's (broker rule 41).
+        status: dict[str, LeaseStatus] = {}
+        suspect = self.quarantine.running(self.stream)
+        for n, ids in enumerate(itertools.chain(held.chunks(RENEW_CHUNK), [queued])):
+            if not ids:
+                continue
+            part = (via or self.broker).renew(
+                self.stream,
+                self.group,
+                self.name,
+                ids,
+                survivors=survivors if n == 0 else (),
+                suspect=suspect,
+                lease_ms=self.lease.takeover_after_ms,
+            )
+            status.update((i, s) for i, s in part.items() if s is not LeaseStatus.OWNED)
+        waiting = {i: status.pop(i, LeaseStatus.OWNED) for i in queued}
         if gone := {i for i, state in waiting.items() if state is not LeaseStatus.OWNED}:
             with self._lock:
                 self._replay_ready = [p for p in self._replay_ready if p.id not in gone]
@@ -690,9 +707,10 @@ class StreamConsumer:
         lost = [Lost(self.stream, i, s) for i, s in status.items() if s is not LeaseStatus.OWNED]
         self._drop([item.entry_id for item in lost])
         self.quarantine.forget(
-            self.stream, {i for i in survivors if status.get(i) is LeaseStatus.OWNED}
+            self.stream,
+            {i for i in survivors if status.get(i, LeaseStatus.OWNED) is LeaseStatus.OWNED},
         )
-        metrics.LEASE_RENEWALS.labels(self.stream).inc(len(status) - len(lost))
+        metrics.LEASE_RENEWALS.labels(self.stream).inc(len(held) - len(lost))
         return lost
 
     def _take_back(self, taken: Sequence[str]) -> list[str]:

@@ -21,6 +21,7 @@ from triggerer import decide
 from triggerer.decode import Decoded
 from triggerer.events import Outcome, event_outcome, first_event, masked, raised_outcome
 from triggerer.held import Held, RunningTrigger
+from triggerer.holding import HeldTriggers
 from triggerer.publisher import Publisher
 from triggerer.tasklog import current_ids
 
@@ -33,7 +34,7 @@ class Runner:
         *,
         name: str,
         cipher: Cipher,
-        held: dict[int, Held],
+        held: HeldTriggers,
         trigger_tasks: dict[asyncio.Task[Any], RunningTrigger],
         publisher: Publisher,
         release: Callable[[int, Held], None],

@@ -48,6 +48,7 @@ from deferral.store.queues import recorded
 from deferral.store.tables import Triggerer
 from triggerer import decide
 from triggerer.held import Held, RunningTrigger, in_thread
+from triggerer.holding import HeldTriggers
 from triggerer.leases import LeaseKeeper
 from triggerer.logstore import TaskLogStore
 from triggerer.publisher import Publisher
@@ -107,9 +108,9 @@ class TriggererService:
                 "load": len(self.held),
             },
         )
-        self.held: dict[int, Held] = {}
+        self.held = HeldTriggers()
         self.slot_freed = anyio.Event()
-        self.timers = Timers()
+        self.timers = Timers(self.held)
         self.stopping = threading.Event()  # for waits in threads (servers down at start)
         self.task_logs = TaskLogStore(self.sessions, name, settings.task_log_max_bytes)
         # The tasks running triggers' run(), for the watchdog thread to name a stall's culprit.
@@ -182,9 +183,8 @@ class TriggererService:
                 tasks.start_soon(watchdog.run)
                 await self._consume(tasks)
         finally:
-            for trigger_id, held in list(self.held.items()):
-                if held.scope is None:  # task triggers say so themselves as they stop
-                    log_cancelled(trigger_id, held)
+            for held in self.held.timers():  # task triggers say so themselves as they stop
+                log_cancelled(held.trigger_id, held)
             with anyio.CancelScope(shield=True):
                 # Before the hand-off: a renewal after it would make the entries look fresh.
                 await anyio.to_thread.run_sync(self.leases.close)
@@ -430,7 +430,7 @@ class TriggererService:
         running until the reconciler republishes its entry (which then replaces the lost one)
         -- unless a newer entry for it already exists, held elsewhere."""
         status = {item.key: item.status for item in lost}
-        affected = {tid: h for tid, h in self.held.items() if h.key in status}
+        affected = self.held.keyed(status)
         for trigger_id, held in affected.items():
             if status[held.key] is LeaseStatus.TAKEN:
                 self.runner.cancel(trigger_id, held, "reassigned")
@@ -455,9 +455,8 @@ class TriggererService:
             return
         # Two lists of ints, not a tuple per trigger: a hundred thousand new tuples living
         # across the await would be promoted and set off a full garbage collection each beat,
-        # which held the event loop (triggerer_density.py's lag).
-        trigger_ids = list(self.held)
-        ti_ids = [h.task_instance_id for h in self.held.values()]
+        # which held the event loop (triggerer_density.py's lag). Dozing timers stay dozing.
+        trigger_ids, ti_ids = self.held.task_instances()
         unwanted_now = await anyio.to_thread.run_sync(unwanted, self.sessions, trigger_ids, ti_ids)
         for trigger_id, reason in unwanted_now.items():
             item = self.held.get(trigger_id)

@@ -27,6 +27,7 @@ from deferral.runtime.outages import OUTAGE
 from triggerer.decode import Decoded, RejectedEntry, instantiate, open_spec
 from triggerer.events import failure_message
 from triggerer.held import Held, in_thread
+from triggerer.holding import HeldTriggers
 from triggerer.logstore import TaskLogStore
 from triggerer.publisher import Publisher
 from triggerer.timers import Timers
@@ -70,7 +71,7 @@ class Starter:
         broker: Broker,
         consumer: ConsumerSet,
         trigger_modules: Sequence[str],
-        held: dict[int, Held],
+        held: HeldTriggers,
         timers: Timers,
         publisher: Publisher,
         task_logs: TaskLogStore,

@@ -17,6 +17,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from broker.client import Broker, LeaseStatus
 from broker.consumer import StreamConsumer
 from broker.owners import PostgresOwners
+from broker.replies import Entry
 from deferral.runtime.crypto import Cipher
 from deferral.store.tables import Triggerer
 from tests.helpers import wait_for
@@ -519,3 +520,25 @@ def test_an_entry_taken_over_is_reported_lost_while_its_holders_row_cannot_be_re
         (entry_id, LeaseStatus.TAKEN)
     ]
     assert not consumer.holds(entry_id)
+
+
+def test_a_renewal_in_chunks_finds_what_is_lost_in_any_chunk_and_renews_the_rest(
+    broker: Broker,
+    cipher: Cipher,
+    sessions: sessionmaker[Session],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Held ids are renewed a chunk at a time (broker rule 41), only what is no longer ours
+    kept: an entry gone in the last chunk is lost, the others are renewed (idle reset)."""
+    monkeypatch.setattr("broker.consumer.RENEW_CHUNK", 2)
+    _row(sessions, "t1", state="running", age_sec=0)
+    consumer = _consumer(broker, cipher, sessions, "t1", starts_on_admit=False)
+    ids = _publish(broker, 5)
+    assert [d.entry.id for d in consumer.poll(5)] == ids
+    broker.retire(GROUP, [Entry(broker.keys.triggers, ids[4], {})])  # by a peer, say
+    time.sleep(0.05)  # idle to reset: the renewal must not leave the held ones idle
+    lost = consumer.renew()
+    assert [(item.entry_id, item.status) for item in lost] == [(ids[4], LeaseStatus.GONE)]
+    assert consumer.held == 4 and all(consumer.holds(i) for i in ids[:4])
+    renewed = broker.own_pending(broker.keys.triggers, GROUP, "t1")
+    assert sorted(p.id for p in renewed if p.idle_ms < 50) == ids[:4]

@@ -253,3 +253,30 @@ def test_an_entry_lost_in_one_shard_stream_stops_no_trigger_of_another_with_the_
     anyio.run(service._lost, [Lost(here.entry.stream, "5-0", LeaseStatus.GONE)])
     assert here.cancelled and here.cancel_reason == "reassigned"
     assert not there.cancelled and service.held[8] is there
+
+
+def test_far_timers_doze_and_only_the_one_whose_entry_was_taken_wakes_to_stop(
+    settings: Settings, broker: Broker, cipher: Cipher, sessions: sessionmaker[Session]
+) -> None:
+    """Far timers doze in columns (triggerer rule 35), not as a ``Held`` each. The "still
+    wanted?" check wakes none of them; one whose entry a peer took over wakes and is cancelled
+    (reassigned), and the others doze on, still held and renewed."""
+    stream = broker.keys.triggers
+    service = _reading_service(settings, broker)
+    messages = _timer_messages(sessions, cipher, 3)
+    ids = [broker.publish(stream, message) for message in messages]
+    trigger_ids = [int(message.trigger_id) for message in messages]
+
+    async def read() -> None:
+        async with anyio.create_task_group() as tasks:
+            await service.starter.start_all(tasks, service.consumer.poll(3))
+            tasks.cancel_scope.cancel()
+
+    anyio.run(read)
+    assert sorted(service.held) == sorted(trigger_ids) and not service.held.live
+    anyio.run(service._drop_unwanted)
+    assert not service.held.live and len(service.held.far) == 3
+    anyio.run(service._lost, [Lost(stream, ids[0], LeaseStatus.TAKEN)])
+    assert trigger_ids[0] not in service.held and not service.held.live
+    assert sorted(service.held) == sorted(trigger_ids[1:]) and len(service.held.far) == 2
+    assert service.consumer.renew() == []  # the dozing ones' entries are renewed here
