@@ -317,11 +317,13 @@ _RESUME_SQL = text(
 )
 
 
-def resume_many(session: Session, events: Sequence[FiredEvent], cipher: Cipher) -> list[Resumed]:
+def resume_many(
+    session: Session, events: Sequence[FiredEvent], cipher: Cipher, *, shared_locked: bool = False
+) -> list[Resumed]:
     """deferred -> scheduled for the tasks waiting on the events' triggers, at most once per
     dedup key, in one statement whatever the batch size once the shared triggers are locked
-    (the tasks of failed triggers take a second, and each task end its own). Returns what
-    each event did:
+    (``shared_locked``: by an earlier statement of the transaction; the tasks of failed triggers
+    take a second, and each task end its own). Returns what each event did:
     applied, duplicate (key seen before) or stale (its task was cleared, timed out, or resumed
     by an earlier event)."""
     if not events:
@@ -333,7 +335,8 @@ def resume_many(session: Session, events: Sequence[FiredEvent], cipher: Cipher) 
     keys = list(first)
     trigger_ids = [events[first[k]].trigger_id for k in keys]
     sealed = [_sealed_event(events[first[k]], cipher) for k in keys]
-    shared.lock_shared(session, trigger_ids)
+    if not shared_locked:
+        shared.lock_shared(session, trigger_ids)
     # Every task waiting on an applied event's trigger (several for a shared one), by key.
     claimed: dict[str, list[Any]] = {}
     params = {
