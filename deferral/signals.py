@@ -78,14 +78,19 @@ _ANSWERABLE = ("running", "deferred")
 # now(), which is stable within the statement, so the index on sent_at serves it (a volatile
 # clock_timestamp() would make it a scan of the whole table on every send).
 PRUNE_PER_SEND = 100
+# Rows a sender's count is kept in: a send adds to the one of its connection's server process,
+# so concurrent sends of one sender rarely wait on each other's row.
+COUNT_STRIPES = 16
 
 # Signals (keys distinct, each sender's at most its ``kept``) recorded in one statement, and
 # each one's waiters; the shared triggers among those locked (``transitions.lock_shared``, done
 # here: the resume that follows reads their waiters in a later statement). A sender's (web
-# user's) signals beyond the newest ``kept`` - (its signals here) go; the statement's snapshot
-# does not see the rows it inserts. No sender (NULL): nothing matches. Concurrent sends find the
-# same old rows to delete: each deletes those it can lock at once and leaves the others to the
-# send holding them (waiting, two sends deleting several rows each deadlocked).
+# user's) oldest signals beyond ``kept`` go, found from its count (``signal_count``, the sum of
+# its stripes) without walking the signals it keeps; the count changes by what was inserted and
+# deleted. The statement's snapshot does not see the rows it inserts. No sender (NULL): no
+# count, nothing matches. Concurrent sends find the same old rows to delete: each takes the
+# oldest it can lock at once and leaves the others to the send holding them (waiting, two sends
+# deleting several rows each deadlocked).
 _SEND_SQL = text(
     """
     WITH given AS (
@@ -101,18 +106,30 @@ _SEND_SQL = text(
             SELECT id FROM signal WHERE sent_at < now() - :retention
             ORDER BY sent_at LIMIT :prune FOR UPDATE SKIP LOCKED
         )
+        RETURNING sent_by
+    ), senders AS (
+        SELECT g.sent_by, min(g.kept) AS kept, count(*) AS new,
+               (SELECT coalesce(sum(c.stored), 0) FROM signal_count AS c
+                WHERE c.sent_by = g.sent_by) AS stored
+        FROM given AS g WHERE g.sent_by IS NOT NULL GROUP BY g.sent_by
     ), over_quota AS (
         DELETE FROM signal WHERE id = ANY(ARRAY(
-            SELECT id FROM signal WHERE id = ANY(ARRAY(
-                SELECT old.id FROM (
-                    SELECT sent_by, min(kept) AS kept, count(*) AS new FROM given
-                    WHERE sent_by IS NOT NULL GROUP BY sent_by
-                ) AS q CROSS JOIN LATERAL (
-                    SELECT id FROM signal WHERE sent_by = q.sent_by AND sent_by IS NOT NULL
-                    ORDER BY id DESC OFFSET greatest(q.kept - q.new, 0)
-                ) AS old
-            )) FOR UPDATE SKIP LOCKED
+            SELECT old.id FROM senders AS q CROSS JOIN LATERAL (
+                SELECT id FROM signal WHERE sent_by = q.sent_by AND sent_by IS NOT NULL
+                ORDER BY id LIMIT greatest(q.stored + q.new - q.kept, 0)
+                FOR UPDATE SKIP LOCKED
+            ) AS old
         ))
+        RETURNING sent_by
+    ), counted AS (
+        INSERT INTO signal_count (sent_by, stripe, stored)
+        SELECT sent_by, pg_backend_pid() % :stripes, sum(change) FROM (
+            SELECT sent_by, new AS change FROM senders
+            UNION ALL SELECT sent_by, -1 FROM over_quota
+            UNION ALL SELECT sent_by, -1 FROM pruned WHERE sent_by IS NOT NULL
+        ) AS c
+        GROUP BY sent_by ORDER BY sent_by
+        ON CONFLICT (sent_by, stripe) DO UPDATE SET stored = signal_count.stored + EXCLUDED.stored
     ), shared AS (
         SELECT t.id FROM trigger AS t
         WHERE t.share_key IS NOT NULL AND t.id = ANY(ARRAY(
@@ -337,6 +354,7 @@ def _send_params(chunk: Sequence[Outgoing]) -> dict[str, Any]:
         "retention": SIGNAL_RETENTION,
         "prune": PRUNE_PER_SEND * len(chunk),
         "all_of": ALL_OF,
+        "stripes": COUNT_STRIPES,
     }
 
 
