@@ -1,7 +1,7 @@
 """Group commit of the signals sent through the API: the sends that arrive while others are
 being written go together, in one transaction, one commit and one wake of the schedulers.
 
-A few threads (BATCH_THREADS) each take what is queued (at most BATCH_MOST sends) and write it.
+A thread (BATCH_THREADS) takes what is queued (at most BATCH_MOST sends) and writes it.
 One statement (``tokens.checked_and_locking``) checks the tokens' rows (a token revoked since
 its request was verified is refused, in every replica, from the revocation's commit on) and
 takes every key's lock at once, in lock-id order (two batches never wait on each other in a
@@ -39,8 +39,12 @@ from webserver import tokens
 
 log = logging.getLogger("deferral.webserver")
 
-# Threads writing batches: while one waits for its commit, another writes the next batch.
-BATCH_THREADS = 2
+# Threads writing batches. One: what comes while it writes a batch waits for the next, so the
+# batches are larger and a signal pays less of a transaction (a second thread overlapped the
+# commits but halved the batches: more CPU per signal on both sides, fewer signals a second on
+# a loaded machine; benchmarks/README.md). A batch that waits for a key's lock holds up the
+# sends behind it for that long (a deferral's transaction on that key).
+BATCH_THREADS = 1
 # Sends written in one transaction at most.
 BATCH_MOST = 64
 
