@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import contextlib
 import datetime as dt
 import http.client
 import json
@@ -208,7 +209,11 @@ def postgres_cpu(url: str) -> dict[int, float]:
             text("SELECT pid FROM pg_stat_activity WHERE datname = current_database()")
         ).all()
     engine.dispose()
-    return {pid: cpu_seconds(pid) for pid in pids}
+    found = {}
+    for pid in pids:
+        with contextlib.suppress(FileNotFoundError):  # a backend that ended since
+            found[pid] = cpu_seconds(pid)
+    return found
 
 
 def commits(url: str) -> int:

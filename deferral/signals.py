@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import ColumnElement, ColumnExpressionArgument, select, text
+from sqlalchemy import ColumnElement, ColumnExpressionArgument, TextClause, select, text
 from sqlalchemy.orm import Session
 
 from deferral.runtime import serialization, storable
@@ -35,6 +35,7 @@ from deferral.store.seam import (
     idempotency,
     metastore,
     parse_token,
+    pipelined,
     record_request,
     transitions,
     waits,
@@ -77,39 +78,77 @@ _ANSWERABLE = ("running", "deferred")
 # now(), which is stable within the statement, so the index on sent_at serves it (a volatile
 # clock_timestamp() would make it a scan of the whole table on every send).
 PRUNE_PER_SEND = 100
+# Rows a sender's count is kept in: a send adds to the one of its connection's server process,
+# so concurrent sends of one sender rarely wait on each other's row.
+COUNT_STRIPES = 16
 
-# A sender's (web user's) signals beyond the newest ``kept`` - 1 go as it sends one more; the
-# statement's snapshot does not see the row it inserts. No sender (NULL): nothing matches.
-# Concurrent sends find the same old rows to delete: each deletes those it can lock at once and
-# leaves the others to the send holding them (waiting, two sends deleting several rows each
-# deadlocked).
+# Signals (keys distinct, each sender's at most its ``kept``) recorded in one statement, and
+# each one's waiters; the shared triggers among those locked (``transitions.lock_shared``, done
+# here: the resume that follows reads their waiters in a later statement). A sender's (web
+# user's) oldest signals beyond ``kept`` go, found from its count (``signal_count``, the sum of
+# its stripes) without walking the signals it keeps; the count changes by what was inserted and
+# deleted. The statement's snapshot does not see the rows it inserts. No sender (NULL): no
+# count, nothing matches. Concurrent sends find the same old rows to delete: each takes the
+# oldest it can lock at once and leaves the others to the send holding them (waiting, two sends
+# deleting several rows each deadlocked).
 _SEND_SQL = text(
     """
-    WITH sent AS (
-        INSERT INTO signal (key, payload, sent_by) VALUES (:key, :payload, :sent_by) RETURNING id
+    WITH given AS (
+        SELECT * FROM unnest(
+            CAST(:keys AS text[]), CAST(:payloads AS text[]), CAST(:senders AS text[]),
+            CAST(:kept AS int[]), CAST(:docs AS text[])
+        ) AS g (key, payload, sent_by, kept, doc)
+    ), sent AS (
+        INSERT INTO signal (key, payload, sent_by) SELECT key, payload, sent_by FROM given
+        RETURNING id, key
     ), pruned AS (
         DELETE FROM signal WHERE id IN (
             SELECT id FROM signal WHERE sent_at < now() - :retention
             ORDER BY sent_at LIMIT :prune FOR UPDATE SKIP LOCKED
         )
+        RETURNING sent_by
+    ), senders AS (
+        SELECT g.sent_by, min(g.kept) AS kept, count(*) AS new,
+               (SELECT coalesce(sum(c.stored), 0) FROM signal_count AS c
+                WHERE c.sent_by = g.sent_by) AS stored
+        FROM given AS g WHERE g.sent_by IS NOT NULL GROUP BY g.sent_by
     ), over_quota AS (
-        DELETE FROM signal WHERE id IN (
-            SELECT id FROM signal WHERE id IN (
-                SELECT id FROM signal WHERE sent_by = :sent_by
-                ORDER BY id DESC OFFSET :kept - 1
-            ) FOR UPDATE SKIP LOCKED
-        )
+        DELETE FROM signal WHERE id = ANY(ARRAY(
+            SELECT old.id FROM senders AS q CROSS JOIN LATERAL (
+                SELECT id FROM signal WHERE sent_by = q.sent_by AND sent_by IS NOT NULL
+                ORDER BY id LIMIT greatest(q.stored + q.new - q.kept, 0)
+                FOR UPDATE SKIP LOCKED
+            ) AS old
+        ))
+        RETURNING sent_by
+    ), counted AS (
+        INSERT INTO signal_count (sent_by, stripe, stored)
+        SELECT sent_by, pg_backend_pid() % :stripes, sum(change) FROM (
+            SELECT sent_by, new AS change FROM senders
+            UNION ALL SELECT sent_by, -1 FROM over_quota
+            UNION ALL SELECT sent_by, -1 FROM pruned WHERE sent_by IS NOT NULL
+        ) AS c
+        GROUP BY sent_by ORDER BY sent_by
+        ON CONFLICT (sent_by, stripe) DO UPDATE SET stored = signal_count.stored + EXCLUDED.stored
+    ), shared AS (
+        SELECT t.id FROM trigger AS t
+        WHERE t.share_key IS NOT NULL AND t.id = ANY(ARRAY(
+            SELECT trigger_id FROM signal_wait
+            WHERE key = ANY(CAST(:keys AS text[])) AND fired IS NULL
+        ))
+        ORDER BY t.id FOR UPDATE OF t
     )
-    SELECT sent.id, w.trigger_ids, w.branches, w.cancels, w.all_of
-    FROM sent CROSS JOIN LATERAL (
+    SELECT sent.id, sent.key, w.trigger_ids, w.branches, w.cancels, w.all_of,
+           (SELECT count(*) FROM shared) AS shared_locked
+    FROM sent JOIN given ON given.key = sent.key CROSS JOIN LATERAL (
         SELECT coalesce(array_agg(sw.trigger_id ORDER BY sw.trigger_id, sw.branch), '{}')
                    AS trigger_ids,
                array_agg(sw.branch ORDER BY sw.trigger_id, sw.branch) AS branches,
                array_agg(sw.cancels ORDER BY sw.trigger_id, sw.branch) AS cancels,
                array_agg(t.classpath = :all_of ORDER BY sw.trigger_id, sw.branch) AS all_of
         FROM signal_wait AS sw JOIN trigger AS t ON t.id = sw.trigger_id
-        WHERE sw.key = :key AND sw.fired IS NULL
-            AND (sw.match IS NULL OR CAST(:doc AS jsonb) @@ CAST(sw.match AS jsonpath))
+        WHERE sw.key = sent.key AND sw.fired IS NULL
+            AND (sw.match IS NULL OR CAST(given.doc AS jsonb) @@ CAST(sw.match AS jsonpath))
     ) AS w
     """
 )
@@ -174,9 +213,8 @@ class SentSignal:
 Wait = waits.Wait
 
 
-def seal_payload(cipher: Cipher, payload: Any) -> str:
-    """The payload sealed as a resumed task's event is; SignalError if it is not JSON-able or
-    larger than MAX_PAYLOAD_BYTES."""
+def _checked_json(payload: Any) -> bytes:
+    """The payload's JSON; SignalError if it is not JSON-able or larger than MAX_PAYLOAD_BYTES."""
     try:
         storable.check(payload, "signal payload")
         data = serialization.dumps(payload, "signal payload")
@@ -186,7 +224,13 @@ def seal_payload(cipher: Cipher, payload: Any) -> str:
         raise SignalError(
             f"signal payload is {len(data)} bytes of JSON, more than {MAX_PAYLOAD_BYTES}"
         )
-    return cipher.encrypt(Purpose.SIGNAL_PAYLOAD, data)
+    return data
+
+
+def seal_payload(cipher: Cipher, payload: Any) -> str:
+    """The payload sealed as a resumed task's event is; SignalError if it is not JSON-able or
+    larger than MAX_PAYLOAD_BYTES."""
+    return cipher.encrypt(Purpose.SIGNAL_PAYLOAD, _checked_json(payload))
 
 
 @dataclass(frozen=True)
@@ -247,36 +291,153 @@ def _apply(
     return waits.apply(session, cipher, pairs, f"signal {signal_id} on {key}")
 
 
-def _record(
+@dataclass(frozen=True)
+class Outgoing:
+    """A signal checked and sealed, ready to record: ``doc``, its payload's JSON, is what
+    filters match (None: only unfiltered waits)."""
+
+    key: str
+    sealed: str
+    doc: str | None = None
+    sender: Sender | None = None
+
+
+def outgoing(cipher: Cipher, key: str, payload: Any, sender: Sender | None = None) -> Outgoing:
+    """``payload`` to ``key`` from ``sender``, checked and sealed (SignalError if the key or the
+    payload is not one to send)."""
+    data = _checked_json(payload)
+    return Outgoing(
+        check_signal_key(key), cipher.encrypt(Purpose.SIGNAL_PAYLOAD, data), data.decode(), sender
+    )
+
+
+@dataclass(frozen=True)
+class Prelude:
+    """A statement sent with the first statement that records signals, ahead of it (one round
+    trip: ``pipelined``): one that takes their keys' locks. ``check`` reads its rows before
+    anything is made of the signals' and may raise, for the caller to roll back."""
+
+    statement: TextClause
+    params: Mapping[str, Any]
+    check: Callable[[Sequence[Any]], None] = lambda rows: None
+
+
+def _chunks(outgoing: Sequence[Outgoing]) -> list[list[int]]:
+    """The signals (their indexes) in statements, in order: a key at most once in each (a
+    later signal on it finds its waiters as the earlier left them) and a sender's signals at
+    most its ``kept`` (those beyond would be deleted before they are inserted)."""
+    chunks: list[list[int]] = []
+    keys: set[str] = set()
+    by_sender: dict[str, int] = {}
+    for n, signal in enumerate(outgoing):
+        name = None if signal.sender is None else signal.sender.name
+        full = (
+            signal.sender is not None and by_sender.get(signal.sender.name, 0) >= signal.sender.kept
+        )
+        if not chunks or signal.key in keys or full:
+            chunks.append([])
+            keys, by_sender = set(), {}
+        chunks[-1].append(n)
+        keys.add(signal.key)
+        if name is not None:
+            by_sender[name] = by_sender.get(name, 0) + 1
+    return chunks
+
+
+def _send_params(chunk: Sequence[Outgoing]) -> dict[str, Any]:
+    return {
+        "keys": [o.key for o in chunk],
+        "payloads": [o.sealed for o in chunk],
+        "senders": [None if o.sender is None else o.sender.name for o in chunk],
+        "kept": [1 if o.sender is None else o.sender.kept for o in chunk],
+        "docs": [o.doc for o in chunk],
+        "retention": SIGNAL_RETENTION,
+        "prune": PRUNE_PER_SEND * len(chunk),
+        "all_of": ALL_OF,
+        "stripes": COUNT_STRIPES,
+    }
+
+
+# The order in which a signal's moves are listed: resumed, then all-of branches, then cancels.
+def _phase(hit: waits.Hit) -> int:
+    return 2 if hit.cancels is not None else int(hit.all_of and bool(hit.branch))
+
+
+def _recorded(
+    session: Session, cipher: Cipher, chunk: Sequence[Outgoing], rows: Sequence[Any]
+) -> list[SentSignal]:
+    """Resume (or cancel) what the chunk's signals (their rows of _SEND_SQL) matched, in one
+    resume for them all."""
+    by_key = {row.key: row for row in rows}
+    fired: list[tuple[waits.Hit, transitions.FiredEvent, str]] = []
+    owners: list[int] = []
+    for n, signal in enumerate(chunk):
+        row = by_key[signal.key]
+        hits = [
+            waits.Hit(trigger_id, branch, cancels, bool(all_of))
+            for trigger_id, branch, cancels, all_of in zip(
+                row.trigger_ids,
+                row.branches or (),
+                row.cancels or (),
+                row.all_of or (),
+                strict=True,
+            )
+        ]
+        if not hits:
+            continue
+        event = _fired(cipher, signal.key, signal.sealed)
+        for hit in sorted(hits, key=_phase):
+            fired.append(
+                (
+                    hit,
+                    _signal_event(row.id, hit.trigger_id, signal.key, event),
+                    f"signal {row.id} on {signal.key}",
+                )
+            )
+            owners.append(n)
+    moved: list[list[int]] = [[] for _ in chunk]
+    for n, ids in zip(
+        owners, waits.apply_each(session, cipher, fired, shared_locked=True), strict=True
+    ):
+        moved[n] += ids
+    return [
+        SentSignal(by_key[s.key].id, s.key, tuple(m)) for s, m in zip(chunk, moved, strict=True)
+    ]
+
+
+def send_many_in(
     session: Session,
     cipher: Cipher,
-    key: str,
-    sealed: str,
-    sender: Sender | None = None,
-    doc: bytes | None = None,
-) -> SentSignal:
-    """Record a signal on ``key`` (whose lock is held) and resume every task waiting on it
-    whose filter its payload's JSON ``doc`` matches (None: only unfiltered waits)."""
-    row = session.execute(
-        _SEND_SQL,
-        {
-            "key": key,
-            "payload": sealed,
-            "retention": SIGNAL_RETENTION,
-            "prune": PRUNE_PER_SEND,
-            "sent_by": None if sender is None else sender.name,
-            "kept": 1 if sender is None else sender.kept,
-            "doc": None if doc is None else doc.decode(),
-            "all_of": ALL_OF,
-        },
-    ).one()
-    hits = [
-        waits.Hit(trigger_id, branch, cancels, bool(all_of))
-        for trigger_id, branch, cancels, all_of in zip(
-            row.trigger_ids, row.branches or (), row.cancels or (), row.all_of or (), strict=True
-        )
-    ]
-    return SentSignal(row.id, key, _apply(session, cipher, row.id, key, sealed, hits))
+    outgoing: Sequence[Outgoing],
+    prelude: Prelude | None = None,
+) -> list[SentSignal]:
+    """Record the signals, in order, and resume every task waiting on each, in ``session``'s
+    transaction; their keys' locks are held, or taken by ``prelude``, run first (alone if no
+    signal is given). A statement records many signals (``_chunks``), one resume follows it."""
+    sent: list[SentSignal | None] = [None] * len(outgoing)
+    chunks = _chunks(outgoing)
+    if prelude is not None:
+        first = chunks[0] if chunks else []
+        statements = [(prelude.statement, prelude.params)]
+        if first:
+            statements.append((_SEND_SQL, _send_params([outgoing[n] for n in first])))
+        results = pipelined(session, statements)
+        prelude.check(results[0])
+    for index, chunk_ids in enumerate(chunks):
+        chunk = [outgoing[n] for n in chunk_ids]
+        if index == 0 and prelude is not None:
+            rows: Sequence[Any] = results[1]
+        else:
+            rows = session.execute(_SEND_SQL, _send_params(chunk)).all()
+        for n, signal in zip(chunk_ids, _recorded(session, cipher, chunk, rows), strict=True):
+            sent[n] = signal
+    return [signal for signal in sent if signal is not None]
+
+
+def _record(session: Session, cipher: Cipher, signal: Outgoing, *, lock: bool) -> SentSignal:
+    """Record one signal (taking its key's lock first if ``lock``, in the same round trip)."""
+    prelude = Prelude(waits.LOCK_SQL, {"keys": [signal.key]}) if lock else None
+    return send_many_in(session, cipher, [signal], prelude)[0]
 
 
 def send_in(
@@ -295,8 +456,7 @@ def send_in(
     within the window records nothing and returns the first send's signal, ``replayed``;
     IdempotencyConflict for the key used with another send. ``key_locked``: the transaction
     already holds the key's lock (``waits.lock_keys``, taken for several sends at once)."""
-    check_signal_key(key)
-    sealed = seal_payload(cipher, payload)
+    signal = outgoing(cipher, key, payload, sender)
     made = _idempotent(
         idempotency.SIGNALS if sender is None else f"{idempotency.SIGNALS}/{sender.name}",
         idempotency_key,
@@ -304,9 +464,7 @@ def send_in(
     )
 
     def act() -> dict[str, Any]:
-        if not key_locked:
-            waits.lock_keys(session, [key])
-        return _record(session, cipher, key, sealed, sender, serialization.dumps(payload)).answer()
+        return _record(session, cipher, signal, lock=not key_locked).answer()
 
     return SentSignal.from_outcome(idempotency.once(session, cipher, made, act))
 
@@ -358,7 +516,7 @@ def answer_callback(
                 409,
                 "the task no longer waits for this callback (cleared, finished or retried since)",
             )
-        return _record(session, cipher, claim.key, sealed).answer()
+        return _record(session, cipher, Outgoing(claim.key, sealed), lock=False).answer()
 
     try:
         return SentSignal.from_outcome(idempotency.once(session, cipher, made, act))

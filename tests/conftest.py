@@ -42,7 +42,7 @@ from tests.servers import ADMIN_URL, REDIS_URL, TEST_FAR_TIMER_HORIZON_SEC
 TABLES = (
     "task_state_change, xcom, task_reschedule, resume_event, outbox, dag, import_error, worker, "
     "serialized_dag, dag_folder_parse, "
-    "signal_wait, wait_timer, signal, idempotency_key, "
+    "signal_wait, wait_timer, signal, signal_count, idempotency_key, "
     "task_log, task_log_try, api_token, "
     "rendered_task_instance_fields, variable, connection, "
     "hitl_detail, deadline_miss, "

@@ -276,9 +276,9 @@ class WebUI:
         """An API write: HTTP Basic credentials, or a session cookie with its CSRF token in the
         X-CSRF-Token header, or where ``token_scope`` is given an API token with that scope; a
         JSON body (a form could not send one from another site). ``rechecked``: the write's own
-        transaction finds the token's row still there (``tokens.live_ids``, given the token's
-        id in ``request.scope["token_id"]``), so a token verified before is taken from memory
-        (``Auth.bearer``)."""
+        transaction finds the token's row still there (``tokens.checked_and_locking``, given the
+        token's id in ``request.scope["token_id"]``), so a token verified before is taken from
+        memory (``Auth.bearer``)."""
 
         async def guarded(request: Request) -> Response:
             if request.headers.get("content-type", "").split(";")[0].strip() != "application/json":

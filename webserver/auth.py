@@ -10,7 +10,7 @@ session) and the CSRF token that every form and every API write made with the co
 carry. API clients may instead send HTTP Basic credentials with each request, and machines an
 API token (``webserver.tokens``: ``Authorization: Bearer``), checked by one HMAC against its row,
 read on every request; a signal's token is remembered once verified, and the transaction that
-records the signal finds its row still there (``tokens.live_ids``) instead.
+records the signal finds its row still there (``tokens.checked_and_locking``) instead.
 
 Every password check, login form or Basic credentials, goes through ``Auth.verify``: throttled
 per client and per user name (``webserver.throttle``), at most ARGON2_CONCURRENCY argon2
@@ -285,7 +285,7 @@ class Auth:
     async def bearer(self, request: Request, *, rechecked: bool = False) -> tokens.Bearer | None:
         """The API token the request sends (``has_bearer``), if it is a valid one: its row read
         now, or with ``rechecked`` (the caller's write transaction refuses the token if its
-        row is gone: ``tokens.live_ids``) as verified by an earlier request."""
+        row is gone: ``tokens.checked_and_locking``) as verified by an earlier request."""
         token, cache_key = self._token_cache_key(request)
         if rechecked:
             remembered = self._token_cache.get(cache_key)

@@ -6,16 +6,16 @@ as a keyed hash (an HMAC under ``Purpose.API_TOKEN``, a key derived from the Fer
 checked with one HMAC and a constant-time compare, not with a password hash (argon2 is for what
 people choose). The id finds the row; a key rotation keeps tokens valid while the old key is
 still configured. A request reads the row, or, for a signal (`webserver.signalbatch`), the
-transaction that records it finds the row still there (``live_ids``): either way a revoked
-token (its row deleted; ids are never reused) is refused by the next request, in any webserver
-replica, with no cache to outlive it.
+transaction that records it finds the row still there (``checked_and_locking``): either way a
+revoked token (its row deleted; ids are never reused) is refused by the next request, in any
+webserver replica, with no cache to outlive it.
 """
 
 from __future__ import annotations
 
 import re
 import secrets
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,6 +23,7 @@ from sqlalchemy import Connection, delete, select, text
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session
 
+from deferral import signals
 from deferral.runtime.crypto import Cipher, Purpose
 from deferral.store import waits
 from deferral.store.tables import ApiToken
@@ -125,9 +126,24 @@ class Revoked(Exception):
     """A token verified earlier whose row is gone: revoked since."""
 
 
-def live_ids(session: Session, ids: Iterable[int], locking: Iterable[str]) -> set[int]:
-    """Of the token ids, those whose rows exist (not revoked), as the transaction sees them;
-    in the same statement, the wait locks of the signal keys ``locking`` taken
-    (``waits.lock_keys``: held until the transaction ends)."""
-    row = session.execute(_LIVE_SQL, {"ids": sorted(set(ids)), "keys": sorted(set(locking))}).one()
-    return set(row.live)
+class Gone(Exception):
+    """Tokens (``ids``) of a batch found revoked by its first statement: the batch is rolled
+    back and written again without their sends."""
+
+    def __init__(self, ids: set[int]) -> None:
+        super().__init__(f"tokens {sorted(ids)} revoked")
+        self.ids = ids
+
+
+def checked_and_locking(ids: Iterable[int], locking: Iterable[str]) -> signals.Prelude:
+    """The first statement of a batch of signals: the wait locks of the signal keys
+    ``locking`` taken (``waits.lock_keys``: held until the transaction ends) and the token ids'
+    rows read, as the transaction sees them; Gone for those whose rows are gone (revoked)."""
+    wanted = set(ids)
+
+    def check(rows: Sequence[Any]) -> None:
+        gone = wanted - set(rows[0].live)
+        if gone:
+            raise Gone(gone)
+
+    return signals.Prelude(_LIVE_SQL, {"ids": sorted(wanted), "keys": sorted(set(locking))}, check)

@@ -5,13 +5,16 @@ from __future__ import annotations
 import logging
 import math
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from functools import lru_cache
 from typing import Any
 
 import psycopg
 from psycopg import pq
-from sqlalchemy import Connection, Engine, create_engine, event, text
+from psycopg.rows import namedtuple_row
+from sqlalchemy import Connection, Engine, TextClause, create_engine, event, text
+from sqlalchemy.dialects.postgresql import psycopg as postgresql_psycopg
 from sqlalchemy.engine import URL, ExceptionContext
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
@@ -182,3 +185,37 @@ def wait_until_up(engine: Engine, stop: threading.Event) -> bool:
             log.info("PostgreSQL at %s is up", location(engine))
         return True
     return False
+
+
+_PSYCOPG_DIALECT = postgresql_psycopg.dialect()
+
+
+@lru_cache(maxsize=64)
+def _driver_sql(statement: TextClause) -> str:
+    """A ``text()`` statement as psycopg takes it (``%(name)s`` parameters, ``%`` doubled)."""
+    return str(statement.compile(dialect=_PSYCOPG_DIALECT))
+
+
+def pipelined(
+    session: Session, statements: Sequence[tuple[TextClause, Mapping[str, Any]]]
+) -> list[list[Any]]:
+    """Run ``statements`` in ``session``'s transaction, in order, sent together (libpq's
+    pipeline mode): one round trip for all of them and for the BEGIN that opens the
+    transaction, where each would otherwise wait for the one before. Each still runs on its
+    own snapshot, after the one before has finished (a lock taken by one holds for the next).
+    Returns each one's rows (named tuples). An error leaves the transaction to roll back; a
+    connection lost on the way is dropped from the pool, as SQLAlchemy drops one it sees lost."""
+    connection = session.connection()
+    raw: psycopg.Connection[Any] = connection.connection.driver_connection  # type: ignore[assignment]
+    cursors = []
+    try:
+        with raw.pipeline():
+            for statement, params in statements:
+                cursor = raw.cursor(row_factory=namedtuple_row)
+                cursor.execute(_driver_sql(statement), params)
+                cursors.append(cursor)
+        return [cursor.fetchall() if cursor.description else [] for cursor in cursors]
+    except psycopg.Error:
+        if raw.closed or raw.broken:
+            connection.invalidate()
+        raise

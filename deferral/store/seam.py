@@ -13,7 +13,7 @@ running system goes through here, and nothing else of ``deferral.store`` or
   stores;
 - signals and approvals: their rows, their checks, and the transitions they cause; the waits
   held as rows (composites, filters, cancel-on) that signals resolve; a signal's idempotency
-  key (``idempotency``).
+  key (``idempotency``); several statements sent in one round trip (``pipelined``).
 
 A new need of the SDK is added here, by name, so the seam stays the list of what crosses."""
 
@@ -32,6 +32,7 @@ from deferral.store.callback_tokens import (
     TokenRefused,
     parse_token,
 )
+from deferral.store.db import pipelined
 from deferral.store.hitl import InputRequest, check_request, record_request
 from deferral.store.metastore import metastore
 from deferral.store.state_stores import NEVER_EXPIRE, AssetStateStores, TaskStateStore
@@ -73,6 +74,7 @@ __all__ = [
     "install_task_runtime",
     "metastore",
     "parse_token",
+    "pipelined",
     "record_request",
     "task_runtime",
     "transitions",

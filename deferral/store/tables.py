@@ -16,6 +16,7 @@ from sqlalchemy import (
     Index,
     Integer,
     MetaData,
+    SmallInteger,
     String,
     Text,
     UniqueConstraint,
@@ -640,6 +641,18 @@ class Signal(Base):
     )
     # The web user whose send stored it (NULL: the library or the CLI), for the per-user quota.
     sent_by: Mapped[str | None] = mapped_column(String(64))
+
+
+class SignalCount(Base):
+    """How many signals a sender (``signal.sent_by``) has stored: the sum of its stripes. A
+    send adds to the stripe of its connection (concurrent sends rarely share a row lock) what
+    it inserted less what it deleted, so the quota's excess is found without counting rows."""
+
+    __tablename__ = "signal_count"
+
+    sent_by: Mapped[str] = mapped_column(String(64), primary_key=True)
+    stripe: Mapped[int] = mapped_column(SmallInteger, primary_key=True)
+    stored: Mapped[int] = mapped_column(BigInteger)
 
 
 class SignalWait(Base):

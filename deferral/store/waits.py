@@ -66,7 +66,7 @@ LOCK_KEYS_QUERY = (
     " SELECT DISTINCT hashtextextended('deferral.signal:' || k, 0) AS h"
     " FROM unnest(CAST(:keys AS text[])) AS k) AS ids ORDER BY h"
 )
-_LOCK_SQL = text(LOCK_KEYS_QUERY)
+LOCK_SQL = text(LOCK_KEYS_QUERY)
 
 
 def lock_keys(session: Session, keys: Iterable[str]) -> None:
@@ -75,7 +75,7 @@ def lock_keys(session: Session, keys: Iterable[str]) -> None:
     same key take it, so a wait either sees the write or is seen by it."""
     distinct = list(set(keys))
     if distinct:
-        session.execute(_LOCK_SQL, {"keys": distinct})
+        session.execute(LOCK_SQL, {"keys": distinct})
 
 
 @dataclass(frozen=True)
@@ -195,27 +195,53 @@ def apply(
     cancelled_by: str,
 ) -> tuple[int, ...]:
     """Act on the rows a signal (or callback) matched, each with the event it fires for a plain
-    wait: resume plain waits and any-ofs, record all-of branches (resuming those complete),
-    end the tasks of cancel-ons (reason ``cancelled_by``). Returns the task instances moved."""
+    wait (``apply_each``, cancel-ons ended with reason ``cancelled_by``). Returns the task
+    instances moved."""
+    moved = apply_each(session, cipher, [(hit, event, cancelled_by) for hit, event in fired])
+    return tuple(ti_id for ids in moved for ti_id in ids)
+
+
+def apply_each(
+    session: Session,
+    cipher: Cipher,
+    fired: Sequence[tuple[Hit, transitions.FiredEvent, str]],
+    *,
+    shared_locked: bool = False,
+) -> list[tuple[int, ...]]:
+    """Act on the rows signals matched, each with the event it fires for a plain wait and the
+    reason a cancel-on ends its task with: resume plain waits and any-ofs (in one resume),
+    record all-of branches (resuming those complete), end the tasks of cancel-ons. Returns the
+    task instances each row moved. ``shared_locked``: the shared triggers among them are locked
+    (``transitions.resume_many``)."""
+    moved: list[list[int]] = [[] for _ in fired]
+    resuming: list[int] = []
     events: list[transitions.FiredEvent] = []
-    moved: list[int] = []
-    for hit, event in fired:
+    for n, (hit, event, _) in enumerate(fired):
         if hit.cancels is not None:
             continue
         if hit.branch == "":
             events.append(event)
         elif not hit.all_of or event.failed:  # a failed callback fails an all-of at once
             events.append(_branch_event(cipher, hit.branch, event))
-    moved += _resumed(session, cipher, events)
-    for hit, event in fired:
+        else:
+            continue
+        resuming.append(n)
+    if events:
+        for n, resumed in zip(
+            resuming,
+            transitions.resume_many(session, events, cipher, shared_locked=shared_locked),
+            strict=True,
+        ):
+            moved[n] += resumed.ids()
+    for n, (hit, event, _) in enumerate(fired):
         if hit.all_of and hit.branch and hit.cancels is None and not event.failed:
-            moved += _fire_all_of_branch(session, cipher, hit.trigger_id, hit.branch, event)
-    for hit, _ in fired:
+            moved[n] += _fire_all_of_branch(session, cipher, hit.trigger_id, hit.branch, event)
+    for n, (hit, _, reason) in enumerate(fired):
         if hit.cancels is not None:
-            moved += transitions.cancel_waiting(
-                session, hit.trigger_id, TaskState(hit.cancels), cancelled_by
+            moved[n] += transitions.cancel_waiting(
+                session, hit.trigger_id, TaskState(hit.cancels), reason
             )
-    return tuple(moved)
+    return [tuple(ids) for ids in moved]
 
 
 def _resumed(

@@ -12,7 +12,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from deferral import signals
 from deferral.runtime.config import Settings
 from deferral.runtime.crypto import Cipher
-from deferral.store.tables import Signal, TaskInstance
+from deferral.store.tables import ResumeEvent, Signal, TaskInstance
 from deferral.triggers import SignalTrigger
 from deferral_cli import main as deferral_main
 from tests.integration.conftest import web_client
@@ -129,3 +129,49 @@ def test_a_token_request_past_the_browser_layers_keeps_the_api_answers(
         )
         assert bad_host.status_code == 400 and "bad Host header" in bad_host.text
     assert _sent(sessions, "k") == 0
+
+
+def test_a_batchs_sends_to_one_key_act_in_order_and_keep_the_senders_quota(
+    settings: Settings, sessions: sessionmaker[Session], cipher: Cipher
+) -> None:
+    (waiting,) = _running(sessions, 1)
+    _defer(sessions, cipher, [(waiting, SignalTrigger("twice"))])
+    user = signals.Sender("token:bot", 2)
+    first, second, other = SignalBatches(sessions, cipher, lambda: None).write(
+        [
+            Send("twice", 1, user, None, None),
+            Send("twice", 2, user, None, None),  # after the first: finds its waiter resumed
+            Send("other", 3, user, None, None),
+        ]
+    )
+    assert isinstance(first, signals.SentSignal) and first.resumed == (waiting,)
+    assert isinstance(second, signals.SentSignal) and second.resumed == ()
+    assert isinstance(other, signals.SentSignal) and other.resumed == ()
+    with sessions() as session:
+        kept = session.scalars(
+            select(Signal.id).where(Signal.sent_by == "token:bot").order_by(Signal.id)
+        ).all()
+        events = session.execute(
+            select(ResumeEvent.dedup_key, ResumeEvent.trigger_id, ResumeEvent.outcome)
+        ).all()
+    assert kept == [second.id, other.id]  # the sender's newest two
+    # The second did not find the wait at all (not even as a stale event).
+    assert [(e.dedup_key, e.outcome) for e in events] == [
+        (f"signal:{first.id}:{events[0].trigger_id}", "applied")
+    ]
+
+
+def test_a_batch_recorded_is_answered_as_recorded_when_no_scheduler_can_be_woken(
+    settings: Settings, sessions: sessionmaker[Session], cipher: Cipher
+) -> None:
+    (waiting,) = _running(sessions, 1)
+    _defer(sessions, cipher, [(waiting, SignalTrigger("woken"))])
+
+    def wake() -> None:
+        raise ConnectionError("Redis is away")
+
+    user = signals.Sender("token:bot", 100)
+    (sent,) = SignalBatches(sessions, cipher, wake).write([Send("woken", 1, user, None, None)])
+    # Committed: a scheduler's next pass queues it; an error would make the caller send again.
+    assert isinstance(sent, signals.SentSignal) and sent.resumed == (waiting,)
+    assert _sent(sessions, "woken") == 1

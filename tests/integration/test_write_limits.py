@@ -15,7 +15,7 @@ from typing import Any
 import anyio
 import pytest
 from click.testing import CliRunner
-from sqlalchemy import func, select
+from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.testclient import TestClient
 
@@ -24,7 +24,8 @@ from deferral.runtime.config import Settings
 from deferral.runtime.crypto import Cipher
 from deferral.store.callback_tokens import make_token
 from deferral.store.db import make_engine, make_sessionmaker
-from deferral.store.tables import DagRun, Signal
+from deferral.store.tables import DagRun, Signal, SignalCount
+from deferral.triggers.signal import SIGNAL_RETENTION
 from deferral_cli import main as deferral_main
 from tests.integration.conftest import web_client
 from tests.integration.test_idempotency import _at_once
@@ -217,3 +218,44 @@ def test_one_senders_concurrent_sends_past_its_quota_never_deadlock(
         stored = session.scalar(select(func.count()).where(Signal.sent_by == "bot"))
     # Rows another send was deleting are left to it: the quota holds once the sends end.
     assert stored is not None and stored <= kept + threads
+    assert _counted(sessions, "bot") == stored  # the count the quota reads is the rows'
+
+
+def _counted(sessions: sessionmaker[Session], sender: str) -> int:
+    with sessions() as session:
+        return session.scalar(
+            select(func.coalesce(func.sum(SignalCount.stored), 0)).where(
+                SignalCount.sent_by == sender
+            )
+        )
+
+
+def test_a_senders_count_follows_its_signals_through_the_quota_and_the_retention(
+    settings: Settings, sessions: sessionmaker[Session], cipher: Cipher
+) -> None:
+    sender = signals.Sender("aging", 3)
+    for n in range(5):
+        with sessions.begin() as session:
+            signals.send_in(session, cipher, f"k{n}", n, sender)
+    assert (_stored(sessions, "aging"), _counted(sessions, "aging")) == (3, 3)
+    with sessions.begin() as session:  # two of them past the retention
+        oldest = session.scalars(
+            select(Signal.id).where(Signal.sent_by == "aging").order_by(Signal.id).limit(2)
+        ).all()
+        session.execute(
+            update(Signal)
+            .where(Signal.id.in_(oldest))
+            .values(sent_at=func.now() - SIGNAL_RETENTION - dt.timedelta(hours=1))
+        )
+    with sessions.begin() as session:  # pruned by the next send, whoever sends it
+        signals.send_in(session, cipher, "other", 0)
+    assert (_stored(sessions, "aging"), _counted(sessions, "aging")) == (1, 1)
+    for n in range(4):  # up to the quota again, and past it
+        with sessions.begin() as session:
+            signals.send_in(session, cipher, f"again{n}", n, sender)
+    with sessions() as session:
+        keys = session.scalars(
+            select(Signal.key).where(Signal.sent_by == "aging").order_by(Signal.id)
+        ).all()
+    assert keys == ["again1", "again2", "again3"]
+    assert _counted(sessions, "aging") == 3

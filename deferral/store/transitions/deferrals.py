@@ -244,7 +244,9 @@ DEDUP_WINDOW = dt.timedelta(days=1)
 # statements after (the rows say who waits). One statement on every resume's path (a second
 # one cost a round trip and a plan on idle_runs' fire -> SCHEDULED). Plain SQL, as for
 # every statement on the resume path: it runs once per batch of events, and building it with
-# the ORM cost more than executing it.
+# the ORM cost more than executing it. The waiters are found by their trigger ids alone
+# (``state || ''`` keeps the planner off the state indexes: with statistics taken before a burst
+# of deferrals it reckoned 'deferred' rare and read every deferred task in id order per claim).
 _CLAIM_EVENTS_SQL = text(
     """
     WITH fired AS (
@@ -253,7 +255,7 @@ _CLAIM_EVENTS_SQL = text(
             WITH ORDINALITY AS f (dedup_key, trigger_id, event, reason, n)
     ), waiting AS (
         SELECT id, trigger_id, next_method, next_kwargs FROM task_instance
-        WHERE state = 'deferred' AND trigger_id IN (SELECT trigger_id FROM fired)
+        WHERE trigger_id = ANY(CAST(:trigger_ids AS bigint[])) AND state || '' = 'deferred'
         ORDER BY id
         FOR UPDATE
     ), appliers AS (
@@ -317,11 +319,13 @@ _RESUME_SQL = text(
 )
 
 
-def resume_many(session: Session, events: Sequence[FiredEvent], cipher: Cipher) -> list[Resumed]:
+def resume_many(
+    session: Session, events: Sequence[FiredEvent], cipher: Cipher, *, shared_locked: bool = False
+) -> list[Resumed]:
     """deferred -> scheduled for the tasks waiting on the events' triggers, at most once per
     dedup key, in one statement whatever the batch size once the shared triggers are locked
-    (the tasks of failed triggers take a second, and each task end its own). Returns what
-    each event did:
+    (``shared_locked``: by an earlier statement of the transaction; the tasks of failed triggers
+    take a second, and each task end its own). Returns what each event did:
     applied, duplicate (key seen before) or stale (its task was cleared, timed out, or resumed
     by an earlier event)."""
     if not events:
@@ -333,7 +337,8 @@ def resume_many(session: Session, events: Sequence[FiredEvent], cipher: Cipher) 
     keys = list(first)
     trigger_ids = [events[first[k]].trigger_id for k in keys]
     sealed = [_sealed_event(events[first[k]], cipher) for k in keys]
-    shared.lock_shared(session, trigger_ids)
+    if not shared_locked:
+        shared.lock_shared(session, trigger_ids)
     # Every task waiting on an applied event's trigger (several for a shared one), by key.
     claimed: dict[str, list[Any]] = {}
     params = {

@@ -1,8 +1,8 @@
 """Assets unique by URI as well as by name: an asset whose URI another asset (of another name)
 took first is inactive, and a task naming it in its inlets or outlets fails before it runs
 
-Revision ID: 0030_asset_active
-Revises: 0029_partitions
+Revision ID: 0031_asset_active
+Revises: 0030_signal_count
 """
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0030_asset_active"
-down_revision = "0029_partitions"
+revision = "0031_asset_active"
+down_revision = "0030_signal_count"
 branch_labels = None
 depends_on = None
 
