@@ -16,6 +16,7 @@ import hashlib
 import os
 import re
 import sys
+import threading
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -78,6 +79,36 @@ def delete_stream_keys(redis_url: str, prefix: str) -> None:
         client.close()
 
 
+# The threads dropping this process's databases (``drop_database_later``).
+_DROPPING: list[threading.Thread] = []
+
+
+def drop_database_later(name: str) -> None:
+    """Drop database ``name`` (and end its connections) in a thread of its own, which the
+    session waits for at its end: dropping a database unlinks every file of its tables,
+    partitions and indexes, seconds on a busy disk that the next test need not wait."""
+
+    def drop() -> None:
+        admin = create_engine(ADMIN_URL, isolation_level="AUTOCOMMIT")
+        try:
+            with admin.connect() as conn:
+                conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        finally:
+            admin.dispose()
+
+    thread = threading.Thread(target=drop, name=f"drop {name}")
+    thread.start()
+    _DROPPING.append(thread)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _databases_dropped() -> Iterator[None]:
+    """The databases dropped meanwhile are gone when the session ends."""
+    yield
+    for thread in _DROPPING:
+        thread.join()
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _stop_the_lanes_forks() -> Iterator[None]:
     """The lane's forking process (tests/forks.py), started by its first use, stops at the
@@ -110,9 +141,8 @@ def fresh_database(prefix: str) -> Iterator[str]:
             conn.execute(text(f'ALTER DATABASE "{name}" SET synchronous_commit TO off'))
         yield make_url(ADMIN_URL).set(database=name).render_as_string(hide_password=False)
     finally:  # closing the generator at its yield must drop the database too
-        with admin.connect() as conn:
-            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
         admin.dispose()
+        drop_database_later(name)
 
 
 _TEMPLATE_PREFIX = "deferral_template_"
