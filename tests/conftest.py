@@ -101,12 +101,17 @@ def drop_database_later(name: str) -> None:
     _DROPPING.append(thread)
 
 
+def wait_for_drops() -> None:
+    """Return once every database ``drop_database_later`` was given is dropped."""
+    while _DROPPING:
+        _DROPPING.pop().join()
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _databases_dropped() -> Iterator[None]:
     """The databases dropped meanwhile are gone when the session ends."""
     yield
-    for thread in _DROPPING:
-        thread.join()
+    wait_for_drops()
 
 
 @pytest.fixture(scope="session", autouse=True)
