@@ -6,6 +6,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import argon2
 import pytest
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.testclient import TestClient
@@ -18,6 +19,31 @@ from tests.servers import REDIS_URL
 from webserver import users
 from webserver.app import create_app
 from worker.service import WorkerService
+
+# The product's argon2 parameters (webserver/users.py), for the tests of argon2's own cost.
+_PRODUCT_HASHER = users._hasher
+
+
+@pytest.fixture(autouse=True)
+def cheap_password_hashes(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Passwords hashed and verified in this process with argon2's cheapest parameters: what
+    the tests check of a login does not depend on the cost of its hash, and the product's cost
+    (memory-hard on purpose) made every login of a test take most of its time on a busy
+    machine. A hash stored with other parameters is still verified with its own. A test of
+    argon2's own cost asks for ``product_password_hashes``."""
+    monkeypatch.setattr(
+        users, "_hasher", argon2.PasswordHasher.from_parameters(argon2.profiles.CHEAPEST)
+    )
+    users._dummy_hash.cache_clear()  # the hash a wrong user name is checked against
+    yield
+    users._dummy_hash.cache_clear()
+
+
+@pytest.fixture
+def product_password_hashes(cheap_password_hashes: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Passwords hashed and verified with the product's argon2 parameters."""
+    monkeypatch.setattr(users, "_hasher", _PRODUCT_HASHER)
+    users._dummy_hash.cache_clear()
 
 
 @pytest.fixture

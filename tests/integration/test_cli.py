@@ -34,7 +34,7 @@ from deferral.store.tables import (
 )
 from deferral.store.transitions import Attempt, NewTaskInstance
 from deferral_cli import main as deferral_main
-from tests.conftest import ADMIN_URL
+from tests.conftest import ADMIN_URL, drop_database_later
 from tests.integration.factories import DAG_ID, WORKER, deferred_task, running_task
 from tests.parsed_dags import record_dags_folder
 from worker.cli import main as worker_main
@@ -193,9 +193,8 @@ def test_db_check_names_missing_migrations_and_upgrade_applies_them(
         assert CliRunner().invoke(deferral_main, ["db", "upgrade"]).exit_code == 0
         assert CliRunner().invoke(deferral_main, ["db", "check"]).exit_code == 0
     finally:
-        with admin.connect() as conn:
-            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
         admin.dispose()
+        drop_database_later(name)
 
 
 def test_worker_refuses_a_bad_queue_name(settings: Settings) -> None:

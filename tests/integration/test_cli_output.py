@@ -29,7 +29,7 @@ from deferral.store.db import url_location
 from deferral.store.tables import AssetModel, TaskInstance, Triggerer, Worker
 from deferral_cli import main as deferral_main
 from scheduler.cli import main as scheduler_main
-from tests.conftest import ADMIN_URL
+from tests.conftest import ADMIN_URL, drop_database_later
 from tests.integration.cli_tree import command_at, walk
 from tests.integration.conftest import CLI_DAG_SOURCE
 from tests.integration.factories import (
@@ -401,9 +401,8 @@ def empty_database(settings: Settings, monkeypatch: pytest.MonkeyPatch) -> Itera
     url = make_url(ADMIN_URL).set(database=name)
     monkeypatch.setenv("DEFERRAL_DATABASE_URL", url.render_as_string(hide_password=False))
     yield url
-    with admin.connect() as conn:
-        conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
     admin.dispose()
+    drop_database_later(name)
 
 
 def test_db_upgrade_says_what_it_applied(empty_database: URL) -> None:

@@ -1,11 +1,12 @@
-"""The tests' throw-away databases are dropped however their generator ends."""
+"""The tests' throw-away databases are dropped however their generator ends (in the background:
+gone once ``wait_for_drops`` returns, as at the session's end)."""
 
 from __future__ import annotations
 
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
-from tests.conftest import fresh_database
+from tests.conftest import fresh_database, wait_for_drops
 from tests.servers import ADMIN_URL
 
 
@@ -24,4 +25,5 @@ def test_a_database_closed_at_its_yield_is_dropped() -> None:
     name = make_url(next(databases)).database
     assert name and _exists(name)
     databases.close()  # as a test that takes the first URL and closes the rest
+    wait_for_drops()
     assert not _exists(name)

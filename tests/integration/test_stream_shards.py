@@ -5,8 +5,6 @@ every service stopped (broker/DECISIONS.md)."""
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 
 import pytest
 from click.testing import CliRunner
@@ -18,6 +16,7 @@ from deferral.runtime.config import Settings
 from deferral.store.liveness import RUNNING, heartbeat
 from deferral.store.tables import Scheduler
 from deferral_cli import main as deferral_main
+from tests.forks import LANE
 
 
 def _refusal(prefix: str, wanted: int, recorded: int) -> str:
@@ -34,13 +33,8 @@ def test_a_service_started_with_another_count_refuses_in_one_line(
 ) -> None:
     assert broker.recorded_shards() == 1  # recorded by the first connection
     env = {**os.environ, **service_env, "DEFERRAL_STREAM_SHARDS": "4"}
-    done = subprocess.run(
-        [sys.executable, "-m", service, "consume"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    # Its console script in a process of its own (forked with it imported: tests/forks.py).
+    done = LANE.run(["consume"], env, timeout=120, script=service)
     assert done.returncode == 1, done.stderr
     assert done.stderr.splitlines()[-1] == _refusal(broker.keys.prefix, 4, 1)
     assert "Traceback" not in done.stderr

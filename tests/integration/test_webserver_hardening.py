@@ -103,6 +103,7 @@ def test_a_refused_user_name_is_logged_cut_and_escaped(
         assert "forged\\x0aINFO admin logged in\\x1b[2J" in message
 
 
+@pytest.mark.usefixtures("product_password_hashes")  # verifications long enough to overlap
 def test_argon2_verifications_are_bounded_and_off_the_event_loop(
     settings: Settings, sessions: sessionmaker[Session], broker: Broker
 ) -> None:
