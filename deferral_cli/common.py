@@ -63,6 +63,16 @@ def stamp(at: dt.datetime, *, microseconds: bool = False) -> str:
     return f"{local:%Y-%m-%d} {clock} {local:%Z}"
 
 
+def run_conf(conf_json: str | None) -> dict[str, Any]:
+    """A run's ``--conf`` JSON, or click's usage error saying what is wrong with it."""
+    from deferral.store import actions  # with the DAG machinery, which `dags list` may not need
+
+    try:
+        return actions.parse_conf(conf_json)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--conf") from None
+
+
 def fail(message: str, code: int = EXIT_FAILED) -> None:
     click.echo(f"error: {message}", err=True)
     sys.exit(code)

@@ -22,6 +22,7 @@ from deferral_cli.common import (
     fail,
     load_dag,
     output_options,
+    run_conf,
     sessions,
     stored_dag,
 )
@@ -185,12 +186,8 @@ def dags_trigger(
     timeout: float | None,
 ) -> None:
     """Start a run of DAG_ID."""
-    from deferral.store import actions  # with the DAG machinery, which `dags list` may not need
 
-    try:
-        conf = actions.parse_conf(conf_json)
-    except ValueError as exc:
-        raise click.BadParameter(str(exc), param_hint="--conf") from None
+    conf = run_conf(conf_json)
     if timeout is not None and not wait:
         raise click.BadParameter("only means something with --wait", param_hint="--timeout")
     for value, what in ((dag_id, "DAG_ID"), (run_id, "--run-id")):

@@ -69,6 +69,7 @@ from deferral_cli.common import (
     DateTimeParam,
     fail,
     load_dag,
+    run_conf,
     sessions,
     stamp,
 )
@@ -839,10 +840,7 @@ def dags_test(
     DEFERRAL_DATABASE_URL, in an embedded PostgreSQL kept in HOME. Exit 0 if the run succeeded,
     1 if it failed, 130 on Ctrl-C and 143 on SIGTERM (the run is left as it is).
     """
-    try:
-        conf = actions.parse_conf(conf_json)
-    except ValueError as exc:
-        raise click.BadParameter(str(exc), param_hint="--conf") from None
+    conf = run_conf(conf_json)
     started: list[str] = []
     try:
         with stopped_by_signals():

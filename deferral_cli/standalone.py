@@ -20,7 +20,7 @@ from deferral.states import DagRunState
 from deferral.store import migrate
 from deferral_cli import embedded as embedded
 from deferral_cli import health_checks
-from deferral_cli.common import EXIT_FAILED, EXIT_TIMED_OUT, fail, sessions
+from deferral_cli.common import EXIT_FAILED, EXIT_TIMED_OUT, fail, run_conf, sessions
 from deferral_cli.dags import trigger
 from deferral_cli.runs import show_run
 from deferral_cli.wait import wait_for_run
@@ -45,13 +45,26 @@ from webserver import users
     help="Trigger DAG_ID, show how it went, and stop (exit 1 if it failed, 3 on --timeout).",
 )
 @click.option(
+    "-c",
+    "--conf",
+    "conf_json",
+    default=None,
+    help="With --run: the run's configuration, a JSON object.",
+)
+@click.option(
     "--timeout",
     type=click.FloatRange(min=0, min_open=True),
     default=300,
     show_default=True,
     help="With --run: give up after S seconds.",
 )
-def standalone(dags_folder: str | None, home: Path, run_dag: str | None, timeout: float) -> None:
+def standalone(
+    dags_folder: str | None,
+    home: Path,
+    run_dag: str | None,
+    conf_json: str | None,
+    timeout: float,
+) -> None:
     """Run scheduler, triggerer, worker and (without --run) the web UI together, for trying
     deferral out.
 
@@ -63,6 +76,10 @@ def standalone(dags_folder: str | None, home: Path, run_dag: str | None, timeout
     one kept in HOME/webserver.port; admin's password in HOME/webserver-admin.password unless
     DEFERRAL_WEBSERVER_ADMIN_PASSWORD is set), then runs until Ctrl-C.
     """
+
+    conf = run_conf(conf_json)  # refused before any server starts
+    if conf_json is not None and run_dag is None:
+        raise click.BadParameter("only means something with --run", param_hint="--conf")
 
     def say(message: str) -> None:
         click.echo(f"note: {message}", err=True)
@@ -98,7 +115,7 @@ def standalone(dags_folder: str | None, home: Path, run_dag: str | None, timeout
                     )
                 return
             _wait_for_the_first_parse(settings, procs, timeout)
-            run_id = trigger(settings, run_dag, {}, None)
+            run_id = trigger(settings, run_dag, conf, None)
             state = wait_for_run(sessions(settings), run_dag, run_id, timeout)
             show_run(settings, run_dag, run_id, history=True)
             if any(proc.poll() is not None for proc in procs):

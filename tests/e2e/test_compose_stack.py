@@ -241,7 +241,20 @@ def test_the_stack_compose_declares_runs_the_example_dag(
     # The CLI as `docker compose exec scheduler-1 deferral ...` runs it.
     scheduler = next(s for s in stack if s.name == "scheduler-1")
     triggered = subprocess.run(
-        _argv(["deferral", "dags", "trigger", "example_deferrable", "--wait", "--timeout", "120"]),
+        # No wait beyond the deferral itself: the example's default would only add its seconds.
+        _argv(
+            [
+                "deferral",
+                "dags",
+                "trigger",
+                "example_deferrable",
+                "--conf",
+                '{"wait_seconds": 0}',
+                "--wait",
+                "--timeout",
+                "120",
+            ]
+        ),
         env=_process_env(scheduler.env),
         cwd=tmp_path,
         capture_output=True,

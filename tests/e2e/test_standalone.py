@@ -50,6 +50,8 @@ def test_standalone_runs_the_example_on_embedded_servers(workdir: Path) -> None:
             str(EXAMPLES),
             "--run",
             "example_deferrable",
+            "--conf",
+            '{"wait_seconds": 0}',  # no wait beyond the deferral itself
             "--timeout",
             "120",
         ),
@@ -146,7 +148,12 @@ def test_standalone_prints_what_another_terminal_needs_keeps_its_ports_and_stops
         )
         # Another terminal, in another directory, with nothing but those lines.
         script = "\n".join(
-            [*exports, f"{shlex.join(command('deferral'))} dags trigger example_deferrable --wait"]
+            [
+                *exports,
+                # (with no wait beyond the deferral itself: the example's default only adds time)
+                f"{shlex.join(command('deferral'))} dags trigger example_deferrable --wait"
+                " --conf '{\"wait_seconds\": 0}'",
+            ]
         )
         other = subprocess.run(
             ["bash", "-c", script + " --timeout 120"],

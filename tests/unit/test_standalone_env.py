@@ -8,9 +8,11 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 
 from deferral_cli import embedded
 from deferral_cli.embedded import environment_lines, mask_password, stable_port
+from deferral_cli.standalone import standalone
 
 
 def test_a_port_is_chosen_once_and_kept(tmp_path: Path) -> None:
@@ -217,3 +219,20 @@ def test_a_user_of_the_embedded_postgres_that_died_unannounced_is_forgotten() ->
     embedded._forget_dead_users(users)
     # The server stops when this process, now its last live user, ends.
     assert users.pids == [os.getppid(), os.getpid()]
+
+
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (["--run", "x", "--conf", "[1]"], "Invalid value for --conf: must be a JSON object"),
+        (["--conf", "{}"], "Invalid value for --conf: only means something with --run"),
+    ],
+)
+def test_a_conf_it_cannot_use_is_refused_before_any_server_starts(
+    tmp_path: Path, argv: list[str], said: str
+) -> None:
+    home = tmp_path / "home"
+    refused = CliRunner().invoke(standalone, ["--home", str(home), *argv])
+    assert refused.exit_code == 2, refused.output
+    assert said in refused.output
+    assert not home.exists()  # no lock, key or server data: nothing was started
