@@ -39,6 +39,7 @@ from deferral.runtime import clock
 from deferral.runtime.config import Settings
 from deferral.runtime.crypto import Cipher
 from deferral.runtime.faults import is_transient
+from deferral.runtime.outages import settle_over_heartbeats
 from deferral.runtime.process import freeze_startup_objects
 from deferral.store import liveness
 from deferral.store.db import wait_until_up
@@ -247,6 +248,7 @@ def serve(
     attach(broker)
     # Steps retried at least twice a heartbeat: each renews the leases when they are due.
     cap = settings.heartbeat_sec / 2
+    settle_over_heartbeats(settings.heartbeat_sec)
     if not run_until_stopped(stop, begin, recover=recover, once=True, backoff_cap=cap):
         return False
     freeze_startup_objects()

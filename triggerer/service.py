@@ -40,7 +40,7 @@ from deferral.runtime import metrics
 from deferral.runtime.config import Settings
 from deferral.runtime.crypto import Cipher
 from deferral.runtime.faults import is_transient
-from deferral.runtime.outages import OUTAGE
+from deferral.runtime.outages import OUTAGE, settle_over_heartbeats
 from deferral.runtime.process import LogExtra, freeze_startup_objects
 from deferral.store import liveness
 from deferral.store.db import make_engine, make_sessionmaker
@@ -126,6 +126,7 @@ class TriggererService:
         metrics.TRIGGERER_CAPACITY_LEFT.set_function(lambda: self.capacity - len(self.held))
 
     async def run(self) -> None:
+        settle_over_heartbeats(self.settings.heartbeat_sec)
         root = logging.getLogger()
         root.addHandler(self.task_logs.handler)
         try:

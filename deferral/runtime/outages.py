@@ -22,8 +22,11 @@ from deferral.runtime.faults import redis_down
 
 # While an outage lasts, how often its current error is logged again.
 REPEAT_SEC = 60.0
-# How long every report must be a success before the outage is said to be over.
-# (Twice the default heartbeat: a worker's database work between Redis polls.)
+# How many heartbeats every report must be a success before the outage is said to be over: a
+# worker's database work comes once a heartbeat between its Redis polls, and a failing loop
+# retries at least twice a heartbeat (broker rule 37).
+SETTLE_HEARTBEATS = 2.0
+# The settling of a process that has not said its heartbeat (two of the default one).
 SETTLE_SEC = 10.0
 
 
@@ -93,6 +96,12 @@ class Outage:
                 self.since = self._ok_since = None
                 metrics.SERVERS_AVAILABLE.set(1)
                 metrics.REDIS_UNAVAILABLE.set(0)
+
+
+def settle_over_heartbeats(heartbeat_sec: float) -> None:
+    """Make the process's outage settle over ``SETTLE_HEARTBEATS`` of its ``heartbeat_sec``: a
+    fixed span shorter than a long heartbeat would end an outage between two failing tries."""
+    OUTAGE.settle_sec = SETTLE_HEARTBEATS * heartbeat_sec
 
 
 def first_line(exc: BaseException) -> str:

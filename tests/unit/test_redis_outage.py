@@ -11,7 +11,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import OutOfMemoryError, ResponseError
 from sqlalchemy.exc import OperationalError
 
-from deferral.runtime import metrics
+from deferral.runtime import metrics, outages
 from deferral.runtime.outages import REPEAT_SEC, SETTLE_SEC, Outage
 
 
@@ -63,4 +63,25 @@ def test_redis_failing_is_said_once_a_minute_counted_and_shown_until_it_settles(
 def test_other_errors_are_left_to_the_caller(error: Exception) -> None:
     account = Outage(logging.getLogger("deferral.outage"))
     assert not account.redis_failed(error, "doing")
+    assert account.available
+
+
+@pytest.mark.parametrize("heartbeat_sec", [1.0, 30.0])
+def test_the_process_outage_settles_over_two_of_its_heartbeats(
+    heartbeat_sec: float, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A loop failing with backoff up to half a heartbeat fails again within a settling of two
+    heartbeats: a fixed 10 s ended an outage between two tries of a 30 s heartbeat."""
+    now = [0.0]
+    account = Outage(logging.getLogger("deferral.outage"), clock=lambda: now[0])
+    monkeypatch.setattr(outages, "OUTAGE", account)
+    outages.settle_over_heartbeats(heartbeat_sec)
+
+    account.failed(RedisConnectionError("refused"))
+    account.reached()
+    now[0] += 2 * heartbeat_sec - 0.1
+    account.reached()
+    assert not account.available
+    now[0] += 0.1
+    account.reached()
     assert account.available
