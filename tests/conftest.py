@@ -235,26 +235,14 @@ _RESTART_SEQUENCES = (
 )
 
 
-# The leaf partitions of the partitioned tables among TABLES.
-_LEAVES = (
-    "SELECT p.relname, l.relid::regclass::text FROM pg_class p,"
-    " LATERAL pg_partition_tree(p.oid) l"
-    " WHERE p.relkind = 'p' AND p.relnamespace = current_schema()::regnamespace AND l.isleaf"
-)
-
-
 def empty_tables(engine: Engine) -> None:
     """Empty TABLES and restart their ids, as ``TRUNCATE TABLES RESTART IDENTITY CASCADE``
-    does, emptying only the tables a test used. A TRUNCATE makes new files for every table,
-    partition and index it empties (a cascade from task_instance reaches every partition of
-    the history tables), which took a large part of a second before every database test on a
-    busy machine; so only the partitions holding rows are truncated (their planner statistics
-    start afresh, as before), and the other small tables are emptied by DELETE, in TABLES'
-    order (a task instance before its trigger, a run before the counts its deletion writes;
-    the other references cascade). A table past BIG_TABLE rows is truncated as before: DELETE
-    would take longer and leave its dead rows to the next tests' plans. The deletions'
-    statistics are flushed before this returns, so that a test reading them sees none of
-    them come in later."""
+    does, emptying only the tables a test used. Small tables are emptied by DELETE, in
+    TABLES' order (a task instance before its trigger, a run before the counts its deletion
+    writes; the other references cascade): a TRUNCATE makes new files for every table,
+    partition and index it empties, which took a large part of a second before every database
+    test on a busy machine. A table past BIG_TABLE rows is truncated, as DELETE would take
+    longer and leave its dead rows to the next tests' reads."""
     listed = TABLES.split(", ")
     with engine.begin() as conn:
         rows: dict[str, int] = {}
@@ -266,22 +254,9 @@ def empty_tables(engine: Engine) -> None:
         if max(rows[name] for name in used) > BIG_TABLE:
             conn.execute(text(f"TRUNCATE {', '.join(sorted(used))} RESTART IDENTITY CASCADE"))
             return
-        leaves: dict[str, list[str]] = {}
-        for parent, leaf in conn.execute(text(_LEAVES)):
-            leaves.setdefault(parent, []).append(leaf)
-        holding = [leaf for name in used for leaf in leaves.get(name, [])]
-        if holding:
-            found = " UNION ALL ".join(
-                f"SELECT '{leaf}' WHERE EXISTS (SELECT FROM {leaf})" for leaf in holding
-            )
-            full = list(conn.scalars(text(found)))
-            if full:
-                conn.execute(text(f"TRUNCATE {', '.join(full)}"))
         for name in used:  # an empty one too: deleting runs may write counts
-            if name not in leaves:
-                conn.execute(text(f"DELETE FROM {name}"))
+            conn.execute(text(f"DELETE FROM {name}"))
         conn.execute(text(_RESTART_SEQUENCES))
-        conn.execute(text("SELECT pg_stat_force_next_flush()"))
 
 
 @pytest.fixture
