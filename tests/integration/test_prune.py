@@ -5,12 +5,12 @@ from __future__ import annotations
 import datetime as dt
 
 from click.testing import CliRunner
-from sqlalchemy import func, select, update
+from sqlalchemy import func, select, text, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from deferral.runtime.config import Settings
 from deferral.states import DagRunState
-from deferral.store import tasklogs, transitions, xcom
+from deferral.store import retention, tasklogs, transitions, xcom
 from deferral.store.tables import (
     DagRun,
     Outbox,
@@ -237,3 +237,21 @@ def test_prune_refuses_a_bad_age_in_one_line(settings: Settings) -> None:
     result = CliRunner().invoke(deferral_main, ["db", "prune", "--older-than", "a week"])
     assert result.exit_code == 2
     assert "--older-than" in result.output and "is not a duration" in result.output
+
+
+def test_each_batch_is_chosen_once_whatever_the_statistics_say(
+    sessions: sessionmaker[Session],
+) -> None:
+    """Every prune statement picks its batch in a materialized CTE, run once: written as a
+    ``WHERE id IN (SELECT … LIMIT)`` semi join, the task_instance statement was planned, with
+    statistics saying the table is nearly empty, to run its subquery again for every row."""
+    with sessions() as session:
+        for table, statement in retention.STATEMENTS.items():
+            sql = statement.format(partition=table)
+            plan = "\n".join(
+                session.scalars(
+                    text(f"EXPLAIN {sql}"),
+                    {"age": dt.timedelta(days=30), "batch": 10, "floor": retention.PROCESS_FLOOR},
+                )
+            )
+            assert "CTE batch" in plan and "CTE Scan on batch" in plan, (table, plan)
