@@ -297,7 +297,10 @@ class WorkerService:
         """Start the attempts a batch of entries names, in one transaction, with those a start
         that failed (the database unavailable) left unstarted: a takeover's start, which runs
         first when the database is back, replaced them, and they stayed held, their leases
-        renewed, their tasks queued for ever (worker/DECISIONS.md 24)."""
+        renewed, their tasks queued for ever (worker/DECISIONS.md 24). An attempt whose failed
+        start committed all the same for this worker is run now (rule 28)."""
+        # Their start's statement failed: it may have committed all the same (worker rule 28).
+        unsure = {d.entry.key for d in self.unstarted}
         if deliveries is not self.unstarted:
             deliveries = [*self.unstarted, *deliveries]
         read, unreadable = read_each(
@@ -316,6 +319,14 @@ class WorkerService:
         if not checked:
             return
         self.unstarted = [delivery for delivery, _ in checked]
+        ours = self.running.keys() | {
+            r.attempt.task_instance_id for r, _ in self.recorder.unrecorded
+        }
+        adopting = [
+            (item.task_instance_id, item.try_number)
+            for delivery, item in checked
+            if delivery.entry.key in unsure and item.task_instance_id not in ours
+        ]
         # One statement (it writes the start lines too): committed on its own, without BEGIN
         # and COMMIT round trips between the entry and the task's code (worker rule 25).
         with one_statement(self.sessions) as session:
@@ -325,6 +336,7 @@ class WorkerService:
                 self.hostname,
                 self.name,
                 started_by=f"on worker {self.name} ({self.hostname})",
+                adopting=adopting,
             )
         self.unstarted = []
         requests, cannot_run = self._requests(started)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import datetime as dt
 
 import pytest
+from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
 from broker.client import Broker, LeaseStatus
@@ -19,6 +20,7 @@ from deferral.store.transitions import Attempt
 from tests.integration.factories import DAG_ID, WORKER, queued_task, running_task
 from tests.servers import REDIS_URL
 from worker import service as worker_service
+from worker.outcomes import Failed
 from worker.recording import Running
 from worker.service import WorkerService
 
@@ -192,3 +194,93 @@ def test_entries_a_failed_start_left_are_started_with_those_taken_over(
     assert (_ti(sessions, left).state, _ti(sessions, taken).state) == ("running", "running")
     assert worker.unstarted == []
     assert sorted(worker.running) == sorted([left, taken])
+
+
+def _lost_answer(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The next start commits (autocommit), then its connection drops before the answer
+    arrives, as when PostgreSQL stops at once (tests/e2e/test_postgres_faults.py lost a task
+    this way); the start after it is the real one."""
+    real = transitions.start_many
+
+    def committed_then_lost(session: Session, *args: object, **kwargs: object) -> list:
+        real(session, *args, **kwargs)  # type: ignore[arg-type]
+        monkeypatch.setattr(transitions, "start_many", real)
+        raise OperationalError("start", {}, Exception("server closed the connection"))
+
+    monkeypatch.setattr(transitions, "start_many", committed_then_lost)
+
+
+def _submitted(worker: WorkerService, monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    submitted: list[int] = []
+    monkeypatch.setattr(worker.pool, "submit", lambda ti_id, request: submitted.append(ti_id))
+    return submitted
+
+
+def test_a_start_that_committed_though_its_answer_was_lost_is_run_by_the_retry(
+    worker: WorkerService,
+    sessions: sessionmaker[Session],
+    broker: Broker,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The retry finds the task running on this worker at the entry's try: its own start,
+    which nothing runs; it is run (skipped as "not queued", it stayed running until the
+    reconciler failed it)."""
+    ti_id = queued_task(sessions)
+    broker.publish(worker.streams[0], queue_message(worker.cipher, ti_id, 1, DAG_ID, "r1", "t", -1))
+    submitted = _submitted(worker, monkeypatch)
+    _lost_answer(monkeypatch)
+    with pytest.raises(OperationalError):
+        worker._start(worker.consumer.poll(1, block_ms=None))
+    assert _ti(sessions, ti_id).state == "running" and len(worker.unstarted) == 1
+
+    worker._start(worker.unstarted)
+
+    assert submitted == [ti_id] and list(worker.running) == [ti_id]
+    assert worker.unstarted == []
+
+
+@pytest.mark.parametrize("held_as", ["running", "unrecorded"])
+def test_a_retried_start_does_not_run_again_what_this_worker_runs_or_ran(
+    worker: WorkerService,
+    sessions: sessionmaker[Session],
+    broker: Broker,
+    monkeypatch: pytest.MonkeyPatch,
+    held_as: str,
+) -> None:
+    """A duplicate entry of an attempt this worker runs (or ran, its outcome not yet recorded),
+    left by a failed start, is skipped: the attempt is this worker's, but not lost."""
+    ti_id = queued_task(sessions)
+    for _ in range(2):
+        broker.publish(
+            worker.streams[0], queue_message(worker.cipher, ti_id, 1, DAG_ID, "r1", "t", -1)
+        )
+    first, duplicate = worker.consumer.poll(2, block_ms=None)
+    submitted = _submitted(worker, monkeypatch)
+    worker._start([first])
+    assert submitted == [ti_id]
+    if held_as == "unrecorded":
+        running = worker.running.pop(ti_id)
+        worker.recorder.unrecorded = [(running, Failed("boom", "", allow_retry=True))]
+        monkeypatch.setattr(worker.recorder, "record", lambda batch: None)
+    worker.unstarted = [duplicate]  # as a failed start leaves it
+
+    worker._start(worker.unstarted)
+
+    assert submitted == [ti_id] and worker.unstarted == []
+
+
+def test_a_retried_start_leaves_a_task_another_worker_runs(
+    worker: WorkerService,
+    sessions: sessionmaker[Session],
+    broker: Broker,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    ti_id = running_task(sessions)  # running on WORKER, not this worker
+    assert worker.name != WORKER
+    broker.publish(worker.streams[0], queue_message(worker.cipher, ti_id, 1, DAG_ID, "r1", "t", -1))
+    submitted = _submitted(worker, monkeypatch)
+    worker.unstarted = worker.consumer.poll(1, block_ms=None)  # as a failed start leaves it
+
+    worker._start(worker.unstarted)
+
+    assert submitted == [] and _ti(sessions, ti_id).worker == WORKER

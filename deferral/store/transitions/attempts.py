@@ -106,13 +106,21 @@ _START_SQL = text(
         FROM (SELECT count(*) FROM try_rows) AS locked, moved
         WHERE CAST(:started_by AS text) IS NOT NULL
         ORDER BY moved.id
+    ), adopted AS (
+        SELECT ti.id, ti.dag_id, ti.run_id, ti.task_id, ti.map_index, ti.try_number,
+               ti.max_tries, ti.first_started_at, ti.next_method, ti.next_kwargs,
+               ti.next_event
+        FROM task_instance AS ti
+        JOIN unnest(CAST(:adopt_ids AS bigint[]), CAST(:adopt_tries AS integer[]))
+            AS a (id, try_number) ON ti.id = a.id AND ti.try_number = a.try_number
+        WHERE ti.state = 'running' AND ti.worker = :worker
     )
-    SELECT moved.*, run.id IS NOT NULL AS run_exists, run.logical_date, run.conf,
+    SELECT started.*, run.id IS NOT NULL AS run_exists, run.logical_date, run.conf,
            run.data_interval_start, run.data_interval_end, run.run_type,
            run.partition_key
-    FROM moved
-    LEFT JOIN dag_run AS run ON run.dag_id = moved.dag_id AND run.run_id = moved.run_id
-    ORDER BY moved.id
+    FROM (SELECT * FROM moved UNION ALL SELECT * FROM adopted) AS started
+    LEFT JOIN dag_run AS run ON run.dag_id = started.dag_id AND run.run_id = started.run_id
+    ORDER BY started.id
     """
 )
 
@@ -145,17 +153,25 @@ def start_many(
     hostname: str,
     worker: str,
     started_by: str | None = None,
+    adopting: Sequence[tuple[int, int]] = (),
 ) -> list[Started]:
     """queued -> running for each (task instance id, try number) a queue message names, only at
     that try: a duplicate or stale message moves nothing, so no attempt ever runs twice. One
     statement for the whole batch, which also reads the attempts' runs and, given
     ``started_by`` (who started them, e.g. ``on worker w1 (host)``), writes each try's start
-    line: "try N started <started_by>[, resuming at <method>]"."""
+    line: "try N started <started_by>[, resuming at <method>]".
+
+    ``adopting``: attempts (of ``attempts``) whose earlier start may have committed though its
+    answer was lost with the connection (worker rule 28). One found running at that try on
+    ``worker`` is returned as started, as it is: its start was this worker's, and nothing runs
+    it. The caller leaves out the attempts it runs or has run."""
     if not attempts:
         return []
     params = {
         "ids": [a[0] for a in attempts],
         "tries": [a[1] for a in attempts],
+        "adopt_ids": [a[0] for a in adopting],
+        "adopt_tries": [a[1] for a in adopting],
         "hostname": hostname,
         "worker": worker,
         "started_by": None if started_by is None else tasklogs.clean(started_by),
