@@ -57,6 +57,7 @@ from deferral.states import END_KINDS, FAIL_METHOD, DagRunState, TaskState
 from deferral.store import actions, hitl, liveness, migrate, tasklogs, transitions
 from deferral.store import waits as row_waits
 from deferral.store.assets import record_assets
+from deferral.store.serialized_dags import stored_params
 from deferral.store.tables import DagRun, Scheduler, TaskInstance, TaskStateChange
 from deferral.store.tasklogs import SOURCE_WORKER, NewLine
 from deferral.store.transitions import Attempt, FiredEvent
@@ -907,10 +908,24 @@ def _test_dag(
     default=-1,
     help="Which map index of a mapped task (of a run where it has expanded).",
 )
+@click.option(
+    "-t",
+    "--task-params",
+    "task_params_json",
+    default=None,
+    help="Params for this test, a JSON object: they replace the task's of the same names"
+    " (checked against the DAG's params), as Airflow's --task-params.",
+)
 @_SUBDIR
 @_HOME
 def tasks_test(
-    dag_id: str, task_id: str, when: str | None, map_index: int, subdir: Path | None, home: Path
+    dag_id: str,
+    task_id: str,
+    when: str | None,
+    map_index: int,
+    task_params_json: str | None,
+    subdir: Path | None,
+    home: Path,
 ) -> None:
     """Run TASK_ID once, in this process, ignoring its dependencies and recording no state,
     as Airflow's `tasks test`: in the run of DAG_ID at LOGICAL_DATE (or the run RUN_ID) if it
@@ -918,11 +933,21 @@ def tasks_test(
     it is), else in a run made for it and deleted afterwards. A deferral's trigger runs here and
     the task resumes with its event. Exit 0 if the task succeeded or skipped, 1 if it failed.
     """
+    try:
+        task_params = actions.parse_conf(task_params_json)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--task-params") from None
     with test_settings(subdir, home, "tasks test") as (settings, _):
         # Into the bag the task runs from (execute_attempt): its file is imported once.
         dag = load_dag(settings, dag_id, subdir, process_dagbag())
         if task_id not in dag.task_dict:
             fail(f"DAG {dag_id!r} has no task {task_id!r}")
+        if task_params:
+            try:
+                actions.check_conf(dag_id, stored_params(dag.params, dag.param_specs), task_params)
+            except actions.ActionError as exc:
+                raise click.BadParameter(str(exc), param_hint="--task-params") from None
+            dag.task_dict[task_id].params.update(task_params)  # this process's copy only
         made = sessions(settings)
         run_id, made_for_test = _run_to_test_in(settings, made, dag, when)
         try:

@@ -238,10 +238,15 @@ def test_tasks_test_runs_one_task_and_records_no_state(
 ) -> None:
     env = {**service_env, "DEFERRAL_DAGS_FOLDER": str(EXAMPLES)}
     # No run at that date: one is made for the test, the deferral runs here, and it is gone.
-    done = deferral(env, "tasks", "test", "example_deferrable", "wait", "2024-02-01")
+    # --task-params replaces the DAG's wait_seconds (3) for this test alone.
+    done = deferral(
+        env,
+        *("tasks", "test", "example_deferrable", "wait", "2024-02-01"),
+        *("-t", '{"wait_seconds": 0.1}'),
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "wait: deferred to deferral.triggers.temporal.TimeDeltaTrigger" in done.stdout
-    assert "trigger fired at" in done.stdout
+    assert "trigger fired at" in done.stdout and "waited 0.1s" in done.stdout
     assert done.stdout.rstrip().endswith("wait: success")
     with sessions() as session:
         assert session.scalars(select(DagRun)).all() == []
@@ -269,6 +274,41 @@ def test_tasks_test_runs_one_task_and_records_no_state(
         1,
         "error: DAG 'example_deferrable' has no task 'nope'",
     )
+
+
+@pytest.mark.parametrize(
+    ("task_params", "said"),
+    [
+        ("{not json", "not valid JSON"),
+        ("[1, 2]", "must be a JSON object"),
+        ('{"count": "many"}', "DAG 'typed_params'"),
+    ],
+)
+def test_task_params_that_are_not_a_json_object_or_fail_the_dags_params_are_refused(
+    service_env: dict[str, str],
+    sessions: sessionmaker[Session],
+    write_dag: Callable[[str, str], Path],
+    task_params: str,
+    said: str,
+) -> None:
+    write_dag(
+        "typed_params",
+        '''
+from deferral import DAG
+from deferral.models.param import Param
+from deferral.operators.empty import EmptyOperator
+
+with DAG("typed_params", schedule=None, params={"count": Param(1, type="integer")}):
+    EmptyOperator(task_id="t")
+''',
+    )
+    refused = deferral(service_env, "tasks", "test", "typed_params", "t", "-t", task_params)
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    (line,) = [s for s in refused.stderr.splitlines() if "--task-params" in s]
+    assert said in line
+    assert "Traceback" not in refused.stderr
+    with sessions() as session:
+        assert session.scalars(select(DagRun)).all() == []
 
 
 def test_dag_test_at_the_bottom_of_a_dag_file_runs_it(
