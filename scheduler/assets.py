@@ -44,10 +44,14 @@ def named_assets(dags: Mapping[str, DAG]) -> list[Asset]:
     return list(assets.values())
 
 
-def sync_assets(session: Session, dags: Mapping[str, DAG], cipher: Cipher) -> None:
+def sync_assets(
+    session: Session, dags: Mapping[str, DAG], cipher: Cipher, *, whole_folder: bool = False
+) -> None:
     """Record the assets (``named_assets``), schedules, outlets and watchers of the parsed
     ``dags`` (rows of DAGs no longer parsed are kept until they are: a file broken for a
-    moment keeps its watchers' rows, which run only while the DAG is active)."""
+    moment keeps its watchers' rows, which run only while the DAG is active). ``whole_folder``:
+    ``dags`` are every DAG of the folder, none of its files failing to import (an asset none
+    of them names gives up its URI: ``record_assets(every_named=)``)."""
     schedules: set[tuple[str, ...]] = set()
     outlets: set[tuple[str, ...]] = set()
     watchers: list[dict[str, str]] = []
@@ -76,7 +80,7 @@ def sync_assets(session: Session, dags: Mapping[str, DAG], cipher: Cipher) -> No
                 }
             )
     parsed = sorted(dags)
-    record_assets(session, named_assets(dags))
+    record_assets(session, named_assets(dags), every_named=whole_folder)
     _replace(session, DagScheduleAsset, parsed, schedules, ("dag_id", "asset_name"))
     _replace(session, TaskOutletAsset, parsed, outlets, ("dag_id", "task_id", "asset_name"))
     keep = {(w["dag_id"], w["asset_name"], w["name"]) for w in watchers}

@@ -271,7 +271,12 @@ class SchedulerService:
         with self.sessions.begin() as session:
             recordable = self.parser.settled(parsed)
             back = dags.record(session, str(self.settings.dags_folder), recordable)
-            assets.sync_assets(session, parsed.dags, self.cipher)
+            assets.sync_assets(
+                session,
+                parsed.dags,
+                self.cipher,
+                whole_folder=not parsed.pending and not parsed.import_errors,
+            )
             transitions.mark_runs(session, dags.runs_of(session, back))
 
     def _adopt(self, parsed: Parsed) -> None:

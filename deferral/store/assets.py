@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from sqlalchemy import select
+from sqlalchemy import select, update
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session
 
@@ -16,10 +16,22 @@ from deferral.store.metastore import metastore
 from deferral.store.tables import AssetModel
 
 
-def record_assets(session: Session, assets: Sequence[Asset]) -> None:
+def record_assets(session: Session, assets: Sequence[Asset], *, every_named: bool = False) -> None:
     """Insert or update the rows of ``assets``, in the order given (first come, first holding
     their URI: callers give them in DAG-id order, so a folder's read decides the same way each
-    time); an asset whose URI an active asset of another name holds is recorded inactive."""
+    time); an asset whose URI an active asset of another name holds is recorded inactive.
+
+    ``every_named``: ``assets`` are all that the DAGs name (a read of the whole folder without
+    an import error). An active asset that none names any more then holds its URI no longer
+    (recorded inactive, as Airflow orphans an asset no DAG references): an asset renamed with
+    its URI kept takes the URI at once, instead of being inactive for ever behind its old
+    name."""
+    if every_named:
+        session.execute(
+            update(AssetModel)
+            .where(AssetModel.active, AssetModel.name.not_in({a.name for a in assets}))
+            .values(active=False)
+        )
     if not assets:
         return
     held = session.execute(

@@ -5,6 +5,9 @@ asset in its inlets or outlets fails before it runs (the example DAGs' test runs
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from pathlib import Path
+
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -12,9 +15,11 @@ from deferral import DAG
 from deferral.assets import Asset
 from deferral.exceptions import FailTask, InactiveAssetInInletOrOutlet
 from deferral.operators import EmptyOperator
+from deferral.runtime.config import Settings
 from deferral.store.assets import inactive_assets, record_assets
 from deferral.store.tables import AssetModel
 from scheduler.assets import named_assets
+from scheduler.service import SchedulerService
 
 HELD = Asset(name="test-asset", uri="s3://output/1.txt")
 SAME_URI = Asset("s3://output/1.txt")
@@ -39,6 +44,53 @@ def test_the_first_recorded_holds_the_uri_and_keeps_it(sessions: sessionmaker[Se
         assert inactive_assets(session, [HELD, SAME_URI, OTHER]) == [SAME_URI]
         # One not recorded yet counts as active.
         assert inactive_assets(session, [Asset("s3://never/recorded")]) == []
+
+
+def test_an_asset_no_dag_names_gives_up_its_uri_on_a_read_of_every_dag(
+    sessions: sessionmaker[Session],
+) -> None:
+    """As Airflow orphans an asset no DAG references: renamed with its URI kept, the asset
+    takes the URI from its old name at the next read of every DAG (an interim read, or one with
+    an import error, may not have seen every DAG naming the old one: the holder keeps it)."""
+    with sessions.begin() as session:
+        record_assets(session, [HELD, OTHER], every_named=True)
+    with sessions.begin() as session:
+        record_assets(session, [SAME_URI, OTHER])
+    assert _active(sessions) == {"test-asset": True, "s3://output/1.txt": False, "other": True}
+    with sessions.begin() as session:
+        record_assets(session, [SAME_URI, OTHER], every_named=True)
+    assert _active(sessions) == {"test-asset": False, "s3://output/1.txt": True, "other": True}
+    # The old name named again finds its URI held.
+    with sessions.begin() as session:
+        record_assets(session, [HELD, SAME_URI, OTHER], every_named=True)
+    assert _active(sessions) == {"test-asset": False, "s3://output/1.txt": True, "other": True}
+
+
+RENAMED_DAG = """
+from deferral import DAG
+from deferral.assets import Asset
+from deferral.operators import EmptyOperator
+
+with DAG("renames_its_asset"):
+    EmptyOperator(task_id="writes", outlets=[Asset(name="{name}", uri="s3://renamed/1.txt")])
+"""
+
+
+def test_a_scheduler_gives_a_renamed_assets_uri_to_its_new_name_unless_a_file_is_broken(
+    settings: Settings,
+    sessions: sessionmaker[Session],
+    write_dag: Callable[[str, str], Path],
+) -> None:
+    service = SchedulerService(settings, name="s")
+    write_dag("renames", RENAMED_DAG.format(name="before"))
+    service.refresh_dags()
+    write_dag("renames", RENAMED_DAG.format(name="after"))
+    broken = write_dag("broken", "raise RuntimeError('broken for a moment')\n")
+    service.refresh_dags()
+    assert _active(sessions) == {"before": True, "after": False}
+    broken.unlink()
+    service.refresh_dags()
+    assert _active(sessions) == {"before": False, "after": True}
 
 
 def test_a_read_records_inlets_too_in_dag_id_order(sessions: sessionmaker[Session]) -> None:
