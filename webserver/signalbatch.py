@@ -129,7 +129,10 @@ class SignalBatches:
             outcomes = self.record([send for send, _, _ in batch])
             for (_, loop, future), outcome in zip(batch, outcomes, strict=True):
                 loop.call_soon_threadsafe(_settle, future, outcome)
-            self._wake_for(outcomes)  # after the answers: it is not part of them
+            # After the answers: it is not part of them. Sent here, not by a thread of its own:
+            # that let batches start sooner but smaller, for fewer signals a second
+            # (benchmarks/README.md, signals).
+            self._wake_for(outcomes)
 
     def write(self, sends: list[Send]) -> list[Outcome]:
         """Each send's outcome (``record``); the schedulers woken once if any task was
