@@ -294,6 +294,20 @@ class LocalRedis:
             "noeviction",
         )
 
+    def written(self) -> None:
+        """Wait until what it acknowledged is written to its AOF (``aof_buffer_length`` 0: a
+        kill -9 of the process keeps what the file has; with ``everysec`` a write can wait up
+        to two seconds behind a slow fsync)."""
+        client = redis.Redis(port=self.port, socket_timeout=5)
+        try:
+            wait_for(
+                lambda: client.info("persistence")["aof_buffer_length"] == 0,
+                timeout=30,
+                what="the AOF buffer written",
+            )
+        finally:
+            client.close()
+
     def full(self, refuse: bool = True) -> None:
         """``maxmemory`` 1 byte (every write refused, OOM), or none again."""
         client = redis.Redis(port=self.port, socket_timeout=5)

@@ -176,15 +176,19 @@ def test_kill_9_seconds_down_then_a_restart(
     tmp_path: Path,
     data: bool,
 ) -> None:
-    if data:
-        time.sleep(1.5)  # everysec: what the deferrals wrote is on disk a second later
+
+    def away(gate: Path) -> None:
+        if data:  # the deferrals' entries are in the file it restarts from
+            local_redis.written()
+        local_redis.down()
+
     _outage(
         services,
         sessions,
         write_dag,
         tmp_path,
         f"e2e_outage_{'aof' if data else 'lost'}",
-        away=lambda gate: local_redis.down(),
+        away=away,
         back=lambda: local_redis.up(data=data),
     )
 
