@@ -60,12 +60,20 @@ def make_engine(
         # spread them over every connection a nested session ever opened: each connection
         # prepared a statement only after N times as many runs, and N sessions stayed warm.
         options.setdefault("pool_use_lifo", True)
+    if pooling != TRANSACTION_POOLING:
+        # No JIT compilation: the planner's cost of a hot statement grows with the tables (a
+        # subquery never run counts too), and past jit_above_cost every execution of it was
+        # compiled first, hundreds of times its own time (deferral rule 114). Behind a
+        # transaction-pooling proxy, which refuses startup options, the operator sets it for the
+        # role or database (docs/operations.md).
+        startup = ["-c jit=off"]
+        if timeout_sec is not None:
+            startup.append(f"-c statement_timeout={_millis(timeout_sec)}")
+        connect_args["options"] = " ".join(startup)
     if timeout_sec is not None:
         connect_args["connect_timeout"] = max(1, math.ceil(timeout_sec))
         if pooled:
             options.setdefault("pool_timeout", timeout_sec)
-        if pooling != TRANSACTION_POOLING:
-            connect_args["options"] = f"-c statement_timeout={_millis(timeout_sec)}"
     # No pre-ping: it costs a round trip per transaction. A connection that went stale (the
     # server restarted) fails its statement with a transient error, is invalidated, and the
     # work is retried on a fresh one.
