@@ -25,10 +25,11 @@ class FolderRecorder:
     """A scheduler's parse of ``settings``' DAGs folder, recorded on demand (a file is imported
     again only when it changed, as the scheduler's own parser does)."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, pooling: str | None = None) -> None:
         self.folder = settings.dags_folder
         self.parser = FolderParser(DagBag(self.folder), settings.dagbag_import_timeout)
-        self.engine = make_engine(settings.database_url)
+        # ``pooling``: the services' DEFERRAL_DATABASE_POOLING, when it is not this process's.
+        self.engine = make_engine(settings.database_url, pooling=pooling)
         self.sessions: sessionmaker[Session] = make_sessionmaker(self.engine)
         # The folder's files as the last record began, if it read every DAG file (none pending).
         self._recorded: dict[str, tuple[int, int]] | None = None
@@ -67,9 +68,9 @@ def folder_files(folder: Path) -> dict[str, tuple[int, int]]:
     return found
 
 
-def record_dags_folder(settings: Settings) -> Parsed:
+def record_dags_folder(settings: Settings, pooling: str | None = None) -> Parsed:
     """Parse ``settings``' DAGs folder and record it, as a scheduler does after each parse."""
-    recorder = FolderRecorder(settings)
+    recorder = FolderRecorder(settings, pooling)
     try:
         return recorder.record()
     finally:

@@ -60,20 +60,12 @@ def make_engine(
         # spread them over every connection a nested session ever opened: each connection
         # prepared a statement only after N times as many runs, and N sessions stayed warm.
         options.setdefault("pool_use_lifo", True)
-    if pooling != TRANSACTION_POOLING:
-        # No JIT compilation: the planner's cost of a hot statement grows with the tables (a
-        # subquery never run counts too), and past jit_above_cost every execution of it was
-        # compiled first, hundreds of times its own time (deferral rule 114). Behind a
-        # transaction-pooling proxy, which refuses startup options, the operator sets it for the
-        # role or database (docs/operations.md).
-        startup = ["-c jit=off"]
-        if timeout_sec is not None:
-            startup.append(f"-c statement_timeout={_millis(timeout_sec)}")
-        connect_args["options"] = " ".join(startup)
     if timeout_sec is not None:
         connect_args["connect_timeout"] = max(1, math.ceil(timeout_sec))
         if pooled:
             options.setdefault("pool_timeout", timeout_sec)
+        if pooling != TRANSACTION_POOLING:
+            connect_args["options"] = f"-c statement_timeout={_millis(timeout_sec)}"
     # No pre-ping: it costs a round trip per transaction. A connection that went stale (the
     # server restarted) fails its statement with a transient error, is invalidated, and the
     # work is retried on a fresh one.
@@ -82,6 +74,8 @@ def make_engine(
         # (No prepared statements to keep behind a transaction-pooling proxy.)
         engine.dialect.do_rollback = _rollback_keeping_prepared  # type: ignore[method-assign]
     event.listen(engine, "handle_error", _standby_is_a_disconnect)
+    if pooling != TRANSACTION_POOLING:
+        event.listen(engine, "connect", _without_jit)
     if timeout_sec is not None and pooling == TRANSACTION_POOLING:
         # A startup option would set it on one server session (and PgBouncer refuses startup
         # options): set it in each transaction instead, for that transaction only.
@@ -92,6 +86,18 @@ def make_engine(
             conn.exec_driver_sql(timeout)
 
     return engine
+
+
+def _without_jit(dbapi_connection: Any, _record: Any) -> None:
+    """Turn JIT compilation off for the new connection's session (deferral rule 114): the
+    planner's cost of a hot statement grows with its tables (a subquery never run counts too),
+    and past ``jit_above_cost`` each execution was compiled first, hundreds of times its own
+    time. A statement of the session, not a startup option, which PgBouncer refuses; behind a
+    transaction-pooling proxy a session setting does not hold, and the operator sets it for the
+    role or database (docs/operations.md)."""
+    result = dbapi_connection.pgconn.exec_(b"SET jit = off")
+    if result.status != pq.ExecStatus.COMMAND_OK:
+        raise psycopg.OperationalError(f"SET jit = off failed: {result.error_message!r}")
 
 
 def _standby_is_a_disconnect(context: ExceptionContext) -> None:

@@ -110,8 +110,12 @@ class Services:
         """A trigger (and the other READS_THE_DOCUMENT) reads the DAG's document a scheduler
         writes (readmodel/DECISIONS.md 5): one not written yet (no scheduler running, or its
         first parse not done) is recorded here, as a scheduler's parse does."""
-        settings = load_settings({**self.env, **(env or {})})
-        engine = make_engine(settings.database_url)
+        given = {**self.env, **(env or {})}
+        settings = load_settings(given)
+        pooling = given.get(
+            "DEFERRAL_DATABASE_POOLING"
+        )  # through PgBouncer: tests/e2e/test_pgbouncer.py
+        engine = make_engine(settings.database_url, pooling=pooling)
 
         def found() -> bool:
             # A running scheduler's parse begun before the file was written may remove the
@@ -119,7 +123,7 @@ class Services:
             with make_sessionmaker(engine)() as session:
                 if session.get(SerializedDag, dag_id) is not None:
                     return True
-            record_dags_folder(settings)
+            record_dags_folder(settings, pooling)
             return False
 
         try:
