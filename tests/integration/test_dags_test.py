@@ -293,14 +293,14 @@ def test_task_params_that_are_not_a_json_object_or_fail_the_dags_params_are_refu
 ) -> None:
     write_dag(
         "typed_params",
-        '''
+        """
 from deferral import DAG
 from deferral.models.param import Param
 from deferral.operators.empty import EmptyOperator
 
 with DAG("typed_params", schedule=None, params={"count": Param(1, type="integer")}):
     EmptyOperator(task_id="t")
-''',
+""",
     )
     refused = deferral(service_env, "tasks", "test", "typed_params", "t", "-t", task_params)
     assert refused.returncode == 2, refused.stdout + refused.stderr
