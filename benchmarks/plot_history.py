@@ -53,8 +53,11 @@ def plot(sittings: list[dict[str, Any]], out: Path) -> None:
             points = [
                 (position, sitting["figures"][figure_name])
                 for position, sitting in enumerate(kept)
-                if figure_name in sitting["figures"]
+                # A number: a few figures are lists or tables (per tenth, per table).
+                if isinstance(sitting["figures"].get(figure_name), int | float)
             ]
+            if not points:
+                continue
             label = figure_name.replace("_", " ")
             axis.plot(*zip(*points, strict=True), marker="o", label=label)
         axis.set_xticks(range(len(kept)))
