@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-import re
 from dataclasses import dataclass
 
 from sqlalchemy import text
@@ -54,103 +53,137 @@ _FINISHED_RUN_BEFORE_CUTOFF = """
     WHERE dr.state IN ('success', 'failed') AND dr.end_date < now() - :age"""
 
 
+def _batch_delete(table: str, key: str, batch: str) -> str:
+    """Delete the rows of ``table`` whose ``key`` the query ``batch`` (ending ``LIMIT :batch``)
+    picks, the batch chosen once in a materialized CTE: written as ``DELETE … WHERE key IN
+    (batch)``, the subquery as a semi join's inner side can be planned to run again for every row
+    of ``table`` when the statistics say it is nearly empty, as they do after a bulk delete
+    (deferral rule 113)."""
+    return (
+        f"WITH batch AS MATERIALIZED ({batch})"
+        f" DELETE FROM {table} WHERE {key} IN (SELECT * FROM batch)"
+    )
+
+
 def _of_prunable_runs(table: str, *key: str) -> str:
     """Delete a batch of ``table``'s rows (primary key ``key``) of prunable runs' tasks."""
-    columns = ", ".join(key)
-    return f"""
-        DELETE FROM {table} WHERE ({columns}) IN (
+    return _batch_delete(
+        table,
+        f"({', '.join(key)})",
+        f"""
             SELECT {", ".join(f"r.{k}" for k in key)} FROM {table} r
             JOIN task_instance ti ON ti.id = r.task_instance_id
             {_OF_PRUNABLE_RUN}
-            LIMIT :batch)
-    """
+            LIMIT :batch""",
+    )
 
 
-_STATEMENTS = {
-    "outbox": """
-        DELETE FROM outbox WHERE id IN (
+# Each table's batch delete, in the order they run.
+STATEMENTS = {
+    "outbox": _batch_delete(
+        "outbox",
+        "id",
+        """
             SELECT id FROM outbox
             WHERE published_at IS NOT NULL AND published_at < now() - :age
-            LIMIT :batch)
-    """,
+            LIMIT :batch""",
+    ),
     # The history tables are partitioned by day: their old partitions are dropped whole
     # (deferral.store.partitions) and only the rows of the partitions that are not one day's
     # ({partition}: the default one, the one 0014 made of the table as it was) are deleted here.
-    "resume_event": """
-        DELETE FROM {partition} WHERE dedup_key IN (
+    "resume_event": _batch_delete(
+        "{partition}",
+        "dedup_key",
+        """
             SELECT re.dedup_key FROM {partition} re
             WHERE re.received_at < now() - :age
               AND NOT EXISTS (
                 SELECT 1 FROM task_instance ti
                 JOIN dag_run dr ON dr.dag_id = ti.dag_id AND dr.run_id = ti.run_id
                 WHERE ti.id = re.task_instance_id AND dr.state IN ('queued', 'running'))
-            LIMIT :batch)
-    """,
-    "task_state_change": f"""
-        DELETE FROM {{partition}} WHERE id IN (
+            LIMIT :batch""",
+    ),
+    "task_state_change": _batch_delete(
+        "{partition}",
+        "id",
+        f"""
             SELECT tsc.id FROM {{partition}} tsc
             JOIN task_instance ti ON ti.id = tsc.task_instance_id
             {_FINISHED_RUN_BEFORE_CUTOFF}
-            LIMIT :batch)
-    """,
-    "task_log": f"""
-        DELETE FROM {{partition}} WHERE id IN (
+            LIMIT :batch""",
+    ),
+    "task_log": _batch_delete(
+        "{partition}",
+        "id",
+        f"""
             SELECT tl.id FROM {{partition}} tl
             JOIN task_instance ti ON ti.id = tl.task_instance_id
             {_FINISHED_RUN_BEFORE_CUTOFF}
-            LIMIT :batch)
-    """,
+            LIMIT :batch""",
+    ),
     # After the lines: a try's size row goes once the try has no line left.
-    "task_log_try": f"""
-        DELETE FROM task_log_try WHERE (task_instance_id, try_number) IN (
+    "task_log_try": _batch_delete(
+        "task_log_try",
+        "(task_instance_id, try_number)",
+        f"""
             SELECT tlt.task_instance_id, tlt.try_number FROM task_log_try tlt
             JOIN task_instance ti ON ti.id = tlt.task_instance_id
             {_FINISHED_RUN_BEFORE_CUTOFF}
-            LIMIT :batch)
-    """,
+            LIMIT :batch""",
+    ),
     # Then the runs themselves: what hangs off their task instances first, table by table.
     "xcom": _of_prunable_runs("xcom", "task_instance_id", "key"),
     "rendered_fields": _of_prunable_runs(
         "rendered_task_instance_fields", "task_instance_id", "try_number"
     ),
     "task_reschedule": _of_prunable_runs("task_reschedule", "id"),
-    "task_instance": f"""
-        DELETE FROM task_instance WHERE id IN (
+    "task_instance": _batch_delete(
+        "task_instance",
+        "id",
+        f"""
             SELECT ti.id FROM task_instance ti
             {_OF_PRUNABLE_RUN}
-            LIMIT :batch)
-    """,
-    "dag_run": f"""
-        DELETE FROM dag_run WHERE id IN (
+            LIMIT :batch""",
+    ),
+    "dag_run": _batch_delete(
+        "dag_run",
+        "id",
+        f"""
             SELECT dr.id FROM dag_run dr
             WHERE {_PRUNABLE_RUN}
               AND NOT EXISTS (
                 SELECT 1 FROM task_instance ti
                 WHERE ti.dag_id = dr.dag_id AND ti.run_id = dr.run_id)
-            LIMIT :batch)
-    """,
+            LIMIT :batch""",
+    ),
     # Asset events no DAG still waits for (the runs that consumed them may outlive them).
-    "asset_event": """
-        DELETE FROM asset_event WHERE id IN (
+    "asset_event": _batch_delete(
+        "asset_event",
+        "id",
+        """
             SELECT e.id FROM asset_event e
             WHERE e.timestamp < now() - :age
               AND NOT EXISTS (SELECT 1 FROM asset_dag_run_queue q WHERE q.asset_event_id = e.id)
-            LIMIT :batch)
-    """,
+            LIMIT :batch""",
+    ),
     # Then their links to the aliases they were added through.
-    "asset_alias_event": """
-        DELETE FROM asset_alias_event WHERE (alias_name, asset_event_id) IN (
+    "asset_alias_event": _batch_delete(
+        "asset_alias_event",
+        "(alias_name, asset_event_id)",
+        """
             SELECT l.alias_name, l.asset_event_id FROM asset_alias_event l
             WHERE NOT EXISTS (SELECT 1 FROM asset_event e WHERE e.id = l.asset_event_id)
-            LIMIT :batch)
-    """,
+            LIMIT :batch""",
+    ),
     **{
-        table: f"""
-        DELETE FROM {table} WHERE name IN (
+        table: _batch_delete(
+            table,
+            "name",
+            f"""
             SELECT name FROM {table}
             WHERE latest_heartbeat < now() - GREATEST(CAST(:age AS interval), :floor)
-            LIMIT :batch)
-    """
+            LIMIT :batch""",
+        )
         for table in ("scheduler", "worker", "triggerer")
     },
 }
@@ -188,27 +221,6 @@ class Pruned:
             f" {self.xcom} XCom(s), {self.scheduler + self.worker + self.triggerer} stopped"
             f" process row(s), {self.partitions} history partition(s) dropped"
         )
-
-
-_BATCH_DELETE = re.compile(r"\s*DELETE FROM (\S+) WHERE (.+?) IN \((.*LIMIT :batch)\)\s*", re.S)
-
-
-def _chosen_once(statement: str) -> str:
-    """``DELETE FROM t WHERE k IN (SELECT … LIMIT :batch)`` with its batch chosen once, in a
-    materialized CTE: as a semi join's inner side the subquery can be planned to run again for
-    every row of ``t`` (n² row visits and more) when the statistics say ``t`` is nearly empty,
-    as they do after a bulk delete."""
-    matched = _BATCH_DELETE.fullmatch(statement)
-    if matched is None:
-        raise ValueError(f"not a batch delete: {statement!r}")
-    table, key, select = matched.groups()
-    return (
-        f"WITH batch AS MATERIALIZED ({select})"
-        f" DELETE FROM {table} WHERE {key} IN (SELECT * FROM batch)"
-    )
-
-
-STATEMENTS = {table: _chosen_once(statement) for table, statement in _STATEMENTS.items()}
 
 
 def _delete(
