@@ -319,14 +319,7 @@ class WorkerService:
         if not checked:
             return
         self.unstarted = [delivery for delivery, _ in checked]
-        ours = self.running.keys() | {
-            r.attempt.task_instance_id for r, _ in self.recorder.unrecorded
-        }
-        adopting = [
-            (item.task_instance_id, item.try_number)
-            for delivery, item in checked
-            if delivery.entry.key in unsure and item.task_instance_id not in ours
-        ]
+        adopting = self._adoptable(checked, unsure) if unsure else []
         # One statement (it writes the start lines too): committed on its own, without BEGIN
         # and COMMIT round trips between the entry and the task's code (worker rule 25).
         with one_statement(self.sessions) as session:
@@ -373,6 +366,20 @@ class WorkerService:
             # record left (a takeover's start runs before the step retries them): a record
             # keeps only the batch it is given.
             self.recorder.record([*self.recorder.unrecorded, *failing])
+
+    def _adoptable(
+        self, checked: Sequence[tuple[Delivery, QueuedAttempt]], unsure: set[tuple[str, str]]
+    ) -> list[tuple[int, int]]:
+        """The attempts of entries whose failed start may have committed (``unsure``) that
+        this worker neither runs nor has run (in ``running``, or an outcome not yet recorded)."""
+        ours = self.running.keys() | {
+            r.attempt.task_instance_id for r, _ in self.recorder.unrecorded
+        }
+        return [
+            (item.task_instance_id, item.try_number)
+            for delivery, item in checked
+            if delivery.entry.key in unsure and item.task_instance_id not in ours
+        ]
 
     def _submit(self, delivery: Delivery, item: QueuedAttempt, request: AttemptRequest) -> None:
         ti_id = item.task_instance_id
